@@ -1,0 +1,173 @@
+"""replace_to_quantization_module, quant_modules.initialize and the enable/disable switches."""
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from workbench import quant
+from workbench.quant import nn as quant_nn
+from workbench.quant import quant_modules
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(self.pool(torch.relu(self.bn(self.conv(x)))).flatten(1))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.layer1 = Block()
+        self.layer10 = Block()
+        self.head = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+
+    def forward(self, x):
+        x = self.stem(x)
+        return self.head(self.layer1(x) + self.layer10(x))
+
+
+QUANTIZABLE = ["stem", "layer1.conv", "layer1.pool", "layer1.fc", "layer10.conv", "layer10.pool", "layer10.fc",
+               "head.0", "head.2"]
+
+
+def test_replaces_every_quantizable_layer_in_model_order():
+    model = Net()
+    report = quant.replace_to_quantization_module(model)
+    assert report.replaced_names == ["stem", "layer1.conv", "layer1.pool", "layer1.fc", "layer10.conv",
+                                     "layer10.pool", "layer10.fc", "head.0", "head.2"]
+    assert report.ignored == []
+    assert isinstance(model.layer1.conv, quant_nn.QuantConv2d)
+    assert isinstance(model.layer1.bn, nn.BatchNorm2d)
+    assert report.replaced[0].float_type == "Conv2d" and report.replaced[0].quant_type == "QuantConv2d"
+
+
+def test_state_dict_keys_survive():
+    model = Net()
+    before = set(model.state_dict())
+    quant.replace_to_quantization_module(model)
+    after = set(model.state_dict())
+    assert before <= after
+    assert all(".weight_quantizer" not in k for k in after)  # quantizers have no state until calibrated
+
+
+def test_outputs_unchanged_with_quantizers_disabled():
+    model = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    reference = model(x)
+    quant.replace_to_quantization_module(model)
+    with quant.disable_quantization(model):
+        assert torch.equal(model(x), reference)
+    assert not torch.equal(model(x), reference)
+
+
+@pytest.mark.parametrize("policy, ignored", [
+    ("layer1", ["layer1.conv", "layer1.pool", "layer1.fc", "layer10.conv", "layer10.pool", "layer10.fc"]),
+    (r"layer1\.", ["layer1.conv", "layer1.pool", "layer1.fc"]),
+    ([r"stem", r"head\.2"], ["stem", "head.2"]),
+    ((r".*\.fc",), ["layer1.fc", "layer10.fc"]),
+    (lambda name: name.endswith("pool"), ["layer1.pool", "layer10.pool"]),
+])
+def test_ignore_policy_forms(policy, ignored):
+    model = Net()
+    report = quant.replace_to_quantization_module(model, ignore_policy=policy)
+    assert report.ignored_names == ignored
+    assert sorted(report.replaced_names + report.ignored_names) == sorted(QUANTIZABLE)
+    for name in ignored:
+        assert not isinstance(model.get_submodule(name), (quant_nn.QuantConv2d, quant_nn.QuantLinear,
+                                                          quant_nn.QuantAdaptiveAvgPool2d))
+
+
+def test_ignore_reason_names_the_pattern():
+    report = quant.replace_to_quantization_module(Net(), ignore_policy=["nothing", r"head\.0"])
+    assert report.ignored[0].reason == r"head\.0"
+
+
+def test_bad_ignore_policies():
+    with pytest.raises(ValueError, match=re.escape("'conv[' is not a valid regular expression")):
+        quant.replace_to_quantization_module(Net(), ignore_policy="conv[")
+    with pytest.raises(TypeError, match="ignore_policy"):
+        quant.replace_to_quantization_module(Net(), ignore_policy=3)
+
+
+def test_user_class_is_not_patched_and_subclasses_are_left_alone():
+    class MyConv(nn.Conv2d):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    model = nn.Sequential(MyConv(3, 3, 1), nn.Conv2d(3, 3, 1))
+    report = quant.replace_to_quantization_module(model)
+    assert report.replaced_names == ["1"]
+    assert type(model[0]) is MyConv
+    assert MyConv.forward is not quant_nn.QuantConv2d.forward
+
+
+def test_top_level_layer_is_refused():
+    with pytest.raises(ValueError, match="from_float"):
+        quant.replace_to_quantization_module(nn.Conv2d(1, 1, 1))
+
+
+def test_custom_descriptors():
+    model = Net()
+    quant.replace_to_quantization_module(model, quant_desc_input=quant.QuantDescriptor(calib_method="histogram"))
+    assert type(model.stem.input_quantizer._calibrator).__name__ == "HistogramCalibrator"
+    assert model.stem.weight_quantizer.axis == 0
+
+
+def test_initialize_and_deactivate():
+    quant_modules.initialize(float_module_list=["Linear"])
+    try:
+        conv, linear = nn.Conv2d(2, 2, 1), nn.Linear(2, 2)
+    finally:
+        quant_modules.deactivate()
+    assert isinstance(conv, quant_nn.QuantConv2d)
+    assert type(linear) is quant_modules.FLOAT_CLASSES["Linear"]
+    assert nn.Conv2d is quant_modules.FLOAT_CLASSES["Conv2d"]
+    with pytest.raises(ValueError, match="not replaced anyway"):
+        quant_modules.initialize(float_module_list=["Conv9d"])
+
+
+class TestSwitches:
+    def quantized(self):
+        model = Net()
+        quant.replace_to_quantization_module(model)
+        return model
+
+    def test_context_managers_restore_exact_state(self):
+        model = self.quantized()
+        model.layer1.conv.input_quantizer.disable()
+        model.stem.weight_quantizer.disable_quant()
+        before = quant.quantizer_state(model)
+        with quant.enable_quantization(model):
+            assert all(not disabled for disabled, _, _ in quant.quantizer_state(model).values())
+        assert quant.quantizer_state(model) == before
+        with quant.disable_quantization(model.layer1):
+            state = quant.quantizer_state(model)
+            assert all(state[name][0] for name in state if name.startswith("layer1."))
+            assert not state["layer10.conv._input_quantizer"][0]
+        assert quant.quantizer_state(model) == before
+
+    def test_restores_after_an_exception(self):
+        model = self.quantized()
+        before = quant.quantizer_state(model)
+        with pytest.raises(RuntimeError):
+            with quant.disable_quantization(model):
+                raise RuntimeError("boom")
+        assert quant.quantizer_state(model) == before
+
+    def test_apply_style_of_the_reference_scripts(self):
+        model = self.quantized()
+        quant.disable_quantization(model.stem).apply()
+        assert model.stem.input_quantizer._disabled
+        quant.enable_quantization(model.stem).apply()
+        assert not model.stem.input_quantizer._disabled
+        quant.disable_quantization(model.stem).apply(False)
+        assert not model.stem.input_quantizer._disabled

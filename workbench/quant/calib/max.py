@@ -1,0 +1,152 @@
+"""MaxCalibrator: amax is the running absolute maximum, per tensor or per axis."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from workbench.quant.calib.calibrator import _Calibrator
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MaxCalibrator"]
+
+
+def reduce_dims(ndim: int, axis) -> list[int]:
+    """The dimensions to reduce over so that ``axis`` (None, int or tuple) keeps its own values."""
+    if axis is None:
+        return list(range(ndim))
+    axes = axis if isinstance(axis, (list, tuple)) else (axis,)
+    keep = set()
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"axis {a} is out of range for a tensor with {ndim} dimensions.")
+        keep.add(a % ndim)
+    return [i for i in range(ndim) if i not in keep]
+
+
+def abs_max(x: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, int]:
+    """Absolute max of ``x`` over ``dims`` (kept as size-1 dims), ignoring NaN/Inf; and how many there were.
+
+    The common case (all finite) costs one min and one max reduction and no temporary copy of ``x``.
+    """
+    if x.numel() == 0:
+        raise ValueError("cannot calibrate on an empty tensor.")
+    if len(dims) == x.dim():
+        low, high = torch.aminmax(x)
+        result = torch.maximum(high.abs(), low.abs()).reshape([1] * x.dim())
+    else:
+        result = torch.maximum(torch.amax(x, dim=dims, keepdim=True).abs(),
+                               torch.amin(x, dim=dims, keepdim=True).abs())
+    if bool(torch.isfinite(result).all()):
+        return result, 0
+    finite = torch.isfinite(x)
+    nonfinite = int(finite.numel() - int(finite.sum()))
+    cleaned = torch.where(finite, x.abs(), torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.amax(cleaned, dim=dims, keepdim=True), nonfinite
+
+
+class MaxCalibrator(_Calibrator):
+    """Tracks the absolute maximum of everything it is shown.
+
+    Args:
+        num_bits: number of bits.
+        axis: None (per tensor) or the axis/axes with their own max (e.g. 0 for conv weights).
+        unsigned: whether the quantizer is unsigned.
+        track_amax: also keep every batch's amax (as numpy arrays) in :attr:`amaxs`, for plotting.
+
+    NaN and Inf values are left out and counted in :attr:`nonfinite_count`.
+    """
+
+    def __init__(self, num_bits, axis, unsigned, track_amax: bool = False) -> None:
+        super().__init__(num_bits, axis, unsigned)
+        self._track_amax = track_amax
+        if self._track_amax:
+            self._amaxs: list[np.ndarray] = []
+        self._calib_amax: torch.Tensor | None = None
+
+    @property
+    def amaxs(self) -> list[np.ndarray]:
+        return self._amaxs
+
+    @property
+    def calib_amax(self) -> torch.Tensor | None:
+        """The running absolute max (per tensor: 0-d; per axis: reduced dims kept with size 1)."""
+        return self._calib_amax
+
+    def collect(self, x: torch.Tensor) -> None:
+        """Update the running absolute max with tensor ``x``.
+
+        Raises:
+            RuntimeError: when the shape of the per-axis max changes between calls.
+        """
+        with torch.no_grad():
+            x = x.detach()
+            if x.dtype not in (torch.float32, torch.float64):
+                x = x.float()
+            dims = reduce_dims(x.dim(), self._axis)
+            local_amax, nonfinite = abs_max(x, dims)
+            if local_amax.numel() == 1:  # per tensor (or a single channel): a 0-d tensor, as in the original
+                local_amax = local_amax.reshape(())
+            self._batches_seen += 1
+            self._values_seen += x.numel()
+            self._nonfinite_count += nonfinite
+            if nonfinite:
+                logger.warning("Calibrator saw %d NaN/Inf values; they are left out of amax.", nonfinite)
+            if self._calib_amax is None:
+                self._calib_amax = local_amax.float().clone()
+            else:
+                if local_amax.shape != self._calib_amax.shape:
+                    raise RuntimeError(f"amax shape changed! The calibrator first saw tensors whose per-axis max "
+                                       f"has shape {tuple(self._calib_amax.shape)}, now {tuple(local_amax.shape)}.")
+                torch.maximum(self._calib_amax, local_amax.float().to(self._calib_amax.device),
+                              out=self._calib_amax)
+            if self._track_amax:
+                self._amaxs.append(local_amax.cpu().numpy().copy())
+
+    def reset(self) -> None:
+        """Forget the collected max."""
+        self._calib_amax = None
+        self._reset_counters()
+        if self._track_amax:
+            self._amaxs = []
+
+    def compute_amax(self, method: str | None = None, **kwargs) -> torch.Tensor | None:
+        """The absolute max of everything collected, or None before any data.
+
+        ``method`` may be given as ``"max"`` (the only one a MaxCalibrator has) so that callers can
+        pass the same arguments to every calibrator.
+        """
+        if method not in (None, "max"):
+            raise ValueError(f"MaxCalibrator only computes 'max', not {method!r}. Use a descriptor with "
+                             "calib_method='histogram' for entropy, mse or percentile calibration.")
+        if kwargs:
+            raise TypeError(f"MaxCalibrator.compute_amax takes no options, got {sorted(kwargs)}.")
+        return self._calib_amax
+
+    def state(self) -> dict:
+        """The collected statistics as plain values (numpy arrays and ints), for saving."""
+        return {
+            "kind": "max",
+            "calib_amax": None if self._calib_amax is None else self._calib_amax.detach().cpu().numpy(),
+            "batches_seen": self._batches_seen,
+            "values_seen": self._values_seen,
+            "nonfinite_count": self._nonfinite_count,
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Restore statistics saved by :meth:`state`."""
+        if state.get("kind") != "max":
+            raise ValueError(f"not the state of a MaxCalibrator (kind={state.get('kind')!r}).")
+        amax = state["calib_amax"]
+        self._calib_amax = None if amax is None else torch.as_tensor(np.array(amax, dtype=np.float32))
+        self._batches_seen = int(state.get("batches_seen", 0))
+        self._values_seen = int(state.get("values_seen", 0))
+        self._nonfinite_count = int(state.get("nonfinite_count", 0))
+
+    def __str__(self) -> str:
+        return f"MaxCalibrator(track_amax={self._track_amax})"
+
+    def __repr__(self) -> str:
+        return f"MaxCalibrator({super().__repr__()} calib_amax={self._calib_amax} track_amax={self._track_amax})"

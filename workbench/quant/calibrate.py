@@ -1,0 +1,353 @@
+"""Calibration as a job: feed sample batches through a model and set every quantizer's amax.
+
+:func:`calibrate` is what the reference scripts' ``collect_stats`` + ``compute_amax`` do, made safe to
+run from a GUI worker thread: progress per batch, cancel between batches, and on cancel or error the
+model's quantizers are left exactly as they were (state_dict, enable flags, collected statistics).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from workbench.quant.calib import HISTOGRAM_METHODS, HistogramCalibrator, MaxCalibrator
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["calibrate", "CalibrationResult", "QuantizerCalibration", "CalibrationCancelled", "CalibrationError",
+           "CancelToken", "ProgressCallback", "model_inputs", "run_model", "sqnr_db", "model_device"]
+
+ProgressCallback = Callable[[int, int, str], None]
+
+
+class CancelToken(Protocol):
+    """Anything with ``is_set()``, such as :class:`threading.Event`."""
+
+    def is_set(self) -> bool: ...
+
+
+class CalibrationCancelled(Exception):
+    """The run was cancelled; the model is as it was before the call."""
+
+
+class CalibrationError(RuntimeError):
+    """The model failed on a batch; the model is as it was before the call.
+
+    Attributes:
+        batch_index: 0-based index of the batch that failed.
+        original: the exception the model raised.
+    """
+
+    def __init__(self, batch_index: int, original: BaseException) -> None:
+        self.batch_index = batch_index
+        self.original = original
+        super().__init__(f"The model failed on calibration batch {batch_index}: "
+                         f"{type(original).__name__}: {original}")
+
+
+@dataclass
+class QuantizerCalibration:
+    """What calibration found for one quantizer."""
+
+    name: str
+    amax: torch.Tensor  # on the CPU; the quantizer's own copy lives on the model's device
+    method: str
+    calibrator: str
+    batches: int
+    num_samples: int
+    nonfinite_count: int
+
+    @property
+    def amax_summary(self) -> str:
+        if self.amax.numel() == 1:
+            return f"{float(self.amax):.4g}"
+        return f"[{float(self.amax.min()):.4g}, {float(self.amax.max()):.4g}] ({self.amax.numel()} channels)"
+
+
+@dataclass
+class CalibrationResult:
+    """Everything a calibration run produced, by quantizer name."""
+
+    quantizers: dict[str, QuantizerCalibration]
+    method: str
+    percentile: float
+    num_batches: int
+    wall_time_s: float
+    device: str
+    unused: list[str] = field(default_factory=list)  # quantizers no batch reached; left unchanged
+    output_sqnr_db: float | None = None  # model output, INT8 vs FP32, on the first batch
+
+    @property
+    def nonfinite_total(self) -> int:
+        return sum(q.nonfinite_count for q in self.quantizers.values())
+
+    def summary(self) -> str:
+        parts = [f"{len(self.quantizers)} quantizers calibrated ({self.method}) on {self.num_batches} batches "
+                 f"in {self.wall_time_s:.2f} s"]
+        if self.output_sqnr_db is not None:
+            parts.append(f"output SQNR {self.output_sqnr_db:.1f} dB")
+        if self.nonfinite_total:
+            parts.append(f"{self.nonfinite_total} NaN/Inf values left out")
+        if self.unused:
+            parts.append(f"{len(self.unused)} quantizers never reached: {', '.join(self.unused[:5])}")
+        return "; ".join(parts)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (CPU for a stateless model)."""
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def model_inputs(batch: Any) -> tuple[tuple, dict]:
+    """The positional and keyword arguments a batch gives the model.
+
+    A tensor is the single input; a tuple or list is ``(inputs, targets...)`` whose first element is
+    the input (or a tuple of inputs), as data loaders yield it; a mapping is keyword arguments.
+    """
+    if isinstance(batch, torch.Tensor):
+        return (batch,), {}
+    if isinstance(batch, Mapping):
+        return (), dict(batch)
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)) and len(batch) > 0:
+        first = batch[0]
+        if isinstance(first, (tuple, list)):
+            return tuple(first), {}
+        if isinstance(first, Mapping):
+            return (), dict(first)
+        return (first,), {}
+    raise TypeError(f"A batch must be a tensor, a (inputs, targets) tuple or a dict of inputs, "
+                    f"got {type(batch).__name__}.")
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
+
+
+def run_model(model: nn.Module, batch: Any, device: torch.device) -> Any:
+    """Call the model on one batch (see :func:`model_inputs`) on ``device``."""
+    args, kwargs = model_inputs(batch)
+    return model(*_to_device(args, device), **_to_device(kwargs, device))
+
+
+def _flat_tensors(output: Any) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        return [t for v in output.values() for t in _flat_tensors(v)]
+    if isinstance(output, (tuple, list)):
+        return [t for v in output for t in _flat_tensors(v)]
+    return []
+
+
+def sqnr_db(reference: Any, quantized: Any) -> float | None:
+    """Signal-to-quantization-noise ratio of ``quantized`` against ``reference`` in dB (inf if equal)."""
+    ref, test = _flat_tensors(reference), _flat_tensors(quantized)
+    if not ref or len(ref) != len(test):
+        return None
+    signal = sum(float(r.double().pow(2).sum()) for r in ref)
+    noise = sum(float((r.double() - t.double()).pow(2).sum()) for r, t in zip(ref, test))
+    if noise == 0:
+        return math.inf
+    if signal == 0:
+        return -math.inf
+    return 10 * math.log10(signal / noise)
+
+
+@dataclass
+class _QuantizerSnapshot:
+    flags: tuple[bool, bool, bool]
+    amax: torch.Tensor | None
+    calibrator_state: dict | None
+
+
+def _snapshot(quantizers: dict[str, TensorQuantizer]) -> dict[str, _QuantizerSnapshot]:
+    snapshot = {}
+    for name, q in quantizers.items():
+        amax = q._buffers.get("_amax")
+        calibrator = q._calibrator
+        snapshot[name] = _QuantizerSnapshot(
+            (q._disabled, q._if_quant, q._if_calib),
+            None if amax is None else amax.detach().clone(),
+            calibrator.state() if hasattr(calibrator, "state") else None)
+    return snapshot
+
+
+def _restore(quantizers: dict[str, TensorQuantizer], snapshot: dict[str, _QuantizerSnapshot]) -> None:
+    for name, q in quantizers.items():
+        saved = snapshot[name]
+        q._disabled, q._if_quant, q._if_calib = saved.flags
+        if saved.amax is None:
+            q.reset_amax()
+        elif "_amax" in q._buffers and q._buffers["_amax"].shape == saved.amax.shape:
+            q._buffers["_amax"].copy_(saved.amax)
+        else:
+            q.reset_amax()
+            q.register_buffer("_amax", saved.amax.clone())
+        if saved.calibrator_state is not None:
+            q._calibrator.load_state(saved.calibrator_state)
+
+
+def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, method: str,
+              percentile: float = 99.99, device: torch.device | str | None = None,
+              progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
+              report_sqnr: bool = True) -> CalibrationResult:
+    """Calibrate every enabled quantizer of ``model`` on ``batches``.
+
+    Quantizers with a calibrator collect statistics with quantization off; the others are bypassed
+    meanwhile. Calibrators start empty. Batches run in eval mode under ``torch.no_grad()``. Then Max
+    calibrators load their running max and histogram calibrators load ``method``; amax goes to the
+    model's device and every quantizer gets its flags back. Disabled quantizers are left alone.
+
+    Args:
+        model: a model containing TensorQuantizers.
+        batches: an iterable of batches (see :func:`model_inputs`).
+        num_batches: stop after this many batches (None: all of them).
+        method: ``"entropy"``, ``"mse"``, ``"percentile"`` or ``"max"`` for histogram calibrators.
+        percentile: for ``method="percentile"``.
+        device: where to run; the model is moved there (and back if the run fails). Default: the
+            model's current device.
+        progress: called as ``progress(done, total, message)`` after each batch (total is 0 when
+            unknown).
+        cancel: checked before each batch; when set, :class:`CalibrationCancelled` is raised.
+        report_sqnr: also run the first batch with and without quantization and report the output
+            SQNR (two extra forward passes), so that a collapsed amax is visible.
+
+    Raises:
+        ValueError: bad arguments, no quantizers, or no batches.
+        CalibrationCancelled: ``cancel`` was set; the model is unchanged.
+        CalibrationError: the model raised on a batch (its index and the original error are kept);
+            the model is unchanged.
+    """
+    if method not in HISTOGRAM_METHODS:
+        raise ValueError(f"method must be one of {HISTOGRAM_METHODS}, got {method!r}.")
+    if not 0 <= percentile <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {percentile}.")
+    if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
+                                    or num_batches < 1):
+        raise ValueError(f"num_batches must be a positive integer or None, got {num_batches!r}.")
+    quantizers = {name: m for name, m in model.named_modules() if isinstance(m, TensorQuantizer)}
+    if not quantizers:
+        raise ValueError("The model has no TensorQuantizer to calibrate: quantize it first "
+                         "(replace_to_quantization_module or quant_modules.initialize).")
+
+    original_device = model_device(model)
+    run_device = torch.device(device) if device is not None else original_device
+    was_training = model.training
+    snapshot = _snapshot(quantizers)
+    total = num_batches if num_batches is not None else _length_or_zero(batches)
+    started = time.perf_counter()
+
+    calibrating: dict[str, TensorQuantizer] = {}
+    try:
+        if run_device != original_device:
+            model.to(run_device)
+        model.eval()
+        for name, q in quantizers.items():
+            if q._disabled:
+                continue
+            if q._calibrator is not None:
+                q._calibrator.reset()
+                q.disable_quant()
+                q.enable_calib()
+                calibrating[name] = q
+            else:
+                q.disable()
+
+        first_batch = None
+        done = 0
+        with torch.no_grad():
+            for index, batch in enumerate(batches):
+                if num_batches is not None and index >= num_batches:
+                    break
+                if cancel is not None and cancel.is_set():
+                    raise CalibrationCancelled(f"Calibration cancelled after {done} of {total or '?'} batches.")
+                try:
+                    run_model(model, batch, run_device)
+                except Exception as error:  # the user's model: report which batch, keep the cause
+                    raise CalibrationError(index, error) from error
+                if first_batch is None:
+                    first_batch = batch
+                done += 1
+                if progress is not None:
+                    progress(done, total, f"calibration batch {done}" + (f" of {total}" if total else ""))
+        if done == 0:
+            raise ValueError("No calibration batches: the data source yielded nothing.")
+
+        results: dict[str, QuantizerCalibration] = {}
+        unused = []
+        for name, q in calibrating.items():
+            calibrator = q._calibrator
+            if calibrator.batches_seen == 0:
+                unused.append(name)
+                continue
+            used_method = "max" if isinstance(calibrator, MaxCalibrator) else method
+            if isinstance(calibrator, HistogramCalibrator):
+                q.load_calib_amax(used_method, percentile=percentile)
+            else:
+                q.load_calib_amax()
+            q._buffers["_amax"] = q._buffers["_amax"].to(run_device)
+            results[name] = QuantizerCalibration(
+                name=name, amax=q._amax.detach().cpu().clone(), method=used_method,
+                calibrator=type(calibrator).__name__, batches=calibrator.batches_seen,
+                num_samples=calibrator.values_seen, nonfinite_count=calibrator.nonfinite_count)
+    except BaseException:
+        _restore(quantizers, snapshot)
+        if run_device != original_device:
+            model.to(original_device)
+        model.train(was_training)
+        raise
+
+    for name, q in quantizers.items():
+        q._disabled, q._if_quant, q._if_calib = snapshot[name].flags
+    for name in unused:  # nothing was learned about these: keep what they had
+        _restore({name: quantizers[name]}, {name: snapshot[name]})
+        logger.warning("Quantizer %s saw no data during calibration; left unchanged.", name)
+
+    output_sqnr = None
+    if report_sqnr and first_batch is not None:
+        output_sqnr = _output_sqnr(model, quantizers, first_batch, run_device)
+    model.train(was_training)
+    result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
+                               wall_time_s=time.perf_counter() - started, device=str(run_device), unused=unused,
+                               output_sqnr_db=output_sqnr)
+    logger.info(result.summary())
+    return result
+
+
+def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batch: Any,
+                 device: torch.device) -> float | None:
+    flags = {name: q._disabled for name, q in quantizers.items()}
+    try:
+        with torch.no_grad():
+            quantized = run_model(model, batch, device)
+            for q in quantizers.values():
+                q._disabled = True
+            reference = run_model(model, batch, device)
+    finally:
+        for name, q in quantizers.items():
+            q._disabled = flags[name]
+    return sqnr_db(reference, quantized)
+
+
+def _length_or_zero(batches: Iterable) -> int:
+    try:
+        return len(batches)  # type: ignore[arg-type]
+    except TypeError:
+        return 0

@@ -1,0 +1,410 @@
+/*
+ * Fused fake-quantization kernels for CPU tensors.
+ *
+ * One pass over the data per call: read x, quantize to the integer grid, clamp, optionally
+ * dequantize, write y. torch's own fake-quantize operators make several passes (and build a
+ * mask), which is why this exists; see bench/fake_quant.py for the measured difference.
+ *
+ * Two rounding conventions are supported because both are in use:
+ *   MODE_MUL_DIV  q = rint(x * scale),  y = q / scale      (pytorch-quantization, scale = max_bound / amax)
+ *   MODE_DIV_MUL  q = rint(x / step),   y = q * step       (ONNX QuantizeLinear/DequantizeLinear, step = amax / max_bound)
+ * rint rounds half to even, like torch.round and ONNX. Clamping keeps NaN as NaN, like torch.clamp.
+ *
+ * The parameters are per channel: the tensor is seen as [outer, channels, inner] (per-tensor is
+ * outer = channels = 1), and a channel whose amax is zero gets parameters that map every finite
+ * value to 0 (chosen by the Python caller).
+ *
+ * Half and bfloat16 inputs are computed in float32 and written back in their own type.
+ * The x86 AVX2 path uses intrinsics behind a runtime CPU check so one binary runs everywhere;
+ * other machines get the portable loops, which compilers auto-vectorize.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(_WIN32)
+#include <windows.h>
+#else
+#include <pthread.h>
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define WB_HAVE_X86_AVX2 1
+#include <immintrin.h>
+#else
+#define WB_HAVE_X86_AVX2 0
+#endif
+
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
+enum { MODE_MUL_DIV = 0, MODE_DIV_MUL = 1 };
+#define MAX_THREADS 64
+/* Below this many elements, starting threads costs more than it saves. */
+#define PARALLEL_MIN_ELEMENTS (1 << 17)
+
+/* ---------- scalar conversions (portable) ---------- */
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal half: normalise */
+            int e = -1;
+            do { e++; man <<= 1; } while ((man & 0x400u) == 0);
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) { /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
+    }
+    if (absx >= 0x477ff000u) { /* rounds to >= 65520: overflow to inf */
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (absx < 0x38800000u) { /* result is subnormal or zero */
+        if (absx < 0x33000000u) return (uint16_t)sign; /* below half of smallest subnormal */
+        uint32_t man = (absx & 0x7fffffu) | 0x800000u;
+        int shift = 113 - (int)(absx >> 23) + 13; /* 126 - exp + 14 - 1 ... */
+        uint32_t half_man = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1u);
+        uint32_t halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (half_man & 1u))) half_man++;
+        return (uint16_t)(sign | half_man);
+    }
+    /* normal: rebias exponent, round mantissa to nearest even */
+    uint32_t r = absx + 0xc8000fffu + ((absx >> 13) & 1u); /* -(112<<23) + 0xfff + lsb */
+    return (uint16_t)(sign | (r >> 13));
+}
+
+static inline float bf16_to_f32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet nan */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+/* ---------- one contiguous run with one set of parameters ---------- */
+
+typedef struct {
+    float a;       /* scale (MUL_DIV) or step (DIV_MUL) */
+    float b;       /* divisor (MUL_DIV) or multiplier (DIV_MUL) for dequantization */
+} qparam_t;
+
+static inline float quant_one(float x, qparam_t p, float lo, float hi, int mode, int dequant) {
+    float q = mode == MODE_MUL_DIV ? rintf(x * p.a) : rintf(x / p.a);
+    /* written so that a NaN q falls through both tests and stays NaN */
+    q = q < lo ? lo : q;
+    q = q > hi ? hi : q;
+    if (!dequant) return q;
+    return mode == MODE_MUL_DIV ? q / p.b : q * p.b;
+}
+
+static void run_portable(const void *xv, void *yv, int64_t n, int dtype, qparam_t p, float lo, float hi,
+                         int mode, int dequant, int *negative) {
+    int neg = 0;
+    if (dtype == DT_F32) {
+        const float *x = (const float *)xv;
+        float *y = (float *)yv;
+        for (int64_t i = 0; i < n; ++i) {
+            neg |= x[i] < 0.0f;
+            y[i] = quant_one(x[i], p, lo, hi, mode, dequant);
+        }
+    } else if (dtype == DT_F16) {
+        const uint16_t *x = (const uint16_t *)xv;
+        uint16_t *y = (uint16_t *)yv;
+        for (int64_t i = 0; i < n; ++i) {
+            float v = f16_to_f32(x[i]);
+            neg |= v < 0.0f;
+            y[i] = f32_to_f16(quant_one(v, p, lo, hi, mode, dequant));
+        }
+    } else {
+        const uint16_t *x = (const uint16_t *)xv;
+        uint16_t *y = (uint16_t *)yv;
+        for (int64_t i = 0; i < n; ++i) {
+            float v = bf16_to_f32(x[i]);
+            neg |= v < 0.0f;
+            y[i] = f32_to_bf16(quant_one(v, p, lo, hi, mode, dequant));
+        }
+    }
+    if (neg) *negative = 1;
+}
+
+#if WB_HAVE_X86_AVX2
+#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+AVX2_TARGET static inline __m256 quant8(__m256 x, __m256 a, __m256 b, __m256 lo, __m256 hi, int mode, int dequant) {
+    __m256 q = mode == MODE_MUL_DIV ? _mm256_mul_ps(x, a) : _mm256_div_ps(x, a);
+    q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* max/min return their second operand when either is NaN: NaN stays NaN */
+    q = _mm256_max_ps(lo, q);
+    q = _mm256_min_ps(hi, q);
+    if (!dequant) return q;
+    return mode == MODE_MUL_DIV ? _mm256_div_ps(q, b) : _mm256_mul_ps(q, b);
+}
+
+AVX2_TARGET static inline __m256 bf16x8_to_f32(__m128i v) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+AVX2_TARGET static inline __m128i f32x8_to_bf16(__m256 f) {
+    __m256i x = _mm256_castps_si256(f);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    __m256i quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x400000));
+    __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+    __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, isnan), 16);
+    /* pack 8 x u32 (each < 65536) into 8 x u16 */
+    __m128i lo = _mm256_castsi256_si128(r);
+    __m128i hi = _mm256_extracti128_si256(r, 1);
+    return _mm_packus_epi32(lo, hi);
+}
+
+AVX2_TARGET static void run_avx2(const void *xv, void *yv, int64_t n, int dtype, qparam_t p, float lo_s,
+                                 float hi_s, int mode, int dequant, int *negative) {
+    const __m256 a = _mm256_set1_ps(p.a), b = _mm256_set1_ps(p.b);
+    const __m256 lo = _mm256_set1_ps(lo_s), hi = _mm256_set1_ps(hi_s), zero = _mm256_setzero_ps();
+    __m256 negmask = _mm256_setzero_ps();
+    int64_t i = 0;
+    if (dtype == DT_F32) {
+        const float *x = (const float *)xv;
+        float *y = (float *)yv;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i);
+            negmask = _mm256_or_ps(negmask, _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+            _mm256_storeu_ps(y + i, quant8(v, a, b, lo, hi, mode, dequant));
+        }
+    } else if (dtype == DT_F16) {
+        const uint16_t *x = (const uint16_t *)xv;
+        uint16_t *y = (uint16_t *)yv;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+            negmask = _mm256_or_ps(negmask, _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+            __m256 r = quant8(v, a, b, lo, hi, mode, dequant);
+            _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+        }
+    } else {
+        const uint16_t *x = (const uint16_t *)xv;
+        uint16_t *y = (uint16_t *)yv;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = bf16x8_to_f32(_mm_loadu_si128((const __m128i *)(x + i)));
+            negmask = _mm256_or_ps(negmask, _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+            __m256 r = quant8(v, a, b, lo, hi, mode, dequant);
+            _mm_storeu_si128((__m128i *)(y + i), f32x8_to_bf16(r));
+        }
+    }
+    if (_mm256_movemask_ps(negmask)) *negative = 1;
+    if (i < n) {
+        size_t width = dtype == DT_F32 ? 4 : 2;
+        run_portable((const char *)xv + i * width, (char *)yv + i * width, n - i, dtype, p, lo_s, hi_s, mode,
+                     dequant, negative);
+    }
+}
+
+static int force_portable = 0;
+
+static int cpu_has_avx2(void) {
+    static int cached = -1;
+    if (force_portable) return 0;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                 __builtin_cpu_supports("f16c");
+    }
+    return cached;
+}
+#endif
+
+/* ---------- work splitting ---------- */
+
+typedef struct {
+    const char *x;
+    char *y;
+    size_t width;
+    int dtype, mode, dequant, use_avx2;
+    int64_t channels, inner;
+    const qparam_t *params;
+    float lo, hi;
+    int64_t begin, end; /* flat element range of this worker */
+    int negative;
+} job_t;
+
+static void run_range(job_t *job) {
+    int64_t i = job->begin;
+    while (i < job->end) {
+        int64_t row = i / job->inner;
+        int64_t row_end = (row + 1) * job->inner;
+        int64_t stop = row_end < job->end ? row_end : job->end;
+        qparam_t p = job->params[row % job->channels];
+        const void *x = job->x + i * job->width;
+        void *y = job->y + i * job->width;
+#if WB_HAVE_X86_AVX2
+        if (job->use_avx2)
+            run_avx2(x, y, stop - i, job->dtype, p, job->lo, job->hi, job->mode, job->dequant, &job->negative);
+        else
+#endif
+            run_portable(x, y, stop - i, job->dtype, p, job->lo, job->hi, job->mode, job->dequant, &job->negative);
+        i = stop;
+    }
+}
+
+#if defined(_WIN32)
+static DWORD WINAPI worker(LPVOID arg) { run_range((job_t *)arg); return 0; }
+#else
+static void *worker(void *arg) { run_range((job_t *)arg); return NULL; }
+#endif
+
+static int run_parallel(job_t *proto, int64_t total, int nthreads) {
+    job_t jobs[MAX_THREADS];
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (total < PARALLEL_MIN_ELEMENTS) nthreads = 1;
+    /* chunks are multiples of 64 elements so workers never share a cache line of output */
+    int64_t chunk = (total + nthreads - 1) / nthreads;
+    chunk = (chunk + 63) & ~(int64_t)63;
+    int used = 0;
+    for (int t = 0; t < nthreads; ++t) {
+        int64_t b = (int64_t)t * chunk;
+        if (b >= total) break;
+        jobs[t] = *proto;
+        jobs[t].begin = b;
+        jobs[t].end = b + chunk < total ? b + chunk : total;
+        jobs[t].negative = 0;
+        used++;
+    }
+#if defined(_WIN32)
+    HANDLE handles[MAX_THREADS];
+    int started = 1;
+    for (int t = 1; t < used; ++t) {
+        handles[t] = CreateThread(NULL, 0, worker, &jobs[t], 0, NULL);
+        if (handles[t] == NULL) break;
+        started++;
+    }
+    run_range(&jobs[0]);
+    for (int t = started; t < used; ++t) run_range(&jobs[t]); /* threads that failed to start */
+    for (int t = 1; t < started; ++t) { WaitForSingleObject(handles[t], INFINITE); CloseHandle(handles[t]); }
+#else
+    pthread_t threads[MAX_THREADS];
+    int started = 1;
+    for (int t = 1; t < used; ++t) {
+        if (pthread_create(&threads[t], NULL, worker, &jobs[t]) != 0) break;
+        started++;
+    }
+    run_range(&jobs[0]);
+    for (int t = started; t < used; ++t) run_range(&jobs[t]);
+    for (int t = 1; t < started; ++t) pthread_join(threads[t], NULL);
+#endif
+    int negative = 0;
+    for (int t = 0; t < used; ++t) negative |= jobs[t].negative;
+    return negative;
+}
+
+/*
+ * quantize(x_ptr, y_ptr, dtype, outer, channels, inner, params_ptr, lo, hi, mode, dequant, nthreads) -> bool
+ *
+ * params_ptr points at `channels` pairs of float32 (a, b). Returns True when a negative input was seen
+ * (the caller raises for unsigned quantization). The GIL is released while the kernel runs.
+ */
+static PyObject *py_quantize(PyObject *self, PyObject *args) {
+    unsigned long long x_ptr, y_ptr, params_ptr;
+    long long outer, channels, inner;
+    int dtype, mode, dequant, nthreads;
+    float lo, hi;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKiLLLKffiii", &x_ptr, &y_ptr, &dtype, &outer, &channels, &inner, &params_ptr, &lo,
+                          &hi, &mode, &dequant, &nthreads))
+        return NULL;
+    if (dtype != DT_F32 && dtype != DT_F16 && dtype != DT_BF16) {
+        PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
+        return NULL;
+    }
+    if (mode != MODE_MUL_DIV && mode != MODE_DIV_MUL) {
+        PyErr_Format(PyExc_ValueError, "unsupported mode %d", mode);
+        return NULL;
+    }
+    if (outer < 0 || channels < 1 || inner < 1) {
+        PyErr_SetString(PyExc_ValueError, "shape must have outer >= 0, channels >= 1, inner >= 1");
+        return NULL;
+    }
+    job_t proto;
+    memset(&proto, 0, sizeof proto);
+    proto.x = (const char *)(uintptr_t)x_ptr;
+    proto.y = (char *)(uintptr_t)y_ptr;
+    proto.width = dtype == DT_F32 ? 4 : 2;
+    proto.dtype = dtype;
+    proto.mode = mode;
+    proto.dequant = dequant;
+    proto.channels = channels;
+    proto.inner = inner;
+    proto.params = (const qparam_t *)(uintptr_t)params_ptr;
+    proto.lo = lo;
+    proto.hi = hi;
+#if WB_HAVE_X86_AVX2
+    proto.use_avx2 = cpu_has_avx2();
+#endif
+    int64_t total = (int64_t)outer * channels * inner;
+    int negative = 0;
+    if (total > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        negative = run_parallel(&proto, total, nthreads);
+        Py_END_ALLOW_THREADS
+    }
+    return PyBool_FromLong(negative);
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+#if WB_HAVE_X86_AVX2
+    if (cpu_has_avx2()) return PyUnicode_FromString("avx2");
+#endif
+    return PyUnicode_FromString("portable");
+}
+
+/* Tests call this to exercise the portable loops on machines that have AVX2. */
+static PyObject *py_force_portable(PyObject *self, PyObject *arg) {
+    (void)self;
+    int flag = PyObject_IsTrue(arg);
+    if (flag < 0) return NULL;
+#if WB_HAVE_X86_AVX2
+    force_portable = flag;
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"quantize", py_quantize, METH_VARARGS, "Fused (fake) quantization of a contiguous CPU buffer."},
+    {"isa", py_isa, METH_NOARGS, "Instruction set the kernels use on this CPU."},
+    {"force_portable", py_force_portable, METH_O, "Use the portable loops even where AVX2 is available."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fake_quant_cpu", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__fake_quant_cpu(void) { return PyModule_Create(&module); }

@@ -1,0 +1,1 @@
+"""Quantized modules, one file per family, as in pytorch-quantization."""

@@ -1,0 +1,472 @@
+"""TensorQuantizer: the module that (fake) quantizes one tensor, calibrates its range, or passes it through."""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from workbench.quant import calib
+from workbench.quant import utils as quant_utils
+from workbench.quant.kernels import ROUNDINGS, Rounding
+from workbench.quant.nn.modules.clip import Clip
+from workbench.quant.tensor_quant import (
+    E4M3,
+    E4M3_MAX,
+    QuantDescriptor,
+    fake_tensor_quant,
+    scaled_e4m3,
+    tensor_quant,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TensorQuantizer"]
+
+
+def _default_descriptor() -> QuantDescriptor:
+    return QuantDescriptor()
+
+
+class TensorQuantizer(nn.Module):
+    """Quantizes a tensor with :func:`fake_tensor_quant` (or :func:`tensor_quant`), with three switches:
+
+    * ``disable()`` / ``enable()``: bypass the module entirely.
+    * ``disable_quant()`` / ``enable_quant()``: the quantization step.
+    * ``enable_calib()`` / ``disable_calib()``: feed every input to the calibrator.
+
+    amax comes from, in order: the ``_amax`` buffer (set from the descriptor, by
+    :meth:`load_calib_amax` or the ``amax`` setter; it round-trips through ``state_dict``), else the
+    input's own absolute max (dynamic quantization). With ``learn_amax`` a :class:`Clip` stage
+    learns the range.
+
+    Args:
+        quant_desc: a :class:`QuantDescriptor`.
+        disabled: start bypassed. Default False.
+        if_quant: start with quantization on. Default True.
+        if_clip: start with the clip stage on (needs ``learn_amax``). Default False.
+        if_calib: start calibrating. Default False.
+    """
+
+    # Experimental switch kept from pytorch-quantization: use torch's native fake-quantize operators
+    # (full int8 range) so that the TorchScript ONNX exporter emits QuantizeLinear/DequantizeLinear.
+    use_fb_fake_quant = False
+    _enable_onnx_export = False
+    # Rounding convention of new quantizers (see workbench.quant.kernels). The workbench sets
+    # "onnx" on the quantizers of models it exports so that PyTorch and the QDQ graph agree.
+    default_rounding: Rounding = "pytorch_quantization"
+
+    def __init__(self, quant_desc: QuantDescriptor | None = None, disabled: bool = False, if_quant: bool = True,
+                 if_clip: bool = False, if_calib: bool = False) -> None:
+        super().__init__()
+        if quant_desc is None:
+            quant_desc = _default_descriptor()
+        if not isinstance(quant_desc, QuantDescriptor):
+            raise TypeError(f"quant_desc must be a QuantDescriptor, got {type(quant_desc).__name__}.")
+        self._num_bits = quant_desc.num_bits
+        self._fake_quant = quant_desc.fake_quant
+        self._axis = quant_desc.axis
+        self._scale_amax = quant_desc.scale_amax
+        self._learn_amax = quant_desc.learn_amax
+        self._unsigned = quant_desc.unsigned
+        self._narrow_range = quant_desc.narrow_range
+        self._rounding: Rounding = type(self).default_rounding
+
+        self._scale = None
+        self._disabled = disabled
+        self._if_quant = if_quant
+        self._if_clip = False
+        self._if_calib = if_calib
+
+        if quant_desc.amax is not None:
+            self.register_buffer("_amax", torch.tensor(quant_desc.amax))
+
+        if self._learn_amax:
+            init_amax = float(quant_desc.amax.max()) if quant_desc.amax is not None else 1.0
+            self.clip = Clip(-init_amax, init_amax, learn_min=True, learn_max=True)
+            self.enable_clip()
+        if if_clip:
+            self.enable_clip()
+
+        self._calibrator: calib.Calibrator | None
+        if quant_desc.calib_method == "histogram":
+            self._calibrator = calib.HistogramCalibrator(num_bits=self._num_bits, axis=self._axis,
+                                                         unsigned=self._unsigned)
+        else:
+            self._calibrator = calib.MaxCalibrator(num_bits=self._num_bits, axis=self._axis,
+                                                   unsigned=self._unsigned)
+
+    # ----- properties -------------------------------------------------------------------------
+
+    @property
+    def num_bits(self):
+        return self._num_bits
+
+    @num_bits.setter
+    def num_bits(self, value):
+        self._num_bits = value
+
+    @property
+    def maxbound(self) -> float:
+        """Largest integer of the grid (448 for FP8 E4M3)."""
+        if self._num_bits == E4M3:
+            return E4M3_MAX
+        return (1 << (self._num_bits - 1 + int(self._unsigned))) - 1
+
+    @property
+    def unsigned(self) -> bool:
+        return self._unsigned
+
+    @unsigned.setter
+    def unsigned(self, value: bool) -> None:
+        self._unsigned = value
+
+    @property
+    def narrow_range(self) -> bool:
+        return self._narrow_range
+
+    @narrow_range.setter
+    def narrow_range(self, value: bool) -> None:
+        self._narrow_range = value
+
+    @property
+    def axis(self):
+        return self._axis
+
+    @property
+    def fake_quant(self) -> bool:
+        return self._fake_quant
+
+    @property
+    def learn_amax(self) -> bool:
+        return self._learn_amax
+
+    @property
+    def scale_amax(self):
+        return self._scale_amax
+
+    @property
+    def rounding(self) -> Rounding:
+        """Rounding convention: ``"pytorch_quantization"`` or ``"onnx"`` (see :mod:`workbench.quant.kernels`)."""
+        return self._rounding
+
+    @rounding.setter
+    def rounding(self, value: Rounding) -> None:
+        if value not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {value!r}.")
+        self._rounding = value
+
+    @property
+    def scale(self):
+        """The scale of the last real (not fake) quantization; None before the first call."""
+        if self._fake_quant:
+            logger.warning("Fake quantize mode doesn't use scale explicitly.")
+        return self._scale
+
+    @property
+    def amax(self) -> torch.Tensor | None:
+        if not hasattr(self, "_amax"):
+            return None
+        return self._amax
+
+    @amax.setter
+    def amax(self, value) -> None:
+        if value is None:
+            raise ValueError("amax cannot be set to None; use reset_amax() to return to dynamic range.")
+        tensor = torch.as_tensor(np.asarray(value, dtype=np.float32) if not isinstance(value, torch.Tensor)
+                                 else value.detach().float())
+        if (tensor < 0).any() or torch.isnan(tensor).any():
+            raise ValueError(f"amax must be non-negative and not NaN, got {value!r}.")
+        if not hasattr(self, "_amax"):
+            self.register_buffer("_amax", tensor.clone())
+        else:
+            if self._amax.shape != tensor.shape:
+                raise RuntimeError(f"Changing shape when setting amax is not allowed: the quantizer has amax of "
+                                   f"shape {tuple(self._amax.shape)}, got {tuple(tensor.shape)}.")
+            self._amax.data.copy_(tensor.to(self._amax.device))
+
+    def reset_amax(self) -> None:
+        """Forget amax: the quantizer goes back to the input's dynamic range until calibrated again."""
+        if hasattr(self, "_amax"):
+            delattr(self, "_amax")
+
+    @property
+    def step_size(self):
+        if not hasattr(self, "_amax"):
+            logger.error("step_size is undefined under dynamic amax mode.")
+            return None
+        return self._amax / (2.0 ** (self._num_bits - 1 + int(self._unsigned)) - 1.0)
+
+    @property
+    def pre_quant_scale(self) -> torch.Tensor | None:
+        """Optional per-tensor or per-channel factor applied to inputs before quantization (SmoothQuant)."""
+        if not hasattr(self, "_pre_quant_scale"):
+            return None
+        return self._pre_quant_scale
+
+    @pre_quant_scale.setter
+    def pre_quant_scale(self, value) -> None:
+        if value is None:
+            raise ValueError("pre_quant_scale cannot be set to None.")
+        tensor = value.detach().clone() if isinstance(value, torch.Tensor) else torch.tensor(value)
+        if not hasattr(self, "_pre_quant_scale"):
+            self.register_buffer("_pre_quant_scale", tensor)
+        else:
+            if self._pre_quant_scale.shape != tensor.shape:
+                raise RuntimeError("Changing shape when setting pre_quant_scale is not allowed.")
+            self._pre_quant_scale.data.copy_(tensor.to(self._pre_quant_scale.device))
+
+    @property
+    def is_enabled(self) -> bool:
+        return not self._disabled
+
+    @property
+    def is_quant_enabled(self) -> bool:
+        return self._if_quant
+
+    @property
+    def is_calib_enabled(self) -> bool:
+        return self._if_calib
+
+    # ----- switches ---------------------------------------------------------------------------
+
+    def disable(self) -> None:
+        """Bypass the module: inputs pass through unchanged."""
+        self._disabled = True
+
+    def enable(self) -> None:
+        self._disabled = False
+
+    def disable_clip(self) -> None:
+        """Disable the clip stage."""
+        self._if_clip = False
+        if hasattr(self, "clip"):
+            self.clip.clip_value_min.requires_grad = False
+            self.clip.clip_value_max.requires_grad = False
+
+    def enable_clip(self) -> None:
+        """Enable the clip stage, which learns amax."""
+        if not self._learn_amax:
+            raise ValueError("learn_amax is False. Cannot enable clip.")
+        self.clip.clip_value_min.requires_grad = True
+        self.clip.clip_value_max.requires_grad = True
+        self._if_clip = True
+
+    def disable_calib(self) -> None:
+        self._if_calib = False
+
+    def enable_calib(self) -> None:
+        if self._calibrator is None:
+            raise ValueError("Calibrator was not created, cannot enable calibration.")
+        self._if_calib = True
+
+    def disable_quant(self) -> None:
+        self._if_quant = False
+
+    def enable_quant(self) -> None:
+        self._if_quant = True
+
+    # ----- calibration ------------------------------------------------------------------------
+
+    def load_calib_amax(self, *args: Any, **kwargs: Any) -> None:
+        """Compute amax with the calibrator and store it in the ``_amax`` buffer (created if needed).
+
+        Arguments are passed to the calibrator's ``compute_amax`` (e.g. ``method="entropy"``), except
+        ``strict``: with ``strict=False`` a calibrator that saw no data sets amax to NaN instead of raising.
+        """
+        strict = kwargs.pop("strict", True)
+        if getattr(self, "_calibrator", None) is None:
+            raise RuntimeError("Calibrator not created.")
+        calib_amax = self._calibrator.compute_amax(*args, **kwargs)
+        if calib_amax is None:
+            message = "Calibrator returned None. This usually happens when calibrator hasn't seen any tensor."
+            if strict:
+                raise RuntimeError(message + " Passing 'strict=False' to `load_calib_amax()` will ignore the error.")
+            logger.warning("%s Setting amax to NaN.", message)
+            calib_amax = torch.tensor(math.nan)
+        calib_amax = calib_amax.detach().float()
+        if hasattr(self, "_amax") and self._amax.shape == calib_amax.shape:
+            self._amax.copy_(calib_amax.to(self._amax.device))
+        else:
+            if hasattr(self, "_amax"):
+                delattr(self, "_amax")
+            self.register_buffer("_amax", calib_amax.clone())
+
+    def init_learn_amax(self) -> None:
+        """Initialize the learned range from the fixed (calibrated) amax."""
+        if not self._learn_amax:
+            raise RuntimeError("Called init_learn_amax with learn_amax=False.")
+        if not hasattr(self, "_amax"):
+            raise RuntimeError("init_learn_amax needs an amax: calibrate or set amax first.")
+        init_amax = torch.max(self._amax) if self._amax.numel() != 1 else self._amax
+        self.clip.clip_value_min.data.copy_(-init_amax.data)
+        self.clip.clip_value_max.data.copy_(init_amax.data)
+
+    # ----- forward ----------------------------------------------------------------------------
+
+    def _reduce_axes(self, inputs: torch.Tensor) -> list[int] | None:
+        if self._axis is None:
+            return None
+        axes = self._axis if isinstance(self._axis, (list, tuple)) else [self._axis]
+        keep = {a % inputs.dim() for a in axes}
+        return [i for i in range(inputs.dim()) if i not in keep]
+
+    def _get_amax(self, inputs: torch.Tensor) -> torch.Tensor:
+        """amax from the buffer, or computed from the inputs (dynamic range)."""
+        if hasattr(self, "_amax"):
+            amax = self._amax
+        else:
+            amax = quant_utils.reduce_amax(inputs, axis=self._reduce_axes(inputs), keepdims=True).detach()
+        if self._scale_amax is not None:
+            amax = amax.detach() * self._scale_amax
+        amax = amax.data
+        if amax.dtype not in (torch.double, torch.float):
+            amax = amax.float()
+        return amax
+
+    def _fb_fake_quant(self, inputs: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+        """torch's native fake quantization (full range, e.g. [-128, 127]); exports to Q/DQ."""
+        bound = (1 << (self._num_bits - 1 + int(self._unsigned))) - 1
+        low = 0 if self._unsigned else -bound - 1
+        if amax.numel() == 1:
+            return torch.fake_quantize_per_tensor_affine(inputs, amax.item() / bound, 0, low, bound)
+        amax_squeezed = amax.squeeze().detach().to(inputs.device)
+        if amax_squeezed.dim() != 1:
+            raise TypeError("Pytorch's native quantization doesn't support multiple axes")
+        quant_dim = list(amax.shape).index(amax_squeezed.shape[0])
+        scale = (amax_squeezed / bound).float()
+        zero_point = torch.zeros_like(scale, dtype=torch.int32)
+        return torch.fake_quantize_per_channel_affine(inputs, scale, zero_point, quant_dim, low, bound)
+
+    def _quant_forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self._learn_amax:
+            inputs = self.clip(inputs)
+            amax = torch.max(-self.clip.clip_value_min, self.clip.clip_value_max).detach()
+        else:
+            amax = self._get_amax(inputs)
+
+        if self._fake_quant:
+            if TensorQuantizer.use_fb_fake_quant:
+                if inputs.dtype == torch.half or amax.dtype == torch.half:
+                    raise TypeError("Exporting to ONNX in fp16 is not supported. Export in fp32 (disable AMP).")
+                return self._fb_fake_quant(inputs, amax)
+            return fake_tensor_quant(inputs, amax, self._num_bits, self._unsigned, self._narrow_range,
+                                     self._rounding)
+        outputs, self._scale = tensor_quant(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
+        return outputs
+
+    def _check_onnx_readiness(self, inputs: torch.Tensor) -> None:
+        if not hasattr(self, "_amax"):
+            raise RuntimeError("Quantizer has not been calibrated. ONNX export requires the quantizer to be "
+                               "calibrated: calibrate and load amax before exporting to ONNX.")
+        if self._if_calib:
+            logger.warning("Quantizer is in calibration mode; finish calibration before exporting to ONNX.")
+        if isinstance(self._num_bits, tuple) and self._get_amax(inputs).numel() != 1:
+            raise RuntimeError("E4M3 supports ONNX export only for per-tensor quantization.")
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self._enable_onnx_export:
+            self._check_onnx_readiness(inputs)
+        if self.pre_quant_scale is not None:
+            inputs = inputs * self.pre_quant_scale
+        if self._disabled:
+            return inputs
+
+        outputs = inputs
+        if self._if_calib:
+            if self._calibrator is None:
+                raise RuntimeError("Calibrator was not created.")
+            self._calibrator.collect(inputs)
+        if self._if_clip:
+            if not self._learn_amax:
+                raise RuntimeError("Clip without learning amax is not implemented.")
+            outputs = self.clip(inputs)
+        if self._if_quant:
+            if isinstance(self._num_bits, tuple):
+                exponent, mantissa = self._num_bits
+                outputs = scaled_e4m3(inputs, self._get_amax(inputs), exponent, mantissa)
+            else:
+                outputs = self._quant_forward(inputs)
+        return outputs
+
+    # ----- description ------------------------------------------------------------------------
+
+    def _short_amax(self, fmt: str = ".4f") -> str:
+        """'dynamic' without amax, the value per tensor, '[min, max](count)' per channel."""
+        if not hasattr(self, "_amax"):
+            return "dynamic"
+        if self._amax is None:
+            return "None"
+        if self._amax.numel() == 1:
+            return f"{self._amax.item():{fmt}}"
+        return f"[{self._amax.min().item():{fmt}}, {self._amax.max().item():{fmt}}]({self._amax.numel()})"
+
+    def extra_repr(self) -> str:
+        if self._disabled:
+            return "disabled"
+        s = f"{'unsigned ' if self._unsigned else ''}{self._num_bits}bit"
+        s += " narrow" if self._narrow_range else ""
+        s += " fake" if self._fake_quant else ""
+        s += f" axis={self._axis}" if self._axis is not None else " per-tensor"
+        s += f" amax={self._short_amax()}"
+        s += f" *{self._scale_amax}" if self._scale_amax else ""
+        s += " pre_quant_scale" if self.pre_quant_scale is not None else ""
+        s += " learned" if self._learn_amax else ""
+        s += f" calibrator={type(self._calibrator).__name__}" if self._calibrator is not None else ""
+        s += f" scale={self._scale}" if self._scale is not None and not self._fake_quant else ""
+        s += " quant" if self._if_quant else ""
+        s += " clip" if self._if_clip else ""
+        s += " calib" if self._if_calib else ""
+        return s
+
+    # ----- state_dict -------------------------------------------------------------------------
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Create or reshape the ``_amax`` / ``_pre_quant_scale`` buffers to what the state_dict holds.
+
+        A quantizer's amax only exists after calibration, so loading a calibrated checkpoint into a
+        fresh model must create the buffer. A per-channel amax from pytorch-quantization along another
+        axis (its ConvTranspose default was axis 0) is kept as saved, and the quantizer's axis follows it.
+        """
+        for name in ("_amax", "_pre_quant_scale"):
+            key = prefix + name
+            if key not in state_dict:
+                if name in self._buffers and name == "_amax":
+                    logger.debug("%s: no amax in state_dict; keeping the current one.", prefix[:-1])
+                continue
+            saved = state_dict[key]
+            if not isinstance(saved, torch.Tensor):
+                error_msgs.append(f"{key}: expected a tensor, got {type(saved).__name__}.")
+                continue
+            current = self._buffers.get(name)
+            if current is None or current.shape != saved.shape:
+                device = current.device if current is not None else self._module_device(saved.device)
+                self._buffers[name] = torch.empty(saved.shape, dtype=saved.dtype, device=device)
+                if name == "_amax":
+                    self._follow_amax_axis(saved)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def _module_device(self, fallback: torch.device) -> torch.device:
+        for tensor in list(self.parameters(recurse=True)) + list(self.buffers(recurse=True)):
+            return tensor.device
+        return fallback
+
+    def _follow_amax_axis(self, amax: torch.Tensor) -> None:
+        if amax.numel() <= 1:
+            return
+        axes = tuple(i for i, size in enumerate(amax.shape) if size != 1)
+        if len(axes) == 1:
+            axes_value: int | tuple[int, ...] = axes[0]
+        else:
+            axes_value = axes
+        if self._axis != axes_value and not (isinstance(self._axis, tuple) and self._axis == axes):
+            logger.info("Quantizer axis set to %s to match the loaded amax of shape %s.", axes_value,
+                        tuple(amax.shape))
+            self._axis = axes_value
+            if self._calibrator is not None:
+                self._calibrator.axis = axes_value

@@ -1,0 +1,1 @@
+"""Helpers for quantization-aware training (``pytorch_quantization.optim``)."""

@@ -1,0 +1,151 @@
+"""Convert an existing model to quantized modules, in place, with an ignore policy and a report."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from workbench.quant import quant_modules
+from workbench.quant.tensor_quant import QuantDescriptor
+
+__all__ = ["IgnorePolicy", "ReplacedLayer", "IgnoredLayer", "ReplacementReport", "replace_to_quantization_module",
+           "ignore_matcher", "default_quant_map"]
+
+IgnorePolicy = str | Iterable[str] | Callable[[str], bool] | None
+
+
+@dataclass(frozen=True)
+class ReplacedLayer:
+    name: str
+    float_type: str
+    quant_type: str
+
+
+@dataclass(frozen=True)
+class IgnoredLayer:
+    name: str
+    float_type: str
+    reason: str  # the pattern that matched, or "callable"
+
+
+@dataclass
+class ReplacementReport:
+    """What :func:`replace_to_quantization_module` did, layer by layer."""
+
+    replaced: list[ReplacedLayer] = field(default_factory=list)
+    ignored: list[IgnoredLayer] = field(default_factory=list)
+
+    @property
+    def replaced_names(self) -> list[str]:
+        return [layer.name for layer in self.replaced]
+
+    @property
+    def ignored_names(self) -> list[str]:
+        return [layer.name for layer in self.ignored]
+
+    def summary(self) -> str:
+        return f"{len(self.replaced)} layers quantized, {len(self.ignored)} ignored"
+
+
+def default_quant_map() -> dict[type, type]:
+    """Float module class -> quantized class, for every layer type the core can quantize."""
+    return {quant_modules.FLOAT_CLASSES[e.mod_name]: e.replace_mod for e in quant_modules._DEFAULT_QUANT_MAP}
+
+
+def ignore_matcher(ignore_policy: IgnorePolicy) -> Callable[[str], str | None]:
+    """A function from a layer name to the reason it is ignored (the matching pattern), or None.
+
+    ``ignore_policy`` is a regular expression matched at the start of the qualified name
+    (``re.match``, as the reference scripts do; an exact name also matches), a list of them, or a
+    callable returning True for names to ignore.
+
+    Raises:
+        ValueError: a pattern is not a valid regular expression (the message names it).
+        TypeError: the policy is of another type.
+    """
+    if ignore_policy is None:
+        return lambda name: None
+    if callable(ignore_policy):
+        def by_callable(name: str) -> str | None:
+            return "callable" if ignore_policy(name) else None
+        return by_callable
+    if isinstance(ignore_policy, str):
+        patterns = [ignore_policy]
+    else:
+        try:
+            patterns = list(ignore_policy)
+        except TypeError:
+            raise TypeError("ignore_policy must be a regex string, a list of them, or a callable on the layer "
+                            f"name, got {type(ignore_policy).__name__}.") from None
+    compiled = []
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise TypeError(f"ignore_policy patterns must be strings, got {pattern!r}.")
+        try:
+            compiled.append((pattern, re.compile(pattern)))
+        except re.error as error:
+            raise ValueError(f"ignore_policy pattern {pattern!r} is not a valid regular expression: {error}.") from None
+
+    def by_pattern(name: str) -> str | None:
+        for pattern, regex in compiled:
+            if name == pattern or regex.match(name):
+                return pattern
+        return None
+    return by_pattern
+
+
+def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy = None, *,
+                                   quant_map: dict[type, type] | None = None,
+                                   quant_desc_input: QuantDescriptor | None = None,
+                                   quant_desc_weight: QuantDescriptor | None = None) -> ReplacementReport:
+    """Swap every quantizable submodule of ``model`` for its quantized counterpart, in place.
+
+    The quantized module shares the float module's parameters and buffers, so names and state_dict
+    keys are unchanged (quantizer buffers are added). No class of the user's model is modified:
+    modules are matched by exact type, so subclasses of ``nn.Conv2d`` with their own forward are left
+    alone (they are reported neither as replaced nor ignored).
+
+    Args:
+        model: the model to convert.
+        ignore_policy: layers to leave in floating point (see :func:`ignore_matcher`).
+        quant_map: float class -> quantized class; defaults to :func:`default_quant_map`.
+        quant_desc_input, quant_desc_weight: descriptors for the new quantizers; default to each
+            quantized class's defaults.
+
+    Returns:
+        A :class:`ReplacementReport` listing replaced and ignored layers in model order.
+
+    Raises:
+        ValueError: ``model`` itself is a quantizable layer (it cannot be swapped in place; wrap it or
+            use ``QuantConv2d.from_float(model)``).
+    """
+    mapping = default_quant_map() if quant_map is None else dict(quant_map)
+    is_ignored = ignore_matcher(ignore_policy)
+    report = ReplacementReport()
+    if type(model) in mapping:
+        raise ValueError(f"The model itself is a {type(model).__name__}; replace_to_quantization_module swaps "
+                         f"submodules in place. Use {mapping[type(model)].__name__}.from_float(model) instead.")
+
+    def visit(module: nn.Module, prefix: str) -> None:
+        for child_name, child in list(module._modules.items()):
+            if child is None:
+                continue
+            path = child_name if not prefix else f"{prefix}.{child_name}"
+            visit(child, path)
+            quant_cls = mapping.get(type(child))
+            if quant_cls is None:
+                continue
+            reason = is_ignored(path)
+            if reason is not None:
+                report.ignored.append(IgnoredLayer(path, type(child).__name__, reason))
+                continue
+            kwargs = {"quant_desc_input": quant_desc_input}
+            if hasattr(quant_cls, "default_quant_desc_weight"):
+                kwargs["quant_desc_weight"] = quant_desc_weight
+            module._modules[child_name] = quant_cls.from_float(child, **kwargs)
+            report.replaced.append(ReplacedLayer(path, type(child).__name__, quant_cls.__name__))
+
+    visit(model, "")
+    return report
