@@ -1,0 +1,1 @@
+"""Model sources and data sources: load, validate, describe."""
