@@ -1,4 +1,4 @@
-"""Builds the optional CPU fake-quantization kernel.
+"""Builds the optional CPU kernels (fake quantization, histogram amax searches).
 
 Everything else lives in pyproject.toml. The extension is plain C (no torch headers), so building
 it needs only a C compiler, not torch; when the build fails the package still installs and falls
@@ -19,8 +19,9 @@ else:
 setup(
     ext_modules=[
         Extension(
-            "workbench.quant._fake_quant_cpu",
-            sources=["workbench/quant/csrc/fake_quant.c"],
+            "workbench.quant._cpu_kernels",
+            sources=[f"workbench/quant/csrc/{name}.c" for name in ("module", "parallel", "fake_quant", "amax_search", "histogram")],
+            depends=["workbench/quant/csrc/kernels.h"],
             extra_compile_args=compile_args,
             extra_link_args=link_args,
             optional=True,

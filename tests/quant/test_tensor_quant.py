@@ -300,19 +300,19 @@ class TestKernelBackends:
     @pytest.mark.parametrize("rounding", ["pytorch_quantization", "onnx"])
     @pytest.mark.parametrize("portable", [False, True])
     def test_c_kernel_equals_reference(self, dtype, rounding, portable):
-        from workbench.quant import _fake_quant_cpu
+        from workbench.quant import _cpu_kernels
 
         x = (torch.randn(300_017) * 3).to(dtype)  # odd size: vector body and scalar tail
         x[5] = float("nan")
         x[6] = float("inf")
         x[7] = -float("inf")
         amax = torch.tensor(2.0)
-        _fake_quant_cpu.force_portable(portable)
+        _cpu_kernels.force_portable(portable)
         try:
             out, _ = kernels.quantize(x, amax, 127.0, -127.0, rounding=rounding)
             q, _ = kernels.quantize(x, amax, 127.0, -127.0, rounding=rounding, dequantize=False)
         finally:
-            _fake_quant_cpu.force_portable(False)
+            _cpu_kernels.force_portable(False)
         ref = kernels.quantize_reference(x, amax, 127.0, -127.0, rounding, True)
         ref_q = kernels.quantize_reference(x, amax, 127.0, -127.0, rounding, False)
         assert torch.equal(out.float().nan_to_num(), ref.float().nan_to_num())

@@ -39,7 +39,7 @@ _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _MODE_CODES = {"pytorch_quantization": 0, "onnx": 1}
 
 try:  # the extension is optional: without a C compiler the package installs and runs on torch ops
-    from workbench.quant import _fake_quant_cpu as _cpu_ext
+    from workbench.quant import _cpu_kernels as _cpu_ext
 except ImportError:  # pragma: no cover - exercised on machines without a compiler
     _cpu_ext = None
     logger.debug("CPU fake-quant kernel not built; using torch operations")

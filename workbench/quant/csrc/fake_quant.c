@@ -15,20 +15,15 @@
  * value to 0 (chosen by the Python caller).
  *
  * Half and bfloat16 inputs are computed in float32 and written back in their own type.
+ * This file is plain C; the Python bindings are in module.c.
  * The x86 AVX2 path uses intrinsics behind a runtime CPU check so one binary runs everywhere;
  * other machines get the portable loops, which compilers auto-vectorize.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#if defined(_WIN32)
-#include <windows.h>
-#else
-#include <pthread.h>
-#endif
+#include "kernels.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define WB_HAVE_X86_AVX2 1
@@ -37,9 +32,11 @@
 #define WB_HAVE_X86_AVX2 0
 #endif
 
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
-enum { MODE_MUL_DIV = 0, MODE_DIV_MUL = 1 };
-#define MAX_THREADS 64
+#define DT_F32 WB_DT_F32
+#define DT_F16 WB_DT_F16
+#define DT_BF16 WB_DT_BF16
+#define MODE_MUL_DIV WB_MODE_MUL_DIV
+#define MODE_DIV_MUL WB_MODE_DIV_MUL
 /* Below this many elements, starting threads costs more than it saves. */
 #define PARALLEL_MIN_ELEMENTS (1 << 17)
 
@@ -111,10 +108,7 @@ static inline uint16_t f32_to_bf16(float f) {
 
 /* ---------- one contiguous run with one set of parameters ---------- */
 
-typedef struct {
-    float a;       /* scale (MUL_DIV) or step (DIV_MUL) */
-    float b;       /* divisor (MUL_DIV) or multiplier (DIV_MUL) for dequantization */
-} qparam_t;
+typedef wb_qparam_t qparam_t;
 
 static inline float quant_one(float x, qparam_t p, float lo, float hi, int mode, int dequant) {
     float q = mode == MODE_MUL_DIV ? rintf(x * p.a) : rintf(x / p.a);
@@ -250,161 +244,67 @@ typedef struct {
     int64_t channels, inner;
     const qparam_t *params;
     float lo, hi;
-    int64_t begin, end; /* flat element range of this worker */
-    int negative;
+    int negative[WB_MAX_THREADS];
 } job_t;
 
-static void run_range(job_t *job) {
-    int64_t i = job->begin;
-    while (i < job->end) {
+static void run_range(void *ctx, int64_t begin, int64_t end, int worker) {
+    job_t *job = (job_t *)ctx;
+    int negative = 0;
+    int64_t i = begin;
+    while (i < end) {
         int64_t row = i / job->inner;
         int64_t row_end = (row + 1) * job->inner;
-        int64_t stop = row_end < job->end ? row_end : job->end;
+        int64_t stop = row_end < end ? row_end : end;
         qparam_t p = job->params[row % job->channels];
         const void *x = job->x + i * job->width;
         void *y = job->y + i * job->width;
 #if WB_HAVE_X86_AVX2
         if (job->use_avx2)
-            run_avx2(x, y, stop - i, job->dtype, p, job->lo, job->hi, job->mode, job->dequant, &job->negative);
+            run_avx2(x, y, stop - i, job->dtype, p, job->lo, job->hi, job->mode, job->dequant, &negative);
         else
 #endif
-            run_portable(x, y, stop - i, job->dtype, p, job->lo, job->hi, job->mode, job->dequant, &job->negative);
+            run_portable(x, y, stop - i, job->dtype, p, job->lo, job->hi, job->mode, job->dequant, &negative);
         i = stop;
     }
+    job->negative[worker] = negative;
 }
 
-#if defined(_WIN32)
-static DWORD WINAPI worker(LPVOID arg) { run_range((job_t *)arg); return 0; }
-#else
-static void *worker(void *arg) { run_range((job_t *)arg); return NULL; }
+int wb_fake_quant(const void *x, void *y, int dtype, int64_t outer, int64_t channels, int64_t inner,
+                  const wb_qparam_t *params, float lo, float hi, int mode, int dequant, int nthreads) {
+    job_t job;
+    memset(&job, 0, sizeof job);
+    job.x = (const char *)x;
+    job.y = (char *)y;
+    job.width = dtype == DT_F32 ? 4 : 2;
+    job.dtype = dtype;
+    job.mode = mode;
+    job.dequant = dequant;
+    job.channels = channels;
+    job.inner = inner;
+    job.params = params;
+    job.lo = lo;
+    job.hi = hi;
+#if WB_HAVE_X86_AVX2
+    job.use_avx2 = cpu_has_avx2();
 #endif
-
-static int run_parallel(job_t *proto, int64_t total, int nthreads) {
-    job_t jobs[MAX_THREADS];
-    if (nthreads < 1) nthreads = 1;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
-    if (total < PARALLEL_MIN_ELEMENTS) nthreads = 1;
     /* chunks are multiples of 64 elements so workers never share a cache line of output */
-    int64_t chunk = (total + nthreads - 1) / nthreads;
-    chunk = (chunk + 63) & ~(int64_t)63;
-    int used = 0;
-    for (int t = 0; t < nthreads; ++t) {
-        int64_t b = (int64_t)t * chunk;
-        if (b >= total) break;
-        jobs[t] = *proto;
-        jobs[t].begin = b;
-        jobs[t].end = b + chunk < total ? b + chunk : total;
-        jobs[t].negative = 0;
-        used++;
-    }
-#if defined(_WIN32)
-    HANDLE handles[MAX_THREADS];
-    int started = 1;
-    for (int t = 1; t < used; ++t) {
-        handles[t] = CreateThread(NULL, 0, worker, &jobs[t], 0, NULL);
-        if (handles[t] == NULL) break;
-        started++;
-    }
-    run_range(&jobs[0]);
-    for (int t = started; t < used; ++t) run_range(&jobs[t]); /* threads that failed to start */
-    for (int t = 1; t < started; ++t) { WaitForSingleObject(handles[t], INFINITE); CloseHandle(handles[t]); }
-#else
-    pthread_t threads[MAX_THREADS];
-    int started = 1;
-    for (int t = 1; t < used; ++t) {
-        if (pthread_create(&threads[t], NULL, worker, &jobs[t]) != 0) break;
-        started++;
-    }
-    run_range(&jobs[0]);
-    for (int t = started; t < used; ++t) run_range(&jobs[t]);
-    for (int t = 1; t < started; ++t) pthread_join(threads[t], NULL);
-#endif
+    wb_parallel_for(outer * channels * inner, nthreads, PARALLEL_MIN_ELEMENTS, 64, run_range, &job);
     int negative = 0;
-    for (int t = 0; t < used; ++t) negative |= jobs[t].negative;
+    for (int t = 0; t < WB_MAX_THREADS; ++t) negative |= job.negative[t];
     return negative;
 }
 
-/*
- * quantize(x_ptr, y_ptr, dtype, outer, channels, inner, params_ptr, lo, hi, mode, dequant, nthreads) -> bool
- *
- * params_ptr points at `channels` pairs of float32 (a, b). Returns True when a negative input was seen
- * (the caller raises for unsigned quantization). The GIL is released while the kernel runs.
- */
-static PyObject *py_quantize(PyObject *self, PyObject *args) {
-    unsigned long long x_ptr, y_ptr, params_ptr;
-    long long outer, channels, inner;
-    int dtype, mode, dequant, nthreads;
-    float lo, hi;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "KKiLLLKffiii", &x_ptr, &y_ptr, &dtype, &outer, &channels, &inner, &params_ptr, &lo,
-                          &hi, &mode, &dequant, &nthreads))
-        return NULL;
-    if (dtype != DT_F32 && dtype != DT_F16 && dtype != DT_BF16) {
-        PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
-        return NULL;
-    }
-    if (mode != MODE_MUL_DIV && mode != MODE_DIV_MUL) {
-        PyErr_Format(PyExc_ValueError, "unsupported mode %d", mode);
-        return NULL;
-    }
-    if (outer < 0 || channels < 1 || inner < 1) {
-        PyErr_SetString(PyExc_ValueError, "shape must have outer >= 0, channels >= 1, inner >= 1");
-        return NULL;
-    }
-    job_t proto;
-    memset(&proto, 0, sizeof proto);
-    proto.x = (const char *)(uintptr_t)x_ptr;
-    proto.y = (char *)(uintptr_t)y_ptr;
-    proto.width = dtype == DT_F32 ? 4 : 2;
-    proto.dtype = dtype;
-    proto.mode = mode;
-    proto.dequant = dequant;
-    proto.channels = channels;
-    proto.inner = inner;
-    proto.params = (const qparam_t *)(uintptr_t)params_ptr;
-    proto.lo = lo;
-    proto.hi = hi;
+const char *wb_fake_quant_isa(void) {
 #if WB_HAVE_X86_AVX2
-    proto.use_avx2 = cpu_has_avx2();
+    if (cpu_has_avx2()) return "avx2";
 #endif
-    int64_t total = (int64_t)outer * channels * inner;
-    int negative = 0;
-    if (total > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        negative = run_parallel(&proto, total, nthreads);
-        Py_END_ALLOW_THREADS
-    }
-    return PyBool_FromLong(negative);
+    return "portable";
 }
 
-static PyObject *py_isa(PyObject *self, PyObject *args) {
-    (void)self;
-    (void)args;
-#if WB_HAVE_X86_AVX2
-    if (cpu_has_avx2()) return PyUnicode_FromString("avx2");
-#endif
-    return PyUnicode_FromString("portable");
-}
-
-/* Tests call this to exercise the portable loops on machines that have AVX2. */
-static PyObject *py_force_portable(PyObject *self, PyObject *arg) {
-    (void)self;
-    int flag = PyObject_IsTrue(arg);
-    if (flag < 0) return NULL;
+void wb_fake_quant_force_portable(int flag) {
 #if WB_HAVE_X86_AVX2
     force_portable = flag;
+#else
+    (void)flag;
 #endif
-    Py_RETURN_NONE;
 }
-
-static PyMethodDef methods[] = {
-    {"quantize", py_quantize, METH_VARARGS, "Fused (fake) quantization of a contiguous CPU buffer."},
-    {"isa", py_isa, METH_NOARGS, "Instruction set the kernels use on this CPU."},
-    {"force_portable", py_force_portable, METH_O, "Use the portable loops even where AVX2 is available."},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fake_quant_cpu", NULL, -1, methods,
-                                    NULL, NULL, NULL, NULL};
-
-PyMODINIT_FUNC PyInit__fake_quant_cpu(void) { return PyModule_Create(&module); }

@@ -1,0 +1,41 @@
+/* Plain-C CPU kernels of workbench.quant; Python bindings live in module.c. */
+#ifndef WB_KERNELS_H
+#define WB_KERNELS_H
+
+#include <stdint.h>
+
+enum { WB_DT_F32 = 0, WB_DT_F16 = 1, WB_DT_BF16 = 2 };
+enum { WB_MODE_MUL_DIV = 0, WB_MODE_DIV_MUL = 1 };
+
+/* Runs fn(ctx, begin, end) over [0, total) split into up to nthreads contiguous chunks (multiples of
+ * `align`), on the calling thread plus started threads. Runs on the caller alone below min_total. */
+typedef void (*wb_range_fn)(void *ctx, int64_t begin, int64_t end, int worker);
+void wb_parallel_for(int64_t total, int nthreads, int64_t min_total, int64_t align, wb_range_fn fn, void *ctx);
+#define WB_MAX_THREADS 64
+
+/* fake_quant.c */
+typedef struct {
+    float a; /* scale (MUL_DIV) or step (DIV_MUL) */
+    float b; /* divisor (MUL_DIV) or multiplier (DIV_MUL) for dequantization */
+} wb_qparam_t;
+
+/* Returns 1 when an input was negative. See fake_quant.c for the formulas. */
+int wb_fake_quant(const void *x, void *y, int dtype, int64_t outer, int64_t channels, int64_t inner,
+                  const wb_qparam_t *params, float lo, float hi, int mode, int dequant, int nthreads);
+const char *wb_fake_quant_isa(void);
+void wb_fake_quant_force_portable(int flag);
+
+/* amax_search.c: one value per candidate, written to out[0 .. count) */
+int64_t wb_candidate_count(int64_t first, int64_t last_inclusive, int64_t stride);
+void wb_entropy_divergences(const double *bins, int64_t n, int64_t groups, int64_t start, int64_t stride,
+                            double *out, int nthreads);
+/* uniform: centers[j] == (j + 1/2) * width (histograms from 0 with equal bins) */
+void wb_mse_errors(const double *counts, const double *centers, int64_t n, double max_bound, int64_t start,
+                   int64_t stride, int uniform, double *out, int nthreads);
+
+/* histogram.c: adds |x| counts into counts[0 .. bins) (bins of width 2**width_exponent from 0) and the
+ * number of NaN/Inf values into *nonfinite. Returns 0, or -1 when memory ran out. */
+int wb_histogram(const void *x, int dtype, int64_t n, int width_exponent, int64_t bins, int skip_zeros,
+                 int64_t *counts, int64_t *nonfinite, int nthreads);
+
+#endif

@@ -1,0 +1,129 @@
+/* Python bindings of the CPU kernels (module workbench.quant._cpu_kernels). Pointers arrive as
+ * integers from torch.Tensor.data_ptr() / numpy's ctypes.data; the Python side checks dtypes,
+ * contiguity and sizes before calling. Every call releases the GIL while it computes. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "kernels.h"
+
+static PyObject *py_quantize(PyObject *self, PyObject *args) {
+    unsigned long long x_ptr, y_ptr, params_ptr;
+    long long outer, channels, inner;
+    int dtype, mode, dequant, nthreads;
+    float lo, hi;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKiLLLKffiii", &x_ptr, &y_ptr, &dtype, &outer, &channels, &inner, &params_ptr, &lo,
+                          &hi, &mode, &dequant, &nthreads))
+        return NULL;
+    if (dtype != WB_DT_F32 && dtype != WB_DT_F16 && dtype != WB_DT_BF16) {
+        PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
+        return NULL;
+    }
+    if (mode != WB_MODE_MUL_DIV && mode != WB_MODE_DIV_MUL) {
+        PyErr_Format(PyExc_ValueError, "unsupported mode %d", mode);
+        return NULL;
+    }
+    if (outer < 0 || channels < 1 || inner < 1) {
+        PyErr_SetString(PyExc_ValueError, "shape must have outer >= 0, channels >= 1, inner >= 1");
+        return NULL;
+    }
+    int negative = 0;
+    Py_BEGIN_ALLOW_THREADS
+    negative = wb_fake_quant((const void *)(uintptr_t)x_ptr, (void *)(uintptr_t)y_ptr, dtype, outer, channels, inner,
+                             (const wb_qparam_t *)(uintptr_t)params_ptr, lo, hi, mode, dequant, nthreads);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(negative);
+}
+
+static PyObject *py_entropy_divergences(PyObject *self, PyObject *args) {
+    unsigned long long bins_ptr, out_ptr;
+    long long n, groups, start, stride;
+    int nthreads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLLLLKi", &bins_ptr, &n, &groups, &start, &stride, &out_ptr, &nthreads)) return NULL;
+    if (n < 1 || groups < 1 || start < 1 || stride < 1) {
+        PyErr_SetString(PyExc_ValueError, "entropy search needs n, groups, start, stride >= 1");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    wb_entropy_divergences((const double *)(uintptr_t)bins_ptr, n, groups, start, stride, (double *)(uintptr_t)out_ptr,
+                           nthreads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_mse_errors(PyObject *self, PyObject *args) {
+    unsigned long long counts_ptr, centers_ptr, out_ptr;
+    long long n, start, stride;
+    double max_bound;
+    int uniform, nthreads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKLdLLpKi", &counts_ptr, &centers_ptr, &n, &max_bound, &start, &stride, &uniform,
+                          &out_ptr, &nthreads))
+        return NULL;
+    if (n < 1 || start < 0 || stride < 1 || max_bound < 1) {
+        PyErr_SetString(PyExc_ValueError, "mse search needs n >= 1, start >= 0, stride >= 1, max_bound >= 1");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    wb_mse_errors((const double *)(uintptr_t)counts_ptr, (const double *)(uintptr_t)centers_ptr, n, max_bound, start,
+                  stride, uniform, (double *)(uintptr_t)out_ptr, nthreads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_histogram(PyObject *self, PyObject *args) {
+    unsigned long long x_ptr, counts_ptr;
+    long long n, bins;
+    int dtype, width_exponent, skip_zeros, nthreads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KiLiLpKi", &x_ptr, &dtype, &n, &width_exponent, &bins, &skip_zeros, &counts_ptr,
+                          &nthreads))
+        return NULL;
+    if (dtype != WB_DT_F32 && dtype != WB_DT_F16 && dtype != WB_DT_BF16) {
+        PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
+        return NULL;
+    }
+    if (n < 0 || bins < 1) {
+        PyErr_SetString(PyExc_ValueError, "histogram needs n >= 0 and bins >= 1");
+        return NULL;
+    }
+    int64_t nonfinite = 0;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = wb_histogram((const void *)(uintptr_t)x_ptr, dtype, n, width_exponent, bins, skip_zeros,
+                          (int64_t *)(uintptr_t)counts_ptr, &nonfinite, nthreads);
+    Py_END_ALLOW_THREADS
+    if (status != 0) return PyErr_NoMemory();
+    return PyLong_FromLongLong(nonfinite);
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyUnicode_FromString(wb_fake_quant_isa());
+}
+
+/* Tests call this to exercise the portable loops on machines that have AVX2. */
+static PyObject *py_force_portable(PyObject *self, PyObject *arg) {
+    (void)self;
+    int flag = PyObject_IsTrue(arg);
+    if (flag < 0) return NULL;
+    wb_fake_quant_force_portable(flag);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"quantize", py_quantize, METH_VARARGS, "Fused (fake) quantization of a contiguous CPU buffer."},
+    {"entropy_divergences", py_entropy_divergences, METH_VARARGS, "KL divergence of every entropy candidate."},
+    {"mse_errors", py_mse_errors, METH_VARARGS, "Squared error of every mse candidate."},
+    {"histogram", py_histogram, METH_VARARGS, "Add |x| to a histogram with power-of-two bins; returns NaN/Inf count."},
+    {"isa", py_isa, METH_NOARGS, "Instruction set the fake-quant kernel uses on this CPU."},
+    {"force_portable", py_force_portable, METH_O, "Use the portable loops even where AVX2 is available."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }
