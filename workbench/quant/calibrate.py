@@ -63,6 +63,7 @@ class QuantizerCalibration:
     batches: int
     num_samples: int
     nonfinite_count: int
+    max_value: float | None = None  # largest finite |x| seen
 
     @property
     def amax_summary(self) -> str:
@@ -83,6 +84,7 @@ class CalibrationResult:
     device: str
     unused: list[str] = field(default_factory=list)  # quantizers no batch reached; left unchanged
     output_sqnr_db: float | None = None  # model output, INT8 vs FP32, on the first batch
+    warnings: list[str] = field(default_factory=list)  # amax values that look collapsed, thin histograms
 
     @property
     def nonfinite_total(self) -> int:
@@ -97,6 +99,8 @@ class CalibrationResult:
             parts.append(f"{self.nonfinite_total} NaN/Inf values left out")
         if self.unused:
             parts.append(f"{len(self.unused)} quantizers never reached: {', '.join(self.unused[:5])}")
+        if self.warnings:
+            parts.append(f"{len(self.warnings)} warnings")
         return "; ".join(parts)
 
 
@@ -303,10 +307,12 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             else:
                 q.load_calib_amax()
             q._buffers["_amax"] = q._buffers["_amax"].to(run_device)
+            max_value = calibrator.max_value if isinstance(calibrator, HistogramCalibrator) else calibrator.calib_amax
             results[name] = QuantizerCalibration(
                 name=name, amax=q._amax.detach().cpu().clone(), method=used_method,
                 calibrator=type(calibrator).__name__, batches=calibrator.batches_seen,
-                num_samples=calibrator.values_seen, nonfinite_count=calibrator.nonfinite_count)
+                num_samples=calibrator.values_seen, nonfinite_count=calibrator.nonfinite_count,
+                max_value=None if max_value is None else float(max_value.max()))
     except BaseException:
         _restore(quantizers, snapshot)
         if run_device != original_device:
@@ -326,9 +332,34 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
     model.train(was_training)
     result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
                                wall_time_s=time.perf_counter() - started, device=str(run_device), unused=unused,
-                               output_sqnr_db=output_sqnr)
+                               output_sqnr_db=output_sqnr, warnings=_suspicious(results, quantizers))
+    for warning in result.warnings:
+        logger.warning(warning)
     logger.info(result.summary())
     return result
+
+
+# Below this many values per bin a histogram is too thin for entropy and percentile to mean much.
+_MIN_VALUES_PER_BIN = 4
+# An amax under this share of the largest value seen has probably collapsed rather than clipped a tail.
+_COLLAPSE_RATIO = 0.05
+
+
+def _suspicious(results: dict[str, QuantizerCalibration], quantizers: dict[str, TensorQuantizer]) -> list[str]:
+    """Plain-language warnings for amax values worth a second look (a collapse must not be silent)."""
+    warnings = []
+    for name, item in results.items():
+        if item.calibrator != "HistogramCalibrator" or item.method == "max" or not item.max_value:
+            continue
+        ratio = float(item.amax.max()) / item.max_value
+        if ratio < _COLLAPSE_RATIO:
+            warnings.append(f"{name}: {item.method} amax {float(item.amax.max()):.4g} is {ratio:.1%} of the largest "
+                            f"value seen ({item.max_value:.4g}); check the output SQNR or try another method.")
+        bins = quantizers[name]._calibrator.num_bins
+        if item.num_samples < _MIN_VALUES_PER_BIN * bins:
+            warnings.append(f"{name}: only {item.num_samples} values for a {bins}-bin histogram; {item.method} is "
+                            "unreliable on so few (use more batches, or max/percentile for this quantizer).")
+    return warnings
 
 
 def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batch: Any,

@@ -24,15 +24,20 @@ import numpy as np
 import torch
 
 from workbench.quant.calib.calibrator import _Calibrator
-from workbench.quant.calib.max import abs_max
 
 logger = logging.getLogger(__name__)
+
+try:  # compiled collection and searches; without them torch/numpy give the same answers, slower
+    from workbench.quant import _cpu_kernels
+except ImportError:  # pragma: no cover - machines without a C compiler
+    _cpu_kernels = None
 
 __all__ = ["HistogramCalibrator", "calibrate_weights", "HISTOGRAM_METHODS", "UnknownMethodError"]
 
 HISTOGRAM_METHODS = ("entropy", "mse", "percentile", "max")
 # Smallest width exponent: a range of 2**-24 * num_bins covers anything that does not quantize to 0 anyway.
 _MIN_WIDTH_EXPONENT = -24 - 11
+_KERNEL_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 # Relative tolerance under which two candidates' divergences or errors count as equal; the search then
 # picks the candidate pytorch-quantization picks among exact ties (the last for entropy, the first for mse).
 _TIE_RTOL = 1e-9
@@ -157,35 +162,58 @@ class HistogramCalibrator(_Calibrator):
             x = x.detach()
             if x.numel() == 0:
                 return
-            values = x.float() if x.dtype != torch.float32 else x
-            batch_max, nonfinite = abs_max(values, list(range(values.dim())))
+            low, high = torch.aminmax(x)
+            batch_max = torch.maximum(high.abs(), low.abs()).float()
+            if not bool(torch.isfinite(batch_max)):  # NaN/Inf present: the range comes from finite values
+                finite_values = x[torch.isfinite(x)]
+                batch_max = finite_values.abs().max().float() if finite_values.numel() else torch.zeros(())
             self._batches_seen += 1
-            self._values_seen += values.numel()
-            values = values.reshape(-1).abs()
-            if nonfinite:
-                self._nonfinite_count += nonfinite
-                logger.warning("Histogram calibrator saw %d NaN/Inf values; they are left out.", nonfinite)
-                values = values[torch.isfinite(values)]
-            if self._skip_zeros:
-                values = values[values != 0]
-            batch_max = batch_max.reshape(())
+            self._values_seen += x.numel()
             self._max = batch_max.clone() if self._max is None else torch.maximum(self._max, batch_max)
-            if values.numel() == 0:
-                return
 
             stored_bins = 2 * self._num_bins
             needed = width_exponent(float(batch_max), stored_bins)
             if self._counts is None:
                 self._width_exp = needed
-                self._counts = torch.zeros(stored_bins, dtype=torch.int64, device=values.device)
+                self._counts = torch.zeros(stored_bins, dtype=torch.int64, device=x.device)
             elif needed > self._width_exp:
                 self._counts = merge_bins(self._counts, 1 << (needed - self._width_exp))
                 self._width_exp = needed
-            # multiplying by a power of two is exact, so floor() gives the true bin of every value
-            index = torch.mul(values, math.ldexp(1.0, -self._width_exp)).floor_()
-            index = index.to(torch.int64).clamp_(max=stored_bins - 1)
-            counts = torch.bincount(index, minlength=stored_bins)
-            self._counts += counts.to(self._counts.device)
+            if _cpu_kernels is not None and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
+                nonfinite = self._collect_cpu(x)
+            else:
+                nonfinite = self._collect_torch(x)
+            if nonfinite:
+                if not self._nonfinite_count:  # once per calibrator; the run's result has the totals
+                    logger.warning("Histogram calibrator saw %d NaN/Inf values; they are left out.", nonfinite)
+                self._nonfinite_count += nonfinite
+
+    def _collect_cpu(self, x: torch.Tensor) -> int:
+        """One fused pass in C (threads, no temporary tensors); returns the NaN/Inf count."""
+        x = x.contiguous()
+        if self._counts.device.type != "cpu":
+            self._counts = self._counts.cpu()
+        return _cpu_kernels.histogram(x.data_ptr(), _KERNEL_DTYPES[x.dtype], x.numel(), self._width_exp,
+                                      self._counts.numel(), self._skip_zeros, self._counts.data_ptr(),
+                                      torch.get_num_threads())
+
+    def _collect_torch(self, x: torch.Tensor) -> int:
+        """The same counts with torch operations, on the tensor's own device (CUDA, float64, ...)."""
+        values = x.float().reshape(-1).abs()
+        finite = torch.isfinite(values)
+        nonfinite = int(values.numel() - int(finite.sum()))
+        if nonfinite:
+            values = values[finite]
+        if self._skip_zeros:
+            values = values[values != 0]
+        if values.numel() == 0:
+            return nonfinite
+        # multiplying by a power of two is exact, so floor() gives the true bin of every value
+        index = torch.mul(values, math.ldexp(1.0, -self._width_exp)).floor_()
+        index = index.to(torch.int64).clamp_(max=self._counts.numel() - 1)
+        counts = torch.bincount(index, minlength=self._counts.numel())
+        self._counts += counts.to(self._counts.device)
+        return nonfinite
 
     def reset(self) -> None:
         """Forget the histogram."""
@@ -298,34 +326,30 @@ class HistogramCalibrator(_Calibrator):
 
 # ----- the amax searches, vectorised over candidates --------------------------------------------
 
-
 def _check_candidates(count: int, what: str, num_bins: int, start_bin: int) -> None:
     if count == 0:
         raise ValueError(f"{what} needs more bins than start_bin: the histogram has {num_bins} bins and "
                          f"start_bin is {start_bin}.")
 
 
-def amax_entropy(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
-                 start_bin: int = 128) -> float:
-    """amax minimising the KL divergence between the histogram and its quantized version (TensorRT).
+def _pick(values: np.ndarray, candidates: np.ndarray, prefer_last: bool) -> int | None:
+    """Index of the best (smallest) value; near-equal values tie, and ties go first or last."""
+    finite = np.isfinite(values)
+    if not finite.any():
+        return None
+    best = values[finite].min()
+    ties = np.nonzero(finite & (values <= best + _TIE_ATOL + _TIE_RTOL * abs(best)))[0]
+    return int(ties[-1] if prefer_last else ties[0])
+
+
+def entropy_divergences(bins: np.ndarray, groups: int, candidates: np.ndarray) -> np.ndarray:
+    """KL divergence for each candidate bin count (numpy; see the C version in csrc/amax_search.c).
 
     For a candidate ``i`` the reference distribution is ``bins[:i]`` with everything beyond folded into
-    the last bin; the candidate distribution spreads each of ``2**(num_bits - 1 + unsigned)`` groups of
-    bins evenly over its non-empty bins. Every sum over bins is a difference of prefix sums, so all
-    candidates are evaluated at once in O(candidates x groups).
+    the last bin; the candidate distribution spreads each of ``groups`` groups of bins evenly over its
+    non-empty bins. Every sum over bins is a difference of prefix sums, so a candidate costs O(groups).
     """
-    bins = np.asarray(hist, dtype=np.float64).copy()
-    if bins.size > 1:
-        bins[0] = bins[1]  # as in the original: the zero bin is dominated by ReLU zeros
-    n = bins.size
     total = bins.sum()
-    groups = 1 << (num_bits - 1 + int(unsigned))
-    candidates = np.arange(start_bin, n + 1, stride, dtype=np.int64)
-    candidates = candidates[candidates > 0]
-    _check_candidates(candidates.size, "entropy", n, start_bin)
-    if total <= 0:
-        return float(edges[candidates[-1]])
-
     nonzero = bins > 0
     zero_pad = np.zeros(1)
     prefix_sum = np.concatenate([zero_pad, np.cumsum(bins)])
@@ -333,83 +357,109 @@ def amax_entropy(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: b
     b_log_b = np.where(nonzero, bins * np.log(np.where(nonzero, bins, 1.0)), 0.0)
     prefix_blogb = np.concatenate([zero_pad, np.cumsum(b_log_b)])
 
-    i = candidates[:, None]
-    k = np.arange(groups, dtype=np.int64)[None, :]
-    lo = (k * i + groups - 1) // groups       # first bin of group k: ceil(k * i / groups)
-    hi = ((k + 1) * i + groups - 1) // groups
-    group_sum = prefix_sum[hi] - prefix_sum[lo]
-    group_count = prefix_count[hi] - prefix_count[lo]
-    group_avg = group_sum / np.maximum(group_count, 1)
-    safe_avg = np.where(group_count > 0, group_avg, 1.0)
-    sum_b_log_avg = np.where(group_count > 0, group_sum * np.log(safe_avg), 0.0).sum(1)
-
     c = candidates
+    # boundaries[:, k] = first bin of group k = ceil(k * i / groups); the last column is i
+    boundaries = (np.arange(groups + 1, dtype=np.int64)[None, :] * c[:, None] + groups - 1) // groups
+    sums = np.diff(prefix_sum[boundaries], axis=1)
+    counts = np.diff(prefix_count[boundaries], axis=1)
+    group_avg = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+    sum_b_log_avg = (sums * np.log(np.where(counts > 0, group_avg, 1.0))).sum(1)
+
     last = c - 1
-    in_range = prefix_sum[c]                   # sum of bins[:i], the unnormalised mass of q
+    in_range = prefix_sum[c]
     tail = total - in_range
     b_last = bins[last]
-    last_group = (last * groups) // c
-    avg_last = group_avg[np.arange(c.size), last_group]
+    avg_last = group_avg[np.arange(c.size), (last * groups) // c]
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_total, log_in_range = np.log(total), np.log(in_range)
-        # bins j < i - 1: sum p_j log(p_j / q_j) with p_j = b_j / total and q_j = avg_g(j) / in_range
         head_mass = prefix_sum[last]
-        head = (prefix_blogb[last] - head_mass * log_total + head_mass * log_in_range
+        head = (prefix_blogb[last] - head_mass * np.log(total) + head_mass * np.log(in_range)
                 - (sum_b_log_avg - np.where(b_last > 0, b_last * np.log(np.where(b_last > 0, avg_last, 1.0)), 0.0)))
         head = head / total
-        # bin i - 1 carries the outliers: p = (b + tail) / total, q = avg / in_range (0 if the bin is empty)
         p_last = (b_last + tail) / total
         q_last = np.where(b_last > 0, avg_last / in_range, 0.0)
-        last_term = np.where(p_last > 0,
-                             np.where(q_last > 0, p_last * (np.log(p_last) - np.log(np.where(q_last > 0, q_last, 1.0))),
-                                      np.inf),
-                             0.0)
+        log_ratio = np.log(p_last) - np.log(np.where(q_last > 0, q_last, 1.0))
+        last_term = np.where(p_last > 0, np.where(q_last > 0, p_last * log_ratio, np.inf), 0.0)
         divergence = head + last_term
     divergence = np.where(in_range > 0, divergence, np.inf)
-    divergence = np.where(np.isnan(divergence), np.inf, divergence)
-    best = divergence.min()
-    if not np.isfinite(best):
+    return np.where(np.isnan(divergence), np.inf, divergence)
+
+
+def amax_entropy(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
+                 start_bin: int = 128) -> float:
+    """amax minimising the KL divergence between the histogram and its quantized version (TensorRT).
+
+    Candidates are ``i = start_bin, start_bin + stride, ... <= len(hist)``; amax is ``edges[i]`` of the
+    best one, the largest among ties. Candidates whose first ``i`` bins are all empty cannot represent
+    the data and are skipped (pytorch-quantization's search returns a NaN-driven pick there).
+    """
+    bins = np.asarray(hist, dtype=np.float64).copy()
+    if bins.size > 1:
+        bins[0] = bins[1]  # as in the original: the zero bin is dominated by ReLU zeros
+    n = bins.size
+    groups = 1 << (num_bits - 1 + int(unsigned))
+    first = max(start_bin, 1)
+    candidates = np.arange(first, n + 1, stride, dtype=np.int64)
+    _check_candidates(candidates.size, "entropy", n, start_bin)
+    if bins.sum() <= 0:
         return float(edges[candidates[-1]])
-    ties = np.nonzero(divergence <= best + _TIE_ATOL + _TIE_RTOL * abs(best))[0]
-    return float(edges[candidates[ties[-1]]])
+    if _cpu_kernels is not None:
+        divergences = np.empty(candidates.size, dtype=np.float64)
+        _cpu_kernels.entropy_divergences(bins.ctypes.data, n, groups, first, stride, divergences.ctypes.data,
+                                         torch.get_num_threads())
+    else:
+        divergences = entropy_divergences(bins, groups, candidates)
+    best = _pick(divergences, candidates, prefer_last=True)
+    return float(edges[candidates[-1] if best is None else candidates[best]])
+
+
+def mse_errors(counts: np.ndarray, centers: np.ndarray, max_bound: float, candidates: np.ndarray) -> np.ndarray:
+    """Count-weighted squared error of fake-quantizing the bin centers, per candidate amax (numpy).
+
+    Level ``k`` takes the centers in ``[(k - 1/2) step, (k + 1/2) step)``, a contiguous run of bins, so
+    ``sum_k k * S1_k`` and ``sum_k k**2 * S0_k`` telescope into sums of prefix sums at the run starts.
+    """
+    n = centers.size
+    zero_pad = np.zeros(1)
+    p0 = np.concatenate([zero_pad, np.cumsum(counts)])
+    p1 = np.concatenate([zero_pad, np.cumsum(counts * centers)])
+    p2_total = float(np.sum(counts * centers * centers))
+    step = centers[candidates] / max_bound
+    k = np.arange(1, int(max_bound) + 1, dtype=np.float64)
+    starts = np.searchsorted(centers, (k[None, :] - 0.5) * step[:, None], side="left")
+    first = max_bound * p1[n] - p1[starts].sum(1)
+    second = max_bound * max_bound * p0[n] - ((2 * k - 1)[None, :] * p0[starts]).sum(1)
+    return np.maximum(p2_total - 2 * step * first + step * step * second, 0.0)
 
 
 def amax_mse(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
              start_bin: int = 128) -> float:
     """amax (a bin center) minimising the count-weighted squared error of fake-quantizing the bin centers.
 
-    For a candidate amax the centers assigned to quantization level ``k`` form a contiguous run of
-    bins, so each level's error ``sum cnt * (c - k * step)**2`` comes from three prefix sums.
+    Candidates are the centers ``start_bin, start_bin + stride, ... < len(hist)``; the smallest among
+    ties wins, as in pytorch-quantization.
     """
-    counts = np.asarray(hist, dtype=np.float64)
+    counts = np.ascontiguousarray(hist, dtype=np.float64)
     edges = np.asarray(edges, dtype=np.float64)
-    centers = (edges[1:] + edges[:-1]) / 2
+    centers = np.ascontiguousarray((edges[1:] + edges[:-1]) / 2)
     n = centers.size
     candidates = np.arange(start_bin, n, stride, dtype=np.int64)
     _check_candidates(candidates.size, "mse", n, start_bin)
     max_bound = float(2 ** (num_bits - 1 + int(unsigned)) - 1)
-
-    zero_pad = np.zeros(1)
-    p0 = np.concatenate([zero_pad, np.cumsum(counts)])
-    p1 = np.concatenate([zero_pad, np.cumsum(counts * centers)])
-    p2 = np.concatenate([zero_pad, np.cumsum(counts * centers * centers)])
-
-    amax = centers[candidates]
-    step = amax / max_bound
-    levels = np.arange(int(max_bound) + 1, dtype=np.float64)
-    # level k takes the centers with (k - 0.5) * step <= c < (k + 0.5) * step; the last takes the rest
-    upper = np.searchsorted(centers, (levels[None, :-1] + 0.5) * step[:, None], side="left")
-    upper = np.concatenate([upper, np.full((candidates.size, 1), n)], axis=1)
-    lower = np.concatenate([np.zeros((candidates.size, 1), dtype=upper.dtype), upper[:, :-1]], axis=1)
-    s0 = p0[upper] - p0[lower]
-    s1 = p1[upper] - p1[lower]
-    s2 = p2[upper] - p2[lower]
-    level_value = levels[None, :] * step[:, None]
-    error = (s2 - 2 * level_value * s1 + level_value * level_value * s0).sum(1)
-    error = np.maximum(error, 0.0)
-    best = error.min()
-    ties = np.nonzero(error <= best + _TIE_ATOL * max(1.0, counts.sum()) + _TIE_RTOL * best)[0]
-    return float(amax[ties[0]])
+    if _cpu_kernels is not None:
+        width = edges[1] - edges[0]
+        uniform = bool(edges[0] == 0 and width > 0 and np.array_equal(edges, np.arange(n + 1) * width))
+        errors = np.empty(candidates.size, dtype=np.float64)
+        _cpu_kernels.mse_errors(counts.ctypes.data, centers.ctypes.data, n, max_bound, start_bin, stride, uniform,
+                                errors.ctypes.data, torch.get_num_threads())
+    else:
+        errors = mse_errors(counts, centers, max_bound, candidates)
+    scale = max(1.0, float(np.sum(counts * centers * centers)))
+    finite = np.isfinite(errors)
+    best_error = errors[finite].min() if finite.any() else np.inf
+    ties = np.nonzero(finite & (errors <= best_error + _TIE_RTOL * scale * 1e-3 + _TIE_RTOL * best_error))[0]
+    if ties.size == 0:
+        raise ValueError("mse search failed: no finite error (out of memory in the C search?).")
+    return float(centers[candidates[ties[0]]])
 
 
 def amax_percentile(hist: np.ndarray, edges: np.ndarray, percentile: float) -> float:

@@ -65,6 +65,7 @@ class MaxCalibrator(_Calibrator):
         if self._track_amax:
             self._amaxs: list[np.ndarray] = []
         self._calib_amax: torch.Tensor | None = None
+        self._last_input: tuple | None = None
 
     @property
     def amaxs(self) -> list[np.ndarray]:
@@ -83,6 +84,14 @@ class MaxCalibrator(_Calibrator):
         """
         with torch.no_grad():
             x = x.detach()
+            if self._same_as_last(x):
+                # a weight seen again unchanged (every calibration batch shows the same weights):
+                # its max is already in; count it without another pass over it
+                self._batches_seen += 1
+                self._values_seen += x.numel()
+                self._nonfinite_count += self._last_input[1]
+                return
+            key = self._identity(x)
             if x.dtype not in (torch.float32, torch.float64):
                 x = x.float()
             dims = reduce_dims(x.dim(), self._axis)
@@ -92,7 +101,7 @@ class MaxCalibrator(_Calibrator):
             self._batches_seen += 1
             self._values_seen += x.numel()
             self._nonfinite_count += nonfinite
-            if nonfinite:
+            if nonfinite and self._nonfinite_count == nonfinite:  # warn once; the run's result has totals
                 logger.warning("Calibrator saw %d NaN/Inf values; they are left out of amax.", nonfinite)
             if self._calib_amax is None:
                 self._calib_amax = local_amax.float().clone()
@@ -104,10 +113,24 @@ class MaxCalibrator(_Calibrator):
                               out=self._calib_amax)
             if self._track_amax:
                 self._amaxs.append(local_amax.cpu().numpy().copy())
+            self._last_input = (key, nonfinite)
+
+    @staticmethod
+    def _identity(x: torch.Tensor) -> tuple:
+        # the tensor itself is kept in the key so that its memory cannot be reused by another tensor
+        return (x, x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), tuple(x.stride()),
+                x.dtype, x.device, x._version)
+
+    def _same_as_last(self, x: torch.Tensor) -> bool:
+        if self._last_input is None or self._track_amax:
+            return False
+        last = self._last_input[0]
+        return last[1:] == self._identity(x)[1:] and last[0]._version == x._version
 
     def reset(self) -> None:
         """Forget the collected max."""
         self._calib_amax = None
+        self._last_input = None
         self._reset_counters()
         if self._track_amax:
             self._amaxs = []
@@ -141,6 +164,7 @@ class MaxCalibrator(_Calibrator):
             raise ValueError(f"not the state of a MaxCalibrator (kind={state.get('kind')!r}).")
         amax = state["calib_amax"]
         self._calib_amax = None if amax is None else torch.as_tensor(np.array(amax, dtype=np.float32))
+        self._last_input = None
         self._batches_seen = int(state.get("batches_seen", 0))
         self._values_seen = int(state.get("values_seen", 0))
         self._nonfinite_count = int(state.get("nonfinite_count", 0))

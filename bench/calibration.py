@@ -1,0 +1,139 @@
+"""Speed and memory of calibration, as ratios measured in one run.
+
+1. Collection overhead: a histogram-calibration pass over N batches (calibrate(), amax computation
+   included) over a plain FP32 forward over the same batches, on a ResNet-18-like network built in
+   code (input 16x3x64x64). Target: at most 1.5 on CPU.
+2. amax computation for one 2048-bin histogram: the vectorised searches against straightforward
+   one-candidate-per-iteration implementations of the same algorithms (same answers). Target: entropy
+   and mse at least 50x faster.
+3. Memory held by 200 histogram calibrators after collecting. Target: under 50 MB.
+
+    python bench/calibration.py [--batches 8] [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from workbench.quant import QuantDescriptor, replace_to_quantization_module
+from workbench.quant.calib import HistogramCalibrator, histogram, reference
+from workbench.quant.calibrate import calibrate
+from workbench.sources.demo import resnet18_like
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def collection_overhead(num_batches: int, repeats: int) -> dict:
+    torch.manual_seed(0)
+    model = resnet18_like()
+    batches = [torch.randn(16, 3, 64, 64) for _ in range(num_batches)]
+    quantized = copy.deepcopy(model)
+    replace_to_quantization_module(quantized, quant_desc_input=QuantDescriptor(calib_method="histogram"))
+
+    def forward() -> None:
+        with torch.no_grad():
+            for batch in batches:
+                model(batch)
+
+    def calibration() -> None:
+        calibrate(quantized, batches, num_batches=num_batches, method="entropy", report_sqnr=False)
+
+    forward()
+    calibration()
+    forward_times, calib_times = [], []
+    for _ in range(repeats):  # interleaved, so that machine noise hits both alike
+        start = time.perf_counter()
+        forward()
+        forward_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        calibration()
+        calib_times.append(time.perf_counter() - start)
+    fp32, calib = statistics.median(forward_times), statistics.median(calib_times)
+    quantizers = sum(1 for m in quantized.modules() if type(m).__name__ == "TensorQuantizer")
+    return {"fp32_s": fp32, "calib_s": calib, "ratio": calib / fp32, "quantizers": quantizers}
+
+
+def amax_speed(repeats: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    calibrator = HistogramCalibrator(8, None, False)
+    calibrator.collect(torch.from_numpy(rng.standard_t(3, size=500_000).astype(np.float32)))
+    hist = calibrator.calib_hist.numpy()
+    edges = calibrator.calib_bin_edges.double().numpy()
+    rows = []
+    for method, fast, slow in (
+        ("entropy", lambda: histogram.amax_entropy(hist, edges, 8, False),
+         lambda: reference.entropy_reference(hist, edges, 8, False)),
+        ("mse", lambda: histogram.amax_mse(hist, edges, 8, False),
+         lambda: reference.mse_reference(hist, edges, 8, False)),
+        ("percentile", lambda: histogram.amax_percentile(hist, edges, 99.99),
+         lambda: reference.percentile_reference(hist, edges, 99.99)),
+    ):
+        fast_s = median_time(fast, max(repeats * 4, 20))
+        slow_s = median_time(slow, repeats)
+        rows.append({"method": method, "bins": len(hist), "fast_ms": fast_s * 1e3, "reference_ms": slow_s * 1e3,
+                     "speedup": slow_s / fast_s, "same": abs(fast() - slow()) <= edges[1] - edges[0]})
+    return rows
+
+
+def memory_of_calibrators(count: int = 200) -> dict:
+    torch.manual_seed(0)
+    calibrators = []
+    for i in range(count):
+        calibrator = HistogramCalibrator(8, None, False)
+        calibrator.collect(torch.randn(4096) * (1 + i % 7))
+        calibrator.collect(torch.randn(4096) * 3 * (1 + i % 5))  # grows the range for some
+        calibrators.append(calibrator)
+    tensor_bytes = 0
+    for calibrator in calibrators:
+        for tensor in (calibrator._counts, calibrator._max):
+            tensor_bytes += tensor.untyped_storage().nbytes()
+    # Python objects around the tensors: a generous fixed allowance per calibrator
+    overhead = count * 2048
+    return {"calibrators": count, "tensor_mb": tensor_bytes / 2**20, "total_mb": (tensor_bytes + overhead) / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+          f"C kernels: {histogram._cpu_kernels is not None}")
+
+    overhead = collection_overhead(args.batches, args.repeats)
+    print("\n| collection (ResNet-18-like, 16x3x64x64) | value |")
+    print("|---|---|")
+    print(f"| batches | {args.batches} |")
+    print(f"| quantizers | {overhead['quantizers']} |")
+    print(f"| FP32 forward over the batches | {overhead['fp32_s'] * 1e3:.0f} ms |")
+    print(f"| histogram calibration (collect + entropy amax) | {overhead['calib_s'] * 1e3:.0f} ms |")
+    print(f"| **calibration / FP32 forward** (target <= 1.5) | **{overhead['ratio']:.2f}** |")
+
+    print("\n| amax method (one 2048-bin histogram) | fast ms | reference ms | speed-up (target >= 50) | same amax |")
+    print("|---|---|---|---|---|")
+    for row in amax_speed(args.repeats):
+        print(f"| {row['method']} ({row['bins']} bins) | {row['fast_ms']:.2f} | {row['reference_ms']:.1f} | "
+              f"**{row['speedup']:.0f}x** | {row['same']} |")
+
+    memory = memory_of_calibrators()
+    print("\n| memory | value |")
+    print("|---|---|")
+    print(f"| {memory['calibrators']} histogram calibrators, tensors | {memory['tensor_mb']:.1f} MB |")
+    print(f"| with a 2 KB per-object allowance (target < 50 MB) | **{memory['total_mb']:.1f} MB** |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""HistogramCalibrator: collection, range growth, the amax searches against straightforward references."""
+import numpy as np
+import pytest
+import torch
+
+from workbench.quant.calib import HistogramCalibrator, UnknownMethodError, histogram, reference
+
+RNG = np.random.default_rng(1234)
+
+
+def synthetic_histograms():
+    """(name, counts, edges): the shapes calibration meets, plus degenerate ones."""
+    n = 2048
+    yield "normal", *np.histogram(np.abs(RNG.normal(size=50_000)), bins=n)
+    yield "heavy-tailed", *np.histogram(np.abs(RNG.standard_t(2, size=50_000)), bins=n)
+    yield "relu", *np.histogram(np.maximum(RNG.normal(size=50_000), 0), bins=n)
+    spike = np.zeros(n, dtype=np.int64)
+    spike[700] = 5000
+    yield "single spike", spike, np.linspace(0, 3, n + 1)
+    zeros = np.zeros(n, dtype=np.int64)
+    zeros[0] = 5000
+    yield "all zero", zeros, np.linspace(0, 1, n + 1)
+    yield "short", *np.histogram(np.abs(RNG.laplace(size=5000)), bins=300)
+
+
+def collected_histograms():
+    """Histograms as the calibrator builds them (power-of-two bins, trimmed at the max)."""
+    for name, data in (("normal", RNG.normal(size=80_000)), ("heavy-tailed", RNG.standard_t(2, size=80_000)),
+                       ("relu", np.maximum(RNG.normal(size=80_000), 0) * 3)):
+        calibrator = HistogramCalibrator(8, None, False)
+        calibrator.collect(torch.from_numpy(data.astype(np.float32)))
+        yield f"collected {name}", calibrator.calib_hist.numpy(), calibrator.calib_bin_edges.double().numpy()
+
+
+ALL = list(synthetic_histograms()) + list(collected_histograms())
+
+
+@pytest.mark.parametrize("name, hist, edges", ALL, ids=[h[0] for h in ALL])
+@pytest.mark.parametrize("unsigned", [False, True])
+@pytest.mark.parametrize("stride", [1, 7])
+def test_vectorised_searches_equal_the_references(name, hist, edges, unsigned, stride):
+    width = edges[1] - edges[0]
+    fast = histogram.amax_entropy(hist, edges, 8, unsigned, stride=stride)
+    slow = reference.entropy_reference(hist, edges, 8, unsigned, stride=stride)
+    assert abs(fast - slow) <= width, f"entropy {fast} vs {slow}"
+    fast = histogram.amax_mse(hist, edges, 8, unsigned, stride=stride)
+    slow = reference.mse_reference(hist, edges, 8, unsigned, stride=stride)
+    assert abs(fast - slow) <= width, f"mse {fast} vs {slow}"
+    for p in (50.0, 99.0, 99.99, 100.0):
+        assert histogram.amax_percentile(hist, edges, p) == reference.percentile_reference(hist, edges, p)
+
+
+@pytest.mark.parametrize("name, hist, edges", ALL[:4], ids=[h[0] for h in ALL[:4]])
+def test_numpy_fallback_equals_compiled_search(name, hist, edges, monkeypatch):
+    compiled = (histogram.amax_entropy(hist, edges, 8, False), histogram.amax_mse(hist, edges, 8, False))
+    monkeypatch.setattr(histogram, "_cpu_kernels", None)
+    assert (histogram.amax_entropy(hist, edges, 8, False), histogram.amax_mse(hist, edges, 8, False)) == compiled
+
+
+def test_search_needs_more_bins_than_start_bin():
+    hist, edges = np.histogram(RNG.random(100), bins=64)
+    with pytest.raises(ValueError, match="start_bin"):
+        histogram.amax_entropy(hist, edges, 8, False)
+
+
+class TestCollection:
+    def test_growth_gives_the_histogram_of_all_data_at_once(self):
+        batches = [torch.randn(5000) * scale for scale in (0.5, 3.0, 1.0, 40.0, 2.0)]
+        incremental = HistogramCalibrator(8, None, False)
+        for batch in batches:
+            incremental.collect(batch)
+        at_once = HistogramCalibrator(8, None, False)
+        at_once.collect(torch.cat(batches))
+        reordered = HistogramCalibrator(8, None, False)
+        for batch in reversed(batches):
+            reordered.collect(batch)
+        assert torch.equal(incremental.calib_hist, at_once.calib_hist)
+        assert torch.equal(incremental.calib_bin_edges, at_once.calib_bin_edges)
+        assert torch.equal(reordered.calib_hist, at_once.calib_hist)
+        assert int(at_once.calib_hist.sum()) == 25000
+
+    def test_bins_cover_the_data_with_at_least_num_bins(self):
+        calibrator = HistogramCalibrator(8, None, False, num_bins=2048)
+        calibrator.collect(torch.tensor([0.0, 1.0, 255.0, 256.0]))
+        hist, edges = calibrator.calib_hist, calibrator.calib_bin_edges
+        assert hist.numel() + 1 == edges.numel()
+        assert 2048 < hist.numel() <= 4097
+        assert edges[-2] <= 256.0 < edges[-1]  # the last bin holds the max
+
+    def test_nan_and_inf_are_left_out_and_counted(self):
+        calibrator = HistogramCalibrator(8, None, False)
+        x = torch.randn(1000)
+        x[[3, 10, 99]] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+        calibrator.collect(x)
+        assert calibrator.nonfinite_count == 3
+        assert int(calibrator.calib_hist.sum()) == 997
+        assert float(calibrator.compute_amax("max")) == float(x[torch.isfinite(x)].abs().max())
+
+    def test_skip_zeros(self):
+        calibrator = HistogramCalibrator(8, None, False, skip_zeros=True)
+        calibrator.collect(torch.tensor([0.0, 0.0, 0.0, 1.0, 2.0]))
+        assert int(calibrator.calib_hist.sum()) == 2
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+    def test_compiled_collection_equals_torch_collection(self, dtype, monkeypatch):
+        x = torch.relu(torch.randn(20000) * 4).to(dtype)
+        x[7] = float("nan")
+        fast = HistogramCalibrator(8, None, False, skip_zeros=True)
+        fast.collect(x)
+        fast.collect(x * 3)
+        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        slow = HistogramCalibrator(8, None, False, skip_zeros=True)
+        slow.collect(x)
+        slow.collect(x * 3)
+        assert torch.equal(fast.calib_hist, slow.calib_hist)
+        assert fast.nonfinite_count == slow.nonfinite_count == 2
+
+    def test_only_zeros(self):
+        calibrator = HistogramCalibrator(8, None, False)
+        calibrator.collect(torch.zeros(100))
+        for method in ("entropy", "mse", "percentile", "max"):
+            assert float(calibrator.compute_amax(method)) == 0.0
+
+    def test_nothing_collected(self):
+        calibrator = HistogramCalibrator(8, None, False)
+        assert calibrator.compute_amax("entropy") is None
+        assert calibrator.calib_hist is None
+
+    def test_state_round_trip(self):
+        calibrator = HistogramCalibrator(8, None, True)
+        calibrator.collect(torch.relu(torch.randn(10000)))
+        calibrator.collect(torch.relu(torch.randn(10000)) * 5)
+        restored = HistogramCalibrator(8, None, True)
+        restored.load_state(calibrator.state())
+        assert torch.equal(restored.calib_hist, calibrator.calib_hist)
+        for method in ("entropy", "mse", "percentile", "max"):
+            assert torch.equal(restored.compute_amax(method), calibrator.compute_amax(method))
+        assert restored.batches_seen == 2
+
+    def test_bad_state_is_refused(self):
+        state = HistogramCalibrator(8, None, False).state()
+        state["counts"] = np.ones(10, dtype=np.int64)
+        state["width_exponent"] = -3
+        state["max_value"] = 1.0
+        with pytest.raises(ValueError, match="counts"):
+            HistogramCalibrator(8, None, False).load_state(state)
+
+    def test_argument_errors(self):
+        calibrator = HistogramCalibrator(8, None, False)
+        calibrator.collect(torch.randn(1000))
+        with pytest.raises(UnknownMethodError, match="Unknown calibration method"):
+            calibrator.compute_amax("kl")
+        with pytest.raises(ValueError, match="range"):
+            calibrator.compute_amax("percentile", percentile=120)
+        with pytest.raises(ValueError, match="stride"):
+            calibrator.compute_amax("entropy", stride=0)
+        with pytest.raises(NotImplementedError, match="per tensor"):
+            HistogramCalibrator(8, 0, False)
+
+
+def test_every_method_gives_a_distinct_sensible_amax_on_heavy_tailed_data():
+    """Peers shipped 'entropy' equal to max and an mse collapsed to max/20: guard against both."""
+    data = torch.from_numpy(RNG.standard_t(3, size=200_000).astype(np.float32))
+    calibrator = HistogramCalibrator(8, None, False)
+    calibrator.collect(data)
+    amax = {m: float(calibrator.compute_amax(m)) for m in ("max", "entropy", "mse", "percentile")}
+    assert len(set(amax.values())) == 4, amax
+    assert amax["max"] == float(data.abs().max())
+    for method in ("entropy", "mse", "percentile"):
+        # clips the tail: well below the max, well above the bulk of the data
+        assert float(torch.quantile(data.abs()[:100_000], 0.99)) < amax[method] < amax["max"] * 0.8, (method, amax)
