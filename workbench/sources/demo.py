@@ -151,6 +151,69 @@ class ResNetLike(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's 1x1-3x3-1x1 bottleneck block (expansion 4)."""
+
+    expansion = 4
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1) -> None:
+        super().__init__()
+        out_channels = channels * self.expansion
+        self.conv1 = nn.Conv2d(in_channels, channels, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.conv3 = nn.Conv2d(channels, out_channels, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or in_channels != out_channels:
+            self.downsample = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                                            nn.BatchNorm2d(out_channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+class ResNet50Like(nn.Module):
+    """ResNet-50's layout (3-4-6-3 bottlenecks), random weights: 25.6M parameters at width 64."""
+
+    def __init__(self, num_classes: int = 1000, width: int = 64) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        stages = []
+        in_channels = width
+        for index, count in enumerate((3, 4, 6, 3)):
+            channels = width * 2 ** index
+            blocks = [Bottleneck(in_channels, channels, 1 if index == 0 else 2)]
+            in_channels = channels * Bottleneck.expansion
+            blocks += [Bottleneck(in_channels, channels) for _ in range(count - 1)]
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(in_channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet50_like(num_classes: int = 1000, width: int = 64) -> ResNet50Like:
+    """ResNet-50 topology with random weights (no torchvision, nothing downloaded)."""
+    torch.manual_seed(0)
+    model = ResNet50Like(num_classes, width)
+    _randomize_batchnorm(model)
+    return model.eval()
+
+
 def resnet18_like(num_classes: int = 1000, width: int = 64) -> ResNetLike:
     """ResNet-18 topology with random weights (no torchvision, nothing downloaded)."""
     torch.manual_seed(0)

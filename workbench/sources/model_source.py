@@ -1,0 +1,274 @@
+"""Model sources: where a project's float model comes from, and loading it with clear errors.
+
+Three kinds:
+
+``entrypoint``  ``path/to/file.py:factory`` or ``package.module:factory`` called with keyword
+                arguments, plus optional weights (a state_dict in ``.pt``/``.pth``, loaded with
+                ``weights_only=True``, or ``.safetensors``). Runs the user's code: needs trust.
+``pickle``      a whole model saved with ``torch.save(model)`` (how yolov5 checkpoints come), with
+                the folder of its code on the import path. Unpickling runs code: needs trust.
+``demo``        the built-in models (``digits``, ``resnet18``, ``resnet50``, ``resnet18-tiny``).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.sources import demo
+from workbench.sources.entrypoints import extra_import_path, is_file_target, load_entrypoint, split_entrypoint
+from workbench.sources.errors import SourceError, TrustRequired
+
+__all__ = ["ModelSpec", "LoadedModel", "FileDigest", "load_model", "sha256_of", "DEMO_MODELS", "MODEL_KINDS"]
+
+MODEL_KINDS = ("entrypoint", "pickle", "demo")
+DEMO_MODELS = ("digits", "resnet18", "resnet50", "resnet18-tiny")
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+
+
+@dataclass
+class ModelSpec:
+    """Where the float model comes from (plain data: saved in the project as JSON)."""
+
+    kind: str
+    target: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    weights: str | None = None
+    code_dir: str | None = None  # pickles: the folder holding the code the pickle refers to
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise SourceError(f"model kind must be one of {MODEL_KINDS}, got {self.kind!r}.")
+        if not isinstance(self.target, str) or not self.target:
+            raise SourceError("a model source needs a target (entry point, file or demo name).")
+        if not isinstance(self.kwargs, dict):
+            raise SourceError(f"model keyword arguments must be a mapping, got {type(self.kwargs).__name__}.")
+        if self.kind == "demo" and self.target not in DEMO_MODELS:
+            raise SourceError(f"unknown demo model {self.target!r}; choose one of {DEMO_MODELS}.")
+        if self.kind == "entrypoint":
+            split_entrypoint(self.target)
+
+    @classmethod
+    def parse(cls, text: str, weights: str | None = None, kwargs: dict[str, Any] | None = None,
+              code_dir: str | None = None) -> ModelSpec:
+        """From the command line: ``demo:digits``, ``file.py:factory``, ``pkg.mod:factory`` or ``model.pt``."""
+        if text.startswith("demo:"):
+            return cls("demo", text[5:], kwargs or {}, weights)
+        if text.endswith((".pt", ".pth")) and ":" not in Path(text).name:
+            return cls("pickle", text, kwargs or {}, weights, code_dir)
+        return cls("entrypoint", text, kwargs or {}, weights)
+
+    @property
+    def requires_trust(self) -> bool:
+        """Loading it runs code from outside Quant Workbench."""
+        return self.kind in ("entrypoint", "pickle")
+
+    @property
+    def label(self) -> str:
+        text = f"demo:{self.target}" if self.kind == "demo" else self.target
+        return text + (f" + {self.weights}" if self.weights else "")
+
+    def files(self, base_dir: Path | None = None) -> list[Path]:
+        """The files this source reads (to fingerprint them)."""
+        paths = []
+        if self.kind == "pickle":
+            paths.append(_resolve(self.target, base_dir))
+        elif self.kind == "entrypoint":
+            target, _ = split_entrypoint(self.target)
+            if is_file_target(target):
+                paths.append(_resolve(target, base_dir))
+        elif self.kind == "demo" and self.target == "digits":
+            paths.append(demo.DIGITS_WEIGHTS)
+        if self.weights:
+            paths.append(_resolve(self.weights, base_dir))
+        return paths
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "target": self.target, "kwargs": self.kwargs, "weights": self.weights,
+                "code_dir": self.code_dir}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        if not isinstance(data, dict):
+            raise SourceError("model source must be a mapping.")
+        return cls(str(data.get("kind")), str(data.get("target")), dict(data.get("kwargs") or {}),
+                   data.get("weights"), data.get("code_dir"))
+
+    def relative_to(self, base_dir: Path) -> ModelSpec:
+        """The same spec with file paths written relative to ``base_dir`` where possible."""
+        def rel(value: str | None) -> str | None:
+            return None if value is None else _relative(value, base_dir)
+
+        target = self.target
+        if self.kind == "pickle":
+            target = rel(target)
+        elif self.kind == "entrypoint":
+            file_part, name = split_entrypoint(target)
+            if is_file_target(file_part):
+                target = f"{rel(file_part)}:{name}"
+        return ModelSpec(self.kind, target, dict(self.kwargs), rel(self.weights), rel(self.code_dir))
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    path: str
+    sha256: str
+    size: int
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    spec: ModelSpec
+    digests: list[FileDigest]
+    parameters: int
+
+    def describe(self) -> str:
+        return f"{type(self.model).__name__} from {self.spec.label} ({self.parameters:,} parameters)"
+
+
+def sha256_of(path: Path) -> FileDigest:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return FileDigest(str(path), digest.hexdigest(), path.stat().st_size)
+
+
+def _resolve(value: str, base_dir: Path | None) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return path
+
+
+def _relative(value: str, base_dir: Path) -> str:
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        return value
+    try:
+        return str(path.resolve().relative_to(base_dir.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | None = None) -> LoadedModel:
+    """Build the float model described by ``spec``, in eval mode, with its weights loaded.
+
+    Raises:
+        TrustRequired: the source runs code and ``trust_code`` is False.
+        SourceError: a file is missing, the target is not a model, the factory raised, or the weights
+            do not fit (missing/unexpected keys and shape mismatches are listed).
+    """
+    if spec.requires_trust and not trust_code:
+        raise TrustRequired(f"Loading {spec.label} runs its Python code ({spec.kind}); only do this for code you "
+                            "trust, then allow it (--trust-code on the command line).")
+    if spec.kind == "demo":
+        model = _demo_model(spec.target)
+    elif spec.kind == "entrypoint":
+        model = _from_entrypoint(spec, base_dir)
+    else:
+        model = _from_pickle(spec, base_dir)
+    if spec.weights:
+        load_weights(model, _resolve(spec.weights, base_dir))
+    model.eval()
+    digests = [sha256_of(path) for path in spec.files(base_dir) if path.is_file()]
+    return LoadedModel(model, spec, digests, sum(p.numel() for p in model.parameters()))
+
+
+def _demo_model(name: str) -> nn.Module:
+    if name == "digits":
+        return demo.load_digits_cnn()
+    if name == "resnet18":
+        return demo.resnet18_like()
+    if name == "resnet50":
+        return demo.resnet50_like()
+    return demo.resnet18_like(num_classes=10, width=8)
+
+
+def _from_entrypoint(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
+    factory = load_entrypoint(spec.target, base_dir)
+    if not callable(factory):
+        raise SourceError(f"{spec.target} is not callable (it is a {type(factory).__name__}).")
+    try:
+        model = factory(**spec.kwargs)
+    except Exception as error:
+        raise SourceError(f"{spec.target} raised {type(error).__name__}: {error}") from error
+    if not isinstance(model, nn.Module):
+        raise SourceError(f"{spec.target} returned a {type(model).__name__}, not a torch.nn.Module.")
+    return model
+
+
+def _from_pickle(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
+    path = _resolve(spec.target, base_dir)
+    if not path.is_file():
+        raise SourceError(f"{path}: no such model file.")
+    code_dir = _resolve(spec.code_dir, base_dir) if spec.code_dir else path.resolve().parent
+    try:
+        with extra_import_path(code_dir):
+            # the user chose to trust this file (checked by the caller): unpickling runs its code
+            loaded = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        raise SourceError(f"{path}: cannot be loaded as a pickled model ({type(error).__name__}: {error}). If its "
+                          f"code lives elsewhere, give that folder as the code directory.") from error
+    if isinstance(loaded, dict):
+        for key in ("model", "ema", "module", "net"):
+            if isinstance(loaded.get(key), nn.Module):
+                loaded = loaded[key]
+                break
+    if not isinstance(loaded, nn.Module):
+        keys = f" (keys: {sorted(map(str, loaded))[:8]})" if isinstance(loaded, dict) else ""
+        raise SourceError(f"{path}: holds a {type(loaded).__name__}{keys}, not a torch.nn.Module. A state_dict needs "
+                          "the model's code: use an entry point with these weights.")
+    return loaded.float()
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors from a weights file, without running any code (``weights_only`` / safetensors)."""
+    if not path.is_file():
+        raise SourceError(f"{path}: no such weights file.")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as error:
+            raise SourceError(f"{path}: not a valid safetensors file ({error}).") from error
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise SourceError(f"{path}: cannot be read as weights (loaded with weights_only=True, so only tensors are "
+                          f"accepted): {type(error).__name__}: {error}") from error
+    if isinstance(state, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if isinstance(state.get(key), dict):
+                state = state[key]
+                break
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SourceError(f"{path}: does not hold a state_dict (a mapping of names to tensors).")
+    return state
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load a state_dict file into ``model``; every mismatch is listed in the error."""
+    state = read_state_dict(path)
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing keys ({len(missing)}): {', '.join(missing[:10])}")
+        if unexpected:
+            parts.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:10])}")
+        if shapes:
+            parts.append(f"shape mismatches ({len(shapes)}): {'; '.join(shapes[:10])}")
+        raise SourceError(f"{path}: the weights do not fit the model: " + "; ".join(parts) + ".")
+    model.load_state_dict(state)
