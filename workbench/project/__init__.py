@@ -1,0 +1,11 @@
+"""The project file (sqlite-utils): schema, migrations, tensors stored as bytes."""
+from workbench.project.model import (  # noqa: F401
+    CalibrationRecord,
+    ExportRecord,
+    FallbackRecord,
+    LayerDecision,
+    Project,
+    QuantizerRecord,
+    SensitivityRecord,
+)
+from workbench.project.store import PROJECT_SUFFIX, ProjectError, load_project, save_project  # noqa: F401

@@ -1,0 +1,118 @@
+"""What a project holds, as plain data (no torch modules, no Qt): saved by :mod:`workbench.project.store`."""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workbench.sources.data_source import DataSpec, InputSpec
+from workbench.sources.model_source import FileDigest, ModelSpec
+
+__all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
+           "ExportRecord", "Project", "now_iso", "DATA_ROLES"]
+
+DATA_ROLES = ("calibration", "evaluation")
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class LayerDecision:
+    """The user's choice for one quantizable layer: quantize or leave in float, and descriptor overrides.
+
+    ``input_desc`` / ``weight_desc`` hold :meth:`QuantDescriptor.dict` fields; None means the layer
+    type's default descriptor.
+    """
+
+    name: str
+    type: str
+    quantize: bool = True
+    input_desc: dict[str, Any] | None = None
+    weight_desc: dict[str, Any] | None = None
+
+
+@dataclass
+class QuantizerRecord:
+    """One quantizer's calibration outcome, with the statistics to recompute or plot it."""
+
+    name: str
+    amax: np.ndarray
+    method: str
+    calibrator: str
+    num_samples: int = 0
+    nonfinite_count: int = 0
+    max_value: float | None = None
+    calibrator_state: dict[str, Any] | None = None  # MaxCalibrator/HistogramCalibrator.state()
+    descriptor: dict[str, Any] | None = None  # the descriptor it was calibrated with
+
+
+@dataclass
+class CalibrationRecord:
+    id: int
+    created: str
+    method: str
+    percentile: float
+    num_batches: int
+    wall_time_s: float
+    device: str
+    output_sqnr_db: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    quantizers: dict[str, QuantizerRecord] = field(default_factory=dict)
+
+
+@dataclass
+class SensitivityRecord:
+    """A sensitivity run in the serialised form of workbench.analysis (results per unit inside)."""
+
+    id: int
+    created: str
+    data: dict[str, Any]
+
+
+@dataclass
+class FallbackRecord:
+    id: int
+    created: str
+    data: dict[str, Any]
+    applied: bool = False
+
+
+@dataclass
+class ExportRecord:
+    id: int
+    created: str
+    path: str
+    settings: dict[str, Any]
+    report: dict[str, Any]
+
+
+@dataclass
+class Project:
+    """Everything a project file holds."""
+
+    name: str = "untitled"
+    model: ModelSpec | None = None
+    model_digests: list[FileDigest] = field(default_factory=list)
+    input_spec: InputSpec | None = None
+    data: dict[str, DataSpec] = field(default_factory=dict)
+    layers: dict[str, LayerDecision] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    calibrations: list[CalibrationRecord] = field(default_factory=list)
+    sensitivity: list[SensitivityRecord] = field(default_factory=list)
+    fallbacks: list[FallbackRecord] = field(default_factory=list)
+    exports: list[ExportRecord] = field(default_factory=list)
+    created: str = field(default_factory=now_iso)
+    modified: str = field(default_factory=now_iso)
+    app_version: str = ""
+
+    @property
+    def current_calibration(self) -> CalibrationRecord | None:
+        return self.calibrations[-1] if self.calibrations else None
+
+    def next_id(self, records: list) -> int:
+        return 1 + max((record.id for record in records), default=0)
