@@ -122,6 +122,21 @@ def test_custom_descriptors():
     assert model.stem.weight_quantizer.axis == 0
 
 
+def test_per_layer_descriptors():
+    model = Net()
+
+    def choose(name, module):
+        if name == "stem":
+            return quant.QuantDescriptor(num_bits=4), quant.QuantDescriptor(num_bits=6, axis=0)
+        return None, None
+
+    quant.replace_to_quantization_module(model, descriptor_for=choose,
+                                         quant_desc_input=quant.QuantDescriptor(calib_method="histogram"))
+    assert model.stem.input_quantizer.num_bits == 4 and model.stem.weight_quantizer.num_bits == 6
+    assert model.layer1.conv.input_quantizer.num_bits == 8
+    assert type(model.layer1.conv.input_quantizer._calibrator).__name__ == "HistogramCalibrator"
+
+
 def test_initialize_and_deactivate():
     quant_modules.initialize(float_module_list=["Linear"])
     try:

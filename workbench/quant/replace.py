@@ -96,10 +96,14 @@ def ignore_matcher(ignore_policy: IgnorePolicy) -> Callable[[str], str | None]:
     return by_pattern
 
 
+DescriptorChoice = Callable[[str, nn.Module], "tuple[QuantDescriptor | None, QuantDescriptor | None]"]
+
+
 def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy = None, *,
                                    quant_map: dict[type, type] | None = None,
                                    quant_desc_input: QuantDescriptor | None = None,
-                                   quant_desc_weight: QuantDescriptor | None = None) -> ReplacementReport:
+                                   quant_desc_weight: QuantDescriptor | None = None,
+                                   descriptor_for: DescriptorChoice | None = None) -> ReplacementReport:
     """Swap every quantizable submodule of ``model`` for its quantized counterpart, in place.
 
     The quantized module shares the float module's parameters and buffers, so names and state_dict
@@ -113,6 +117,8 @@ def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy
         quant_map: float class -> quantized class; defaults to :func:`default_quant_map`.
         quant_desc_input, quant_desc_weight: descriptors for the new quantizers; default to each
             quantized class's defaults.
+        descriptor_for: ``(name, float_module) -> (input_desc, weight_desc)`` for per-layer choices;
+            a None in the pair falls back to ``quant_desc_input`` / ``quant_desc_weight``.
 
     Returns:
         A :class:`ReplacementReport` listing replaced and ignored layers in model order.
@@ -141,9 +147,10 @@ def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy
             if reason is not None:
                 report.ignored.append(IgnoredLayer(path, type(child).__name__, reason))
                 continue
-            kwargs = {"quant_desc_input": quant_desc_input}
+            input_desc, weight_desc = descriptor_for(path, child) if descriptor_for else (None, None)
+            kwargs = {"quant_desc_input": input_desc or quant_desc_input}
             if hasattr(quant_cls, "default_quant_desc_weight"):
-                kwargs["quant_desc_weight"] = quant_desc_weight
+                kwargs["quant_desc_weight"] = weight_desc or quant_desc_weight
             module._modules[child_name] = quant_cls.from_float(child, **kwargs)
             report.replaced.append(ReplacedLayer(path, type(child).__name__, quant_cls.__name__))
 
