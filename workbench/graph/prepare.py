@@ -1,0 +1,71 @@
+"""Prepare a float model for TensorRT INT8 in one call: quantized layers, functional quantizers, rules."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from workbench.graph.functional import FunctionalQuantReport, insert_functional_quantizers
+from workbench.graph.rules import PlacementReport, PlacementRules, apply_placement_rules
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.replace import IgnorePolicy, ReplacementReport, replace_to_quantization_module
+from workbench.quant.tensor_quant import QuantDescriptor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PreparationReport", "prepare_for_tensorrt"]
+
+
+@dataclass
+class PreparationReport:
+    """The three steps' reports, and what a user must look at."""
+
+    replacement: ReplacementReport
+    functional: FunctionalQuantReport | None
+    rules: PlacementReport | None
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = [self.replacement.summary()]
+        if self.functional is not None:
+            parts.append(self.functional.summary())
+        if self.rules is not None:
+            parts.append(self.rules.summary())
+        parts.extend(self.warnings)
+        return "; ".join(parts)
+
+
+def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None,
+                         quant_desc_input: QuantDescriptor | None = None,
+                         quant_desc_weight: QuantDescriptor | None = None, functional: bool = True,
+                         rules: PlacementRules | None = None, apply_rules: bool = True,
+                         ) -> tuple[nn.Module, PreparationReport]:
+    """Quantize ``model`` the way TensorRT's ``--best`` fuses it, before calibration.
+
+    1. :func:`workbench.quant.replace_to_quantization_module` (layers with a quantized counterpart);
+    2. :func:`workbench.graph.insert_functional_quantizers` (adds and concatenations), unless
+       ``functional`` is False;
+    3. :func:`workbench.graph.apply_placement_rules` with ``rules`` (default: all), unless
+       ``apply_rules`` is False.
+
+    ``ignore_policy`` applies to layer names and to the names of the new functional quantizers.
+    Use the returned model (see :func:`insert_functional_quantizers`).
+    """
+    replacement = replace_to_quantization_module(model, ignore_policy, quant_desc_input=quant_desc_input,
+                                                 quant_desc_weight=quant_desc_weight)
+    functional_report = None
+    if functional:
+        model, functional_report = insert_functional_quantizers(model, quant_desc_input=quant_desc_input,
+                                                                ignore_policy=ignore_policy)
+    rules_report = apply_placement_rules(model, rules) if apply_rules else None
+    report = PreparationReport(replacement, functional_report, rules_report)
+    if not any(isinstance(m, TensorQuantizer) for m in model.modules()):
+        report.warnings.append("nothing was quantized: the model has no layer with a quantized counterpart and no "
+                               "functional add or concatenation that could be traced")
+    if functional_report is not None and functional_report.failures:
+        report.warnings.append(f"{len(functional_report.failures)} modules could not be traced; functional "
+                               "operations in their own forward stay in floating point")
+    for warning in report.warnings:
+        logger.warning(warning)
+    return model, report

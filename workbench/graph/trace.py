@@ -1,0 +1,157 @@
+"""torch.fx tracing with quantized modules as leaves, and a fallback for modules that cannot be traced.
+
+Symbolic tracing runs ``forward`` on proxies, so Python control flow on tensor values (``if
+x.sum() > 0``) cannot be traced. :func:`trace_pieces` then records which module failed and why,
+and traces each of its children instead: the result is a list of traced *pieces* (qualified name,
+module, graph) that together cover every part of the model that could be traced, plus the
+failures. Nothing here modifies the model.
+"""
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.graph.tree import is_quantized_module
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+
+__all__ = ["QuantTracer", "TracedPiece", "TraceFailure", "trace_module", "trace_pieces",
+           "is_leaf", "scalar_nodes", "ADD_FUNCTIONS", "ADD_METHODS", "CAT_FUNCTIONS", "MAXPOOL_FUNCTIONS"]
+
+ADD_FUNCTIONS = {operator.add: False, torch.add: False, operator.iadd: True}  # target -> in place
+ADD_METHODS = {"add": False, "add_": True}
+CAT_FUNCTIONS = (torch.cat, torch.concat, torch.concatenate)
+MAXPOOL_FUNCTIONS = (F.max_pool1d, F.max_pool2d, F.max_pool3d, torch.max_pool1d, torch.max_pool2d, torch.max_pool3d)
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def is_leaf(module: nn.Module) -> bool:
+    """Whether tracing treats ``module`` as one opaque call.
+
+    Quantizers and quantized modules always are (their flags must stay switchable after tracing),
+    and so are torch.nn's own layers (fx's default), except the containers.
+    """
+    if isinstance(module, TensorQuantizer) or is_quantized_module(module):
+        return True
+    if isinstance(module, _CONTAINERS) or isinstance(module, fx.GraphModule):
+        return False
+    module_name = type(module).__module__
+    return module_name.startswith("torch.nn") or module_name.startswith("torch.ao.nn")
+
+
+class QuantTracer(fx.Tracer):
+    """An fx tracer whose leaves are :func:`is_leaf` modules (plus any ``extra_leaf`` says)."""
+
+    def __init__(self, extra_leaf: Callable[[nn.Module, str], bool] | None = None) -> None:
+        super().__init__()
+        self._extra_leaf = extra_leaf
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if self._extra_leaf is not None and self._extra_leaf(m, module_qualified_name):
+            return True
+        return is_leaf(m)
+
+
+@dataclass
+class TracedPiece:
+    """A module that traced: its qualified name in the model, the module itself, and the graph module."""
+
+    name: str
+    module: nn.Module
+    graph_module: fx.GraphModule
+
+    def qualified(self, target: str) -> str:
+        """The model-level name of a submodule ``target`` of this piece."""
+        if not self.name:
+            return target
+        return f"{self.name}.{target}" if target else self.name
+
+
+@dataclass(frozen=True)
+class TraceFailure:
+    """A module whose forward could not be traced; its children were traced instead."""
+
+    name: str
+    type_name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name or '<model>'} ({self.type_name}): {self.reason}"
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(error).__name__}: {first}"[:400]
+
+
+def trace_module(module: nn.Module, extra_leaf: Callable[[nn.Module, str], bool] | None = None) -> fx.GraphModule:
+    """Trace ``module`` with :class:`QuantTracer` into a GraphModule that shares its submodules.
+
+    Raises:
+        Exception: whatever symbolic tracing raises (``TraceError``, ``TypeError`` on ``bool(proxy)``...).
+    """
+    tracer = QuantTracer(extra_leaf)
+    graph = tracer.trace(module)
+    name = type(module).__name__ if not isinstance(module, fx.GraphModule) else module.__class__.__name__
+    return fx.GraphModule(tracer.root, graph, name)
+
+
+def trace_pieces(model: nn.Module, extra_leaf: Callable[[nn.Module, str], bool] | None = None,
+                 ) -> tuple[list[TracedPiece], list[TraceFailure]]:
+    """Trace ``model``; where a module cannot be traced, record why and trace its children instead.
+
+    Returns:
+        ``(pieces, failures)``: pieces in model order, and the modules that failed (their own
+        forward's functional operations are not visible; their children's are).
+    """
+    pieces: list[TracedPiece] = []
+    failures: list[TraceFailure] = []
+
+    def visit(module: nn.Module, name: str) -> None:
+        if is_leaf(module) or (extra_leaf is not None and name and extra_leaf(module, name)):
+            return
+        try:
+            gm = trace_module(module, extra_leaf)
+        except Exception as error:  # tracing runs the user's forward: anything can be raised
+            failures.append(TraceFailure(name, type(module).__name__, _reason(error)))
+            for child_name, child in module._modules.items():
+                if child is not None:
+                    visit(child, f"{name}.{child_name}" if name else child_name)
+            return
+        pieces.append(TracedPiece(name, module, gm))
+
+    visit(model, "")
+    return pieces, failures
+
+
+_SCALAR_METHODS = {"size", "dim", "numel", "item", "tolist", "nelement", "ndimension", "element_size",
+                   "get_device", "is_contiguous", "stride"}
+_SCALAR_ATTRS = {"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad", "T_dims"}
+
+
+def scalar_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes that carry Python numbers, shapes or dtypes rather than tensors (best effort).
+
+    ``x.size(0) + 1`` is an ``operator.add`` node too, but not one that moves activations: these
+    nodes are what the size/shape queries produce, and arithmetic on them.
+    """
+    scalars: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "call_method" and node.target in _SCALAR_METHODS:
+            scalars.add(node)
+        elif node.op == "call_function" and node.target is getattr and len(node.args) > 1 \
+                and node.args[1] in _SCALAR_ATTRS:
+            scalars.add(node)
+        elif node.op == "call_function" and node.target is len:
+            scalars.add(node)
+        elif node.op == "call_function" and getattr(node.target, "__module__", None) in ("_operator", "operator"):
+            inputs = [a for a in node.all_input_nodes]
+            if inputs and all(a in scalars for a in inputs):
+                scalars.add(node)
+    return scalars
