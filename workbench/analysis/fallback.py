@@ -1,0 +1,197 @@
+"""Automatic fallback: the fewest units to leave in float so the metric is close enough to FP32.
+
+Greedy, in sensitivity order, as a deployment engineer does by hand: starting from everything
+quantized, leave the most sensitive unit in float, re-measure, then the next, until the metric is
+within a tolerance of FP32 (or reaches a target) or the budget of units is spent. Every step is
+measured, not predicted from the ranking, so interactions between layers are accounted for.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from workbench.analysis.errors import AnalysisCancelled
+from workbench.analysis.evaluator import Evaluator, materialise_batches
+from workbench.analysis.metrics import Direction, Metric, SqnrMetric, get_metric
+from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, SensitivityResult
+from workbench.analysis.sensitivity import run_profile
+from workbench.analysis.state import ModelSnapshot
+from workbench.analysis.units import Unit, UnitsSpec, find_units, quantizers_of, resolve_units
+from workbench.quant.calibrate import CancelToken, ProgressCallback
+
+__all__ = ["fallback_search", "apply_fallback", "units_from_names"]
+
+Ranking = SensitivityResult | Sequence["str | Unit"]
+
+
+def units_from_names(model: nn.Module, names: Iterable[str | Unit]) -> list[Unit]:
+    """Units for names: a quantized layer's name gives its default unit, any other module name its subtree.
+
+    Raises:
+        ValueError: an unknown name, or one without quantizers that quantize.
+    """
+    layers = {u.name: u for u in find_units(model)}
+    units = []
+    for name in names:
+        if isinstance(name, Unit):
+            for quantizer in name.quantizers:
+                quantizers_of(model, quantizer)  # exists
+            units.append(name)
+        elif name in layers:
+            units.append(layers[name])
+        else:
+            units.extend(resolve_units(model, [name]))
+    return units
+
+
+def _ranking_units(model: nn.Module, ranking: Ranking) -> list[Unit]:
+    if isinstance(ranking, SensitivityResult):
+        return units_from_names(model, [Unit(u.name, tuple(u.quantizers)) for u in ranking.ranked()])
+    if isinstance(ranking, (str, bytes)) or not isinstance(ranking, Sequence):
+        raise TypeError("ranking must be a SensitivityResult or a list of unit names, most sensitive first; "
+                        f"got {type(ranking).__name__}.")
+    return units_from_names(model, ranking)
+
+
+def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, tolerance: float | None = None,
+                    max_units: int | None = None, ranking: Ranking | None = None, target: float | None = None,
+                    scheme: str = "one-off", units: UnitsSpec = None, direction: Direction | None = None,
+                    apply: bool = False, num_batches: int | None = None, progress: ProgressCallback | None = None,
+                    cancel: CancelToken | None = None, cache: bool = True) -> FallbackResult:
+    """Find the most sensitive units to leave in float until the metric is within ``tolerance`` of FP32.
+
+    Starting from the model as configured (all quantized), the units are left in float one at a time
+    in ranking order, re-measuring after each, until the metric is within ``tolerance`` of the FP32
+    metric (in the metric's own units and direction), or reaches ``target``, or ``max_units`` are in
+    float. The model is not changed unless ``apply=True`` (or :func:`apply_fallback` is called later).
+
+    Args:
+        model, batches, metric, direction, num_batches, progress, cancel, cache: as for
+            :func:`~workbench.analysis.sensitivity`.
+        tolerance: the largest acceptable gap to FP32 (e.g. ``0.01`` for one point of top-1 accuracy).
+        max_units: the most units to leave in float (None: as many as needed).
+        ranking: the order to try units in: a :class:`SensitivityResult` or names, most sensitive
+            first. None: a ``scheme`` sensitivity profile over ``units`` is computed first.
+        target: instead of a tolerance, the value to reach (e.g. 30 for SQNR in dB, whose FP32 value
+            is infinite).
+        scheme, units: for the profile computed when no ranking is given.
+        apply: leave the chosen units in float on the model (their quantizers disabled) at the end.
+
+    Returns:
+        A :class:`FallbackResult` with the chosen units and the curve of metric against units in float.
+
+    Raises:
+        ValueError: neither or both of tolerance and target, a negative tolerance, a tolerance with an
+            infinite FP32 metric, bad units or ranking.
+        AnalysisCancelled, AnalysisError, MetricError: as for :func:`~workbench.analysis.sensitivity`;
+            the model is unchanged.
+    """
+    chosen_metric = get_metric(metric, direction)
+    if (tolerance is None) == (target is None):
+        raise ValueError("Give either tolerance= (the largest acceptable gap to the FP32 metric) or target= "
+                         "(the value to reach), not both or neither.")
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}.")
+    if target is not None and not math.isfinite(target):
+        raise ValueError(f"target must be a finite number, got {target!r}.")
+    if tolerance is not None and isinstance(chosen_metric, SqnrMetric):
+        raise ValueError("The FP32 model's SQNR is infinite, so no tolerance to it can be met: give a target "
+                         "in dB instead (target=30, for example).")
+    if max_units is not None and (isinstance(max_units, bool) or not isinstance(max_units, int) or max_units < 0):
+        raise ValueError(f"max_units must be a non-negative integer or None, got {max_units!r}.")
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}.")
+    order = None if ranking is None else _ranking_units(model, ranking)
+    profile_units = resolve_units(model, units) if order is None else []
+    batch_list = materialise_batches(batches, num_batches)
+    started = time.perf_counter()
+    candidates = len(order) if order is not None else len(profile_units)
+    limit = candidates if max_units is None else min(max_units, candidates)
+    total = 2 + (len(profile_units) if order is None else 0) + limit
+    done = 0
+
+    curve: list[FallbackPoint] = []
+    chosen: list[Unit] = []
+    profile: SensitivityResult | None = None
+    fp32 = quantized = math.nan
+
+    def within(value: float) -> bool:
+        if tolerance is not None:
+            return chosen_metric.within_tolerance(value, fp32, tolerance)
+        return value >= target if chosen_metric.higher_is_better else value <= target
+
+    def result(complete: bool) -> FallbackResult:
+        return FallbackResult(metric=chosen_metric.to_dict(), fp32=fp32, quantized=quantized, tolerance=tolerance,
+                              target=target, chosen=list(chosen), curve=list(curve),
+                              reached=bool(curve) and within(curve[-1].value),
+                              ranking=[u.name for u in order or []], sensitivity=profile,
+                              wall_time_s=time.perf_counter() - started, complete=complete)
+
+    with ModelSnapshot(model), torch.no_grad():
+        evaluator = Evaluator(model, batch_list, chosen_metric, cancel)
+        try:
+            fp32 = evaluator.measure_fp32()
+            done += 1
+            _report(progress, done, total, "FP32 reference")
+            if tolerance is not None and not math.isfinite(fp32):
+                raise ValueError(f"The FP32 model's {chosen_metric.name} is {fp32}, so no tolerance to it can be "
+                                 f"met: give a target instead.")
+            quantized = evaluator.measure_quantized()
+            done += 1
+            _report(progress, done, total, "all quantized")
+            if order is None:
+                profile = run_profile(evaluator, profile_units, scheme, fp32=fp32, quantized=quantized, cache=cache,
+                                      progress=progress, done=done, total=total, started=started)
+                done += len(profile_units)
+                by_name = {u.name: u for u in profile_units}
+                order = [by_name[u.name] for u in profile.ranked()]
+            curve.append(FallbackPoint(0, None, quantized))
+            off = []
+            while not within(curve[-1].value) and len(chosen) < limit:
+                unit = order[len(chosen)]
+                chosen.append(unit)
+                off.extend(evaluator.quantizer_objects(unit))
+                evaluator.configure("quantized", off=off)
+                curve.append(FallbackPoint(len(chosen), unit.name, evaluator.measure("fallback", unit.name)))
+                done += 1
+                _report(progress, done, total, f"fallback: {len(chosen)} in float, last {unit.name}")
+        except AnalysisCancelled as cancelled:
+            if cancelled.partial is not None and profile is None:
+                profile = cancelled.partial
+            cancelled.partial = result(complete=False) if curve or profile is not None else None
+            raise
+    outcome = result(complete=True)
+    if not outcome.reached:
+        outcome.notes.append(f"stopped after {len(chosen)} of {candidates} units"
+                             + (f" (max_units={max_units})" if max_units is not None and limit < candidates else "")
+                             + " without reaching the goal")
+    if apply:
+        apply_fallback(model, chosen)
+        outcome.applied = True
+    _report(progress, total, total, outcome.summary())
+    return outcome
+
+
+def _report(progress: ProgressCallback | None, done: int, total: int, message: str) -> None:
+    if progress is not None:
+        progress(done, total, message)
+
+
+def apply_fallback(model: nn.Module, units: FallbackResult | Iterable[str | Unit]) -> list[str]:
+    """Leave ``units`` in float: disable their quantizers. Returns the names of the quantizers disabled.
+
+    Args:
+        model: the quantized model.
+        units: a :class:`FallbackResult` (its chosen units), or units or names (see :func:`units_from_names`).
+    """
+    chosen = units.chosen if isinstance(units, FallbackResult) else units_from_names(model, units)
+    disabled = []
+    for unit in chosen:
+        for name in unit.quantizers:
+            model.get_submodule(name).disable()
+            disabled.append(name)
+    return disabled

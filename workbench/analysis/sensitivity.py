@@ -1,0 +1,177 @@
+"""Sensitivity analysis: which quantized units cost the metric, one unit at a time.
+
+The two schemes of NVIDIA's yolov5/BEVFusion scripts (``reference/004``, "敏感层分析"):
+
+* ``"one-off"``: everything quantized, each unit in turn left in float; the metric *regained* says how
+  much that unit costs in the deployed model, interactions with the other layers included.
+* ``"one-on"``: everything in float, each unit in turn quantized alone; the metric *lost* is the unit's
+  own damage (the reference's ``build_sensitivity_profile``).
+
+With an output metric, each pass can start at the unit instead of at the model's inputs: what comes
+before is computed in the scheme's baseline configuration and is the same in every pass, so it is run
+once per batch and cached (:mod:`workbench.analysis.prefix_cache`); results are identical to the
+plain loop, which is used when the model cannot be traced or the metric runs the model itself.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from workbench.analysis.errors import AnalysisCancelled, AnalysisError, describe_stage
+from workbench.analysis.evaluator import Evaluator, materialise_batches, same_output
+from workbench.analysis.metrics import Direction, Metric, ModelMetric, get_metric
+from workbench.analysis.prefix_cache import PrefixPlan, build_plan
+from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
+from workbench.analysis.state import ModelSnapshot
+from workbench.analysis.units import Unit, UnitsSpec, resolve_units
+from workbench.quant.calibrate import CancelToken, ProgressCallback
+
+__all__ = ["sensitivity"]
+
+
+def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, scheme: str = "one-off",
+                units: UnitsSpec = None, progress: ProgressCallback | None = None,
+                cancel: CancelToken | None = None, direction: Direction | None = None,
+                num_batches: int | None = None, cache: bool = True) -> SensitivityResult:
+    """Measure ``metric`` with each unit of ``model`` toggled, and rank the units.
+
+    The model is left exactly as it came in (quantizer flags and amax, train/eval mode), whether the
+    run succeeds, fails or is cancelled. Quantizers the caller disabled stay disabled throughout and
+    belong to no default unit. Passes run in eval mode under ``torch.no_grad()`` with calibration off.
+
+    Args:
+        model: a calibrated quantized model.
+        batches: an iterable of batches (tensors, ``(inputs, labels)`` tuples, or dicts of inputs); it
+            is read once and kept, so every pass sees the same data.
+        metric: a :class:`Metric`, a built-in name (``"sqnr"``, ``"cosine"``, ``"mse"``, ``"top1"``), an
+            entry point (``"module:function"`` or ``"file.py:function"``, called ``fn(model, batches)``),
+            or such a function.
+        scheme: ``"one-off"`` or ``"one-on"`` (see the module docstring).
+        units: None for every quantized layer, or groups (see :func:`~workbench.analysis.resolve_units`).
+        progress: called as ``progress(done, total, message)`` after the FP32 pass, the all-quantized
+            pass and each unit.
+        cancel: anything with ``is_set()``; checked before every batch, so between units too.
+        direction: ``"higher"`` or ``"lower"`` is better; required for entry points and functions.
+        num_batches: use only the first batches.
+        cache: let passes start from cached activations where the model allows it (see
+            ``result.cache`` and ``result.cache_note`` for what was done). Costs memory: the values
+            crossing the current cut point are kept for every batch at once.
+
+    Returns:
+        A :class:`SensitivityResult`.
+
+    Raises:
+        ValueError, TypeError: bad arguments or units; EntryPointError: the metric cannot be loaded.
+        AnalysisCancelled: ``cancel`` was set (``partial`` holds the units measured so far).
+        AnalysisError: the model failed (``unit`` and ``stage`` say where).
+        MetricError: the metric raised or returned a non-finite number (``unit`` says where).
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}.")
+    chosen_metric = get_metric(metric, direction)
+    unit_list = resolve_units(model, units)
+    batch_list = materialise_batches(batches, num_batches)
+    started = time.perf_counter()
+    total = len(unit_list) + 2
+    with ModelSnapshot(model), torch.no_grad():
+        evaluator = Evaluator(model, batch_list, chosen_metric, cancel)
+        fp32 = evaluator.measure_fp32()
+        _report(progress, 1, total, "FP32 reference")
+        quantized = evaluator.measure_quantized()
+        _report(progress, 2, total, "all quantized")
+        return run_profile(evaluator, unit_list, scheme, fp32=fp32, quantized=quantized, cache=cache,
+                           progress=progress, done=2, total=total, started=started)
+
+
+def _report(progress: ProgressCallback | None, done: int, total: int, message: str) -> None:
+    if progress is not None:
+        progress(done, total, message)
+
+
+def _plan_for(evaluator: Evaluator, units: list[Unit], base: str,
+              cache: bool) -> tuple[PrefixPlan | None, list[int], str]:
+    """A checked prefix plan and each unit's cut position, or None and why the plain loop is used."""
+    if not cache:
+        return None, [], "plain loop (cache=False)"
+    if isinstance(evaluator.metric, ModelMetric):
+        return None, [], "plain loop: the metric runs the model itself"
+    plan, note = build_plan(evaluator.model)
+    if plan is None:
+        return None, [], note
+    # The plan must be the model: same bits on batch 0 in the baseline configuration. This catches a
+    # trace specialised to other inputs (a branch on an argument, say). Quantizer flags cannot be baked
+    # in: every module holding quantizers is an opaque call in the graph.
+    evaluator.configure(base)
+    args, kwargs = evaluator.inputs[0]
+    try:
+        output = plan.run(args, kwargs)
+    except Exception as error:  # a trace that cannot run is a trace we do not use
+        return None, [], f"plain loop: the traced graph failed ({type(error).__name__}: {error})"
+    if not same_output(output, evaluator.first_output.get(base)):
+        return None, [], f"plain loop: the traced graph does not reproduce the model's {base} output"
+    cuts = [plan.cut_before(evaluator.quantizer_objects(u)) for u in units]
+    if all(c <= plan.first_cut for c in cuts):
+        return None, [], "plain loop: every unit is used by the model's first operation"
+    return plan, cuts, note
+
+
+def run_profile(evaluator: Evaluator, units: list[Unit], scheme: str, *, fp32: float, quantized: float,
+                cache: bool, progress: ProgressCallback | None, done: int, total: int,
+                started: float) -> SensitivityResult:
+    """Measure every unit on an evaluator whose FP32 reference is computed (see :func:`sensitivity`)."""
+    base = "quantized" if scheme == "one-off" else "fp32"
+    values: dict[int, float] = {}
+    plan, cuts, note = _plan_for(evaluator, units, base, cache)
+
+    def result(complete: bool) -> SensitivityResult:
+        measured = [UnitResult(name=u.name, quantizers=list(u.quantizers), value=values[i],
+                               delta_vs_quantized=difference(values[i], quantized),
+                               delta_vs_fp32=difference(values[i], fp32))
+                    for i, u in enumerate(units) if i in values]
+        rank_units(measured, scheme, evaluator.metric.higher_is_better)
+        return SensitivityResult(scheme=scheme, metric=evaluator.metric.to_dict(), fp32=fp32, quantized=quantized,
+                                 units=measured, num_batches=len(evaluator.batches),
+                                 wall_time_s=time.perf_counter() - started,
+                                 cache=plan.strategy if plan is not None else "off", cache_note=note,
+                                 complete=complete)
+
+    def toggle(unit: Unit) -> None:
+        quantizers = evaluator.quantizer_objects(unit)
+        if scheme == "one-off":
+            evaluator.configure(base, off=quantizers)
+        else:
+            evaluator.configure(base, on=quantizers)
+
+    try:
+        if plan is None:
+            for i, unit in enumerate(units):
+                toggle(unit)
+                values[i] = evaluator.measure(scheme, unit.name)
+                done += 1
+                _report(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
+        else:
+            # units in execution order, so that each batch's cached state only ever moves forward
+            states = [plan.start(args, kwargs) for args, kwargs in evaluator.inputs]
+            for i in sorted(range(len(units)), key=lambda k: cuts[k]):
+                unit = units[i]
+                evaluator.configure(base)
+                for b, state in enumerate(states):
+                    evaluator.check_cancel(f"before {unit.name}")
+                    try:
+                        plan.advance(state, cuts[i])
+                    except Exception as error:  # the user's model, in the baseline configuration
+                        raise AnalysisError(f"The model failed on batch {b} {describe_stage(base, None)}: "
+                                            f"{type(error).__name__}: {error}", unit=None, stage=base,
+                                            batch_index=b, original=error) from error
+                toggle(unit)
+                values[i] = evaluator.measure(scheme, unit.name, run_batch=lambda b: plan.finish(states[b]))
+                done += 1
+                _report(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
+    except AnalysisCancelled as cancelled:
+        cancelled.partial = result(complete=False)
+        raise
+    return result(complete=True)
+

@@ -1,0 +1,214 @@
+"""Units of a sensitivity analysis: the sets of quantizers that are switched on or off together.
+
+By default a unit is one quantized layer: a module whose direct children are TensorQuantizers
+(``_input_quantizer``, ``_weight_quantizer``, a ModuleList of ``_input_quantizers``, a QuantAdd's
+``_input0_quantizer``/``_input1_quantizer``...). Discovery looks only at that structure, never at the
+module's class, so quantized modules written elsewhere or by the user are found alike. Groups (a
+subtree such as ``model.4``, or a list of subtrees) are units holding every quantizer under them, as
+the yolov5 script's per-block analysis does. Only quantizers that quantize (enabled, with quantization
+on) belong to a unit: the layers a user already left in float are not analysed again.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+
+__all__ = ["Unit", "UnitsSpec", "find_units", "resolve_units", "quantizers_of", "is_quantizing", "holds_quantizers"]
+
+# containers that can hold a layer's quantizers (an RNN's _input_quantizers ModuleList, for example)
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A set of quantizers switched together: one quantized layer, or a group of layers.
+
+    Attributes:
+        name: the layer's (or group's) name, as shown to the user.
+        quantizers: qualified names of its quantizers (``model.get_submodule(name)`` finds each).
+    """
+
+    name: str
+    quantizers: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "quantizers": list(self.quantizers)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Unit:
+        return cls(str(data["name"]), tuple(str(q) for q in data["quantizers"]))
+
+
+# None (every quantized layer); a list of subtree names, lists of names (one unit each) or Units;
+# or a mapping from a group's name to its subtree name(s).
+UnitsSpec = Sequence["str | Sequence[str] | Unit"] | Mapping[str, "str | Sequence[str]"] | None
+
+
+def is_quantizing(quantizer: TensorQuantizer) -> bool:
+    """Whether the quantizer changes its input: enabled and with quantization on."""
+    return not quantizer._disabled and quantizer._if_quant
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _owned_quantizers(module: nn.Module, prefix: str) -> tuple[list[tuple[str, TensorQuantizer]], set[str]]:
+    """The quantizers held directly by ``module`` and the names of the containers holding some of them."""
+    owned: list[tuple[str, TensorQuantizer]] = []
+    claimed: set[str] = set()
+    for child_name, child in module._modules.items():
+        if isinstance(child, TensorQuantizer):
+            owned.append((_join(prefix, child_name), child))
+        elif isinstance(child, _CONTAINERS) and len(child._modules) > 0 and all(
+                isinstance(item, TensorQuantizer) for item in child._modules.values()):
+            claimed.add(child_name)
+            owned.extend((_join(prefix, f"{child_name}.{key}"), item) for key, item in child._modules.items())
+    return owned, claimed
+
+
+def holds_quantizers(module: nn.Module) -> bool:
+    """Whether ``module`` is a quantized layer: it holds TensorQuantizers directly or in a ModuleList."""
+    return bool(_owned_quantizers(module, "")[0])
+
+
+def _layer_units(model: nn.Module) -> Iterator[tuple[str, list[tuple[str, TensorQuantizer]]]]:
+    """(owner name, its quantizers) for each module holding quantizers, in model order.
+
+    Follows ``_modules`` itself rather than ``named_modules()``: a quantizer shared between two layers
+    (TensorRT scale sharing) is deduplicated by ``named_modules`` and would vanish from the second one.
+    """
+    seen_owners: set[int] = set()
+
+    def visit(module: nn.Module, prefix: str, path: frozenset[int]) -> Iterator:
+        owned, claimed = _owned_quantizers(module, prefix)
+        if owned and id(module) not in seen_owners:
+            seen_owners.add(id(module))
+            yield prefix, owned
+        for child_name, child in module._modules.items():
+            if child is None or isinstance(child, TensorQuantizer) or child_name in claimed or id(child) in path:
+                continue
+            yield from visit(child, _join(prefix, child_name), path | {id(child)})
+
+    yield from visit(model, "", frozenset({id(model)}))
+
+
+def find_units(model: nn.Module) -> list[Unit]:
+    """One unit per quantized layer of ``model``, in model order.
+
+    A quantized layer is any module with TensorQuantizer children (directly or in a ModuleList); its
+    unit holds those of them that quantize. Quantizers held directly by the model itself become one
+    unit each, named after the quantizer.
+    """
+    units = []
+    for owner, quantizers in _layer_units(model):
+        active = [name for name, q in quantizers if is_quantizing(q)]
+        if not active:
+            continue
+        if owner == "":
+            units.extend(Unit(name, (name,)) for name in active)
+        else:
+            units.append(Unit(owner, tuple(active)))
+    return units
+
+
+def quantizers_of(model: nn.Module, name: str) -> list[tuple[str, TensorQuantizer]]:
+    """Every quantizer in the subtree ``name`` (the module itself if it is one), shared ones once.
+
+    Raises:
+        ValueError: no module of that name (the message suggests close names).
+    """
+    try:
+        root = model.get_submodule(name) if name else model
+    except AttributeError:
+        names = [n for n, _ in model.named_modules() if n]
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"The model has no module named {name!r}.{hint}") from None
+    if isinstance(root, TensorQuantizer):
+        return [(name, root)]
+    found: list[tuple[str, TensorQuantizer]] = []
+    seen: set[int] = set()
+
+    def visit(module: nn.Module, prefix: str, path: frozenset[int]) -> None:
+        for child_name, child in module._modules.items():
+            if child is None or id(child) in path:
+                continue
+            child_path = _join(prefix, child_name)
+            if isinstance(child, TensorQuantizer):
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    found.append((child_path, child))
+            else:
+                visit(child, child_path, path | {id(child)})
+
+    visit(root, name, frozenset({id(root)}))
+    return found
+
+
+def _group(model: nn.Module, group_name: str, members: Sequence[str]) -> Unit:
+    names: list[str] = []
+    for member in members:
+        if not isinstance(member, str):
+            raise TypeError(f"Unit {group_name!r}: module names must be strings, got {member!r}.")
+        names.extend(n for n, q in quantizers_of(model, member) if is_quantizing(q) and n not in names)
+    if not names:
+        raise ValueError(f"Unit {group_name!r} holds no quantizer that quantizes: its layers are not quantized "
+                         f"or all their quantizers are disabled.")
+    return Unit(group_name, tuple(names))
+
+
+def resolve_units(model: nn.Module, units: UnitsSpec = None) -> list[Unit]:
+    """The units an analysis of ``model`` uses.
+
+    Args:
+        model: the quantized model.
+        units: None for :func:`find_units` (each quantized layer); a list whose items are a module name
+            (its whole subtree is one unit, e.g. ``"model.4"``), a list of module names (one unit named
+            ``"a+b"``) or a :class:`Unit`; or a mapping from a group's name to its module name(s).
+            Names are exact module names, never substrings (the reference script's ``quant_layer in
+            name`` test would put ``model.1`` and ``model.10`` together).
+
+    Raises:
+        ValueError: no units, an unknown module name, a unit without quantizers, or a repeated name.
+        TypeError: an item of another type.
+    """
+    if units is None:
+        resolved = find_units(model)
+        if not resolved:
+            raise ValueError("The model has no quantized layer: quantize it first (replace_to_quantization_module), "
+                             "and check that its quantizers are enabled.")
+        return resolved
+    resolved = []
+    if isinstance(units, Mapping):
+        for group_name, members in units.items():
+            resolved.append(_group(model, str(group_name), [members] if isinstance(members, str) else list(members)))
+    elif isinstance(units, (str, bytes)) or not isinstance(units, Sequence):
+        raise TypeError("units must be None, a list of module names (or lists of names, or Units), or a mapping "
+                        f"from group names to module names; got {type(units).__name__}.")
+    else:
+        for item in units:
+            if isinstance(item, Unit):
+                for quantizer in item.quantizers:  # fail now rather than half-way through the analysis
+                    quantizers_of(model, quantizer)
+                resolved.append(item)
+            elif isinstance(item, str):
+                resolved.append(_group(model, item, [item]))
+            elif isinstance(item, Sequence):
+                members = list(item)
+                resolved.append(_group(model, "+".join(str(m) for m in members), members))
+            else:
+                raise TypeError(f"A unit must be a module name, a list of names or a Unit, got {item!r}.")
+    if not resolved:
+        raise ValueError("No units to analyse.")
+    names = [u.name for u in resolved]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"Unit names must be unique; repeated: {', '.join(repeated)}.")
+    return resolved
