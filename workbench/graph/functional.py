@@ -135,14 +135,20 @@ def _describe(node: fx.Node) -> str:
 class _Inserter:
     def __init__(self, quant_desc_input: QuantDescriptor | None, ignored: Callable[[str], str | None],
                  add: bool, concat: bool, extra_leaf: Callable[[nn.Module, str], bool] | None,
-                 report: FunctionalQuantReport) -> None:
+                 report: FunctionalQuantReport,
+                 descriptor_for: Callable[[str], QuantDescriptor | None] | None = None) -> None:
         self.quant_desc_input = quant_desc_input
+        self.descriptor_for = descriptor_for
         self.ignored = ignored
         self.add = add
         self.concat = concat
         self.extra_leaf = extra_leaf
         self.report = report
         self.memo: dict[int, nn.Module] = {}
+
+    def descriptor(self, qualified: str) -> QuantDescriptor | None:
+        chosen = self.descriptor_for(qualified) if self.descriptor_for is not None else None
+        return chosen or self.quant_desc_input
 
     # ----- traversal ------------------------------------------------------------------------
 
@@ -242,7 +248,7 @@ class _Inserter:
                     if reason is not None:
                         self.report.skipped.append(SkippedOp(path, description, reason))
                         continue
-                    gm.add_submodule(name, QuantAdd(self.quant_desc_input))
+                    gm.add_submodule(name, QuantAdd(self.descriptor(qualified)))
                     with graph.inserting_before(node):
                         replacement = graph.call_module(name, (a, b))
                     replacement.meta = dict(node.meta)
@@ -273,7 +279,7 @@ class _Inserter:
                 if reason is not None:
                     self.report.skipped.append(SkippedOp(path, description, reason))
                     continue
-                gm.add_submodule(name, QuantConcat(dim, self.quant_desc_input))
+                gm.add_submodule(name, QuantConcat(dim, self.descriptor(qualified)))
                 with graph.inserting_before(node):
                     replacement = graph.call_module(name, (list(tensors),))
                 replacement.meta = dict(node.meta)
@@ -385,6 +391,7 @@ def _complete_state(gm: fx.GraphModule, original: nn.Module) -> None:
 def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDescriptor | None = None,
                                  ignore_policy: IgnorePolicy = None, add: bool = True, concat: bool = True,
                                  extra_leaf: Callable[[nn.Module, str], bool] | None = None,
+                                 descriptor_for: Callable[[str], QuantDescriptor | None] | None = None,
                                  ) -> tuple[nn.Module, FunctionalQuantReport]:
     """Insert QuantAdd / QuantConcat for the functional adds and concatenations of ``model``.
 
@@ -400,6 +407,8 @@ def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDes
             :func:`workbench.quant.ignore_matcher`.
         add, concat: which operations to quantize.
         extra_leaf: ``(module, qualified_name) -> bool``: more modules to leave untouched (not traced).
+        descriptor_for: ``qualified_name -> descriptor or None``: per-operation descriptors (None falls
+            back to ``quant_desc_input``).
 
     Returns:
         ``(model, report)``; see :class:`FunctionalQuantReport`.
@@ -407,7 +416,8 @@ def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDes
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}.")
     report = FunctionalQuantReport()
-    inserter = _Inserter(quant_desc_input, ignore_matcher(ignore_policy), add, concat, extra_leaf, report)
+    inserter = _Inserter(quant_desc_input, ignore_matcher(ignore_policy), add, concat, extra_leaf, report,
+                         descriptor_for)
     result = inserter.convert(model, "")
     if report.failures:
         logger.warning("Functional quantization: %s", report.summary())

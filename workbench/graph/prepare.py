@@ -9,7 +9,7 @@ from torch import nn
 from workbench.graph.functional import FunctionalQuantReport, insert_functional_quantizers
 from workbench.graph.rules import PlacementReport, PlacementRules, apply_placement_rules
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.replace import IgnorePolicy, ReplacementReport, replace_to_quantization_module
+from workbench.quant.replace import DescriptorChoice, IgnorePolicy, ReplacementReport, replace_to_quantization_module
 from workbench.quant.tensor_quant import QuantDescriptor
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
                          quant_desc_input: QuantDescriptor | None = None,
                          quant_desc_weight: QuantDescriptor | None = None, functional: bool = True,
                          rules: PlacementRules | None = None, apply_rules: bool = True,
+                         descriptor_for: DescriptorChoice | None = None, add: bool = True, concat: bool = True,
                          ) -> tuple[nn.Module, PreparationReport]:
     """Quantize ``model`` the way TensorRT's ``--best`` fuses it, before calibration.
 
@@ -50,14 +51,18 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
        ``apply_rules`` is False.
 
     ``ignore_policy`` applies to layer names and to the names of the new functional quantizers.
+    ``descriptor_for(name, module)`` gives per-layer ``(input, weight)`` descriptors (module is None
+    for a functional operation); ``add`` / ``concat`` choose which functional operations to quantize.
     Use the returned model (see :func:`insert_functional_quantizers`).
     """
     replacement = replace_to_quantization_module(model, ignore_policy, quant_desc_input=quant_desc_input,
-                                                 quant_desc_weight=quant_desc_weight)
+                                                 quant_desc_weight=quant_desc_weight, descriptor_for=descriptor_for)
     functional_report = None
-    if functional:
+    if functional and (add or concat):
+        functional_choice = None if descriptor_for is None else (lambda name: descriptor_for(name, None)[0])
         model, functional_report = insert_functional_quantizers(model, quant_desc_input=quant_desc_input,
-                                                                ignore_policy=ignore_policy)
+                                                                ignore_policy=ignore_policy, add=add,
+                                                                concat=concat, descriptor_for=functional_choice)
     rules_report = apply_placement_rules(model, rules) if apply_rules else None
     report = PreparationReport(replacement, functional_report, rules_report)
     if not any(isinstance(m, TensorQuantizer) for m in model.modules()):
