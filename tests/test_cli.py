@@ -1,27 +1,120 @@
-"""The command line: exit codes and the headless demo."""
+"""The command line end to end on the demo: every command, --json, exit codes and error lines."""
 import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
 
 from workbench import cli
 
 
+def run(capsys, *args):
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def project(tmp_path, capsys):
+    path = tmp_path / "digits.qwb"
+    code, out, err = run(capsys, "new", path, "--model", "demo:digits", "--data", "demo:digits:train",
+                         "--eval-data", "demo:digits:test", "--batch-size", "64", "--num-batches", "2",
+                         "--metric", "top1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["layers"] == 7
+    return path
+
+
 def test_version(capsys):
-    assert cli.main(["version"]) == 0
-    assert "Quant Workbench" in capsys.readouterr().out
+    code, out, _ = run(capsys, "version")
+    assert code == 0 and "Quant Workbench" in out
 
 
-def test_usage_error_exit_code(capsys):
-    assert cli.main(["no-such-command"]) == 2
-    assert cli.main(["demo", "--calib-batches", "0"]) == 2
-    err = capsys.readouterr().err
-    assert "calib-batches" in err and "Traceback" not in err
+def test_whole_workflow(project, tmp_path, capsys):
+    code, out, err = run(capsys, "show", project)
+    assert code == 0 and "calibration: none yet" in out and "block.add" in out
+
+    code, out, err = run(capsys, "set", project, "--ignore", "fc", "--type", "Conv2d", "--weight-desc",
+                         "num_bits=8,axis=0", "--input-desc", "calib_method=histogram", "--rule", "maxpool=false",
+                         "--json")
+    assert code == 0, err
+    changed = json.loads(out)
+    assert changed["ignored"] == ["fc"] and changed["rules"] == ["maxpool=False"]
+
+    code, out, err = run(capsys, "calibrate", project, "--method", "mse", "--evaluate", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["method"] == "mse" and result["batches"] == 2
+    assert result["evaluation"]["int8_top1"] > 0.9 and "fc._input_quantizer" not in result["quantizers"]
+
+    code, out, err = run(capsys, "sensitivity", project, "--metric", "sqnr", "--tolerance", "0.0", "--target", "40",
+                         "--json")
+    assert code == 2 and "tolerance" in err  # both: refused with one line
+    code, out, err = run(capsys, "sensitivity", project, "--metric", "sqnr", "--target", "35", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["sensitivity"]["scheme"] == "one-off" and "fallback" in data
+
+    onnx_path = tmp_path / "out" / "model.onnx"
+    onnx_path.parent.mkdir()
+    code, out, err = run(capsys, "export", project, "-o", onnx_path, "--amax-json", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert onnx_path.is_file() and report["cosine"] > 0.999 and report["quantize_nodes"] > 0
+
+    code, out, err = run(capsys, "show", project, "--json")
+    summary = json.loads(out)
+    assert summary["float_layers"] == ["fc"] and summary["calibration"]["method"] == "mse"
+    assert summary["sensitivity_runs"] == 1 and summary["exports"] == [str(onnx_path)]
 
 
-def test_demo_reports_fp32_and_int8(capsys):
-    assert cli.main(["demo", "--method", "all", "--calib-batches", "2", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["fp32_accuracy"] > 0.95
-    assert [row["method"] for row in report["results"]] == ["max", "entropy", "mse", "percentile"]
-    for row in report["results"]:
-        assert row["int8_accuracy"] > 0.9
-        assert row["output_sqnr_db"] > 20
-    assert len(report["replaced"]) == 6
+def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
+    code, _, err = run(capsys, "show", tmp_path / "missing.qwb")
+    assert code == 2 and "no such project file" in err and "Traceback" not in err
+    (tmp_path / "text.qwb").write_text("hello")
+    code, _, err = run(capsys, "show", tmp_path / "text.qwb")
+    assert code == 2 and "not a Quant Workbench project" in err
+    code, _, err = run(capsys, "new", tmp_path / "p.qwb", "--model", "demo:nothing", "--data", "demo:digits")
+    assert code == 2 and "unknown demo model" in err
+    code, _, err = run(capsys, "no-such-command")
+    assert code == 2
+
+
+def test_user_code_needs_trust(tmp_path, capsys):
+    (tmp_path / "net.py").write_text(textwrap.dedent("""
+        from torch import nn
+        def make():
+            return nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten())
+    """))
+    np.save(tmp_path / "x.npy", np.zeros((4, 3, 5, 5), dtype=np.float32))
+    args = ["new", tmp_path / "p.qwb", "--model", f"{tmp_path}/net.py:make", "--data", tmp_path / "x.npy"]
+    code, _, err = run(capsys, *args)
+    assert code == 2 and "--trust-code" in err and not (tmp_path / "p.qwb").exists()
+    code, _, err = run(capsys, *args, "--trust-code")
+    assert code == 0, err
+    code, _, err = run(capsys, "show", tmp_path / "p.qwb")
+    assert code == 2 and "--trust-code" in err
+    code, _, err = run(capsys, "show", tmp_path / "p.qwb", "--trust-code")
+    assert code == 0, err
+
+
+def test_existing_project_is_not_overwritten_without_force(project, capsys):
+    code, _, err = run(capsys, "new", project, "--model", "demo:digits", "--data", "demo:digits")
+    assert code == 2 and "--force" in err
+
+
+def test_demo_command(tmp_path, capsys):
+    code, out, err = run(capsys, "demo", "--out", tmp_path, "--calib-batches", "2", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["fp32_top1"] > 0.95 and report["int8_top1"] > 0.9
+    assert (tmp_path / "digits-demo.qwb").is_file() and (tmp_path / "digits-demo.qdq.onnx").is_file()
+    assert report["export"]["cosine"] > 0.999 and len(report["sensitivity"]) == 7
+
+
+def test_python_dash_m_entry_point():
+    result = subprocess.run([sys.executable, "-m", "workbench", "version"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "Quant Workbench" in result.stdout

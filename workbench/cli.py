@@ -1,15 +1,20 @@
-"""The ``workbench`` command line.
+"""The ``workbench`` command line: the headless twin of the GUI, over :mod:`workbench.session`.
 
 Exit codes: 0 success, 2 bad input or usage (one clear line on stderr), 1 internal error. Tracebacks
-only with ``--debug``.
+only with ``--debug``. ``--json`` prints machine-readable results on stdout.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import math
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from workbench import __version__
 
@@ -22,6 +27,116 @@ class UsageError(Exception):
     """Bad input from the user: reported as one line, exit code 2."""
 
 
+# ----- helpers -----------------------------------------------------------------------------------
+
+
+def _parse_value(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "on"):
+        return True
+    if lowered in ("false", "no", "off"):
+        return False
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _parse_fields(text: str) -> dict[str, Any]:
+    """``num_bits=8,axis=0,calib_method=histogram`` -> dict (values parsed as JSON where they can be)."""
+    fields: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise UsageError(f"descriptor fields are name=value pairs separated by commas, got {part!r}.")
+        key, value = part.split("=", 1)
+        fields[key.strip()] = _parse_value(value.strip())
+    return fields
+
+
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        shape = tuple(int(s) for s in text.replace("x", ",").split(",") if s.strip())
+    except ValueError:
+        raise UsageError(f"--input-shape takes integers like 3,224,224 (per sample), got {text!r}.") from None
+    if not shape or any(s < 1 for s in shape):
+        raise UsageError(f"--input-shape takes positive integers, got {text!r}.")
+    return shape
+
+
+class _Progress:
+    """A tqdm bar for one job (silent with --json or when stderr is not a terminal) and Ctrl-C as cancel."""
+
+    def __init__(self, args: argparse.Namespace, description: str) -> None:
+        self.cancel = threading.Event()
+        self.bar = None
+        self.description = description
+        self.enabled = not args.json and sys.stderr.isatty()
+        self._previous_handler = None
+
+    def __enter__(self) -> _Progress:
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGINT, self._interrupt)
+        return self
+
+    def _interrupt(self, signum, frame) -> None:
+        if self.cancel.is_set():
+            raise KeyboardInterrupt
+        self.cancel.set()
+        print("\nworkbench: cancelling after the current step (Ctrl-C again to abort)", file=sys.stderr)
+
+    def __call__(self, done: int, total: int, message: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total or None, desc=self.description, unit="step", leave=False)
+        self.bar.update(done - self.bar.n)
+        self.bar.set_postfix_str(message[-40:])
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGINT, self._previous_handler)
+
+
+def _open(args: argparse.Namespace):
+    from workbench.session import Session
+
+    return Session.open(args.project, trust_code=args.trust_code)
+
+
+def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, default=_json_default))
+    else:
+        print(text)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return f"{value:.4g}{unit}"
+
+
+# ----- commands ----------------------------------------------------------------------------------
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
     import torch
 
@@ -31,16 +146,204 @@ def _cmd_version(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from workbench.core_demo import run_core_demo
+def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
+    from workbench.sources.data_source import DataSpec, ImageOptions
 
-    report = run_core_demo(methods=args.method, calib_batches=args.calib_batches, batch_size=args.batch_size,
-                           show_progress=not args.json and sys.stderr.isatty())
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(report["text"])
+    image = None
+    if any(v is not None for v in (args.resize, args.crop, args.mean, args.std)) or args.grayscale:
+        image = ImageOptions(resize=args.resize, crop=args.crop,
+                             mean=tuple(args.mean or ((0.0,) if args.grayscale else (0.0, 0.0, 0.0))),
+                             std=tuple(args.std or ((1.0,) if args.grayscale else (1.0, 1.0, 1.0))),
+                             grayscale=args.grayscale)
+    return DataSpec.parse(text, batch_size=batch_size, num_batches=args.num_batches, shuffle=args.shuffle,
+                          seed=args.seed, image=image)
+
+
+def _cmd_new(args: argparse.Namespace) -> int:
+    from workbench.session import Session
+    from workbench.sources.model_source import ModelSpec
+
+    project = Path(args.project)
+    if project.exists() and not args.force:
+        raise UsageError(f"{project} exists; use --force to overwrite it.")
+    kwargs = _parse_fields(args.model_kwargs) if args.model_kwargs else {}
+    model = ModelSpec.parse(args.model, weights=args.weights, kwargs=kwargs, code_dir=args.code_dir)
+    calibration = _data_spec(args.data, args, args.batch_size)
+    evaluation = _data_spec(args.eval_data, args, args.batch_size) if args.eval_data else None
+    if evaluation is not None:
+        evaluation.num_batches = None
+    settings: dict[str, Any] = {}
+    if args.metric:
+        settings["metric"] = {"name": args.metric, "direction": args.metric_direction}
+    session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
+                             input_shape=_parse_shape(args.input_shape), name=project.stem,
+                             base_dir=Path.cwd(), settings=settings)
+    path = session.save(project)
+    summary = session.summary()
+    _emit(args, summary, f"Created {path}: {summary['model_description']}, input {summary['input']}, "
+                         f"{summary['layers']} quantizable layers.")
     return EXIT_OK
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    session = _open(args)
+    summary = session.summary()
+    layers = session.layers()
+    summary["layer_table"] = [layer.__dict__ for layer in layers]
+    lines = [f"{summary['name']} ({summary['path']})", f"  model: {summary['model_description']}",
+             f"  input: {summary['input']}", "  data: " + ", ".join(f"{k} {v}" for k, v in summary["data"].items())]
+    run = summary["calibration"]
+    lines.append("  calibration: " + ("none yet" if run is None else
+                                      f"{run['method']} on {run['batches']} batches, output SQNR "
+                                      f"{_fmt(run['output_sqnr_db'], ' dB')}"))
+    for message in summary["file_changes"] + [f"recalibrate: {n}" for n in summary["stale_quantizers"][:5]]:
+        lines.append(f"  warning: {message}")
+    lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
+    lines.append(f"    {'layer':<32} {'type':<20} {'input':<28} {'weight':<24} {'amax':<22} rank")
+    for layer in layers:
+        lines.append(f"    {layer.name:<32} {layer.type:<20} {layer.input_summary:<28} {layer.weight_summary:<24} "
+                     f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}")
+    _emit(args, summary, "\n".join(lines))
+    return EXIT_OK
+
+
+def _cmd_set(args: argparse.Namespace) -> int:
+    session = _open(args)
+    changed: dict[str, list[str]] = {}
+
+    def pick(values: list[str] | None, by: str) -> list[str]:
+        if not values:
+            return []
+        names = session.select(**{by: values})
+        if not names:
+            raise UsageError(f"no quantizable layer matches {by} {values}; see 'workbench show'.")
+        return names
+
+    targets = pick(args.layer, "names") + pick(args.pattern, "patterns") + pick(args.type, "types")
+    if args.subtree:
+        targets += session.select(subtree=args.subtree)
+    targets = list(dict.fromkeys(targets))
+    ignore = pick(args.ignore, "patterns")
+    quantize = pick(args.quantize, "patterns")
+    if ignore:
+        changed["ignored"] = session.set_quantize(ignore, False)
+    if quantize:
+        changed["quantized"] = session.set_quantize(quantize, True)
+    if (args.input_desc or args.weight_desc or args.reset) and not targets:
+        raise UsageError("say which layers with --layer, --pattern, --type or --subtree.")
+    if args.reset:
+        changed["reset"] = session.reset_descriptor(targets)
+    if args.input_desc:
+        changed["input_descriptor"] = session.set_descriptor(targets, "input", **_parse_fields(args.input_desc))
+    if args.weight_desc:
+        changed["weight_descriptor"] = session.set_descriptor(targets, "weight", **_parse_fields(args.weight_desc))
+    for rule in args.rule or []:
+        name, _, value = rule.partition("=")
+        rules = dict(session.project.settings["rules"])
+        if name not in rules:
+            raise UsageError(f"unknown rule {name!r}; rules are {', '.join(rules)}.")
+        rules[name] = bool(_parse_value(value or "true"))
+        session.set_setting("rules", rules)
+        changed.setdefault("rules", []).append(f"{name}={rules[name]}")
+    for pin in args.pin or []:
+        first, _, second = pin.partition(",")
+        if not second:
+            raise UsageError(f"--pin takes two quantizer or layer names separated by a comma, got {pin!r}.")
+        pins = list(session.project.settings["pins"]) + [[first.strip(), second.strip()]]
+        session.set_setting("pins", pins)
+        session.quantized_model()  # validates the names now
+        changed.setdefault("pins", []).append(pin)
+    if args.metric:
+        session.set_setting("metric", {"name": args.metric, "direction": args.metric_direction})
+        changed["metric"] = [args.metric]
+    if args.device:
+        session.set_setting("device", args.device)
+        changed["device"] = [args.device]
+    if not changed:
+        raise UsageError("nothing to change: see 'workbench set --help'.")
+    session.save()
+    _emit(args, changed, "\n".join(f"{what}: {', '.join(names) if names else 'no change'}"
+                                   for what, names in changed.items()))
+    return EXIT_OK
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    session = _open(args)
+    with _Progress(args, "calibrating") as progress:
+        result = session.calibrate(method=args.method, num_batches=args.num_batches, percentile=args.percentile,
+                                   progress=progress, cancel=progress.cancel)
+    session.save()
+    data = {"summary": result.summary(), "method": result.method, "batches": result.num_batches,
+            "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
+            "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
+                               "nonfinite": q.nonfinite_count} for n, q in result.quantizers.items()}}
+    if args.evaluate:
+        data["evaluation"] = session.evaluate()
+    lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
+    if args.evaluate:
+        lines.append("evaluation: " + ", ".join(f"{k} {_fmt(v) if isinstance(v, float) else v}"
+                                               for k, v in data["evaluation"].items()))
+    _emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+def _cmd_sensitivity(args: argparse.Namespace) -> int:
+    session = _open(args)
+    metric = None
+    if args.metric:
+        from workbench.analysis import get_metric
+
+        if ":" in args.metric and not args.trust_code:
+            raise UsageError(f"the metric {args.metric} is user code: add --trust-code to run it.")
+        metric = get_metric(args.metric, args.metric_direction)
+    with _Progress(args, "sensitivity") as progress:
+        result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
+                                     progress=progress, cancel=progress.cancel)
+        fallback = None
+        if args.tolerance is not None or args.target is not None:
+            fallback = session.fallback(tolerance=args.tolerance, target=args.target, max_units=args.max_units,
+                                        metric=metric, apply=args.apply, progress=progress, cancel=progress.cancel)
+    session.save()
+    data = {"sensitivity": result.to_dict()}
+    lines = [result.summary()]
+    for unit in result.ranked()[:args.top]:
+        lines.append(f"  {unit.rank:>3}. {unit.name:<36} {_fmt(unit.value)}  (vs all quantized "
+                     f"{unit.delta_vs_quantized:+.4g}, vs FP32 {unit.delta_vs_fp32:+.4g})")
+    if fallback is not None:
+        data["fallback"] = fallback.to_dict()
+        lines.append(fallback.summary())
+        if args.apply:
+            lines.append("applied: the chosen layers are left in float in the project")
+    _emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    session = _open(args)
+    report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
+                            amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None)
+    session.save()
+    _emit(args, report.to_dict(), report.summary())
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from workbench.demo_run import run_demo
+
+    with _Progress(args, "demo") as progress:
+        report = run_demo(Path(args.out), calib_batches=args.calib_batches, method=args.method, progress=progress,
+                          cancel=progress.cancel)
+    _emit(args, report, report["text"])
+    return EXIT_OK
+
+
+def _cmd_gui(args: argparse.Namespace) -> int:
+    try:
+        from workbench.app.main import run_gui
+    except ImportError as error:
+        raise UsageError(f"the desktop app is not available: {error}. Install the GUI extras "
+                         "(pip install 'quant-workbench[gui]').") from None
+    return run_gui(project=args.project, demo=args.demo, trust_code=args.trust_code)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,16 +353,104 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    def project_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("project", help="the project file (.qwb)")
+        command.add_argument("--trust-code", action="store_true",
+                             help="allow running the project's model/data/metric code (entry points, pickles)")
+        command.add_argument("--json", action="store_true", help="print the result as JSON")
+        return command
+
     version = sub.add_parser("version", help="print versions")
     version.set_defaults(func=_cmd_version)
 
-    demo = sub.add_parser("demo", help="quantize the built-in digits CNN and compare FP32 with INT8")
-    demo.add_argument("--method", choices=["max", "entropy", "mse", "percentile", "all"], default="all",
-                      help="amax method for activations (weights use per-channel max); default: all")
-    demo.add_argument("--calib-batches", type=int, default=8, help="calibration batches (default 8)")
-    demo.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
-    demo.add_argument("--json", action="store_true", help="print the report as JSON")
+    new = project_command("new", "create a project on a model and data")
+    new.add_argument("--model", required=True, help="file.py:factory, package.module:factory, model.pt (a pickled "
+                                                    "model) or demo:digits / demo:resnet18 / demo:resnet50")
+    new.add_argument("--model-kwargs", help="keyword arguments of the factory: name=value,...")
+    new.add_argument("--weights", help="state_dict file (.pt/.pth loaded with weights_only, or .safetensors)")
+    new.add_argument("--code-dir", help="folder with the code a pickled model needs (default: its folder)")
+    new.add_argument("--data", required=True, help="calibration data: a folder of images, a tensor file "
+                                                   "(.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
+    new.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
+    new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224")
+    new.add_argument("--batch-size", type=int, default=32)
+    new.add_argument("--num-batches", type=int, help="calibration batches to use (default: all)")
+    new.add_argument("--shuffle", action="store_true")
+    new.add_argument("--seed", type=int, default=0)
+    new.add_argument("--resize", type=int, help="images: resize the shorter side to this")
+    new.add_argument("--crop", type=int, help="images: center crop to this size")
+    new.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")
+    new.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by")
+    new.add_argument("--grayscale", action="store_true", help="images: one channel")
+    new.add_argument("--metric", help="sqnr, cosine, mse, top1, or module:function / file.py:function")
+    new.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")
+    new.add_argument("--force", action="store_true", help="overwrite an existing project file")
+    new.set_defaults(func=_cmd_new)
+
+    show = project_command("show", "print a project's model, data, layers and results")
+    show.set_defaults(func=_cmd_show)
+
+    set_ = project_command("set", "quantize or ignore layers, set descriptors, rules and settings")
+    set_.add_argument("--layer", action="append", help="a layer name (repeatable)")
+    set_.add_argument("--pattern", action="append", help="layers whose name matches this regex (repeatable)")
+    set_.add_argument("--type", action="append", help="layers of this type, e.g. Conv2d (repeatable)")
+    set_.add_argument("--subtree", help="every layer under this module, e.g. layer1")
+    set_.add_argument("--ignore", action="append", help="leave layers matching this regex in float (repeatable)")
+    set_.add_argument("--quantize", action="append", help="quantize layers matching this regex (repeatable)")
+    set_.add_argument("--input-desc", help="input descriptor fields for the chosen layers: num_bits=8,calib_method="
+                                           "histogram,unsigned=true,narrow_range=false,axis=none")
+    set_.add_argument("--weight-desc", help="weight descriptor fields for the chosen layers, e.g. num_bits=4,axis=0")
+    set_.add_argument("--reset", action="store_true", help="back to default descriptors for the chosen layers")
+    set_.add_argument("--rule", action="append", help="placement rule on/off: concat=false, maxpool=true, residual=")
+    set_.add_argument("--pin", action="append", help="share one quantizer between two: NAME1,NAME2 (repeatable)")
+    set_.add_argument("--metric", help="the project's metric: sqnr, cosine, mse, top1, or an entry point")
+    set_.add_argument("--metric-direction", choices=["higher", "lower"])
+    set_.add_argument("--device", help="cpu, cuda, cuda:1 ...")
+    set_.set_defaults(func=_cmd_set)
+
+    cal = project_command("calibrate", "calibrate on the project's calibration data")
+    cal.add_argument("--method", choices=["entropy", "mse", "percentile", "max"],
+                     help="amax method of histogram quantizers (default: the project's, entropy)")
+    cal.add_argument("--num-batches", type=int)
+    cal.add_argument("--percentile", type=float)
+    cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
+    cal.set_defaults(func=_cmd_calibrate)
+
+    sens = project_command("sensitivity", "rank layers by sensitivity; optionally search a fallback set")
+    sens.add_argument("--scheme", choices=["one-off", "one-on"], default="one-off")
+    sens.add_argument("--metric", help="override the project's metric")
+    sens.add_argument("--metric-direction", choices=["higher", "lower"])
+    sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
+    sens.add_argument("--top", type=int, default=10, help="how many layers to print")
+    sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32")
+    sens.add_argument("--target", type=float, help="fallback search: reach this metric value instead")
+    sens.add_argument("--max-units", type=int, help="fallback search: at most this many layers in float")
+    sens.add_argument("--apply", action="store_true", help="leave the fallback's layers in float in the project")
+    sens.set_defaults(func=_cmd_sensitivity)
+
+    export = project_command("export", "write validated QDQ ONNX")
+    export.add_argument("-o", "--output", help="the .onnx file (default: next to the project)")
+    export.add_argument("--opset", type=int)
+    export.add_argument("--static-batch", action="store_true", help="keep the sample's batch size fixed")
+    export.add_argument("--amax-json", action="store_true", help="also write the amax table as JSON")
+    export.add_argument("--calibration-cache", action="store_true",
+                        help="also write a TensorRT calibration cache (implicit quantization)")
+    export.set_defaults(func=_cmd_export)
+
+    demo = sub.add_parser("demo", help="the whole job on the built-in digits CNN, without a screen")
+    demo.add_argument("--out", default="workbench-demo", help="folder for the project and ONNX (default: "
+                                                              "./workbench-demo)")
+    demo.add_argument("--method", choices=["entropy", "mse", "percentile", "max"], default="mse")
+    demo.add_argument("--calib-batches", type=int, default=8)
+    demo.add_argument("--json", action="store_true")
     demo.set_defaults(func=_cmd_demo)
+
+    gui = sub.add_parser("gui", help="open the desktop app")
+    gui.add_argument("project", nargs="?", help="a project to open")
+    gui.add_argument("--demo", action="store_true", help="open the demo project, ready to calibrate")
+    gui.add_argument("--trust-code", action="store_true")
+    gui.set_defaults(func=_cmd_gui)
     return parser
 
 
@@ -70,12 +461,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # argparse already printed the usage line
         return EXIT_USAGE if exit_.code else EXIT_OK
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(message)s")
+    from workbench.project import ProjectError
+    from workbench.session import SessionError
+    from workbench.sources.errors import SourceError
+
+    user_errors: tuple[type[BaseException], ...] = (UsageError, ProjectError, SessionError, SourceError,
+                                                    ValueError, TypeError, FileNotFoundError)
+    try:
+        from workbench.analysis import AnalysisCancelled, AnalysisError, MetricError
+        from workbench.export import ExportError
+        from workbench.quant.calibrate import CalibrationCancelled, CalibrationError
+
+        user_errors += (ExportError, AnalysisError, MetricError, CalibrationError)
+        cancelled: tuple[type[BaseException], ...] = (CalibrationCancelled, AnalysisCancelled)
+    except ImportError:  # pragma: no cover - optional parts missing
+        cancelled = ()
     try:
         return args.func(args)
-    except UsageError as error:
-        print(f"workbench: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except (ValueError, TypeError, FileNotFoundError) as error:
+    except cancelled as error:
+        print(f"workbench: cancelled: {error}", file=sys.stderr)
+        return EXIT_INTERNAL
+    except user_errors as error:
         if args.debug:
             raise
         print(f"workbench: error: {error}", file=sys.stderr)

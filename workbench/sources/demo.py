@@ -39,7 +39,7 @@ class ResidualBlock(nn.Module):
 
 
 class DigitsCNN(nn.Module):
-    """About 14k parameters; 8x8 grey images in [0, 1] to 10 logits."""
+    """About 10k parameters; 8x8 grey images in [0, 1] to 10 logits."""
 
     def __init__(self) -> None:
         super().__init__()

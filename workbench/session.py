@@ -1,0 +1,898 @@
+"""The service layer both front ends call: projects, layer decisions, calibration, sensitivity, export.
+
+A :class:`Session` owns one project (plain data, saved by :mod:`workbench.project`) and the live
+models built from it: the float model from the project's model source and the quantized model
+derived from it (quantized modules with the project's per-layer decisions, QuantAdd/QuantConcat for
+functional operations, TensorRT placement rules, amax restored from the last calibration). Long jobs
+take a ``progress(done, total, message)`` callback and a ``cancel`` token with ``is_set()`` and never
+touch Qt: the GUI runs them in a worker thread, the CLI with a tqdm bar.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from workbench import __version__
+from workbench.graph import FunctionalQuantReport, ModelTree, PlacementReport, PlacementRules, describe_model
+from workbench.graph.prepare import prepare_for_tensorrt
+from workbench.project import (
+    CalibrationRecord,
+    ExportRecord,
+    FallbackRecord,
+    LayerDecision,
+    Project,
+    QuantizerRecord,
+    SensitivityRecord,
+    load_project,
+    save_project,
+)
+from workbench.project.model import now_iso
+from workbench.quant import QuantDescriptor, TensorQuantizer
+from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate, sqnr_db
+from workbench.quant.calibrate import run_model as _run_model
+from workbench.quant.replace import ReplacementReport, ignore_matcher
+from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
+from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Session", "SessionError", "LayerView", "DEFAULT_SETTINGS", "descriptor_of", "descriptor_summary"]
+
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "defaults": {"input": {"calib_method": "histogram"}, "weight": None},
+    "functional": {"add": True, "concat": True},
+    "rules": {"concat": True, "maxpool": True, "residual": True},
+    "pins": [],
+    "calibration": {"method": "entropy", "num_batches": 16, "percentile": 99.99},
+    "metric": {"name": "sqnr", "direction": None},
+    "export": {"path": None, "opset": 17, "dynamic_batch": True, "amax_json": False, "calibration_cache": False},
+    "device": "cpu",
+}
+
+
+class SessionError(ValueError):
+    """A request the session cannot carry out as asked; the message says why and what to do."""
+
+
+@dataclass
+class LayerView:
+    """One row of the model tree's quantizable layers, as both front ends show it."""
+
+    name: str
+    type: str
+    quantize: bool
+    kind: str  # "module" or "functional"
+    input_summary: str
+    weight_summary: str
+    amax_summary: str
+    sensitivity_rank: int | None
+    parameters: int
+
+
+@dataclass
+class BuildReport:
+    replacement: ReplacementReport | None = None
+    functional: FunctionalQuantReport | None = None
+    placement: PlacementReport | None = None
+    restored: list[str] = field(default_factory=list)  # quantizers whose amax came from the project
+    stale: list[str] = field(default_factory=list)      # calibrated with another descriptor: recalibrate
+
+
+def descriptor_of(quantizer: TensorQuantizer) -> dict[str, Any]:
+    """The descriptor fields of a live quantizer (what it was built from), as QuantDescriptor.dict()."""
+    calib_method = "histogram" if isinstance(quantizer._calibrator, HistogramCalibrator) else "max"
+    fields = {"num_bits": quantizer.num_bits, "name": None}
+    if not quantizer.fake_quant:
+        fields["fake_quant"] = False
+    if quantizer.axis is not None:
+        fields["axis"] = quantizer.axis
+    if quantizer.scale_amax is not None:
+        fields["scale_amax"] = quantizer.scale_amax
+    if quantizer.learn_amax:
+        fields["learn_amax"] = True
+    if quantizer.unsigned:
+        fields["unsigned"] = True
+    if quantizer.narrow_range:
+        fields["narrow_range"] = True
+    if calib_method != "max":
+        fields["calib_method"] = calib_method
+    return _jsonable(fields)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _make_descriptor(fields: dict[str, Any] | None) -> QuantDescriptor | None:
+    if fields is None:
+        return None
+    fields = dict(fields)
+    if isinstance(fields.get("axis"), list):
+        fields["axis"] = tuple(fields["axis"]) if len(fields["axis"]) != 1 else fields["axis"][0]
+    if isinstance(fields.get("num_bits"), list):
+        fields["num_bits"] = tuple(fields["num_bits"])
+    return QuantDescriptor(**fields)
+
+
+def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None) -> str:
+    """Short text such as ``int8 per-tensor hist/entropy`` or ``int8 per-channel(0) max``."""
+    if fields is None:
+        return "-"
+    bits = fields.get("num_bits", 8)
+    kind = "fp8" if isinstance(bits, (list, tuple)) else f"{'uint' if fields.get('unsigned') else 'int'}{bits}"
+    axis = fields.get("axis")
+    granularity = "per-tensor" if axis is None else f"per-channel({axis})"
+    calib = "hist" if fields.get("calib_method") == "histogram" else "max"
+    if calib == "hist" and method and method != "max":
+        calib += f"/{method}"
+    extras = " narrow" if fields.get("narrow_range") else ""
+    return f"{kind} {granularity} {calib}{extras}"
+
+
+def _quantizers_with_names(model: nn.Module) -> dict[str, TensorQuantizer]:
+    """Every name under which a quantizer is reachable (shared quantizers have several)."""
+    return {name: m for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, TensorQuantizer)}
+
+
+def _layer_of(quantizer_name: str) -> tuple[str, str]:
+    """``"conv1._input_quantizer"`` -> ``("conv1", "input")``; RNN/LSTM lists map to their layer too."""
+    parts = quantizer_name.split(".")
+    for index in range(len(parts) - 1, -1, -1):
+        part = parts[index]
+        if part.endswith("_quantizer") or part.endswith("_quantizers"):
+            role = "weight" if part.startswith("_weight") else "input"
+            return ".".join(parts[:index]), role
+    return ".".join(parts[:-1]), "input"
+
+
+class Session:
+    """One open project and its live models. Not thread-safe: one job at a time."""
+
+    def __init__(self, project: Project, *, path: Path | None = None, base_dir: Path | None = None,
+                 trust_code: bool = False) -> None:
+        if project.model is None:
+            raise SessionError("The project has no model source.")
+        self.project = project
+        self.path = path
+        self.base_dir = base_dir or (path.parent if path is not None else Path.cwd())
+        self.trust_code = trust_code
+        self.dirty = False
+        self.file_changes: list[str] = []  # model/weights files that differ from when the project was made
+        for key, value in DEFAULT_SETTINGS.items():
+            project.settings.setdefault(key, copy.deepcopy(value))
+        self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
+        self.float_model: nn.Module = self._loaded.model
+        self._data: dict[str, DataSource] = {}
+        self._quant_model: nn.Module | None = None
+        self.build_report = BuildReport()
+        self._check_digests()
+        self.device = torch.device(project.settings.get("device") or "cpu")
+        self.float_model.to(self.device)
+
+    # ----- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, model: ModelSpec, calibration: DataSpec, evaluation: DataSpec | None = None, *,
+               trust_code: bool = False, input_shape: Sequence[int] | None = None, name: str | None = None,
+               base_dir: Path | None = None, settings: dict[str, Any] | None = None) -> Session:
+        """A new project on ``model`` with ``calibration`` data (and optional evaluation data).
+
+        The model is loaded, its input taken from the data (or ``input_shape``), and one forward pass
+        checks that the two fit. Layers start as the defaults: every quantizable layer quantized.
+        """
+        base = base_dir or Path.cwd()
+        project = Project(name=name or Path(model.target).stem or "project", model=model,
+                          data={"calibration": calibration}, app_version=__version__)
+        if evaluation is not None:
+            project.data["evaluation"] = evaluation
+        for key, value in (settings or {}).items():
+            project.settings[key] = value
+        session = cls(project, base_dir=base, trust_code=trust_code)
+        project.model_digests = session._loaded.digests
+        data_spec = session.data("calibration").input_spec()
+        if input_shape is not None:
+            declared = InputSpec(tuple(int(s) for s in input_shape))
+            check_input(declared, data_spec, calibration.label)
+        project.input_spec = data_spec
+        session.check_forward()
+        session._init_layers()
+        session.dirty = True
+        return session
+
+    @classmethod
+    def open(cls, path: str | Path, *, trust_code: bool = False) -> Session:
+        """Open a project file; the model is rebuilt and its calibration restored without recalibrating."""
+        path = Path(path)
+        project = load_project(path)
+        session = cls(project, path=path, base_dir=path.parent, trust_code=trust_code)
+        if session.file_changes or not project.layers:
+            session._sync_layers()  # the model may have new or fewer layers than the project knows
+        model = session.quantized_model()  # rebuild now: errors surface on open, not on first use
+        if any(name not in project.layers for name, _, _ in session._quantizable(model)):
+            session._sync_layers()  # code changed without a file to fingerprint (a package entry point)
+        return session
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Save to ``path`` (or where it was opened/last saved). Paths in the project become relative to it."""
+        target = Path(path) if path is not None else self.path
+        if target is None:
+            raise SessionError("The project has no file yet: give a path to save it to.")
+        if target.suffix == "":
+            target = target.with_suffix(".qwb")
+        target = target.resolve()
+        if self.path is None or target.parent != self.base_dir.resolve():
+            self._rebase(target.parent)
+        self.project.name = self.project.name or target.stem
+        save_project(self.project, target)
+        self.path = target
+        self.dirty = False
+        return target
+
+    def _rebase(self, new_base: Path) -> None:
+        """Rewrite relative paths of the sources so that they stay valid next to the new file."""
+        absolute_model = _absolutize_model(self.project.model, self.base_dir)
+        self.project.model = absolute_model.relative_to(new_base)
+        for role, spec in list(self.project.data.items()):
+            self.project.data[role] = _absolutize_data(spec, self.base_dir).relative_to(new_base)
+        self.base_dir = new_base
+        self._data.clear()
+
+    def _check_digests(self) -> None:
+        recorded = {Path(d.path).name: d for d in self.project.model_digests}
+        for digest in self._loaded.digests:
+            old = recorded.get(Path(digest.path).name)
+            if old is not None and old.sha256 != digest.sha256:
+                self.file_changes.append(f"{digest.path} changed since the project was saved (sha256 "
+                                         f"{old.sha256[:12]}... is now {digest.sha256[:12]}...); its calibration may "
+                                         "no longer fit: recalibrate.")
+        for message in self.file_changes:
+            logger.warning(message)
+
+    # ----- data -------------------------------------------------------------------------------
+
+    def data(self, role: str = "calibration") -> DataSource:
+        """The opened data source for ``role`` (evaluation falls back to calibration data)."""
+        if role == "evaluation" and "evaluation" not in self.project.data:
+            role = "calibration"
+        if role not in self.project.data:
+            raise SessionError(f"The project has no {role} data.")
+        if role not in self._data:
+            self._data[role] = open_data(self.project.data[role], trust_code=self.trust_code, base_dir=self.base_dir)
+        return self._data[role]
+
+    def set_data(self, role: str, spec: DataSpec) -> None:
+        """Replace a data source; the new inputs must fit the model."""
+        source = open_data(spec, trust_code=self.trust_code, base_dir=self.base_dir)
+        if self.project.input_spec is not None:
+            check_input(self.project.input_spec, source.input_spec(), spec.label)
+        self.project.data[role] = spec
+        self._data[role] = source
+        self.dirty = True
+
+    def sample_inputs(self, batch: int = 1) -> torch.Tensor:
+        inputs, _ = next(iter(self.data("calibration").batches(limit=1)))
+        return inputs[:batch].to(self.device)
+
+    def check_forward(self) -> None:
+        """Run the float model on one sample batch; its error names the input shape."""
+        sample = self.sample_inputs(batch=2)
+        try:
+            with torch.no_grad():
+                self.float_model(sample)
+        except Exception as error:
+            raise SourceError(f"The model ({self.project.model.label}) failed on a sample input of shape "
+                              f"{tuple(sample.shape)} from {self.project.data['calibration'].label}: "
+                              f"{type(error).__name__}: {error}") from error
+
+    # ----- layers -----------------------------------------------------------------------------
+
+    def _init_layers(self) -> None:
+        self._quant_model = None
+        self.project.layers = {}
+        self._sync_layers()
+
+    def _sync_layers(self) -> None:
+        """Make sure every quantizable layer of the model has a decision (new ones: quantize)."""
+        model = self._build(with_decisions=False)
+        decisions = dict(self.project.layers)
+        layers: dict[str, LayerDecision] = {}
+        for name, module_type, _ in self._quantizable(model):
+            layers[name] = decisions.get(name) or LayerDecision(name, module_type, True)
+        dropped = [name for name in decisions if name not in layers]
+        if dropped:
+            logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
+        self.project.layers = layers
+        self._quant_model = None
+
+    @staticmethod
+    def _quantizable(model: nn.Module) -> list[tuple[str, str, str]]:
+        """(name, type, kind) of every module that owns quantizers, in model order."""
+        seen = []
+        for name, module in model.named_modules():
+            owns = any(isinstance(child, TensorQuantizer) or (isinstance(child, nn.ModuleList) and any(
+                isinstance(c, TensorQuantizer) for c in child)) for child in module.children())
+            if owns:
+                kind = "functional" if type(module).__name__ in ("QuantAdd", "QuantConcat") else "module"
+                seen.append((name, type(module).__name__.removeprefix("Quant") if kind == "module"
+                             else type(module).__name__, kind))
+        return seen
+
+    def layer_names(self) -> list[str]:
+        return list(self.project.layers)
+
+    def layers(self) -> list[LayerView]:
+        """Every quantizable layer with its decision, descriptors, amax and sensitivity rank."""
+        model = self.quantized_model()
+        ranks = self._sensitivity_ranks()
+        calibration = self.project.current_calibration
+        method = calibration.method if calibration else None
+        kinds = {name: kind for name, _, kind in self._quantizable(model)}
+        views = []
+        modules = dict(model.named_modules())
+        for name, decision in self.project.layers.items():
+            module = modules.get(name)
+            input_q = getattr(module, "_input_quantizer", None) or getattr(module, "_input0_quantizer", None)
+            weight_q = getattr(module, "_weight_quantizer", None)
+            input_fields = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
+            weight_fields = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
+            amax = "-"
+            if decision.quantize and input_q is not None:
+                amax = input_q._short_amax(".4g") if hasattr(input_q, "_amax") else "uncalibrated"
+            params = sum(p.numel() for p in module.parameters(recurse=False)) if module is not None else 0
+            views.append(LayerView(name, decision.type, decision.quantize, kinds.get(name, "module"),
+                                   descriptor_summary(input_fields, method) if decision.quantize else "float",
+                                   descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
+                                   amax, ranks.get(name), params))
+        return views
+
+    def tree(self) -> ModelTree:
+        """The module tree of the quantized model (names, types, parameters, quantizer states)."""
+        return describe_model(self.quantized_model())
+
+    def select(self, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
+               types: Iterable[str] | None = None, subtree: str | None = None) -> list[str]:
+        """Quantizable layers matching any of the criteria (regex patterns match like the ignore policy)."""
+        chosen: list[str] = []
+        all_names = list(self.project.layers)
+        if names is not None:
+            unknown = [n for n in names if n not in self.project.layers]
+            if unknown:
+                raise SessionError(f"Not quantizable layers of this model: {', '.join(unknown[:10])}.")
+            chosen += list(names)
+        if patterns is not None:
+            matcher = ignore_matcher(list(patterns))
+            chosen += [n for n in all_names if matcher(n) is not None]
+        if types is not None:
+            wanted = {t.removeprefix("Quant") for t in types}
+            chosen += [n for n, d in self.project.layers.items() if d.type.removeprefix("Quant") in wanted]
+        if subtree is not None:
+            prefix = subtree.rstrip(".")
+            chosen += [n for n in all_names if n == prefix or n.startswith(prefix + ".")]
+        return list(dict.fromkeys(chosen))
+
+    def ignore_preview(self, patterns: Iterable[str]) -> list[str]:
+        """The layers an ignore policy (list of regexes) would leave in float, without changing anything."""
+        try:
+            return self.select(patterns=[p for p in patterns if p])
+        except (ValueError, TypeError) as error:
+            raise SessionError(str(error)) from error
+
+    def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str]:
+        """Quantize or leave in float; returns the layers whose decision changed."""
+        changed = []
+        for name in names:
+            if name not in self.project.layers:
+                raise SessionError(f"{name!r} is not a quantizable layer of this model.")
+            decision = self.project.layers[name]
+            if decision.quantize != quantize:
+                decision.quantize = quantize
+                changed.append(name)
+        if changed:
+            self._invalidate()
+        return changed
+
+    def set_descriptor(self, names: Iterable[str], role: str, **fields: Any) -> list[str]:
+        """Change descriptor fields of the ``role`` ("input" or "weight") quantizer of layers.
+
+        Fields are validated like :class:`QuantDescriptor`'s; the layer's current descriptor (override or
+        default) is the starting point, so one call can change just ``num_bits``.
+        """
+        if role not in ("input", "weight"):
+            raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
+        model = self.quantized_model()
+        modules = dict(model.named_modules())
+        changed = []
+        for name in list(names):
+            if name not in self.project.layers:
+                raise SessionError(f"{name!r} is not a quantizable layer of this model.")
+            module = modules.get(name)
+            current = getattr(self.project.layers[name], f"{role}_desc")
+            if current is None:
+                quantizer = self._role_quantizer(module, role)
+                if quantizer is None:
+                    raise SessionError(f"{name} has no {role} quantizer.")
+                current = descriptor_of(quantizer)
+            updated = dict(current)
+            updated.update(fields)
+            updated.pop("name", None)
+            try:
+                _make_descriptor(updated)
+            except (TypeError, ValueError) as error:
+                raise SessionError(f"{name}: {error}") from error
+            if updated != current:
+                setattr(self.project.layers[name], f"{role}_desc", _jsonable(updated))
+                changed.append(name)
+        if changed:
+            self._invalidate()
+        return changed
+
+    def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
+        """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
+        changed = []
+        for name in names:
+            decision = self.project.layers.get(name)
+            if decision is None:
+                raise SessionError(f"{name!r} is not a quantizable layer of this model.")
+            for which in ("input", "weight") if role is None else (role,):
+                if getattr(decision, f"{which}_desc") is not None:
+                    setattr(decision, f"{which}_desc", None)
+                    changed.append(name)
+        if changed:
+            self._invalidate()
+        return list(dict.fromkeys(changed))
+
+    @staticmethod
+    def _role_quantizer(module: nn.Module | None, role: str) -> TensorQuantizer | None:
+        if module is None:
+            return None
+        if role == "weight":
+            return getattr(module, "_weight_quantizer", None)
+        return getattr(module, "_input_quantizer", None) or getattr(module, "_input0_quantizer", None)
+
+    def set_setting(self, key: str, value: Any) -> None:
+        """Change a project setting (rules, pins, defaults, functional, metric, export, device)."""
+        if key not in DEFAULT_SETTINGS:
+            raise SessionError(f"Unknown setting {key!r}; settings are {', '.join(DEFAULT_SETTINGS)}.")
+        self.project.settings[key] = value
+        if key == "device":
+            self.set_device(value)
+        if key in ("defaults", "functional", "rules", "pins"):
+            if key == "functional":
+                self._sync_layers()
+            self._invalidate()
+        self.dirty = True
+
+    def set_device(self, device: str) -> None:
+        target = torch.device(device)
+        if target.type == "cuda" and not torch.cuda.is_available():
+            raise SessionError(f"Device {device!r} is not available: this machine has no CUDA device.")
+        self.device = target
+        self.project.settings["device"] = str(target)
+        self.float_model.to(target)
+        if self._quant_model is not None:
+            self._quant_model.to(target)
+
+    def _invalidate(self) -> None:
+        self._quant_model = None
+        self.dirty = True
+
+    # ----- building the quantized model -------------------------------------------------------
+
+    def quantized_model(self) -> nn.Module:
+        """The quantized model for the current decisions, calibrated as far as the project knows."""
+        if self._quant_model is None:
+            self._quant_model = self._build(with_decisions=True)
+            self._restore_calibration(self._quant_model)
+        return self._quant_model
+
+    def _build(self, with_decisions: bool) -> nn.Module:
+        settings = self.project.settings
+        defaults = settings.get("defaults") or {}
+        default_input = _make_descriptor(defaults.get("input"))
+        default_weight = _make_descriptor(defaults.get("weight"))
+        decisions = self.project.layers if with_decisions else {}
+        float_layers = [n for n, d in decisions.items() if not d.quantize]
+
+        def choose(name: str, module: nn.Module):
+            decision = decisions.get(name)
+            if decision is None:
+                return None, None
+            return _make_descriptor(decision.input_desc), _make_descriptor(decision.weight_desc)
+
+        model = _structural_copy(self.float_model).eval()
+        exact = [f"^{re.escape(n)}$" for n in float_layers]
+        functional = settings.get("functional") or {}
+        rules = settings.get("rules") or {}
+        model, prepared = prepare_for_tensorrt(
+            model, ignore_policy=exact or None, quant_desc_input=default_input, quant_desc_weight=default_weight,
+            descriptor_for=choose, add=bool(functional.get("add", True)), concat=bool(functional.get("concat", True)),
+            apply_rules=with_decisions,
+            rules=PlacementRules(concat=bool(rules.get("concat", True)), maxpool=bool(rules.get("maxpool", True)),
+                                 residual=bool(rules.get("residual", True)),
+                                 pins=[tuple(p) for p in settings.get("pins") or []]))
+        if with_decisions:
+            self.build_report = BuildReport(prepared.replacement, prepared.functional, prepared.rules)
+        for quantizer in _quantizers_with_names(model).values():
+            quantizer.rounding = "onnx"  # the numbers the exported QDQ graph computes
+        return model.to(self.device)
+
+    def _restore_calibration(self, model: nn.Module) -> None:
+        """Give quantizers the amax (and statistics) of the last calibration where their descriptor is unchanged."""
+        run = self.project.current_calibration
+        report = self.build_report
+        report.restored, report.stale = [], []
+        if run is None:
+            return
+        done: set[int] = set()
+        for name, quantizer in _quantizers_with_names(model).items():
+            if id(quantizer) in done:  # shared by a placement rule: restored under its first name
+                report.restored.append(name)
+                continue
+            record = run.quantizers.get(name)
+            if record is None:
+                continue
+            if record.descriptor is not None and record.descriptor != descriptor_of(quantizer):
+                report.stale.append(name)
+                continue
+            _load_record(quantizer, record, self.device)
+            done.add(id(quantizer))
+            report.restored.append(name)
+
+    # ----- jobs -------------------------------------------------------------------------------
+
+    def calibrate(self, *, method: str | None = None, num_batches: int | None = None,
+                  percentile: float | None = None, progress: ProgressCallback | None = None,
+                  cancel: CancelToken | None = None) -> CalibrationResult:
+        """Calibrate on the calibration data and store the result (amax and histograms) in the project."""
+        options = dict(self.project.settings["calibration"])
+        method = method or options.get("method", "entropy")
+        num_batches = num_batches if num_batches is not None else options.get("num_batches")
+        percentile = percentile if percentile is not None else options.get("percentile", 99.99)
+        model = self.quantized_model()
+        result = calibrate(model, self.data("calibration").batches(), num_batches=num_batches, method=method,
+                           percentile=percentile, device=self.device, progress=progress, cancel=cancel)
+        quantizers = _quantizers_with_names(model)
+        records: dict[str, QuantizerRecord] = {}
+        for name, quantizer in quantizers.items():
+            item = result.quantizers.get(name) or _shared_result(result, quantizers, quantizer)
+            if item is None:
+                continue
+            state = quantizer._calibrator.state() if quantizer._calibrator is not None else None
+            records[name] = QuantizerRecord(name, item.amax.numpy().astype(np.float32), item.method, item.calibrator,
+                                            item.num_samples, item.nonfinite_count, item.max_value, state,
+                                            descriptor_of(quantizer))
+        self.project.calibrations.append(CalibrationRecord(
+            id=self.project.next_id(self.project.calibrations), created=now_iso(), method=method,
+            percentile=float(percentile), num_batches=result.num_batches, wall_time_s=result.wall_time_s,
+            device=result.device, output_sqnr_db=result.output_sqnr_db, warnings=list(result.warnings),
+            unused=list(result.unused), quantizers=records))
+        self.options_used = {"method": method, "num_batches": num_batches, "percentile": percentile}
+        self.dirty = True
+        return result
+
+    def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict[str, float]:
+        """Switch quantizers to another amax method using their stored histograms (no pass over data).
+
+        ``names`` are quantizer names (``layer._input_quantizer``) or layer names (their histogram
+        quantizers). Returns the new amax per quantizer; the current calibration record is updated.
+        """
+        run = self.project.current_calibration
+        if run is None:
+            raise SessionError("Nothing is calibrated yet: calibrate first.")
+        percentile = percentile if percentile is not None else run.percentile
+        quantizers = _quantizers_with_names(self.quantized_model())
+        targets = []
+        for name in names:
+            if name in quantizers:
+                targets.append(name)
+            else:
+                targets += [q for q in quantizers if _layer_of(q)[0] == name]
+        updated = {}
+        for name in targets:
+            quantizer = quantizers[name]
+            if not isinstance(quantizer._calibrator, HistogramCalibrator):
+                continue
+            if quantizer._calibrator.calib_hist is None:
+                raise SessionError(f"{name} has no histogram (it was not calibrated): calibrate first.")
+            quantizer.load_calib_amax(method, percentile=percentile)
+            quantizer._buffers["_amax"] = quantizer._amax.to(self.device)
+            record = run.quantizers.get(name)
+            if record is not None:
+                record.amax = quantizer._amax.detach().cpu().numpy().astype(np.float32)
+                record.method = method
+            updated[name] = float(quantizer._amax.max())
+        if not updated:
+            raise SessionError("None of these quantizers has a histogram calibrator; use calib_method 'histogram'.")
+        self.dirty = True
+        return updated
+
+    def histogram(self, quantizer_name: str) -> dict[str, Any] | None:
+        """Histogram counts, bin edges and the amax every method gives, for plotting; None without one."""
+        quantizer = _quantizers_with_names(self.quantized_model()).get(quantizer_name)
+        if quantizer is None:
+            raise SessionError(f"{quantizer_name!r} is not a quantizer of this model.")
+        calibrator = quantizer._calibrator
+        if not isinstance(calibrator, HistogramCalibrator) or calibrator.calib_hist is None:
+            return None
+        record = self.project.current_calibration.quantizers.get(quantizer_name) \
+            if self.project.current_calibration else None
+        return {"counts": calibrator.calib_hist.cpu().numpy(), "edges": calibrator.calib_bin_edges.numpy(),
+                "amax": calibrator.compute_all(), "current": None if not hasattr(quantizer, "_amax") else
+                float(quantizer._amax.max()), "method": record.method if record else None}
+
+    def weight_ranges(self, layer: str) -> np.ndarray | None:
+        """Per-output-channel max |w| of a layer's weight (for the bar plot), or None without weights."""
+        module = dict(self.quantized_model().named_modules()).get(layer)
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            return None
+        quantizer = getattr(module, "_weight_quantizer", None)
+        axis = quantizer.axis if quantizer is not None and isinstance(quantizer.axis, int) else 0
+        dims = [d for d in range(weight.dim()) if d != axis]
+        return weight.detach().abs().amax(dim=dims).cpu().numpy() if dims else weight.detach().abs().cpu().numpy()
+
+    def metric(self):
+        """The project's metric as a workbench.analysis Metric (entry points need trust)."""
+        from workbench.analysis import get_metric
+
+        setting = self.project.settings.get("metric") or {}
+        name = setting.get("name", "sqnr")
+        if ":" in str(name) and not self.trust_code:
+            raise TrustRequired(f"The metric {name} is user code; trust it first (--trust-code).")
+        return get_metric(name, setting.get("direction"))
+
+    def _analysis_batches(self) -> list:
+        source = self.data("evaluation")
+        return list(source.batches())
+
+    def sensitivity(self, *, scheme: str = "one-off", metric: Any = None, units: Any = None,
+                    num_batches: int | None = None, progress: ProgressCallback | None = None,
+                    cancel: CancelToken | None = None):
+        """Rank layers by how much quantizing them costs; the result is stored in the project."""
+        from workbench.analysis import sensitivity as run_sensitivity
+
+        model = self._require_calibrated()
+        result = run_sensitivity(model, self._analysis_batches(), metric if metric is not None else self.metric(),
+                                 scheme=scheme, units=units, num_batches=num_batches, progress=progress,
+                                 cancel=cancel)
+        self.project.sensitivity.append(SensitivityRecord(self.project.next_id(self.project.sensitivity), now_iso(),
+                                                          result.to_dict()))
+        self.dirty = True
+        return result
+
+    def latest_sensitivity(self):
+        from workbench.analysis import SensitivityResult
+
+        if not self.project.sensitivity:
+            return None
+        return SensitivityResult.from_dict(self.project.sensitivity[-1].data)
+
+    def _sensitivity_ranks(self) -> dict[str, int]:
+        """Rank per layer from the latest sensitivity run (a group's rank goes to every layer in it)."""
+        if not self.project.sensitivity:
+            return {}
+        ranks: dict[str, int] = {}
+        for item in self.project.sensitivity[-1].data.get("units") or []:
+            if not isinstance(item, dict) or "rank" not in item:
+                continue
+            layers = {_layer_of(q)[0] for q in item.get("quantizers") or []} or {str(item.get("name"))}
+            for layer in layers:
+                ranks[layer] = min(int(item["rank"]), ranks.get(layer, int(item["rank"])))
+        return ranks
+
+    def fallback(self, *, tolerance: float | None = None, target: float | None = None, max_units: int | None = None,
+                 metric: Any = None, apply: bool = False, use_ranking: bool = True,
+                 progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
+        """Search which layers to leave in float to get within ``tolerance`` of FP32 (or reach ``target``)."""
+        from workbench.analysis import fallback_search
+
+        model = self._require_calibrated()
+        ranking = self.latest_sensitivity() if use_ranking else None
+        result = fallback_search(model, self._analysis_batches(), metric if metric is not None else self.metric(),
+                                 tolerance=tolerance, target=target, max_units=max_units, ranking=ranking,
+                                 apply=False, progress=progress, cancel=cancel)
+        record = FallbackRecord(self.project.next_id(self.project.fallbacks), now_iso(), result.to_dict())
+        self.project.fallbacks.append(record)
+        if apply:
+            self.apply_fallback(result)
+            record.applied = True
+        self.dirty = True
+        return result
+
+    def apply_fallback(self, result: Any) -> list[str]:
+        """Leave the layers a fallback search chose in float (a layer decision, saved with the project).
+
+        ``result`` is a FallbackResult, or units / layer names.
+        """
+        names: list[str] = []
+        for unit in getattr(result, "chosen", result):
+            quantizers = getattr(unit, "quantizers", None)
+            layers = [_layer_of(q)[0] for q in quantizers] if quantizers else [getattr(unit, "name", unit)]
+            names += [layer for layer in layers if layer in self.project.layers]
+        names = list(dict.fromkeys(names))
+        self.set_quantize(names, False)
+        return names
+
+    def evaluate(self, metric: Any = None, num_batches: int | None = None) -> dict[str, float]:
+        """FP32 and INT8 values of the metric (and output SQNR) on the evaluation data."""
+        model = self._require_calibrated()
+        chosen = metric if metric is not None else self.metric()
+        from workbench.analysis import get_metric
+
+        metric_obj = get_metric(chosen) if not hasattr(chosen, "name") else chosen
+        batches = self._analysis_batches()[:num_batches] if num_batches else self._analysis_batches()
+        outputs_fp32, outputs_int8 = [], []
+        with torch.no_grad():
+            for batch in batches:
+                outputs_fp32.append(_run_model(self.float_model, batch, self.device))
+                outputs_int8.append(_run_model(model, batch, self.device))
+        report = {"output_sqnr_db": sqnr_db(outputs_fp32, outputs_int8)}
+        if self.data("evaluation").has_labels:
+            correct_fp32 = correct_int8 = total = 0
+            for batch, fp32, int8 in zip(batches, outputs_fp32, outputs_int8):
+                labels = batch[1].to(self.device)
+                correct_fp32 += int((fp32.argmax(1) == labels).sum())
+                correct_int8 += int((int8.argmax(1) == labels).sum())
+                total += labels.numel()
+            report["fp32_top1"] = correct_fp32 / total
+            report["int8_top1"] = correct_int8 / total
+        report["metric"] = getattr(metric_obj, "name", str(chosen))
+        return report
+
+    def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
+               amax_json: bool | None = None, calibration_cache: bool | None = None):
+        """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project."""
+        from workbench.export import export_qdq_onnx
+
+        settings = dict(self.project.settings["export"])
+        opset = opset or settings.get("opset", 17)
+        dynamic_batch = settings.get("dynamic_batch", True) if dynamic_batch is None else dynamic_batch
+        amax_json = settings.get("amax_json", False) if amax_json is None else amax_json
+        calibration_cache = settings.get("calibration_cache", False) if calibration_cache is None else calibration_cache
+        target = Path(path) if path is not None else self.default_export_path()
+        model = self._require_calibrated()
+        report = export_qdq_onnx(model, self.sample_inputs(batch=1), target, opset=opset, dynamic_batch=dynamic_batch,
+                                 amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
+                                 calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
+                                 else None)
+        settings.update({"path": str(target), "opset": opset, "dynamic_batch": dynamic_batch, "amax_json": amax_json,
+                         "calibration_cache": calibration_cache})
+        self.project.settings["export"] = settings
+        self.project.exports.append(ExportRecord(self.project.next_id(self.project.exports), now_iso(), str(target),
+                                                 {"opset": opset, "dynamic_batch": dynamic_batch},
+                                                 _jsonable_report(report.to_dict())))
+        self.dirty = True
+        return report
+
+    def default_export_path(self) -> Path:
+        configured = self.project.settings["export"].get("path")
+        if configured:
+            return Path(configured)
+        stem = self.path.stem if self.path is not None else (self.project.name or "model")
+        return (self.path.parent if self.path is not None else self.base_dir) / f"{stem}.qdq.onnx"
+
+    def _require_calibrated(self) -> nn.Module:
+        model = self.quantized_model()
+        missing = [name for name, q in _quantizers_with_names(model).items()
+                   if not q._disabled and q._if_quant and not hasattr(q, "_amax")]
+        if missing:
+            raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"
+                               f"{'...' if len(missing) > 5 else ''}): calibrate first.")
+        return model
+
+    # ----- summary ----------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able overview for ``workbench show``."""
+        layers = self.layers()
+        run = self.project.current_calibration
+        return {
+            "name": self.project.name,
+            "path": None if self.path is None else str(self.path),
+            "model": self.project.model.label,
+            "model_description": self._loaded.describe(),
+            "input": None if self.project.input_spec is None else self.project.input_spec.describe(),
+            "data": {role: spec.label for role, spec in self.project.data.items()},
+            "layers": len(layers),
+            "quantized_layers": sum(1 for layer in layers if layer.quantize),
+            "float_layers": [layer.name for layer in layers if not layer.quantize],
+            "calibration": None if run is None else {
+                "method": run.method, "batches": run.num_batches, "quantizers": len(run.quantizers),
+                "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
+            "stale_quantizers": list(self.build_report.stale),
+            "sensitivity_runs": len(self.project.sensitivity),
+            "exports": [record.path for record in self.project.exports],
+            "file_changes": list(self.file_changes),
+            "settings": self.project.settings,
+        }
+
+
+def _structural_copy(model: nn.Module) -> nn.Module:
+    """A copy of the module tree that shares every parameter and buffer with ``model``.
+
+    Quantizing swaps modules, never weights, so the quantized model can share the float model's
+    tensors: building it costs no memory for weights and no time copying them.
+    """
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def _load_record(quantizer: TensorQuantizer, record: QuantizerRecord, device: torch.device) -> None:
+    amax = torch.from_numpy(np.asarray(record.amax, dtype=np.float32).copy()).to(device)
+    if "_amax" in quantizer._buffers:
+        del quantizer._buffers["_amax"]
+    quantizer.register_buffer("_amax", amax)
+    state = record.calibrator_state
+    calibrator = quantizer._calibrator
+    if state and calibrator is not None:
+        expected = "histogram" if isinstance(calibrator, HistogramCalibrator) else "max"
+        if state.get("kind") == expected:
+            try:
+                calibrator.load_state(state)
+            except ValueError as error:
+                logger.warning("%s: saved statistics not restored (%s)", record.name, error)
+    if isinstance(calibrator, MaxCalibrator) and calibrator.calib_amax is None:
+        calibrator.load_state({"kind": "max", "calib_amax": record.amax})
+
+
+def _shared_result(result: CalibrationResult, quantizers: dict[str, TensorQuantizer], quantizer: TensorQuantizer):
+    """The calibration result of a quantizer reached under another name (shared by a placement rule)."""
+    for name, other in quantizers.items():
+        if other is quantizer and name in result.quantizers:
+            return result.quantizers[name]
+    return None
+
+
+def _jsonable_report(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable_report(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable_report(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _absolutize_model(spec: ModelSpec, base: Path) -> ModelSpec:
+    def absolute(value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else (base / path).resolve())
+
+    data = spec.to_dict()
+    if spec.kind == "pickle":
+        data["target"] = absolute(spec.target)
+    elif spec.kind == "entrypoint":
+        target, _, name = spec.target.rpartition(":")
+        if target.endswith(".py") or "/" in target:
+            data["target"] = f"{absolute(target)}:{name}"
+    data["weights"] = absolute(spec.weights)
+    data["code_dir"] = absolute(spec.code_dir)
+    return ModelSpec.from_dict(data)
+
+
+def _absolutize_data(spec: DataSpec, base: Path) -> DataSpec:
+    copy_spec = DataSpec.from_dict(spec.to_dict())
+    if spec.kind in ("images", "tensors"):
+        path = Path(spec.path).expanduser()
+        copy_spec.path = str(path if path.is_absolute() else (base / path).resolve())
+    return copy_spec
