@@ -32,8 +32,8 @@ from workbench.analysis.results import (
     UnitResult,
 )
 from workbench.analysis.sensitivity import sensitivity
-from workbench.analysis.state import ModelSnapshot
 from workbench.analysis.units import Unit, find_units, resolve_units
+from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = [
     "sensitivity", "fallback_search", "apply_fallback", "units_from_names",

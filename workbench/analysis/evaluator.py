@@ -17,24 +17,15 @@ from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled, AnalysisError, MetricError, describe_stage
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric
-from workbench.analysis.state import all_quantizers
 from workbench.analysis.units import Unit, is_quantizing
-from workbench.quant.calibrate import CancelToken, model_device, model_inputs
+from workbench.quant.batches import model_device, model_inputs, to_device
+from workbench.quant.calibrate import CancelToken
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.snapshot import all_quantizers
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Evaluator", "materialise_batches", "same_output"]
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_device(v, device) for v in value)
-    if isinstance(value, Mapping):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    return value
 
 
 def materialise_batches(batches: Iterable, num_batches: int | None) -> list:
@@ -63,7 +54,7 @@ def materialise_batches(batches: Iterable, num_batches: int | None) -> list:
 class Evaluator:
     """Runs ``model`` over fixed batches in chosen quantizer configurations and measures ``metric``.
 
-    Call inside a :class:`~workbench.analysis.state.ModelSnapshot` and ``torch.no_grad()``: it switches
+    Call inside a :class:`~workbench.quant.snapshot.ModelSnapshot` and ``torch.no_grad()``: it switches
     the model to eval mode and turns calibration off, and relies on the snapshot to undo that.
     """
 
@@ -74,7 +65,7 @@ class Evaluator:
         self.metric = metric
         self.cancel = cancel
         self.device = model_device(model)
-        self.inputs = [tuple(_to_device(part, self.device) for part in model_inputs(b)) for b in self.batches]
+        self.inputs = [tuple(to_device(part, self.device) for part in model_inputs(b)) for b in self.batches]
         self.quantizers = all_quantizers(model)
         self._was_disabled = {q: q._disabled for q in self.quantizers}
         self.reference: list[Any] | None = None

@@ -19,9 +19,9 @@ from workbench.analysis.evaluator import Evaluator, materialise_batches
 from workbench.analysis.metrics import Direction, Metric, SqnrMetric, get_metric
 from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, SensitivityResult
 from workbench.analysis.sensitivity import run_profile
-from workbench.analysis.state import ModelSnapshot
 from workbench.analysis.units import Unit, UnitsSpec, find_units, quantizers_of, resolve_units
 from workbench.quant.calibrate import CancelToken, ProgressCallback
+from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = ["fallback_search", "apply_fallback", "units_from_names"]
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.entry_point import load_entry_point, parse_entry_point
+from workbench.quant.batches import flat_tensors
 
 __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", "EntryPointMetric", "SqnrMetric",
            "CosineMetric", "MseMetric", "Top1Metric", "get_metric", "metric_from_dict", "flat_tensors",
@@ -38,17 +39,6 @@ def _check_direction(direction: Any) -> Direction:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'higher' or 'lower' (which is better), got {direction!r}.")
     return direction
-
-
-def flat_tensors(output: Any) -> list[torch.Tensor]:
-    """The tensors of a model output (a tensor, or tuples, lists and dicts of them), in order."""
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, Mapping):
-        return [t for v in output.values() for t in flat_tensors(v)]
-    if isinstance(output, (tuple, list)):
-        return [t for v in output for t in flat_tensors(v)]
-    return []
 
 
 class Metric(ABC):

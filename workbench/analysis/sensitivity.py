@@ -25,9 +25,9 @@ from workbench.analysis.evaluator import Evaluator, materialise_batches, same_ou
 from workbench.analysis.metrics import Direction, Metric, ModelMetric, get_metric
 from workbench.analysis.prefix_cache import PrefixPlan, build_plan
 from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
-from workbench.analysis.state import ModelSnapshot
 from workbench.analysis.units import Unit, UnitsSpec, resolve_units
 from workbench.quant.calibrate import CancelToken, ProgressCallback
+from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = ["sensitivity"]
 

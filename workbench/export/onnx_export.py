@@ -30,7 +30,7 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +57,7 @@ from workbench.export.tensorrt import (
     write_json_atomic,
     write_text_atomic,
 )
+from workbench.quant.batches import flat_tensors, model_device
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
@@ -143,24 +144,6 @@ def _as_tuple(sample_inputs: Any) -> tuple[torch.Tensor, ...]:
         return tuple(sample_inputs)
     raise TypeError("sample_inputs must be a tensor or a non-empty tuple of tensors (the model's positional "
                     f"inputs), got {type(sample_inputs).__name__}.")
-
-
-def _flatten(output: Any) -> list[torch.Tensor]:
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, Mapping):
-        return [t for v in output.values() for t in _flatten(v)]
-    if isinstance(output, (tuple, list)):
-        return [t for v in output for t in _flatten(v)]
-    return []
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
-    return torch.device("cpu")
 
 
 def _grow_batch(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -307,7 +290,7 @@ def _run_reference(model: nn.Module, inputs: tuple[torch.Tensor, ...], input_nam
         for handle in handles:
             handle.remove()
     held.clear()
-    tensors = _flatten(output)
+    tensors = flat_tensors(output)
     if not tensors:
         raise ExportError("The model returned no tensor; there is nothing to export.")
     return [t.detach() for t in tensors], calls, len(pairs)
@@ -625,7 +608,7 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
     if not path.parent.exists():
         raise ValueError(f"The folder {path.parent} does not exist.")
     inputs = _as_tuple(sample_inputs)
-    device = _model_device(model)
+    device = model_device(model)
     inputs = tuple(t.to(device) for t in inputs)
     if input_names is None:
         input_names = ["input"] if len(inputs) == 1 else [f"input_{i}" for i in range(len(inputs))]

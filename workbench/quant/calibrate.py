@@ -7,17 +7,18 @@ model's quantizers are left exactly as they were (state_dict, enable flags, coll
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db  # noqa: F401
 from workbench.quant.calib import HISTOGRAM_METHODS, HistogramCalibrator, MaxCalibrator
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.snapshot import ModelSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -104,110 +105,6 @@ class CalibrationResult:
         return "; ".join(parts)
 
 
-def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter or buffer (CPU for a stateless model)."""
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
-    return torch.device("cpu")
-
-
-def model_inputs(batch: Any) -> tuple[tuple, dict]:
-    """The positional and keyword arguments a batch gives the model.
-
-    A tensor is the single input; a tuple or list is ``(inputs, targets...)`` whose first element is
-    the input (or a tuple of inputs), as data loaders yield it; a mapping is keyword arguments.
-    """
-    if isinstance(batch, torch.Tensor):
-        return (batch,), {}
-    if isinstance(batch, Mapping):
-        return (), dict(batch)
-    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)) and len(batch) > 0:
-        first = batch[0]
-        if isinstance(first, (tuple, list)):
-            return tuple(first), {}
-        if isinstance(first, Mapping):
-            return (), dict(first)
-        return (first,), {}
-    raise TypeError(f"A batch must be a tensor, a (inputs, targets) tuple or a dict of inputs, "
-                    f"got {type(batch).__name__}.")
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_device(v, device) for v in value)
-    if isinstance(value, Mapping):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    return value
-
-
-def run_model(model: nn.Module, batch: Any, device: torch.device) -> Any:
-    """Call the model on one batch (see :func:`model_inputs`) on ``device``."""
-    args, kwargs = model_inputs(batch)
-    return model(*_to_device(args, device), **_to_device(kwargs, device))
-
-
-def _flat_tensors(output: Any) -> list[torch.Tensor]:
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, Mapping):
-        return [t for v in output.values() for t in _flat_tensors(v)]
-    if isinstance(output, (tuple, list)):
-        return [t for v in output for t in _flat_tensors(v)]
-    return []
-
-
-def sqnr_db(reference: Any, quantized: Any) -> float | None:
-    """Signal-to-quantization-noise ratio of ``quantized`` against ``reference`` in dB (inf if equal)."""
-    ref, test = _flat_tensors(reference), _flat_tensors(quantized)
-    if not ref or len(ref) != len(test):
-        return None
-    signal = sum(float(r.double().pow(2).sum()) for r in ref)
-    noise = sum(float((r.double() - t.double()).pow(2).sum()) for r, t in zip(ref, test))
-    if noise == 0:
-        return math.inf
-    if signal == 0:
-        return -math.inf
-    return 10 * math.log10(signal / noise)
-
-
-@dataclass
-class _QuantizerSnapshot:
-    flags: tuple[bool, bool, bool]
-    amax: torch.Tensor | None
-    calibrator_state: dict | None
-
-
-def _snapshot(quantizers: dict[str, TensorQuantizer]) -> dict[str, _QuantizerSnapshot]:
-    snapshot = {}
-    for name, q in quantizers.items():
-        amax = q._buffers.get("_amax")
-        calibrator = q._calibrator
-        snapshot[name] = _QuantizerSnapshot(
-            (q._disabled, q._if_quant, q._if_calib),
-            None if amax is None else amax.detach().clone(),
-            calibrator.state() if hasattr(calibrator, "state") else None)
-    return snapshot
-
-
-def _restore(quantizers: dict[str, TensorQuantizer], snapshot: dict[str, _QuantizerSnapshot]) -> None:
-    for name, q in quantizers.items():
-        saved = snapshot[name]
-        q._disabled, q._if_quant, q._if_calib = saved.flags
-        if saved.amax is None:
-            q.reset_amax()
-        elif "_amax" in q._buffers and q._buffers["_amax"].shape == saved.amax.shape:
-            q._buffers["_amax"].copy_(saved.amax)
-        else:
-            q.reset_amax()
-            q.register_buffer("_amax", saved.amax.clone())
-        if saved.calibrator_state is not None:
-            q._calibrator.load_state(saved.calibrator_state)
-
-
 def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, method: str,
               percentile: float = 99.99, device: torch.device | str | None = None,
               progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
@@ -253,8 +150,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
 
     original_device = model_device(model)
     run_device = torch.device(device) if device is not None else original_device
-    was_training = model.training
-    snapshot = _snapshot(quantizers)
+    snapshot = ModelSnapshot(model, calibrators=True)
     total = num_batches if num_batches is not None else _length_or_zero(batches)
     started = time.perf_counter()
 
@@ -314,22 +210,20 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                 num_samples=calibrator.values_seen, nonfinite_count=calibrator.nonfinite_count,
                 max_value=None if max_value is None else float(max_value.max()))
     except BaseException:
-        _restore(quantizers, snapshot)
         if run_device != original_device:
             model.to(original_device)
-        model.train(was_training)
+        snapshot.restore()
         raise
 
-    for name, q in quantizers.items():
-        q._disabled, q._if_quant, q._if_calib = snapshot[name].flags
+    snapshot.restore_flags()
     for name in unused:  # nothing was learned about these: keep what they had
-        _restore({name: quantizers[name]}, {name: snapshot[name]})
+        snapshot.restore(quantizers[name])
         logger.warning("Quantizer %s saw no data during calibration; left unchanged.", name)
 
     output_sqnr = None
     if report_sqnr and first_batch is not None:
         output_sqnr = _output_sqnr(model, quantizers, first_batch, run_device)
-    model.train(was_training)
+    snapshot.restore_modes()
     result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
                                wall_time_s=time.perf_counter() - started, device=str(run_device), unused=unused,
                                output_sqnr_db=output_sqnr, warnings=_suspicious(results, quantizers))

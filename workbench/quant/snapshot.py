@@ -1,8 +1,9 @@
-"""Snapshot and restore of everything an analysis touches, so the model leaves it as it came in.
+"""Snapshot and restore of everything a job touches, so that the model leaves it as it came in.
 
-An analysis flips quantizers on and off thousands of times and calls user code (metrics) in between;
-whatever happens (success, error, cancel), the quantizers' flags and buffers (amax, pre-quant scale)
-and every module's train/eval mode are put back, with the very same tensor objects.
+Calibration and analysis flip quantizers, create amax buffers and call user code (the model, metrics)
+in between; whatever happens (success, error, cancel), the quantizers' flags and buffers (amax,
+pre-quant scale), optionally their calibrators' statistics, and every module's train/eval mode are
+put back, with the very same tensor objects.
 """
 from __future__ import annotations
 
@@ -26,26 +27,39 @@ class _QuantizerState:
     flags: tuple[bool, bool, bool]
     buffers: dict[str, torch.Tensor | None]  # the objects themselves
     values: dict[str, torch.Tensor | None]  # their contents, cloned
+    calibrator: dict | None = None  # the calibrator's state(), when asked for
 
 
 class ModelSnapshot:
     """The quantizer state and train/eval modes of a model, taken now, restorable later.
 
+    Args:
+        model: the model.
+        calibrators: also keep the statistics the calibrators collected (histograms, running max),
+            for jobs that reset and refill them.
+
     Use as a context manager to restore on exit whatever happened in between.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, calibrators: bool = False) -> None:
         self.model = model
         self._training = {module: module.training for module in model.modules()}
         self._quantizers: dict[TensorQuantizer, _QuantizerState] = {}
         for q in all_quantizers(model):
             buffers = dict(q._buffers)
             values = {k: None if v is None else v.detach().clone() for k, v in buffers.items()}
-            self._quantizers[q] = _QuantizerState((q._disabled, q._if_quant, q._if_calib), buffers, values)
+            calibrator = q._calibrator.state() if calibrators and hasattr(q._calibrator, "state") else None
+            self._quantizers[q] = _QuantizerState((q._disabled, q._if_quant, q._if_calib), buffers, values,
+                                                  calibrator)
 
-    def restore(self) -> None:
-        """Put back flags, buffers (same objects, same values) and train/eval modes."""
+    def restore(self, only: TensorQuantizer | None = None) -> None:
+        """Put back flags, buffers (same objects, same values), calibrator statistics and train/eval modes.
+
+        With ``only``, just that quantizer's state (flags, buffers, statistics).
+        """
         for q, saved in self._quantizers.items():
+            if only is not None and q is not only:
+                continue
             q._disabled, q._if_quant, q._if_calib = saved.flags
             q._buffers.clear()
             q._buffers.update(saved.buffers)
@@ -58,6 +72,18 @@ class ModelSnapshot:
                         tensor.copy_(value)
                     else:  # resized in place by someone: give it its old contents back
                         tensor.data = value.clone()
+            if saved.calibrator is not None:
+                q._calibrator.load_state(saved.calibrator)
+        if only is None:
+            self.restore_modes()
+
+    def restore_flags(self) -> None:
+        """Put back only the quantizers' enable flags (a job that succeeded keeps its new amax)."""
+        for q, saved in self._quantizers.items():
+            q._disabled, q._if_quant, q._if_calib = saved.flags
+
+    def restore_modes(self) -> None:
+        """Put back every module's train/eval mode."""
         for module, training in self._training.items():
             module.training = training
 
