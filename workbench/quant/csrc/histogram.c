@@ -7,34 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "half.h"
 #include "kernels.h"
-
-static inline float f16_bits_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else {
-            int e = -1;
-            do { e++; man <<= 1; } while ((man & 0x400u) == 0);
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
-        }
-    } else if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline float bf16_bits_to_f32(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 typedef struct {
     const void *x;
@@ -70,10 +44,10 @@ static void hist_range(void *ctx, int64_t begin, int64_t end, int worker) {
         HIST_LOOP(x[i])
     } else if (job->dtype == WB_DT_F16) {
         const uint16_t *x = (const uint16_t *)job->x;
-        HIST_LOOP(f16_bits_to_f32(x[i]))
+        HIST_LOOP(f16_to_f32(x[i]))
     } else {
         const uint16_t *x = (const uint16_t *)job->x;
-        HIST_LOOP(bf16_bits_to_f32(x[i]))
+        HIST_LOOP(bf16_to_f32(x[i]))
     }
     if (job->skip_zeros) counts[0] -= zeros;
     job->nonfinite[worker] = nonfinite;
