@@ -86,6 +86,8 @@ class CalibrationResult:
     unused: list[str] = field(default_factory=list)  # quantizers no batch reached; left unchanged
     output_sqnr_db: float | None = None  # model output, INT8 vs FP32, on the first batch
     warnings: list[str] = field(default_factory=list)  # amax values that look collapsed, thin histograms
+    collect_time_s: float = 0.0  # the passes over the data
+    amax_time_s: float = 0.0  # computing amax from the statistics
 
     @property
     def nonfinite_total(self) -> int:
@@ -189,6 +191,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                     progress(done, total, f"calibration batch {done}" + (f" of {total}" if total else ""))
         if done == 0:
             raise ValueError("No calibration batches: the data source yielded nothing.")
+        collected = time.perf_counter()
 
         results: dict[str, QuantizerCalibration] = {}
         unused = []
@@ -209,6 +212,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                 calibrator=type(calibrator).__name__, batches=calibrator.batches_seen,
                 num_samples=calibrator.values_seen, nonfinite_count=calibrator.nonfinite_count,
                 max_value=None if max_value is None else float(max_value.max()))
+        amax_done = time.perf_counter()
     except BaseException:
         if run_device != original_device:
             model.to(original_device)
@@ -226,7 +230,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
     snapshot.restore_modes()
     result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
                                wall_time_s=time.perf_counter() - started, device=str(run_device), unused=unused,
-                               output_sqnr_db=output_sqnr, warnings=_suspicious(results, quantizers))
+                               output_sqnr_db=output_sqnr, warnings=_suspicious(results, quantizers),
+                               collect_time_s=collected - started, amax_time_s=amax_done - collected)
     for warning in result.warnings:
         logger.warning(warning)
     logger.info(result.summary())

@@ -26,11 +26,8 @@
 #include "half.h"
 #include "kernels.h"
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define WB_HAVE_X86_AVX2 1
+#if WB_HAVE_X86_AVX2
 #include <immintrin.h>
-#else
-#define WB_HAVE_X86_AVX2 0
 #endif
 
 #define DT_F32 WB_DT_F32
@@ -85,7 +82,7 @@ static void run_portable(const void *xv, void *yv, int64_t n, int dtype, qparam_
 }
 
 #if WB_HAVE_X86_AVX2
-#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+#define AVX2_TARGET WB_AVX2_TARGET
 
 AVX2_TARGET static inline __m256 quant8(__m256 x, __m256 a, __m256 b, __m256 lo, __m256 hi, int mode, int dequant) {
     __m256 q = mode == MODE_MUL_DIV ? _mm256_mul_ps(x, a) : _mm256_div_ps(x, a);
@@ -155,18 +152,6 @@ AVX2_TARGET static void run_avx2(const void *xv, void *yv, int64_t n, int dtype,
     }
 }
 
-static int force_portable = 0;
-
-static int cpu_has_avx2(void) {
-    static int cached = -1;
-    if (force_portable) return 0;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                 __builtin_cpu_supports("f16c");
-    }
-    return cached;
-}
 #endif
 
 /* ---------- work splitting ---------- */
@@ -220,7 +205,7 @@ int wb_fake_quant(const void *x, void *y, int dtype, int64_t outer, int64_t chan
     job.lo = lo;
     job.hi = hi;
 #if WB_HAVE_X86_AVX2
-    job.use_avx2 = cpu_has_avx2();
+    job.use_avx2 = wb_use_avx2();
 #endif
     /* chunks are multiples of 64 elements so workers never share a cache line of output */
     wb_parallel_for(outer * channels * inner, nthreads, PARALLEL_MIN_ELEMENTS, 64, run_range, &job);
@@ -229,17 +214,3 @@ int wb_fake_quant(const void *x, void *y, int dtype, int64_t outer, int64_t chan
     return negative;
 }
 
-const char *wb_fake_quant_isa(void) {
-#if WB_HAVE_X86_AVX2
-    if (cpu_has_avx2()) return "avx2";
-#endif
-    return "portable";
-}
-
-void wb_fake_quant_force_portable(int flag) {
-#if WB_HAVE_X86_AVX2
-    force_portable = flag;
-#else
-    (void)flag;
-#endif
-}

@@ -4,6 +4,19 @@
 
 #include <stdint.h>
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define WB_HAVE_X86_AVX2 1
+#define WB_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+#else
+#define WB_HAVE_X86_AVX2 0
+#define WB_AVX2_TARGET
+#endif
+
+/* cpu.c: use the AVX2 paths? (false when the CPU lacks them, or tests force the portable loops) */
+int wb_use_avx2(void);
+const char *wb_isa(void);
+void wb_force_portable(int flag);
+
 enum { WB_DT_F32 = 0, WB_DT_F16 = 1, WB_DT_BF16 = 2 };
 enum { WB_MODE_MUL_DIV = 0, WB_MODE_DIV_MUL = 1 };
 
@@ -22,8 +35,6 @@ typedef struct {
 /* Returns 1 when an input was negative. See fake_quant.c for the formulas. */
 int wb_fake_quant(const void *x, void *y, int dtype, int64_t outer, int64_t channels, int64_t inner,
                   const wb_qparam_t *params, float lo, float hi, int mode, int dequant, int nthreads);
-const char *wb_fake_quant_isa(void);
-void wb_fake_quant_force_portable(int flag);
 
 /* amax_search.c: one value per candidate, written to out[0 .. count) */
 int64_t wb_candidate_count(int64_t first, int64_t last_inclusive, int64_t stride);

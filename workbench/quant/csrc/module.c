@@ -101,7 +101,7 @@ static PyObject *py_histogram(PyObject *self, PyObject *args) {
 static PyObject *py_isa(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
-    return PyUnicode_FromString(wb_fake_quant_isa());
+    return PyUnicode_FromString(wb_isa());
 }
 
 /* Tests call this to exercise the portable loops on machines that have AVX2. */
@@ -109,7 +109,7 @@ static PyObject *py_force_portable(PyObject *self, PyObject *arg) {
     (void)self;
     int flag = PyObject_IsTrue(arg);
     if (flag < 0) return NULL;
-    wb_fake_quant_force_portable(flag);
+    wb_force_portable(flag);
     Py_RETURN_NONE;
 }
 
@@ -118,7 +118,7 @@ static PyMethodDef methods[] = {
     {"entropy_divergences", py_entropy_divergences, METH_VARARGS, "KL divergence of every entropy candidate."},
     {"mse_errors", py_mse_errors, METH_VARARGS, "Squared error of every mse candidate."},
     {"histogram", py_histogram, METH_VARARGS, "Add |x| to a histogram with power-of-two bins; returns NaN/Inf count."},
-    {"isa", py_isa, METH_NOARGS, "Instruction set the fake-quant kernel uses on this CPU."},
+    {"isa", py_isa, METH_NOARGS, "Instruction set the kernels use on this CPU."},
     {"force_portable", py_force_portable, METH_O, "Use the portable loops even where AVX2 is available."},
     {NULL, NULL, 0, NULL},
 };
