@@ -1,0 +1,102 @@
+"""The Qt controller and job runner, driven headlessly with pytest-qt."""
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("PySide6")
+
+from workbench.app.controller import Controller  # noqa: E402
+from workbench.app.jobs import JobRunner  # noqa: E402
+from workbench.sources.data_source import DataSpec  # noqa: E402
+from workbench.sources.model_source import ModelSpec  # noqa: E402
+
+
+@pytest.fixture
+def controller(qtbot):
+    controller = Controller()
+    yield controller
+    controller.shutdown()
+
+
+def open_demo(controller, qtbot):
+    with qtbot.waitSignal(controller.session_changed, timeout=60000):
+        assert controller.new_project(ModelSpec("demo", "digits"),
+                                      DataSpec("demo", "digits", split="train", batch_size=64, num_batches=2),
+                                      DataSpec("demo", "digits", split="test", batch_size=256))
+    return controller.session
+
+
+def test_job_runner_reports_progress_eta_and_result(qtbot):
+    runner = JobRunner()
+    seen = []
+    runner.progress.connect(seen.append)
+
+    def job(progress, cancel):
+        for step in range(1, 4):
+            time.sleep(0.01)
+            progress(step, 3, f"step {step}")
+        return "done"
+
+    with qtbot.waitSignal(runner.finished, timeout=10000) as blocker:
+        assert runner.start("counting", job)
+        assert not runner.start("second", job)  # one job at a time
+    assert blocker.args == ["counting", "done"]
+    assert [p.done for p in seen] == [1, 2, 3] and seen[-1].eta_s == 0
+    assert not runner.busy
+
+
+def test_job_runner_cancel_and_failure(qtbot):
+    runner = JobRunner(cancelled_types=(KeyboardInterrupt,))
+    started = threading.Event()
+
+    def job(progress, cancel):
+        started.set()
+        while not cancel.is_set():
+            time.sleep(0.005)
+        raise KeyboardInterrupt("stopped")
+
+    with qtbot.waitSignal(runner.cancelled, timeout=10000):
+        runner.start("waiting", job)
+        started.wait(5)
+        runner.cancel()
+
+    def broken(progress, cancel):
+        raise ValueError("bad input")
+
+    with qtbot.waitSignal(runner.failed, timeout=10000) as blocker:
+        runner.start("broken", broken)
+    name, error, details = blocker.args
+    assert name == "broken" and isinstance(error, ValueError) and "ValueError: bad input" in details
+
+
+def test_controller_calibrates_and_edits(controller, qtbot):
+    session = open_demo(controller, qtbot)
+    assert [layer.name for layer in session.layers()][:2] == ["stem.0", "block.conv1"]
+    with qtbot.waitSignal(controller.calibration_changed, timeout=60000):
+        controller.calibrate(method="max")
+    assert session.project.current_calibration.method == "max"
+    with qtbot.waitSignal(controller.layers_changed):
+        assert controller.set_quantize(["fc"], False) == ["fc"]
+    with qtbot.waitSignal(controller.error) as blocker:
+        controller.set_descriptor(["block.conv1"], "input", {"num_bits": "eight"})
+    assert "num_bits" in blocker.args[1]
+    with qtbot.waitSignal(controller.selection_changed) as blocker:
+        controller.select(["block.conv2"])
+    assert blocker.args == [["block.conv2"]]
+
+
+def test_controller_turns_job_errors_into_error_signals(controller, qtbot, tmp_path):
+    (tmp_path / "bad.qwb").write_text("not a project")
+    with qtbot.waitSignal(controller.error, timeout=30000) as blocker:
+        controller.open_project(tmp_path / "bad.qwb")
+    assert blocker.args[0] == "Opening project failed" and "not a Quant Workbench project" in blocker.args[1]
+
+
+def test_untrusted_code_asks_for_trust(controller, qtbot, tmp_path):
+    (tmp_path / "net.py").write_text("from torch import nn\ndef make():\n    return nn.Conv2d(1, 1, 1)\n")
+    with qtbot.waitSignal(controller.trust_needed, timeout=30000) as blocker:
+        controller.new_project(ModelSpec("entrypoint", f"{tmp_path}/net.py:make"),
+                               DataSpec("demo", "digits", split="train"))
+    kind, target, message = blocker.args
+    assert kind == "model" and "net.py" in target and "--trust-code" in message

@@ -1,0 +1,304 @@
+"""The GUI's one handle on the session: Qt signals around :class:`workbench.session.Session`.
+
+Widgets never call the session directly: they call the controller, which runs long operations in the
+:class:`JobRunner`, turns every exception into an ``error`` signal (a dialog, never a crash), and
+announces what changed so that each view refreshes itself. Everything here has a headless twin in
+the session, which the CLI uses.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from workbench.analysis import AnalysisCancelled
+from workbench.app.jobs import JobRunner
+from workbench.quant.calibrate import CalibrationCancelled
+from workbench.session import Session
+from workbench.sources.data_source import DataSpec
+from workbench.sources.errors import TrustRequired
+from workbench.sources.model_source import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Controller", "QtLogHandler"]
+
+
+class QtLogHandler(logging.Handler):
+    """Forwards log records (from any thread) to the controller's ``log`` signal."""
+
+    def __init__(self, controller: Controller) -> None:
+        super().__init__(level=logging.INFO)
+        self._controller = controller
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._controller.log.emit(record.levelname.lower(), self.format(record))
+        except RuntimeError:  # the controller is being destroyed
+            pass
+
+
+class Controller(QObject):
+    """Owns the open session and the job runner; views listen to its signals.
+
+    Signals:
+        session_changed: a project was created, opened or closed.
+        layers_changed: layer decisions or descriptors changed (the tree refreshes).
+        calibration_changed: amax values changed (calibration, another method, reopening).
+        sensitivity_changed: a sensitivity run finished.
+        fallback_changed(result): a fallback search finished.
+        export_finished(report): a QDQ ONNX file was written and validated.
+        selection_changed(names): layers selected in any view.
+        dirty_changed(bool): unsaved changes appeared or were saved.
+        trust_needed(kind, target, message): opening needs permission to run user code.
+        error(title, message, details): something failed; the main window shows a dialog.
+        log(level, message): a line for the log panel.
+        busy_changed(bool): a job started or ended (editing is disabled meanwhile).
+    """
+
+    session_changed = Signal()
+    layers_changed = Signal()
+    calibration_changed = Signal()
+    sensitivity_changed = Signal()
+    fallback_changed = Signal(object)
+    export_finished = Signal(object)
+    selection_changed = Signal(list)
+    dirty_changed = Signal(bool)
+    trust_needed = Signal(str, str, str)
+    error = Signal(str, str, str)
+    log = Signal(str, str)
+    busy_changed = Signal(bool)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.session: Session | None = None
+        self.jobs = JobRunner(self, cancelled_types=(CalibrationCancelled, AnalysisCancelled))
+        self.jobs.busy_changed.connect(self.busy_changed)
+        self.jobs.failed.connect(self._job_failed)
+        self.jobs.cancelled.connect(lambda name, error: self.log.emit("warning", f"{name} cancelled: {error}"))
+        self._selection: list[str] = []
+        self._log_handler = QtLogHandler(self)
+        logging.getLogger("workbench").addHandler(self._log_handler)
+
+    def shutdown(self) -> None:
+        """Cancel a running job and wait for it (before the window closes)."""
+        if self.jobs.busy:
+            self.jobs.cancel()
+            self.jobs.wait()
+        logging.getLogger("workbench").removeHandler(self._log_handler)
+
+    # ----- state --------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self.jobs.busy
+
+    @property
+    def dirty(self) -> bool:
+        return self.session is not None and self.session.dirty
+
+    @property
+    def selection(self) -> list[str]:
+        return list(self._selection)
+
+    def select(self, names: Iterable[str]) -> None:
+        """Select layers (the tree, the layer panel and the sensitivity view follow)."""
+        names = list(names)
+        if names != self._selection:
+            self._selection = names
+            self.selection_changed.emit(names)
+
+    # ----- projects -----------------------------------------------------------------------------
+
+    def new_project(self, model: ModelSpec, calibration: DataSpec, evaluation: DataSpec | None = None, *,
+                    trust_code: bool = False, input_shape: tuple[int, ...] | None = None, name: str | None = None,
+                    base_dir: Path | None = None, settings: dict[str, Any] | None = None,
+                    on_done: Callable[[Session], None] | None = None) -> bool:
+        """Create a project in the background (loading a model can take a while)."""
+        def job(progress, cancel):
+            progress(0, 1, "loading the model")
+            return Session.create(model, calibration, evaluation, trust_code=trust_code, input_shape=input_shape,
+                                  name=name, base_dir=base_dir, settings=settings)
+
+        return self._start("Creating project", job, lambda session: self._adopt(session, on_done),
+                           trust=("model", model.label))
+
+    def open_project(self, path: str | Path, *, trust_code: bool = False,
+                     on_done: Callable[[Session], None] | None = None) -> bool:
+        """Open a project file in the background; ``trust_needed`` asks before running its code."""
+        path = Path(path)
+
+        def job(progress, cancel):
+            progress(0, 1, f"opening {path.name}")
+            return Session.open(path, trust_code=trust_code)
+
+        return self._start("Opening project", job, lambda session: self._adopt(session, on_done),
+                           trust=("project", str(path)))
+
+    def _adopt(self, session: Session, on_done: Callable[[Session], None] | None) -> None:
+        self.session = session
+        self._selection = []
+        self.session_changed.emit()
+        self.layers_changed.emit()
+        self.calibration_changed.emit()
+        self.sensitivity_changed.emit()
+        self.dirty_changed.emit(session.dirty)
+        for message in session.file_changes:
+            self.log.emit("warning", message)
+        if on_done is not None:
+            on_done(session)
+
+    def save(self, path: str | Path | None = None) -> Path | None:
+        """Save the project (to ``path``, or where it lives); None and an error signal on failure."""
+        if self.session is None:
+            return None
+        try:
+            saved = self.session.save(path)
+        except Exception as error:  # noqa: BLE001 - shown to the user, the project stays as it was
+            self.error.emit("Could not save the project", str(error), "")
+            return None
+        self.dirty_changed.emit(False)
+        self.log.emit("info", f"saved {saved}")
+        return saved
+
+    def close_project(self) -> None:
+        self.session = None
+        self._selection = []
+        self.session_changed.emit()
+        self.dirty_changed.emit(False)
+
+    # ----- edits (on the GUI thread; refused while a job runs) ---------------------------------
+
+    def _edit(self, what: str, fn: Callable[[], Any], signal: Signal | None = None) -> Any:
+        if self.session is None:
+            return None
+        if self.busy:
+            self.error.emit(what, f"Wait for '{self.jobs.job_name}' to finish, or cancel it.", "")
+            return None
+        try:
+            result = fn()
+        except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, keep the state
+            self.error.emit(what, str(error), "")
+            return None
+        (signal or self.layers_changed).emit()
+        self.dirty_changed.emit(self.session.dirty)
+        return result
+
+    def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str] | None:
+        names = list(names)
+        return self._edit("Quantize" if quantize else "Ignore", lambda: self.session.set_quantize(names, quantize))
+
+    def set_descriptor(self, names: Iterable[str], role: str, fields: dict[str, Any]) -> list[str] | None:
+        names = list(names)
+        return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields))
+
+    def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str] | None:
+        names = list(names)
+        return self._edit("Reset to default", lambda: self.session.reset_descriptor(names, role))
+
+    def set_setting(self, key: str, value: Any) -> None:
+        self._edit("Settings", lambda: self.session.set_setting(key, value))
+
+    def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict | None:
+        names = list(names)
+        return self._edit("Change amax method", lambda: self.session.recompute_amax(names, method, percentile),
+                          self.calibration_changed)
+
+    # ----- jobs ---------------------------------------------------------------------------------
+
+    def calibrate(self, **options: Any) -> bool:
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def done(result):
+            for warning in result.warnings:
+                self.log.emit("warning", warning)
+            self.log.emit("info", result.summary())
+            self.calibration_changed.emit()
+            self.layers_changed.emit()
+            self.dirty_changed.emit(True)
+
+        return self._start("Calibrating", lambda progress, cancel: session.calibrate(
+            progress=progress, cancel=cancel, **options), done)
+
+    def sensitivity(self, **options: Any) -> bool:
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def done(result):
+            self.log.emit("info", result.summary())
+            self.sensitivity_changed.emit()
+            self.layers_changed.emit()
+            self.dirty_changed.emit(True)
+
+        return self._start("Sensitivity analysis", lambda progress, cancel: session.sensitivity(
+            progress=progress, cancel=cancel, **options), done)
+
+    def fallback(self, **options: Any) -> bool:
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def done(result):
+            self.log.emit("info", result.summary())
+            self.fallback_changed.emit(result)
+            if options.get("apply"):
+                self.layers_changed.emit()
+            self.dirty_changed.emit(True)
+
+        return self._start("Fallback search", lambda progress, cancel: session.fallback(
+            progress=progress, cancel=cancel, **options), done)
+
+    def apply_fallback(self, result: Any) -> list[str] | None:
+        return self._edit("Apply fallback", lambda: self.session.apply_fallback(result))
+
+    def export(self, path: str | Path | None = None, **options: Any) -> bool:
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def job(progress, cancel):
+            progress(0, 1, "exporting and validating QDQ ONNX")
+            return session.export(path, **options)
+
+        def done(report):
+            self.log.emit("info", report.summary())
+            self.export_finished.emit(report)
+            self.dirty_changed.emit(True)
+
+        return self._start("Exporting", job, done)
+
+    def evaluate(self, on_done: Callable[[dict], None], **options: Any) -> bool:
+        session = self._require_session()
+        if session is None:
+            return False
+        return self._start("Evaluating", lambda progress, cancel: session.evaluate(**options), on_done)
+
+    def cancel_job(self) -> None:
+        self.jobs.cancel()
+
+    def _require_session(self) -> Session | None:
+        if self.session is None:
+            self.error.emit("No project", "Create or open a project first.", "")
+        return self.session
+
+    def _start(self, name: str, fn, on_done, trust: tuple[str, str] | None = None) -> bool:
+        self._trust_context = trust
+        if not self.jobs.start(name, fn, on_done):
+            self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
+            return False
+        return True
+
+    def _job_failed(self, name: str, error: BaseException, details: str) -> None:
+        if isinstance(error, TrustRequired) and getattr(self, "_trust_context", None) is not None:
+            kind, target = self._trust_context
+            self.trust_needed.emit(kind, target, str(error))
+            return
+        self.log.emit("error", f"{name} failed: {error}")
+        self.error.emit(f"{name} failed", str(error) or type(error).__name__, details)
