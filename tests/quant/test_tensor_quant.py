@@ -330,6 +330,18 @@ class TestKernelBackends:
     def test_backend_name(self):
         assert kernels.backend_name() in ("c-avx2", "c-portable", "torch")
 
+    def test_fused_compiled_variant_matches_reference(self):
+        """The torch.compile path CUDA uses, checked here with Inductor's CPU backend."""
+        assert kernels.fused_matches_reference(torch.device("cpu"), torch.float32, "onnx", True)
+
+    @pytest.mark.cuda
+    def test_cuda_uses_the_verified_fused_kernel(self):
+        x = torch.randn(64, 3, 8, 8, device="cuda")
+        amax = x.abs().amax(dim=(1, 2, 3), keepdim=True)
+        out = tq.fake_tensor_quant(x, amax, 8, False, True, "onnx")
+        assert kernels._verified[(str(x.device), torch.float32, "onnx", True)]
+        assert torch.equal(out.cpu(), tq.fake_tensor_quant(x.cpu(), amax.cpu(), 8, False, True, "onnx"))
+
     @pytest.mark.cuda
     def test_cuda_matches_cpu(self):
         x = torch.randn(10000)

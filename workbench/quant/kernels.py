@@ -1,10 +1,12 @@
 """Fused symmetric (fake) quantization, dispatched to the fastest exact implementation at hand.
 
 On CPU, float32/float16/bfloat16 tensors go through the C kernel in ``csrc/fake_quant.c`` (one pass
-over memory, GIL released). Everything else (CUDA tensors, float64, amax shapes that are not a single
-axis, or a machine where the extension did not build) goes through :func:`quantize_reference`, a
-chain of torch operations that computes bit-identical numbers: both implement exactly the formulas
-below, so which one ran never changes a result.
+over memory, GIL released). On CUDA the same formula is compiled by ``torch.compile`` into one fused
+kernel, checked bit for bit against the reference on its first use for each dtype and layout.
+Everything else (float64, amax shapes that are not a single axis, a machine where the extension did
+not build, a GPU where compiling fails) goes through :func:`quantize_reference`, a chain of torch
+operations that computes bit-identical numbers: every path implements exactly the formulas below,
+so which one ran never changes a result.
 
 Two rounding conventions exist in the field and both are kept:
 
@@ -22,8 +24,10 @@ flip on a few elements in a million) and in the last bit of the dequantized valu
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -116,6 +120,24 @@ def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tu
     return a, b
 
 
+def elementwise(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, min_bound: float, max_bound: float,
+                divide: bool, dequantize: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """The formula itself on broadcastable (a, b): what every implementation here computes."""
+    xf = x.to(a.dtype)
+    q = torch.round(xf / a) if divide else torch.round(xf * a)
+    q = torch.clamp(q, min_bound, max_bound)  # clamp keeps NaN
+    if dequantize:
+        q = q * b if divide else q / b
+    return q.to(out_dtype)
+
+
+def _prepared(inputs: torch.Tensor, amax: torch.Tensor, max_bound: float, rounding: Rounding):
+    compute_dtype = torch.float64 if inputs.dtype == torch.float64 else torch.float32
+    a, b = quant_params(amax.to(inputs.device), max_bound, rounding)
+    out_dtype = inputs.dtype if inputs.dtype.is_floating_point else compute_dtype
+    return a.to(compute_dtype), b.to(compute_dtype), out_dtype
+
+
 def quantize_reference(
     inputs: torch.Tensor,
     amax: torch.Tensor,
@@ -126,18 +148,112 @@ def quantize_reference(
 ) -> torch.Tensor:
     """The same computation as the C kernel, with torch operations (several passes over memory).
 
-    Used for CUDA tensors, float64, multi-axis amax, and when the extension is missing.
+    Used for float64, multi-axis amax, when the extension is missing, and on CUDA when the fused
+    (compiled) version is unavailable.
     """
-    compute_dtype = torch.float64 if inputs.dtype == torch.float64 else torch.float32
-    x = inputs.to(compute_dtype)
-    a, b = quant_params(amax.to(x.device), max_bound, rounding)
-    a, b = a.to(compute_dtype), b.to(compute_dtype)
-    q = torch.round(x * a) if rounding == "pytorch_quantization" else torch.round(x / a)
-    q = torch.clamp(q, min_bound, max_bound)  # clamp keeps NaN
-    if dequantize:
-        q = q / b if rounding == "pytorch_quantization" else q * b
-    out_dtype = inputs.dtype if inputs.dtype.is_floating_point else compute_dtype
-    return q.to(out_dtype)
+    a, b, out_dtype = _prepared(inputs, amax, max_bound, rounding)
+    return elementwise(inputs, a, b, min_bound, max_bound, rounding == "onnx", dequantize, out_dtype)
+
+
+# ----- CUDA: one fused kernel from torch.compile (Inductor/Triton), checked before first use -------------
+#
+# The four variants (divide or multiply, dequantize or not) are separate functions, and tensors reach
+# them as [outer, channels, inner] with parameters shaped [1, channels, 1], so that each compiled
+# function only ever sees a few dtypes: a handful of graphs, far below torch.compile's recompile limit.
+
+
+def _fq_divide(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
+    return (torch.clamp(torch.round(x.to(a.dtype) / a), lo, hi) * b).to(out_dtype)
+
+
+def _fq_multiply(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
+    return (torch.clamp(torch.round(x.to(a.dtype) * a), lo, hi) / b).to(out_dtype)
+
+
+def _q_divide(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
+    return torch.clamp(torch.round(x.to(a.dtype) / a), lo, hi).to(out_dtype)
+
+
+def _q_multiply(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
+    return torch.clamp(torch.round(x.to(a.dtype) * a), lo, hi).to(out_dtype)
+
+
+_VARIANTS = {(True, True): _fq_divide, (False, True): _fq_multiply, (True, False): _q_divide,
+             (False, False): _q_multiply}
+_compile_lock = threading.Lock()
+_compiled: dict[tuple[bool, bool], Any] = {}
+_compile_failed = False
+_verified: dict[tuple, bool] = {}
+
+
+def compiled_variant(divide: bool, dequantize: bool) -> Any:
+    """The formula for one rounding convention and output kind, compiled by torch.compile into one fused
+    kernel (None if compiling is unavailable). ``WORKBENCH_FUSED_CUDA=0`` turns it off."""
+    global _compile_failed
+    if _compile_failed or os.environ.get("WORKBENCH_FUSED_CUDA", "1") == "0":
+        return None
+    with _compile_lock:
+        if (divide, dequantize) not in _compiled:
+            try:
+                _compiled[(divide, dequantize)] = torch.compile(_VARIANTS[(divide, dequantize)], dynamic=True,
+                                                                fullgraph=True)
+            except Exception as error:  # noqa: BLE001 - no compiler, old torch: use torch operations
+                logger.info("torch.compile unavailable for fused fake quantization: %s", error)
+                _compile_failed = True
+                return None
+    return _compiled[(divide, dequantize)]
+
+
+def _as_rows(inputs: torch.Tensor, a: torch.Tensor, b: torch.Tensor, layout: ChannelLayout):
+    x = inputs.contiguous().view(layout.outer, layout.channels, layout.inner)
+    return x, a.reshape(1, layout.channels, 1), b.reshape(1, layout.channels, 1)
+
+
+def fused_matches_reference(device: torch.device, dtype: torch.dtype, rounding: Rounding, dequantize: bool) -> bool:
+    """Run the compiled kernel once on values that exercise ties, clipping, NaN and Inf, per tensor and per
+    channel, and compare it bit for bit with the reference; it is used only if it agrees (a compiler
+    may round differently)."""
+    fn = compiled_variant(rounding == "onnx", dequantize)
+    if fn is None:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    probe = torch.randn(3, 4099, generator=generator) * 3
+    probe[0, :64] = torch.arange(64) / 8 - 4  # exact multiples of a step of 1/8: rounding ties
+    probe[1, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    probe = probe.to(device=device, dtype=dtype)
+    try:
+        for amax in (torch.tensor(2.0), torch.tensor([[2.0], [1.0], [0.0]])):
+            amax = amax.to(device)
+            layout = channel_layout(probe.shape, amax.shape)
+            a, b, out_dtype = _prepared(probe, amax, 127.0, rounding)
+            x3, a3, b3 = _as_rows(probe, a, b, layout)
+            fused = fn(x3, a3, b3, -127.0, 127.0, out_dtype).view(probe.shape)
+            reference = elementwise(probe, a, b, -127.0, 127.0, rounding == "onnx", dequantize, out_dtype)
+            if not (torch.equal(fused.float().nan_to_num(), reference.float().nan_to_num())
+                    and torch.equal(fused.isnan(), reference.isnan())):
+                logger.warning("fused fake quantization differs from the reference on %s (%s, %s); using torch "
+                               "operations instead", device, dtype, rounding)
+                return False
+    except Exception as error:  # noqa: BLE001 - e.g. no Triton for this GPU: fall back quietly
+        logger.info("fused fake quantization unavailable on %s: %s", device, error)
+        return False
+    return True
+
+
+def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout | None, max_bound: float,
+                    min_bound: float, rounding: Rounding, dequantize: bool) -> torch.Tensor | None:
+    """The compiled single-kernel path for CUDA tensors, or None when it is unavailable or unverified."""
+    if layout is None or layout.outer == 0:
+        return None
+    key = (str(inputs.device), inputs.dtype, rounding, dequantize)
+    if key not in _verified:
+        _verified[key] = fused_matches_reference(inputs.device, inputs.dtype, rounding, dequantize)
+    if not _verified[key]:
+        return None
+    a, b, out_dtype = _prepared(inputs, amax, max_bound, rounding)
+    x3, a3, b3 = _as_rows(inputs, a, b, layout)
+    out = compiled_variant(rounding == "onnx", dequantize)(x3, a3, b3, min_bound, max_bound, out_dtype)
+    return out.view(inputs.shape)
 
 
 def _kernel_supports(inputs: torch.Tensor, layout: ChannelLayout | None) -> bool:
@@ -180,7 +296,11 @@ def quantize(
         return torch.empty_like(inputs), False
     layout = channel_layout(inputs.shape, amax.shape)
     if not _kernel_supports(inputs, layout):
-        out = quantize_reference(inputs, amax, max_bound, min_bound, rounding, dequantize)
+        out = None
+        if inputs.is_cuda and inputs.dtype in _DTYPE_CODES:
+            out = _quantize_fused(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
+        if out is None:
+            out = quantize_reference(inputs, amax, max_bound, min_bound, rounding, dequantize)
         negative = bool((inputs < 0).any()) if check_negative else False
         return out, negative
 
