@@ -3,6 +3,7 @@
 No Qt here: the GUI's tree model and the CLI both read :func:`describe_model`, and both prepare a
 model for TensorRT with :func:`insert_functional_quantizers` and :func:`apply_placement_rules`.
 """
+from workbench.graph.fold import FoldedPair, FoldReport, SkippedBatchNorm, fold_batchnorm  # noqa: F401
 from workbench.graph.functional import (  # noqa: F401
     FunctionalQuantReport,
     InsertedQuantizer,

@@ -225,7 +225,8 @@ def _is_conv_output(graph: _Graph, node: fx.Node) -> fx.Node | None:
     module = graph.module(node)
     if isinstance(module, _CONVS):
         return node
-    if isinstance(module, _BATCHNORMS) and node.args and isinstance(node.args[0], fx.Node):
+    # a BatchNorm folded into the convolution (workbench.graph.fold) is an nn.Identity under its old name
+    if isinstance(module, _BATCHNORMS + (nn.Identity,)) and node.args and isinstance(node.args[0], fx.Node):
         conv = node.args[0]
         if isinstance(graph.module(conv), _CONVS) and len(conv.users) == 1:
             return conv

@@ -20,9 +20,24 @@ from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.replace import default_quant_map
 
 __all__ = ["QuantizerInfo", "ModuleInfo", "ModelTree", "describe_model", "is_quantized_module",
-           "quantizer_summary"]
+           "quantizer_summary", "add_note", "module_notes", "NOTES_ATTR"]
 
 _QUANTIZED_BASES = (QuantMixin, QuantInputMixin, QuantAdd, QuantConcat)
+# Short remarks a model transformation leaves on a module for the tree to show ("folded bn1"); a
+# plain attribute, so it follows the module through copies and quantized_copy().
+NOTES_ATTR = "_workbench_notes"
+
+
+def add_note(module: nn.Module, text: str) -> None:
+    """Attach a remark such as ``"folded bn1"`` to ``module`` (shown in :attr:`ModuleInfo.notes`)."""
+    notes = module_notes(module)
+    if text not in notes:
+        setattr(module, NOTES_ATTR, notes + (text,))
+
+
+def module_notes(module: nn.Module) -> tuple[str, ...]:
+    """The remarks attached to ``module`` with :func:`add_note`."""
+    return tuple(module.__dict__.get(NOTES_ATTR) or ())
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,7 @@ class ModuleInfo:
     quant_type: str | None    # the quantized class it becomes (or is)
     quantizers: tuple[QuantizerInfo, ...] = ()
     traced: bool = False      # a torch.fx GraphModule standing in for the user's module (functional quantizers)
+    notes: tuple[str, ...] = ()  # what transformations did to it, e.g. ("folded bn1",) (see add_note)
 
 
 @dataclass
@@ -227,7 +243,7 @@ def describe_model(model: nn.Module) -> ModelTree:
             name=name, type_name=kind.__name__, type_path=type_path, parent=parent, traced=traced,
             depth=depth, children=tuple(children), num_params=own_counts[name], total_params=totals[name],
             quantizable=quantized or quant_cls is not None, quantized=quantized, quant_type=quant_type,
-            quantizers=quantizers))
+            quantizers=quantizers, notes=module_notes(module)))
     return ModelTree(infos)
 
 

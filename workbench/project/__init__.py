@@ -3,6 +3,7 @@ from workbench.project.model import (  # noqa: F401
     CalibrationRecord,
     ExportRecord,
     FallbackRecord,
+    FinetuneRecord,
     LayerDecision,
     Project,
     QuantizerRecord,

@@ -11,9 +11,9 @@ from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.model_source import FileDigest, ModelSpec
 
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
-           "ExportRecord", "Project", "now_iso", "DATA_ROLES"]
+           "ExportRecord", "FinetuneRecord", "Project", "now_iso", "DATA_ROLES"]
 
-DATA_ROLES = ("calibration", "evaluation")
+DATA_ROLES = ("calibration", "evaluation", "training")
 
 
 def now_iso() -> str:
@@ -63,6 +63,9 @@ class CalibrationRecord:
     warnings: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)
     quantizers: dict[str, QuantizerRecord] = field(default_factory=dict)
+    # layers whose BatchNorm was folded into them when this run calibrated (their weight amax is of the
+    # folded weight); None for runs saved before folding existed (nothing was folded)
+    folded: list[str] | None = None
 
 
 @dataclass
@@ -92,6 +95,27 @@ class ExportRecord:
 
 
 @dataclass
+class FinetuneRecord:
+    """One quantization-aware fine-tune: its settings and history, and (for the active one) its result.
+
+    ``data`` is :meth:`workbench.training.FinetuneResult.to_dict` (settings, per-epoch loss and metric).
+    ``weights`` are the quantized model's parameters after the fine-tune, by name, and ``amax`` the
+    learned ranges; both are kept for the active run only (older runs keep their history). They apply
+    while the model is built the same way: ``folded`` is the fold state they were trained with and
+    ``calibration_id`` the calibration the learned ranges replace.
+    """
+
+    id: int
+    created: str
+    data: dict[str, Any]
+    calibration_id: int | None = None
+    folded: list[str] = field(default_factory=list)
+    active: bool = True
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    amax: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
 class Project:
     """Everything a project file holds."""
 
@@ -106,6 +130,7 @@ class Project:
     sensitivity: list[SensitivityRecord] = field(default_factory=list)
     fallbacks: list[FallbackRecord] = field(default_factory=list)
     exports: list[ExportRecord] = field(default_factory=list)
+    finetunes: list[FinetuneRecord] = field(default_factory=list)
     created: str = field(default_factory=now_iso)
     modified: str = field(default_factory=now_iso)
     app_version: str = ""
@@ -113,6 +138,11 @@ class Project:
     @property
     def current_calibration(self) -> CalibrationRecord | None:
         return self.calibrations[-1] if self.calibrations else None
+
+    @property
+    def current_finetune(self) -> FinetuneRecord | None:
+        """The fine-tune whose weights the quantized model uses (None: the model's own weights)."""
+        return next((record for record in reversed(self.finetunes) if record.active), None)
 
     def next_id(self, records: list) -> int:
         return 1 + max((record.id for record in records), default=0)

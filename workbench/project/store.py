@@ -25,6 +25,7 @@ from workbench.project.model import (
     CalibrationRecord,
     ExportRecord,
     FallbackRecord,
+    FinetuneRecord,
     LayerDecision,
     Project,
     QuantizerRecord,
@@ -38,7 +39,7 @@ from workbench.sources.model_source import FileDigest, ModelSpec
 __all__ = ["ProjectError", "save_project", "load_project", "SCHEMA_VERSION", "APPLICATION_ID", "MIGRATIONS",
            "PROJECT_SUFFIX"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x51574231  # "QWB1"
 PROJECT_SUFFIX = ".qwb"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -46,7 +47,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 MAX_CALIBRATION_RUNS = 5
 ARRAY_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "bool")
 
-# schema version N -> function that upgrades a database from N to N + 1, in place
+# schema version N -> function that upgrades a database from N to N + 1, in place (see the end of the file)
 MIGRATIONS: dict[int, Callable[[sqlite_utils.Database], None]] = {}
 
 
@@ -123,8 +124,8 @@ def _create_schema(db: sqlite_utils.Database) -> None:
                          "weight_desc": str}, pk="position", if_not_exists=True)
     db["calibration_runs"].create({"id": int, "created": str, "method": str, "percentile": float,
                                    "num_batches": int, "wall_time_s": float, "device": str,
-                                   "output_sqnr_db": float, "warnings": str, "unused": str}, pk="id",
-                                  if_not_exists=True)
+                                   "output_sqnr_db": float, "warnings": str, "unused": str, "folded": str},
+                                  pk="id", if_not_exists=True)
     db["quantizer_stats"].create({"run_id": int, "name": str, "amax": bytes, "amax_dtype": str, "amax_shape": str,
                                   "method": str, "calibrator": str, "num_samples": int, "nonfinite_count": int,
                                   "max_value": float, "descriptor": str, "state": str},
@@ -136,10 +137,19 @@ def _create_schema(db: sqlite_utils.Database) -> None:
                                if_not_exists=True)
     db["exports"].create({"id": int, "created": str, "path": str, "settings": str, "report": str}, pk="id",
                          if_not_exists=True)
+    _create_finetune_tables(db)
+
+
+def _create_finetune_tables(db: sqlite_utils.Database) -> None:
+    """Version 2: fine-tune runs (settings, history as JSON) and the active run's weights and learned amax."""
+    db["finetune_runs"].create({"id": int, "created": str, "data": str, "calibration_id": int, "folded": str,
+                                "active": int}, pk="id", if_not_exists=True)
+    db["finetune_tensors"].create({"run_id": int, "kind": str, "name": str, "data": bytes, "dtype": str,
+                                   "shape": str}, pk=("run_id", "kind", "name"), if_not_exists=True)
 
 
 TABLES = ("meta", "model_source", "data_sources", "settings", "layers", "calibration_runs", "quantizer_stats",
-          "arrays", "sensitivity_runs", "fallback_runs", "exports")
+          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors")
 
 
 # ----- save --------------------------------------------------------------------------------------
@@ -168,6 +178,7 @@ def save_project(project: Project, path: str | os.PathLike) -> None:
     try:
         db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         with db.atomic():
+            _upgrade_existing(db)  # saving over an older file: its tables get the new columns first
             _create_schema(db)
             for table in TABLES:
                 db.execute(f"DELETE FROM [{table}]")
@@ -204,7 +215,8 @@ def _write(db: sqlite_utils.Database, project: Project) -> None:
         db["calibration_runs"].insert({
             "id": run.id, "created": run.created, "method": run.method, "percentile": run.percentile,
             "num_batches": run.num_batches, "wall_time_s": run.wall_time_s, "device": run.device,
-            "output_sqnr_db": run.output_sqnr_db, "warnings": _dumps(run.warnings), "unused": _dumps(run.unused)})
+            "output_sqnr_db": run.output_sqnr_db, "warnings": _dumps(run.warnings), "unused": _dumps(run.unused),
+            "folded": _dumps(run.folded)})
         rows = []
         for record in run.quantizers.values():
             owner = f"calibration:{run.id}:{record.name}"
@@ -227,6 +239,17 @@ def _write(db: sqlite_utils.Database, project: Project) -> None:
                                      "applied": int(r.applied)} for r in project.fallbacks])
     db["exports"].insert_all([{"id": r.id, "created": r.created, "path": r.path, "settings": _dumps(r.settings),
                                "report": _dumps(r.report)} for r in project.exports])
+    tensor_rows = []
+    for run in project.finetunes:
+        db["finetune_runs"].insert({"id": run.id, "created": run.created, "data": _dumps(run.data),
+                                    "calibration_id": run.calibration_id, "folded": _dumps(run.folded),
+                                    "active": int(run.active)})
+        for kind, arrays in (("weight", run.weights), ("amax", run.amax)):
+            for name, array in arrays.items():
+                data, dtype, shape = encode_array(array)
+                tensor_rows.append({"run_id": run.id, "kind": kind, "name": name, "data": data, "dtype": dtype,
+                                    "shape": shape})
+    db["finetune_tensors"].insert_all(tensor_rows, batch_size=100)
 
 
 # ----- load --------------------------------------------------------------------------------------
@@ -306,6 +329,17 @@ def _json(text: Any, what: str) -> Any:
     return json.loads(text)
 
 
+def _names(value: Any, what: str, optional: bool = False) -> list[str] | None:
+    """A JSON list of names (layer names), checked."""
+    if value is None and optional:
+        return None
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProjectError(f"{what}: expected a list of layer names.")
+    return list(value)
+
+
 def _read(db: sqlite_utils.Database, path: Path) -> Project:
     tables = set(db.table_names())
     missing = [t for t in TABLES if t not in tables]
@@ -344,7 +378,8 @@ def _read(db: sqlite_utils.Database, path: Path) -> Project:
             percentile=float(row["percentile"]), num_batches=int(row["num_batches"]),
             wall_time_s=float(row["wall_time_s"]), device=str(row["device"]),
             output_sqnr_db=None if row["output_sqnr_db"] is None else float(row["output_sqnr_db"]),
-            warnings=list(_json(row["warnings"], "warnings") or []), unused=list(_json(row["unused"], "unused") or []))
+            warnings=list(_json(row["warnings"], "warnings") or []), unused=list(_json(row["unused"], "unused") or []),
+            folded=_names(_json(row.get("folded"), "folded layers"), f"{path}: calibration run {row['id']}", True))
     for row in db["quantizer_stats"].rows_where(order_by="rowid"):
         run = runs.get(int(row["run_id"]))
         if run is None:
@@ -366,4 +401,59 @@ def _read(db: sqlite_utils.Database, path: Path) -> Project:
     project.exports = [ExportRecord(int(r["id"]), str(r["created"]), str(r["path"]),
                                     _json(r["settings"], "export settings"), _json(r["report"], "export report"))
                        for r in db["exports"].rows_where(order_by="id")]
+    finetunes: dict[int, FinetuneRecord] = {}
+    for row in db["finetune_runs"].rows_where(order_by="id"):
+        data = _json(row["data"], "fine-tune")
+        if not isinstance(data, dict):
+            raise ProjectError(f"{path}: fine-tune run {row['id']} has no valid history.")
+        finetunes[int(row["id"])] = FinetuneRecord(
+            id=int(row["id"]), created=str(row["created"]), data=data,
+            calibration_id=None if row["calibration_id"] is None else int(row["calibration_id"]),
+            folded=_names(_json(row["folded"], "fine-tune folded layers"), f"{path}: fine-tune run {row['id']}")
+            or [], active=bool(row["active"]))
+    for row in db["finetune_tensors"].rows_where(order_by="rowid"):
+        run = finetunes.get(int(row["run_id"]))
+        kind, name = str(row["kind"]), str(row["name"])
+        if run is None or kind not in ("weight", "amax"):
+            raise ProjectError(f"{path}: fine-tune tensor {name} belongs to no stored fine-tune run.")
+        array = decode_array(row["data"], row["dtype"], row["shape"], f"{path}: fine-tuned {name}")
+        (run.weights if kind == "weight" else run.amax)[name] = array
+    project.finetunes = list(finetunes.values())
     return project
+
+
+# ----- migrations --------------------------------------------------------------------------------
+
+
+def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
+    """Version 2 adds fine-tuning (``finetune_runs``, ``finetune_tensors``) and BatchNorm folding.
+
+    A calibration run now records which layers had their BatchNorm folded (``calibration_runs.folded``).
+    Version 1 projects were calibrated on unfolded weights, so they get ``fold_bn`` off: reopened,
+    they rebuild and restore exactly as they were saved (the user can switch folding on and recalibrate).
+    """
+    tables = set(db.table_names())
+    if "calibration_runs" in tables and "folded" not in db["calibration_runs"].columns_dict:
+        db["calibration_runs"].add_column("folded", str)
+    _create_finetune_tables(db)
+    if "settings" in tables and not list(db["settings"].rows_where("key = ?", ["fold_bn"])):
+        db["settings"].insert({"key": "fold_bn", "value": "false"})
+    if "meta" in tables:
+        db["meta"].upsert({"key": "schema_version", "value": "2"}, pk="key")
+
+
+MIGRATIONS[1] = _migrate_1_to_2
+
+
+def _upgrade_existing(db: sqlite_utils.Database) -> None:
+    """Migrate a project file being overwritten, so that its tables take the current rows."""
+    if "meta" not in db.table_names():
+        return
+    row = next(db["meta"].rows_where("key = ?", ["schema_version"]), None)
+    try:
+        version = int(row["value"]) if row is not None else SCHEMA_VERSION
+    except (TypeError, ValueError):
+        return
+    while version < SCHEMA_VERSION and version in MIGRATIONS:
+        MIGRATIONS[version](db)
+        version += 1
