@@ -41,7 +41,9 @@ def test_new_project_lists_layers_with_defaults():
     assert add.kind == "functional" and add.type == "QuantAdd"
     conv = next(layer for layer in session.layers() if layer.name == "block.conv1")
     assert conv.input_summary == "int8 per-tensor hist" and conv.weight_summary == "int8 per-channel(0) max"
-    assert conv.amax_summary == "uncalibrated" and conv.parameters == 16 * 16 * 9
+    # bn1 is folded into the conv (the default, as TensorRT does): its weight plus the bias folding gives it
+    assert conv.amax_summary == "uncalibrated" and conv.parameters == 16 * 16 * 9 + 16
+    assert conv.notes == ["folded bn1"]
     assert session.project.input_spec.shape == (1, 8, 8)
 
 
@@ -127,7 +129,11 @@ def test_weight_ranges(calibrated):
     session, _ = calibrated
     ranges = session.weight_ranges("block.conv1")
     assert ranges.shape == (16,)
-    assert np.allclose(ranges, session.float_model.block.conv1.weight.detach().abs().amax((1, 2, 3)).numpy())
+    # the weights the engine runs: bn1 folded into them
+    from workbench.graph.fold import folded_weights
+
+    folded, _ = folded_weights(session.float_model.block.conv1, session.float_model.block.bn1)
+    assert np.allclose(ranges, folded.abs().amax((1, 2, 3)).numpy())
     assert session.weight_ranges("head_pool") is None
 
 
@@ -203,3 +209,60 @@ def test_settings_and_unknown_setting():
             session.set_device("cuda")
         else:
             raise SessionError("no CUDA device")  # keep the assertion meaningful on a GPU machine
+
+
+def test_units_map_to_layers_and_the_latest_fallback_is_kept(calibrated):
+    session, _ = calibrated
+    profile = session.sensitivity(num_batches=1)
+    unit = profile.unit("block.add")
+    assert session.layers_of(unit) == ["block.add"]  # named by its quantizer block.add._input1_quantizer
+    assert session.layers_of("fc") == ["fc"] and session.layers_of("block.bn1") == []
+    assert session.latest_fallback() is None or session.latest_fallback().curve
+    result = session.fallback(target=20.0, max_units=1)
+    latest = session.latest_fallback()
+    assert latest is not None and latest.plot_data() == result.plot_data() and latest.target == 20.0
+
+
+def test_a_preview_export_leaves_the_project_alone(calibrated, tmp_path):
+    session, _ = calibrated
+    settings, exports, dirty = dict(session.project.settings["export"]), len(session.project.exports), session.dirty
+    report = session.export(tmp_path / "preview.onnx", opset=13, remember=False)
+    assert (tmp_path / "preview.onnx").is_file() and report.opset == 13
+    assert session.project.settings["export"] == settings and len(session.project.exports) == exports
+    assert session.dirty == dirty
+
+
+def test_descriptor_and_shapes_for_the_layer_panel():
+    session = demo_session()
+    assert session.descriptors(["block.conv1"], "input") == {
+        "block.conv1": {"num_bits": 8, "name": None, "calib_method": "histogram"}}
+    assert session.descriptors(["block.conv1", "head_pool"], "weight") == {
+        "block.conv1": {"num_bits": 8, "name": None, "axis": 0}, "head_pool": None}
+    session.set_descriptor(["block.conv1"], "input", num_bits=6)
+    assert session.descriptors(["block.conv1"], "input")["block.conv1"]["num_bits"] == 6
+    with pytest.raises(SessionError, match="not a quantizable layer"):
+        session.descriptors(["block.bn1"], "input")
+    shapes = session.layer_shapes()
+    assert shapes["stem.0"] == {"inputs": [(1, 1, 8, 8)], "output": (1, 16, 8, 8), "weight": (16, 1, 3, 3)}
+    assert shapes["fc"]["weight"] == (10, 32) and session.layer_shapes() is shapes  # computed once
+
+
+def test_set_descriptor_changes_nothing_when_one_layer_fails():
+    session = demo_session()
+    with pytest.raises(SessionError, match="head_pool has no weight quantizer"):
+        session.set_descriptor(["block.conv1", "head_pool"], "weight", num_bits=4)
+    assert session.project.layers["block.conv1"].weight_desc is None
+
+
+def test_functional_add_shows_the_amax_of_its_quantized_input(calibrated):
+    session, _ = calibrated
+    add = next(layer for layer in session.layers() if layer.name == "block.add")
+    # the residual rule bypasses the identity input; the row shows the input that is quantized
+    assert add.amax_summary not in ("uncalibrated", "-")
+
+
+def test_calibration_progress_counts_the_batches_the_data_has():
+    session = demo_session(calib_batches=2)
+    seen = []
+    session.calibrate(method="max", num_batches=16, progress=lambda done, total, message: seen.append((done, total)))
+    assert seen[-1] == (2, 2) and session.project.current_calibration.num_batches == 2

@@ -196,15 +196,32 @@ def _cmd_show(args: argparse.Namespace) -> int:
     lines.append("  calibration: " + ("none yet" if run is None else
                                       f"{run['method']} on {run['batches']} batches, output SQNR "
                                       f"{_fmt(run['output_sqnr_db'], ' dB')}"))
+    lines.extend(_folding_lines(summary["folding"]))
+    tuned = summary["finetune"]
+    if tuned is not None:
+        lines.append(f"  fine-tune: run {tuned['id']}: {tuned['summary']}")
+        if tuned["status"] and "in use" not in tuned["status"]:
+            lines.append(f"  warning: {tuned['status']}")
     for message in summary["file_changes"] + [f"recalibrate: {n}" for n in summary["stale_quantizers"][:5]]:
         lines.append(f"  warning: {message}")
     lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
     lines.append(f"    {'layer':<32} {'type':<20} {'input':<28} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
+        notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""
         lines.append(f"    {layer.name:<32} {layer.type:<20} {layer.input_summary:<28} {layer.weight_summary:<24} "
-                     f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}")
+                     f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
     _emit(args, summary, "\n".join(lines))
     return EXIT_OK
+
+
+def _folding_lines(folding: dict[str, Any]) -> list[str]:
+    """``workbench show``: which BatchNorms were folded into which layer, and which were left and why."""
+    if not folding["enabled"]:
+        return ["  BatchNorm folding: off"]
+    pairs = ", ".join(f"{p['bn']} -> {p['layer']}" for p in folding["folded"]) or "none"
+    lines = [f"  BatchNorm folding: on, {len(folding['folded'])} folded: {pairs}"]
+    lines += [f"    not folded: {item['bn']}: {item['reason']}" for item in folding["skipped"]]
+    return lines
 
 
 def _cmd_set(args: argparse.Namespace) -> int:
@@ -259,6 +276,12 @@ def _cmd_set(args: argparse.Namespace) -> int:
     if args.device:
         session.set_setting("device", args.device)
         changed["device"] = [args.device]
+    if args.fold_bn is not None:
+        session.set_setting("fold_bn", args.fold_bn == "on")
+        folded = session.folded_layers()
+        changed["fold_bn"] = [f"{bn} -> {layer}" for layer, bn in folded.items()] if folded else [args.fold_bn]
+        if session.build_report.stale:
+            changed["recalibrate"] = list(session.build_report.stale)
     if not changed:
         raise UsageError("nothing to change: see 'workbench set --help'.")
     session.save()
@@ -324,6 +347,56 @@ def _cmd_export(args: argparse.Namespace) -> int:
                             amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None)
     session.save()
     _emit(args, report.to_dict(), report.summary())
+    return EXIT_OK
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    from workbench.training import recipe
+
+    session = _open(args)
+    if args.reset:
+        reset = session.reset_finetune()
+        session.save()
+        _emit(args, {"reset": reset}, "back to the calibrated weights" if reset else "no fine-tuned weights in use")
+        return EXIT_OK
+    if args.loss and ":" in args.loss and not args.trust_code:
+        raise UsageError(f"the loss {args.loss} is user code: add --trust-code to run it.")
+    if args.train_data:
+        session.set_data("training", _data_spec(args.train_data, args, args.batch_size))
+    options: dict[str, Any] = {}
+    if args.original_lr is not None:
+        options.update(recipe(args.original_lr, args.original_epochs))
+    elif args.original_epochs is not None:
+        raise UsageError("--original-epochs goes with --original-lr (the recipe needs both).")
+    given = {"epochs": args.epochs, "lr": args.lr, "optimizer": args.optimizer, "schedule": args.schedule,
+             "loss": args.loss, "momentum": args.momentum, "weight_decay": args.weight_decay,
+             "steps_per_epoch": args.steps_per_epoch, "amp": args.amp, "learn_amax": args.learn_amax}
+    options.update({key: value for key, value in given.items() if value is not None})
+    metric = None
+    if args.metric:
+        from workbench.analysis import get_metric
+
+        if ":" in args.metric and not args.trust_code:
+            raise UsageError(f"the metric {args.metric} is user code: add --trust-code to run it.")
+        metric = get_metric(args.metric, args.metric_direction)
+    with _Progress(args, "fine-tuning") as progress:
+        result = session.finetune(metric=metric, progress=progress, cancel=progress.cancel, **options)
+    session.save()
+    data = result.to_dict()
+    data["summary"] = result.summary()
+    lines = [result.summary(), f"  {'epoch':>5} {'train loss':>11} {'eval loss':>10} {'metric':>9} {'lr':>9}"]
+    for record in [result.baseline] + result.history:
+        best = "  best" if record.epoch == result.best_epoch else ""
+        lines.append(f"  {record.epoch:>5} {_fmt(record.train_loss):>11} {_fmt(record.eval_loss):>10} "
+                     f"{_fmt(record.metric):>9} {_fmt(record.lr):>9}{best}")
+    for name, change in result.learned_amax.items():
+        lines.append(f"  learned amax {name}: {change['before']:.4g} -> {change['after']:.4g}")
+    for name, reason in result.learn_amax_skipped.items():
+        lines.append(f"  amax kept for {name}: {reason}")
+    if result.cancelled:
+        lines.append("cancelled: the model has the best weights so far" if result.epochs_completed
+                     else "cancelled before the first epoch ended: nothing changed")
+    _emit(args, data, "\n".join(lines))
     return EXIT_OK
 
 
@@ -407,6 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("--metric", help="the project's metric: sqnr, cosine, mse, top1, or an entry point")
     set_.add_argument("--metric-direction", choices=["higher", "lower"])
     set_.add_argument("--device", help="cpu, cuda, cuda:1 ...")
+    set_.add_argument("--fold-bn", choices=["on", "off"],
+                      help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)
 
     cal = project_command("calibrate", "calibrate on the project's calibration data")
@@ -437,6 +512,42 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--calibration-cache", action="store_true",
                         help="also write a TensorRT calibration cache (implicit quantization)")
     export.set_defaults(func=_cmd_export)
+
+    tune = project_command("finetune", "quantization-aware fine-tuning of the calibrated model (amax fixed)")
+    tune.add_argument("--epochs", type=int, help="passes over the training data (recipe: ~10%% of the original)")
+    tune.add_argument("--lr", type=float, help="starting learning rate (recipe: 1%% of the original)")
+    tune.add_argument("--original-lr", type=float, help="derive --lr (and --epochs with --original-epochs) from "
+                                                        "the original training by the reference recipe")
+    tune.add_argument("--original-epochs", type=int, help="the original training's epochs")
+    tune.add_argument("--optimizer", choices=["sgd", "adam"])
+    tune.add_argument("--schedule", choices=["cosine", "constant"],
+                      help="cosine: anneal to 1%% of --lr by the last step (default)")
+    tune.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
+    tune.add_argument("--weight-decay", type=float)
+    tune.add_argument("--steps-per-epoch", type=int, help="stop each epoch after this many batches")
+    tune.add_argument("--loss", help="cross_entropy (default, needs labels) or a function fn(outputs, targets) "
+                                     "as module:function or file.py:function (needs --trust-code)")
+    tune.add_argument("--learn-amax", action="append", metavar="PATTERN",
+                      help="learn the amax of quantizers matching this regex (per-tensor only; repeatable); "
+                           "default: as the project's last fine-tune, at first fixed; '' for fixed")
+    tune.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
+                      help="mixed precision (default: on with CUDA)")
+    tune.add_argument("--metric", help="what picks the best epoch (default: the project's metric)")
+    tune.add_argument("--metric-direction", choices=["higher", "lower"])
+    tune.add_argument("--train-data", help="data to train on, stored in the project (same forms as --data of "
+                                           "'new'; default: all of the calibration data)")
+    tune.add_argument("--batch-size", type=int, default=32, help="for --train-data")
+    tune.add_argument("--num-batches", type=int, help="for --train-data: batches per pass (default: all)")
+    tune.add_argument("--shuffle", action="store_true", help="for --train-data")
+    tune.add_argument("--seed", type=int, default=0, help="for --train-data")
+    tune.add_argument("--resize", type=int, help="for --train-data images")
+    tune.add_argument("--crop", type=int, help="for --train-data images")
+    tune.add_argument("--mean", type=float, nargs="+", help="for --train-data images")
+    tune.add_argument("--std", type=float, nargs="+", help="for --train-data images")
+    tune.add_argument("--grayscale", action="store_true", help="for --train-data images")
+    tune.add_argument("--reset", action="store_true", help="drop the fine-tuned weights: back to the calibrated "
+                                                           "model's own")
+    tune.set_defaults(func=_cmd_finetune)
 
     demo = sub.add_parser("demo", help="the whole job on the built-in digits CNN, without a screen")
     demo.add_argument("--out", default="workbench-demo", help="folder for the project and ONNX (default: "
@@ -471,8 +582,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from workbench.analysis import AnalysisCancelled, AnalysisError, MetricError
         from workbench.export import ExportError
         from workbench.quant.calibrate import CalibrationCancelled, CalibrationError
+        from workbench.training import FinetuneError
 
-        user_errors += (ExportError, AnalysisError, MetricError, CalibrationError)
+        user_errors += (ExportError, AnalysisError, MetricError, CalibrationError, FinetuneError)
         cancelled: tuple[type[BaseException], ...] = (CalibrationCancelled, AnalysisCancelled)
     except ImportError:  # pragma: no cover - optional parts missing
         cancelled = ()

@@ -18,12 +18,18 @@ from workbench.sources.model_source import ModelSpec
 DEMO_PROJECT = "digits-demo.qwb"
 
 
+def demo_project_specs(calib_batches: int = 8, batch_size: int = 64) -> dict[str, Any]:
+    """``Session.create`` arguments of the demo project (the GUI's ``--demo`` creates the same one)."""
+    return {"model": ModelSpec("demo", "digits"),
+            "calibration": DataSpec("demo", "digits", split="train", batch_size=batch_size,
+                                    num_batches=calib_batches),
+            "evaluation": DataSpec("demo", "digits", split="test", batch_size=256), "name": "digits-demo",
+            "settings": {"metric": {"name": "sqnr", "direction": None}}}
+
+
 def create_demo_session(calib_batches: int = 8, batch_size: int = 64) -> Session:
     """A new, unsaved session on the demo digits CNN with its train (calibration) and test splits."""
-    return Session.create(ModelSpec("demo", "digits"),
-                          DataSpec("demo", "digits", split="train", batch_size=batch_size, num_batches=calib_batches),
-                          DataSpec("demo", "digits", split="test", batch_size=256), name="digits-demo",
-                          settings={"metric": {"name": "sqnr", "direction": None}})
+    return Session.create(**demo_project_specs(calib_batches, batch_size))
 
 
 def _stage(progress: ProgressCallback | None, name: str) -> ProgressCallback | None:

@@ -13,6 +13,7 @@ import copy
 import logging
 import math
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +25,14 @@ from torch import nn
 
 from workbench import __version__
 from workbench.graph import FunctionalQuantReport, ModelTree, PlacementReport, PlacementRules, describe_model
+from workbench.graph.fold import FoldReport, fold_batchnorm
 from workbench.graph.prepare import prepare_for_tensorrt
+from workbench.graph.tree import module_notes
 from workbench.project import (
     CalibrationRecord,
     ExportRecord,
     FallbackRecord,
+    FinetuneRecord,
     LayerDecision,
     Project,
     QuantizerRecord,
@@ -59,6 +63,13 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "metric": {"name": "sqnr", "direction": None},
     "export": {"path": None, "opset": 17, "dynamic_batch": True, "amax_json": False, "calibration_cache": False},
     "device": "cpu",
+    # fold BatchNorm into the layer before it, as TensorRT does, so that per-channel weight amax is taken
+    # on the weights the engine runs (projects from before folding existed open with it off)
+    "fold_bn": True,
+    # quantization-aware fine-tuning (workbench.training): lr and epochs are the user's (see recipe())
+    "finetune": {"epochs": 2, "lr": 1e-4, "optimizer": "sgd", "schedule": "cosine", "momentum": 0.9,
+                 "weight_decay": 0.0, "loss": "cross_entropy", "learn_amax": [], "steps_per_epoch": None,
+                 "amp": None},
 }
 
 
@@ -79,6 +90,7 @@ class LayerView:
     amax_summary: str
     sensitivity_rank: int | None
     parameters: int
+    notes: list[str] = field(default_factory=list)  # what building did to the layer, e.g. ["folded bn1"]
 
 
 @dataclass
@@ -88,6 +100,8 @@ class BuildReport:
     placement: PlacementReport | None = None
     restored: list[str] = field(default_factory=list)  # quantizers whose amax came from the project
     stale: list[str] = field(default_factory=list)      # calibrated with another descriptor: recalibrate
+    folding: FoldReport | None = None                   # BatchNorms folded (None: folding is off)
+    finetune: str | None = None                         # whether the fine-tuned weights apply, and why not
 
 
 def descriptor_of(quantizer: TensorQuantizer) -> dict[str, Any]:
@@ -180,6 +194,8 @@ class Session:
         self.float_model: nn.Module = self._loaded.model
         self._data: dict[str, DataSource] = {}
         self._quant_model: nn.Module | None = None
+        self.last_build_s = 0.0
+        self._folded: tuple[nn.Module, FoldReport] | None = None  # the float model with BatchNorm folded
         self.build_report = BuildReport()
         self._check_digests()
         self.device = torch.device(project.settings.get("device") or "cpu")
@@ -267,9 +283,17 @@ class Session:
     # ----- data -------------------------------------------------------------------------------
 
     def data(self, role: str = "calibration") -> DataSource:
-        """The opened data source for ``role`` (evaluation falls back to calibration data)."""
+        """The opened data source for ``role`` (evaluation falls back to calibration data; training data to
+        all of the calibration data, shuffled)."""
         if role == "evaluation" and "evaluation" not in self.project.data:
             role = "calibration"
+        if role == "training" and "training" not in self.project.data and "calibration" in self.project.data:
+            spec = DataSpec.from_dict({**self.project.data["calibration"].to_dict(), "num_batches": None,
+                                       "shuffle": True})
+            cached = self._data.get("training")
+            if cached is None or cached.spec != spec:  # follows a change of the calibration data
+                self._data["training"] = open_data(spec, trust_code=self.trust_code, base_dir=self.base_dir)
+            return self._data["training"]
         if role not in self.project.data:
             raise SessionError(f"The project has no {role} data.")
         if role not in self._data:
@@ -347,7 +371,7 @@ class Session:
         modules = dict(model.named_modules())
         for name, decision in self.project.layers.items():
             module = modules.get(name)
-            input_q = getattr(module, "_input_quantizer", None) or getattr(module, "_input0_quantizer", None)
+            input_q = self._role_quantizer(module, "input")
             weight_q = getattr(module, "_weight_quantizer", None)
             input_fields = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
             weight_fields = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
@@ -358,7 +382,8 @@ class Session:
             views.append(LayerView(name, decision.type, decision.quantize, kinds.get(name, "module"),
                                    descriptor_summary(input_fields, method) if decision.quantize else "float",
                                    descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
-                                   amax, ranks.get(name), params))
+                                   amax, ranks.get(name), params,
+                                   list(module_notes(module)) if module is not None else []))
         return views
 
     def tree(self) -> ModelTree:
@@ -417,7 +442,7 @@ class Session:
             raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
         model = self.quantized_model()
         modules = dict(model.named_modules())
-        changed = []
+        updates: dict[str, dict[str, Any]] = {}
         for name in list(names):
             if name not in self.project.layers:
                 raise SessionError(f"{name!r} is not a quantizable layer of this model.")
@@ -436,8 +461,11 @@ class Session:
             except (TypeError, ValueError) as error:
                 raise SessionError(f"{name}: {error}") from error
             if updated != current:
-                setattr(self.project.layers[name], f"{role}_desc", _jsonable(updated))
-                changed.append(name)
+                updates[name] = _jsonable(updated)
+        # applied only once every layer validated: an error leaves all of them as they were
+        for name, updated in updates.items():
+            setattr(self.project.layers[name], f"{role}_desc", updated)
+        changed = list(updates)
         if changed:
             self._invalidate()
         return changed
@@ -463,7 +491,64 @@ class Session:
             return None
         if role == "weight":
             return getattr(module, "_weight_quantizer", None)
-        return getattr(module, "_input_quantizer", None) or getattr(module, "_input0_quantizer", None)
+        candidates = [getattr(module, attr, None) for attr in ("_input_quantizer", "_input0_quantizer",
+                                                               "_input1_quantizer")]
+        candidates = [q for q in candidates if q is not None]
+        # a placement rule may bypass one input of an add (the identity branch): show the one in use
+        return next((q for q in candidates if not q._disabled), candidates[0] if candidates else None)
+
+    def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
+        """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
+
+        None for a layer without a quantizer for that role (a pooling layer has no weight quantizer).
+        """
+        if role not in ("input", "weight"):
+            raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
+        modules = dict(self.quantized_model().named_modules())
+        result: dict[str, dict[str, Any] | None] = {}
+        for name in names:
+            decision = self.project.layers.get(name)
+            if decision is None:
+                raise SessionError(f"{name!r} is not a quantizable layer of this model.")
+            quantizer = self._role_quantizer(modules.get(name), role)
+            override = getattr(decision, f"{role}_desc")
+            result[name] = None if quantizer is None else dict(override) if override is not None \
+                else descriptor_of(quantizer)
+        return result
+
+    def layer_shapes(self) -> dict[str, dict[str, Any]]:
+        """Input, output and weight shapes of the float model's modules, from one sample input (computed once).
+
+        Keys are module names; values ``{"inputs": [shape, ...], "output": shape | None, "weight": shape | None}``.
+        Functional layers (an fx-inserted add) are not modules of the float model and have no entry.
+        """
+        cached = getattr(self, "_layer_shapes", None)
+        if cached is not None:
+            return cached
+        shapes: dict[str, dict[str, Any]] = {}
+
+        def shape_of(value: Any) -> tuple[int, ...] | None:
+            return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+        def hook(name: str):
+            def record(module: nn.Module, inputs: tuple, output: Any) -> None:
+                if name not in shapes:  # a module called twice keeps its first call
+                    weight = getattr(module, "weight", None)
+                    shapes[name] = {"inputs": [s for s in map(shape_of, inputs) if s is not None],
+                                    "output": shape_of(output if not isinstance(output, (tuple, list)) else output[0]),
+                                    "weight": shape_of(weight)}
+            return record
+
+        handles = [module.register_forward_hook(hook(name)) for name, module in self.float_model.named_modules()
+                   if name]
+        try:
+            with torch.no_grad():
+                self.float_model(self.sample_inputs(batch=1))
+        finally:
+            for handle in handles:
+                handle.remove()
+        self._layer_shapes = shapes
+        return shapes
 
     def set_setting(self, key: str, value: Any) -> None:
         """Change a project setting (rules, pins, defaults, functional, metric, export, device)."""
@@ -472,7 +557,9 @@ class Session:
         self.project.settings[key] = value
         if key == "device":
             self.set_device(value)
-        if key in ("defaults", "functional", "rules", "pins"):
+        if key == "fold_bn" and not isinstance(value, bool):
+            raise SessionError(f"fold_bn is on or off (true/false), got {value!r}.")
+        if key in ("defaults", "functional", "rules", "pins", "fold_bn"):
             if key == "functional":
                 self._sync_layers()
             self._invalidate()
@@ -485,6 +572,7 @@ class Session:
         self.device = target
         self.project.settings["device"] = str(target)
         self.float_model.to(target)
+        self._folded = None  # its folded weights are its own tensors, on the old device
         if self._quant_model is not None:
             self._quant_model.to(target)
 
@@ -497,9 +585,45 @@ class Session:
     def quantized_model(self) -> nn.Module:
         """The quantized model for the current decisions, calibrated as far as the project knows."""
         if self._quant_model is None:
+            started = time.perf_counter()
             self._quant_model = self._build(with_decisions=True)
             self._restore_calibration(self._quant_model)
+            self._restore_finetune(self._quant_model)
+            self.last_build_s = time.perf_counter() - started
         return self._quant_model
+
+    @property
+    def needs_rebuild(self) -> bool:
+        """True after a decision changed: the next use rebuilds the quantized model (``last_build_s`` says
+        how long the last build took, so a front end can do it in the background when it is slow)."""
+        return self._quant_model is None
+
+    def _fold_base(self) -> tuple[nn.Module, FoldReport | None]:
+        """The model quantized models are built from: the float model, with BatchNorm folded when the
+        project says so (computed once; it shares every unfolded tensor with the float model, and the
+        folded layers have tensors of their own, so the float model is never changed)."""
+        if not self.project.settings.get("fold_bn", True):
+            return self.float_model, None
+        if self._folded is None:
+            base = _structural_copy(self.float_model).eval()
+            base, report = fold_batchnorm(base, inplace=True, example_inputs=self._fold_example())
+            self._folded = (base, report)
+        return self._folded
+
+    def _fold_example(self) -> tuple[torch.Tensor] | None:
+        """A synthetic input of the project's input shape, to check that folding keeps the outputs."""
+        spec = self.project.input_spec
+        dtype = getattr(torch, spec.dtype, None) if spec is not None else None
+        if spec is None or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            return None
+        generator = torch.Generator().manual_seed(0)
+        return (torch.randn(spec.with_batch(1), generator=generator, dtype=dtype).to(self.device),)
+
+    def folded_layers(self) -> dict[str, str]:
+        """layer -> the BatchNorm folded into it, in the quantized model (empty when folding is off)."""
+        self.quantized_model()
+        folding = self.build_report.folding
+        return dict(folding.folded_into) if folding is not None else {}
 
     def _build(self, with_decisions: bool) -> nn.Module:
         settings = self.project.settings
@@ -515,7 +639,8 @@ class Session:
                 return None, None
             return _make_descriptor(decision.input_desc), _make_descriptor(decision.weight_desc)
 
-        model = _structural_copy(self.float_model).eval()
+        base, folding = self._fold_base()
+        model = _structural_copy(base).eval()
         exact = [f"^{re.escape(n)}$" for n in float_layers]
         functional = settings.get("functional") or {}
         rules = settings.get("rules") or {}
@@ -527,7 +652,8 @@ class Session:
                                  residual=bool(rules.get("residual", True)),
                                  pins=[tuple(p) for p in settings.get("pins") or []]))
         if with_decisions:
-            self.build_report = BuildReport(prepared.replacement, prepared.functional, prepared.rules)
+            self.build_report = BuildReport(prepared.replacement, prepared.functional, prepared.rules,
+                                            folding=folding)
         for quantizer in _quantizers_with_names(model).values():
             quantizer.rounding = "onnx"  # the numbers the exported QDQ graph computes
         return model.to(self.device)
@@ -539,6 +665,9 @@ class Session:
         report.restored, report.stale = [], []
         if run is None:
             return
+        # a weight amax taken before (or after) a BatchNorm was folded into the layer does not fit its weight now
+        folded_now = set(report.folding.folded_into) if report.folding is not None else set()
+        refolded = folded_now ^ set(run.folded or [])
         done: set[int] = set()
         for name, quantizer in _quantizers_with_names(model).items():
             if id(quantizer) in done:  # shared by a placement rule: restored under its first name
@@ -550,9 +679,64 @@ class Session:
             if record.descriptor is not None and record.descriptor != descriptor_of(quantizer):
                 report.stale.append(name)
                 continue
+            layer, role = _layer_of(name)
+            if role == "weight" and layer in refolded:
+                report.stale.append(name)
+                continue
             _load_record(quantizer, record, self.device)
             done.add(id(quantizer))
             report.restored.append(name)
+
+    def _restore_finetune(self, model: nn.Module) -> None:
+        """Give the model the weights (and learned amax) of the active fine-tune, when they fit.
+
+        The weights become new tensors of the quantized model (the float model keeps its own). They only
+        apply when the model is folded as it was for the fine-tune and every saved tensor finds its
+        parameter; otherwise the model keeps its own weights and ``build_report.finetune`` says why.
+        """
+        record = self.project.current_finetune
+        report = self.build_report
+        report.finetune = None
+        if record is None or not record.weights:
+            return
+        folded = sorted(report.folding.folded_into) if report.folding is not None else []
+        if sorted(record.folded) != folded:
+            report.finetune = (f"fine-tuned weights (run {record.id}) not used: they were trained with "
+                               f"{len(record.folded)} BatchNorms folded, the model now has {len(folded)}; switch "
+                               "fold_bn back or fine-tune again")
+            logger.warning("%s", report.finetune)
+            return
+        params = dict(model.named_parameters())
+        problems = [f"{name} is not a parameter of the model" for name in record.weights if name not in params]
+        problems += [f"{name} has shape {tuple(params[name].shape)}, saved {tuple(array.shape)}"
+                     for name, array in record.weights.items()
+                     if name in params and tuple(params[name].shape) != tuple(array.shape)]
+        if problems:
+            report.finetune = (f"fine-tuned weights (run {record.id}) not used: {'; '.join(problems[:3])}"
+                               f"{'...' if len(problems) > 3 else ''}")
+            logger.warning("%s", report.finetune)
+            return
+        replacements: dict[int, nn.Parameter] = {}
+        for name, array in record.weights.items():
+            old = params[name]
+            value = torch.from_numpy(np.ascontiguousarray(array)).to(device=old.device, dtype=old.dtype)
+            replacements[id(old)] = nn.Parameter(value, requires_grad=old.requires_grad)
+        for module in model.modules():  # every owner of a tied parameter gets the same new one
+            for attr, param in list(module._parameters.items()):
+                if param is not None and id(param) in replacements:
+                    module._parameters[attr] = replacements[id(param)]
+        run = self.project.current_calibration
+        learned = 0
+        if record.amax and run is not None and record.calibration_id == run.id:
+            quantizers = _quantizers_with_names(model)
+            for name, array in record.amax.items():
+                quantizer = quantizers.get(name)
+                amax = quantizer._buffers.get("_amax") if quantizer is not None else None
+                if amax is not None and amax.numel() == array.size and name not in report.stale:
+                    amax.copy_(torch.from_numpy(np.asarray(array, dtype=np.float32)).reshape(amax.shape))
+                    learned += 1
+        report.finetune = f"fine-tuned weights of run {record.id} in use" + (
+            f", {learned} learned amax" if learned else "")
 
     # ----- jobs -------------------------------------------------------------------------------
 
@@ -565,6 +749,9 @@ class Session:
         num_batches = num_batches if num_batches is not None else options.get("num_batches")
         percentile = percentile if percentile is not None else options.get("percentile", 99.99)
         model = self.quantized_model()
+        available = self.data("calibration").num_batches
+        if available is not None:  # progress totals count the batches that really run
+            num_batches = available if num_batches is None else min(num_batches, available)
         result = calibrate(model, self.data("calibration").batches(), num_batches=num_batches, method=method,
                            percentile=percentile, device=self.device, progress=progress, cancel=cancel)
         quantizers = _quantizers_with_names(model)
@@ -581,8 +768,7 @@ class Session:
             id=self.project.next_id(self.project.calibrations), created=now_iso(), method=method,
             percentile=float(percentile), num_batches=result.num_batches, wall_time_s=result.wall_time_s,
             device=result.device, output_sqnr_db=result.output_sqnr_db, warnings=list(result.warnings),
-            unused=list(result.unused), quantizers=records))
-        self.options_used = {"method": method, "num_batches": num_batches, "percentile": percentile}
+            unused=list(result.unused), quantizers=records, folded=sorted(self.folded_layers())))
         self.dirty = True
         return result
 
@@ -617,6 +803,8 @@ class Session:
                 record.amax = quantizer._amax.detach().cpu().numpy().astype(np.float32)
                 record.method = method
             updated[name] = float(quantizer._amax.max())
+            if self.project.current_finetune is not None:  # a range learned while fine-tuning gives way
+                self.project.current_finetune.amax.pop(name, None)
         if not updated:
             raise SessionError("None of these quantizers has a histogram calibrator; use calib_method 'histogram'.")
         self.dirty = True
@@ -722,12 +910,28 @@ class Session:
         """
         names: list[str] = []
         for unit in getattr(result, "chosen", result):
-            quantizers = getattr(unit, "quantizers", None)
-            layers = [_layer_of(q)[0] for q in quantizers] if quantizers else [getattr(unit, "name", unit)]
-            names += [layer for layer in layers if layer in self.project.layers]
+            names += self.layers_of(unit)
         names = list(dict.fromkeys(names))
         self.set_quantize(names, False)
         return names
+
+    def layers_of(self, unit: Any) -> list[str]:
+        """The quantizable layers a sensitivity or fallback unit switches (a Unit, a UnitResult or a name).
+
+        A unit is named by its quantizers (``block.add._input1_quantizer``); the views select and
+        ignore layers, so they map units to layers through here.
+        """
+        quantizers = getattr(unit, "quantizers", None)
+        layers = [_layer_of(q)[0] for q in quantizers] if quantizers else [getattr(unit, "name", unit)]
+        return [layer for layer in dict.fromkeys(layers) if layer in self.project.layers]
+
+    def latest_fallback(self):
+        """The last fallback search stored in the project (None if there was none)."""
+        from workbench.analysis import FallbackResult
+
+        if not self.project.fallbacks:
+            return None
+        return FallbackResult.from_dict(self.project.fallbacks[-1].data)
 
     def evaluate(self, metric: Any = None, num_batches: int | None = None) -> dict[str, float]:
         """FP32 and INT8 values of the metric (and output SQNR) on the evaluation data."""
@@ -756,8 +960,12 @@ class Session:
         return report
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
-               amax_json: bool | None = None, calibration_cache: bool | None = None):
-        """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project."""
+               amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True):
+        """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project.
+
+        ``remember=False`` (a preview, e.g. for the graph view) leaves the project as it was: the export
+        settings, the export history and the unsaved-changes flag are not touched.
+        """
         from workbench.export import export_qdq_onnx
 
         settings = dict(self.project.settings["export"])
@@ -771,6 +979,8 @@ class Session:
                                  amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
                                  calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
                                  else None)
+        if not remember:
+            return report
         settings.update({"path": str(target), "opset": opset, "dynamic_batch": dynamic_batch, "amax_json": amax_json,
                          "calibration_cache": calibration_cache})
         self.project.settings["export"] = settings
@@ -786,6 +996,80 @@ class Session:
             return Path(configured)
         stem = self.path.stem if self.path is not None else (self.project.name or "model")
         return (self.path.parent if self.path is not None else self.base_dir) / f"{stem}.qdq.onnx"
+
+    def finetune(self, *, epochs: int | None = None, lr: float | None = None, optimizer: str | None = None,
+                 schedule: str | None = None, loss: str | None = None, learn_amax: Sequence[str] | str | None = None,
+                 momentum: float | None = None, weight_decay: float | None = None,
+                 steps_per_epoch: int | None = None, amp: bool | None = None, metric: Any = None,
+                 progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
+                 on_step: Any = None, on_epoch: Any = None):
+        """Quantization-aware fine-tuning of the calibrated model (see :func:`workbench.training.finetune`).
+
+        Options not given come from the project's ``finetune`` setting, and the ones given are stored
+        there. Trains on the training data (default: all of the calibration data, shuffled) and keeps
+        the best epoch on the evaluation data by the project's metric (or ``metric``). amax stays as
+        calibrated unless ``learn_amax`` names quantizers (regexes). Cancel is checked between steps and
+        leaves the best model so far. The float model keeps its weights: the quantized model trains
+        copies. The result (history and the resulting weights) is stored in the project, and export uses
+        the fine-tuned weights; a run cancelled before its first epoch changes nothing and is not stored.
+        """
+        from workbench.training import finetune as run_finetune
+
+        options = dict(DEFAULT_SETTINGS["finetune"])
+        options.update(self.project.settings.get("finetune") or {})
+        given = {"epochs": epochs, "lr": lr, "optimizer": optimizer, "schedule": schedule, "loss": loss,
+                 "momentum": momentum, "weight_decay": weight_decay, "steps_per_epoch": steps_per_epoch, "amp": amp,
+                 "learn_amax": [learn_amax] if isinstance(learn_amax, str) else learn_amax}
+        options.update({key: value for key, value in given.items() if value is not None})
+        loss_name = options.get("loss") or "cross_entropy"
+        if ":" in str(loss_name) and not self.trust_code:
+            raise TrustRequired(f"The loss {loss_name} is user code; trust it first (--trust-code).")
+        model = self._require_calibrated()
+        result = run_finetune(
+            model, self.data("training"), loss_name, epochs=options["epochs"], lr=options["lr"],
+            schedule=options["schedule"], optimizer=options["optimizer"], momentum=options["momentum"],
+            weight_decay=options["weight_decay"], steps_per_epoch=options["steps_per_epoch"],
+            eval_batches=self._analysis_batches(), metric=metric if metric is not None else self.metric(),
+            progress=progress, cancel=cancel, on_step=on_step, on_epoch=on_epoch, device=self.device,
+            amp=options["amp"], learn_amax=options["learn_amax"] or None, trust_code=self.trust_code)
+        self.project.settings["finetune"] = options
+        self.dirty = True
+        if result.epochs_completed == 0 and not result.changed:
+            return result  # cancelled before an epoch finished: the model is as it was
+        quantizers = _quantizers_with_names(model)
+        own = {id(p) for q in quantizers.values() for p in q.parameters()}
+        weights = {name: _to_numpy(p) for name, p in model.named_parameters() if id(p) not in own}
+        run = self.project.current_calibration
+        amax: dict[str, np.ndarray] = {}
+        for name, quantizer in quantizers.items():  # ranges that differ from the calibration: learned ones
+            record = run.quantizers.get(name) if run is not None else None
+            current = quantizer._buffers.get("_amax")
+            if record is not None and current is not None and not np.array_equal(
+                    _to_numpy(current), np.asarray(record.amax, dtype=np.float32)):
+                amax[name] = _to_numpy(current)
+        for old in self.project.finetunes:  # one set of weights per project: the active run's
+            old.active, old.weights, old.amax = False, {}, {}
+        self.project.finetunes.append(FinetuneRecord(
+            id=self.project.next_id(self.project.finetunes), created=now_iso(), data=result.to_dict(),
+            calibration_id=run.id if run is not None else None, folded=sorted(self.folded_layers()),
+            active=True, weights=weights, amax=amax))
+        self.build_report.finetune = f"fine-tuned weights of run {self.project.finetunes[-1].id} in use"
+        return result
+
+    def finetune_history(self) -> list[Any]:
+        """Every stored fine-tune as a :class:`workbench.training.FinetuneResult` (no model), oldest first."""
+        from workbench.training import FinetuneResult
+
+        return [FinetuneResult.from_dict(record.data) for record in self.project.finetunes]
+
+    def reset_finetune(self) -> bool:
+        """Back to the calibrated model's own weights (the fine-tune history stays); False if none was in use."""
+        if self.project.current_finetune is None:
+            return False
+        for record in self.project.finetunes:
+            record.active, record.weights, record.amax = False, {}, {}
+        self._invalidate()
+        return True
 
     def _require_calibrated(self) -> nn.Module:
         model = self.quantized_model()
@@ -819,8 +1103,34 @@ class Session:
             "sensitivity_runs": len(self.project.sensitivity),
             "exports": [record.path for record in self.project.exports],
             "file_changes": list(self.file_changes),
+            "folding": {"enabled": bool(self.project.settings.get("fold_bn", True)),
+                        **(self.build_report.folding.to_dict() if self.build_report.folding is not None
+                           else {"folded": [], "skipped": [], "failures": [], "max_relative_error": None})},
+            "finetune": self._finetune_summary(),
+            "finetune_runs": len(self.project.finetunes),
             "settings": self.project.settings,
         }
+
+    def _finetune_summary(self) -> dict[str, Any] | None:
+        record = self.project.current_finetune
+        if record is None:
+            return None
+        from workbench.training import FinetuneResult
+
+        result = FinetuneResult.from_dict(record.data)
+        return {"id": record.id, "created": record.created, "summary": result.summary(),
+                "status": self.build_report.finetune, "best_epoch": result.best_epoch,
+                "epochs_completed": result.epochs_completed, "cancelled": result.cancelled,
+                "metric": result.metric_name, "baseline_metric": result.baseline.metric,
+                "best_metric": result.best.metric, "history": [e.to_dict() for e in result.history]}
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor as a NumPy array for the project file (bfloat16 has no NumPy type: float32)."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.float()
+    return tensor.cpu().numpy().copy()
 
 
 def _structural_copy(model: nn.Module) -> nn.Module:
