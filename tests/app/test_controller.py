@@ -100,3 +100,16 @@ def test_untrusted_code_asks_for_trust(controller, qtbot, tmp_path):
                                DataSpec("demo", "digits", split="train"))
     kind, target, message = blocker.args
     assert kind == "model" and "net.py" in target and "--trust-code" in message
+
+
+def test_slow_rebuilds_run_in_the_background_and_queue_the_next_job(controller, qtbot):
+    session = open_demo(controller, qtbot)
+    session.last_build_s = 10.0  # pretend this model takes seconds to rebuild, like one of 10,000 modules
+    with qtbot.waitSignal(controller.layers_changed, timeout=60000):
+        assert controller.set_quantize(["fc"], False) == ["fc"]
+        assert controller.busy and controller.jobs.job_name == "Updating the model"
+        assert controller.calibrate(method="max")  # asked for during the rebuild: queued, not refused
+    qtbot.waitUntil(lambda: session.project.current_calibration is not None and not controller.busy,
+                    timeout=60000)
+    assert session.project.current_calibration.method == "max"
+    assert "fc._input_quantizer" not in session.project.current_calibration.quantizers

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
 from PySide6.QtCore import QObject, Signal
 
 from workbench.analysis import AnalysisCancelled
@@ -25,6 +26,10 @@ from workbench.sources.model_source import ModelSpec
 logger = logging.getLogger(__name__)
 
 __all__ = ["Controller", "QtLogHandler"]
+
+# Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
+SLOW_REBUILD_S = 0.3
+UPDATE_JOB = "Updating the model"
 
 
 class QtLogHandler(logging.Handler):
@@ -58,6 +63,9 @@ class Controller(QObject):
         error(title, message, details): something failed; the main window shows a dialog.
         log(level, message): a line for the log panel.
         busy_changed(bool): a job started or ended (editing is disabled meanwhile).
+        finetune_progress(epoch, step, loss): a fine-tuning step finished (from the worker, queued).
+        finetune_epoch(record): a fine-tuning epoch was measured (an EpochRecord; epoch 0 is the start).
+        finetune_finished(result): a fine-tune ended (a FinetuneResult; ``result.cancelled`` when cancelled).
     """
 
     session_changed = Signal()
@@ -72,12 +80,17 @@ class Controller(QObject):
     error = Signal(str, str, str)
     log = Signal(str, str)
     busy_changed = Signal(bool)
+    finetune_progress = Signal(int, int, float)
+    finetune_epoch = Signal(object)
+    finetune_finished = Signal(object)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.session: Session | None = None
         self.jobs = JobRunner(self, cancelled_types=(CalibrationCancelled, AnalysisCancelled))
         self.jobs.busy_changed.connect(self.busy_changed)
+        self._queued: tuple | None = None  # a job asked for while the model was being rebuilt
+        self.jobs.busy_changed.connect(self._start_queued)
         self.jobs.failed.connect(self._job_failed)
         self.jobs.cancelled.connect(lambda name, error: self.log.emit("warning", f"{name} cancelled: {error}"))
         self._selection: list[str] = []
@@ -121,8 +134,9 @@ class Controller(QObject):
         """Create a project in the background (loading a model can take a while)."""
         def job(progress, cancel):
             progress(0, 1, "loading the model")
-            return Session.create(model, calibration, evaluation, trust_code=trust_code, input_shape=input_shape,
-                                  name=name, base_dir=base_dir, settings=settings)
+            session = Session.create(model, calibration, evaluation, trust_code=trust_code, input_shape=input_shape,
+                                     name=name, base_dir=base_dir, settings=settings)
+            return self._prepare_views(session, progress)
 
         return self._start("Creating project", job, lambda session: self._adopt(session, on_done),
                            trust=("model", model.label))
@@ -134,10 +148,42 @@ class Controller(QObject):
 
         def job(progress, cancel):
             progress(0, 1, f"opening {path.name}")
-            return Session.open(path, trust_code=trust_code)
+            return self._prepare_views(Session.open(path, trust_code=trust_code), progress)
 
         return self._start("Opening project", job, lambda session: self._adopt(session, on_done),
                            trust=("project", str(path)))
+
+    def _prepare_views(self, session: Session, progress: Callable[[int, int, str], None]) -> Session:
+        """In the worker: build what the views show first, so that opening a big model never freezes the window.
+
+        Building the quantized model of a model with thousands of modules takes seconds (fx tracing);
+        its tree, layer rows and shapes are computed here, before the session reaches the GUI thread,
+        and handed over once by :meth:`views`.
+        """
+        progress(0, 1, "building the quantized model")
+        # torch's first broadcast_shapes imports sympy (~0.7 s, holding the GIL): here, not in the
+        # middle of the first calibration where it would freeze the progress display
+        torch.broadcast_shapes((1,), (1,))
+        tree, layers = session.tree(), session.layers()
+        try:
+            session.layer_shapes()
+        except Exception as error:  # noqa: BLE001 - shapes are a nicety; the layer panel shows none
+            logger.warning("Layer shapes not available: %s", error)
+        self._prepared_views = (session, tree, layers)
+        return session
+
+    def views(self) -> tuple[Any, list[Any]]:
+        """The module tree and the layer rows of the open session, for the tree view.
+
+        The first call after opening returns what the background job computed; later calls ask the
+        session (after an edit the session rebuilds its quantized model).
+        """
+        if self.session is None:
+            raise RuntimeError("no project is open")
+        prepared, self._prepared_views = getattr(self, "_prepared_views", None), None
+        if prepared is not None and prepared[0] is self.session:
+            return prepared[1], prepared[2]
+        return self.session.tree(), self.session.layers()
 
     def _adopt(self, session: Session, on_done: Callable[[Session], None] | None) -> None:
         self.session = session
@@ -179,13 +225,23 @@ class Controller(QObject):
         if self.busy:
             self.error.emit(what, f"Wait for '{self.jobs.job_name}' to finish, or cancel it.", "")
             return None
+        self._prepared_views = None  # an edit makes the views computed on opening stale
         try:
             result = fn()
         except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, keep the state
             self.error.emit(what, str(error), "")
             return None
-        (signal or self.layers_changed).emit()
         self.dirty_changed.emit(self.session.dirty)
+        session = self.session
+        if session.needs_rebuild and session.last_build_s > SLOW_REBUILD_S:
+            # a big model takes seconds to rebuild (tracing): do it in the worker, the window stays live
+            def rebuild(progress, cancel):
+                progress(0, 1, "updating the quantized model")
+                return self._prepare_views(session, progress)
+
+            self._start(UPDATE_JOB, rebuild, lambda _: (signal or self.layers_changed).emit())
+            return result
+        (signal or self.layers_changed).emit()
         return result
 
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str] | None:
@@ -274,6 +330,48 @@ class Controller(QObject):
 
         return self._start("Exporting", job, done)
 
+    def export_preview(self, path: str | Path, on_done: Callable[[Any], None], **options: Any) -> bool:
+        """Export to ``path`` for viewing only: the project's export settings and history stay as they
+        were, and ``export_finished`` is not emitted (``on_done(report)`` is called instead)."""
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def job(progress, cancel):
+            progress(0, 1, "exporting a QDQ ONNX preview")
+            return session.export(path, remember=False, **options)
+
+        def done(report):
+            self.log.emit("info", f"preview: {report.summary()}")
+            on_done(report)
+
+        return self._start("Exporting a preview", job, done)
+
+    def finetune(self, **options: Any) -> bool:
+        """Fine-tune in the background (options as :meth:`Session.finetune`); Cancel keeps the best model so far."""
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def job(progress, cancel):
+            # emitted from the worker thread: Qt queues them to the GUI thread's slots
+            return session.finetune(progress=progress, cancel=cancel,
+                                    on_step=lambda s: self.finetune_progress.emit(s.epoch, s.step, s.loss),
+                                    on_epoch=self.finetune_epoch.emit, **options)
+
+        def done(result):
+            self.log.emit("warning" if result.cancelled else "info", result.summary())
+            self.finetune_finished.emit(result)
+            self.calibration_changed.emit()  # learned amax and new weights: views refresh
+            self.layers_changed.emit()
+            self.dirty_changed.emit(True)
+
+        return self._start("Fine-tuning", job, done)
+
+    def reset_finetune(self) -> bool | None:
+        """Drop the fine-tuned weights: the quantized model goes back to the calibrated weights."""
+        return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune(), self.calibration_changed)
+
     def evaluate(self, on_done: Callable[[dict], None], **options: Any) -> bool:
         session = self._require_session()
         if session is None:
@@ -289,11 +387,26 @@ class Controller(QObject):
         return self.session
 
     def _start(self, name: str, fn, on_done, trust: tuple[str, str] | None = None) -> bool:
+        if self.jobs.busy and self.jobs.job_name == UPDATE_JOB and self._queued is None:
+            # the model is being rebuilt after an edit: run this job right after it, as the user meant
+            self._queued = (name, fn, on_done, trust)
+            return True
+        if self.jobs.busy:
+            self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
+            return False
         self._trust_context = trust
+        self._prepared_views = None  # a job changes the session: views computed on opening are stale
         if not self.jobs.start(name, fn, on_done):
             self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
             return False
         return True
+
+    def _start_queued(self, busy: bool) -> None:
+        if busy or self._queued is None:
+            return
+        name, fn, on_done, trust = self._queued
+        self._queued = None
+        self._start(name, fn, on_done, trust)
 
     def _job_failed(self, name: str, error: BaseException, details: str) -> None:
         if isinstance(error, TrustRequired) and getattr(self, "_trust_context", None) is not None:
