@@ -1,0 +1,220 @@
+"""The sensitivity tab on the real demo session: bars and table, clicking, ignoring, the fallback search."""
+import math
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from PySide6.QtCore import QPointF, Qt  # noqa: E402
+
+from workbench.app.controller import Controller  # noqa: E402
+from workbench.app.sensitivity_tab import (  # noqa: E402
+    SensitivityTab,
+    format_delta,
+    format_number,
+    sensitivity_scores,
+)
+from workbench.sources.data_source import DataSpec  # noqa: E402
+from workbench.sources.model_source import ModelSpec  # noqa: E402
+
+
+@pytest.fixture
+def controller(qtbot):
+    controller = Controller()
+    yield controller
+    controller.shutdown()
+
+
+def open_demo(controller, qtbot, calibrate=True):
+    with qtbot.waitSignal(controller.session_changed, timeout=60000):
+        assert controller.new_project(ModelSpec("demo", "digits"),
+                                      DataSpec("demo", "digits", split="train", batch_size=64, num_batches=2),
+                                      DataSpec("demo", "digits", split="test", batch_size=256))
+    if calibrate:
+        with qtbot.waitSignal(controller.calibration_changed, timeout=60000):
+            controller.calibrate(method="max")
+    return controller.session
+
+
+def make_tab(controller, qtbot):
+    tab = SensitivityTab(controller)
+    qtbot.addWidget(tab)
+    tab.resize(1100, 800)
+    tab.show()
+    return tab
+
+
+def run_sensitivity(tab, controller, qtbot):
+    tab.batches_spin.setValue(1)
+    with qtbot.waitSignal(controller.sensitivity_changed, timeout=60000):
+        qtbot.mouseClick(tab.run_button, Qt.MouseButton.LeftButton)
+    return controller.session.latest_sensitivity()
+
+
+def table_column(tab, column):
+    model = tab.table_model
+    return [model.item(row, column).text() for row in range(model.rowCount())]
+
+
+def test_number_formatting():
+    assert format_number(math.inf) == "∞" and format_number(-math.inf) == "−∞" and format_number(None) == "n/a"
+    assert format_number(35.452306) == "35.45"
+    assert format_delta(0.5642) == "+0.564" and format_delta(-0.00366) == "−0.00366" and format_delta(0.0) == "0"
+
+
+def test_a_run_draws_one_bar_and_one_row_per_unit(controller, qtbot):
+    open_demo(controller, qtbot)
+    tab = make_tab(controller, qtbot)
+    assert tab.table_model.rowCount() == 0 and "No sensitivity run yet" in tab.summary_label.text()
+    result = run_sensitivity(tab, controller, qtbot)
+    ranked = result.ranked()
+    assert result.num_batches == 1 and result.metric_name == "SQNR (dB)"
+
+    # bars: one per unit, most sensitive on top (y = 0, the axis is inverted), labelled by name
+    ticks = tab.chart.getAxis("left")._tickLevels[0]
+    assert [label for _, label in ticks] == [u.name for u in ranked]
+    assert list(tab.bars.opts["y"]) == list(range(len(ranked)))
+    scores = dict(zip([u.name for u in result.units], sensitivity_scores(result)[0]))
+    widths = list(tab.bars.opts["width"])
+    assert widths == pytest.approx([scores[u.name] for u in ranked])
+    assert widths == sorted(widths, reverse=True)  # one-off, higher is better: sorted by what float regains
+    assert "regained" in tab.chart.getAxis("bottom").labelText
+    brushes = [b.color().name() for b in tab.bars.opts["brushes"]]
+    assert brushes[0] != brushes[-1]  # coloured by sensitivity
+
+    # table: the same units and numbers as the result, sorted by rank, sortable by any column
+    assert table_column(tab, 0) == [u.name for u in ranked]
+    assert table_column(tab, 1) == [format_number(u.value) for u in ranked]
+    assert table_column(tab, 2) == [format_delta(u.delta_vs_quantized) for u in ranked]
+    assert table_column(tab, 3) == ["−∞"] * len(ranked)  # FP32 SQNR is infinite
+    assert table_column(tab, 4) == [str(u.rank) for u in ranked]
+    assert tab.table_model.horizontalHeaderItem(1).text() == "SQNR (dB)"
+    tab.table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
+    assert table_column(tab, 0) == sorted(u.name for u in ranked)
+    tab.table.sortByColumn(1, Qt.SortOrder.AscendingOrder)
+    assert table_column(tab, 0) == [u.name for u in sorted(ranked, key=lambda u: u.value)]
+    assert "FP32 ∞" in tab.summary_label.text() and f"{len(ranked)} units" in tab.summary_label.text()
+
+    # a second tab (the window re-created, say) shows the stored result at once
+    other = make_tab(controller, qtbot)
+    assert table_column(other, 0) == [u.name for u in ranked]
+
+
+def test_clicking_bars_and_rows_selects_layers_and_follows_the_controller(controller, qtbot):
+    session = open_demo(controller, qtbot)
+    tab = make_tab(controller, qtbot)
+    ranked = run_sensitivity(tab, controller, qtbot).ranked()
+
+    # the handler a click calls
+    with qtbot.waitSignal(controller.selection_changed) as blocker:
+        tab.bar_clicked(0)
+    assert blocker.args == [session.layers_of(ranked[0])]
+
+    # a real mouse click on the third bar
+    qtbot.waitUntil(lambda: tab.chart.getPlotItem().getViewBox().sceneBoundingRect().width() > 100)
+    view = tab.chart.getPlotItem().getViewBox()
+    width = tab.bars.opts["width"][2]
+    scene_point = view.mapViewToScene(QPointF(max(width, 0.0) / 2 + 1e-3, 2.0))
+    widget_point = tab.chart.mapFromScene(scene_point)
+    with qtbot.waitSignal(controller.selection_changed) as blocker:
+        qtbot.mouseClick(tab.chart.viewport(), Qt.MouseButton.LeftButton, pos=widget_point)
+    assert blocker.args == [session.layers_of(ranked[2])]
+    assert tab.selected_units() == [ranked[2].name]
+    pens = tab.bars.opts["pens"]
+    assert pens[2].width() > pens[0].width()  # the selected bar is outlined
+
+    # a table row
+    row = next(r for r in range(tab.table_model.rowCount()) if tab.table_model.item(r, 0).text() == "block.add")
+    with qtbot.waitSignal(controller.selection_changed) as blocker:
+        tab.table.selectRow(row)
+    assert blocker.args == [["block.add"]]  # the unit named by block.add._input1_quantizer is that layer
+
+    # selecting elsewhere (the tree) moves the table selection and the outline
+    controller.select(["fc"])
+    selected = [tab.table_model.item(i.row(), 0).text() for i in tab.table.selectionModel().selectedRows()]
+    assert selected == ["fc"] and tab.selected_units() == ["fc"]
+    assert controller.selection == ["fc"]  # following did not bounce back into a new selection
+
+
+def test_ignore_the_worst_n(controller, qtbot):
+    session = open_demo(controller, qtbot)
+    tab = make_tab(controller, qtbot)
+    ranked = run_sensitivity(tab, controller, qtbot).ranked()
+    tab.worst_spin.setValue(2)
+    assert tab.ignore_button.text() == "Leave the worst 2 in float"
+    expected = session.layers_of(ranked[0]) + session.layers_of(ranked[1])
+    with qtbot.waitSignal(controller.layers_changed):
+        qtbot.mouseClick(tab.ignore_button, Qt.MouseButton.LeftButton)
+    assert [name for name, d in session.project.layers.items() if not d.quantize] == \
+        [name for name in session.project.layers if name in expected]
+    assert table_column(tab, 0)[:3] == [f"{ranked[0].name}  (float)", f"{ranked[1].name}  (float)", ranked[2].name]
+    assert "In float now" in tab.ignore_label.text()
+
+
+def test_fallback_search_plots_the_curve_and_applies(controller, qtbot):
+    session = open_demo(controller, qtbot)
+    tab = make_tab(controller, qtbot)
+    profile = run_sensitivity(tab, controller, qtbot)
+
+    # SQNR: FP32 is infinite, so the goal is a target in dB (a tolerance is not offered)
+    assert tab.goal_box.currentData() == "target" and not tab.goal_box.model().item(0).isEnabled()
+    target = round(profile.quantized + 3.0, 1)
+    tab.goal_spin.setValue(target)
+    assert tab.fallback_options() == {"metric": "sqnr", "max_units": None, "target": target}
+    with qtbot.waitSignal(controller.fallback_changed, timeout=60000) as blocker:
+        qtbot.mouseClick(tab.fallback_button, Qt.MouseButton.LeftButton)
+    result = blocker.args[0]
+    xs, ys = tab.fallback_curve.getData()
+    assert list(xs) == result.plot_data()[0] and list(ys) == pytest.approx(result.plot_data()[1])
+    assert tab.target_line.isVisible() and tab.target_line.value() == pytest.approx(target)
+    assert not tab.fp32_line.isVisible()  # infinite: no line to draw
+    marker_x, _ = tab.chosen_marker.getData()
+    assert list(marker_x) == [len(result.chosen)]
+    assert result.reached and "Reached" in tab.fallback_label.text()
+    assert all(name in tab.fallback_label.text() for name in result.chosen_names)
+
+    assert tab.apply_button.isEnabled() and tab.apply_button.text().startswith("Apply: leave")
+    with qtbot.waitSignal(controller.layers_changed):
+        qtbot.mouseClick(tab.apply_button, Qt.MouseButton.LeftButton)
+    floating = {name for name, d in session.project.layers.items() if not d.quantize}
+    assert floating == {layer for unit in result.chosen for layer in session.layers_of(unit)}
+    assert not tab.apply_button.isEnabled() and "Applied" in tab.fallback_label.text()
+
+
+def test_top1_tolerance_band_and_errors(controller, qtbot):
+    session = open_demo(controller, qtbot)
+    tab = make_tab(controller, qtbot)
+    labels = [tab.metric_box.itemText(i) for i in range(tab.metric_box.count())]
+    assert labels == ["SQNR (dB)", "cosine similarity", "MSE", "top-1 accuracy"]  # the digits have labels
+    tab.metric_box.setCurrentIndex(tab.metric_box.findData("top1"))
+    assert tab.goal_box.currentData() == "tolerance" and tab.goal_spin.value() == pytest.approx(0.01)
+    tab.goal_spin.setValue(0.05)
+    with qtbot.waitSignal(controller.fallback_changed, timeout=60000) as blocker:
+        tab.run_fallback()
+    result = blocker.args[0]
+    assert result.tolerance == pytest.approx(0.05)
+    assert tab.fp32_line.isVisible() and tab.fp32_line.value() == pytest.approx(result.fp32)
+    low, high = tab.fallback_band.getRegion()
+    assert (low, high) == pytest.approx((result.fp32 - 0.05, result.fp32))
+    assert session.latest_fallback().tolerance == pytest.approx(0.05)
+
+    # a failing job reaches the user as an error signal, and the tab stays usable
+    with qtbot.waitSignal(controller.error, timeout=30000) as blocker:
+        tab.scheme_box.setCurrentIndex(0)
+        tab.batches_spin.setValue(0)
+        tab.metric_box.setCurrentIndex(tab.metric_box.findData("sqnr"))
+        tab.goal_box.setCurrentIndex(0)  # a tolerance with SQNR: refused by the analysis
+        tab.run_fallback()
+    assert "target" in blocker.args[1]
+    qtbot.waitUntil(lambda: tab.run_button.isEnabled())
+
+
+def test_without_a_project_or_calibration(controller, qtbot):
+    tab = make_tab(controller, qtbot)
+    assert not tab.run_button.isEnabled() and tab.table_model.rowCount() == 0
+    open_demo(controller, qtbot, calibrate=False)
+    assert tab.run_button.isEnabled()
+    with qtbot.waitSignal(controller.error, timeout=30000) as blocker:
+        tab.run_sensitivity()
+    assert "calibrate first" in blocker.args[1]

@@ -1,0 +1,351 @@
+"""Export dialogs: the settings of a QDQ ONNX export, and the validation report of one.
+
+:class:`ExportSettingsDialog` edits what ``controller.export(**dialog.settings())`` uses (path, opset,
+dynamic batch, side files), starting from the project's last export settings. :class:`ExportReportDialog`
+shows an :class:`~workbench.export.onnx_export.ExportReport` (or the dict stored in the project)
+so it reads at a glance: did the checker pass, does onnxruntime match PyTorch, are the Q/DQ counts
+what the model needs, and what was written where.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.app.controller import Controller
+
+__all__ = ["ExportSettingsDialog", "ExportReportDialog", "report_dict", "format_size", "MIN_OPSET",
+           "TENSORRT_MAX_OPSET"]
+
+MIN_OPSET = 13           # per-channel QuantizeLinear (the axis attribute) needs 13
+TENSORRT_MAX_OPSET = 17  # TensorRT 8.6's ONNX parser stops at 17
+DEFAULT_EXPORT = {"opset": 17, "dynamic_batch": True, "amax_json": False, "calibration_cache": False}
+
+
+def _max_opset() -> int:
+    try:
+        import onnx
+        return int(onnx.defs.onnx_opset_version())
+    except Exception:  # noqa: BLE001 - without onnx the export fails anyway, with its own message
+        return 21
+
+
+def format_size(size: float | None) -> str:
+    """Bytes as people read them (``47.8 KiB``)."""
+    if size is None:
+        return "n/a"
+    size = float(size)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _number(value: Any, spec: str = ".3g") -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "n/a"
+    if math.isnan(number):
+        return "n/a"
+    if math.isinf(number):
+        return "∞" if number > 0 else "−∞"
+    return format(number, spec)
+
+
+class ExportSettingsDialog(QDialog):
+    """Where and how to export: ``settings()`` is a dict for ``controller.export(**settings)``."""
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.setWindowTitle("Export QDQ ONNX")
+        self.setMinimumWidth(560)
+        session = controller.session
+        stored = dict(DEFAULT_EXPORT)
+        default_path = Path.cwd() / "model.qdq.onnx"
+        if session is not None:
+            stored.update({k: v for k, v in (session.project.settings.get("export") or {}).items() if v is not None})
+            default_path = session.default_export_path()
+
+        layout = QVBoxLayout(self)
+        form = QFormLayout()
+        path_row = QHBoxLayout()
+        self.path_edit = QLineEdit(str(default_path))
+        self.path_edit.textChanged.connect(self._validate)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        path_row.addWidget(self.path_edit, 1)
+        path_row.addWidget(browse)
+        form.addRow("File", path_row)
+        self.opset_spin = QSpinBox()
+        self.opset_spin.setRange(MIN_OPSET, max(_max_opset(), MIN_OPSET))
+        self.opset_spin.setValue(int(stored.get("opset") or 17))
+        self.opset_spin.setToolTip(f"ONNX opset: at least {MIN_OPSET} for per-channel Q/DQ; TensorRT 8.6 reads "
+                                   f"up to {TENSORRT_MAX_OPSET}")
+        self.opset_spin.valueChanged.connect(self._validate)
+        form.addRow("Opset", self.opset_spin)
+        self.dynamic_check = QCheckBox("Dynamic batch dimension (checked at a second batch size)")
+        self.dynamic_check.setChecked(bool(stored.get("dynamic_batch", True)))
+        form.addRow("", self.dynamic_check)
+        self.amax_check = QCheckBox("Write the amax of every quantizer as JSON")
+        self.amax_check.setChecked(bool(stored.get("amax_json", False)))
+        self.amax_check.toggled.connect(self._validate)
+        form.addRow("", self.amax_check)
+        self.cache_check = QCheckBox("Write a TensorRT calibration cache (activation scales)")
+        self.cache_check.setChecked(bool(stored.get("calibration_cache", False)))
+        self.cache_check.toggled.connect(self._validate)
+        form.addRow("", self.cache_check)
+        layout.addLayout(form)
+        self.hint = QLabel()
+        self.hint.setWordWrap(True)
+        self.hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.hint)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Export")
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        layout.addWidget(self.buttons)
+        self._validate()
+
+    def target(self) -> Path:
+        """The file to write (``.onnx`` added when the name has no suffix)."""
+        path = Path(self.path_edit.text().strip()).expanduser()
+        return path if path.suffix else path.with_suffix(".onnx")
+
+    def settings(self) -> dict[str, Any]:
+        """``{"path", "opset", "dynamic_batch", "amax_json", "calibration_cache"}``, as controller.export takes them."""
+        return {"path": self.target(), "opset": self.opset_spin.value(),
+                "dynamic_batch": self.dynamic_check.isChecked(), "amax_json": self.amax_check.isChecked(),
+                "calibration_cache": self.cache_check.isChecked()}
+
+    def problem(self) -> str | None:
+        """Why the settings cannot be used (None when they can)."""
+        text = self.path_edit.text().strip()
+        if not text:
+            return "Choose a file to write."
+        target = self.target()
+        if target.is_dir():
+            return f"{target} is a folder: give a file name."
+        if not target.parent.is_dir():
+            return f"The folder {target.parent} does not exist."
+        return None
+
+    def _validate(self, *_: Any) -> None:
+        problem = self.problem()
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(problem is None)
+        if problem is not None:
+            self.hint.setText(f"<span style='color:#b00020'>{html.escape(problem)}</span>")
+            return
+        target = self.target()
+        lines = [f"Writes <b>{html.escape(target.name)}</b> in {html.escape(str(target.parent))}"
+                 + (" (replacing the file there)" if target.exists() else "")]
+        if self.amax_check.isChecked():
+            lines.append(f"and {html.escape(target.with_suffix('.amax.json').name)}")
+        if self.cache_check.isChecked():
+            lines.append(f"and {html.escape(target.with_suffix('.calib.cache').name)}")
+        note = ""
+        if self.opset_spin.value() > TENSORRT_MAX_OPSET:
+            note = (f"<br><span style='color:#a05000'>TensorRT 8.6 reads opset {TENSORRT_MAX_OPSET} at most; "
+                    "newer TensorRT versions read more.</span>")
+        self.hint.setText(", ".join(lines) + "." + note)
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export QDQ ONNX to", str(self.target()),
+                                              "ONNX (*.onnx);;All files (*)")
+        if path:
+            self.path_edit.setText(path)
+
+    @classmethod
+    def ask_and_export(cls, controller: Controller, parent: QWidget | None = None) -> bool:
+        """Show the dialog; on Export, start ``controller.export`` with its settings."""
+        dialog = cls(controller, parent)
+        if dialog.exec() != QDialog.DialogCode.Accepted:
+            return False
+        return controller.export(**dialog.settings())
+
+
+def report_dict(report: Any) -> dict[str, Any]:
+    """An ExportReport, or the dict a project stores for one, as a plain dict."""
+    if isinstance(report, dict):
+        return dict(report)
+    if hasattr(report, "to_dict"):
+        return report.to_dict()
+    raise TypeError(f"Not an export report: {type(report).__name__}")
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no literal for inf/nan
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+_OK = "<span style='color:#1a7f37'>✔</span>"
+_WARN = "<span style='color:#b35900'>⚠</span>"
+
+
+class ExportReportDialog(QDialog):
+    """The validation report of an export, readable, with "Copy as JSON"."""
+
+    def __init__(self, report: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.report = report_dict(report)
+        self.setWindowTitle(f"Export report: {Path(str(self.report.get('path', ''))).name}")
+        self.resize(760, 640)
+        layout = QVBoxLayout(self)
+        self.browser = QTextBrowser()
+        self.browser.setOpenLinks(False)
+        self.browser.anchorClicked.connect(self._open_link)
+        self.browser.setHtml(self.to_html())
+        layout.addWidget(self.browser, 1)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.copy_button = buttons.addButton("Copy as JSON", QDialogButtonBox.ButtonRole.ActionRole)
+        self.copy_button.clicked.connect(self.copy_json)
+        self.folder_button = buttons.addButton("Open folder", QDialogButtonBox.ButtonRole.ActionRole)
+        self.folder_button.clicked.connect(self.open_folder)
+        buttons.rejected.connect(self.reject)
+        buttons.accepted.connect(self.accept)
+        layout.addWidget(buttons)
+
+    def to_json(self) -> str:
+        return json.dumps(_json_safe(self.report), indent=2)
+
+    def copy_json(self) -> str:
+        """Put the whole report on the clipboard as JSON (and return it)."""
+        text = self.to_json()
+        QGuiApplication.clipboard().setText(text)
+        self.copy_button.setText("Copied")
+        return text
+
+    def open_folder(self) -> bool:
+        folder = Path(str(self.report.get("path", ""))).parent
+        return QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
+
+    def _open_link(self, url: QUrl) -> None:
+        QDesktopServices.openUrl(url)
+
+    def plain_text(self) -> str:
+        """What the dialog shows, as text (what a user reads; used by tests and "select all, copy")."""
+        return self.browser.toPlainText()
+
+    def to_html(self) -> str:
+        r = self.report
+        esc = html.escape
+        path = Path(str(r.get("path", "")))
+        rows: list[str] = []
+
+        def section(title: str) -> None:
+            rows.append(f"<tr><td colspan='3' style='padding-top:12px'><b style='font-size:13px'>{esc(title)}"
+                        "</b></td></tr>")
+
+        def row(mark: str, label: str, value: str) -> None:
+            rows.append(f"<tr><td width='18'>{mark}</td><td style='color:#555;padding-right:14px'>{esc(label)}</td>"
+                        f"<td>{value}</td></tr>")
+
+        section("Validation")
+        row(_OK, "onnx.checker", "passed (full check)")
+        outputs = r.get("outputs") or []
+        cosine, max_diff = r.get("cosine"), r.get("max_abs_diff")
+        row(_OK, "onnxruntime vs PyTorch", f"max abs diff <b>{_number(max_diff)}</b>, "
+                                           f"lowest cosine <b>{_number(cosine, '.6f')}</b>")
+        if outputs:
+            table = ["<table cellspacing='0' cellpadding='3' style='border-collapse:collapse'>"
+                     "<tr style='background:#eef1f5'><th align='left'>output</th><th align='left'>shape</th>"
+                     "<th align='right'>max abs diff</th><th align='right'>cosine</th></tr>"]
+            for output in outputs:
+                out = output if isinstance(output, dict) else getattr(output, "__dict__", {})
+                shape = "×".join(str(s) for s in out.get("shape", ()))
+                table.append(f"<tr><td>{esc(str(out.get('name', '')))}</td><td>{esc(shape)}</td>"
+                             f"<td align='right'>{_number(out.get('max_abs_diff'))}</td>"
+                             f"<td align='right'>{_number(out.get('cosine'), '.6f')}</td></tr>")
+            table.append("</table>")
+            row("", "per output", "".join(table))
+        dynamic = r.get("dynamic_batch_check")
+        if r.get("dynamic_batch"):
+            if isinstance(dynamic, dict):
+                batch = (dynamic.get("shape") or ["?"])[0]
+                row(_OK, "dynamic batch", f"checked at batch {esc(str(batch))}: max abs diff "
+                                          f"{_number(dynamic.get('max_abs_diff'))}, cosine "
+                                          f"{_number(dynamic.get('cosine'), '.6f')}")
+            else:
+                row(_WARN, "dynamic batch", "declared, not checked at a second batch size")
+        else:
+            row("", "batch", "static (the sample's batch size)")
+
+        section("Quantize / Dequantize")
+        q, dq, expected = r.get("quantize_nodes"), r.get("dequantize_nodes"), r.get("expected_qdq")
+        matches = q == expected and dq == expected
+        row(_OK if matches else _WARN, "Q / DQ nodes",
+            f"<b>{q}</b> QuantizeLinear, <b>{dq}</b> DequantizeLinear; expected <b>{expected}</b> "
+            + ("(one pair per quantized tensor)" if matches else
+               "<span style='color:#b35900'>(differs: shared or skipped quantizers; see the JSON)</span>"))
+        row("", "quantizers", f"{r.get('quantizers')} exported: {r.get('per_channel')} per-channel, "
+                              f"{r.get('per_tensor')} per-tensor"
+                              + (f", {r.get('unsigned')} unsigned" if r.get("unsigned") else "")
+                              + (f", {r.get('narrow_range')} narrow-range" if r.get("narrow_range") else ""))
+        if r.get("clip_nodes"):
+            row("", "Clip nodes", f"{r.get('clip_nodes')} (narrow range: Clip(-127, 127) between Q and DQ)")
+
+        section("File")
+        row("", "path", f"<a href='{QUrl.fromLocalFile(str(path)).toString()}'>{esc(str(path))}</a>")
+        row("", "size", format_size(r.get("file_size")))
+        opset, requested = r.get("opset"), r.get("requested_opset")
+        row("", "opset", f"{opset}" + (f" (asked for {requested})" if requested not in (None, opset) else ""))
+        row("", "exporter", f"<b>{esc(str(r.get('exporter', '')))}</b>: {esc(str(r.get('exporter_note', '')))}")
+        row("", "inputs / outputs", f"{esc(', '.join(r.get('input_names') or []))} → "
+                                    f"{esc(', '.join(r.get('output_names') or []))}")
+        row("", "time", f"export {_number(r.get('export_time_s'), '.2f')} s, validation "
+                        f"{_number(r.get('validation_time_s'), '.2f')} s, "
+                        f"total {_number(r.get('total_time_s'), '.2f')} s")
+
+        side = [("amax JSON", r.get("amax_json_path")), ("TensorRT calibration cache", r.get("calibration_cache_path")),
+                ("float ONNX", r.get("float_onnx_path"))]
+        side = [(label, value) for label, value in side if value]
+        section("Side files")
+        if side:
+            for label, value in side:
+                exists = Path(str(value)).is_file()
+                row(_OK if exists else _WARN, label, esc(str(value)) + ("" if exists else " (missing now)"))
+        else:
+            row("", "", "none (amax JSON and calibration cache are options of the export settings)")
+
+        warnings = r.get("warnings") or []
+        section(f"Warnings ({len(warnings)})")
+        if warnings:
+            for warning in warnings:
+                row(_WARN, "", esc(str(warning)))
+        else:
+            row(_OK, "", "none")
+
+        head = (f"<h3 style='margin-bottom:2px'>{_OK} {esc(path.name)} written and validated</h3>"
+                f"<div style='color:#555'>{min(q or 0, dq or 0)} Q/DQ pairs · opset {opset} · "
+                f"{format_size(r.get('file_size'))} · "
+                f"onnxruntime matches PyTorch to {_number(max_diff)}</div>")
+        return f"{head}<table cellspacing='0' cellpadding='2'>{''.join(rows)}</table>"

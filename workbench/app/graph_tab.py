@@ -1,0 +1,712 @@
+"""The graph tab: the exported QDQ ONNX (or a preview of the current state) drawn by netron.
+
+netron is served on localhost (``netron.start(path, address=("127.0.0.1", port), browse=False)``,
+a daemon thread in this process) and shown:
+
+* embedded in a QWebEngineView when QtWebEngine imports and its renderer runs. The view gets its own
+  off-the-record profile so that nothing persists, with
+  - the ``consent`` cookie set for the localhost origin before loading: otherwise netron covers the
+    graph with a cookie banner (and first asks ipinfo.io where the user is);
+  - a request interceptor that blocks every request to a host other than localhost/127.0.0.1: after
+    consent netron sends analytics to Google, and a desktop tool must not phone home;
+  - a check of the page after loading (``runJavaScript``): netron builds refuse to draw 180 days
+    after their build date and show "Please update to the newest version." instead; the tab then
+    says so and offers the browser, as it does when the renderer fails;
+* otherwise in the system browser, by the "Open in browser" button.
+
+QtWebEngine is imported lazily, so the app starts (and this tab works in browser mode) without it.
+The netron server is stopped when another file is shown and when the tab goes away.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import weakref
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.app.controller import Controller
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GraphTab", "NetronServer", "prepare_application", "webengine_status", "is_local_url",
+           "netron_build_date", "netron_expired", "free_port", "make_interceptor", "PAGE_STATE_JS",
+           "NETRON_MAX_AGE_DAYS"]
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+HOSTLESS_SCHEMES = frozenset({"data", "blob", "about"})  # page-internal: no request leaves the machine
+NETRON_MAX_AGE_DAYS = 180  # netron's own limit (browser.js: "if (days > 180)")
+LOAD_TIMEOUT_S = 30.0
+POLL_INTERVAL_MS = 300
+
+# What netron's page shows, read from its DOM: the body's class says which screen is up
+# ("welcome spinner" while loading, "default" with a graph, "notification"/"alert" with a message).
+PAGE_STATE_JS = r"""
+(function () {
+  var body = document.body;
+  if (!body) { return JSON.stringify({state: 'loading', message: '', nodes: 0, classes: ''}); }
+  var classes = body.className || '';
+  var box = document.getElementById('message-text');
+  var message = box ? (box.innerText || '') : '';
+  var nodes = document.querySelectorAll('#canvas .node').length;
+  var showing = /\b(notification|alert)\b/.test(classes);
+  var state = 'loading';
+  if (showing && /please update/i.test(message)) { state = 'expired'; }
+  else if (showing && /cookies/i.test(message)) { state = 'consent'; }
+  else if (/\balert\b/.test(classes)) { state = 'error'; }
+  else if (nodes > 0 || /\bdefault\b/.test(classes)) { state = 'graph'; }
+  return JSON.stringify({state: state, message: message, nodes: nodes, classes: classes,
+                         cookie: document.cookie});
+})()
+"""
+
+
+# ----- environment ------------------------------------------------------------------------------
+
+
+def prepare_application() -> None:
+    """Call before the QApplication exists, so that QtWebEngine can start later if it is used.
+
+    QtWebEngine needs OpenGL contexts shared across the application (a Qt attribute that only counts
+    before the QApplication is made), and Chromium refuses to start its sandbox as root.
+    """
+    _sandbox_environment()
+    if QCoreApplication.instance() is None:
+        QCoreApplication.setAttribute(Qt.ApplicationAttribute.AA_ShareOpenGLContexts)
+
+
+def _sandbox_environment() -> None:
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        flags = os.environ.get("QTWEBENGINE_CHROMIUM_FLAGS", "")
+        if "--no-sandbox" not in flags and not os.environ.get("QTWEBENGINE_DISABLE_SANDBOX"):
+            os.environ["QTWEBENGINE_DISABLE_SANDBOX"] = "1"
+
+
+_WEBENGINE: tuple[bool, str] | None = None
+
+
+def webengine_status() -> tuple[bool, str]:
+    """(available, reason): whether QtWebEngine imports here. ``WORKBENCH_NO_WEBENGINE=1`` turns it off."""
+    global _WEBENGINE
+    if os.environ.get("WORKBENCH_NO_WEBENGINE", "").strip() not in ("", "0"):
+        return False, "QtWebEngine is turned off (WORKBENCH_NO_WEBENGINE is set)"
+    if _WEBENGINE is None:
+        _sandbox_environment()  # before Chromium first starts
+        try:
+            import PySide6.QtWebEngineCore  # noqa: F401
+            import PySide6.QtWebEngineWidgets  # noqa: F401
+        except Exception as error:  # noqa: BLE001 - a missing wheel or a missing system library
+            _WEBENGINE = (False, f"QtWebEngine is not available ({type(error).__name__}: {error})")
+        else:
+            _WEBENGINE = (True, "")
+    return _WEBENGINE
+
+
+def is_local_url(url: QUrl | str) -> bool:
+    """Whether a request stays on this machine (localhost, or page-internal data:/blob:/about:)."""
+    text = url.toString() if isinstance(url, QUrl) else str(url)
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    if scheme in HOSTLESS_SCHEMES:
+        return True
+    host = (parts.hostname or "").lower()
+    return scheme in ("http", "https", "ws", "wss") and host in LOCAL_HOSTS
+
+
+def netron_build_date() -> datetime | None:
+    """The build date netron's page carries (``<meta name="date">``), from which it counts its age."""
+    try:
+        import netron
+    except ImportError:
+        return None
+    index = Path(netron.__file__).with_name("index.html")
+    try:
+        match = re.search(r'<meta name="date" content="([^"]+)"', index.read_text(encoding="utf-8"))
+    except OSError:
+        return None
+    if not match:
+        return None
+    try:
+        return datetime.fromisoformat(match.group(1).replace(" ", "T")).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def netron_expired(now: datetime | None = None) -> bool:
+    """Whether the installed netron's page will refuse to draw ("Please update"), judged by its date."""
+    built = netron_build_date()
+    if built is None:
+        return False
+    return (now or datetime.now(timezone.utc)) - built > timedelta(days=NETRON_MAX_AGE_DAYS)
+
+
+def netron_version() -> str:
+    try:
+        import netron
+        return str(getattr(netron, "__version__", "?"))
+    except ImportError:
+        return "not installed"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+# ----- the netron server ------------------------------------------------------------------------
+
+
+class NetronServer:
+    """One netron server on 127.0.0.1 for one file. No Qt.
+
+    netron keeps the served content on its request handler class, shared by every server in the
+    process, so a second server would change what the first one serves: one file at a time.
+    """
+
+    HOST = "127.0.0.1"
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.address: tuple[str, int] | None = None
+
+    @property
+    def url(self) -> str | None:
+        return None if self.address is None else f"http://{self.address[0]}:{self.address[1]}/"
+
+    @property
+    def running(self) -> bool:
+        if self.address is None:
+            return False
+        import netron
+        return bool(netron.status(self.address))
+
+    def start(self, path: str | Path) -> str:
+        """Serve ``path``; returns the URL. Any earlier file stops being served.
+
+        Raises:
+            FileNotFoundError: no such file. ImportError: netron is not installed. OSError: no port.
+        """
+        import netron
+
+        path = Path(path).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"No such file: {path}")
+        self.stop()
+        root = logging.getLogger()
+        # netron.serve calls logging.basicConfig() when the root logger has no handler, which would
+        # print every later log line of the app to stderr: give it one for the duration of the call.
+        guard = logging.NullHandler() if not root.handlers else None
+        if guard is not None:
+            root.addHandler(guard)
+        try:
+            for attempt in range(3):  # the port found free may be taken before netron binds it
+                port = free_port(self.HOST)
+                try:
+                    self.address = tuple(netron.start(str(path), address=(self.HOST, port), browse=False))
+                    break
+                except OSError:
+                    if attempt == 2:
+                        raise
+        finally:
+            if guard is not None:
+                root.removeHandler(guard)
+        self.path = path
+        return self.url or ""
+
+    def stop(self) -> None:
+        if self.address is not None:
+            import netron
+            netron.stop(self.address)
+        self.address = None
+        self.path = None
+
+
+# ----- QtWebEngine pieces (built on first use: the import is lazy) ----------------------------------
+
+_CLASSES: dict[str, type] = {}
+
+
+def _webengine_classes() -> dict[str, type]:
+    """The interceptor and page classes, defined once QtWebEngine is imported."""
+    if _CLASSES:
+        return _CLASSES
+    from PySide6.QtWebEngineCore import QWebEnginePage, QWebEngineUrlRequestInterceptor
+
+    class LocalOnlyInterceptor(QWebEngineUrlRequestInterceptor):
+        """Blocks every request that would leave the machine (netron's analytics, fonts, update checks)."""
+
+        def __init__(self, parent: Any = None) -> None:
+            super().__init__(parent)
+            self.blocked: list[str] = []
+
+        def interceptRequest(self, info: Any) -> None:  # noqa: N802 - Qt's name
+            url = info.requestUrl()
+            if not is_local_url(url):
+                info.block(True)
+                text = url.toString()
+                if len(self.blocked) < 1000:
+                    self.blocked.append(text)
+                logger.debug("blocked a request to %s", url.host() or text[:80])
+
+    class LocalOnlyPage(QWebEnginePage):
+        """Stays on the local netron page: links to outside sites do not navigate (they would be blocked)."""
+
+        blocked_navigation = Signal(str)
+
+        def acceptNavigationRequest(self, url: QUrl, navigation_type: Any, is_main_frame: bool) -> bool:  # noqa: N802
+            if is_local_url(url):
+                return True
+            self.blocked_navigation.emit(url.toString())
+            return False
+
+    _CLASSES.update(interceptor=LocalOnlyInterceptor, page=LocalOnlyPage)
+    return _CLASSES
+
+
+def make_interceptor(parent: Any = None) -> Any:
+    """A request interceptor that blocks every non-local URL (its ``blocked`` list keeps what it stopped)."""
+    return _webengine_classes()["interceptor"](parent)
+
+
+def _consent_cookie(origin: QUrl) -> Any:
+    from PySide6.QtNetwork import QNetworkCookie
+
+    # netron only checks that a "consent" cookie exists; its value is the time of consent in ms.
+    cookie = QNetworkCookie(b"consent", str(int(time.time() * 1000)).encode())
+    cookie.setPath("/")
+    cookie.setDomain(origin.host())
+    return cookie
+
+
+# ----- the tab -------------------------------------------------------------------------------------
+
+
+class GraphTab(QWidget):
+    """netron over the latest export, a preview, or any ONNX file.
+
+    ``page_state`` is what the user sees: "empty" (nothing to show), "loading", "graph", "expired"
+    (netron's "Please update"), "error", or "browser" (served for the system browser only).
+    ``state_changed(state, message)`` follows it.
+    """
+
+    state_changed = Signal(str, str)
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None, *, embed: bool | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.server = NetronServer()
+        self.page_state = "empty"
+        self.page_info: dict[str, Any] = {}
+        self.cookies_set: list[tuple[str, str]] = []   # (name, domain) of cookies the view's store took
+        # None until the first load decides: importing QtWebEngine costs ~150 ms, which the app's
+        # start should not pay for a tab that may never be opened
+        self.embedded: bool | None = False if embed is False else None
+        self.webengine_reason = "embedding turned off" if embed is False else ""
+        self.view: Any = None
+        self.profile: Any = None
+        self.interceptor: Any = None
+        self._page: Any = None
+        self._load_id = 0
+        self._load_started = 0.0
+        self._pending_load = False
+        self._preview_dir: Path | None = None
+        self._poll = QTimer(self)
+        self._poll.setInterval(POLL_INTERVAL_MS)
+        self._poll.timeout.connect(self._check_page)
+        self._build()
+        # stop serving when the tab goes away, even if nobody calls shutdown()
+        self._finalizer = weakref.finalize(self, _cleanup, self.server, None)
+        app = QCoreApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)
+        controller.session_changed.connect(self._on_session_changed)
+        controller.export_finished.connect(self._on_export_finished)
+        controller.busy_changed.connect(self._busy_changed)
+        self._on_session_changed()
+
+    # ----- construction ---------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        bar = QHBoxLayout()
+        self.file_label = QLabel("No ONNX file")
+        self.file_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.preview_button = QPushButton("Export preview")
+        self.preview_button.setToolTip("Export the current state to a temporary QDQ ONNX file and show it "
+                                       "(the project's export settings stay as they are)")
+        self.preview_button.clicked.connect(self.export_preview)
+        self.open_button = QPushButton("Open ONNX…")
+        self.open_button.clicked.connect(self._choose_file)
+        self.reload_button = QPushButton("Reload")
+        self.reload_button.clicked.connect(self.reload)
+        self.browser_button = QPushButton("Open in browser")
+        self.browser_button.setToolTip("Open the local netron page in the system browser")
+        self.browser_button.clicked.connect(self.open_in_browser)
+        bar.addWidget(self.file_label, 1)
+        for button in (self.preview_button, self.open_button, self.reload_button, self.browser_button):
+            bar.addWidget(button)
+        layout.addLayout(bar)
+
+        # a message bar for what the user should know (expired netron, no QtWebEngine, errors)
+        self.notice = QFrame()
+        self.notice.setFrameShape(QFrame.Shape.StyledPanel)
+        self.notice.setStyleSheet("QFrame { background: #fff4d6; border: 1px solid #e0c060; border-radius: 3px; }"
+                                  "QLabel { border: none; color: #3a3000; }")
+        notice_layout = QHBoxLayout(self.notice)
+        notice_layout.setContentsMargins(8, 4, 8, 4)
+        self.notice_label = QLabel()
+        self.notice_label.setWordWrap(True)
+        self.notice_label.setTextFormat(Qt.TextFormat.RichText)
+        self.notice_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.notice_label.setOpenExternalLinks(False)
+        self.notice_label.linkActivated.connect(lambda _: self.open_in_browser())
+        notice_layout.addWidget(self.notice_label, 1)
+        self.notice.hide()
+        layout.addWidget(self.notice)
+
+        self.stack = QStackedWidget()
+        self.placeholder = QLabel()
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setWordWrap(True)
+        self.placeholder.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.placeholder.linkActivated.connect(lambda _: self.open_in_browser())  # the only link: netron's URL
+        self.stack.addWidget(self.placeholder)
+        layout.addWidget(self.stack, 1)
+        self._set_placeholder()
+
+    def _ensure_view(self) -> bool:
+        """Create the web view, its private profile, the interceptor and the page (once)."""
+        if self.view is not None:
+            return True
+        if self.embedded is None:
+            available, self.webengine_reason = webengine_status()
+            self.embedded = available
+        if not self.embedded:
+            return False
+        try:
+            from PySide6.QtWebEngineCore import QWebEngineProfile, QWebEngineSettings
+            from PySide6.QtWebEngineWidgets import QWebEngineView
+            classes = _webengine_classes()
+            # no storage name: off the record, so cookies and cache vanish with the tab
+            self.profile = QWebEngineProfile()
+            self.interceptor = classes["interceptor"](self.profile)
+            self.profile.setUrlRequestInterceptor(self.interceptor)
+            self.profile.cookieStore().cookieAdded.connect(self._cookie_added)
+            self.view = QWebEngineView()
+            self._page = classes["page"](self.profile, self.view)
+            self._page.blocked_navigation.connect(
+                lambda url: self.controller.log.emit("info", f"graph view: not following a link to {url} "
+                                                             "(the app stays offline; open it in a browser)"))
+            self._page.loadFinished.connect(self._load_finished)
+            self._page.renderProcessTerminated.connect(self._renderer_died)
+            settings = self._page.settings()
+            settings.setAttribute(QWebEngineSettings.WebAttribute.LocalContentCanAccessRemoteUrls, False)
+            self.view.setPage(self._page)
+            self.stack.addWidget(self.view)
+        except Exception as error:  # noqa: BLE001 - a broken QtWebEngine: fall back to the browser
+            self._drop_view()
+            self.embedded = False
+            self.webengine_reason = f"QtWebEngine failed to start ({type(error).__name__}: {error})"
+            logger.warning(self.webengine_reason)
+            return False
+        return True
+
+    # ----- what is shown --------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str | None:
+        return self.server.url
+
+    @property
+    def path(self) -> Path | None:
+        return self.server.path
+
+    def show_file(self, path: str | Path) -> bool:
+        """Serve ``path`` with netron and show it (embedded, or ready for the browser)."""
+        try:
+            url = self.server.start(path)
+        except Exception as error:  # noqa: BLE001 - a missing file, no netron, no port: tell the user
+            self.controller.error.emit("Graph view", f"Could not serve {path} with netron: {error}", "")
+            self._set_state("error", str(error))
+            return False
+        self.file_label.setText(f"<b>{Path(path).name}</b> &nbsp; <span style='color:gray'>{Path(path).parent}"
+                                f" · netron {netron_version()} at {url}</span>")
+        self.file_label.setToolTip(str(Path(path).resolve()))
+        self._load_id += 1
+        if self.embedded is False:
+            self._show_browser_mode()
+            return True
+        self._pending_load = True
+        if self.isVisible():
+            self._load()
+        else:
+            self._set_state("loading", "")  # QtWebEngine starts when the tab is first shown
+        return True
+
+    def _load(self) -> None:
+        self._pending_load = False
+        if self.url is None:
+            return
+        if not self._ensure_view():
+            self._show_browser_mode()
+            return
+        origin = QUrl(self.url)
+        self.profile.cookieStore().setCookie(_consent_cookie(origin), origin)
+        self.stack.setCurrentWidget(self.view)
+        self._set_state("loading", "")
+        self._load_started = time.monotonic()
+        self._page.load(QUrl(self.url))
+        self._poll.start()
+
+    def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        if self._pending_load:
+            QTimer.singleShot(0, self._load)
+
+    def reload(self) -> None:
+        if self.path is not None:
+            self.show_file(self.path)
+
+    def clear(self) -> None:
+        """Show nothing and stop serving."""
+        self._poll.stop()
+        self._load_id += 1
+        self.server.stop()
+        self._pending_load = False
+        if self._page is not None:
+            self._page.setHtml("")
+        self.file_label.setText("No ONNX file")
+        self._set_placeholder()
+        self._set_state("empty", "")
+
+    def _set_placeholder(self, html: str | None = None) -> None:
+        self.placeholder.setText(html or (
+            "<p style='font-size:14px'>No exported ONNX yet.</p><p style='color:gray'>Export the project "
+            "(toolbar), or <b>Export preview</b> to see the QDQ graph of the current state.</p>"))
+        self.stack.setCurrentWidget(self.placeholder)
+
+    def _show_browser_mode(self) -> None:
+        expired = ""
+        if netron_expired():  # the browser gets the same page, so the same refusal
+            expired = (f"<p style='color:#a05000'>netron {netron_version()} is more than {NETRON_MAX_AGE_DAYS} days "
+                       "old and its page will ask you to update it: <code>pip install -U netron</code>.</p>")
+        self._set_placeholder(
+            f"<p style='font-size:14px'>netron serves <b>{self.path.name if self.path else ''}</b> at "
+            f"<a href='{self.url}'>{self.url}</a></p><p style='color:gray'>{_escape(self.webengine_reason)}: "
+            f"the graph opens in your browser (<b>Open in browser</b>).</p>{expired}")
+        self._set_state("browser", self.webengine_reason)
+
+    def _set_state(self, state: str, message: str) -> None:
+        self.page_state = state
+        notice = ""
+        if state == "expired":
+            built = netron_build_date()
+            age = f", built {built:%Y-%m-%d}" if built else ""
+            notice = (f"<b>netron {netron_version()}{age} refuses to draw graphs more than {NETRON_MAX_AGE_DAYS} "
+                      "days after its build date</b> (it shows “Please update”). Update it with "
+                      "<code>pip install -U netron</code>, then Reload (or restart the app); or "
+                      "<a href='browser'>open the page in your browser</a> (the same page: updating is the fix).")
+        elif state == "error" and message:
+            notice = (f"<b>netron could not show the file:</b> {_escape(message)} &nbsp; "
+                      "<a href='browser'>Open in browser</a>")
+        elif state == "timeout":
+            notice = (f"netron did not finish drawing within {LOAD_TIMEOUT_S:.0f} s. "
+                      "<a href='browser'>Open in browser</a>")
+        elif state == "consent":
+            notice = ("netron asks for cookie consent (the app could not set it); its analytics requests are "
+                      "blocked either way.")
+        self.notice_label.setText(notice)
+        self.notice.setVisible(bool(notice))
+        self.state_changed.emit(state, message)
+
+    # ----- page checks ----------------------------------------------------------------------------
+
+    def _load_finished(self, ok: bool) -> None:
+        if not ok and self.page_state == "loading":
+            self._poll.stop()
+            self._set_state("error", f"the page at {self.url} did not load")
+
+    def _check_page(self) -> None:
+        if self._page is None or self.page_state not in ("loading", "consent"):
+            self._poll.stop()
+            return
+        if time.monotonic() - self._load_started > LOAD_TIMEOUT_S:
+            self._poll.stop()
+            self._set_state("timeout", "")
+            return
+        load_id = self._load_id
+        tab = weakref.ref(self)
+
+        def answered(result: Any) -> None:
+            # the callback may come after the tab or the load it checked is gone
+            me = tab()
+            if me is not None and me._load_id == load_id:
+                me._page_checked(result)
+
+        self._page.runJavaScript(PAGE_STATE_JS, 0, answered)
+
+    def _page_checked(self, result: Any) -> None:
+        try:
+            info = json.loads(result) if isinstance(result, str) else {}
+        except ValueError:
+            info = {}
+        self.page_info = info
+        state = info.get("state", "loading")
+        if state in ("graph", "expired", "error"):
+            self._poll.stop()
+            self._set_state(state, str(info.get("message", "")))
+        elif state == "consent" and self.page_state != "consent":
+            # the cookie did not take: the user may accept netron's banner; its analytics stay blocked
+            self._set_state("consent", str(info.get("message", "")))
+
+    def _renderer_died(self, status: Any, code: int) -> None:
+        if self._page is None:
+            return
+        self._poll.stop()
+        self.embedded = False
+        self.webengine_reason = f"the QtWebEngine renderer stopped ({getattr(status, 'name', status)}, code {code})"
+        self.controller.log.emit("warning", f"graph view: {self.webengine_reason}; showing netron in the browser")
+        self._show_browser_mode()
+
+    def _cookie_added(self, cookie: Any) -> None:
+        self.cookies_set.append((bytes(cookie.name().data()).decode(errors="replace"), cookie.domain()))
+
+    @property
+    def blocked_requests(self) -> list[str]:
+        """URLs the view's interceptor refused (netron's analytics, for instance)."""
+        return list(self.interceptor.blocked) if self.interceptor is not None else []
+
+    # ----- actions --------------------------------------------------------------------------------
+
+    def open_in_browser(self) -> bool:
+        """Open the local netron page in the system browser (the tab serves it even without QtWebEngine)."""
+        if self.url is None:
+            self.controller.error.emit("Open in browser", "No ONNX file is shown: export or open one first.", "")
+            return False
+        if not QDesktopServices.openUrl(QUrl(self.url)):
+            self.controller.error.emit("Open in browser", f"No browser could be started: open {self.url} "
+                                                          "yourself (it is served while this tab is open).", "")
+            return False
+        return True
+
+    def export_preview(self) -> bool:
+        """Export the current state to a temporary file (the project's export settings stay) and show it."""
+        if self.controller.session is None:
+            self.controller.error.emit("Export preview", "Create or open a project first.", "")
+            return False
+        if self._preview_dir is None or not self._preview_dir.is_dir():
+            self._preview_dir = Path(tempfile.mkdtemp(prefix="workbench-preview-"))
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _cleanup, self.server, self._preview_dir)
+        stem = self.controller.session.project.name or "model"
+        target = self._preview_dir / f"{stem}.preview.qdq.onnx"
+        tab = weakref.ref(self)
+
+        def done(report: Any) -> None:
+            me = tab()
+            if me is not None:
+                me.show_file(report.path)
+
+        return self.controller.export_preview(target, done)
+
+    def _choose_file(self) -> None:
+        start = str(self.path.parent) if self.path else ""
+        path, _ = QFileDialog.getOpenFileName(self, "Show an ONNX file", start, "ONNX (*.onnx);;All files (*)")
+        if path:
+            self.show_file(path)
+
+    def _on_session_changed(self) -> None:
+        """A project opened: show its latest export if the file is still there."""
+        session = self.controller.session
+        latest = None
+        if session is not None:
+            for record in reversed(session.project.exports):
+                if Path(record.path).is_file():
+                    latest = Path(record.path)
+                    break
+        if latest is not None:
+            self.show_file(latest)
+        else:
+            self.clear()
+        self._busy_changed(self.controller.busy)
+
+    def _on_export_finished(self, report: Any) -> None:
+        path = getattr(report, "path", None)
+        if path and Path(path).is_file():
+            self.show_file(path)
+
+    def _busy_changed(self, busy: bool) -> None:
+        self.preview_button.setEnabled(self.controller.session is not None and not busy)
+
+    # ----- lifetime -------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop netron, drop the web view (its page before its profile) and remove preview files."""
+        self._poll.stop()
+        self._load_id += 1
+        self.server.stop()
+        self._drop_view()
+        if self._preview_dir is not None:
+            shutil.rmtree(self._preview_dir, ignore_errors=True)
+            self._preview_dir = None
+
+    def _drop_view(self) -> None:
+        # QtWebEngine warns, and can crash at exit, when a profile dies before its pages
+        page, view, profile = self._page, self.view, self.profile
+        self._page = self.view = self.profile = None
+        if page is not None:
+            try:
+                page.loadFinished.disconnect(self._load_finished)
+                page.renderProcessTerminated.disconnect(self._renderer_died)
+            except (RuntimeError, TypeError):
+                pass
+        if view is not None:
+            import shiboken6
+            self.stack.removeWidget(view)
+            if page is not None and shiboken6.isValid(page):
+                shiboken6.delete(page)
+            if shiboken6.isValid(view):
+                shiboken6.delete(view)
+        if profile is not None:
+            import shiboken6
+            if shiboken6.isValid(profile):
+                shiboken6.delete(profile)
+        self.interceptor = None
+
+    def closeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        self.shutdown()
+        super().closeEvent(event)
+
+
+def _cleanup(server: NetronServer, folder: Path | None) -> None:
+    server.stop()
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,0 +1,807 @@
+"""The sensitivity tab: which layers cost the metric when quantized, and which to leave in float.
+
+Everything the tab does goes through the :class:`~workbench.app.controller.Controller` (sensitivity,
+fallback, set_quantize, apply_fallback, select), so each action has a headless twin in the session
+and the CLI. The tab only reads stored results (``session.latest_sensitivity()``,
+``session.latest_fallback()``) and the layer decisions, to draw them.
+
+Layout: run controls on top; a sorted horizontal bar chart (one bar per unit, the most sensitive on
+top) beside a sortable table; "leave the worst N in float"; the fallback search with its curve of
+metric against number of units left in float, the FP32 line and the tolerance band, and Apply.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QItemSelection, QItemSelectionModel, QPointF, Qt, Slot
+from PySide6.QtGui import QColor, QCursor, QFont, QFontMetrics, QPalette, QStandardItem, QStandardItemModel
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QSplitter,
+    QTableView,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.analysis.results import FallbackResult, SensitivityResult, UnitResult
+from workbench.app.controller import Controller
+
+__all__ = ["SensitivityTab", "format_number", "format_delta", "sensitivity_scores", "BUILTIN_METRIC_LABELS"]
+
+# The metrics offered besides the project's own; top-1 only when the evaluation data has labels.
+BUILTIN_METRIC_LABELS: dict[str, str] = {
+    "sqnr": "SQNR (dB)", "cosine": "cosine similarity", "mse": "MSE", "top1": "top-1 accuracy",
+}
+SCHEME_LABELS = {
+    "one-off": "one-off: all quantized, one unit at a time in float",
+    "one-on": "one-on: all float, one unit at a time quantized",
+}
+JOB_NAMES = ("Sensitivity analysis", "Fallback search")
+VISIBLE_BARS = 30          # rows the chart shows at once; the wheel scrolls through the rest
+VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay readable
+CURVE_LABELS_UP_TO = 12    # unit names along the fallback curve, same reason
+LABEL_WIDTH_PX = 220       # unit names longer than this are elided in the middle (the table has them whole)
+
+# sequential colours from "hardly matters" to "most sensitive" (ColorBrewer OrRd)
+_LOW, _MID, _HIGH = np.array([253, 212, 158]), np.array([252, 141, 89]), np.array([179, 0, 0])
+_NEUTRAL = QColor(190, 190, 190)
+_FLOAT = QColor(120, 160, 210)
+_SELECTED_PEN = pg.mkPen(QColor(20, 90, 200), width=3)
+
+
+# ----- plain helpers (tested without a window) ----------------------------------------------------
+
+
+def format_number(value: float | None, digits: int = 4) -> str:
+    """A metric value as people read it: ``∞`` rather than ``inf``, ``n/a`` for NaN or None."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if math.isinf(value):
+        return "∞" if value > 0 else "−∞"
+    return f"{value:.{digits}g}"
+
+
+def format_delta(value: float | None, digits: int = 3) -> str:
+    """A difference with its sign (``+0.564``, ``−1.2``), so gains and losses read at a glance."""
+    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
+        return format_number(value)
+    if value == 0:
+        return "0"
+    text = f"{abs(value):.{digits}g}"
+    return ("+" if value > 0 else "−") + text
+
+
+def sensitivity_scores(result: SensitivityResult) -> tuple[list[float], str]:
+    """One number per unit (in ``result.units`` order), larger for more sensitive, and its axis title.
+
+    one-off: what leaving the unit in float regains over the all-quantized model. one-on: what
+    quantizing it alone loses against FP32; when FP32 is infinite (SQNR of identical outputs) that
+    loss is infinite for every unit, so the loss is measured against the least sensitive unit instead.
+    Either way the bars are ordered like the ranks, and read in the metric's own units.
+    """
+    sign = 1.0 if result.higher_is_better else -1.0
+    name = result.metric_name
+    if result.scheme == "one-off":
+        scores = [sign * (u.value - result.quantized) if u.value != result.quantized else 0.0 for u in result.units]
+        return scores, f"{name} regained with the unit in float"
+    if math.isfinite(result.fp32):
+        return [sign * (result.fp32 - u.value) for u in result.units], f"{name} lost with the unit quantized alone"
+    finite = [sign * u.value for u in result.units if math.isfinite(u.value)]
+    best = max(finite) if finite else 0.0
+    scores = [best - sign * u.value if math.isfinite(u.value) else (0.0 if sign * u.value > 0 else math.inf)
+              for u in result.units]
+    return scores, f"{name} lost vs the least sensitive unit"
+
+
+def _colour(fraction: float) -> QColor:
+    fraction = min(max(fraction, 0.0), 1.0)
+    if fraction < 0.5:
+        rgb = _LOW + (_MID - _LOW) * (fraction / 0.5)
+    else:
+        rgb = _MID + (_HIGH - _MID) * ((fraction - 0.5) / 0.5)
+    return QColor(*(int(round(c)) for c in rgb))
+
+
+def _finite_clip(values: list[float]) -> tuple[list[float], float]:
+    """Non-finite scores drawn as a bar a bit longer than the longest finite one (labelled ∞ in the table)."""
+    finite = [v for v in values if math.isfinite(v)]
+    top = max([abs(v) for v in finite] + [1e-12])
+    return [v if math.isfinite(v) else (1.1 * top if v > 0 else 0.0) for v in values], top
+
+
+class _NumberItem(QStandardItem):
+    """A table cell that shows formatted text and sorts by the number behind it."""
+
+    def __init__(self, text: str, number: float) -> None:
+        super().__init__(text)
+        self.setData(number if not math.isnan(number) else -math.inf, Qt.ItemDataRole.UserRole)
+        self.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.setEditable(False)
+
+
+class SensitivityTab(QWidget):
+    """Sensitivity analysis and fallback search over the controller.
+
+    Attributes a test or the main window may use: ``chart`` (pyqtgraph PlotWidget of the bars),
+    ``bars`` (its BarGraphItem), ``table`` (QTableView), ``table_model``, ``fallback_plot``,
+    ``fallback_curve``; :meth:`bar_clicked` is what a click on a bar calls.
+    """
+
+    COLUMNS = ("Unit", "Metric", "Δ vs all quantized", "Δ vs FP32", "Rank")
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.result: SensitivityResult | None = None
+        self.fallback_result: FallbackResult | None = None
+        self.chart_units: list[UnitResult] = []      # in chart order: rank 1 first (on top)
+        self._scores: dict[str, float] = {}
+        self._layers: dict[str, list[str]] = {}      # unit name -> layers it switches
+        self._value_labels: list[pg.TextItem] = []
+        self._curve_labels: list[pg.TextItem] = []
+        self._syncing = False                        # True while the view follows the controller
+        self._build()
+        controller.session_changed.connect(self._on_session_changed)
+        controller.sensitivity_changed.connect(self.refresh)
+        controller.fallback_changed.connect(self.show_fallback)
+        controller.selection_changed.connect(self._follow_selection)
+        controller.layers_changed.connect(self._decisions_changed)
+        controller.busy_changed.connect(self._busy_changed)
+        controller.jobs.progress.connect(self._job_progress)
+        self._on_session_changed()
+
+    # ----- construction ---------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+
+        # run controls
+        controls = QHBoxLayout()
+        self.scheme_box = QComboBox()
+        for key, label in SCHEME_LABELS.items():
+            self.scheme_box.addItem(key, key)
+            self.scheme_box.setItemData(self.scheme_box.count() - 1, label, Qt.ItemDataRole.ToolTipRole)
+        self.scheme_box.setToolTip("one-off: how much leaving each unit in float regains;\n"
+                                   "one-on: how much quantizing each unit alone loses")
+        self.metric_box = QComboBox()
+        self.metric_box.setToolTip("The number each unit is ranked by (top-1 needs labelled evaluation data)")
+        self.metric_box.currentIndexChanged.connect(self._metric_changed)
+        self.batches_spin = QSpinBox()
+        self.batches_spin.setRange(0, 100000)
+        self.batches_spin.setSpecialValueText("all")
+        self.batches_spin.setToolTip("Evaluation batches per pass (all: every batch of the evaluation data)")
+        self.run_button = QPushButton("Run sensitivity")
+        self.run_button.clicked.connect(self.run_sensitivity)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.clicked.connect(self.controller.cancel_job)
+        self.cancel_button.setEnabled(False)
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(180)
+        self.progress.setTextVisible(True)
+        self.progress.hide()
+        for label, widget in (("Scheme", self.scheme_box), ("Metric", self.metric_box),
+                              ("Batches", self.batches_spin)):
+            controls.addWidget(QLabel(label))
+            controls.addWidget(widget)
+        controls.addWidget(self.run_button)
+        controls.addWidget(self.cancel_button)
+        controls.addWidget(self.progress)
+        controls.addStretch(1)
+        layout.addLayout(controls)
+        self.summary_label = QLabel()
+        self.summary_label.setWordWrap(True)
+        self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.summary_label)
+
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        layout.addWidget(splitter, 1)
+
+        # chart and table
+        top = QSplitter(Qt.Orientation.Horizontal)
+        self.chart = pg.PlotWidget()
+        self._style_plot(self.chart)
+        self.chart.setMouseEnabled(x=False, y=True)
+        self.chart.invertY(True)  # rank 1 on top
+        self.chart.hideButtons()
+        self.chart.setMenuEnabled(False)
+        self.chart.getAxis("left").setStyle(tickLength=0)
+        # pyqtgraph 0.14 fails on empty pens/brushes lists: start with shared ones
+        self.bars = pg.BarGraphItem(x0=[], y=[], height=0.72, width=[], pen=None, brush=_NEUTRAL)
+        self.chart.addItem(self.bars)
+        self.chart.scene().sigMouseClicked.connect(self._chart_clicked)
+        self.chart.scene().sigMouseMoved.connect(self._chart_hovered)
+        top.addWidget(self.chart)
+
+        self.table_model = QStandardItemModel(0, len(self.COLUMNS), self)
+        self.table_model.setHorizontalHeaderLabels(list(self.COLUMNS))
+        self.table_model.setSortRole(Qt.ItemDataRole.UserRole)
+        self.table = QTableView()
+        self.table.setModel(self.table_model)
+        self.table.setSortingEnabled(True)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().hide()
+        self.table.setAlternatingRowColors(True)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for column in range(1, len(self.COLUMNS)):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        self.table.selectionModel().selectionChanged.connect(self._table_selection_changed)
+        top.addWidget(self.table)
+        top.setSizes([620, 480])
+
+        chart_panel = QWidget()
+        chart_layout = QVBoxLayout(chart_panel)
+        chart_layout.setContentsMargins(0, 0, 0, 0)
+        chart_layout.addWidget(top, 1)
+        worst = QHBoxLayout()
+        self.worst_spin = QSpinBox()
+        self.worst_spin.setRange(1, 1)
+        self.worst_spin.valueChanged.connect(self._update_worst_button)
+        self.ignore_button = QPushButton("Leave the worst 1 in float")
+        self.ignore_button.setToolTip("Untick the most sensitive units (their layers stay in float on export)")
+        self.ignore_button.clicked.connect(self.ignore_worst)
+        worst.addWidget(QLabel("Ignore the worst"))
+        worst.addWidget(self.worst_spin)
+        worst.addWidget(self.ignore_button)
+        self.ignore_label = QLabel()
+        self.ignore_label.setWordWrap(True)
+        worst.addWidget(self.ignore_label, 1)
+        chart_layout.addLayout(worst)
+        splitter.addWidget(chart_panel)
+
+        # fallback search
+        group = QGroupBox("Fallback search: the fewest units to leave in float")
+        group_layout = QHBoxLayout(group)
+        form = QFormLayout()
+        self.goal_box = QComboBox()
+        self.goal_box.addItem("within a tolerance of FP32", "tolerance")
+        self.goal_box.addItem("reach a target value", "target")
+        self.goal_box.currentIndexChanged.connect(self._goal_changed)
+        self.goal_spin = QDoubleSpinBox()
+        self.goal_spin.setDecimals(4)
+        self.goal_spin.setRange(-1e9, 1e9)
+        self.goal_spin.setSingleStep(0.01)
+        self.max_units_spin = QSpinBox()
+        self.max_units_spin.setRange(0, 100000)
+        self.max_units_spin.setSpecialValueText("no limit")
+        self.fallback_button = QPushButton("Search")
+        self.fallback_button.clicked.connect(self.run_fallback)
+        self.goal_label = QLabel("Tolerance")
+        form.addRow("Goal", self.goal_box)
+        form.addRow(self.goal_label, self.goal_spin)
+        form.addRow("Max units", self.max_units_spin)
+        form.addRow(self.fallback_button)
+        self.fallback_label = QLabel("Run a search to see how the metric recovers as units go back to float.")
+        self.fallback_label.setWordWrap(True)
+        self.fallback_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.fallback_label.setMinimumWidth(220)
+        self.fallback_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
+        self.fallback_label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.apply_button = QPushButton("Apply")
+        self.apply_button.setEnabled(False)
+        self.apply_button.clicked.connect(self.apply_fallback)
+        form.addRow(self.fallback_label)
+        form.addRow(self.apply_button)
+        left = QWidget()
+        left.setLayout(form)
+        left.setMaximumWidth(340)
+        group_layout.addWidget(left)
+        self.fallback_plot = pg.PlotWidget()
+        self._style_plot(self.fallback_plot)
+        self.fallback_plot.setLabel("bottom", "units left in float")
+        self.fallback_plot.hideButtons()
+        self.fallback_plot.getAxis("bottom").setTickSpacing(1, 1)
+        self.fallback_band = pg.LinearRegionItem(orientation="horizontal", movable=False,
+                                                 brush=pg.mkBrush(60, 170, 90, 45), pen=pg.mkPen(None))
+        self.fallback_band.setZValue(-10)
+        self.fp32_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(QColor(60, 60, 60), width=1.5,
+                                                               style=Qt.PenStyle.DashLine),
+                                         label="FP32", labelOpts={"position": 0.95, "color": (60, 60, 60)})
+        self.target_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(QColor(40, 140, 70), width=1.5,
+                                                                 style=Qt.PenStyle.DotLine),
+                                           label="target", labelOpts={"position": 0.95, "color": (40, 140, 70)})
+        self.fallback_curve = pg.PlotDataItem([], [], pen=pg.mkPen(QColor(30, 100, 190), width=2), symbol="o",
+                                              symbolSize=8, symbolBrush=QColor(30, 100, 190))
+        self.chosen_marker = pg.ScatterPlotItem(size=16, symbol="star", pen=pg.mkPen(None))
+        for item in (self.fallback_band, self.fp32_line, self.target_line, self.fallback_curve, self.chosen_marker):
+            self.fallback_plot.addItem(item)
+        group_layout.addWidget(self.fallback_plot, 1)
+        splitter.addWidget(group)
+        splitter.setSizes([520, 300])
+        self._clear_fallback_plot()
+
+    def _style_plot(self, plot: pg.PlotWidget) -> None:
+        """Plots take the window's colours rather than pyqtgraph's global (black) defaults."""
+        palette = self.palette()
+        plot.setBackground(palette.color(QPalette.ColorRole.Base))
+        text = palette.color(QPalette.ColorRole.Text)
+        for name in ("left", "bottom"):
+            axis = plot.getAxis(name)
+            axis.setPen(pg.mkPen(text))
+            axis.setTextPen(pg.mkPen(text))
+
+    # ----- session and results ------------------------------------------------------------------
+
+    @property
+    def session(self) -> Any:
+        return self.controller.session
+
+    @Slot()
+    def _on_session_changed(self) -> None:
+        self._fill_metric_box()
+        self.fallback_result = None
+        self.refresh()
+        latest = None
+        if self.session is not None:
+            try:
+                latest = self.session.latest_fallback()
+            except Exception as error:  # noqa: BLE001 - an unreadable stored result must not stop the tab
+                self.controller.error.emit("Stored fallback search", f"Could not read it: {error}", "")
+        self.show_fallback(latest)
+        self._busy_changed(self.controller.busy)
+
+    def _fill_metric_box(self) -> None:
+        """Built-in metrics (top-1 only with labels) plus the project's own when it is user code."""
+        self.metric_box.blockSignals(True)
+        self.metric_box.clear()
+        project_metric, has_labels = "sqnr", False
+        if self.session is not None:
+            project_metric = str((self.session.project.settings.get("metric") or {}).get("name") or "sqnr")
+            try:
+                has_labels = bool(self.session.data("evaluation").has_labels)
+            except Exception as error:  # noqa: BLE001 - missing data: the analysis itself will say so
+                self.controller.log.emit("warning", f"evaluation data: {error}")
+        for key, label in BUILTIN_METRIC_LABELS.items():
+            if key == "top1" and not has_labels:
+                continue
+            self.metric_box.addItem(label, key)
+        if project_metric not in BUILTIN_METRIC_LABELS:
+            self.metric_box.addItem(f"project: {project_metric}", None)  # None: the session's metric()
+        index = self.metric_box.findData(project_metric if project_metric in BUILTIN_METRIC_LABELS else None)
+        self.metric_box.setCurrentIndex(max(index, 0))
+        self.metric_box.blockSignals(False)
+        self._metric_changed()
+
+    def current_metric(self) -> str | None:
+        """The metric the next run uses: a built-in name, or None for the project's metric."""
+        return self.metric_box.currentData()
+
+    @Slot()
+    def refresh(self) -> None:
+        """Show the latest stored sensitivity result (after a run, or when a project opens)."""
+        result = None
+        if self.session is not None:
+            try:
+                result = self.session.latest_sensitivity()
+            except Exception as error:  # noqa: BLE001 - a stored result from another version, say
+                self.controller.error.emit("Stored sensitivity result", f"Could not read it: {error}", "")
+        self.show_result(result)
+
+    def show_result(self, result: SensitivityResult | None) -> None:
+        """Draw ``result`` as bars and table rows (None clears both)."""
+        # the same result redrawn (layer decisions changed): keep where the user scrolled and sorted
+        same = result is not None and result is self.result
+        self.result = result
+        self.chart_units = result.ranked() if result is not None else []
+        self._layers = {}
+        if result is not None and self.session is not None:
+            for unit in result.units:
+                self._layers[unit.name] = self.session.layers_of(unit) or [unit.name]
+        scores, title = sensitivity_scores(result) if result is not None else ([], "")
+        self._scores = {u.name: s for u, s in zip(result.units, scores)} if result is not None else {}
+        self._draw_bars(title, keep_view=same)
+        self._fill_table(keep_sort=same)
+        self._update_summary()
+        count = len(self.chart_units)
+        self.worst_spin.setRange(1, max(count, 1))
+        self._update_worst_button()
+        self._busy_changed(self.controller.busy)
+        self._follow_selection(self.controller.selection)
+
+    def _update_summary(self) -> None:
+        result = self.result
+        if result is None:
+            self.summary_label.setText("No sensitivity run yet: calibrate, then Run sensitivity to rank the "
+                                       "quantized units by how much they cost the metric.")
+            return
+        partial = "" if result.complete else " <b>(cancelled: partial result)</b>"
+        self.summary_label.setText(
+            f"<b>{result.scheme}</b> by <b>{result.metric_name}</b> "
+            f"({'higher' if result.higher_is_better else 'lower'} is better): FP32 {format_number(result.fp32)}, "
+            f"all quantized {format_number(result.quantized)} &middot; {len(result.units)} units &middot; "
+            f"{result.num_batches} batch(es) &middot; {result.wall_time_s:.2f} s{partial}")
+
+    def _is_float(self, unit: UnitResult) -> bool:
+        """Whether every layer of the unit is now left in float (drawn apart: it is already dealt with)."""
+        if self.session is None:
+            return False
+        decisions = self.session.project.layers
+        layers = [layer for layer in self._layers.get(unit.name, []) if layer in decisions]
+        return bool(layers) and all(not decisions[layer].quantize for layer in layers)
+
+    def _draw_bars(self, title: str, keep_view: bool = False) -> None:
+        for item in self._value_labels:
+            self.chart.removeItem(item)
+        self._value_labels = []
+        units = self.chart_units
+        raw = [self._scores.get(u.name, 0.0) for u in units]
+        widths, _ = _finite_clip(raw)
+        positive = [w for w in widths if w > 0]
+        high = max(positive) if positive else 1.0
+        brushes, pens = [], []
+        for unit, width in zip(units, widths):
+            colour = _FLOAT if self._is_float(unit) else (_colour(width / high) if width > 0 else _NEUTRAL)
+            brushes.append(pg.mkBrush(colour))
+            pens.append(pg.mkPen(colour.darker(130), width=1))
+        self.bars.setOpts(x0=np.zeros(len(units)), y=np.arange(len(units), dtype=float),
+                          width=np.asarray(widths, dtype=float), brushes=brushes or None, pens=pens or None,
+                          pen=None, brush=_NEUTRAL)
+        self._bar_pens = pens
+        font_metrics = QFontMetrics(self.chart.getAxis("left").font())
+        labels = [(float(i), font_metrics.elidedText(u.name, Qt.TextElideMode.ElideMiddle, LABEL_WIDTH_PX))
+                  for i, u in enumerate(units)]
+        left = self.chart.getAxis("left")
+        left.setTicks([labels, []])
+        widest = max((font_metrics.horizontalAdvance(text) for _, text in labels), default=40)
+        left.setWidth(min(widest, LABEL_WIDTH_PX) + 14)
+        self.chart.setLabel("bottom", title)
+        low = min([0.0] + widths)
+        span = (high if positive else 1.0) - low
+        if len(units) <= VALUE_LABELS_UP_TO:
+            for index, (width, score) in enumerate(zip(widths, raw)):
+                text = pg.TextItem(format_delta(score) if math.isfinite(score) else format_number(score),
+                                   color=self.palette().color(QPalette.ColorRole.Text), anchor=(0, 0.5))
+                text.setPos(max(width, 0.0) + 0.01 * span, index)
+                self.chart.addItem(text)
+                self._value_labels.append(text)
+        # room on the right for the numbers; the rows scroll when there are many
+        self.chart.setLimits(xMin=None, xMax=None, yMin=-0.6, yMax=max(len(units), 1) - 0.4)
+        self.chart.setXRange(low - 0.02 * span, high + 0.22 * span if units else 1.0, padding=0)
+        if not keep_view:
+            self.chart.setYRange(-0.6, min(len(units), VISIBLE_BARS) - 0.4, padding=0)
+
+    def _fill_table(self, keep_sort: bool = False) -> None:
+        header = self.table.horizontalHeader()
+        column, order = header.sortIndicatorSection(), header.sortIndicatorOrder()
+        if not keep_sort or not 0 <= column < len(self.COLUMNS):
+            column, order = 4, Qt.SortOrder.AscendingOrder  # by rank
+        self.table.setSortingEnabled(False)
+        self.table_model.removeRows(0, self.table_model.rowCount())
+        result = self.result
+        metric = result.metric_name if result is not None else "Metric"
+        self.table_model.setHorizontalHeaderLabels(["Unit", metric, "Δ vs all quantized", "Δ vs FP32", "Rank"])
+        for unit in self.chart_units:
+            name = QStandardItem(unit.name + ("  (float)" if self._is_float(unit) else ""))
+            name.setData(unit.name, Qt.ItemDataRole.UserRole)
+            name.setEditable(False)
+            layers = self._layers.get(unit.name, [])
+            name.setToolTip(f"layers: {', '.join(layers)}\nquantizers: {', '.join(unit.quantizers)}")
+            row = [name, _NumberItem(format_number(unit.value), unit.value),
+                   _NumberItem(format_delta(unit.delta_vs_quantized), unit.delta_vs_quantized),
+                   _NumberItem(format_delta(unit.delta_vs_fp32), unit.delta_vs_fp32),
+                   _NumberItem(str(unit.rank), float(unit.rank))]
+            self.table_model.appendRow(row)
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(column, order)
+
+    # ----- selection ----------------------------------------------------------------------------
+
+    def bar_clicked(self, index: int) -> None:
+        """Select the layers of the unit drawn at ``index`` (0: the top bar, the most sensitive)."""
+        if 0 <= index < len(self.chart_units):
+            self.controller.select(self._layers.get(self.chart_units[index].name, []))
+
+    def _row_at(self, scene_pos: QPointF) -> int | None:
+        """The bar row under a scene position: on the bar, right of it, or on its label."""
+        view = self.chart.getPlotItem().getViewBox()
+        axis = self.chart.getAxis("left")
+        in_view = view.sceneBoundingRect().contains(scene_pos)
+        on_axis = axis.sceneBoundingRect().contains(scene_pos)
+        if not (in_view or on_axis):
+            return None
+        row = int(round(view.mapSceneToView(scene_pos).y()))
+        return row if 0 <= row < len(self.chart_units) else None
+
+    def _chart_clicked(self, event: Any) -> None:
+        if event.button() != Qt.MouseButton.LeftButton:
+            return
+        row = self._row_at(event.scenePos())
+        if row is not None:
+            event.accept()
+            self.bar_clicked(row)
+
+    def _chart_hovered(self, scene_pos: QPointF) -> None:
+        row = self._row_at(scene_pos)
+        if row is None or self.result is None:
+            QToolTip.hideText()
+            return
+        unit = self.chart_units[row]
+        QToolTip.showText(QCursor.pos(), (
+            f"<b>{unit.name}</b> (rank {unit.rank})<br>{self.result.metric_name}: {format_number(unit.value)}"
+            f"<br>Δ vs all quantized: {format_delta(unit.delta_vs_quantized)}"
+            f"<br>Δ vs FP32: {format_delta(unit.delta_vs_fp32)}<br>layers: {', '.join(self._layers[unit.name])}"),
+            self.chart)
+
+    def _table_selection_changed(self, *_: Any) -> None:
+        if self._syncing:
+            return
+        names: list[str] = []
+        for index in self.table.selectionModel().selectedRows(0):
+            names += self._layers.get(str(index.data(Qt.ItemDataRole.UserRole)), [])
+        if names:
+            self.controller.select(list(dict.fromkeys(names)))
+
+    @Slot(list)
+    def _follow_selection(self, names: list[str]) -> None:
+        """Highlight the units of the selected layers in the chart and the table."""
+        chosen = set(names)
+        hit = [i for i, u in enumerate(self.chart_units) if chosen & set(self._layers.get(u.name, []))]
+        pens = list(getattr(self, "_bar_pens", []))
+        for i in hit:
+            if i < len(pens):
+                pens[i] = _SELECTED_PEN
+        if pens:
+            self.bars.setOpts(pens=pens)
+        self._syncing = True
+        try:
+            selection = QItemSelection()
+            hit_names = {self.chart_units[i].name for i in hit}
+            first = None
+            for row in range(self.table_model.rowCount()):
+                item = self.table_model.item(row, 0)
+                if item.data(Qt.ItemDataRole.UserRole) in hit_names:
+                    left = self.table_model.index(row, 0)
+                    right = self.table_model.index(row, len(self.COLUMNS) - 1)
+                    selection.select(left, right)
+                    first = first or left
+            self.table.selectionModel().select(selection, QItemSelectionModel.SelectionFlag.ClearAndSelect)
+            if first is not None:
+                self.table.scrollTo(first)
+        finally:
+            self._syncing = False
+        if hit:  # bring the first selected bar into view when the chart is scrolled elsewhere
+            view = self.chart.getPlotItem().getViewBox()
+            low, high = view.viewRange()[1]
+            if not low <= hit[0] <= high:
+                rows = high - low
+                start = max(-0.6, hit[0] - rows / 2)
+                self.chart.setYRange(start, start + rows, padding=0)
+
+    def selected_units(self) -> list[str]:
+        """Units whose bars are highlighted (those holding a selected layer)."""
+        chosen = set(self.controller.selection)
+        return [u.name for u in self.chart_units if chosen & set(self._layers.get(u.name, []))]
+
+    # ----- actions ------------------------------------------------------------------------------
+
+    def run_sensitivity(self) -> bool:
+        """Start a sensitivity run with the chosen scheme, metric and number of batches."""
+        batches = self.batches_spin.value() or None
+        return self.controller.sensitivity(scheme=self.scheme_box.currentData(), metric=self.current_metric(),
+                                           num_batches=batches)
+
+    def worst_layers(self, count: int) -> list[str]:
+        """The layers of the ``count`` most sensitive units (in rank order)."""
+        names: list[str] = []
+        for unit in self.chart_units[:max(count, 0)]:
+            names += self._layers.get(unit.name, [])
+        return list(dict.fromkeys(names))
+
+    def ignore_worst(self) -> list[str] | None:
+        """Leave the worst N units' layers in float (through the controller, so the tree follows)."""
+        layers = self.worst_layers(self.worst_spin.value())
+        if not layers:
+            return None
+        changed = self.controller.set_quantize(layers, False)
+        if changed is not None:
+            self.ignore_label.setText(f"In float now: {', '.join(layers)}" if changed else
+                                      f"Already in float: {', '.join(layers)}")
+        return changed
+
+    def _update_worst_button(self, *_: Any) -> None:
+        count = self.worst_spin.value()
+        self.ignore_button.setText(f"Leave the worst {count} in float")
+        layers = self.worst_layers(count)
+        self.ignore_button.setToolTip("Untick: " + ", ".join(layers) if layers else "Run sensitivity first")
+
+    def fallback_options(self) -> dict[str, Any]:
+        """The keyword arguments of the next fallback search (as controller.fallback takes them)."""
+        options: dict[str, Any] = {"metric": self.current_metric(),
+                                   "max_units": self.max_units_spin.value() or None}
+        options[self.goal_box.currentData()] = float(self.goal_spin.value())
+        return options
+
+    def run_fallback(self) -> bool:
+        """Start the fallback search (it follows the latest sensitivity ranking when there is one)."""
+        return self.controller.fallback(**self.fallback_options())
+
+    def apply_fallback(self) -> list[str] | None:
+        """Leave the searched set in float."""
+        if self.fallback_result is None or not self.fallback_result.chosen:
+            return None
+        changed = self.controller.apply_fallback(self.fallback_result)
+        if changed is not None:
+            self.fallback_result.applied = True
+            self._update_fallback_text()
+        return changed
+
+    # ----- metric and goal ----------------------------------------------------------------------
+
+    def _metric_changed(self, *_: Any) -> None:
+        metric = self.current_metric()
+        is_sqnr = metric == "sqnr" or (metric is None and self._project_metric_is_sqnr())
+        # FP32 SQNR is infinite: no tolerance to it exists, only a target in dB
+        model = self.goal_box.model()
+        model.item(0).setEnabled(not is_sqnr)
+        self.goal_box.setCurrentIndex(1 if is_sqnr else 0)
+        self._goal_changed()
+
+    def _project_metric_is_sqnr(self) -> bool:
+        if self.session is None:
+            return True
+        return str((self.session.project.settings.get("metric") or {}).get("name") or "sqnr") in ("sqnr", "sqnr_db")
+
+    def _goal_changed(self, *_: Any) -> None:
+        metric = self.current_metric()
+        quantized = self.result.quantized if self.result is not None and math.isfinite(self.result.quantized) \
+            else None
+        if self.goal_box.currentData() == "target":
+            self.goal_label.setText("Target")
+            if metric == "sqnr":
+                value = round(quantized + 6.0) if quantized is not None else 40.0  # a quarter of the noise
+                self.goal_spin.setDecimals(1)
+                self.goal_spin.setSingleStep(1.0)
+            else:
+                value = quantized if quantized is not None else 0.0
+                self.goal_spin.setDecimals(4)
+                self.goal_spin.setSingleStep(0.01)
+        else:
+            self.goal_label.setText("Tolerance")
+            defaults = {"top1": 0.01, "cosine": 0.001}
+            value = defaults.get(metric or "", 0.01)
+            if metric == "mse" and quantized:
+                value = quantized / 2
+            self.goal_spin.setDecimals(6 if metric in ("mse", "cosine") else 4)
+            self.goal_spin.setSingleStep(value / 2 if value else 0.01)
+        self.goal_spin.setValue(value)
+
+    # ----- fallback view ------------------------------------------------------------------------
+
+    def _clear_fallback_plot(self) -> None:
+        self.fallback_curve.setData([], [])
+        self.chosen_marker.setData([], [])
+        for item in (self.fallback_band, self.fp32_line, self.target_line):
+            item.hide()
+        for item in self._curve_labels:
+            self.fallback_plot.removeItem(item)
+        self._curve_labels = []
+
+    @Slot(object)
+    def show_fallback(self, result: FallbackResult | None) -> None:
+        """Plot a fallback search: metric against units left in float, FP32, the goal band, the chosen point."""
+        self.fallback_result = result
+        self._clear_fallback_plot()
+        if result is None:
+            self.fallback_label.setText("Run a search to see how the metric recovers as units go back to float.")
+            self.apply_button.setEnabled(False)
+            self.apply_button.setText("Apply")
+            return
+        xs, ys = result.plot_data()
+        shown = [y if math.isfinite(y) else np.nan for y in ys]
+        self.fallback_curve.setData(xs, shown, connect="finite")
+        self.fallback_plot.setLabel("left", str(result.metric.get("name", "metric")))
+        higher = result.metric.get("direction", "higher") == "higher"
+        finite = [y for y in shown if not np.isnan(y)]
+        if math.isfinite(result.fp32):
+            self.fp32_line.show()  # first: a hidden line's label ignores new text
+            self.fp32_line.label.setFormat(f"FP32 {format_number(result.fp32)}")
+            self.fp32_line.setPos(result.fp32)
+            finite.append(result.fp32)
+        if result.tolerance is not None and math.isfinite(result.fp32):
+            edge = result.fp32 - result.tolerance if higher else result.fp32 + result.tolerance
+            self.fallback_band.setRegion(sorted((edge, result.fp32)))
+            self.fallback_band.show()
+            finite.append(edge)
+        elif result.target is not None:
+            self.target_line.show()
+            self.target_line.label.setFormat(f"target {format_number(result.target)}")
+            self.target_line.setPos(result.target)
+            finite.append(result.target)
+            top = max(finite) if finite else result.target
+            bottom = min(finite) if finite else result.target
+            margin = 0.1 * ((top - bottom) or 1.0)
+            self.fallback_band.setRegion((result.target, top + margin) if higher else (bottom - margin, result.target))
+            self.fallback_band.show()
+        if xs:
+            last = len(result.chosen)
+            y_last = next((y for x, y in zip(xs, shown) if x == last), shown[-1])
+            colour = QColor(40, 150, 70) if result.reached else QColor(200, 50, 40)
+            self.chosen_marker.setData([last], [y_last], brush=pg.mkBrush(colour))
+        if finite:
+            low, high = min(finite), max(finite)
+            pad = 0.12 * ((high - low) or max(abs(high), 1.0))
+            self.fallback_plot.setYRange(low - pad, high + pad, padding=0)
+        self.fallback_plot.setXRange(-0.3, max(xs + [1]) + 0.6, padding=0)
+        if len(result.curve) <= CURVE_LABELS_UP_TO:
+            colour = self.palette().color(QPalette.ColorRole.Text)
+            for point, y in zip(result.curve, shown):
+                if point.unit is None or np.isnan(y):
+                    continue
+                label = pg.TextItem(point.unit, color=colour, anchor=(0.0, 1.2), angle=0)
+                label.setFont(QFont(self.font().family(), max(self.font().pointSize() - 1, 7)))
+                label.setPos(point.num_float, y)
+                self.fallback_plot.addItem(label)
+                self._curve_labels.append(label)
+        self._update_fallback_text()
+
+    def _update_fallback_text(self) -> None:
+        result = self.fallback_result
+        if result is None:
+            return
+        name = str(result.metric.get("name", "metric"))
+        goal = (f"within {format_number(result.tolerance)} of FP32 ({format_number(result.fp32)})"
+                if result.tolerance is not None else f"target {format_number(result.target)}")
+        names = result.chosen_names
+        state = "<b>Reached</b>" if result.reached else "<b>Not reached</b>"
+        units = f"{len(names)} unit{'' if len(names) == 1 else 's'} in float"
+        text = (f"{state} {goal}: {name} {format_number(result.final_value)} with {units}"
+                f"{': ' + ', '.join(names) if names else ''} (all quantized: {format_number(result.quantized)}).")
+        if not result.complete:
+            text += " The search was cancelled: partial result."
+        if result.applied:
+            text += " <i>Applied: these layers are left in float.</i>"
+        self.fallback_label.setText(text)
+        can_apply = bool(names) and not result.applied and not self.controller.busy
+        self.apply_button.setEnabled(can_apply)
+        self.apply_button.setText(f"Apply: leave {units}" if names else "Apply")
+        self.apply_button.setToolTip(", ".join(names))
+
+    # ----- state --------------------------------------------------------------------------------
+
+    @Slot()
+    def _decisions_changed(self) -> None:
+        """Layers went to float or back: recolour their bars and mark their rows."""
+        if self.result is not None:
+            self.show_result(self.result)
+
+    @Slot(bool)
+    def _busy_changed(self, busy: bool) -> None:
+        has_session = self.session is not None
+        ours = busy and self.controller.jobs.job_name in JOB_NAMES
+        self.run_button.setEnabled(has_session and not busy)
+        self.fallback_button.setEnabled(has_session and not busy)
+        self.ignore_button.setEnabled(has_session and not busy and self.result is not None)
+        self.cancel_button.setEnabled(ours)
+        self.progress.setVisible(ours)
+        if not busy:
+            self.progress.reset()
+        if self.fallback_result is not None:
+            self._update_fallback_text()
+
+    def _job_progress(self, progress: Any) -> None:
+        if progress.name not in JOB_NAMES:
+            return
+        self.progress.setVisible(True)
+        self.progress.setRange(0, max(progress.total, 0))
+        self.progress.setValue(progress.done)
+        eta = f" · {progress.eta_s:.0f} s left" if progress.eta_s is not None else ""
+        self.progress.setFormat(f"%v/%m{eta}")
+        self.progress.setToolTip(progress.message)
