@@ -1,0 +1,219 @@
+"""Small dialogs of the main window: errors with details, calibration options, project settings.
+
+Every dialog opens with ``open()`` (window-modal, not a nested event loop), so jobs keep reporting
+progress behind it and tests can drive it.
+"""
+from __future__ import annotations
+
+import copy
+import html
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QSpinBox,
+    QTextEdit,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.analysis.metrics import BUILTIN_METRICS
+
+__all__ = ["ErrorDialog", "CalibrateDialog", "ProjectSettingsDialog", "CALIBRATION_METHODS"]
+
+CALIBRATION_METHODS = ("entropy", "mse", "percentile", "max")
+
+
+class ErrorDialog(QMessageBox):
+    """A readable error: what failed (title), why (message), and the traceback behind "Show Details…"."""
+
+    def __init__(self, title: str, message: str, details: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setIcon(QMessageBox.Icon.Critical)
+        self.setWindowTitle(title)
+        self.setTextFormat(Qt.TextFormat.RichText)
+        self.setText(f"<b>{html.escape(title)}</b>")
+        self.setInformativeText(html.escape(message or "No message.").replace("\n", "<br>"))
+        if details:
+            self.setDetailedText(details)
+        self.setStandardButtons(QMessageBox.StandardButton.Close)
+        # QMessageBox sizes itself from its text: a minimum label width keeps long messages readable
+        self.setStyleSheet("QLabel#qt_msgbox_informativelabel { min-width: 460px; }")
+        for edit in self.findChildren(QTextEdit):  # the details: a traceback reads best unwrapped, monospace
+            font = QFont("monospace")
+            font.setStyleHint(QFont.StyleHint.Monospace)
+            edit.setFont(font)
+            edit.setLineWrapMode(QTextEdit.LineWrapMode.NoWrap)
+            edit.setMinimumSize(640, 220)
+        self.title, self.message, self.details = title, message, details
+
+
+class CalibrateDialog(QDialog):
+    """Calibrate…: amax method, batches and percentile; they become the project's calibration settings."""
+
+    def __init__(self, settings: dict[str, Any], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Calibrate")
+        self.method = QComboBox()
+        self.method.addItems(CALIBRATION_METHODS)
+        self.method.setCurrentText(str(settings.get("method") or "entropy"))
+        self.method.setToolTip("How histogram quantizers choose amax (max-calibrated ones, such as weights, use "
+                               "their max). Each can be changed afterwards from its histogram without recalibrating.")
+        self.num_batches = QSpinBox()
+        self.num_batches.setRange(0, 1_000_000)
+        self.num_batches.setSpecialValueText("all")
+        self.num_batches.setValue(int(settings.get("num_batches") or 0))
+        self.percentile = QDoubleSpinBox()
+        self.percentile.setRange(50.0, 100.0)
+        self.percentile.setDecimals(4)
+        self.percentile.setValue(float(settings.get("percentile") or 99.99))
+        self.percentile.setSuffix(" %")
+        form = QFormLayout()
+        form.addRow("amax method", self.method)
+        form.addRow("Batches", self.num_batches)
+        form.addRow("Percentile", self.percentile)
+        note = QLabel("Calibration runs in the background; Cancel in the status bar stops it.")
+        note.setObjectName("hint")
+        note.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Calibrate")
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(note)
+        layout.addWidget(buttons)
+        self.method.currentTextChanged.connect(lambda m: self.percentile.setEnabled(m == "percentile"))
+        self.percentile.setEnabled(self.method.currentText() == "percentile")
+
+    def options(self) -> dict[str, Any]:
+        """``session.calibrate`` keyword arguments (and the project's calibration setting)."""
+        return {"method": self.method.currentText(), "num_batches": self.num_batches.value() or None,
+                "percentile": float(self.percentile.value())}
+
+
+class ProjectSettingsDialog(QDialog):
+    """Project settings (the ``settings`` of the project file, as ``workbench set`` changes them)."""
+
+    def __init__(self, settings: dict[str, Any], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Project settings")
+        self._original = copy.deepcopy(settings)
+
+        defaults = settings.get("defaults") or {}
+        self.input_calibrator = QComboBox()
+        self.input_calibrator.addItems(["histogram", "max"])
+        self.input_calibrator.setCurrentText((defaults.get("input") or {}).get("calib_method", "max"))
+        self.input_unsigned = QCheckBox("unsigned inputs")
+        self.input_unsigned.setChecked(bool((defaults.get("input") or {}).get("unsigned")))
+        default_box = QGroupBox("Default input descriptor")
+        default_form = QFormLayout(default_box)
+        default_form.addRow("Calibrator", self.input_calibrator)
+        default_form.addRow("", self.input_unsigned)
+
+        functional = settings.get("functional") or {}
+        rules = settings.get("rules") or {}
+        self.add = QCheckBox("quantize elementwise add (residual connections)")
+        self.add.setChecked(bool(functional.get("add", True)))
+        self.concat = QCheckBox("quantize concat")
+        self.concat.setChecked(bool(functional.get("concat", True)))
+        self.rule_concat = QCheckBox("inputs of a concat share one quantizer")
+        self.rule_concat.setChecked(bool(rules.get("concat", True)))
+        self.rule_maxpool = QCheckBox("a max-pool's input and output quantizers match")
+        self.rule_maxpool.setChecked(bool(rules.get("maxpool", True)))
+        self.rule_residual = QCheckBox("quantize the identity branch of a residual add")
+        self.rule_residual.setChecked(bool(rules.get("residual", True)))
+        graph_box = QGroupBox("Functional quantizers and TensorRT placement rules")
+        graph_layout = QVBoxLayout(graph_box)
+        for box in (self.add, self.concat, self.rule_concat, self.rule_maxpool, self.rule_residual):
+            graph_layout.addWidget(box)
+
+        calibration = settings.get("calibration") or {}
+        self.method = QComboBox()
+        self.method.addItems(CALIBRATION_METHODS)
+        self.method.setCurrentText(str(calibration.get("method") or "entropy"))
+        self.num_batches = QSpinBox()
+        self.num_batches.setRange(0, 1_000_000)
+        self.num_batches.setSpecialValueText("all")
+        self.num_batches.setValue(int(calibration.get("num_batches") or 0))
+        self.percentile = QDoubleSpinBox()
+        self.percentile.setRange(50.0, 100.0)
+        self.percentile.setDecimals(4)
+        self.percentile.setValue(float(calibration.get("percentile") or 99.99))
+        calibration_box = QGroupBox("Calibration")
+        calibration_form = QFormLayout(calibration_box)
+        calibration_form.addRow("amax method", self.method)
+        calibration_form.addRow("Batches", self.num_batches)
+        calibration_form.addRow("Percentile", self.percentile)
+
+        metric = settings.get("metric") or {}
+        self.metric = QComboBox()
+        self.metric.setEditable(True)
+        self.metric.addItems(list(BUILTIN_METRICS))
+        self.metric.setCurrentText(str(metric.get("name") or "sqnr"))
+        self.direction = QComboBox()
+        self.direction.addItems(["", "higher", "lower"])
+        self.direction.setCurrentText(metric.get("direction") or "")
+        self.direction.setToolTip("Only for a user metric (module:function): which way is better")
+        export = settings.get("export") or {}
+        self.export_path = QLineEdit(export.get("path") or "")
+        self.export_path.setPlaceholderText("next to the project")
+        self.opset = QSpinBox()
+        self.opset.setRange(13, 23)
+        self.opset.setValue(int(export.get("opset") or 17))
+        other_box = QGroupBox("Metric and export")
+        other_form = QFormLayout(other_box)
+        other_form.addRow("Metric", self.metric)
+        other_form.addRow("Direction", self.direction)
+        other_form.addRow("Export path", self.export_path)
+        other_form.addRow("Opset", self.opset)
+
+        note = QLabel("Changing the default descriptor, functional quantizers or rules rebuilds the quantized model; "
+                      "quantizers whose descriptor changed need calibrating again.")
+        note.setWordWrap(True)
+        note.setObjectName("hint")
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        for widget in (default_box, graph_box, calibration_box, other_box, note, buttons):
+            layout.addWidget(widget)
+
+    def changes(self) -> dict[str, Any]:
+        """Settings that differ from the ones the dialog opened with: ``{key: new value}``."""
+        original = self._original
+        new: dict[str, Any] = {}
+        defaults = copy.deepcopy(original.get("defaults") or {"input": None, "weight": None})
+        input_default = dict(defaults.get("input") or {})
+        input_default["calib_method"] = self.input_calibrator.currentText()
+        if self.input_unsigned.isChecked():
+            input_default["unsigned"] = True
+        else:
+            input_default.pop("unsigned", None)
+        if input_default.get("calib_method") == "max":
+            input_default.pop("calib_method")
+        defaults["input"] = input_default or None
+        new["defaults"] = defaults
+        new["functional"] = {"add": self.add.isChecked(), "concat": self.concat.isChecked()}
+        new["rules"] = {"concat": self.rule_concat.isChecked(), "maxpool": self.rule_maxpool.isChecked(),
+                        "residual": self.rule_residual.isChecked()}
+        new["calibration"] = {"method": self.method.currentText(), "num_batches": self.num_batches.value() or None,
+                              "percentile": float(self.percentile.value())}
+        new["metric"] = {"name": self.metric.currentText().strip() or "sqnr",
+                         "direction": self.direction.currentText() or None}
+        export = dict(original.get("export") or {})
+        export["path"] = self.export_path.text().strip() or None
+        export["opset"] = self.opset.value()
+        new["export"] = export
+        return {key: value for key, value in new.items() if value != original.get(key)}

@@ -1,0 +1,816 @@
+"""The layer panel: descriptor editor, shapes, the calibration histogram with amax lines, weight ranges.
+
+Everything it shows comes from the session (``descriptors``, ``layer_shapes``, ``histogram``,
+``weight_ranges``, the module tree) and every change goes through the controller
+(``set_descriptor``, ``recompute_amax``), so the CLI can do all of it too.
+
+The editor applies only the fields the user touched: with several layers selected, changing the bits
+changes the bits of all of them and leaves their other fields as they were.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QDoubleValidator
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QSplitter,
+    QStackedWidget,
+    QTabBar,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.app.controller import Controller
+from workbench.graph import ModelTree, QuantizerInfo
+from workbench.graph.tree import ModuleInfo
+
+__all__ = ["DescriptorEditor", "DescriptorDialog", "LayerPanel", "METHOD_COLORS"]
+
+METHODS = ("max", "entropy", "mse", "percentile")
+METHOD_COLORS = {"max": "#e67e22", "entropy": "#2874a6", "mse": "#1e8449", "percentile": "#8e44ad"}
+DESCRIPTOR_FIELDS = ("num_bits", "axis", "unsigned", "narrow_range", "calib_method", "amax")
+_FP8 = (4, 3)
+
+pg.setConfigOptions(antialias=True, background="w", foreground="#303030")
+
+
+def _role_of(info: QuantizerInfo) -> str:
+    return "weight" if info.attr.startswith("_weight") else "input"
+
+
+def _format_shape(shape: Sequence[int] | None) -> str:
+    return "?" if shape is None else "×".join(str(s) for s in shape)
+
+
+class DescriptorEditor(QWidget):
+    """Fields of one quantizer descriptor plus the amax method; remembers which fields the user touched."""
+
+    touched_changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.num_bits = QSpinBox()
+        self.num_bits.setRange(0, 16)
+        self.num_bits.setSpecialValueText("fp8 E4M3")  # 0 stands for the FP8 (4, 3) format
+        self.num_bits.setToolTip("Bits of the integer grid (8 for INT8); the lowest step is FP8 E4M3 emulation")
+        self.axis = QComboBox()
+        self.axis.addItem("per-tensor", None)
+        self.axis.addItem("per-channel, axis 0", 0)
+        self.axis.addItem("per-channel, axis 1", 1)
+        self.axis.setToolTip("Per-tensor: one amax. Per-channel: one amax per slice along the axis "
+                             "(0: output channels of a conv/linear weight; 1: ConvTranspose weights)")
+        self.unsigned = QCheckBox("unsigned")
+        self.unsigned.setToolTip("Use [0, 2^bits − 1] (inputs that are never negative, after a ReLU)")
+        self.narrow_range = QCheckBox("narrow range")
+        self.narrow_range.setToolTip("Use [−127, 127] instead of [−128, 127] (TensorRT's symmetric range)")
+        self.calib_method = QComboBox()
+        self.calib_method.addItems(["max", "histogram"])
+        self.calib_method.setToolTip("Calibrator: running max of |x|, or a histogram (then pick the method below)")
+        self.method = QComboBox()
+        self.method.addItems(METHODS)
+        self.method.setToolTip("How amax is chosen from the histogram: max, entropy (TensorRT KL), mse or "
+                               "percentile. Changing it recomputes amax from the stored histogram (no data pass).")
+        self.percentile = QDoubleSpinBox()
+        self.percentile.setRange(50.0, 100.0)
+        self.percentile.setDecimals(4)
+        self.percentile.setSingleStep(0.01)
+        self.percentile.setValue(99.99)
+        self.percentile.setSuffix(" %")
+        self.amax = QLineEdit()
+        self.amax.setPlaceholderText("calibrated")
+        self.amax.setValidator(QDoubleValidator(0.0, 1e30, 8))
+        self.amax.setToolTip("A fixed range instead of the calibrated one (empty: use calibration). "
+                             "Calibrating again replaces it.")
+
+        self._labels: dict[str, QLabel] = {}
+        form = QFormLayout(self)
+        form.setContentsMargins(0, 0, 0, 0)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        checks = QWidget()
+        checks_layout = QHBoxLayout(checks)
+        checks_layout.setContentsMargins(0, 0, 0, 0)
+        checks_layout.addWidget(self.unsigned)
+        checks_layout.addWidget(self.narrow_range)
+        checks_layout.addStretch(1)
+        rows = [("num_bits", "Bits", self.num_bits), ("axis", "Granularity", self.axis),
+                ("unsigned", "Range", checks), ("calib_method", "Calibrator", self.calib_method),
+                ("method", "amax method", self.method), ("percentile", "Percentile", self.percentile),
+                ("amax", "amax override", self.amax)]
+        for key, text, widget in rows:
+            label = QLabel(text)
+            self._labels[key] = label
+            form.addRow(label, widget)
+        self._labels["narrow_range"] = self._labels["unsigned"]
+
+        self._touched: set[str] = set()
+        self._loading = False
+        self.num_bits.valueChanged.connect(lambda _v: self._touch("num_bits"))
+        self.axis.currentIndexChanged.connect(lambda _i: self._touch("axis"))
+        self.unsigned.toggled.connect(lambda _b: self._touch("unsigned"))
+        self.narrow_range.toggled.connect(lambda _b: self._touch("narrow_range"))
+        self.calib_method.currentIndexChanged.connect(lambda _i: self._touch("calib_method"))
+        self.method.currentIndexChanged.connect(lambda _i: self._touch("method"))
+        self.percentile.valueChanged.connect(lambda _v: self._touch("method"))
+        self.amax.textEdited.connect(lambda _t: self._touch("amax"))
+        self._method_available = False
+
+    # ----- loading ---------------------------------------------------------------------------------
+
+    def load(self, fields: dict[str, Any] | None, mixed: set[str] = frozenset(), method: str | None = None,
+             percentile: float | None = None, method_available: bool = False) -> None:
+        """Show ``fields`` (a descriptor dict) without marking anything as touched.
+
+        ``mixed`` names the fields whose values differ across the selection (their labels say so).
+        """
+        self._loading = True
+        try:
+            fields = fields or {}
+            bits = fields.get("num_bits", 8)
+            self.num_bits.setValue(0 if isinstance(bits, (list, tuple)) else int(bits))
+            axis = fields.get("axis")
+            position = self.axis.findData(axis)
+            if position < 0:
+                self.axis.addItem(f"per-channel, axis {axis}", axis)
+                position = self.axis.count() - 1
+            self.axis.setCurrentIndex(position)
+            self.unsigned.setChecked(bool(fields.get("unsigned")))
+            self.narrow_range.setChecked(bool(fields.get("narrow_range")))
+            self.calib_method.setCurrentText(fields.get("calib_method", "max"))
+            self.method.setCurrentText(method or "entropy")
+            if percentile is not None:
+                self.percentile.setValue(float(percentile))
+            amax = fields.get("amax")
+            if amax is None:
+                self.amax.setText("")
+            elif isinstance(amax, (int, float)):
+                self.amax.setText(f"{float(amax):.6g}")
+            else:
+                self.amax.setText("")
+                self.amax.setPlaceholderText(f"per-channel ({len(np.ravel(amax))} values)")
+            self._method_available = method_available
+            self._touched = set()
+            for key, label in self._labels.items():
+                label.setProperty("mixed", key in mixed)
+                label.setToolTip("differs across the selected layers: shown for the first one" if key in mixed
+                                 else "")
+        finally:
+            self._loading = False
+        self._restyle()
+        self._update_enabled()
+
+    def _touch(self, key: str) -> None:
+        if self._loading:
+            return
+        self._touched.add(key)
+        self._restyle()
+        self._update_enabled()
+        self.touched_changed.emit()
+
+    def _restyle(self) -> None:
+        for key, label in self._labels.items():
+            touched = key in self._touched or (key == "unsigned" and "narrow_range" in self._touched)
+            label.setProperty("touched", touched)
+            font = label.font()
+            font.setBold(touched)
+            font.setItalic(bool(label.property("mixed")))
+            label.setFont(font)
+
+    def _update_enabled(self) -> None:
+        histogram = self.calib_method.currentText() == "histogram"
+        self.method.setEnabled(histogram and self._method_available)
+        self.percentile.setEnabled(histogram and self._method_available and self.method.currentText() == "percentile")
+        if not self._method_available:
+            self.method.setToolTip("Calibrate with a histogram calibrator first: the method picks amax from it")
+
+    # ----- reading -----------------------------------------------------------------------------------
+
+    def touched(self) -> set[str]:
+        return set(self._touched)
+
+    def touched_fields(self) -> dict[str, Any]:
+        """The descriptor fields the user changed, as ``set_descriptor`` takes them."""
+        values: dict[str, Any] = {}
+        bits = self.num_bits.value()
+        current = {"num_bits": list(_FP8) if bits == 0 else bits, "axis": self.axis.currentData(),
+                   "unsigned": self.unsigned.isChecked(), "narrow_range": self.narrow_range.isChecked(),
+                   "calib_method": self.calib_method.currentText()}
+        for key in ("num_bits", "axis", "unsigned", "narrow_range", "calib_method"):
+            if key in self._touched:
+                values[key] = current[key]
+        if "amax" in self._touched:
+            text = self.amax.text().strip()
+            values["amax"] = float(text) if text else None
+        return values
+
+    def touched_method(self) -> tuple[str, float] | None:
+        """(method, percentile) when the user changed the amax method, else None."""
+        if "method" not in self._touched or not self.method.isEnabled():
+            return None
+        return self.method.currentText(), float(self.percentile.value())
+
+
+def _layer_quantizers(tree: ModelTree | None, name: str) -> list[QuantizerInfo]:
+    if tree is None or name not in tree:
+        return []
+    return list(tree[name].quantizers)
+
+
+def apply_editor(controller: Controller, editor: DescriptorEditor, names: Sequence[str], role: str,
+                 tree: ModelTree | None) -> bool:
+    """Apply what the user touched in ``editor`` to ``names``; False when the controller refused."""
+    session = controller.session
+    if session is None:
+        return False
+    try:
+        descriptors = session.descriptors(names, role)
+    except Exception as error:  # noqa: BLE001 - shown to the user
+        controller.error.emit("Set descriptor", str(error), "")
+        return False
+    targets = [n for n in names if descriptors.get(n) is not None]  # layers without this role are skipped
+    ok = True
+    method = editor.touched_method()
+    if method is not None:
+        quantizers = [q.name for n in targets for q in _layer_quantizers(tree, n)
+                      if _role_of(q) == role and q.calibrator == "HistogramCalibrator" and q.enabled]
+        if quantizers:
+            ok = controller.recompute_amax(quantizers, method[0], method[1]) is not None
+    fields = editor.touched_fields()
+    if ok and fields and targets:
+        ok = controller.set_descriptor(targets, role, fields) is not None
+    return ok
+
+
+class DescriptorDialog(QDialog):
+    """"Set descriptor…" from the tree's context menu: one editor applied to every selected layer."""
+
+    def __init__(self, controller: Controller, names: Sequence[str], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.names = list(names)
+        self.setWindowTitle(f"Set descriptor for {len(self.names)} layer{'s' if len(self.names) != 1 else ''}")
+        self.setMinimumWidth(420)
+        self.role = QComboBox()
+        self.role.addItem("Input quantizer", "input")
+        self.role.addItem("Weight quantizer", "weight")
+        self.editor = DescriptorEditor()
+        self.note = QLabel()
+        self.note.setWordWrap(True)
+        self.note.setObjectName("hint")
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Apply | QDialogButtonBox.StandardButton.Ok
+                                   | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        buttons.button(QDialogButtonBox.StandardButton.Apply).clicked.connect(self.apply)
+        layout = QVBoxLayout(self)
+        names_label = QLabel(", ".join(self.names[:6]) + (f" and {len(self.names) - 6} more" if len(self.names) > 6
+                                                          else ""))
+        names_label.setWordWrap(True)
+        layout.addWidget(names_label)
+        layout.addWidget(self.role)
+        layout.addWidget(self.editor)
+        layout.addWidget(self.note)
+        layout.addWidget(buttons)
+        self._tree = controller.session.tree() if controller.session is not None else None
+        self.role.currentIndexChanged.connect(lambda _i: self.load())
+        self.load()
+
+    def current_role(self) -> str:
+        return self.role.currentData()
+
+    def load(self) -> None:
+        session = self.controller.session
+        if session is None:
+            return
+        descriptors = {n: d for n, d in session.descriptors(self.names, self.current_role()).items() if d is not None}
+        first = next(iter(descriptors.values()), None)
+        mixed = {key for key in DESCRIPTOR_FIELDS
+                 if len({repr(d.get(key)) for d in descriptors.values()}) > 1}
+        calibrated = session.project.current_calibration is not None
+        self.editor.load(first, mixed, method_available=calibrated)
+        skipped = len(self.names) - len(descriptors)
+        self.note.setText(f"{skipped} selected layer(s) have no {self.current_role()} quantizer and are skipped."
+                          if skipped else "Only the fields you change are applied; the others keep each layer's value.")
+
+    def apply(self) -> bool:
+        if not apply_editor(self.controller, self.editor, self.names, self.current_role(), self._tree):
+            return False
+        self.load()
+        return True
+
+    def accept(self) -> None:
+        if self.apply():
+            super().accept()
+
+
+class LayerPanel(QWidget):
+    """What the selected layer(s) are and how they are quantized; plots of their calibration data."""
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.names: list[str] = []
+        self._tree: ModelTree | None = None
+        self._tree_stale = True
+        self.quantizer_name: str | None = None
+        self.histogram: dict[str, Any] | None = None
+        self.histogram_item: pg.PlotDataItem | None = None
+        self.amax_lines: dict[str, pg.InfiniteLine] = {}
+        self.weight_item: pg.BarGraphItem | None = None
+
+        self.stack = QStackedWidget()
+        self.placeholder = QLabel("Select a layer in the model tree to see how it is quantized.")
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setObjectName("placeholder")
+        self.stack.addWidget(self.placeholder)
+
+        content = QWidget()
+        self.title = QLabel()
+        self.title.setObjectName("layerTitle")
+        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details = QLabel()
+        self.details.setObjectName("layerDetails")
+        self.details.setWordWrap(True)
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        # left: the descriptor editor
+        self.role_tabs = QTabBar()
+        self.role_tabs.addTab("Input quantizer")
+        self.role_tabs.addTab("Weight quantizer")
+        self.role_tabs.setExpanding(False)
+        self.editor = DescriptorEditor()
+        self.editor_note = QLabel()
+        self.editor_note.setObjectName("hint")
+        self.editor_note.setWordWrap(True)
+        self.apply_button = QPushButton("Apply")
+        self.apply_button.setToolTip("Apply the changed fields (bold) to every selected layer")
+        self.revert_button = QPushButton("Revert")
+        self.reset_button = QPushButton("Reset to default")
+        self.reset_button.setToolTip("Drop this role's per-layer descriptor: back to the project default")
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.apply_button)
+        buttons.addWidget(self.revert_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.reset_button)
+        editor_box = QGroupBox("Descriptor")
+        editor_layout = QVBoxLayout(editor_box)
+        editor_layout.addWidget(self.role_tabs)
+        editor_layout.addWidget(self.editor)
+        editor_layout.addWidget(self.editor_note)
+        editor_layout.addLayout(buttons)
+        editor_layout.addStretch(1)
+        left = QScrollArea()
+        left.setWidget(editor_box)
+        left.setWidgetResizable(True)
+        left.setFrameShape(QFrame.Shape.NoFrame)
+        left.setMinimumWidth(300)
+
+        # right: the plots
+        self.quantizer_combo = QComboBox()
+        self.quantizer_combo.setToolTip("Which quantizer of the layer to plot")
+        self.quantizer_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.log_box = QCheckBox("Log scale")
+        self.log_box.setChecked(True)
+        self.log_box.setToolTip("Logarithmic counts: the tail, where amax is chosen, is visible")
+        self.histogram_plot = pg.PlotWidget()
+        self.histogram_plot.setMinimumHeight(220)
+        self.histogram_plot.setLabel("bottom", "|x|")
+        self.histogram_plot.setLabel("left", "count")
+        self.histogram_plot.showGrid(x=True, y=True, alpha=0.15)
+        self.histogram_plot.setMouseEnabled(x=True, y=False)
+        self.histogram_message = pg.TextItem("", color="#606060", anchor=(0.5, 0.5))
+        self.amax_legend = QLabel()
+        self.amax_legend.setObjectName("amaxLegend")
+        self.amax_legend.setWordWrap(True)
+        self.amax_legend.setTextFormat(Qt.TextFormat.RichText)
+        self.weight_plot = pg.PlotWidget()
+        self.weight_plot.setMinimumHeight(160)
+        self.weight_plot.setLabel("bottom", "output channel")
+        self.weight_plot.setLabel("left", "max |w|")
+        self.weight_plot.showGrid(x=False, y=True, alpha=0.15)
+        self.weight_plot.setMouseEnabled(x=True, y=False)
+        self.weight_title = QLabel()
+        self.weight_title.setObjectName("plotTitle")
+        self.weight_title.setWordWrap(True)  # a long title must not widen the panel (and squeeze the tree)
+        for plot in (self.histogram_plot, self.weight_plot):
+            for axis in ("left", "bottom"):
+                plot.getAxis(axis).enableAutoSIPrefix(False)  # 0.4, not "400 (x0.001)"
+
+        plot_bar = QHBoxLayout()
+        self.histogram_title = QLabel("Calibration histogram")
+        self.histogram_title.setObjectName("plotTitle")
+        plot_bar.addWidget(self.histogram_title)
+        plot_bar.addStretch(1)
+        plot_bar.addWidget(QLabel("Quantizer:"))
+        plot_bar.addWidget(self.quantizer_combo)
+        plot_bar.addWidget(self.log_box)
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.addLayout(plot_bar)
+        right_layout.addWidget(self.histogram_plot, 3)
+        right_layout.addWidget(self.amax_legend)
+        right_layout.addWidget(self.weight_title)
+        right_layout.addWidget(self.weight_plot, 2)
+
+        splitter = QSplitter()
+        splitter.addWidget(left)
+        splitter.addWidget(right)
+        splitter.setStretchFactor(0, 0)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([330, 700])
+        content_layout = QVBoxLayout(content)
+        content_layout.setContentsMargins(8, 6, 8, 6)
+        content_layout.addWidget(self.title)
+        content_layout.addWidget(self.details)
+        content_layout.addWidget(splitter, 1)
+        self.stack.addWidget(content)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.stack)
+
+        self.role_tabs.currentChanged.connect(lambda _i: self._when_idle(self._load_editor))
+        self.apply_button.clicked.connect(self.apply)
+        self.revert_button.clicked.connect(self._load_editor)
+        self.reset_button.clicked.connect(self.reset_role)
+        self.editor.touched_changed.connect(self._update_buttons)
+        self.quantizer_combo.currentIndexChanged.connect(lambda _i: self._when_idle(self._plot_histogram))
+        self.log_box.toggled.connect(self._set_log)
+
+        self._refresh_timer = QTimer(self)
+        self._refresh_timer.setSingleShot(True)
+        self._refresh_timer.setInterval(0)  # a burst of change signals refreshes once
+        self._refresh_timer.timeout.connect(self.refresh)
+        self._plot_timer = QTimer(self)
+        self._plot_timer.setSingleShot(True)
+        self._plot_timer.setInterval(0)
+        self._plot_timer.timeout.connect(self.refresh_plots)
+        controller.selection_changed.connect(self._selection_changed)
+        for signal in (controller.session_changed, controller.layers_changed, controller.calibration_changed):
+            signal.connect(self._stale)
+        self._refresh_after_job = False
+        controller.busy_changed.connect(self._busy)
+        self._busy(False)
+
+    # ----- refresh ------------------------------------------------------------------------------------
+
+    def _selection_changed(self, names: list[str]) -> None:
+        self.names = list(names)
+        self._refresh_timer.start()
+
+    def _stale(self) -> None:
+        self._tree_stale = True
+        if self.controller.session is None:
+            self.names = []
+        self._refresh_timer.start()
+
+    def _when_idle(self, fn: Any) -> None:
+        """Run ``fn`` now, or refresh everything once the running job ends (it owns the session)."""
+        if self.controller.busy:
+            self._refresh_after_job = True
+        else:
+            fn()
+
+    def tree(self) -> ModelTree | None:
+        """The module tree (quantizer names and calibrators), re-read only after a change."""
+        session = self.controller.session
+        if session is None:
+            return None
+        if self._tree_stale or self._tree is None:
+            self._tree = session.tree()
+            self._tree_stale = False
+        return self._tree
+
+    def refresh(self) -> None:
+        self._refresh_timer.stop()
+        if self.controller.busy:
+            # the session belongs to the job until it ends (reading it may rebuild its model)
+            self._refresh_after_job = True
+            return
+        self._refresh_after_job = False
+        session = self.controller.session
+        names = [n for n in self.names if session is not None and n in session.project.layers]
+        if not names:
+            self.stack.setCurrentIndex(0)
+            return
+        self.stack.setCurrentIndex(1)
+        try:
+            self._show_header(names)
+            self._load_editor()
+        except Exception as error:  # noqa: BLE001 - the panel stays; the user sees what failed
+            self.controller.error.emit("Could not show the layer", f"{type(error).__name__}: {error}", "")
+        # the plots in the next turn of the event loop: the window repaints in between (no long stall)
+        self._plot_timer.start()
+
+    def refresh_plots(self) -> None:
+        self._plot_timer.stop()
+        if self.controller.busy:
+            self._refresh_after_job = True
+            return
+        session = self.controller.session
+        if session is None or not self.names or self.names[0] not in session.project.layers:
+            return
+        try:
+            self._fill_quantizers()
+            self._plot_weights()
+        except Exception as error:  # noqa: BLE001 - the panel stays; the user sees what failed
+            self.controller.error.emit("Could not plot the layer", f"{type(error).__name__}: {error}", "")
+
+    def _show_header(self, names: list[str]) -> None:
+        session = self.controller.session
+        tree = self.tree()
+        first = names[0]
+        info: ModuleInfo | None = tree[first] if tree is not None and first in tree else None
+        decision = session.project.layers[first]
+        if len(names) == 1:
+            kind = "functional" if decision.type in ("QuantAdd", "QuantConcat") else "module"
+            state = "quantized" if decision.quantize else "left in float"
+            self.title.setText(f"{first}  <span style='color:#707070'>{decision.type} · {kind} · {state}</span>")
+            parts = [f"parameters: {info.num_params:,}" if info is not None else ""]
+            try:
+                shapes = session.layer_shapes().get(first)
+            except Exception:  # noqa: BLE001 - shapes need a forward pass, which may fail for odd models
+                shapes = None
+            if shapes:
+                inputs = ", ".join(_format_shape(s) for s in shapes["inputs"]) or "?"
+                parts.append(f"input {inputs} → output {_format_shape(shapes['output'])}")
+                if shapes.get("weight"):
+                    parts.append(f"weight {_format_shape(shapes['weight'])}")
+            quantizers = _layer_quantizers(tree, first)
+            if quantizers:
+                parts.append("quantizers: " + ", ".join(
+                    f"{q.attr.strip('_')}{'' if q.active else ' (bypassed)'}" for q in quantizers))
+            self.details.setText("   ·   ".join(p for p in parts if p))
+        else:
+            quantized = sum(1 for n in names if session.project.layers[n].quantize)
+            params = sum(tree[n].num_params for n in names if tree is not None and n in tree)
+            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            self.title.setText(f"{len(names)} layers selected  <span style='color:#707070'>{quantized} quantized · "
+                               f"{params:,} parameters</span>")
+            self.details.setText(f"{shown}. Edits apply to all of them; the plots show {first}.")
+        self.title.setTextFormat(Qt.TextFormat.RichText)
+
+    def current_role(self) -> str:
+        return "weight" if self.role_tabs.currentIndex() == 1 else "input"
+
+    def _load_editor(self) -> None:
+        session = self.controller.session
+        names = [n for n in self.names if session is not None and n in session.project.layers]
+        if not names:
+            return
+        role = self.current_role()
+        descriptors = {n: d for n, d in session.descriptors(names, role).items() if d is not None}
+        if not descriptors:
+            self.editor.load(None)
+            self.editor.setEnabled(False)
+            self.editor_note.setText(f"No {role} quantizer on {'this layer' if len(names) == 1 else 'these layers'}.")
+            self._update_buttons()
+            return
+        self.editor.setEnabled(not self.controller.busy)
+        first_name = next(iter(descriptors))
+        mixed = {k for k in DESCRIPTOR_FIELDS if len({repr(d.get(k)) for d in descriptors.values()}) > 1}
+        method, percentile, available = self._method_of(first_name, role)
+        self.editor.load(descriptors[first_name], mixed, method, percentile, available)
+        notes = []
+        if len(descriptors) < len(names):
+            notes.append(f"{len(names) - len(descriptors)} selected layer(s) have no {role} quantizer.")
+        if not session.project.layers[first_name].quantize:
+            notes.append("Left in float: the descriptor applies once the layer is quantized again.")
+        if mixed:
+            notes.append("Italic fields differ across the selection.")
+        self.editor_note.setText(" ".join(notes))
+        self._update_buttons()
+
+    def _method_of(self, layer: str, role: str) -> tuple[str | None, float | None, bool]:
+        """The amax method in use for the layer's ``role`` quantizer, its percentile, and whether it can change."""
+        session = self.controller.session
+        run = session.project.current_calibration
+        if run is None:
+            return None, None, False
+        for q in _layer_quantizers(self.tree(), layer):
+            if _role_of(q) == role and q.enabled:
+                record = run.quantizers.get(q.name)
+                available = q.calibrator == "HistogramCalibrator" and record is not None
+                return (record.method if record else run.method), run.percentile, available
+        return run.method, run.percentile, False
+
+    def _update_buttons(self) -> None:
+        touched = bool(self.editor.touched())
+        editable = not self.controller.busy and self.editor.isEnabled()
+        self.apply_button.setEnabled(touched and editable)
+        self.revert_button.setEnabled(touched)
+        self.reset_button.setEnabled(editable)
+
+    def apply(self) -> bool:
+        """Apply the touched fields to every selected layer (through the controller)."""
+        names = [n for n in self.names if self.controller.session is not None
+                 and n in self.controller.session.project.layers]
+        if not names or self.controller.busy:
+            return False
+        return apply_editor(self.controller, self.editor, names, self.current_role(), self.tree())
+
+    def reset_role(self) -> None:
+        if self.names:
+            self.controller.reset_descriptor(self.names, self.current_role())
+
+    def _busy(self, busy: bool) -> None:
+        if not busy and self._refresh_after_job:
+            self._refresh_timer.start()
+        self.editor.setEnabled(not busy)
+        for line in self.amax_lines.values():
+            line.setCursor(Qt.CursorShape.ArrowCursor if busy else Qt.CursorShape.PointingHandCursor)
+        self._update_buttons()
+
+    # ----- plots --------------------------------------------------------------------------------------
+
+    def _fill_quantizers(self) -> None:
+        quantizers = _layer_quantizers(self.tree(), self.names[0]) if self.names else []
+        previous = self.quantizer_combo.currentData()
+        self.quantizer_combo.blockSignals(True)
+        self.quantizer_combo.clear()
+        chosen = 0
+        for q in quantizers:
+            calibrator = {"HistogramCalibrator": "histogram", "MaxCalibrator": "max"}.get(q.calibrator or "", "none")
+            label = f"{q.attr.strip('_').replace('_quantizer', '')} ({calibrator}{'' if q.active else ', bypassed'})"
+            self.quantizer_combo.addItem(label, q.name)
+        names = [q.name for q in quantizers]
+        if previous is not None and previous.rsplit(".", 1)[-1] in [n.rsplit(".", 1)[-1] for n in names]:
+            suffix = previous.rsplit(".", 1)[-1]
+            chosen = [n.rsplit(".", 1)[-1] for n in names].index(suffix)
+        else:
+            # the first active histogram quantizer (an input, usually) is the interesting one
+            for position, q in enumerate(quantizers):
+                if q.calibrator == "HistogramCalibrator" and q.active:
+                    chosen = position
+                    break
+        self.quantizer_combo.setCurrentIndex(chosen)
+        self.quantizer_combo.blockSignals(False)
+        self._plot_histogram()
+
+    def _plot_histogram(self) -> None:
+        plot = self.histogram_plot
+        plot.clear()
+        self.amax_lines = {}
+        self.histogram_item = None
+        self.histogram = None
+        self.quantizer_name = self.quantizer_combo.currentData()
+        session = self.controller.session
+        if session is None or self.quantizer_name is None:
+            self._message("This layer has no quantizer.")
+            return
+        data = session.histogram(self.quantizer_name)
+        if data is None:
+            info = next((q for q in _layer_quantizers(self.tree(), self.names[0]) if q.name == self.quantizer_name),
+                        None)
+            if info is not None and info.calibrator != "HistogramCalibrator":
+                self._message(f"No histogram: this quantizer uses the max calibrator (amax {info.amax}).\n"
+                              "Set its calibrator to 'histogram' and calibrate to see one.")
+            elif info is not None and not info.enabled:
+                self._message("This quantizer is bypassed (a TensorRT placement rule): nothing to plot.")
+            else:
+                self._message("Not calibrated yet: run Calibrate to collect a histogram.")
+            return
+        self.histogram = data
+        self._show_axes(plot)
+        self.histogram_item = plot.plot(*self._histogram_xy(data), stepMode="center", fillLevel=0, antialias=False,
+                                        brush=pg.mkBrush(70, 110, 160, 110), pen=pg.mkPen("#46709f", width=1))
+        plot.setLogMode(x=False, y=self.log_box.isChecked())
+        plot.setLabel("left", "count (log)" if self.log_box.isChecked() else "count")
+        in_use = self._method_in_use(data)
+        amaxes = data.get("amax") or {}
+        top = float(max([float(data["edges"][-1])] + [v for v in amaxes.values() if v is not None]))
+        # labels are staggered vertically: the methods often agree to three digits and would overlap
+        for position, method in enumerate(METHODS):
+            value = amaxes.get(method)
+            if value is None:
+                continue
+            current = method == in_use
+            # a label left of its line when the line is near the right edge, so that it is not cut off
+            side = (1, 0.5) if value > 0.6 * top else (0, 0.5)
+            line = pg.InfiniteLine(pos=float(value), angle=90, movable=False,
+                                   pen=pg.mkPen(METHOD_COLORS[method], width=3.5 if current else 1.5,
+                                                style=Qt.PenStyle.SolidLine if current else Qt.PenStyle.DashLine),
+                                   hoverPen=pg.mkPen(METHOD_COLORS[method], width=4),
+                                   label=f"{method}{' ✔' if current else ''}",
+                                   labelOpts={"position": 0.93 - 0.12 * position, "color": METHOD_COLORS[method],
+                                              "fill": (255, 255, 255, 210), "anchors": [side, side]})
+            line.method = method  # type: ignore[attr-defined]
+            line.setToolTip(f"{method}: amax {value:.6g}" + (" (in use)" if current else " — click to use it"))
+            line.setCursor(Qt.CursorShape.PointingHandCursor)
+            line.sigClicked.connect(lambda _line, _event, m=method: self.choose_method(m))
+            plot.addItem(line)
+            self.amax_lines[method] = line
+        plot.setXRange(0, top * 1.04, padding=0)
+        plot.enableAutoRange(axis="y")
+        legend = []
+        for method in METHODS:
+            value = amaxes.get(method)
+            text = f"{method} {value:.4g}" if value is not None else f"{method} n/a"
+            style = f"color:{METHOD_COLORS[method]};" + ("font-weight:bold;" if method == in_use else "")
+            legend.append(f"<span style='{style}'>{'▶ ' if method == in_use else ''}{text}</span>")
+        current = data.get("current")
+        self.amax_legend.setText("amax by method: " + " &nbsp; ".join(legend)
+                                 + (f" &nbsp; · in use: <b>{current:.4g}</b>" if current is not None else "")
+                                 + " &nbsp; <span style='color:#808080'>(click a line to use it)</span>")
+
+    def _histogram_xy(self, data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Bin edges and counts to draw; on the log scale an empty bin sits on the baseline (1).
+
+        Zeros would be -inf on a log axis: the curve would break into hundreds of pieces, each filled
+        separately (slow to paint), with gaps where the data has none.
+        """
+        counts = np.asarray(data["counts"], dtype=np.float64)
+        if self.log_box.isChecked():
+            counts = np.maximum(counts, 1.0)
+        return np.asarray(data["edges"], dtype=np.float64), counts
+
+    def _method_in_use(self, data: dict[str, Any]) -> str | None:
+        method = data.get("method")
+        if method in METHODS:
+            return method
+        current = data.get("current")
+        if current is None:
+            return None
+        amaxes = {m: v for m, v in (data.get("amax") or {}).items() if v is not None}
+        return min(amaxes, key=lambda m: abs(amaxes[m] - current)) if amaxes else None
+
+    def _show_axes(self, plot: pg.PlotWidget) -> None:
+        for axis in ("left", "bottom"):
+            plot.getAxis(axis).setStyle(showValues=True)
+            plot.getAxis(axis).setTicks(None)
+        plot.showGrid(x=True, y=True, alpha=0.15)
+
+    def _message(self, text: str) -> None:
+        # axes stay (ticks hidden): showing them again after calibrating would cost a first, slow paint
+        self.histogram_plot.showGrid(x=False, y=False)
+        for axis in ("left", "bottom"):
+            self.histogram_plot.getAxis(axis).setStyle(showValues=False)
+            self.histogram_plot.getAxis(axis).setTicks([[], []])
+        self.histogram_plot.setLogMode(x=False, y=False)
+        self.histogram_plot.setXRange(0, 1, padding=0)
+        self.histogram_plot.setYRange(0, 1, padding=0)
+        self.histogram_message.setText(text)
+        self.histogram_message.setPos(0.5, 0.5)
+        self.histogram_plot.addItem(self.histogram_message)
+        self.amax_legend.setText("")
+
+    def _set_log(self, on: bool) -> None:
+        if self.histogram_item is not None and self.histogram is not None:
+            self.histogram_item.setData(*self._histogram_xy(self.histogram))
+            self.histogram_plot.setLogMode(x=False, y=on)
+            self.histogram_plot.setLabel("left", "count (log)" if on else "count")
+            self.histogram_plot.enableAutoRange(axis="y")
+
+    def choose_method(self, method: str) -> None:
+        """Clicking an amax line: that method's amax becomes the quantizer's (from the stored histogram)."""
+        if self.quantizer_name is None or self.controller.busy or self.histogram is None:
+            return
+        if method == self._method_in_use(self.histogram):
+            return
+        run = self.controller.session.project.current_calibration if self.controller.session else None
+        percentile = run.percentile if run is not None else None
+        self.controller.recompute_amax([self.quantizer_name], method, percentile)
+
+    def _plot_weights(self) -> None:
+        plot = self.weight_plot
+        plot.clear()
+        self.weight_item = None
+        session = self.controller.session
+        ranges = session.weight_ranges(self.names[0]) if session is not None and self.names else None
+        if ranges is None or np.ndim(ranges) != 1:
+            self.weight_title.setText("Weights: this layer has none")
+            plot.setVisible(False)
+            return
+        plot.setVisible(True)
+        ranges = np.asarray(ranges, dtype=np.float64)
+        self.weight_item = pg.BarGraphItem(x=np.arange(len(ranges)), height=ranges, width=0.8,
+                                           brush=pg.mkBrush("#5d8aa8"), pen=pg.mkPen(None))
+        plot.addItem(self.weight_item)
+        plot.setXRange(-0.6, len(ranges) - 0.4, padding=0)
+        spread = float(ranges.max() / ranges.min()) if ranges.min() > 0 else float("inf")
+        self.weight_title.setText(f"Weight max |w| per output channel ({len(ranges)} channels, largest/smallest "
+                                  f"{spread:.1f}×)")
+        self.weight_title.setToolTip("A large spread between channels is why weights get per-channel scales")
+
+    # for the main window's screenshots and tests
+    def histogram_x(self) -> np.ndarray | None:
+        if self.histogram_item is None:
+            return None
+        return np.asarray(self.histogram_item.xData)

@@ -1,0 +1,808 @@
+"""The main window: model tree (left), layer panel and analysis tabs (centre), log (bottom), jobs (status bar).
+
+The window owns no project state: the :class:`Controller` does. The window turns user intent into
+controller calls (asking about unsaved changes and trust first), shows the controller's errors as
+dialogs, and enables or disables editing while a job runs.
+"""
+from __future__ import annotations
+
+import html
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from PySide6.QtCore import QObject, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QFont, QIcon, QKeySequence, QTextCursor
+from PySide6.QtWidgets import (
+    QApplication,
+    QComboBox,
+    QDockWidget,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QStyle,
+    QTabWidget,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.app.controller import Controller
+from workbench.app.dialogs import CalibrateDialog, ErrorDialog, ProjectSettingsDialog
+from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog
+from workbench.app.finetune_tab import FinetuneTab
+from workbench.app.graph_tab import GraphTab
+from workbench.app.jobs import JobProgress
+from workbench.app.layer_panel import LayerPanel
+from workbench.app.sensitivity_tab import SensitivityTab
+from workbench.app.tree_model import COLUMN_WIDTHS, ModelTreeWidget
+from workbench.app.wizard import NewProjectWizard
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MainWindow", "LogPanel", "JobStatus", "install_excepthook", "APP_NAME", "MAX_RECENT"]
+
+APP_NAME = "Quant Workbench"
+MAX_RECENT = 10
+PROJECT_FILTER = "Quant Workbench projects (*.qwb);;All files (*)"
+
+# the tabs after "Layer": (class, tab title)
+TABS: tuple[tuple[type[QWidget], str], ...] = ((SensitivityTab, "Sensitivity"), (GraphTab, "Graph"),
+                                              (FinetuneTab, "Fine-tune"))
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds < 10:
+        return f"{max(0.0, seconds):.1f} s"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+class LogPanel(QWidget):
+    """Timestamped lines from ``controller.log`` (and every error shown), newest at the bottom."""
+
+    COLORS = {"debug": "#808080", "info": "#303030", "warning": "#b9770e", "error": "#c0392b", "critical": "#c0392b"}
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.text = QPlainTextEdit()
+        self.text.setReadOnly(True)
+        self.text.setMaximumBlockCount(5000)  # a long session never grows the document without bound
+        self.text.setObjectName("logText")
+        font = QFont("monospace")
+        font.setStyleHint(QFont.StyleHint.Monospace)
+        font.setPointSize(max(8, font.pointSize() - 1))
+        self.text.setFont(font)
+        clear = QToolButton()
+        clear.setText("Clear")
+        clear.setToolTip("Clear the log")
+        clear.clicked.connect(self.text.clear)
+        side = QVBoxLayout()
+        side.setContentsMargins(0, 0, 0, 0)
+        side.addWidget(clear)
+        side.addStretch(1)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(4, 0, 4, 4)
+        layout.addWidget(self.text, 1)
+        layout.addLayout(side)
+        self.lines: list[tuple[str, str]] = []
+
+    def append(self, level: str, message: str) -> None:
+        level = level.lower()
+        self.lines.append((level, message))
+        if len(self.lines) > 5000:
+            del self.lines[:1000]
+        stamp = time.strftime("%H:%M:%S")
+        color = self.COLORS.get(level, "#303030")
+        body = html.escape(message).replace("\n", "<br>")
+        self.text.appendHtml(f"<span style='color:#909090'>{stamp}</span> "
+                             f"<span style='color:{color}'><b>{level:<7}</b> {body}</span>")
+        self.text.moveCursor(QTextCursor.MoveOperation.End)
+
+    def plain_text(self) -> str:
+        return self.text.toPlainText()
+
+
+class JobStatus(QWidget):
+    """Status bar part shown while a job runs: what, a progress bar, elapsed/ETA, and Cancel."""
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.label = QLabel()
+        self.bar = QProgressBar()
+        self.bar.setFixedWidth(220)
+        self.bar.setTextVisible(True)
+        self.eta = QLabel()
+        self.eta.setMinimumWidth(150)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip("Stop the job at its next batch (Esc)")
+        self.cancel_button.clicked.connect(self.cancel)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 6, 0)
+        layout.addWidget(self.label)
+        layout.addWidget(self.bar)
+        layout.addWidget(self.eta)
+        layout.addWidget(self.cancel_button)
+        self.last: JobProgress | None = None
+        self.started_at = time.monotonic()
+        jobs = controller.jobs
+        jobs.started.connect(self._started)
+        jobs.progress.connect(self.show_progress)
+        controller.busy_changed.connect(self._busy)
+        self.setVisible(False)
+
+    def _started(self, name: str) -> None:
+        self.last = None
+        self.started_at = time.monotonic()
+        self.label.setText(name + "…")
+        self.bar.setRange(0, 0)  # busy indicator until the first report gives a total
+        self.eta.setText("")
+        self.cancel_button.setEnabled(True)
+        self.cancel_button.setText("Cancel")
+        self.setVisible(True)
+
+    def show_progress(self, progress: JobProgress) -> None:
+        self.last = progress
+        self.label.setText(f"{progress.name}: {progress.message}" if progress.message else progress.name)
+        if progress.total:
+            self.bar.setRange(0, progress.total)
+            self.bar.setValue(min(progress.done, progress.total))
+            self.bar.setFormat(f"{progress.done}/{progress.total}")
+        else:
+            self.bar.setRange(0, 0)
+        eta = f" · ETA {_format_seconds(progress.eta_s)}" if progress.eta_s is not None else ""
+        self.eta.setText(f"{_format_seconds(progress.elapsed_s)} elapsed{eta}")
+
+    def cancel(self) -> None:
+        self.controller.cancel_job()
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.setText("Cancelling…")
+
+    def _busy(self, busy: bool) -> None:
+        if not busy:
+            self.setVisible(False)
+
+
+class _ExceptionBridge(QObject):
+    """Carries an exception from any thread to the GUI thread (a queued signal)."""
+
+    raised = Signal(str, str, str)
+
+
+def install_excepthook(window: MainWindow) -> Callable[[], None]:
+    """Route uncaught exceptions (GUI slots, other threads) to an error dialog; returns an undo function."""
+    bridge = _ExceptionBridge(window)
+    bridge.raised.connect(window.show_error)
+    previous_sys, previous_thread = sys.excepthook, threading.excepthook
+
+    def report(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            previous_sys(kind, value, tb)
+            return
+        details = "".join(traceback.format_exception(kind, value, tb))
+        logger.error("Unexpected error: %s", details)
+        try:
+            bridge.raised.emit("Unexpected error", f"{kind.__name__}: {value}\n\nThe project is unchanged where the "
+                               "action failed; save your work under a new name if in doubt.", details)
+        except RuntimeError:  # the window is gone (shutting down)
+            previous_sys(kind, value, tb)
+
+    def report_thread(args: threading.ExceptHookArgs) -> None:
+        report(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback)
+
+    sys.excepthook = report
+    threading.excepthook = report_thread
+
+    def undo() -> None:
+        sys.excepthook, threading.excepthook = previous_sys, previous_thread
+
+    return undo
+
+
+class MainWindow(QMainWindow):
+    """The workbench window. ``settings`` (QSettings) holds recent projects and the window layout."""
+
+    def __init__(self, controller: Controller | None = None, settings: QSettings | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller or Controller(self)
+        self.settings = settings if settings is not None else QSettings()
+        self.error_dialogs: list[ErrorDialog] = []
+        self.dialog: QWidget | None = None  # the last dialog opened (tests and screenshots reach it here)
+        self.wizard: NewProjectWizard | None = None
+        self.export_report_dialog: QWidget | None = None
+        self._pending_request: Callable[[bool], bool] | None = None
+        self._closing = False
+        self.setWindowTitle(APP_NAME)
+        self.resize(1480, 920)
+        self.setDockNestingEnabled(True)
+
+        self._make_actions()
+        self._make_widgets()
+        self._make_menus()
+        self._make_toolbar()
+        self._connect()
+        self._restore_layout()
+        self._update_title()
+        self._update_actions()
+
+    # ----- construction -------------------------------------------------------------------------------
+
+    def _icon(self, pixmap: QStyle.StandardPixmap) -> QIcon:
+        return self.style().standardIcon(pixmap)
+
+    def _action(self, text: str, slot: Callable[[], Any], shortcut: Any = None, tip: str = "",
+                icon: QStyle.StandardPixmap | None = None) -> QAction:
+        action = QAction(text, self)
+        if icon is not None:
+            action.setIcon(self._icon(icon))
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        if tip:
+            action.setToolTip(tip)
+            action.setStatusTip(tip)
+        action.triggered.connect(lambda _checked=False: slot())
+        return action
+
+    def _make_actions(self) -> None:
+        SP = QStyle.StandardPixmap
+        self.new_action = self._action("&New Project…", self.new_project, QKeySequence.StandardKey.New,
+                                       "Create a project: model, data, metric", SP.SP_FileIcon)
+        self.open_action = self._action("&Open…", self.open_project_dialog, QKeySequence.StandardKey.Open,
+                                        "Open a project file (.qwb)", SP.SP_DialogOpenButton)
+        self.demo_action = self._action("Open &Demo Project", self.open_demo, None,
+                                        "The digits CNN with its data, ready to calibrate")
+        self.save_action = self._action("&Save", self.save, QKeySequence.StandardKey.Save, "Save the project",
+                                        SP.SP_DialogSaveButton)
+        self.save_as_action = self._action("Save &As…", self.save_as, QKeySequence.StandardKey.SaveAs,
+                                           "Save the project to a new file")
+        self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit, "Quit Quant Workbench")
+        self.calibrate_action = self._action("Calibrate", self.calibrate, "Ctrl+R",
+                                             "Calibrate on the project's data with its calibration settings",
+                                             SP.SP_MediaPlay)
+        self.calibrate_dialog_action = self._action("&Calibrate…", self.calibrate_dialog, "Ctrl+Shift+R",
+                                                    "Choose the amax method and batches, then calibrate")
+        self.export_action = self._action("Export", self.export, "Ctrl+E",
+                                          "Write and validate QDQ ONNX with the last export settings",
+                                          SP.SP_DialogApplyButton)
+        self.export_dialog_action = self._action("&Export…", self.export_dialog, "Ctrl+Shift+E",
+                                                 "Choose the ONNX path and opset, then export")
+        self.evaluate_action = self._action("E&valuate", self.evaluate, None,
+                                            "FP32 against INT8 on the evaluation data")
+        self.settings_action = self._action("&Settings…", self.settings_dialog, None,
+                                            "Default descriptors, placement rules, calibration, metric, export")
+        self.cancel_action = self._action("Cancel", self.cancel_job, "Esc", "Stop the running job",
+                                          SP.SP_BrowserStop)
+        self.about_action = self._action("&About", self.about)
+        # needs an open project and no running job
+        self.project_actions = [self.save_action, self.save_as_action, self.calibrate_action,
+                                self.calibrate_dialog_action, self.export_action, self.export_dialog_action,
+                                self.evaluate_action, self.settings_action]
+        # needs no running job
+        self.idle_actions = [self.new_action, self.open_action, self.demo_action]
+
+    def _make_widgets(self) -> None:
+        self.tree = ModelTreeWidget(self.controller, self, self.settings)
+        self.tree_dock = QDockWidget("Model", self)
+        self.tree_dock.setObjectName("modelDock")
+        self.tree_dock.setWidget(self.tree)
+        self.tree_dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
+                                   | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+                                   | QDockWidget.DockWidgetFeature.DockWidgetClosable)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.tree_dock)
+
+        self.log_panel = LogPanel(self)
+        self.log_dock = QDockWidget("Log", self)
+        self.log_dock.setObjectName("logDock")
+        self.log_dock.setWidget(self.log_panel)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.log_dock)
+
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.layer_panel = LayerPanel(self.controller, self)
+        self.tabs.addTab(self.layer_panel, "Layer")
+        self.extra_tabs: dict[str, QWidget] = {}
+        for cls, title in TABS:
+            self._add_tab(cls, title)
+        self.setCentralWidget(self.tabs)
+        self._sized = False
+
+        self.job_status = JobStatus(self.controller, self)
+        self.summary_label = QLabel()
+        self.summary_label.setObjectName("summary")
+        self.statusBar().addPermanentWidget(self.job_status)
+        self.statusBar().addPermanentWidget(self.summary_label)
+
+    def _add_tab(self, cls: type[QWidget], title: str) -> None:
+        try:
+            widget = cls(self.controller, self)  # type: ignore[call-arg]
+        except Exception as error:  # noqa: BLE001 - one broken tab must not stop the app
+            details, message = traceback.format_exc(), f"{type(error).__name__}: {error}"
+            logger.error("The %s tab could not be loaded: %s", title, message)
+            QTimer.singleShot(0, lambda: self.show_error(f"The {title} tab could not be loaded", message, details))
+            return
+        self.extra_tabs[title] = widget
+        self.tabs.addTab(widget, title)
+
+    def _make_menus(self) -> None:
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        file_menu.addActions([self.new_action, self.open_action, self.demo_action])
+        self.recent_menu = QMenu("Open &Recent", self)
+        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        file_menu.addMenu(self.recent_menu)
+        file_menu.addSeparator()
+        file_menu.addActions([self.save_action, self.save_as_action])
+        file_menu.addSeparator()
+        file_menu.addAction(self.quit_action)
+        project_menu = bar.addMenu("&Project")
+        project_menu.addActions([self.calibrate_dialog_action, self.evaluate_action, self.export_dialog_action])
+        project_menu.addSeparator()
+        project_menu.addActions([self.tree.descriptor_action, self.tree.pattern_action])
+        project_menu.addSeparator()
+        project_menu.addAction(self.settings_action)
+        view_menu = bar.addMenu("&View")
+        view_menu.addAction(self.tree_dock.toggleViewAction())
+        view_menu.addAction(self.log_dock.toggleViewAction())
+        help_menu = bar.addMenu("&Help")
+        help_menu.addAction(self.about_action)
+        self._fill_recent_menu()
+
+    def _make_toolbar(self) -> None:
+        toolbar = self.addToolBar("Main")
+        toolbar.setObjectName("mainToolbar")
+        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        toolbar.setMovable(False)
+        toolbar.addActions([self.new_action, self.open_action, self.save_action])
+        toolbar.addSeparator()
+        toolbar.addActions([self.calibrate_action, self.export_action])
+        toolbar.addSeparator()
+        toolbar.addWidget(QLabel(" Device "))
+        self.device_combo = QComboBox()
+        self.device_combo.setToolTip("Where calibration, analysis and export run")
+        self.device_combo.addItem("CPU", "cpu")
+        if torch.cuda.is_available():
+            for index in range(torch.cuda.device_count()):
+                self.device_combo.addItem(f"cuda:{index} · {torch.cuda.get_device_name(index)}", f"cuda:{index}")
+        self.device_combo.activated.connect(self._device_chosen)
+        toolbar.addWidget(self.device_combo)
+        toolbar.addSeparator()
+        toolbar.addAction(self.cancel_action)
+        self.toolbar = toolbar
+
+    def _connect(self) -> None:
+        c = self.controller
+        c.error.connect(self.show_error)
+        c.log.connect(self.log_panel.append)
+        c.trust_needed.connect(self._trust_needed)
+        c.busy_changed.connect(lambda _busy: self._update_actions())
+        c.dirty_changed.connect(lambda _dirty: self._update_title())
+        c.session_changed.connect(self._session_changed)
+        for signal in (c.layers_changed, c.calibration_changed, c.sensitivity_changed):
+            signal.connect(self._update_summary)
+        c.export_finished.connect(self._export_finished)
+        c.jobs.finished.connect(self._job_finished)
+        c.jobs.cancelled.connect(lambda name, _e: self.statusBar().showMessage(f"{name} cancelled", 5000))
+
+    def _restore_layout(self) -> None:
+        geometry = self.settings.value("window/geometry")
+        state = self.settings.value("window/state")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if state is not None:
+            self._sized = self.restoreState(state)
+
+    def showEvent(self, event: Any) -> None:
+        super().showEvent(event)
+        if not self._sized:
+            # first run: dock sizes only count once the window has its size (not in the constructor)
+            self._sized = True
+            QTimer.singleShot(0, self._default_dock_sizes)
+
+    def _default_dock_sizes(self) -> None:
+        width = min(sum(COLUMN_WIDTHS) + 28, int(self.width() * 0.42))
+        self.resizeDocks([self.tree_dock], [width], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.log_dock], [max(110, int(self.height() * 0.14))], Qt.Orientation.Vertical)
+
+    # ----- state shown ----------------------------------------------------------------------------------
+
+    def project_label(self) -> str:
+        session = self.controller.session
+        if session is None:
+            return ""
+        if session.path is not None:
+            return Path(session.path).name
+        return f"{session.project.name or 'project'} (not saved)"
+
+    def _update_title(self) -> None:
+        label = self.project_label()
+        self.setWindowTitle(f"{label}[*] — {APP_NAME}" if label else APP_NAME)
+        self.setWindowModified(self.controller.dirty)
+
+    def _update_actions(self) -> None:
+        busy = self.controller.busy
+        has_project = self.controller.session is not None
+        for action in self.project_actions:
+            action.setEnabled(has_project and not busy)
+        for action in self.idle_actions:
+            action.setEnabled(not busy)
+        self.recent_menu.setEnabled(not busy)
+        self.cancel_action.setEnabled(busy)
+        self.device_combo.setEnabled(has_project and not busy)
+        for action in self.tree.editing_actions:
+            action.setEnabled(has_project and not busy)
+
+    def _update_summary(self) -> None:
+        session = self.controller.session
+        if session is None:
+            self.summary_label.setText("No project: File ▸ New, Open, or Open Demo Project")
+            return
+        layers = session.project.layers
+        quantized = sum(1 for d in layers.values() if d.quantize)
+        run = session.project.current_calibration
+        if run is None:
+            calibration = "not calibrated"
+        else:
+            sqnr = f", output SQNR {run.output_sqnr_db:.1f} dB" if run.output_sqnr_db is not None else ""
+            calibration = f"calibrated ({run.method}, {run.num_batches} batches{sqnr})"
+        stale = len(session.build_report.stale)
+        stale_text = f" · {stale} quantizers need recalibrating" if stale else ""
+        self.summary_label.setText(f"{quantized}/{len(layers)} layers quantized · {calibration}{stale_text}"
+                                   f" · {session.device}")
+
+    def _session_changed(self) -> None:
+        session = self.controller.session
+        if session is not None:
+            run = session.project.current_calibration
+            self.log_panel.append("info", f"{'opened ' + str(session.path) if session.path else 'new project'}: "
+                                  f"{session.project.model.label}, {len(session.project.layers)} quantizable layers"
+                                  f"{', calibrated (' + run.method + ')' if run else ', not calibrated yet'}")
+            device = str(session.device)
+            position = self.device_combo.findData(device)
+            if position < 0:
+                self.device_combo.addItem(f"{device} (not available)", device)
+                position = self.device_combo.count() - 1
+            self.device_combo.setCurrentIndex(position)
+        self._update_title()
+        self._update_actions()
+        self._update_summary()
+
+    # ----- errors, trust, logging -------------------------------------------------------------------------
+
+    def show_error(self, title: str, message: str, details: str = "") -> ErrorDialog | None:
+        """A readable, non-blocking dialog; the same error already on screen is not stacked twice."""
+        for dialog in self.error_dialogs:
+            if dialog.title == title and dialog.message == message and dialog.isVisible():
+                return dialog
+        line = f"{title}: {message}"
+        if not self.log_panel.lines or self.log_panel.lines[-1] != ("error", line):  # the controller may have
+            self.log_panel.append("error", line)                                     # logged it already
+        dialog = ErrorDialog(title, message, details, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.finished.connect(lambda _result, d=dialog: self._forget_error(d))
+        self.error_dialogs.append(dialog)
+        dialog.open()
+        return dialog
+
+    def _forget_error(self, dialog: ErrorDialog) -> None:
+        if dialog in self.error_dialogs:
+            self.error_dialogs.remove(dialog)
+
+    def _trust_needed(self, kind: str, target: str, message: str) -> None:
+        what = "this project's code" if kind == "project" else f"the code of {target}"
+        answer = QMessageBox.warning(
+            self, "Run code from outside Quant Workbench?",
+            f"{message}\n\nLoading {what} runs Python code on this machine (an entry point or an unpickled model). "
+            "Only continue if you trust where it comes from.\n\nRun it?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
+        if answer == QMessageBox.StandardButton.Yes and self._pending_request is not None:
+            self.log_panel.append("warning", f"trusting {target}: its code runs now")
+            self._pending_request(True)
+        else:
+            self.log_panel.append("info", f"not trusted: {target} was not loaded")
+
+    # ----- projects ---------------------------------------------------------------------------------------
+
+    def confirm_discard(self, action: str) -> bool:
+        """True when it is fine to drop the open project (saved, or the user said so)."""
+        if not self.controller.dirty:
+            return True
+        answer = QMessageBox.question(
+            self, "Unsaved changes",
+            f"{self.project_label() or 'The project'} has unsaved changes. Save them before {action}?",
+            QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Discard | QMessageBox.StandardButton.Cancel,
+            QMessageBox.StandardButton.Save)
+        if answer == QMessageBox.StandardButton.Save:
+            return self.save()
+        return answer == QMessageBox.StandardButton.Discard
+
+    def new_project(self) -> NewProjectWizard | None:
+        if self.controller.busy or not self.confirm_discard("creating a new project"):
+            return None
+        wizard = NewProjectWizard(self)
+        wizard.accepted.connect(lambda: self._create_from_wizard(wizard))
+        self.wizard = wizard
+        wizard.open()
+        return wizard
+
+    def _create_from_wizard(self, wizard: NewProjectWizard) -> None:
+        try:
+            request = wizard.request()
+        except Exception as error:  # noqa: BLE001 - the pages validated; anything left is still shown
+            self.show_error("New project", str(error))
+            return
+        self.start_new_project(**request)
+
+    def start_new_project(self, model: Any, calibration: Any, evaluation: Any = None, *, trust_code: bool = False,
+                          input_shape: tuple[int, ...] | None = None, name: str | None = None,
+                          settings: dict[str, Any] | None = None, save_to: str | None = None,
+                          select_first: bool = False) -> bool:
+        """Create a project in the background (asking for trust and retrying if its code needs it)."""
+        base_dir = Path(save_to).expanduser().resolve().parent if save_to else None
+
+        def done(session: Any) -> None:
+            if save_to:
+                saved = self.controller.save(save_to)
+                if saved is not None:
+                    self.add_recent(saved)
+                    self._update_title()
+            if select_first and session.project.layers:
+                self.controller.select([next(iter(session.project.layers))])
+
+        def request(trust: bool) -> bool:
+            return self.controller.new_project(model, calibration, evaluation, trust_code=trust,
+                                               input_shape=input_shape, name=name, base_dir=base_dir,
+                                               settings=settings, on_done=done)
+
+        self._pending_request = request
+        return request(trust_code)
+
+    def open_demo(self) -> bool:
+        """The demo digits project (what ``workbench demo`` uses), unsaved and ready to calibrate."""
+        from workbench.demo_run import demo_project_specs
+
+        if self.controller.busy or not self.confirm_discard("opening the demo"):
+            return False
+        return self.start_new_project(**demo_project_specs(), select_first=True)
+
+    def open_project_dialog(self) -> bool:
+        if self.controller.busy or not self.confirm_discard("opening another project"):
+            return False
+        start = str(self.settings.value("last_dir", "") or "")
+        path, _ = QFileDialog.getOpenFileName(self, "Open project", start, PROJECT_FILTER)
+        if not path:
+            return False
+        return self.open_project(path, confirmed=True)
+
+    def open_project(self, path: str | Path, trust_code: bool = False, confirmed: bool = False) -> bool:
+        """Open ``path`` in the background; asks about unsaved changes unless ``confirmed``."""
+        if not confirmed and not self.confirm_discard("opening another project"):
+            return False
+        path = Path(path).expanduser()
+        if not path.exists():
+            self.show_error("Could not open the project", f"{path} does not exist.")
+            self.remove_recent(path)
+            return False
+
+        def done(session: Any) -> None:
+            self.add_recent(path)
+            layers = session.project.layers
+            if layers:
+                self.controller.select([next(iter(layers))])
+
+        def request(trust: bool) -> bool:
+            return self.controller.open_project(path, trust_code=trust, on_done=done)
+
+        self._pending_request = request
+        return request(trust_code)
+
+    def save(self) -> bool:
+        session = self.controller.session
+        if session is None:
+            return False
+        if session.path is None:
+            return self.save_as()
+        saved = self.controller.save()
+        if saved is None:
+            return False
+        self.add_recent(saved)
+        self._update_title()
+        return True
+
+    def save_as(self) -> bool:
+        session = self.controller.session
+        if session is None:
+            return False
+        start = str(session.path) if session.path is not None else str(
+            Path(str(self.settings.value("last_dir", "") or Path.cwd())) / f"{session.project.name or 'project'}.qwb")
+        path, _ = QFileDialog.getSaveFileName(self, "Save project as", start, PROJECT_FILTER)
+        if not path:
+            return False
+        saved = self.controller.save(path)
+        if saved is None:
+            return False
+        self.add_recent(saved)
+        self._update_title()
+        return True
+
+    # ----- recent projects -------------------------------------------------------------------------------
+
+    def recent_projects(self) -> list[str]:
+        value = self.settings.value("recent_projects", [])
+        if isinstance(value, str):
+            value = [value] if value else []
+        return [str(v) for v in (value or [])]
+
+    def add_recent(self, path: str | Path) -> None:
+        path = str(Path(path).expanduser().resolve())
+        recent = [path] + [p for p in self.recent_projects() if p != path]
+        self.settings.setValue("recent_projects", recent[:MAX_RECENT])
+        self.settings.setValue("last_dir", str(Path(path).parent))
+        self._fill_recent_menu()
+
+    def remove_recent(self, path: str | Path) -> None:
+        path = str(Path(path).expanduser().resolve())
+        self.settings.setValue("recent_projects", [p for p in self.recent_projects() if p != path])
+        self._fill_recent_menu()
+
+    def _fill_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        recent = self.recent_projects()
+        for number, path in enumerate(recent, 1):
+            action = self.recent_menu.addAction(f"&{number % 10} {Path(path).name}  —  {Path(path).parent}")
+            action.setData(path)
+            action.triggered.connect(lambda _checked=False, p=path: self.open_project(p))
+        if not recent:
+            self.recent_menu.addAction("No recent projects").setEnabled(False)
+        else:
+            self.recent_menu.addSeparator()
+            self.recent_menu.addAction("Clear list", lambda: (self.settings.setValue("recent_projects", []),
+                                                              self._fill_recent_menu()))
+
+    # ----- jobs ---------------------------------------------------------------------------------------------
+
+    def calibrate(self) -> bool:
+        return self.controller.calibrate()
+
+    def calibrate_dialog(self) -> CalibrateDialog | None:
+        session = self.controller.session
+        if session is None:
+            return None
+        dialog = CalibrateDialog(session.project.settings.get("calibration") or {}, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self._calibrate_with(dialog.options()))
+        self.dialog = dialog
+        dialog.open()
+        return dialog
+
+    def _calibrate_with(self, options: dict[str, Any]) -> None:
+        # the options become the project's: the toolbar's Calibrate repeats them
+        self.controller.set_setting("calibration", dict(options))
+        self.controller.calibrate(**options)
+
+    def export(self) -> bool:
+        return self.controller.export()
+
+    def export_dialog(self) -> QWidget | None:
+        if self.controller.session is None:
+            return None
+        dialog = ExportSettingsDialog(self.controller, self)
+        dialog.accepted.connect(lambda: self._export_with(dialog))
+        self.dialog = dialog
+        dialog.open()
+        return dialog
+
+    def _export_with(self, dialog: Any) -> None:
+        options = dict(dialog.settings() or {})
+        path = options.pop("path", None)
+        self.controller.export(path, **options)
+
+    def _export_finished(self, report: Any) -> None:
+        self.statusBar().showMessage(f"Exported {getattr(report, 'path', '')}", 8000)
+        try:
+            dialog = ExportReportDialog(report, self)
+        except Exception as error:  # noqa: BLE001 - the export worked; only showing the report failed
+            self.show_error("Could not show the export report", str(error), traceback.format_exc())
+            return
+        self.export_report_dialog = dialog
+        dialog.open()
+
+    def evaluate(self) -> bool:
+        def done(report: dict[str, Any]) -> None:
+            parts = [f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
+                     for key, value in report.items()]
+            self.log_panel.append("info", "evaluation: " + ", ".join(parts))
+            self.statusBar().showMessage("Evaluation: " + ", ".join(parts), 15000)
+
+        return self.controller.evaluate(done)
+
+    def cancel_job(self) -> None:
+        if self.controller.busy:
+            self.job_status.cancel()
+
+    def _job_finished(self, name: str, _result: Any) -> None:
+        elapsed = f" in {_format_seconds(time.monotonic() - self.job_status.started_at)}"
+        self.statusBar().showMessage(f"{name} done{elapsed}", 5000)
+        self._update_summary()
+
+    def settings_dialog(self) -> ProjectSettingsDialog | None:
+        session = self.controller.session
+        if session is None:
+            return None
+        dialog = ProjectSettingsDialog(session.project.settings, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self._apply_settings(dialog.changes()))
+        self.dialog = dialog
+        dialog.open()
+        return dialog
+
+    def _apply_settings(self, changes: dict[str, Any]) -> None:
+        for key, value in changes.items():
+            self.controller.set_setting(key, value)
+        self._update_summary()
+
+    def _device_chosen(self, _index: int) -> None:
+        device = self.device_combo.currentData()
+        session = self.controller.session
+        if session is None or str(session.device) == device:
+            return
+        self.controller.set_setting("device", device)
+        self._session_changed()  # shows the device in use (unchanged if the session refused)
+
+    def about(self) -> None:
+        from workbench import __version__
+
+        QMessageBox.about(self, f"About {APP_NAME}",
+                          f"<b>{APP_NAME}</b> {__version__}<br>INT8 post-training quantization of PyTorch models "
+                          "for TensorRT: layer selection, calibration, sensitivity, QDQ ONNX export.<br><br>"
+                          f"PyTorch {torch.__version__} · Qt {QApplication.instance().applicationVersion() or ''}")
+
+    # ----- closing ------------------------------------------------------------------------------------------
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if not self.confirm_discard("quitting"):
+            event.ignore()
+            return
+        if self.controller.busy:
+            answer = QMessageBox.question(self, "A job is running",
+                                          f"'{self.controller.jobs.job_name}' is still running. Cancel it and quit?",
+                                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                                          QMessageBox.StandardButton.No)
+            if answer != QMessageBox.StandardButton.Yes:
+                event.ignore()
+                return
+        self.settings.setValue("window/geometry", self.saveGeometry())
+        self.settings.setValue("window/state", self.saveState())
+        self.shutdown()
+        event.accept()
+
+    def shutdown(self) -> None:
+        """Stop the job thread before widgets go (a running QThread outliving its objects aborts Qt)."""
+        for widget in self.extra_tabs.values():
+            stop = getattr(widget, "shutdown", None)
+            if callable(stop):
+                try:
+                    stop()
+                except Exception:  # noqa: BLE001 - closing must go on
+                    logger.exception("shutting down a tab failed")
+        self.controller.shutdown()

@@ -1,0 +1,451 @@
+"""The New project wizard: model source, calibration data, evaluation data, input shape and metric.
+
+It only gathers plain specs (:class:`ModelSpec`, :class:`DataSpec`): the project itself is created by
+``controller.new_project`` in the background, exactly what ``workbench new`` does on the command line.
+Each page checks its fields when the user presses Next and says what is wrong in a dialog.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+    QWizard,
+    QWizardPage,
+)
+
+from workbench.analysis.metrics import BUILTIN_METRICS
+from workbench.sources.data_source import TENSOR_SUFFIXES, DataSpec, ImageOptions
+from workbench.sources.errors import SourceError
+from workbench.sources.model_source import DEMO_MODELS, ModelSpec
+
+__all__ = ["NewProjectWizard", "DataSourceForm", "parse_shape", "parse_kwargs", "parse_floats"]
+
+
+def parse_shape(text: str) -> tuple[int, ...] | None:
+    """``"3, 224, 224"`` or ``"3x224x224"`` -> ``(3, 224, 224)``; empty -> None (taken from the data)."""
+    text = text.strip().strip("()[]")
+    if not text:
+        return None
+    parts = [p for p in text.replace("x", ",").replace("×", ",").replace(" ", ",").split(",") if p]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        raise SourceError(f"input shape must be integers such as 3,224,224 (without the batch), got {text!r}.") \
+            from None
+    if not shape or any(s < 1 for s in shape):
+        raise SourceError(f"input shape must be positive integers, got {text!r}.")
+    return shape
+
+
+def parse_kwargs(text: str) -> dict[str, Any]:
+    """Factory keyword arguments as YAML/JSON (``num_classes: 10, pretrained: false``)."""
+    text = text.strip()
+    if not text:
+        return {}
+    if not text.startswith("{"):
+        text = "{" + text + "}"
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SourceError(f"factory arguments are not valid YAML/JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise SourceError("factory arguments must be key: value pairs.")
+    return value
+
+
+def parse_floats(text: str, what: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.replace(",", " ").split())
+    except ValueError:
+        raise SourceError(f"{what} must be numbers separated by commas, got {text!r}.") from None
+    if not values:
+        raise SourceError(f"{what} needs at least one number.")
+    return values
+
+
+def _browse_row(edit: QLineEdit, browse: QPushButton) -> QWidget:
+    row = QWidget()
+    layout = QHBoxLayout(row)
+    layout.setContentsMargins(0, 0, 0, 0)
+    layout.addWidget(edit, 1)
+    layout.addWidget(browse)
+    return row
+
+
+def _warn(parent: QWidget, title: str, error: BaseException) -> None:
+    QMessageBox.warning(parent, title, str(error))
+
+
+class ModelPage(QWizardPage):
+    """Where the float model comes from."""
+
+    KINDS = (("demo", "Built-in demo model"), ("entrypoint", "Python entry point (file.py:factory or package.module:"
+                                                             "factory)"), ("pickle", "Pickled model (torch.save)"))
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTitle("Model")
+        self.setSubTitle("The trained float model to quantize.")
+        self.kind = QComboBox()
+        for key, text in self.KINDS:
+            self.kind.addItem(text, key)
+        self.demo = QComboBox()
+        self.demo.addItems(DEMO_MODELS)
+        self.demo.setToolTip("digits: a small CNN with trained weights and data; resnet*: random weights, for "
+                             "structure and speed")
+        self.entrypoint = QLineEdit()
+        self.entrypoint.setPlaceholderText("models/net.py:build  or  my_package.models:build")
+        self.kwargs = QLineEdit()
+        self.kwargs.setPlaceholderText("num_classes: 10, width: 64   (YAML/JSON, optional)")
+        self.pickle = QLineEdit()
+        self.pickle.setPlaceholderText("best.pt (a whole model saved with torch.save)")
+        self.code_dir = QLineEdit()
+        self.code_dir.setPlaceholderText("folder with the model's code (added to the import path)")
+        self.weights = QLineEdit()
+        self.weights.setPlaceholderText("optional: state_dict file (.pt, .pth, .safetensors)")
+
+        entry_form = QFormLayout()
+        browse_py = QPushButton("Browse…")
+        browse_py.clicked.connect(self._browse_entrypoint)
+        entry_form.addRow("Entry point", _browse_row(self.entrypoint, browse_py))
+        entry_form.addRow("Factory arguments", self.kwargs)
+        pickle_form = QFormLayout()
+        browse_pickle = QPushButton("Browse…")
+        browse_pickle.clicked.connect(lambda: self._browse_file(self.pickle, "Pickled model", "Models (*.pt *.pth)"))
+        browse_code = QPushButton("Browse…")
+        browse_code.clicked.connect(lambda: self._browse_dir(self.code_dir))
+        pickle_form.addRow("Model file", _browse_row(self.pickle, browse_pickle))
+        pickle_form.addRow("Code folder", _browse_row(self.code_dir, browse_code))
+        demo_form = QFormLayout()
+        demo_form.addRow("Demo model", self.demo)
+        self.stack = QStackedWidget()
+        self.stack.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)  # no gap below it
+        for form in (demo_form, entry_form, pickle_form):
+            form.setContentsMargins(0, 0, 0, 0)  # aligned with the outer form's fields
+            page = QWidget()
+            page.setLayout(form)
+            self.stack.addWidget(page)
+        browse_weights = QPushButton("Browse…")
+        browse_weights.clicked.connect(lambda: self._browse_file(
+            self.weights, "Weights", "Weights (*.pt *.pth *.bin *.safetensors)"))
+        self.trust_note = QLabel("Loading an entry point or a pickle runs its Python code on this machine: the "
+                                 "last page asks you to trust it.")
+        self.trust_note.setWordWrap(True)
+        self.trust_note.setObjectName("hint")
+
+        form = QFormLayout(self)
+        form.addRow("Source", self.kind)
+        form.addRow(self.stack)
+        form.addRow("Weights", _browse_row(self.weights, browse_weights))
+        form.addRow(self.trust_note)
+        self.kind.currentIndexChanged.connect(self._kind_changed)
+        self._kind_changed()
+
+    def _kind_changed(self) -> None:
+        self.stack.setCurrentIndex(self.kind.currentIndex())
+        self.trust_note.setVisible(self.kind.currentData() != "demo")
+
+    def _browse_entrypoint(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Python file with the model factory", "", "Python (*.py)")
+        if path:
+            self.entrypoint.setText(f"{path}:")
+            self.entrypoint.setFocus()
+
+    def _browse_file(self, edit: QLineEdit, title: str, pattern: str) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, title, "", pattern + ";;All files (*)")
+        if path:
+            edit.setText(path)
+
+    def _browse_dir(self, edit: QLineEdit) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Folder")
+        if path:
+            edit.setText(path)
+
+    def spec(self) -> ModelSpec:
+        kind = self.kind.currentData()
+        weights = self.weights.text().strip() or None
+        if kind == "demo":
+            return ModelSpec("demo", self.demo.currentText(), {}, weights)
+        if kind == "entrypoint":
+            return ModelSpec("entrypoint", self.entrypoint.text().strip(), parse_kwargs(self.kwargs.text()), weights)
+        return ModelSpec("pickle", self.pickle.text().strip(), {}, weights, self.code_dir.text().strip() or None)
+
+    def validatePage(self) -> bool:
+        try:
+            spec = self.spec()
+            for path in spec.files():
+                if spec.kind != "demo" and not path.exists():
+                    raise SourceError(f"{path} does not exist.")
+        except (SourceError, ValueError) as error:
+            _warn(self, "Model source", error)
+            return False
+        return True
+
+
+class DataSourceForm(QWidget):
+    """One data source: demo digits, an image folder (with preprocessing), a tensor file or an entry point."""
+
+    KINDS = (("demo", "Demo digits"), ("images", "Image folder"), ("tensors", "Tensor file (.npy .npz .pt "
+                                                                             ".safetensors)"),
+             ("entrypoint", "Python entry point (returns batches)"))
+
+    def __init__(self, split: str, batch_size: int = 32, num_batches: int = 0, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.split = split
+        self.kind = QComboBox()
+        for key, text in self.KINDS:
+            self.kind.addItem(text, key)
+        self.path = QLineEdit()
+        self.browse = QPushButton("Browse…")
+        self.browse.clicked.connect(self._browse)
+        self.path_row = _browse_row(self.path, self.browse)
+        self.resize_spin = QSpinBox()
+        self.resize_spin.setRange(0, 8192)
+        self.resize_spin.setSpecialValueText("keep")
+        self.resize_spin.setValue(256)
+        self.crop_spin = QSpinBox()
+        self.crop_spin.setRange(0, 8192)
+        self.crop_spin.setSpecialValueText("none")
+        self.crop_spin.setValue(224)
+        self.mean = QLineEdit("0.485, 0.456, 0.406")
+        self.std = QLineEdit("0.229, 0.224, 0.225")
+        self.grayscale = QCheckBox("grayscale")
+        image_form = QFormLayout()
+        image_form.addRow("Resize shorter side", self.resize_spin)
+        image_form.addRow("Center crop", self.crop_spin)
+        image_form.addRow("Mean", self.mean)
+        image_form.addRow("Std", self.std)
+        image_form.addRow("", self.grayscale)
+        self.image_box = QGroupBox("Preprocessing")
+        self.image_box.setLayout(image_form)
+        self.batch_size = QSpinBox()
+        self.batch_size.setRange(1, 65536)
+        self.batch_size.setValue(batch_size)
+        self.num_batches = QSpinBox()
+        self.num_batches.setRange(0, 1_000_000)
+        self.num_batches.setSpecialValueText("all")
+        self.num_batches.setValue(num_batches)
+        self.form = QFormLayout(self)
+        self.form.setContentsMargins(0, 0, 0, 0)
+        self.form.addRow("Source", self.kind)
+        self.form.addRow("Path", self.path_row)
+        self.form.addRow(self.image_box)
+        self.form.addRow("Batch size", self.batch_size)
+        self.form.addRow("Number of batches", self.num_batches)
+        self.kind.currentIndexChanged.connect(self._kind_changed)
+        self._kind_changed()
+
+    def _kind_changed(self) -> None:
+        kind = self.kind.currentData()
+        self.form.setRowVisible(self.path_row, kind != "demo")
+        self.form.setRowVisible(self.image_box, kind == "images")
+        self.path.setPlaceholderText({"images": "folder of .jpg/.png (sub-folders are classes)",
+                                      "tensors": "inputs.npz (arrays 'inputs' and optional 'labels')",
+                                      "entrypoint": "data.py:batches  (a function returning an iterable of "
+                                                    "batches)"}.get(kind, ""))
+        self.browse.setVisible(kind in ("images", "tensors", "entrypoint"))
+
+    def _browse(self) -> None:
+        kind = self.kind.currentData()
+        if kind == "images":
+            path = QFileDialog.getExistingDirectory(self, "Image folder")
+        else:
+            pattern = "Tensors (" + " ".join(f"*{s}" for s in TENSOR_SUFFIXES) + ")" if kind == "tensors" \
+                else "Python (*.py)"
+            path, _ = QFileDialog.getOpenFileName(self, "Data", "", pattern + ";;All files (*)")
+            if path and kind == "entrypoint":
+                path += ":"
+        if path:
+            self.path.setText(path)
+
+    def spec(self) -> DataSpec:
+        kind = self.kind.currentData()
+        batches = self.num_batches.value() or None
+        if kind == "demo":
+            return DataSpec("demo", "digits", batch_size=self.batch_size.value(), num_batches=batches,
+                            split=self.split)
+        path = self.path.text().strip()
+        if not path:
+            raise SourceError("give the path of the data.")
+        image = None
+        if kind == "images":
+            image = ImageOptions(resize=self.resize_spin.value() or None, crop=self.crop_spin.value() or None,
+                                 mean=parse_floats(self.mean.text(), "mean"), std=parse_floats(self.std.text(), "std"),
+                                 grayscale=self.grayscale.isChecked())
+            if not Path(path).expanduser().is_dir():
+                raise SourceError(f"{path} is not a folder.")
+        elif kind == "tensors" and not Path(path).expanduser().is_file():
+            raise SourceError(f"{path} does not exist.")
+        return DataSpec(kind, path, batch_size=self.batch_size.value(), num_batches=batches, image=image)
+
+
+class CalibrationDataPage(QWizardPage):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTitle("Calibration data")
+        self.setSubTitle("Sample inputs the quantizers see while calibrating (a few hundred are usually enough).")
+        self.form = DataSourceForm("train", batch_size=64, num_batches=8)
+        QVBoxLayout(self).addWidget(self.form)
+
+    def validatePage(self) -> bool:
+        try:
+            self.form.spec()
+        except (SourceError, ValueError) as error:
+            _warn(self, "Calibration data", error)
+            return False
+        return True
+
+
+class EvaluationDataPage(QWizardPage):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTitle("Evaluation data (optional)")
+        self.setSubTitle("Held-out inputs for sensitivity analysis and accuracy; without it the calibration data "
+                         "is used.")
+        self.enabled = QCheckBox("Use separate evaluation data")
+        self.enabled.setChecked(True)
+        self.form = DataSourceForm("test", batch_size=256, num_batches=0)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.enabled)
+        layout.addWidget(self.form)
+        self.enabled.toggled.connect(self.form.setEnabled)
+
+    def spec(self) -> DataSpec | None:
+        return self.form.spec() if self.enabled.isChecked() else None
+
+    def validatePage(self) -> bool:
+        try:
+            self.spec()
+        except (SourceError, ValueError) as error:
+            _warn(self, "Evaluation data", error)
+            return False
+        return True
+
+
+class FinishPage(QWizardPage):
+    """Input shape, metric, name, file and trust."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTitle("Input, metric and project")
+        self.setSubTitle("One forward pass checks that the model and the data fit when you press Finish.")
+        self.input_shape = QLineEdit()
+        self.input_shape.setPlaceholderText("from the data, e.g. 3,224,224 (without the batch)")
+        self.metric = QComboBox()
+        self.metric.setEditable(True)
+        self.metric.addItems(list(BUILTIN_METRICS))
+        self.metric.setToolTip("sqnr, cosine, mse: compare INT8 with FP32 outputs (no labels needed); top1: accuracy "
+                               "on labelled data; or a function 'metrics.py:score' (then say which way is better)")
+        self.direction = QComboBox()
+        self.direction.addItems(["higher is better", "lower is better"])
+        self.name = QLineEdit()
+        self.name.setPlaceholderText("from the model")
+        self.file = QLineEdit()
+        self.file.setPlaceholderText("optional: save the new project here (.qwb)")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        self.trust = QCheckBox("Trust this code: let Quant Workbench run the model's and data's Python code")
+        self.trust.setToolTip("Entry points and pickles execute code when loaded. Only trust files you know.")
+        form = QFormLayout(self)
+        form.addRow("Input shape", self.input_shape)
+        form.addRow("Metric", self.metric)
+        form.addRow("Direction", self.direction)
+        form.addRow("Project name", self.name)
+        form.addRow("Project file", _browse_row(self.file, browse))
+        form.addRow(self.trust)
+        self._form = form
+        self.metric.currentTextChanged.connect(self._metric_changed)
+        self._metric_changed(self.metric.currentText())
+
+    def _metric_changed(self, text: str) -> None:
+        self._form.setRowVisible(self.direction, ":" in text)
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save the new project as", "", "Quant Workbench projects (*.qwb)")
+        if path:
+            self.file.setText(path if path.endswith(".qwb") else path + ".qwb")
+
+    def initializePage(self) -> None:
+        wizard = self.wizard()
+        needs = isinstance(wizard, NewProjectWizard) and wizard.needs_trust()
+        self.trust.setVisible(needs)
+
+    def metric_setting(self) -> dict[str, Any]:
+        name = self.metric.currentText().strip() or "sqnr"
+        direction = None
+        if ":" in name:
+            direction = "higher" if self.direction.currentIndex() == 0 else "lower"
+        return {"name": name, "direction": direction}
+
+    def validatePage(self) -> bool:
+        try:
+            parse_shape(self.input_shape.text())
+            from workbench.analysis import get_metric
+
+            setting = self.metric_setting()
+            if ":" not in setting["name"]:
+                get_metric(setting["name"])
+        except (SourceError, ValueError) as error:
+            _warn(self, "Input and metric", error)
+            return False
+        return True
+
+
+class NewProjectWizard(QWizard):
+    """Gathers a new project's sources; :meth:`request` gives ``controller.new_project``'s arguments."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("New project")
+        self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
+        self.setOption(QWizard.WizardOption.NoBackButtonOnStartPage, True)
+        self.model_page = ModelPage()
+        self.calibration_page = CalibrationDataPage()
+        self.evaluation_page = EvaluationDataPage()
+        self.finish_page = FinishPage()
+        for page in (self.model_page, self.calibration_page, self.evaluation_page, self.finish_page):
+            self.addPage(page)
+        self.resize(680, 520)
+        self.setWindowModality(Qt.WindowModality.WindowModal)
+
+    def needs_trust(self) -> bool:
+        try:
+            model = self.model_page.spec()
+            calibration = self.calibration_page.form.spec()
+            evaluation = self.evaluation_page.spec()
+        except (SourceError, ValueError):
+            return True
+        return model.requires_trust or calibration.requires_trust or bool(evaluation and evaluation.requires_trust)
+
+    def request(self) -> dict[str, Any]:
+        """``controller.new_project`` keyword arguments (plus ``save_to``, a path or None)."""
+        finish = self.finish_page
+        save_to = finish.file.text().strip() or None
+        return {
+            "model": self.model_page.spec(),
+            "calibration": self.calibration_page.form.spec(),
+            "evaluation": self.evaluation_page.spec(),
+            "trust_code": finish.trust.isChecked() and self.needs_trust(),
+            "input_shape": parse_shape(finish.input_shape.text()),
+            "name": finish.name.text().strip() or None,
+            "settings": {"metric": finish.metric_setting()},
+            "save_to": save_to,
+        }
