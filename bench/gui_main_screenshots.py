@@ -1,0 +1,154 @@
+"""Screenshots of the main window's views on the demo project, for the README (``resources/screenshots``).
+
+Run under an X display, e.g.::
+
+    Xvfb :99 -screen 0 1600x1000x24 &
+    DISPLAY=:99 python bench/gui_main_screenshots.py resources/screenshots
+
+It drives the real window the way a user would (open the demo, calibrate, select a layer, filter the
+tree, open each tab and dialog) and grabs the whole screen with ImageMagick's ``import -window root``
+after each step, so popups and dialogs are in the picture. Prints each file written; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--only", nargs="*", help="names of the shots to take (default: all)")
+    args = parser.parse_args(argv)
+    if not os.environ.get("DISPLAY"):
+        print("needs an X display (DISPLAY); start Xvfb first", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from PySide6.QtCore import QPoint, QSettings
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    from workbench.app.main import create_application
+    from workbench.app.main_window import MainWindow
+
+    app = create_application()
+    settings = QSettings(str(Path(tempfile.mkdtemp()) / "settings.ini"), QSettings.Format.IniFormat)
+    window = MainWindow(settings=settings)
+    screen = app.primaryScreen().geometry()
+    window.setGeometry(screen)
+    window.show()
+    work = Path(tempfile.mkdtemp(prefix="shots-"))
+
+    def pump(seconds: float = 0.3) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            app.processEvents()
+            time.sleep(0.01)
+
+    def wait(condition, timeout: float = 180.0) -> None:
+        end = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > end:
+                raise TimeoutError("timed out")
+            app.processEvents()
+            time.sleep(0.01)
+        pump()
+
+    def shot(name: str) -> None:
+        if args.only and name not in args.only:
+            return
+        pump(0.6)
+        target = args.out / f"{name}.png"
+        subprocess.run(["import", "-window", "root", str(target)], check=True)
+        print(f"{target} ({target.stat().st_size // 1024} KB)")
+
+    idle = lambda: not window.controller.busy  # noqa: E731
+    window.open_demo()
+    wait(lambda: window.controller.session is not None and idle() and window.tree.model.node_count() > 0)
+    window.controller.session.project.settings["export"]["path"] = str(work / "digits-demo.qdq.onnx")
+    shot("main-window")  # the demo, ready to calibrate
+    window.controller.set_quantize(["block.conv2"], False)
+    window.calibrate_action.trigger()
+    wait(idle)
+    window.controller.select(["block.conv1"])
+    wait(lambda: window.layer_panel.histogram_item is not None)
+    shot("layer-panel")  # tree with a partial container, histogram with amax lines, weight ranges
+
+    # the tree filtered, several layers selected, the context menu open
+    window.tree.filter_edit.setText("conv")
+    window.tree.apply_filter()
+    window.controller.select(["stem.0", "block.conv1", "expand.0"])
+    pump()
+    view = window.tree.view
+    rect = view.visualRect(window.tree.proxy.mapFromSource(window.tree.model.index_of("block.conv1")))
+    menu = window.tree.context_menu()
+    menu.popup(view.viewport().mapToGlobal(QPoint(rect.center().x(), rect.bottom())))
+    shot("tree-context-menu")
+    menu.close()
+    window.tree.filter_edit.clear()
+    window.tree.apply_filter()
+
+    patterns = window.tree.ignore_pattern_dialog()
+    patterns.editor.setPlainText(r"^fc$" + "\n" + r".*add$")
+    patterns.update_preview()
+    shot("ignore-by-pattern")
+    patterns.reject()
+
+    window.controller.select(["stem.0", "block.conv1"])
+    dialog = window.tree.set_descriptor_dialog()
+    shot("set-descriptor")
+    dialog.reject()
+
+    for title in ("Sensitivity", "Graph", "Fine-tune"):
+        tab = window.extra_tabs.get(title)
+        if tab is None:
+            print(f"no {title} tab in this build")
+            continue
+        if title == "Sensitivity":
+            window.controller.sensitivity()
+            wait(idle)
+        if title == "Graph":
+            window.export()
+            wait(idle)
+            report = window.export_report_dialog
+            if report is not None:
+                shot("window-export-report")
+                report.close()
+        window.tabs.setCurrentWidget(tab)
+        if title == "Graph":
+            wait(lambda t=tab: getattr(t, "page_state", "graph") not in ("loading", "empty"), timeout=60)
+            pump(2.0)
+        shot("window-" + title.lower())
+    window.tabs.setCurrentIndex(0)
+
+    window.controller.session.dirty = False  # the wizard would ask about unsaved changes first
+    wizard = window.new_project()
+    shot("new-project-wizard")
+    wizard.next()
+    shot("new-project-wizard-data")
+    wizard.reject()
+
+    bad = work / "broken.qwb"
+    bad.write_text("not a project")
+    window.open_project(bad)
+    wait(lambda: bool(window.error_dialogs))
+    box = window.error_dialogs[-1]
+    details = next((b for b in box.buttons() if box.buttonRole(b) == QMessageBox.ButtonRole.ActionRole), None)
+    if details is not None:
+        details.click()  # "Show Details…"
+    shot("error-dialog")
+    box.close()
+
+    window.controller.session.dirty = False
+    window.close()
+    QApplication.processEvents()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
