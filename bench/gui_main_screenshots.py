@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             if report is not None:
                 shot("window-export-report")
                 report.close()
+        if title == "Fine-tune":
+            tab.run()  # two short epochs, so the plots and the table have something to show
+            wait(idle)
         window.tabs.setCurrentWidget(tab)
         if title == "Graph":
             wait(lambda t=tab: getattr(t, "page_state", "graph") not in ("loading", "empty"), timeout=60)

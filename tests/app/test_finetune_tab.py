@@ -79,6 +79,8 @@ def test_a_run_plots_live_and_shows_the_history(controller, qtbot):
     assert tab.table.columnCount() == len(HISTORY_COLUMNS) and column(tab, 0) == ["0", "1", "2"]
     assert column(tab, 5)[result.best_epoch] == "kept"
     assert tab.status_label.text() == result.summary()
+    qtbot.waitUntil(lambda: not controller.busy)
+    assert tab.progress_bar.value() == tab.progress_bar.maximum() > 0  # shows done, not "0%"
     assert session.project.current_finetune is not None and tab.reset_button.isEnabled()
     assert session.project.settings["finetune"]["optimizer"] == "adam"
 

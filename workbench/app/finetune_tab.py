@@ -42,7 +42,7 @@ from workbench.training import EpochRecord, FinetuneResult, recipe
 __all__ = ["FinetuneTab", "HISTORY_COLUMNS", "format_value"]
 
 JOB_NAME = "Fine-tuning"
-HISTORY_COLUMNS = ("epoch", "train loss", "eval loss", "metric", "learning rate", "")
+HISTORY_COLUMNS = ("epoch", "train loss", "eval loss", "metric", "lr", "weights")
 # input quantizers of layers and functional ops: per-tensor, so their range can be learned
 DEFAULT_LEARN_PATTERN = r"_input\d*_quantizer$"
 _LOSS_PEN = pg.mkPen(QColor(70, 110, 180), width=1.5)
@@ -254,6 +254,8 @@ class FinetuneTab(QWidget):
             self.status_label.setText(str(error))
             return False
         self.clear_plots()
+        self.progress_bar.setRange(0, 1)
+        self.progress_bar.setValue(0)
         self.status_label.setText("starting: measuring the calibrated model")
         return self.controller.finetune(**options)
 
@@ -284,6 +286,8 @@ class FinetuneTab(QWidget):
                                        "Cancelled before the first epoch ended: nothing changed. ") +
                                       result.summary())
         else:
+            self.progress_bar.setRange(0, 1)
+            self.progress_bar.setValue(1)  # 100 %: a finished run should not look like one not started
             self.status_label.setText(result.summary())
 
     def show_result(self, result: FinetuneResult) -> None:
@@ -359,7 +363,7 @@ class FinetuneTab(QWidget):
         self.cancel_button.setEnabled(ours)
         self.reset_button.setEnabled(has_session and not busy and
                                      self.controller.session.project.current_finetune is not None)
-        if not busy:
+        if not busy and self.progress_bar.maximum() == 0:  # stop the busy indicator; keep a run's last value
             self.progress_bar.setRange(0, 1)
             self.progress_bar.setValue(0)
 
