@@ -15,7 +15,7 @@ from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QStyle, QStyleOptionViewItem  # noqa: E402
 
 from workbench.app.main_window import MainWindow, install_excepthook  # noqa: E402
-from workbench.app.tree_model import AMAX, INPUT, NAME_ROLE, QUANT  # noqa: E402
+from workbench.app.tree_model import AMAX, INPUT, NAME_ROLE, QUANT, TYPE  # noqa: E402
 
 Buttons = QMessageBox.StandardButton
 
@@ -162,6 +162,20 @@ def test_filter_by_name_regex_and_type(window, qtbot):
     assert window.tree.status_label.text().startswith("1 matching")
     window.tree.type_combo.setCurrentIndex(0)
     assert len(visible_names(window)) == window.tree.model.node_count()
+
+
+def test_folded_batchnorms_show_as_merged_layers(window, qtbot):
+    session = load_demo(window, qtbot)
+    model = window.tree.model
+    assert session.project.settings["fold_bn"] is True  # the default: what TensorRT will run
+    assert model.text("block.conv1", TYPE) == "Conv2d (folded bn1)"
+    assert model.text("block.bn1", TYPE) == "Identity (folded into block.conv1)"
+    window.tree.type_combo.setCurrentText("Conv2d")  # the type filter ignores the notes
+    assert "block.conv1" in visible_names(window)
+    window.tree.type_combo.setCurrentIndex(0)
+    window.controller.set_setting("fold_bn", False)
+    settle(window, qtbot)
+    assert model.text("block.conv1", TYPE) == "Conv2d" and model.text("block.bn1", TYPE) == "BatchNorm2d"
 
 
 def test_selection_follows_tree_and_controller(window, qtbot):

@@ -59,7 +59,7 @@ __all__ = ["ModuleTreeModel", "LayerFilterProxy", "ModelTreeWidget", "IgnorePatt
 COLUMNS = ("Name", "Type", "Quantize", "Input", "Weight", "amax", "Rank")
 NAME, TYPE, QUANT, INPUT, WEIGHT, AMAX, RANK = range(len(COLUMNS))
 _COLUMN_COUNT = len(COLUMNS)
-COLUMN_WIDTHS = (140, 118, 74, 178, 150, 56, 44)  # about 760 px: the dock's default width
+COLUMN_WIDTHS = (140, 170, 74, 178, 150, 56, 44)  # about 810 px: the dock's default width
 NAME_ROLE = Qt.ItemDataRole.UserRole + 1     # the qualified module name
 NODE_ROLE = Qt.ItemDataRole.UserRole + 2     # the node id (pre-order position)
 EXPAND_ALL_MATCHES = 500  # a filter with more matches opens only the top levels (expanding is what costs)
@@ -105,20 +105,27 @@ class ModuleTreeModel(QAbstractItemModel):
         self._check: list[Qt.CheckState | None] = []
         self._float: list[bool] = []
         self._node_of: dict[str, int] = {}
-        self._types: list[str] = []
+        self._types: list[str] = []       # the module types from the tree
+        self._shown_types: list[str] = []  # the same, with layers' quantized types (the type filter's values)
+        self._notes: list[str] = []       # what a transformation did to the module ("folded bn1")
 
     def set_views(self, tree: ModelTree | None, layers: Sequence[LayerView]) -> None:
         """Show ``tree`` with ``layers``' rows; a different module list resets the model, else rows update."""
         rows = _rows(tree, layers)
+        notes = {m.name: ", ".join(m.notes) for m in tree.modules if m.notes} if tree is not None else {}
         if [name for name, _, _, _ in rows] != self._names:
             self.beginResetModel()
-            self._build(rows, layers)
+            self._build(rows, layers, notes)
             self.endResetModel()
         else:
+            # same modules, but a type may have changed (a BatchNorm folded into an Identity)
+            self._types = [type_name for _, type_name, _, _ in rows]
+            self._notes = [notes.get(name, "") for name in self._names]
             self._update(layers)
         self.refreshed.emit()
 
-    def _build(self, rows: list[tuple[str, str, str | None, int]], layers: Sequence[LayerView]) -> None:
+    def _build(self, rows: list[tuple[str, str, str | None, int]], layers: Sequence[LayerView],
+               notes: dict[str, str]) -> None:
         self._clear()
         if not rows:
             return
@@ -126,6 +133,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._names = [name for name, _, _, _ in rows]
         self._node_of = {name: i for i, name in enumerate(self._names)}
         self._types = [type_name for _, type_name, _, _ in rows]
+        self._notes = [notes.get(name, "") for name in self._names]
         parent = [_ROOT] * count
         children: list[list[int]] = [[] for _ in range(count + 1)]  # children[p + 1] for parent p
         row = [0] * count
@@ -210,7 +218,9 @@ class ModuleTreeModel(QAbstractItemModel):
             old_rows = list(zip(self._check, types, *[self._text[c] for c in (QUANT, INPUT, WEIGHT, AMAX, RANK)],
                                 self._float))
         self._is_layer, self._quantized, self._check, self._float = is_layer, quantized, check, is_float
-        self._text[TYPE] = types
+        self._shown_types = types
+        self._text[TYPE] = [f"{t} ({note})" if note else t for t, note in zip(types, self._notes)]
+        types = self._text[TYPE]
         for c, values in columns.items():
             self._text[c] = values
         if emit and old_rows is not None:
@@ -259,11 +269,12 @@ class ModuleTreeModel(QAbstractItemModel):
         return bool(self._is_layer[node])
 
     def type_of(self, node: int) -> str:
-        return self._text[TYPE][node]
+        """The type name of ``node`` (without notes such as "folded bn1")."""
+        return self._shown_types[node]
 
     def types(self) -> list[str]:
         """The distinct type names shown (for the type filter)."""
-        return sorted(set(self._text[TYPE]))
+        return sorted(set(self._shown_types))
 
     def names(self) -> list[str]:
         return list(self._names)
