@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         if title == "Sensitivity":
             window.controller.sensitivity()
             wait(idle)
+            tab.run_fallback()  # the search's plot: metric against units left in float
+            wait(idle)
         if title == "Graph":
             window.export()
             wait(idle)

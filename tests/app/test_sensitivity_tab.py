@@ -87,7 +87,8 @@ def test_a_run_draws_one_bar_and_one_row_per_unit(controller, qtbot):
     assert table_column(tab, 0) == [u.name for u in ranked]
     assert table_column(tab, 1) == [format_number(u.value) for u in ranked]
     assert table_column(tab, 2) == [format_delta(u.delta_vs_quantized) for u in ranked]
-    assert table_column(tab, 3) == ["−∞"] * len(ranked)  # FP32 SQNR is infinite
+    assert table_column(tab, 3) == ["−∞"] * len(ranked)  # FP32 SQNR is infinite ...
+    assert tab.table.isColumnHidden(3)  # ... so the column says nothing and is hidden
     assert table_column(tab, 4) == [str(u.rank) for u in ranked]
     assert tab.table_model.horizontalHeaderItem(1).text() == "SQNR (dB)"
     tab.table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
@@ -198,6 +199,9 @@ def test_top1_tolerance_band_and_errors(controller, qtbot):
     low, high = tab.fallback_band.getRegion()
     assert (low, high) == pytest.approx((result.fp32 - 0.05, result.fp32))
     assert session.latest_fallback().tolerance == pytest.approx(0.05)
+    with qtbot.waitSignal(controller.sensitivity_changed, timeout=60000):
+        tab.run_sensitivity()  # top-1 against FP32 is finite: the column is back
+    assert not tab.table.isColumnHidden(3) and "−∞" not in table_column(tab, 3)
 
     # a failing job reaches the user as an error signal, and the tab stays usable
     with qtbot.waitSignal(controller.error, timeout=30000) as blocker:

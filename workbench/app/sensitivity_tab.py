@@ -142,7 +142,7 @@ class SensitivityTab(QWidget):
     ``fallback_curve``; :meth:`bar_clicked` is what a click on a bar calls.
     """
 
-    COLUMNS = ("Unit", "Metric", "Δ vs all quantized", "Δ vs FP32", "Rank")
+    COLUMNS = ("Unit", "Metric", "Δ vs quantized", "Δ vs FP32", "Rank")
 
     def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -245,7 +245,7 @@ class SensitivityTab(QWidget):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         self.table.selectionModel().selectionChanged.connect(self._table_selection_changed)
         top.addWidget(self.table)
-        top.setSizes([620, 480])
+        top.setSizes([600, 500])
 
         chart_panel = QWidget()
         chart_layout = QVBoxLayout(chart_panel)
@@ -487,7 +487,9 @@ class SensitivityTab(QWidget):
         self.table_model.removeRows(0, self.table_model.rowCount())
         result = self.result
         metric = result.metric_name if result is not None else "Metric"
-        self.table_model.setHorizontalHeaderLabels(["Unit", metric, "Δ vs all quantized", "Δ vs FP32", "Rank"])
+        self.table_model.setHorizontalHeaderLabels(["Unit", metric, "Δ vs quantized", "Δ vs FP32", "Rank"])
+        # SQNR against FP32 is infinite: every delta to it would read -inf, so the column goes
+        self.table.setColumnHidden(3, result is not None and not math.isfinite(result.fp32))
         for unit in self.chart_units:
             name = QStandardItem(unit.name + ("  (float)" if self._is_float(unit) else ""))
             name.setData(unit.name, Qt.ItemDataRole.UserRole)
