@@ -1,6 +1,24 @@
 #!/usr/bin/env bash
-# The main job without a screen: set up .venv if needed, then run the headless demo.
-# Extra arguments go to `workbench demo` (try --help).
+# The main job: set up .venv if needed, then run the demo on the built-in digits CNN.
+#   bash scripts/demo.sh            headless: quantize, calibrate, compare FP32/INT8, export QDQ ONNX
+#   bash scripts/demo.sh --gui      the desktop app with the demo project open, ready to calibrate
+# Other arguments go to `workbench demo` (try --help) or, after --gui, to `workbench gui`.
 set -euo pipefail
+if [ "${1:-}" = "--gui" ]; then
+    shift
+    export WORKBENCH_EXTRAS="gui"
+    source "$(dirname "${BASH_SOURCE[0]}")/setup-env.sh"
+    # what Qt needs for a window and QtWebEngine (the graph tab); see ../shared/STACK-NOTES.md
+    install_debs libglib2.0-0 libgl1 libxkbcommon0 libegl1 libfontconfig1 libdbus-1-3 \
+        libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 \
+        libnspr4 libnss3 libxcomposite1 libxdamage1 libxrandr2 libxtst6 libasound2 libxkbfile1
+    if [ -z "${DISPLAY:-}" ] && [ -z "${WAYLAND_DISPLAY:-}" ] && [ -z "${QT_QPA_PLATFORM:-}" ]; then
+        echo "error: no display to open a window on (DISPLAY is not set)." >&2
+        echo "Run it on a desktop, under a virtual one (xvfb-run -a bash scripts/demo.sh --gui)," >&2
+        echo "or run the headless demo: bash scripts/demo.sh" >&2
+        exit 2
+    fi
+    exec workbench gui --demo "$@"
+fi
 source "$(dirname "${BASH_SOURCE[0]}")/setup-env.sh"
 exec workbench demo "$@"
