@@ -310,15 +310,20 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _metric_option(args: argparse.Namespace) -> Any:
+    """The metric ``--metric`` names (None: the project's); user code only with --trust-code."""
+    if not args.metric:
+        return None
+    from workbench.analysis import get_metric
+
+    if ":" in args.metric and not args.trust_code:
+        raise UsageError(f"the metric {args.metric} is user code: add --trust-code to run it.")
+    return get_metric(args.metric, args.metric_direction)
+
+
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
     session = _open(args)
-    metric = None
-    if args.metric:
-        from workbench.analysis import get_metric
-
-        if ":" in args.metric and not args.trust_code:
-            raise UsageError(f"the metric {args.metric} is user code: add --trust-code to run it.")
-        metric = get_metric(args.metric, args.metric_direction)
+    metric = _metric_option(args)
     with _Progress(args, "sensitivity") as progress:
         result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
                                      progress=progress, cancel=progress.cancel)
@@ -372,13 +377,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
              "loss": args.loss, "momentum": args.momentum, "weight_decay": args.weight_decay,
              "steps_per_epoch": args.steps_per_epoch, "amp": args.amp, "learn_amax": args.learn_amax}
     options.update({key: value for key, value in given.items() if value is not None})
-    metric = None
-    if args.metric:
-        from workbench.analysis import get_metric
-
-        if ":" in args.metric and not args.trust_code:
-            raise UsageError(f"the metric {args.metric} is user code: add --trust-code to run it.")
-        metric = get_metric(args.metric, args.metric_direction)
+    metric = _metric_option(args)
     with _Progress(args, "fine-tuning") as progress:
         result = session.finetune(metric=metric, progress=progress, cancel=progress.cancel, **options)
     session.save()

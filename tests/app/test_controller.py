@@ -6,25 +6,11 @@ import pytest
 
 pytest.importorskip("PySide6")
 
-from workbench.app.controller import Controller  # noqa: E402
+from demo_project import open_demo  # noqa: E402
+
 from workbench.app.jobs import JobRunner  # noqa: E402
 from workbench.sources.data_source import DataSpec  # noqa: E402
 from workbench.sources.model_source import ModelSpec  # noqa: E402
-
-
-@pytest.fixture
-def controller(qtbot):
-    controller = Controller()
-    yield controller
-    controller.shutdown()
-
-
-def open_demo(controller, qtbot):
-    with qtbot.waitSignal(controller.session_changed, timeout=60000):
-        assert controller.new_project(ModelSpec("demo", "digits"),
-                                      DataSpec("demo", "digits", split="train", batch_size=64, num_batches=2),
-                                      DataSpec("demo", "digits", split="test", batch_size=256))
-    return controller.session
 
 
 def test_job_runner_reports_progress_eta_and_result(qtbot):

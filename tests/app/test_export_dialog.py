@@ -7,17 +7,9 @@ pytest.importorskip("PySide6")
 
 from PySide6.QtWidgets import QApplication, QDialogButtonBox  # noqa: E402
 
-from workbench.app.controller import Controller  # noqa: E402
 from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog, format_size  # noqa: E402
 from workbench.sources.data_source import DataSpec  # noqa: E402
 from workbench.sources.model_source import ModelSpec  # noqa: E402
-
-
-@pytest.fixture
-def controller(qtbot):
-    controller = Controller()
-    yield controller
-    controller.shutdown()
 
 
 def test_format_size():

@@ -4,30 +4,10 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
+from demo_project import open_demo  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 
-from workbench.app.controller import Controller  # noqa: E402
 from workbench.app.finetune_tab import HISTORY_COLUMNS, FinetuneTab, format_value  # noqa: E402
-from workbench.sources.data_source import DataSpec  # noqa: E402
-from workbench.sources.model_source import ModelSpec  # noqa: E402
-
-
-@pytest.fixture
-def controller(qtbot):
-    controller = Controller()
-    yield controller
-    controller.shutdown()
-
-
-def open_demo(controller, qtbot):
-    with qtbot.waitSignal(controller.session_changed, timeout=60000):
-        assert controller.new_project(ModelSpec("demo", "digits"),
-                                      DataSpec("demo", "digits", split="train", batch_size=64, num_batches=2),
-                                      DataSpec("demo", "digits", split="test", batch_size=256),
-                                      settings={"metric": {"name": "top1", "direction": None}})
-    with qtbot.waitSignal(controller.calibration_changed, timeout=60000):
-        controller.calibrate(method="percentile", percentile=95.0)  # clipped activations: PTQ loses accuracy
-    return controller.session
 
 
 def make_tab(controller, qtbot):
@@ -53,7 +33,7 @@ def test_without_a_project_nothing_runs(controller, qtbot):
 
 
 def test_a_run_plots_live_and_shows_the_history(controller, qtbot):
-    session = open_demo(controller, qtbot)
+    session = open_demo(controller, qtbot, metric="top1", method="percentile", percentile=95.0)
     tab = make_tab(controller, qtbot)
     assert tab.run_button.isEnabled() and not tab.reset_button.isEnabled()
     assert tab.epochs_spin.value() == 2 and float(tab.lr_edit.text()) == 1e-4  # the project's defaults
@@ -93,7 +73,7 @@ def test_a_run_plots_live_and_shows_the_history(controller, qtbot):
 
 
 def test_cancel_keeps_the_model_consistent(controller, qtbot):
-    session = open_demo(controller, qtbot)
+    session = open_demo(controller, qtbot, metric="top1", method="percentile", percentile=95.0)
     tab = make_tab(controller, qtbot)
     model = session.quantized_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -113,7 +93,7 @@ def test_cancel_keeps_the_model_consistent(controller, qtbot):
 
 
 def test_a_bad_learning_rate_is_reported_not_run(controller, qtbot):
-    open_demo(controller, qtbot)
+    open_demo(controller, qtbot, metric="top1", method="percentile", percentile=95.0)
     tab = make_tab(controller, qtbot)
     tab.lr_edit.setText("")
     assert tab.run() is False and "learning rate" in tab.status_label.text()

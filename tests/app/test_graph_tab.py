@@ -17,7 +17,6 @@ pytest.importorskip("netron")
 from PySide6.QtCore import QCoreApplication, QUrl  # noqa: E402
 
 from workbench.app import graph_tab as graph_module  # noqa: E402
-from workbench.app.controller import Controller  # noqa: E402
 from workbench.app.graph_tab import (  # noqa: E402
     PAGE_STATE_JS,
     GraphTab,
@@ -33,13 +32,6 @@ from workbench.sources.model_source import ModelSpec  # noqa: E402
 
 if QCoreApplication.instance() is None:  # collection runs before pytest-qt makes the QApplication
     prepare_application()
-
-
-@pytest.fixture
-def controller(qtbot):
-    controller = Controller()
-    yield controller
-    controller.shutdown()
 
 
 @pytest.fixture

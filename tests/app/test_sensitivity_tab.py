@@ -6,35 +6,15 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
+from demo_project import open_demo  # noqa: E402
 from PySide6.QtCore import QPointF, Qt  # noqa: E402
 
-from workbench.app.controller import Controller  # noqa: E402
 from workbench.app.sensitivity_tab import (  # noqa: E402
     SensitivityTab,
     format_delta,
     format_number,
     sensitivity_scores,
 )
-from workbench.sources.data_source import DataSpec  # noqa: E402
-from workbench.sources.model_source import ModelSpec  # noqa: E402
-
-
-@pytest.fixture
-def controller(qtbot):
-    controller = Controller()
-    yield controller
-    controller.shutdown()
-
-
-def open_demo(controller, qtbot, calibrate=True):
-    with qtbot.waitSignal(controller.session_changed, timeout=60000):
-        assert controller.new_project(ModelSpec("demo", "digits"),
-                                      DataSpec("demo", "digits", split="train", batch_size=64, num_batches=2),
-                                      DataSpec("demo", "digits", split="test", batch_size=256))
-    if calibrate:
-        with qtbot.waitSignal(controller.calibration_changed, timeout=60000):
-            controller.calibrate(method="max")
-    return controller.session
 
 
 def make_tab(controller, qtbot):
@@ -64,7 +44,7 @@ def test_number_formatting():
 
 
 def test_a_run_draws_one_bar_and_one_row_per_unit(controller, qtbot):
-    open_demo(controller, qtbot)
+    open_demo(controller, qtbot, method="max")
     tab = make_tab(controller, qtbot)
     assert tab.table_model.rowCount() == 0 and "No sensitivity run yet" in tab.summary_label.text()
     result = run_sensitivity(tab, controller, qtbot)
@@ -103,7 +83,7 @@ def test_a_run_draws_one_bar_and_one_row_per_unit(controller, qtbot):
 
 
 def test_clicking_bars_and_rows_selects_layers_and_follows_the_controller(controller, qtbot):
-    session = open_demo(controller, qtbot)
+    session = open_demo(controller, qtbot, method="max")
     tab = make_tab(controller, qtbot)
     ranked = run_sensitivity(tab, controller, qtbot).ranked()
 
@@ -139,7 +119,7 @@ def test_clicking_bars_and_rows_selects_layers_and_follows_the_controller(contro
 
 
 def test_ignore_the_worst_n(controller, qtbot):
-    session = open_demo(controller, qtbot)
+    session = open_demo(controller, qtbot, method="max")
     tab = make_tab(controller, qtbot)
     ranked = run_sensitivity(tab, controller, qtbot).ranked()
     tab.worst_spin.setValue(2)
@@ -154,7 +134,7 @@ def test_ignore_the_worst_n(controller, qtbot):
 
 
 def test_fallback_search_plots_the_curve_and_applies(controller, qtbot):
-    session = open_demo(controller, qtbot)
+    session = open_demo(controller, qtbot, method="max")
     tab = make_tab(controller, qtbot)
     profile = run_sensitivity(tab, controller, qtbot)
 
@@ -184,7 +164,7 @@ def test_fallback_search_plots_the_curve_and_applies(controller, qtbot):
 
 
 def test_top1_tolerance_band_and_errors(controller, qtbot):
-    session = open_demo(controller, qtbot)
+    session = open_demo(controller, qtbot, method="max")
     tab = make_tab(controller, qtbot)
     labels = [tab.metric_box.itemText(i) for i in range(tab.metric_box.count())]
     assert labels == ["SQNR (dB)", "cosine similarity", "MSE", "top-1 accuracy"]  # the digits have labels
@@ -217,7 +197,7 @@ def test_top1_tolerance_band_and_errors(controller, qtbot):
 def test_without_a_project_or_calibration(controller, qtbot):
     tab = make_tab(controller, qtbot)
     assert not tab.run_button.isEnabled() and tab.table_model.rowCount() == 0
-    open_demo(controller, qtbot, calibrate=False)
+    open_demo(controller, qtbot)
     assert tab.run_button.isEnabled()
     with qtbot.waitSignal(controller.error, timeout=30000) as blocker:
         tab.run_sensitivity()

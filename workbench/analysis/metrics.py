@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.entry_point import load_entry_point, parse_entry_point
-from workbench.quant.batches import flat_tensors
+from workbench.quant.batches import batch_targets, class_scores, flat_tensors
 
 __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", "EntryPointMetric", "SqnrMetric",
            "CosineMetric", "MseMetric", "Top1Metric", "get_metric", "metric_from_dict", "flat_tensors",
@@ -209,22 +209,11 @@ class MseMetric(OutputMetric):
 
 
 def _labels(batch: Any) -> torch.Tensor:
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2 and isinstance(batch[1], torch.Tensor):
-        return batch[1]
-    if isinstance(batch, Mapping):
-        for key in ("labels", "label", "targets", "target"):
-            if isinstance(batch.get(key), torch.Tensor):
-                return batch[key]
-    raise ValueError("top-1 accuracy needs labelled batches: (inputs, labels) tuples, or dicts with a 'labels' key.")
-
-
-def _logits(output: Any) -> torch.Tensor:
-    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
-        return output["logits"]
-    tensors = flat_tensors(output)
-    if not tensors:
-        raise ValueError("The model's output holds no tensor of class scores.")
-    return tensors[0]
+    labels = batch_targets(batch)
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError("top-1 accuracy needs labelled batches: (inputs, labels) tuples, or dicts with a "
+                         "'labels' key.")
+    return labels
 
 
 class _Top1Accumulator:
@@ -233,7 +222,7 @@ class _Top1Accumulator:
         self.total = 0
 
     def update(self, output: Any, reference: Any, batch: Any) -> None:
-        logits = _logits(output)
+        logits = class_scores(output)
         labels = _labels(batch).to(logits.device)
         if labels.dim() == logits.dim():  # one-hot or soft labels
             labels = labels.argmax(-1)

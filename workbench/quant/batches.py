@@ -12,7 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["model_inputs", "to_device", "run_model", "flat_tensors", "sqnr_db", "model_device"]
+__all__ = ["model_inputs", "batch_targets", "to_device", "run_model", "flat_tensors", "class_scores", "sqnr_db",
+           "model_device"]
+
+_TARGET_KEYS = ("labels", "label", "targets", "target")
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -45,6 +48,18 @@ def model_inputs(batch: Any) -> tuple[tuple, dict]:
                     f"got {type(batch).__name__}.")
 
 
+def batch_targets(batch: Any) -> Any:
+    """The targets of a batch: the second element of an ``(inputs, targets)`` pair, a dict's
+    ``labels``/``targets`` entry, or None for an unlabelled batch."""
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[1]
+    if isinstance(batch, Mapping):
+        for key in _TARGET_KEYS:
+            if key in batch:
+                return batch[key]
+    return None
+
+
 def to_device(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor in it (nested tuples, lists, dicts) moved to ``device``."""
     if isinstance(value, torch.Tensor):
@@ -71,6 +86,16 @@ def flat_tensors(output: Any) -> list[torch.Tensor]:
     if isinstance(output, (tuple, list)):
         return [t for v in output for t in flat_tensors(v)]
     return []
+
+
+def class_scores(output: Any) -> torch.Tensor:
+    """The class scores in a model output: its ``logits`` entry, else its first tensor."""
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    tensors = flat_tensors(output)
+    if not tensors:
+        raise ValueError("The model's output holds no tensor of class scores.")
+    return tensors[0]
 
 
 def sqnr_db(reference: Any, quantized: Any) -> float | None:

@@ -1,43 +1,19 @@
 """The loss a fine-tune minimises: cross-entropy on labelled classification data, or the user's function."""
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from workbench.analysis.entry_point import load_entry_point
-from workbench.quant.batches import flat_tensors
+from workbench.quant.batches import batch_targets, class_scores
 from workbench.sources.errors import TrustRequired
 
 __all__ = ["LossFunction", "resolve_loss", "cross_entropy", "batch_targets", "BUILTIN_LOSSES"]
 
 LossFunction = Callable[[Any, Any], torch.Tensor]
-
-_TARGET_KEYS = ("labels", "label", "targets", "target")
-
-
-def batch_targets(batch: Any) -> Any:
-    """The targets of a batch: the second element of an ``(inputs, targets)`` pair, a dict's
-    ``labels``/``targets`` entry, or None for an unlabelled batch."""
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[1]
-    if isinstance(batch, Mapping):
-        for key in _TARGET_KEYS:
-            if key in batch:
-                return batch[key]
-    return None
-
-
-def _logits(outputs: Any) -> torch.Tensor:
-    if isinstance(outputs, Mapping) and isinstance(outputs.get("logits"), torch.Tensor):
-        return outputs["logits"]
-    tensors = flat_tensors(outputs)
-    if not tensors:
-        raise ValueError("The model's output holds no tensor of class scores for the cross-entropy loss.")
-    return tensors[0]
-
 
 def cross_entropy(outputs: Any, targets: Any) -> torch.Tensor:
     """Cross-entropy of the model's class scores (N, classes, ...) against class indices or class
@@ -45,7 +21,7 @@ def cross_entropy(outputs: Any, targets: Any) -> torch.Tensor:
     if targets is None:
         raise ValueError("The cross-entropy loss needs labelled batches ((inputs, labels) pairs); for data without "
                          "labels give a loss function fn(outputs, targets) as 'module:function'.")
-    logits = _logits(outputs).float()
+    logits = class_scores(outputs).float()
     if not isinstance(targets, torch.Tensor):
         targets = torch.as_tensor(targets)
     targets = targets.to(logits.device)
