@@ -23,7 +23,7 @@ from torch import nn
 from workbench import quant
 from workbench.analysis import get_metric, sensitivity
 from workbench.analysis.evaluator import Evaluator
-from workbench.analysis.state import ModelSnapshot
+from workbench.quant.snapshot import ModelSnapshot
 from workbench.quant.calibrate import calibrate
 from workbench.sources.demo import resnet18_like
 
