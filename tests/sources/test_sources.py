@@ -130,6 +130,28 @@ class TestModelSources:
         with pytest.raises(SourceError, match="unknown demo model"):
             ModelSpec("demo", "gpt5")
 
+    def test_an_unknown_kind_is_refused_not_unpickled(self, tmp_path):
+        torch.save(nn.Linear(2, 2), tmp_path / "model.pt")
+        spec = ModelSpec("pickle", str(tmp_path / "model.pt"))
+        spec.kind = "checkpoint"  # a spec changed after it was validated (a future kind, say)
+        assert spec.requires_trust  # only demo models are trusted by default
+        with pytest.raises(TrustRequired):
+            load_model(spec)
+        with pytest.raises(SourceError, match="model kind must be one of"):
+            load_model(spec, trust_code=True)
+
+    def test_a_project_file_cannot_make_a_pickle_trusted(self, tmp_path):
+        from workbench.project import load_project
+        from workbench.session import Session
+
+        torch.save(nn.Sequential(nn.Linear(4, 2)), tmp_path / "model.pt")
+        np.save(tmp_path / "x.npy", np.zeros((8, 4), dtype=np.float32))
+        Session.create(ModelSpec("pickle", str(tmp_path / "model.pt")), DataSpec("tensors", str(tmp_path / "x.npy")),
+                       trust_code=True).save(tmp_path / "p.qwb")
+        assert load_project(tmp_path / "p.qwb").model.kind == "pickle"  # reading the file runs nothing
+        with pytest.raises(TrustRequired):
+            Session.open(tmp_path / "p.qwb")  # reopening needs the user's trust again
+
     def test_parse_and_relative_paths(self, tmp_path):
         assert ModelSpec.parse("demo:digits").kind == "demo"
         assert ModelSpec.parse("ckpt/yolov5s.pt").kind == "pickle"

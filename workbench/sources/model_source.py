@@ -64,8 +64,8 @@ class ModelSpec:
 
     @property
     def requires_trust(self) -> bool:
-        """Loading it runs code from outside Quant Workbench."""
-        return self.kind in ("entrypoint", "pickle")
+        """Loading it runs code from outside Quant Workbench: anything but a built-in demo model."""
+        return self.kind != "demo"
 
     @property
     def label(self) -> str:
@@ -171,8 +171,10 @@ def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | No
         model = _demo_model(spec.target)
     elif spec.kind == "entrypoint":
         model = _from_entrypoint(spec, base_dir)
-    else:
+    elif spec.kind == "pickle":
         model = _from_pickle(spec, base_dir)
+    else:  # never unpickle by default: a kind this code does not know is refused
+        raise SourceError(f"model kind must be one of {MODEL_KINDS}, got {spec.kind!r}.")
     if spec.weights:
         load_weights(model, _resolve(spec.weights, base_dir))
     model.eval()
