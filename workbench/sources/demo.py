@@ -116,54 +116,32 @@ def accuracy(model: nn.Module, split: DigitsSplit, batch_size: int = 256) -> flo
     return correct / len(split.labels)
 
 
-class BasicBlock(nn.Module):
-    """ResNet basic block with an optional strided 1x1 projection on the shortcut."""
+def _shortcut(in_channels: int, out_channels: int, stride: int) -> nn.Module | None:
+    """The strided 1x1 projection a residual block needs when its shape changes (else None)."""
+    if stride == 1 and in_channels == out_channels:
+        return None
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels))
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
+
+class BasicBlock(nn.Module):
+    """ResNet-18's 3x3-3x3 block (expansion 1)."""
+
+    expansion = 1
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
         self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_channels)
-        self.downsample = None
-        if stride != 1 or in_channels != out_channels:
-            self.downsample = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                                            nn.BatchNorm2d(out_channels))
+        self.conv2 = nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.downsample = _shortcut(in_channels, channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return self.relu(out + identity)
-
-
-class ResNetLike(nn.Module):
-    """ResNet-18's layout (by default) with configurable width, for structure and speed work."""
-
-    def __init__(self, blocks: tuple[int, ...] = (2, 2, 2, 2), width: int = 64, num_classes: int = 1000) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(width)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        layers = []
-        channels = width
-        for index, count in enumerate(blocks):
-            out_channels = width * 2 ** index
-            stride = 1 if index == 0 else 2
-            stage = [BasicBlock(channels, out_channels, stride)]
-            stage += [BasicBlock(out_channels, out_channels) for _ in range(count - 1)]
-            layers.append(nn.Sequential(*stage))
-            channels = out_channels
-        self.layer1, self.layer2, self.layer3, self.layer4 = (layers + [nn.Identity()] * 4)[:4]
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(channels, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 class Bottleneck(nn.Module):
@@ -181,10 +159,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(channels, out_channels, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out_channels)
         self.relu = nn.ReLU(inplace=True)
-        self.downsample = None
-        if stride != 1 or in_channels != out_channels:
-            self.downsample = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                                            nn.BatchNorm2d(out_channels))
+        self.downsample = _shortcut(in_channels, out_channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
@@ -194,10 +169,12 @@ class Bottleneck(nn.Module):
         return self.relu(out + identity)
 
 
-class ResNet50Like(nn.Module):
-    """ResNet-50's layout (3-4-6-3 bottlenecks), random weights: 25.6M parameters at width 64."""
+class ResNetLike(nn.Module):
+    """ResNet's layout (ResNet-18 by default; ResNet-50 with ``Bottleneck`` and (3, 4, 6, 3)) with
+    configurable width, for structure and speed work."""
 
-    def __init__(self, num_classes: int = 1000, width: int = 64) -> None:
+    def __init__(self, blocks: tuple[int, ...] = (2, 2, 2, 2), width: int = 64, num_classes: int = 1000,
+                 block: type[BasicBlock] | type[Bottleneck] = BasicBlock) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
@@ -205,13 +182,13 @@ class ResNet50Like(nn.Module):
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         stages = []
         in_channels = width
-        for index, count in enumerate((3, 4, 6, 3)):
+        for index, count in enumerate(blocks):
             channels = width * 2 ** index
-            blocks = [Bottleneck(in_channels, channels, 1 if index == 0 else 2)]
-            in_channels = channels * Bottleneck.expansion
-            blocks += [Bottleneck(in_channels, channels) for _ in range(count - 1)]
-            stages.append(nn.Sequential(*blocks))
-        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+            stage = [block(in_channels, channels, 1 if index == 0 else 2)]
+            in_channels = channels * block.expansion
+            stage += [block(in_channels, channels) for _ in range(count - 1)]
+            stages.append(nn.Sequential(*stage))
+        self.layer1, self.layer2, self.layer3, self.layer4 = (stages + [nn.Identity()] * 4)[:4]
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_channels, num_classes)
 
@@ -221,10 +198,10 @@ class ResNet50Like(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def resnet50_like(num_classes: int = 1000, width: int = 64) -> ResNet50Like:
+def resnet50_like(num_classes: int = 1000, width: int = 64) -> ResNetLike:
     """ResNet-50 topology with random weights (no torchvision, nothing downloaded)."""
     torch.manual_seed(0)
-    model = ResNet50Like(num_classes, width)
+    model = ResNetLike((3, 4, 6, 3), width, num_classes, block=Bottleneck)
     _randomize_batchnorm(model)
     return model.eval()
 
