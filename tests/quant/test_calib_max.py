@@ -1,4 +1,6 @@
 """MaxCalibrator: running abs max per tensor and per axis, NaN/Inf accounting, saved state."""
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -63,3 +65,24 @@ def test_state_round_trip():
     assert isinstance(calibrator.state()["calib_amax"], np.ndarray)
     with pytest.raises(ValueError, match="MaxCalibrator"):
         restored.load_state({"kind": "histogram"})
+
+
+def test_an_unchanged_weight_is_counted_without_rereading_it_and_activations_are_not_kept():
+    calib = MaxCalibrator(8, None, False)
+    weight = torch.nn.Parameter(torch.tensor([1.0, -3.0]))
+    calib.collect(weight)
+    calib.collect(weight)  # the same Parameter, unchanged: counted, max unchanged
+    assert calib.compute_amax() == 3.0 and calib._batches_seen == 2
+    with torch.no_grad():
+        weight[0] = 5.0  # changed in place: its version moves, so it is read again
+    calib.collect(weight)
+    assert calib.compute_amax() == 5.0
+
+    activation = torch.full((1000,), 7.0)
+    address = activation.data_ptr()
+    calib.collect(activation)
+    del activation
+    gc.collect()
+    # the calibrator holds no view of the activation's memory after its batch
+    assert not [t for t in gc.get_objects() if isinstance(t, torch.Tensor) and t.data_ptr() == address]
+    assert calib.compute_amax() == 7.0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 
 import numpy as np
 import torch
@@ -83,15 +84,15 @@ class MaxCalibrator(_Calibrator):
             RuntimeError: when the shape of the per-axis max changes between calls.
         """
         with torch.no_grad():
-            x = x.detach()
-            if self._same_as_last(x):
+            source, key = x, self._identity(x)
+            if self._same_as_last(source, key):
                 # a weight seen again unchanged (every calibration batch shows the same weights):
                 # its max is already in; count it without another pass over it
                 self._batches_seen += 1
                 self._values_seen += x.numel()
-                self._nonfinite_count += self._last_input[1]
+                self._nonfinite_count += self._last_input[2]
                 return
-            key = self._identity(x)
+            x = x.detach()
             if x.dtype not in (torch.float32, torch.float64):
                 x = x.float()
             dims = reduce_dims(x.dim(), self._axis)
@@ -113,19 +114,21 @@ class MaxCalibrator(_Calibrator):
                               out=self._calib_amax)
             if self._track_amax:
                 self._amaxs.append(local_amax.cpu().numpy().copy())
-            self._last_input = (key, nonfinite)
+            # a weak reference: a weight (a Parameter that lives on) is recognised next time, while an
+            # activation is not kept alive by the calibrator after the forward pass that made it
+            self._last_input = (weakref.ref(source), key, nonfinite)
 
     @staticmethod
     def _identity(x: torch.Tensor) -> tuple:
-        # the tensor itself is kept in the key so that its memory cannot be reused by another tensor
-        return (x, x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), tuple(x.stride()),
-                x.dtype, x.device, x._version)
+        return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype,
+                x.device, x._version)
 
-    def _same_as_last(self, x: torch.Tensor) -> bool:
+    def _same_as_last(self, source: torch.Tensor, key: tuple) -> bool:
         if self._last_input is None or self._track_amax:
             return False
-        last = self._last_input[0]
-        return last[1:] == self._identity(x)[1:] and last[0]._version == x._version
+        last, last_key, _ = self._last_input
+        # the same live object, at the same place and version: its values cannot have changed
+        return last() is source and last_key == key
 
     def reset(self) -> None:
         """Forget the collected max."""
