@@ -527,3 +527,31 @@ def test_run_gui_opens_the_demo_ready_to_calibrate(qtbot, tmp_path, monkeypatch,
     timer.stop()
     assert "digits-demo" in seen["title"] and seen["calibrate"] and seen["app"] == "Quant Workbench"
     assert seen["hook"] is not hook and sys.excepthook is hook  # installed while running, removed after
+
+
+def test_dialogs_that_change_several_things_apply_all_of_them_on_a_slow_model(window, qtbot, monkeypatch):
+    # every edit rebuilds in the background, as on a model of thousands of modules; an edit made while that
+    # rebuild runs is refused, so a dialog's changes must reach the session as one edit
+    monkeypatch.setattr("workbench.app.controller.SLOW_REBUILD_S", 0.0)
+    session = load_demo(window, qtbot)
+    dialog = window.settings_dialog()
+    dialog.rule_residual.setChecked(False)
+    dialog.add.setChecked(False)
+    assert set(dialog.changes()) == {"rules", "functional"}
+    dialog.accept()
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=60000)
+    assert session.project.settings["rules"]["residual"] is False
+    assert session.project.settings["functional"]["add"] is False
+    assert window.error_dialogs == []
+
+    with qtbot.waitSignal(window.controller.layers_changed, timeout=60000):
+        assert window.controller.set_quantize(["block.conv1"], False) == ["block.conv1"]
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=60000)
+    patterns = window.tree.ignore_pattern_dialog()
+    patterns.editor.setPlainText("^fc$")
+    patterns.quantize_others.setChecked(True)
+    with qtbot.waitSignal(patterns.accepted, timeout=1000):
+        patterns.accept()
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=60000)
+    assert window.error_dialogs == []
+    assert [n for n, d in session.project.layers.items() if not d.quantize] == ["fc"]  # block.conv1 is back

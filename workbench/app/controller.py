@@ -259,6 +259,20 @@ class Controller(QObject):
     def set_setting(self, key: str, value: Any) -> None:
         self._edit("Settings", lambda: self.session.set_setting(key, value))
 
+    def set_settings(self, changes: dict[str, Any]) -> None:
+        """Change several settings as one edit (one rebuild): a second edit would be refused while the
+        first one's background rebuild runs, so a dialog's changes go together or not at all."""
+        changes = dict(changes)
+        if changes:
+            self._edit("Settings", lambda: self.session.set_settings(changes))
+
+    def apply_ignore_policy(self, patterns: Iterable[str], quantize_others: bool) -> list[str] | None:
+        """Leave the layers matching ``patterns`` in float (and quantize all others when ``quantize_others``),
+        as one edit; returns the layers left in float, None when refused."""
+        patterns = list(patterns)
+        return self._edit("Ignore by pattern",
+                          lambda: self.session.apply_ignore_policy(patterns, quantize_others))
+
     def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict | None:
         names = list(names)
         return self._edit("Change amax method", lambda: self.session.recompute_amax(names, method, percentile),

@@ -757,8 +757,8 @@ class MainWindow(QMainWindow):
         return dialog
 
     def _apply_settings(self, changes: dict[str, Any]) -> None:
-        for key, value in changes.items():
-            self.controller.set_setting(key, value)
+        # one edit: on a big model each edit starts a background rebuild that refuses the next edit
+        self.controller.set_settings(changes)
         self._update_summary()
 
     def _device_chosen(self, _index: int) -> None:

@@ -818,7 +818,7 @@ class IgnorePatternDialog(QDialog):
     """An ignore policy as regexes, one per line, with a live preview of the layers it leaves in float.
 
     The preview is ``session.ignore_preview`` (the CLI's ``--ignore`` matching); OK leaves the matches
-    in float through ``controller.set_quantize``.
+    in float through ``controller.apply_ignore_policy``.
     """
 
     def __init__(self, controller: Controller, patterns: Sequence[str] = (), parent: QWidget | None = None) -> None:
@@ -896,10 +896,8 @@ class IgnorePatternDialog(QDialog):
         self.update_preview()
         if not self.patterns():
             return
-        if self.quantize_others.isChecked():
-            others = [n for n in self.controller.session.project.layers if n not in set(self._matches)]
-            if others and self.controller.set_quantize(others, True) is None:
-                return
-        if self._matches and self.controller.set_quantize(self._matches, False) is None:
+        # one edit: two set_quantize calls would have the second refused while the first one's
+        # background rebuild runs (on a big model)
+        if self.controller.apply_ignore_policy(self.patterns(), self.quantize_others.isChecked()) is None:
             return  # the controller showed why; the dialog stays open
         super().accept()
