@@ -262,10 +262,9 @@ class Session:
 
     def _rebase(self, new_base: Path) -> None:
         """Rewrite relative paths of the sources so that they stay valid next to the new file."""
-        absolute_model = _absolutize_model(self.project.model, self.base_dir)
-        self.project.model = absolute_model.relative_to(new_base)
+        self.project.model = self.project.model.absolute(self.base_dir).relative_to(new_base)
         for role, spec in list(self.project.data.items()):
-            self.project.data[role] = _absolutize_data(spec, self.base_dir).relative_to(new_base)
+            self.project.data[role] = spec.absolute(self.base_dir).relative_to(new_base)
         self.base_dir = new_base
         self._data.clear()
 
@@ -1179,30 +1178,3 @@ def _jsonable_report(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
-
-
-def _absolutize_model(spec: ModelSpec, base: Path) -> ModelSpec:
-    def absolute(value: str | None) -> str | None:
-        if value is None:
-            return None
-        path = Path(value).expanduser()
-        return str(path if path.is_absolute() else (base / path).resolve())
-
-    data = spec.to_dict()
-    if spec.kind == "pickle":
-        data["target"] = absolute(spec.target)
-    elif spec.kind == "entrypoint":
-        target, _, name = spec.target.rpartition(":")
-        if target.endswith(".py") or "/" in target:
-            data["target"] = f"{absolute(target)}:{name}"
-    data["weights"] = absolute(spec.weights)
-    data["code_dir"] = absolute(spec.code_dir)
-    return ModelSpec.from_dict(data)
-
-
-def _absolutize_data(spec: DataSpec, base: Path) -> DataSpec:
-    copy_spec = DataSpec.from_dict(spec.to_dict())
-    if spec.kind in ("images", "tensors"):
-        path = Path(spec.path).expanduser()
-        copy_spec.path = str(path if path.is_absolute() else (base / path).resolve())
-    return copy_spec

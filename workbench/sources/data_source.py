@@ -8,7 +8,7 @@ digits data. Batches are ``(inputs, labels)`` tuples, ``labels`` being None when
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ import torch
 from workbench.sources import demo
 from workbench.sources.entrypoints import load_entrypoint, split_entrypoint
 from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 
 __all__ = ["DataSpec", "ImageOptions", "DataSource", "open_data", "DATA_KINDS", "IMAGE_SUFFIXES", "InputSpec"]
 
@@ -125,15 +126,22 @@ class DataSpec:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def relative_to(self, base_dir: Path) -> DataSpec:
+        """The same spec with its file path (a folder, a tensor file, an entry point's file) written relative
+        to ``base_dir`` where it lies under it."""
+        return self._with_path(relative_path, relative_entrypoint, base_dir)
+
+    def absolute(self, base_dir: Path) -> DataSpec:
+        """The same spec with a relative file path resolved against ``base_dir`` (the project's folder)."""
+        return self._with_path(absolute_path, absolute_entrypoint, base_dir)
+
+    def _with_path(self, plain: Callable[[str, Path], str | None], entrypoint: Callable[[str, Path], str],
+                   base_dir: Path) -> DataSpec:
         copy = DataSpec.from_dict(self.to_dict())
         if self.kind in ("images", "tensors"):
-            path = Path(self.path)
-            if path.is_absolute():
-                try:
-                    copy.path = str(path.resolve().relative_to(base_dir.resolve()))
-                except ValueError:
-                    pass
-        return copy
+            copy.path = plain(self.path, base_dir) or self.path
+        elif self.kind == "entrypoint":
+            copy.path = entrypoint(self.path, base_dir)
+        return copy  # demo data names no file
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from torch import nn
 from workbench.sources import demo
 from workbench.sources.entrypoints import extra_import_path, is_file_target, load_entrypoint, split_entrypoint
 from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 
 __all__ = ["ModelSpec", "LoadedModel", "FileDigest", "load_model", "sha256_of", "DEMO_MODELS", "MODEL_KINDS"]
 
@@ -99,18 +100,24 @@ class ModelSpec:
                    data.get("weights"), data.get("code_dir"))
 
     def relative_to(self, base_dir: Path) -> ModelSpec:
-        """The same spec with file paths written relative to ``base_dir`` where possible."""
-        def rel(value: str | None) -> str | None:
-            return None if value is None else _relative(value, base_dir)
-
+        """The same spec with file paths written relative to ``base_dir`` where they lie under it."""
         target = self.target
         if self.kind == "pickle":
-            target = rel(target)
+            target = relative_path(target, base_dir) or target
         elif self.kind == "entrypoint":
-            file_part, name = split_entrypoint(target)
-            if is_file_target(file_part):
-                target = f"{rel(file_part)}:{name}"
-        return ModelSpec(self.kind, target, dict(self.kwargs), rel(self.weights), rel(self.code_dir))
+            target = relative_entrypoint(target, base_dir)
+        return ModelSpec(self.kind, target, dict(self.kwargs), relative_path(self.weights, base_dir),
+                         relative_path(self.code_dir, base_dir))
+
+    def absolute(self, base_dir: Path) -> ModelSpec:
+        """The same spec with relative file paths resolved against ``base_dir`` (the project's folder)."""
+        target = self.target
+        if self.kind == "pickle":
+            target = absolute_path(target, base_dir) or target
+        elif self.kind == "entrypoint":
+            target = absolute_entrypoint(target, base_dir)
+        return ModelSpec(self.kind, target, dict(self.kwargs), absolute_path(self.weights, base_dir),
+                         absolute_path(self.code_dir, base_dir))
 
 
 @dataclass(frozen=True)
@@ -144,16 +151,6 @@ def _resolve(value: str, base_dir: Path | None) -> Path:
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
     return path
-
-
-def _relative(value: str, base_dir: Path) -> str:
-    path = Path(value).expanduser()
-    if not path.is_absolute():
-        return value
-    try:
-        return str(path.resolve().relative_to(base_dir.resolve()))
-    except ValueError:
-        return str(path)
 
 
 def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | None = None) -> LoadedModel:
