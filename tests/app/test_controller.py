@@ -99,3 +99,24 @@ def test_slow_rebuilds_run_in_the_background_and_queue_the_next_job(controller, 
                     timeout=60000)
     assert session.project.current_calibration.method == "max"
     assert "fc._input_quantizer" not in session.project.current_calibration.quantizers
+
+
+def test_deferred_refresh_runs_once_per_burst_and_waits_for_the_job(controller, qtbot):
+    from workbench.app.controller import DeferredRefresh
+
+    calls = []
+    refresh = DeferredRefresh(controller, lambda: calls.append(refresh.begin()))
+    for _ in range(3):
+        refresh.schedule()
+    qtbot.waitUntil(lambda: not refresh.scheduled())
+    assert calls == [True]  # three signals, one refresh
+    release = threading.Event()
+    assert controller.jobs.start("holding the session", lambda progress, cancel: release.wait(10))
+    refresh.schedule()
+    qtbot.waitUntil(lambda: len(calls) == 2)
+    assert calls[-1] is False  # while the job runs the view must not read the session
+    assert refresh.when_idle(lambda: calls.append("now")) is None and "now" not in calls
+    with qtbot.waitSignal(controller.jobs.finished, timeout=10000):
+        release.set()
+    qtbot.waitUntil(lambda: len(calls) == 3)
+    assert calls[-1] is True  # ... and refreshes once the job has ended

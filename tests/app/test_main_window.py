@@ -65,8 +65,8 @@ def load_demo(window, qtbot):
 
 def settle(window, qtbot):
     """Wait until the views have re-read the session (they refresh once per burst of change signals)."""
-    qtbot.waitUntil(lambda: not window.controller.busy and not window.tree._refresh_timer.isActive()
-                    and not window.layer_panel._refresh_timer.isActive()
+    qtbot.waitUntil(lambda: not window.controller.busy and not window.tree._refresh.scheduled()
+                    and not window.layer_panel._refresh.scheduled()
                     and not window.layer_panel._plot_timer.isActive())
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from workbench.analysis import AnalysisCancelled
 from workbench.app.jobs import JobRunner
@@ -25,7 +25,7 @@ from workbench.sources.model_source import ModelSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Controller", "QtLogHandler"]
+__all__ = ["Controller", "DeferredRefresh", "QtLogHandler"]
 
 # Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
 SLOW_REBUILD_S = 0.3
@@ -45,6 +45,56 @@ class QtLogHandler(logging.Handler):
             self._controller.log.emit(record.levelname.lower(), self.format(record))
         except RuntimeError:  # the controller is being destroyed
             pass
+
+
+class DeferredRefresh(QObject):
+    """A view's refresh: a burst of change signals runs it once, and never while a job runs.
+
+    The session is not thread-safe, and reading it can rebuild its quantized model under the job's
+    feet, so a refresh asked for during a job happens when the job ends. The view's refresh starts
+    with ``if not self._refresh.begin(): return``.
+    """
+
+    def __init__(self, controller: Controller, refresh: Callable[[], None], parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._controller = controller
+        self._after_job = False
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(0)  # the signals of one change (opening a project: four) refresh once
+        self._timer.timeout.connect(refresh)
+        controller.busy_changed.connect(self._busy)
+
+    def schedule(self) -> None:
+        """Refresh in the next turn of the event loop (or after the running job)."""
+        self._timer.start()
+
+    def scheduled(self) -> bool:
+        return self._timer.isActive()
+
+    def idle(self) -> bool:
+        """True when no job runs; otherwise False, and the refresh runs once the job ends."""
+        if self._controller.busy:
+            self._after_job = True
+            return False
+        return True
+
+    def begin(self) -> bool:
+        """At the top of the refresh itself: whether it may read the session now."""
+        self._timer.stop()
+        if not self.idle():
+            return False
+        self._after_job = False
+        return True
+
+    def when_idle(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` now, or refresh everything once the running job ends."""
+        if self.idle():
+            fn()
+
+    def _busy(self, busy: bool) -> None:
+        if not busy and self._after_job:
+            self._timer.start()
 
 
 class Controller(QObject):

@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.app.controller import Controller
+from workbench.app.controller import Controller, DeferredRefresh
 from workbench.graph import ModelTree, QuantizerInfo
 from workbench.graph.tree import ModuleInfo
 
@@ -446,18 +446,15 @@ class LayerPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.stack)
 
-        self.role_tabs.currentChanged.connect(lambda _i: self._when_idle(self._load_editor))
+        self._refresh = DeferredRefresh(controller, self.refresh, self)
+        self.role_tabs.currentChanged.connect(lambda _i: self._refresh.when_idle(self._load_editor))
         self.apply_button.clicked.connect(self.apply)
         self.revert_button.clicked.connect(self._load_editor)
         self.reset_button.clicked.connect(self.reset_role)
         self.editor.touched_changed.connect(self._update_buttons)
-        self.quantizer_combo.currentIndexChanged.connect(lambda _i: self._when_idle(self._plot_histogram))
+        self.quantizer_combo.currentIndexChanged.connect(lambda _i: self._refresh.when_idle(self._plot_histogram))
         self.log_box.toggled.connect(self._set_log)
 
-        self._refresh_timer = QTimer(self)
-        self._refresh_timer.setSingleShot(True)
-        self._refresh_timer.setInterval(0)  # a burst of change signals refreshes once
-        self._refresh_timer.timeout.connect(self.refresh)
         self._plot_timer = QTimer(self)
         self._plot_timer.setSingleShot(True)
         self._plot_timer.setInterval(0)
@@ -465,7 +462,6 @@ class LayerPanel(QWidget):
         controller.selection_changed.connect(self._selection_changed)
         for signal in (controller.session_changed, controller.layers_changed, controller.calibration_changed):
             signal.connect(self._stale)
-        self._refresh_after_job = False
         controller.busy_changed.connect(self._busy)
         self._busy(False)
 
@@ -473,20 +469,13 @@ class LayerPanel(QWidget):
 
     def _selection_changed(self, names: list[str]) -> None:
         self.names = list(names)
-        self._refresh_timer.start()
+        self._refresh.schedule()
 
     def _stale(self) -> None:
         self._tree_stale = True
         if self.controller.session is None:
             self.names = []
-        self._refresh_timer.start()
-
-    def _when_idle(self, fn: Any) -> None:
-        """Run ``fn`` now, or refresh everything once the running job ends (it owns the session)."""
-        if self.controller.busy:
-            self._refresh_after_job = True
-        else:
-            fn()
+        self._refresh.schedule()
 
     def tree(self) -> ModelTree | None:
         """The module tree (quantizer names and calibrators), re-read only after a change."""
@@ -499,12 +488,8 @@ class LayerPanel(QWidget):
         return self._tree
 
     def refresh(self) -> None:
-        self._refresh_timer.stop()
-        if self.controller.busy:
-            # the session belongs to the job until it ends (reading it may rebuild its model)
-            self._refresh_after_job = True
+        if not self._refresh.begin():  # the session belongs to the job until it ends
             return
-        self._refresh_after_job = False
         session = self.controller.session
         names = [n for n in self.names if session is not None and n in session.project.layers]
         if not names:
@@ -521,8 +506,7 @@ class LayerPanel(QWidget):
 
     def refresh_plots(self) -> None:
         self._plot_timer.stop()
-        if self.controller.busy:
-            self._refresh_after_job = True
+        if not self._refresh.idle():
             return
         session = self.controller.session
         if session is None or not self.names or self.names[0] not in session.project.layers:
@@ -631,8 +615,6 @@ class LayerPanel(QWidget):
             self.controller.reset_descriptor(self.names, self.current_role())
 
     def _busy(self, busy: bool) -> None:
-        if not busy and self._refresh_after_job:
-            self._refresh_timer.start()
         self.editor.setEnabled(not busy)
         for line in self.amax_lines.values():
             line.setCursor(Qt.CursorShape.ArrowCursor if busy else Qt.CursorShape.PointingHandCursor)

@@ -50,7 +50,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.app.controller import Controller
+from workbench.app.controller import Controller, DeferredRefresh
 from workbench.graph import ModelTree
 from workbench.session import LayerView
 
@@ -575,15 +575,11 @@ class ModelTreeWidget(QWidget):
         self.view.customContextMenuRequested.connect(self._context_menu)
         self._make_actions()
 
-        self._refresh_timer = QTimer(self)
-        self._refresh_timer.setSingleShot(True)
-        self._refresh_timer.setInterval(0)  # several signals in a row (opening a project) refresh once
-        self._refresh_timer.timeout.connect(self.refresh)
+        self._refresh = DeferredRefresh(controller, self.refresh, self)
         self._reset_pending = False
-        self._refresh_after_job = False
         controller.session_changed.connect(self._schedule_reset)
         for signal in (controller.layers_changed, controller.calibration_changed, controller.sensitivity_changed):
-            signal.connect(self._refresh_timer.start)
+            signal.connect(self._refresh.schedule)
         controller.selection_changed.connect(self._selection_from_controller)
         controller.busy_changed.connect(self._busy)
 
@@ -591,7 +587,7 @@ class ModelTreeWidget(QWidget):
 
     def _schedule_reset(self) -> None:
         self._reset_pending = True
-        self._refresh_timer.start()
+        self._refresh.schedule()
 
     def refresh(self) -> None:
         """Re-read the session's tree and rows (once per batch of change signals).
@@ -599,11 +595,8 @@ class ModelTreeWidget(QWidget):
         Never while a job runs: the session is not thread-safe, and reading it can rebuild its
         quantized model under the job's feet. The refresh happens when the job ends.
         """
-        self._refresh_timer.stop()
-        if self.controller.busy:
-            self._refresh_after_job = True
+        if not self._refresh.begin():
             return
-        self._refresh_after_job = False
         session = self.controller.session
         if session is None:
             self.model.set_views(None, [])
@@ -810,8 +803,6 @@ class ModelTreeWidget(QWidget):
 
     def _busy(self, busy: bool) -> None:
         self.model.set_read_only(busy)
-        if not busy and self._refresh_after_job:
-            self._refresh_timer.start()
 
 
 class IgnorePatternDialog(QDialog):
