@@ -17,11 +17,11 @@ from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled, AnalysisError, MetricError, describe_stage
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric
-from workbench.analysis.units import Unit, is_quantizing
+from workbench.analysis.units import Unit
 from workbench.quant.batches import model_device, model_inputs, to_device
 from workbench.quant.calibrate import CancelToken
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import all_quantizers
+from workbench.quant.snapshot import all_quantizers, is_quantizing
 
 logger = logging.getLogger(__name__)
 

@@ -18,11 +18,12 @@ from typing import Any
 from torch import nn
 
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.snapshot import holds_quantizers, is_quantizing, owned_quantizers
+
+# is_quantizing and holds_quantizers live in workbench.quant.snapshot; kept in __all__ for callers
+# that import them from here
 
 __all__ = ["Unit", "UnitsSpec", "find_units", "resolve_units", "quantizers_of", "is_quantizing", "holds_quantizers"]
-
-# containers that can hold a layer's quantizers (an RNN's _input_quantizers ModuleList, for example)
-_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 
 @dataclass(frozen=True)
@@ -50,32 +51,8 @@ class Unit:
 UnitsSpec = Sequence["str | Sequence[str] | Unit"] | Mapping[str, "str | Sequence[str]"] | None
 
 
-def is_quantizing(quantizer: TensorQuantizer) -> bool:
-    """Whether the quantizer changes its input: enabled and with quantization on."""
-    return not quantizer._disabled and quantizer._if_quant
-
-
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
-
-
-def _owned_quantizers(module: nn.Module, prefix: str) -> tuple[list[tuple[str, TensorQuantizer]], set[str]]:
-    """The quantizers held directly by ``module`` and the names of the containers holding some of them."""
-    owned: list[tuple[str, TensorQuantizer]] = []
-    claimed: set[str] = set()
-    for child_name, child in module._modules.items():
-        if isinstance(child, TensorQuantizer):
-            owned.append((_join(prefix, child_name), child))
-        elif isinstance(child, _CONTAINERS) and len(child._modules) > 0 and all(
-                isinstance(item, TensorQuantizer) for item in child._modules.values()):
-            claimed.add(child_name)
-            owned.extend((_join(prefix, f"{child_name}.{key}"), item) for key, item in child._modules.items())
-    return owned, claimed
-
-
-def holds_quantizers(module: nn.Module) -> bool:
-    """Whether ``module`` is a quantized layer: it holds TensorQuantizers directly or in a ModuleList."""
-    return bool(_owned_quantizers(module, "")[0])
 
 
 def _layer_units(model: nn.Module) -> Iterator[tuple[str, list[tuple[str, TensorQuantizer]]]]:
@@ -87,10 +64,12 @@ def _layer_units(model: nn.Module) -> Iterator[tuple[str, list[tuple[str, Tensor
     seen_owners: set[int] = set()
 
     def visit(module: nn.Module, prefix: str, path: frozenset[int]) -> Iterator:
-        owned, claimed = _owned_quantizers(module, prefix)
+        owned = owned_quantizers(module)
+        # a container of quantizers is part of its owner, not a layer to visit
+        claimed = {name.split(".", 1)[0] for name, _ in owned if "." in name}
         if owned and id(module) not in seen_owners:
             seen_owners.add(id(module))
-            yield prefix, owned
+            yield prefix, [(_join(prefix, name), q) for name, q in owned]
         for child_name, child in module._modules.items():
             if child is None or isinstance(child, TensorQuantizer) or child_name in claimed or id(child) in path:
                 continue

@@ -48,7 +48,7 @@ from workbench.export.errors import (
     UnsupportedOperationError,
 )
 from workbench.export.opset import convert_opset, default_opset
-from workbench.export.qdq import QDQStandIn, onnx_translation, quantizes, register_torchscript_symbolic
+from workbench.export.qdq import QDQStandIn, onnx_translation, register_torchscript_symbolic
 from workbench.export.tensorrt import (
     DEFAULT_TRT_VERSION,
     activation_scales,
@@ -60,6 +60,7 @@ from workbench.export.tensorrt import (
 from workbench.quant.batches import flat_tensors, model_device
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.snapshot import all_quantizers, is_quantizing, quantizer_names
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +157,10 @@ def _grow_batch(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
 
 def _quantizer_names(model: nn.Module) -> dict[int, str]:
     """First qualified name of every TensorQuantizer object (a shared one keeps its first name)."""
-    return {id(m): name for name, m in model.named_modules() if isinstance(m, TensorQuantizer)}
+    names: dict[int, str] = {}
+    for name, q in quantizer_names(model).items():
+        names.setdefault(id(q), name)
+    return names
 
 
 def _check_quantizers(model: nn.Module, names: dict[int, str]) -> dict[int, TensorQuantizer]:
@@ -164,14 +168,12 @@ def _check_quantizers(model: nn.Module, names: dict[int, str]) -> dict[int, Tens
 
     problems: dict[str, str] = {}
     active: dict[int, TensorQuantizer] = {}
-    for module in model.modules():
-        if not isinstance(module, TensorQuantizer):
-            continue
+    for module in all_quantizers(model):
         name = names[id(module)]
         if module._if_calib and not module._disabled:
             problems[name] = "still collecting calibration statistics (calibration did not finish)"
             continue
-        if not quantizes(module):
+        if not is_quantizing(module):
             continue
         try:
             export_params(module)
@@ -529,12 +531,10 @@ def amax_table(model: nn.Module) -> dict[str, Any]:
 
     table: dict[str, Any] = {}
     paths: dict[int, list[str]] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
-        if isinstance(module, TensorQuantizer):
-            paths.setdefault(id(module), []).append(name)
-    for name, q in model.named_modules():
-        if not isinstance(q, TensorQuantizer):
-            continue
+    for name, module in quantizer_names(model).items():
+        paths.setdefault(id(module), []).append(name)
+    for q in all_quantizers(model):
+        name = paths[id(q)][0]
         entry: dict[str, Any] = {
             "enabled": not q._disabled, "quant": bool(q._if_quant), "num_bits": q._num_bits, "axis": q._axis,
             "unsigned": bool(q._unsigned), "narrow_range": bool(q._narrow_range),

@@ -24,8 +24,8 @@ from torch import nn
 from workbench.quant.kernels import TINY_AMAX
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
-__all__ = ["QDQStandIn", "qdq_reference", "onnx_translation", "register_torchscript_symbolic", "quantizes",
-           "ExportParams", "export_params"]
+__all__ = ["QDQStandIn", "qdq_reference", "onnx_translation", "register_torchscript_symbolic", "ExportParams",
+           "export_params"]
 
 OP_NAME = "workbench::qdq"
 
@@ -91,11 +91,6 @@ def register_torchscript_symbolic() -> None:
 
     register_custom_op_symbolic(OP_NAME, symbolic, 13)
     _torchscript_registered = True
-
-
-def quantizes(q: TensorQuantizer) -> bool:
-    """True when the quantizer changes values in a forward pass (enabled, quantization on)."""
-    return not q._disabled and bool(q._if_quant)
 
 
 class ExportParams:

@@ -34,7 +34,7 @@ from torch.nn.utils import parametrize
 
 from workbench.graph.trace import TraceFailure, trace_pieces
 from workbench.graph.tree import add_note
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.snapshot import holds_quantizers
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def find_foldable(model: nn.Module) -> tuple[list[_Candidate], list[SkippedBatch
             elif (not isinstance(layer_module._parameters.get("weight"), nn.Parameter)
                   or parametrize.is_parametrized(layer_module)):
                 reason = f"the weight of {layer_name} is computed (weight norm or a parametrization)"
-            elif any(isinstance(child, TensorQuantizer) for child in layer_module.children()):
+            elif holds_quantizers(layer_module):
                 reason = f"{layer_name} is quantized already: fold before placing quantizers"
             elif len(source.users) != 1:
                 others = sorted(user.name for user in source.users if user is not node)

@@ -29,6 +29,7 @@ model without the rules still gives every member the same amax (export produces 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,7 @@ from workbench.graph.trace import MAXPOOL_FUNCTIONS, TracedPiece, TraceFailure, 
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM, QuantLSTMCell
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.snapshot import is_quantizing, quantizer_names
 
 logger = logging.getLogger(__name__)
 
@@ -240,11 +242,8 @@ def _is_maxpool(graph: _Graph, node: fx.Node) -> bool:
 
 
 def _reference_counts(model: nn.Module) -> dict[int, int]:
-    counts: dict[int, int] = {}
-    for _name, module in model.named_modules(remove_duplicate=False):
-        if isinstance(module, TensorQuantizer):
-            counts[id(module)] = counts.get(id(module), 0) + 1
-    return counts
+    """How many names each quantizer object is reachable under (more than one: shared)."""
+    return dict(Counter(id(q) for q in quantizer_names(model).values()))
 
 
 def _resolve_pin(model: nn.Module, name: str) -> list[_QRef]:
@@ -335,8 +334,7 @@ def apply_placement_rules(model: nn.Module, rules: PlacementRules | None = None)
     groups = _UnionFind()
 
     def enabled(ref: _QRef) -> bool:
-        q = ref.quantizer
-        return not q._disabled and q._if_quant
+        return is_quantizing(ref.quantizer)
 
     def join(rule: str, anchor: str, major: _QRef, members: list[_QRef], priority: int) -> None:
         if not enabled(major):

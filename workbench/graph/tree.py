@@ -18,6 +18,7 @@ from workbench.quant.nn.modules._utils import QuantInputMixin, QuantMixin
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.replace import default_quant_map
+from workbench.quant.snapshot import holds_quantizers, owned_quantizers
 
 __all__ = ["QuantizerInfo", "ModuleInfo", "ModelTree", "describe_model", "is_quantized_module",
            "quantizer_summary", "add_note", "module_notes", "NOTES_ATTR"]
@@ -131,12 +132,7 @@ class ModelTree:
 
 def is_quantized_module(module: nn.Module) -> bool:
     """True for modules that hold quantizers for their own computation (QuantConv2d, QuantAdd, ...)."""
-    if isinstance(module, _QUANTIZED_BASES):
-        return True
-    for child in module._modules.values():
-        if isinstance(child, TensorQuantizer):
-            return True
-    return False
+    return isinstance(module, _QUANTIZED_BASES) or holds_quantizers(module)
 
 
 def quantizer_summary(q: TensorQuantizer) -> str:
@@ -179,16 +175,11 @@ def describe_model(model: nn.Module) -> ModelTree:
         children: list[str] = []
         rows.append((name, module, parent, depth, children))
         pending = []
-        quantizers: list[tuple[str, TensorQuantizer]] = []
+        quantizers = owned_quantizers(module)
+        # quantizers and containers of quantizers are shown on their owner's row, not as children
+        shown_on_row = {attr.split(".", 1)[0] for attr, _ in quantizers}
         for attr, child in module._modules.items():
-            if child is None:
-                continue
-            if isinstance(child, TensorQuantizer):
-                quantizers.append((attr, child))
-                continue
-            if isinstance(child, nn.ModuleList) and child._modules and all(
-                    isinstance(c, TensorQuantizer) for c in child._modules.values()):
-                quantizers.extend((f"{attr}.{i}", c) for i, c in child._modules.items())
+            if child is None or attr in shown_on_row:
                 continue
             path = f"{name}.{attr}" if name else attr
             children.append(path)

@@ -14,12 +14,53 @@ from torch import nn
 
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
-__all__ = ["ModelSnapshot", "all_quantizers"]
+__all__ = ["ModelSnapshot", "all_quantizers", "quantizer_names", "is_quantizing", "owned_quantizers",
+           "holds_quantizers"]
+
+# containers that can hold a layer's quantizers (an RNN's _input_quantizers ModuleList, for example)
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 
 def all_quantizers(model: nn.Module) -> list[TensorQuantizer]:
     """Every TensorQuantizer under ``model``, each object once (shared ones included)."""
     return [m for m in model.modules() if isinstance(m, TensorQuantizer)]
+
+
+def quantizer_names(model: nn.Module) -> dict[str, TensorQuantizer]:
+    """Every qualified name under which a TensorQuantizer is reachable, in model order.
+
+    A quantizer shared between layers (a placement rule's TensorRT scale sharing) appears once per
+    name; its first name is the one ``named_modules()`` gives it.
+    """
+    return {name: m for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, TensorQuantizer)}
+
+
+def is_quantizing(quantizer: TensorQuantizer) -> bool:
+    """Whether the quantizer changes its input in a forward pass: enabled and with quantization on."""
+    return not quantizer._disabled and bool(quantizer._if_quant)
+
+
+def owned_quantizers(module: nn.Module) -> list[tuple[str, TensorQuantizer]]:
+    """The quantizers ``module`` holds for its own computation, with their names relative to it.
+
+    Direct TensorQuantizer children (``_input_quantizer``, ``_weight_quantizer``, QuantAdd's
+    ``_input0_quantizer``...) and the items of a container child made of quantizers only (an RNN's
+    ``_input_quantizers`` list, named ``"_input_quantizers.0"``...). Quantizers deeper down belong to
+    the submodules.
+    """
+    owned: list[tuple[str, TensorQuantizer]] = []
+    for child_name, child in module._modules.items():
+        if isinstance(child, TensorQuantizer):
+            owned.append((child_name, child))
+        elif isinstance(child, _CONTAINERS) and len(child._modules) > 0 and all(
+                isinstance(item, TensorQuantizer) for item in child._modules.values()):
+            owned.extend((f"{child_name}.{key}", item) for key, item in child._modules.items())
+    return owned
+
+
+def holds_quantizers(module: nn.Module) -> bool:
+    """Whether ``module`` is a quantized layer: it holds quantizers itself (see :func:`owned_quantizers`)."""
+    return bool(owned_quantizers(module))
 
 
 @dataclass

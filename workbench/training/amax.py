@@ -20,8 +20,9 @@ from torch import nn
 
 from workbench.quant.nn.modules.clip import Clip
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.snapshot import is_quantizing, quantizer_names
 
-__all__ = ["LearnedAmax", "start_learning_amax", "finish_learning_amax", "quantizer_names"]
+__all__ = ["LearnedAmax", "start_learning_amax", "finish_learning_amax"]
 
 _SMALLEST_AMAX = 2.0 ** -24  # below this the core quantizes to zero: keep a learned range above it
 
@@ -51,11 +52,6 @@ class LearnedAmax:
                 for name, q in self.quantizers.items()}
 
 
-def quantizer_names(model: nn.Module) -> dict[str, TensorQuantizer]:
-    """Every name a quantizer is reachable under (a quantizer shared by a placement rule has several)."""
-    return {name: m for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, TensorQuantizer)}
-
-
 def start_learning_amax(model: nn.Module, patterns: str | Iterable[str] | None) -> LearnedAmax:
     """Make the amax of the quantizers whose name matches any regex in ``patterns`` (``re.search``) learnable.
 
@@ -82,7 +78,7 @@ def start_learning_amax(model: nn.Module, patterns: str | Iterable[str] | None) 
             continue
         amax = q._buffers.get("_amax")
         reason = None
-        if q._disabled or not q._if_quant:
+        if not is_quantizing(q):
             reason = "the quantizer is off"
         elif amax is None:
             reason = "not calibrated"
