@@ -120,3 +120,15 @@ def test_deferred_refresh_runs_once_per_burst_and_waits_for_the_job(controller, 
         release.set()
     qtbot.waitUntil(lambda: len(calls) == 3)
     assert calls[-1] is True  # ... and refreshes once the job has ended
+
+
+def test_the_tree_is_described_once_per_change(controller, qtbot):
+    session = open_demo(controller, qtbot)
+    tree = controller.tree()
+    assert controller.tree() is tree  # the layer panel and the descriptor dialog share it
+    assert [q.enabled for q in tree["fc"].quantizers] == [True, True]
+    with qtbot.waitSignal(controller.layers_changed):
+        controller.set_quantize(["fc"], False)
+    after = controller.tree()
+    assert after is not tree and not session.project.layers["fc"].quantize
+    assert after["fc"].quantizers == ()  # a layer left in float is a plain module again

@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from workbench.analysis import AnalysisCancelled
 from workbench.app.jobs import JobRunner
+from workbench.graph import ModelTree
 from workbench.quant.calibrate import CalibrationCancelled
 from workbench.session import Session
 from workbench.sources.data_source import DataSpec
@@ -144,6 +145,8 @@ class Controller(QObject):
         self.jobs.failed.connect(self._job_failed)
         self.jobs.cancelled.connect(lambda name, error: self.log.emit("warning", f"{name} cancelled: {error}"))
         self._selection: list[str] = []
+        self._prepared_views: tuple | None = None  # (session, tree, layers) computed by the opening job
+        self._tree_cache: tuple | None = None  # (session, tree): describing a big model takes a while
         self._log_handler = QtLogHandler(self)
         logging.getLogger("workbench").addHandler(self._log_handler)
 
@@ -220,7 +223,29 @@ class Controller(QObject):
         except Exception as error:  # noqa: BLE001 - shapes are a nicety; the layer panel shows none
             logger.warning("Layer shapes not available: %s", error)
         self._prepared_views = (session, tree, layers)
+        self._tree_cache = (session, tree)
         return session
+
+    def _forget_views(self) -> None:
+        """An edit or a job changes the session: what was read from it is stale."""
+        self._prepared_views = None
+        self._tree_cache = None
+
+    def tree(self) -> ModelTree:
+        """The module tree of the open session, re-read only after an edit or a job.
+
+        Every view asks here rather than ``session.tree()``, so that a big model is described once per change.
+        """
+        session = self.session
+        if session is None:
+            raise RuntimeError("no project is open")
+        cached = self._tree_cache
+        if cached is not None and cached[0] is session:
+            return cached[1]
+        tree = session.tree()
+        if not self.busy:  # a running job may still change it
+            self._tree_cache = (session, tree)
+        return tree
 
     def views(self) -> tuple[Any, list[Any]]:
         """The module tree and the layer rows of the open session, for the tree view.
@@ -230,10 +255,10 @@ class Controller(QObject):
         """
         if self.session is None:
             raise RuntimeError("no project is open")
-        prepared, self._prepared_views = getattr(self, "_prepared_views", None), None
+        prepared, self._prepared_views = self._prepared_views, None
         if prepared is not None and prepared[0] is self.session:
             return prepared[1], prepared[2]
-        return self.session.tree(), self.session.layers()
+        return self.tree(), self.session.layers()
 
     def _adopt(self, session: Session, on_done: Callable[[Session], None] | None) -> None:
         self.session = session
@@ -269,13 +294,18 @@ class Controller(QObject):
 
     # ----- edits (on the GUI thread; refused while a job runs) ---------------------------------
 
+    def refuse_if_busy(self, what: str) -> bool:
+        """True (and an error dialog saying why) while a job runs: the session belongs to the job."""
+        if self.busy:
+            self.error.emit(what, f"Wait for '{self.jobs.job_name}' to finish, or cancel it.", "")
+        return self.busy
+
     def _edit(self, what: str, fn: Callable[[], Any], signal: Signal | None = None) -> Any:
         if self.session is None:
             return None
-        if self.busy:
-            self.error.emit(what, f"Wait for '{self.jobs.job_name}' to finish, or cancel it.", "")
+        if self.refuse_if_busy(what):
             return None
-        self._prepared_views = None  # an edit makes the views computed on opening stale
+        self._forget_views()
         try:
             result = fn()
         except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, keep the state
@@ -459,7 +489,7 @@ class Controller(QObject):
             self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
             return False
         self._trust_context = trust
-        self._prepared_views = None  # a job changes the session: views computed on opening are stale
+        self._forget_views()
         if not self.jobs.start(name, fn, on_done):
             self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
             return False

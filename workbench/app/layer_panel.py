@@ -233,11 +233,10 @@ def _layer_quantizers(tree: ModelTree | None, name: str) -> list[QuantizerInfo]:
     return list(tree[name].quantizers)
 
 
-def apply_editor(controller: Controller, editor: DescriptorEditor, names: Sequence[str], role: str,
-                 tree: ModelTree | None) -> bool:
+def apply_editor(controller: Controller, editor: DescriptorEditor, names: Sequence[str], role: str) -> bool:
     """Apply what the user touched in ``editor`` to ``names``; False when the controller refused."""
     session = controller.session
-    if session is None:
+    if session is None or controller.refuse_if_busy("Set descriptor"):
         return False
     try:
         descriptors = session.descriptors(names, role)
@@ -248,7 +247,7 @@ def apply_editor(controller: Controller, editor: DescriptorEditor, names: Sequen
     ok = True
     method = editor.touched_method()
     if method is not None:
-        quantizers = [q.name for n in targets for q in _layer_quantizers(tree, n)
+        quantizers = [q.name for n in targets for q in _layer_quantizers(controller.tree(), n)
                       if _role_of(q) == role and q.calibrator == "HistogramCalibrator" and q.enabled]
         if quantizers:
             ok = controller.recompute_amax(quantizers, method[0], method[1]) is not None
@@ -288,7 +287,6 @@ class DescriptorDialog(QDialog):
         layout.addWidget(self.editor)
         layout.addWidget(self.note)
         layout.addWidget(buttons)
-        self._tree = controller.session.tree() if controller.session is not None else None
         self.role.currentIndexChanged.connect(lambda _i: self.load())
         self.load()
 
@@ -310,7 +308,7 @@ class DescriptorDialog(QDialog):
                           if skipped else "Only the fields you change are applied; the others keep each layer's value.")
 
     def apply(self) -> bool:
-        if not apply_editor(self.controller, self.editor, self.names, self.current_role(), self._tree):
+        if not apply_editor(self.controller, self.editor, self.names, self.current_role()):
             return False
         self.load()
         return True
@@ -327,8 +325,6 @@ class LayerPanel(QWidget):
         super().__init__(parent)
         self.controller = controller
         self.names: list[str] = []
-        self._tree: ModelTree | None = None
-        self._tree_stale = True
         self.quantizer_name: str | None = None
         self.histogram: dict[str, Any] | None = None
         self.histogram_item: pg.PlotDataItem | None = None
@@ -472,20 +468,13 @@ class LayerPanel(QWidget):
         self._refresh.schedule()
 
     def _stale(self) -> None:
-        self._tree_stale = True
         if self.controller.session is None:
             self.names = []
         self._refresh.schedule()
 
     def tree(self) -> ModelTree | None:
-        """The module tree (quantizer names and calibrators), re-read only after a change."""
-        session = self.controller.session
-        if session is None:
-            return None
-        if self._tree_stale or self._tree is None:
-            self._tree = session.tree()
-            self._tree_stale = False
-        return self._tree
+        """The module tree (quantizer names and calibrators): the controller's, re-read only after a change."""
+        return self.controller.tree() if self.controller.session is not None else None
 
     def refresh(self) -> None:
         if not self._refresh.begin():  # the session belongs to the job until it ends
@@ -608,7 +597,7 @@ class LayerPanel(QWidget):
                  and n in self.controller.session.project.layers]
         if not names or self.controller.busy:
             return False
-        return apply_editor(self.controller, self.editor, names, self.current_role(), self.tree())
+        return apply_editor(self.controller, self.editor, names, self.current_role())
 
     def reset_role(self) -> None:
         if self.names:
