@@ -316,9 +316,8 @@ def _metric_option(args: argparse.Namespace) -> Any:
         return None
     from workbench.analysis import get_metric
 
-    if ":" in args.metric and not args.trust_code:
-        raise UsageError(f"the metric {args.metric} is user code: add --trust-code to run it.")
-    return get_metric(args.metric, args.metric_direction)
+    # a path typed on the command line is relative to where it was typed
+    return get_metric(args.metric, args.metric_direction, trust_code=args.trust_code)
 
 
 def _cmd_sensitivity(args: argparse.Namespace) -> int:

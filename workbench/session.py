@@ -49,6 +49,7 @@ from workbench.quant.replace import ReplacementReport, ignore_matcher
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
 from workbench.sources.errors import SourceError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
+from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +266,11 @@ class Session:
         self.project.model = self.project.model.absolute(self.base_dir).relative_to(new_base)
         for role, spec in list(self.project.data.items()):
             self.project.data[role] = spec.absolute(self.base_dir).relative_to(new_base)
+        for key, field_name in (("metric", "name"), ("finetune", "loss")):  # user functions in files
+            setting = self.project.settings.get(key)
+            if isinstance(setting, dict) and isinstance(setting.get(field_name), str):
+                moved = relative_entrypoint(absolute_entrypoint(setting[field_name], self.base_dir), new_base)
+                self.project.settings[key] = {**setting, field_name: moved}
         self.base_dir = new_base
         self._data.clear()
 
@@ -839,10 +845,9 @@ class Session:
         from workbench.analysis import get_metric
 
         setting = self.project.settings.get("metric") or {}
-        name = setting.get("name", "sqnr")
-        if ":" in str(name) and not self.trust_code:
-            raise TrustRequired(f"The metric {name} is user code; trust it first (--trust-code).")
-        return get_metric(name, setting.get("direction"))
+        # a metric file next to the project is found from any working directory
+        return get_metric(setting.get("name", "sqnr"), setting.get("direction"), trust_code=self.trust_code,
+                          base_dir=self.base_dir)
 
     def _analysis_batches(self) -> list:
         source = self.data("evaluation")
@@ -1023,9 +1028,11 @@ class Session:
         loss_name = options.get("loss") or "cross_entropy"
         if ":" in str(loss_name) and not self.trust_code:
             raise TrustRequired(f"The loss {loss_name} is user code; trust it first (--trust-code).")
+        # a loss file next to the project is found from any working directory (the setting keeps it relative)
+        loss_spec = absolute_entrypoint(loss_name, self.base_dir) if ":" in str(loss_name) else loss_name
         model = self._require_calibrated()
         result = run_finetune(
-            model, self.data("training"), loss_name, epochs=options["epochs"], lr=options["lr"],
+            model, self.data("training"), loss_spec, epochs=options["epochs"], lr=options["lr"],
             schedule=options["schedule"], optimizer=options["optimizer"], momentum=options["momentum"],
             weight_decay=options["weight_decay"], steps_per_epoch=options["steps_per_epoch"],
             eval_batches=self._analysis_batches(), metric=metric if metric is not None else self.metric(),

@@ -154,9 +154,9 @@ def test_entry_point_loading_errors_are_clear(metrics_file, tmp_path):
         load_entry_point(f"{metrics_file}:missing")
     with pytest.raises(EntryPointError, match="not a function"):
         load_entry_point(f"{metrics_file}:NOT_CALLABLE")
-    with pytest.raises(EntryPointError, match="no file"):
+    with pytest.raises(EntryPointError, match="no such Python file"):
         load_entry_point(f"{tmp_path / 'absent.py'}:fn")
-    with pytest.raises(EntryPointError, match="Cannot import module"):
+    with pytest.raises(EntryPointError, match="qwb_no_such_module_anywhere' cannot be imported"):
         load_entry_point("qwb_no_such_module_anywhere:fn")
     with pytest.raises(EntryPointError, match="must look like"):
         load_entry_point("no_colon_here")

@@ -60,7 +60,7 @@ class TestModelSources:
 
     @pytest.mark.parametrize("target, message", [
         ("missing.py:make", "no such Python file"),
-        ("{file}:nothing", "has no 'nothing'"),
+        ("{file}:nothing", "has no attribute 'nothing'"),
         ("{file}:broken", "raised RuntimeError: no GPU found"),
         ("{file}:not_a_model", "returned a int, not a torch.nn.Module"),
         ("no_such_module_xyz:make", "cannot be imported"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 
 from workbench.analysis.entry_point import load_entry_point, parse_entry_point
 from workbench.quant.batches import batch_targets, class_scores, flat_tensors
+from workbench.sources.errors import TrustRequired
 
 __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", "EntryPointMetric", "SqnrMetric",
            "CosineMetric", "MseMetric", "Top1Metric", "get_metric", "metric_from_dict", "flat_tensors",
@@ -277,13 +279,18 @@ class ModelMetric(Metric):
 
 
 class EntryPointMetric(ModelMetric):
-    """A :class:`ModelMetric` named by ``module:function`` or ``file.py:function`` (loaded when first used)."""
+    """A :class:`ModelMetric` named by ``module:function`` or ``file.py:function`` (loaded when first used).
+
+    A relative file path is relative to ``base_dir`` (a project's folder; default: the current directory).
+    """
 
     kind = "entry_point"
 
-    def __init__(self, spec: str, *, direction: Direction, name: str | None = None) -> None:
+    def __init__(self, spec: str, *, direction: Direction, name: str | None = None,
+                 base_dir: Path | None = None) -> None:
         parse_entry_point(spec)  # a malformed spec fails now; the module is only imported when used
         self.spec = spec
+        self.base_dir = base_dir
         self._fn = None
         self.direction = _check_direction(direction)
         self.name = name or spec
@@ -295,7 +302,7 @@ class EntryPointMetric(ModelMetric):
             EntryPointError: it cannot be loaded.
         """
         if self._fn is None:
-            self._fn = load_entry_point(self.spec)
+            self._fn = load_entry_point(self.spec, self.base_dir)
         return self._fn
 
     def to_dict(self) -> dict[str, Any]:
@@ -308,7 +315,8 @@ BUILTIN_METRICS: dict[str, type[OutputMetric]] = {
 _ALIASES = {"sqnr_db": "sqnr", "cos": "cosine", "accuracy": "top1", "top-1": "top1"}
 
 
-def get_metric(metric: Metric | str | Callable[..., float], direction: Direction | None = None) -> Metric:
+def get_metric(metric: Metric | str | Callable[..., float], direction: Direction | None = None, *,
+               trust_code: bool = True, base_dir: Path | None = None) -> Metric:
     """A metric from a name, an entry point or a function.
 
     Args:
@@ -317,9 +325,15 @@ def get_metric(metric: Metric | str | Callable[..., float], direction: Direction
             ``fn(model, batches) -> float``.
         direction: ``"higher"`` or ``"lower"`` is better; required for entry points and functions
             (a built-in's is fixed).
+        trust_code: whether an entry point may run. A caller passing one in Python means to run it (the
+            default); a front end passes the user's choice, since a project file's metric is code that
+            whoever wrote the project chose.
+        base_dir: what a relative ``file.py`` of an entry point is relative to (a project's folder;
+            default: the current directory).
 
     Raises:
-        ValueError: an unknown name, a missing or bad direction.
+        ValueError: an unknown name, a malformed entry point, a missing or bad direction.
+        TrustRequired: an entry point without ``trust_code`` (nothing is imported).
     """
     if isinstance(metric, Metric):
         return metric
@@ -332,7 +346,11 @@ def get_metric(metric: Metric | str | Callable[..., float], direction: Direction
                              f"function as 'module:function' or 'file.py:function'.")
         if direction is None:
             raise ValueError(f"Say whether a higher or a lower value of {metric!r} is better (direction=...).")
-        return EntryPointMetric(metric, direction=direction)
+        chosen = EntryPointMetric(metric, direction=direction, base_dir=base_dir)  # checks the form, runs nothing
+        if not trust_code:
+            raise TrustRequired(f"The metric {metric} runs its Python code; only do this for code you trust, then "
+                                "allow it (--trust-code on the command line).")
+        return chosen
     if callable(metric):
         if direction is None:
             raise ValueError("Say whether a higher or a lower value of the metric is better (direction=...).")

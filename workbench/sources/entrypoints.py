@@ -10,22 +10,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workbench.sources.errors import SourceError
+from workbench.sources.errors import EntryPointError
+
+_FORM = "'path/to/file.py:function' or 'package.module:function'"
 
 
 def split_entrypoint(spec: str) -> tuple[str, str]:
-    """``"a/b.py:make"`` -> ``("a/b.py", "make")``; ``"pkg.mod:make"`` -> ``("pkg.mod", "make")``."""
-    if not isinstance(spec, str) or ":" not in spec:
-        raise SourceError(f"{spec!r} is not an entry point: expected 'path/to/file.py:function' or "
-                          "'package.module:function'.")
-    target, _, name = spec.rpartition(":")
-    if not target or not name.isidentifier():
-        raise SourceError(f"{spec!r} is not an entry point: expected 'path/to/file.py:function' or "
-                          "'package.module:function'.")
+    """``"a/b.py:make"`` -> ``("a/b.py", "make")``; ``"pkg.mod:Class.make"`` -> ``("pkg.mod", "Class.make")``.
+
+    The split is at the last colon, so Windows paths (``C:\\metrics\\coco.py:mean_ap``) work.
+
+    Raises:
+        EntryPointError: not a string, no colon, an empty side, or an attribute that is not a (dotted) name.
+    """
+    if not isinstance(spec, str):
+        raise EntryPointError(f"An entry point is a string that must look like {_FORM}, got {spec!r}.")
+    target, colon, name = spec.strip().rpartition(":")
+    if not colon or not target or not all(part.isidentifier() for part in name.split(".")):
+        raise EntryPointError(f"Entry point {spec!r} must look like {_FORM}.")
     return target, name
 
 
 def is_file_target(target: str) -> bool:
+    """Whether the first part of an entry point is a file path (rather than a module name)."""
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
@@ -47,40 +54,47 @@ def extra_import_path(folder: Path | None) -> Iterator[None]:
 def load_entrypoint(spec: str, base_dir: Path | None = None) -> Any:
     """The object named by ``spec``. Relative file paths are relative to ``base_dir`` (default: cwd).
 
+    A file is run as a fresh module on each call (so edits are picked up), under a name of its own per
+    path so that two projects' ``model.py`` do not replace each other; a module is imported with
+    ``base_dir`` on the import path. The attribute may be dotted (``"module:Class.method"``).
+
     Raises:
-        SourceError: the file or module does not exist, fails to import (its error is quoted), or has
-            no such name.
+        EntryPointError: the spec is malformed, the file or module does not exist or fails to import
+            (its error is quoted), or it has no such attribute.
     """
     target, name = split_entrypoint(spec)
     if is_file_target(target):
-        path = Path(target)
+        path = Path(target).expanduser()
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_file():
-            raise SourceError(f"{path}: no such Python file (from entry point {spec!r}).")
-        # a stable, unique module name per file so that two projects' model.py do not collide
+            raise EntryPointError(f"{path}: no such Python file (from entry point {spec!r}).")
         module_name = "_workbench_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
         module_spec = importlib.util.spec_from_file_location(module_name, path)
         if module_spec is None or module_spec.loader is None:
-            raise SourceError(f"{path}: cannot be imported as a Python module.")
+            raise EntryPointError(f"{path}: cannot be imported as a Python module (from entry point {spec!r}).")
         module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module
+        sys.modules[module_name] = module  # dataclasses and pickling inside the file look themselves up there
         try:
             with extra_import_path(path.resolve().parent):
                 module_spec.loader.exec_module(module)
         except Exception as error:
             sys.modules.pop(module_name, None)
-            raise SourceError(f"{path}: importing it raised {type(error).__name__}: {error}") from error
+            raise EntryPointError(f"{path}: importing it raised {type(error).__name__}: {error} (from entry point "
+                                  f"{spec!r}).") from error
         where = str(path)
     else:
         try:
             with extra_import_path(base_dir):
                 module = importlib.import_module(target)
-        except ImportError as error:
-            raise SourceError(f"module {target!r} cannot be imported: {error}") from error
-        except Exception as error:
-            raise SourceError(f"module {target!r}: importing it raised {type(error).__name__}: {error}") from error
-        where = f"module {target}"
-    if not hasattr(module, name):
-        raise SourceError(f"{where} has no {name!r} (from entry point {spec!r}).")
-    return getattr(module, name)
+        except Exception as error:  # ImportError, or the module's own code failing
+            raise EntryPointError(f"module {target!r} cannot be imported (from entry point {spec!r}): "
+                                  f"{type(error).__name__}: {error}") from error
+        where = f"module {target!r}"
+    obj: Any = module
+    for part in name.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise EntryPointError(f"{where} has no attribute {name!r} (from entry point {spec!r}).") from None
+    return obj

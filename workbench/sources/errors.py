@@ -7,3 +7,7 @@ class SourceError(ValueError):
 
 class TrustRequired(SourceError):
     """Using this source runs its Python code (a factory, a pickle); the user has to trust it first."""
+
+
+class EntryPointError(SourceError):
+    """An entry point (``file.py:function`` / ``package.module:function``) is malformed or cannot be loaded."""
