@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric, get_metric
-from workbench.quant.batches import model_device, model_inputs, to_device
+from workbench.quant.batches import model_device, model_inputs, run_model, to_device
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import all_quantizers
@@ -475,12 +475,10 @@ class _Trainer:
 
     def step(self, batch: Any, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler, epoch: int,
              step: int) -> float:
-        args, kwargs = model_inputs(batch)
-        args, kwargs = to_device(args, self.device), to_device(kwargs, self.device)
         targets = to_device(batch_targets(batch), self.device)
         opt.zero_grad(set_to_none=True)
         with self._autocast():
-            outputs = self.model(*args, **kwargs)
+            outputs = run_model(self.model, batch, self.device)
         loss = self._loss(outputs, targets)
         value = float(loss.detach())
         if not math.isfinite(value):
@@ -508,7 +506,7 @@ class _Trainer:
                 for batch in self.eval_batches:
                     if self._cancelled():
                         return None
-                    self.reference.append(self._forward(batch))
+                    self.reference.append(run_model(self.model, batch, self.device))
             finally:
                 for q, disabled in flags:
                     q._disabled = disabled
@@ -517,7 +515,7 @@ class _Trainer:
         for i, batch in enumerate(self.eval_batches):
             if self._cancelled():
                 return None
-            outputs = self._forward(batch)
+            outputs = run_model(self.model, batch, self.device)
             if accumulator is not None:
                 accumulator.update(outputs, self.reference[i] if self.reference is not None else outputs, batch)
             if with_loss:
@@ -537,10 +535,6 @@ class _Trainer:
         if with_loss and count:
             record.eval_loss = total / count
         return record
-
-    def _forward(self, batch: Any) -> Any:
-        args, kwargs = model_inputs(batch)
-        return self.model(*to_device(args, self.device), **to_device(kwargs, self.device))
 
     def _cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
