@@ -132,3 +132,14 @@ def test_the_tree_is_described_once_per_change(controller, qtbot):
     after = controller.tree()
     assert after is not tree and not session.project.layers["fc"].quantize
     assert after["fc"].quantizers == ()  # a layer left in float is a plain module again
+
+
+def test_only_settings_that_change_layers_refresh_the_layer_views(controller, qtbot):
+    session = open_demo(controller, qtbot)
+    with qtbot.assertNotEmitted(controller.layers_changed, wait=50):
+        controller.set_setting("metric", {"name": "top1", "direction": None})
+        controller.set_setting("export", {"opset": 13})
+    assert session.project.settings["metric"]["name"] == "top1" and session.project.settings["export"]["opset"] == 13
+    with qtbot.waitSignal(controller.layers_changed):
+        controller.set_setting("rules", {**session.project.settings["rules"], "residual": False})
+    assert session.project.settings["rules"]["residual"] is False

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, QTimer, Signal, SignalInstance
 
 from workbench.analysis import AnalysisCancelled
 from workbench.app.jobs import JobRunner
@@ -31,6 +31,10 @@ __all__ = ["Controller", "DeferredRefresh", "QtLogHandler"]
 # Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
 SLOW_REBUILD_S = 0.3
 UPDATE_JOB = "Updating the model"
+
+
+# the settings that change which quantizers the model has: the views re-read the layers after them
+LAYER_SETTINGS = frozenset({"defaults", "functional", "rules", "pins", "fold_bn"})
 
 
 class QtLogHandler(logging.Handler):
@@ -300,7 +304,9 @@ class Controller(QObject):
             self.error.emit(what, f"Wait for '{self.jobs.job_name}' to finish, or cancel it.", "")
         return self.busy
 
-    def _edit(self, what: str, fn: Callable[[], Any], signal: Signal | None = None) -> Any:
+    def _edit(self, what: str, fn: Callable[[], Any], signal: SignalInstance | None) -> Any:
+        """Apply one change to the session, then emit ``signal`` (None: no view shows what changed),
+        after rebuilding the quantized model in the worker when that is slow."""
         if self.session is None:
             return None
         if self.refuse_if_busy(what):
@@ -319,39 +325,51 @@ class Controller(QObject):
                 progress(0, 1, "updating the quantized model")
                 return self._prepare_views(session, progress)
 
-            self._start(UPDATE_JOB, rebuild, lambda _: (signal or self.layers_changed).emit())
+            self._start(UPDATE_JOB, rebuild, lambda _: self._announce(signal))
             return result
-        (signal or self.layers_changed).emit()
+        self._announce(signal)
         return result
+
+    @staticmethod
+    def _announce(signal: SignalInstance | None) -> None:
+        if signal is not None:
+            signal.emit()
 
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str] | None:
         names = list(names)
-        return self._edit("Quantize" if quantize else "Ignore", lambda: self.session.set_quantize(names, quantize))
+        return self._edit("Quantize" if quantize else "Ignore", lambda: self.session.set_quantize(names, quantize),
+                          self.layers_changed)
 
     def set_descriptor(self, names: Iterable[str], role: str, fields: dict[str, Any]) -> list[str] | None:
         names = list(names)
-        return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields))
+        return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields),
+                          self.layers_changed)
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str] | None:
         names = list(names)
-        return self._edit("Reset to default", lambda: self.session.reset_descriptor(names, role))
+        return self._edit("Reset to default", lambda: self.session.reset_descriptor(names, role),
+                          self.layers_changed)
+
+    def _settings_signal(self, keys: Iterable[str]) -> SignalInstance | None:
+        """``layers_changed`` when a key changes the quantizers; metric, export, device, ... refresh no view."""
+        return self.layers_changed if LAYER_SETTINGS.intersection(keys) else None
 
     def set_setting(self, key: str, value: Any) -> None:
-        self._edit("Settings", lambda: self.session.set_setting(key, value))
+        self._edit("Settings", lambda: self.session.set_setting(key, value), self._settings_signal([key]))
 
     def set_settings(self, changes: dict[str, Any]) -> None:
         """Change several settings as one edit (one rebuild): a second edit would be refused while the
         first one's background rebuild runs, so a dialog's changes go together or not at all."""
         changes = dict(changes)
         if changes:
-            self._edit("Settings", lambda: self.session.set_settings(changes))
+            self._edit("Settings", lambda: self.session.set_settings(changes), self._settings_signal(changes))
 
     def apply_ignore_policy(self, patterns: Iterable[str], quantize_others: bool) -> list[str] | None:
         """Leave the layers matching ``patterns`` in float (and quantize all others when ``quantize_others``),
         as one edit; returns the layers left in float, None when refused."""
         patterns = list(patterns)
         return self._edit("Ignore by pattern",
-                          lambda: self.session.apply_ignore_policy(patterns, quantize_others))
+                          lambda: self.session.apply_ignore_policy(patterns, quantize_others), self.layers_changed)
 
     def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict | None:
         names = list(names)
@@ -406,7 +424,7 @@ class Controller(QObject):
             progress=progress, cancel=cancel, **options), done)
 
     def apply_fallback(self, result: Any) -> list[str] | None:
-        return self._edit("Apply fallback", lambda: self.session.apply_fallback(result))
+        return self._edit("Apply fallback", lambda: self.session.apply_fallback(result), self.layers_changed)
 
     def export(self, path: str | Path | None = None, **options: Any) -> bool:
         session = self._require_session()
