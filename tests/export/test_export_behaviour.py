@@ -354,3 +354,23 @@ def test_per_channel_activation_quantizer_exports_with_a_warning(tmp_path):
     report = export_qdq_onnx(nn.Sequential(conv), x, tmp_path / "pc.onnx")
     assert report.per_channel == 2 and report.cosine > 0.999
     assert any("per-channel quantizers on activations" in w and "0._input_quantizer" in w for w in report.warnings)
+
+
+def test_each_quantizer_s_onnx_parameters_are_computed_once_per_export(tmp_path, monkeypatch):
+    import workbench.export.onnx_export as onnx_export
+    import workbench.export.qdq as qdq
+
+    model, x = calibrated(PlainCNN(), (2, 3, 16, 16))
+    computed: list[int] = []
+    original = qdq.export_params
+
+    def counting(q):
+        computed.append(id(q))
+        return original(q)
+
+    monkeypatch.setattr(onnx_export, "export_params", counting)
+    monkeypatch.setattr(qdq, "export_params", counting)  # QDQStandIn's own fallback
+    # dynamic batch runs the reference twice; the amax table reads every quantizer again
+    export_qdq_onnx(model, x, tmp_path / "m.onnx", amax_json_path=tmp_path / "amax.json")
+    quantizers = [m for m in model.modules() if isinstance(m, quant.TensorQuantizer)]
+    assert sorted(computed) == sorted(id(q) for q in quantizers)

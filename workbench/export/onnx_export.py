@@ -48,7 +48,13 @@ from workbench.export.errors import (
     UnsupportedOperationError,
 )
 from workbench.export.opset import convert_opset, default_opset
-from workbench.export.qdq import QDQStandIn, onnx_translation, register_torchscript_symbolic
+from workbench.export.qdq import (
+    ExportParams,
+    QDQStandIn,
+    export_params,
+    onnx_translation,
+    register_torchscript_symbolic,
+)
 from workbench.export.tensorrt import (
     DEFAULT_TRT_VERSION,
     activation_scales,
@@ -163,11 +169,15 @@ def _quantizer_names(model: nn.Module) -> dict[int, str]:
     return names
 
 
-def _check_quantizers(model: nn.Module, names: dict[int, str]) -> dict[int, TensorQuantizer]:
-    from workbench.export.qdq import export_params
+def _check_quantizers(model: nn.Module, names: dict[int, str],
+                      ) -> tuple[dict[int, TensorQuantizer], dict[int, ExportParams]]:
+    """The quantizers that export to Q/DQ and their ONNX parameters, computed once for the whole export.
 
+    Raises QuantizerStateError naming every quantizer that cannot be exported.
+    """
     problems: dict[str, str] = {}
     active: dict[int, TensorQuantizer] = {}
+    params: dict[int, ExportParams] = {}
     for module in all_quantizers(model):
         name = names[id(module)]
         if module._if_calib and not module._disabled:
@@ -176,7 +186,7 @@ def _check_quantizers(model: nn.Module, names: dict[int, str]) -> dict[int, Tens
         if not is_quantizing(module):
             continue
         try:
-            export_params(module)
+            params[id(module)] = export_params(module)
         except LookupError as error:
             problems[name] = f"enabled but {error}"
             continue
@@ -186,7 +196,7 @@ def _check_quantizers(model: nn.Module, names: dict[int, str]) -> dict[int, Tens
         active[id(module)] = module
     if problems:
         raise QuantizerStateError(problems)
-    return active
+    return active, params
 
 
 @contextlib.contextmanager
@@ -202,7 +212,8 @@ def _rounding(quantizers: Sequence[TensorQuantizer], rounding: str) -> Iterator[
 
 
 @contextlib.contextmanager
-def _stand_ins(model: nn.Module, active: dict[int, TensorQuantizer], names: dict[int, str]) -> Iterator[dict]:
+def _stand_ins(model: nn.Module, active: dict[int, TensorQuantizer], names: dict[int, str],
+               params: dict[int, ExportParams]) -> Iterator[dict]:
     """Swap every active quantizer of this model instance for a QDQStandIn, and back afterwards.
 
     Only ``_modules`` entries of the instance change; a quantizer shared by several layers gets one
@@ -215,7 +226,7 @@ def _stand_ins(model: nn.Module, active: dict[int, TensorQuantizer], names: dict
             for attr, child in list(parent._modules.items()):
                 if child is not None and id(child) in active:
                     if id(child) not in stand_ins:
-                        stand_ins[id(child)] = QDQStandIn(names[id(child)], child)
+                        stand_ins[id(child)] = QDQStandIn(names[id(child)], child, params[id(child)])
                     parent._modules[attr] = stand_ins[id(child)]
                     swapped.append((parent, attr, child))
         yield stand_ins
@@ -252,7 +263,7 @@ class _LayerTracker:
 
 
 def _run_reference(model: nn.Module, inputs: tuple[torch.Tensor, ...], input_names: list[str],
-                   active: dict[int, TensorQuantizer], names: dict[int, str],
+                   active: dict[int, TensorQuantizer], names: dict[int, str], params: dict[int, ExportParams],
                    ) -> tuple[list[torch.Tensor], dict[str, int], int]:
     """Run the fake-quant model; name the failing layer on error.
 
@@ -260,17 +271,14 @@ def _run_reference(model: nn.Module, inputs: tuple[torch.Tensor, ...], input_nam
     quantized: the optimised ONNX graph has one Q/DQ pair per pair (two layers quantizing the same
     tensor with the same scale share it), which is what TensorRT wants.
     """
-    from workbench.export.qdq import export_params
-
     calls: dict[str, int] = {}
     pairs: set[tuple] = set()
     held: list[torch.Tensor] = []  # keeps tensors alive so that their ids stay unique during the run
     handles = []
     for key, quantizer in active.items():
         name = names[key]
-        params = export_params(quantizer)
-        signature = (params.scale.detach().cpu().numpy().tobytes(), tuple(params.scale.shape), params.qmin,
-                     params.qmax, params.clip)
+        p = params[key]
+        signature = (p.scale.detach().cpu().numpy().tobytes(), tuple(p.scale.shape), p.qmin, p.qmax, p.clip)
 
         def count(module, args, output, name=name, signature=signature):
             calls[name] = calls.get(name, 0) + 1
@@ -527,8 +535,11 @@ def _feeds(session, inputs: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
 
 def amax_table(model: nn.Module) -> dict[str, Any]:
     """Every quantizer's state as JSON-ready data: ``{name: {amax, scale, axis, bits, ...}}``."""
-    from workbench.export.qdq import export_params
+    return _amax_table(model, {})
 
+
+def _amax_table(model: nn.Module, known: dict[int, ExportParams]) -> dict[str, Any]:
+    """:func:`amax_table`, reusing the ONNX parameters an export already computed (``known``, by quantizer id)."""
     table: dict[str, Any] = {}
     paths: dict[int, list[str]] = {}
     for name, module in quantizer_names(model).items():
@@ -543,7 +554,7 @@ def amax_table(model: nn.Module) -> dict[str, Any]:
         entry["amax"] = None if amax is None else amax.detach().cpu().float().reshape(-1).tolist()
         entry["amax_shape"] = None if amax is None else list(amax.shape)
         try:
-            params = export_params(q)
+            params = known[id(q)] if id(q) in known else export_params(q)
             entry["scale"] = params.scale.detach().cpu().reshape(-1).tolist()
             entry["zero_point_type"] = "uint8" if q._unsigned else "int8"
         except (LookupError, ValueError):
@@ -617,19 +628,19 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
         raise ValueError(f"input_names must name each of the {len(inputs)} inputs once, got {input_names}.")
 
     names = _quantizer_names(model)
-    active = _check_quantizers(model, names)
+    active, params = _check_quantizers(model, names)
     modes = [(m, m.training) for m in model.modules()]  # restored one by one: some layers may be frozen
     model.eval()
     report_warnings: list[str] = []
     tmp_path: str | None = None
     try:
         with _rounding(list(active.values()), "onnx"):
-            reference, calls, distinct = _run_reference(model, inputs, input_names, active, names)
+            reference, calls, distinct = _run_reference(model, inputs, input_names, active, names, params)
             grown = None
             if dynamic_batch and inputs[0].dim() > 0:
                 grown = _grow_batch(inputs)
                 try:
-                    grown_reference, _, _ = _run_reference(model, grown, input_names, active, names)
+                    grown_reference, _, _ = _run_reference(model, grown, input_names, active, names, params)
                 except SampleInputError as error:
                     report_warnings.append(f"dynamic batch turned off: the model fails at batch size "
                                            f"{grown[0].shape[0]} ({error.original})")
@@ -642,7 +653,7 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
                              f"got {output_names}.")
 
         export_started = time.perf_counter()
-        with _stand_ins(model, active, names) as stand_ins, _quiet() as quiet_warnings:
+        with _stand_ins(model, active, names, params) as stand_ins, _quiet() as quiet_warnings:
             proto, used_exporter, note, dynamic_batch = _export(
                 model, inputs, input_names, output_names, opset, dynamic_batch, exporter, report_warnings)
         for message in quiet_warnings:
@@ -721,7 +732,7 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
         tmp_path = None
 
         if amax_json_path is not None:
-            table = {"model": type(model).__name__, "onnx": path.name, "quantizers": amax_table(model)}
+            table = {"model": type(model).__name__, "onnx": path.name, "quantizers": _amax_table(model, params)}
             report.amax_json_path = str(write_json_atomic(amax_json_path, table))
         if calibration_cache_path is not None or float_onnx_path is not None:
             amax_by_scale = {f"{s.quantizer_name}.scale": _amax_of(s) for s in stand_ins.values()

@@ -168,9 +168,10 @@ class QDQStandIn(nn.Module):
 
     _disabled = False
 
-    def __init__(self, name: str, quantizer: TensorQuantizer) -> None:
+    def __init__(self, name: str, quantizer: TensorQuantizer, params: ExportParams | None = None) -> None:
         super().__init__()
-        params = export_params(quantizer)
+        if params is None:  # the exporter passes the parameters it checked the quantizer with
+            params = export_params(quantizer)
         self.quantizer_name = name
         self.params = params
         self.register_buffer("scale", params.scale)
