@@ -134,15 +134,13 @@ def _describe(node: fx.Node) -> str:
 
 class _Inserter:
     def __init__(self, quant_desc_input: QuantDescriptor | None, ignored: Callable[[str], str | None],
-                 add: bool, concat: bool, extra_leaf: Callable[[nn.Module, str], bool] | None,
-                 report: FunctionalQuantReport,
+                 add: bool, concat: bool, report: FunctionalQuantReport,
                  descriptor_for: Callable[[str], QuantDescriptor | None] | None = None) -> None:
         self.quant_desc_input = quant_desc_input
         self.descriptor_for = descriptor_for
         self.ignored = ignored
         self.add = add
         self.concat = concat
-        self.extra_leaf = extra_leaf
         self.report = report
         self.memo: dict[int, nn.Module] = {}
 
@@ -156,7 +154,7 @@ class _Inserter:
         """Convert ``module``'s children (in place), then ``module`` itself; return what replaces it."""
         if id(module) in self.memo:  # a module registered under two names is converted once
             return self.memo[id(module)]
-        if self._is_leaf(module, path):
+        if is_leaf(module):
             if module._modules and not isinstance(module, fx.GraphModule) and not is_quantized_module(module):
                 self.report.opaque.append(path or "<model>")
             self.memo[id(module)] = module
@@ -170,11 +168,6 @@ class _Inserter:
         result = self._convert_own_forward(module, path)
         self.memo[id(module)] = result
         return result
-
-    def _is_leaf(self, module: nn.Module, path: str) -> bool:
-        if self.extra_leaf is not None and path and self.extra_leaf(module, path):
-            return True
-        return is_leaf(module)
 
     def _convert_own_forward(self, module: nn.Module, path: str) -> nn.Module:
         if type(module) in (nn.Sequential, nn.ModuleList, nn.ModuleDict):
@@ -390,7 +383,6 @@ def _complete_state(gm: fx.GraphModule, original: nn.Module) -> None:
 
 def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDescriptor | None = None,
                                  ignore_policy: IgnorePolicy = None, add: bool = True, concat: bool = True,
-                                 extra_leaf: Callable[[nn.Module, str], bool] | None = None,
                                  descriptor_for: Callable[[str], QuantDescriptor | None] | None = None,
                                  ) -> tuple[nn.Module, FunctionalQuantReport]:
     """Insert QuantAdd / QuantConcat for the functional adds and concatenations of ``model``.
@@ -406,7 +398,6 @@ def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDes
         ignore_policy: names of new modules (e.g. ``"layer1.0.add"``) to leave in floating point, as in
             :func:`workbench.quant.ignore_matcher`.
         add, concat: which operations to quantize.
-        extra_leaf: ``(module, qualified_name) -> bool``: more modules to leave untouched (not traced).
         descriptor_for: ``qualified_name -> descriptor or None``: per-operation descriptors (None falls
             back to ``quant_desc_input``).
 
@@ -416,7 +407,7 @@ def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDes
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}.")
     report = FunctionalQuantReport()
-    inserter = _Inserter(quant_desc_input, ignore_matcher(ignore_policy), add, concat, extra_leaf, report,
+    inserter = _Inserter(quant_desc_input, ignore_matcher(ignore_policy), add, concat, report,
                          descriptor_for)
     result = inserter.convert(model, "")
     if report.failures:

@@ -9,7 +9,6 @@ failures. Nothing here modifies the model.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,15 +44,9 @@ def is_leaf(module: nn.Module) -> bool:
 
 
 class QuantTracer(fx.Tracer):
-    """An fx tracer whose leaves are :func:`is_leaf` modules (plus any ``extra_leaf`` says)."""
-
-    def __init__(self, extra_leaf: Callable[[nn.Module, str], bool] | None = None) -> None:
-        super().__init__()
-        self._extra_leaf = extra_leaf
+    """An fx tracer whose leaves are :func:`is_leaf` modules."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if self._extra_leaf is not None and self._extra_leaf(m, module_qualified_name):
-            return True
         return is_leaf(m)
 
 
@@ -90,20 +83,19 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}"[:400]
 
 
-def trace_module(module: nn.Module, extra_leaf: Callable[[nn.Module, str], bool] | None = None) -> fx.GraphModule:
+def trace_module(module: nn.Module) -> fx.GraphModule:
     """Trace ``module`` with :class:`QuantTracer` into a GraphModule that shares its submodules.
 
     Raises:
         Exception: whatever symbolic tracing raises (``TraceError``, ``TypeError`` on ``bool(proxy)``...).
     """
-    tracer = QuantTracer(extra_leaf)
+    tracer = QuantTracer()
     graph = tracer.trace(module)
     name = type(module).__name__ if not isinstance(module, fx.GraphModule) else module.__class__.__name__
     return fx.GraphModule(tracer.root, graph, name)
 
 
-def trace_pieces(model: nn.Module, extra_leaf: Callable[[nn.Module, str], bool] | None = None,
-                 ) -> tuple[list[TracedPiece], list[TraceFailure]]:
+def trace_pieces(model: nn.Module) -> tuple[list[TracedPiece], list[TraceFailure]]:
     """Trace ``model``; where a module cannot be traced, record why and trace its children instead.
 
     Returns:
@@ -114,10 +106,10 @@ def trace_pieces(model: nn.Module, extra_leaf: Callable[[nn.Module, str], bool] 
     failures: list[TraceFailure] = []
 
     def visit(module: nn.Module, name: str) -> None:
-        if is_leaf(module) or (extra_leaf is not None and name and extra_leaf(module, name)):
+        if is_leaf(module):
             return
         try:
-            gm = trace_module(module, extra_leaf)
+            gm = trace_module(module)
         except Exception as error:  # tracing runs the user's forward: anything can be raised
             failures.append(TraceFailure(name, type(module).__name__, _reason(error)))
             for child_name, child in module._modules.items():
