@@ -30,9 +30,54 @@ from PySide6.QtWidgets import (
 
 from workbench.analysis.metrics import BUILTIN_METRICS
 
-__all__ = ["ErrorDialog", "CalibrateDialog", "ProjectSettingsDialog", "CALIBRATION_METHODS"]
+__all__ = ["ErrorDialog", "CalibrateDialog", "CalibrationOptions", "ProjectSettingsDialog", "CALIBRATION_METHODS",
+           "percentile_spin_box"]
 
 CALIBRATION_METHODS = ("entropy", "mse", "percentile", "max")
+
+
+def percentile_spin_box(value: float | None = None) -> QDoubleSpinBox:
+    """The percentile of the ``percentile`` amax method, in %, as every form edits it."""
+    box = QDoubleSpinBox()
+    box.setRange(50.0, 100.0)
+    box.setDecimals(4)
+    box.setSingleStep(0.01)
+    box.setValue(float(value or 99.99))
+    box.setSuffix(" %")
+    return box
+
+
+class CalibrationOptions(QWidget):
+    """amax method, batches and percentile (the project's ``calibration`` setting), as a form.
+
+    The Calibrate dialog and the project settings edit the same three values the same way.
+    """
+
+    def __init__(self, settings: dict[str, Any] | None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        settings = settings or {}
+        self.method = QComboBox()
+        self.method.addItems(CALIBRATION_METHODS)
+        self.method.setCurrentText(str(settings.get("method") or "entropy"))
+        self.method.setToolTip("How histogram quantizers choose amax (max-calibrated ones, such as weights, use "
+                               "their max). Each can be changed afterwards from its histogram without recalibrating.")
+        self.num_batches = QSpinBox()
+        self.num_batches.setRange(0, 1_000_000)
+        self.num_batches.setSpecialValueText("all")
+        self.num_batches.setValue(int(settings.get("num_batches") or 0))
+        self.percentile = percentile_spin_box(settings.get("percentile"))
+        form = QFormLayout(self)
+        form.setContentsMargins(0, 0, 0, 0)
+        form.addRow("amax method", self.method)
+        form.addRow("Batches", self.num_batches)
+        form.addRow("Percentile", self.percentile)
+        self.method.currentTextChanged.connect(lambda m: self.percentile.setEnabled(m == "percentile"))
+        self.percentile.setEnabled(self.method.currentText() == "percentile")
+
+    def options(self) -> dict[str, Any]:
+        """``session.calibrate`` keyword arguments (and the project's calibration setting)."""
+        return {"method": self.method.currentText(), "num_batches": self.num_batches.value() or None,
+                "percentile": float(self.percentile.value())}
 
 
 class ErrorDialog(QMessageBox):
@@ -65,24 +110,8 @@ class CalibrateDialog(QDialog):
     def __init__(self, settings: dict[str, Any], parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Calibrate")
-        self.method = QComboBox()
-        self.method.addItems(CALIBRATION_METHODS)
-        self.method.setCurrentText(str(settings.get("method") or "entropy"))
-        self.method.setToolTip("How histogram quantizers choose amax (max-calibrated ones, such as weights, use "
-                               "their max). Each can be changed afterwards from its histogram without recalibrating.")
-        self.num_batches = QSpinBox()
-        self.num_batches.setRange(0, 1_000_000)
-        self.num_batches.setSpecialValueText("all")
-        self.num_batches.setValue(int(settings.get("num_batches") or 0))
-        self.percentile = QDoubleSpinBox()
-        self.percentile.setRange(50.0, 100.0)
-        self.percentile.setDecimals(4)
-        self.percentile.setValue(float(settings.get("percentile") or 99.99))
-        self.percentile.setSuffix(" %")
-        form = QFormLayout()
-        form.addRow("amax method", self.method)
-        form.addRow("Batches", self.num_batches)
-        form.addRow("Percentile", self.percentile)
+        self.form = CalibrationOptions(settings)
+        self.method, self.num_batches, self.percentile = self.form.method, self.form.num_batches, self.form.percentile
         note = QLabel("Calibration runs in the background; Cancel in the status bar stops it.")
         note.setObjectName("hint")
         note.setWordWrap(True)
@@ -91,16 +120,13 @@ class CalibrateDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
+        layout.addWidget(self.form)
         layout.addWidget(note)
         layout.addWidget(buttons)
-        self.method.currentTextChanged.connect(lambda m: self.percentile.setEnabled(m == "percentile"))
-        self.percentile.setEnabled(self.method.currentText() == "percentile")
 
     def options(self) -> dict[str, Any]:
         """``session.calibrate`` keyword arguments (and the project's calibration setting)."""
-        return {"method": self.method.currentText(), "num_batches": self.num_batches.value() or None,
-                "percentile": float(self.percentile.value())}
+        return self.form.options()
 
 
 class ProjectSettingsDialog(QDialog):
@@ -139,23 +165,10 @@ class ProjectSettingsDialog(QDialog):
         for box in (self.add, self.concat, self.rule_concat, self.rule_maxpool, self.rule_residual):
             graph_layout.addWidget(box)
 
-        calibration = settings.get("calibration") or {}
-        self.method = QComboBox()
-        self.method.addItems(CALIBRATION_METHODS)
-        self.method.setCurrentText(str(calibration.get("method") or "entropy"))
-        self.num_batches = QSpinBox()
-        self.num_batches.setRange(0, 1_000_000)
-        self.num_batches.setSpecialValueText("all")
-        self.num_batches.setValue(int(calibration.get("num_batches") or 0))
-        self.percentile = QDoubleSpinBox()
-        self.percentile.setRange(50.0, 100.0)
-        self.percentile.setDecimals(4)
-        self.percentile.setValue(float(calibration.get("percentile") or 99.99))
+        self.calibration = CalibrationOptions(settings.get("calibration"))
+        self.method = self.calibration.method
         calibration_box = QGroupBox("Calibration")
-        calibration_form = QFormLayout(calibration_box)
-        calibration_form.addRow("amax method", self.method)
-        calibration_form.addRow("Batches", self.num_batches)
-        calibration_form.addRow("Percentile", self.percentile)
+        QVBoxLayout(calibration_box).addWidget(self.calibration)
 
         metric = settings.get("metric") or {}
         self.metric = QComboBox()
@@ -208,8 +221,7 @@ class ProjectSettingsDialog(QDialog):
         new["functional"] = {"add": self.add.isChecked(), "concat": self.concat.isChecked()}
         new["rules"] = {"concat": self.rule_concat.isChecked(), "maxpool": self.rule_maxpool.isChecked(),
                         "residual": self.rule_residual.isChecked()}
-        new["calibration"] = {"method": self.method.currentText(), "num_batches": self.num_batches.value() or None,
-                              "percentile": float(self.percentile.value())}
+        new["calibration"] = self.calibration.options()
         new["metric"] = {"name": self.metric.currentText().strip() or "sqnr",
                          "direction": self.direction.currentText() or None}
         export = dict(original.get("export") or {})

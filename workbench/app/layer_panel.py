@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QDoubleSpinBox,
     QFormLayout,
     QFrame,
     QGroupBox,
@@ -39,6 +38,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller, DeferredRefresh
+from workbench.app.dialogs import percentile_spin_box
 from workbench.graph import ModelTree, QuantizerInfo
 from workbench.graph.tree import ModuleInfo
 
@@ -88,12 +88,7 @@ class DescriptorEditor(QWidget):
         self.method.addItems(METHODS)
         self.method.setToolTip("How amax is chosen from the histogram: max, entropy (TensorRT KL), mse or "
                                "percentile. Changing it recomputes amax from the stored histogram (no data pass).")
-        self.percentile = QDoubleSpinBox()
-        self.percentile.setRange(50.0, 100.0)
-        self.percentile.setDecimals(4)
-        self.percentile.setSingleStep(0.01)
-        self.percentile.setValue(99.99)
-        self.percentile.setSuffix(" %")
+        self.percentile = percentile_spin_box()
         self.amax = QLineEdit()
         self.amax.setPlaceholderText("calibrated")
         self.amax.setValidator(QDoubleValidator(0.0, 1e30, 8))
