@@ -200,3 +200,23 @@ def test_user_loss_needs_trust_and_bad_options_are_one_line(calibrated_project, 
     code, _, err = run(capsys, "finetune", project, "--epochs", "1", "--lr", "1e-4", "--loss", "cross_entropy",
                        "--learn-amax", "nothing_here")
     assert code == 2 and "no quantizer name matches" in err
+
+
+@pytest.mark.parametrize("metric, direction, message", [
+    ("bogus", None, "Unknown metric 'bogus'"),
+    ("metrics.py:score", None, "Say whether a higher or a lower value"),
+    ("metrics.py:not-a-name", "higher", "must look like"),
+])
+def test_new_refuses_a_bad_metric_and_writes_nothing(tmp_path, capsys, metric, direction, message):
+    path = tmp_path / "p.qwb"
+    args = ["new", path, "--model", "demo:digits", "--data", "demo:digits:train", "--metric", metric]
+    code, out, err = run(capsys, *args, *(["--metric-direction", direction] if direction else []))
+    assert code == 2 and message in err and err.startswith("workbench: error:") and len(err.splitlines()) == 1
+    assert not path.exists()
+
+
+def test_set_refuses_a_bad_metric_and_keeps_the_project(project, capsys):
+    code, _, err = run(capsys, "set", project, "--metric", "bogus")
+    assert code == 2 and "Unknown metric 'bogus'" in err
+    code, out, _ = run(capsys, "show", project, "--json")
+    assert code == 0 and json.loads(out)["settings"]["metric"] == {"name": "top1", "direction": None}

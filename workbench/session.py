@@ -78,6 +78,104 @@ class SessionError(ValueError):
     """A request the session cannot carry out as asked; the message says why and what to do."""
 
 
+# settings the quantized model is built from: changing one rebuilds it
+_REBUILD_SETTINGS = {"defaults", "functional", "rules", "pins", "fold_bn"}
+_CALIBRATION_METHODS = ("entropy", "mse", "percentile", "max")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _mapping(key: str, value: Any) -> dict[str, Any]:
+    """A dict setting, with only the fields the default has."""
+    if not isinstance(value, dict):
+        raise SessionError(f"{key} is a mapping of {', '.join(DEFAULT_SETTINGS[key])}, got {value!r}.")
+    unknown = [name for name in value if name not in DEFAULT_SETTINGS[key]]
+    if unknown:
+        raise SessionError(f"{key} has no {', '.join(map(repr, unknown))}; its fields are "
+                           f"{', '.join(DEFAULT_SETTINGS[key])}.")
+    return copy.deepcopy(value)
+
+
+def _checked_setting(key: str, value: Any) -> Any:
+    """``value`` if it is a valid value of setting ``key`` (as stored), else a SessionError saying why."""
+    if key not in DEFAULT_SETTINGS:
+        raise SessionError(f"Unknown setting {key!r}; settings are {', '.join(DEFAULT_SETTINGS)}.")
+    if key == "fold_bn":
+        if not isinstance(value, bool):
+            raise SessionError(f"fold_bn is on or off (true/false), got {value!r}.")
+        return value
+    if key == "device":
+        try:
+            device = torch.device(value)
+        except (RuntimeError, TypeError) as error:
+            raise SessionError(f"{value!r} is not a device: use cpu, cuda or cuda:N ({error}).") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise SessionError(f"Device {value!r} is not available: this machine has no CUDA device.")
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise SessionError(f"Device {value!r} is not available: this machine has "
+                                   f"{torch.cuda.device_count()} CUDA device(s).")
+        elif device.type != "cpu":
+            raise SessionError(f"Device {value!r} is not supported: use cpu, cuda or cuda:N.")
+        return str(device)
+    if key == "pins":
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(pin, (list, tuple)) and len(pin) == 2 and all(isinstance(n, str) and n for n in pin)
+                for pin in value):
+            raise SessionError(f"pins is a list of pairs of quantizer or layer names, got {value!r}.")
+        return [list(pin) for pin in value]
+    if key == "metric":
+        from workbench.analysis import get_metric
+
+        checked = _mapping(key, value)
+        name, direction = checked.get("name"), checked.get("direction")
+        if not isinstance(name, str) or not name.strip():
+            raise SessionError(f"The metric needs a name (sqnr, cosine, mse, top1 or an entry point), got {name!r}.")
+        if direction not in (None, "higher", "lower"):
+            raise SessionError(f"The metric's direction is 'higher' or 'lower' (which is better), got {direction!r}.")
+        try:  # checks the name, an entry point's form and its direction; imports nothing
+            get_metric(name, direction)
+        except (ValueError, TypeError) as error:
+            raise SessionError(str(error)) from None
+        return checked
+    checked = _mapping(key, value)
+    if key in ("functional", "rules"):
+        wrong = [name for name, flag in checked.items() if not isinstance(flag, bool)]
+        if wrong:
+            raise SessionError(f"{key} {', '.join(wrong)} must be true or false, got "
+                               f"{', '.join(repr(checked[name]) for name in wrong)}.")
+    elif key == "defaults":
+        for role, fields in checked.items():
+            if fields is not None and not isinstance(fields, dict):
+                raise SessionError(f"the default {role} descriptor is a mapping of fields or none, got {fields!r}.")
+            try:
+                _make_descriptor(fields)
+            except (TypeError, ValueError) as error:
+                raise SessionError(f"the default {role} descriptor: {error}") from None
+    elif key == "calibration":
+        method, batches, percentile = checked.get("method"), checked.get("num_batches"), checked.get("percentile")
+        if method is not None and method not in _CALIBRATION_METHODS:
+            raise SessionError(f"The calibration method is one of {', '.join(_CALIBRATION_METHODS)}, got {method!r}.")
+        if batches is not None and (not _is_int(batches) or batches < 1):
+            raise SessionError(f"The calibration batches are a positive number or none (all), got {batches!r}.")
+        if percentile is not None and (isinstance(percentile, bool) or not isinstance(percentile, (int, float))
+                                       or not 0 < percentile <= 100):
+            raise SessionError(f"The calibration percentile is a number in (0, 100], got {percentile!r}.")
+    elif key == "export":
+        opset, path = checked.get("opset"), checked.get("path")
+        if opset is not None and (not _is_int(opset) or opset < 1):
+            raise SessionError(f"The export opset is a positive integer, got {opset!r}.")
+        if path is not None and not isinstance(path, str):
+            raise SessionError(f"The export path is a file name or none, got {path!r}.")
+        wrong = [name for name in ("dynamic_batch", "amax_json", "calibration_cache")
+                 if name in checked and not isinstance(checked[name], bool)]
+        if wrong:
+            raise SessionError(f"export {', '.join(wrong)} must be true or false.")
+    return checked
+
+
 @dataclass
 class LayerView:
     """One row of the model tree's quantizable layers, as both front ends show it."""
@@ -214,12 +312,12 @@ class Session:
         checks that the two fit. Layers start as the defaults: every quantizable layer quantized.
         """
         base = base_dir or Path.cwd()
+        settings = {key: _checked_setting(key, value) for key, value in (settings or {}).items()}
         project = Project(name=name or Path(model.target).stem or "project", model=model,
                           data={"calibration": calibration}, app_version=__version__)
         if evaluation is not None:
             project.data["evaluation"] = evaluation
-        for key, value in (settings or {}).items():
-            project.settings[key] = value
+        project.settings.update(settings)
         session = cls(project, base_dir=base, trust_code=trust_code)
         project.model_digests = session._loaded.digests
         data_spec = session.data("calibration").input_spec()
@@ -556,24 +654,45 @@ class Session:
         return shapes
 
     def set_setting(self, key: str, value: Any) -> None:
-        """Change a project setting (rules, pins, defaults, functional, metric, export, device)."""
-        if key not in DEFAULT_SETTINGS:
-            raise SessionError(f"Unknown setting {key!r}; settings are {', '.join(DEFAULT_SETTINGS)}.")
-        self.project.settings[key] = value
-        if key == "device":
-            self.set_device(value)
-        if key == "fold_bn" and not isinstance(value, bool):
-            raise SessionError(f"fold_bn is on or off (true/false), got {value!r}.")
-        if key in ("defaults", "functional", "rules", "pins", "fold_bn"):
-            if key == "functional":
+        """Change one project setting (see :meth:`set_settings`)."""
+        self.set_settings({key: value})
+
+    def set_settings(self, changes: dict[str, Any]) -> None:
+        """Change project settings (rules, pins, defaults, functional, calibration, metric, export, device,
+        fold_bn, finetune) together.
+
+        Every key and value is checked first: an unknown key or a bad value raises :class:`SessionError`
+        and leaves the project as it was. Then all are applied, with one rebuild of the quantized model
+        (when a setting it is built from changed). Values equal to the current ones change nothing.
+        """
+        if not isinstance(changes, dict):
+            raise SessionError(f"settings are changed with a mapping of name to value, got {type(changes).__name__}.")
+        checked = {key: _checked_setting(key, value) for key, value in changes.items()}
+        checked = {key: value for key, value in checked.items() if value != self.project.settings.get(key)}
+        if not checked:
+            return
+        previous = {key: copy.deepcopy(self.project.settings.get(key)) for key in checked}
+        previous_device = self.device
+        try:
+            if "device" in checked:
+                self.set_device(checked["device"])
+            self.project.settings.update(checked)
+            if "functional" in checked:  # functional quantizers add or remove layers
                 self._sync_layers()
+        except Exception:
+            # checked values can still fail to build (a pin naming no quantizer): back to how it was
+            self.project.settings.update(previous)
+            if self.device != previous_device:
+                self.set_device(str(previous_device))
+            self._quant_model = None
+            raise
+        if checked.keys() & _REBUILD_SETTINGS:
             self._invalidate()
         self.dirty = True
 
     def set_device(self, device: str) -> None:
-        target = torch.device(device)
-        if target.type == "cuda" and not torch.cuda.is_available():
-            raise SessionError(f"Device {device!r} is not available: this machine has no CUDA device.")
+        """Move the models to ``device`` (``cpu``, ``cuda``, ``cuda:N``); SessionError if there is none such."""
+        target = torch.device(_checked_setting("device", device))
         self.device = target
         self.project.settings["device"] = str(target)
         self.float_model.to(target)

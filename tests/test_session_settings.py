@@ -1,0 +1,88 @@
+"""Changing settings: everything checked before anything changes; several at once."""
+import copy
+
+import pytest
+import torch
+
+from workbench.session import Session, SessionError
+from workbench.sources.data_source import DataSpec
+from workbench.sources.model_source import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    session = Session.create(ModelSpec("demo", "digits"),
+                             DataSpec("demo", "digits", split="train", batch_size=64, num_batches=1))
+    return session.save(tmp_path_factory.mktemp("settings") / "digits.qwb")
+
+
+@pytest.fixture
+def session(saved):
+    opened = Session.open(saved)
+    assert not opened.dirty
+    return opened
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("fold_bn", "yes", "fold_bn is on or off"),
+    ("device", "meta", "not supported"),
+    ("device", "no such device", "not a device"),
+    ("metric", {"name": "bogus", "direction": None}, "Unknown metric 'bogus'"),
+    ("metric", {"name": "m.py:fn", "direction": "up"}, "'higher' or 'lower'"),
+    ("rules", {"concat": True, "maxpool": "no", "residual": True}, "rules maxpool must be true or false"),
+    ("rules", {"concat": True, "sideways": True}, "rules has no 'sideways'"),
+    ("pins", [["conv1"]], "pairs of quantizer or layer names"),
+    ("defaults", {"input": {"num_bits": 99}, "weight": None}, "default input descriptor"),
+    ("calibration", {"method": "guess", "num_batches": 4, "percentile": 99.9}, "calibration method"),
+    ("calibration", {"method": "max", "num_batches": 0, "percentile": 99.9}, "positive number"),
+    ("export", {"path": None, "opset": "17"}, "opset is a positive integer"),
+    ("colour", "blue", "Unknown setting 'colour'"),
+])
+def test_a_refused_value_leaves_the_project_unchanged(session, key, value, message):
+    settings, layers, device = copy.deepcopy(session.project.settings), dict(session.project.layers), session.device
+    model = session.quantized_model()
+    with pytest.raises(SessionError, match=message):
+        session.set_setting(key, value)
+    assert session.project.settings == settings and not session.dirty
+    assert session.device == device and session.quantized_model() is model  # not even a rebuild
+    assert session.project.layers == layers
+
+
+def test_set_settings_checks_every_key_before_changing_any(session):
+    settings = copy.deepcopy(session.project.settings)
+    with pytest.raises(SessionError, match="fold_bn"):
+        session.set_settings({"rules": {"concat": True, "maxpool": False, "residual": True}, "fold_bn": 1})
+    assert session.project.settings == settings and not session.dirty
+
+
+def test_set_settings_applies_all_with_one_rebuild(session):
+    model = session.quantized_model()
+    session.set_settings({"rules": {"concat": True, "maxpool": True, "residual": False},
+                          "functional": {"add": False, "concat": True},
+                          "metric": {"name": "top1", "direction": None}, "fold_bn": False})
+    assert session.dirty and session.needs_rebuild
+    settings = session.project.settings
+    assert settings["rules"]["residual"] is False and settings["fold_bn"] is False
+    assert settings["metric"]["name"] == "top1" and session.metric().name == "top-1 accuracy"
+    assert "block.add" not in session.project.layers  # the functional add is gone with its setting
+    rebuilt = session.quantized_model()
+    assert rebuilt is not model and session.folded_layers() == {}
+
+
+def test_an_unchanged_value_changes_nothing(session):
+    session.set_settings({"device": "cpu", "fold_bn": session.project.settings["fold_bn"]})
+    assert not session.dirty and not session.needs_rebuild
+
+
+def test_a_user_metric_needs_its_direction_and_a_valid_form(session):
+    with pytest.raises(SessionError, match="higher or a lower"):
+        session.set_setting("metric", {"name": "scores.py:map50", "direction": None})
+    session.set_setting("metric", {"name": "scores.py:map50", "direction": "higher"})  # not imported here
+    assert session.project.settings["metric"] == {"name": "scores.py:map50", "direction": "higher"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_is_refused_without_a_cuda_device(session):
+    with pytest.raises(SessionError, match="no CUDA device"):
+        session.set_settings({"device": "cuda"})
+    assert session.project.settings["device"] == "cpu" and str(session.device) == "cpu"
