@@ -6,6 +6,8 @@ Prints, for each case, ratios measured in this one run (medians over interleaved
                     over ours (target: at least 1.7x)
   torch-fq / ours   torch's built-in fake_quantize_per_{tensor,channel}_affine over ours (for reference)
 On CUDA it also prints the achieved bandwidth against x.clone()'s.
+A second table gives the per-call cost on small tensors (microseconds per call), where argument
+checking and dispatch, not memory bandwidth, decide the time (QAT and sensitivity loops call it often).
 
     python bench/fake_quant.py [--repeats 15] [--device cpu|cuda|all]
 """
@@ -87,6 +89,30 @@ def run(device: torch.device, repeats: int) -> list[dict]:
     return rows
 
 
+def small_cases(device: torch.device):
+    torch.manual_seed(0)
+    x = torch.randn(64, 64, device=device)
+    yield "(64,64) per-tensor float32", x, x.abs().max()
+    w = torch.randn(64, 3, 3, 3, device=device)
+    yield "(64,3,3,3) per-channel axis0 float32", w, w.abs().amax(dim=(1, 2, 3), keepdim=True)
+
+
+def run_small(device: torch.device, repeats: int, calls: int = 2000) -> list[dict]:
+    """Microseconds per call on small tensors: the fixed overhead of one fake-quant call."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = []
+    for label, x, amax in small_cases(device):
+        with torch.no_grad():
+            functions = {
+                "clone": lambda x=x: [x.clone() for _ in range(calls)],
+                "ours": lambda x=x, amax=amax: [fake_tensor_quant(x, amax) for _ in range(calls)],
+                "multi-op": lambda x=x, amax=amax: [multi_op(x, amax) for _ in range(calls)],
+            }
+            times = measure(functions, repeats, sync)
+        rows.append({"device": device.type, "case": label, **{f"{k}_us": v / calls * 1e6 for k, v in times.items()}})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
@@ -107,6 +133,15 @@ def main() -> None:
             if "ours_GBps" in row:
                 line += f" {row['ours_GBps']:.0f} GB/s vs clone {row['clone_GBps']:.0f} GB/s"
             print(line)
+    print()
+    small_header = (f"| {'device':6} | {'small case (per call)':42} | {'clone us':>8} | {'ours us':>8} | "
+                    f"{'multi-op us':>11} |")
+    print(small_header)
+    print("|" + "|".join("-" * (len(part)) for part in small_header.split("|")[1:-1]) + "|")
+    for device in devices:
+        for row in run_small(device, args.repeats):
+            print(f"| {row['device']:6} | {row['case']:42} | {row['clone_us']:8.2f} | {row['ours_us']:8.2f} | "
+                  f"{row['multi-op_us']:11.2f} |")
 
 
 if __name__ == "__main__":

@@ -219,6 +219,47 @@ class TestErrors:
     def test_amax_that_does_not_broadcast(self):
         with pytest.raises(ValueError, match="does not broadcast"):
             tq.fake_tensor_quant(torch.randn(4, 5), torch.ones(3, 1))
+        with pytest.raises(ValueError, match=r"amax of shape \(2, 4, 5\) does not broadcast"):
+            tq.fake_tensor_quant(torch.randn(4, 5), torch.ones(2, 4, 5))
+        with pytest.raises(ValueError, match="does not broadcast"):
+            tq.tensor_quant(torch.randn(4, 5), torch.ones(4))
+
+    def test_amax_that_broadcasts_is_accepted(self):
+        x = torch.randn(4, 5)
+        for amax in (torch.ones(5), torch.ones(4, 1), torch.ones(1, 5), torch.ones(1, 1)):
+            assert tq.fake_tensor_quant(x, amax).shape == x.shape
+
+    @pytest.mark.parametrize("case", ["float64", "multi_axis", "zero_bits", "legacy", "empty", "tensor_quant"])
+    def test_negative_amax_on_every_cpu_path(self, case):
+        """The check left the per-call argument checks; every way through the kernels still raises."""
+        with pytest.raises(ValueError, match="Negative values in amax: the smallest is -0.5"):
+            if case == "float64":  # torch reference path
+                tq.fake_tensor_quant(torch.randn(2, 4, dtype=torch.float64), torch.tensor([[1.0], [-0.5]]))
+            elif case == "multi_axis":  # amax over two axes: reference path
+                tq.fake_tensor_quant(torch.randn(2, 3, 4), torch.tensor([[[1.0], [1.0], [1.0]],
+                                                                         [[1.0], [-0.5], [1.0]]]))
+            elif case == "zero_bits":
+                tq.fake_tensor_quant(torch.randn(4), torch.tensor(-0.5), 0)
+            elif case == "legacy":
+                tq.legacy_fake_tensor_quant(torch.randn(4), torch.tensor(-0.5))
+            elif case == "empty":
+                tq.fake_tensor_quant(torch.randn(0, 4), torch.tensor(-0.5))
+            else:
+                tq.tensor_quant(torch.randn(4), -0.5)
+
+    def test_negative_amax_without_the_host_check_quantizes_to_nan(self):
+        """What a CUDA amax (not read back per call) gives: NaN outputs for that channel, not zeros."""
+        x = torch.ones(2, 3)
+        for rounding in ("pytorch_quantization", "onnx"):
+            out = kernels.quantize_reference(x, torch.tensor([[1.0], [-0.5]]), 127.0, -127.0, rounding, True)
+            assert torch.equal(out[0], torch.ones(3))
+            assert torch.isnan(out[1]).all()
+
+    def test_unknown_rounding(self):
+        with pytest.raises(ValueError, match="rounding must be one of"):
+            tq.fake_tensor_quant(torch.randn(4), torch.tensor(1.0), 8, False, True, "floor")
+        with pytest.raises(ValueError, match="rounding must be one of"):
+            tq.fake_tensor_quant(torch.randn(4), torch.tensor(1.0), 0, False, True, "floor")
 
     def test_integer_inputs(self):
         with pytest.raises(TypeError, match="floating point"):
@@ -326,6 +367,20 @@ class TestKernelBackends:
         out, _ = kernels.quantize(x, amax, 127.0, -127.0)
         ref = kernels.quantize_reference(x, amax, 127.0, -127.0, "pytorch_quantization", True)
         assert torch.equal(out, ref)
+
+    @pytest.mark.parametrize("rounding", ["pytorch_quantization", "onnx"])
+    @pytest.mark.parametrize("max_bound", [1.0, 7.0, 127.0, 255.0, 32767.0, 2.0 ** 31 - 1])
+    def test_host_params_equal_quant_params(self, rounding, max_bound):
+        """The C kernel's numpy-computed parameters are bit-identical to the torch ones the other paths use."""
+        generator = torch.Generator().manual_seed(0)
+        amax = torch.exp(torch.randn(100_000, generator=generator) * 8)
+        amax[:4] = torch.tensor([0.0, 2.0 ** -24, 2.0 ** -23, float("inf")])
+        a, b = kernels.quant_params(amax, max_bound, rounding)
+        params = torch.from_numpy(kernels.host_params(amax, max_bound, rounding))
+        assert torch.equal(params[:, 0], a) and torch.equal(params[:, 1], b)
+        for i in range(0, amax.numel(), 97):  # the per-tensor path: plain Python floats
+            pair = torch.tensor(kernels.scalar_params(amax[i].item(), max_bound, rounding))
+            assert torch.equal(pair, torch.stack([a[i], b[i]])), amax[i]
 
     def test_backend_name(self):
         assert kernels.backend_name() in ("c-avx2", "c-portable", "torch")

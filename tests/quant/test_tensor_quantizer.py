@@ -121,6 +121,21 @@ def test_state_dict_round_trip():
     assert list(source.state_dict()) == ["_amax"]
 
 
+def test_negative_amax_is_refused_when_loaded():
+    """A per-call CUDA path does not read amax back, so a negative one is refused when it arrives."""
+    target = TensorQuantizer(QuantDescriptor(axis=0))
+    with pytest.raises(RuntimeError, match=r"_amax: Negative values in amax: the smallest is -2"):
+        target.load_state_dict({"_amax": torch.tensor([[1.0], [-2.0]])})
+
+
+def test_negative_amax_from_a_calibrator_is_refused():
+    quantizer = TensorQuantizer(QuantDescriptor(axis=0))
+    quantizer._calibrator.compute_amax = lambda: torch.tensor([[1.0], [-2.0]])
+    with pytest.raises(ValueError, match="Negative values in amax"):
+        quantizer.load_calib_amax()
+    assert quantizer.amax is None
+
+
 def test_loading_amax_along_another_axis_follows_it():
     """pytorch-quantization calibrated ConvTranspose weights on axis 0; such checkpoints still load."""
     target = TensorQuantizer(QuantDescriptor(axis=1))

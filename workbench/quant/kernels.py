@@ -23,12 +23,14 @@ flip on a few elements in a million) and in the last bit of the dequantized valu
 """
 from __future__ import annotations
 
+import array
 import logging
 import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -100,14 +102,35 @@ def channel_layout(shape: torch.Size, amax_shape: torch.Size) -> ChannelLayout |
     return ChannelLayout(outer, shape[axis], inner)
 
 
+def negative_amax_error(smallest: float) -> ValueError:
+    """The error every path raises for an amax below zero (one message, wherever it is detected)."""
+    return ValueError(f"Negative values in amax: the smallest is {smallest:.6g}. amax is the absolute range to "
+                      "quantize to and must be >= 0.")
+
+
+def check_amax_on_host(amax: torch.Tensor) -> None:
+    """Raise :func:`negative_amax_error` for a negative CPU ``amax``; a CUDA amax is not inspected.
+
+    Reading a CUDA tensor's values would wait for the GPU on every call. A negative CUDA amax is not
+    raised here; :func:`quant_params` turns it into NaN outputs instead (see there), and
+    ``TensorQuantizer`` refuses negative values when amax is set or loaded.
+    """
+    if amax.device.type == "cpu" and amax.numel():
+        smallest = amax.min()
+        if smallest < 0:
+            raise negative_amax_error(float(smallest))
+
+
 def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-element (a, b) so that ``q = round(x op1 a)`` and output ``q op2 b`` (see module doc).
 
     A tiny amax gets parameters that send every finite input to 0, as pytorch-quantization does.
+    A negative amax (only reachable on CUDA, where it is not checked per call) gets NaN parameters,
+    so its outputs are NaN: visible, rather than silently zero.
     """
     if amax.dtype != torch.float64:
         amax = amax.float()
-    tiny = amax <= TINY_AMAX
+    tiny = (amax <= TINY_AMAX) & (amax >= 0)
     if rounding == "pytorch_quantization":
         scale = torch.full_like(amax, max_bound) / amax
         a = torch.where(tiny, torch.zeros_like(scale), scale)
@@ -117,7 +140,51 @@ def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tu
         # x / inf is 0 for finite x, so a tiny amax quantizes to 0 without a special case in the loop
         a = torch.where(tiny, torch.full_like(step, float("inf")), step)
         b = torch.where(tiny, torch.zeros_like(step), step)
+    negative = amax < 0
+    a = torch.where(negative, torch.full_like(a, float("nan")), a)
+    b = torch.where(negative, torch.full_like(b, float("nan")), b)
     return a, b
+
+
+def scalar_params(amax: float, max_bound: float, rounding: Rounding) -> array.array:
+    """:func:`host_params` for one amax, in plain Python (the per-tensor case, where numpy's own call
+    overhead would dominate). Operands are float32 values; a float64 division of two float32 values
+    rounded to float32 is the correctly rounded float32 quotient, so the numbers are the same."""
+    value = float(np.float32(amax))
+    if value < 0:
+        raise negative_amax_error(value)
+    bound = float(np.float32(max_bound))
+    if value <= TINY_AMAX:
+        pair = (0.0, 1.0) if rounding == "pytorch_quantization" else (float("inf"), 0.0)
+    elif rounding == "pytorch_quantization":
+        pair = (bound / value,) * 2
+    else:
+        pair = (value / bound,) * 2
+    return array.array("f", pair)
+
+
+def host_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> np.ndarray:
+    """:func:`quant_params` for the C kernel: float32 ``[channels, 2]`` rows of (a, b), computed with numpy.
+
+    amax goes to the host anyway for the C kernel, so this is also where a negative amax is caught
+    (one comparison on a few values). numpy on a handful of values costs a fraction of the several
+    small torch operations of :func:`quant_params`; both divide in float32, so the numbers are the same.
+    """
+    values = amax.detach().reshape(-1).cpu().float().numpy()
+    if values.size and values.min() < 0:
+        raise negative_amax_error(float(values.min()))
+    tiny = values <= np.float32(TINY_AMAX)
+    params = np.empty((values.size, 2), dtype=np.float32)
+    with np.errstate(divide="ignore"):
+        if rounding == "pytorch_quantization":
+            scale = np.float32(max_bound) / values
+            params[:, 0] = np.where(tiny, np.float32(0.0), scale)
+            params[:, 1] = np.where(tiny, np.float32(1.0), scale)
+        else:
+            step = values / np.float32(max_bound)
+            params[:, 0] = np.where(tiny, np.float32(np.inf), step)
+            params[:, 1] = np.where(tiny, np.float32(0.0), step)
+    return params
 
 
 def elementwise(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, min_bound: float, max_bound: float,
@@ -279,23 +346,30 @@ def quantize(
 
     Args:
         inputs: float tensor on any device.
-        amax: non-negative tensor broadcastable to ``inputs`` (per tensor or along one axis).
+        amax: non-negative tensor broadcastable to ``inputs`` (per tensor or along one axis). A negative
+            amax on the CPU raises ValueError; on CUDA it is not read back (that would stall the
+            stream every call) and quantizes to NaN.
         max_bound, min_bound: the integer range, e.g. 127 and -127.
         rounding: ``"pytorch_quantization"`` or ``"onnx"`` (see the module docstring).
         dequantize: return ``q`` mapped back to real values (fake quantization) instead of ``q``.
         check_negative: also report whether any input is negative (one extra comparison per element
             inside the fused loop, instead of a separate pass).
 
+    Raises:
+        ValueError: unknown rounding, or a negative amax held on the CPU.
+
     Returns:
         The result in the dtype of ``inputs`` and whether a negative input was seen (False when not
         checked). Computation is in float32 for float16/bfloat16 inputs.
     """
     if rounding not in _MODE_CODES:
-        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}.")
     if inputs.numel() == 0:
+        check_amax_on_host(amax)
         return torch.empty_like(inputs), False
     layout = channel_layout(inputs.shape, amax.shape)
     if not _kernel_supports(inputs, layout):
+        check_amax_on_host(amax)
         out = None
         if inputs.is_cuda and inputs.dtype in _DTYPE_CODES:
             out = _quantize_fused(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
@@ -312,8 +386,12 @@ def quantize(
     else:
         x = inputs.contiguous()
     out = torch.empty_like(x)
-    a, b = quant_params(amax.detach().reshape(-1).cpu().float(), max_bound, rounding)
-    params = torch.stack([a, b], dim=1).contiguous()
+    if amax.numel() == 1:
+        params = scalar_params(amax.item(), max_bound, rounding)
+        params_ptr = params.buffer_info()[0]
+    else:
+        params = host_params(amax, max_bound, rounding)
+        params_ptr = params.__array_interface__["data"][0]
     negative = _cpu_ext.quantize(
         x.data_ptr(),
         out.data_ptr(),
@@ -321,7 +399,7 @@ def quantize(
         layout.outer,
         layout.channels,
         layout.inner,
-        params.data_ptr(),
+        params_ptr,  # params stays referenced until the call returns
         float(min_bound),
         float(max_bound),
         _MODE_CODES[rounding],

@@ -323,7 +323,30 @@ def _as_amax_tensor(amax: Any, like: torch.Tensor) -> torch.Tensor:
     return amax
 
 
+def _symmetric_amax(amax: Any, like: torch.Tensor) -> torch.Tensor:
+    """amax of the symmetric functions as a float tensor on ``like``'s device.
+
+    A Python number or list is checked for negative values while it is still on the host: once on a
+    GPU it is no longer read back per call (the CPU path checks it in the kernel dispatcher).
+    """
+    if not isinstance(amax, torch.Tensor) and like.device.type != "cpu":
+        host = torch.tensor(amax, dtype=torch.float32)
+        kernels.check_amax_on_host(host)
+        return host.to(like.device)
+    return _as_amax_tensor(amax, like)
+
+
+def _broadcasts(amax_shape: torch.Size, shape: torch.Size) -> bool:
+    """torch's broadcasting rule on the shapes alone (plain Python: no tensor work per call)."""
+    return all(a == b or a == 1 or b == 1 for a, b in zip(reversed(amax_shape), reversed(shape)))
+
+
 def _check_args(inputs: torch.Tensor, amax: torch.Tensor, num_bits: Any) -> None:
+    """Per-call checks that read no tensor values (so no device synchronisation on CUDA).
+
+    A negative amax is caught where its values are read anyway: :mod:`workbench.quant.kernels`
+    (see :func:`kernels.check_amax_on_host`).
+    """
     if not isinstance(inputs, torch.Tensor):
         raise TypeError(f"inputs must be a torch.Tensor, got {type(inputs).__name__}.")
     if not inputs.dtype.is_floating_point:
@@ -332,24 +355,22 @@ def _check_args(inputs: torch.Tensor, amax: torch.Tensor, num_bits: Any) -> None
         raise ValueError(f"num_bits must be an integer between 1 and {MAX_NUM_BITS}, got {num_bits!r}.")
     if amax.numel() == 0:
         raise ValueError("amax is empty.")
-    if amax.dim() > inputs.dim() and amax.numel() != 1:
+    if (amax.dim() > inputs.dim() and amax.numel() != 1) or not _broadcasts(amax.shape, inputs.shape):
         raise ValueError(f"amax of shape {tuple(amax.shape)} does not broadcast to inputs of shape "
                          f"{tuple(inputs.shape)}.")
-    try:
-        torch.broadcast_shapes(amax.shape, inputs.shape)
-    except RuntimeError as error:
-        raise ValueError(f"amax of shape {tuple(amax.shape)} does not broadcast to inputs of shape "
-                         f"{tuple(inputs.shape)}.") from error
-    min_amax = amax.min()
-    if min_amax < 0:
-        raise ValueError(f"Negative values in amax: the smallest is {float(min_amax):.6g}. amax is the absolute "
-                         "range to quantize to and must be >= 0.")
 
 
 def _quantize(inputs: torch.Tensor, amax: torch.Tensor, num_bits: int, unsigned: bool, narrow_range: bool,
               dequantize: bool, rounding: Rounding) -> torch.Tensor:
-    """Shared body of the quantization functions; returns outputs in the dtype of ``inputs``."""
+    """Shared body of the quantization functions; returns outputs in the dtype of ``inputs``.
+
+    Raises ValueError for an unknown rounding or a negative amax (on the CPU; see kernels.quantize).
+    """
     if num_bits == 0:
+        # the kernel is skipped, so the checks it would make are made here
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}.")
+        kernels.check_amax_on_host(amax)
         return torch.zeros_like(inputs)
     max_bound = max_bound_of(num_bits, unsigned)
     min_bound = min_bound_of(num_bits, unsigned, narrow_range)
@@ -383,7 +404,7 @@ class TensorQuantFunction(Function):
 
     @staticmethod
     def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
-        amax = _as_amax_tensor(amax, inputs)
+        amax = _symmetric_amax(amax, inputs)
         _check_args(inputs, amax, num_bits)
         ctx.save_for_backward(inputs, amax)
         outputs = _quantize(inputs, amax, num_bits, unsigned, narrow_range, dequantize=False,
@@ -406,10 +427,8 @@ class FakeTensorQuantFunction(Function):
 
     @staticmethod
     def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True, rounding="pytorch_quantization"):
-        amax = _as_amax_tensor(amax, inputs)
-        _check_args(inputs, amax, num_bits)
-        if rounding not in ROUNDINGS:
-            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}.")
+        amax = _symmetric_amax(amax, inputs)
+        _check_args(inputs, amax, num_bits)  # rounding is checked once, by the kernel dispatcher
         ctx.save_for_backward(inputs, amax)
         return _quantize(inputs, amax, num_bits, unsigned, narrow_range, dequantize=True, rounding=rounding)
 
@@ -424,8 +443,9 @@ class LegacyFakeTensorQuantFunction(Function):
 
     @staticmethod
     def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
-        amax = _as_amax_tensor(amax, inputs)
+        amax = _symmetric_amax(amax, inputs)
         _check_args(inputs, amax, num_bits)
+        kernels.check_amax_on_host(amax)
         ctx.save_for_backward(inputs, amax)
         if unsigned and (inputs < 0).any():
             raise TypeError("Negative values encountered in unsigned quantization.")
@@ -513,7 +533,7 @@ scaled_e4m3 = ScaledE4M3Function.apply
 
 def _tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
     """pytorch-quantization's shared body: ``(outputs, scale)`` without autograd."""
-    amax = _as_amax_tensor(amax, inputs)
+    amax = _symmetric_amax(amax, inputs)
     _check_args(inputs, amax, num_bits)
     outputs = _quantize(inputs, amax, num_bits, unsigned, narrow_range, dequantize=False,
                         rounding="pytorch_quantization")

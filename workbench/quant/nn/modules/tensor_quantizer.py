@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.quant import calib
+from workbench.quant import calib, kernels
 from workbench.quant import utils as quant_utils
 from workbench.quant.kernels import ROUNDINGS, Rounding
 from workbench.quant.nn.modules.clip import Clip
@@ -288,6 +288,10 @@ class TensorQuantizer(nn.Module):
             logger.warning("%s Setting amax to NaN.", message)
             calib_amax = torch.tensor(math.nan)
         calib_amax = calib_amax.detach().float()
+        # checked here, once per calibration: the per-call path does not read a CUDA amax back
+        smallest = calib_amax.min()
+        if smallest < 0:
+            raise kernels.negative_amax_error(float(smallest))
         if hasattr(self, "_amax") and self._amax.shape == calib_amax.shape:
             self._amax.copy_(calib_amax.to(self._amax.device))
         else:
@@ -441,6 +445,10 @@ class TensorQuantizer(nn.Module):
             saved = state_dict[key]
             if not isinstance(saved, torch.Tensor):
                 error_msgs.append(f"{key}: expected a tensor, got {type(saved).__name__}.")
+                continue
+            if name == "_amax" and saved.numel() and saved.min() < 0:
+                # refused at load, once: the per-call path does not read a CUDA amax back
+                error_msgs.append(f"{key}: {kernels.negative_amax_error(float(saved.min()))}")
                 continue
             current = self._buffers.get(name)
             if current is None or current.shape != saved.shape:
