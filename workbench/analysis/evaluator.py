@@ -19,13 +19,19 @@ from workbench.analysis.errors import AnalysisCancelled, AnalysisError, MetricEr
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric
 from workbench.analysis.units import Unit
 from workbench.quant.batches import model_device, model_inputs, to_device
-from workbench.quant.calibrate import CancelToken
+from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import all_quantizers, is_quantizing
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Evaluator", "materialise_batches", "same_output"]
+__all__ = ["Evaluator", "materialise_batches", "same_output", "report_progress"]
+
+
+def report_progress(progress: ProgressCallback | None, done: int, total: int, message: str) -> None:
+    """Tell ``progress`` (if any) that ``done`` of ``total`` evaluations have run, with ``message``."""
+    if progress is not None:
+        progress(done, total, message)
 
 
 def materialise_batches(batches: Iterable, num_batches: int | None) -> list:

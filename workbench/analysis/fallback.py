@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled
-from workbench.analysis.evaluator import Evaluator, materialise_batches
+from workbench.analysis.evaluator import Evaluator, materialise_batches, report_progress
 from workbench.analysis.metrics import Direction, Metric, SqnrMetric, get_metric
 from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, SensitivityResult
 from workbench.analysis.sensitivity import run_profile
@@ -136,13 +136,13 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
         try:
             fp32 = evaluator.measure_fp32()
             done += 1
-            _report(progress, done, total, "FP32 reference")
+            report_progress(progress, done, total, "FP32 reference")
             if tolerance is not None and not math.isfinite(fp32):
                 raise ValueError(f"The FP32 model's {chosen_metric.name} is {fp32}, so no tolerance to it can be "
                                  f"met: give a target instead.")
             quantized = evaluator.measure_quantized()
             done += 1
-            _report(progress, done, total, "all quantized")
+            report_progress(progress, done, total, "all quantized")
             if order is None:
                 profile = run_profile(evaluator, profile_units, scheme, fp32=fp32, quantized=quantized, cache=cache,
                                       progress=progress, done=done, total=total, started=started)
@@ -158,7 +158,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                 evaluator.configure("quantized", off=off)
                 curve.append(FallbackPoint(len(chosen), unit.name, evaluator.measure("fallback", unit.name)))
                 done += 1
-                _report(progress, done, total, f"fallback: {len(chosen)} in float, last {unit.name}")
+                report_progress(progress, done, total, f"fallback: {len(chosen)} in float, last {unit.name}")
         except AnalysisCancelled as cancelled:
             if cancelled.partial is not None and profile is None:
                 profile = cancelled.partial
@@ -172,13 +172,8 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
     if apply:
         apply_fallback(model, chosen)
         outcome.applied = True
-    _report(progress, total, total, outcome.summary())
+    report_progress(progress, total, total, outcome.summary())
     return outcome
-
-
-def _report(progress: ProgressCallback | None, done: int, total: int, message: str) -> None:
-    if progress is not None:
-        progress(done, total, message)
 
 
 def apply_fallback(model: nn.Module, units: FallbackResult | Iterable[str | Unit]) -> list[str]:

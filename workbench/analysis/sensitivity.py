@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled, AnalysisError, describe_stage
-from workbench.analysis.evaluator import Evaluator, materialise_batches, same_output
+from workbench.analysis.evaluator import Evaluator, materialise_batches, report_progress, same_output
 from workbench.analysis.metrics import Direction, Metric, ModelMetric, get_metric
 from workbench.analysis.prefix_cache import PrefixPlan, build_plan
 from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
@@ -79,16 +79,11 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
     with ModelSnapshot(model), torch.no_grad():
         evaluator = Evaluator(model, batch_list, chosen_metric, cancel)
         fp32 = evaluator.measure_fp32()
-        _report(progress, 1, total, "FP32 reference")
+        report_progress(progress, 1, total, "FP32 reference")
         quantized = evaluator.measure_quantized()
-        _report(progress, 2, total, "all quantized")
+        report_progress(progress, 2, total, "all quantized")
         return run_profile(evaluator, unit_list, scheme, fp32=fp32, quantized=quantized, cache=cache,
                            progress=progress, done=2, total=total, started=started)
-
-
-def _report(progress: ProgressCallback | None, done: int, total: int, message: str) -> None:
-    if progress is not None:
-        progress(done, total, message)
 
 
 def _plan_for(evaluator: Evaluator, units: list[Unit], base: str,
@@ -151,7 +146,7 @@ def run_profile(evaluator: Evaluator, units: list[Unit], scheme: str, *, fp32: f
                 toggle(unit)
                 values[i] = evaluator.measure(scheme, unit.name)
                 done += 1
-                _report(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
+                report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
         else:
             # units in execution order, so that each batch's cached state only ever moves forward
             states = [plan.start(args, kwargs) for args, kwargs in evaluator.inputs]
@@ -169,7 +164,7 @@ def run_profile(evaluator: Evaluator, units: list[Unit], scheme: str, *, fp32: f
                 toggle(unit)
                 values[i] = evaluator.measure(scheme, unit.name, run_batch=lambda b: plan.finish(states[b]))
                 done += 1
-                _report(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
+                report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
     except AnalysisCancelled as cancelled:
         cancelled.partial = result(complete=False)
         raise
