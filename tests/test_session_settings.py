@@ -1,4 +1,4 @@
-"""Changing settings: everything checked before anything changes; several at once."""
+"""Changing settings: everything checked before anything changes; several at once; the ignore policy."""
 import copy
 
 import pytest
@@ -86,3 +86,27 @@ def test_cuda_is_refused_without_a_cuda_device(session):
     with pytest.raises(SessionError, match="no CUDA device"):
         session.set_settings({"device": "cuda"})
     assert session.project.settings["device"] == "cpu" and str(session.device) == "cpu"
+
+
+def test_apply_ignore_policy_with_and_without_quantizing_the_others(session):
+    session.set_quantize(["stem.0"], False)
+    assert session.apply_ignore_policy(["fc", "head"], quantize_others=False) == ["head_pool", "fc"]
+    float_layers = {name for name, d in session.project.layers.items() if not d.quantize}
+    assert float_layers == {"stem.0", "head_pool", "fc"}  # stem.0 was left as it was
+    assert session.apply_ignore_policy([r"block\.", ""], quantize_others=True) == \
+        [name for name in session.project.layers if name.startswith("block.")]
+    float_layers = {name for name, d in session.project.layers.items() if not d.quantize}
+    assert float_layers == {name for name in session.project.layers if name.startswith("block.")}
+    assert session.dirty and session.needs_rebuild
+    assert {view.name for view in session.layers() if not view.quantize} == float_layers
+
+
+def test_apply_ignore_policy_refuses_and_changes_nothing(session):
+    decisions = {name: d.quantize for name, d in session.project.layers.items()}
+    with pytest.raises(SessionError, match="at least one pattern"):
+        session.apply_ignore_policy(["", ""], quantize_others=True)
+    with pytest.raises(SessionError, match="No quantizable layer matches 'nothing_like_this'"):
+        session.apply_ignore_policy(["fc", "nothing_like_this"], quantize_others=True)
+    with pytest.raises(SessionError, match="conv\\["):
+        session.apply_ignore_policy(["conv["], quantize_others=False)
+    assert {name: d.quantize for name, d in session.project.layers.items()} == decisions and not session.dirty

@@ -521,6 +521,35 @@ class Session:
         except (ValueError, TypeError) as error:
             raise SessionError(str(error)) from error
 
+    def apply_ignore_policy(self, patterns: Iterable[str], quantize_others: bool) -> list[str]:
+        """Leave the layers matching any of ``patterns`` in float (the matching of :meth:`ignore_preview`);
+        with ``quantize_others``, quantize every other layer. One rebuild; returns the ignored layers.
+
+        Raises:
+            SessionError: no pattern, an invalid regex, or a pattern that matches no layer (named); the
+                layers are then as they were.
+        """
+        patterns = [p for p in patterns if p]
+        if not patterns:
+            raise SessionError("Give at least one pattern of layers to leave in float.")
+        matches = {pattern: self.ignore_preview([pattern]) for pattern in patterns}
+        unmatched = [pattern for pattern, names in matches.items() if not names]
+        if unmatched:
+            raise SessionError(f"No quantizable layer matches {', '.join(map(repr, unmatched))}; the names are as in "
+                               "the model tree, matched from their start.")
+        ignored = self.ignore_preview(patterns)
+        wanted = {name: False if name in ignored else (True if quantize_others else decision.quantize)
+                  for name, decision in self.project.layers.items()}
+        changed = False
+        for name, quantize in wanted.items():
+            decision = self.project.layers[name]
+            if decision.quantize != quantize:
+                decision.quantize = quantize
+                changed = True
+        if changed:
+            self._invalidate()
+        return ignored
+
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str]:
         """Quantize or leave in float; returns the layers whose decision changed."""
         changed = []
