@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.analysis.metrics import BUILTIN_METRICS
+from workbench.app.export_dialog import opset_spin_box
 
 __all__ = ["ErrorDialog", "CalibrateDialog", "CalibrationOptions", "ProjectSettingsDialog", "CALIBRATION_METHODS",
            "percentile_spin_box"]
@@ -182,9 +183,7 @@ class ProjectSettingsDialog(QDialog):
         export = settings.get("export") or {}
         self.export_path = QLineEdit(export.get("path") or "")
         self.export_path.setPlaceholderText("next to the project")
-        self.opset = QSpinBox()
-        self.opset.setRange(13, 23)
-        self.opset.setValue(int(export.get("opset") or 17))
+        self.opset = opset_spin_box(export.get("opset"))
         other_box = QGroupBox("Metric and export")
         other_form = QFormLayout(other_box)
         other_form.addRow("Metric", self.metric)

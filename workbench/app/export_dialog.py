@@ -33,13 +33,13 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
+from workbench.session import DEFAULT_SETTINGS
 
-__all__ = ["ExportSettingsDialog", "ExportReportDialog", "report_dict", "format_size", "MIN_OPSET",
-           "TENSORRT_MAX_OPSET"]
+__all__ = ["ExportSettingsDialog", "ExportReportDialog", "report_dict", "format_size", "opset_spin_box",
+           "MIN_OPSET", "TENSORRT_MAX_OPSET"]
 
 MIN_OPSET = 13           # per-channel QuantizeLinear (the axis attribute) needs 13
 TENSORRT_MAX_OPSET = 17  # TensorRT 8.6's ONNX parser stops at 17
-DEFAULT_EXPORT = {"opset": 17, "dynamic_batch": True, "amax_json": False, "calibration_cache": False}
 
 
 def _max_opset() -> int:
@@ -48,6 +48,16 @@ def _max_opset() -> int:
         return int(onnx.defs.onnx_opset_version())
     except Exception:  # noqa: BLE001 - without onnx the export fails anyway, with its own message
         return 21
+
+
+def opset_spin_box(value: int | None = None) -> QSpinBox:
+    """The ONNX opset, from the lowest that per-channel Q/DQ needs to the newest the installed onnx knows."""
+    box = QSpinBox()
+    box.setRange(MIN_OPSET, max(_max_opset(), MIN_OPSET))
+    box.setValue(int(value or DEFAULT_SETTINGS["export"]["opset"]))
+    box.setToolTip(f"ONNX opset: at least {MIN_OPSET} for per-channel Q/DQ; TensorRT 8.6 reads up to "
+                   f"{TENSORRT_MAX_OPSET}")
+    return box
 
 
 def format_size(size: float | None) -> str:
@@ -83,7 +93,7 @@ class ExportSettingsDialog(QDialog):
         self.setWindowTitle("Export QDQ ONNX")
         self.setMinimumWidth(560)
         session = controller.session
-        stored = dict(DEFAULT_EXPORT)
+        stored = dict(DEFAULT_SETTINGS["export"])
         default_path = Path.cwd() / "model.qdq.onnx"
         if session is not None:
             stored.update({k: v for k, v in (session.project.settings.get("export") or {}).items() if v is not None})
@@ -99,11 +109,7 @@ class ExportSettingsDialog(QDialog):
         path_row.addWidget(self.path_edit, 1)
         path_row.addWidget(browse)
         form.addRow("File", path_row)
-        self.opset_spin = QSpinBox()
-        self.opset_spin.setRange(MIN_OPSET, max(_max_opset(), MIN_OPSET))
-        self.opset_spin.setValue(int(stored.get("opset") or 17))
-        self.opset_spin.setToolTip(f"ONNX opset: at least {MIN_OPSET} for per-channel Q/DQ; TensorRT 8.6 reads "
-                                   f"up to {TENSORRT_MAX_OPSET}")
+        self.opset_spin = opset_spin_box(stored.get("opset"))
         self.opset_spin.valueChanged.connect(self._validate)
         form.addRow("Opset", self.opset_spin)
         self.dynamic_check = QCheckBox("Dynamic batch dimension (checked at a second batch size)")
