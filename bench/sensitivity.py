@@ -23,9 +23,9 @@ from torch import nn
 from workbench import quant
 from workbench.analysis import get_metric, sensitivity
 from workbench.analysis.evaluator import Evaluator
-from workbench.quant.snapshot import ModelSnapshot
 from workbench.quant.calibrate import calibrate
-from workbench.sources.demo import resnet18_like
+from workbench.quant.snapshot import ModelSnapshot
+from workbench.sources.demo import randomize_batchnorm, resnet18_like
 
 
 def vgg16_like(width: int = 16, num_classes: int = 100) -> nn.Sequential:
@@ -43,12 +43,7 @@ def vgg16_like(width: int = 16, num_classes: int = 100) -> nn.Sequential:
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 4 * channels), nn.ReLU(inplace=True),
                nn.Linear(4 * channels, 4 * channels), nn.ReLU(inplace=True), nn.Linear(4 * channels, num_classes)]
     model = nn.Sequential(*layers).eval()
-    generator = torch.Generator().manual_seed(1)
-    for module in model.modules():  # trained-looking BatchNorm statistics, as resnet18_like has
-        if isinstance(module, nn.BatchNorm2d):
-            with torch.no_grad():
-                module.running_var.uniform_(0.5, 2.0, generator=generator)
-                module.weight.uniform_(0.5, 1.5, generator=generator)
+    randomize_batchnorm(model)  # trained-looking BatchNorm statistics, as resnet18_like has
     return model
 
 

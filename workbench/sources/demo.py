@@ -202,7 +202,7 @@ def resnet50_like(num_classes: int = 1000, width: int = 64) -> ResNetLike:
     """ResNet-50 topology with random weights (no torchvision, nothing downloaded)."""
     torch.manual_seed(0)
     model = ResNetLike((3, 4, 6, 3), width, num_classes, block=Bottleneck)
-    _randomize_batchnorm(model)
+    randomize_batchnorm(model)
     return model.eval()
 
 
@@ -210,12 +210,13 @@ def resnet18_like(num_classes: int = 1000, width: int = 64) -> ResNetLike:
     """ResNet-18 topology with random weights (no torchvision, nothing downloaded)."""
     torch.manual_seed(0)
     model = ResNetLike((2, 2, 2, 2), width, num_classes)
-    _randomize_batchnorm(model)
+    randomize_batchnorm(model)
     return model.eval()
 
 
-def _randomize_batchnorm(model: nn.Module) -> None:
-    """Give BatchNorms non-trivial statistics so that activations look like a trained network's."""
+def randomize_batchnorm(model: nn.Module) -> None:
+    """Give every BatchNorm2d of ``model`` non-trivial statistics and affine parameters (fixed seed), so
+    that activations look like a trained network's; in place."""
     generator = torch.Generator().manual_seed(1)
     for module in model.modules():
         if isinstance(module, nn.BatchNorm2d):
