@@ -63,6 +63,14 @@ def test_search_needs_more_bins_than_start_bin():
         histogram.amax_entropy(hist, edges, 8, False)
 
 
+def test_integer_grid_searches_refuse_fp8_clearly():
+    calibrator = HistogramCalibrator((4, 3), None, False)
+    calibrator.collect(torch.randn(10000))
+    for method in ("entropy", "mse"):
+        with pytest.raises(ValueError, match=r"num_bits=\(4, 3\) has no integer grid"):
+            calibrator.compute_amax(method)
+
+
 class TestCollection:
     def test_growth_gives_the_histogram_of_all_data_at_once(self):
         batches = [torch.randn(5000) * scale for scale in (0.5, 3.0, 1.0, 40.0, 2.0)]

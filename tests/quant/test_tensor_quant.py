@@ -173,6 +173,26 @@ class TestDtypes:
         assert out.shape == (0, 3)
 
 
+class TestBounds:
+    @pytest.mark.parametrize(("num_bits", "unsigned", "narrow", "low", "high"), [
+        (8, False, False, -128.0, 127.0), (8, False, True, -127.0, 127.0), (8, True, False, 0.0, 255.0),
+        (4, False, False, -8.0, 7.0), (1, True, True, 0.0, 1.0)])
+    def test_grid(self, num_bits, unsigned, narrow, low, high):
+        assert tq.max_bound_of(num_bits, unsigned) == high
+        assert tq.min_bound_of(num_bits, unsigned, narrow) == low
+
+    def test_fp8_has_no_integer_grid(self):
+        with pytest.raises(ValueError, match="has no integer grid"):
+            tq.max_bound_of((4, 3), False)
+
+    def test_affine_uses_the_full_signed_grid(self):
+        x = torch.tensor([-1.0, -0.5, 0.0, 0.25, 1.0, 2.0])
+        out = tq.fake_affine_tensor_quant(x, torch.tensor(-1.0), torch.tensor(1.0), 2)
+        # 4 levels over [-1, 1]: step 2/3, zero point 0 after rounding -1.5 -> -2 + 2
+        step = 2.0 / 3.0
+        assert torch.allclose(out, torch.tensor([-2, -1, 0, 0, 1, 1]) * step)
+
+
 class TestBackward:
     def test_straight_through_with_clipping(self):
         x = torch.tensor([-3.0, -1.0, -0.2, 0.0, 0.4, 1.0, 2.5], requires_grad=True)

@@ -169,6 +169,15 @@ def test_e4m3_quantizer():
     out = quantizer(x)
     assert torch.equal(out, tq.scaled_e4m3(x, quantizer._get_amax(x), 4, 3))
     assert quantizer.maxbound == 448.0
+    quantizer.amax = 2.0
+    with pytest.raises(ValueError, match=r"num_bits=\(4, 3\) has no integer grid"):
+        _ = quantizer.step_size
+
+
+def test_bounds_and_step_size_of_integer_quantizers():
+    quantizer = TensorQuantizer(QuantDescriptor(num_bits=4, unsigned=True, amax=3.0))
+    assert quantizer.maxbound == 15 and isinstance(quantizer.maxbound, int)
+    assert quantizer.step_size.item() == pytest.approx(0.2)
 
 
 def test_one_line_repr():

@@ -303,7 +303,15 @@ QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8,
 
 
 def max_bound_of(num_bits: int, unsigned: bool) -> float:
-    """Largest integer of the grid: ``2**(num_bits - 1 + unsigned) - 1``."""
+    """Largest integer of the grid: ``2**(num_bits - 1 + unsigned) - 1``. The one place this is written.
+
+    Raises:
+        ValueError: ``num_bits`` is not an integer, e.g. ``(4, 3)`` for FP8 E4M3, whose grid is not
+            uniform, so it has no integer bound, step size or integer-grid calibration.
+    """
+    if not _is_int(num_bits):
+        raise ValueError(f"num_bits={num_bits!r} has no integer grid (FP8 E4M3 is not uniform): integer bounds, "
+                         "step size and entropy/mse calibration need an integer num_bits.")
     return float(2 ** (num_bits - 1 + int(unsigned)) - 1)
 
 
@@ -474,9 +482,10 @@ class FakeAffineTensorQuantFunction(Function):
         if bool((max_range <= min_range).any()):
             raise ValueError(f"max_range ({max_range}) must be greater than min_range ({min_range}).")
         ctx.save_for_backward(inputs, min_range, max_range)
-        step_size = (max_range - min_range) / (2.0 ** num_bits - 1)
-        min_bound = -2.0 ** (num_bits - 1)
-        max_bound = 2.0 ** (num_bits - 1) - 1
+        # 2**num_bits - 1 steps across the range, on the full signed grid [-2**(n-1), 2**(n-1) - 1]
+        step_size = (max_range - min_range) / max_bound_of(num_bits, unsigned=True)
+        min_bound = min_bound_of(num_bits, unsigned=False, narrow_range=False)
+        max_bound = max_bound_of(num_bits, unsigned=False)
         quant_zero = torch.round(min_range / step_size) - min_bound
         quantized = torch.clamp(torch.round(inputs / step_size) - quant_zero, min_bound, max_bound)
         return (quantized + quant_zero) * step_size

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from workbench.quant.calib.calibrator import _Calibrator
+from workbench.quant.tensor_quant import max_bound_of
 
 logger = logging.getLogger(__name__)
 
@@ -396,7 +397,7 @@ def amax_entropy(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: b
     if bins.size > 1:
         bins[0] = bins[1]  # as in the original: the zero bin is dominated by ReLU zeros
     n = bins.size
-    groups = 1 << (num_bits - 1 + int(unsigned))
+    groups = int(max_bound_of(num_bits, unsigned)) + 1  # quantization levels from 0 up
     first = max(start_bin, 1)
     candidates = np.arange(first, n + 1, stride, dtype=np.int64)
     _check_candidates(candidates.size, "entropy", n, start_bin)
@@ -444,7 +445,7 @@ def amax_mse(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool,
     n = centers.size
     candidates = np.arange(start_bin, n, stride, dtype=np.int64)
     _check_candidates(candidates.size, "mse", n, start_bin)
-    max_bound = float(2 ** (num_bits - 1 + int(unsigned)) - 1)
+    max_bound = max_bound_of(num_bits, unsigned)
     if _cpu_kernels is not None:
         width = edges[1] - edges[0]
         uniform = bool(edges[0] == 0 and width > 0 and np.array_equal(edges, np.arange(n + 1) * width))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from workbench.quant.tensor_quant import max_bound_of
+
 
 def entropy_reference(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
                       start_bin: int = 128) -> float:
@@ -17,7 +19,7 @@ def entropy_reference(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsign
     if bins.size > 1:
         bins[0] = bins[1]
     n = bins.size
-    groups = 1 << (num_bits - 1 + int(unsigned))
+    groups = int(max_bound_of(num_bits, unsigned)) + 1  # quantization levels from 0 up
     best_divergence, best_index = np.inf, None
     last_finite_candidate = None
     for i in range(max(start_bin, 1), n + 1, stride):
@@ -56,7 +58,7 @@ def mse_reference(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: 
     counts = np.asarray(hist, dtype=np.float64)
     edges = np.asarray(edges, dtype=np.float64)
     centers = (edges[1:] + edges[:-1]) / 2
-    max_bound = 2.0 ** (num_bits - 1 + int(unsigned)) - 1
+    max_bound = max_bound_of(num_bits, unsigned)
     best_error, best_amax = np.inf, None
     for i in range(start_bin, centers.size, stride):
         amax = centers[i]

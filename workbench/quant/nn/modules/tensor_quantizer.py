@@ -18,6 +18,8 @@ from workbench.quant.tensor_quant import (
     E4M3_MAX,
     QuantDescriptor,
     fake_tensor_quant,
+    max_bound_of,
+    min_bound_of,
     scaled_e4m3,
     tensor_quant,
 )
@@ -114,7 +116,7 @@ class TensorQuantizer(nn.Module):
         """Largest integer of the grid (448 for FP8 E4M3)."""
         if self._num_bits == E4M3:
             return E4M3_MAX
-        return (1 << (self._num_bits - 1 + int(self._unsigned))) - 1
+        return int(max_bound_of(self._num_bits, self._unsigned))
 
     @property
     def unsigned(self) -> bool:
@@ -195,10 +197,11 @@ class TensorQuantizer(nn.Module):
 
     @property
     def step_size(self):
+        """amax / max_bound; None without amax. ValueError for FP8 E4M3 (its grid has no single step)."""
         if not hasattr(self, "_amax"):
             logger.error("step_size is undefined under dynamic amax mode.")
             return None
-        return self._amax / (2.0 ** (self._num_bits - 1 + int(self._unsigned)) - 1.0)
+        return self._amax / max_bound_of(self._num_bits, self._unsigned)
 
     @property
     def pre_quant_scale(self) -> torch.Tensor | None:
@@ -333,8 +336,8 @@ class TensorQuantizer(nn.Module):
 
     def _fb_fake_quant(self, inputs: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
         """torch's native fake quantization (full range, e.g. [-128, 127]); exports to Q/DQ."""
-        bound = (1 << (self._num_bits - 1 + int(self._unsigned))) - 1
-        low = 0 if self._unsigned else -bound - 1
+        bound = int(max_bound_of(self._num_bits, self._unsigned))
+        low = int(min_bound_of(self._num_bits, self._unsigned, narrow_range=False))  # torch's full range
         if amax.numel() == 1:
             return torch.fake_quantize_per_tensor_affine(inputs, amax.item() / bound, 0, low, bound)
         amax_squeezed = amax.squeeze().detach().to(inputs.device)
