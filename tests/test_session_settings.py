@@ -110,3 +110,13 @@ def test_apply_ignore_policy_refuses_and_changes_nothing(session):
     with pytest.raises(SessionError, match="conv\\["):
         session.apply_ignore_policy(["conv["], quantize_others=False)
     assert {name: d.quantize for name, d in session.project.layers.items()} == decisions and not session.dirty
+
+
+def test_descriptor_fields_are_stored_as_plain_json(session, tmp_path):
+    import numpy as np
+
+    session.set_descriptor(["fc"], "weight", axis=np.int64(0), narrow_range=np.bool_(True))
+    stored = session.project.layers["fc"].weight_desc
+    assert stored["axis"] == 0 and type(stored["axis"]) is int and stored["narrow_range"] is True
+    reopened = Session.open(session.save(tmp_path / "json.qwb"))
+    assert reopened.project.layers["fc"].weight_desc == stored

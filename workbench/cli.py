@@ -187,8 +187,8 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     session = _open(args)
-    summary = session.summary()
-    layers = session.layers()
+    layers = session.layers()  # the summary counts them too: listed once
+    summary = session.summary(layers)
     summary["layer_table"] = [layer.__dict__ for layer in layers]
     lines = [f"{summary['name']} ({summary['path']})", f"  model: {summary['model_description']}",
              f"  input: {summary['input']}", "  data: " + ", ".join(f"{k} {v}" for k, v in summary["data"].items())]

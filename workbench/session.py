@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import numbers
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -225,11 +226,22 @@ def descriptor_of(quantizer: TensorQuantizer) -> dict[str, Any]:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_jsonable(v) for v in value]
+    """``value`` as the project's JSON holds it: tuples as lists, keys as text, NumPy scalars as Python
+    numbers, and non-finite floats and any other object as text."""
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else str(number)
+    return str(value)
 
 
 def _make_descriptor(fields: dict[str, Any] | None) -> QuantDescriptor | None:
@@ -1138,7 +1150,7 @@ class Session:
         self.project.settings["export"] = settings
         self.project.exports.append(ExportRecord(self.project.next_id(self.project.exports), now_iso(), str(target),
                                                  {"opset": opset, "dynamic_batch": dynamic_batch},
-                                                 _jsonable_report(report.to_dict())))
+                                                 _jsonable(report.to_dict())))
         self.dirty = True
         return report
 
@@ -1236,9 +1248,9 @@ class Session:
 
     # ----- summary ----------------------------------------------------------------------------
 
-    def summary(self) -> dict[str, Any]:
-        """A JSON-able overview for ``workbench show``."""
-        layers = self.layers()
+    def summary(self, layers: list[LayerView] | None = None) -> dict[str, Any]:
+        """A JSON-able overview for ``workbench show`` (``layers``: :meth:`layers`, when the caller has them)."""
+        layers = self.layers() if layers is None else layers
         run = self.project.current_calibration
         return {
             "name": self.project.name,
@@ -1321,15 +1333,3 @@ def _shared_result(result: CalibrationResult, quantizers: dict[str, TensorQuanti
         if other is quantizer and name in result.quantizers:
             return result.quantizers[name]
     return None
-
-
-def _jsonable_report(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable_report(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable_report(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
