@@ -7,13 +7,10 @@ pytest.importorskip("PySide6")
 
 from PySide6.QtWidgets import QApplication, QDialogButtonBox  # noqa: E402
 
-from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog, format_size  # noqa: E402
+from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog  # noqa: E402
+from workbench.app.formatting import format_size  # noqa: E402
 from workbench.sources.data_source import DataSpec  # noqa: E402
 from workbench.sources.model_source import ModelSpec  # noqa: E402
-
-
-def test_format_size():
-    assert format_size(512) == "512 bytes" and format_size(48923) == "47.8 KiB" and format_size(3 << 20) == "3.0 MiB"
 
 
 def test_settings_round_trip_and_the_report(controller, qtbot, tmp_path):

@@ -7,7 +7,7 @@ pytest.importorskip("pyqtgraph")
 from demo_project import open_demo  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 
-from workbench.app.finetune_tab import HISTORY_COLUMNS, FinetuneTab, format_value  # noqa: E402
+from workbench.app.finetune_tab import HISTORY_COLUMNS, FinetuneTab  # noqa: E402
 
 
 def make_tab(controller, qtbot):
@@ -20,10 +20,6 @@ def make_tab(controller, qtbot):
 
 def column(tab, index):
     return [tab.table.item(row, index).text() for row in range(tab.table.rowCount())]
-
-
-def test_format_value():
-    assert format_value(None) == "-" and format_value(float("nan")) == "-" and format_value(0.012345) == "0.01235"
 
 
 def test_without_a_project_nothing_runs(controller, qtbot):

@@ -1,5 +1,4 @@
 """The sensitivity tab on the real demo session: bars and table, clicking, ignoring, the fallback search."""
-import math
 
 import pytest
 
@@ -9,12 +8,8 @@ pytest.importorskip("pyqtgraph")
 from demo_project import open_demo  # noqa: E402
 from PySide6.QtCore import QPointF, Qt  # noqa: E402
 
-from workbench.app.sensitivity_tab import (  # noqa: E402
-    SensitivityTab,
-    format_delta,
-    format_number,
-    sensitivity_scores,
-)
+from workbench.app.formatting import format_delta, format_number  # noqa: E402
+from workbench.app.sensitivity_tab import SensitivityTab, sensitivity_scores  # noqa: E402
 
 
 def make_tab(controller, qtbot):
@@ -35,12 +30,6 @@ def run_sensitivity(tab, controller, qtbot):
 def table_column(tab, column):
     model = tab.table_model
     return [model.item(row, column).text() for row in range(model.rowCount())]
-
-
-def test_number_formatting():
-    assert format_number(math.inf) == "∞" and format_number(-math.inf) == "−∞" and format_number(None) == "n/a"
-    assert format_number(35.452306) == "35.45"
-    assert format_delta(0.5642) == "+0.564" and format_delta(-0.00366) == "−0.00366" and format_delta(0.0) == "0"
 
 
 def test_a_run_draws_one_bar_and_one_row_per_unit(controller, qtbot):

@@ -33,9 +33,10 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
+from workbench.app.formatting import format_number, format_size
 from workbench.session import DEFAULT_SETTINGS
 
-__all__ = ["ExportSettingsDialog", "ExportReportDialog", "report_dict", "format_size", "opset_spin_box",
+__all__ = ["ExportSettingsDialog", "ExportReportDialog", "report_dict", "opset_spin_box",
            "MIN_OPSET", "TENSORRT_MAX_OPSET"]
 
 MIN_OPSET = 13           # per-channel QuantizeLinear (the axis attribute) needs 13
@@ -58,30 +59,6 @@ def opset_spin_box(value: int | None = None) -> QSpinBox:
     box.setToolTip(f"ONNX opset: at least {MIN_OPSET} for per-channel Q/DQ; TensorRT 8.6 reads up to "
                    f"{TENSORRT_MAX_OPSET}")
     return box
-
-
-def format_size(size: float | None) -> str:
-    """Bytes as people read them (``47.8 KiB``)."""
-    if size is None:
-        return "n/a"
-    size = float(size)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
-
-
-def _number(value: Any, spec: str = ".3g") -> str:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return "n/a"
-    if math.isnan(number):
-        return "n/a"
-    if math.isinf(number):
-        return "∞" if number > 0 else "−∞"
-    return format(number, spec)
 
 
 class ExportSettingsDialog(QDialog):
@@ -279,8 +256,8 @@ class ExportReportDialog(QDialog):
         row(_OK, "onnx.checker", "passed (full check)")
         outputs = r.get("outputs") or []
         cosine, max_diff = r.get("cosine"), r.get("max_abs_diff")
-        row(_OK, "onnxruntime vs PyTorch", f"max abs diff <b>{_number(max_diff)}</b>, "
-                                           f"lowest cosine <b>{_number(cosine, '.6f')}</b>")
+        row(_OK, "onnxruntime vs PyTorch", f"max abs diff <b>{format_number(max_diff, 3)}</b>, "
+                                           f"lowest cosine <b>{format_number(cosine, spec='.6f')}</b>")
         if outputs:
             table = ["<table cellspacing='0' cellpadding='3' style='border-collapse:collapse'>"
                      "<tr style='background:#eef1f5'><th align='left'>output</th><th align='left'>shape</th>"
@@ -289,8 +266,8 @@ class ExportReportDialog(QDialog):
                 out = output if isinstance(output, dict) else getattr(output, "__dict__", {})
                 shape = "×".join(str(s) for s in out.get("shape", ()))
                 table.append(f"<tr><td>{esc(str(out.get('name', '')))}</td><td>{esc(shape)}</td>"
-                             f"<td align='right'>{_number(out.get('max_abs_diff'))}</td>"
-                             f"<td align='right'>{_number(out.get('cosine'), '.6f')}</td></tr>")
+                             f"<td align='right'>{format_number(out.get('max_abs_diff'), 3)}</td>"
+                             f"<td align='right'>{format_number(out.get('cosine'), spec='.6f')}</td></tr>")
             table.append("</table>")
             row("", "per output", "".join(table))
         dynamic = r.get("dynamic_batch_check")
@@ -298,8 +275,8 @@ class ExportReportDialog(QDialog):
             if isinstance(dynamic, dict):
                 batch = (dynamic.get("shape") or ["?"])[0]
                 row(_OK, "dynamic batch", f"checked at batch {esc(str(batch))}: max abs diff "
-                                          f"{_number(dynamic.get('max_abs_diff'))}, cosine "
-                                          f"{_number(dynamic.get('cosine'), '.6f')}")
+                                          f"{format_number(dynamic.get('max_abs_diff'), 3)}, cosine "
+                                          f"{format_number(dynamic.get('cosine'), spec='.6f')}")
             else:
                 row(_WARN, "dynamic batch", "declared, not checked at a second batch size")
         else:
@@ -327,9 +304,9 @@ class ExportReportDialog(QDialog):
         row("", "exporter", f"<b>{esc(str(r.get('exporter', '')))}</b>: {esc(str(r.get('exporter_note', '')))}")
         row("", "inputs / outputs", f"{esc(', '.join(r.get('input_names') or []))} → "
                                     f"{esc(', '.join(r.get('output_names') or []))}")
-        row("", "time", f"export {_number(r.get('export_time_s'), '.2f')} s, validation "
-                        f"{_number(r.get('validation_time_s'), '.2f')} s, "
-                        f"total {_number(r.get('total_time_s'), '.2f')} s")
+        row("", "time", f"export {format_number(r.get('export_time_s'), spec='.2f')} s, validation "
+                        f"{format_number(r.get('validation_time_s'), spec='.2f')} s, "
+                        f"total {format_number(r.get('total_time_s'), spec='.2f')} s")
 
         side = [("amax JSON", r.get("amax_json_path")), ("TensorRT calibration cache", r.get("calibration_cache_path")),
                 ("float ONNX", r.get("float_onnx_path"))]
@@ -353,5 +330,5 @@ class ExportReportDialog(QDialog):
         head = (f"<h3 style='margin-bottom:2px'>{_OK} {esc(path.name)} written and validated</h3>"
                 f"<div style='color:#555'>{min(q or 0, dq or 0)} Q/DQ pairs · opset {opset} · "
                 f"{format_size(r.get('file_size'))} · "
-                f"onnxruntime matches PyTorch to {_number(max_diff)}</div>")
+                f"onnxruntime matches PyTorch to {format_number(max_diff, 3)}</div>")
         return f"{head}<table cellspacing='0' cellpadding='2'>{''.join(rows)}</table>"

@@ -37,9 +37,10 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
+from workbench.app.formatting import format_number
 from workbench.training import EpochRecord, FinetuneResult, recipe
 
-__all__ = ["FinetuneTab", "HISTORY_COLUMNS", "format_value"]
+__all__ = ["FinetuneTab", "HISTORY_COLUMNS"]
 
 JOB_NAME = "Fine-tuning"
 HISTORY_COLUMNS = ("epoch", "train loss", "eval loss", "metric", "lr", "weights")
@@ -52,11 +53,9 @@ _BEST_BRUSH = pg.mkBrush(QColor(200, 40, 40))
 _REDRAW_MS = 100  # at most ten redraws a second, however fast the steps come
 
 
-def format_value(value: float | None) -> str:
-    """A loss, metric or learning rate for the table: four significant digits, ``-`` when unknown."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.4g}"
+def _format_value(value: float | None) -> str:
+    # a loss, metric or learning rate in the table: "-" marks an epoch that measured none
+    return format_number(value, missing="-")
 
 
 class FinetuneTab(QWidget):
@@ -269,7 +268,7 @@ class FinetuneTab(QWidget):
     def _on_step(self, epoch: int, step: int, loss: float) -> None:
         self.steps.append(len(self.steps) + 1)
         self.losses.append(loss)
-        self.status_label.setText(f"epoch {epoch}, step {step}: loss {format_value(loss)}")
+        self.status_label.setText(f"epoch {epoch}, step {step}: loss {_format_value(loss)}")
         self._schedule_redraw()
 
     @Slot(object)
@@ -298,8 +297,8 @@ class FinetuneTab(QWidget):
         self._redraw()
         self.table.setRowCount(len(self.epochs))
         for row, record in enumerate(self.epochs):
-            values = [str(record.epoch), format_value(record.train_loss), format_value(record.eval_loss),
-                      format_value(record.metric), format_value(record.lr),
+            values = [str(record.epoch), _format_value(record.train_loss), _format_value(record.eval_loss),
+                      _format_value(record.metric), _format_value(record.lr),
                       "kept" if record.epoch == result.best_epoch else ""]
             for column, text in enumerate(values):
                 item = QTableWidgetItem(text)

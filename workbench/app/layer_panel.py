@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from workbench.app.controller import Controller, DeferredRefresh
 from workbench.app.dialogs import percentile_spin_box
+from workbench.app.formatting import format_number, format_shape
 from workbench.graph import ModelTree, QuantizerInfo
 from workbench.graph.tree import ModuleInfo
 
@@ -54,10 +55,6 @@ pg.setConfigOptions(antialias=True, background="w", foreground="#303030")
 
 def _role_of(info: QuantizerInfo) -> str:
     return "weight" if info.attr.startswith("_weight") else "input"
-
-
-def _format_shape(shape: Sequence[int] | None) -> str:
-    return "?" if shape is None else "×".join(str(s) for s in shape)
 
 
 class DescriptorEditor(QWidget):
@@ -517,10 +514,10 @@ class LayerPanel(QWidget):
             except Exception:  # noqa: BLE001 - shapes need a forward pass, which may fail for odd models
                 shapes = None
             if shapes:
-                inputs = ", ".join(_format_shape(s) for s in shapes["inputs"]) or "?"
-                parts.append(f"input {inputs} → output {_format_shape(shapes['output'])}")
+                inputs = ", ".join(format_shape(s) for s in shapes["inputs"]) or "?"
+                parts.append(f"input {inputs} → output {format_shape(shapes['output'])}")
                 if shapes.get("weight"):
-                    parts.append(f"weight {_format_shape(shapes['weight'])}")
+                    parts.append(f"weight {format_shape(shapes['weight'])}")
             quantizers = _layer_quantizers(tree, first)
             if quantizers:
                 parts.append("quantizers: " + ", ".join(
@@ -678,7 +675,8 @@ class LayerPanel(QWidget):
                                    labelOpts={"position": 0.93 - 0.12 * position, "color": METHOD_COLORS[method],
                                               "fill": (255, 255, 255, 210), "anchors": [side, side]})
             line.method = method  # type: ignore[attr-defined]
-            line.setToolTip(f"{method}: amax {value:.6g}" + (" (in use)" if current else " — click to use it"))
+            line.setToolTip(f"{method}: amax {format_number(value, 6)}"
+                            + (" (in use)" if current else " — click to use it"))
             line.setCursor(Qt.CursorShape.PointingHandCursor)
             line.sigClicked.connect(lambda _line, _event, m=method: self.choose_method(m))
             plot.addItem(line)
@@ -687,13 +685,12 @@ class LayerPanel(QWidget):
         plot.enableAutoRange(axis="y")
         legend = []
         for method in METHODS:
-            value = amaxes.get(method)
-            text = f"{method} {value:.4g}" if value is not None else f"{method} n/a"
+            text = f"{method} {format_number(amaxes.get(method))}"
             style = f"color:{METHOD_COLORS[method]};" + ("font-weight:bold;" if method == in_use else "")
             legend.append(f"<span style='{style}'>{'▶ ' if method == in_use else ''}{text}</span>")
         current = data.get("current")
         self.amax_legend.setText("amax by method: " + " &nbsp; ".join(legend)
-                                 + (f" &nbsp; · in use: <b>{current:.4g}</b>" if current is not None else "")
+                                 + (f" &nbsp; · in use: <b>{format_number(current)}</b>" if current is not None else "")
                                  + " &nbsp; <span style='color:#808080'>(click a line to use it)</span>")
 
     def _histogram_xy(self, data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:

@@ -44,6 +44,7 @@ from workbench.app.controller import Controller
 from workbench.app.dialogs import CalibrateDialog, ErrorDialog, ProjectSettingsDialog
 from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog
 from workbench.app.finetune_tab import FinetuneTab
+from workbench.app.formatting import format_number, format_seconds
 from workbench.app.graph_tab import GraphTab
 from workbench.app.jobs import JobProgress
 from workbench.app.layer_panel import LayerPanel
@@ -62,19 +63,6 @@ PROJECT_FILTER = "Quant Workbench projects (*.qwb);;All files (*)"
 # the tabs after "Layer": (class, tab title)
 TABS: tuple[tuple[type[QWidget], str], ...] = ((SensitivityTab, "Sensitivity"), (GraphTab, "Graph"),
                                               (FinetuneTab, "Fine-tune"))
-
-
-def _format_seconds(seconds: float) -> str:
-    if seconds < 10:
-        return f"{max(0.0, seconds):.1f} s"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 class LogPanel(QWidget):
@@ -170,8 +158,8 @@ class JobStatus(QWidget):
             self.bar.setFormat(f"{progress.done}/{progress.total}")
         else:
             self.bar.setRange(0, 0)
-        eta = f" · ETA {_format_seconds(progress.eta_s)}" if progress.eta_s is not None else ""
-        self.eta.setText(f"{_format_seconds(progress.elapsed_s)} elapsed{eta}")
+        eta = f" · ETA {format_seconds(progress.eta_s)}" if progress.eta_s is not None else ""
+        self.eta.setText(f"{format_seconds(progress.elapsed_s)} elapsed{eta}")
 
     def cancel(self) -> None:
         self.controller.cancel_job()
@@ -729,7 +717,7 @@ class MainWindow(QMainWindow):
 
     def evaluate(self) -> bool:
         def done(report: dict[str, Any]) -> None:
-            parts = [f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
+            parts = [f"{key} {format_number(value, spec='.4f')}" if isinstance(value, float) else f"{key} {value}"
                      for key, value in report.items()]
             self.log_panel.append("info", "evaluation: " + ", ".join(parts))
             self.statusBar().showMessage("Evaluation: " + ", ".join(parts), 15000)
@@ -741,7 +729,7 @@ class MainWindow(QMainWindow):
             self.job_status.cancel()
 
     def _job_finished(self, name: str, _result: Any) -> None:
-        elapsed = f" in {_format_seconds(time.monotonic() - self.job_status.started_at)}"
+        elapsed = f" in {format_seconds(time.monotonic() - self.job_status.started_at)}"
         self.statusBar().showMessage(f"{name} done{elapsed}", 5000)
         self._update_summary()
 

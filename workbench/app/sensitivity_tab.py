@@ -40,8 +40,9 @@ from PySide6.QtWidgets import (
 
 from workbench.analysis.results import FallbackResult, SensitivityResult, UnitResult
 from workbench.app.controller import Controller
+from workbench.app.formatting import format_delta, format_number
 
-__all__ = ["SensitivityTab", "format_number", "format_delta", "sensitivity_scores", "BUILTIN_METRIC_LABELS"]
+__all__ = ["SensitivityTab", "sensitivity_scores", "BUILTIN_METRIC_LABELS"]
 
 # The metrics offered besides the project's own; top-1 only when the evaluation data has labels.
 BUILTIN_METRIC_LABELS: dict[str, str] = {
@@ -65,25 +66,6 @@ _SELECTED_PEN = pg.mkPen(QColor(20, 90, 200), width=3)
 
 
 # ----- plain helpers (tested without a window) ----------------------------------------------------
-
-
-def format_number(value: float | None, digits: int = 4) -> str:
-    """A metric value as people read it: ``∞`` rather than ``inf``, ``n/a`` for NaN or None."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if math.isinf(value):
-        return "∞" if value > 0 else "−∞"
-    return f"{value:.{digits}g}"
-
-
-def format_delta(value: float | None, digits: int = 3) -> str:
-    """A difference with its sign (``+0.564``, ``−1.2``), so gains and losses read at a glance."""
-    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
-        return format_number(value)
-    if value == 0:
-        return "0"
-    text = f"{abs(value):.{digits}g}"
-    return ("+" if value > 0 else "−") + text
 
 
 def sensitivity_scores(result: SensitivityResult) -> tuple[list[float], str]:

@@ -1,0 +1,66 @@
+"""Numbers, sizes, durations and shapes as the GUI shows them: one spelling in every tab.
+
+Plain functions (no Qt), so that they are tested without a window.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["format_number", "format_delta", "format_size", "format_seconds", "format_shape"]
+
+
+def format_number(value: Any, digits: int = 4, *, spec: str | None = None, missing: str = "n/a") -> str:
+    """A metric, amax or loss as people read it: ``digits`` significant digits (or a format ``spec``
+    such as ``".6f"``), ``∞`` rather than ``inf``, and ``missing`` for None, NaN or not a number."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return missing
+    if math.isnan(number):
+        return missing
+    if math.isinf(number):
+        return "∞" if number > 0 else "−∞"
+    return format(number, spec or f".{digits}g")
+
+
+def format_delta(value: float | None, digits: int = 3) -> str:
+    """A difference with its sign (``+0.564``, ``−1.2``), so gains and losses read at a glance."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return format_number(value)
+    if value == 0:
+        return "0"
+    text = f"{abs(value):.{digits}g}"
+    return ("+" if value > 0 else "−") + text
+
+
+def format_size(size: float | None) -> str:
+    """Bytes as people read them (``47.8 KiB``)."""
+    if size is None:
+        return "n/a"
+    size = float(size)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def format_seconds(seconds: float) -> str:
+    """A job's elapsed time or ETA: ``4.2 s``, ``42 s``, ``3 min 07 s``, ``1 h 05 min``."""
+    if seconds < 10:
+        return f"{max(0.0, seconds):.1f} s"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def format_shape(shape: Sequence[int] | None) -> str:
+    """A tensor shape: ``1×3×224×224`` (``?`` when unknown)."""
+    return "?" if shape is None else "×".join(str(s) for s in shape)
