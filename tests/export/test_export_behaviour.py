@@ -374,3 +374,16 @@ def test_each_quantizer_s_onnx_parameters_are_computed_once_per_export(tmp_path,
     export_qdq_onnx(model, x, tmp_path / "m.onnx", amax_json_path=tmp_path / "amax.json")
     quantizers = [m for m in model.modules() if isinstance(m, quant.TensorQuantizer)]
     assert sorted(computed) == sorted(id(q) for q in quantizers)
+
+
+def test_export_leaves_modes_and_quantizer_state_as_they_came(tmp_path):
+    model, x = calibrated(PlainCNN(), (2, 3, 16, 16))
+    model.train()
+    model.features[0].eval()
+    amax = model.features[0]._input_quantizer._amax
+    before = amax.clone()
+    export_qdq_onnx(model, x, tmp_path / "m.onnx")
+    assert model.training and not model.features[0].training
+    assert all(m.training for name, m in model.named_modules() if name and not name.startswith("features.0"))
+    assert model.features[0]._input_quantizer._amax is amax and torch.equal(amax, before)
+    assert model.features[0]._input_quantizer.rounding == "pytorch_quantization"

@@ -70,6 +70,16 @@ def test_every_layer_kind_folds_and_keeps_the_outputs():
     assert folded.conv.bias is not None and model.conv.bias is None
 
 
+def test_checking_on_an_example_leaves_each_module_in_its_own_mode():
+    model = randomize_bn(Functional())
+    model.train()
+    model.linear.eval()  # a frozen layer stays frozen, the rest stays in training
+    folded, report = fold_batchnorm(model, inplace=True, example_inputs=(torch.randn(4, 3, 6, 6),))
+    assert report.max_relative_error is not None and report.max_relative_error < 1e-6  # ran in eval mode
+    assert folded.training and folded.conv.training and not folded.linear.training
+    assert folded.bn.training  # the Identity replacing a training-mode BatchNorm keeps its mode
+
+
 def test_inplace_folding_gives_new_tensors_and_keeps_the_old_ones():
     model = randomize_bn(load_digits_cnn())
     shared_weight = model.block.conv1.weight

@@ -66,7 +66,7 @@ from workbench.export.tensorrt import (
 from workbench.quant.batches import flat_tensors, model_device
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import all_quantizers, is_quantizing, quantizer_names
+from workbench.quant.snapshot import ModelSnapshot, all_quantizers, is_quantizing, quantizer_names
 
 logger = logging.getLogger(__name__)
 
@@ -629,7 +629,8 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
 
     names = _quantizer_names(model)
     active, params = _check_quantizers(model, names)
-    modes = [(m, m.training) for m in model.modules()]  # restored one by one: some layers may be frozen
+    # train/eval modes (one by one: some layers may be frozen) and quantizer state go back afterwards
+    entry_state = ModelSnapshot(model)
     model.eval()
     report_warnings: list[str] = []
     tmp_path: str | None = None
@@ -753,8 +754,7 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
     finally:
         if tmp_path is not None and os.path.exists(tmp_path):
             os.remove(tmp_path)
-        for module, mode in modes:
-            module.training = mode
+        entry_state.restore()
 
 
 def _per_channel_activations(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> list[str]:

@@ -34,7 +34,7 @@ from torch.nn.utils import parametrize
 
 from workbench.graph.trace import TraceFailure, trace_pieces
 from workbench.graph.tree import add_note
-from workbench.quant.snapshot import holds_quantizers
+from workbench.quant.snapshot import ModelSnapshot, holds_quantizers
 
 logger = logging.getLogger(__name__)
 
@@ -298,17 +298,14 @@ def fold_batchnorm(model: nn.Module, *, inplace: bool = False, example_inputs: S
 
     reference = None
     if example_inputs is not None:
-        was_training = {m: m.training for m in model.modules()}
-        model.eval()
-        try:
-            reference, ranks = _linear_bn_inputs(model, candidates, example_inputs)
-        except Exception as error:  # the user's model on a synthetic input: fold without the check
-            logger.info("BatchNorm folding not checked: the model failed on the example input (%s: %s)",
-                        type(error).__name__, error)
-            reference, ranks = None, {}
-        finally:
-            for module, training in was_training.items():
-                module.training = training
+        with ModelSnapshot(model):  # eval mode for the check only
+            model.eval()
+            try:
+                reference, ranks = _linear_bn_inputs(model, candidates, example_inputs)
+            except Exception as error:  # the user's model on a synthetic input: fold without the check
+                logger.info("BatchNorm folding not checked: the model failed on the example input (%s: %s)",
+                            type(error).__name__, error)
+                reference, ranks = None, {}
         for candidate in list(candidates):
             if ranks.get(candidate.bn, 2) != 2:
                 candidates.remove(candidate)
@@ -337,14 +334,9 @@ def fold_batchnorm(model: nn.Module, *, inplace: bool = False, example_inputs: S
         report.folded.append(FoldedPair(candidate.layer, candidate.bn, candidate.activation))
 
     if reference is not None:
-        was_training = {m: m.training for m in model.modules()}
-        model.eval()
-        try:
-            with torch.no_grad():
-                output = model(*example_inputs)
-        finally:
-            for module, training in was_training.items():
-                module.training = training
+        with ModelSnapshot(model), torch.no_grad():
+            model.eval()
+            output = model(*example_inputs)
         report.max_relative_error = _relative_error(reference, output)
         if report.max_relative_error > tolerance:
             for owner, attr, old, kind in reversed(undo):

@@ -35,8 +35,8 @@ from torch import nn
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric, get_metric
 from workbench.quant.batches import model_device, model_inputs, run_model, to_device
 from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import all_quantizers
+from workbench.quant.snapshot import ModelSnapshot, all_quantizers
+from workbench.quant.switches import disable_quantization
 from workbench.training.amax import LearnedAmax, finish_learning_amax, start_learning_amax
 from workbench.training.losses import LossFunction, batch_targets, resolve_loss
 
@@ -299,8 +299,9 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
     own_params = {id(p) for q in quantizers for p in q.parameters()}
     if not any(p.requires_grad and id(p) not in own_params for p in model.parameters()):
         raise ValueError("The model has no trainable parameters (every parameter has requires_grad=False).")
-    modes = {m: m.training for m in model.modules()}
-    calibrating = {q: q._if_calib for q in quantizers}  # off while training, given back at the end
+    # train/eval modes and quantizer flags (calibration is off while training) go back at the end;
+    # amax does not: learned ranges are the result
+    entry_state = ModelSnapshot(model)
     learned = start_learning_amax(model, learn_amax)
     quantizer_params = {id(p) for q in quantizers for p in q.parameters()}
     # new tensors before moving: Module.to() moves a shared Parameter in place, for both models
@@ -336,7 +337,7 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
                             metric_name=metric_obj.name if metric_obj else None,
                             metric_direction=metric_obj.direction if metric_obj else None,
                             learn_amax_skipped=dict(learned.skipped))
-    trainer = _Trainer(model, quantizers, loss_fn, metric_obj, eval_list, target, bool(amp), cancel)
+    trainer = _Trainer(model, loss_fn, metric_obj, eval_list, target, bool(amp), cancel)
     try:
         result.baseline = trainer.evaluate(0)
         if result.baseline is None:  # cancelled while measuring the starting model: no epoch runs
@@ -401,30 +402,27 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
                 on_epoch(record)
     except BaseException as error:
         best_state.restore()
-        _finish(model, modes, calibrating, learned, result)
+        _finish(model, entry_state, learned, result)
         if isinstance(error, FinetuneError) or not isinstance(error, Exception):
             raise
         raise FinetuneError(f"Fine-tuning failed: {type(error).__name__}: {error}; the model keeps the best "
                             f"parameters so far (epoch {result.best_epoch}).") from error
     if result.cancelled or result.best_epoch != len(result.history):
         best_state.restore()  # the best checkpoint, or the starting model
-    _finish(model, modes, calibrating, learned, result)
+    _finish(model, entry_state, learned, result)
     logger.info("%s", result.summary())
     return result
 
 
-def _finish(model: nn.Module, modes: dict[nn.Module, bool], calibrating: dict[TensorQuantizer, bool],
-            learned: LearnedAmax, result: FinetuneResult) -> None:
+def _finish(model: nn.Module, entry_state: ModelSnapshot, learned: LearnedAmax, result: FinetuneResult) -> None:
     """Learned ranges back into amax buffers, modules and quantizers back to the modes they came in."""
     if learned.quantizers:
         after = finish_learning_amax(learned)
         for name, value in after.items():
             for alias in learned.names.get(name, [name]):
                 result.learned_amax[alias] = {"before": learned.before[name], "after": value}
-    for module, training in modes.items():
-        module.training = training
-    for quantizer, flag in calibrating.items():
-        quantizer._if_calib = flag
+    entry_state.restore_modes()
+    entry_state.restore_flags()
     model.zero_grad(set_to_none=True)
 
 
@@ -450,11 +448,9 @@ def _epoch_batches(batches: Iterable, shuffle: bool, generator: torch.Generator)
 class _Trainer:
     """One step and one evaluation, on the right device and precision."""
 
-    def __init__(self, model: nn.Module, quantizers: list[TensorQuantizer], loss_fn: LossFunction,
-                 metric: Metric | None, eval_batches: list | None, device: torch.device, amp: bool,
-                 cancel: CancelToken | None) -> None:
+    def __init__(self, model: nn.Module, loss_fn: LossFunction, metric: Metric | None, eval_batches: list | None,
+                 device: torch.device, amp: bool, cancel: CancelToken | None) -> None:
         self.model = model
-        self.quantizers = quantizers
         self.loss_fn = loss_fn
         self.metric = metric
         self.eval_batches = eval_batches
@@ -498,18 +494,12 @@ class _Trainer:
         self.model.eval()
         if isinstance(self.metric, OutputMetric) and self.metric.needs_reference and self.reference is None:
             # the FP32 reference: the starting model with every quantizer off
-            flags = [(q, q._disabled) for q in self.quantizers]
-            for q, _ in flags:
-                q._disabled = True
-            try:
+            with disable_quantization(self.model):
                 self.reference = []
                 for batch in self.eval_batches:
                     if self._cancelled():
                         return None
                     self.reference.append(run_model(self.model, batch, self.device))
-            finally:
-                for q, disabled in flags:
-                    q._disabled = disabled
         accumulator = self.metric.start() if isinstance(self.metric, OutputMetric) else None
         total, count, with_loss = 0.0, 0, True
         for i, batch in enumerate(self.eval_batches):
