@@ -44,23 +44,25 @@ TINY_AMAX = 1.0 / (1 << 24)
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _MODE_CODES = {"pytorch_quantization": 0, "onnx": 1}
 
+# The compiled module (workbench.quant._cpu_kernels) or None: imported here once for every user
+# (the histogram calibrator's collection and searches use it too).
 try:  # the extension is optional: without a C compiler the package installs and runs on torch ops
-    from workbench.quant import _cpu_kernels as _cpu_ext
+    from workbench.quant import _cpu_kernels as cpu_extension
 except ImportError:  # pragma: no cover - exercised on machines without a compiler
-    _cpu_ext = None
+    cpu_extension = None
     logger.debug("CPU fake-quant kernel not built; using torch operations")
 
 
 def backend_name() -> str:
     """Which CPU implementation is active: ``'c-avx2'``, ``'c-portable'`` or ``'torch'``."""
-    if _cpu_ext is None:
+    if cpu_extension is None:
         return "torch"
-    return f"c-{_cpu_ext.isa()}"
+    return f"c-{cpu_extension.isa()}"
 
 
 def kernel_available() -> bool:
     """True when the compiled CPU kernel is importable."""
-    return _cpu_ext is not None
+    return cpu_extension is not None
 
 
 @dataclass(frozen=True)
@@ -310,7 +312,7 @@ def fused_matches_reference(device: torch.device, dtype: torch.dtype, rounding: 
 def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout | None, max_bound: float,
                     min_bound: float, rounding: Rounding, dequantize: bool) -> torch.Tensor | None:
     """The compiled single-kernel path for CUDA tensors, or None when it is unavailable or unverified."""
-    if layout is None or layout.outer == 0:
+    if layout is None:
         return None
     key = (str(inputs.device), inputs.dtype, rounding, dequantize)
     if key not in _verified:
@@ -325,11 +327,10 @@ def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLay
 
 def _kernel_supports(inputs: torch.Tensor, layout: ChannelLayout | None) -> bool:
     return (
-        _cpu_ext is not None
+        cpu_extension is not None
         and layout is not None
         and inputs.device.type == "cpu"
         and inputs.dtype in _DTYPE_CODES
-        and not inputs.is_complex()
     )
 
 
@@ -392,7 +393,7 @@ def quantize(
     else:
         params = host_params(amax, max_bound, rounding)
         params_ptr = params.__array_interface__["data"][0]
-    negative = _cpu_ext.quantize(
+    negative = cpu_extension.quantize(
         x.data_ptr(),
         out.data_ptr(),
         _DTYPE_CODES[x.dtype],

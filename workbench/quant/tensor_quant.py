@@ -539,11 +539,3 @@ fake_tensor_quant = FakeTensorQuantFunction.apply
 fake_affine_tensor_quant = FakeAffineTensorQuantFunction.apply
 scaled_e4m3 = ScaledE4M3Function.apply
 
-
-def _tensor_quant(inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
-    """pytorch-quantization's shared body: ``(outputs, scale)`` without autograd."""
-    amax = _symmetric_amax(amax, inputs)
-    _check_args(inputs, amax, num_bits)
-    outputs = _quantize(inputs, amax, num_bits, unsigned, narrow_range, dequantize=False,
-                        rounding="pytorch_quantization")
-    return outputs, _scale_of(amax, num_bits, unsigned)

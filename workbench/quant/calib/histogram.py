@@ -24,14 +24,11 @@ import numpy as np
 import torch
 
 from workbench.quant.calib.calibrator import _Calibrator
+# compiled collection and searches (None without a C compiler: torch/numpy give the same answers, slower)
+from workbench.quant.kernels import cpu_extension as _cpu_kernels
 from workbench.quant.tensor_quant import max_bound_of
 
 logger = logging.getLogger(__name__)
-
-try:  # compiled collection and searches; without them torch/numpy give the same answers, slower
-    from workbench.quant import _cpu_kernels
-except ImportError:  # pragma: no cover - machines without a C compiler
-    _cpu_kernels = None
 
 __all__ = ["HistogramCalibrator", "calibrate_weights", "HISTOGRAM_METHODS", "UnknownMethodError"]
 
@@ -333,7 +330,7 @@ def _check_candidates(count: int, what: str, num_bins: int, start_bin: int) -> N
                          f"start_bin is {start_bin}.")
 
 
-def _pick(values: np.ndarray, candidates: np.ndarray, prefer_last: bool) -> int | None:
+def _pick(values: np.ndarray, prefer_last: bool) -> int | None:
     """Index of the best (smallest) value; near-equal values tie, and ties go first or last."""
     finite = np.isfinite(values)
     if not finite.any():
@@ -409,7 +406,7 @@ def amax_entropy(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: b
                                          torch.get_num_threads())
     else:
         divergences = entropy_divergences(bins, groups, candidates)
-    best = _pick(divergences, candidates, prefer_last=True)
+    best = _pick(divergences, prefer_last=True)
     return float(edges[candidates[-1] if best is None else candidates[best]])
 
 

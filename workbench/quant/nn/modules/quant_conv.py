@@ -93,9 +93,6 @@ class _QuantConvTransposeNd(_QuantConvNd):
     _num_spatial_dims = 0
     _functional = None
 
-    def _output_padding_nd(self, input, output_size, stride, padding, kernel_size, num_spatial_dims, dilation=None):
-        return self._output_padding(input, output_size, stride, padding, kernel_size, num_spatial_dims, dilation)
-
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         if self.padding_mode != "zeros":
             raise ValueError(f"Only `zeros` padding mode is supported for {type(self).__name__}")
