@@ -379,49 +379,37 @@ class Controller(QObject):
     # ----- jobs ---------------------------------------------------------------------------------
 
     def calibrate(self, **options: Any) -> bool:
-        session = self._require_session()
-        if session is None:
-            return False
-
-        def done(result):
-            for warning in result.warnings:
-                self.log.emit("warning", warning)
-            self.log.emit("info", result.summary())
-            self.calibration_changed.emit()
-            self.layers_changed.emit()
-            self.dirty_changed.emit(True)
-
-        return self._start("Calibrating", lambda progress, cancel: session.calibrate(
-            progress=progress, cancel=cancel, **options), done)
+        return self._session_job("Calibrating", "calibrate", options, (self.calibration_changed, self.layers_changed))
 
     def sensitivity(self, **options: Any) -> bool:
-        session = self._require_session()
-        if session is None:
-            return False
-
-        def done(result):
-            self.log.emit("info", result.summary())
-            self.sensitivity_changed.emit()
-            self.layers_changed.emit()
-            self.dirty_changed.emit(True)
-
-        return self._start("Sensitivity analysis", lambda progress, cancel: session.sensitivity(
-            progress=progress, cancel=cancel, **options), done)
+        return self._session_job("Sensitivity analysis", "sensitivity", options,
+                                 (self.sensitivity_changed, self.layers_changed))
 
     def fallback(self, **options: Any) -> bool:
+        return self._session_job("Fallback search", "fallback", options,
+                                 (self.layers_changed,) if options.get("apply") else (),
+                                 with_result=self.fallback_changed)
+
+    def _session_job(self, name: str, method: str, options: dict[str, Any], signals: Iterable[SignalInstance],
+                     with_result: SignalInstance | None = None) -> bool:
+        """Run ``session.<method>(progress=, cancel=, **options)`` in the worker; when it ends, log its
+        warnings and summary, emit ``with_result(result)`` and ``signals`` (what changed), mark the project dirty."""
         session = self._require_session()
         if session is None:
             return False
+        run = getattr(session, method)
 
-        def done(result):
+        def done(result: Any) -> None:
+            for warning in getattr(result, "warnings", ()):
+                self.log.emit("warning", warning)
             self.log.emit("info", result.summary())
-            self.fallback_changed.emit(result)
-            if options.get("apply"):
-                self.layers_changed.emit()
+            if with_result is not None:
+                with_result.emit(result)
+            for signal in signals:
+                signal.emit()
             self.dirty_changed.emit(True)
 
-        return self._start("Fallback search", lambda progress, cancel: session.fallback(
-            progress=progress, cancel=cancel, **options), done)
+        return self._start(name, lambda progress, cancel: run(progress=progress, cancel=cancel, **options), done)
 
     def apply_fallback(self, result: Any) -> list[str] | None:
         return self._edit("Apply fallback", lambda: self.session.apply_fallback(result), self.layers_changed)
