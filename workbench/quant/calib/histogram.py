@@ -24,8 +24,7 @@ import numpy as np
 import torch
 
 from workbench.quant.calib.calibrator import _Calibrator
-# compiled collection and searches (None without a C compiler: torch/numpy give the same answers, slower)
-from workbench.quant.kernels import cpu_extension as _cpu_kernels
+from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.tensor_quant import max_bound_of
 
 logger = logging.getLogger(__name__)
