@@ -50,6 +50,26 @@ def test_disabled_quantization_gives_float_results(make_float, quant_cls, shape)
     assert isinstance(quant_module, type(float_module))  # code that walks the model still recognises it
 
 
+WEIGHTLESS = [layer for layer in LAYERS if "Pool" in layer[1].__name__ or "InstanceNorm" in layer[1].__name__]
+
+
+@pytest.mark.parametrize("make_float, quant_cls, shape", WEIGHTLESS)
+def test_weightless_modules_run_the_float_forward_on_the_quantized_input(make_float, quant_cls, shape):
+    float_module = make_float()
+    quant_module = quant_cls.from_float(float_module)
+    x = torch.randn(shape)
+    expected = float_module(tq.fake_tensor_quant(x, x.abs().max(), 8, False, False))
+    assert torch.equal(quant_module(x), expected)
+
+
+@pytest.mark.parametrize("quant_cls", [quant_nn.QuantInstanceNorm1d, quant_nn.QuantLinear, quant_nn.QuantConv1d])
+def test_device_and_dtype_reach_the_float_module(quant_cls):
+    args = (4, 4, 3) if quant_cls is quant_nn.QuantConv1d else (4, 4) if quant_cls is quant_nn.QuantLinear else (4,)
+    kwargs = {"affine": True} if quant_cls is quant_nn.QuantInstanceNorm1d else {}
+    module = quant_cls(*args, device="cpu", dtype=torch.float64, **kwargs)
+    assert module.weight.dtype == torch.float64
+
+
 @pytest.mark.parametrize("make_float, quant_cls, shape", LAYERS)
 def test_from_float_shares_parameters_and_keeps_keys(make_float, quant_cls, shape):
     float_module = make_float()

@@ -4,12 +4,22 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import torch
 from torch import nn
 
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.tensor_quant import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
 
-__all__ = ["QuantMixin", "QuantInputMixin", "pop_quant_desc_in_kwargs", "quantized_copy"]
+__all__ = ["QuantMixin", "QuantInputMixin", "QuantInputThenFloat", "pop_quant_desc_in_kwargs", "quantized_copy",
+           "split_factory_kwargs"]
+
+_FACTORY_KEYS = ("device", "dtype")
+
+
+def split_factory_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Take ``device``/``dtype`` out of ``kwargs`` (for the float module) and return (them, the rest)."""
+    factory = {key: kwargs.pop(key) for key in _FACTORY_KEYS if key in kwargs}
+    return factory, kwargs
 
 
 def _check_descriptor(value: Any, what: str) -> QuantDescriptor:
@@ -93,6 +103,14 @@ class QuantInputMixin:
         """A quantized module sharing ``module``'s state (no copy); see :func:`quantized_copy`."""
         _check_float_module(cls, module)
         return quantized_copy(module, cls, quant_desc_input)
+
+
+class QuantInputThenFloat(QuantInputMixin):
+    """The forward of the weightless quantized modules (pooling, instance norm): quantize the input,
+    then run the float module's own forward. Listed first among the bases so its forward wins."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return super().forward(self._input_quantizer(input))
 
 
 def _check_float_module(quant_cls: type, module: nn.Module) -> None:

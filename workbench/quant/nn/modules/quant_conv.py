@@ -6,8 +6,6 @@ kept for scripts written against pytorch-quantization.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,14 +17,6 @@ __all__ = [
     "Conv2d", "QuantConv2d", "Conv3d", "QuantConv3d", "Conv1d", "QuantConv1d", "ConvTranspose1d", "ConvTranspose2d",
     "ConvTranspose3d", "QuantConvTranspose1d", "QuantConvTranspose2d", "QuantConvTranspose3d",
 ]
-
-_FACTORY_KEYS = ("device", "dtype")
-
-
-def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    factory = {key: kwargs.pop(key) for key in _FACTORY_KEYS if key in kwargs}
-    return factory, kwargs
-
 
 class _QuantConvNd(_utils.QuantMixin):
     """Shared part of the quantized convolutions: quantize input and weight, then convolve."""
@@ -50,7 +40,7 @@ class QuantConv1d(_QuantConvNd, nn.Conv1d):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros", **kwargs):
-        factory, kwargs = _split_kwargs(kwargs)
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, **factory)
@@ -65,7 +55,7 @@ class QuantConv2d(_QuantConvNd, nn.Conv2d):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros", **kwargs):
-        factory, kwargs = _split_kwargs(kwargs)
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, **factory)
@@ -80,7 +70,7 @@ class QuantConv3d(_QuantConvNd, nn.Conv3d):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros", **kwargs):
-        factory, kwargs = _split_kwargs(kwargs)
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, **factory)
@@ -113,7 +103,7 @@ class QuantConvTranspose1d(_QuantConvTransposeNd, nn.ConvTranspose1d):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
                  bias=True, dilation=1, padding_mode="zeros", **kwargs):
-        factory, kwargs = _split_kwargs(kwargs)
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
                          dilation, padding_mode, **factory)
@@ -130,7 +120,7 @@ class QuantConvTranspose2d(_QuantConvTransposeNd, nn.ConvTranspose2d):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
                  bias=True, dilation=1, padding_mode="zeros", **kwargs):
-        factory, kwargs = _split_kwargs(kwargs)
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
                          dilation, padding_mode, **factory)
@@ -147,7 +137,7 @@ class QuantConvTranspose3d(_QuantConvTransposeNd, nn.ConvTranspose3d):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
                  bias=True, dilation=1, padding_mode="zeros", **kwargs):
-        factory, kwargs = _split_kwargs(kwargs)
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
                          dilation, padding_mode, **factory)

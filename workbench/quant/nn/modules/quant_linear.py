@@ -19,7 +19,7 @@ class QuantLinear(_utils.QuantMixin, nn.Linear):
     _float_module = nn.Linear
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs) -> None:
-        factory = {key: kwargs.pop(key) for key in ("device", "dtype") if key in kwargs}
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
         super().__init__(in_features, out_features, bias, **factory)
         self.init_quantizer(quant_desc_input, quant_desc_weight)

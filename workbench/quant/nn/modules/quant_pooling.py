@@ -1,7 +1,6 @@
 """Quantized pooling: the input is quantized, the pooling itself is the float module's."""
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from workbench.quant.nn.modules import _utils
@@ -14,7 +13,7 @@ __all__ = [
 ]
 
 
-class QuantMaxPool1d(_utils.QuantInputMixin, nn.MaxPool1d):
+class QuantMaxPool1d(_utils.QuantInputThenFloat, nn.MaxPool1d):
     """Quantized 1D max pooling."""
 
     _float_module = nn.MaxPool1d
@@ -25,11 +24,8 @@ class QuantMaxPool1d(_utils.QuantInputMixin, nn.MaxPool1d):
         super().__init__(kernel_size, stride, padding, dilation, return_indices, ceil_mode)
         self.init_quantizer(quant_desc_input)
 
-    def forward(self, input: torch.Tensor):
-        return super().forward(self._input_quantizer(input))
 
-
-class QuantMaxPool2d(_utils.QuantInputMixin, nn.MaxPool2d):
+class QuantMaxPool2d(_utils.QuantInputThenFloat, nn.MaxPool2d):
     """Quantized 2D max pooling."""
 
     _float_module = nn.MaxPool2d
@@ -40,11 +36,8 @@ class QuantMaxPool2d(_utils.QuantInputMixin, nn.MaxPool2d):
         super().__init__(kernel_size, stride, padding, dilation, return_indices, ceil_mode)
         self.init_quantizer(quant_desc_input)
 
-    def forward(self, input: torch.Tensor):
-        return super().forward(self._input_quantizer(input))
 
-
-class QuantMaxPool3d(_utils.QuantInputMixin, nn.MaxPool3d):
+class QuantMaxPool3d(_utils.QuantInputThenFloat, nn.MaxPool3d):
     """Quantized 3D max pooling."""
 
     _float_module = nn.MaxPool3d
@@ -55,11 +48,8 @@ class QuantMaxPool3d(_utils.QuantInputMixin, nn.MaxPool3d):
         super().__init__(kernel_size, stride, padding, dilation, return_indices, ceil_mode)
         self.init_quantizer(quant_desc_input)
 
-    def forward(self, input: torch.Tensor):
-        return super().forward(self._input_quantizer(input))
 
-
-class QuantAvgPool1d(_utils.QuantInputMixin, nn.AvgPool1d):
+class QuantAvgPool1d(_utils.QuantInputThenFloat, nn.AvgPool1d):
     """Quantized 1D average pooling."""
 
     _float_module = nn.AvgPool1d
@@ -69,11 +59,8 @@ class QuantAvgPool1d(_utils.QuantInputMixin, nn.AvgPool1d):
         super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
         self.init_quantizer(quant_desc_input)
 
-    def forward(self, input: torch.Tensor):
-        return super().forward(self._input_quantizer(input))
 
-
-class QuantAvgPool2d(_utils.QuantInputMixin, nn.AvgPool2d):
+class QuantAvgPool2d(_utils.QuantInputThenFloat, nn.AvgPool2d):
     """Quantized 2D average pooling."""
 
     _float_module = nn.AvgPool2d
@@ -84,11 +71,8 @@ class QuantAvgPool2d(_utils.QuantInputMixin, nn.AvgPool2d):
         super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
         self.init_quantizer(quant_desc_input)
 
-    def forward(self, input: torch.Tensor):
-        return super().forward(self._input_quantizer(input))
 
-
-class QuantAvgPool3d(_utils.QuantInputMixin, nn.AvgPool3d):
+class QuantAvgPool3d(_utils.QuantInputThenFloat, nn.AvgPool3d):
     """Quantized 3D average pooling."""
 
     _float_module = nn.AvgPool3d
@@ -99,11 +83,8 @@ class QuantAvgPool3d(_utils.QuantInputMixin, nn.AvgPool3d):
         super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
         self.init_quantizer(quant_desc_input)
 
-    def forward(self, input: torch.Tensor):
-        return super().forward(self._input_quantizer(input))
 
-
-class QuantAdaptiveAvgPool1d(_utils.QuantInputMixin, nn.AdaptiveAvgPool1d):
+class QuantAdaptiveAvgPool1d(_utils.QuantInputThenFloat, nn.AdaptiveAvgPool1d):
     """Quantized 1D adaptive average pooling."""
 
     _float_module = nn.AdaptiveAvgPool1d
@@ -113,11 +94,8 @@ class QuantAdaptiveAvgPool1d(_utils.QuantInputMixin, nn.AdaptiveAvgPool1d):
         super().__init__(output_size)
         self.init_quantizer(quant_desc_input)
 
-    def forward(self, input: torch.Tensor):
-        return super().forward(self._input_quantizer(input))
 
-
-class QuantAdaptiveAvgPool2d(_utils.QuantInputMixin, nn.AdaptiveAvgPool2d):
+class QuantAdaptiveAvgPool2d(_utils.QuantInputThenFloat, nn.AdaptiveAvgPool2d):
     """Quantized 2D adaptive average pooling."""
 
     _float_module = nn.AdaptiveAvgPool2d
@@ -127,11 +105,8 @@ class QuantAdaptiveAvgPool2d(_utils.QuantInputMixin, nn.AdaptiveAvgPool2d):
         super().__init__(output_size)
         self.init_quantizer(quant_desc_input)
 
-    def forward(self, input: torch.Tensor):
-        return super().forward(self._input_quantizer(input))
 
-
-class QuantAdaptiveAvgPool3d(_utils.QuantInputMixin, nn.AdaptiveAvgPool3d):
+class QuantAdaptiveAvgPool3d(_utils.QuantInputThenFloat, nn.AdaptiveAvgPool3d):
     """Quantized 3D adaptive average pooling."""
 
     _float_module = nn.AdaptiveAvgPool3d
@@ -140,9 +115,6 @@ class QuantAdaptiveAvgPool3d(_utils.QuantInputMixin, nn.AdaptiveAvgPool3d):
         quant_desc_input = _utils.pop_quant_desc_in_kwargs(self.__class__, input_only=True, **kwargs)
         super().__init__(output_size)
         self.init_quantizer(quant_desc_input)
-
-    def forward(self, input: torch.Tensor):
-        return super().forward(self._input_quantizer(input))
 
 
 # Aliases kept from pytorch-quantization

@@ -149,7 +149,7 @@ class QuantLSTMCell(_utils.QuantMixin, nn.LSTMCell):
     _float_module = nn.LSTMCell
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, **kwargs) -> None:
-        factory = {key: kwargs.pop(key) for key in ("device", "dtype") if key in kwargs}
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
         super().__init__(input_size, hidden_size, bias, **factory)
         self.init_quantizer(quant_desc_input, quant_desc_weight)
