@@ -160,14 +160,6 @@ class ExportSettingsDialog(QDialog):
         if path:
             self.path_edit.setText(path)
 
-    @classmethod
-    def ask_and_export(cls, controller: Controller, parent: QWidget | None = None) -> bool:
-        """Show the dialog; on Export, start ``controller.export`` with its settings."""
-        dialog = cls(controller, parent)
-        if dialog.exec() != QDialog.DialogCode.Accepted:
-            return False
-        return controller.export(**dialog.settings())
-
 
 def report_dict(report: Any) -> dict[str, Any]:
     """An ExportReport, or the dict a project stores for one, as a plain dict."""

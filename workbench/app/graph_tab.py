@@ -19,6 +19,7 @@ The netron server is stopped when another file is shown and when the tab goes aw
 """
 from __future__ import annotations
 
+import html
 import json
 import logging
 import os
@@ -503,8 +504,8 @@ class GraphTab(QWidget):
         self._set_placeholder()
         self._set_state("empty", "")
 
-    def _set_placeholder(self, html: str | None = None) -> None:
-        self.placeholder.setText(html or (
+    def _set_placeholder(self, text: str | None = None) -> None:
+        self.placeholder.setText(text or (
             "<p style='font-size:14px'>No exported ONNX yet.</p><p style='color:gray'>Export the project "
             "(toolbar), or <b>Export preview</b> to see the QDQ graph of the current state.</p>"))
         self.stack.setCurrentWidget(self.placeholder)
@@ -516,7 +517,7 @@ class GraphTab(QWidget):
                        "old and its page will ask you to update it: <code>pip install -U netron</code>.</p>")
         self._set_placeholder(
             f"<p style='font-size:14px'>netron serves <b>{self.path.name if self.path else ''}</b> at "
-            f"<a href='{self.url}'>{self.url}</a></p><p style='color:gray'>{_escape(self.webengine_reason)}: "
+            f"<a href='{self.url}'>{self.url}</a></p><p style='color:gray'>{html.escape(self.webengine_reason)}: "
             f"the graph opens in your browser (<b>Open in browser</b>).</p>{expired}")
         self._set_state("browser", self.webengine_reason)
 
@@ -531,7 +532,7 @@ class GraphTab(QWidget):
                       "<code>pip install -U netron</code>, then Reload (or restart the app); or "
                       "<a href='browser'>open the page in your browser</a> (the same page: updating is the fix).")
         elif state == "error" and message:
-            notice = (f"<b>netron could not show the file:</b> {_escape(message)} &nbsp; "
+            notice = (f"<b>netron could not show the file:</b> {html.escape(message)} &nbsp; "
                       "<a href='browser'>Open in browser</a>")
         elif state == "timeout":
             notice = (f"netron did not finish drawing within {LOAD_TIMEOUT_S:.0f} s. "
@@ -707,6 +708,3 @@ def _cleanup(server: NetronServer, folder: Path | None) -> None:
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
 
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

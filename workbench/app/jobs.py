@@ -79,7 +79,7 @@ class JobRunner(QObject):
         self._cancel = threading.Event()
         self._name = ""
         self._started_at = 0.0
-        self._callbacks: tuple[Callable[[Any], None] | None, Callable[[BaseException], None] | None] = (None, None)
+        self._on_done: Callable[[Any], None] | None = None
         self._cancelled_types = cancelled_types
 
     @property
@@ -90,15 +90,15 @@ class JobRunner(QObject):
     def job_name(self) -> str:
         return self._name
 
-    def start(self, name: str, fn: JobFunction, on_done: Callable[[Any], None] | None = None,
-              on_error: Callable[[BaseException], None] | None = None) -> bool:
-        """Start ``fn`` unless a job is running (then return False and do nothing)."""
+    def start(self, name: str, fn: JobFunction, on_done: Callable[[Any], None] | None = None) -> bool:
+        """Start ``fn`` unless a job is running (then return False and do nothing); ``on_done(result)``
+        when it succeeds (failures are the ``failed`` and ``cancelled`` signals)."""
         if self.busy:
             return False
         self._cancel = threading.Event()
         self._name = name
         self._started_at = time.monotonic()
-        self._callbacks = (on_done, on_error)
+        self._on_done = on_done
         thread = QThread()
         worker = _Worker(fn, self._cancel)
         worker.moveToThread(thread)
@@ -131,7 +131,7 @@ class JobRunner(QObject):
 
     @Slot(object)
     def _on_success(self, result: Any) -> None:
-        name, (on_done, _) = self._name, self._callbacks
+        name, on_done = self._name, self._on_done
         self._cleanup()
         if on_done is not None:
             on_done(result)
@@ -139,13 +139,11 @@ class JobRunner(QObject):
 
     @Slot(object, str)
     def _on_failure(self, error: BaseException, text: str) -> None:
-        name, (_, on_error) = self._name, self._callbacks
+        name = self._name
         self._cleanup()
         if isinstance(error, self._cancelled_types):
             self.cancelled.emit(name, error)
             return
-        if on_error is not None:
-            on_error(error)
         self.failed.emit(name, error, text)
 
     def _cleanup(self) -> None:
