@@ -177,3 +177,33 @@ def test_every_method_gives_a_distinct_sensible_amax_on_heavy_tailed_data():
     for method in ("entropy", "mse", "percentile"):
         # clips the tail: well below the max, well above the bulk of the data
         assert float(torch.quantile(data.abs()[:100_000], 0.99)) < amax[method] < amax["max"] * 0.8, (method, amax)
+
+
+class TestCalibrateWeights:
+    def _model(self):
+        torch.manual_seed(0)
+        from workbench.quant import nn as quant_nn
+
+        return torch.nn.Sequential(quant_nn.QuantConv2d(3, 4, 3), quant_nn.QuantConvTranspose2d(4, 5, 3))
+
+    def test_max_per_channel_follows_the_output_axis(self):
+        model = self._model()
+        histogram.calibrate_weights(model, method="max")
+        conv, deconv = model
+        assert torch.equal(conv.weight_quantizer.amax, conv.weight.detach().abs().amax(dim=(1, 2, 3), keepdim=True))
+        assert torch.equal(deconv.weight_quantizer.amax,
+                           deconv.weight.detach().abs().amax(dim=(0, 2, 3), keepdim=True))
+
+    def test_max_per_tensor_and_percentile(self):
+        model = self._model()
+        histogram.calibrate_weights(model, method="max", perchannel=False)
+        assert model[0].weight_quantizer.amax.item() == model[0].weight.detach().abs().max().item()
+        model = self._model()
+        histogram.calibrate_weights(model, method="percentile", percentile=50.0)
+        amax = model[0].weight_quantizer.amax
+        assert amax.shape == (4, 1, 1, 1)
+        assert (amax < model[0].weight.detach().abs().amax(dim=(1, 2, 3), keepdim=True)).all()
+
+    def test_unknown_method(self):
+        with pytest.raises(UnknownMethodError, match="Unsupported calibration method 'entropy'"):
+            histogram.calibrate_weights(self._model(), method="entropy")

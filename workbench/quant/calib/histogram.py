@@ -26,6 +26,7 @@ import torch
 from workbench.quant.calib.calibrator import _Calibrator
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.tensor_quant import max_bound_of
+from workbench.quant.utils import reduce_amax
 
 logger = logging.getLogger(__name__)
 
@@ -161,15 +162,18 @@ class HistogramCalibrator(_Calibrator):
                 return
             low, high = torch.aminmax(x)
             batch_max = torch.maximum(high.abs(), low.abs()).float()
-            if not bool(torch.isfinite(batch_max)):  # NaN/Inf present: the range comes from finite values
+            # the one read back to the host per batch (on CUDA a sync): both tests below use this float
+            batch_max_value = float(batch_max)
+            if not math.isfinite(batch_max_value):  # NaN/Inf present: the range comes from finite values
                 finite_values = x[torch.isfinite(x)]
                 batch_max = finite_values.abs().max().float() if finite_values.numel() else torch.zeros(())
+                batch_max_value = float(batch_max)
             self._batches_seen += 1
             self._values_seen += x.numel()
             self._max = batch_max.clone() if self._max is None else torch.maximum(self._max, batch_max)
 
             stored_bins = 2 * self._num_bins
-            needed = width_exponent(float(batch_max), stored_bins)
+            needed = width_exponent(batch_max_value, stored_bins)
             if self._counts is None:
                 self._width_exp = needed
                 self._counts = torch.zeros(stored_bins, dtype=torch.int64, device=x.device)
@@ -490,15 +494,15 @@ def calibrate_weights(model: torch.nn.Module, method: str = "percentile", percha
         quantizer = module.weight_quantizer
         weight = module.weight.detach()
         axis = (1 if isinstance(module, _QuantConvTransposeNd) else 0) if perchannel else None
-        slices = [weight] if axis is None else list(weight.unbind(axis))
-        amaxes = []
-        for tensor in slices:
-            if method == "max":
-                amaxes.append(float(tensor.abs().max()))
-                continue
-            calibrator = HistogramCalibrator(quantizer.num_bits, None, quantizer.unsigned, num_bins=num_bins)
-            calibrator.collect(tensor)
-            amaxes.append(float(calibrator.compute_amax(method, percentile=percentile)))
+        if method == "max":  # one reduction for every channel (one read back), not one per channel
+            reduce_axes = None if axis is None else [d for d in range(weight.dim()) if d != axis]
+            amaxes = reduce_amax(weight, axis=reduce_axes).float().reshape(-1).tolist()
+        else:
+            amaxes = []
+            for tensor in [weight] if axis is None else weight.unbind(axis):
+                calibrator = HistogramCalibrator(quantizer.num_bits, None, quantizer.unsigned, num_bins=num_bins)
+                calibrator.collect(tensor)
+                amaxes.append(float(calibrator.compute_amax(method, percentile=percentile)))
         if axis is None:
             quantizer.amax = np.float32(amaxes[0])
         else:
