@@ -202,3 +202,10 @@ class TestLSTM:
     def test_proj_size_is_refused(self):
         with pytest.raises(ValueError, match="proj_size"):
             quant_nn.QuantLSTM(4, 6, proj_size=2)
+
+    def test_proj_size_is_refused_before_nn_lstm_checks_it(self):
+        # nn.LSTM's own complaint (proj_size must be smaller than hidden_size) would come first otherwise
+        with pytest.raises(ValueError, match=r"QuantLSTM does not support proj_size > 0.*proj_size=8"):
+            quant_nn.QuantLSTM(4, 6, proj_size=8)
+        with pytest.raises(ValueError, match=r"QuantLSTM does not support proj_size > 0.*proj_size=2"):
+            quant_nn.QuantLSTM(4, 6, 1, True, False, 0.0, False, 2)

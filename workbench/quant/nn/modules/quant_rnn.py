@@ -51,11 +51,15 @@ class QuantLSTM(_utils.QuantMixin, nn.LSTM):
     _float_module = nn.LSTM
 
     def __init__(self, *args, **kwargs) -> None:
+        # checked before anything is built: nn.LSTM would allocate the projection weights (or raise its
+        # own error about proj_size) first. proj_size is nn.LSTM's 8th positional argument.
+        proj_size = kwargs.get("proj_size", args[7] if len(args) > 7 else 0)
+        if proj_size:
+            raise ValueError(f"QuantLSTM does not support proj_size > 0 (LSTM with projections), got "
+                             f"proj_size={proj_size!r}.")
         quant_kwargs = {key: kwargs.pop(key) for key in ("quant_desc_input", "quant_desc_weight") if key in kwargs}
         quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **quant_kwargs)
         super().__init__(*args, **kwargs)
-        if self.proj_size:
-            raise ValueError("QuantLSTM does not support proj_size > 0 (LSTM with projections).")
         self.init_quantizer(quant_desc_input, quant_desc_weight,
                             num_layers=self.num_layers * (2 if self.bidirectional else 1))
 
