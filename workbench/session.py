@@ -47,6 +47,7 @@ from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate, sqnr_db
 from workbench.quant.calibrate import run_model as _run_model
 from workbench.quant.replace import ReplacementReport, ignore_matcher
+from workbench.quant.snapshot import holds_quantizers, quantizer_names
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
 from workbench.sources.errors import SourceError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
@@ -270,11 +271,6 @@ def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None)
     return f"{kind} {granularity} {calib}{extras}"
 
 
-def _quantizers_with_names(model: nn.Module) -> dict[str, TensorQuantizer]:
-    """Every name under which a quantizer is reachable (shared quantizers have several)."""
-    return {name: m for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, TensorQuantizer)}
-
-
 def _layer_of(quantizer_name: str) -> tuple[str, str]:
     """``"conv1._input_quantizer"`` -> ``("conv1", "input")``; RNN/LSTM lists map to their layer too."""
     parts = quantizer_name.split(".")
@@ -464,9 +460,7 @@ class Session:
         """(name, type, kind) of every module that owns quantizers, in model order."""
         seen = []
         for name, module in model.named_modules():
-            owns = any(isinstance(child, TensorQuantizer) or (isinstance(child, nn.ModuleList) and any(
-                isinstance(c, TensorQuantizer) for c in child)) for child in module.children())
-            if owns:
+            if holds_quantizers(module):
                 kind = "functional" if type(module).__name__ in ("QuantAdd", "QuantConcat") else "module"
                 seen.append((name, type(module).__name__.removeprefix("Quant") if kind == "module"
                              else type(module).__name__, kind))
@@ -819,7 +813,7 @@ class Session:
         if with_decisions:
             self.build_report = BuildReport(prepared.replacement, prepared.functional, prepared.rules,
                                             folding=folding)
-        for quantizer in _quantizers_with_names(model).values():
+        for quantizer in quantizer_names(model).values():
             quantizer.rounding = "onnx"  # the numbers the exported QDQ graph computes
         return model.to(self.device)
 
@@ -834,7 +828,7 @@ class Session:
         folded_now = set(report.folding.folded_into) if report.folding is not None else set()
         refolded = folded_now ^ set(run.folded or [])
         done: set[int] = set()
-        for name, quantizer in _quantizers_with_names(model).items():
+        for name, quantizer in quantizer_names(model).items():
             if id(quantizer) in done:  # shared by a placement rule: restored under its first name
                 report.restored.append(name)
                 continue
@@ -893,7 +887,7 @@ class Session:
         run = self.project.current_calibration
         learned = 0
         if record.amax and run is not None and record.calibration_id == run.id:
-            quantizers = _quantizers_with_names(model)
+            quantizers = quantizer_names(model)
             for name, array in record.amax.items():
                 quantizer = quantizers.get(name)
                 amax = quantizer._buffers.get("_amax") if quantizer is not None else None
@@ -919,7 +913,7 @@ class Session:
             num_batches = available if num_batches is None else min(num_batches, available)
         result = calibrate(model, self.data("calibration").batches(), num_batches=num_batches, method=method,
                            percentile=percentile, device=self.device, progress=progress, cancel=cancel)
-        quantizers = _quantizers_with_names(model)
+        quantizers = quantizer_names(model)
         records: dict[str, QuantizerRecord] = {}
         for name, quantizer in quantizers.items():
             item = result.quantizers.get(name) or _shared_result(result, quantizers, quantizer)
@@ -947,7 +941,7 @@ class Session:
         if run is None:
             raise SessionError("Nothing is calibrated yet: calibrate first.")
         percentile = percentile if percentile is not None else run.percentile
-        quantizers = _quantizers_with_names(self.quantized_model())
+        quantizers = quantizer_names(self.quantized_model())
         targets = []
         for name in names:
             if name in quantizers:
@@ -977,7 +971,7 @@ class Session:
 
     def histogram(self, quantizer_name: str) -> dict[str, Any] | None:
         """Histogram counts, bin edges and the amax every method gives, for plotting; None without one."""
-        quantizer = _quantizers_with_names(self.quantized_model()).get(quantizer_name)
+        quantizer = quantizer_names(self.quantized_model()).get(quantizer_name)
         if quantizer is None:
             raise SessionError(f"{quantizer_name!r} is not a quantizer of this model.")
         calibrator = quantizer._calibrator
@@ -1202,7 +1196,7 @@ class Session:
         self.dirty = True
         if result.epochs_completed == 0 and not result.changed:
             return result  # cancelled before an epoch finished: the model is as it was
-        quantizers = _quantizers_with_names(model)
+        quantizers = quantizer_names(model)
         own = {id(p) for q in quantizers.values() for p in q.parameters()}
         weights = {name: _to_numpy(p) for name, p in model.named_parameters() if id(p) not in own}
         run = self.project.current_calibration
@@ -1239,7 +1233,7 @@ class Session:
 
     def _require_calibrated(self) -> nn.Module:
         model = self.quantized_model()
-        missing = [name for name, q in _quantizers_with_names(model).items()
+        missing = [name for name, q in quantizer_names(model).items()
                    if not q._disabled and q._if_quant and not hasattr(q, "_amax")]
         if missing:
             raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"
