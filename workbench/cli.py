@@ -55,18 +55,6 @@ def _parse_fields(text: str) -> dict[str, Any]:
     return fields
 
 
-def _parse_shape(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        shape = tuple(int(s) for s in text.replace("x", ",").split(",") if s.strip())
-    except ValueError:
-        raise UsageError(f"--input-shape takes integers like 3,224,224 (per sample), got {text!r}.") from None
-    if not shape or any(s < 1 for s in shape):
-        raise UsageError(f"--input-shape takes positive integers, got {text!r}.")
-    return shape
-
-
 class _Progress:
     """A tqdm bar for one job (silent with --json or when stderr is not a terminal) and Ctrl-C as cancel."""
 
@@ -161,6 +149,7 @@ def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
 
 def _cmd_new(args: argparse.Namespace) -> int:
     from workbench.session import Session
+    from workbench.sources.data_source import InputSpec
     from workbench.sources.model_source import ModelSpec
 
     project = Path(args.project)
@@ -176,7 +165,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
     if args.metric:
         settings["metric"] = {"name": args.metric, "direction": args.metric_direction}
     session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
-                             input_shape=_parse_shape(args.input_shape), name=project.stem,
+                             input_shape=InputSpec.parse_shape(args.input_shape), name=project.stem,
                              base_dir=Path.cwd(), settings=settings)
     path = session.save(project)
     summary = session.summary()

@@ -292,3 +292,15 @@ class TestDataSources:
         spec = DataSpec("images", "/data/imgs", batch_size=8, shuffle=True, seed=3,
                         image=ImageOptions(resize=256, crop=224, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)))
         assert DataSpec.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize("text, shape", [("3,224,224", (3, 224, 224)), ("3x32x32", (3, 32, 32)),
+                                         ("(1, 8, 8)", (1, 8, 8)), ("  ", None), (None, None)])
+def test_an_input_shape_is_read_as_typed_on_the_command_line_or_in_the_wizard(text, shape):
+    assert InputSpec.parse_shape(text) == shape
+
+
+@pytest.mark.parametrize("text", ["three", "3,0,4", "3,-1"])
+def test_a_bad_input_shape_says_what_was_expected(text):
+    with pytest.raises(SourceError, match="input shape must be"):
+        InputSpec.parse_shape(text)

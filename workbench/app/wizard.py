@@ -32,27 +32,11 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.analysis.metrics import BUILTIN_METRICS
-from workbench.sources.data_source import TENSOR_SUFFIXES, DataSpec, ImageOptions
+from workbench.sources.data_source import TENSOR_SUFFIXES, DataSpec, ImageOptions, InputSpec
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import DEMO_MODELS, ModelSpec
 
-__all__ = ["NewProjectWizard", "DataSourceForm", "parse_shape", "parse_kwargs", "parse_floats"]
-
-
-def parse_shape(text: str) -> tuple[int, ...] | None:
-    """``"3, 224, 224"`` or ``"3x224x224"`` -> ``(3, 224, 224)``; empty -> None (taken from the data)."""
-    text = text.strip().strip("()[]")
-    if not text:
-        return None
-    parts = [p for p in text.replace("x", ",").replace("×", ",").replace(" ", ",").split(",") if p]
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
-        raise SourceError(f"input shape must be integers such as 3,224,224 (without the batch), got {text!r}.") \
-            from None
-    if not shape or any(s < 1 for s in shape):
-        raise SourceError(f"input shape must be positive integers, got {text!r}.")
-    return shape
+__all__ = ["NewProjectWizard", "DataSourceForm", "parse_kwargs", "parse_floats"]
 
 
 def parse_kwargs(text: str) -> dict[str, Any]:
@@ -397,7 +381,7 @@ class FinishPage(QWizardPage):
 
     def validatePage(self) -> bool:
         try:
-            parse_shape(self.input_shape.text())
+            InputSpec.parse_shape(self.input_shape.text())
             from workbench.analysis import get_metric
 
             setting = self.metric_setting()
@@ -444,7 +428,7 @@ class NewProjectWizard(QWizard):
             "calibration": self.calibration_page.form.spec(),
             "evaluation": self.evaluation_page.spec(),
             "trust_code": finish.trust.isChecked() and self.needs_trust(),
-            "input_shape": parse_shape(finish.input_shape.text()),
+            "input_shape": InputSpec.parse_shape(finish.input_shape.text()),
             "name": finish.name.text().strip() or None,
             "settings": {"metric": finish.metric_setting()},
             "save_to": save_to,

@@ -151,6 +151,28 @@ class InputSpec:
     shape: tuple[int, ...]
     dtype: str = "float32"
 
+    @staticmethod
+    def parse_shape(text: str | None) -> tuple[int, ...] | None:
+        """``"3,224,224"``, ``"3x224x224"`` or ``"(3, 224, 224)"`` -> ``(3, 224, 224)``; empty -> None.
+
+        The shape is per sample (no batch dimension), as typed on the command line or in the wizard.
+
+        Raises:
+            SourceError: not integers, or not all positive.
+        """
+        text = (text or "").strip().strip("()[]")
+        if not text:
+            return None
+        parts = [p for p in text.replace("x", ",").replace("×", ",").replace(" ", ",").split(",") if p]
+        try:
+            shape = tuple(int(p) for p in parts)
+        except ValueError:
+            raise SourceError(f"input shape must be integers such as 3,224,224 (without the batch), got "
+                              f"{text!r}.") from None
+        if not shape or any(s < 1 for s in shape):
+            raise SourceError(f"input shape must be positive integers, got {text!r}.")
+        return shape
+
     def with_batch(self, batch: int = 1) -> tuple[int, ...]:
         return (batch, *self.shape)
 
