@@ -55,7 +55,8 @@ from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Session", "SessionError", "LayerView", "DEFAULT_SETTINGS", "descriptor_of", "descriptor_summary"]
+__all__ = ["Session", "SessionError", "LayerView", "DEFAULT_SETTINGS", "descriptor_of", "descriptor_summary",
+           "jsonable"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "defaults": {"input": {"calib_method": "histogram"}, "weight": None},
@@ -223,16 +224,16 @@ def descriptor_of(quantizer: TensorQuantizer) -> dict[str, Any]:
         fields["narrow_range"] = True
     if calib_method != "max":
         fields["calib_method"] = calib_method
-    return _jsonable(fields)
+    return jsonable(fields)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """``value`` as the project's JSON holds it: tuples as lists, keys as text, NumPy scalars as Python
     numbers, and non-finite floats and any other object as text."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (bool, np.bool_)):
@@ -599,7 +600,7 @@ class Session:
             except (TypeError, ValueError) as error:
                 raise SessionError(f"{name}: {error}") from error
             if updated != current:
-                updates[name] = _jsonable(updated)
+                updates[name] = jsonable(updated)
         # applied only once every layer validated: an error leaves all of them as they were
         for name, updated in updates.items():
             setattr(self.project.layers[name], f"{role}_desc", updated)
@@ -1144,7 +1145,7 @@ class Session:
         self.project.settings["export"] = settings
         self.project.exports.append(ExportRecord(self.project.next_id(self.project.exports), now_iso(), str(target),
                                                  {"opset": opset, "dynamic_batch": dynamic_batch},
-                                                 _jsonable(report.to_dict())))
+                                                 jsonable(report.to_dict())))
         self.dirty = True
         return report
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from PySide6.QtWidgets import (
 
 from workbench.app.controller import Controller
 from workbench.app.formatting import format_number, format_size
-from workbench.session import DEFAULT_SETTINGS
+from workbench.session import DEFAULT_SETTINGS, jsonable
 
 __all__ = ["ExportSettingsDialog", "ExportReportDialog", "report_dict", "opset_spin_box",
            "MIN_OPSET", "TENSORRT_MAX_OPSET"]
@@ -170,18 +169,6 @@ def report_dict(report: Any) -> dict[str, Any]:
     raise TypeError(f"Not an export report: {type(report).__name__}")
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no literal for inf/nan
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
-
-
 _OK = "<span style='color:#1a7f37'>✔</span>"
 _WARN = "<span style='color:#b35900'>⚠</span>"
 
@@ -210,7 +197,7 @@ class ExportReportDialog(QDialog):
         layout.addWidget(buttons)
 
     def to_json(self) -> str:
-        return json.dumps(_json_safe(self.report), indent=2)
+        return json.dumps(jsonable(self.report), indent=2)
 
     def copy_json(self) -> str:
         """Put the whole report on the clipboard as JSON (and return it)."""
