@@ -190,6 +190,8 @@ def test_user_loss_needs_trust_and_bad_options_are_one_line(calibrated_project, 
                          "--steps-per-epoch", "2", "--trust-code", "--json")
     assert code == 0, err
     assert json.loads(out)["settings"]["loss"] == loss
+    code, out, _ = run(capsys, "show", project, "--json")  # the project keeps it relative to its folder
+    assert json.loads(out)["settings"]["finetune"]["loss"] == "losses.py:smooth"
     # the loss is a project setting now: later runs need trust too, or another loss
     code, _, err = run(capsys, "finetune", project, "--epochs", "1", "--lr", "1e-4")
     assert code == 2 and "--trust-code" in err
@@ -220,3 +222,40 @@ def test_set_refuses_a_bad_metric_and_keeps_the_project(project, capsys):
     assert code == 2 and "Unknown metric 'bogus'" in err
     code, out, _ = run(capsys, "show", project, "--json")
     assert code == 0 and json.loads(out)["settings"]["metric"] == {"name": "top1", "direction": None}
+
+
+def test_files_typed_on_the_command_line_are_found_from_where_they_were_typed(project, tmp_path, capsys,
+                                                                             monkeypatch):
+    """`workbench set proj/p.qwb --metric proj/m.py:fn` from the folder above the project: the file is
+    proj/m.py there, and the project keeps it relative to its own folder so it works from anywhere."""
+    (tmp_path / "metrics.py").write_text(textwrap.dedent("""
+        def minus_one(model, batches):
+            return -1.0
+    """))
+    np.savez(tmp_path / "train.npz", x=np.zeros((16, 1, 8, 8), np.float32), y=np.zeros(16, np.int64))
+    above = tmp_path.parent
+    monkeypatch.chdir(above)
+    typed_project = f"{tmp_path.name}/{project.name}"
+    code, out, err = run(capsys, "set", typed_project, "--metric", f"{tmp_path.name}/metrics.py:minus_one",
+                         "--metric-direction", "higher", "--trust-code")
+    assert code == 0, err
+    run(capsys, "calibrate", typed_project, "--method", "max")
+    monkeypatch.chdir("/")  # and from anywhere else
+    code, out, err = run(capsys, "sensitivity", project, "--trust-code", "--json")
+    assert code == 0, err
+    assert json.loads(out)["sensitivity"]["fp32"] == -1.0
+    code, out, _ = run(capsys, "show", project, "--json")
+    assert json.loads(out)["settings"]["metric"]["name"] == "metrics.py:minus_one"
+
+    monkeypatch.chdir(above)
+    code, out, err = run(capsys, "finetune", typed_project, "--epochs", "1", "--lr", "1e-4", "--steps-per-epoch",
+                         "1", "--train-data", f"{tmp_path.name}/train.npz", "--trust-code", "--json")
+    assert code == 0, err
+
+
+def test_sensitivity_text_leaves_out_the_delta_to_an_infinite_fp32(calibrated_project, capsys):
+    code, out, err = run(capsys, "sensitivity", calibrated_project, "--metric", "sqnr", "--top", "2")
+    assert code == 0, err
+    assert "vs all quantized" in out and "vs FP32" not in out and "inf)" not in out
+    code, out, err = run(capsys, "sensitivity", calibrated_project, "--metric", "top1", "--top", "2")
+    assert code == 0 and "vs FP32" in out

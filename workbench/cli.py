@@ -147,6 +147,14 @@ def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
                           seed=args.seed, image=image)
 
 
+def _typed_entrypoint(spec: str | None, session: Any) -> str | None:
+    """A ``file.py:function`` typed on the command line names a file relative to where it was typed; the
+    project keeps it relative to its own folder (which may be elsewhere)."""
+    from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
+
+    return None if spec is None else relative_entrypoint(absolute_entrypoint(spec, Path.cwd()), session.base_dir)
+
+
 def _cmd_new(args: argparse.Namespace) -> int:
     from workbench.session import Session
     from workbench.sources.data_source import InputSpec
@@ -260,7 +268,8 @@ def _cmd_set(args: argparse.Namespace) -> int:
         session.quantized_model()  # validates the names now
         changed.setdefault("pins", []).append(pin)
     if args.metric:
-        session.set_setting("metric", {"name": args.metric, "direction": args.metric_direction})
+        session.set_setting("metric", {"name": _typed_entrypoint(args.metric, session),
+                                       "direction": args.metric_direction})
         changed["metric"] = [args.metric]
     if args.device:
         session.set_setting("device", args.device)
@@ -322,9 +331,13 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
     session.save()
     data = {"sensitivity": result.to_dict()}
     lines = [result.summary()]
+    # under SQNR the FP32 model scores +inf, so a delta against it says nothing
+    vs_fp32 = math.isfinite(result.fp32)
     for unit in result.ranked()[:args.top]:
-        lines.append(f"  {unit.rank:>3}. {unit.name:<36} {_fmt(unit.value)}  (vs all quantized "
-                     f"{unit.delta_vs_quantized:+.4g}, vs FP32 {unit.delta_vs_fp32:+.4g})")
+        versus = f"vs all quantized {unit.delta_vs_quantized:+.4g}"
+        if vs_fp32:
+            versus += f", vs FP32 {unit.delta_vs_fp32:+.4g}"
+        lines.append(f"  {unit.rank:>3}. {unit.name:<36} {_fmt(unit.value)}  ({versus})")
     if fallback is not None:
         data["fallback"] = fallback.to_dict()
         lines.append(fallback.summary())
@@ -355,14 +368,16 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     if args.loss and ":" in args.loss and not args.trust_code:
         raise UsageError(f"the loss {args.loss} is user code: add --trust-code to run it.")
     if args.train_data:
-        session.set_data("training", _data_spec(args.train_data, args, args.batch_size))
+        typed = _data_spec(args.train_data, args, args.batch_size)  # relative to where it was typed
+        session.set_data("training", typed.absolute(Path.cwd()).relative_to(session.base_dir))
     options: dict[str, Any] = {}
     if args.original_lr is not None:
         options.update(recipe(args.original_lr, args.original_epochs))
     elif args.original_epochs is not None:
         raise UsageError("--original-epochs goes with --original-lr (the recipe needs both).")
     given = {"epochs": args.epochs, "lr": args.lr, "optimizer": args.optimizer, "schedule": args.schedule,
-             "loss": args.loss, "momentum": args.momentum, "weight_decay": args.weight_decay,
+             "loss": _typed_entrypoint(args.loss, session), "momentum": args.momentum,
+             "weight_decay": args.weight_decay,
              "steps_per_epoch": args.steps_per_epoch, "amp": args.amp, "learn_amax": args.learn_amax}
     options.update({key: value for key, value in given.items() if value is not None})
     metric = _metric_option(args)
