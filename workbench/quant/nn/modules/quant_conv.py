@@ -24,6 +24,15 @@ class _QuantConvNd(_utils.QuantMixin):
     default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
 
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 padding_mode="zeros", **kwargs):
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
+        quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
+        # the float class by name: the transposed convolutions below put their own signature in between
+        self._float_module.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                                    bias, padding_mode, **factory)
+        self.init_quantizer(quant_desc_input, quant_desc_weight)
+
     def _quant(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._input_quantizer(input), self._weight_quantizer(self.weight)
 
@@ -38,28 +47,12 @@ class QuantConv1d(_QuantConvNd, nn.Conv1d):
     _float_module = nn.Conv1d
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 padding_mode="zeros", **kwargs):
-        factory, kwargs = _utils.split_factory_kwargs(kwargs)
-        quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode, **factory)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
-
 
 class QuantConv2d(_QuantConvNd, nn.Conv2d):
     """Quantized 2D convolution."""
 
     _float_module = nn.Conv2d
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 padding_mode="zeros", **kwargs):
-        factory, kwargs = _utils.split_factory_kwargs(kwargs)
-        quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode, **factory)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
 
 
 class QuantConv3d(_QuantConvNd, nn.Conv3d):
@@ -68,20 +61,20 @@ class QuantConv3d(_QuantConvNd, nn.Conv3d):
     _float_module = nn.Conv3d
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 padding_mode="zeros", **kwargs):
-        factory, kwargs = _utils.split_factory_kwargs(kwargs)
-        quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode, **factory)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
-
 
 class _QuantConvTransposeNd(_QuantConvNd):
     """Shared part of the quantized transposed convolutions (weight per-channel on axis 1)."""
 
     _num_spatial_dims = 0
     _functional = None
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode="zeros", **kwargs):
+        factory, kwargs = _utils.split_factory_kwargs(kwargs)
+        quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
+        self._float_module.__init__(self, in_channels, out_channels, kernel_size, stride, padding, output_padding,
+                                    groups, bias, dilation, padding_mode, **factory)
+        self.init_quantizer(quant_desc_input, quant_desc_weight)
 
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         if self.padding_mode != "zeros":
@@ -101,14 +94,6 @@ class QuantConvTranspose1d(_QuantConvTransposeNd, nn.ConvTranspose1d):
     _num_spatial_dims = 1
     _functional = staticmethod(F.conv_transpose1d)
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
-                 bias=True, dilation=1, padding_mode="zeros", **kwargs):
-        factory, kwargs = _utils.split_factory_kwargs(kwargs)
-        quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
-                         dilation, padding_mode, **factory)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
-
 
 class QuantConvTranspose2d(_QuantConvTransposeNd, nn.ConvTranspose2d):
     """Quantized 2D transposed convolution."""
@@ -118,14 +103,6 @@ class QuantConvTranspose2d(_QuantConvTransposeNd, nn.ConvTranspose2d):
     _num_spatial_dims = 2
     _functional = staticmethod(F.conv_transpose2d)
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
-                 bias=True, dilation=1, padding_mode="zeros", **kwargs):
-        factory, kwargs = _utils.split_factory_kwargs(kwargs)
-        quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
-                         dilation, padding_mode, **factory)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
-
 
 class QuantConvTranspose3d(_QuantConvTransposeNd, nn.ConvTranspose3d):
     """Quantized 3D transposed convolution."""
@@ -134,14 +111,6 @@ class QuantConvTranspose3d(_QuantConvTransposeNd, nn.ConvTranspose3d):
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL
     _num_spatial_dims = 3
     _functional = staticmethod(F.conv_transpose3d)
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
-                 bias=True, dilation=1, padding_mode="zeros", **kwargs):
-        factory, kwargs = _utils.split_factory_kwargs(kwargs)
-        quant_desc_input, quant_desc_weight = _utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
-                         dilation, padding_mode, **factory)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
 
 
 # Aliases kept from pytorch-quantization
