@@ -18,6 +18,8 @@ makes the exported graph compute exactly what the fake-quant model computes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -93,18 +95,17 @@ def register_torchscript_symbolic() -> None:
     _torchscript_registered = True
 
 
+@dataclass
 class ExportParams:
     """The ONNX parameters of one quantizer."""
 
-    def __init__(self, scale: torch.Tensor, zero_point: torch.Tensor, amax_shape: tuple[int, ...], qmin: int,
-                 qmax: int, clip: tuple[float, float] | None, tiny_channels: int) -> None:
-        self.scale = scale
-        self.zero_point = zero_point
-        self.amax_shape = amax_shape
-        self.qmin = qmin
-        self.qmax = qmax
-        self.clip = clip
-        self.tiny_channels = tiny_channels
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+    amax_shape: tuple[int, ...]
+    qmin: int
+    qmax: int
+    clip: tuple[float, float] | None
+    tiny_channels: int
 
     @property
     def per_channel(self) -> bool:
