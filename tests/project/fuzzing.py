@@ -13,6 +13,15 @@ STRANGE_VALUES = st.one_of(st.none(), st.integers(-2 ** 63, 2 ** 63 - 1), st.tex
                            st.binary(max_size=20), st.just("{}"), st.just("[1, 2]"), st.just("null"))
 
 
+def tamper(path: Path, *statements: str) -> None:
+    """Change a saved project file behind the store's back, as another program or a bad disk would."""
+    connection = sqlite3.connect(path)
+    for statement in statements:
+        connection.execute(statement)
+    connection.commit()
+    connection.close()
+
+
 def load_with_every_column_set(path: Path, table: str, value: object) -> None:
     """Set every column of ``table`` to ``value`` (where SQLite allows it), then open the project:
     a clean ProjectError is fine, any other exception fails the test."""

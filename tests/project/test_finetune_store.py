@@ -1,9 +1,8 @@
 """Format 2 of the project file: fine-tune runs and their tensors, the fold state of calibrations, migration."""
-import sqlite3
 
 import numpy as np
 import pytest
-from fuzzing import STRANGE_VALUES, load_with_every_column_set  # noqa: E402
+from fuzzing import STRANGE_VALUES, load_with_every_column_set, tamper  # noqa: E402
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -61,8 +60,7 @@ def test_fine_tunes_round_trip(tmp_path):
 def test_a_damaged_fine_tuned_tensor_is_a_clean_error(tmp_path):
     path = tmp_path / "p.qwb"
     save_project(project_with_finetunes(), path)
-    with sqlite3.connect(path) as connection:
-        connection.execute("UPDATE finetune_tensors SET data = x'00' WHERE name = 'fc.weight'")
+    tamper(path, "UPDATE finetune_tensors SET data = x'00' WHERE name = 'fc.weight'")
     with pytest.raises(ProjectError, match="fine-tuned fc.weight: 1 bytes stored, 1280 expected"):
         load_project(path)
 
@@ -73,11 +71,9 @@ def test_version_1_files_get_the_new_tables_and_folding_off(tmp_path):
     project.finetunes = []
     project.settings = {"rules": {"concat": True}}
     save_project(project, path)
-    with sqlite3.connect(path) as connection:
-        connection.execute("DROP TABLE finetune_runs")
-        connection.execute("DROP TABLE finetune_tensors")
-        connection.execute("ALTER TABLE calibration_runs DROP COLUMN folded")
-        connection.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    tamper(path, "DROP TABLE finetune_runs", "DROP TABLE finetune_tensors",
+           "ALTER TABLE calibration_runs DROP COLUMN folded",
+           "UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     before = path.read_bytes()
     loaded = load_project(path)
     assert path.read_bytes() == before  # migrated in memory only

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from fuzzing import STRANGE_VALUES, load_with_every_column_set  # noqa: E402
+from fuzzing import STRANGE_VALUES, load_with_every_column_set, tamper  # noqa: E402
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -160,10 +160,7 @@ def test_truncated_files_are_refused(tmp_path, keep):
 def test_newer_schema_is_refused(tmp_path):
     path = tmp_path / "p.qwb"
     save_project(sample_project(), path)
-    connection = sqlite3.connect(path)
-    connection.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
-    connection.commit()
-    connection.close()
+    tamper(path, "UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(ProjectError, match="newer Quant Workbench .*format 99"):
         load_project(path)
 
@@ -171,11 +168,8 @@ def test_newer_schema_is_refused(tmp_path):
 def test_older_schema_is_migrated_in_memory(tmp_path, monkeypatch):
     path = tmp_path / "p.qwb"
     save_project(sample_project(), path)
-    connection = sqlite3.connect(path)
-    connection.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
-    connection.execute("UPDATE meta SET value = 'old name' WHERE key = 'name'")
-    connection.commit()
-    connection.close()
+    tamper(path, "UPDATE meta SET value = '0' WHERE key = 'schema_version'",
+           "UPDATE meta SET value = 'old name' WHERE key = 'name'")
     before = path.read_bytes()
 
     def rename(db):  # a stand-in migration: v0 stored names that v1 spells differently
@@ -192,10 +186,7 @@ def test_older_schema_is_migrated_in_memory(tmp_path, monkeypatch):
 def test_corrupt_tensor_is_a_clean_error(tmp_path):
     path = tmp_path / "p.qwb"
     save_project(sample_project(), path)
-    connection = sqlite3.connect(path)
-    connection.execute("UPDATE quantizer_stats SET amax = x'0102' WHERE name = 'layer0._weight_quantizer'")
-    connection.commit()
-    connection.close()
+    tamper(path, "UPDATE quantizer_stats SET amax = x'0102' WHERE name = 'layer0._weight_quantizer'")
     with pytest.raises(ProjectError, match="layer0._weight_quantizer amax: 2 bytes stored, 64 expected"):
         load_project(path)
 
