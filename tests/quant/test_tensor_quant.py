@@ -381,6 +381,20 @@ class TestKernelBackends:
         assert torch.equal(q.float().nan_to_num(), ref_q.float().nan_to_num())
 
     @pytest.mark.skipif(not kernels.kernel_available(), reason="C kernel not built")
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+    @pytest.mark.parametrize("inner", [1, 3, 9, 27, 31])
+    def test_short_rows_per_channel(self, dtype, inner):
+        """Rows shorter than a vector, or with a 1-7 value tail (3x3x3 weights), as the reference computes
+        them, and a negative value only in a tail is still reported."""
+        x = (torch.rand(6, inner) * 3).to(dtype)
+        x[4, -1] = -0.5
+        amax = torch.tensor([[1.0], [2.0], [0.0], [3.0], [1.5], [0.25]])
+        for rounding in ("pytorch_quantization", "onnx"):
+            out, negative = kernels.quantize(x, amax, 127.0, -127.0, rounding=rounding, check_negative=True)
+            ref = kernels.quantize_reference(x, amax, 127.0, -127.0, rounding, True)
+            assert torch.equal(out, ref) and negative
+
+    @pytest.mark.skipif(not kernels.kernel_available(), reason="C kernel not built")
     def test_parallel_split_per_channel(self):
         x = torch.randn(64, 40, 9, 9)  # > 2**17 elements: several threads, rows split across them
         amax = torch.rand(64, 1, 1, 1) + 0.1
@@ -388,10 +402,11 @@ class TestKernelBackends:
         ref = kernels.quantize_reference(x, amax, 127.0, -127.0, "pytorch_quantization", True)
         assert torch.equal(out, ref)
 
+    @pytest.mark.skipif(not kernels.kernel_available(), reason="C kernel not built")
     @pytest.mark.parametrize("rounding", ["pytorch_quantization", "onnx"])
     @pytest.mark.parametrize("max_bound", [1.0, 7.0, 127.0, 255.0, 32767.0, 2.0 ** 31 - 1])
     def test_host_params_equal_quant_params(self, rounding, max_bound):
-        """The C kernel's numpy-computed parameters are bit-identical to the torch ones the other paths use."""
+        """The C kernel's host-computed parameters are bit-identical to the torch ones the other paths use."""
         generator = torch.Generator().manual_seed(0)
         amax = torch.exp(torch.randn(100_000, generator=generator) * 8)
         amax[:4] = torch.tensor([0.0, 2.0 ** -24, 2.0 ** -23, float("inf")])

@@ -36,6 +36,10 @@ typedef struct {
 int wb_fake_quant(const void *x, void *y, int dtype, int64_t outer, int64_t channels, int64_t inner,
                   const wb_qparam_t *params, float lo, float hi, int mode, int dequant, int nthreads);
 
+/* The (a, b) pair of every amax (see kernels.host_params for the formulas). Returns the smallest amax
+ * (NaN ignored; +inf when there is none) so that the caller can refuse a negative one. */
+float wb_quant_params(const float *amax, int64_t n, float max_bound, int mode, wb_qparam_t *out);
+
 /* amax_search.c: one value per candidate, written to out[0 .. count) */
 int64_t wb_candidate_count(int64_t first, int64_t last_inclusive, int64_t stride);
 void wb_entropy_divergences(const double *bins, int64_t n, int64_t groups, int64_t start, int64_t stride,

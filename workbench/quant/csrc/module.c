@@ -35,6 +35,26 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     return PyBool_FromLong(negative);
 }
 
+static PyObject *py_quant_params(PyObject *self, PyObject *args) {
+    unsigned long long amax_ptr, out_ptr;
+    long long n;
+    float max_bound;
+    int mode;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLfiK", &amax_ptr, &n, &max_bound, &mode, &out_ptr)) return NULL;
+    if (mode != WB_MODE_MUL_DIV && mode != WB_MODE_DIV_MUL) {
+        PyErr_Format(PyExc_ValueError, "unsupported mode %d", mode);
+        return NULL;
+    }
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "n must be >= 0");
+        return NULL;
+    }
+    float smallest = wb_quant_params((const float *)(uintptr_t)amax_ptr, n, max_bound, mode,
+                                     (wb_qparam_t *)(uintptr_t)out_ptr);
+    return PyFloat_FromDouble((double)smallest);
+}
+
 static PyObject *py_entropy_divergences(PyObject *self, PyObject *args) {
     unsigned long long bins_ptr, out_ptr;
     long long n, groups, start, stride;
@@ -115,6 +135,7 @@ static PyObject *py_force_portable(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"quantize", py_quantize, METH_VARARGS, "Fused (fake) quantization of a contiguous CPU buffer."},
+    {"quant_params", py_quant_params, METH_VARARGS, "Scale pairs of float32 amax values; returns the smallest."},
     {"entropy_divergences", py_entropy_divergences, METH_VARARGS, "KL divergence of every entropy candidate."},
     {"mse_errors", py_mse_errors, METH_VARARGS, "Squared error of every mse candidate."},
     {"histogram", py_histogram, METH_VARARGS, "Add |x| to a histogram with power-of-two bins; returns NaN/Inf count."},
