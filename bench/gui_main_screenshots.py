@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     shot("set-descriptor")
     dialog.reject()
 
+    settings_dialog = window.settings_dialog()
+    if settings_dialog is not None:
+        shot("project-settings")  # calibration, metric, export defaults and device in one dialog
+        settings_dialog.reject()
+
     for title in ("Sensitivity", "Graph", "Fine-tune"):
         tab = window.extra_tabs.get(title)
         if tab is None:

@@ -177,9 +177,13 @@ class ProjectSettingsDialog(QDialog):
         self.metric.addItems(list(BUILTIN_METRICS))
         self.metric.setCurrentText(str(metric.get("name") or "sqnr"))
         self.direction = QComboBox()
-        self.direction.addItems(["", "higher", "lower"])
-        self.direction.setCurrentText(metric.get("direction") or "")
+        for text, value in (("set by the metric", None), ("higher is better", "higher"),
+                            ("lower is better", "lower")):
+            self.direction.addItem(text, value)
+        self.direction.setCurrentIndex(max(0, self.direction.findData(metric.get("direction"))))
         self.direction.setToolTip("Only for a user metric (module:function): which way is better")
+        self.metric.currentTextChanged.connect(self._metric_changed)
+        self._metric_changed(self.metric.currentText())
         export = settings.get("export") or {}
         self.export_path = QLineEdit(export.get("path") or "")
         self.export_path.setPlaceholderText("next to the project")
@@ -201,6 +205,17 @@ class ProjectSettingsDialog(QDialog):
         layout = QVBoxLayout(self)
         for widget in (default_box, graph_box, calibration_box, other_box, note, buttons):
             layout.addWidget(widget)
+        # a group box's size hint ignores its title: wide enough for the longest one
+        self.setMinimumWidth(self.fontMetrics().horizontalAdvance(graph_box.title()) + 80)
+
+    def _metric_changed(self, name: str) -> None:
+        """A built-in metric knows its direction; only a user function (``module:function``) needs one."""
+        user_function = ":" in name
+        self.direction.setEnabled(user_function)
+        # no guess for a user function: left unset, OK is refused with a message asking for it
+        self.direction.setItemText(0, "choose which way is better" if user_function else "set by the metric")
+        if not user_function:
+            self.direction.setCurrentIndex(0)
 
     def changes(self) -> dict[str, Any]:
         """Settings that differ from the ones the dialog opened with: ``{key: new value}``."""
@@ -222,7 +237,7 @@ class ProjectSettingsDialog(QDialog):
                         "residual": self.rule_residual.isChecked()}
         new["calibration"] = self.calibration.options()
         new["metric"] = {"name": self.metric.currentText().strip() or "sqnr",
-                         "direction": self.direction.currentText() or None}
+                         "direction": self.direction.currentData()}
         export = dict(original.get("export") or {})
         export["path"] = self.export_path.text().strip() or None
         export["opset"] = self.opset.value()
