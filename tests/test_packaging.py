@@ -73,3 +73,26 @@ def test_resources_can_be_found_outside_the_repository(tmp_path):
     frozen = f"import sys; sys._MEIPASS = {str(tmp_path)!r}\nfrom workbench.sources import demo; print(demo.RESOURCES)"
     out = subprocess.run([sys.executable, "-c", frozen], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(tmp_path / "resources")
+
+
+def test_resources_are_found_wherever_an_install_put_them(tmp_path):
+    """Source tree first, then a wheel's copy under the prefix; an override or a frozen app win."""
+    from workbench.resources import INSTALLED, find_resources
+
+    source_root, prefix = tmp_path / "src", tmp_path / "venv"
+    (prefix / INSTALLED).mkdir(parents=True)
+    assert find_resources(None, None, source_root, prefix) == prefix / INSTALLED  # pip install .
+    (source_root / "resources").mkdir(parents=True)
+    assert find_resources(None, None, source_root, prefix) == source_root / "resources"  # checkout / -e
+    assert find_resources(str(tmp_path / "elsewhere"), None, source_root, prefix) == tmp_path / "elsewhere"
+    assert find_resources(None, str(tmp_path / "app"), source_root, prefix) == tmp_path / "app" / "resources"
+    empty = tmp_path / "empty"
+    assert find_resources(None, None, empty, empty) == empty / "resources"  # the path a developer expects
+
+
+def test_a_wheel_carries_what_the_program_reads_but_not_the_screenshots():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for folder in ("demo", "icons", "style"):
+        assert f'"share/quant-workbench/{folder}" = ["resources/{folder}/*"]' in pyproject
+        assert (ROOT / "resources" / folder).is_dir()
+    assert "screenshots" not in pyproject.split("[tool.setuptools.data-files]")[1].split("[")[0]

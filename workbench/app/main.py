@@ -14,10 +14,10 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from workbench import __version__
+from workbench.resources import RESOURCES
 
 __all__ = ["run_gui", "create_application", "RESOURCES", "stylesheet", "app_icon"]
 
-RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 ORGANIZATION = "Quant Workbench"
 APP_NAME = "Quant Workbench"
 

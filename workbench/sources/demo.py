@@ -6,8 +6,6 @@ weights, for structure and speed work.
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,20 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.resources import RESOURCES
 
-def _resources_dir() -> Path:
-    """``resources/`` at the repository root; in a PyInstaller app, where the spec put it (under
-    ``sys._MEIPASS``); ``WORKBENCH_RESOURCES`` overrides both (a system-wide install, say)."""
-    override = os.environ.get("WORKBENCH_RESOURCES")
-    if override:
-        return Path(override).expanduser().resolve()
-    frozen = getattr(sys, "_MEIPASS", None)
-    if frozen:
-        return Path(frozen) / "resources"
-    return Path(__file__).resolve().parents[2] / "resources"
-
-
-RESOURCES = _resources_dir()
 DEMO_DIR = RESOURCES / "demo"
 DIGITS_WEIGHTS = DEMO_DIR / "digits_cnn.safetensors"
 DIGITS_DATA = DEMO_DIR / "digits.npz"
