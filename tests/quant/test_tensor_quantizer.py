@@ -126,6 +126,12 @@ def test_negative_amax_is_refused_when_loaded():
     target = TensorQuantizer(QuantDescriptor(axis=0))
     with pytest.raises(RuntimeError, match=r"_amax: Negative values in amax: the smallest is -2"):
         target.load_state_dict({"_amax": torch.tensor([[1.0], [-2.0]])})
+    # a calibrated quantizer keeps its amax when a bad checkpoint of the same shape is refused
+    target.amax = torch.tensor([[1.0], [3.0]])
+    with pytest.raises(RuntimeError, match="Negative values in amax") as refused:
+        target.load_state_dict({"_amax": torch.tensor([[1.0], [-2.0]])}, strict=True)
+    assert "Missing key" not in str(refused.value)
+    assert torch.equal(target.amax, torch.tensor([[1.0], [3.0]]))
 
 
 def test_negative_amax_from_a_calibrator_is_refused():

@@ -439,6 +439,7 @@ class TensorQuantizer(nn.Module):
         fresh model must create the buffer. A per-channel amax from pytorch-quantization along another
         axis (its ConvTranspose default was axis 0) is kept as saved, and the quantizer's axis follows it.
         """
+        refused: set[str] = set()
         for name in ("_amax", "_pre_quant_scale"):
             key = prefix + name
             if key not in state_dict:
@@ -452,6 +453,7 @@ class TensorQuantizer(nn.Module):
             if name == "_amax" and saved.numel() and saved.min() < 0:
                 # refused at load, once: the per-call path does not read a CUDA amax back
                 error_msgs.append(f"{key}: {kernels.negative_amax_error(float(saved.min()))}")
+                refused.add(key)
                 continue
             current = self._buffers.get(name)
             if current is None or current.shape != saved.shape:
@@ -459,8 +461,11 @@ class TensorQuantizer(nn.Module):
                 self._buffers[name] = torch.empty(saved.shape, dtype=saved.dtype, device=device)
                 if name == "_amax":
                     self._follow_amax_axis(saved)
+        if refused:  # not copied into the buffer: the quantizer keeps the amax it had
+            state_dict = {key: value for key, value in state_dict.items() if key not in refused}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        missing_keys[:] = [key for key in missing_keys if key not in refused]  # refused, not missing
 
     def _module_device(self, fallback: torch.device) -> torch.device:
         for tensor in list(self.parameters(recurse=True)) + list(self.buffers(recurse=True)):
