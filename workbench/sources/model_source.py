@@ -12,6 +12,7 @@ Three kinds:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,23 +102,21 @@ class ModelSpec:
 
     def relative_to(self, base_dir: Path) -> ModelSpec:
         """The same spec with file paths written relative to ``base_dir`` where they lie under it."""
-        target = self.target
-        if self.kind == "pickle":
-            target = relative_path(target, base_dir) or target
-        elif self.kind == "entrypoint":
-            target = relative_entrypoint(target, base_dir)
-        return ModelSpec(self.kind, target, dict(self.kwargs), relative_path(self.weights, base_dir),
-                         relative_path(self.code_dir, base_dir))
+        return self._with_paths(relative_path, relative_entrypoint, base_dir)
 
     def absolute(self, base_dir: Path) -> ModelSpec:
         """The same spec with relative file paths resolved against ``base_dir`` (the project's folder)."""
+        return self._with_paths(absolute_path, absolute_entrypoint, base_dir)
+
+    def _with_paths(self, plain: Callable[[str | None, Path], str | None], entrypoint: Callable[[str, Path], str],
+                    base_dir: Path) -> ModelSpec:
         target = self.target
         if self.kind == "pickle":
-            target = absolute_path(target, base_dir) or target
+            target = plain(target, base_dir) or target
         elif self.kind == "entrypoint":
-            target = absolute_entrypoint(target, base_dir)
-        return ModelSpec(self.kind, target, dict(self.kwargs), absolute_path(self.weights, base_dir),
-                         absolute_path(self.code_dir, base_dir))
+            target = entrypoint(target, base_dir)
+        return ModelSpec(self.kind, target, dict(self.kwargs), plain(self.weights, base_dir),
+                         plain(self.code_dir, base_dir))
 
 
 @dataclass(frozen=True)
