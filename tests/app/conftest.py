@@ -12,3 +12,13 @@ def controller(qtbot):
     controller = Controller()
     yield controller
     controller.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def controllers_are_shut_down():
+    """Every test shuts its controllers down, so that the rest of the suite collects garbage as usual
+    (a live controller keeps Python's automatic collection off, see workbench/app/main_thread_gc.py)."""
+    yield
+    from workbench.app import main_thread_gc
+
+    assert main_thread_gc._users == 0, "a Controller was not shut down (call shutdown() or use a fixture)"

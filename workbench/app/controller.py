@@ -16,6 +16,7 @@ import torch
 from PySide6.QtCore import QObject, QTimer, Signal, SignalInstance
 
 from workbench.analysis import AnalysisCancelled
+from workbench.app import main_thread_gc
 from workbench.app.jobs import JobRunner
 from workbench.graph import ModelTree
 from workbench.quant.calibrate import CalibrationCancelled
@@ -153,6 +154,8 @@ class Controller(QObject):
         self._tree_cache: tuple | None = None  # (session, tree): describing a big model takes a while
         self._log_handler = QtLogHandler(self)
         logging.getLogger("workbench").addHandler(self._log_handler)
+        # jobs run Python in a worker thread: garbage holding widgets must not be collected there
+        self._gc_acquired = main_thread_gc.acquire()
 
     def shutdown(self) -> None:
         """Cancel a running job and wait for it (before the window closes)."""
@@ -160,6 +163,9 @@ class Controller(QObject):
             self.jobs.cancel()
             self.jobs.wait()
         logging.getLogger("workbench").removeHandler(self._log_handler)
+        if self._gc_acquired:  # no worker thread runs any more
+            self._gc_acquired = False
+            main_thread_gc.release()
 
     # ----- state --------------------------------------------------------------------------------
 
