@@ -108,7 +108,8 @@ def test_demo_opens_ready_to_calibrate(window, qtbot):
     assert "not calibrated" in window.summary_label.text()
     qtbot.waitUntil(lambda: window.layer_panel.title.text().startswith("stem.0"))
     assert "input 1×1×8×8 → output 1×16×8×8" in window.layer_panel.details.text()
-    assert "Not calibrated yet" in window.layer_panel.histogram_message.textItem.toPlainText()
+    # the plots follow the header one turn of the event loop later (the window repaints in between)
+    qtbot.waitUntil(lambda: "Not calibrated yet" in window.layer_panel.histogram_message.textItem.toPlainText())
     tabs = [window.tabs.tabText(i) for i in range(window.tabs.count())]
     assert tabs == ["Layer", "Sensitivity", "Graph", "Fine-tune"]
 
