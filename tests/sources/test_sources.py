@@ -140,6 +140,14 @@ class TestModelSources:
         with pytest.raises(SourceError, match="model kind must be one of"):
             load_model(spec, trust_code=True)
 
+    def test_the_unpickler_itself_refuses_untrusted_files(self, tmp_path, monkeypatch):
+        from workbench.sources import model_source
+
+        torch.save(nn.Linear(2, 2), tmp_path / "model.pt")
+        monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load ran on an untrusted file"))
+        with pytest.raises(TrustRequired, match="model.pt"):
+            model_source._from_pickle(ModelSpec("pickle", str(tmp_path / "model.pt")), None, trust_code=False)
+
     def test_a_project_file_cannot_make_a_pickle_trusted(self, tmp_path):
         from workbench.project import load_project
         from workbench.session import Session

@@ -160,15 +160,14 @@ def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | No
         SourceError: a file is missing, the target is not a model, the factory raised, or the weights
             do not fit (missing/unexpected keys and shape mismatches are listed).
     """
-    if spec.requires_trust and not trust_code:
-        raise TrustRequired(f"Loading {spec.label} runs its Python code ({spec.kind}); only do this for code you "
-                            "trust, then allow it (--trust-code on the command line).")
+    if spec.requires_trust:  # fail closed: a kind this code does not know is refused untrusted too
+        _require_trust(spec, trust_code)
     if spec.kind == "demo":
         model = _demo_model(spec.target)
     elif spec.kind == "entrypoint":
-        model = _from_entrypoint(spec, base_dir)
+        model = _from_entrypoint(spec, base_dir, trust_code)
     elif spec.kind == "pickle":
-        model = _from_pickle(spec, base_dir)
+        model = _from_pickle(spec, base_dir, trust_code)
     else:  # never unpickle by default: a kind this code does not know is refused
         raise SourceError(f"model kind must be one of {MODEL_KINDS}, got {spec.kind!r}.")
     if spec.weights:
@@ -188,7 +187,16 @@ def _demo_model(name: str) -> nn.Module:
     return demo.resnet18_like(num_classes=10, width=8)
 
 
-def _from_entrypoint(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
+def _require_trust(spec: ModelSpec, trust_code: bool) -> None:
+    """Checked by load_model and again right where code runs (importing a factory, unpickling), so no
+    other path reaches them untrusted."""
+    if not trust_code:
+        raise TrustRequired(f"Loading {spec.label} runs its Python code ({spec.kind}); only do this for code you "
+                            "trust, then allow it (--trust-code on the command line).")
+
+
+def _from_entrypoint(spec: ModelSpec, base_dir: Path | None, trust_code: bool) -> nn.Module:
+    _require_trust(spec, trust_code)
     factory = load_entrypoint(spec.target, base_dir)
     if not callable(factory):
         raise SourceError(f"{spec.target} is not callable (it is a {type(factory).__name__}).")
@@ -201,14 +209,15 @@ def _from_entrypoint(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
     return model
 
 
-def _from_pickle(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
+def _from_pickle(spec: ModelSpec, base_dir: Path | None, trust_code: bool) -> nn.Module:
+    _require_trust(spec, trust_code)  # before the file is even looked at: a project file names it
     path = _resolve(spec.target, base_dir)
     if not path.is_file():
         raise SourceError(f"{path}: no such model file.")
     code_dir = _resolve(spec.code_dir, base_dir) if spec.code_dir else path.resolve().parent
     try:
         with extra_import_path(code_dir):
-            # the user chose to trust this file (checked by the caller): unpickling runs its code
+            # the user chose to trust this file (checked above): unpickling runs its code
             loaded = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:
         raise SourceError(f"{path}: cannot be loaded as a pickled model ({type(error).__name__}: {error}). If its "
