@@ -310,6 +310,19 @@ class DescriptorDialog(QDialog):
             super().accept()
 
 
+def _plot_widget(min_height: int, bottom: str, left: str, vertical_grid: bool) -> pg.PlotWidget:
+    """A panel plot: labelled axes, light grid, zoom along x only, plain numbers on the axes."""
+    plot = pg.PlotWidget()
+    plot.setMinimumHeight(min_height)
+    plot.setLabel("bottom", bottom)
+    plot.setLabel("left", left)
+    plot.showGrid(x=vertical_grid, y=True, alpha=0.15)
+    plot.setMouseEnabled(x=True, y=False)
+    for axis in ("left", "bottom"):
+        plot.getAxis(axis).enableAutoSIPrefix(False)  # 0.4, not "400 (x0.001)"
+    return plot
+
+
 class LayerPanel(QWidget):
     """What the selected layer(s) are and how they are quantized; plots of their calibration data."""
 
@@ -377,30 +390,16 @@ class LayerPanel(QWidget):
         self.log_box = QCheckBox("Log scale")
         self.log_box.setChecked(True)
         self.log_box.setToolTip("Logarithmic counts: the tail, where amax is chosen, is visible")
-        self.histogram_plot = pg.PlotWidget()
-        self.histogram_plot.setMinimumHeight(220)
-        self.histogram_plot.setLabel("bottom", "|x|")
-        self.histogram_plot.setLabel("left", "count")
-        self.histogram_plot.showGrid(x=True, y=True, alpha=0.15)
-        self.histogram_plot.setMouseEnabled(x=True, y=False)
+        self.histogram_plot = _plot_widget(220, "|x|", "count", vertical_grid=True)
         self.histogram_message = pg.TextItem("", color="#606060", anchor=(0.5, 0.5))
         self.amax_legend = QLabel()
         self.amax_legend.setObjectName("amaxLegend")
         self.amax_legend.setWordWrap(True)
         self.amax_legend.setTextFormat(Qt.TextFormat.RichText)
-        self.weight_plot = pg.PlotWidget()
-        self.weight_plot.setMinimumHeight(160)
-        self.weight_plot.setLabel("bottom", "output channel")
-        self.weight_plot.setLabel("left", "max |w|")
-        self.weight_plot.showGrid(x=False, y=True, alpha=0.15)
-        self.weight_plot.setMouseEnabled(x=True, y=False)
+        self.weight_plot = _plot_widget(160, "output channel", "max |w|", vertical_grid=False)
         self.weight_title = QLabel()
         self.weight_title.setObjectName("plotTitle")
         self.weight_title.setWordWrap(True)  # a long title must not widen the panel (and squeeze the tree)
-        for plot in (self.histogram_plot, self.weight_plot):
-            for axis in ("left", "bottom"):
-                plot.getAxis(axis).enableAutoSIPrefix(False)  # 0.4, not "400 (x0.001)"
-
         plot_bar = QHBoxLayout()
         self.histogram_title = QLabel("Calibration histogram")
         self.histogram_title.setObjectName("plotTitle")
