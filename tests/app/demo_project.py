@@ -19,3 +19,11 @@ def open_demo(controller: Any, qtbot: Any, metric: str | None = None, **calibrat
         with qtbot.waitSignal(controller.calibration_changed, timeout=60000):
             controller.calibrate(**calibration)
     return controller.session
+
+
+def shown(widget: Any, qtbot: Any, width: int, height: int) -> Any:
+    """``widget`` as a test looks at it: owned by qtbot (closed after the test), sized and shown."""
+    qtbot.addWidget(widget)
+    widget.resize(width, height)
+    widget.show()
+    return widget

@@ -4,18 +4,14 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from demo_project import open_demo  # noqa: E402
+from demo_project import open_demo, shown  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 
 from workbench.app.finetune_tab import HISTORY_COLUMNS, FinetuneTab  # noqa: E402
 
 
 def make_tab(controller, qtbot):
-    tab = FinetuneTab(controller)
-    qtbot.addWidget(tab)
-    tab.resize(1000, 700)
-    tab.show()
-    return tab
+    return shown(FinetuneTab(controller), qtbot, 1000, 700)
 
 
 def column(tab, index):

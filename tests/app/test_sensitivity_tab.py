@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from demo_project import open_demo  # noqa: E402
+from demo_project import open_demo, shown  # noqa: E402
 from PySide6.QtCore import QPointF, Qt  # noqa: E402
 
 from workbench.app.formatting import format_delta, format_number  # noqa: E402
@@ -13,11 +13,7 @@ from workbench.app.sensitivity_tab import SensitivityTab, sensitivity_scores  # 
 
 
 def make_tab(controller, qtbot):
-    tab = SensitivityTab(controller)
-    qtbot.addWidget(tab)
-    tab.resize(1100, 800)
-    tab.show()
-    return tab
+    return shown(SensitivityTab(controller), qtbot, 1100, 800)
 
 
 def run_sensitivity(tab, controller, qtbot):
