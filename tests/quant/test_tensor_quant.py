@@ -402,6 +402,13 @@ class TestKernelBackends:
         ref = kernels.quantize_reference(x, amax, 127.0, -127.0, "pytorch_quantization", True)
         assert torch.equal(out, ref)
 
+    @pytest.mark.parametrize("rounding", ["pytorch_quantization", "onnx"])
+    def test_a_negative_amax_gives_nan_parameters_where_it_is_not_read_back(self, rounding):
+        """The CUDA path does not sync to check amax: a negative one must show as NaN, not quantize to 0."""
+        a, b = kernels.quant_params(torch.tensor([-1.0, 0.0, 2.0]), 127.0, rounding)
+        assert torch.isnan(a[0]) and torch.isnan(b[0])
+        assert not torch.isnan(a[1:]).any() and not torch.isnan(b[1:]).any()
+
     @pytest.mark.skipif(not kernels.kernel_available(), reason="C kernel not built")
     @pytest.mark.parametrize("rounding", ["pytorch_quantization", "onnx"])
     @pytest.mark.parametrize("max_bound", [1.0, 7.0, 127.0, 255.0, 32767.0, 2.0 ** 31 - 1])

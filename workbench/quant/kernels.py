@@ -132,7 +132,9 @@ def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tu
     """
     if amax.dtype != torch.float64:
         amax = amax.float()
-    tiny = (amax <= TINY_AMAX) & (amax >= 0)
+    # one op: NaN compares false below and carries through the divisions
+    amax = amax.masked_fill(amax < 0, float("nan"))
+    tiny = amax <= TINY_AMAX
     if rounding == "pytorch_quantization":
         scale = torch.full_like(amax, max_bound) / amax
         a = torch.where(tiny, torch.zeros_like(scale), scale)
@@ -142,9 +144,6 @@ def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tu
         # x / inf is 0 for finite x, so a tiny amax quantizes to 0 without a special case in the loop
         a = torch.where(tiny, torch.full_like(step, float("inf")), step)
         b = torch.where(tiny, torch.zeros_like(step), step)
-    negative = amax < 0
-    a = torch.where(negative, torch.full_like(a, float("nan")), a)
-    b = torch.where(negative, torch.full_like(b, float("nan")), b)
     return a, b
 
 
