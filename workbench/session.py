@@ -530,7 +530,8 @@ class Session:
 
     def apply_ignore_policy(self, patterns: Iterable[str], quantize_others: bool) -> list[str]:
         """Leave the layers matching any of ``patterns`` in float (the matching of :meth:`ignore_preview`);
-        with ``quantize_others``, quantize every other layer. One rebuild; returns the ignored layers.
+        with ``quantize_others``, quantize every other layer. One edit (the model is rebuilt once, when next
+        used); returns the ignored layers.
 
         Raises:
             SessionError: no pattern, an invalid regex, or a pattern that matches no layer (named); the
@@ -545,16 +546,10 @@ class Session:
             raise SessionError(f"No quantizable layer matches {', '.join(map(repr, unmatched))}; the names are as in "
                                "the model tree, matched from their start.")
         ignored = self.ignore_preview(patterns)
-        wanted = {name: False if name in ignored else (True if quantize_others else decision.quantize)
-                  for name, decision in self.project.layers.items()}
-        changed = False
-        for name, quantize in wanted.items():
-            decision = self.project.layers[name]
-            if decision.quantize != quantize:
-                decision.quantize = quantize
-                changed = True
-        if changed:
-            self._invalidate()
+        self.set_quantize(ignored, False)
+        if quantize_others:
+            left_in_float = set(ignored)
+            self.set_quantize([name for name in self.project.layers if name not in left_in_float], True)
         return ignored
 
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str]:
