@@ -55,8 +55,8 @@ from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Session", "SessionError", "LayerView", "DEFAULT_SETTINGS", "descriptor_of", "descriptor_summary",
-           "jsonable"]
+__all__ = ["Session", "SessionError", "LayerView", "DEFAULT_SETTINGS", "REBUILD_SETTINGS", "descriptor_of",
+           "descriptor_summary", "jsonable"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "defaults": {"input": {"calib_method": "histogram"}, "weight": None},
@@ -82,7 +82,8 @@ class SessionError(ValueError):
 
 
 # settings the quantized model is built from: changing one rebuilds it
-_REBUILD_SETTINGS = {"defaults", "functional", "rules", "pins", "fold_bn"}
+# the settings that change which quantizers exist or how they are built (the model is rebuilt)
+REBUILD_SETTINGS = frozenset({"defaults", "functional", "rules", "pins", "fold_bn"})
 _CALIBRATION_METHODS = ("entropy", "mse", "percentile", "max")
 
 
@@ -717,7 +718,7 @@ class Session:
                 self.set_device(str(previous_device))
             self._quant_model = None
             raise
-        if checked.keys() & _REBUILD_SETTINGS:
+        if checked.keys() & REBUILD_SETTINGS:
             self._invalidate()
         self.dirty = True
 

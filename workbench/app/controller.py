@@ -20,7 +20,7 @@ from workbench.app import main_thread_gc
 from workbench.app.jobs import JobRunner
 from workbench.graph import ModelTree
 from workbench.quant.calibrate import CalibrationCancelled
-from workbench.session import Session
+from workbench.session import REBUILD_SETTINGS, Session
 from workbench.sources.data_source import DataSpec
 from workbench.sources.errors import TrustRequired
 from workbench.sources.model_source import ModelSpec
@@ -32,10 +32,6 @@ __all__ = ["Controller", "DeferredRefresh", "QtLogHandler"]
 # Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
 SLOW_REBUILD_S = 0.3
 UPDATE_JOB = "Updating the model"
-
-
-# the settings that change which quantizers the model has: the views re-read the layers after them
-LAYER_SETTINGS = frozenset({"defaults", "functional", "rules", "pins", "fold_bn"})
 
 
 class QtLogHandler(logging.Handler):
@@ -358,7 +354,7 @@ class Controller(QObject):
 
     def _settings_signal(self, keys: Iterable[str]) -> SignalInstance | None:
         """``layers_changed`` when a key changes the quantizers; metric, export, device, ... refresh no view."""
-        return self.layers_changed if LAYER_SETTINGS.intersection(keys) else None
+        return self.layers_changed if REBUILD_SETTINGS.intersection(keys) else None
 
     def set_setting(self, key: str, value: Any) -> None:
         self._edit("Settings", lambda: self.session.set_setting(key, value), self._settings_signal([key]))
@@ -388,8 +384,8 @@ class Controller(QObject):
         return self._session_job("Calibrating", "calibrate", options, (self.calibration_changed, self.layers_changed))
 
     def sensitivity(self, **options: Any) -> bool:
-        return self._session_job("Sensitivity analysis", "sensitivity", options,
-                                 (self.sensitivity_changed, self.layers_changed))
+        # a ranking changes no layer decision: the views that show ranks listen to sensitivity_changed
+        return self._session_job("Sensitivity analysis", "sensitivity", options, (self.sensitivity_changed,))
 
     def fallback(self, **options: Any) -> bool:
         return self._session_job("Fallback search", "fallback", options,
