@@ -479,6 +479,10 @@ def test_settings_dialog_and_calibrate_dialog(window, qtbot):
     dialog.metric.setCurrentText("metrics.py:score")
     assert dialog.direction.isEnabled() and dialog.direction.currentData() is None
     assert dialog.direction.currentText() == "choose which way is better"
+    dialog.rule_concat.setChecked(False)
+    dialog.accept()  # refused in the form: nothing else the user changed is lost
+    assert dialog.isVisible() and "higher or a lower value" in dialog.problem.text()
+    assert session.project.settings["rules"]["concat"] is True
     dialog.direction.setCurrentIndex(dialog.direction.findData("lower"))
     assert dialog.changes()["metric"] == {"name": "metrics.py:score", "direction": "lower"}
     dialog.metric.setCurrentText("top1")  # back to a built-in: its own direction

@@ -199,11 +199,15 @@ class ProjectSettingsDialog(QDialog):
                       "quantizers whose descriptor changed need calibrating again.")
         note.setWordWrap(True)
         note.setObjectName("hint")
+        self.problem = QLabel()  # why OK did not close the dialog
+        self.problem.setStyleSheet("color: #b00020")
+        self.problem.setWordWrap(True)
+        self.problem.hide()
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
-        for widget in (default_box, graph_box, calibration_box, other_box, note, buttons):
+        for widget in (default_box, graph_box, calibration_box, other_box, note, self.problem, buttons):
             layout.addWidget(widget)
         # a group box's size hint ignores its title: wide enough for the longest one
         self.setMinimumWidth(self.fontMetrics().horizontalAdvance(graph_box.title()) + 80)
@@ -212,10 +216,19 @@ class ProjectSettingsDialog(QDialog):
         """A built-in metric knows its direction; only a user function (``module:function``) needs one."""
         user_function = ":" in name
         self.direction.setEnabled(user_function)
-        # no guess for a user function: left unset, OK is refused with a message asking for it
+        # no guess for a user function: left unset, OK asks for it (accept below)
         self.direction.setItemText(0, "choose which way is better" if user_function else "set by the metric")
         if not user_function:
             self.direction.setCurrentIndex(0)
+
+    def accept(self) -> None:
+        """Close only with settings the session will take, so that no other change in the form is lost."""
+        if self.direction.isEnabled() and self.direction.currentData() is None:
+            self.problem.setText(f"Say whether a higher or a lower value of {self.metric.currentText()} is better.")
+            self.problem.show()
+            self.direction.setFocus()
+            return
+        super().accept()
 
     def changes(self) -> dict[str, Any]:
         """Settings that differ from the ones the dialog opened with: ``{key: new value}``."""
