@@ -365,8 +365,6 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         session.save()
         _emit(args, {"reset": reset}, "back to the calibrated weights" if reset else "no fine-tuned weights in use")
         return EXIT_OK
-    if args.loss and ":" in args.loss and not args.trust_code:
-        raise UsageError(f"the loss {args.loss} is user code: add --trust-code to run it.")
     if args.train_data:
         typed = _data_spec(args.train_data, args, args.batch_size)  # relative to where it was typed
         session.set_data("training", typed.absolute(Path.cwd()).relative_to(session.base_dir))
