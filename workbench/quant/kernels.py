@@ -110,6 +110,15 @@ def negative_amax_error(smallest: float) -> ValueError:
                       "quantize to and must be >= 0.")
 
 
+def refuse_negative_amax(amax: torch.Tensor) -> None:
+    """Raise :func:`negative_amax_error` if ``amax`` holds a value below zero, on any device. It reads the
+    values back, so it belongs where amax arrives (calibration, loading), not in the per-call path."""
+    if amax.numel():
+        smallest = amax.min()
+        if smallest < 0:
+            raise negative_amax_error(float(smallest))
+
+
 def check_amax_on_host(amax: torch.Tensor) -> None:
     """Raise :func:`negative_amax_error` for a negative CPU ``amax``; a CUDA amax is not inspected.
 
@@ -117,10 +126,8 @@ def check_amax_on_host(amax: torch.Tensor) -> None:
     raised here; :func:`quant_params` turns it into NaN outputs instead (see there), and
     ``TensorQuantizer`` refuses negative values when amax is set or loaded.
     """
-    if amax.device.type == "cpu" and amax.numel():
-        smallest = amax.min()
-        if smallest < 0:
-            raise negative_amax_error(float(smallest))
+    if amax.device.type == "cpu":
+        refuse_negative_amax(amax)
 
 
 def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tuple[torch.Tensor, torch.Tensor]:

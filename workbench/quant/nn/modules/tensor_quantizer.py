@@ -291,10 +291,7 @@ class TensorQuantizer(nn.Module):
             logger.warning("%s Setting amax to NaN.", message)
             calib_amax = torch.tensor(math.nan)
         calib_amax = calib_amax.detach().float()
-        # checked here, once per calibration: the per-call path does not read a CUDA amax back
-        smallest = calib_amax.min()
-        if smallest < 0:
-            raise kernels.negative_amax_error(float(smallest))
+        kernels.refuse_negative_amax(calib_amax)  # once per calibration: the per-call path does not read it
         if hasattr(self, "_amax") and self._amax.shape == calib_amax.shape:
             self._amax.copy_(calib_amax.to(self._amax.device))
         else:
@@ -450,11 +447,13 @@ class TensorQuantizer(nn.Module):
             if not isinstance(saved, torch.Tensor):
                 error_msgs.append(f"{key}: expected a tensor, got {type(saved).__name__}.")
                 continue
-            if name == "_amax" and saved.numel() and saved.min() < 0:
-                # refused at load, once: the per-call path does not read a CUDA amax back
-                error_msgs.append(f"{key}: {kernels.negative_amax_error(float(saved.min()))}")
-                refused.add(key)
-                continue
+            if name == "_amax":
+                try:  # refused at load, once: the per-call path does not read a CUDA amax back
+                    kernels.refuse_negative_amax(saved)
+                except ValueError as error:
+                    error_msgs.append(f"{key}: {error}")
+                    refused.add(key)
+                    continue
             current = self._buffers.get(name)
             if current is None or current.shape != saved.shape:
                 device = current.device if current is not None else self._module_device(saved.device)
