@@ -313,7 +313,8 @@ class Controller(QObject):
             return None
         if self.refuse_if_busy(what):
             return None
-        self._forget_views()
+        if signal is not None:  # what no view shows (metric, export, device) leaves the tree as it was
+            self._forget_views()
         try:
             result = fn()
         except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, keep the state
