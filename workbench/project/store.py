@@ -9,11 +9,13 @@ newer ones are refused with a clear message.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import sqlite3
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import numpy as np
 import sqlite_utils
 
 from workbench import __version__
+from workbench.project.errors import ProjectChangedError, ProjectError
 from workbench.project.model import (
     CalibrationRecord,
     ExportRecord,
@@ -28,16 +31,18 @@ from workbench.project.model import (
     FinetuneRecord,
     LayerDecision,
     Project,
+    ProjectOrigin,
     QuantizerRecord,
     SensitivityRecord,
     now_iso,
 )
+from workbench.project.merge import digests, merge
 from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import FileDigest, ModelSpec
 
-__all__ = ["ProjectError", "save_project", "load_project", "SCHEMA_VERSION", "APPLICATION_ID", "MIGRATIONS",
-           "PROJECT_SUFFIX"]
+__all__ = ["ProjectError", "ProjectChangedError", "save_project", "load_project", "SCHEMA_VERSION", "APPLICATION_ID", "MIGRATIONS",
+           "PROJECT_SUFFIX", "SaveReport"]
 
 SCHEMA_VERSION = 2
 APPLICATION_ID = 0x51574231  # "QWB1"
@@ -45,14 +50,12 @@ PROJECT_SUFFIX = ".qwb"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Calibration runs kept in a project (their histograms dominate its size).
 MAX_CALIBRATION_RUNS = 5
+# how long a save or load waits for another process's save to finish
+LOCK_TIMEOUT_S = 60.0
 ARRAY_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "bool")
 
 # schema version N -> function that upgrades a database from N to N + 1, in place (see the end of the file)
 MIGRATIONS: dict[int, Callable[[sqlite_utils.Database], None]] = {}
-
-
-class ProjectError(Exception):
-    """A project file that cannot be read or written; the message names the file and the reason."""
 
 
 # ----- tensors as bytes --------------------------------------------------------------------------
@@ -159,39 +162,94 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, allow_nan=True)
 
 
-def save_project(project: Project, path: str | os.PathLike) -> None:
-    """Write ``project`` to ``path`` in one transaction (all or nothing).
+@dataclass
+class SaveReport:
+    """What a save did: the file's new revision, and what it took from another process's newer save."""
+
+    revision: int
+    merged: list[str] = field(default_factory=list)  # parts another writer changed, kept (e.g. "layer fc")
+
+
+def save_project(project: Project, path: str | os.PathLike, *, who: str = "this command") -> SaveReport:
+    """Write ``project`` to ``path`` in one transaction (all or nothing), without losing another writer's save.
+
+    The file carries a revision number, checked and incremented inside the write transaction. When the
+    project was loaded from (or last saved to) ``path`` and the file has been saved by someone else
+    since, what the two changed is merged (:func:`workbench.project.merge.merge`); where both changed
+    the same thing differently nothing is saved. On success ``project`` becomes what was written
+    (the merge included) and remembers the new revision. A project not loaded from ``path`` replaces
+    the file (the caller asked to overwrite it).
 
     Raises:
+        ProjectChangedError: another process changed what this one changed; the file is as it was.
         ProjectError: the file cannot be written, or is something other than a project.
     """
     path = Path(path)
     if path.exists():
         _check_header(path)
-    project.modified = now_iso()
-    project.app_version = __version__
-    project.calibrations = project.calibrations[-MAX_CALIBRATION_RUNS:]
+    origin = project.origin if project.origin is not None and Path(project.origin.path) == path.resolve() else None
     try:
-        db = sqlite_utils.Database(sqlite3.connect(str(path), isolation_level=None))
+        db = sqlite_utils.Database(sqlite3.connect(str(path), isolation_level=None, timeout=LOCK_TIMEOUT_S))
     except sqlite3.Error as error:
         raise ProjectError(f"{path}: cannot be opened for writing ({error}).") from error
     try:
-        db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        with db.atomic():
-            _upgrade_existing(db)  # saving over an older file: its tables get the new columns first
-            _create_schema(db)
-            for table in TABLES:
-                db.execute(f"DELETE FROM [{table}]")
-            _write(db, project)
+        db.execute("BEGIN IMMEDIATE")  # the write lock before reading the revision: two savers take turns
+        db.execute(f"PRAGMA application_id = {APPLICATION_ID}")  # inside: a refused save changes no byte
+        try:
+            with db.atomic():
+                _upgrade_existing(db)  # saving over an older file: its tables get the new columns first
+                _create_schema(db)
+                revision = _revision(db)
+                written, merged = project, []
+                if origin is not None and revision != origin.revision:
+                    written, merged = _merged(db, path, project, origin, who)
+                written.modified = now_iso()
+                written.app_version = __version__
+                written.calibrations = written.calibrations[-MAX_CALIBRATION_RUNS:]
+                for table in TABLES:
+                    db.execute(f"DELETE FROM [{table}]")
+                _write(db, written, revision + 1)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.conn.in_transaction:
+                db.conn.rollback()
+            raise
     except (sqlite3.Error, OSError) as error:
         raise ProjectError(f"{path}: saving failed ({error}); the previous save is unchanged.") from error
     finally:
         db.close()
+    if written is not project:  # the caller's project becomes what is now in the file
+        for item in dataclasses.fields(Project):
+            setattr(project, item.name, getattr(written, item.name))
+    project.origin = ProjectOrigin(str(path.resolve()), revision + 1, digests(project))
+    return SaveReport(revision + 1, merged)
 
 
-def _write(db: sqlite_utils.Database, project: Project) -> None:
+def _revision(db: sqlite_utils.Database) -> int:
+    row = next(db["meta"].rows_where("key = ?", ["revision"]), None)
+    try:
+        return int(row["value"]) if row is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _merged(db: sqlite_utils.Database, path: Path, project: Project, origin: ProjectOrigin,
+            who: str) -> tuple[Project, list[str]]:
+    """The file's newer state with ``project``'s changes on top, or ProjectChangedError."""
+    try:
+        theirs = _read(db, path)
+    except ProjectError as error:
+        raise ProjectChangedError(path, [], who) from error
+    merged, conflicts, taken = merge(origin.digests, project, theirs)
+    if conflicts:
+        raise ProjectChangedError(path, conflicts, who)
+    return merged, taken
+
+
+def _write(db: sqlite_utils.Database, project: Project, revision: int) -> None:
     db["meta"].insert_all([
         {"key": "schema_version", "value": str(SCHEMA_VERSION)},
+        {"key": "revision", "value": str(revision)},
         {"key": "app_version", "value": project.app_version},
         {"key": "name", "value": project.name},
         {"key": "created", "value": project.created},
@@ -280,7 +338,7 @@ def load_project(path: str | os.PathLike) -> Project:
         raise ProjectError(f"{path}: no such project file.")
     _check_header(path)
     try:
-        source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        source = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=LOCK_TIMEOUT_S)
         memory = sqlite3.connect(":memory:")
         try:
             source.backup(memory)  # work on a copy: migrations never touch the user's file
@@ -296,7 +354,9 @@ def load_project(path: str | os.PathLike) -> Project:
                 raise ProjectError(f"{path}: project format {version} cannot be upgraded by this version.")
             MIGRATIONS[version](db)
             version += 1
-        return _read(db, path)
+        project = _read(db, path)
+        project.origin = ProjectOrigin(str(path.resolve()), _revision(db), digests(project))
+        return project
     except ProjectError:
         raise
     except (sqlite3.Error, ValueError, KeyError, TypeError, IndexError, AttributeError, SourceError,
