@@ -95,6 +95,7 @@ def save_project(project: Project, path: str | os.PathLike, *, who: str = "this 
                 if origin is not None and revision != origin.revision:
                     written, merged = _merged(db, path, project, origin, who)
                 written.modified = now_iso()
+                written.saved_in = str(path.resolve().parent)
                 written.app_version = __version__
                 written.calibrations = written.calibrations[-MAX_CALIBRATION_RUNS:]
                 for table in TABLES:

@@ -54,7 +54,7 @@ from workbench.session.build import role_quantizer, to_numpy
 from workbench.session.errors import SessionError
 from workbench.session.views import LayerView
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
-from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.errors import EntryPointError, SourceError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 
@@ -80,7 +80,10 @@ class Session:
         self.file_changes: list[str] = []  # model/weights files that differ from when the project was made
         for key, value in DEFAULT_SETTINGS.items():
             project.settings.setdefault(key, copy.deepcopy(value))
-        self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
+        try:
+            self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
+        except EntryPointError as error:
+            raise EntryPointError(f"{error}{_moved_hint(project, self.base_dir)}") from error
         self.float_model: nn.Module = self._loaded.model
         self._data: dict[str, DataSource] = {}
         self._quant_model: nn.Module | None = None
@@ -846,6 +849,15 @@ class Session:
     def summary(self, layers: list[LayerView] | None = None) -> dict[str, Any]:
         """A JSON-able overview for ``workbench show`` (``layers``: :meth:`layers`, when the caller has them)."""
         return views.summary(self, layers)
+
+def _moved_hint(project: Project, base_dir: Path) -> str:
+    """For a project opened from another folder than it was saved in: where its relative paths led before."""
+    saved_in = Path(project.saved_in) if project.saved_in else None
+    if saved_in is None or saved_in == base_dir.resolve():
+        return ""
+    return (f" Relative paths in a project are taken from its own folder ({base_dir}); it was saved in {saved_in}: "
+            "copy its code and data along with it, or open it there.")
+
 
 def _checked(key: str, value: Any) -> Any:
     """A setting's value as :func:`checked_setting` checks it, plus whether its metric exists; SessionError if not."""
