@@ -35,7 +35,7 @@ __all__ = ["sensitivity"]
 def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, scheme: str = "one-off",
                 units: UnitsSpec = None, progress: ProgressCallback | None = None,
                 cancel: CancelToken | None = None, direction: Direction | None = None,
-                num_batches: int | None = None, cache: bool = True) -> SensitivityResult:
+                num_batches: int | None = None, cache: bool = True, output: str | None = None) -> SensitivityResult:
     """Measure ``metric`` with each unit of ``model`` toggled, and rank the units.
 
     The model is left exactly as it came in (quantizer flags and amax, train/eval mode), whether the
@@ -59,6 +59,8 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
         cache: let passes start from cached activations where the model allows it (see
             ``result.cache`` and ``result.cache_note`` for what was done). Costs memory: the values
             crossing the current cut point are kept for every batch at once.
+        output: the output entry to compare (``logits``, a tuple index); default: see
+            :func:`~workbench.quant.batches.select_output`.
 
     Returns:
         A :class:`SensitivityResult`.
@@ -77,7 +79,7 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
     started = time.perf_counter()
     total = len(unit_list) + 2
     with ModelSnapshot(model), torch.no_grad():
-        evaluator = Evaluator(model, batch_list, chosen_metric, cancel)
+        evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         fp32 = evaluator.measure_fp32()
         report_progress(progress, 1, total, "FP32 reference")
         quantized = evaluator.measure_quantized()
