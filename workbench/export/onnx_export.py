@@ -47,6 +47,7 @@ from workbench.export.errors import (
     SampleInputError,
     UnsupportedOperationError,
 )
+from workbench.export.naming import name_nodes_by_module
 from workbench.export.opset import convert_opset, default_opset
 from workbench.export.qdq import (
     ExportParams,
@@ -666,6 +667,7 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
 
         scale_to_quantizer = {f"{s.quantizer_name}.scale": s.quantizer_name for s in stand_ins.values()}
         _name_qdq_nodes(proto, scale_to_quantizer)
+        name_nodes_by_module(proto)  # engine layer names then read "stem.0/Conv + stem.2/Relu"
         counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
         per_channel_activations = _per_channel_activations(proto, scale_to_quantizer)
