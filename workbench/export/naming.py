@@ -92,20 +92,29 @@ def module_of_node_name(name: str) -> str | None:
     return head
 
 
+def _scoped_module(node: onnx.NodeProto) -> str | None:
+    """The innermost module in torch.export's ``name_scopes`` metadata, else None."""
+    scopes = _metadata(node).get(_NAME_SCOPES)
+    if not scopes:
+        return None
+    try:
+        parsed = ast.literal_eval(scopes)
+    except (ValueError, SyntaxError):
+        return None
+    # [root "", outer module, ..., innermost module, the FX node's own name]
+    if isinstance(parsed, list) and len(parsed) >= 2 and all(isinstance(s, str) for s in parsed):
+        return parsed[-2]
+    return None
+
+
 def node_module(node: onnx.NodeProto) -> str | None:
     """The module path ``node`` came from, or None when the graph does not say."""
     metadata = _metadata(node)
     if MODULE_KEY in metadata:
         return metadata[MODULE_KEY]
-    scopes = metadata.get(_NAME_SCOPES)
-    if scopes:
-        try:
-            parsed = ast.literal_eval(scopes)
-        except (ValueError, SyntaxError):
-            parsed = None
-        # [root "", outer module, ..., innermost module, the FX node's own name]
-        if isinstance(parsed, list) and len(parsed) >= 2 and all(isinstance(s, str) for s in parsed):
-            return parsed[-2]
+    scoped = _scoped_module(node)
+    if scoped is not None:
+        return scoped
     return module_of_node_name(node.name)
 
 
@@ -113,19 +122,28 @@ def name_nodes_by_module(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rename compute nodes ``<module>/<OpType>[_N]`` and record the module in ``metadata_props``; in place.
 
     Names are unique within the graph and depend only on the graph (running the pass twice gives the
-    same names). Q/DQ nodes and their Clip keep their names and get the quantizer and its layer as
+    same names). Q/DQ nodes and their Clip keep their quantizer names (a name the export took from a
+    merged scale initializer is corrected from the node's scope) and get the quantizer and its layer as
     metadata. Returns ``model``.
     """
     graph = model.graph
     nodes = list(graph.node)
     plan: list[tuple[onnx.NodeProto, str]] = []
     keep: set[str] = set()
+    qdq_plan: list[tuple[onnx.NodeProto, str]] = []
     for node in nodes:
         quantizer = _quantizer_of(node)
         if node.op_type in QDQ_OPS + ("Clip",) and quantizer is not None:
+            # the scope is the quantizer the node came from; a name given through a scale initializer can be
+            # another quantizer's when the optimiser merged equal scales
+            scoped = _scoped_module(node)
+            if scoped is not None and _QUANTIZER.search(scoped) and scoped != quantizer:
+                qdq_plan.append((node, scoped))
+                quantizer = scoped
+            else:
+                keep.add(node.name)
             _set_metadata(node, QUANTIZER_KEY, quantizer)
             _set_metadata(node, MODULE_KEY, layer_of_quantizer(quantizer)[0])
-            keep.add(node.name)
             continue
         module = node_module(node)
         if module is None:
@@ -133,6 +151,7 @@ def name_nodes_by_module(model: onnx.ModelProto) -> onnx.ModelProto:
                 keep.add(node.name)
             continue
         plan.append((node, module))
+    plan = qdq_plan + plan
     used = set(keep)
     counts: dict[str, int] = {}
     for node, module in plan:
@@ -145,7 +164,8 @@ def name_nodes_by_module(model: onnx.ModelProto) -> onnx.ModelProto:
         counts[base] = index + 1
         used.add(name)
         node.name = name
-        _set_metadata(node, MODULE_KEY, module)
+        if node.op_type not in QDQ_OPS + ("Clip",) or _quantizer_of(node) is None:
+            _set_metadata(node, MODULE_KEY, module)
     return model
 
 
