@@ -6,7 +6,7 @@
   x = self.conv1(x); ...; x += shortcut`` (timm's and torchvision's BasicBlock) is safe: ``x`` was
   rebound before the in-place add.
 * :func:`activation_nodes` marks the graph nodes that carry floating activations: those computed
-  from a floating forward input. Integer and boolean tensors, masks, position ids and what is
+  from a floating forward input, and the floating outputs of layers (an Embedding's lookup too). Integer and boolean tensors, masks, position ids and what is
   computed from them alone (rotary angles, ``arange`` grids, parameters) are not activations: an
   operation on them never gets a quantizer (TensorRT runs no INT8 kernel on them).
 * :func:`in_transformer_block` says whether a module is (or holds) a transformer block: its subtree
@@ -151,7 +151,8 @@ def activation_nodes(graph: fx.Graph, dtypes: dict[fx.Node, torch.dtype | None] 
             if not NON_ACTIVATION_INPUT.search(str(node.target).lstrip("*")):
                 active.add(node)
             continue
-        if any(i in active for i in node.all_input_nodes):
+        # a layer's floating output is a feature (an Embedding's too); elsewhere activations flow from inputs
+        if node.op == "call_module" or any(i in active for i in node.all_input_nodes):
             active.add(node)
     return active
 

@@ -62,7 +62,8 @@ def capture_calls(model: nn.Module, example_inputs: Any) -> dict[int, ModuleCall
         for module in model.modules():
             if not isinstance(module, TensorQuantizer):
                 handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
-        with torch.no_grad():
+        quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
+        with torch.no_grad(), _bypassed(quantizers):  # a float forward: quantizers may not be calibrated yet
             if isinstance(example_inputs, dict):
                 model(**example_inputs)
             elif isinstance(example_inputs, (tuple, list)):
@@ -148,7 +149,12 @@ class _DtypeRecorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
-        self.dtypes[n] = result.dtype if isinstance(result, torch.Tensor) else None
+        if isinstance(result, torch.Tensor):
+            self.dtypes[n] = result.dtype
+        elif isinstance(result, (tuple, list)) and result and all(isinstance(r, torch.Tensor) for r in result):
+            self.dtypes[n] = result[0].dtype  # unbind/chunk/split: the items are read through getitem
+        elif not isinstance(result, (tuple, list, dict)) and not hasattr(result, "keys"):
+            self.dtypes[n] = None  # a number, a shape, a dtype: never an activation
         return result
 
 

@@ -187,6 +187,20 @@ class QuantMultiheadAttention(nn.MultiheadAttention):
         return output, weights
 
 
+def _canonical_masks(src: torch.Tensor, src_mask: torch.Tensor | None, src_key_padding_mask: torch.Tensor | None):
+    """The layer's masks as float additive masks (or None), as nn.TransformerEncoderLayer makes them."""
+    src_key_padding_mask = F._canonical_mask(mask=src_key_padding_mask, mask_name="src_key_padding_mask",
+                                             other_type=F._none_or_dtype(src_mask), other_name="src_mask",
+                                             target_type=src.dtype)
+    src_mask = F._canonical_mask(mask=src_mask, mask_name="src_mask", other_type=None, other_name="",
+                                 target_type=src.dtype, check_other=False)
+    return src_mask, src_key_padding_mask
+
+
+# one call in a traced graph (its checks read tensor types, which proxies do not have)
+torch.fx.wrap("_canonical_masks")
+
+
 class QuantTransformerEncoderLayer(nn.TransformerEncoderLayer):
     """``nn.TransformerEncoderLayer`` that always runs its submodules (no fused fast path)."""
 
@@ -204,11 +218,7 @@ class QuantTransformerEncoderLayer(nn.TransformerEncoderLayer):
 
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor | None = None,
                 src_key_padding_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        src_key_padding_mask = F._canonical_mask(mask=src_key_padding_mask, mask_name="src_key_padding_mask",
-                                                 other_type=F._none_or_dtype(src_mask), other_name="src_mask",
-                                                 target_type=src.dtype)
-        src_mask = F._canonical_mask(mask=src_mask, mask_name="src_mask", other_type=None, other_name="",
-                                     target_type=src.dtype, check_other=False)
+        src_mask, src_key_padding_mask = _canonical_masks(src, src_mask, src_key_padding_mask)
         x = src
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal=is_causal)
