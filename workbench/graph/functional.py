@@ -377,7 +377,9 @@ class _Inserter:
                         self.report.skipped.append(SkippedOp(path, description, reason))
                         continue
                     kwargs = {} if op != "baddbmm" else {"bias": bias, "beta": beta, "alpha": alpha}
-                    replace(node, name, QuantMatMul(self.descriptor(qualified), op=op), (a, b), kwargs)
+                    product_module = QuantMatMul(self.descriptor(qualified), op=op)
+                    product_module.roles = _product_roles(a, b)
+                    replace(node, name, product_module, (a, b), kwargs)
                     self.report.inserted.append(InsertedQuantizer(qualified, "matmul", path, description, 2))
                     continue
             if self.attention and node.op == "call_function" and node.target in _SDPA_FUNCTIONS:
@@ -428,6 +430,30 @@ def _add_operands(node: fx.Node):
         return None
     alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
     return args[0], args[1], alpha, inplace, "out" in kwargs
+
+
+_SOFTMAX = (torch.softmax, F.softmax, torch.nn.functional.softmax)
+_PASS_THROUGH = (F.dropout, torch.dropout)
+
+
+def _product_roles(a: fx.Node, b: fx.Node) -> tuple[str, ...]:
+    """("probabilities", "value") when ``a`` is a softmax (maybe through dropout or a module such as
+    nn.Softmax/nn.Dropout), ("query", "key") when ``b`` is a transposed tensor, else ()."""
+    def is_softmax(node: fx.Node, depth: int = 0) -> bool:
+        if node.op == "call_function" and node.target in _SOFTMAX or node.op == "call_method" and node.target == "softmax":
+            return True
+        if node.op == "call_module" and "softmax" in str(node.target).lower():
+            return True
+        passing = (node.op == "call_function" and node.target in _PASS_THROUGH) or (
+            node.op == "call_module" and ("drop" in str(node.target).lower()))
+        return depth < 3 and passing and bool(node.args) and isinstance(node.args[0], fx.Node) and \
+            is_softmax(node.args[0], depth + 1)
+
+    if is_softmax(a):
+        return ("probabilities", "value")
+    transposed = (b.op == "call_method" and b.target in ("transpose", "permute", "mT")) or (
+        b.op == "call_function" and b.target in (torch.transpose,))
+    return ("query", "key") if transposed else ()
 
 
 def _matmul_operands(node: fx.Node):

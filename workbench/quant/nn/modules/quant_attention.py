@@ -86,6 +86,8 @@ class QuantMatMul(nn.Module):
         if op not in _MATMUL_OPS:
             raise ValueError(f"op must be one of {_MATMUL_OPS}, got {op!r}.")
         self.op = op
+        # what the operands are, when the rewrite could tell (("query", "key") or ("probabilities", "value"))
+        self.roles: tuple[str, ...] = ()
         desc = _activation_descriptor(quant_desc_input, type(self).default_quant_desc_input)
         self._input0_quantizer = TensorQuantizer(desc)
         self._input1_quantizer = TensorQuantizer(desc)
