@@ -13,7 +13,7 @@ import torch
 
 from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.merge import CalibratorMergeError, merge_calibrators
-from workbench.quant.distributed import DistContext, shard
+from workbench.quant.distributed import DistContext, deal, shard
 
 
 class ThreadContext(DistContext):
@@ -159,3 +159,11 @@ def test_shard_deals_round_robin():
     shares = [shard(items, DistContext(rank=r, world_size=3)) for r in range(3)]
     assert shares == [[0, 3, 6], [1, 4], [2, 5]]
     assert sorted(np.concatenate(shares).tolist()) == items
+
+
+def test_deal_goes_back_and_forth():
+    shares = [deal(8, DistContext(rank=r, world_size=3)) for r in range(3)]
+    assert shares == [[0, 5, 6], [1, 4, 7], [2, 3]]
+    # a linear cost profile (task i costs 8 - i) splits evenly between two ranks
+    two = [deal(8, DistContext(rank=r, world_size=2)) for r in range(2)]
+    assert [sum(8 - i for i in share) for share in two] == [18, 18]

@@ -27,7 +27,7 @@ from workbench.analysis.prefix_cache import PrefixPlan, build_plan
 from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
 from workbench.analysis.units import Unit, UnitsSpec, resolve_units
 from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.distributed import SINGLE, DistContext, shard
+from workbench.quant.distributed import SINGLE, DistContext, deal
 from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = ["sensitivity"]
@@ -63,7 +63,7 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
             crossing the current cut point are kept for every batch at once.
         context: the process's place in a distributed job (None: one process). Every rank computes
             the FP32 reference and the all-quantized metric once, measures its share of the units
-            (round robin in model order), and every rank returns the whole result, equal to the
+            (dealt back and forth in model order), and every rank returns the whole result, equal to the
             one-process result; only rank 0 reports progress (summed over the ranks).
 
     Returns:
@@ -145,7 +145,7 @@ def _run_profile_shared(evaluator: Evaluator, units: list[Unit], scheme: str, *,
     were measured in the same process (the prefix cache reproduces the plain loop bit for bit), so the
     gathered values are the ones a single process measures.
     """
-    mine = shard(list(range(len(units))), context)
+    mine = deal(len(units), context)
     report = context.progress(progress, len(units), "sensitivity", offset=done, total=total)
     local = run_profile(evaluator, [units[i] for i in mine], scheme, fp32=fp32, quantized=quantized, cache=cache,
                         progress=report, done=0, total=len(mine), started=started)

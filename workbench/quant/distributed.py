@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DistContext", "SINGLE", "init_from_env", "launched_by_torchrun", "shard", "DEFAULT_TIMEOUT_S",
+__all__ = ["DistContext", "SINGLE", "init_from_env", "launched_by_torchrun", "shard", "deal", "DEFAULT_TIMEOUT_S",
            "TIMEOUT_ENV", "DistributedError"]
 
 T = TypeVar("T")
@@ -182,6 +182,18 @@ def shard(items: Sequence[T], context: DistContext) -> list[T]:
     loader, layers at similar depths), so every rank gets a similar load.
     """
     return list(items[context.rank::context.world_size])
+
+
+def deal(count: int, context: DistContext) -> list[int]:
+    """This rank's share of ``count`` tasks whose cost falls (or rises) steadily with their index.
+
+    Dealt back and forth (0, 1, 1, 0, 0, 1, ... for two ranks), so that each rank's share of a linear
+    cost profile is the same to within one task; round robin would give rank 0 the costlier task of
+    every round. Sensitivity units are such tasks: with cached activations, a unit near the input
+    costs a nearly full pass, one near the output almost nothing.
+    """
+    size = context.world_size
+    return [i for i in range(count) if (i % size if (i // size) % 2 == 0 else size - 1 - i % size) == context.rank]
 
 
 def launched_by_torchrun() -> bool:
