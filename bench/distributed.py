@@ -139,11 +139,11 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def big_model() -> None:
+def big_model(width: int, depth: int) -> None:
     """Build, calibrate and (where supported) export the ~600M model in this process; print a table."""
     torch.manual_seed(0)
     with torch.no_grad():
-        model = BigTransformer().eval()
+        model = BigTransformer(width, depth).eval()
     params = sum(p.numel() for p in model.parameters())
     size = params * 4
     baseline = _peak_rss_bytes()
@@ -195,13 +195,16 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--big", action="store_true", help="also the ~600M-parameter model (minutes)")
     parser.add_argument("--big-only", action="store_true", help="only the big model, in this process")
+    parser.add_argument("--big-width", type=int, default=1536, help="the big model's width (1536: ~600M)")
+    parser.add_argument("--big-depth", type=int, default=21, help="its number of blocks")
     args = parser.parse_args()
     if args.big_only:
-        big_model()
+        big_model(args.big_width, args.big_depth)
         return
     scaling(args.workers, args.batches, args.batch_size)
     if args.big:  # a fresh process, so that its peak RSS is the big model's alone
-        subprocess.run([sys.executable, __file__, "--big-only"], check=True)
+        subprocess.run([sys.executable, __file__, "--big-only", "--big-width", str(args.big_width),
+                        "--big-depth", str(args.big_depth)], check=True)
 
 
 if __name__ == "__main__":

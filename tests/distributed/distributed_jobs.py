@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import torch
 from torch import nn
@@ -102,6 +103,8 @@ def failing_rank(how: str, bad_rank: int = 1) -> int:
     if context.rank == bad_rank:
         if how == "raise":
             raise ValueError(f"rank {bad_rank} could not read its batches")
+        if how == "hang":  # stuck in user code, alive: only the others' collective timeout ends the job
+            time.sleep(600)
         os.kill(os.getpid(), signal.SIGKILL)
     context.all_gather(context.rank)  # the healthy ranks wait here for the one that failed
     context.close()

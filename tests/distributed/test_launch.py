@@ -71,6 +71,15 @@ def test_a_failed_rank_stops_the_job_and_is_named(how, expected):
     assert caught.value.rank == 1 and caught.value.world_size == 2
 
 
+def test_a_hanging_rank_times_the_others_out(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_DIST_TIMEOUT", "3")
+    with pytest.raises(WorkerFailed) as caught:
+        launch(jobs.failing_rank, ("hang",), nprocs=2)
+    # rank 0 gave up waiting, and the launcher stopped the hanging rank 1 rather than wait for it
+    assert "rank 0 failed: DistributedError: rank 0: gathering results from the other ranks failed" \
+        in str(caught.value)
+
+
 def test_one_process_needs_no_process_group(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert init_from_env() is SINGLE
