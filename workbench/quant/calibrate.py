@@ -6,6 +6,7 @@ model's quantizers are left exactly as they were (state_dict, enable flags, coll
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -17,6 +18,8 @@ from torch import nn
 
 from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db  # noqa: F401
 from workbench.quant.calib import HISTOGRAM_METHODS, HistogramCalibrator, MaxCalibrator
+from workbench.quant.calib.merge import merge_calibrators
+from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import ModelSnapshot
 
@@ -127,7 +130,7 @@ class CalibrationResult:
 def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, method: str,
               percentile: float = 99.99, device: torch.device | str | None = None,
               progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-              report_sqnr: bool = True) -> CalibrationResult:
+              report_sqnr: bool = True, context: DistContext | None = None) -> CalibrationResult:
     """Calibrate every enabled quantizer of ``model`` on ``batches``.
 
     Quantizers with a calibrator collect statistics with quantization off; the others are bypassed
@@ -148,6 +151,11 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         cancel: checked before each batch; when set, :class:`CalibrationCancelled` is raised.
         report_sqnr: also run the first batch with and without quantization and report the output
             SQNR (two extra forward passes), so that a collapsed amax is visible.
+        context: the process's place in a distributed job (None: one process). Rank ``r`` of ``N``
+            runs batches ``r, r + N, ...`` of the same first ``num_batches``, the statistics are
+            merged across ranks (:func:`~workbench.quant.calib.merge.merge_calibrators`), and every
+            rank ends with the amax one process would have found; rank 0 reports progress summed
+            over the ranks and the output SQNR (on batch 0, as one process does).
 
     Raises:
         ValueError: bad arguments, no quantizers, or no batches.
@@ -167,11 +175,18 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         raise ValueError("The model has no TensorQuantizer to calibrate: quantize it first "
                          "(replace_to_quantization_module or quant_modules.initialize).")
 
+    context = context or SINGLE
     original_device = model_device(model)
     run_device = torch.device(device) if device is not None else original_device
     snapshot = ModelSnapshot(model, calibrators=True)
     total = num_batches if num_batches is not None else _length_or_zero(batches)
     started = time.perf_counter()
+    local_progress = progress
+    if context.distributed:
+        # this rank's share: the same batches in all as one process, dealt round robin
+        batches = itertools.islice(batches, context.rank, num_batches, context.world_size)
+        num_batches = None
+        local_progress = context.progress(context.main_only(progress), total, "calibration")
 
     calibrating: dict[str, TensorQuantizer] = {}
     try:
@@ -207,8 +222,13 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                 if _nonfinite_share(batch) > _MOSTLY:
                     mostly_nonfinite.append(index)
                 done += 1
-                if progress is not None:
-                    progress(done, total, f"calibration batch {done}" + (f" of {total}" if total else ""))
+                if local_progress is not None:
+                    local_progress(done, total, f"calibration batch {done}" + (f" of {total}" if total else ""))
+        if context.distributed:
+            context.wait_for_peers(local_progress, "calibration batches")
+            merge_calibrators({name: q._calibrator for name, q in calibrating.items()}, context)
+            done = sum(context.all_gather(done))
+            first_batch = first_batch if context.is_main else None  # batch 0 is rank 0's
         if done == 0:
             raise ValueError("No calibration batches: the data source yielded nothing.")
         collected = time.perf_counter()
