@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, SignalInstance
 
 from workbench.analysis import AnalysisCancelled
 from workbench.app import main_thread_gc
+from workbench.app.disk_watch import ProjectFileWatcher
 from workbench.app.jobs import JobRunner
 from workbench.graph import ModelTree
 from workbench.quant.calibrate import CalibrationCancelled
@@ -148,6 +149,7 @@ class Controller(QObject):
         self._selection: list[str] = []
         self._prepared_views: tuple | None = None  # (session, tree, layers) computed by the opening job
         self._tree_cache: tuple | None = None  # (session, tree): describing a big model takes a while
+        self.disk = ProjectFileWatcher(self)  # another process saving the open project: the window offers a reload
         self._log_handler = QtLogHandler(self)
         logging.getLogger("workbench").addHandler(self._log_handler)
         # jobs run Python in a worker thread: garbage holding widgets must not be collected there
@@ -268,6 +270,8 @@ class Controller(QObject):
 
     def _adopt(self, session: Session, on_done: Callable[[Session], None] | None) -> None:
         self.session = session
+        session.who = "this window"  # in "p.qwb changed since this window opened it (by another process)"
+        self.disk.watch(session)
         self._selection = []
         self.session_changed.emit()
         self.layers_changed.emit()
@@ -290,9 +294,16 @@ class Controller(QObject):
             return None
         self.dirty_changed.emit(False)
         self.log.emit("info", f"saved {saved}")
+        if self.session.merged_on_save:  # another process's changes came in with the save
+            self.log.emit("info", "kept what another process saved meanwhile: " + ", ".join(self.session.merged_on_save))
+            self._forget_views()
+            self.layers_changed.emit()
+            self.calibration_changed.emit()
+        self.disk.watch(self.session)
         return saved
 
     def close_project(self) -> None:
+        self.disk.watch(None)
         self.session = None
         self._selection = []
         self.session_changed.emit()
