@@ -711,7 +711,20 @@ class MainWindow(QMainWindow):
         self.controller.calibrate(**options)
 
     def export(self) -> bool:
-        return self.controller.export()
+        force = self._confirm_overwrite(None)
+        return force is not None and self.controller.export(force=force)
+
+    def _confirm_overwrite(self, path: str | Path | None) -> bool | None:
+        """True: overwrite a file this project did not write (the user said so); False: nothing to confirm;
+        None: the user declined."""
+        session = self.controller.session
+        reason = session.overwrite_refusal(path) if session is not None else None
+        if reason is None:
+            return False
+        answer = QMessageBox.question(self, "Overwrite the file?", f"{reason.split(';')[0]}.\n\nOverwrite it?",
+                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                                      QMessageBox.StandardButton.No)
+        return True if answer == QMessageBox.StandardButton.Yes else None
 
     def export_dialog(self) -> QWidget | None:
         if self.controller.session is None:
@@ -725,7 +738,9 @@ class MainWindow(QMainWindow):
     def _export_with(self, dialog: Any) -> None:
         options = dict(dialog.settings() or {})
         path = options.pop("path", None)
-        self.controller.export(path, **options)
+        force = self._confirm_overwrite(path)
+        if force is not None:
+            self.controller.export(path, force=force, **options)
 
     def _export_finished(self, report: Any) -> None:
         self.statusBar().showMessage(f"Exported {getattr(report, 'path', '')}", 8000)
