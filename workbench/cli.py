@@ -298,12 +298,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
             "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
                                "nonfinite": q.nonfinite_count} for n, q in result.quantizers.items()}}
-    if args.evaluate:
-        data["evaluation"] = session.evaluate()
     lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
     if args.evaluate:
-        lines.append("evaluation: " + ", ".join(f"{k} {_fmt(v) if isinstance(v, float) else v}"
-                                               for k, v in data["evaluation"].items()))
+        evaluation = session.evaluate()
+        data["evaluation"] = evaluation.to_dict()
+        lines.append(f"evaluation: {evaluation.summary()}")
     _emit(args, data, "\n".join(lines))
     return EXIT_OK
 
@@ -316,6 +315,20 @@ def _metric_option(args: argparse.Namespace) -> Any:
 
     # a path typed on the command line is relative to where it was typed
     return get_metric(args.metric, args.metric_direction, trust_code=args.trust_code)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    session = _open(args)
+    metric = _metric_option(args)
+    with _Progress(args, "evaluating") as progress:
+        evaluation = session.evaluate(metric, num_batches=args.num_batches, progress=progress,
+                                      cancel=progress.cancel)
+    lines = [f"  {'':<22} {'FP32':>10} {'INT8':>10} {'delta':>10}",
+             f"  {evaluation.name:<22} {_fmt(evaluation.fp32):>10} {_fmt(evaluation.int8):>10} "
+             f"{_fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better)",
+             f"  output SQNR INT8 vs FP32: {_fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} batches)"]
+    _emit(args, evaluation.to_dict(), "\n".join(lines))
+    return EXIT_OK
 
 
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
@@ -491,6 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--percentile", type=float)
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
     cal.set_defaults(func=_cmd_calibrate)
+
+    evaluate = project_command("evaluate", "a metric on the FP32 and the INT8 model, and the output SQNR")
+    evaluate.add_argument("--metric", help="sqnr, cosine, mse, top1, or module:function / file.py:function "
+                                           "(default: the project's metric)")
+    evaluate.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")
+    evaluate.add_argument("--num-batches", type=int, help="evaluation batches to use (default: all)")
+    evaluate.set_defaults(func=_cmd_evaluate)
 
     sens = project_command("sensitivity", "rank layers by sensitivity; optionally search a fallback set")
     sens.add_argument("--scheme", choices=["one-off", "one-on"], default="one-off")

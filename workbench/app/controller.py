@@ -475,11 +475,14 @@ class Controller(QObject):
         """Drop the fine-tuned weights: the quantized model goes back to the calibrated weights."""
         return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune(), self.calibration_changed)
 
-    def evaluate(self, on_done: Callable[[dict], None], **options: Any) -> bool:
+    def evaluate(self, on_done: Callable[[Any], None], **options: Any) -> bool:
+        """Compare FP32 and INT8 on the evaluation data (the session's ``evaluate``); ``on_done`` gets the
+        :class:`workbench.analysis.Evaluation`."""
         session = self._require_session()
         if session is None:
             return False
-        return self._start("Evaluating", lambda progress, cancel: session.evaluate(**options), on_done)
+        return self._start("Evaluating", lambda progress, cancel: session.evaluate(progress=progress, cancel=cancel,
+                                                                                   **options), on_done)
 
     def cancel_job(self) -> None:
         self.jobs.cancel()

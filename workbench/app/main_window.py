@@ -716,11 +716,9 @@ class MainWindow(QMainWindow):
         dialog.open()
 
     def evaluate(self) -> bool:
-        def done(report: dict[str, Any]) -> None:
-            parts = [f"{key} {format_number(value, spec='.4f')}" if isinstance(value, float) else f"{key} {value}"
-                     for key, value in report.items()]
-            self.log_panel.append("info", "evaluation: " + ", ".join(parts))
-            self.statusBar().showMessage("Evaluation: " + ", ".join(parts), 15000)
+        def done(evaluation: Any) -> None:
+            self.log_panel.append("info", f"evaluation: {evaluation.summary()}")
+            self.statusBar().showMessage(f"Evaluation: {evaluation.summary()}", 15000)
 
         return self.controller.evaluate(done)
 

@@ -42,8 +42,7 @@ from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, Setti
 from workbench.project.settings import make_descriptor
 from workbench.quant import TensorQuantizer
 from workbench.quant.calib import HistogramCalibrator
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate, sqnr_db
-from workbench.quant.calibrate import run_model as _run_model
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import views
@@ -565,12 +564,15 @@ class Session:
 
     def metric(self):
         """The project's metric as a workbench.analysis Metric (entry points need trust)."""
+        setting = self.project.settings.get("metric") or {}
+        return self._metric(setting.get("name", "sqnr"), setting.get("direction"))
+
+    def _metric(self, metric: Any, direction: str | None = None):
+        """A metric by name, entry point or object; a metric file next to the project is found from any
+        working directory, and user code runs only with the session's trust."""
         from workbench.analysis import get_metric
 
-        setting = self.project.settings.get("metric") or {}
-        # a metric file next to the project is found from any working directory
-        return get_metric(setting.get("name", "sqnr"), setting.get("direction"), trust_code=self.trust_code,
-                          base_dir=self.base_dir)
+        return get_metric(metric, direction, trust_code=self.trust_code, base_dir=self.base_dir)
 
     def _analysis_batches(self) -> list:
         source = self.data("evaluation")
@@ -647,31 +649,22 @@ class Session:
             return None
         return FallbackResult.from_dict(self.project.fallbacks[-1].data)
 
-    def evaluate(self, metric: Any = None, num_batches: int | None = None) -> dict[str, float]:
-        """FP32 and INT8 values of the metric (and output SQNR) on the evaluation data."""
-        model = self._require_calibrated()
-        chosen = metric if metric is not None else self.metric()
-        from workbench.analysis import get_metric
+    def evaluate(self, metric: Any = None, num_batches: int | None = None, *,
+                 progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
+        """The metric's FP32 and INT8 values (and the output SQNR) on the evaluation data.
 
-        metric_obj = get_metric(chosen) if not hasattr(chosen, "name") else chosen
-        batches = self._analysis_batches()[:num_batches] if num_batches else self._analysis_batches()
-        outputs_fp32, outputs_int8 = [], []
-        with torch.no_grad():
-            for batch in batches:
-                outputs_fp32.append(_run_model(self.float_model, batch, self.device))
-                outputs_int8.append(_run_model(model, batch, self.device))
-        report = {"output_sqnr_db": sqnr_db(outputs_fp32, outputs_int8)}
-        if self.data("evaluation").has_labels:
-            correct_fp32 = correct_int8 = total = 0
-            for batch, fp32, int8 in zip(batches, outputs_fp32, outputs_int8):
-                labels = batch[1].to(self.device)
-                correct_fp32 += int((fp32.argmax(1) == labels).sum())
-                correct_int8 += int((int8.argmax(1) == labels).sum())
-                total += labels.numel()
-            report["fp32_top1"] = correct_fp32 / total
-            report["int8_top1"] = correct_int8 / total
-        report["metric"] = getattr(metric_obj, "name", str(chosen))
-        return report
+        ``metric``: a Metric, a built-in name or an entry point (user code needs trust; a relative file
+        is found next to the project); default the project's. FP32 is the float model as loaded, INT8 the
+        calibrated quantized model. Returns a :class:`workbench.analysis.Evaluation`; the project is not changed.
+        """
+        from workbench.analysis import evaluate_models
+
+        model = self._require_calibrated()
+        chosen = self.metric() if metric is None else self._metric(metric)
+        batches = self._analysis_batches()
+        if num_batches:
+            batches = batches[:num_batches]
+        return evaluate_models(self.float_model, model, batches, chosen, progress=progress, cancel=cancel)
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True):
