@@ -433,6 +433,9 @@ def _cmd_gui(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from workbench.analysis.metrics import metric_choices_text
+    from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
+
     parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
                                      "PyTorch models for TensorRT.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
@@ -469,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")
     new.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by")
     new.add_argument("--grayscale", action="store_true", help="images: one channel")
-    new.add_argument("--metric", help="sqnr, cosine, mse, top1, or module:function / file.py:function")
+    new.add_argument("--metric", help=metric_choices_text())
     new.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")
     new.add_argument("--force", action="store_true", help="overwrite an existing project file")
     new.set_defaults(func=_cmd_new)
@@ -490,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("--reset", action="store_true", help="back to default descriptors for the chosen layers")
     set_.add_argument("--rule", action="append", help="placement rule on/off: concat=false, maxpool=true, residual=")
     set_.add_argument("--pin", action="append", help="share one quantizer between two: NAME1,NAME2 (repeatable)")
-    set_.add_argument("--metric", help="the project's metric: sqnr, cosine, mse, top1, or an entry point")
+    set_.add_argument("--metric", help=f"the project's metric: {metric_choices_text()}")
     set_.add_argument("--metric-direction", choices=["higher", "lower"])
     set_.add_argument("--device", help="cpu, cuda, cuda:1 ...")
     set_.add_argument("--fold-bn", choices=["on", "off"],
@@ -498,16 +501,17 @@ def build_parser() -> argparse.ArgumentParser:
     set_.set_defaults(func=_cmd_set)
 
     cal = project_command("calibrate", "calibrate on the project's calibration data")
-    cal.add_argument("--method", choices=["entropy", "mse", "percentile", "max"],
-                     help="amax method of histogram quantizers (default: the project's, entropy)")
+    cal.add_argument("--method", choices=AMAX_METHODS,
+                     help=f"amax method of histogram quantizers (default: the project's, {DEFAULT_AMAX_METHOD}): "
+                          f"{AmaxMethod.help_text()}")
     cal.add_argument("--num-batches", type=int)
-    cal.add_argument("--percentile", type=float)
+    cal.add_argument("--percentile", type=float, help=f"for --method percentile: {PERCENTILE.help}, "
+                                                       f"{PERCENTILE.describe()} (default {PERCENTILE.default:g})")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
     cal.set_defaults(func=_cmd_calibrate)
 
     evaluate = project_command("evaluate", "a metric on the FP32 and the INT8 model, and the output SQNR")
-    evaluate.add_argument("--metric", help="sqnr, cosine, mse, top1, or module:function / file.py:function "
-                                           "(default: the project's metric)")
+    evaluate.add_argument("--metric", help=f"{metric_choices_text()} (default: the project's metric)")
     evaluate.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")
     evaluate.add_argument("--num-batches", type=int, help="evaluation batches to use (default: all)")
     evaluate.set_defaults(func=_cmd_evaluate)
@@ -572,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the whole job on the built-in digits CNN, without a screen")
     demo.add_argument("--out", default="workbench-demo", help="folder for the project and ONNX (default: "
                                                               "./workbench-demo)")
-    demo.add_argument("--method", choices=["entropy", "mse", "percentile", "max"], default="mse")
+    demo.add_argument("--method", choices=AMAX_METHODS, default=AmaxMethod.MSE.value)
     demo.add_argument("--calib-batches", type=int, default=8)
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(func=_cmd_demo)

@@ -13,6 +13,7 @@ from workbench.analysis.evaluation import Evaluation, evaluate_models
 from workbench.analysis.fallback import apply_fallback, fallback_search, units_from_names
 from workbench.analysis.metrics import (
     BUILTIN_METRICS,
+    DEFAULT_METRIC,
     CosineMetric,
     Direction,
     EntryPointMetric,
@@ -22,7 +23,9 @@ from workbench.analysis.metrics import (
     OutputMetric,
     SqnrMetric,
     Top1Metric,
+    builtin_metric_labels,
     get_metric,
+    metric_choices_text,
     metric_from_dict,
 )
 from workbench.analysis.results import (
@@ -40,7 +43,8 @@ __all__ = [
     "sensitivity", "fallback_search", "evaluate_models", "Evaluation", "apply_fallback", "units_from_names",
     "Unit", "find_units", "resolve_units",
     "Metric", "OutputMetric", "ModelMetric", "EntryPointMetric", "SqnrMetric", "CosineMetric", "MseMetric",
-    "Top1Metric", "Direction", "BUILTIN_METRICS", "get_metric", "metric_from_dict", "load_entry_point",
+    "Top1Metric", "Direction", "BUILTIN_METRICS", "DEFAULT_METRIC", "builtin_metric_labels", "metric_choices_text",
+    "get_metric", "metric_from_dict", "load_entry_point",
     "SensitivityResult", "UnitResult", "FallbackResult", "FallbackPoint", "SCHEMES",
     "AnalysisError", "MetricError", "AnalysisCancelled", "EntryPointError", "ModelSnapshot",
 ]

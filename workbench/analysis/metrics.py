@@ -31,7 +31,7 @@ from workbench.sources.errors import TrustRequired
 
 __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", "EntryPointMetric", "SqnrMetric",
            "CosineMetric", "MseMetric", "Top1Metric", "get_metric", "metric_from_dict", "flat_tensors",
-           "BUILTIN_METRICS"]
+           "BUILTIN_METRICS", "DEFAULT_METRIC", "builtin_metric_labels", "metric_choices_text"]
 
 Direction = Literal["higher", "lower"]
 DIRECTIONS: tuple[str, ...] = ("higher", "lower")
@@ -312,6 +312,17 @@ class EntryPointMetric(ModelMetric):
 BUILTIN_METRICS: dict[str, type[OutputMetric]] = {
     "sqnr": SqnrMetric, "cosine": CosineMetric, "mse": MseMetric, "top1": Top1Metric,
 }
+DEFAULT_METRIC = "sqnr"
+
+
+def builtin_metric_labels() -> dict[str, str]:
+    """Every built-in metric's key and its name for people (``{"sqnr": "SQNR (dB)", ...}``), as menus list them."""
+    return {key: cls().name for key, cls in BUILTIN_METRICS.items()}
+
+
+def metric_choices_text() -> str:
+    """The metrics a user can name, for a ``--help`` or a tooltip."""
+    return f"{', '.join(BUILTIN_METRICS)}, or a user function as module:function / file.py:function"
 _ALIASES = {"sqnr_db": "sqnr", "cos": "cosine", "accuracy": "top1", "top-1": "top1"}
 
 

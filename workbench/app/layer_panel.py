@@ -42,11 +42,14 @@ from workbench.app.dialogs import percentile_spin_box
 from workbench.app.formatting import format_number, format_shape
 from workbench.graph import ModelTree, QuantizerInfo
 from workbench.graph.tree import ModuleInfo
+from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
+from workbench.quant.tensor_quant import CALIB_METHODS
 
 __all__ = ["DescriptorEditor", "DescriptorDialog", "LayerPanel", "METHOD_COLORS"]
 
-METHODS = ("max", "entropy", "mse", "percentile")
-METHOD_COLORS = {"max": "#e67e22", "entropy": "#2874a6", "mse": "#1e8449", "percentile": "#8e44ad"}
+METHODS = AMAX_METHODS
+METHOD_COLORS = {AmaxMethod.MAX: "#e67e22", AmaxMethod.ENTROPY: "#2874a6", AmaxMethod.MSE: "#1e8449",
+                 AmaxMethod.PERCENTILE: "#8e44ad"}  # a str enum: METHOD_COLORS["mse"] finds it
 DESCRIPTOR_FIELDS = ("num_bits", "axis", "unsigned", "narrow_range", "calib_method", "amax")
 _FP8 = (4, 3)
 
@@ -79,12 +82,14 @@ class DescriptorEditor(QWidget):
         self.narrow_range = QCheckBox("narrow range")
         self.narrow_range.setToolTip("Use [−127, 127] instead of [−128, 127] (TensorRT's symmetric range)")
         self.calib_method = QComboBox()
-        self.calib_method.addItems(["max", "histogram"])
+        self.calib_method.addItems(list(CALIB_METHODS))
         self.calib_method.setToolTip("Calibrator: running max of |x|, or a histogram (then pick the method below)")
         self.method = QComboBox()
         self.method.addItems(METHODS)
-        self.method.setToolTip("How amax is chosen from the histogram: max, entropy (TensorRT KL), mse or "
-                               "percentile. Changing it recomputes amax from the stored histogram (no data pass).")
+        for index, method in enumerate(AmaxMethod):
+            self.method.setItemData(index, method.description, Qt.ItemDataRole.ToolTipRole)
+        self.method.setToolTip(f"How amax is chosen from the histogram: {', '.join(METHODS)}. Changing it "
+                               "recomputes amax from the stored histogram (no data pass).")
         self.percentile = percentile_spin_box()
         self.amax = QLineEdit()
         self.amax.setPlaceholderText("calibrated")
@@ -146,7 +151,7 @@ class DescriptorEditor(QWidget):
             self.unsigned.setChecked(bool(fields.get("unsigned")))
             self.narrow_range.setChecked(bool(fields.get("narrow_range")))
             self.calib_method.setCurrentText(fields.get("calib_method", "max"))
-            self.method.setCurrentText(method or "entropy")
+            self.method.setCurrentText(method or DEFAULT_AMAX_METHOD.value)
             if percentile is not None:
                 self.percentile.setValue(float(percentile))
             amax = fields.get("amax")
@@ -188,7 +193,7 @@ class DescriptorEditor(QWidget):
     def _update_enabled(self) -> None:
         histogram = self.calib_method.currentText() == "histogram"
         self.method.setEnabled(histogram and self._method_available)
-        self.percentile.setEnabled(histogram and self._method_available and self.method.currentText() == "percentile")
+        self.percentile.setEnabled(histogram and self._method_available and PERCENTILE in AmaxMethod(self.method.currentText()).parameters)
         if not self._method_available:
             self.method.setToolTip("Calibrate with a histogram calibrator first: the method picks amax from it")
 

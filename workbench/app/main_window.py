@@ -44,7 +44,7 @@ from workbench.app.controller import Controller
 from workbench.app.dialogs import CalibrateDialog, ErrorDialog, ProjectSettingsDialog
 from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog
 from workbench.app.finetune_tab import FinetuneTab
-from workbench.app.formatting import format_number, format_seconds
+from workbench.app.formatting import format_seconds
 from workbench.app.graph_tab import GraphTab
 from workbench.app.jobs import JobProgress
 from workbench.app.layer_panel import LayerPanel

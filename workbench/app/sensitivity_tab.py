@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_labels
 from workbench.analysis.results import FallbackResult, SensitivityResult, UnitResult
 from workbench.app.controller import Controller
 from workbench.app.formatting import format_delta, format_number
@@ -45,9 +46,7 @@ from workbench.app.formatting import format_delta, format_number
 __all__ = ["SensitivityTab", "sensitivity_scores", "BUILTIN_METRIC_LABELS"]
 
 # The metrics offered besides the project's own; top-1 only when the evaluation data has labels.
-BUILTIN_METRIC_LABELS: dict[str, str] = {
-    "sqnr": "SQNR (dB)", "cosine": "cosine similarity", "mse": "MSE", "top1": "top-1 accuracy",
-}
+BUILTIN_METRIC_LABELS: dict[str, str] = builtin_metric_labels()
 SCHEME_LABELS = {
     "one-off": "one-off: all quantized, one unit at a time in float",
     "one-on": "one-on: all float, one unit at a time quantized",
@@ -344,9 +343,9 @@ class SensitivityTab(QWidget):
         """Built-in metrics (top-1 only with labels) plus the project's own when it is user code."""
         self.metric_box.blockSignals(True)
         self.metric_box.clear()
-        project_metric, has_labels = "sqnr", False
+        project_metric, has_labels = DEFAULT_METRIC, False
         if self.session is not None:
-            project_metric = str((self.session.project.settings.get("metric") or {}).get("name") or "sqnr")
+            project_metric = str((self.session.project.settings.get("metric") or {}).get("name") or DEFAULT_METRIC)
             try:
                 has_labels = bool(self.session.data("evaluation").has_labels)
             except Exception as error:  # noqa: BLE001 - missing data: the analysis itself will say so

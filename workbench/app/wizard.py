@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
-from workbench.analysis.metrics import BUILTIN_METRICS
+from workbench.analysis.metrics import BUILTIN_METRICS, builtin_metric_labels
 from workbench.sources.data_source import TENSOR_SUFFIXES, DataSpec, ImageOptions, InputSpec
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import DEMO_MODELS, ModelSpec
@@ -336,8 +336,8 @@ class FinishPage(QWizardPage):
         self.metric = QComboBox()
         self.metric.setEditable(True)
         self.metric.addItems(list(BUILTIN_METRICS))
-        self.metric.setToolTip("sqnr, cosine, mse: compare INT8 with FP32 outputs (no labels needed); top1: accuracy "
-                               "on labelled data; or a function 'metrics.py:score' (then say which way is better)")
+        self.metric.setToolTip("; ".join(f"{key}: {label}" for key, label in builtin_metric_labels().items())
+                               + "; or a function 'metrics.py:score' (then say which way is better)")
         self.direction = QComboBox()
         self.direction.addItems(["higher is better", "lower is better"])
         self.name = QLineEdit()

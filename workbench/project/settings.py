@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from workbench.quant import QuantDescriptor
+from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE
 
 __all__ = ["DEFAULT_SETTINGS", "REBUILD_SETTINGS", "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
 
@@ -22,7 +23,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "functional": {"add": True, "concat": True},
     "rules": {"concat": True, "maxpool": True, "residual": True},
     "pins": [],
-    "calibration": {"method": "entropy", "num_batches": 16, "percentile": 99.99},
+    "calibration": {"method": DEFAULT_AMAX_METHOD.value, "num_batches": 16, "percentile": PERCENTILE.default},
     "metric": {"name": "sqnr", "direction": None},
     "export": {"path": None, "opset": 17, "dynamic_batch": True, "amax_json": False, "calibration_cache": False},
     "device": "cpu",
@@ -37,7 +38,6 @@ DEFAULT_SETTINGS: dict[str, Any] = {
 
 # the settings that change which quantizers exist or how they are built (the model is rebuilt)
 REBUILD_SETTINGS = frozenset({"defaults", "functional", "rules", "pins", "fold_bn"})
-_CALIBRATION_METHODS = ("entropy", "mse", "percentile", "max")
 
 
 class SettingsError(ValueError):
@@ -117,7 +117,8 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
     elif key == "metric":
         name, direction = checked.get("name"), checked.get("direction")
         if not isinstance(name, str) or not name.strip():
-            raise SettingsError(f"The metric needs a name (sqnr, cosine, mse, top1 or an entry point), got {name!r}.")
+            raise SettingsError(f"The metric needs a name (a built-in metric, or module:function / "
+                                f"file.py:function), got {name!r}.")
         if direction not in (None, "higher", "lower"):
             raise SettingsError(f"The metric's direction is 'higher' or 'lower' (which is better), got {direction!r}.")
     elif key == "defaults":
@@ -130,13 +131,12 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
                 raise SettingsError(f"the default {role} descriptor: {error}") from None
     elif key == "calibration":
         method, batches, percentile = checked.get("method"), checked.get("num_batches"), checked.get("percentile")
-        if method is not None and method not in _CALIBRATION_METHODS:
-            raise SettingsError(f"The calibration method is one of {', '.join(_CALIBRATION_METHODS)}, got {method!r}.")
+        if method is not None and method not in AMAX_METHODS:
+            raise SettingsError(f"The calibration method is one of {', '.join(AMAX_METHODS)}, got {method!r}.")
         if batches is not None and (not _is_int(batches) or batches < 1):
             raise SettingsError(f"The calibration batches are a positive number or none (all), got {batches!r}.")
-        if percentile is not None and (isinstance(percentile, bool) or not isinstance(percentile, (int, float))
-                                       or not 0 < percentile <= 100):
-            raise SettingsError(f"The calibration percentile is a number in (0, 100], got {percentile!r}.")
+        if percentile is not None and not PERCENTILE.contains(percentile):
+            raise SettingsError(f"The calibration percentile is {PERCENTILE.describe()}, got {percentile!r}.")
     elif key == "export":
         opset, path = checked.get("opset"), checked.get("path")
         if opset is not None and (not _is_int(opset) or opset < 1):

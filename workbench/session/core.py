@@ -41,7 +41,7 @@ from workbench.project.model import now_iso
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, SettingsError, checked_setting, jsonable
 from workbench.project.settings import make_descriptor
 from workbench.quant import TensorQuantizer
-from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.calib import DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, HistogramCalibrator
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
@@ -485,9 +485,9 @@ class Session:
                   cancel: CancelToken | None = None) -> CalibrationResult:
         """Calibrate on the calibration data and store the result (amax and histograms) in the project."""
         options = dict(self.project.settings["calibration"])
-        method = method or options.get("method", "entropy")
+        method = method or options.get("method") or DEFAULT_AMAX_METHOD.value
         num_batches = num_batches if num_batches is not None else options.get("num_batches")
-        percentile = percentile if percentile is not None else options.get("percentile", 99.99)
+        percentile = percentile if percentile is not None else options.get("percentile", PERCENTILE.default)
         model = self.quantized_model()
         available = self.data("calibration").num_batches
         if available is not None:  # progress totals count the batches that really run
@@ -501,14 +501,11 @@ class Session:
             if item is None:
                 continue
             state = quantizer._calibrator.state() if quantizer._calibrator is not None else None
-            records[name] = QuantizerRecord(name, item.amax.numpy().astype(np.float32), item.method, item.calibrator,
-                                            item.num_samples, item.nonfinite_count, item.max_value, state,
-                                            descriptor_of(quantizer))
-        self.project.calibrations.append(CalibrationRecord(
-            id=self.project.next_id(self.project.calibrations), created=now_iso(), method=method,
-            percentile=float(percentile), num_batches=result.num_batches, wall_time_s=result.wall_time_s,
-            device=result.device, output_sqnr_db=result.output_sqnr_db, warnings=list(result.warnings),
-            unused=list(result.unused), quantizers=records, folded=sorted(self.folded_layers())))
+            records[name] = QuantizerRecord.from_calibration(item, name=name, calibrator_state=state,
+                                                             descriptor=descriptor_of(quantizer))
+        self.project.calibrations.append(CalibrationRecord.from_result(
+            result, id=self.project.next_id(self.project.calibrations), created=now_iso(), quantizers=records,
+            folded=sorted(self.folded_layers())))
         self.dirty = True
         return result
 
@@ -521,7 +518,11 @@ class Session:
         run = self.project.current_calibration
         if run is None:
             raise SessionError("Nothing is calibrated yet: calibrate first.")
-        percentile = percentile if percentile is not None else run.percentile
+        try:  # one check of the method and its parameter, before any quantizer changes
+            method = AmaxMethod.parse(method).value
+            percentile = PERCENTILE.check(percentile if percentile is not None else run.percentile)
+        except ValueError as error:
+            raise SessionError(str(error)) from None
         quantizers = quantizer_names(self.quantized_model())
         targets = []
         for name in names:
