@@ -236,7 +236,7 @@ def apply_editor(controller: Controller, editor: DescriptorEditor, names: Sequen
     if session is None or controller.refuse_if_busy("Set descriptor"):
         return False
     try:
-        descriptors = session.descriptors(names, role)
+        descriptors = controller.descriptors(names, role)
     except Exception as error:  # noqa: BLE001 - shown to the user
         controller.error.emit("Set descriptor", str(error), "")
         return False
@@ -294,7 +294,7 @@ class DescriptorDialog(QDialog):
         session = self.controller.session
         if session is None:
             return
-        descriptors = {n: d for n, d in session.descriptors(self.names, self.current_role()).items() if d is not None}
+        descriptors = {n: d for n, d in self.controller.descriptors(self.names, self.current_role()).items() if d is not None}
         first = next(iter(descriptors.values()), None)
         mixed = {key for key in DESCRIPTOR_FIELDS
                  if len({repr(d.get(key)) for d in descriptors.values()}) > 1}
@@ -514,7 +514,7 @@ class LayerPanel(QWidget):
             self.title.setText(f"{first}  <span style='color:#707070'>{decision.type} · {kind} · {state}</span>")
             parts = [f"parameters: {info.num_params:,}" if info is not None else ""]
             try:
-                shapes = session.layer_shapes().get(first)
+                shapes = self.controller.layer_shapes().get(first)
             except Exception:  # noqa: BLE001 - shapes need a forward pass, which may fail for odd models
                 shapes = None
             if shapes:
@@ -545,7 +545,7 @@ class LayerPanel(QWidget):
         if not names:
             return
         role = self.current_role()
-        descriptors = {n: d for n, d in session.descriptors(names, role).items() if d is not None}
+        descriptors = {n: d for n, d in self.controller.descriptors(names, role).items() if d is not None}
         if not descriptors:
             self.editor.load(None)
             self.editor.setEnabled(False)
@@ -642,7 +642,7 @@ class LayerPanel(QWidget):
         if session is None or self.quantizer_name is None:
             self._message("This layer has no quantizer.")
             return
-        data = session.histogram(self.quantizer_name)
+        data = self.controller.histogram(self.quantizer_name)
         if data is None:
             info = next((q for q in _layer_quantizers(self.tree(), self.names[0]) if q.name == self.quantizer_name),
                         None)
@@ -760,7 +760,7 @@ class LayerPanel(QWidget):
         plot.clear()
         self.weight_item = None
         session = self.controller.session
-        ranges = session.weight_ranges(self.names[0]) if session is not None and self.names else None
+        ranges = self.controller.weight_ranges(self.names[0]) if session is not None and self.names else None
         if ranges is None or np.ndim(ranges) != 1:
             self.weight_title.setText("Weights: this layer has none")
             plot.setVisible(False)

@@ -872,7 +872,7 @@ class IgnorePatternDialog(QDialog):
         if session is None:
             return
         try:
-            self._matches = session.ignore_preview(self.patterns())
+            self._matches = self.controller.ignore_preview(self.patterns())
         except Exception as error:  # noqa: BLE001 - a bad regex is shown in the dialog, not raised
             self._matches = []
             self.summary.setText(f"<span style='color:#c0392b'>{error}</span>")

@@ -49,6 +49,7 @@ from workbench.session import views
 from workbench.session.build import BuildReport, build_quantized, descriptor_of, fold_base, layer_of, quantizable
 from workbench.session.build import role_quantizer, to_numpy
 from workbench.session.errors import SessionError
+from workbench.session.events import EventEmitter, SessionEvent
 from workbench.session.views import LayerView
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
 from workbench.sources.errors import SourceError, TrustRequired
@@ -72,6 +73,7 @@ class Session:
         self.base_dir = base_dir or (path.parent if path is not None else Path.cwd())
         self.trust_code = trust_code
         self.dirty = False
+        self.events = EventEmitter()  # what changed, for the front ends (see workbench.session.events)
         self.file_changes: list[str] = []  # model/weights files that differ from when the project was made
         for key, value in DEFAULT_SETTINGS.items():
             project.settings.setdefault(key, copy.deepcopy(value))
@@ -144,6 +146,7 @@ class Session:
         save_project(self.project, target)
         self.path = target
         self.dirty = False
+        self.events.emit(SessionEvent.SAVED, path=str(target))
         return target
 
     def _rebase(self, new_base: Path) -> None:
@@ -197,7 +200,7 @@ class Session:
             check_input(self.project.input_spec, source.input_spec(), spec.label)
         self.project.data[role] = spec
         self._data[role] = source
-        self.dirty = True
+        self._changed(SessionEvent.DATA, role=role)
 
     def sample_inputs(self, batch: int = 1) -> torch.Tensor:
         inputs, _ = next(iter(self.data("calibration").batches(limit=1)))
@@ -310,6 +313,7 @@ class Session:
                 changed.append(name)
         if changed:
             self._invalidate()
+            self._changed(SessionEvent.LAYERS, names=changed)
         return changed
 
     def set_descriptor(self, names: Iterable[str], role: str, **fields: Any) -> list[str]:
@@ -348,6 +352,7 @@ class Session:
         changed = list(updates)
         if changed:
             self._invalidate()
+            self._changed(SessionEvent.LAYERS, names=changed)
         return changed
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
@@ -361,9 +366,11 @@ class Session:
                 if getattr(decision, f"{which}_desc") is not None:
                     setattr(decision, f"{which}_desc", None)
                     changed.append(name)
+        changed = list(dict.fromkeys(changed))
         if changed:
             self._invalidate()
-        return list(dict.fromkeys(changed))
+            self._changed(SessionEvent.LAYERS, names=changed)
+        return changed
 
     def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
         """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
@@ -429,7 +436,9 @@ class Session:
             raise
         if checked.keys() & REBUILD_SETTINGS:
             self._invalidate()
-        self.dirty = True
+        self._changed(SessionEvent.SETTINGS, keys=sorted(checked))
+        if checked.keys() & REBUILD_SETTINGS:
+            self._changed(SessionEvent.LAYERS, names=list(self.project.layers))
 
     def set_device(self, device: str) -> None:
         """Move the models to ``device`` (``cpu``, ``cuda``, ``cuda:N``); SessionError if there is none such."""
@@ -444,6 +453,11 @@ class Session:
     def _invalidate(self) -> None:
         self._quant_model = None
         self.dirty = True
+
+    def _changed(self, kind: SessionEvent, **data: Any) -> None:
+        """The project changed: unsaved, and every listener is told what changed."""
+        self.dirty = True
+        self.events.emit(kind, **data)
 
     # ----- building the quantized model -------------------------------------------------------
 
@@ -506,7 +520,7 @@ class Session:
         self.project.calibrations.append(CalibrationRecord.from_result(
             result, id=self.project.next_id(self.project.calibrations), created=now_iso(), quantizers=records,
             folded=sorted(self.folded_layers())))
-        self.dirty = True
+        self._changed(SessionEvent.CALIBRATION)
         return result
 
     def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict[str, float]:
@@ -548,7 +562,7 @@ class Session:
                 self.project.current_finetune.amax.pop(name, None)
         if not updated:
             raise SessionError("None of these quantizers has a histogram calibrator; use calib_method 'histogram'.")
-        self.dirty = True
+        self._changed(SessionEvent.CALIBRATION, quantizers=list(updated))
         return updated
 
     def histogram(self, quantizer_name: str) -> dict[str, Any] | None:
@@ -591,7 +605,7 @@ class Session:
                                  cancel=cancel)
         self.project.sensitivity.append(SensitivityRecord(self.project.next_id(self.project.sensitivity), now_iso(),
                                                           result.to_dict()))
-        self.dirty = True
+        self._changed(SessionEvent.SENSITIVITY)
         return result
 
     def latest_sensitivity(self):
@@ -617,7 +631,7 @@ class Session:
         if apply:
             self.apply_fallback(result)
             record.applied = True
-        self.dirty = True
+        self._changed(SessionEvent.FALLBACK, applied=apply)
         return result
 
     def apply_fallback(self, result: Any) -> list[str]:
@@ -695,7 +709,7 @@ class Session:
         self.project.exports.append(ExportRecord(self.project.next_id(self.project.exports), now_iso(), str(target),
                                                  {"opset": opset, "dynamic_batch": dynamic_batch},
                                                  jsonable(report.to_dict())))
-        self.dirty = True
+        self._changed(SessionEvent.EXPORT, path=str(target))
         return report
 
     def default_export_path(self) -> Path:
@@ -743,7 +757,7 @@ class Session:
             progress=progress, cancel=cancel, on_step=on_step, on_epoch=on_epoch, device=self.device,
             amp=options["amp"], learn_amax=options["learn_amax"] or None, trust_code=self.trust_code)
         self.project.settings["finetune"] = options
-        self.dirty = True
+        self._changed(SessionEvent.SETTINGS, keys=["finetune"])
         if result.epochs_completed == 0 and not result.changed:
             return result  # cancelled before an epoch finished: the model is as it was
         quantizers = quantizer_names(model)
@@ -764,6 +778,7 @@ class Session:
             calibration_id=run.id if run is not None else None, folded=sorted(self.folded_layers()),
             active=True, weights=weights, amax=amax))
         self.build_report.finetune = f"fine-tuned weights of run {self.project.finetunes[-1].id} in use"
+        self._changed(SessionEvent.FINETUNE, run=self.project.finetunes[-1].id)
         return result
 
     def finetune_history(self) -> list[Any]:
@@ -779,6 +794,7 @@ class Session:
         for record in self.project.finetunes:
             record.active, record.weights, record.amax = False, {}, {}
         self._invalidate()
+        self._changed(SessionEvent.FINETUNE, run=None)
         return True
 
     def _require_calibrated(self) -> nn.Module:
