@@ -135,14 +135,13 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
-    from workbench.sources.data_source import DataSpec, ImageOptions
+    from workbench.session.new_project import image_options
+    from workbench.sources.data_source import DataSpec
 
     image = None
     if any(v is not None for v in (args.resize, args.crop, args.mean, args.std)) or args.grayscale:
-        image = ImageOptions(resize=args.resize, crop=args.crop,
-                             mean=tuple(args.mean or ((0.0,) if args.grayscale else (0.0, 0.0, 0.0))),
-                             std=tuple(args.std or ((1.0,) if args.grayscale else (1.0, 1.0, 1.0))),
-                             grayscale=args.grayscale)
+        image = image_options(resize=args.resize, crop=args.crop, mean=args.mean, std=args.std,
+                              grayscale=args.grayscale)
     return DataSpec.parse(text, batch_size=batch_size, num_batches=args.num_batches, shuffle=args.shuffle,
                           seed=args.seed, image=image)
 
@@ -157,21 +156,20 @@ def _typed_entrypoint(spec: str | None, session: Any) -> str | None:
 
 def _cmd_new(args: argparse.Namespace) -> int:
     from workbench.session import Session
+    from workbench.session.new_project import factory_arguments, new_project_settings
     from workbench.sources.data_source import InputSpec
     from workbench.sources.model_source import ModelSpec
 
     project = Path(args.project)
     if project.exists() and not args.force:
         raise UsageError(f"{project} exists; use --force to overwrite it.")
-    kwargs = _parse_fields(args.model_kwargs) if args.model_kwargs else {}
-    model = ModelSpec.parse(args.model, weights=args.weights, kwargs=kwargs, code_dir=args.code_dir)
+    model = ModelSpec.parse(args.model, weights=args.weights, kwargs=factory_arguments(args.model_kwargs),
+                            code_dir=args.code_dir)
     calibration = _data_spec(args.data, args, args.batch_size)
     evaluation = _data_spec(args.eval_data, args, args.batch_size) if args.eval_data else None
     if evaluation is not None:
         evaluation.num_batches = None
-    settings: dict[str, Any] = {}
-    if args.metric:
-        settings["metric"] = {"name": args.metric, "direction": args.metric_direction}
+    settings = new_project_settings(metric=args.metric, direction=args.metric_direction)
     session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
                              input_shape=InputSpec.parse_shape(args.input_shape), name=project.stem,
                              base_dir=Path.cwd(), settings=settings)
@@ -253,19 +251,13 @@ def _cmd_set(args: argparse.Namespace) -> int:
         changed["weight_descriptor"] = session.set_descriptor(targets, "weight", **_parse_fields(args.weight_desc))
     for rule in args.rule or []:
         name, _, value = rule.partition("=")
-        rules = dict(session.project.settings["rules"])
-        if name not in rules:
-            raise UsageError(f"unknown rule {name!r}; rules are {', '.join(rules)}.")
-        rules[name] = bool(_parse_value(value or "true"))
-        session.set_setting("rules", rules)
-        changed.setdefault("rules", []).append(f"{name}={rules[name]}")
+        session.update_setting("rules", **{name: bool(_parse_value(value or "true"))})
+        changed.setdefault("rules", []).append(f"{name}={session.project.settings['rules'][name]}")
     for pin in args.pin or []:
         first, _, second = pin.partition(",")
         if not second:
             raise UsageError(f"--pin takes two quantizer or layer names separated by a comma, got {pin!r}.")
-        pins = list(session.project.settings["pins"]) + [[first.strip(), second.strip()]]
-        session.set_setting("pins", pins)
-        session.quantized_model()  # validates the names now
+        session.add_pins([(first.strip(), second.strip())])
         changed.setdefault("pins", []).append(pin)
     if args.metric:
         session.set_setting("metric", {"name": _typed_entrypoint(args.metric, session),
@@ -456,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     new = project_command("new", "create a project on a model and data")
     new.add_argument("--model", required=True, help="file.py:factory, package.module:factory, model.pt (a pickled "
                                                     "model) or demo:digits / demo:resnet18 / demo:resnet50")
-    new.add_argument("--model-kwargs", help="keyword arguments of the factory: name=value,...")
+    new.add_argument("--model-kwargs", help="keyword arguments of the factory: name=value,... or a YAML/JSON "
+                                            "mapping ('num_classes: 10, pretrained: false')")
     new.add_argument("--weights", help="state_dict file (.pt/.pth loaded with weights_only, or .safetensors)")
     new.add_argument("--code-dir", help="folder with the code a pickled model needs (default: its folder)")
     new.add_argument("--data", required=True, help="calibration data: a folder of images, a tensor file "
@@ -469,8 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--seed", type=int, default=0)
     new.add_argument("--resize", type=int, help="images: resize the shorter side to this")
     new.add_argument("--crop", type=int, help="images: center crop to this size")
-    new.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")
-    new.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by")
+    new.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract (default 0; "
+                                                           "ImageNet models: 0.485 0.456 0.406)")
+    new.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by (default 1; "
+                                                          "ImageNet models: 0.229 0.224 0.225)")
     new.add_argument("--grayscale", action="store_true", help="images: one channel")
     new.add_argument("--metric", help=metric_choices_text())
     new.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")

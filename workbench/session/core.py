@@ -440,6 +440,30 @@ class Session:
         if checked.keys() & REBUILD_SETTINGS:
             self._changed(SessionEvent.LAYERS, names=list(self.project.layers))
 
+    def update_setting(self, key: str, **fields: Any) -> None:
+        """Change some fields of a mapping setting (rules, functional, calibration, export, metric, finetune),
+        keeping the others: ``update_setting("rules", maxpool=False)``. Checked as :meth:`set_settings`."""
+        current = self.project.settings.get(key)
+        if not isinstance(current, dict):
+            raise SessionError(f"{key!r} is not a setting with fields; settings with fields are "
+                               f"{', '.join(k for k, v in DEFAULT_SETTINGS.items() if isinstance(v, dict))}.")
+        self.set_settings({key: {**current, **fields}})
+
+    def add_pins(self, pairs: Iterable[Sequence[str]]) -> None:
+        """Share one quantizer between each pair of quantizers or layers (TensorRT scale sharing).
+
+        The names are checked by building the model: a pin naming no quantizer raises SessionError and
+        leaves the pins as they were.
+        """
+        previous = list(self.project.settings.get("pins") or [])
+        self.set_setting("pins", previous + [list(pair) for pair in pairs])
+        try:
+            self.quantized_model()
+        except Exception as error:
+            self.project.settings["pins"] = previous
+            self._quant_model = None
+            raise SessionError(f"pins: {error}") from error
+
     def set_device(self, device: str) -> None:
         """Move the models to ``device`` (``cpu``, ``cuda``, ``cuda:N``); SessionError if there is none such."""
         target = torch.device(_checked("device", device))
