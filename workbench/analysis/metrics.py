@@ -25,8 +25,9 @@ from typing import Any, ClassVar, Literal, Protocol
 import torch
 from torch import nn
 
-from workbench.analysis.entry_point import load_entry_point, parse_entry_point
+from workbench.analysis.entry_point import load_entry_point
 from workbench.quant.batches import batch_targets, class_scores, flat_tensors
+from workbench.sources.entrypoints import split_entrypoint
 from workbench.sources.errors import TrustRequired
 
 __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", "EntryPointMetric", "SqnrMetric",
@@ -288,7 +289,7 @@ class EntryPointMetric(ModelMetric):
 
     def __init__(self, spec: str, *, direction: Direction, name: str | None = None,
                  base_dir: Path | None = None) -> None:
-        parse_entry_point(spec)  # a malformed spec fails now; the module is only imported when used
+        split_entrypoint(spec)  # a malformed spec fails now; the module is only imported when used
         self.spec = spec
         self.base_dir = base_dir
         self._fn = None

@@ -79,6 +79,11 @@ class DeferredRefresh(QObject):
     def scheduled(self) -> bool:
         return self._timer.isActive()
 
+    @property
+    def waiting_for_job(self) -> bool:
+        """A refresh was asked for during a job and runs when it ends."""
+        return self._after_job
+
     def idle(self) -> bool:
         """True when no job runs; otherwise False, and the refresh runs once the job ends."""
         if self._controller.busy:

@@ -254,11 +254,6 @@ class ModuleTreeModel(QAbstractItemModel):
     def parent_of(self, node: int) -> int:
         return self._parent[node]
 
-    def child_node(self, row: int, parent: QModelIndex) -> int:
-        """The node at ``row`` under ``parent`` (used by the filter without building an index)."""
-        p = parent.internalId() if parent.isValid() else _ROOT
-        return self._children[p + 1][row]
-
     def index_of(self, name: str, column: int = 0) -> QModelIndex:
         node = self._node_of.get(name)
         if node is None:

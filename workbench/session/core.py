@@ -238,9 +238,6 @@ class Session:
         self.project.layers = layers
         self._quant_model = None
 
-    def layer_names(self) -> list[str]:
-        return list(self.project.layers)
-
     def layers(self) -> list[LayerView]:
         """Every quantizable layer with its decision, descriptors, amax and sensitivity rank."""
         return views.layer_views(self)
