@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from workbench.quant.calibrate import CalibrationResult, QuantizerCalibration
 
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
-           "ExportRecord", "FinetuneRecord", "Project", "now_iso", "DATA_ROLES"]
+           "ExportRecord", "FinetuneRecord", "Project", "ProjectOrigin", "now_iso", "DATA_ROLES"]
 
 DATA_ROLES = ("calibration", "evaluation", "training")
 
@@ -137,6 +137,19 @@ class FinetuneRecord:
 
 
 @dataclass
+class ProjectOrigin:
+    """Where a project in memory came from: the file, its revision then, and a digest of each part.
+
+    A save compares the file's revision with ``revision``; when another process saved in between, the
+    digests tell what each side changed (see :mod:`workbench.project.merge`).
+    """
+
+    path: str
+    revision: int
+    digests: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Project:
     """Everything a project file holds."""
 
@@ -155,6 +168,8 @@ class Project:
     created: str = field(default_factory=now_iso)
     modified: str = field(default_factory=now_iso)
     app_version: str = ""
+    # the file and revision this was loaded from or last saved to (None: not from a file yet)
+    origin: ProjectOrigin | None = field(default=None, compare=False, repr=False)
 
     @property
     def current_calibration(self) -> CalibrationRecord | None:
