@@ -146,7 +146,7 @@ def test_only_settings_that_change_layers_refresh_the_layer_views(controller, qt
     assert session.project.settings["rules"]["residual"] is False
 
 
-def test_the_sessions_events_become_signals_once_after_the_change(controller, qtbot):
+def test_the_sessions_events_become_signals_once_after_the_change(controller, qtbot, tmp_path):
     """Views hear of a change from the session's events: a change made on the session itself (not
     through the controller) reaches them too, and a job's changes arrive once it has ended."""
     session = open_demo(controller, qtbot)
@@ -167,5 +167,5 @@ def test_the_sessions_events_become_signals_once_after_the_change(controller, qt
     assert seen == [("settings_changed", ("fold_bn", "metric")), ("layers_changed", False)]
     seen.clear()
     with qtbot.waitSignal(controller.dirty_changed) as blocker:
-        saved = controller.save(session.base_dir / "events.qwb")
+        saved = controller.save(tmp_path / "events.qwb")
     assert blocker.args == [False] and seen == [("project_saved", str(saved))]
