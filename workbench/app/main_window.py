@@ -49,7 +49,8 @@ from workbench.app.graph_tab import GraphTab
 from workbench.app.jobs import JobProgress
 from workbench.app.layer_panel import LayerPanel
 from workbench.app.sensitivity_tab import SensitivityTab
-from workbench.app.tree_model import COLUMN_WIDTHS, ModelTreeWidget
+from workbench.app.tree_model import COLUMN_WIDTHS
+from workbench.app.tree_widget import ModelTreeWidget
 from workbench.app.wizard import NewProjectWizard
 
 logger = logging.getLogger(__name__)
