@@ -4,7 +4,7 @@ import pytest
 pytest.importorskip("PySide6")
 
 from workbench.app.dialogs import CalibrationOptions, percentile_spin_box  # noqa: E402
-from workbench.app.layer_panel import DescriptorEditor  # noqa: E402
+from workbench.app.descriptor_editor import DescriptorEditor  # noqa: E402
 from workbench.quant.calib import AMAX_METHODS, PERCENTILE  # noqa: E402
 
 

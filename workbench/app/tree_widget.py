@@ -305,7 +305,7 @@ class ModelTreeWidget(QWidget):
         QGuiApplication.clipboard().setText("\n".join(names))
 
     def set_descriptor_dialog(self) -> QDialog | None:
-        from workbench.app.layer_panel import DescriptorDialog
+        from workbench.app.descriptor_editor import DescriptorDialog
 
         names = self.selected_layers()
         if not names or self.controller.session is None:
