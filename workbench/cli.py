@@ -425,7 +425,8 @@ def _cmd_gui(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workbench.analysis.metrics import metric_choices_text
+    from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
+    from workbench.analysis.results import SCHEMES
     from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
 
     parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
@@ -468,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "ImageNet models: 0.229 0.224 0.225)")
     new.add_argument("--grayscale", action="store_true", help="images: one channel")
     new.add_argument("--metric", help=metric_choices_text())
-    new.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")
+    new.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
     new.add_argument("--force", action="store_true", help="overwrite an existing project file")
     new.set_defaults(func=_cmd_new)
 
@@ -489,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("--rule", action="append", help="placement rule on/off: concat=false, maxpool=true, residual=")
     set_.add_argument("--pin", action="append", help="share one quantizer between two: NAME1,NAME2 (repeatable)")
     set_.add_argument("--metric", help=f"the project's metric: {metric_choices_text()}")
-    set_.add_argument("--metric-direction", choices=["higher", "lower"])
+    set_.add_argument("--metric-direction", choices=DIRECTIONS)
     set_.add_argument("--device", help="cpu, cuda, cuda:1 ...")
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
@@ -507,14 +508,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = project_command("evaluate", "a metric on the FP32 and the INT8 model, and the output SQNR")
     evaluate.add_argument("--metric", help=f"{metric_choices_text()} (default: the project's metric)")
-    evaluate.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")
+    evaluate.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
     evaluate.add_argument("--num-batches", type=int, help="evaluation batches to use (default: all)")
     evaluate.set_defaults(func=_cmd_evaluate)
 
     sens = project_command("sensitivity", "rank layers by sensitivity; optionally search a fallback set")
-    sens.add_argument("--scheme", choices=["one-off", "one-on"], default="one-off")
+    sens.add_argument("--scheme", choices=SCHEMES, default=SCHEMES[0])
     sens.add_argument("--metric", help="override the project's metric")
-    sens.add_argument("--metric-direction", choices=["higher", "lower"])
+    sens.add_argument("--metric-direction", choices=DIRECTIONS)
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
     sens.add_argument("--top", type=int, default=10, help="how many layers to print")
     sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32")
@@ -552,7 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
                       help="mixed precision (default: on with CUDA)")
     tune.add_argument("--metric", help="what picks the best epoch (default: the project's metric)")
-    tune.add_argument("--metric-direction", choices=["higher", "lower"])
+    tune.add_argument("--metric-direction", choices=DIRECTIONS)
     tune.add_argument("--train-data", help="data to train on, stored in the project (same forms as --data of "
                                            "'new'; default: all of the calibration data)")
     tune.add_argument("--batch-size", type=int, default=32, help="for --train-data")
