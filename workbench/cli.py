@@ -31,17 +31,9 @@ class UsageError(Exception):
 
 
 def _parse_value(text: str) -> Any:
-    lowered = text.lower()
-    if lowered in ("true", "yes", "on"):
-        return True
-    if lowered in ("false", "no", "off"):
-        return False
-    if lowered in ("none", "null"):
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+    from workbench.session.new_project import parse_value
+
+    return parse_value(text)
 
 
 def _parse_fields(text: str) -> dict[str, Any]:

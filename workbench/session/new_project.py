@@ -15,7 +15,7 @@ from workbench.project.settings import SettingsError, checked_setting
 from workbench.session.errors import SessionError
 from workbench.sources.data_source import ImageOptions
 
-__all__ = ["DEFAULT_IMAGE_OPTIONS", "factory_arguments", "image_options", "new_project_settings"]
+__all__ = ["DEFAULT_IMAGE_OPTIONS", "factory_arguments", "image_options", "new_project_settings", "parse_value"]
 
 # How image files become tensors unless the user says otherwise: pixels in [0, 1], no resize, no crop.
 # A model trained on normalised inputs needs its own mean and std (e.g. ImageNet's 0.485, 0.456, 0.406 /
@@ -23,7 +23,8 @@ __all__ = ["DEFAULT_IMAGE_OPTIONS", "factory_arguments", "image_options", "new_p
 DEFAULT_IMAGE_OPTIONS = ImageOptions()
 
 
-def _value(text: str) -> Any:
+def parse_value(text: str) -> Any:
+    """A value typed as text: true/false/yes/no/on/off, none/null, a JSON number, list or mapping, else the text."""
     lowered = text.lower()
     if lowered in ("true", "yes", "on"):
         return True
@@ -49,7 +50,7 @@ def factory_arguments(text: str | None) -> dict[str, Any]:
         return {}
     parts = [part.strip() for part in text.split(",") if part.strip()]
     if all("=" in part and ":" not in part.split("=", 1)[0] for part in parts):
-        return {key.strip(): _value(value.strip()) for key, value in (part.split("=", 1) for part in parts)}
+        return {key.strip(): parse_value(value.strip()) for key, value in (part.split("=", 1) for part in parts)}
     try:
         value = yaml.safe_load(text if text.startswith("{") else "{" + text + "}")
     except yaml.YAMLError as error:
