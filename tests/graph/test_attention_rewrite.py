@@ -33,6 +33,9 @@ def test_vit_attention_products_get_named_quantizers_with_roles():
     assert roles["blocks.0.attn.matmul._input1_quantizer"] == "key"
     assert roles["blocks.0.attn.matmul_1._input0_quantizer"] == "probabilities"
     assert roles["blocks.0.attn.matmul_1._input1_quantizer"] == "value"
+    tree = describe_model(model)
+    assert tree["blocks.0.attn.matmul"].display_type == "QuantMatMul (query x key)"
+    assert tree["blocks.0.attn.matmul"].parent == "blocks.0.attn"  # shown under its attention module
     # residual adds inside the blocks stay float by default, with the reason
     residual = [s for s in f.skipped if s.owner == "blocks.0"]
     assert len(residual) == 2 and all("transformer block" in s.reason for s in residual)
