@@ -245,7 +245,8 @@ def describe_model(model: nn.Module) -> ModelTree:
             name=name, type_name=kind.__name__, type_path=type_path, parent=parent, traced=traced,
             depth=depth, children=tuple(children), num_params=own_counts[name], total_params=totals[name],
             quantizable=quantized or quant_cls is not None, quantized=quantized, quant_type=quant_type,
-            quantizers=quantizers, notes=module_notes(module) + ((not_quantizable,) if not_quantizable else ())))
+            quantizers=quantizers, notes=module_notes(module) + ((not_quantizable,) if not_quantizable else ()),
+            role=module_role(module)))
     return ModelTree(infos)
 
 
