@@ -113,3 +113,27 @@ def test_unsupported_hugging_face_attention_is_reported_by_module():
     assert "attention modules left in floating point" in report.summary()
     notes = describe_model(model)["encoder.layer.0.attention.self"].notes
     assert any("attention not quantized" in n for n in notes)
+
+
+@pytest.mark.parametrize("arch", ["vit", "llama", "bert"])
+def test_hugging_face_residual_adds_on_request_and_embeddings_kept_original(arch):
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = {"bert": zoo.hf_bert, "vit": zoo.hf_vit, "llama": zoo.hf_llama}[arch]("sdpa")
+    inputs = (zoo.images(),) if arch == "vit" else (zoo.tokens(vocab=64),)
+    with torch.no_grad():
+        fp32 = _first(model(*inputs))
+    model, report = insert_functional_quantizers(model, residual_adds_in_transformer_blocks=True,
+                                                 example_inputs=inputs)
+    blocks = {"vit": ["layers.0", "layers.1"], "llama": ["model.layers.0", "model.layers.1"],
+              "bert": ["encoder.layer.0.attention.output", "encoder.layer.0.output",
+                       "encoder.layer.1.attention.output", "encoder.layer.1.output"]}[arch]
+    assert sorted({a.owner for a in report.adds}) == blocks  # **kwargs blocks traced as they were called
+    assert len(report.adds) == 4
+    if arch == "bert":  # BertEmbeddings' `token_type_ids is None` branch: the traced copy fails, so it is kept
+        failure = next(f for f in report.failures if f.name == "embeddings")
+        assert "fails on the sample input" in failure.reason and "NoneType" in failure.reason
+    with quant.disable_quantization(model), torch.no_grad():
+        assert torch.equal(_first(model(*inputs)), fp32)
+    result = calibrate(model, [inputs], num_batches=None, method="max", report_sqnr=False)
+    assert result.unused == []

@@ -18,6 +18,7 @@ operation quantized, every candidate skipped and why, and every module that coul
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import operator
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from workbench.graph.trace import (
     TraceFailure,
     is_leaf,
     scalar_nodes,
+    trace_with_call,
 )
 from workbench.graph.tree import add_note, is_quantized_module
 from workbench.graph.verify import ModuleCall, capture_calls, traced_differs, value_dtypes
@@ -223,18 +225,26 @@ class _Inserter:
             self.report.failures.append(TraceFailure(path, type(module).__name__, risk))
             logger.info("Not tracing %s (%s): %s", path or "<model>", type(module).__name__, risk)
             return module
+        call = self.calls.get(id(module)) if self.calls is not None else None
         try:
             tracer = _OwnForwardTracer()
             graph = tracer.trace(module)
         except Exception as error:  # the user's forward runs on proxies: anything can be raised
-            text = str(error).strip().splitlines()
-            reason = f"{type(error).__name__}: {text[0] if text else ''}"[:400]
-            self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
-            logger.info("Could not trace %s (%s): %s", path or "<model>", type(module).__name__, reason)
-            return module
+            graph = None
+            if call is not None and (call.kwargs or _takes_var_keyword(module)):
+                try:  # **kwargs forwards (Hugging Face blocks): trace the forward as it was called
+                    tracer = _OwnForwardTracer()
+                    graph = trace_with_call(tracer, module, call.args, call.kwargs)
+                except Exception:  # report the first, plainer error
+                    graph = None
+            if graph is None:
+                text = str(error).strip().splitlines()
+                reason = f"{type(error).__name__}: {text[0] if text else ''}"[:400]
+                self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
+                logger.info("Could not trace %s (%s): %s", path or "<model>", type(module).__name__, reason)
+                return module
         self.report.traced.append(path)
         gm = fx.GraphModule(tracer.root, graph, type(module).__name__)
-        call = self.calls.get(id(module)) if self.calls is not None else None
         dtypes = value_dtypes(gm, call) if call is not None else {}
         marks = len(self.report.inserted), len(self.report.skipped)
         added = self._insert(gm, module, path, dtypes)
@@ -454,6 +464,14 @@ def _product_roles(a: fx.Node, b: fx.Node) -> tuple[str, ...]:
     transposed = (b.op == "call_method" and b.target in ("transpose", "permute", "mT")) or (
         b.op == "call_function" and b.target in (torch.transpose,))
     return ("query", "key") if transposed else ()
+
+
+def _takes_var_keyword(module: nn.Module) -> bool:
+    try:
+        parameters = inspect.signature(type(module).forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _matmul_operands(node: fx.Node):
