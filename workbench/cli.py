@@ -353,6 +353,7 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
     metric = _metric_option(args)
     with _Progress(args, "sensitivity") as progress:
         result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
+                                     units=None if args.units == "layers" else args.units,
                                      progress=progress, cancel=progress.cancel)
         fallback = None
         if args.tolerance is not None or args.target is not None:
@@ -450,6 +451,7 @@ def _cmd_gui(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from workbench.analysis.units import UNIT_SCHEMES
     from workbench.project.settings import FUNCTIONAL_SWITCHES  # the one definition of the switches
 
     parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
@@ -531,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sens = project_command("sensitivity", "rank layers by sensitivity; optionally search a fallback set")
     sens.add_argument("--scheme", choices=["one-off", "one-on"], default="one-off")
+    sens.add_argument("--units", choices=UNIT_SCHEMES, default="layers",
+                      help="what is switched together: each quantized layer (an attention's products together), "
+                           "or each transformer block (a readable ranking of a 12-layer ViT)")
     sens.add_argument("--metric", help="override the project's metric")
     sens.add_argument("--metric-direction", choices=["higher", "lower"])
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")

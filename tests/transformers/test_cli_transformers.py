@@ -61,6 +61,10 @@ def test_attention_quantizers_roles_switch_calibration_histograms_and_export(vit
 
     code, _, err = run(capsys, "calibrate", vit_project, "--trust-code", "--method", "max")
     assert code == 0, err
+    code, out, err = run(capsys, "sensitivity", vit_project, "--trust-code", "--units", "transformer_blocks")
+    assert code == 0, err
+    ranked = [line.split()[1] for line in out.splitlines() if line.strip()[:2].rstrip(".").isdigit()]
+    assert sorted(ranked) == ["blocks.0", "blocks.1", "head", "patch_embed"]
     from workbench.session import Session
 
     session = Session.open(vit_project, trust_code=True)
