@@ -153,8 +153,9 @@ def _qualified(prefix: str, name: str) -> str:
 
 
 _NO_OWN_OPS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, QuantTransformerEncoder)
-_RESIDUAL_IN_BLOCK = ("residual add in a transformer block: left in floating point by default (TensorRT keeps it "
-                      "in its fused kernels); set residual_adds_in_transformer_blocks to quantize it")
+_RESIDUAL_IN_BLOCK = ("add inside a transformer block (a module with a LayerNorm or an attention): left in floating "
+                      "point by default, TensorRT keeps it in its fused kernels; set "
+                      "residual_adds_in_transformer_blocks to quantize it")
 _NOT_ACTIVATION = ("an operand is not a floating activation (a mask, position or index computation, or an integer "
                    "tensor): TensorRT runs no INT8 kernel on it")
 
