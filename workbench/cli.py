@@ -184,6 +184,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
                                       f"{run['method']} on {run['batches']} batches, output SQNR "
                                       f"{_fmt(run['output_sqnr_db'], ' dB')}"))
     lines.extend(_folding_lines(summary["folding"]))
+    lines.extend(_functional_lines(summary["functional"]))
     tuned = summary["finetune"]
     if tuned is not None:
         lines.append(f"  fine-tune: run {tuned['id']}: {tuned['summary']}")
@@ -195,10 +196,24 @@ def _cmd_show(args: argparse.Namespace) -> int:
     lines.append(f"    {'layer':<32} {'type':<20} {'input':<28} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
         notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""
-        lines.append(f"    {layer.name:<32} {layer.type:<20} {layer.input_summary:<28} {layer.weight_summary:<24} "
+        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.input_summary:<28} {layer.weight_summary:<24} "
                      f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
     _emit(args, summary, "\n".join(lines))
     return EXIT_OK
+
+
+def _functional_lines(functional: dict[str, Any]) -> list[str]:
+    """``workbench show``: functional quantizers, attention left in float (and why), untraced modules."""
+    lines = [f"  functional: {functional['adds']} adds, {functional['concats']} concatenations, "
+             f"{functional['matmuls']} matrix products, {functional['attentions']} attentions quantized; "
+             f"{functional['left_float']} operations left in float"]
+    lines += [f"    attention not quantized: {item['module']}: {item['reason']}"
+              for item in functional["unquantized_attention"]]
+    lines += [f"    not traced: {item['module']} ({item['type']}): {item['reason']}"
+              for item in functional["not_traced"][:5]]
+    if len(functional["not_traced"]) > 5:
+        lines.append(f"    ... and {len(functional['not_traced']) - 5} more modules not traced (--json lists them)")
+    return lines
 
 
 def _folding_lines(folding: dict[str, Any]) -> list[str]:
@@ -258,6 +273,21 @@ def _cmd_set(args: argparse.Namespace) -> int:
     if args.device:
         session.set_setting("device", args.device)
         changed["device"] = [args.device]
+    from workbench.project.settings import FUNCTIONAL_SWITCHES
+
+    switches = list(args.functional or [])
+    if args.quantize_residual_adds is not None:
+        switches.append(f"residual_adds_in_transformer_blocks={args.quantize_residual_adds}")
+    for switch in switches:
+        name, _, value = switch.partition("=")
+        functional = dict(session.project.settings["functional"])
+        if name not in FUNCTIONAL_SWITCHES:
+            raise UsageError(f"unknown functional switch {name!r}; switches are {', '.join(FUNCTIONAL_SWITCHES)}.")
+        if value not in ("on", "off", "true", "false"):
+            raise UsageError(f"--functional {name} takes on or off, got {value!r}.")
+        functional[name] = value in ("on", "true")
+        session.set_setting("functional", functional)
+        changed.setdefault("functional", []).append(f"{name}={'on' if functional[name] else 'off'}")
     if args.fold_bn is not None:
         session.set_setting("fold_bn", args.fold_bn == "on")
         folded = session.folded_layers()
@@ -320,6 +350,7 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
     metric = _metric_option(args)
     with _Progress(args, "sensitivity") as progress:
         result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
+                                     units=None if args.units == "layers" else args.units,
                                      progress=progress, cancel=progress.cancel)
         fallback = None
         if args.tolerance is not None or args.target is not None:
@@ -420,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
     from workbench.analysis.results import SCHEMES
     from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
+    from workbench.analysis.units import UNIT_SCHEMES
+    from workbench.project.settings import FUNCTIONAL_SWITCHES  # the one definition of the switches
 
     parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
                                      "PyTorch models for TensorRT.")
@@ -484,6 +517,11 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("--metric", help=f"the project's metric: {metric_choices_text()}")
     set_.add_argument("--metric-direction", choices=DIRECTIONS)
     set_.add_argument("--device", help="cpu, cuda, cuda:1 ...")
+    set_.add_argument("--functional", action="append", metavar="SWITCH=on|off",
+                      help="which functional operations get quantizers (repeatable): " + "; ".join(
+                          f"{name}: {text}" for name, text in FUNCTIONAL_SWITCHES.items()))
+    set_.add_argument("--quantize-residual-adds", choices=["on", "off"],
+                      help=FUNCTIONAL_SWITCHES["residual_adds_in_transformer_blocks"].replace("%", "%%"))
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)
@@ -506,6 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sens = project_command("sensitivity", "rank layers by sensitivity; optionally search a fallback set")
     sens.add_argument("--scheme", choices=SCHEMES, default=SCHEMES[0])
+    sens.add_argument("--units", choices=UNIT_SCHEMES, default="layers",
+                      help="what is switched together: each quantized layer (an attention's products together), "
+                           "or each transformer block (a readable ranking of a 12-layer ViT)")
     sens.add_argument("--metric", help="override the project's metric")
     sens.add_argument("--metric-direction", choices=DIRECTIONS)
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")

@@ -16,11 +16,12 @@ import torch
 from workbench.quant import QuantDescriptor
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE
 
-__all__ = ["DEFAULT_SETTINGS", "REBUILD_SETTINGS", "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
+__all__ = ["DEFAULT_SETTINGS", "REBUILD_SETTINGS", "FUNCTIONAL_SWITCHES", "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "defaults": {"input": {"calib_method": "histogram"}, "weight": None},
-    "functional": {"add": True, "concat": True},
+    "functional": {"add": True, "concat": True, "matmul": True, "attention": True,
+                   "residual_adds_in_transformer_blocks": False},
     "rules": {"concat": True, "maxpool": True, "residual": True},
     "pins": [],
     "calibration": {"method": DEFAULT_AMAX_METHOD.value, "num_batches": 16, "percentile": PERCENTILE.default},
@@ -34,6 +35,16 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "finetune": {"epochs": 2, "lr": 1e-4, "optimizer": "sgd", "schedule": "cosine", "momentum": 0.9,
                  "weight_decay": 0.0, "loss": "cross_entropy", "learn_amax": [], "steps_per_epoch": None,
                  "amp": None},
+}
+
+# what each functional switch quantizes (the CLI's --help and the GUI read it)
+FUNCTIONAL_SWITCHES: dict[str, str] = {
+    "add": "elementwise adds of two activations (residual adds)",
+    "concat": "concatenations of activations",
+    "matmul": "matrix products of two activations (torch.matmul, @, bmm, baddbmm)",
+    "attention": "F.scaled_dot_product_attention and Hugging Face attention functions (q, k, v, probabilities)",
+    "residual_adds_in_transformer_blocks": "residual adds inside transformer blocks (LayerNorm/attention "
+                                           "blocks); off by default, TensorRT keeps them in its fused kernels",
 }
 
 # the settings that change which quantizers exist or how they are built (the model is rebuilt)

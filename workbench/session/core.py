@@ -206,6 +206,14 @@ class Session:
         inputs, _ = next(iter(self.data("calibration").batches(limit=1)))
         return inputs[:batch].to(self.device)
 
+    def _example_inputs(self):
+        """One sample, for the functional rewrite's check of traced modules; None without usable data."""
+        try:
+            return self.sample_inputs(batch=1)
+        except Exception as error:  # no data yet, or data the model cannot take: build without the check
+            logger.info("No sample input to check traced modules with: %s", error)
+            return None
+
     def check_forward(self) -> None:
         """Run the float model on one sample batch; its error names the input shape."""
         sample = self.sample_inputs(batch=2)
@@ -227,7 +235,8 @@ class Session:
     def _sync_layers(self) -> None:
         """Make sure every quantizable layer of the model has a decision (new ones: quantize)."""
         base, folding = self._fold_base()
-        model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False).model
+        model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False,
+                                example_inputs=self._example_inputs()).model
         decisions = dict(self.project.layers)
         layers: dict[str, LayerDecision] = {}
         for name, module_type, _ in quantizable(model):
@@ -487,7 +496,8 @@ class Session:
         if self._quant_model is None:
             started = time.perf_counter()
             base, folding = self._fold_base()
-            built = build_quantized(base, self.project, self.device, folding=folding)
+            built = build_quantized(base, self.project, self.device, folding=folding,
+                                    example_inputs=self._example_inputs())
             self._quant_model, self.build_report = built.model, built.report
             self.last_build_s = time.perf_counter() - started
         return self._quant_model

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.graph.tree import module_notes
+from workbench.graph.tree import module_notes, module_role
 from workbench.project import QuantizerRecord
 from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
@@ -38,6 +38,11 @@ class LayerView:
     sensitivity_rank: int | None
     parameters: int
     notes: list[str] = field(default_factory=list)  # what building did to the layer, e.g. ["folded bn1"]
+    role: str = ""  # an attention quantizer's role, e.g. "query x key" (see workbench.graph.tree.module_role)
+
+    @property
+    def display_type(self) -> str:
+        return f"{self.type} ({self.role})" if self.role else self.type
 
 
 def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None) -> str:
@@ -92,7 +97,8 @@ def layer_views(session: Session) -> list[LayerView]:
                                descriptor_summary(input_fields, method) if decision.quantize else "float",
                                descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
                                amax, ranks.get(name), params,
-                               list(module_notes(module)) if module is not None else []))
+                               list(module_notes(module)) if module is not None else [],
+                               module_role(module) if module is not None else ""))
     return views
 
 
@@ -122,10 +128,24 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "folding": {"enabled": bool(project.settings.get("fold_bn", True)),
                     **(report.folding.to_dict() if report.folding is not None
                        else {"folded": [], "skipped": [], "failures": [], "max_relative_error": None})},
+        "functional": _functional_summary(report.functional),
         "finetune": _finetune_summary(session),
         "finetune_runs": len(project.finetunes),
         "settings": project.settings,
     }
+
+
+def _functional_summary(report: Any) -> dict[str, Any]:
+    """What the functional rewrite quantized, and every attention or module it could not, with why."""
+    if report is None:
+        return {"adds": 0, "concats": 0, "matmuls": 0, "attentions": 0, "unquantized_attention": [],
+                "not_traced": [], "left_float": 0}
+    return {"adds": len(report.adds), "concats": len(report.concats), "matmuls": len(report.matmuls),
+            "attentions": len(report.attentions),
+            "unquantized_attention": [{"module": s.owner, "reason": s.reason} for s in report.unquantized_attention],
+            "not_traced": [{"module": f.name or "<model>", "type": f.type_name, "reason": f.reason}
+                           for f in report.failures],
+            "left_float": len(report.skipped)}
 
 
 def _finetune_summary(session: Session) -> dict[str, Any] | None:
