@@ -216,7 +216,7 @@ def export_qdq_onnx(model: nn.Module,
                                    "tensor): " + ", ".join(per_channel_acts))
         tiny = [s.quantizer_name for s in swapped.values() if s.params.tiny_channels]
         if tiny:
-            report_warnings.append("amax <= 2**-24 (exported with scale 1, exact for all-zero channels): "
+            report_warnings.append("amax <= 2**-24 (quantizes every input to 0, in PyTorch and in the export): "
                                    + ", ".join(tiny))
 
         for name, module in model.named_modules():
