@@ -2,6 +2,7 @@
 between them and errors that name the operation and the layer that calls it."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import logging
@@ -191,12 +192,39 @@ def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
     for node in graph.node:
         fix(node.input)
         fix(node.output)
+        _unwrap_scopes(node, prefix)
         if node.name.startswith(scoped):  # TorchScript scopes: /model/model.layer1/model.layer1.conv/Conv
             node.name = "/" + node.name[len(scoped):].replace("/" + dotted, "/").removeprefix(dotted)
     for collection in (graph.initializer, graph.value_info, graph.input, graph.output):
         for item in collection:
             if item.name in renamed:
                 item.name = renamed[item.name]
+
+
+def _unwrap_scopes(node: onnx.NodeProto, prefix: str) -> None:
+    """torch.export's per-node module scopes (``['', 'model', 'model.fc', 'linear']``) without the wrapper."""
+    entries = {entry.key: entry for entry in node.metadata_props}
+    scopes_entry = entries.get("pkg.torch.onnx.name_scopes")
+    if scopes_entry is None:
+        return
+    try:
+        scopes = ast.literal_eval(scopes_entry.value)
+    except (ValueError, SyntaxError):
+        return
+    if not isinstance(scopes, list) or prefix not in scopes:
+        return
+    index = scopes.index(prefix)
+    scopes_entry.value = repr([s.removeprefix(prefix + ".") if isinstance(s, str) else s
+                               for i, s in enumerate(scopes) if i != index])
+    hierarchy_entry = entries.get("pkg.torch.onnx.class_hierarchy")
+    if hierarchy_entry is not None:
+        try:
+            hierarchy = ast.literal_eval(hierarchy_entry.value)
+        except (ValueError, SyntaxError):
+            return
+        if isinstance(hierarchy, list) and len(hierarchy) == len(scopes) and index > 0:
+            # the root scope "" was the wrapper; the model's own class takes its place
+            hierarchy_entry.value = repr([c for i, c in enumerate(hierarchy) if i != index - 1])
 
 
 def token_inputs(inputs: tuple) -> set[int]:
