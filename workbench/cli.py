@@ -172,6 +172,8 @@ def _cmd_new(args: argparse.Namespace) -> int:
     settings: dict[str, Any] = {}
     if args.metric:
         settings["metric"] = {"name": args.metric, "direction": args.metric_direction}
+    if args.output_key:
+        settings["output"] = args.output_key
     session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
                              input_shape=InputSpec.parse_shape(args.input_shape), name=project.stem,
                              base_dir=Path.cwd(), settings=settings)
@@ -274,6 +276,9 @@ def _cmd_set(args: argparse.Namespace) -> int:
     if args.device:
         session.set_setting("device", args.device)
         changed["device"] = [args.device]
+    if args.output_key is not None:
+        session.set_setting("output", args.output_key or None)
+        changed["output"] = [args.output_key or "first tensor"]
     if args.fold_bn is not None:
         session.set_setting("fold_bn", args.fold_bn == "on")
         folded = session.folded_layers()
@@ -439,14 +444,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     new = project_command("new", "create a project on a model and data")
     new.add_argument("--model", required=True, help="file.py:factory, package.module:factory, model.pt (a pickled "
-                                                    "model) or demo:digits / demo:resnet18 / demo:resnet50")
+                                                    "model), demo:digits / demo:resnet18 / demo:resnet50, hf:DIR (a "
+                                                    "local Hugging Face folder) or timm:NAME[@weights.safetensors]")
     new.add_argument("--model-kwargs", help="keyword arguments of the factory: name=value,...")
     new.add_argument("--weights", help="state_dict file (.pt/.pth loaded with weights_only, or .safetensors)")
     new.add_argument("--code-dir", help="folder with the code a pickled model needs (default: its folder)")
     new.add_argument("--data", required=True, help="calibration data: a folder of images, a tensor file "
                                                    "(.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
     new.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
-    new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224")
+    new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224 "
+                                           "(optional: the data gives it)")
+    new.add_argument("--output-key", help="the model output entry that metrics, sensitivity and export compare: a "
+                                          "dict/ModelOutput key such as logits, or a tuple index (default: the first "
+                                          "tensor)")
     new.add_argument("--batch-size", type=int, default=32)
     new.add_argument("--num-batches", type=int, help="calibration batches to use (default: all)")
     new.add_argument("--shuffle", action="store_true")
@@ -480,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("--metric", help="the project's metric: sqnr, cosine, mse, top1, or an entry point")
     set_.add_argument("--metric-direction", choices=["higher", "lower"])
     set_.add_argument("--device", help="cpu, cuda, cuda:1 ...")
+    set_.add_argument("--output-key", help="the model output entry to compare and export (logits, 0...; empty: the "
+                                           "first tensor)")
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)

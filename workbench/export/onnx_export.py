@@ -170,8 +170,9 @@ def export_qdq_onnx(model: nn.Module,
     if unreached:
         for quantizer in unreached:  # back on when entry_state is restored
             quantizer.disable()
-        report_warnings.append(f"{len(unreached)} quantizer(s) never reached during calibration exported in float "
-                               "(no Q/DQ): " + ", ".join(names[id(q)] for q in unreached))
+        report_warnings.append(f"{len(unreached)} enabled quantizer(s) without amax (never reached during "
+                               "calibration) exported in float, without Q/DQ: "
+                               + ", ".join(names[id(q)] for q in unreached))
     staged = None
     try:
         with without_cache(model) as cache_note:
