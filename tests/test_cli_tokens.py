@@ -102,3 +102,35 @@ def test_session_feeds_token_ids_by_keyword_to_every_job(tmp_path):
     path = session.save(tmp_path / "tagger.qwb")
     reopened = Session.open(path, trust_code=True)
     assert reopened.project.input_spec.named == (("input_ids", (12,), "int64"), ("attention_mask", (12,), "int64"))
+
+
+SUBCLASSED = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Linear(nn.Linear):  # timm.layers.Linear: the same computation
+        def forward(self, input):
+            return super().forward(input)
+
+    class Scaled(nn.Linear):  # a forward of its own
+        def forward(self, input):
+            return super().forward(input) * 0.5
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(Linear(4, 8), nn.ReLU(), Scaled(8, 2))
+''')
+
+
+def test_show_lists_subclassed_layers_quantized_or_why_not(tmp_path, capsys, monkeypatch):
+    (tmp_path / "net.py").write_text(SUBCLASSED)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "new", "net.qwb", "--model", "net.py:build", "--data", "x.npy", "--trust-code")
+    assert code == 0, err
+    code, out, err = run(capsys, "show", "net.qwb", "--trust-code", "--json")
+    summary = json.loads(out)
+    assert [row["name"] for row in summary["layer_table"]] == ["0"]
+    assert summary["not_quantizable"] == [{"name": "2", "type": "Scaled", "reason": "not quantizable: custom forward"}]
+    code, out, err = run(capsys, "show", "net.qwb", "--trust-code")
+    assert "2 (Scaled): not quantizable: custom forward" in out

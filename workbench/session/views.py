@@ -113,6 +113,9 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "layers": len(layers),
         "quantized_layers": sum(1 for layer in layers if layer.quantize),
         "float_layers": [layer.name for layer in layers if not layer.quantize],
+        # subclasses of quantizable layers with a forward of their own stay float (quant/replace.py says why)
+        "not_quantizable": [{"name": item.name, "type": item.float_type, "reason": item.reason}
+                            for item in (report.replacement.not_quantizable if report.replacement else [])],
         "calibration": None if run is None else {
             "method": run.method, "batches": run.num_batches, "quantizers": len(run.quantizers),
             "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
