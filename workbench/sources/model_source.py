@@ -238,12 +238,18 @@ def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None:
         model_class = transformers.AutoModel
+    hf_logging = transformers.utils.logging
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar would interleave with our own progress
     try:
         model = model_class.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
                                             use_safetensors=True, **spec.kwargs)
     except Exception as error:
         raise SourceError(f"{folder}: transformers could not build {model_class.__name__} from it "
                           f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}).") from error
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     if not isinstance(model, nn.Module):
         raise SourceError(f"{folder}: {model_class.__name__} gave a {type(model).__name__}, not a torch.nn.Module.")
     return model.float()  # calibrate in float32 whatever dtype the folder was saved in
