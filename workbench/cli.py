@@ -162,6 +162,8 @@ def _cmd_new(args: argparse.Namespace) -> int:
     if evaluation is not None:
         evaluation.num_batches = None
     settings = new_project_settings(metric=args.metric, direction=args.metric_direction)
+    if args.output_key:
+        settings["output"] = args.output_key
     session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
                              input_shape=InputSpec.parse_shape(args.input_shape), name=project.stem,
                              base_dir=Path.cwd(), settings=settings)
@@ -193,6 +195,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     for message in summary["file_changes"] + [f"recalibrate: {n}" for n in summary["stale_quantizers"][:5]]:
         lines.append(f"  warning: {message}")
     lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
+    lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["not_quantizable"]]
     lines.append(f"    {'layer':<32} {'type':<20} {'input':<28} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
         notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""
@@ -288,6 +291,9 @@ def _cmd_set(args: argparse.Namespace) -> int:
         functional[name] = value in ("on", "true")
         session.set_setting("functional", functional)
         changed.setdefault("functional", []).append(f"{name}={'on' if functional[name] else 'off'}")
+    if args.output_key is not None:
+        session.set_setting("output", args.output_key or None)
+        changed["output"] = [args.output_key or "first tensor"]
     if args.fold_bn is not None:
         session.set_setting("fold_bn", args.fold_bn == "on")
         folded = session.folded_layers()
@@ -473,7 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     new = project_command("new", "create a project on a model and data")
     new.add_argument("--model", required=True, help="file.py:factory, package.module:factory, model.pt (a pickled "
-                                                    "model) or demo:digits / demo:resnet18 / demo:resnet50")
+                                                    "model), demo:digits / demo:resnet18 / demo:resnet50, hf:DIR (a "
+                                                    "local Hugging Face folder) or timm:NAME[@weights.safetensors]")
     new.add_argument("--model-kwargs", help="keyword arguments of the factory: name=value,... or a YAML/JSON "
                                             "mapping ('num_classes: 10, pretrained: false')")
     new.add_argument("--weights", help="state_dict file (.pt/.pth loaded with weights_only, or .safetensors)")
@@ -481,7 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--data", required=True, help="calibration data: a folder of images, a tensor file "
                                                    "(.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
     new.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
-    new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224")
+    new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224 "
+                                           "(optional: the data gives it)")
+    new.add_argument("--output-key", help="the model output entry that metrics, sensitivity and export compare: a "
+                                          "dict/ModelOutput key such as logits, or a tuple index (default: the first "
+                                          "tensor)")
     new.add_argument("--batch-size", type=int, default=32)
     new.add_argument("--num-batches", type=int, help="calibration batches to use (default: all)")
     new.add_argument("--shuffle", action="store_true")
@@ -522,6 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
                           f"{name}: {text}" for name, text in FUNCTIONAL_SWITCHES.items()))
     set_.add_argument("--quantize-residual-adds", choices=["on", "off"],
                       help=FUNCTIONAL_SWITCHES["residual_adds_in_transformer_blocks"].replace("%", "%%"))
+    set_.add_argument("--output-key", help="the model output entry to compare and export (logits, 0...; empty: the "
+                                           "first tensor)")
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)

@@ -54,6 +54,7 @@ class ExportReport:
     amax_json_path: str | None = None
     calibration_cache_path: str | None = None
     float_onnx_path: str | None = None
+    external_data_path: str | None = None  # the weights of a graph over 2 GB, beside the file
 
     @property
     def qdq_pairs(self) -> int:

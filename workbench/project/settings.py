@@ -28,6 +28,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "metric": {"name": "sqnr", "direction": None},
     "export": {"path": None, "opset": 17, "dynamic_batch": True, "amax_json": False, "calibration_cache": False},
     "device": "cpu",
+    # the part of the model's output that metrics, sensitivity and export compare: a ModelOutput / dict key
+    # ("logits") or a tuple index ("0"); None: the whole output if it is tensors, else its first tensor
+    "output": None,
     # fold BatchNorm into the layer before it, as TensorRT does, so that per-channel weight amax is taken
     # on the weights the engine runs (projects from before folding existed open with it off)
     "fold_bn": True,
@@ -174,6 +177,10 @@ def checked_setting(key: str, value: Any) -> Any:
         return value
     if key == "device":
         return _checked_device(value)
+    if key == "output":
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise SettingsError(f"output is the name of an output entry (logits, 0...) or none, got {value!r}.")
+        return value.strip() if isinstance(value, str) else None
     if key == "pins":
         if not isinstance(value, (list, tuple)) or not all(
                 isinstance(pin, (list, tuple)) and len(pin) == 2 and all(isinstance(n, str) and n for n in pin)

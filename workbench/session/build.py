@@ -147,7 +147,8 @@ def fold_base(float_model: nn.Module, input_spec: InputSpec | None,
 
 def _fold_example(spec: InputSpec | None, device: torch.device) -> tuple[torch.Tensor] | None:
     dtype = getattr(torch, spec.dtype, None) if spec is not None else None
-    if spec is None or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    # a float image-like input only: token ids and keyword inputs are not made up from noise
+    if spec is None or spec.named or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         return None
     generator = torch.Generator().manual_seed(0)
     return (torch.randn(spec.with_batch(1), generator=generator, dtype=dtype).to(device),)

@@ -43,6 +43,9 @@ from workbench.project.settings import make_descriptor
 from workbench.quant import TensorQuantizer
 from workbench.quant.calib import DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, HistogramCalibrator
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate
+from workbench.quant.calibrate import sqnr_db
+from workbench.quant.batches import first_samples, input_shapes, model_inputs, run_model, to_device
+from workbench.quant.calibrate import run_model as _run_model
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import views
@@ -202,9 +205,11 @@ class Session:
         self._data[role] = source
         self._changed(SessionEvent.DATA, role=role)
 
-    def sample_inputs(self, batch: int = 1) -> torch.Tensor:
+    def sample_inputs(self, batch: int = 1) -> Any:
+        """The first ``batch`` samples of the calibration data, on the session's device: a tensor, or a dict
+        of keyword inputs (``input_ids``, ``attention_mask``...)."""
         inputs, _ = next(iter(self.data("calibration").batches(limit=1)))
-        return inputs[:batch].to(self.device)
+        return first_samples(to_device(inputs, self.device), batch)
 
     def _example_inputs(self):
         """One sample, for the functional rewrite's check of traced modules; None without usable data."""
@@ -215,15 +220,15 @@ class Session:
             return None
 
     def check_forward(self) -> None:
-        """Run the float model on one sample batch; its error names the input shape."""
+        """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
         sample = self.sample_inputs(batch=2)
         try:
             with torch.no_grad():
-                self.float_model(sample)
+                run_model(self.float_model, (sample, None), self.device)
         except Exception as error:
             raise SourceError(f"The model ({self.project.model.label}) failed on a sample input of shape "
-                              f"{tuple(sample.shape)} from {self.project.data['calibration'].label}: "
-                              f"{type(error).__name__}: {error}") from error
+                              f"{input_shapes(*model_inputs((sample, None)))} from "
+                              f"{self.project.data['calibration'].label}: {type(error).__name__}: {error}") from error
 
     # ----- layers -----------------------------------------------------------------------------
 
@@ -633,7 +638,7 @@ class Session:
         model = self._require_calibrated()
         result = run_sensitivity(model, self._analysis_batches(), metric if metric is not None else self.metric(),
                                  scheme=scheme, units=units, num_batches=num_batches, progress=progress,
-                                 cancel=cancel)
+                                 cancel=cancel, output=self.project.settings.get("output"))
         self.project.sensitivity.append(SensitivityRecord(self.project.next_id(self.project.sensitivity), now_iso(),
                                                           result.to_dict()))
         self._changed(SessionEvent.SENSITIVITY)
@@ -656,7 +661,8 @@ class Session:
         ranking = self.latest_sensitivity() if use_ranking else None
         result = fallback_search(model, self._analysis_batches(), metric if metric is not None else self.metric(),
                                  tolerance=tolerance, target=target, max_units=max_units, ranking=ranking,
-                                 apply=False, progress=progress, cancel=cancel)
+                                 apply=False, progress=progress, cancel=cancel,
+                                 output=self.project.settings.get("output"))
         record = FallbackRecord(self.project.next_id(self.project.fallbacks), now_iso(), result.to_dict())
         self.project.fallbacks.append(record)
         if apply:
@@ -729,6 +735,7 @@ class Session:
         target = Path(path) if path is not None else self.default_export_path()
         model = self._require_calibrated()
         report = export_qdq_onnx(model, self.sample_inputs(batch=1), target, opset=opset, dynamic_batch=dynamic_batch,
+                                 output=self.project.settings.get("output"),
                                  amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
                                  calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
                                  else None)
@@ -829,9 +836,15 @@ class Session:
         return True
 
     def _require_calibrated(self) -> nn.Module:
+        """The quantized model, once calibrated. Quantizers the last calibration never reached (no data flowed
+        through them) keep no amax: export leaves them in float and says so. Any other quantizer without amax
+        (never calibrated, or stale after its descriptor changed) is refused: calibrate first."""
         model = self.quantized_model()
+        run = self.project.current_calibration
+        unreached = set(run.unused) if run is not None else set()
         missing = [name for name, q in quantizer_names(model).items()
-                   if not q._disabled and q._if_quant and not hasattr(q, "_amax")]
+                   if not q._disabled and q._if_quant and not q._learn_amax and not hasattr(q, "_amax")
+                   and name not in unreached]  # stale after a descriptor change, or never calibrated
         if missing:
             raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"
                                f"{'...' if len(missing) > 5 else ''}): calibrate first.")

@@ -14,6 +14,7 @@ from workbench.graph.tree import module_notes, module_role
 from workbench.project import QuantizerRecord
 from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
+from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
 
@@ -118,6 +119,9 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "layers": len(layers),
         "quantized_layers": sum(1 for layer in layers if layer.quantize),
         "float_layers": [layer.name for layer in layers if not layer.quantize],
+        # subclasses of quantizable layers with a forward of their own stay float (quant/replace.py says why)
+        "not_quantizable": [{"name": item.name, "type": item.float_type, "reason": item.reason}
+                            for item in (report.replacement.not_quantizable if report.replacement else [])],
         "calibration": None if run is None else {
             "method": run.method, "batches": run.num_batches, "quantizers": len(run.quantizers),
             "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
@@ -162,8 +166,9 @@ def _finetune_summary(session: Session) -> dict[str, Any] | None:
             "best_metric": result.best.metric, "history": [e.to_dict() for e in result.history]}
 
 
-def layer_shapes(model: nn.Module, sample: torch.Tensor) -> dict[str, dict[str, Any]]:
-    """Input, output and weight shapes of ``model``'s modules on one ``sample`` input.
+def layer_shapes(model: nn.Module, sample: Any) -> dict[str, dict[str, Any]]:
+    """Input, output and weight shapes of ``model``'s modules on one ``sample`` input (a tensor, or a dict of
+    keyword inputs).
 
     Keys are module names; values ``{"inputs": [shape, ...], "output": shape | None, "weight": shape | None}``.
     """
@@ -184,7 +189,8 @@ def layer_shapes(model: nn.Module, sample: torch.Tensor) -> dict[str, dict[str, 
     handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules() if name]
     try:
         with torch.no_grad():
-            model(sample)
+            args, kwargs = model_inputs((sample, None))
+            model(*args, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
