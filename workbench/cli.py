@@ -6,6 +6,7 @@ only with ``--debug``. ``--json`` prints machine-readable results on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -92,18 +93,14 @@ def _open(args: argparse.Namespace):
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
-    if args.json:
-        print(json.dumps(data, indent=2, default=_json_default))
+    # with --json, stdout is the JSON alone: user code printed to stderr meanwhile (see main)
+    out = getattr(args, "stdout", None) or sys.stdout
+    if getattr(args, "json", False):
+        from workbench.strict_json import dumps
+
+        print(dumps(data, indent=2), file=out)  # strict: NaN/Inf as text, never a bare NaN
     else:
-        print(text)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
+        print(text, file=out)
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -384,7 +381,8 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     session = _open(args)
     report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
-                            amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None)
+                            amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None,
+                            force=args.force)
     session.save()
     _emit(args, report.to_dict(), report.summary())
     return EXIT_OK
@@ -574,6 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", help="the .onnx file (default: next to the project)")
     export.add_argument("--opset", type=int)
     export.add_argument("--static-batch", action="store_true", help="keep the sample's batch size fixed")
+    export.add_argument("--force", action="store_true",
+                        help="overwrite the .onnx file even if this project did not write it (or it changed since)")
     export.add_argument("--amax-json", action="store_true", help="also write the amax table as JSON")
     export.add_argument("--calibration-cache", action="store_true",
                         help="also write a TensorRT calibration cache (implicit quantization)")
@@ -655,7 +655,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - optional parts missing
         cancelled = ()
     try:
-        return args.func(args)
+        if not getattr(args, "json", False):
+            return args.func(args)
+        args.stdout = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):  # a print in the user's model must not corrupt the JSON
+            return args.func(args)
+    except SystemExit as exit_:  # user code (a model class, a metric) that ended the program: not a success
+        if args.debug:
+            raise
+        print(f"workbench: error: user code called sys.exit({exit_.code!r}) during '{args.command}'; nothing was "
+              "saved.", file=sys.stderr)
+        return EXIT_USAGE
     except cancelled as error:
         print(f"workbench: cancelled: {error}", file=sys.stderr)
         return EXIT_INTERNAL

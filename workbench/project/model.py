@@ -168,6 +168,7 @@ class Project:
     created: str = field(default_factory=now_iso)
     modified: str = field(default_factory=now_iso)
     app_version: str = ""
+    saved_in: str = ""  # the folder the project was last saved in: where its relative paths used to lead
     # the file and revision this was loaded from or last saved to (None: not from a file yet)
     origin: ProjectOrigin | None = field(default=None, compare=False, repr=False)
 

@@ -34,6 +34,7 @@ from workbench.project import (
     Project,
     QuantizerRecord,
     SensitivityRecord,
+    file_revision,
     load_project,
     save_project,
 )
@@ -49,15 +50,16 @@ from workbench.quant.calibrate import run_model as _run_model
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import views
+from workbench.session.exports import check_overwrite, export_digest, resolve_export_path, stored_export_path
 from workbench.session.build import BuildReport, build_quantized, descriptor_of, fold_base, layer_of, quantizable
 from workbench.session.build import role_quantizer, to_numpy
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
 from workbench.session.views import LayerView
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
-from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.errors import EntryPointError, SourceError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
-from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
+from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +79,15 @@ class Session:
         self.trust_code = trust_code
         self.dirty = False
         self.events = EventEmitter()  # what changed, for the front ends (see workbench.session.events)
+        self.who = "this command"  # who opened the file, for the message when another process saved it meanwhile
+        self.merged_on_save: list[str] = []  # what the last save kept of another process's changes
         self.file_changes: list[str] = []  # model/weights files that differ from when the project was made
         for key, value in DEFAULT_SETTINGS.items():
             project.settings.setdefault(key, copy.deepcopy(value))
-        self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
+        try:
+            self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
+        except EntryPointError as error:
+            raise EntryPointError(f"{error}{_moved_hint(project, self.base_dir)}") from error
         self.float_model: nn.Module = self._loaded.model
         self._data: dict[str, DataSource] = {}
         self._quant_model: nn.Module | None = None
@@ -117,6 +124,9 @@ class Session:
             declared = InputSpec(tuple(int(s) for s in input_shape))
             check_input(declared, data_spec, calibration.label)
         project.input_spec = data_spec
+        for role, spec in project.data.items():  # every data set now, not as an error in a later job
+            if role != "calibration":
+                check_input(data_spec, session.data(role).input_spec(), spec.label)
         session.check_forward()
         session._init_layers()
         session.dirty = True
@@ -146,11 +156,22 @@ class Session:
         if self.path is None or target.parent != self.base_dir.resolve():
             self._rebase(target.parent)
         self.project.name = self.project.name or target.stem
-        save_project(self.project, target)
+        report = save_project(self.project, target, who=self.who)
+        if report.merged:  # another process's changes are in the project now: build from them
+            self._quant_model, self._data = None, {}
+            logger.info("%s: kept what another process saved meanwhile: %s", target, ", ".join(report.merged))
+        self.merged_on_save = report.merged
         self.path = target
         self.dirty = False
         self.events.emit(SessionEvent.SAVED, path=str(target))
         return target
+
+    def changed_on_disk(self) -> bool:
+        """Whether another process saved the project file since this session opened or last saved it."""
+        origin = self.project.origin
+        if self.path is None or origin is None:
+            return False
+        return file_revision(self.path) != origin.revision
 
     def _rebase(self, new_base: Path) -> None:
         """Rewrite relative paths of the sources so that they stay valid next to the new file."""
@@ -162,6 +183,12 @@ class Session:
             if isinstance(setting, dict) and isinstance(setting.get(field_name), str):
                 moved = relative_entrypoint(absolute_entrypoint(setting[field_name], self.base_dir), new_base)
                 self.project.settings[key] = {**setting, field_name: moved}
+        export = self.project.settings.get("export")
+        if isinstance(export, dict) and isinstance(export.get("path"), str):  # exports stay where they were
+            self.project.settings["export"] = {**export, "path": relative_path(
+                absolute_path(export["path"], self.base_dir), new_base)}
+        for record in self.project.exports:
+            record.path = relative_path(absolute_path(record.path, self.base_dir), new_base) or record.path
         self.base_dir = new_base
         self._data.clear()
 
@@ -719,11 +746,15 @@ class Session:
         return evaluate_models(self.float_model, model, batches, chosen, progress=progress, cancel=cancel)
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
-               amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True):
+               amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
+               force: bool = False):
         """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project.
 
-        ``remember=False`` (a preview, e.g. for the graph view) leaves the project as it was: the export
-        settings, the export history and the unsaved-changes flag are not touched.
+        ``path`` is taken from the working directory; the stored path is relative to the project's folder.
+        An existing file is replaced only when this project wrote it and it is unchanged, or with ``force``
+        (see :mod:`workbench.session.exports`). ``remember=False`` (a preview, e.g. for the graph view)
+        leaves the project as it was: the export settings, the export history and the unsaved-changes
+        flag are not touched.
         """
         from workbench.export import export_qdq_onnx
 
@@ -732,30 +763,46 @@ class Session:
         dynamic_batch = settings.get("dynamic_batch", True) if dynamic_batch is None else dynamic_batch
         amax_json = settings.get("amax_json", False) if amax_json is None else amax_json
         calibration_cache = settings.get("calibration_cache", False) if calibration_cache is None else calibration_cache
-        target = Path(path) if path is not None else self.default_export_path()
+        target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
+        if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
+            check_overwrite(target, self.project.exports, self._project_dir(), force)
         model = self._require_calibrated()
-        report = export_qdq_onnx(model, self.sample_inputs(batch=1), target, opset=opset, dynamic_batch=dynamic_batch,
-                                 output=self.project.settings.get("output"),
-                                 amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
-                                 calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
-                                 else None)
+        try:
+            report = export_qdq_onnx(model, self.sample_inputs(batch=1), target, opset=opset,
+                                     dynamic_batch=dynamic_batch, output=self.project.settings.get("output"),
+                                     amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
+                                     calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
+                                     else None)
+        except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
+            where = error.filename or target
+            raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
+                               f"to {target}.") from error
         if not remember:
             return report
-        settings.update({"path": str(target), "opset": opset, "dynamic_batch": dynamic_batch, "amax_json": amax_json,
+        stored = stored_export_path(target, self._project_dir())
+        settings.update({"path": stored, "opset": opset, "dynamic_batch": dynamic_batch, "amax_json": amax_json,
                          "calibration_cache": calibration_cache})
         self.project.settings["export"] = settings
-        self.project.exports.append(ExportRecord(self.project.next_id(self.project.exports), now_iso(), str(target),
-                                                 {"opset": opset, "dynamic_batch": dynamic_batch},
+        self.project.exports.append(ExportRecord(self.project.next_id(self.project.exports), now_iso(), stored,
+                                                 {"opset": opset, "dynamic_batch": dynamic_batch,
+                                                  "sha256": export_digest(target)},
                                                  jsonable(report.to_dict())))
         self._changed(SessionEvent.EXPORT, path=str(target))
         return report
 
+    def export_path(self, record: ExportRecord) -> str:
+        """Where an export of the history lies (its stored path is relative to the project's folder)."""
+        return absolute_path(record.path, self._project_dir()) or record.path
+
+    def _project_dir(self) -> Path:
+        return self.path.parent if self.path is not None else self.base_dir
+
     def default_export_path(self) -> Path:
-        configured = self.project.settings["export"].get("path")
-        if configured:
-            return Path(configured)
+        """Where ``export`` writes without a path: the project's export setting (relative to the project's
+        folder), else ``<project>.qdq.onnx`` next to it."""
         stem = self.path.stem if self.path is not None else (self.project.name or "model")
-        return (self.path.parent if self.path is not None else self.base_dir) / f"{stem}.qdq.onnx"
+        return resolve_export_path(None, self.project.settings["export"].get("path"), self._project_dir(),
+                                   f"{stem}.qdq.onnx")
 
     def finetune(self, *, epochs: int | None = None, lr: float | None = None, optimizer: str | None = None,
                  schedule: str | None = None, loss: str | None = None, learn_amax: Sequence[str] | str | None = None,
@@ -855,6 +902,15 @@ class Session:
     def summary(self, layers: list[LayerView] | None = None) -> dict[str, Any]:
         """A JSON-able overview for ``workbench show`` (``layers``: :meth:`layers`, when the caller has them)."""
         return views.summary(self, layers)
+
+def _moved_hint(project: Project, base_dir: Path) -> str:
+    """For a project opened from another folder than it was saved in: where its relative paths led before."""
+    saved_in = Path(project.saved_in) if project.saved_in else None
+    if saved_in is None or saved_in == base_dir.resolve():
+        return ""
+    return (f" Relative paths in a project are taken from its own folder ({base_dir}); it was saved in {saved_in}: "
+            "copy its code and data along with it, or open it there.")
+
 
 def _checked(key: str, value: Any) -> Any:
     """A setting's value as :func:`checked_setting` checks it, plus whether its metric exists; SessionError if not."""

@@ -127,7 +127,7 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
             "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
         "stale_quantizers": list(report.stale),
         "sensitivity_runs": len(project.sensitivity),
-        "exports": [record.path for record in project.exports],
+        "exports": [session.export_path(record) for record in project.exports],
         "file_changes": list(session.file_changes),
         "folding": {"enabled": bool(project.settings.get("fold_bn", True)),
                     **(report.folding.to_dict() if report.folding is not None
