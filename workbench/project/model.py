@@ -11,7 +11,7 @@ from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.model_source import FileDigest, ModelSpec
 
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
-           "ExportRecord", "FinetuneRecord", "Project", "now_iso", "DATA_ROLES"]
+           "ExportRecord", "FinetuneRecord", "EngineReportRecord", "Project", "now_iso", "DATA_ROLES"]
 
 DATA_ROLES = ("calibration", "evaluation", "training")
 
@@ -95,6 +95,15 @@ class ExportRecord:
 
 
 @dataclass
+class EngineReportRecord:
+    """A TensorRT engine report imported into the project (:meth:`workbench.engine.EngineReport.to_dict`)."""
+
+    id: int
+    created: str
+    data: dict[str, Any]
+
+
+@dataclass
 class FinetuneRecord:
     """One quantization-aware fine-tune: its settings and history, and (for the active one) its result.
 
@@ -131,6 +140,7 @@ class Project:
     fallbacks: list[FallbackRecord] = field(default_factory=list)
     exports: list[ExportRecord] = field(default_factory=list)
     finetunes: list[FinetuneRecord] = field(default_factory=list)
+    engine_reports: list[EngineReportRecord] = field(default_factory=list)
     created: str = field(default_factory=now_iso)
     modified: str = field(default_factory=now_iso)
     app_version: str = ""
