@@ -615,6 +615,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "model's own")
     tune.set_defaults(func=_cmd_finetune)
 
+    from workbench.cli_engine import add_commands  # lint, engine-report, diff
+
+    add_commands(sub, project_command)
+
     demo = sub.add_parser("demo", help="the whole job on the built-in digits CNN, without a screen")
     demo.add_argument("--out", default="workbench-demo", help="folder for the project and ONNX (default: "
                                                               "./workbench-demo)")

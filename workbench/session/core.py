@@ -49,7 +49,7 @@ from workbench.quant.batches import first_samples, input_shapes, model_inputs, r
 from workbench.quant.calibrate import run_model as _run_model
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
-from workbench.session import views
+from workbench.session import tensorrt, views
 from workbench.session.exports import check_overwrite, export_digest, resolve_export_path, stored_export_path
 from workbench.session.build import BuildReport, build_quantized, descriptor_of, fold_base, layer_of, quantizable
 from workbench.session.build import role_quantizer, to_numpy
@@ -796,6 +796,24 @@ class Session:
 
     def _project_dir(self) -> Path:
         return self.path.parent if self.path is not None else self.base_dir
+
+    # ----- TensorRT: lint before building, the engine's report after -------------------------
+
+    def lint(self):
+        """Fusion hazards TensorRT's Q/DQ rules predict for the project as it exports now."""
+        return tensorrt.lint(self)
+
+    def apply_fix(self, fix) -> list[str]:
+        """Apply a lint warning's fix (a pin, quantize, leave in float, a placement rule)."""
+        return tensorrt.apply_fix(self, fix)
+
+    def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None, *,
+                             remember: bool = True):
+        """trtexec's layer information (and profile) mapped onto the layers; kept in the project."""
+        return tensorrt.import_engine(self, layer_info, profile, remember=remember)
+
+    def latest_engine_report(self):
+        return tensorrt.latest_engine_report(self)
 
     def default_export_path(self) -> Path:
         """Where ``export`` writes without a path: the project's export setting (relative to the project's
