@@ -266,3 +266,26 @@ def test_calibration_progress_counts_the_batches_the_data_has():
     seen = []
     session.calibrate(method="max", num_batches=16, progress=lambda done, total, message: seen.append((done, total)))
     assert seen[-1] == (2, 2) and session.project.current_calibration.num_batches == 2
+
+
+def test_build_quantized_leaves_the_project_and_the_float_model_as_they_were(tmp_path):
+    """Building is a function of the project: the session's model and a fresh build agree, nothing changes."""
+    import copy as _copy
+
+    from workbench.session import Built, build_quantized
+
+    session = Session.create(ModelSpec("demo", "digits"),
+                             DataSpec("demo", "digits", split="train", batch_size=32, num_batches=1))
+    session.calibrate(num_batches=1)
+    session.set_quantize([next(iter(session.project.layers))], False)
+    layers_before = _copy.deepcopy(session.project.layers)
+    weights_before = {k: v.clone() for k, v in session.float_model.state_dict().items()}
+    base, folding = session._fold_base()
+    built = build_quantized(base, session.project, session.device, folding=folding)
+    assert isinstance(built, Built)
+    assert session.project.layers == layers_before
+    assert all(torch.equal(v, session.float_model.state_dict()[k]) for k, v in weights_before.items())
+    sample = session.sample_inputs(batch=4)
+    with torch.no_grad():
+        assert torch.equal(built.model(sample), session.quantized_model()(sample))
+    assert sorted(built.report.restored) == sorted(session.build_report.restored)

@@ -357,8 +357,9 @@ def test_per_channel_activation_quantizer_exports_with_a_warning(tmp_path):
 
 
 def test_each_quantizer_s_onnx_parameters_are_computed_once_per_export(tmp_path, monkeypatch):
-    import workbench.export.onnx_export as onnx_export
     import workbench.export.qdq as qdq
+    import workbench.export.reference as reference
+    import workbench.export.validation as validation
 
     model, x = calibrated(PlainCNN(), (2, 3, 16, 16))
     computed: list[int] = []
@@ -368,7 +369,8 @@ def test_each_quantizer_s_onnx_parameters_are_computed_once_per_export(tmp_path,
         computed.append(id(q))
         return original(q)
 
-    monkeypatch.setattr(onnx_export, "export_params", counting)
+    monkeypatch.setattr(reference, "export_params", counting)
+    monkeypatch.setattr(validation, "export_params", counting)
     monkeypatch.setattr(qdq, "export_params", counting)  # QDQStandIn's own fallback
     # dynamic batch runs the reference twice; the amax table reads every quantizer again
     export_qdq_onnx(model, x, tmp_path / "m.onnx", amax_json_path=tmp_path / "amax.json")

@@ -62,7 +62,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                     max_units: int | None = None, ranking: Ranking | None = None, target: float | None = None,
                     scheme: str = "one-off", units: UnitsSpec = None, direction: Direction | None = None,
                     apply: bool = False, num_batches: int | None = None, progress: ProgressCallback | None = None,
-                    cancel: CancelToken | None = None, cache: bool = True,
+                    cancel: CancelToken | None = None, cache: bool = True, output: str | None = None,
                     context: DistContext | None = None) -> FallbackResult:
     """Find the most sensitive units to leave in float until the metric is within ``tolerance`` of FP32.
 
@@ -72,7 +72,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
     float. The model is not changed unless ``apply=True`` (or :func:`apply_fallback` is called later).
 
     Args:
-        model, batches, metric, direction, num_batches, progress, cancel, cache: as for
+        model, batches, metric, direction, num_batches, progress, cancel, cache, output: as for
             :func:`~workbench.analysis.sensitivity`.
         tolerance: the largest acceptable gap to FP32 (e.g. ``0.01`` for one point of top-1 accuracy).
         max_units: the most units to leave in float (None: as many as needed).
@@ -141,7 +141,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                               wall_time_s=time.perf_counter() - started, complete=complete)
 
     with ModelSnapshot(model), torch.no_grad():
-        evaluator = Evaluator(model, batch_list, chosen_metric, cancel)
+        evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         try:
             fp32 = evaluator.measure_fp32()
             done += 1

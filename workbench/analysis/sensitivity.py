@@ -36,7 +36,7 @@ __all__ = ["sensitivity"]
 def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, scheme: str = "one-off",
                 units: UnitsSpec = None, progress: ProgressCallback | None = None,
                 cancel: CancelToken | None = None, direction: Direction | None = None,
-                num_batches: int | None = None, cache: bool = True,
+                num_batches: int | None = None, cache: bool = True, output: str | None = None,
                 context: DistContext | None = None) -> SensitivityResult:
     """Measure ``metric`` with each unit of ``model`` toggled, and rank the units.
 
@@ -61,6 +61,8 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
         cache: let passes start from cached activations where the model allows it (see
             ``result.cache`` and ``result.cache_note`` for what was done). Costs memory: the values
             crossing the current cut point are kept for every batch at once.
+        output: the output entry to compare (``logits``, a tuple index); default: see
+            :func:`~workbench.quant.batches.select_output`.
         context: the process's place in a distributed job (None: one process). Every rank computes
             the FP32 reference and the all-quantized metric once, measures its share of the units
             (dealt back and forth in model order), and every rank returns the whole result, equal to the
@@ -85,7 +87,7 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
     context = context or SINGLE
     progress = context.main_only(progress)
     with ModelSnapshot(model), torch.no_grad():
-        evaluator = Evaluator(model, batch_list, chosen_metric, cancel)
+        evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         fp32 = evaluator.measure_fp32()
         report_progress(progress, 1, total, "FP32 reference")
         quantized = evaluator.measure_quantized()

@@ -17,7 +17,7 @@ from torch import nn
 from workbench.quant.nn.modules._utils import QuantInputMixin, QuantMixin
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.replace import default_quant_map
+from workbench.quant.replace import default_quant_map, quantized_class_for
 from workbench.quant.snapshot import holds_quantizers, owned_quantizers
 
 __all__ = ["QuantizerInfo", "ModuleInfo", "ModelTree", "describe_model", "is_quantized_module",
@@ -223,7 +223,8 @@ def describe_model(model: nn.Module) -> ModelTree:
     for name, module, parent, depth, children in rows:
         kind = type(module)
         quantized = kind in quantized_types or bool(own_quantizers[name]) or isinstance(module, _QUANTIZED_BASES)
-        quant_cls = quant_map.get(kind)
+        # subclasses that compute what their base does are quantizable; one with its own forward says why not
+        quant_cls, not_quantizable = (None, None) if quantized else quantized_class_for(module, quant_map)
         quant_type = kind.__name__ if quantized else (quant_cls.__name__ if quant_cls else None)
         quantizers = tuple(
             _quantizer_info(f"{name}.{attr}" if name else attr, name, attr, q, quantizer_paths.get(id(q), []))
@@ -234,7 +235,7 @@ def describe_model(model: nn.Module) -> ModelTree:
             name=name, type_name=kind.__name__, type_path=type_path, parent=parent, traced=traced,
             depth=depth, children=tuple(children), num_params=own_counts[name], total_params=totals[name],
             quantizable=quantized or quant_cls is not None, quantized=quantized, quant_type=quant_type,
-            quantizers=quantizers, notes=module_notes(module)))
+            quantizers=quantizers, notes=module_notes(module) + ((not_quantizable,) if not_quantizable else ())))
     return ModelTree(infos)
 
 

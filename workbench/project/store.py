@@ -201,8 +201,7 @@ def _write(db: sqlite_utils.Database, project: Project) -> None:
         db["model_source"].insert({
             "id": 1, "spec": _dumps(project.model.to_dict()),
             "digests": _dumps([d.__dict__ for d in project.model_digests]),
-            "input_spec": _dumps(None if project.input_spec is None else
-                                 {"shape": list(project.input_spec.shape), "dtype": project.input_spec.dtype})})
+            "input_spec": _dumps(None if project.input_spec is None else project.input_spec.to_dict())})
     db["data_sources"].insert_all([{"role": role, "spec": _dumps(spec.to_dict())}
                                    for role, spec in project.data.items()])
     db["settings"].insert_all([{"key": k, "value": _dumps(v)} for k, v in project.settings.items()])
@@ -354,7 +353,7 @@ def _read(db: sqlite_utils.Database, path: Path) -> Project:
                                  for d in _json(row["digests"], "model digests") or []]
         input_spec = _json(row["input_spec"], "input spec")
         if input_spec is not None:
-            project.input_spec = InputSpec(tuple(int(s) for s in input_spec["shape"]), str(input_spec["dtype"]))
+            project.input_spec = InputSpec.from_dict(input_spec)
     for row in db["data_sources"].rows:
         project.data[str(row["role"])] = DataSpec.from_dict(_json(row["spec"], f"data source {row['role']}"))
     for row in db["settings"].rows:

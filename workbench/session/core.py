@@ -1,22 +1,20 @@
-"""The service layer both front ends call: projects, layer decisions, calibration, sensitivity, export.
+"""The session: one open project and the things a user can do with it.
 
 A :class:`Session` owns one project (plain data, saved by :mod:`workbench.project`) and the live
 models built from it: the float model from the project's model source and the quantized model
-derived from it (quantized modules with the project's per-layer decisions, QuantAdd/QuantConcat for
-functional operations, TensorRT placement rules, amax restored from the last calibration). Long jobs
-take a ``progress(done, total, message)`` callback and a ``cancel`` token with ``is_set()`` and never
-touch Qt: the GUI runs them in a worker thread, the CLI with a tqdm bar.
+(:func:`workbench.session.build.build_quantized`). Its methods are the user's actions: create, open and
+save a project; choose data; select layers and edit their descriptors; change settings; calibrate,
+rank sensitivity, search a fallback, evaluate, fine-tune and export. Long jobs take a
+``progress(done, total, message)`` callback and a ``cancel`` token with ``is_set()`` and never touch
+Qt: the GUI runs them in a worker thread, the CLI with a tqdm bar. What the front ends show is read
+through :mod:`workbench.session.views`.
 """
 from __future__ import annotations
 
 import copy
 import logging
-import math
-import numbers
-import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +23,8 @@ import torch
 from torch import nn
 
 from workbench import __version__
-from workbench.graph import FunctionalQuantReport, ModelTree, PlacementReport, PlacementRules, describe_model
-from workbench.graph.fold import FoldReport, fold_batchnorm
-from workbench.graph.prepare import prepare_for_tensorrt
-from workbench.graph.tree import module_notes
+from workbench.graph import ModelTree, describe_model
+from workbench.graph.fold import FoldReport
 from workbench.project import (
     CalibrationRecord,
     ExportRecord,
@@ -42,12 +38,19 @@ from workbench.project import (
     save_project,
 )
 from workbench.project.model import now_iso
-from workbench.quant import QuantDescriptor, TensorQuantizer
-from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
+from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, SettingsError, checked_setting, jsonable
+from workbench.project.settings import make_descriptor
+from workbench.quant import TensorQuantizer
+from workbench.quant.calib import HistogramCalibrator
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate, sqnr_db
 from workbench.quant.calibrate import run_model as _run_model
-from workbench.quant.replace import ReplacementReport, ignore_matcher
-from workbench.quant.snapshot import holds_quantizers, quantizer_names
+from workbench.quant.replace import ignore_matcher
+from workbench.quant.snapshot import quantizer_names
+from workbench.session import views
+from workbench.session.build import BuildReport, build_quantized, descriptor_of, fold_base, layer_of, quantizable
+from workbench.session.build import role_quantizer, to_numpy
+from workbench.session.errors import SessionError
+from workbench.session.views import LayerView
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
 from workbench.sources.errors import SourceError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
@@ -55,233 +58,7 @@ from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Session", "SessionError", "LayerView", "DEFAULT_SETTINGS", "REBUILD_SETTINGS", "descriptor_of",
-           "descriptor_summary", "jsonable"]
-
-DEFAULT_SETTINGS: dict[str, Any] = {
-    "defaults": {"input": {"calib_method": "histogram"}, "weight": None},
-    "functional": {"add": True, "concat": True},
-    "rules": {"concat": True, "maxpool": True, "residual": True},
-    "pins": [],
-    "calibration": {"method": "entropy", "num_batches": 16, "percentile": 99.99},
-    "metric": {"name": "sqnr", "direction": None},
-    "export": {"path": None, "opset": 17, "dynamic_batch": True, "amax_json": False, "calibration_cache": False},
-    "device": "cpu",
-    # fold BatchNorm into the layer before it, as TensorRT does, so that per-channel weight amax is taken
-    # on the weights the engine runs (projects from before folding existed open with it off)
-    "fold_bn": True,
-    # quantization-aware fine-tuning (workbench.training): lr and epochs are the user's (see recipe())
-    "finetune": {"epochs": 2, "lr": 1e-4, "optimizer": "sgd", "schedule": "cosine", "momentum": 0.9,
-                 "weight_decay": 0.0, "loss": "cross_entropy", "learn_amax": [], "steps_per_epoch": None,
-                 "amp": None},
-}
-
-
-class SessionError(ValueError):
-    """A request the session cannot carry out as asked; the message says why and what to do."""
-
-
-# settings the quantized model is built from: changing one rebuilds it
-# the settings that change which quantizers exist or how they are built (the model is rebuilt)
-REBUILD_SETTINGS = frozenset({"defaults", "functional", "rules", "pins", "fold_bn"})
-_CALIBRATION_METHODS = ("entropy", "mse", "percentile", "max")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _mapping(key: str, value: Any) -> dict[str, Any]:
-    """A dict setting, with only the fields the default has."""
-    if not isinstance(value, dict):
-        raise SessionError(f"{key} is a mapping of {', '.join(DEFAULT_SETTINGS[key])}, got {value!r}.")
-    unknown = [name for name in value if name not in DEFAULT_SETTINGS[key]]
-    if unknown:
-        raise SessionError(f"{key} has no {', '.join(map(repr, unknown))}; its fields are "
-                           f"{', '.join(DEFAULT_SETTINGS[key])}.")
-    return copy.deepcopy(value)
-
-
-def _checked_setting(key: str, value: Any) -> Any:
-    """``value`` if it is a valid value of setting ``key`` (as stored), else a SessionError saying why."""
-    if key not in DEFAULT_SETTINGS:
-        raise SessionError(f"Unknown setting {key!r}; settings are {', '.join(DEFAULT_SETTINGS)}.")
-    if key == "fold_bn":
-        if not isinstance(value, bool):
-            raise SessionError(f"fold_bn is on or off (true/false), got {value!r}.")
-        return value
-    if key == "device":
-        try:
-            device = torch.device(value)
-        except (RuntimeError, TypeError) as error:
-            raise SessionError(f"{value!r} is not a device: use cpu, cuda or cuda:N ({error}).") from None
-        if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise SessionError(f"Device {value!r} is not available: this machine has no CUDA device.")
-            if device.index is not None and device.index >= torch.cuda.device_count():
-                raise SessionError(f"Device {value!r} is not available: this machine has "
-                                   f"{torch.cuda.device_count()} CUDA device(s).")
-        elif device.type != "cpu":
-            raise SessionError(f"Device {value!r} is not supported: use cpu, cuda or cuda:N.")
-        return str(device)
-    if key == "pins":
-        if not isinstance(value, (list, tuple)) or not all(
-                isinstance(pin, (list, tuple)) and len(pin) == 2 and all(isinstance(n, str) and n for n in pin)
-                for pin in value):
-            raise SessionError(f"pins is a list of pairs of quantizer or layer names, got {value!r}.")
-        return [list(pin) for pin in value]
-    if key == "metric":
-        from workbench.analysis import get_metric
-
-        checked = _mapping(key, value)
-        name, direction = checked.get("name"), checked.get("direction")
-        if not isinstance(name, str) or not name.strip():
-            raise SessionError(f"The metric needs a name (sqnr, cosine, mse, top1 or an entry point), got {name!r}.")
-        if direction not in (None, "higher", "lower"):
-            raise SessionError(f"The metric's direction is 'higher' or 'lower' (which is better), got {direction!r}.")
-        try:  # checks the name, an entry point's form and its direction; imports nothing
-            get_metric(name, direction)
-        except (ValueError, TypeError) as error:
-            raise SessionError(str(error)) from None
-        return checked
-    checked = _mapping(key, value)
-    if key in ("functional", "rules"):
-        wrong = [name for name, flag in checked.items() if not isinstance(flag, bool)]
-        if wrong:
-            raise SessionError(f"{key} {', '.join(wrong)} must be true or false, got "
-                               f"{', '.join(repr(checked[name]) for name in wrong)}.")
-    elif key == "defaults":
-        for role, fields in checked.items():
-            if fields is not None and not isinstance(fields, dict):
-                raise SessionError(f"the default {role} descriptor is a mapping of fields or none, got {fields!r}.")
-            try:
-                _make_descriptor(fields)
-            except (TypeError, ValueError) as error:
-                raise SessionError(f"the default {role} descriptor: {error}") from None
-    elif key == "calibration":
-        method, batches, percentile = checked.get("method"), checked.get("num_batches"), checked.get("percentile")
-        if method is not None and method not in _CALIBRATION_METHODS:
-            raise SessionError(f"The calibration method is one of {', '.join(_CALIBRATION_METHODS)}, got {method!r}.")
-        if batches is not None and (not _is_int(batches) or batches < 1):
-            raise SessionError(f"The calibration batches are a positive number or none (all), got {batches!r}.")
-        if percentile is not None and (isinstance(percentile, bool) or not isinstance(percentile, (int, float))
-                                       or not 0 < percentile <= 100):
-            raise SessionError(f"The calibration percentile is a number in (0, 100], got {percentile!r}.")
-    elif key == "export":
-        opset, path = checked.get("opset"), checked.get("path")
-        if opset is not None and (not _is_int(opset) or opset < 1):
-            raise SessionError(f"The export opset is a positive integer, got {opset!r}.")
-        if path is not None and not isinstance(path, str):
-            raise SessionError(f"The export path is a file name or none, got {path!r}.")
-        wrong = [name for name in ("dynamic_batch", "amax_json", "calibration_cache")
-                 if name in checked and not isinstance(checked[name], bool)]
-        if wrong:
-            raise SessionError(f"export {', '.join(wrong)} must be true or false.")
-    return checked
-
-
-@dataclass
-class LayerView:
-    """One row of the model tree's quantizable layers, as both front ends show it."""
-
-    name: str
-    type: str
-    quantize: bool
-    kind: str  # "module" or "functional"
-    input_summary: str
-    weight_summary: str
-    amax_summary: str
-    sensitivity_rank: int | None
-    parameters: int
-    notes: list[str] = field(default_factory=list)  # what building did to the layer, e.g. ["folded bn1"]
-
-
-@dataclass
-class BuildReport:
-    replacement: ReplacementReport | None = None
-    functional: FunctionalQuantReport | None = None
-    placement: PlacementReport | None = None
-    restored: list[str] = field(default_factory=list)  # quantizers whose amax came from the project
-    stale: list[str] = field(default_factory=list)      # calibrated with another descriptor: recalibrate
-    folding: FoldReport | None = None                   # BatchNorms folded (None: folding is off)
-    finetune: str | None = None                         # whether the fine-tuned weights apply, and why not
-
-
-def descriptor_of(quantizer: TensorQuantizer) -> dict[str, Any]:
-    """The descriptor fields of a live quantizer (what it was built from), as QuantDescriptor.dict()."""
-    calib_method = "histogram" if isinstance(quantizer._calibrator, HistogramCalibrator) else "max"
-    fields = {"num_bits": quantizer.num_bits, "name": None}
-    if not quantizer.fake_quant:
-        fields["fake_quant"] = False
-    if quantizer.axis is not None:
-        fields["axis"] = quantizer.axis
-    if quantizer.scale_amax is not None:
-        fields["scale_amax"] = quantizer.scale_amax
-    if quantizer.learn_amax:
-        fields["learn_amax"] = True
-    if quantizer.unsigned:
-        fields["unsigned"] = True
-    if quantizer.narrow_range:
-        fields["narrow_range"] = True
-    if calib_method != "max":
-        fields["calib_method"] = calib_method
-    return jsonable(fields)
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as the project's JSON holds it: tuples as lists, keys as text, NumPy scalars as Python
-    numbers, and non-finite floats and any other object as text."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        number = float(value)
-        return number if math.isfinite(number) else str(number)
-    return str(value)
-
-
-def _make_descriptor(fields: dict[str, Any] | None) -> QuantDescriptor | None:
-    if fields is None:
-        return None
-    fields = dict(fields)
-    if isinstance(fields.get("axis"), list):
-        fields["axis"] = tuple(fields["axis"]) if len(fields["axis"]) != 1 else fields["axis"][0]
-    if isinstance(fields.get("num_bits"), list):
-        fields["num_bits"] = tuple(fields["num_bits"])
-    return QuantDescriptor(**fields)
-
-
-def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None) -> str:
-    """Short text such as ``int8 per-tensor hist/entropy`` or ``int8 per-channel(0) max``."""
-    if fields is None:
-        return "-"
-    bits = fields.get("num_bits", 8)
-    kind = "fp8" if isinstance(bits, (list, tuple)) else f"{'uint' if fields.get('unsigned') else 'int'}{bits}"
-    axis = fields.get("axis")
-    granularity = "per-tensor" if axis is None else f"per-channel({axis})"
-    calib = "hist" if fields.get("calib_method") == "histogram" else "max"
-    if calib == "hist" and method and method != "max":
-        calib += f"/{method}"
-    extras = " narrow" if fields.get("narrow_range") else ""
-    return f"{kind} {granularity} {calib}{extras}"
-
-
-def _layer_of(quantizer_name: str) -> tuple[str, str]:
-    """``"conv1._input_quantizer"`` -> ``("conv1", "input")``; RNN/LSTM lists map to their layer too."""
-    parts = quantizer_name.split(".")
-    for index in range(len(parts) - 1, -1, -1):
-        part = parts[index]
-        if part.endswith("_quantizer") or part.endswith("_quantizers"):
-            role = "weight" if part.startswith("_weight") else "input"
-            return ".".join(parts[:index]), role
-    return ".".join(parts[:-1]), "input"
+__all__ = ["Session"]
 
 
 class Session:
@@ -306,6 +83,7 @@ class Session:
         self.last_build_s = 0.0
         self._folded: tuple[nn.Module, FoldReport] | None = None  # the float model with BatchNorm folded
         self.build_report = BuildReport()
+        self._layer_shapes: dict[str, dict[str, Any]] | None = None
         self._check_digests()
         self.device = torch.device(project.settings.get("device") or "cpu")
         self.float_model.to(self.device)
@@ -322,7 +100,7 @@ class Session:
         checks that the two fit. Layers start as the defaults: every quantizable layer quantized.
         """
         base = base_dir or Path.cwd()
-        settings = {key: _checked_setting(key, value) for key, value in (settings or {}).items()}
+        settings = {key: _checked(key, value) for key, value in (settings or {}).items()}
         project = Project(name=name or Path(model.target).stem or "project", model=model,
                           data={"calibration": calibration}, app_version=__version__)
         if evaluation is not None:
@@ -349,7 +127,7 @@ class Session:
         if session.file_changes or not project.layers:
             session._sync_layers()  # the model may have new or fewer layers than the project knows
         model = session.quantized_model()  # rebuild now: errors surface on open, not on first use
-        if any(name not in project.layers for name, _, _ in session._quantizable(model)):
+        if any(name not in project.layers for name, _, _ in quantizable(model)):
             session._sync_layers()  # code changed without a file to fingerprint (a package entry point)
         return session
 
@@ -446,10 +224,11 @@ class Session:
 
     def _sync_layers(self) -> None:
         """Make sure every quantizable layer of the model has a decision (new ones: quantize)."""
-        model = self._build(with_decisions=False)
+        base, folding = self._fold_base()
+        model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False).model
         decisions = dict(self.project.layers)
         layers: dict[str, LayerDecision] = {}
-        for name, module_type, _ in self._quantizable(model):
+        for name, module_type, _ in quantizable(model):
             layers[name] = decisions.get(name) or LayerDecision(name, module_type, True)
         dropped = [name for name in decisions if name not in layers]
         if dropped:
@@ -457,45 +236,12 @@ class Session:
         self.project.layers = layers
         self._quant_model = None
 
-    @staticmethod
-    def _quantizable(model: nn.Module) -> list[tuple[str, str, str]]:
-        """(name, type, kind) of every module that owns quantizers, in model order."""
-        seen = []
-        for name, module in model.named_modules():
-            if holds_quantizers(module):
-                kind = "functional" if type(module).__name__ in ("QuantAdd", "QuantConcat") else "module"
-                seen.append((name, type(module).__name__.removeprefix("Quant") if kind == "module"
-                             else type(module).__name__, kind))
-        return seen
-
     def layer_names(self) -> list[str]:
         return list(self.project.layers)
 
     def layers(self) -> list[LayerView]:
         """Every quantizable layer with its decision, descriptors, amax and sensitivity rank."""
-        model = self.quantized_model()
-        ranks = self._sensitivity_ranks()
-        calibration = self.project.current_calibration
-        method = calibration.method if calibration else None
-        kinds = {name: kind for name, _, kind in self._quantizable(model)}
-        views = []
-        modules = dict(model.named_modules())
-        for name, decision in self.project.layers.items():
-            module = modules.get(name)
-            input_q = self._role_quantizer(module, "input")
-            weight_q = getattr(module, "_weight_quantizer", None)
-            input_fields = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
-            weight_fields = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
-            amax = "-"
-            if decision.quantize and input_q is not None:
-                amax = input_q._short_amax(".4g") if hasattr(input_q, "_amax") else "uncalibrated"
-            params = sum(p.numel() for p in module.parameters(recurse=False)) if module is not None else 0
-            views.append(LayerView(name, decision.type, decision.quantize, kinds.get(name, "module"),
-                                   descriptor_summary(input_fields, method) if decision.quantize else "float",
-                                   descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
-                                   amax, ranks.get(name), params,
-                                   list(module_notes(module)) if module is not None else []))
-        return views
+        return views.layer_views(self)
 
     def tree(self) -> ModelTree:
         """The module tree of the quantized model (names, types, parameters, quantizer states)."""
@@ -584,7 +330,7 @@ class Session:
             module = modules.get(name)
             current = getattr(self.project.layers[name], f"{role}_desc")
             if current is None:
-                quantizer = self._role_quantizer(module, role)
+                quantizer = role_quantizer(module, role)
                 if quantizer is None:
                     raise SessionError(f"{name} has no {role} quantizer.")
                 current = descriptor_of(quantizer)
@@ -592,7 +338,7 @@ class Session:
             updated.update(fields)
             updated.pop("name", None)
             try:
-                _make_descriptor(updated)
+                make_descriptor(updated)
             except (TypeError, ValueError) as error:
                 raise SessionError(f"{name}: {error}") from error
             if updated != current:
@@ -620,18 +366,6 @@ class Session:
             self._invalidate()
         return list(dict.fromkeys(changed))
 
-    @staticmethod
-    def _role_quantizer(module: nn.Module | None, role: str) -> TensorQuantizer | None:
-        if module is None:
-            return None
-        if role == "weight":
-            return getattr(module, "_weight_quantizer", None)
-        candidates = [getattr(module, attr, None) for attr in ("_input_quantizer", "_input0_quantizer",
-                                                               "_input1_quantizer")]
-        candidates = [q for q in candidates if q is not None]
-        # a placement rule may bypass one input of an add (the identity branch): show the one in use
-        return next((q for q in candidates if not q._disabled), candidates[0] if candidates else None)
-
     def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
         """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
 
@@ -645,7 +379,7 @@ class Session:
             decision = self.project.layers.get(name)
             if decision is None:
                 raise SessionError(f"{name!r} is not a quantizable layer of this model.")
-            quantizer = self._role_quantizer(modules.get(name), role)
+            quantizer = role_quantizer(modules.get(name), role)
             override = getattr(decision, f"{role}_desc")
             result[name] = None if quantizer is None else dict(override) if override is not None \
                 else descriptor_of(quantizer)
@@ -657,33 +391,9 @@ class Session:
         Keys are module names; values ``{"inputs": [shape, ...], "output": shape | None, "weight": shape | None}``.
         Functional layers (an fx-inserted add) are not modules of the float model and have no entry.
         """
-        cached = getattr(self, "_layer_shapes", None)
-        if cached is not None:
-            return cached
-        shapes: dict[str, dict[str, Any]] = {}
-
-        def shape_of(value: Any) -> tuple[int, ...] | None:
-            return tuple(value.shape) if isinstance(value, torch.Tensor) else None
-
-        def hook(name: str):
-            def record(module: nn.Module, inputs: tuple, output: Any) -> None:
-                if name not in shapes:  # a module called twice keeps its first call
-                    weight = getattr(module, "weight", None)
-                    shapes[name] = {"inputs": [s for s in map(shape_of, inputs) if s is not None],
-                                    "output": shape_of(output if not isinstance(output, (tuple, list)) else output[0]),
-                                    "weight": shape_of(weight)}
-            return record
-
-        handles = [module.register_forward_hook(hook(name)) for name, module in self.float_model.named_modules()
-                   if name]
-        try:
-            with torch.no_grad():
-                self.float_model(self.sample_inputs(batch=1))
-        finally:
-            for handle in handles:
-                handle.remove()
-        self._layer_shapes = shapes
-        return shapes
+        if self._layer_shapes is None:
+            self._layer_shapes = views.layer_shapes(self.float_model, self.sample_inputs(batch=1))
+        return self._layer_shapes
 
     def set_setting(self, key: str, value: Any) -> None:
         """Change one project setting (see :meth:`set_settings`)."""
@@ -699,7 +409,7 @@ class Session:
         """
         if not isinstance(changes, dict):
             raise SessionError(f"settings are changed with a mapping of name to value, got {type(changes).__name__}.")
-        checked = {key: _checked_setting(key, value) for key, value in changes.items()}
+        checked = {key: _checked(key, value) for key, value in changes.items()}
         checked = {key: value for key, value in checked.items() if value != self.project.settings.get(key)}
         if not checked:
             return
@@ -724,7 +434,7 @@ class Session:
 
     def set_device(self, device: str) -> None:
         """Move the models to ``device`` (``cpu``, ``cuda``, ``cuda:N``); SessionError if there is none such."""
-        target = torch.device(_checked_setting("device", device))
+        target = torch.device(_checked("device", device))
         self.device = target
         self.project.settings["device"] = str(target)
         self.float_model.to(target)
@@ -742,9 +452,9 @@ class Session:
         """The quantized model for the current decisions, calibrated as far as the project knows."""
         if self._quant_model is None:
             started = time.perf_counter()
-            self._quant_model = self._build(with_decisions=True)
-            self._restore_calibration(self._quant_model)
-            self._restore_finetune(self._quant_model)
+            base, folding = self._fold_base()
+            built = build_quantized(base, self.project, self.device, folding=folding)
+            self._quant_model, self.build_report = built.model, built.report
             self.last_build_s = time.perf_counter() - started
         return self._quant_model
 
@@ -756,143 +466,18 @@ class Session:
 
     def _fold_base(self) -> tuple[nn.Module, FoldReport | None]:
         """The model quantized models are built from: the float model, with BatchNorm folded when the
-        project says so (computed once; it shares every unfolded tensor with the float model, and the
-        folded layers have tensors of their own, so the float model is never changed)."""
+        project says so (computed once; see :func:`fold_base`)."""
         if not self.project.settings.get("fold_bn", True):
             return self.float_model, None
         if self._folded is None:
-            base = _structural_copy(self.float_model).eval()
-            base, report = fold_batchnorm(base, inplace=True, example_inputs=self._fold_example())
-            self._folded = (base, report)
+            self._folded = fold_base(self.float_model, self.project.input_spec, self.device)
         return self._folded
-
-    def _fold_example(self) -> tuple[torch.Tensor] | None:
-        """A synthetic input of the project's input shape, to check that folding keeps the outputs."""
-        spec = self.project.input_spec
-        dtype = getattr(torch, spec.dtype, None) if spec is not None else None
-        if spec is None or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            return None
-        generator = torch.Generator().manual_seed(0)
-        return (torch.randn(spec.with_batch(1), generator=generator, dtype=dtype).to(self.device),)
 
     def folded_layers(self) -> dict[str, str]:
         """layer -> the BatchNorm folded into it, in the quantized model (empty when folding is off)."""
         self.quantized_model()
         folding = self.build_report.folding
         return dict(folding.folded_into) if folding is not None else {}
-
-    def _build(self, with_decisions: bool) -> nn.Module:
-        settings = self.project.settings
-        defaults = settings.get("defaults") or {}
-        default_input = _make_descriptor(defaults.get("input"))
-        default_weight = _make_descriptor(defaults.get("weight"))
-        decisions = self.project.layers if with_decisions else {}
-        float_layers = [n for n, d in decisions.items() if not d.quantize]
-
-        def choose(name: str, module: nn.Module):
-            decision = decisions.get(name)
-            if decision is None:
-                return None, None
-            return _make_descriptor(decision.input_desc), _make_descriptor(decision.weight_desc)
-
-        base, folding = self._fold_base()
-        model = _structural_copy(base).eval()
-        exact = [f"^{re.escape(n)}$" for n in float_layers]
-        functional = settings.get("functional") or {}
-        rules = settings.get("rules") or {}
-        model, prepared = prepare_for_tensorrt(
-            model, ignore_policy=exact or None, quant_desc_input=default_input, quant_desc_weight=default_weight,
-            descriptor_for=choose, add=bool(functional.get("add", True)), concat=bool(functional.get("concat", True)),
-            apply_rules=with_decisions,
-            rules=PlacementRules(concat=bool(rules.get("concat", True)), maxpool=bool(rules.get("maxpool", True)),
-                                 residual=bool(rules.get("residual", True)),
-                                 pins=[tuple(p) for p in settings.get("pins") or []]))
-        if with_decisions:
-            self.build_report = BuildReport(prepared.replacement, prepared.functional, prepared.rules,
-                                            folding=folding)
-        for quantizer in quantizer_names(model).values():
-            quantizer.rounding = "onnx"  # the numbers the exported QDQ graph computes
-        return model.to(self.device)
-
-    def _restore_calibration(self, model: nn.Module) -> None:
-        """Give quantizers the amax (and statistics) of the last calibration where their descriptor is unchanged."""
-        run = self.project.current_calibration
-        report = self.build_report
-        report.restored, report.stale = [], []
-        if run is None:
-            return
-        # a weight amax taken before (or after) a BatchNorm was folded into the layer does not fit its weight now
-        folded_now = set(report.folding.folded_into) if report.folding is not None else set()
-        refolded = folded_now ^ set(run.folded or [])
-        done: set[int] = set()
-        for name, quantizer in quantizer_names(model).items():
-            if id(quantizer) in done:  # shared by a placement rule: restored under its first name
-                report.restored.append(name)
-                continue
-            record = run.quantizers.get(name)
-            if record is None:
-                continue
-            if record.descriptor is not None and record.descriptor != descriptor_of(quantizer):
-                report.stale.append(name)
-                continue
-            layer, role = _layer_of(name)
-            if role == "weight" and layer in refolded:
-                report.stale.append(name)
-                continue
-            _load_record(quantizer, record, self.device)
-            done.add(id(quantizer))
-            report.restored.append(name)
-
-    def _restore_finetune(self, model: nn.Module) -> None:
-        """Give the model the weights (and learned amax) of the active fine-tune, when they fit.
-
-        The weights become new tensors of the quantized model (the float model keeps its own). They only
-        apply when the model is folded as it was for the fine-tune and every saved tensor finds its
-        parameter; otherwise the model keeps its own weights and ``build_report.finetune`` says why.
-        """
-        record = self.project.current_finetune
-        report = self.build_report
-        report.finetune = None
-        if record is None or not record.weights:
-            return
-        folded = sorted(report.folding.folded_into) if report.folding is not None else []
-        if sorted(record.folded) != folded:
-            report.finetune = (f"fine-tuned weights (run {record.id}) not used: they were trained with "
-                               f"{len(record.folded)} BatchNorms folded, the model now has {len(folded)}; switch "
-                               "fold_bn back or fine-tune again")
-            logger.warning("%s", report.finetune)
-            return
-        params = dict(model.named_parameters())
-        problems = [f"{name} is not a parameter of the model" for name in record.weights if name not in params]
-        problems += [f"{name} has shape {tuple(params[name].shape)}, saved {tuple(array.shape)}"
-                     for name, array in record.weights.items()
-                     if name in params and tuple(params[name].shape) != tuple(array.shape)]
-        if problems:
-            report.finetune = (f"fine-tuned weights (run {record.id}) not used: {'; '.join(problems[:3])}"
-                               f"{'...' if len(problems) > 3 else ''}")
-            logger.warning("%s", report.finetune)
-            return
-        replacements: dict[int, nn.Parameter] = {}
-        for name, array in record.weights.items():
-            old = params[name]
-            value = torch.from_numpy(np.ascontiguousarray(array)).to(device=old.device, dtype=old.dtype)
-            replacements[id(old)] = nn.Parameter(value, requires_grad=old.requires_grad)
-        for module in model.modules():  # every owner of a tied parameter gets the same new one
-            for attr, param in list(module._parameters.items()):
-                if param is not None and id(param) in replacements:
-                    module._parameters[attr] = replacements[id(param)]
-        run = self.project.current_calibration
-        learned = 0
-        if record.amax and run is not None and record.calibration_id == run.id:
-            quantizers = quantizer_names(model)
-            for name, array in record.amax.items():
-                quantizer = quantizers.get(name)
-                amax = quantizer._buffers.get("_amax") if quantizer is not None else None
-                if amax is not None and amax.numel() == array.size and name not in report.stale:
-                    amax.copy_(torch.from_numpy(np.asarray(array, dtype=np.float32)).reshape(amax.shape))
-                    learned += 1
-        report.finetune = f"fine-tuned weights of run {record.id} in use" + (
-            f", {learned} learned amax" if learned else "")
 
     # ----- jobs -------------------------------------------------------------------------------
 
@@ -944,7 +529,7 @@ class Session:
             if name in quantizers:
                 targets.append(name)
             else:
-                targets += [q for q in quantizers if _layer_of(q)[0] == name]
+                targets += [q for q in quantizers if layer_of(q)[0] == name]
         updated = {}
         for name in targets:
             quantizer = quantizers[name]
@@ -971,25 +556,12 @@ class Session:
         quantizer = quantizer_names(self.quantized_model()).get(quantizer_name)
         if quantizer is None:
             raise SessionError(f"{quantizer_name!r} is not a quantizer of this model.")
-        calibrator = quantizer._calibrator
-        if not isinstance(calibrator, HistogramCalibrator) or calibrator.calib_hist is None:
-            return None
-        record = self.project.current_calibration.quantizers.get(quantizer_name) \
-            if self.project.current_calibration else None
-        return {"counts": calibrator.calib_hist.cpu().numpy(), "edges": calibrator.calib_bin_edges.numpy(),
-                "amax": calibrator.compute_all(), "current": None if not hasattr(quantizer, "_amax") else
-                float(quantizer._amax.max()), "method": record.method if record else None}
+        run = self.project.current_calibration
+        return views.histogram_of(quantizer, run.quantizers.get(quantizer_name) if run else None)
 
     def weight_ranges(self, layer: str) -> np.ndarray | None:
         """Per-output-channel max |w| of a layer's weight (for the bar plot), or None without weights."""
-        module = dict(self.quantized_model().named_modules()).get(layer)
-        weight = getattr(module, "weight", None)
-        if not isinstance(weight, torch.Tensor):
-            return None
-        quantizer = getattr(module, "_weight_quantizer", None)
-        axis = quantizer.axis if quantizer is not None and isinstance(quantizer.axis, int) else 0
-        dims = [d for d in range(weight.dim()) if d != axis]
-        return weight.detach().abs().amax(dim=dims).cpu().numpy() if dims else weight.detach().abs().cpu().numpy()
+        return views.weight_ranges(dict(self.quantized_model().named_modules()).get(layer))
 
     def metric(self):
         """The project's metric as a workbench.analysis Metric (entry points need trust)."""
@@ -1025,19 +597,6 @@ class Session:
         if not self.project.sensitivity:
             return None
         return SensitivityResult.from_dict(self.project.sensitivity[-1].data)
-
-    def _sensitivity_ranks(self) -> dict[str, int]:
-        """Rank per layer from the latest sensitivity run (a group's rank goes to every layer in it)."""
-        if not self.project.sensitivity:
-            return {}
-        ranks: dict[str, int] = {}
-        for item in self.project.sensitivity[-1].data.get("units") or []:
-            if not isinstance(item, dict) or "rank" not in item:
-                continue
-            layers = {_layer_of(q)[0] for q in item.get("quantizers") or []} or {str(item.get("name"))}
-            for layer in layers:
-                ranks[layer] = min(int(item["rank"]), ranks.get(layer, int(item["rank"])))
-        return ranks
 
     def fallback(self, *, tolerance: float | None = None, target: float | None = None, max_units: int | None = None,
                  metric: Any = None, apply: bool = False, use_ranking: bool = True,
@@ -1077,7 +636,7 @@ class Session:
         ignore layers, so they map units to layers through here.
         """
         quantizers = getattr(unit, "quantizers", None)
-        layers = [_layer_of(q)[0] for q in quantizers] if quantizers else [getattr(unit, "name", unit)]
+        layers = [layer_of(q)[0] for q in quantizers] if quantizers else [getattr(unit, "name", unit)]
         return [layer for layer in dict.fromkeys(layers) if layer in self.project.layers]
 
     def latest_fallback(self):
@@ -1195,15 +754,15 @@ class Session:
             return result  # cancelled before an epoch finished: the model is as it was
         quantizers = quantizer_names(model)
         own = {id(p) for q in quantizers.values() for p in q.parameters()}
-        weights = {name: _to_numpy(p) for name, p in model.named_parameters() if id(p) not in own}
+        weights = {name: to_numpy(p) for name, p in model.named_parameters() if id(p) not in own}
         run = self.project.current_calibration
         amax: dict[str, np.ndarray] = {}
         for name, quantizer in quantizers.items():  # ranges that differ from the calibration: learned ones
             record = run.quantizers.get(name) if run is not None else None
             current = quantizer._buffers.get("_amax")
             if record is not None and current is not None and not np.array_equal(
-                    _to_numpy(current), np.asarray(record.amax, dtype=np.float32)):
-                amax[name] = _to_numpy(current)
+                    to_numpy(current), np.asarray(record.amax, dtype=np.float32)):
+                amax[name] = to_numpy(current)
         for old in self.project.finetunes:  # one set of weights per project: the active run's
             old.active, old.weights, old.amax = False, {}, {}
         self.project.finetunes.append(FinetuneRecord(
@@ -1241,81 +800,19 @@ class Session:
 
     def summary(self, layers: list[LayerView] | None = None) -> dict[str, Any]:
         """A JSON-able overview for ``workbench show`` (``layers``: :meth:`layers`, when the caller has them)."""
-        layers = self.layers() if layers is None else layers
-        run = self.project.current_calibration
-        return {
-            "name": self.project.name,
-            "path": None if self.path is None else str(self.path),
-            "model": self.project.model.label,
-            "model_description": self._loaded.describe(),
-            "input": None if self.project.input_spec is None else self.project.input_spec.describe(),
-            "data": {role: spec.label for role, spec in self.project.data.items()},
-            "layers": len(layers),
-            "quantized_layers": sum(1 for layer in layers if layer.quantize),
-            "float_layers": [layer.name for layer in layers if not layer.quantize],
-            "calibration": None if run is None else {
-                "method": run.method, "batches": run.num_batches, "quantizers": len(run.quantizers),
-                "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
-            "stale_quantizers": list(self.build_report.stale),
-            "sensitivity_runs": len(self.project.sensitivity),
-            "exports": [record.path for record in self.project.exports],
-            "file_changes": list(self.file_changes),
-            "folding": {"enabled": bool(self.project.settings.get("fold_bn", True)),
-                        **(self.build_report.folding.to_dict() if self.build_report.folding is not None
-                           else {"folded": [], "skipped": [], "failures": [], "max_relative_error": None})},
-            "finetune": self._finetune_summary(),
-            "finetune_runs": len(self.project.finetunes),
-            "settings": self.project.settings,
-        }
+        return views.summary(self, layers)
 
-    def _finetune_summary(self) -> dict[str, Any] | None:
-        record = self.project.current_finetune
-        if record is None:
-            return None
-        from workbench.training import FinetuneResult
+def _checked(key: str, value: Any) -> Any:
+    """A setting's value as :func:`checked_setting` checks it, plus whether its metric exists; SessionError if not."""
+    try:
+        checked = checked_setting(key, value)
+        if key == "metric":
+            from workbench.analysis import get_metric
 
-        result = FinetuneResult.from_dict(record.data)
-        return {"id": record.id, "created": record.created, "summary": result.summary(),
-                "status": self.build_report.finetune, "best_epoch": result.best_epoch,
-                "epochs_completed": result.epochs_completed, "cancelled": result.cancelled,
-                "metric": result.metric_name, "baseline_metric": result.baseline.metric,
-                "best_metric": result.best.metric, "history": [e.to_dict() for e in result.history]}
-
-
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A tensor as a NumPy array for the project file (bfloat16 has no NumPy type: float32)."""
-    tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
-        tensor = tensor.float()
-    return tensor.cpu().numpy().copy()
-
-
-def _structural_copy(model: nn.Module) -> nn.Module:
-    """A copy of the module tree that shares every parameter and buffer with ``model``.
-
-    Quantizing swaps modules, never weights, so the quantized model can share the float model's
-    tensors: building it costs no memory for weights and no time copying them.
-    """
-    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    return copy.deepcopy(model, memo)
-
-
-def _load_record(quantizer: TensorQuantizer, record: QuantizerRecord, device: torch.device) -> None:
-    amax = torch.from_numpy(np.asarray(record.amax, dtype=np.float32).copy()).to(device)
-    if "_amax" in quantizer._buffers:
-        del quantizer._buffers["_amax"]
-    quantizer.register_buffer("_amax", amax)
-    state = record.calibrator_state
-    calibrator = quantizer._calibrator
-    if state and calibrator is not None:
-        expected = "histogram" if isinstance(calibrator, HistogramCalibrator) else "max"
-        if state.get("kind") == expected:
-            try:
-                calibrator.load_state(state)
-            except ValueError as error:
-                logger.warning("%s: saved statistics not restored (%s)", record.name, error)
-    if isinstance(calibrator, MaxCalibrator) and calibrator.calib_amax is None:
-        calibrator.load_state({"kind": "max", "calib_amax": record.amax})
+            get_metric(checked.get("name"), checked.get("direction"))  # the name, an entry point's form; imports nothing
+    except (SettingsError, ValueError, TypeError) as error:
+        raise SessionError(str(error)) from None
+    return checked
 
 
 def _shared_result(result: CalibrationResult, quantizers: dict[str, TensorQuantizer], quantizer: TensorQuantizer):

@@ -1,0 +1,192 @@
+"""Read-only views of an open session for the front ends: the layer rows of the model tree, the project
+summary of ``workbench show``, descriptor and histogram read-outs. Nothing here changes the session.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from workbench.graph.tree import module_notes
+from workbench.project import QuantizerRecord
+from workbench.project.settings import jsonable
+from workbench.quant import TensorQuantizer
+from workbench.quant.calib import HistogramCalibrator
+from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
+
+if TYPE_CHECKING:
+    from workbench.session.core import Session
+
+__all__ = ["LayerView", "layer_views", "summary", "descriptor_summary", "jsonable", "sensitivity_ranks",
+           "layer_shapes", "histogram_of", "weight_ranges"]
+
+
+@dataclass
+class LayerView:
+    """One row of the model tree's quantizable layers, as both front ends show it."""
+
+    name: str
+    type: str
+    quantize: bool
+    kind: str  # "module" or "functional"
+    input_summary: str
+    weight_summary: str
+    amax_summary: str
+    sensitivity_rank: int | None
+    parameters: int
+    notes: list[str] = field(default_factory=list)  # what building did to the layer, e.g. ["folded bn1"]
+
+
+def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None) -> str:
+    """Short text such as ``int8 per-tensor hist/entropy`` or ``int8 per-channel(0) max``."""
+    if fields is None:
+        return "-"
+    bits = fields.get("num_bits", 8)
+    kind = "fp8" if isinstance(bits, (list, tuple)) else f"{'uint' if fields.get('unsigned') else 'int'}{bits}"
+    axis = fields.get("axis")
+    granularity = "per-tensor" if axis is None else f"per-channel({axis})"
+    calib = "hist" if fields.get("calib_method") == "histogram" else "max"
+    if calib == "hist" and method and method != "max":
+        calib += f"/{method}"
+    extras = " narrow" if fields.get("narrow_range") else ""
+    return f"{kind} {granularity} {calib}{extras}"
+
+
+def sensitivity_ranks(session: Session) -> dict[str, int]:
+    """Rank per layer from the latest sensitivity run (a group's rank goes to every layer in it)."""
+    if not session.project.sensitivity:
+        return {}
+    ranks: dict[str, int] = {}
+    for item in session.project.sensitivity[-1].data.get("units") or []:
+        if not isinstance(item, dict) or "rank" not in item:
+            continue
+        layers = {layer_of(q)[0] for q in item.get("quantizers") or []} or {str(item.get("name"))}
+        for layer in layers:
+            ranks[layer] = min(int(item["rank"]), ranks.get(layer, int(item["rank"])))
+    return ranks
+
+
+def layer_views(session: Session) -> list[LayerView]:
+    """Every quantizable layer with its decision, descriptors, amax and sensitivity rank."""
+    model = session.quantized_model()
+    ranks = sensitivity_ranks(session)
+    calibration = session.project.current_calibration
+    method = calibration.method if calibration else None
+    kinds = {name: kind for name, _, kind in quantizable(model)}
+    views = []
+    modules = dict(model.named_modules())
+    for name, decision in session.project.layers.items():
+        module = modules.get(name)
+        input_q = role_quantizer(module, "input")
+        weight_q = getattr(module, "_weight_quantizer", None)
+        input_fields = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
+        weight_fields = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
+        amax = "-"
+        if decision.quantize and input_q is not None:
+            amax = input_q._short_amax(".4g") if hasattr(input_q, "_amax") else "uncalibrated"
+        params = sum(p.numel() for p in module.parameters(recurse=False)) if module is not None else 0
+        views.append(LayerView(name, decision.type, decision.quantize, kinds.get(name, "module"),
+                               descriptor_summary(input_fields, method) if decision.quantize else "float",
+                               descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
+                               amax, ranks.get(name), params,
+                               list(module_notes(module)) if module is not None else []))
+    return views
+
+
+def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str, Any]:
+    """A JSON-able overview for ``workbench show`` (``layers``: :func:`layer_views`, when the caller has them)."""
+    layers = layer_views(session) if layers is None else layers
+    project = session.project
+    run = project.current_calibration
+    report = session.build_report
+    return {
+        "name": project.name,
+        "path": None if session.path is None else str(session.path),
+        "model": project.model.label,
+        "model_description": session._loaded.describe(),
+        "input": None if project.input_spec is None else project.input_spec.describe(),
+        "data": {role: spec.label for role, spec in project.data.items()},
+        "layers": len(layers),
+        "quantized_layers": sum(1 for layer in layers if layer.quantize),
+        "float_layers": [layer.name for layer in layers if not layer.quantize],
+        "calibration": None if run is None else {
+            "method": run.method, "batches": run.num_batches, "quantizers": len(run.quantizers),
+            "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
+        "stale_quantizers": list(report.stale),
+        "sensitivity_runs": len(project.sensitivity),
+        "exports": [record.path for record in project.exports],
+        "file_changes": list(session.file_changes),
+        "folding": {"enabled": bool(project.settings.get("fold_bn", True)),
+                    **(report.folding.to_dict() if report.folding is not None
+                       else {"folded": [], "skipped": [], "failures": [], "max_relative_error": None})},
+        "finetune": _finetune_summary(session),
+        "finetune_runs": len(project.finetunes),
+        "settings": project.settings,
+    }
+
+
+def _finetune_summary(session: Session) -> dict[str, Any] | None:
+    record = session.project.current_finetune
+    if record is None:
+        return None
+    from workbench.training import FinetuneResult
+
+    result = FinetuneResult.from_dict(record.data)
+    return {"id": record.id, "created": record.created, "summary": result.summary(),
+            "status": session.build_report.finetune, "best_epoch": result.best_epoch,
+            "epochs_completed": result.epochs_completed, "cancelled": result.cancelled,
+            "metric": result.metric_name, "baseline_metric": result.baseline.metric,
+            "best_metric": result.best.metric, "history": [e.to_dict() for e in result.history]}
+
+
+def layer_shapes(model: nn.Module, sample: torch.Tensor) -> dict[str, dict[str, Any]]:
+    """Input, output and weight shapes of ``model``'s modules on one ``sample`` input.
+
+    Keys are module names; values ``{"inputs": [shape, ...], "output": shape | None, "weight": shape | None}``.
+    """
+    shapes: dict[str, dict[str, Any]] = {}
+
+    def shape_of(value: Any) -> tuple[int, ...] | None:
+        return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+    def hook(name: str):
+        def record(module: nn.Module, inputs: tuple, output: Any) -> None:
+            if name not in shapes:  # a module called twice keeps its first call
+                weight = getattr(module, "weight", None)
+                shapes[name] = {"inputs": [s for s in map(shape_of, inputs) if s is not None],
+                                "output": shape_of(output if not isinstance(output, (tuple, list)) else output[0]),
+                                "weight": shape_of(weight)}
+        return record
+
+    handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules() if name]
+    try:
+        with torch.no_grad():
+            model(sample)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return shapes
+
+
+def histogram_of(quantizer: TensorQuantizer, record: QuantizerRecord | None) -> dict[str, Any] | None:
+    """Histogram counts, bin edges and the amax every method gives, for plotting; None without one."""
+    calibrator = quantizer._calibrator
+    if not isinstance(calibrator, HistogramCalibrator) or calibrator.calib_hist is None:
+        return None
+    return {"counts": calibrator.calib_hist.cpu().numpy(), "edges": calibrator.calib_bin_edges.numpy(),
+            "amax": calibrator.compute_all(), "current": None if not hasattr(quantizer, "_amax") else
+            float(quantizer._amax.max()), "method": record.method if record else None}
+
+
+def weight_ranges(module: nn.Module | None) -> np.ndarray | None:
+    """Per-output-channel max |w| of a layer's weight (for the bar plot), or None without weights."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return None
+    quantizer = getattr(module, "_weight_quantizer", None)
+    axis = quantizer.axis if quantizer is not None and isinstance(quantizer.axis, int) else 0
+    dims = [d for d in range(weight.dim()) if d != axis]
+    return weight.detach().abs().amax(dim=dims).cpu().numpy() if dims else weight.detach().abs().cpu().numpy()
