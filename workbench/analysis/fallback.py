@@ -62,8 +62,8 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                     max_units: int | None = None, ranking: Ranking | None = None, target: float | None = None,
                     scheme: str = "one-off", units: UnitsSpec = None, direction: Direction | None = None,
                     apply: bool = False, num_batches: int | None = None, progress: ProgressCallback | None = None,
-                    cancel: CancelToken | None = None, cache: bool = True, output: str | None = None,
-                    context: DistContext | None = None) -> FallbackResult:
+                    cancel: CancelToken | None = None, cache: bool = True,
+                    context: DistContext | None = None, output: str | None = None) -> FallbackResult:
     """Find the most sensitive units to leave in float until the metric is within ``tolerance`` of FP32.
 
     Starting from the model as configured (all quantized), the units are left in float one at a time

@@ -36,8 +36,8 @@ __all__ = ["sensitivity"]
 def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, scheme: str = "one-off",
                 units: UnitsSpec = None, progress: ProgressCallback | None = None,
                 cancel: CancelToken | None = None, direction: Direction | None = None,
-                num_batches: int | None = None, cache: bool = True, output: str | None = None,
-                context: DistContext | None = None) -> SensitivityResult:
+                num_batches: int | None = None, cache: bool = True,
+                context: DistContext | None = None, output: str | None = None) -> SensitivityResult:
     """Measure ``metric`` with each unit of ``model`` toggled, and rank the units.
 
     The model is left exactly as it came in (quantizer flags and amax, train/eval mode), whether the

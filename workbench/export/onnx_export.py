@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportValidationError, SampleInputError
+from workbench.export.naming import name_nodes_by_module
 from workbench.export.opset import default_opset
 from workbench.export.reference import (
     as_tuple,
@@ -180,6 +181,7 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
 
         scale_to_quantizer = {f"{s.quantizer_name}.scale": s.quantizer_name for s in swapped.values()}
         name_qdq_nodes(proto, scale_to_quantizer)
+        name_nodes_by_module(proto)  # engine layer names then read "stem.0/Conv + stem.2/Relu"
         counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
         per_channel_acts = per_channel_activations(proto, scale_to_quantizer)
@@ -188,7 +190,7 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
                                    "tensor): " + ", ".join(per_channel_acts))
         tiny = [s.quantizer_name for s in swapped.values() if s.params.tiny_channels]
         if tiny:
-            report_warnings.append("amax <= 2**-24 (exported with scale 1, exact for all-zero channels): "
+            report_warnings.append("amax <= 2**-24 (quantizes every input to 0, in PyTorch and in the export): "
                                    + ", ".join(tiny))
 
         for name, module in model.named_modules():

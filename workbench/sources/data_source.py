@@ -23,7 +23,7 @@ import torch
 
 from workbench.sources import demo
 from workbench.sources.entrypoints import load_entrypoint, split_entrypoint
-from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.errors import SourceError, TrustRequired, mixed_sizes_message, unreadable_reason
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 
 __all__ = ["DataSpec", "ImageOptions", "DataSource", "open_data", "DATA_KINDS", "IMAGE_SUFFIXES", "InputSpec"]
@@ -327,7 +327,14 @@ class DataSource:
 
     def _batch(self, index: torch.Tensor) -> Batch:
         if self.spec.kind == "images":
-            images = torch.stack([self._read_image(self._files[i]) for i in index.tolist()])
+            files = [self._files[i] for i in index.tolist()]
+            images = [self._read_image(path) for path in files]
+            self._first_size = getattr(self, "_first_size", None) or (files[0], tuple(images[0].shape))
+            odd = {path: tuple(image.shape) for path, image in zip(files, images)
+                   if tuple(image.shape) != self._first_size[1]}
+            if odd:  # torch.stack would only say "stack expects each tensor to be equal size"
+                raise SourceError(mixed_sizes_message(self._path(), self._first_size, odd))
+            images = torch.stack(images)
             labels = None if self._labels is None else torch.tensor([self._labels[i] for i in index.tolist()])
             return images, labels
         assert self._inputs is not None
@@ -415,8 +422,9 @@ class DataSource:
         except SourceError:
             raise
         except Exception as error:
-            raise SourceError(f"{path}: cannot be read as tensors ({type(error).__name__}: {error}). Only plain "
-                              "arrays and tensors are accepted (no pickled objects).") from error
+            reason, _ = unreadable_reason(path, error)
+            raise SourceError(f"{path}: cannot be read as tensors: {reason}. Only plain arrays and tensors are "
+                              "accepted (no pickled objects).") from error
         if isinstance(inputs, dict):
             inputs = {name: _input_tensor(value, path, f"input {name!r}") for name, value in inputs.items()}
             counts = {name: int(t.shape[0]) for name, t in inputs.items()}
