@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -51,11 +52,11 @@ def _parse_fields(text: str) -> dict[str, Any]:
 class _Progress:
     """A tqdm bar for one job (silent with --json or when stderr is not a terminal) and Ctrl-C as cancel."""
 
-    def __init__(self, args: argparse.Namespace, description: str) -> None:
+    def __init__(self, args: argparse.Namespace, description: str, shown: bool = True) -> None:
         self.cancel = threading.Event()
         self.bar = None
         self.description = description
-        self.enabled = not args.json and sys.stderr.isatty()
+        self.enabled = shown and not args.json and sys.stderr.isatty()
         self._previous_handler = None
 
     def __enter__(self) -> _Progress:
@@ -306,12 +307,19 @@ def _cmd_set(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    session = _open(args)
-    with _Progress(args, "calibrating") as progress:
-        result = session.calibrate(method=args.method, num_batches=args.num_batches, percentile=args.percentile,
-                                   progress=progress, cancel=progress.cancel)
+    from workbench.launcher import job_context
+
+    with job_context() as context:
+        session = _open(args)
+        with _Progress(args, "calibrating", context.is_main) as progress:
+            result = session.calibrate(method=args.method, num_batches=args.num_batches,
+                                       percentile=args.percentile, progress=progress, cancel=progress.cancel,
+                                       context=context)
+    if not context.is_main:  # rank 0 writes the project and reports for the job
+        return EXIT_OK
     session.save()
     data = {"summary": result.summary(), "method": result.method, "batches": result.num_batches,
+            "world_size": context.world_size,
             "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
             "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
                                "nonfinite": q.nonfinite_count} for n, q in result.quantizers.items()}}
@@ -349,18 +357,24 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
-    session = _open(args)
-    metric = _metric_option(args)
-    with _Progress(args, "sensitivity") as progress:
-        result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
-                                     units=None if args.units == "layers" else args.units,
-                                     progress=progress, cancel=progress.cancel)
-        fallback = None
-        if args.tolerance is not None or args.target is not None:
-            fallback = session.fallback(tolerance=args.tolerance, target=args.target, max_units=args.max_units,
-                                        metric=metric, apply=args.apply, progress=progress, cancel=progress.cancel)
+    from workbench.launcher import job_context
+
+    with job_context() as context:
+        session = _open(args)
+        metric = _metric_option(args)
+        with _Progress(args, "sensitivity", context.is_main) as progress:
+            result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
+                                         units=None if args.units == "layers" else args.units,
+                                         progress=progress, cancel=progress.cancel, context=context)
+            fallback = None
+            if args.tolerance is not None or args.target is not None:
+                fallback = session.fallback(tolerance=args.tolerance, target=args.target, max_units=args.max_units,
+                                            metric=metric, apply=args.apply, progress=progress,
+                                            cancel=progress.cancel, context=context)
+    if not context.is_main:  # rank 0 writes the project and reports for the job
+        return EXIT_OK
     session.save()
-    data = {"sensitivity": result.to_dict()}
+    data = {"sensitivity": result.to_dict(), "world_size": context.world_size}
     lines = [result.summary()]
     # under SQNR the FP32 model scores +inf, so a delta against it says nothing
     vs_fp32 = math.isfinite(result.fp32)
@@ -545,6 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--percentile", type=float, help=f"for --method percentile: {PERCENTILE.help}, "
                                                        f"{PERCENTILE.describe()} (default {PERCENTILE.default:g})")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
+    _workers_option(cal)
     cal.set_defaults(func=_cmd_calibrate)
 
     evaluate = project_command("evaluate", "a metric on the FP32 and the INT8 model, and the output SQNR")
@@ -566,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     sens.add_argument("--target", type=float, help="fallback search: reach this metric value instead")
     sens.add_argument("--max-units", type=int, help="fallback search: at most this many layers in float")
     sens.add_argument("--apply", action="store_true", help="leave the fallback's layers in float in the project")
+    _workers_option(sens)
     sens.set_defaults(func=_cmd_sensitivity)
 
     export = project_command("export", "write validated QDQ ONNX")
@@ -635,13 +651,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _workers_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--workers", type=int, metavar="N",
+                         help="run in N local processes (PyTorch's elastic launcher; one per GPU when there are "
+                              "N GPUs), with the same result as one process; under torchrun, torchrun decides")
+
+
+def _launch_workers(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--workers N``: the same command in N processes; rank 0 prints the result and writes the project."""
+    from workbench.launcher import WorkerFailed, launch
+
+    if args.workers < 1:
+        print(f"workbench: error: --workers must be at least 1, got {args.workers}.", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return launch(_worker_main, (argv,), nprocs=args.workers)
+    except WorkerFailed as error:
+        print(f"workbench: error: {error} The project was not changed.", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _worker_main(argv: list[str]) -> int:
+    """One process of ``--workers N``: the command as usual, but a failure is raised, so that the launcher
+    stops the other workers and reports this rank's error."""
+    from workbench.launcher import WorkerError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(message)s")
+    code, message = _run(args)
+    if code != EXIT_OK:
+        raise WorkerError((message or f"exit code {code}").removeprefix("error: "))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse already printed the usage line
         return EXIT_USAGE if exit_.code else EXIT_OK
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(message)s")
+    from workbench.quant.distributed import launched_by_torchrun
+
+    if getattr(args, "workers", None) not in (None, 1) and not launched_by_torchrun():
+        return _launch_workers(args, [str(a) for a in argv])
+    code, message = _run(args)
+    if message:
+        rank = f"rank {os.environ.get('RANK')}: " if launched_by_torchrun() else ""
+        print(f"workbench: {rank}{message}", file=sys.stderr)
+    return code
+
+
+def _run(args: argparse.Namespace) -> tuple[int, str | None]:
+    """Run the command; its exit code and, on failure, the one line to show (tracebacks only with --debug)."""
     from workbench.project import ProjectError
     from workbench.session import SessionError
     from workbench.sources.errors import SourceError
@@ -660,39 +723,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         cancelled = ()
     try:
         if not getattr(args, "json", False):
-            return args.func(args)
+            return args.func(args), None
         args.stdout = sys.stdout
         with contextlib.redirect_stdout(sys.stderr):  # a print in the user's model must not corrupt the JSON
-            return args.func(args)
+            return args.func(args), None
     except SystemExit as exit_:  # user code (a model class, a metric) that ended the program: not a success
         if args.debug:
             raise
-        print(f"workbench: error: user code called sys.exit({exit_.code!r}) during '{args.command}'; nothing was "
-              "saved.", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE, (f"error: user code called sys.exit({exit_.code!r}) during '{args.command}'; nothing "
+                            "was saved.")
     except cancelled as error:
-        print(f"workbench: cancelled: {error}", file=sys.stderr)
-        return EXIT_INTERNAL
+        return EXIT_INTERNAL, f"cancelled: {error}"
     except user_errors as error:
         if args.debug:
             raise
-        print(f"workbench: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE, f"error: {error}"
     except KeyboardInterrupt:
-        print("workbench: interrupted", file=sys.stderr)
-        return EXIT_INTERNAL
+        return EXIT_INTERNAL, "interrupted"
     except BrokenPipeError:  # output piped into `head` and friends: not an error
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return EXIT_OK, None
     except Exception as error:  # noqa: BLE001 - last resort: one line, not a traceback
         if args.debug:
             raise
-        print(f"workbench: internal error: {type(error).__name__}: {error} (run with --debug for details)",
-              file=sys.stderr)
-        return EXIT_INTERNAL
-
+        return EXIT_INTERNAL, f"internal error: {type(error).__name__}: {error} (run with --debug for details)"
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -47,6 +47,7 @@ from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCa
 from workbench.quant.calibrate import sqnr_db
 from workbench.quant.batches import first_samples, input_shapes, model_inputs, run_model, to_device
 from workbench.quant.calibrate import run_model as _run_model
+from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import tensorrt, views
@@ -512,6 +513,15 @@ class Session:
         if self._quant_model is not None:
             self._quant_model.to(target)
 
+    def _join(self, context: DistContext | None) -> DistContext:
+        """The job's context; on nccl the models move to this rank's GPU (the project keeps its device setting)."""
+        context = context or SINGLE
+        if context.backend == "nccl" and context.device is not None and context.device != self.device:
+            setting = self.project.settings.get("device")
+            self.set_device(str(context.device))
+            self.project.settings["device"] = setting
+        return context
+
     def _invalidate(self) -> None:
         self._quant_model = None
         self.dirty = True
@@ -559,8 +569,14 @@ class Session:
 
     def calibrate(self, *, method: str | None = None, num_batches: int | None = None,
                   percentile: float | None = None, progress: ProgressCallback | None = None,
-                  cancel: CancelToken | None = None) -> CalibrationResult:
-        """Calibrate on the calibration data and store the result (amax and histograms) in the project."""
+                  cancel: CancelToken | None = None, context: DistContext | None = None) -> CalibrationResult:
+        """Calibrate on the calibration data and store the result (amax and histograms) in the project.
+
+        With a distributed ``context`` (torchrun, ``--workers``) this process calibrates on its share
+        of the batches and every rank ends with the merged, one-process result; only rank 0 should
+        save the project (the session never saves on its own).
+        """
+        context = self._join(context)
         options = dict(self.project.settings["calibration"])
         method = method or options.get("method") or DEFAULT_AMAX_METHOD.value
         num_batches = num_batches if num_batches is not None else options.get("num_batches")
@@ -570,7 +586,8 @@ class Session:
         if available is not None:  # progress totals count the batches that really run
             num_batches = available if num_batches is None else min(num_batches, available)
         result = calibrate(model, self.data("calibration").batches(), num_batches=num_batches, method=method,
-                           percentile=percentile, device=self.device, progress=progress, cancel=cancel)
+                           percentile=percentile, device=self.device, progress=progress, cancel=cancel,
+                           context=context)
         quantizers = quantizer_names(model)
         records: dict[str, QuantizerRecord] = {}
         for name, quantizer in quantizers.items():
@@ -658,14 +675,18 @@ class Session:
 
     def sensitivity(self, *, scheme: str = "one-off", metric: Any = None, units: Any = None,
                     num_batches: int | None = None, progress: ProgressCallback | None = None,
-                    cancel: CancelToken | None = None):
-        """Rank layers by how much quantizing them costs; the result is stored in the project."""
+                    cancel: CancelToken | None = None, context: DistContext | None = None):
+        """Rank layers by how much quantizing them costs; the result is stored in the project.
+
+        With a distributed ``context`` the units are shared among the ranks (see :meth:`calibrate`).
+        """
         from workbench.analysis import sensitivity as run_sensitivity
 
+        context = self._join(context)
         model = self._require_calibrated()
         result = run_sensitivity(model, self._analysis_batches(), metric if metric is not None else self.metric(),
                                  scheme=scheme, units=units, num_batches=num_batches, progress=progress,
-                                 cancel=cancel, output=self.project.settings.get("output"))
+                                 cancel=cancel, output=self.project.settings.get("output"), context=context)
         self.project.sensitivity.append(SensitivityRecord(self.project.next_id(self.project.sensitivity), now_iso(),
                                                           result.to_dict()))
         self._changed(SessionEvent.SENSITIVITY)
@@ -680,16 +701,21 @@ class Session:
 
     def fallback(self, *, tolerance: float | None = None, target: float | None = None, max_units: int | None = None,
                  metric: Any = None, apply: bool = False, use_ranking: bool = True,
-                 progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
-        """Search which layers to leave in float to get within ``tolerance`` of FP32 (or reach ``target``)."""
+                 progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
+                 context: DistContext | None = None):
+        """Search which layers to leave in float to get within ``tolerance`` of FP32 (or reach ``target``).
+
+        With a distributed ``context`` the ranks measure candidate sets in parallel (see :meth:`calibrate`).
+        """
         from workbench.analysis import fallback_search
 
+        context = self._join(context)
         model = self._require_calibrated()
         ranking = self.latest_sensitivity() if use_ranking else None
         result = fallback_search(model, self._analysis_batches(), metric if metric is not None else self.metric(),
                                  tolerance=tolerance, target=target, max_units=max_units, ranking=ranking,
                                  apply=False, progress=progress, cancel=cancel,
-                                 output=self.project.settings.get("output"))
+                                 output=self.project.settings.get("output"), context=context)
         record = FallbackRecord(self.project.next_id(self.project.fallbacks), now_iso(), result.to_dict())
         self.project.fallbacks.append(record)
         if apply:
