@@ -63,5 +63,13 @@ fi
 
 spec="$ROOT"
 if [ -n "${WORKBENCH_EXTRAS:-}" ]; then spec="$ROOT[$WORKBENCH_EXTRAS]"; fi
-echo "Installing Quant Workbench${WORKBENCH_EXTRAS:+ with extras: $WORKBENCH_EXTRAS}"
-python -m pip install -q -e "$spec"
+# keep the torch that is installed: extras such as transformers + timm otherwise pull a newer torch
+# (a CUDA build of several GB). The CPU pin when it is ours, else the version already there.
+constraints="$ROOT/packaging/constraints-cpu.txt"
+installed_torch="$(python -c 'import torch; print(torch.__version__.split("+")[0])')"
+if ! grep -qx "torch==$installed_torch" "$constraints"; then
+    constraints="$(mktemp)"
+    echo "torch==$installed_torch" > "$constraints"
+fi
+echo "Installing Quant Workbench${WORKBENCH_EXTRAS:+ with extras: $WORKBENCH_EXTRAS} (torch kept at $installed_torch)"
+python -m pip install -q -c "$constraints" -e "$spec"

@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -32,17 +33,9 @@ class UsageError(Exception):
 
 
 def _parse_value(text: str) -> Any:
-    lowered = text.lower()
-    if lowered in ("true", "yes", "on"):
-        return True
-    if lowered in ("false", "no", "off"):
-        return False
-    if lowered in ("none", "null"):
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+    from workbench.session.new_project import parse_value
+
+    return parse_value(text)
 
 
 def _parse_fields(text: str) -> dict[str, Any]:
@@ -59,11 +52,11 @@ def _parse_fields(text: str) -> dict[str, Any]:
 class _Progress:
     """A tqdm bar for one job (silent with --json or when stderr is not a terminal) and Ctrl-C as cancel."""
 
-    def __init__(self, args: argparse.Namespace, description: str) -> None:
+    def __init__(self, args: argparse.Namespace, description: str, shown: bool = True) -> None:
         self.cancel = threading.Event()
         self.bar = None
         self.description = description
-        self.enabled = not args.json and sys.stderr.isatty()
+        self.enabled = shown and not args.json and sys.stderr.isatty()
         self._previous_handler = None
 
     def __enter__(self) -> _Progress:
@@ -132,14 +125,13 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
-    from workbench.sources.data_source import DataSpec, ImageOptions
+    from workbench.session.new_project import image_options
+    from workbench.sources.data_source import DataSpec
 
     image = None
     if any(v is not None for v in (args.resize, args.crop, args.mean, args.std)) or args.grayscale:
-        image = ImageOptions(resize=args.resize, crop=args.crop,
-                             mean=tuple(args.mean or ((0.0,) if args.grayscale else (0.0, 0.0, 0.0))),
-                             std=tuple(args.std or ((1.0,) if args.grayscale else (1.0, 1.0, 1.0))),
-                             grayscale=args.grayscale)
+        image = image_options(resize=args.resize, crop=args.crop, mean=args.mean, std=args.std,
+                              grayscale=args.grayscale)
     return DataSpec.parse(text, batch_size=batch_size, num_batches=args.num_batches, shuffle=args.shuffle,
                           seed=args.seed, image=image)
 
@@ -154,21 +146,22 @@ def _typed_entrypoint(spec: str | None, session: Any) -> str | None:
 
 def _cmd_new(args: argparse.Namespace) -> int:
     from workbench.session import Session
+    from workbench.session.new_project import factory_arguments, new_project_settings
     from workbench.sources.data_source import InputSpec
     from workbench.sources.model_source import ModelSpec
 
     project = Path(args.project)
     if project.exists() and not args.force:
         raise UsageError(f"{project} exists; use --force to overwrite it.")
-    kwargs = _parse_fields(args.model_kwargs) if args.model_kwargs else {}
-    model = ModelSpec.parse(args.model, weights=args.weights, kwargs=kwargs, code_dir=args.code_dir)
+    model = ModelSpec.parse(args.model, weights=args.weights, kwargs=factory_arguments(args.model_kwargs),
+                            code_dir=args.code_dir)
     calibration = _data_spec(args.data, args, args.batch_size)
     evaluation = _data_spec(args.eval_data, args, args.batch_size) if args.eval_data else None
     if evaluation is not None:
         evaluation.num_batches = None
-    settings: dict[str, Any] = {}
-    if args.metric:
-        settings["metric"] = {"name": args.metric, "direction": args.metric_direction}
+    settings = new_project_settings(metric=args.metric, direction=args.metric_direction)
+    if args.output_key:
+        settings["output"] = args.output_key
     session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
                              input_shape=InputSpec.parse_shape(args.input_shape), name=project.stem,
                              base_dir=Path.cwd(), settings=settings)
@@ -191,6 +184,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
                                       f"{run['method']} on {run['batches']} batches, output SQNR "
                                       f"{_fmt(run['output_sqnr_db'], ' dB')}"))
     lines.extend(_folding_lines(summary["folding"]))
+    lines.extend(_functional_lines(summary["functional"]))
     tuned = summary["finetune"]
     if tuned is not None:
         lines.append(f"  fine-tune: run {tuned['id']}: {tuned['summary']}")
@@ -199,13 +193,28 @@ def _cmd_show(args: argparse.Namespace) -> int:
     for message in summary["file_changes"] + [f"recalibrate: {n}" for n in summary["stale_quantizers"][:5]]:
         lines.append(f"  warning: {message}")
     lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
+    lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["not_quantizable"]]
     lines.append(f"    {'layer':<32} {'type':<20} {'input':<28} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
         notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""
-        lines.append(f"    {layer.name:<32} {layer.type:<20} {layer.input_summary:<28} {layer.weight_summary:<24} "
+        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.input_summary:<28} {layer.weight_summary:<24} "
                      f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
     _emit(args, summary, "\n".join(lines))
     return EXIT_OK
+
+
+def _functional_lines(functional: dict[str, Any]) -> list[str]:
+    """``workbench show``: functional quantizers, attention left in float (and why), untraced modules."""
+    lines = [f"  functional: {functional['adds']} adds, {functional['concats']} concatenations, "
+             f"{functional['matmuls']} matrix products, {functional['attentions']} attentions quantized; "
+             f"{functional['left_float']} operations left in float"]
+    lines += [f"    attention not quantized: {item['module']}: {item['reason']}"
+              for item in functional["unquantized_attention"]]
+    lines += [f"    not traced: {item['module']} ({item['type']}): {item['reason']}"
+              for item in functional["not_traced"][:5]]
+    if len(functional["not_traced"]) > 5:
+        lines.append(f"    ... and {len(functional['not_traced']) - 5} more modules not traced (--json lists them)")
+    return lines
 
 
 def _folding_lines(folding: dict[str, Any]) -> list[str]:
@@ -250,19 +259,13 @@ def _cmd_set(args: argparse.Namespace) -> int:
         changed["weight_descriptor"] = session.set_descriptor(targets, "weight", **_parse_fields(args.weight_desc))
     for rule in args.rule or []:
         name, _, value = rule.partition("=")
-        rules = dict(session.project.settings["rules"])
-        if name not in rules:
-            raise UsageError(f"unknown rule {name!r}; rules are {', '.join(rules)}.")
-        rules[name] = bool(_parse_value(value or "true"))
-        session.set_setting("rules", rules)
-        changed.setdefault("rules", []).append(f"{name}={rules[name]}")
+        session.update_setting("rules", **{name: bool(_parse_value(value or "true"))})
+        changed.setdefault("rules", []).append(f"{name}={session.project.settings['rules'][name]}")
     for pin in args.pin or []:
         first, _, second = pin.partition(",")
         if not second:
             raise UsageError(f"--pin takes two quantizer or layer names separated by a comma, got {pin!r}.")
-        pins = list(session.project.settings["pins"]) + [[first.strip(), second.strip()]]
-        session.set_setting("pins", pins)
-        session.quantized_model()  # validates the names now
+        session.add_pins([(first.strip(), second.strip())])
         changed.setdefault("pins", []).append(pin)
     if args.metric:
         session.set_setting("metric", {"name": _typed_entrypoint(args.metric, session),
@@ -271,6 +274,24 @@ def _cmd_set(args: argparse.Namespace) -> int:
     if args.device:
         session.set_setting("device", args.device)
         changed["device"] = [args.device]
+    from workbench.project.settings import FUNCTIONAL_SWITCHES
+
+    switches = list(args.functional or [])
+    if args.quantize_residual_adds is not None:
+        switches.append(f"residual_adds_in_transformer_blocks={args.quantize_residual_adds}")
+    for switch in switches:
+        name, _, value = switch.partition("=")
+        functional = dict(session.project.settings["functional"])
+        if name not in FUNCTIONAL_SWITCHES:
+            raise UsageError(f"unknown functional switch {name!r}; switches are {', '.join(FUNCTIONAL_SWITCHES)}.")
+        if value not in ("on", "off", "true", "false"):
+            raise UsageError(f"--functional {name} takes on or off, got {value!r}.")
+        functional[name] = value in ("on", "true")
+        session.set_setting("functional", functional)
+        changed.setdefault("functional", []).append(f"{name}={'on' if functional[name] else 'off'}")
+    if args.output_key is not None:
+        session.set_setting("output", args.output_key or None)
+        changed["output"] = [args.output_key or "first tensor"]
     if args.fold_bn is not None:
         session.set_setting("fold_bn", args.fold_bn == "on")
         folded = session.folded_layers()
@@ -286,21 +307,27 @@ def _cmd_set(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    session = _open(args)
-    with _Progress(args, "calibrating") as progress:
-        result = session.calibrate(method=args.method, num_batches=args.num_batches, percentile=args.percentile,
-                                   progress=progress, cancel=progress.cancel)
+    from workbench.launcher import job_context
+
+    with job_context() as context:
+        session = _open(args)
+        with _Progress(args, "calibrating", context.is_main) as progress:
+            result = session.calibrate(method=args.method, num_batches=args.num_batches,
+                                       percentile=args.percentile, progress=progress, cancel=progress.cancel,
+                                       context=context)
+    if not context.is_main:  # rank 0 writes the project and reports for the job
+        return EXIT_OK
     session.save()
     data = {"summary": result.summary(), "method": result.method, "batches": result.num_batches,
+            "world_size": context.world_size,
             "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
             "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
                                "nonfinite": q.nonfinite_count} for n, q in result.quantizers.items()}}
-    if args.evaluate:
-        data["evaluation"] = session.evaluate()
     lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
     if args.evaluate:
-        lines.append("evaluation: " + ", ".join(f"{k} {_fmt(v) if isinstance(v, float) else v}"
-                                               for k, v in data["evaluation"].items()))
+        evaluation = session.evaluate()
+        data["evaluation"] = evaluation.to_dict()
+        lines.append(f"evaluation: {evaluation.summary()}")
     _emit(args, data, "\n".join(lines))
     return EXIT_OK
 
@@ -315,18 +342,39 @@ def _metric_option(args: argparse.Namespace) -> Any:
     return get_metric(args.metric, args.metric_direction, trust_code=args.trust_code)
 
 
-def _cmd_sensitivity(args: argparse.Namespace) -> int:
+def _cmd_evaluate(args: argparse.Namespace) -> int:
     session = _open(args)
     metric = _metric_option(args)
-    with _Progress(args, "sensitivity") as progress:
-        result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
-                                     progress=progress, cancel=progress.cancel)
-        fallback = None
-        if args.tolerance is not None or args.target is not None:
-            fallback = session.fallback(tolerance=args.tolerance, target=args.target, max_units=args.max_units,
-                                        metric=metric, apply=args.apply, progress=progress, cancel=progress.cancel)
+    with _Progress(args, "evaluating") as progress:
+        evaluation = session.evaluate(metric, num_batches=args.num_batches, progress=progress,
+                                      cancel=progress.cancel)
+    lines = [f"  {'':<22} {'FP32':>10} {'INT8':>10} {'delta':>10}",
+             f"  {evaluation.name:<22} {_fmt(evaluation.fp32):>10} {_fmt(evaluation.int8):>10} "
+             f"{_fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better)",
+             f"  output SQNR INT8 vs FP32: {_fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} batches)"]
+    _emit(args, evaluation.to_dict(), "\n".join(lines))
+    return EXIT_OK
+
+
+def _cmd_sensitivity(args: argparse.Namespace) -> int:
+    from workbench.launcher import job_context
+
+    with job_context() as context:
+        session = _open(args)
+        metric = _metric_option(args)
+        with _Progress(args, "sensitivity", context.is_main) as progress:
+            result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
+                                         units=None if args.units == "layers" else args.units,
+                                         progress=progress, cancel=progress.cancel, context=context)
+            fallback = None
+            if args.tolerance is not None or args.target is not None:
+                fallback = session.fallback(tolerance=args.tolerance, target=args.target, max_units=args.max_units,
+                                            metric=metric, apply=args.apply, progress=progress,
+                                            cancel=progress.cancel, context=context)
+    if not context.is_main:  # rank 0 writes the project and reports for the job
+        return EXIT_OK
     session.save()
-    data = {"sensitivity": result.to_dict()}
+    data = {"sensitivity": result.to_dict(), "world_size": context.world_size}
     lines = [result.summary()]
     # under SQNR the FP32 model scores +inf, so a delta against it says nothing
     vs_fp32 = math.isfinite(result.fp32)
@@ -418,6 +466,12 @@ def _cmd_gui(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
+    from workbench.analysis.results import SCHEMES
+    from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
+    from workbench.analysis.units import UNIT_SCHEMES
+    from workbench.project.settings import FUNCTIONAL_SWITCHES  # the one definition of the switches
+
     parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
                                      "PyTorch models for TensorRT.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
@@ -437,25 +491,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     new = project_command("new", "create a project on a model and data")
     new.add_argument("--model", required=True, help="file.py:factory, package.module:factory, model.pt (a pickled "
-                                                    "model) or demo:digits / demo:resnet18 / demo:resnet50")
-    new.add_argument("--model-kwargs", help="keyword arguments of the factory: name=value,...")
+                                                    "model), demo:digits / demo:resnet18 / demo:resnet50, hf:DIR (a "
+                                                    "local Hugging Face folder) or timm:NAME[@weights.safetensors]")
+    new.add_argument("--model-kwargs", help="keyword arguments of the factory: name=value,... or a YAML/JSON "
+                                            "mapping ('num_classes: 10, pretrained: false')")
     new.add_argument("--weights", help="state_dict file (.pt/.pth loaded with weights_only, or .safetensors)")
     new.add_argument("--code-dir", help="folder with the code a pickled model needs (default: its folder)")
     new.add_argument("--data", required=True, help="calibration data: a folder of images, a tensor file "
                                                    "(.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
     new.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
-    new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224")
+    new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224 "
+                                           "(optional: the data gives it)")
+    new.add_argument("--output-key", help="the model output entry that metrics, sensitivity and export compare: a "
+                                          "dict/ModelOutput key such as logits, or a tuple index (default: the first "
+                                          "tensor)")
     new.add_argument("--batch-size", type=int, default=32)
     new.add_argument("--num-batches", type=int, help="calibration batches to use (default: all)")
     new.add_argument("--shuffle", action="store_true")
     new.add_argument("--seed", type=int, default=0)
     new.add_argument("--resize", type=int, help="images: resize the shorter side to this")
     new.add_argument("--crop", type=int, help="images: center crop to this size")
-    new.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")
-    new.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by")
+    new.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract (default 0; "
+                                                           "ImageNet models: 0.485 0.456 0.406)")
+    new.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by (default 1; "
+                                                          "ImageNet models: 0.229 0.224 0.225)")
     new.add_argument("--grayscale", action="store_true", help="images: one channel")
-    new.add_argument("--metric", help="sqnr, cosine, mse, top1, or module:function / file.py:function")
-    new.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")
+    new.add_argument("--metric", help=metric_choices_text())
+    new.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
     new.add_argument("--force", action="store_true", help="overwrite an existing project file")
     new.set_defaults(func=_cmd_new)
 
@@ -475,31 +537,51 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("--reset", action="store_true", help="back to default descriptors for the chosen layers")
     set_.add_argument("--rule", action="append", help="placement rule on/off: concat=false, maxpool=true, residual=")
     set_.add_argument("--pin", action="append", help="share one quantizer between two: NAME1,NAME2 (repeatable)")
-    set_.add_argument("--metric", help="the project's metric: sqnr, cosine, mse, top1, or an entry point")
-    set_.add_argument("--metric-direction", choices=["higher", "lower"])
+    set_.add_argument("--metric", help=f"the project's metric: {metric_choices_text()}")
+    set_.add_argument("--metric-direction", choices=DIRECTIONS)
     set_.add_argument("--device", help="cpu, cuda, cuda:1 ...")
+    set_.add_argument("--functional", action="append", metavar="SWITCH=on|off",
+                      help="which functional operations get quantizers (repeatable): " + "; ".join(
+                          f"{name}: {text}" for name, text in FUNCTIONAL_SWITCHES.items()))
+    set_.add_argument("--quantize-residual-adds", choices=["on", "off"],
+                      help=FUNCTIONAL_SWITCHES["residual_adds_in_transformer_blocks"].replace("%", "%%"))
+    set_.add_argument("--output-key", help="the model output entry to compare and export (logits, 0...; empty: the "
+                                           "first tensor)")
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)
 
     cal = project_command("calibrate", "calibrate on the project's calibration data")
-    cal.add_argument("--method", choices=["entropy", "mse", "percentile", "max"],
-                     help="amax method of histogram quantizers (default: the project's, entropy)")
+    cal.add_argument("--method", choices=AMAX_METHODS,
+                     help=f"amax method of histogram quantizers (default: the project's, {DEFAULT_AMAX_METHOD}): "
+                          f"{AmaxMethod.help_text()}")
     cal.add_argument("--num-batches", type=int)
-    cal.add_argument("--percentile", type=float)
+    cal.add_argument("--percentile", type=float, help=f"for --method percentile: {PERCENTILE.help}, "
+                                                       f"{PERCENTILE.describe()} (default {PERCENTILE.default:g})")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
+    _workers_option(cal)
     cal.set_defaults(func=_cmd_calibrate)
 
+    evaluate = project_command("evaluate", "a metric on the FP32 and the INT8 model, and the output SQNR")
+    evaluate.add_argument("--metric", help=f"{metric_choices_text()} (default: the project's metric)")
+    evaluate.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
+    evaluate.add_argument("--num-batches", type=int, help="evaluation batches to use (default: all)")
+    evaluate.set_defaults(func=_cmd_evaluate)
+
     sens = project_command("sensitivity", "rank layers by sensitivity; optionally search a fallback set")
-    sens.add_argument("--scheme", choices=["one-off", "one-on"], default="one-off")
+    sens.add_argument("--scheme", choices=SCHEMES, default=SCHEMES[0])
+    sens.add_argument("--units", choices=UNIT_SCHEMES, default="layers",
+                      help="what is switched together: each quantized layer (an attention's products together), "
+                           "or each transformer block (a readable ranking of a 12-layer ViT)")
     sens.add_argument("--metric", help="override the project's metric")
-    sens.add_argument("--metric-direction", choices=["higher", "lower"])
+    sens.add_argument("--metric-direction", choices=DIRECTIONS)
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
     sens.add_argument("--top", type=int, default=10, help="how many layers to print")
     sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32")
     sens.add_argument("--target", type=float, help="fallback search: reach this metric value instead")
     sens.add_argument("--max-units", type=int, help="fallback search: at most this many layers in float")
     sens.add_argument("--apply", action="store_true", help="leave the fallback's layers in float in the project")
+    _workers_option(sens)
     sens.set_defaults(func=_cmd_sensitivity)
 
     export = project_command("export", "write validated QDQ ONNX")
@@ -533,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
                       help="mixed precision (default: on with CUDA)")
     tune.add_argument("--metric", help="what picks the best epoch (default: the project's metric)")
-    tune.add_argument("--metric-direction", choices=["higher", "lower"])
+    tune.add_argument("--metric-direction", choices=DIRECTIONS)
     tune.add_argument("--train-data", help="data to train on, stored in the project (same forms as --data of "
                                            "'new'; default: all of the calibration data)")
     tune.add_argument("--batch-size", type=int, default=32, help="for --train-data")
@@ -549,10 +631,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "model's own")
     tune.set_defaults(func=_cmd_finetune)
 
+    from workbench.cli_engine import add_commands  # lint, engine-report, diff
+
+    add_commands(sub, project_command)
+
     demo = sub.add_parser("demo", help="the whole job on the built-in digits CNN, without a screen")
     demo.add_argument("--out", default="workbench-demo", help="folder for the project and ONNX (default: "
                                                               "./workbench-demo)")
-    demo.add_argument("--method", choices=["entropy", "mse", "percentile", "max"], default="mse")
+    demo.add_argument("--method", choices=AMAX_METHODS, default=AmaxMethod.MSE.value)
     demo.add_argument("--calib-batches", type=int, default=8)
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(func=_cmd_demo)
@@ -565,13 +651,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _workers_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--workers", type=int, metavar="N",
+                         help="run in N local processes (PyTorch's elastic launcher; one per GPU when there are "
+                              "N GPUs), with the same result as one process; under torchrun, torchrun decides")
+
+
+def _launch_workers(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--workers N``: the same command in N processes; rank 0 prints the result and writes the project."""
+    from workbench.launcher import WorkerFailed, launch
+
+    if args.workers < 1:
+        print(f"workbench: error: --workers must be at least 1, got {args.workers}.", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return launch(_worker_main, (argv,), nprocs=args.workers)
+    except WorkerFailed as error:
+        print(f"workbench: error: {error} The project was not changed.", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _worker_main(argv: list[str]) -> int:
+    """One process of ``--workers N``: the command as usual, but a failure is raised, so that the launcher
+    stops the other workers and reports this rank's error."""
+    from workbench.launcher import WorkerError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(message)s")
+    code, message = _run(args)
+    if code != EXIT_OK:
+        raise WorkerError((message or f"exit code {code}").removeprefix("error: "))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse already printed the usage line
         return EXIT_USAGE if exit_.code else EXIT_OK
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(message)s")
+    from workbench.quant.distributed import launched_by_torchrun
+
+    if getattr(args, "workers", None) not in (None, 1) and not launched_by_torchrun():
+        return _launch_workers(args, [str(a) for a in argv])
+    code, message = _run(args)
+    if message:
+        rank = f"rank {os.environ.get('RANK')}: " if launched_by_torchrun() else ""
+        print(f"workbench: {rank}{message}", file=sys.stderr)
+    return code
+
+
+def _run(args: argparse.Namespace) -> tuple[int, str | None]:
+    """Run the command; its exit code and, on failure, the one line to show (tracebacks only with --debug)."""
     from workbench.project import ProjectError
     from workbench.session import SessionError
     from workbench.sources.errors import SourceError
@@ -590,39 +723,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         cancelled = ()
     try:
         if not getattr(args, "json", False):
-            return args.func(args)
+            return args.func(args), None
         args.stdout = sys.stdout
         with contextlib.redirect_stdout(sys.stderr):  # a print in the user's model must not corrupt the JSON
-            return args.func(args)
+            return args.func(args), None
     except SystemExit as exit_:  # user code (a model class, a metric) that ended the program: not a success
         if args.debug:
             raise
-        print(f"workbench: error: user code called sys.exit({exit_.code!r}) during '{args.command}'; nothing was "
-              "saved.", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE, (f"error: user code called sys.exit({exit_.code!r}) during '{args.command}'; nothing "
+                            "was saved.")
     except cancelled as error:
-        print(f"workbench: cancelled: {error}", file=sys.stderr)
-        return EXIT_INTERNAL
+        return EXIT_INTERNAL, f"cancelled: {error}"
     except user_errors as error:
         if args.debug:
             raise
-        print(f"workbench: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE, f"error: {error}"
     except KeyboardInterrupt:
-        print("workbench: interrupted", file=sys.stderr)
-        return EXIT_INTERNAL
+        return EXIT_INTERNAL, "interrupted"
     except BrokenPipeError:  # output piped into `head` and friends: not an error
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return EXIT_OK, None
     except Exception as error:  # noqa: BLE001 - last resort: one line, not a traceback
         if args.debug:
             raise
-        print(f"workbench: internal error: {type(error).__name__}: {error} (run with --debug for details)",
-              file=sys.stderr)
-        return EXIT_INTERNAL
-
+        return EXIT_INTERNAL, f"internal error: {type(error).__name__}: {error} (run with --debug for details)"
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -62,20 +62,31 @@ def onnx_rounding_output(model, *inputs):
 # ----- errors -------------------------------------------------------------------------------------
 
 
-def test_uncalibrated_enabled_quantizer_is_named_and_nothing_is_written(tmp_path):
+def test_a_never_calibrated_model_is_refused_with_every_quantizer_named(tmp_path):
     model, x = calibrated(PlainCNN(), (2, 3, 16, 16))
-    model.fc._input_quantizer.reset_amax()
+    quantizers = {n: m for n, m in model.named_modules() if isinstance(m, quant.TensorQuantizer)}
+    for q in quantizers.values():
+        q.reset_amax()
     with pytest.raises(QuantizerStateError, match=r"fc\._input_quantizer: enabled but not calibrated") as info:
         export_qdq_onnx(model, x, tmp_path / "m.onnx")
-    assert list(info.value.problems) == ["fc._input_quantizer"]
+    assert sorted(info.value.problems) == sorted(quantizers)
     assert "Calibrate the model" in str(info.value)
     assert leftovers(tmp_path) == []
-    # a disabled quantizer needs no amax, and exports without Q/DQ
-    model.fc._input_quantizer.disable()
+
+
+def test_quantizers_calibration_never_reached_export_in_float_with_a_warning(tmp_path):
+    model, x = calibrated(PlainCNN(), (2, 3, 16, 16))
+    model.fc._input_quantizer.reset_amax()  # as calibration leaves a quantizer no batch reached
     report = export_qdq_onnx(model, x, tmp_path / "m.onnx")
-    assert report.quantize_nodes == 7
+    assert report.quantize_nodes == 7 and report.cosine > 0.999
+    assert any("never reached during calibration" in w and "fc._input_quantizer" in w for w in report.warnings)
     names = [n.name for n in onnx.load(str(tmp_path / "m.onnx")).graph.node]
     assert "fc._input_quantizer/QuantizeLinear" not in names and "fc._weight_quantizer/QuantizeLinear" in names
+    assert not model.fc._input_quantizer._disabled  # the model is left as it came
+    # a disabled quantizer needs no amax either, and exports without Q/DQ, without a warning
+    model.fc._input_quantizer.disable()
+    report = export_qdq_onnx(model, x, tmp_path / "m.onnx")
+    assert report.quantize_nodes == 7 and not any("never reached" in w for w in report.warnings)
 
 
 def test_quantizer_still_calibrating_or_not_int8(tmp_path):

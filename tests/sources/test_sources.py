@@ -260,6 +260,9 @@ class TestDataSources:
         assert spec.describe() == "input_ids (7,) int64, attention_mask (7,) int64"
         assert InputSpec.from_dict(spec.to_dict()) == spec
         check_input(spec, spec, "tokens.npz")
+        check_input(InputSpec((7,)), spec, "tokens.npz")  # --input-shape 7 for every keyword input
+        with pytest.raises(SourceError, match=r"model input is \(8,\) float32"):
+            check_input(InputSpec((8,)), spec, "tokens.npz")
         with pytest.raises(SourceError, match=r"gives inputs input_ids \(9,\).*model input is input_ids \(7,\)"):
             check_input(spec, InputSpec((9,), "int64", (("input_ids", (9,), "int64"),
                                                          ("attention_mask", (9,), "int64"))), "other.npz")

@@ -11,15 +11,23 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportValidationError
+from workbench.export.naming import name_nodes_by_module
 from workbench.export.qdq import ExportParams, QDQStandIn, export_params
 from workbench.export.report import OutputParity
 from workbench.quant.snapshot import all_quantizers, quantizer_names
 
-__all__ = ["name_qdq_nodes", "compare", "range_inputs", "ort_session", "feeds", "amax_table", "amax_table_of",
+__all__ = ["post_process", "name_qdq_nodes", "compare", "range_inputs", "ort_session", "feeds", "amax_table", "amax_table_of",
            "per_channel_activations", "qdq_clips", "amax_of"]
 
 
 # ----- post-processing and validation -----------------------------------------------------------
+
+
+def post_process(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> None:
+    """The passes over the exported graph before it is validated and written (in place). One place, so a
+    new pass is one more call here."""
+    name_qdq_nodes(proto, scale_to_quantizer)
+    name_nodes_by_module(proto)  # engine layer names then read "stem.0/Conv + stem.2/Relu"
 
 
 def name_qdq_nodes(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> None:

@@ -28,6 +28,7 @@ from workbench.project.tables import (  # noqa: F401 - encode_array/decode_array
     TABLES,
     check_content,
     content_checksums,
+    create_engine_tables,
     create_finetune_tables,
     create_schema,
     decode_array,
@@ -257,6 +258,16 @@ def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS[1] = _migrate_1_to_2
+
+
+def _migrate_2_to_3(db: sqlite_utils.Database) -> None:
+    """Version 3 adds imported TensorRT engine reports (``engine_reports``); nothing else changes."""
+    create_engine_tables(db)
+    if "meta" in db.table_names():
+        db["meta"].upsert({"key": "schema_version", "value": "3"}, pk="key")
+
+
+MIGRATIONS[2] = _migrate_2_to_3
 
 
 def _upgrade_existing(db: sqlite_utils.Database) -> None:

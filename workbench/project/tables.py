@@ -20,6 +20,7 @@ import sqlite_utils
 from workbench.project.errors import ProjectError
 from workbench.project.model import (
     CalibrationRecord,
+    EngineReportRecord,
     ExportRecord,
     FallbackRecord,
     FinetuneRecord,
@@ -33,7 +34,7 @@ from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import FileDigest, ModelSpec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ARRAY_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "bool")
 
 
@@ -120,6 +121,12 @@ def create_schema(db: sqlite_utils.Database) -> None:
     db["exports"].create({"id": int, "created": str, "path": str, "settings": str, "report": str}, pk="id",
                          if_not_exists=True)
     create_finetune_tables(db)
+    create_engine_tables(db)
+
+
+def create_engine_tables(db: sqlite_utils.Database) -> None:
+    """Version 3: TensorRT engine reports imported into the project (workbench.engine, as JSON)."""
+    db["engine_reports"].create({"id": int, "created": str, "data": str}, pk="id", if_not_exists=True)
 
 
 def create_finetune_tables(db: sqlite_utils.Database) -> None:
@@ -131,7 +138,7 @@ def create_finetune_tables(db: sqlite_utils.Database) -> None:
 
 
 TABLES = ("meta", "model_source", "data_sources", "settings", "layers", "calibration_runs", "quantizer_stats",
-          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors")
+          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors", "engine_reports")
 
 
 def _dumps(value: Any) -> str:
@@ -200,6 +207,8 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
                 tensor_rows.append({"run_id": run.id, "kind": kind, "name": name, "data": data, "dtype": dtype,
                                     "shape": shape})
     db["finetune_tensors"].insert_all(tensor_rows, batch_size=100)
+    db["engine_reports"].insert_all([{"id": r.id, "created": r.created, "data": _dumps(r.data)}
+                                     for r in project.engine_reports])
 
 
 class _Damaged(Exception):
@@ -362,6 +371,12 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
             else:
                 run.amax[name] = _amax(array, "learned amax")
     project.finetunes = list(finetunes.values())
+    for row in db["engine_reports"].rows_where(order_by="id"):
+        with _row(path, "engine_reports", f"engine report {row.get('id')}"):
+            data = _json(row, "data")
+            if not isinstance(data, dict):
+                raise _Damaged("it holds no engine report.")
+            project.engine_reports.append(EngineReportRecord(int(row["id"]), str(row["created"]), data))
     return project
 
 

@@ -10,10 +10,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.graph.tree import module_notes
+from workbench.graph.tree import module_notes, module_role
 from workbench.project import QuantizerRecord
 from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
+from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
 
@@ -38,6 +39,11 @@ class LayerView:
     sensitivity_rank: int | None
     parameters: int
     notes: list[str] = field(default_factory=list)  # what building did to the layer, e.g. ["folded bn1"]
+    role: str = ""  # an attention quantizer's role, e.g. "query x key" (see workbench.graph.tree.module_role)
+
+    @property
+    def display_type(self) -> str:
+        return f"{self.type} ({self.role})" if self.role else self.type
 
 
 def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None) -> str:
@@ -92,7 +98,8 @@ def layer_views(session: Session) -> list[LayerView]:
                                descriptor_summary(input_fields, method) if decision.quantize else "float",
                                descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
                                amax, ranks.get(name), params,
-                               list(module_notes(module)) if module is not None else []))
+                               list(module_notes(module)) if module is not None else [],
+                               module_role(module) if module is not None else ""))
     return views
 
 
@@ -112,6 +119,9 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "layers": len(layers),
         "quantized_layers": sum(1 for layer in layers if layer.quantize),
         "float_layers": [layer.name for layer in layers if not layer.quantize],
+        # subclasses of quantizable layers with a forward of their own stay float (quant/replace.py says why)
+        "not_quantizable": [{"name": item.name, "type": item.float_type, "reason": item.reason}
+                            for item in (report.replacement.not_quantizable if report.replacement else [])],
         "calibration": None if run is None else {
             "method": run.method, "batches": run.num_batches, "quantizers": len(run.quantizers),
             "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
@@ -122,10 +132,24 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "folding": {"enabled": bool(project.settings.get("fold_bn", True)),
                     **(report.folding.to_dict() if report.folding is not None
                        else {"folded": [], "skipped": [], "failures": [], "max_relative_error": None})},
+        "functional": _functional_summary(report.functional),
         "finetune": _finetune_summary(session),
         "finetune_runs": len(project.finetunes),
         "settings": project.settings,
     }
+
+
+def _functional_summary(report: Any) -> dict[str, Any]:
+    """What the functional rewrite quantized, and every attention or module it could not, with why."""
+    if report is None:
+        return {"adds": 0, "concats": 0, "matmuls": 0, "attentions": 0, "unquantized_attention": [],
+                "not_traced": [], "left_float": 0}
+    return {"adds": len(report.adds), "concats": len(report.concats), "matmuls": len(report.matmuls),
+            "attentions": len(report.attentions),
+            "unquantized_attention": [{"module": s.owner, "reason": s.reason} for s in report.unquantized_attention],
+            "not_traced": [{"module": f.name or "<model>", "type": f.type_name, "reason": f.reason}
+                           for f in report.failures],
+            "left_float": len(report.skipped)}
 
 
 def _finetune_summary(session: Session) -> dict[str, Any] | None:
@@ -142,8 +166,9 @@ def _finetune_summary(session: Session) -> dict[str, Any] | None:
             "best_metric": result.best.metric, "history": [e.to_dict() for e in result.history]}
 
 
-def layer_shapes(model: nn.Module, sample: torch.Tensor) -> dict[str, dict[str, Any]]:
-    """Input, output and weight shapes of ``model``'s modules on one ``sample`` input.
+def layer_shapes(model: nn.Module, sample: Any) -> dict[str, dict[str, Any]]:
+    """Input, output and weight shapes of ``model``'s modules on one ``sample`` input (a tensor, or a dict of
+    keyword inputs).
 
     Keys are module names; values ``{"inputs": [shape, ...], "output": shape | None, "weight": shape | None}``.
     """
@@ -164,7 +189,8 @@ def layer_shapes(model: nn.Module, sample: torch.Tensor) -> dict[str, dict[str, 
     handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules() if name]
     try:
         with torch.no_grad():
-            model(sample)
+            args, kwargs = model_inputs((sample, None))
+            model(*args, **kwargs)
     finally:
         for handle in handles:
             handle.remove()

@@ -554,9 +554,13 @@ def check_input(expected: InputSpec | None, data: InputSpec, origin: str) -> Non
     if expected is None:
         return
     if expected.named or data.named:
-        if [n for n, _, _ in expected.named] != [n for n, _, _ in data.named] or any(
-                tuple(a[1]) != tuple(b[1]) for a, b in zip(expected.named, data.named)):
-            raise SourceError(f"{origin} gives inputs {data.describe() or 'by position'}, but the model input is "
+        if not expected.named:  # a shape typed for keyword inputs (--input-shape 128): each of them has it
+            fits = all(tuple(shape) == tuple(expected.shape) for _, shape, _ in data.named)
+        else:
+            fits = [n for n, _, _ in expected.named] == [n for n, _, _ in data.named] and all(
+                tuple(a[1]) == tuple(b[1]) for a, b in zip(expected.named, data.named))
+        if not fits:
+            raise SourceError(f"{origin} gives inputs {data.describe()}, but the model input is "
                               f"{expected.describe()}.")
         return
     if tuple(expected.shape) != tuple(data.shape):
