@@ -457,7 +457,7 @@ class MainWindow(QMainWindow):
     def offer_reload(self, path: str) -> bool:
         """Another process saved the open project: reload it from disk, or keep working on this copy."""
         session = self.controller.session
-        if session is None or self.controller.busy:
+        if session is None or self.controller.busy or not self.isVisible():
             return False
         unsaved = " Changes made here since the last save would be lost." if session.dirty else ""
         answer = QMessageBox.question(
