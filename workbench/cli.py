@@ -247,10 +247,13 @@ def _cmd_set(args: argparse.Namespace) -> int:
         raise UsageError("say which layers with --layer, --pattern, --type or --subtree.")
     if args.reset:
         changed["reset"] = session.reset_descriptor(targets)
+    notes: list[str] = []  # accepted, but the user should know (4-bit: simulation only)
     if args.input_desc:
         changed["input_descriptor"] = session.set_descriptor(targets, "input", **_parse_fields(args.input_desc))
+        notes += session.notes
     if args.weight_desc:
         changed["weight_descriptor"] = session.set_descriptor(targets, "weight", **_parse_fields(args.weight_desc))
+        notes += session.notes
     for rule in args.rule or []:
         name, _, value = rule.partition("=")
         rules = dict(session.project.settings["rules"])
@@ -283,8 +286,9 @@ def _cmd_set(args: argparse.Namespace) -> int:
     if not changed:
         raise UsageError("nothing to change: see 'workbench set --help'.")
     session.save()
-    _emit(args, changed, "\n".join(f"{what}: {', '.join(names) if names else 'no change'}"
-                                   for what, names in changed.items()))
+    text = "\n".join([f"{what}: {', '.join(names) if names else 'no change'}" for what, names in changed.items()]
+                     + [f"note: {note}" for note in notes])
+    _emit(args, {**changed, "notes": notes} if notes else changed, text)
     return EXIT_OK
 
 

@@ -67,6 +67,7 @@ from workbench.quant.batches import flat_tensors, model_device
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import ModelSnapshot, all_quantizers, is_quantizing, quantizer_names
+from workbench.quant.tensorrt_rules import tensorrt_check
 
 logger = logging.getLogger(__name__)
 
@@ -178,8 +179,17 @@ def _check_quantizers(model: nn.Module, names: dict[int, str],
     problems: dict[str, str] = {}
     active: dict[int, TensorQuantizer] = {}
     params: dict[int, ExportParams] = {}
+    # the layer type and role of each quantizer, for the TensorRT rules (any but a weight's is an activation's)
+    roles = {id(q): ("weight" if attr.startswith("_weight_quantizer") else "input", type(layer).__name__)
+             for layer in model.modules() for attr, child in layer.named_children()
+             for q in (child if isinstance(child, nn.ModuleList) else [child]) if isinstance(q, TensorQuantizer)}
     for module in all_quantizers(model):
         name = names[id(module)]
+        role, layer_type = roles.get(id(module), ("input", "layer"))
+        verdict = tensorrt_check(role, module._num_bits, module.axis, layer_type)
+        if verdict.error and is_quantizing(module):
+            problems[name] = verdict.error
+            continue
         if module._if_calib and not module._disabled:
             problems[name] = "still collecting calibration statistics (calibration did not finish)"
             continue

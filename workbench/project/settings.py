@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from workbench.quant import QuantDescriptor
+from workbench.quant.tensorrt_rules import tensorrt_check
 
 __all__ = ["DEFAULT_SETTINGS", "REBUILD_SETTINGS", "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
 
@@ -125,9 +126,14 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
             if fields is not None and not isinstance(fields, dict):
                 raise SettingsError(f"the default {role} descriptor is a mapping of fields or none, got {fields!r}.")
             try:
-                make_descriptor(fields)
+                made = make_descriptor(fields)
             except (TypeError, ValueError) as error:
                 raise SettingsError(f"the default {role} descriptor: {error}") from None
+            # a default applies to every layer type, so only the rule all of them share is checked here
+            if made is not None and role == "input":
+                verdict = tensorrt_check(role, made.num_bits, made.axis, "layer")
+                if verdict.error:
+                    raise SettingsError(f"the default input descriptor: {verdict.error}")
     elif key == "calibration":
         method, batches, percentile = checked.get("method"), checked.get("num_batches"), checked.get("percentile")
         if method is not None and method not in _CALIBRATION_METHODS:

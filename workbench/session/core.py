@@ -46,6 +46,7 @@ from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCa
 from workbench.quant.calibrate import run_model as _run_model
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
+from workbench.quant.tensorrt_rules import tensorrt_check
 from workbench.session import views
 from workbench.session.build import BuildReport, build_quantized, descriptor_of, fold_base, layer_of, quantizable
 from workbench.session.build import role_quantizer, to_numpy
@@ -74,6 +75,7 @@ class Session:
         self.trust_code = trust_code
         self.dirty = False
         self.file_changes: list[str] = []  # model/weights files that differ from when the project was made
+        self.notes: list[str] = []  # what the last edit accepted but the user should know (4-bit: simulation only)
         for key, value in DEFAULT_SETTINGS.items():
             project.settings.setdefault(key, copy.deepcopy(value))
         self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
@@ -316,9 +318,13 @@ class Session:
     def set_descriptor(self, names: Iterable[str], role: str, **fields: Any) -> list[str]:
         """Change descriptor fields of the ``role`` ("input" or "weight") quantizer of layers.
 
-        Fields are validated like :class:`QuantDescriptor`'s; the layer's current descriptor (override or
-        default) is the starting point, so one call can change just ``num_bits``.
+        Fields are validated like :class:`QuantDescriptor`'s and against what TensorRT builds
+        (:func:`~workbench.quant.tensorrt_rules.tensorrt_check`): a descriptor it cannot use raises
+        SessionError with the reason; one that only simulates (4-bit) is set and explained in :attr:`notes`.
+        The layer's current descriptor (override or default) is the starting point, so one call can
+        change just ``num_bits``.
         """
+        sim_only: dict[str, list[str]] = {}  # note -> layers
         if role not in ("input", "weight"):
             raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
         model = self.quantized_model()
@@ -338,14 +344,20 @@ class Session:
             updated.update(fields)
             updated.pop("name", None)
             try:
-                make_descriptor(updated)
+                made = make_descriptor(updated)
             except (TypeError, ValueError) as error:
                 raise SessionError(f"{name}: {error}") from error
+            verdict = tensorrt_check(role, made.num_bits, made.axis, self.project.layers[name].type)
+            if verdict.error:  # refused when set, not at export
+                raise SessionError(f"{name}: {verdict.error}")
+            if verdict.sim_only:
+                sim_only.setdefault(verdict.sim_only, []).append(name)
             if updated != current:
                 updates[name] = jsonable(updated)
         # applied only once every layer validated: an error leaves all of them as they were
         for name, updated in updates.items():
             setattr(self.project.layers[name], f"{role}_desc", updated)
+        self.notes = [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
         changed = list(updates)
         if changed:
             self._invalidate()

@@ -15,6 +15,7 @@ from workbench.project import QuantizerRecord
 from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None)
     if calib == "hist" and method and method != "max":
         calib += f"/{method}"
     extras = " narrow" if fields.get("narrow_range") else ""
+    if bits != 8:  # simulates, but INT8 QDQ export refuses it (workbench.quant.tensorrt_rules)
+        extras += f", {SIM_ONLY}"
     return f"{kind} {granularity} {calib}{extras}"
 
 

@@ -1,0 +1,75 @@
+"""A new user's first hour with the CLI (issue 18): what they trip on, each fixed and checked end to end."""
+import json
+import shutil
+
+import onnx
+import pytest
+
+from workbench import cli
+
+
+def run(capsys, *args):
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def _template(tmp_path_factory):
+    path = tmp_path_factory.mktemp("template") / "digits.qwb"
+    code = cli.main([str(a) for a in ("new", path, "--model", "demo:digits", "--data", "demo:digits:train",
+                                      "--eval-data", "demo:digits:test", "--batch-size", "64", "--num-batches",
+                                      "2")])
+    assert code == 0
+    return path
+
+
+@pytest.fixture
+def project(_template, tmp_path):
+    path = tmp_path / "digits.qwb"
+    shutil.copy(_template, path)
+    return path
+
+
+# ----- 1. descriptors TensorRT cannot use ------------------------------------------------------------
+
+
+def test_a_weight_axis_tensorrt_cannot_use_is_refused_at_set_with_the_reason(project, capsys):
+    code, _, err = run(capsys, "set", project, "--layer", "stem.0", "--weight-desc", "axis=2")
+    assert code == 2
+    assert "stem.0: TensorRT takes Conv2d weights per-tensor (axis=none) or per output channel (axis=0), " \
+           "not axis=2" in err
+    code, out, _ = run(capsys, "show", project, "--json")
+    rows = {row["name"]: row for row in json.loads(out)["layer_table"]}
+    assert rows["stem.0"]["weight_summary"] == "int8 per-channel(0) max"  # unchanged
+
+
+def test_a_per_channel_activation_is_refused_at_set(project, capsys):
+    code, _, err = run(capsys, "set", project, "--layer", "fc", "--input-desc", "axis=1")
+    assert code == 2 and "per-tensor only (axis=none)" in err and "fc:" in err
+
+
+def test_per_tensor_weights_are_accepted(project, capsys):
+    code, out, err = run(capsys, "set", project, "--layer", "fc", "--weight-desc", "axis=none")
+    assert code == 0, err
+    assert "note:" not in out
+
+
+def test_4_bit_weights_are_accepted_as_simulation_only_marked_and_refused_by_export(project, tmp_path, capsys):
+    code, out, err = run(capsys, "set", project, "--type", "Conv2d", "--weight-desc", "num_bits=4")
+    assert code == 0, err
+    assert "note: stem.0, block.conv1, block.conv2, expand.0: 4-bit weights are for simulation and fine-tuning " \
+           "only (sim only)" in out
+    code, out, _ = run(capsys, "show", project)
+    assert "int4 per-channel(0) max, sim only" in out
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+    code, _, err = run(capsys, "export", project, "-o", tmp_path / "x.onnx")
+    assert code == 2 and "8-bit" in err and not (tmp_path / "x.onnx").exists()
+
+
+def test_the_default_input_descriptor_is_checked_too(project, capsys):
+    from workbench.session import Session, SessionError
+
+    session = Session.open(project)
+    with pytest.raises(SessionError, match="per-tensor only"):
+        session.set_setting("defaults", {"input": {"calib_method": "histogram", "axis": 1}, "weight": None})
