@@ -73,3 +73,41 @@ def test_the_default_input_descriptor_is_checked_too(project, capsys):
     session = Session.open(project)
     with pytest.raises(SessionError, match="per-tensor only"):
         session.set_setting("defaults", {"input": {"calib_method": "histogram", "axis": 1}, "weight": None})
+
+
+# ----- 2. one source of truth for defaults -----------------------------------------------------------
+
+
+def _help(capsys, command):
+    assert cli.main([command, "--help"]) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_shows_the_defaults_that_run(tmp_path, capsys):
+    from workbench.project.settings import DEFAULT_SETTINGS
+
+    defaults = DEFAULT_SETTINGS["calibration"]
+    calibrate_help, new_help = _help(capsys, "calibrate"), _help(capsys, "new")
+    assert f"new projects: {defaults['num_batches']})" in calibrate_help
+    assert f"in percent (0-100], e.g. 99.9 (default: the project's; new projects: {defaults['percentile']})" \
+        in calibrate_help
+    assert "default: all" not in new_help and f"(default: {defaults['num_batches']}, or all" in new_help
+    assert f"(default: {DEFAULT_SETTINGS['metric']['name']})" in new_help
+
+    # a project on more batches than the default: calibration runs exactly as many as the help says
+    path = tmp_path / "many.qwb"
+    assert run(capsys, "new", path, "--model", "demo:digits", "--data", "demo:digits:train", "--batch-size",
+               "4")[0] == 0
+    code, out, err = run(capsys, "show", path)
+    assert f"settings: calibration {defaults['method']} on {defaults['num_batches']} batches (percentile " \
+           f"{defaults['percentile']}%), metric {DEFAULT_SETTINGS['metric']['name']}" in out
+    code, out, err = run(capsys, "calibrate", path, "--method", "max", "--json")
+    assert code == 0, err
+    assert json.loads(out)["batches"] == defaults["num_batches"]
+
+
+def test_new_num_batches_is_what_calibration_uses(project, capsys):
+    code, out, err = run(capsys, "calibrate", project, "--method", "max", "--json")
+    assert code == 0 and json.loads(out)["batches"] == 2
+    code, out, _ = run(capsys, "show", project, "--json")
+    assert json.loads(out)["settings"]["calibration"]["num_batches"] == 2

@@ -170,6 +170,10 @@ def _cmd_new(args: argparse.Namespace) -> int:
     if evaluation is not None:
         evaluation.num_batches = None
     settings: dict[str, Any] = {}
+    if args.num_batches is not None:  # what the help says: calibration uses this many, not the default
+        from workbench.project.settings import DEFAULT_SETTINGS
+
+        settings["calibration"] = {**DEFAULT_SETTINGS["calibration"], "num_batches": args.num_batches}
     if args.metric:
         settings["metric"] = {"name": args.metric, "direction": args.metric_direction}
     session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
@@ -193,6 +197,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
     lines.append("  calibration: " + ("none yet" if run is None else
                                       f"{run['method']} on {run['batches']} batches, output SQNR "
                                       f"{_fmt(run['output_sqnr_db'], ' dB')}"))
+    settings = summary["settings"]
+    calibration = settings["calibration"]
+    lines.append(f"  settings: calibration {calibration['method']} on {calibration['num_batches'] or 'all'} batches "
+                 f"(percentile {calibration['percentile']}%), metric {settings['metric']['name']}")
     lines.extend(_folding_lines(summary["folding"]))
     tuned = summary["finetune"]
     if tuned is not None:
@@ -424,6 +432,11 @@ def _cmd_gui(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from workbench.project.settings import DEFAULT_SETTINGS
+
+    # every default a help text names is read from the project settings' defaults: one source of truth
+    calib_defaults, tune_defaults = DEFAULT_SETTINGS["calibration"], DEFAULT_SETTINGS["finetune"]
+    default_metric = DEFAULT_SETTINGS["metric"]["name"]
     parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
                                      "PyTorch models for TensorRT.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
@@ -452,7 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
     new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224")
     new.add_argument("--batch-size", type=int, default=32)
-    new.add_argument("--num-batches", type=int, help="calibration batches to use (default: all)")
+    new.add_argument("--num-batches", type=int, help="calibration batches to use (default: "
+                     f"{calib_defaults['num_batches']}, or all the data has if fewer)")
     new.add_argument("--shuffle", action="store_true")
     new.add_argument("--seed", type=int, default=0)
     new.add_argument("--resize", type=int, help="images: resize the shorter side to this")
@@ -460,7 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")
     new.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by")
     new.add_argument("--grayscale", action="store_true", help="images: one channel")
-    new.add_argument("--metric", help="sqnr, cosine, mse, top1, or module:function / file.py:function")
+    new.add_argument("--metric", help="sqnr, cosine, mse, top1, or module:function / file.py:function "
+                     f"(default: {default_metric})")
     new.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")
     new.add_argument("--force", action="store_true", help="overwrite an existing project file")
     new.set_defaults(func=_cmd_new)
@@ -490,15 +505,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     cal = project_command("calibrate", "calibrate on the project's calibration data")
     cal.add_argument("--method", choices=["entropy", "mse", "percentile", "max"],
-                     help="amax method of histogram quantizers (default: the project's, entropy)")
-    cal.add_argument("--num-batches", type=int)
-    cal.add_argument("--percentile", type=float)
+                     help=f"amax method of histogram quantizers (default: the project's; new projects: "
+                          f"{calib_defaults['method']})")
+    cal.add_argument("--num-batches", type=int, help="calibration batches to use (default: the project's; new "
+                                                     f"projects: {calib_defaults['num_batches']})")
+    cal.add_argument("--percentile", type=float,
+                     help="for --method percentile: the share of values below amax, in percent (0-100], e.g. "
+                          f"99.9 (default: the project's; new projects: {calib_defaults['percentile']})")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
     cal.set_defaults(func=_cmd_calibrate)
 
     sens = project_command("sensitivity", "rank layers by sensitivity; optionally search a fallback set")
     sens.add_argument("--scheme", choices=["one-off", "one-on"], default="one-off")
-    sens.add_argument("--metric", help="override the project's metric")
+    sens.add_argument("--metric", help=f"override the project's metric (new projects: {default_metric})")
     sens.add_argument("--metric-direction", choices=["higher", "lower"])
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
     sens.add_argument("--top", type=int, default=10, help="how many layers to print")
@@ -518,15 +537,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=_cmd_export)
 
     tune = project_command("finetune", "quantization-aware fine-tuning of the calibrated model (amax fixed)")
-    tune.add_argument("--epochs", type=int, help="passes over the training data (recipe: ~10%% of the original)")
-    tune.add_argument("--lr", type=float, help="starting learning rate (recipe: 1%% of the original)")
+    tune.add_argument("--epochs", type=int, help="passes over the training data (recipe: ~10%% of the original; "
+                                                 f"default: {tune_defaults['epochs']})")
+    tune.add_argument("--lr", type=float, help="starting learning rate (recipe: 1%% of the original; default: "
+                                               f"{tune_defaults['lr']})")
     tune.add_argument("--original-lr", type=float, help="derive --lr (and --epochs with --original-epochs) from "
                                                         "the original training by the reference recipe")
     tune.add_argument("--original-epochs", type=int, help="the original training's epochs")
     tune.add_argument("--optimizer", choices=["sgd", "adam"])
     tune.add_argument("--schedule", choices=["cosine", "constant"],
                       help="cosine: anneal to 1%% of --lr by the last step (default)")
-    tune.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
+    tune.add_argument("--momentum", type=float, help=f"SGD momentum (default: {tune_defaults['momentum']})")
     tune.add_argument("--weight-decay", type=float)
     tune.add_argument("--steps-per-epoch", type=int, help="stop each epoch after this many batches")
     tune.add_argument("--loss", help="cross_entropy (default, needs labels) or a function fn(outputs, targets) "
