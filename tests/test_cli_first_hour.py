@@ -1,6 +1,8 @@
 """A new user's first hour with the CLI (issue 18): what they trip on, each fixed and checked end to end."""
 import json
 import shutil
+import subprocess
+import sys
 
 import onnx
 import pytest
@@ -111,3 +113,29 @@ def test_new_num_batches_is_what_calibration_uses(project, capsys):
     assert code == 0 and json.loads(out)["batches"] == 2
     code, out, _ = run(capsys, "show", project, "--json")
     assert json.loads(out)["settings"]["calibration"]["num_batches"] == 2
+
+
+# ----- 3. values that are almost certainly a mistake -------------------------------------------------
+
+
+def test_a_percentile_under_50_is_refused_unless_forced_and_each_warning_prints_once(project, capsys):
+    code, _, err = run(capsys, "calibrate", project, "--method", "percentile", "--percentile", "0.999")
+    assert code == 2 and "did you mean 99.9?" in err and "--force" in err
+    code, out, _ = run(capsys, "show", project)
+    assert "calibration: none yet" in out  # nothing was saved
+
+    # in a process of its own, so that the library's logging prints as it does for a user
+    result = subprocess.run([sys.executable, "-m", "workbench", "calibrate", str(project), "--method", "percentile",
+                             "--percentile", "0.999", "--force"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    printed = [line.split(" ", 1)[1] for line in (result.stdout + result.stderr).splitlines()
+               if line.startswith(("warning: ", "WARNING "))]
+    assert printed and len(printed) == len(set(printed))
+
+
+def test_a_percentile_setting_under_50_is_refused_with_the_value_meant(project):
+    from workbench.session import Session, SessionError
+
+    with pytest.raises(SessionError, match=r"did you mean 99\.99\?"):
+        Session.open(project).set_setting("calibration", {"method": "percentile", "num_batches": 2,
+                                                          "percentile": 0.01})

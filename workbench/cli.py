@@ -300,11 +300,44 @@ def _cmd_set(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _HeldWarnings(logging.Filter):
+    """Holds back the library's logged warnings while a job runs, so that the command prints each one once,
+    with its result (a calibration logs its warnings and returns them too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and record.name.startswith("workbench"):
+            self.messages.append(record.getMessage())
+            return False
+        return True
+
+    def __enter__(self) -> _HeldWarnings:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(self)
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self)
+        if exc_type is not None:  # the job failed: what it warned about before still reaches the user
+            for message in dict.fromkeys(self.messages):
+                print(f"workbench: warning: {message}", file=sys.stderr)
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from workbench.project.settings import percentile_mistake
+
+    mistake = None if args.percentile is None or args.force else percentile_mistake(args.percentile)
+    if mistake:
+        raise UsageError(f"{mistake} (--force calibrates with {args.percentile:g} anyway)")
     session = _open(args)
-    with _Progress(args, "calibrating") as progress:
+    with _Progress(args, "calibrating") as progress, _HeldWarnings() as held:
         result = session.calibrate(method=args.method, num_batches=args.num_batches, percentile=args.percentile,
                                    progress=progress, cancel=progress.cancel)
+    result.warnings = list(dict.fromkeys(result.warnings + held.messages))  # each once
     session.save()
     data = {"summary": result.summary(), "method": result.method, "batches": result.num_batches,
             "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
@@ -512,6 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--percentile", type=float,
                      help="for --method percentile: the share of values below amax, in percent (0-100], e.g. "
                           f"99.9 (default: the project's; new projects: {calib_defaults['percentile']})")
+    cal.add_argument("--force", action="store_true", help="use a --percentile under 50 (almost always a fraction "
+                                                          "typed for a percent: 0.999 for 99.9)")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
     cal.set_defaults(func=_cmd_calibrate)
 

@@ -16,7 +16,7 @@ import torch
 from workbench.quant import QuantDescriptor
 from workbench.quant.tensorrt_rules import tensorrt_check
 
-__all__ = ["DEFAULT_SETTINGS", "REBUILD_SETTINGS", "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
+__all__ = ["DEFAULT_SETTINGS", "PERCENTILE_FLOOR", "REBUILD_SETTINGS", "percentile_mistake", "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "defaults": {"input": {"calib_method": "histogram"}, "weight": None},
@@ -143,6 +143,9 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
         if percentile is not None and (isinstance(percentile, bool) or not isinstance(percentile, (int, float))
                                        or not 0 < percentile <= 100):
             raise SettingsError(f"The calibration percentile is a number in (0, 100], got {percentile!r}.")
+        mistake = percentile_mistake(percentile) if percentile is not None else None
+        if mistake:
+            raise SettingsError(mistake)
     elif key == "export":
         opset, path = checked.get("opset"), checked.get("path")
         if opset is not None and (not _is_int(opset) or opset < 1):
@@ -153,6 +156,21 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
                  if name in checked and not isinstance(checked[name], bool)]
         if wrong:
             raise SettingsError(f"export {', '.join(wrong)} must be true or false.")
+
+
+# A percentile under this is almost certainly a fraction typed where a percent was meant (0.999 for 99.9).
+PERCENTILE_FLOOR = 50.0
+
+
+def percentile_mistake(percentile: float) -> str | None:
+    """Why ``percentile`` (in percent) is almost certainly a mistake, with the value likely meant; None when
+    it looks intended (at least :data:`PERCENTILE_FLOOR`). The CLI lets a user insist (``--force``)."""
+    if percentile >= PERCENTILE_FLOOR:
+        return None
+    candidates = ([percentile * 100] if 0 < percentile <= 1 else []) + [100 - percentile]
+    meant = next(c for c in candidates if c >= PERCENTILE_FLOOR)
+    return (f"The percentile is in percent: {percentile:g} would set amax where only {percentile:g}% of the "
+            f"values lie below it, clipping almost everything; did you mean {round(meant, 6):g}?")
 
 
 def checked_setting(key: str, value: Any) -> Any:
