@@ -1,8 +1,10 @@
 """A new user's first hour with the CLI (issue 18): what they trip on, each fixed and checked end to end."""
 import json
+import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -139,3 +141,40 @@ def test_a_percentile_setting_under_50_is_refused_with_the_value_meant(project):
     with pytest.raises(SessionError, match=r"did you mean 99\.99\?"):
         Session.open(project).set_setting("calibration", {"method": "percentile", "num_batches": 2,
                                                           "percentile": 0.01})
+
+
+# ----- 4. the README's fallback example, SQNR tolerance, exit code ------------------------------------
+
+
+def _readme_commands() -> list[list[str]]:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("## The command line", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    joined = block.replace("\\\n", " ")
+    return [shlex.split(line, comments=True)[1:] for line in joined.splitlines() if line.strip()]
+
+
+def test_the_readme_s_command_line_runs_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    commands = _readme_commands()
+    assert any(c[0] == "sensitivity" and "--target" in c for c in commands)
+    for command in commands:
+        if command[0] == "finetune":  # the training itself is covered by test_cli; keep this test short
+            command += ["--steps-per-epoch", "2"]
+        code, out, err = run(capsys, *command)
+        assert code == 0, (command, err)
+        if command[0] == "sensitivity":
+            assert "fallback search (target 30) reached" in out
+
+
+def test_sqnr_tolerance_counts_from_int8_and_an_unreached_goal_exits_3(project, capsys):
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+    code, out, err = run(capsys, "sensitivity", project, "--tolerance", "2", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    start = data["sensitivity"]["quantized"]
+    assert data["fallback"]["target"] == pytest.approx(start + 2) and data["fallback"]["reached"]
+    assert "counts from the all-INT8 value" in data["fallback"]["goal_note"]
+
+    code, out, err = run(capsys, "sensitivity", project, "--target", "500", "--max-units", "1")
+    assert code == 3 and "not reached" in out
+    assert "did not reach its goal (exit 3)" in err

@@ -1,6 +1,7 @@
 """The ``workbench`` command line: the headless twin of the GUI, over :mod:`workbench.session`.
 
-Exit codes: 0 success, 2 bad input or usage (one clear line on stderr), 1 internal error. Tracebacks
+Exit codes: 0 success, 2 bad input or usage (one clear line on stderr), 1 internal error, 3 a fallback
+search that ran but did not reach its goal. Tracebacks
 only with ``--debug``. ``--json`` prints machine-readable results on stdout.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from workbench import __version__
 logger = logging.getLogger("workbench")
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+EXIT_NOT_REACHED = 3  # a search ran and was saved, but did not reach its goal (sensitivity --target/--tolerance)
 
 
 class UsageError(Exception):
@@ -370,8 +372,15 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
         result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
                                      progress=progress, cancel=progress.cancel)
         fallback = None
-        if args.tolerance is not None or args.target is not None:
-            fallback = session.fallback(tolerance=args.tolerance, target=args.target, max_units=args.max_units,
+        tolerance, target, goal_note = args.tolerance, args.target, None
+        if tolerance is not None and target is None and not math.isfinite(result.fp32):
+            # no gap to an infinite FP32 value (SQNR) can close: the tolerance counts from the INT8 start
+            target = result.quantized + (tolerance if result.higher_is_better else -tolerance)
+            goal_note = (f"FP32 {result.metric_name} is {result.fp32}: --tolerance {tolerance:g} counts from the "
+                         f"all-INT8 value {result.quantized:.4g}, so the target is {target:.4g}")
+            tolerance = None
+        if tolerance is not None or target is not None:
+            fallback = session.fallback(tolerance=tolerance, target=target, max_units=args.max_units,
                                         metric=metric, apply=args.apply, progress=progress, cancel=progress.cancel)
     session.save()
     data = {"sensitivity": result.to_dict()}
@@ -385,10 +394,17 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
         lines.append(f"  {unit.rank:>3}. {unit.name:<36} {_fmt(unit.value)}  ({versus})")
     if fallback is not None:
         data["fallback"] = fallback.to_dict()
+        if goal_note:
+            data["fallback"]["goal_note"] = goal_note
+            lines.append(goal_note)
         lines.append(fallback.summary())
         if args.apply:
             lines.append("applied: the chosen layers are left in float in the project")
     _emit(args, data, "\n".join(lines))
+    if fallback is not None and not fallback.reached:  # scripts can tell: the ranking and the curve are saved
+        print(f"workbench: the fallback search did not reach its goal (exit {EXIT_NOT_REACHED}); "
+              "the ranking and the search are saved in the project", file=sys.stderr)
+        return EXIT_NOT_REACHED
     return EXIT_OK
 
 
@@ -556,7 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     sens.add_argument("--metric-direction", choices=["higher", "lower"])
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
     sens.add_argument("--top", type=int, default=10, help="how many layers to print")
-    sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32")
+    sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32 (for SQNR, whose "
+                                                      "FP32 value is infinite: this many dB above all-INT8)")
     sens.add_argument("--target", type=float, help="fallback search: reach this metric value instead")
     sens.add_argument("--max-units", type=int, help="fallback search: at most this many layers in float")
     sens.add_argument("--apply", action="store_true", help="leave the fallback's layers in float in the project")
