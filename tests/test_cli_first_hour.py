@@ -4,9 +4,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
-import onnx
+import numpy as np
 import pytest
 
 from workbench import cli
@@ -178,3 +179,76 @@ def test_sqnr_tolerance_counts_from_int8_and_an_unreached_goal_exits_3(project, 
     code, out, err = run(capsys, "sensitivity", project, "--target", "500", "--max-units", "1")
     assert code == 3 and "not reached" in out
     assert "did not reach its goal (exit 3)" in err
+
+
+# ----- 5. trust remembered ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def code_project(tmp_path, monkeypatch, capsys):
+    """A project on a model factory in a file next to it, trusted once at `new`."""
+    config = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    (tmp_path / "net.py").write_text(textwrap.dedent("""
+        from torch import nn
+        def make():
+            return nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten())
+    """))
+    np.save(tmp_path / "x.npy", np.zeros((4, 3, 5, 5), dtype=np.float32))
+    path = tmp_path / "p.qwb"
+    code, _, err = run(capsys, "new", path, "--model", f"{tmp_path}/net.py:make", "--data", tmp_path / "x.npy",
+                       "--trust-code")
+    assert code == 0, err
+    return path
+
+
+def test_trust_given_once_is_remembered_for_this_file_and_this_code(code_project, tmp_path, capsys):
+    store = tmp_path / "config" / "quant-workbench" / "trust.json"
+    record = json.loads(store.read_text())["projects"][str(code_project.resolve())]
+    assert len(record["sha256"]) == 64 and record["references"][0]["files"] == [str(tmp_path / "net.py")]
+
+    code, out, err = run(capsys, "calibrate", code_project, "--method", "max")  # no flag needed
+    assert code == 0, err
+    code, out, err = run(capsys, "calibrate", code_project, "--method", "max", "--no-trust")
+    assert code == 2 and "workbench trust" in err
+
+    # the code changes: asked again, and told why
+    (tmp_path / "net.py").write_text((tmp_path / "net.py").read_text() + "\nprint('surprise')\n")
+    code, _, err = run(capsys, "calibrate", code_project, "--method", "max")
+    assert code == 2 and "its code changed since (net.py)" in err and "surprise" not in err
+    code, out, err = run(capsys, "show", code_project)  # described without running it
+    assert code == 0, err
+    assert "not loaded: its code changed since it was trusted" in out and "surprise" not in out
+    assert f"model: net.py:make: importing net.py runs its code ({tmp_path}/net.py)" in out
+    code, out, _ = run(capsys, "show", code_project, "--json")
+    assert json.loads(out)["trust"] == "changed" and json.loads(out)["code"][0]["role"] == "model"
+
+    code, out, err = run(capsys, "trust", code_project)
+    assert code == 0 and "trusted" in out
+    code, out, err = run(capsys, "calibrate", code_project, "--method", "max")
+    assert code == 0 and "surprise" in out  # the user's code runs now, as trusted
+
+
+def test_a_copied_project_asks_again_and_untrust_forgets(code_project, tmp_path, capsys):
+    copy = tmp_path / "copy.qwb"
+    shutil.copy(code_project, copy)
+    code, out, err = run(capsys, "show", copy)
+    assert code == 0 and "not trusted on this machine yet" in out and "workbench trust" in out
+    code, _, err = run(capsys, "calibrate", copy)
+    assert code == 2 and "--trust-code" in err
+
+    code, out, _ = run(capsys, "untrust", code_project)
+    assert code == 0 and "trust forgotten" in out
+    code, _, err = run(capsys, "calibrate", code_project)
+    assert code == 2 and "--trust-code" in err
+
+
+def test_the_session_opens_a_trusted_project_without_a_flag(code_project):
+    """The GUI opens projects through the session: it needs no flag either."""
+    from workbench.session import Session
+    from workbench.sources.errors import TrustRequired
+
+    assert Session.open(code_project).trust_code
+    assert Session.trust_status(code_project) == "trusted"
+    with pytest.raises(TrustRequired):
+        Session.open(code_project, remembered=False)

@@ -97,8 +97,38 @@ class _Progress:
 
 def _open(args: argparse.Namespace):
     from workbench.session import Session
+    from workbench.sources.errors import TrustRequired
 
-    return Session.open(args.project, trust_code=args.trust_code)
+    try:
+        return Session.open(args.project, trust_code=args.trust_code, remembered=not args.no_trust)
+    except TrustRequired as error:
+        raise TrustRequired(f"{error} To trust it once and for later commands: workbench trust {args.project} "
+                            f"(or --trust-code); 'workbench show {args.project}' says what it runs.") from None
+
+
+def _untrusted_summary(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``workbench show`` on a project whose code is not trusted: what it would run and why, running none of it."""
+    from workbench.project import load_project
+    from workbench.session import Session
+
+    project = load_project(args.project)
+    references = Session.code_references(args.project)
+    status = "changed" if Session.trust_status(args.project) == "changed" else "untrusted"
+    data = {"name": project.name, "path": str(Path(args.project).resolve()), "trusted": False, "trust": status,
+            "model": project.model.label, "data": {role: spec.label for role, spec in project.data.items()},
+            "layers": len(project.layers), "calibrations": len(project.calibrations),
+            "code": [reference.to_dict() for reference in references]}
+    why = ("its code changed since it was trusted" if status == "changed"
+           else "it runs code that is not trusted on this machine yet")
+    lines = [f"{project.name} ({data['path']})", f"  model: {project.model.label} (not loaded: {why})",
+             "  data: " + ", ".join(f"{k} {v}" for k, v in data["data"].items()),
+             f"  layers: {len(project.layers)}, calibration runs: {len(project.calibrations)}",
+             "  code it would run (each needs your trust):"]
+    for reference in references:
+        files = ", ".join(reference.files) or "no file found next to the project"
+        lines.append(f"    {reference.role}: {reference.spec}: {reference.why} ({files})")
+    lines.append(f"  read that code; to trust it: workbench trust {args.project} (remembered until the code changes)")
+    return data, "\n".join(lines)
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
@@ -189,7 +219,14 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    session = _open(args)
+    from workbench.sources.errors import TrustRequired
+
+    try:
+        session = _open(args)
+    except TrustRequired:
+        data, text = _untrusted_summary(args)
+        _emit(args, data, text)
+        return EXIT_OK
     layers = session.layers()  # the summary counts them too: listed once
     summary = session.summary(layers)
     summary["layer_table"] = [layer.__dict__ for layer in layers]
@@ -229,6 +266,32 @@ def _folding_lines(folding: dict[str, Any]) -> list[str]:
     lines = [f"  BatchNorm folding: on, {len(folding['folded'])} folded: {pairs}"]
     lines += [f"    not folded: {item['bn']}: {item['reason']}" for item in folding["skipped"]]
     return lines
+
+
+def _cmd_trust(args: argparse.Namespace) -> int:
+    from workbench.session import Session
+    from workbench.sources.trust import remember_trust
+
+    references = Session.code_references(args.project)  # reads the file, runs nothing
+    if not references:
+        _emit(args, {"trusted": True, "code": []}, f"{args.project} runs no code of its own: nothing to trust.")
+        return EXIT_OK
+    store = remember_trust(args.project, references)
+    lines = [f"trusted {args.project}: later commands and the GUI run its code without --trust-code, until it "
+             f"changes (recorded in {store}):"]
+    lines += [f"  {r.role}: {r.spec} ({', '.join(r.files) or 'no file found'})" for r in references]
+    _emit(args, {"trusted": True, "store": str(store), "code": [r.to_dict() for r in references]}, "\n".join(lines))
+    return EXIT_OK
+
+
+def _cmd_untrust(args: argparse.Namespace) -> int:
+    from workbench.sources.trust import forget_trust
+
+    forgotten = forget_trust(args.project)
+    _emit(args, {"forgotten": forgotten}, f"{args.project}: trust forgotten; its code runs again only with "
+                                          "--trust-code or 'workbench trust'" if forgotten
+          else f"{args.project}: no trust was recorded for it")
+    return EXIT_OK
 
 
 def _cmd_set(args: argparse.Namespace) -> int:
@@ -496,7 +559,10 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument("project", help="the project file (.qwb)")
         command.add_argument("--trust-code", action="store_true",
-                             help="allow running the project's model/data/metric code (entry points, pickles)")
+                             help="allow running the project's model/data/metric code (entry points, pickles), "
+                                  "and remember it for this project until that code changes")
+        command.add_argument("--no-trust", action="store_true",
+                             help="ignore the trust remembered for this project (its code does not run)")
         command.add_argument("--json", action="store_true", help="print the result as JSON")
         return command
 
@@ -529,8 +595,19 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--force", action="store_true", help="overwrite an existing project file")
     new.set_defaults(func=_cmd_new)
 
-    show = project_command("show", "print a project's model, data, layers and results")
+    show = project_command("show", "print a project's model, data, layers and results (untrusted: the code it "
+                                   "would run)")
     show.set_defaults(func=_cmd_show)
+
+    trust = sub.add_parser("trust", help="trust a project's code (model, data, metric, loss) from now on, until it "
+                                         "changes; 'workbench show' lists it first")
+    trust.add_argument("project", help="the project file (.qwb)")
+    trust.add_argument("--json", action="store_true", help="print the result as JSON")
+    trust.set_defaults(func=_cmd_trust)
+    untrust = sub.add_parser("untrust", help="forget the trust given to a project's code")
+    untrust.add_argument("project", help="the project file (.qwb)")
+    untrust.add_argument("--json", action="store_true", help="print the result as JSON")
+    untrust.set_defaults(func=_cmd_untrust)
 
     set_ = project_command("set", "quantize or ignore layers, set descriptors, rules and settings")
     set_.add_argument("--layer", action="append", help="a layer name (repeatable)")

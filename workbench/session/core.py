@@ -56,6 +56,8 @@ from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check
 from workbench.sources.errors import SourceError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
 from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
+from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, code_references, remember_trust
+from workbench.sources.trust import trust_status
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +123,27 @@ class Session:
         return session
 
     @classmethod
-    def open(cls, path: str | Path, *, trust_code: bool = False) -> Session:
-        """Open a project file; the model is rebuilt and its calibration restored without recalibrating."""
+    def open(cls, path: str | Path, *, trust_code: bool = False, remembered: bool = True) -> Session:
+        """Open a project file; the model is rebuilt and its calibration restored without recalibrating.
+
+        ``trust_code`` lets the project's code run and remembers that trust for this file and this code
+        (:mod:`workbench.sources.trust`); without it, trust remembered earlier for the same file and the
+        same code applies, unless ``remembered`` is False.
+        """
         path = Path(path)
         project = load_project(path)
-        session = cls(project, path=path, base_dir=path.parent, trust_code=trust_code)
+        references = _code_references(project, path.parent)
+        status = trust_status(path, references) if references and remembered and not trust_code else UNKNOWN
+        try:
+            session = cls(project, path=path, base_dir=path.parent, trust_code=trust_code or status == TRUSTED)
+        except TrustRequired as error:
+            if status != CHANGED:
+                raise
+            files = ", ".join(Path(f).name for r in references for f in r.files) or "its references"
+            raise TrustRequired(f"{error} It was trusted before, but its code changed since ({files}): check it "
+                                "before trusting it again.") from None
+        if trust_code and references:
+            remember_trust(path, references)
         if session.file_changes or not project.layers:
             session._sync_layers()  # the model may have new or fewer layers than the project knows
         model = session.quantized_model()  # rebuild now: errors surface on open, not on first use
@@ -145,9 +163,27 @@ class Session:
             self._rebase(target.parent)
         self.project.name = self.project.name or target.stem
         save_project(self.project, target)
+        if self.trust_code:  # the user trusts this code (and may have added some, a metric): remember it here
+            references = _code_references(self.project, target.parent)
+            if references:
+                remember_trust(target, references)
         self.path = target
         self.dirty = False
         return target
+
+    @staticmethod
+    def code_references(path: str | Path) -> list[CodeReference]:
+        """The code a project file would run (model, data, metric, loss) and why it needs trust, read
+        without running any of it; empty for a project that runs none."""
+        path = Path(path)
+        return _code_references(load_project(path), path.parent)
+
+    @staticmethod
+    def trust_status(path: str | Path) -> str:
+        """Whether the project's code is trusted as it is now: ``"trusted"``, ``"changed"`` (trusted before
+        the code changed) or ``"unknown"`` (never trusted, or a copy); ``"trusted"`` for one with no code."""
+        references = Session.code_references(path)
+        return trust_status(path, references) if references else TRUSTED
 
     def _rebase(self, new_base: Path) -> None:
         """Rewrite relative paths of the sources so that they stay valid next to the new file."""
@@ -813,6 +849,10 @@ class Session:
     def summary(self, layers: list[LayerView] | None = None) -> dict[str, Any]:
         """A JSON-able overview for ``workbench show`` (``layers``: :meth:`layers`, when the caller has them)."""
         return views.summary(self, layers)
+
+def _code_references(project: Project, base_dir: Path) -> list[CodeReference]:
+    return code_references(project.model, project.data, project.settings, base_dir)
+
 
 def _checked(key: str, value: Any) -> Any:
     """A setting's value as :func:`checked_setting` checks it, plus whether its metric exists; SessionError if not."""
