@@ -252,3 +252,56 @@ def test_the_session_opens_a_trusted_project_without_a_flag(code_project):
     assert Session.trust_status(code_project) == "trusted"
     with pytest.raises(TrustRequired):
         Session.open(code_project, remembered=False)
+
+
+# ----- 6. stale and inconsistent figures -------------------------------------------------------------
+
+
+def test_show_marks_the_output_sqnr_stale_after_descriptor_changes_and_fallbacks(project, capsys):
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+    code, out, _ = run(capsys, "show", project)
+    assert "output SQNR" in out and "stale" not in out
+    assert run(capsys, "set", project, "--layer", "stem.0", "--weight-desc", "axis=none")[0] == 0
+    code, out, _ = run(capsys, "show", project)
+    assert "(stale: 1 quantizer(s) have other descriptors than they were calibrated with; recalibrate" in out
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+    # an applied fallback leaves the most sensitive layer in float (the goal is out of reach: exit 3)
+    assert run(capsys, "sensitivity", project, "--target", "500", "--max-units", "1", "--apply")[0] == 3
+    code, out, _ = run(capsys, "show", project, "--json")
+    stale = json.loads(out)["calibration"]["output_sqnr_stale"]
+    assert len(stale) == 1 and "calibrated quantizer(s) are off now (layers left in float since)" in stale[0]
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+    code, out, _ = run(capsys, "show", project, "--json")
+    assert json.loads(out)["calibration"]["output_sqnr_stale"] == []
+
+
+def test_calibrate_and_show_count_the_same_quantizers_and_name_the_shared_ones(tmp_path, capsys):
+    (tmp_path / "net.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):  # a concat: its inputs share one quantizer (TensorRT's rule)
+            def __init__(self):
+                super().__init__()
+                self.stem = nn.Conv2d(3, 4, 3, padding=1)
+                self.a, self.b, self.head = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1), nn.Conv2d(8, 2, 1)
+
+            def forward(self, x):
+                x = torch.relu(self.stem(x))
+                return self.head(torch.cat([self.a(x), self.b(x)], 1))
+
+        def make():
+            return Net()
+    """))
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((8, 3, 8, 8), dtype=np.float32))
+    path = tmp_path / "cat.qwb"
+    assert run(capsys, "new", path, "--model", f"{tmp_path}/net.py:make", "--data", tmp_path / "x.npy",
+               "--batch-size", "4", "--trust-code")[0] == 0
+    code, out, err = run(capsys, "calibrate", path, "--method", "max")
+    assert code == 0, err
+    calibrated = int(out.split(" quantizers calibrated")[0])
+    code, out, _ = run(capsys, "show", path, "--json")
+    counts = json.loads(out)["calibration"]
+    assert counts["quantizers"] == calibrated and counts["quantizer_names"] == calibrated + 1
+    code, out, _ = run(capsys, "show", path)
+    assert f"{calibrated} quantizers ({calibrated + 1} names: 1 shared by a rule)" in out

@@ -233,9 +233,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
     lines = [f"{summary['name']} ({summary['path']})", f"  model: {summary['model_description']}",
              f"  input: {summary['input']}", "  data: " + ", ".join(f"{k} {v}" for k, v in summary["data"].items())]
     run = summary["calibration"]
-    lines.append("  calibration: " + ("none yet" if run is None else
-                                      f"{run['method']} on {run['batches']} batches, output SQNR "
-                                      f"{_fmt(run['output_sqnr_db'], ' dB')}"))
+    if run is None:
+        lines.append("  calibration: none yet")
+    else:
+        shared = run["quantizer_names"] - run["quantizers"]
+        counted = f"{run['quantizers']} quantizers" + (f" ({run['quantizer_names']} names: {shared} shared by a rule)"
+                                                         if shared else "")
+        stale = run["output_sqnr_stale"]
+        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR "
+                     f"{_fmt(run['output_sqnr_db'], ' dB')}" + (f" (stale: {'; '.join(stale)}; recalibrate "
+                                                                  "for a current figure)" if stale else ""))
     settings = summary["settings"]
     calibration = settings["calibration"]
     lines.append(f"  settings: calibration {calibration['method']} on {calibration['num_batches'] or 'all'} batches "

@@ -15,6 +15,7 @@ from workbench.project import QuantizerRecord
 from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.snapshot import quantizer_names
 from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
 
@@ -116,8 +117,9 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "quantized_layers": sum(1 for layer in layers if layer.quantize),
         "float_layers": [layer.name for layer in layers if not layer.quantize],
         "calibration": None if run is None else {
-            "method": run.method, "batches": run.num_batches, "quantizers": len(run.quantizers),
-            "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
+            "method": run.method, "batches": run.num_batches, **_calibrated_counts(session, run),
+            "output_sqnr_db": run.output_sqnr_db, "output_sqnr_stale": _stale_reasons(session, run),
+            "created": run.created, "warnings": run.warnings},
         "stale_quantizers": list(report.stale),
         "sensitivity_runs": len(project.sensitivity),
         "exports": [record.path for record in project.exports],
@@ -129,6 +131,34 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "finetune_runs": len(project.finetunes),
         "settings": project.settings,
     }
+
+
+def _calibrated_counts(session: Session, run: Any) -> dict[str, int]:
+    """``quantizers``: the quantizers calibrated, as calibration's own summary counts them (a quantizer two
+    layers share by a placement rule counts once); ``quantizer_names``: the names they are stored under
+    (a shared one under each of its names)."""
+    live = quantizer_names(session.quantized_model())
+    distinct = {id(live[name]) if name in live else name for name in run.quantizers}
+    return {"quantizers": len(distinct), "quantizer_names": len(run.quantizers)}
+
+
+def _stale_reasons(session: Session, run: Any) -> list[str]:
+    """Why the last calibration's output SQNR no longer describes the model as it is now (empty: it does)."""
+    reasons = []
+    report = session.build_report
+    live = quantizer_names(session.quantized_model())
+    active = {name for name, quantizer in live.items() if not quantizer._disabled and quantizer._if_quant}
+    if report.stale:
+        reasons.append(f"{len(report.stale)} quantizer(s) have other descriptors than they were calibrated with")
+    off = sorted(name for name in run.quantizers if name not in active)
+    if off:
+        reasons.append(f"{len(off)} calibrated quantizer(s) are off now (layers left in float since)")
+    new = sorted(name for name in active if name not in run.quantizers)
+    if new:
+        reasons.append(f"{len(new)} quantizer(s) are new since (not calibrated)")
+    if session.project.current_finetune is not None:
+        reasons.append("the weights were fine-tuned since")
+    return reasons
 
 
 def _finetune_summary(session: Session) -> dict[str, Any] | None:
