@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from workbench import cli
@@ -305,3 +306,29 @@ def test_calibrate_and_show_count_the_same_quantizers_and_name_the_shared_ones(t
     assert counts["quantizers"] == calibrated and counts["quantizer_names"] == calibrated + 1
     code, out, _ = run(capsys, "show", path)
     assert f"{calibrated} quantizers ({calibrated + 1} names: 1 shared by a rule)" in out
+
+
+# ----- 7. files a user can share ---------------------------------------------------------------------
+
+
+def test_export_into_a_new_folder_under_umask_022_lists_every_file_it_wrote(project, tmp_path, capsys):
+    import os
+    import stat
+
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+    target = tmp_path / "out" / "deeper" / "x.onnx"
+    previous = os.umask(0o022)
+    try:
+        code, out, err = run(capsys, "export", project, "-o", target, "--amax-json", "--calibration-cache")
+    finally:
+        os.umask(previous)
+    assert code == 0, err
+    files = [target, target.with_suffix(".amax.json"), target.with_suffix(".calib.cache")]
+    assert all(path.is_file() for path in files)
+    assert [stat.S_IMODE(path.stat().st_mode) for path in files] == [0o644] * 3
+    assert out.strip().splitlines()[-1] == "wrote: " + ", ".join(str(path) for path in files)
+    assert onnx.load(str(target)).graph.node  # a whole model, not a stub
+
+    missing = tmp_path / "never" / "x.onnx"  # a failed export leaves no folder behind
+    assert run(capsys, "export", project, "-o", missing, "--opset", "9")[0] == 2
+    assert not missing.parent.exists()

@@ -480,10 +480,22 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     session = _open(args)
-    report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
-                            amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None)
+    folder = Path(args.output).parent if args.output else None
+    made = folder is not None and not folder.exists()
+    if made:  # `-o out/x.onnx` into a folder that is not there yet: make it (and take it back if nothing lands)
+        folder.mkdir(parents=True)
+    try:
+        report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
+                                amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None)
+    except BaseException:
+        if made and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
     session.save()
-    _emit(args, report.to_dict(), report.summary())
+    written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
+                                                 report.float_onnx_path) if path]
+    _emit(args, {**report.to_dict(), "files": written},
+          report.summary() + "\nwrote: " + ", ".join(written))
     return EXIT_OK
 
 

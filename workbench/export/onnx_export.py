@@ -694,6 +694,9 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
         validation_started = time.perf_counter()
         fd, tmp_path = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp's 0600 would make the file unshareable: the usual mode
         onnx.save(proto, tmp_path)
         try:
             onnx.checker.check_model(tmp_path, full_check=True)
