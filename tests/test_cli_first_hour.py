@@ -332,3 +332,41 @@ def test_export_into_a_new_folder_under_umask_022_lists_every_file_it_wrote(proj
     missing = tmp_path / "never" / "x.onnx"  # a failed export leaves no folder behind
     assert run(capsys, "export", project, "-o", missing, "--opset", "9")[0] == 2
     assert not missing.parent.exists()
+
+
+# ----- 8. changing data after `new`; an evaluation that fails -----------------------------------------
+
+
+def test_set_changes_the_data_with_the_checks_of_new(project, tmp_path, capsys):
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).random((12, 1, 8, 8), dtype=np.float32))
+    np.savez(tmp_path / "eval.npz", x=np.zeros((6, 1, 8, 8), np.float32), y=np.zeros(6, np.int64))
+    code, out, err = run(capsys, "set", project, "--data", tmp_path / "calib.npy", "--batch-size", "4",
+                         "--eval-data", tmp_path / "eval.npz")
+    assert code == 0, err
+    assert "calibration data: calib.npy" in out and "evaluation data: eval.npz" in out
+    code, out, _ = run(capsys, "show", project, "--json")
+    assert json.loads(out)["data"] == {"calibration": "calib.npy", "evaluation": "eval.npz"}
+    code, out, err = run(capsys, "calibrate", project, "--method", "max", "--json")
+    assert code == 0 and json.loads(out)["batches"] == 2, err  # 12 samples, 4 a batch, at most 2 (from `new`)
+
+    np.save(tmp_path / "wrong.npy", np.zeros((4, 3, 8, 8), np.float32))
+    code, _, err = run(capsys, "set", project, "--data", tmp_path / "wrong.npy")
+    assert code == 2 and "gives inputs of shape (3, 8, 8) per sample, but the model input is (1, 8, 8)" in err
+    code, out, _ = run(capsys, "show", project, "--json")
+    assert json.loads(out)["data"]["calibration"] == "calib.npy"  # as it was
+
+
+def test_a_failed_evaluation_says_the_calibration_was_saved_and_the_evaluation_was_not(project, capsys,
+                                                                                       monkeypatch):
+    from workbench.session import Session
+
+    def broken(self, *args, **kwargs):
+        raise ValueError("the evaluation data ran out")
+
+    monkeypatch.setattr(Session, "evaluate", broken)
+    code, out, err = run(capsys, "calibrate", project, "--method", "max", "--evaluate")
+    assert code == 2 and "quantizers calibrated" in out
+    assert (f"the calibration was saved to {project}, but the evaluation failed and was not done: ValueError: "
+            "the evaluation data ran out") in err
+    code, out, _ = run(capsys, "show", project)
+    assert "calibration: max on 2 batches" in out

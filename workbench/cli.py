@@ -357,6 +357,17 @@ def _cmd_set(args: argparse.Namespace) -> int:
     if args.device:
         session.set_setting("device", args.device)
         changed["device"] = [args.device]
+    for role, text in (("calibration", args.data), ("evaluation", args.eval_data)):
+        if text:  # checked as `new` checks it: the inputs must fit the model
+            batch_size = args.batch_size or (session.project.data[role].batch_size if role in session.project.data
+                                              else session.project.data["calibration"].batch_size)
+            typed = _data_spec(text, args, batch_size)  # relative to where it was typed
+            if role == "evaluation":
+                typed.num_batches = None
+            session.set_data(role, typed.absolute(Path.cwd()).relative_to(session.base_dir))
+            changed[f"{role} data"] = [session.project.data[role].label]
+    if args.data and args.num_batches is not None:
+        session.set_setting("calibration", {**session.project.settings["calibration"], "num_batches": args.num_batches})
     if args.fold_bn is not None:
         session.set_setting("fold_bn", args.fold_bn == "on")
         folded = session.folded_layers()
@@ -415,13 +426,25 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
             "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
                                "nonfinite": q.nonfinite_count} for n, q in result.quantizers.items()}}
+    failed = None
     if args.evaluate:
-        data["evaluation"] = session.evaluate()
+        try:
+            data["evaluation"] = session.evaluate()
+        except Exception as error:  # noqa: BLE001 - the calibration is saved: say so, whatever went wrong
+            if args.debug:
+                raise
+            failed = error
+            data["evaluation"] = None
+            data["evaluation_error"] = f"{type(error).__name__}: {error}"
     lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
-    if args.evaluate:
+    if args.evaluate and failed is None:
         lines.append("evaluation: " + ", ".join(f"{k} {_fmt(v) if isinstance(v, float) else v}"
                                                for k, v in data["evaluation"].items()))
     _emit(args, data, "\n".join(lines))
+    if failed is not None:
+        print(f"workbench: error: the calibration was saved to {session.path}, but the evaluation failed and was "
+              f"not done: {data['evaluation_error']}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(failed, (ValueError, LookupError, OSError)) else EXIT_INTERNAL
     return EXIT_OK
 
 
@@ -562,6 +585,24 @@ def _cmd_gui(args: argparse.Namespace) -> int:
     return run_gui(project=args.project, demo=args.demo, trust_code=args.trust_code)
 
 
+def _data_options(command: argparse.ArgumentParser, default_batches: int, *, required: bool) -> None:
+    """The data options of ``new`` and of ``set`` (which changes a project's data with the same checks)."""
+    command.add_argument("--data", required=required, help="calibration data: a folder of images, a folder of "
+                         ".npy files, a tensor file (.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
+    command.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
+    command.add_argument("--batch-size", type=int, default=32 if required else None,
+                         help="samples per batch (default: 32" + ("" if required else "; set: as the data had") + ")")
+    command.add_argument("--num-batches", type=int, help=f"calibration batches to use (default: {default_batches}, "
+                                                          "or all the data has if fewer)")
+    command.add_argument("--shuffle", action="store_true")
+    command.add_argument("--seed", type=int, default=0)
+    command.add_argument("--resize", type=int, help="images: resize the shorter side to this")
+    command.add_argument("--crop", type=int, help="images: center crop to this size")
+    command.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")
+    command.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by")
+    command.add_argument("--grayscale", action="store_true", help="images: one channel")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from workbench.project.settings import DEFAULT_SETTINGS
 
@@ -594,20 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--model-kwargs", help="keyword arguments of the factory: name=value,...")
     new.add_argument("--weights", help="state_dict file (.pt/.pth loaded with weights_only, or .safetensors)")
     new.add_argument("--code-dir", help="folder with the code a pickled model needs (default: its folder)")
-    new.add_argument("--data", required=True, help="calibration data: a folder of images, a tensor file "
-                                                   "(.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
-    new.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
     new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224")
-    new.add_argument("--batch-size", type=int, default=32)
-    new.add_argument("--num-batches", type=int, help="calibration batches to use (default: "
-                     f"{calib_defaults['num_batches']}, or all the data has if fewer)")
-    new.add_argument("--shuffle", action="store_true")
-    new.add_argument("--seed", type=int, default=0)
-    new.add_argument("--resize", type=int, help="images: resize the shorter side to this")
-    new.add_argument("--crop", type=int, help="images: center crop to this size")
-    new.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")
-    new.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by")
-    new.add_argument("--grayscale", action="store_true", help="images: one channel")
+    _data_options(new, calib_defaults["num_batches"], required=True)
     new.add_argument("--metric", help="sqnr, cosine, mse, top1, or module:function / file.py:function "
                      f"(default: {default_metric})")
     new.add_argument("--metric-direction", choices=["higher", "lower"], help="for a user metric")
@@ -644,6 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("--metric", help="the project's metric: sqnr, cosine, mse, top1, or an entry point")
     set_.add_argument("--metric-direction", choices=["higher", "lower"])
     set_.add_argument("--device", help="cpu, cuda, cuda:1 ...")
+    _data_options(set_, calib_defaults["num_batches"], required=False)
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)

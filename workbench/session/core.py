@@ -230,12 +230,24 @@ class Session:
         return self._data[role]
 
     def set_data(self, role: str, spec: DataSpec) -> None:
-        """Replace a data source; the new inputs must fit the model."""
+        """Replace a data source; the new inputs must fit the model (new calibration data is run through it
+        once, as :meth:`create` does). A refused source leaves the project's data as it was."""
         source = open_data(spec, trust_code=self.trust_code, base_dir=self.base_dir)
         if self.project.input_spec is not None:
             check_input(self.project.input_spec, source.input_spec(), spec.label)
+        previous = self.project.data.get(role), self._data.get(role)
         self.project.data[role] = spec
         self._data[role] = source
+        if role == "calibration":
+            try:
+                self.check_forward()
+            except SourceError:
+                for store, old in ((self.project.data, previous[0]), (self._data, previous[1])):
+                    if old is None:
+                        store.pop(role, None)
+                    else:
+                        store[role] = old
+                raise
         self.dirty = True
 
     def sample_inputs(self, batch: int = 1) -> torch.Tensor:
