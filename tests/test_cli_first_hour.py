@@ -106,7 +106,7 @@ def test_help_shows_the_defaults_that_run(tmp_path, capsys):
                "4")[0] == 0
     code, out, err = run(capsys, "show", path)
     assert f"settings: calibration {defaults['method']} on {defaults['num_batches']} batches (percentile " \
-           f"{defaults['percentile']}%), metric {DEFAULT_SETTINGS['metric']['name']}" in out
+           f"{defaults['percentile']}%), metric {DEFAULT_SETTINGS['metric']['name']}; placement rules concat on" in out
     code, out, err = run(capsys, "calibrate", path, "--method", "max", "--json")
     assert code == 0, err
     assert json.loads(out)["batches"] == defaults["num_batches"]
@@ -370,3 +370,84 @@ def test_a_failed_evaluation_says_the_calibration_was_saved_and_the_evaluation_w
             "the evaluation data ran out") in err
     code, out, _ = run(capsys, "show", project)
     assert "calibration: max on 2 batches" in out
+
+
+# ----- 9. smaller ------------------------------------------------------------------------------------
+
+
+def test_gui_without_a_display_says_how_to_get_one(monkeypatch, capsys):
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    code, _, err = run(capsys, "gui", "p.qwb")
+    assert code == 2 and "no display" in err and "xvfb-run -a workbench gui p.qwb" in err
+    assert "QT_QPA_PLATFORM=offscreen" in err
+
+
+def test_a_folder_of_npy_files_is_data_and_a_wrong_shape_is_named(project, tmp_path, capsys):
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    for i in range(6):
+        np.save(folder / f"{i:02d}.npy", np.full((1, 8, 8), i, np.float32))
+    code, out, err = run(capsys, "set", project, "--data", folder, "--batch-size", "4", "--mean", "0.5",
+                         "--resize", "8")
+    assert code == 0, err
+    assert "note: --resize, --mean apply to folders of images" in err and "ignored" in err
+    code, out, err = run(capsys, "calibrate", project, "--method", "max", "--json")
+    assert code == 0 and json.loads(out)["batches"] == 2, err  # 6 samples of 4: two batches
+
+    np.save(folder / "99.npy", np.zeros((1, 8, 9), np.float32))
+    code, _, err = run(capsys, "set", project, "--data", folder)
+    assert code == 2 and "99.npy: shape (1, 8, 9) float32, but 00.npy (the first file) is (1, 8, 8)" in err
+
+
+def test_help_texts_are_whole(capsys):
+    set_help = _help(capsys, "set")
+    assert "--rule RULE=true|false switch a TensorRT placement rule on or off (repeatable): concat, maxpool, " \
+           "residual (all on by default)" in set_help
+    assert "percent" in _help(capsys, "calibrate")
+
+
+def test_fine_tuning_unlabelled_data_says_how_to_give_labels(project, tmp_path, capsys):
+    np.save(tmp_path / "unlabelled.npy", np.zeros((8, 1, 8, 8), np.float32))
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+    code, _, err = run(capsys, "finetune", project, "--epochs", "1", "--train-data", tmp_path / "unlabelled.npy")
+    assert code == 2 and "an .npz holding two arrays, the inputs and the labels" in err
+    assert "--train-data" in (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def test_scripts_point_at_no_missing_notes_and_ignore_the_demo_output():
+    root = Path(__file__).resolve().parents[1]
+    for script in ("demo.sh", "test.sh", "setup-env.sh"):
+        text = (root / "scripts" / script).read_text()
+        for word in text.split():
+            if word.endswith(".md"):  # a notes file a comment points at must be in the repository
+                assert (root / "scripts" / word.strip("()")).resolve().is_file(), (script, word)
+    assert "/workbench-demo/" in (root / ".gitignore").read_text().split()
+
+
+def test_setup_env_skips_pip_install_when_nothing_changed(tmp_path):
+    """A second run of scripts/demo.sh does not reinstall: setup-env.sh keeps a stamp in the venv."""
+    root = Path(__file__).resolve().parents[1]
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    (venv / "bin" / "python").write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then echo "$*" >> "{log}"; exit 0; fi
+        exec "{sys.executable}" "$@"
+    """))
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / "bin" / "activate").write_text(f'export PATH="{venv / "bin"}:$PATH"\n')
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WORKBENCH_VENV": str(venv), "PYTHON": sys.executable,
+           "PYTHONPATH": str(root)}
+
+    def setup() -> int:
+        subprocess.run(["bash", "-c", f'source "{root}/scripts/setup-env.sh"'], env=env, check=True,
+                       capture_output=True, timeout=300)
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    assert setup() == 1
+    assert setup() == 1  # nothing changed: no pip install
+    env["WORKBENCH_EXTRAS"] = "test"
+    assert setup() == 2  # other extras: installed once more

@@ -169,14 +169,19 @@ def _cmd_version(args: argparse.Namespace) -> int:
 def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
     from workbench.sources.data_source import DataSpec, ImageOptions
 
-    image = None
-    if any(v is not None for v in (args.resize, args.crop, args.mean, args.std)) or args.grayscale:
-        image = ImageOptions(resize=args.resize, crop=args.crop,
-                             mean=tuple(args.mean or ((0.0,) if args.grayscale else (0.0, 0.0, 0.0))),
-                             std=tuple(args.std or ((1.0,) if args.grayscale else (1.0, 1.0, 1.0))),
-                             grayscale=args.grayscale)
-    return DataSpec.parse(text, batch_size=batch_size, num_batches=args.num_batches, shuffle=args.shuffle,
-                          seed=args.seed, image=image)
+    spec = DataSpec.parse(text, batch_size=batch_size, num_batches=args.num_batches, shuffle=args.shuffle,
+                          seed=args.seed)
+    given = [f"--{name}" for name in ("resize", "crop", "mean", "std") if getattr(args, name) is not None]
+    given += ["--grayscale"] if args.grayscale else []
+    if given and spec.kind != "images":  # said, not silently dropped: tensors are used as they are
+        print(f"workbench: note: {', '.join(given)} apply to folders of images; {text} is {spec.kind} data, used "
+              "as it is: ignored", file=sys.stderr)
+    elif given:
+        spec.image = ImageOptions(resize=args.resize, crop=args.crop,
+                                  mean=tuple(args.mean or ((0.0,) if args.grayscale else (0.0, 0.0, 0.0))),
+                                  std=tuple(args.std or ((1.0,) if args.grayscale else (1.0, 1.0, 1.0))),
+                                  grayscale=args.grayscale)
+    return spec
 
 
 def _typed_entrypoint(spec: str | None, session: Any) -> str | None:
@@ -246,7 +251,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     settings = summary["settings"]
     calibration = settings["calibration"]
     lines.append(f"  settings: calibration {calibration['method']} on {calibration['num_batches'] or 'all'} batches "
-                 f"(percentile {calibration['percentile']}%), metric {settings['metric']['name']}")
+                 f"(percentile {calibration['percentile']}%), metric {settings['metric']['name']}; placement rules "
+                 + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in settings["rules"].items()))
     lines.extend(_folding_lines(summary["folding"]))
     tuned = summary["finetune"]
     if tuned is not None:
@@ -576,7 +582,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _no_display_message(project: str | None) -> str | None:
+    """Why a window cannot open here and how to get one; None when it can (or when that cannot be told)."""
+    import os
+
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return None
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    command = "workbench gui" + (f" {project}" if project else "")
+    return (f"no display to open a window on (neither DISPLAY nor WAYLAND_DISPLAY is set). Run it on a desktop, "
+            f"under a virtual display ('xvfb-run -a {command}'), or with QT_QPA_PLATFORM=offscreen for a window "
+            "nobody sees (screenshots, tests); the same work runs headless with the other commands.")
+
+
 def _cmd_gui(args: argparse.Namespace) -> int:
+    no_display = _no_display_message(args.project)
+    if no_display:  # checked first: Qt itself aborts the process (exit 134) with a text about plugins
+        raise UsageError(no_display)
     try:
         from workbench.app.main import run_gui
     except ImportError as error:
@@ -668,7 +691,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "histogram,unsigned=true,narrow_range=false,axis=none")
     set_.add_argument("--weight-desc", help="weight descriptor fields for the chosen layers, e.g. num_bits=4,axis=0")
     set_.add_argument("--reset", action="store_true", help="back to default descriptors for the chosen layers")
-    set_.add_argument("--rule", action="append", help="placement rule on/off: concat=false, maxpool=true, residual=")
+    set_.add_argument("--rule", action="append", metavar="RULE=true|false",
+                      help="switch a TensorRT placement rule on or off (repeatable): "
+                           + ", ".join(DEFAULT_SETTINGS["rules"]) + " (all on by default), e.g. --rule concat=false; "
+                           "'workbench show' lists them")
     set_.add_argument("--pin", action="append", help="share one quantizer between two: NAME1,NAME2 (repeatable)")
     set_.add_argument("--metric", help="the project's metric: sqnr, cosine, mse, top1, or an entry point")
     set_.add_argument("--metric-direction", choices=["higher", "lower"])
