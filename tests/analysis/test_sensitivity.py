@@ -5,7 +5,7 @@ import threading
 
 import pytest
 import torch
-from analysis_models import SENSITIVE, assert_same_state, make_batches, model_state, quantized
+from analysis_models import SENSITIVE, assert_same_state, make_batches, model_state, quantized, sensitive_net
 from torch import nn
 
 from workbench.analysis import (
@@ -353,3 +353,31 @@ def test_a_graph_that_does_not_run_like_the_model_is_not_used(batches):
     result = sensitivity(model, data, "sqnr", scheme="one-on")
     assert result.cache == "off" and "traced graph failed" in result.cache_note
     assert [u.value for u in result.units] == [u.value for u in plain.units]
+
+
+class _Cache:
+    """Stands for a transformers DynamicCache: part of the output, not a tensor."""
+
+
+class StructuredOutput(nn.Module):
+    """Returns what a Hugging Face model returns: a dict of a main tensor, a cache and an extra tensor."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        logits = self.net(x)
+        return {"logits": logits, "past_key_values": _Cache(), "input_mean": x.mean((1, 2, 3))}
+
+
+def test_structured_outputs_compare_the_first_tensor_or_the_named_one(batches):
+    from analysis_models import quantized as calibrated
+
+    model = calibrated(StructuredOutput(sensitive_net()), batches)
+    plain = sensitivity(model, batches, "sqnr")
+    named = sensitivity(model, batches, "sqnr", output="input_mean")
+    assert plain.ranked()[0].name == "net." + SENSITIVE and math.isfinite(plain.quantized)
+    assert named.quantized == math.inf  # the input's mean is computed before any quantizer
+    with pytest.raises(AnalysisError, match="no tensor under 'loss'; it has: logits, past_key_values, input_mean"):
+        sensitivity(model, batches, "sqnr", output="loss")

@@ -238,7 +238,7 @@ def test_all_zero_weight_channel_stays_zero(tmp_path):
         model.features[0]._weight_quantizer.amax = model.features[0].weight.abs().amax((1, 2, 3), keepdim=True)
     report = export_qdq_onnx(model, x, tmp_path / "m.onnx")
     assert report.cosine > 0.999
-    assert any("features.0._weight_quantizer" in w and "scale 1" in w for w in report.warnings)
+    assert any("features.0._weight_quantizer" in w and "every input to 0" in w for w in report.warnings)
 
 
 # ----- exporters ----------------------------------------------------------------------------------
@@ -364,8 +364,9 @@ def test_quantizers_tensorrt_cannot_build_are_refused_by_the_export(tmp_path):
 
 
 def test_each_quantizer_s_onnx_parameters_are_computed_once_per_export(tmp_path, monkeypatch):
-    import workbench.export.onnx_export as onnx_export
     import workbench.export.qdq as qdq
+    import workbench.export.reference as reference
+    import workbench.export.validation as validation
 
     model, x = calibrated(PlainCNN(), (2, 3, 16, 16))
     computed: list[int] = []
@@ -375,7 +376,8 @@ def test_each_quantizer_s_onnx_parameters_are_computed_once_per_export(tmp_path,
         computed.append(id(q))
         return original(q)
 
-    monkeypatch.setattr(onnx_export, "export_params", counting)
+    monkeypatch.setattr(reference, "export_params", counting)
+    monkeypatch.setattr(validation, "export_params", counting)
     monkeypatch.setattr(qdq, "export_params", counting)  # QDQStandIn's own fallback
     # dynamic batch runs the reference twice; the amax table reads every quantizer again
     export_qdq_onnx(model, x, tmp_path / "m.onnx", amax_json_path=tmp_path / "amax.json")

@@ -61,7 +61,7 @@ def test_a_damaged_fine_tuned_tensor_is_a_clean_error(tmp_path):
     path = tmp_path / "p.qwb"
     save_project(project_with_finetunes(), path)
     tamper(path, "UPDATE finetune_tensors SET data = x'00' WHERE name = 'fc.weight'")
-    with pytest.raises(ProjectError, match="fine-tuned fc.weight: 1 bytes stored, 1280 expected"):
+    with pytest.raises(ProjectError, match="tensor 'fc.weight': column data: 1 bytes stored, 1280 expected"):
         load_project(path)
 
 

@@ -108,6 +108,61 @@ def test_user_class_is_not_patched_and_subclasses_are_left_alone():
     assert report.replaced_names == ["1"]
     assert type(model[0]) is MyConv
     assert MyConv.forward is not quant_nn.QuantConv2d.forward
+    assert [(n.name, n.float_type, n.reason) for n in report.not_quantizable] == [
+        ("0", "MyConv", "not quantizable: custom forward")]
+    assert "1 not quantizable" in report.summary()
+
+
+class TimmLinear(nn.Linear):
+    """timm.layers.Linear's shape: a forward that only hands on to nn.Linear's."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Same computation as nn.Linear."""
+        return super().forward(input)
+
+
+class KeywordLinear(nn.Linear):
+    def forward(self, *args, **kwargs):
+        return super().forward(*args, **kwargs)
+
+
+class PlainSubclass(nn.Linear):
+    pass
+
+
+class OwnConvForward(nn.Conv2d):
+    def _conv_forward(self, input, weight, bias):
+        return super()._conv_forward(input, weight.flip(-1), bias)
+
+
+class Other(nn.Linear):
+    def forward(self, input):
+        return super().forward(input.relu())
+
+
+def test_subclasses_that_compute_the_same_are_quantized_and_the_others_listed_with_why():
+    mha = nn.MultiheadAttention(8, 2)
+    model = nn.ModuleDict({"out_proj": mha.out_proj, "timm": TimmLinear(8, 8), "kw": KeywordLinear(8, 8),
+                           "plain": PlainSubclass(8, 8), "conv": OwnConvForward(8, 8, 1), "relu_first": Other(8, 8)})
+    x = torch.randn(3, 8)
+    before = {k: model[k](x) for k in ("out_proj", "timm", "kw", "plain")}
+    report = quant.replace_to_quantization_module(model)
+    assert report.replaced_names == ["out_proj", "timm", "kw", "plain"]
+    assert report.replaced[0].float_type == "NonDynamicallyQuantizableLinear"
+    assert all(type(model[k]) is quant_nn.QuantLinear for k in before)
+    assert {n.name: n.reason for n in report.not_quantizable} == {
+        "conv": "not quantizable: custom _conv_forward", "relu_first": "not quantizable: custom forward"}
+    with quant.disable_quantization(model):  # the same computation as the float subclass
+        for k, y in before.items():
+            assert torch.equal(model[k](x), y)
+
+
+def test_tree_marks_subclasses_quantizable_or_says_why_not():
+    from workbench.graph.tree import describe_model
+
+    tree = describe_model(nn.Sequential(TimmLinear(4, 4), Other(4, 4)))
+    assert tree.by_name["0"].quantizable and tree.by_name["0"].quant_type == "QuantLinear"
+    assert not tree.by_name["1"].quantizable and tree.by_name["1"].notes == ("not quantizable: custom forward",)
 
 
 def test_top_level_layer_is_refused():

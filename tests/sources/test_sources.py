@@ -96,7 +96,7 @@ class TestModelSources:
     def test_weights_file_with_code_is_refused(self, model_file, tmp_path):
         torch.save({"model": nn.Linear(2, 2)}, tmp_path / "pickled.pt")
         spec = ModelSpec("entrypoint", f"{model_file}:make", weights=str(tmp_path / "pickled.pt"))
-        with pytest.raises(SourceError, match="weights_only=True"):
+        with pytest.raises(SourceError, match="holds pickled Python objects"):
             load_model(spec, trust_code=True)
 
     def test_pickled_whole_model(self, model_file, tmp_path):
@@ -240,10 +240,46 @@ class TestDataSources:
         assert torch.equal(batches[0][0], torch.from_numpy(inputs[:4]))
         assert (batches[0][1] is None) == (suffix == ".npy")
 
+    @pytest.mark.parametrize("suffix", [".npy", ".pt"])
+    def test_token_ids_keep_their_integer_dtype(self, tmp_path, suffix):
+        ids = np.random.default_rng(0).integers(0, 100, size=(6, 12)).astype(np.int64)
+        path = tmp_path / f"ids{suffix}"
+        np.save(path, ids) if suffix == ".npy" else torch.save(torch.from_numpy(ids), path)
+        source = open_data(DataSpec("tensors", str(path), batch_size=4))
+        inputs, _ = next(source.batches())
+        assert inputs.dtype == torch.int64 and torch.equal(inputs, torch.from_numpy(ids[:4]))
+        assert source.input_spec() == InputSpec((12,), "int64") and source.input_spec().is_integer
+        np.save(tmp_path / "f64.npy", np.ones((2, 3)))  # floating data still becomes float32
+        assert next(open_data(DataSpec("tensors", str(tmp_path / "f64.npy"))).batches())[0].dtype == torch.float32
+
+    def test_npz_with_several_arrays_feeds_them_by_keyword(self, tmp_path):
+        rng = np.random.default_rng(0)
+        ids = rng.integers(0, 50, size=(5, 7))
+        mask = np.ones((5, 7), dtype=np.int64)
+        np.savez(tmp_path / "tokens.npz", input_ids=ids, attention_mask=mask, labels=np.arange(5))
+        source = open_data(DataSpec("tensors", str(tmp_path / "tokens.npz"), batch_size=2))
+        inputs, labels = next(source.batches())
+        assert list(inputs) == ["input_ids", "attention_mask"] and labels.tolist() == [0, 1]
+        assert inputs["input_ids"].dtype == torch.int64 and torch.equal(inputs["input_ids"], torch.from_numpy(ids[:2]))
+        spec = source.input_spec()
+        assert spec.named == (("input_ids", (7,), "int64"), ("attention_mask", (7,), "int64"))
+        assert spec.describe() == "input_ids (7,) int64, attention_mask (7,) int64"
+        assert InputSpec.from_dict(spec.to_dict()) == spec
+        check_input(spec, spec, "tokens.npz")
+        with pytest.raises(SourceError, match=r"gives inputs input_ids \(9,\).*model input is input_ids \(7,\)"):
+            check_input(spec, InputSpec((9,), "int64", (("input_ids", (9,), "int64"),
+                                                         ("attention_mask", (9,), "int64"))), "other.npz")
+
+    def test_keyword_inputs_must_agree_and_be_argument_names(self, tmp_path):
+        np.savez(tmp_path / "uneven.npz", input_ids=np.zeros((4, 3), dtype=np.int64),
+                 attention_mask=np.zeros((3, 3), dtype=np.int64))
+        with pytest.raises(SourceError, match="disagree on the number of samples"):
+            open_data(DataSpec("tensors", str(tmp_path / "uneven.npz")))
+        np.savez(tmp_path / "names.npz", **{"input ids": np.zeros(3), "mask": np.zeros(3)})
+        with pytest.raises(SourceError, match="cannot be keyword arguments"):
+            open_data(DataSpec("tensors", str(tmp_path / "names.npz")))
+
     def test_tensor_file_errors(self, tmp_path):
-        np.savez(tmp_path / "two.npz", a=np.zeros(3), b=np.zeros(3))
-        with pytest.raises(SourceError, match="cannot tell the inputs"):
-            open_data(DataSpec("tensors", str(tmp_path / "two.npz")))
         np.savez(tmp_path / "mismatch.npz", inputs=np.zeros((4, 2)), labels=np.zeros(3))
         with pytest.raises(SourceError, match="4 inputs but 3 labels"):
             open_data(DataSpec("tensors", str(tmp_path / "mismatch.npz")))
@@ -272,6 +308,8 @@ class TestDataSources:
                     yield torch.full((2, 4), float(i)), torch.tensor([i, i])
             def bad():
                 yield "text"
+            def tokens():
+                yield {"input_ids": torch.zeros(2, 5, dtype=torch.long), "labels": torch.tensor([1, 0])}
         """))
         spec = DataSpec("entrypoint", "loader.py:batches", kwargs={"n": 5}, num_batches=4)
         with pytest.raises(TrustRequired):
@@ -281,6 +319,11 @@ class TestDataSources:
         bad = open_data(DataSpec("entrypoint", "loader.py:bad"), trust_code=True, base_dir=tmp_path)
         with pytest.raises(SourceError, match="batch 0 is a str"):
             list(bad.batches())
+        tokens = open_data(DataSpec("entrypoint", "loader.py:tokens"), trust_code=True, base_dir=tmp_path)
+        inputs, labels = next(tokens.batches())
+        assert list(inputs) == ["input_ids"] and inputs["input_ids"].dtype == torch.int64
+        assert labels.tolist() == [1, 0]
+        assert tokens.input_spec().named == (("input_ids", (5,), "int64"),)
 
     def test_demo_digits_splits(self):
         train = open_data(DataSpec("demo", "digits", split="train", batch_size=100))

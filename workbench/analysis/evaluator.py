@@ -18,7 +18,7 @@ from torch import nn
 from workbench.analysis.errors import AnalysisCancelled, AnalysisError, MetricError, describe_stage
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric
 from workbench.analysis.units import Unit
-from workbench.quant.batches import model_device, model_inputs, to_device
+from workbench.quant.batches import model_device, model_inputs, select_output, to_device
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import all_quantizers, is_quantizing
@@ -62,11 +62,13 @@ class Evaluator:
 
     Call inside a :class:`~workbench.quant.snapshot.ModelSnapshot` and ``torch.no_grad()``: it switches
     the model to eval mode and turns calibration off, and relies on the snapshot to undo that.
+    ``output`` names the output entry the metric compares (see :func:`~workbench.quant.batches.select_output`).
     """
 
     def __init__(self, model: nn.Module, batches: Sequence[Any], metric: Metric,
-                 cancel: CancelToken | None = None) -> None:
+                 cancel: CancelToken | None = None, output: str | None = None) -> None:
         self.model = model
+        self.output = output
         self.batches = list(batches)
         self.metric = metric
         self.cancel = cancel
@@ -147,8 +149,8 @@ class Evaluator:
         for i, batch in enumerate(self.batches):
             self.check_cancel(describe_stage(stage, unit))
             try:
-                output = run_batch(i)
-            except Exception as error:  # the user's model
+                output = select_output(run_batch(i), self.output)
+            except Exception as error:  # the user's model, or an output key it does not have
                 raise AnalysisError(f"The model failed on batch {i} {describe_stage(stage, unit)}: "
                                     f"{type(error).__name__}: {error}", unit=unit, stage=stage, batch_index=i,
                                     original=error) from error

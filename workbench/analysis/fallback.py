@@ -21,6 +21,7 @@ from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, S
 from workbench.analysis.sensitivity import run_profile
 from workbench.analysis.units import Unit, UnitsSpec, find_units, quantizers_of, resolve_units
 from workbench.quant.calibrate import CancelToken, ProgressCallback
+from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = ["fallback_search", "apply_fallback", "units_from_names"]
@@ -61,7 +62,8 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                     max_units: int | None = None, ranking: Ranking | None = None, target: float | None = None,
                     scheme: str = "one-off", units: UnitsSpec = None, direction: Direction | None = None,
                     apply: bool = False, num_batches: int | None = None, progress: ProgressCallback | None = None,
-                    cancel: CancelToken | None = None, cache: bool = True) -> FallbackResult:
+                    cancel: CancelToken | None = None, cache: bool = True,
+                    context: DistContext | None = None, output: str | None = None) -> FallbackResult:
     """Find the most sensitive units to leave in float until the metric is within ``tolerance`` of FP32.
 
     Starting from the model as configured (all quantized), the units are left in float one at a time
@@ -70,7 +72,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
     float. The model is not changed unless ``apply=True`` (or :func:`apply_fallback` is called later).
 
     Args:
-        model, batches, metric, direction, num_batches, progress, cancel, cache: as for
+        model, batches, metric, direction, num_batches, progress, cancel, cache, output: as for
             :func:`~workbench.analysis.sensitivity`.
         tolerance: the largest acceptable gap to FP32 (e.g. ``0.01`` for one point of top-1 accuracy).
         max_units: the most units to leave in float (None: as many as needed).
@@ -80,6 +82,11 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
             is infinite).
         scheme, units: for the profile computed when no ranking is given.
         apply: leave the chosen units in float on the model (their quantizers disabled) at the end.
+        context: the process's place in a distributed job (None: one process). The profile's units
+            are shared among the ranks, and each round of the search measures ``world_size``
+            candidate sets at once (the next 1, 2, ... units in float), one per rank; the first
+            that meets the goal ends the search. The result equals the one-process result (the
+            sets measured past the answer are dropped); every rank returns it.
 
     Returns:
         A :class:`FallbackResult` with the chosen units and the curve of metric against units in float.
@@ -91,6 +98,8 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
             the model is unchanged.
     """
     chosen_metric = get_metric(metric, direction)
+    context = context or SINGLE
+    progress = context.main_only(progress)
     if (tolerance is None) == (target is None):
         raise ValueError("Give either tolerance= (the largest acceptable gap to the FP32 metric) or target= "
                          "(the value to reach), not both or neither.")
@@ -132,7 +141,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                               wall_time_s=time.perf_counter() - started, complete=complete)
 
     with ModelSnapshot(model), torch.no_grad():
-        evaluator = Evaluator(model, batch_list, chosen_metric, cancel)
+        evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         try:
             fp32 = evaluator.measure_fp32()
             done += 1
@@ -145,20 +154,28 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
             report_progress(progress, done, total, "all quantized")
             if order is None:
                 profile = run_profile(evaluator, profile_units, scheme, fp32=fp32, quantized=quantized, cache=cache,
-                                      progress=progress, done=done, total=total, started=started)
+                                      progress=progress, done=done, total=total, started=started,
+                                      context=context)
                 done += len(profile_units)
                 by_name = {u.name: u for u in profile_units}
                 order = [by_name[u.name] for u in profile.ranked()]
             curve.append(FallbackPoint(0, None, quantized))
-            off = []
             while not within(curve[-1].value) and len(chosen) < limit:
-                unit = order[len(chosen)]
-                chosen.append(unit)
-                off.extend(evaluator.quantizer_objects(unit))
-                evaluator.configure("quantized", off=off)
-                curve.append(FallbackPoint(len(chosen), unit.name, evaluator.measure("fallback", unit.name)))
-                done += 1
-                report_progress(progress, done, total, f"fallback: {len(chosen)} in float, last {unit.name}")
+                # one round: rank r measures the next r + 1 units in float (one process: the next one)
+                sizes = list(range(len(chosen) + 1, min(len(chosen) + context.world_size, limit) + 1))
+                mine = sizes[context.rank] if context.rank < len(sizes) else None
+                value = None
+                if mine is not None:
+                    evaluator.configure("quantized", off=[q for unit in order[:mine]
+                                                          for q in evaluator.quantizer_objects(unit)])
+                    value = evaluator.measure("fallback", order[mine - 1].name)
+                for size, measured in zip(sizes, context.all_gather(value)):
+                    chosen.append(order[size - 1])
+                    curve.append(FallbackPoint(size, order[size - 1].name, measured))
+                    done += 1
+                    report_progress(progress, done, total, f"fallback: {size} in float, last {order[size - 1].name}")
+                    if within(measured):  # the sets measured past this one are not needed
+                        break
         except AnalysisCancelled as cancelled:
             if cancelled.partial is not None and profile is None:
                 profile = cancelled.partial

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.entry_point import load_entry_point, parse_entry_point
-from workbench.quant.batches import batch_targets, class_scores, flat_tensors
+from workbench.quant.batches import batch_targets, class_scores, flat_tensors, select_output
 from workbench.sources.errors import TrustRequired
 
 __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", "EntryPointMetric", "SqnrMetric",
@@ -102,7 +102,8 @@ class OutputMetric(Metric):
 
 
 def _paired(output: Any, reference: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    got, ref = flat_tensors(output), flat_tensors(reference)
+    # the compared part of each output (a ModelOutput's first tensor, never a cache): one rule everywhere
+    got, ref = flat_tensors(select_output(output)), flat_tensors(select_output(reference))
     if not ref:
         raise ValueError("The model's output holds no tensor to compare.")
     if len(got) != len(ref) or any(g.shape != r.shape for g, r in zip(got, ref)):

@@ -27,6 +27,7 @@ from workbench.analysis.prefix_cache import PrefixPlan, build_plan
 from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
 from workbench.analysis.units import Unit, UnitsSpec, resolve_units
 from workbench.quant.calibrate import CancelToken, ProgressCallback
+from workbench.quant.distributed import SINGLE, DistContext, deal
 from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = ["sensitivity"]
@@ -35,7 +36,8 @@ __all__ = ["sensitivity"]
 def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, scheme: str = "one-off",
                 units: UnitsSpec = None, progress: ProgressCallback | None = None,
                 cancel: CancelToken | None = None, direction: Direction | None = None,
-                num_batches: int | None = None, cache: bool = True) -> SensitivityResult:
+                num_batches: int | None = None, cache: bool = True,
+                context: DistContext | None = None, output: str | None = None) -> SensitivityResult:
     """Measure ``metric`` with each unit of ``model`` toggled, and rank the units.
 
     The model is left exactly as it came in (quantizer flags and amax, train/eval mode), whether the
@@ -59,6 +61,12 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
         cache: let passes start from cached activations where the model allows it (see
             ``result.cache`` and ``result.cache_note`` for what was done). Costs memory: the values
             crossing the current cut point are kept for every batch at once.
+        output: the output entry to compare (``logits``, a tuple index); default: see
+            :func:`~workbench.quant.batches.select_output`.
+        context: the process's place in a distributed job (None: one process). Every rank computes
+            the FP32 reference and the all-quantized metric once, measures its share of the units
+            (dealt back and forth in model order), and every rank returns the whole result, equal to the
+            one-process result; only rank 0 reports progress (summed over the ranks).
 
     Returns:
         A :class:`SensitivityResult`.
@@ -76,14 +84,16 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
     batch_list = materialise_batches(batches, num_batches)
     started = time.perf_counter()
     total = len(unit_list) + 2
+    context = context or SINGLE
+    progress = context.main_only(progress)
     with ModelSnapshot(model), torch.no_grad():
-        evaluator = Evaluator(model, batch_list, chosen_metric, cancel)
+        evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         fp32 = evaluator.measure_fp32()
         report_progress(progress, 1, total, "FP32 reference")
         quantized = evaluator.measure_quantized()
         report_progress(progress, 2, total, "all quantized")
         return run_profile(evaluator, unit_list, scheme, fp32=fp32, quantized=quantized, cache=cache,
-                           progress=progress, done=2, total=total, started=started)
+                           progress=progress, done=2, total=total, started=started, context=context)
 
 
 def _plan_for(evaluator: Evaluator, units: list[Unit], base: str,
@@ -113,25 +123,64 @@ def _plan_for(evaluator: Evaluator, units: list[Unit], base: str,
     return plan, cuts, note
 
 
+def _profile_result(evaluator: Evaluator, units: list[Unit], values: dict[int, float], scheme: str, *,
+                    fp32: float, quantized: float, started: float, cache: str, cache_note: str,
+                    complete: bool) -> SensitivityResult:
+    """The ranked result for the units measured so far (``values`` by index into ``units``)."""
+    measured = [UnitResult(name=u.name, quantizers=list(u.quantizers), value=values[i],
+                           delta_vs_quantized=difference(values[i], quantized),
+                           delta_vs_fp32=difference(values[i], fp32))
+                for i, u in enumerate(units) if i in values]
+    rank_units(measured, scheme, evaluator.metric.higher_is_better)
+    return SensitivityResult(scheme=scheme, metric=evaluator.metric.to_dict(), fp32=fp32, quantized=quantized,
+                             units=measured, num_batches=len(evaluator.batches),
+                             wall_time_s=time.perf_counter() - started, cache=cache, cache_note=cache_note,
+                             complete=complete)
+
+
+def _run_profile_shared(evaluator: Evaluator, units: list[Unit], scheme: str, *, fp32: float, quantized: float,
+                        cache: bool, progress: ProgressCallback | None, done: int, total: int, started: float,
+                        context: DistContext) -> SensitivityResult:
+    """This rank measures its share of the units; the values of all ranks are gathered on every rank.
+
+    Each unit's value depends only on the model, the batches and the unit, never on which other units
+    were measured in the same process (the prefix cache reproduces the plain loop bit for bit), so the
+    gathered values are the ones a single process measures.
+    """
+    mine = deal(len(units), context)
+    report = context.progress(progress, len(units), "sensitivity", offset=done, total=total)
+    local = run_profile(evaluator, [units[i] for i in mine], scheme, fp32=fp32, quantized=quantized, cache=cache,
+                        progress=report, done=0, total=len(mine), started=started)
+    context.wait_for_peers(report, f"{scheme}: units")
+    by_name = {unit.name: unit.value for unit in local.units}  # unit names are unique (resolve_units)
+    measured = {i: by_name[units[i].name] for i in mine}
+    gathered = context.all_gather((measured, local.cache, local.cache_note))
+    values: dict[int, float] = {}
+    for part, _, _ in gathered:
+        values.update(part)
+    return _profile_result(evaluator, units, values, scheme, fp32=fp32, quantized=quantized, started=started,
+                           cache=gathered[0][1], cache_note=gathered[0][2], complete=True)
+
+
 def run_profile(evaluator: Evaluator, units: list[Unit], scheme: str, *, fp32: float, quantized: float,
                 cache: bool, progress: ProgressCallback | None, done: int, total: int,
-                started: float) -> SensitivityResult:
-    """Measure every unit on an evaluator whose FP32 reference is computed (see :func:`sensitivity`)."""
+                started: float, context: DistContext | None = None) -> SensitivityResult:
+    """Measure every unit on an evaluator whose FP32 reference is computed (see :func:`sensitivity`).
+
+    With a distributed ``context`` the units are shared among the ranks and every rank returns the
+    whole result.
+    """
+    if context is not None and context.distributed:
+        return _run_profile_shared(evaluator, units, scheme, fp32=fp32, quantized=quantized, cache=cache,
+                                   progress=progress, done=done, total=total, started=started, context=context)
     base = "quantized" if scheme == "one-off" else "fp32"
     values: dict[int, float] = {}
     plan, cuts, note = _plan_for(evaluator, units, base, cache)
 
     def result(complete: bool) -> SensitivityResult:
-        measured = [UnitResult(name=u.name, quantizers=list(u.quantizers), value=values[i],
-                               delta_vs_quantized=difference(values[i], quantized),
-                               delta_vs_fp32=difference(values[i], fp32))
-                    for i, u in enumerate(units) if i in values]
-        rank_units(measured, scheme, evaluator.metric.higher_is_better)
-        return SensitivityResult(scheme=scheme, metric=evaluator.metric.to_dict(), fp32=fp32, quantized=quantized,
-                                 units=measured, num_batches=len(evaluator.batches),
-                                 wall_time_s=time.perf_counter() - started,
-                                 cache=plan.strategy if plan is not None else "off", cache_note=note,
-                                 complete=complete)
+        return _profile_result(evaluator, units, values, scheme, fp32=fp32, quantized=quantized, started=started,
+                               cache=plan.strategy if plan is not None else "off", cache_note=note,
+                               complete=complete)
 
     def toggle(unit: Unit) -> None:
         quantizers = evaluator.quantizer_objects(unit)

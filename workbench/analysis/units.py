@@ -7,6 +7,13 @@ module's class, so quantized modules written elsewhere or by the user are found 
 subtree such as ``model.4``, or a list of subtrees) are units holding every quantizer under them, as
 the yolov5 script's per-block analysis does. Only quantizers that quantize (enabled, with quantization
 on) belong to a unit: the layers a user already left in float are not analysed again.
+
+Attention: the quantizers of one attention's matrix products move together. An attention module whose
+forward holds several QuantMatMuls (``q @ k^T`` and ``p @ v``, named ``attn.matmul`` and
+``attn.matmul_1``) gives one unit named after that module (``attn``); a QuantSDPA (or a Hugging Face
+attention's ``sdpa``) is one unit already. ``units="transformer_blocks"`` makes each transformer block
+(a module of a ModuleList/Sequential holding a LayerNorm or an attention) one unit, and every quantized
+layer outside the blocks its own unit, so that a ranking of a 12-layer ViT has 12 block rows.
 """
 from __future__ import annotations
 
@@ -17,13 +24,19 @@ from typing import Any
 
 from torch import nn
 
+from workbench.graph.dataflow import in_transformer_block
+from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import holds_quantizers, is_quantizing, owned_quantizers
 
 # is_quantizing and holds_quantizers live in workbench.quant.snapshot; kept in __all__ for callers
 # that import them from here
 
-__all__ = ["Unit", "UnitsSpec", "find_units", "resolve_units", "quantizers_of", "is_quantizing", "holds_quantizers"]
+__all__ = ["Unit", "UnitsSpec", "find_units", "resolve_units", "quantizers_of", "is_quantizing", "holds_quantizers",
+           "transformer_block_units", "UNIT_SCHEMES"]
+
+# the named unit schemes a front end can offer (besides lists of module names)
+UNIT_SCHEMES = ("layers", "transformer_blocks")
 
 
 @dataclass(frozen=True)
@@ -85,15 +98,65 @@ def find_units(model: nn.Module) -> list[Unit]:
     unit holds those of them that quantize. Quantizers held directly by the model itself become one
     unit each, named after the quantizer.
     """
-    units = []
+    units: list[Unit] = []
+    products: dict[str, list[int]] = {}  # attention module -> indices of its products' units
     for owner, quantizers in _layer_units(model):
         active = [name for name, q in quantizers if is_quantizing(q)]
         if not active:
             continue
         if owner == "":
             units.extend(Unit(name, (name,)) for name in active)
-        else:
-            units.append(Unit(owner, tuple(active)))
+            continue
+        module = model.get_submodule(owner)
+        if isinstance(module, QuantMatMul):
+            products.setdefault(owner.rpartition(".")[0], []).append(len(units))
+        units.append(Unit(owner, tuple(active)))
+    merged: set[int] = set()
+    taken = {u.name for u in units}
+    for parent, indices in products.items():
+        if len(indices) < 2:
+            continue
+        name = parent if parent and parent not in taken else f"{parent}.attention" if parent else "attention"
+        quantizers = tuple(q for i in indices for q in units[i].quantizers)
+        units[indices[0]] = Unit(name, quantizers)
+        merged.update(indices[1:])
+    return [u for i, u in enumerate(units) if i not in merged]
+
+
+def transformer_block_units(model: nn.Module) -> list[Unit]:
+    """One unit per transformer block, plus one per quantized layer outside the blocks, in model order.
+
+    A block is a module held by a ModuleList or Sequential whose subtree has a LayerNorm-like layer or
+    an attention (``encoder.layer.3``, ``blocks.7``, ``model.layers.0``).
+    """
+    blocks: list[str] = []
+
+    def visit(module: nn.Module, prefix: str) -> None:
+        for name, child in module._modules.items():
+            if child is None or isinstance(child, TensorQuantizer):
+                continue
+            path = _join(prefix, name)
+            if isinstance(module, (nn.ModuleList, nn.Sequential)) and in_transformer_block(child):
+                blocks.append(path)
+            else:
+                visit(child, path)
+
+    visit(model, "")
+    if not blocks:
+        raise ValueError("The model has no transformer block (a module of a ModuleList/Sequential holding a "
+                         "LayerNorm or an attention): use per-layer units.")
+    units: list[Unit] = []
+    emitted: set[str] = set()
+    for unit in find_units(model):
+        block = next((b for b in blocks if unit.name == b or unit.name.startswith(b + ".")), None)
+        if block is None:
+            units.append(unit)
+        elif block not in emitted:
+            emitted.add(block)
+            try:
+                units.append(_group(model, block, [block]))
+            except ValueError:
+                continue
     return units
 
 
@@ -158,7 +221,9 @@ def resolve_units(model: nn.Module, units: UnitsSpec = None) -> list[Unit]:
         ValueError: no units, an unknown module name, a unit without quantizers, or a repeated name.
         TypeError: an item of another type.
     """
-    if units is None:
+    if units == "transformer_blocks":
+        return transformer_block_units(model)
+    if units is None or units == "layers":
         resolved = find_units(model)
         if not resolved:
             raise ValueError("The model has no quantized layer: quantize it first (replace_to_quantization_module), "

@@ -73,4 +73,15 @@ def convert_opset(model: onnx.ModelProto, target: int) -> tuple[onnx.ModelProto,
         raise ValueError(f"onnx.version_converter could not convert opset {source} to {target}: {error}") from error
     notes: list[str] = []
     _clean_graph(converted.graph, source, target, notes)
+    _keep_metadata(model.graph, converted.graph)
     return converted, notes
+
+
+def _keep_metadata(source: onnx.GraphProto, converted: onnx.GraphProto) -> None:
+    """Copy node ``metadata_props`` (module scopes, see :mod:`workbench.export.naming`), which the converter
+    drops, back onto the nodes of the same name."""
+    by_name = {node.name: node for node in source.node if node.name and node.metadata_props}
+    for node in converted.node:
+        original = by_name.get(node.name)
+        if original is not None and not node.metadata_props:
+            node.metadata_props.extend(original.metadata_props)

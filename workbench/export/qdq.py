@@ -95,6 +95,11 @@ def register_torchscript_symbolic() -> None:
     _torchscript_registered = True
 
 
+# The scale of an amax at or below 2**-24: round(x / 2**100) is 0 for |x| < 2**99, as in fake quant, and
+# 127 * 2**100 still fits in float32 (a TensorRT dynamic range).
+ZERO_AMAX_SCALE = 2.0 ** 100
+
+
 @dataclass
 class ExportParams:
     """The ONNX parameters of one quantizer."""
@@ -124,7 +129,8 @@ def export_params(q: TensorQuantizer) -> ExportParams:
 
     ``step = amax / max_bound`` in float32 is bit-for-bit the step the fake-quant kernel uses, so
     ONNX's ``round(x / scale)`` equals the PyTorch result. A (channel) amax at or below 2**-24, which
-    fake quantization maps to 0, gets scale 1: all-zero weight channels stay exactly 0.
+    fake quantization maps to 0 whatever the input, gets :data:`ZERO_AMAX_SCALE`, so that ONNX maps
+    every input below 2**99 to 0 as well (scale 1 would pass inputs above 0.5 through).
     Raises ValueError for what ONNX Q/DQ cannot express (the caller names the quantizer).
     """
     if isinstance(q._num_bits, tuple) or q._num_bits != 8:
@@ -150,7 +156,8 @@ def export_params(q: TensorQuantizer) -> ExportParams:
     max_bound = float(2 ** (8 - 1 + int(q._unsigned)) - 1)
     step = amax / max_bound  # the same float32 division as the fake-quant kernel
     tiny = amax <= TINY_AMAX
-    scale = torch.where(tiny, torch.ones_like(step), step)
+    # fake quant sends every finite input of a tiny amax to 0; a scale this large does the same in ONNX
+    scale = torch.where(tiny, torch.full_like(step, ZERO_AMAX_SCALE), step)
     scale = scale.reshape(-1) if amax.numel() > 1 else scale.reshape(())
     dtype = torch.uint8 if q._unsigned else torch.int8
     zero_point = torch.zeros(scale.shape, dtype=dtype, device=scale.device)

@@ -18,16 +18,19 @@ operation quantized, every candidate skipped and why, and every module that coul
 """
 from __future__ import annotations
 
-import ast
-import inspect
 import logging
-import textwrap
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
+from workbench.graph.dataflow import activation_nodes, in_transformer_block, inplace_alias_risk
+from workbench.graph.hf_attention import quantize_hf_attention
 from workbench.graph.trace import (
     ADD_FUNCTIONS,
     ADD_METHODS,
@@ -36,8 +39,12 @@ from workbench.graph.trace import (
     is_leaf,
     scalar_nodes,
 )
-from workbench.graph.tree import is_quantized_module
+from workbench.graph.tree import add_note, is_quantized_module
+from workbench.graph.verify import ModuleCall, capture_calls, traced_differs, value_dtypes
+from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
+from workbench.quant.nn.modules.quant_transformer import QuantTransformerEncoder
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.replace import IgnorePolicy, ignore_matcher
 from workbench.quant.tensor_quant import QuantDescriptor
 
@@ -51,7 +58,7 @@ class InsertedQuantizer:
     """A functional operation that now has quantizers."""
 
     name: str                 # qualified name of the new module, e.g. "layer1.0.add"
-    kind: str                 # "add" or "concat"
+    kind: str                 # "add", "concat", "matmul" (a product of activations) or "attention"
     owner: str                # qualified name of the module whose forward holds the operation
     operation: str            # what was replaced, e.g. "operator.add(bn2, x)"
     num_inputs: int
@@ -76,6 +83,10 @@ class FunctionalQuantReport:
     traced: list[str] = field(default_factory=list)      # modules whose own forward was traced
     converted: list[str] = field(default_factory=list)   # modules replaced by a GraphModule
     opaque: list[str] = field(default_factory=list)      # torch.nn layers with children, not looked into
+    verified: list[str] = field(default_factory=list)    # converted modules checked equal on the sample input
+    # attention modules (Hugging Face, ...) quantized at the function level, or not, with the reason
+    attention_modules: list[str] = field(default_factory=list)
+    unquantized_attention: list[SkippedOp] = field(default_factory=list)
 
     @property
     def adds(self) -> list[InsertedQuantizer]:
@@ -84,6 +95,19 @@ class FunctionalQuantReport:
     @property
     def concats(self) -> list[InsertedQuantizer]:
         return [i for i in self.inserted if i.kind == "concat"]
+
+    @property
+    def matmuls(self) -> list[InsertedQuantizer]:
+        return [i for i in self.inserted if i.kind == "matmul"]
+
+    @property
+    def attentions(self) -> list[InsertedQuantizer]:
+        return [i for i in self.inserted if i.kind == "attention"]
+
+    @property
+    def attention_products(self) -> int:
+        """Matrix products of activations that now have both inputs quantized (an attention holds two)."""
+        return len(self.matmuls) + 2 * len(self.attentions)
 
     @property
     def inserted_names(self) -> list[str]:
@@ -95,8 +119,12 @@ class FunctionalQuantReport:
         return not self.failures and not self.skipped
 
     def summary(self) -> str:
-        parts = [f"{len(self.adds)} adds and {len(self.concats)} concatenations quantized in "
-                 f"{len(self.converted)} modules ({len(self.traced)} modules traced)"]
+        parts = [f"{len(self.adds)} adds, {len(self.concats)} concatenations, {len(self.matmuls)} matrix products "
+                 f"and {len(self.attentions)} attentions quantized in {len(self.converted)} traced modules and "
+                 f"{len(self.attention_modules)} attention modules ({len(self.traced)} modules traced)"]
+        if self.unquantized_attention:
+            parts.append(f"{len(self.unquantized_attention)} attention modules left in floating point: "
+                         + "; ".join(f"{s.owner}: {s.reason}" for s in self.unquantized_attention[:5]))
         if self.skipped:
             parts.append(f"{len(self.skipped)} left in floating point: "
                          + "; ".join(f"{s.owner or '<model>'}: {s.operation} ({s.reason})" for s in self.skipped[:5]))
@@ -132,17 +160,35 @@ def _describe(node: fx.Node) -> str:
     return f"{label}({args})"
 
 
+_NO_OWN_OPS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, QuantTransformerEncoder)
+_MATMUL_FUNCTIONS = {torch.matmul: "matmul", operator.matmul: "matmul", torch.bmm: "bmm", torch.baddbmm: "baddbmm"}
+_MATMUL_METHODS = {"matmul": "matmul", "__matmul__": "matmul", "bmm": "bmm", "baddbmm": "baddbmm"}
+_SDPA_FUNCTIONS = (F.scaled_dot_product_attention,)
+_SDPA_KEYWORDS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_RESIDUAL_IN_BLOCK = ("residual add in a transformer block: left in floating point by default (TensorRT keeps it "
+                      "in its fused kernels); set residual_adds_in_transformer_blocks to quantize it")
+_NOT_ACTIVATION = ("an operand is not a floating activation (a mask, position or index computation, or an integer "
+                   "tensor): TensorRT runs no INT8 kernel on it")
+
+
 class _Inserter:
     def __init__(self, quant_desc_input: QuantDescriptor | None, ignored: Callable[[str], str | None],
                  add: bool, concat: bool, report: FunctionalQuantReport,
-                 descriptor_for: Callable[[str], QuantDescriptor | None] | None = None) -> None:
+                 descriptor_for: Callable[[str], QuantDescriptor | None] | None = None, matmul: bool = True,
+                 attention: bool = True, residual_adds_in_transformer_blocks: bool = False,
+                 calls: dict[int, ModuleCall] | None = None) -> None:
         self.quant_desc_input = quant_desc_input
         self.descriptor_for = descriptor_for
         self.ignored = ignored
         self.add = add
         self.concat = concat
+        self.matmul = matmul
+        self.attention = attention
+        self.residual_in_blocks = residual_adds_in_transformer_blocks
+        self.calls = calls
         self.report = report
         self.memo: dict[int, nn.Module] = {}
+        self.function_level: set[int] = set()  # attention modules quantized without tracing
 
     def descriptor(self, qualified: str) -> QuantDescriptor | None:
         chosen = self.descriptor_for(qualified) if self.descriptor_for is not None else None
@@ -170,9 +216,9 @@ class _Inserter:
         return result
 
     def _convert_own_forward(self, module: nn.Module, path: str) -> nn.Module:
-        if type(module) in (nn.Sequential, nn.ModuleList, nn.ModuleDict):
-            return module  # torch's containers add nothing of their own
-        risk = _inplace_alias_risk(module)
+        if type(module) in _NO_OWN_OPS[:3] or isinstance(module, _NO_OWN_OPS[3:]) or id(module) in self.function_level:
+            return module  # containers add nothing of their own; quantized attention modules are done
+        risk = inplace_alias_risk(module)
         if risk is not None:
             self.report.failures.append(TraceFailure(path, type(module).__name__, risk))
             logger.info("Not tracing %s (%s): %s", path or "<model>", type(module).__name__, risk)
@@ -188,20 +234,42 @@ class _Inserter:
             return module
         self.report.traced.append(path)
         gm = fx.GraphModule(tracer.root, graph, type(module).__name__)
-        if not self._insert(gm, module, path):
+        call = self.calls.get(id(module)) if self.calls is not None else None
+        dtypes = value_dtypes(gm, call) if call is not None else {}
+        marks = len(self.report.inserted), len(self.report.skipped)
+        added = self._insert(gm, module, path, dtypes)
+        if not added:
             return module
         _complete_state(gm, module)
+        if self.calls is not None:
+            if call is None:
+                reason = "not called when the model ran on the sample input, so the traced forward could not be checked"
+            else:
+                new = [q for name in added for q in gm.get_submodule(name).modules() if isinstance(q, TensorQuantizer)]
+                reason = traced_differs(gm, module, call, new)
+            if reason is not None:
+                del self.report.inserted[marks[0]:]
+                del self.report.skipped[marks[1]:]
+                self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
+                add_note(module, f"functional operations not quantized: {reason}")
+                logger.info("Keeping %s (%s) untraced: %s", path or "<model>", type(module).__name__, reason)
+                return module
+            self.report.verified.append(path)
         self.report.converted.append(path)
         return gm
 
     # ----- graph rewriting ------------------------------------------------------------------
 
-    def _insert(self, gm: fx.GraphModule, original: nn.Module, path: str) -> bool:
+    def _insert(self, gm: fx.GraphModule, original: nn.Module, path: str,
+                dtypes: dict[fx.Node, torch.dtype | None]) -> list[str]:
+        """Replace the candidate operations of ``gm``; return the names of the new modules."""
         graph = gm.graph
         scalars = scalar_nodes(graph)
+        activations = activation_nodes(graph, dtypes)
         order = {node: i for i, node in enumerate(graph.nodes)}
         taken: set[str] = set()
-        changed = False
+        added: list[str] = []
+        block: list[bool] = []  # computed once, on the first add
 
         def new_name(base: str) -> str:
             index = 0
@@ -212,78 +280,128 @@ class _Inserter:
                     return candidate
                 index += 1
 
-        def is_activation(arg) -> bool:
+        def is_tensor_operand(arg) -> bool:
             return isinstance(arg, fx.Node) and arg not in scalars
+
+        def claim(base: str, reason: str | None) -> tuple[str | None, str | None, str | None]:
+            """(name, qualified name, reason to skip): the name is reserved even when skipped."""
+            name = new_name(base)
+            qualified = _qualified(path, name)
+            if reason is None:
+                ignored = self.ignored(qualified)
+                if ignored is not None:  # the name stays reserved: the next operation keeps its name
+                    reason = f"ignored by policy {ignored!r}"
+            return name, qualified, reason
+
+        def replace(node: fx.Node, name: str, module: nn.Module, args: tuple, kwargs: dict | None = None) -> None:
+            gm.add_submodule(name, module)
+            with graph.inserting_before(node):
+                replacement = graph.call_module(name, args, kwargs or {})
+            replacement.meta = dict(node.meta)
+            if node in activations:
+                activations.add(replacement)
+            node.replace_all_uses_with(replacement)
+            graph.erase_node(node)
+            added.append(name)
 
         for node in list(graph.nodes):
             if self.add:
                 operands = _add_operands(node)
                 if operands is not None:
                     a, b, alpha, inplace, has_out = operands
-                    if not (is_activation(a) and is_activation(b)):
+                    if not (is_tensor_operand(a) and is_tensor_operand(b)):
                         continue  # x + 1, x.size(0) + 1: nothing to quantize
                     description = _describe(node)
                     reason = None
                     if a.op == "get_attr" or b.op == "get_attr":
                         reason = "one operand is a parameter or buffer of the model, not an activation"
+                    elif a not in activations or b not in activations:
+                        reason = _NOT_ACTIVATION
                     elif has_out:
                         reason = "writes into an out= tensor"
                     elif alpha != 1:
                         reason = f"scales the second operand (alpha={alpha!r})"
                     elif inplace and any(order[user] > order[node] for user in a.users if user is not node):
                         reason = "in-place add whose first operand is read again afterwards"
-                    if reason is None:
-                        name = new_name("add")
-                        qualified = _qualified(path, name)
-                        ignored = self.ignored(qualified)
-                        if ignored is not None:  # the name stays reserved: the next add keeps its name
-                            reason = f"ignored by policy {ignored!r}"
+                    if reason is None and not self.residual_in_blocks:
+                        if not block:
+                            block.append(in_transformer_block(original))
+                        if block[0]:
+                            reason = _RESIDUAL_IN_BLOCK
+                    # a residual add left float by default keeps its name, so the switch never renames others
+                    name, qualified, reason = (claim("add", reason) if reason in (None, _RESIDUAL_IN_BLOCK)
+                                               else (None, None, reason))
                     if reason is not None:
                         self.report.skipped.append(SkippedOp(path, description, reason))
                         continue
-                    gm.add_submodule(name, QuantAdd(self.descriptor(qualified)))
-                    with graph.inserting_before(node):
-                        replacement = graph.call_module(name, (a, b))
-                    replacement.meta = dict(node.meta)
-                    node.replace_all_uses_with(replacement)
-                    graph.erase_node(node)
+                    replace(node, name, QuantAdd(self.descriptor(qualified)), (a, b))
                     self.report.inserted.append(InsertedQuantizer(qualified, "add", path, description, 2))
-                    changed = True
                     continue
             if self.concat and node.op == "call_function" and node.target in CAT_FUNCTIONS:
                 tensors = node.args[0] if node.args else node.kwargs.get("tensors")
                 dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", node.kwargs.get("axis", 0))
                 description = _describe(node)
                 reason = None
-                if not isinstance(tensors, (list, tuple)) or not all(is_activation(t) for t in tensors):
+                if not isinstance(tensors, (list, tuple)) or not all(is_tensor_operand(t) for t in tensors):
                     reason = "its inputs are not a list of activations visible to the tracer"
                 elif any(t.op == "get_attr" for t in tensors):
                     reason = "one input is a parameter or buffer of the model, not an activation"
+                elif not all(t in activations for t in tensors):
+                    reason = _NOT_ACTIVATION
                 elif not isinstance(dim, int):
                     reason = "the concatenation dimension is computed at run time"
                 elif "out" in node.kwargs:
                     reason = "writes into an out= tensor"
-                if reason is None:
-                    name = new_name("cat")
-                    qualified = _qualified(path, name)
-                    ignored = self.ignored(qualified)
-                    if ignored is not None:
-                        reason = f"ignored by policy {ignored!r}"
+                name, qualified, reason = claim("cat", reason) if reason is None else (None, None, reason)
                 if reason is not None:
                     self.report.skipped.append(SkippedOp(path, description, reason))
                     continue
-                gm.add_submodule(name, QuantConcat(dim, self.descriptor(qualified)))
-                with graph.inserting_before(node):
-                    replacement = graph.call_module(name, (list(tensors),))
-                replacement.meta = dict(node.meta)
-                node.replace_all_uses_with(replacement)
-                graph.erase_node(node)
+                replace(node, name, QuantConcat(dim, self.descriptor(qualified)), (list(tensors),))
                 self.report.inserted.append(InsertedQuantizer(qualified, "concat", path, description, len(tensors)))
-                changed = True
-        if changed:
+                continue
+            if self.matmul:
+                product = _matmul_operands(node)
+                if product is not None:
+                    op, a, b, bias, beta, alpha, has_out = product
+                    if not (is_tensor_operand(a) and is_tensor_operand(b)):
+                        continue
+                    description = _describe(node)
+                    reason = None
+                    if a.op == "get_attr" or b.op == "get_attr" or a not in activations or b not in activations:
+                        reason = ("not a product of two activations (an operand is a parameter, a mask, a position "
+                                  "or an integer tensor): a Linear-like or index computation")
+                    elif has_out:
+                        reason = "writes into an out= tensor"
+                    name, qualified, reason = claim("matmul", reason) if reason is None else (None, None, reason)
+                    if reason is not None:
+                        self.report.skipped.append(SkippedOp(path, description, reason))
+                        continue
+                    kwargs = {} if op != "baddbmm" else {"bias": bias, "beta": beta, "alpha": alpha}
+                    product_module = QuantMatMul(self.descriptor(qualified), op=op)
+                    product_module.roles = _product_roles(a, b)
+                    replace(node, name, product_module, (a, b), kwargs)
+                    self.report.inserted.append(InsertedQuantizer(qualified, "matmul", path, description, 2))
+                    continue
+            if self.attention and node.op == "call_function" and node.target in _SDPA_FUNCTIONS:
+                names = ("query", "key", "value") + _SDPA_KEYWORDS
+                bound = dict(zip(names, node.args))
+                bound.update(node.kwargs)
+                q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
+                description = _describe(node)
+                reason = None
+                if not all(is_tensor_operand(t) and t in activations for t in (q, k, v)):
+                    reason = _NOT_ACTIVATION
+                name, qualified, reason = claim("sdpa", reason) if reason is None else (None, None, reason)
+                if reason is not None:
+                    self.report.skipped.append(SkippedOp(path, description, reason))
+                    continue
+                kwargs = {key: bound[key] for key in _SDPA_KEYWORDS if key in bound}
+                replace(node, name, QuantSDPA(self.descriptor(qualified)), (q, k, v), kwargs)
+                self.report.inserted.append(InsertedQuantizer(qualified, "attention", path, description, 4))
+        if added:
             graph.lint()
             gm.recompile()
-        return changed
+        return added
 
 
 class _OwnForwardTracer(fx.Tracer):
@@ -314,42 +432,56 @@ def _add_operands(node: fx.Node):
     return args[0], args[1], alpha, inplace, "out" in kwargs
 
 
-_AUGMENTED = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
-              ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
+_SOFTMAX = (torch.softmax, F.softmax, torch.nn.functional.softmax)
+_PASS_THROUGH = (F.dropout, torch.dropout)
 
 
-def _inplace_alias_risk(module: nn.Module) -> str | None:
-    """Why tracing this forward would change its result, or None.
+def _product_roles(a: fx.Node, b: fx.Node) -> tuple[str, ...]:
+    """("probabilities", "value") when ``a`` is a softmax (maybe through dropout or a module such as
+    nn.Softmax/nn.Dropout), ("query", "key") when ``b`` is a transposed tensor, else ()."""
+    def is_softmax(node: fx.Node, depth: int = 0) -> bool:
+        if node.op == "call_function" and node.target in _SOFTMAX or node.op == "call_method" and node.target == "softmax":
+            return True
+        if node.op == "call_module" and "softmax" in str(node.target).lower():
+            return True
+        passing = (node.op == "call_function" and node.target in _PASS_THROUGH) or (
+            node.op == "call_module" and ("drop" in str(node.target).lower()))
+        return depth < 3 and passing and bool(node.args) and isinstance(node.args[0], fx.Node) and \
+            is_softmax(node.args[0], depth + 1)
 
-    fx records ``x += y`` as ``x = x + y``: the tensor that ``x`` named is no longer changed in place.
-    That only matters when something else still refers to that tensor: a forward argument (the caller
-    may read it afterwards) or a name bound to it (``keep = x``). Such forwards are left as they are.
-    """
-    if isinstance(module, fx.GraphModule):
+    if is_softmax(a):
+        return ("probabilities", "value")
+    transposed = (b.op == "call_method" and b.target in ("transpose", "permute", "mT")) or (
+        b.op == "call_function" and b.target in (torch.transpose,))
+    return ("query", "key") if transposed else ()
+
+
+def _matmul_operands(node: fx.Node):
+    """``(op, a, b, bias, beta, alpha, has_out)`` for a matrix product node, else None."""
+    if node.op == "call_function" and node.target in _MATMUL_FUNCTIONS:
+        op = _MATMUL_FUNCTIONS[node.target]
+        names = ("input", "batch1", "batch2") if op == "baddbmm" else ("input", "other") if op == "matmul" \
+            else ("input", "mat2")
+    elif node.op == "call_method" and node.target in _MATMUL_METHODS:
+        op = _MATMUL_METHODS[node.target]
+        names = ("self", "batch1", "batch2") if op == "baddbmm" else ("self", "other") if op == "matmul" \
+            else ("self", "mat2")
+    else:
         return None
-    try:
-        source = textwrap.dedent(inspect.getsource(type(module).forward))
-        function = ast.parse(source).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
+    if operator.matmul is node.target:
+        names = ("a", "b")
+    bound: dict[str, Any] = dict(zip(names, node.args))
+    bound.update({k: v for k, v in node.kwargs.items() if k in names})
+    if any(n not in bound for n in names):
         return None
-    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
-    arguments = function.args
-    params = {a.arg for a in arguments.posonlyargs + arguments.args[1:] + arguments.kwonlyargs}
-    aliases: set[str] = set()
-    for node in ast.walk(function):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
-            aliases.add(node.value.id)
-            aliases.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    for node in ast.walk(function):
-        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and (
-                node.target.id in params or node.target.id in aliases):
-            op = _AUGMENTED.get(type(node.op), "?")
-            line = function.lineno + node.lineno - 1 if hasattr(function, "lineno") else node.lineno
-            where = "a forward argument" if node.target.id in params else "a tensor another name refers to"
-            return (f"`{node.target.id} {op}= ...` (line {line} of forward) changes {where} in place, which fx "
-                    "would record as a copy")
-    return None
+    values = [bound[n] for n in names]
+    has_out = "out" in node.kwargs
+    if op == "baddbmm":
+        extra = list(node.args[3:]) + [None, None]
+        beta = node.kwargs.get("beta", extra[0] if extra[0] is not None else 1)
+        alpha = node.kwargs.get("alpha", extra[1] if extra[1] is not None else 1)
+        return op, values[1], values[2], values[0], beta, alpha, has_out
+    return op, values[0], values[1], None, 1, 1, has_out
 
 
 def _complete_state(gm: fx.GraphModule, original: nn.Module) -> None:
@@ -384,8 +516,16 @@ def _complete_state(gm: fx.GraphModule, original: nn.Module) -> None:
 def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDescriptor | None = None,
                                  ignore_policy: IgnorePolicy = None, add: bool = True, concat: bool = True,
                                  descriptor_for: Callable[[str], QuantDescriptor | None] | None = None,
+                                 matmul: bool = True, attention: bool = True,
+                                 residual_adds_in_transformer_blocks: bool = False,
+                                 example_inputs: Any = None,
                                  ) -> tuple[nn.Module, FunctionalQuantReport]:
-    """Insert QuantAdd / QuantConcat for the functional adds and concatenations of ``model``.
+    """Insert quantizers for the functional operations of ``model`` that carry activations.
+
+    Adds and concatenations get QuantAdd / QuantConcat; products of two activations (``torch.matmul``,
+    ``@``, ``torch.bmm``, ``torch.baddbmm``) a QuantMatMul; ``F.scaled_dot_product_attention`` a
+    QuantSDPA; Hugging Face attention modules (not traceable) a QuantHFAttention child through the
+    attention-function registry (see :mod:`workbench.graph.hf_attention`).
 
     Works like :func:`workbench.quant.replace_to_quantization_module`: submodules are replaced in
     place and share their parameters with the originals. Use the returned module: it is ``model``
@@ -397,19 +537,50 @@ def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDes
         quant_desc_input: descriptor of the new quantizers (per tensor); default 8-bit, max calibration.
         ignore_policy: names of new modules (e.g. ``"layer1.0.add"``) to leave in floating point, as in
             :func:`workbench.quant.ignore_matcher`.
-        add, concat: which operations to quantize.
+        add, concat, matmul, attention: which operations to quantize (attention: SDPA and Hugging Face
+            attention functions).
         descriptor_for: ``qualified_name -> descriptor or None``: per-operation descriptors (None falls
             back to ``quant_desc_input``).
+        residual_adds_in_transformer_blocks: also quantize adds in modules holding a LayerNorm/RMSNorm
+            or an attention (off by default: TensorRT keeps them in its fused kernels).
+        example_inputs: a sample input (a tensor, a tuple of positional inputs or a dict of keyword
+            inputs; one small batch). When given, the model runs once on it, every traced module is run
+            against its original on its real arguments and kept only if the outputs are equal, and
+            integer/boolean tensors are recognised by their dtype.
 
     Returns:
         ``(model, report)``; see :class:`FunctionalQuantReport`.
+
+    Raises:
+        ValueError: the model fails on ``example_inputs``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}.")
     report = FunctionalQuantReport()
-    inserter = _Inserter(quant_desc_input, ignore_matcher(ignore_policy), add, concat, report,
-                         descriptor_for)
+    ignored = ignore_matcher(ignore_policy)
+    calls = None
+    if example_inputs is not None:
+        try:
+            calls = capture_calls(model, example_inputs)
+        except Exception as error:
+            raise ValueError(f"The model fails on the sample input used to check traced modules: "
+                             f"{type(error).__name__}: {error}") from error
+    inserter = _Inserter(quant_desc_input, ignored, add, concat, report, descriptor_for, matmul=matmul,
+                         attention=attention, residual_adds_in_transformer_blocks=residual_adds_in_transformer_blocks,
+                         calls=calls)
+    if attention:
+        for result in quantize_hf_attention(model, quant_desc_input=quant_desc_input, ignored=ignored,
+                                            descriptor_for=descriptor_for):
+            module = model.get_submodule(result.owner) if result.owner else model
+            what = f"{result.implementation} attention function"
+            if result.name is not None:
+                inserter.function_level.add(id(module))
+                report.attention_modules.append(result.owner)
+                report.inserted.append(InsertedQuantizer(result.name, "attention", result.owner, what, 4))
+            else:
+                report.unquantized_attention.append(SkippedOp(result.owner, what, result.reason or ""))
+                add_note(module, f"attention not quantized: {result.reason}")
     result = inserter.convert(model, "")
-    if report.failures:
+    if report.failures or report.unquantized_attention:
         logger.warning("Functional quantization: %s", report.summary())
     return result, report

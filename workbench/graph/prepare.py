@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -41,6 +42,8 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
                          quant_desc_weight: QuantDescriptor | None = None, functional: bool = True,
                          rules: PlacementRules | None = None, apply_rules: bool = True,
                          descriptor_for: DescriptorChoice | None = None, add: bool = True, concat: bool = True,
+                         matmul: bool = True, attention: bool = True,
+                         residual_adds_in_transformer_blocks: bool = False, example_inputs: Any = None,
                          ) -> tuple[nn.Module, PreparationReport]:
     """Quantize ``model`` the way TensorRT's ``--best`` fuses it, before calibration.
 
@@ -52,17 +55,21 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
 
     ``ignore_policy`` applies to layer names and to the names of the new functional quantizers.
     ``descriptor_for(name, module)`` gives per-layer ``(input, weight)`` descriptors (module is None
-    for a functional operation); ``add`` / ``concat`` choose which functional operations to quantize.
+    for a functional operation); ``add`` / ``concat`` / ``matmul`` / ``attention`` choose which functional
+    operations to quantize; ``residual_adds_in_transformer_blocks`` and ``example_inputs`` (one small
+    sample batch: traced modules are checked against their originals on it) are passed to
+    :func:`workbench.graph.insert_functional_quantizers`.
     Use the returned model (see :func:`insert_functional_quantizers`).
     """
     replacement = replace_to_quantization_module(model, ignore_policy, quant_desc_input=quant_desc_input,
                                                  quant_desc_weight=quant_desc_weight, descriptor_for=descriptor_for)
     functional_report = None
-    if functional and (add or concat):
+    if functional and (add or concat or matmul or attention):
         functional_choice = None if descriptor_for is None else (lambda name: descriptor_for(name, None)[0])
-        model, functional_report = insert_functional_quantizers(model, quant_desc_input=quant_desc_input,
-                                                                ignore_policy=ignore_policy, add=add,
-                                                                concat=concat, descriptor_for=functional_choice)
+        model, functional_report = insert_functional_quantizers(
+            model, quant_desc_input=quant_desc_input, ignore_policy=ignore_policy, add=add, concat=concat,
+            descriptor_for=functional_choice, matmul=matmul, attention=attention,
+            residual_adds_in_transformer_blocks=residual_adds_in_transformer_blocks, example_inputs=example_inputs)
     rules_report = apply_placement_rules(model, rules) if apply_rules else None
     report = PreparationReport(replacement, functional_report, rules_report)
     if not any(isinstance(m, TensorQuantizer) for m in model.modules()):

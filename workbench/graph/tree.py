@@ -15,15 +15,16 @@ import torch.fx as fx
 from torch import nn
 
 from workbench.quant.nn.modules._utils import QuantInputMixin, QuantMixin
+from workbench.quant.nn.modules.quant_attention import ATTENTION_QUANTIZER_ROLES, QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.replace import default_quant_map
+from workbench.quant.replace import default_quant_map, quantized_class_for
 from workbench.quant.snapshot import holds_quantizers, owned_quantizers
 
 __all__ = ["QuantizerInfo", "ModuleInfo", "ModelTree", "describe_model", "is_quantized_module",
-           "quantizer_summary", "add_note", "module_notes", "NOTES_ATTR"]
+           "quantizer_summary", "quantizer_role", "add_note", "module_notes", "NOTES_ATTR"]
 
-_QUANTIZED_BASES = (QuantMixin, QuantInputMixin, QuantAdd, QuantConcat)
+_QUANTIZED_BASES = (QuantMixin, QuantInputMixin, QuantAdd, QuantConcat, QuantMatMul, QuantSDPA)
 # Short remarks a model transformation leaves on a module for the tree to show ("folded bn1"); a
 # plain attribute, so it follows the module through copies and quantized_copy().
 NOTES_ATTR = "_workbench_notes"
@@ -59,6 +60,8 @@ class QuantizerInfo:
     has_amax: bool
     amax: str                 # "dynamic", "1.2345" or "[min, max](channels)"
     shared_with: tuple[str, ...] = ()  # other qualified names of the same quantizer object
+    role: str = ""            # what it quantizes when the attribute name does not say: "query", "key",
+                              # "value", "probabilities" (attention products), "" otherwise
 
     @property
     def active(self) -> bool:
@@ -223,10 +226,12 @@ def describe_model(model: nn.Module) -> ModelTree:
     for name, module, parent, depth, children in rows:
         kind = type(module)
         quantized = kind in quantized_types or bool(own_quantizers[name]) or isinstance(module, _QUANTIZED_BASES)
-        quant_cls = quant_map.get(kind)
+        # subclasses that compute what their base does are quantizable; one with its own forward says why not
+        quant_cls, not_quantizable = (None, None) if quantized else quantized_class_for(module, quant_map)
         quant_type = kind.__name__ if quantized else (quant_cls.__name__ if quant_cls else None)
         quantizers = tuple(
-            _quantizer_info(f"{name}.{attr}" if name else attr, name, attr, q, quantizer_paths.get(id(q), []))
+            _quantizer_info(f"{name}.{attr}" if name else attr, name, attr, q, quantizer_paths.get(id(q), []),
+                            quantizer_role(module, attr))
             for attr, q in own_quantizers[name])
         traced = isinstance(module, fx.GraphModule)
         type_path = "torch.fx.GraphModule" if traced else f"{kind.__module__}.{kind.__qualname__}"
@@ -234,15 +239,28 @@ def describe_model(model: nn.Module) -> ModelTree:
             name=name, type_name=kind.__name__, type_path=type_path, parent=parent, traced=traced,
             depth=depth, children=tuple(children), num_params=own_counts[name], total_params=totals[name],
             quantizable=quantized or quant_cls is not None, quantized=quantized, quant_type=quant_type,
-            quantizers=quantizers, notes=module_notes(module)))
+            quantizers=quantizers, notes=module_notes(module) + ((not_quantizable,) if not_quantizable else ())))
     return ModelTree(infos)
 
 
-def _quantizer_info(name: str, owner: str, attr: str, q: TensorQuantizer, paths: list[str]) -> QuantizerInfo:
+def quantizer_role(module: nn.Module, attr: str) -> str:
+    """What the quantizer ``attr`` of ``module`` quantizes in an attention ("query", "key", "value",
+    "probabilities"), or "" when it is not an attention quantizer."""
+    if isinstance(module, QuantSDPA):
+        return ATTENTION_QUANTIZER_ROLES.get(attr, "")
+    if isinstance(module, QuantMatMul):
+        roles = getattr(module, "roles", None) or ()
+        index = {"_input0_quantizer": 0, "_input1_quantizer": 1}.get(attr)
+        return roles[index] if index is not None and index < len(roles) else ""
+    return ""
+
+
+def _quantizer_info(name: str, owner: str, attr: str, q: TensorQuantizer, paths: list[str],
+                    role: str = "") -> QuantizerInfo:
     calibrator = q._calibrator
     return QuantizerInfo(
         name=name, owner=owner, attr=attr, enabled=not q._disabled, quant=bool(q._if_quant),
         calib=bool(q._if_calib), num_bits=q._num_bits, axis=q._axis, unsigned=bool(q._unsigned),
         narrow_range=bool(q._narrow_range), calibrator=type(calibrator).__name__ if calibrator is not None else None,
         has_amax="_amax" in q._buffers, amax=quantizer_summary(q),
-        shared_with=tuple(p for p in paths if p != name))
+        shared_with=tuple(p for p in paths if p != name), role=role)

@@ -9,4 +9,5 @@ from workbench.project.model import (  # noqa: F401
     QuantizerRecord,
     SensitivityRecord,
 )
-from workbench.project.store import PROJECT_SUFFIX, ProjectError, load_project, save_project  # noqa: F401
+from workbench.project.errors import ProjectChangedError, ProjectError  # noqa: F401
+from workbench.project.store import PROJECT_SUFFIX, SaveReport, load_project, save_project  # noqa: F401

@@ -11,7 +11,7 @@ from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.model_source import FileDigest, ModelSpec
 
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
-           "ExportRecord", "FinetuneRecord", "Project", "now_iso", "DATA_ROLES"]
+           "ExportRecord", "FinetuneRecord", "Project", "ProjectOrigin", "now_iso", "DATA_ROLES"]
 
 DATA_ROLES = ("calibration", "evaluation", "training")
 
@@ -116,6 +116,19 @@ class FinetuneRecord:
 
 
 @dataclass
+class ProjectOrigin:
+    """Where a project in memory came from: the file, its revision then, and a digest of each part.
+
+    A save compares the file's revision with ``revision``; when another process saved in between, the
+    digests tell what each side changed (see :mod:`workbench.project.merge`).
+    """
+
+    path: str
+    revision: int
+    digests: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Project:
     """Everything a project file holds."""
 
@@ -134,6 +147,8 @@ class Project:
     created: str = field(default_factory=now_iso)
     modified: str = field(default_factory=now_iso)
     app_version: str = ""
+    # the file and revision this was loaded from or last saved to (None: not from a file yet)
+    origin: ProjectOrigin | None = field(default=None, compare=False, repr=False)
 
     @property
     def current_calibration(self) -> CalibrationRecord | None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 __all__ = ["model_inputs", "batch_targets", "to_device", "run_model", "flat_tensors", "class_scores", "sqnr_db",
-           "model_device"]
+           "model_device", "select_output", "output_keys", "first_samples", "input_shapes"]
 
 _TARGET_KEYS = ("labels", "label", "targets", "target")
 
@@ -31,18 +31,21 @@ def model_inputs(batch: Any) -> tuple[tuple, dict]:
     """The positional and keyword arguments a batch gives the model.
 
     A tensor is the single input; a tuple or list is ``(inputs, targets...)`` whose first element is
-    the input (or a tuple of inputs), as data loaders yield it; a mapping is keyword arguments.
+    the input (a tensor, a tuple of inputs, or a dict of keyword inputs), as data loaders yield it; a
+    mapping is keyword arguments (``input_ids``, ``attention_mask``...) except its ``labels``/``targets``
+    entry, which is the batch's targets (see :func:`batch_targets`), not an input: a Hugging Face model
+    given ``labels`` would compute a loss and change its output.
     """
     if isinstance(batch, torch.Tensor):
         return (batch,), {}
     if isinstance(batch, Mapping):
-        return (), dict(batch)
+        return (), {k: v for k, v in batch.items() if k not in _TARGET_KEYS}
     if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)) and len(batch) > 0:
         first = batch[0]
         if isinstance(first, (tuple, list)):
             return tuple(first), {}
         if isinstance(first, Mapping):
-            return (), dict(first)
+            return (), {k: v for k, v in first.items() if k not in _TARGET_KEYS}
         return (first,), {}
     raise TypeError(f"A batch must be a tensor, a (inputs, targets) tuple or a dict of inputs, "
                     f"got {type(batch).__name__}.")
@@ -77,6 +80,74 @@ def run_model(model: nn.Module, batch: Any, device: torch.device) -> Any:
     return model(*to_device(args, device), **to_device(kwargs, device))
 
 
+def first_samples(inputs: Any, count: int) -> Any:
+    """``inputs`` (a tensor, or tuples, lists and dicts of them) cut to their first ``count`` samples."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs[:count] if inputs.dim() > 0 else inputs
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(first_samples(v, count) for v in inputs)
+    if isinstance(inputs, Mapping):
+        return {k: first_samples(v, count) for k, v in inputs.items()}
+    return inputs
+
+
+def input_shapes(args: tuple, kwargs: dict) -> str:
+    """``"(2, 3, 8, 8) float32"`` or ``"input_ids (2, 16) int64, attention_mask (2, 16) int64"``, for messages."""
+    def one(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+        return type(value).__name__
+    parts = [one(v) for v in args] + [f"{k} {one(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts) or "no inputs"
+
+
+def output_keys(output: Any) -> list[str]:
+    """The names :func:`select_output` accepts for ``output``: dict / ModelOutput keys, or tuple indices."""
+    if isinstance(output, Mapping):
+        return [str(k) for k in output.keys()]
+    if isinstance(output, (tuple, list)):
+        return [str(i) for i in range(len(output))]
+    return []
+
+
+def select_output(output: Any, key: str | None = None) -> Any:
+    """The part of a model output that metrics, sensitivity, parity checks and export compare.
+
+    With ``key``: that entry (a dict or ``ModelOutput`` key such as ``logits``, or a tuple index such as
+    ``"0"``). Without: a tensor, or a tuple/list of tensors only (a plain multi-output model), is kept
+    whole; any other output (a dict, a Hugging Face ``ModelOutput``, nested structures, outputs holding
+    a cache object or None) gives its first tensor (``logits``, ``last_hidden_state``...), so caches
+    and auxiliary outputs are never compared.
+
+    Raises:
+        ValueError: ``key`` names no entry (the message lists the names there are), or the output
+            holds no tensor.
+    """
+    if key is not None and key != "":
+        picked: Any = None
+        if isinstance(output, Mapping):
+            picked = output.get(key)
+        elif isinstance(output, (tuple, list)) and str(key).lstrip("-").isdigit() and \
+                -len(output) <= int(key) < len(output):
+            picked = output[int(key)]
+        elif not isinstance(output, torch.Tensor):
+            picked = getattr(output, str(key), None)
+        if picked is None or not flat_tensors(picked):
+            names = output_keys(output)
+            raise ValueError(f"The model's output has no tensor under {key!r}; "
+                             + (f"it has: {', '.join(names)}." if names else
+                                f"it is a single {type(output).__name__}: leave the output key empty."))
+        return picked
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and all(isinstance(v, torch.Tensor) for v in output):
+        return output
+    tensors = flat_tensors(output)
+    if not tensors:
+        raise ValueError(f"The model's output (a {type(output).__name__}) holds no tensor.")
+    return tensors[0]
+
+
 def flat_tensors(output: Any) -> list[torch.Tensor]:
     """The tensors of a model output (a tensor, or tuples, lists and dicts of them), in order."""
     if isinstance(output, torch.Tensor):
@@ -99,8 +170,19 @@ def class_scores(output: Any) -> torch.Tensor:
 
 
 def sqnr_db(reference: Any, quantized: Any) -> float | None:
-    """Signal-to-quantization-noise ratio of ``quantized`` against ``reference`` in dB (inf if equal)."""
-    ref, test = flat_tensors(reference), flat_tensors(quantized)
+    """Signal-to-quantization-noise ratio of ``quantized`` against ``reference`` in dB (inf if equal).
+
+    Either is one output or a list of outputs (one per batch); each output is compared on the part
+    :func:`select_output` picks.
+    """
+    def picked(value: Any) -> list[torch.Tensor]:
+        if isinstance(value, list) and value and not all(isinstance(v, torch.Tensor) for v in value):
+            return [t for v in value for t in flat_tensors(select_output(v))]
+        return flat_tensors(select_output(value))
+    try:
+        ref, test = picked(reference), picked(quantized)
+    except ValueError:
+        return None
     if not ref or len(ref) != len(test):
         return None
     signal = sum(float(r.double().pow(2).sum()) for r in ref)

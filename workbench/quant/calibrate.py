@@ -6,6 +6,7 @@ model's quantizers are left exactly as they were (state_dict, enable flags, coll
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -17,12 +18,15 @@ from torch import nn
 
 from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db  # noqa: F401
 from workbench.quant.calib import HISTOGRAM_METHODS, HistogramCalibrator, MaxCalibrator
+from workbench.quant.calib.merge import merge_calibrators
+from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import ModelSnapshot
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["calibrate", "CalibrationResult", "QuantizerCalibration", "CalibrationCancelled", "CalibrationError",
+           "NonFiniteCalibrationError",
            "CancelToken", "ProgressCallback", "model_inputs", "run_model", "sqnr_db", "model_device"]
 
 ProgressCallback = Callable[[int, int, str], None]
@@ -51,6 +55,22 @@ class CalibrationError(RuntimeError):
         self.original = original
         super().__init__(f"The model failed on calibration batch {batch_index}: "
                          f"{type(original).__name__}: {original}")
+
+
+class NonFiniteCalibrationError(ValueError):
+    """Some quantizers saw no finite value (all NaN/Inf): no amax can be set. The model is unchanged.
+
+    Attributes:
+        names: the quantizers that saw no finite value.
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = list(names)
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        super().__init__(f"Calibration saw no finite value at {shown}: every value that reached "
+                         f"{'it' if len(names) == 1 else 'them'} was NaN or Inf, so no range can be set. Check the "
+                         "calibration data (or the model's output of the layers before) for NaN/Inf; nothing was "
+                         "changed.")
 
 
 @dataclass
@@ -110,7 +130,7 @@ class CalibrationResult:
 def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, method: str,
               percentile: float = 99.99, device: torch.device | str | None = None,
               progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-              report_sqnr: bool = True) -> CalibrationResult:
+              report_sqnr: bool = True, context: DistContext | None = None) -> CalibrationResult:
     """Calibrate every enabled quantizer of ``model`` on ``batches``.
 
     Quantizers with a calibrator collect statistics with quantization off; the others are bypassed
@@ -131,6 +151,11 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         cancel: checked before each batch; when set, :class:`CalibrationCancelled` is raised.
         report_sqnr: also run the first batch with and without quantization and report the output
             SQNR (two extra forward passes), so that a collapsed amax is visible.
+        context: the process's place in a distributed job (None: one process). Rank ``r`` of ``N``
+            runs batches ``r, r + N, ...`` of the same first ``num_batches``, the statistics are
+            merged across ranks (:func:`~workbench.quant.calib.merge.merge_calibrators`), and every
+            rank ends with the amax one process would have found; rank 0 reports progress summed
+            over the ranks and the output SQNR (on batch 0, as one process does).
 
     Raises:
         ValueError: bad arguments, no quantizers, or no batches.
@@ -150,11 +175,18 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         raise ValueError("The model has no TensorQuantizer to calibrate: quantize it first "
                          "(replace_to_quantization_module or quant_modules.initialize).")
 
+    context = context or SINGLE
     original_device = model_device(model)
     run_device = torch.device(device) if device is not None else original_device
     snapshot = ModelSnapshot(model, calibrators=True)
     total = num_batches if num_batches is not None else _length_or_zero(batches)
     started = time.perf_counter()
+    local_progress = progress
+    if context.distributed:
+        # this rank's share: the same batches in all as one process, dealt round robin
+        batches = itertools.islice(batches, context.rank, num_batches, context.world_size)
+        num_batches = None
+        local_progress = context.progress(context.main_only(progress), total, "calibration")
 
     calibrating: dict[str, TensorQuantizer] = {}
     try:
@@ -174,6 +206,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
 
         first_batch = None
         done = 0
+        mostly_nonfinite: list[int] = []  # batches whose inputs are more NaN/Inf than finite
         with torch.no_grad():
             for index, batch in enumerate(batches):
                 if num_batches is not None and index >= num_batches:
@@ -186,19 +219,30 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                     raise CalibrationError(index, error) from error
                 if first_batch is None:
                     first_batch = batch
+                if _nonfinite_share(batch) > _MOSTLY:
+                    mostly_nonfinite.append(index)
                 done += 1
-                if progress is not None:
-                    progress(done, total, f"calibration batch {done}" + (f" of {total}" if total else ""))
+                if local_progress is not None:
+                    local_progress(done, total, f"calibration batch {done}" + (f" of {total}" if total else ""))
+        if context.distributed:
+            context.wait_for_peers(local_progress, "calibration batches")
+            merge_calibrators({name: q._calibrator for name, q in calibrating.items()}, context)
+            done = sum(context.all_gather(done))
+            first_batch = first_batch if context.is_main else None  # batch 0 is rank 0's
         if done == 0:
             raise ValueError("No calibration batches: the data source yielded nothing.")
         collected = time.perf_counter()
 
         results: dict[str, QuantizerCalibration] = {}
         unused = []
+        blind: list[str] = []  # quantizers that saw only NaN/Inf
         for name, q in calibrating.items():
             calibrator = q._calibrator
             if calibrator.batches_seen == 0:
                 unused.append(name)
+                continue
+            if calibrator.values_seen <= calibrator.nonfinite_count:
+                blind.append(name)
                 continue
             used_method = "max" if isinstance(calibrator, MaxCalibrator) else method
             if isinstance(calibrator, HistogramCalibrator):
@@ -212,6 +256,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                 calibrator=type(calibrator).__name__, batches=calibrator.batches_seen,
                 num_samples=calibrator.values_seen, nonfinite_count=calibrator.nonfinite_count,
                 max_value=None if max_value is None else float(max_value.max()))
+        if blind:
+            raise NonFiniteCalibrationError(blind)
         amax_done = time.perf_counter()
     except BaseException:
         if run_device != original_device:
@@ -230,7 +276,9 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
     snapshot.restore_modes()
     result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
                                wall_time_s=time.perf_counter() - started, device=str(run_device), unused=unused,
-                               output_sqnr_db=output_sqnr, warnings=_suspicious(results, quantizers),
+                               output_sqnr_db=output_sqnr,
+                               warnings=_nonfinite_warnings(results, mostly_nonfinite, done)
+                               + _zero_warnings(results) + _suspicious(results, quantizers),
                                collect_time_s=collected - started, amax_time_s=amax_done - collected)
     for warning in result.warnings:
         logger.warning(warning)
@@ -259,6 +307,44 @@ def _suspicious(results: dict[str, QuantizerCalibration], quantizers: dict[str, 
             warnings.append(f"{name}: only {item.num_samples} values for a {bins}-bin histogram; {item.method} is "
                             "unreliable on so few (use more batches, or max/percentile for this quantizer).")
     return warnings
+
+
+# A batch whose inputs are more than this share NaN/Inf is reported.
+_MOSTLY = 0.5
+
+
+def _nonfinite_share(batch: Any) -> float:
+    """The share of NaN/Inf among the floating-point values of a batch's inputs (0 when it has none)."""
+    args, kwargs = model_inputs(batch)
+    total = bad = 0
+    for tensor in flat_tensors((args, kwargs)):
+        if tensor.is_floating_point() and tensor.numel():
+            total += tensor.numel()
+            bad += int((~torch.isfinite(tensor)).sum())
+    return bad / total if total else 0.0
+
+
+def _nonfinite_warnings(results: dict[str, QuantizerCalibration], mostly: list[int], done: int) -> list[str]:
+    """NaN/Inf in the data must not pass as a clean run: which batches, and which quantizers it reached."""
+    warnings = []
+    if mostly:
+        shown = ", ".join(str(i) for i in mostly[:10]) + (", ..." if len(mostly) > 10 else "")
+        warnings.append(f"calibration batches {shown} ({len(mostly)} of {done}) are mostly NaN/Inf (over "
+                        f"{_MOSTLY:.0%} of their input values); those values were left out of every range.")
+    touched = [item for item in results.values() if item.nonfinite_count]
+    if touched:
+        worst = max(touched, key=lambda item: item.nonfinite_count / max(item.num_samples, 1))
+        warnings.append(f"{len(touched)} quantizers saw NaN/Inf values (left out of amax); most at {worst.name}: "
+                        f"{worst.nonfinite_count} of {worst.num_samples} values.")
+    return warnings
+
+
+def _zero_warnings(results: dict[str, QuantizerCalibration]) -> list[str]:
+    """A quantizer that saw only zeros gets amax 0, which quantizes every later input to 0."""
+    return [f"{item.name}: calibration saw only zeros, so its amax is 0 and every input it gets is quantized to 0; "
+            "use calibration data that reaches this layer with non-zero values, or leave the layer in float."
+            for item in results.values() if item.max_value is not None and item.max_value == 0
+            and float(item.amax.abs().max()) == 0]
 
 
 def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batch: Any,

@@ -34,6 +34,9 @@ _DEFAULT_QUANT_MAP = [
     _quant_entry(torch.nn, "AdaptiveAvgPool1d", quant_nn.QuantAdaptiveAvgPool1d),
     _quant_entry(torch.nn, "AdaptiveAvgPool2d", quant_nn.QuantAdaptiveAvgPool2d),
     _quant_entry(torch.nn, "AdaptiveAvgPool3d", quant_nn.QuantAdaptiveAvgPool3d),
+    _quant_entry(torch.nn, "MultiheadAttention", quant_nn.QuantMultiheadAttention),
+    _quant_entry(torch.nn, "TransformerEncoderLayer", quant_nn.QuantTransformerEncoderLayer),
+    _quant_entry(torch.nn, "TransformerEncoder", quant_nn.QuantTransformerEncoder),
 ]
 
 # The float classes, captured at import so that initialize() cannot make us lose them.

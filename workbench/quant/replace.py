@@ -1,7 +1,10 @@
 """Convert an existing model to quantized modules, in place, with an ignore policy and a report."""
 from __future__ import annotations
 
+import ast
+import inspect
 import re
+import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -11,7 +14,7 @@ from workbench.quant import quant_modules
 from workbench.quant.tensor_quant import QuantDescriptor
 
 __all__ = ["IgnorePolicy", "ReplacedLayer", "IgnoredLayer", "ReplacementReport", "replace_to_quantization_module",
-           "ignore_matcher", "default_quant_map"]
+           "ignore_matcher", "default_quant_map", "quantized_class_for"]
 
 IgnorePolicy = str | Iterable[str] | Callable[[str], bool] | None
 
@@ -32,10 +35,15 @@ class IgnoredLayer:
 
 @dataclass
 class ReplacementReport:
-    """What :func:`replace_to_quantization_module` did, layer by layer."""
+    """What :func:`replace_to_quantization_module` did, layer by layer.
+
+    ``not_quantizable`` lists subclasses of quantizable layers that change what the layer computes
+    (their own ``forward``): they stay float, with the reason (``"not quantizable: custom forward"``).
+    """
 
     replaced: list[ReplacedLayer] = field(default_factory=list)
     ignored: list[IgnoredLayer] = field(default_factory=list)
+    not_quantizable: list[IgnoredLayer] = field(default_factory=list)
 
     @property
     def replaced_names(self) -> list[str]:
@@ -46,12 +54,101 @@ class ReplacementReport:
         return [layer.name for layer in self.ignored]
 
     def summary(self) -> str:
-        return f"{len(self.replaced)} layers quantized, {len(self.ignored)} ignored"
+        text = f"{len(self.replaced)} layers quantized, {len(self.ignored)} ignored"
+        if self.not_quantizable:
+            text += f", {len(self.not_quantizable)} not quantizable (custom forward)"
+        return text
 
 
 def default_quant_map() -> dict[type, type]:
     """Float module class -> quantized class, for every layer type the core can quantize."""
     return {quant_modules.FLOAT_CLASSES[e.mod_name]: e.replace_mod for e in quant_modules._DEFAULT_QUANT_MAP}
+
+
+# Methods a subclass may override without changing what the layer computes.
+_HARMLESS_OVERRIDES = frozenset({"__init__", "__repr__", "extra_repr", "reset_parameters", "__setstate__",
+                                 "_load_from_state_dict", "_save_to_state_dict"})
+
+
+def quantized_class_for(module: nn.Module, mapping: dict[type, type]) -> tuple[type | None, str | None]:
+    """The quantized class for ``module`` and, when it cannot have one, why.
+
+    A layer of a mapped type, or of a subclass that computes the same (its ``forward`` inherited, or
+    only ``return super().forward(...)`` with its own arguments; e.g. ``nn.MultiheadAttention.out_proj``'s
+    ``NonDynamicallyQuantizableLinear`` or timm's ``Linear``), gets the base's quantized class. A
+    subclass overriding ``forward`` (or another method the computation uses) gets ``(None, "not
+    quantizable: custom forward")``. Anything else, or an already quantized module: ``(None, None)``.
+    """
+    cls = type(module)
+    if cls in mapping:
+        return mapping[cls], None
+    quantized = tuple(mapping.values())
+    if quantized and isinstance(module, quantized):
+        return None, None
+    for base in cls.__mro__[1:]:
+        if base in mapping:
+            changed = _overridden_computation(cls, base)
+            if changed is not None:
+                return None, f"not quantizable: custom {changed}"
+            return mapping[base], None
+    return None, None
+
+
+def _overridden_computation(cls: type, base: type) -> str | None:
+    """The first method between ``cls`` and ``base`` in the MRO that replaces one of ``base``'s
+    computation, or None when the subclass computes what ``base`` does."""
+    for klass in cls.__mro__:
+        if klass is base:
+            return None
+        for attr, value in vars(klass).items():
+            if attr in _HARMLESS_OVERRIDES or not inspect.isfunction(value) or not hasattr(base, attr):
+                continue
+            if attr == "forward" and _only_calls_super(value):
+                continue
+            return attr
+    return None
+
+
+def _only_calls_super(function: Callable) -> bool:
+    """Whether ``function`` is ``return super().forward(<its own arguments, in order>)`` (docstring allowed)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):  # no source to read: assume it computes something else
+        return False
+    definition = tree.body[0] if tree.body else None
+    if not isinstance(definition, ast.FunctionDef):
+        return False
+    body = [s for s in definition.body
+            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or not isinstance(body[0].value, ast.Call):
+        return False
+    call = body[0].value
+    target = call.func
+    if not (isinstance(target, ast.Attribute) and target.attr == function.__name__
+            and isinstance(target.value, ast.Call) and isinstance(target.value.func, ast.Name)
+            and target.value.func.id == "super"):
+        return False
+    args = definition.args
+    params = [a.arg for a in args.posonlyargs + args.args][1:] + [a.arg for a in args.kwonlyargs]
+    positional: list[str] = []
+    for value in call.args:  # the parameters themselves, in order, or *args passed on
+        if isinstance(value, ast.Starred) and isinstance(value.value, ast.Name) and args.vararg is not None \
+                and value.value.id == args.vararg.arg:
+            continue
+        if not isinstance(value, ast.Name):
+            return False
+        positional.append(value.id)
+    named: list[str] = []
+    for keyword in call.keywords:  # name=name, or **kwargs passed on
+        if keyword.arg is None:
+            if not (isinstance(keyword.value, ast.Name) and args.kwarg is not None
+                    and keyword.value.id == args.kwarg.arg):
+                return False
+        elif isinstance(keyword.value, ast.Name) and keyword.value.id == keyword.arg:
+            named.append(keyword.arg)
+        else:
+            return False
+    return positional == params[:len(positional)] and sorted(positional + named) == sorted(params)
 
 
 def ignore_matcher(ignore_policy: IgnorePolicy) -> Callable[[str], str | None]:
@@ -107,9 +204,10 @@ def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy
     """Swap every quantizable submodule of ``model`` for its quantized counterpart, in place.
 
     The quantized module shares the float module's parameters and buffers, so names and state_dict
-    keys are unchanged (quantizer buffers are added). No class of the user's model is modified:
-    modules are matched by exact type, so subclasses of ``nn.Conv2d`` with their own forward are left
-    alone (they are reported neither as replaced nor ignored).
+    keys are unchanged (quantizer buffers are added). No class of the user's model is modified.
+    Modules are matched by type, subclasses included when they compute what their base does (see
+    :func:`quantized_class_for`); a subclass with its own forward stays float and is listed in
+    ``report.not_quantizable`` with the reason.
 
     Args:
         model: the model to convert.
@@ -130,9 +228,10 @@ def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy
     mapping = default_quant_map() if quant_map is None else dict(quant_map)
     is_ignored = ignore_matcher(ignore_policy)
     report = ReplacementReport()
-    if type(model) in mapping:
+    if quantized_class_for(model, mapping)[0] is not None:
         raise ValueError(f"The model itself is a {type(model).__name__}; replace_to_quantization_module swaps "
-                         f"submodules in place. Use {mapping[type(model)].__name__}.from_float(model) instead.")
+                         f"submodules in place. Use {quantized_class_for(model, mapping)[0].__name__}.from_float(model) "
+                         "instead.")
 
     def visit(module: nn.Module, prefix: str) -> None:
         for child_name, child in list(module._modules.items()):
@@ -140,7 +239,10 @@ def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy
                 continue
             path = child_name if not prefix else f"{prefix}.{child_name}"
             visit(child, path)
-            quant_cls = mapping.get(type(child))
+            quant_cls, unsupported = quantized_class_for(child, mapping)
+            if unsupported is not None:
+                report.not_quantizable.append(IgnoredLayer(path, type(child).__name__, unsupported))
+                continue
             if quant_cls is None:
                 continue
             reason = is_ignored(path)

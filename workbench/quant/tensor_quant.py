@@ -271,9 +271,23 @@ class ScaledQuantDescriptor:
         obj = yaml.safe_load(yaml_str)
         if not isinstance(obj, dict):
             raise ValueError("QuantDescriptor YAML must be a mapping of field names to values.")
-        if "axis" in obj and isinstance(obj["axis"], list):
-            obj["axis"] = tuple(obj["axis"]) if len(obj["axis"]) != 1 else obj["axis"][0]
-        return cls(**obj)
+        return cls.from_dict(obj)
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> ScaledQuantDescriptor:
+        """Build a descriptor from :meth:`dict` fields as JSON or YAML give them back (lists for tuples).
+
+        Raises:
+            TypeError, ValueError: as the constructor (the message names the field).
+        """
+        if not isinstance(fields, dict):
+            raise TypeError(f"a descriptor is a mapping of field names to values, got {type(fields).__name__}.")
+        fields = dict(fields)
+        if isinstance(fields.get("axis"), list):
+            fields["axis"] = tuple(fields["axis"]) if len(fields["axis"]) != 1 else fields["axis"][0]
+        if isinstance(fields.get("num_bits"), list):
+            fields["num_bits"] = tuple(fields["num_bits"])
+        return cls(**{str(key): value for key, value in fields.items()})
 
     def replace(self, **changes: Any) -> ScaledQuantDescriptor:
         """A copy with some fields changed (validated like the constructor)."""

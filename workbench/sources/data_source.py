@@ -4,11 +4,16 @@ Kinds: a folder of images (recursive; jpg/png/bmp, read with Pillow: resize, cen
 labels from sub-folder names), tensor files (``.npy``, ``.npz``, ``.safetensors``, ``.pt`` holding
 tensors only), a Python entry point returning an iterable of batches (needs trust), and the demo
 digits data. Batches are ``(inputs, labels)`` tuples, ``labels`` being None when unknown.
+
+``inputs`` is one tensor (the model's positional input) or, for models fed by keyword (token ids and
+their masks), a dict ``{argument name: tensor}``: a tensor file holding several arrays none of which is
+named like a single input (``input_ids``, ``attention_mask``, ``token_type_ids``...), or an entry point
+yielding dicts. Integer data (token ids) keeps its integer dtype; only floating data becomes float32.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +23,7 @@ import torch
 
 from workbench.sources import demo
 from workbench.sources.entrypoints import load_entrypoint, split_entrypoint
-from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.errors import SourceError, TrustRequired, mixed_sizes_message, unreadable_reason
 from workbench.sources.npy_folder import is_npy_folder, stack_npy_folder
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 
@@ -30,7 +35,8 @@ TENSOR_SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 INPUT_KEYS = ("inputs", "input", "x", "images", "data")
 LABEL_KEYS = ("labels", "label", "y", "targets", "target")
 
-Batch = tuple[torch.Tensor, "torch.Tensor | None"]
+Inputs = "torch.Tensor | dict[str, torch.Tensor]"
+Batch = tuple[Inputs, "torch.Tensor | None"]
 
 
 @dataclass
@@ -147,10 +153,41 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """What the model is fed: per-sample shape (without the batch dimension) and dtype."""
+    """What the model is fed: per-sample shape (without the batch dimension) and dtype.
+
+    A model fed by keyword (``input_ids``, ``attention_mask``...) has ``named``: ``{argument: (shape,
+    dtype)}`` in the order the data gives them; ``shape`` and ``dtype`` are then the first one's.
+    """
 
     shape: tuple[int, ...]
     dtype: str = "float32"
+    named: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+
+    @classmethod
+    def of(cls, inputs: Any) -> InputSpec:
+        """The spec of one batch's inputs (a tensor, or a dict of tensors by argument name)."""
+        if isinstance(inputs, Mapping):
+            named = tuple((str(k), tuple(v.shape[1:]), _dtype_name(v)) for k, v in inputs.items())
+            if not named:
+                raise SourceError("the data gives an empty dict of inputs.")
+            return cls(named[0][1], named[0][2], named)
+        return cls(tuple(inputs.shape[1:]), _dtype_name(inputs))
+
+    @property
+    def is_integer(self) -> bool:
+        """Token ids and the like: an integer (or bool) input, which gets no float normalisation."""
+        return not self.dtype.startswith(("float", "bfloat", "complex"))
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
+        if self.named:
+            data["named"] = [[name, list(shape), dtype] for name, shape, dtype in self.named]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InputSpec:
+        named = tuple((str(n), tuple(int(s) for s in shape), str(d)) for n, shape, d in data.get("named") or ())
+        return cls(tuple(int(s) for s in data["shape"]), str(data.get("dtype", "float32")), named)
 
     @staticmethod
     def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -178,7 +215,13 @@ class InputSpec:
         return (batch, *self.shape)
 
     def describe(self) -> str:
+        if self.named:
+            return ", ".join(f"{name} {tuple(shape)} {dtype}" for name, shape, dtype in self.named)
         return f"{tuple(self.shape)} {self.dtype}"
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).replace("torch.", "")
 
 
 class DataSource:
@@ -193,7 +236,7 @@ class DataSource:
         self.classes: list[str] = []
         self._files: list[Path] = []
         self._labels: list[int] | None = None
-        self._inputs: torch.Tensor | None = None
+        self._inputs: torch.Tensor | dict[str, torch.Tensor] | None = None
         self._targets: torch.Tensor | None = None
         if spec.kind == "images":
             self._index_images()
@@ -211,7 +254,7 @@ class DataSource:
         if self._files:
             return len(self._files)
         if self._inputs is not None:
-            return int(self._inputs.shape[0])
+            return int(_first_tensor(self._inputs).shape[0])
         return None
 
     @property
@@ -230,9 +273,12 @@ class DataSource:
         return count
 
     def input_spec(self) -> InputSpec:
-        """Per-sample input shape and dtype, from the first batch."""
-        inputs, _ = next(iter(self.batches(limit=1)))
-        return InputSpec(tuple(inputs.shape[1:]), str(inputs.dtype).replace("torch.", ""))
+        """Per-sample input shape and dtype (of every keyword input), from the first batch."""
+        try:
+            inputs, _ = next(iter(self.batches(limit=1)))
+        except StopIteration:
+            raise SourceError(f"{self.spec.label}: the data gives no batch.") from None
+        return InputSpec.of(inputs)
 
     def describe(self) -> str:
         parts = [f"{self.spec.kind} {self.spec.label}"]
@@ -282,11 +328,20 @@ class DataSource:
 
     def _batch(self, index: torch.Tensor) -> Batch:
         if self.spec.kind == "images":
-            images = torch.stack([self._read_image(self._files[i]) for i in index.tolist()])
+            files = [self._files[i] for i in index.tolist()]
+            images = [self._read_image(path) for path in files]
+            self._first_size = getattr(self, "_first_size", None) or (files[0], tuple(images[0].shape))
+            odd = {path: tuple(image.shape) for path, image in zip(files, images)
+                   if tuple(image.shape) != self._first_size[1]}
+            if odd:  # torch.stack would only say "stack expects each tensor to be equal size"
+                raise SourceError(mixed_sizes_message(self._path(), self._first_size, odd))
+            images = torch.stack(images)
             labels = None if self._labels is None else torch.tensor([self._labels[i] for i in index.tolist()])
             return images, labels
         assert self._inputs is not None
         labels = None if self._targets is None else self._targets[index]
+        if isinstance(self._inputs, dict):
+            return {name: tensor[index] for name, tensor in self._inputs.items()}, labels
         return self._inputs[index], labels
 
     # ----- kinds ------------------------------------------------------------------------------
@@ -372,19 +427,22 @@ class DataSource:
         except SourceError:
             raise
         except Exception as error:
-            raise SourceError(f"{path}: cannot be read as tensors ({type(error).__name__}: {error}). Only plain "
-                              "arrays and tensors are accepted (no pickled objects).") from error
-        inputs = _as_tensor(inputs, path, "inputs")
-        if inputs.dim() < 1 or inputs.shape[0] == 0:
-            raise SourceError(f"{path}: the inputs must have a first (sample) dimension with at least one sample, "
-                              f"got shape {tuple(inputs.shape)}.")
-        if not inputs.is_floating_point():
-            inputs = inputs.float()
+            reason, _ = unreadable_reason(path, error)
+            raise SourceError(f"{path}: cannot be read as tensors: {reason}. Only plain arrays and tensors are "
+                              "accepted (no pickled objects).") from error
+        if isinstance(inputs, dict):
+            inputs = {name: _input_tensor(value, path, f"input {name!r}") for name, value in inputs.items()}
+            counts = {name: int(t.shape[0]) for name, t in inputs.items()}
+            if len(set(counts.values())) > 1:
+                raise SourceError(f"{path}: the inputs disagree on the number of samples: {counts}.")
+        else:
+            inputs = _input_tensor(inputs, path, "inputs")
         self._inputs = inputs
+        samples = int(_first_tensor(inputs).shape[0])
         if labels is not None:
             labels = _as_tensor(labels, path, "labels")
-            if labels.shape[0] != inputs.shape[0]:
-                raise SourceError(f"{path}: {inputs.shape[0]} inputs but {labels.shape[0]} labels.")
+            if labels.shape[0] != samples:
+                raise SourceError(f"{path}: {samples} inputs but {labels.shape[0]} labels.")
             self._targets = labels.long() if not labels.is_floating_point() else labels
 
     def _entrypoint_batches(self, maximum: int | None) -> Iterator[Batch]:
@@ -408,17 +466,41 @@ class DataSource:
 
 
 def _pick_arrays(arrays: dict[str, Any], path: Path) -> tuple[Any, Any]:
+    """(inputs, labels) of a file of named arrays: the array named like a single input (``inputs``,
+    ``x``...), else the only other array, else every array but the labels as keyword inputs."""
     if not arrays:
         raise SourceError(f"{path}: holds no arrays.")
     inputs_key = next((k for k in INPUT_KEYS if k in arrays), None)
     labels_key = next((k for k in LABEL_KEYS if k in arrays), None)
-    if inputs_key is None:
-        if len(arrays) == 1:
-            inputs_key = next(iter(arrays))
-        else:
-            raise SourceError(f"{path}: cannot tell the inputs among {sorted(arrays)}; name them one of "
-                              f"{INPUT_KEYS} (and the labels one of {LABEL_KEYS}).")
-    return arrays[inputs_key], None if labels_key is None else arrays[labels_key]
+    labels = None if labels_key is None else arrays[labels_key]
+    if inputs_key is not None:
+        return arrays[inputs_key], labels
+    rest = {k: v for k, v in arrays.items() if k != labels_key}
+    if not rest:
+        raise SourceError(f"{path}: holds only labels ({labels_key!r}), no inputs.")
+    if len(rest) == 1:
+        return next(iter(rest.values())), labels
+    bad = [k for k in rest if not k.isidentifier()]
+    if bad:
+        raise SourceError(f"{path}: arrays {bad} cannot be keyword arguments of the model's forward; name the "
+                          f"arrays after its arguments (input_ids, attention_mask...) or name one of {INPUT_KEYS}.")
+    return rest, labels
+
+
+def _input_tensor(value: Any, path: Path | str, what: str) -> torch.Tensor:
+    """An input array as a tensor with a sample dimension: floating data as float32, integers (token ids,
+    masks) and booleans as they are."""
+    tensor = _as_tensor(value, path, what)
+    if tensor.dim() < 1 or tensor.shape[0] == 0:
+        raise SourceError(f"{path}: the {what} must have a first (sample) dimension with at least one sample, "
+                          f"got shape {tuple(tensor.shape)}.")
+    if tensor.is_floating_point() and tensor.dtype != torch.float32:
+        tensor = tensor.float()
+    return tensor
+
+
+def _first_tensor(inputs: Any) -> torch.Tensor:
+    return next(iter(inputs.values())) if isinstance(inputs, dict) else inputs
 
 
 def _as_tensor(value: Any, path: Path, what: str) -> torch.Tensor:
@@ -432,16 +514,34 @@ def _as_tensor(value: Any, path: Path, what: str) -> torch.Tensor:
 
 
 def _normalise_batch(batch: Any, origin: str, index: int) -> Batch:
-    if isinstance(batch, torch.Tensor):
-        return batch, None
-    if isinstance(batch, np.ndarray):
-        return torch.from_numpy(batch), None
-    if isinstance(batch, Sequence) and 1 <= len(batch) <= 2 and isinstance(batch[0], (torch.Tensor, np.ndarray)):
-        inputs = torch.as_tensor(batch[0])
+    """An entry point's batch as ``(inputs, labels)``: a tensor, a dict of keyword inputs (its ``labels``
+    entry, if any, taken out as the labels), or an ``(inputs, labels)`` pair of those."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return torch.as_tensor(batch), None
+    if isinstance(batch, Mapping):
+        inputs = dict(batch)
+        key = next((k for k in LABEL_KEYS if k in inputs), None)
+        labels = inputs.pop(key) if key is not None else None
+        return _keyword_inputs(inputs, origin, index), None if labels is None else torch.as_tensor(labels)
+    if isinstance(batch, Sequence) and 1 <= len(batch) <= 2 and isinstance(batch[0], (torch.Tensor, np.ndarray,
+                                                                                      Mapping)):
+        first = batch[0]
+        inputs = _keyword_inputs(dict(first), origin, index) if isinstance(first, Mapping) else torch.as_tensor(first)
         labels = torch.as_tensor(batch[1]) if len(batch) == 2 and batch[1] is not None else None
         return inputs, labels
-    raise SourceError(f"{origin}: batch {index} is a {type(batch).__name__}; expected a tensor or an "
-                      "(inputs, labels) pair.")
+    raise SourceError(f"{origin}: batch {index} is a {type(batch).__name__}; expected a tensor, a dict of inputs "
+                      "by argument name, or an (inputs, labels) pair.")
+
+
+def _keyword_inputs(inputs: dict, origin: str, index: int) -> dict[str, torch.Tensor]:
+    converted = {}
+    for name, value in inputs.items():
+        if not isinstance(value, (torch.Tensor, np.ndarray)):
+            raise SourceError(f"{origin}: batch {index}: input {name!r} is a {type(value).__name__}, not a tensor.")
+        converted[str(name)] = torch.as_tensor(value)
+    if not converted:
+        raise SourceError(f"{origin}: batch {index} is an empty dict of inputs.")
+    return converted
 
 
 def open_data(spec: DataSpec, *, trust_code: bool = False, base_dir: Path | None = None) -> DataSource:
@@ -457,6 +557,12 @@ def open_data(spec: DataSpec, *, trust_code: bool = False, base_dir: Path | None
 def check_input(expected: InputSpec | None, data: InputSpec, origin: str) -> None:
     """Compare the model's declared input with what the data gives; the error names both shapes."""
     if expected is None:
+        return
+    if expected.named or data.named:
+        if [n for n, _, _ in expected.named] != [n for n, _, _ in data.named] or any(
+                tuple(a[1]) != tuple(b[1]) for a, b in zip(expected.named, data.named)):
+            raise SourceError(f"{origin} gives inputs {data.describe() or 'by position'}, but the model input is "
+                              f"{expected.describe()}.")
         return
     if tuple(expected.shape) != tuple(data.shape):
         raise SourceError(f"{origin} gives inputs of shape {tuple(data.shape)} per sample, but the model input is "

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,45 @@ def extra_import_path(folder: Path | None) -> Iterator[None]:
             sys.path.remove(entry)
 
 
+@contextlib.contextmanager
+def running_user_code(spec: str) -> Iterator[None]:
+    """Run the user's code with its prints on stderr (stdout may carry ``--json`` output) and ``sys.exit``
+    turned into an error that names the entry point (user code must not end the program).
+
+    Raises:
+        EntryPointError: the code called ``sys.exit`` (or raised SystemExit).
+    """
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except SystemExit as exit_:
+        raise EntryPointError(f"entry point {spec!r} called sys.exit({exit_.code!r}): user code must return, not end "
+                              "the program; nothing was done with its result.") from exit_
+
+
+def _guarded(function: Callable, spec: str) -> Callable:
+    """``function`` that runs under :func:`running_user_code` on every call."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with running_user_code(spec):
+            result = function(*args, **kwargs)
+        return _guarded_steps(result, spec) if inspect.isgenerator(result) else result
+
+    return call
+
+
+def _guarded_steps(generator: Iterator, spec: str) -> Iterator:
+    """A generator's body runs when it is iterated: each step runs under :func:`running_user_code`."""
+    while True:
+        with running_user_code(spec):
+            try:
+                item = next(generator)
+            except StopIteration:
+                return
+        yield item
+
+
 def load_entrypoint(spec: str, base_dir: Path | None = None) -> Any:
     """The object named by ``spec``. Relative file paths are relative to ``base_dir`` (default: cwd).
 
@@ -76,8 +117,11 @@ def load_entrypoint(spec: str, base_dir: Path | None = None) -> Any:
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_name] = module  # dataclasses and pickling inside the file look themselves up there
         try:
-            with extra_import_path(path.resolve().parent):
+            with extra_import_path(path.resolve().parent), running_user_code(spec):
                 module_spec.loader.exec_module(module)
+        except EntryPointError:
+            sys.modules.pop(module_name, None)
+            raise
         except Exception as error:
             sys.modules.pop(module_name, None)
             raise EntryPointError(f"{path}: importing it raised {type(error).__name__}: {error} (from entry point "
@@ -85,8 +129,10 @@ def load_entrypoint(spec: str, base_dir: Path | None = None) -> Any:
         where = str(path)
     else:
         try:
-            with extra_import_path(base_dir):
+            with extra_import_path(base_dir), running_user_code(spec):
                 module = importlib.import_module(target)
+        except EntryPointError:
+            raise
         except Exception as error:  # ImportError, or the module's own code failing
             raise EntryPointError(f"module {target!r} cannot be imported (from entry point {spec!r}): "
                                   f"{type(error).__name__}: {error}") from error
@@ -97,4 +143,6 @@ def load_entrypoint(spec: str, base_dir: Path | None = None) -> Any:
             obj = getattr(obj, part)
         except AttributeError:
             raise EntryPointError(f"{where} has no attribute {name!r} (from entry point {spec!r}).") from None
+    if inspect.isfunction(obj) or inspect.ismethod(obj):
+        return _guarded(obj, spec)
     return obj

@@ -22,7 +22,7 @@ from torch import nn
 
 from workbench.sources import demo
 from workbench.sources.entrypoints import extra_import_path, is_file_target, load_entrypoint, split_entrypoint
-from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.errors import TRUST_HINT, SourceError, TrustRequired, unreadable_reason
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 
 __all__ = ["ModelSpec", "LoadedModel", "FileDigest", "load_model", "sha256_of", "DEMO_MODELS", "MODEL_KINDS"]
@@ -249,8 +249,9 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise SourceError(f"{path}: cannot be read as weights (loaded with weights_only=True, so only tensors are "
-                          f"accepted): {type(error).__name__}: {error}") from error
+        reason, holds_code = unreadable_reason(path, error)
+        raise SourceError(f"{path}: cannot be read as weights: {reason}. Weights are read without running code "
+                          f"(tensors only).{' ' + TRUST_HINT if holds_code else ''}") from error
     if isinstance(state, dict):
         for key in ("state_dict", "model_state_dict", "model"):
             if isinstance(state.get(key), dict):

@@ -7,3 +7,5 @@ from workbench.quant.nn.modules.quant_ops import *  # noqa: F401,F403
 from workbench.quant.nn.modules.quant_pooling import *  # noqa: F401,F403
 from workbench.quant.nn.modules.quant_rnn import *  # noqa: F401,F403
 from workbench.quant.nn.modules.tensor_quantizer import *  # noqa: F401,F403
+from workbench.quant.nn.modules.quant_attention import *  # noqa: F401,F403
+from workbench.quant.nn.modules.quant_transformer import *  # noqa: F401,F403

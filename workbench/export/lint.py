@@ -1,0 +1,339 @@
+"""Fusion lint: predict, from an exported QDQ graph, where TensorRT will not fuse the Q/DQ nodes.
+
+TensorRT's explicit-quantization rules ("Working with Quantized Types", Q/DQ layer placement): a
+DequantizeLinear is fused into the operation that reads it when that operation has an INT8 kernel
+(convolution, deconvolution, matrix multiply, pooling, element-wise add); it is carried forward
+through data-movement operations that commute with it (reshape, transpose, slice, concat, ...). Where
+it meets anything else it stays a standalone Scale layer. A residual add fuses into the convolution
+before it only when that convolution's branch is float and the identity branch is quantized; a
+Concat runs in INT8 without re-quantization only when its inputs share one scale; and a quantized
+layer between float neighbours pays for Q/DQ without INT8 gain. INT8 tensor-core convolutions want
+channel counts that are multiples of 16.
+
+Each finding names the modules (through :mod:`workbench.export.naming`) and carries its fix as data
+(:class:`LintFix`: one of :data:`FIX_ACTIONS` and its targets) for the session to apply.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from workbench.export.naming import QUANTIZER_KEY, layer_of_quantizer, node_module
+
+__all__ = ["LINT_KINDS", "FIX_ACTIONS", "LintFix", "LintWarning", "lint_qdq_graph", "INT8_OPS", "COMMUTING_OPS"]
+
+# operations with INT8 kernels, into which TensorRT fuses a DequantizeLinear on their input
+INT8_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "AveragePool", "MaxPool", "GlobalAveragePool",
+                      "GlobalMaxPool", "ReduceMean", "Add", "Sub"})
+# data-movement operations a DequantizeLinear is propagated through
+COMMUTING_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Split", "Concat",
+                           "Pad", "Identity", "Gather", "Expand"})
+# what TensorRT fuses after a convolution or GEMM (its epilogue); a Quantize after them fuses too
+_EPILOGUE_OPS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "BatchNormalization", "Add", "Mul",
+                           "HardSigmoid", "HardSwish", "Elu", "Selu"})
+_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+_ALIGNMENT = 16
+
+LINT_KINDS = {
+    "dq_into_float_op": "a Dequantize feeds an operation without an INT8 kernel: it will be a standalone Scale layer",
+    "residual_not_fusable": "the branches of a residual add are quantized so that it cannot fuse into the convolution",
+    "concat_scales_differ": "the inputs of a Concat are quantized with different scales (or some not at all)",
+    "isolated_quantized_layer": "a quantized layer whose neighbours are all float: Q/DQ cost without INT8 gain",
+    "misaligned_channels": "a quantized convolution whose channel counts are not multiples of 16",
+}
+
+# the fixes the session knows how to apply
+FIX_ACTIONS = {
+    "pin": "share one quantizer (scale) between the targets",
+    "quantize": "quantize the target layers",
+    "leave_float": "leave the target layers in floating point",
+    "enable_rule": "switch on the named placement rule",
+}
+
+
+@dataclass(frozen=True)
+class LintFix:
+    action: str                # a key of FIX_ACTIONS
+    targets: tuple[str, ...]   # quantizer or layer names, or the rule's name
+    description: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "targets": list(self.targets), "description": self.description}
+
+
+@dataclass
+class LintWarning:
+    kind: str                  # a key of LINT_KINDS
+    modules: list[str]
+    message: str
+    fix: LintFix | None = None
+    severity: str = "warning"  # "warning" or "info"
+    nodes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fix"] = self.fix.to_dict() if self.fix is not None else None
+        return data
+
+
+class _Graph:
+    def __init__(self, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        self.nodes = list(graph.node)
+        self.producer = {out: n for n in self.nodes for out in n.output}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in self.nodes:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        self.initializers = {i.name: i for i in graph.initializer}
+        for node in self.nodes:
+            if node.op_type == "Constant" and node.attribute:
+                self.initializers.setdefault(node.output[0], node.attribute[0].t)
+        self.outputs = {o.name for o in graph.output}
+
+    def array(self, name: str) -> np.ndarray | None:
+        tensor = self.initializers.get(name)
+        return numpy_helper.to_array(tensor) if tensor is not None else None
+
+    def quantize_of(self, dq: onnx.NodeProto) -> onnx.NodeProto | None:
+        """The QuantizeLinear behind a DequantizeLinear (through the narrow-range Clip)."""
+        source = self.producer.get(dq.input[0])
+        if source is not None and source.op_type == "Clip":
+            source = self.producer.get(source.input[0])
+        return source if source is not None and source.op_type == "QuantizeLinear" else None
+
+    def is_weight_dq(self, dq: onnx.NodeProto) -> bool:
+        q = self.quantize_of(dq)
+        return q is not None and q.input[0] in self.initializers
+
+    def dq_producing(self, tensor: str) -> onnx.NodeProto | None:
+        node = self.producer.get(tensor)
+        return node if node is not None and node.op_type == "DequantizeLinear" else None
+
+    def weight_shape(self, node: onnx.NodeProto) -> tuple[int, ...] | None:
+        if len(node.input) < 2:
+            return None
+        dq = self.dq_producing(node.input[1])
+        q = self.quantize_of(dq) if dq is not None else None
+        value = self.array(q.input[0]) if q is not None else self.array(node.input[1])
+        return tuple(value.shape) if value is not None else None
+
+    def forward(self, tensor: str) -> Iterator[onnx.NodeProto]:
+        """The readers of ``tensor``, looking through operations a Dequantize commutes with."""
+        seen: set[str] = set()
+        stack = [tensor]
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for reader in self.consumers.get(name, []):
+                if reader.op_type in COMMUTING_OPS:
+                    stack.extend(reader.output)
+                else:
+                    yield reader
+
+
+def _quantizer(node: onnx.NodeProto) -> str:
+    for entry in node.metadata_props:
+        if entry.key == QUANTIZER_KEY:
+            return entry.value
+    return node.name.rsplit("/", 1)[0]
+
+
+def _module(node: onnx.NodeProto) -> str:
+    module = node_module(node)
+    return module if module is not None else node.name
+
+
+def _activation_input_dq(g: _Graph, node: onnx.NodeProto) -> onnx.NodeProto | None:
+    return g.dq_producing(node.input[0]) if node.input else None
+
+
+def lint_qdq_graph(model: onnx.ModelProto) -> list[LintWarning]:
+    """Every fusion hazard in an exported (and module-named) QDQ graph, in graph order."""
+    g = _Graph(model)
+    found: list[LintWarning] = []
+    found += _dq_into_float_ops(g)
+    found += _residual_adds(g)
+    found += _concats(g)
+    found += _isolated_layers(g)
+    found += _misaligned(g)
+    unique: dict[tuple, LintWarning] = {}
+    for warning in found:
+        unique.setdefault((warning.kind, tuple(warning.modules)), warning)
+    return list(unique.values())
+
+
+def _dq_into_float_ops(g: _Graph) -> list[LintWarning]:
+    found = []
+    for dq in g.nodes:
+        if dq.op_type != "DequantizeLinear" or g.is_weight_dq(dq):
+            continue
+        quantizer = _quantizer(dq)
+        layer = layer_of_quantizer(quantizer)[0]
+        for reader in g.forward(dq.output[0]):
+            if reader.op_type in INT8_OPS or reader.op_type == "QuantizeLinear":
+                continue
+            found.append(LintWarning(
+                "dq_into_float_op", list(dict.fromkeys([layer, _module(reader)])),
+                f"{quantizer} is dequantized into {reader.op_type} ({reader.name}), which TensorRT has no INT8 kernel "
+                "for: it becomes a standalone Scale layer. Leave that input in float.",
+                LintFix("leave_float", (layer,), f"leave {layer} in float"), nodes=[dq.name, reader.name]))
+    return found
+
+
+def _conv_branch(g: _Graph, tensor: str) -> onnx.NodeProto | None:
+    """The convolution whose output (through a BatchNormalization) ``tensor`` is, else None."""
+    node = g.producer.get(tensor)
+    if node is not None and node.op_type == "BatchNormalization":
+        node = g.producer.get(node.input[0])
+    return node if node is not None and node.op_type in ("Conv", "ConvTranspose") else None
+
+
+def _residual_adds(g: _Graph) -> list[LintWarning]:
+    found = []
+    for add in g.nodes:
+        if add.op_type != "Add" or len(add.input) != 2:
+            continue
+        operands = []
+        for tensor in add.input:
+            dq = g.dq_producing(tensor)
+            q = g.quantize_of(dq) if dq is not None else None
+            source = q.input[0] if q is not None else tensor
+            operands.append((dq is not None and q is not None, _conv_branch(g, source)))
+        convs = [conv for _, conv in operands if conv is not None and _activation_input_dq(g, conv) is not None]
+        if not convs:
+            continue  # no INT8 convolution to fuse into
+        quantized = [q for q, _ in operands]
+        add_module = _module(add)
+        modules = list(dict.fromkeys([add_module] + [_module(c) for c in convs]))
+        if all(quantized):
+            found.append(LintWarning(
+                "residual_not_fusable", modules,
+                f"both operands of {add.name} are quantized: TensorRT cannot fuse the add into {convs[-1].name} and "
+                "runs it as a separate INT8 layer. Leave the convolution's branch in float (the residual rule).",
+                LintFix("enable_rule", ("residual",), "switch on the residual placement rule"), nodes=[add.name]))
+        elif not any(quantized):
+            found.append(LintWarning(
+                "residual_not_fusable", modules,
+                f"neither operand of {add.name} is quantized: the INT8 convolution {convs[-1].name} must output float "
+                "and the add runs in float. Quantize the identity branch.",
+                LintFix("quantize", (add_module,), f"quantize the identity branch ({add_module})"), nodes=[add.name]))
+        else:
+            (quantized_a, conv_a), (quantized_b, conv_b) = operands
+            if (quantized_a and conv_a is not None and conv_b is None) or (
+                    quantized_b and conv_b is not None and conv_a is None):
+                found.append(LintWarning(
+                    "residual_not_fusable", modules,
+                    f"in {add.name} the convolution's branch is quantized and the identity branch is float, the "
+                    "reverse of what TensorRT fuses. Quantize the identity branch and leave the convolution's in float.",
+                    LintFix("enable_rule", ("residual",), "switch on the residual placement rule"), nodes=[add.name]))
+    return found
+
+
+def _concats(g: _Graph) -> list[LintWarning]:
+    found = []
+    for concat in g.nodes:
+        if concat.op_type != "Concat":
+            continue
+        dqs = [g.dq_producing(t) for t in concat.input]
+        if not any(dqs):
+            continue
+        names = [_quantizer(dq) for dq in dqs if dq is not None]
+        modules = list(dict.fromkeys([_module(concat)] + [layer_of_quantizer(n)[0] for n in names]))
+        if not all(dqs):
+            found.append(LintWarning(
+                "concat_scales_differ", modules,
+                f"{concat.name} joins quantized and float inputs: TensorRT re-quantizes around it. Quantize every "
+                "input with one shared quantizer, or none.",
+                LintFix("leave_float", tuple(dict.fromkeys(layer_of_quantizer(n)[0] for n in names)),
+                        "leave the quantized inputs in float"), nodes=[concat.name]))
+            continue
+        scales = [g.array(dq.input[1]) for dq in dqs]
+        if any(s is None for s in scales) or all(np.array_equal(scales[0], s) for s in scales[1:]):
+            continue
+        unique_names = tuple(dict.fromkeys(names))
+        found.append(LintWarning(
+            "concat_scales_differ", modules,
+            f"the inputs of {concat.name} have different scales ({', '.join(unique_names)}): TensorRT cannot "
+            "concatenate INT8 tensors without re-quantizing. Share one quantizer.",
+            LintFix("pin", unique_names, "share one scale between " + ", ".join(unique_names)), nodes=[concat.name]))
+    return found
+
+
+def _reaches_quantize(g: _Graph, tensor: str) -> bool:
+    seen: set[str] = set()
+    stack = [tensor]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for reader in g.consumers.get(name, []):
+            if reader.op_type == "QuantizeLinear":
+                return True
+            if reader.op_type in _EPILOGUE_OPS or reader.op_type in COMMUTING_OPS:
+                stack.extend(reader.output)
+    return False
+
+
+def _input_is_int8(g: _Graph, tensor: str) -> bool:
+    """Whether the tensor a Quantize reads comes out of an INT8 layer (so the Quantize fuses into it)."""
+    node = g.producer.get(tensor)
+    while node is not None and (node.op_type in _EPILOGUE_OPS or node.op_type in COMMUTING_OPS):
+        if node.op_type in INT8_OPS and any(g.dq_producing(t) for t in node.input):
+            return True
+        node = g.producer.get(node.input[0]) if node.input else None
+    if node is None:
+        return False
+    return node.op_type in INT8_OPS and any(g.dq_producing(t) is not None for t in node.input)
+
+
+def _isolated_layers(g: _Graph) -> list[LintWarning]:
+    found = []
+    for node in g.nodes:
+        if node.op_type not in _COMPUTE_OPS:
+            continue
+        dq = _activation_input_dq(g, node)
+        q = g.quantize_of(dq) if dq is not None else None
+        if q is None or q.input[0] in g.initializers:
+            continue
+        if _input_is_int8(g, q.input[0]) or _reaches_quantize(g, node.output[0]):
+            continue
+        module = _module(node)
+        found.append(LintWarning(
+            "isolated_quantized_layer", [module],
+            f"{module} is quantized but what feeds it and what reads it run in float: TensorRT quantizes its input and "
+            "dequantizes its output around it, which may cost more than INT8 saves.",
+            LintFix("leave_float", (module,), f"leave {module} in float"), severity="info", nodes=[node.name]))
+    return found
+
+
+def _misaligned(g: _Graph) -> list[LintWarning]:
+    found = []
+    for node in g.nodes:
+        if node.op_type not in ("Conv", "ConvTranspose") or _activation_input_dq(g, node) is None:
+            continue
+        shape = g.weight_shape(node)
+        if shape is None or len(shape) < 3:
+            continue
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        if node.op_type == "Conv":
+            out_channels, in_channels = shape[0], shape[1] * group
+        else:
+            in_channels, out_channels = shape[0], shape[1] * group
+        if in_channels % _ALIGNMENT == 0 and out_channels % _ALIGNMENT == 0:
+            continue
+        module = _module(node)
+        found.append(LintWarning(
+            "misaligned_channels", [module],
+            f"{module}: {in_channels} -> {out_channels} channels are not multiples of {_ALIGNMENT}; INT8 kernels pad "
+            "them. Small first layers often run as fast in float.",
+            LintFix("leave_float", (module,), f"leave {module} in float"), severity="info", nodes=[node.name]))
+    return found

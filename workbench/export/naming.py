@@ -1,0 +1,218 @@
+"""ONNX node names after the PyTorch module they came from, so TensorRT's layer names map back.
+
+TensorRT names each engine layer after the ONNX nodes it was built from (fused ones joined with
+" + "). torch's exporters name compute nodes ``node_conv2d_2`` (torch.export-based) or
+``/features/features.0/Conv`` (TorchScript), so an engine report says "node_conv2d_2 + node_relu_1
+ran in FP32" and nobody can tell which layer that is. :func:`name_nodes_by_module` renames every
+compute node ``<module path>/<OpType>`` (``stem.0/Conv``, ``blocks.0.attn/MatMul_1``; a node of the
+top-level module's own forward is ``/<OpType>``) and records the module path in the node's
+``metadata_props`` under :data:`MODULE_KEY`. Q/DQ (and their Clip) nodes keep their quantizer names.
+
+Where the module path comes from, in order:
+
+* ``workbench.module`` metadata (a graph that was named already keeps its names: the pass is stable);
+* ``pkg.torch.onnx.name_scopes``, which torch's torch.export-based exporter writes on every node: the
+  list of module paths from the root down, then the FX node's own name;
+* a TorchScript-style name ``/a/a.b/Conv``: the last scope before the op is the module path.
+
+A node with none of these (one the exporter or an optimiser made up) keeps its name.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+
+import onnx
+
+__all__ = ["MODULE_KEY", "QUANTIZER_KEY", "QDQ_OPS", "name_nodes_by_module", "node_module", "module_of_node_name",
+           "layer_of_quantizer", "split_engine_layer_name", "module_of_engine_part"]
+
+MODULE_KEY = "workbench.module"
+QUANTIZER_KEY = "workbench.quantizer"
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+_SUFFIX = re.compile(r"_(\d+)$")
+_QUANTIZER = re.compile(r"_quantizers?(\.\d+)?$")
+
+
+def layer_of_quantizer(quantizer_name: str) -> tuple[str, str]:
+    """``"conv1._input_quantizer"`` -> ``("conv1", "input")``; RNN quantizer lists map to their layer too."""
+    parts = quantizer_name.split(".")
+    for index in range(len(parts) - 1, -1, -1):
+        part = parts[index]
+        if part.endswith("_quantizer") or part.endswith("_quantizers"):
+            role = "weight" if part.startswith("_weight") else "input"
+            return ".".join(parts[:index]), role
+    return ".".join(parts[:-1]), "input"
+
+
+def _metadata(node: onnx.NodeProto) -> dict[str, str]:
+    return {entry.key: entry.value for entry in node.metadata_props}
+
+
+def _set_metadata(node: onnx.NodeProto, key: str, value: str) -> None:
+    for entry in node.metadata_props:
+        if entry.key == key:
+            entry.value = value
+            return
+    entry = node.metadata_props.add()
+    entry.key, entry.value = key, value
+
+
+def _quantizer_of(node: onnx.NodeProto) -> str | None:
+    """The quantizer a Q/DQ/Clip node was named after by the export (``conv1._input_quantizer/QuantizeLinear``)."""
+    if "/" not in node.name:
+        return None
+    head, tail = node.name.rsplit("/", 1)
+    if _SUFFIX.sub("", tail) in QDQ_OPS + ("Clip",) and _QUANTIZER.search(head):
+        return head
+    return None
+
+
+def module_of_node_name(name: str) -> str | None:
+    """The module path in a node name written by this pass or by the TorchScript exporter, else None.
+
+    ``"stem.0/Conv"`` -> ``"stem.0"``; ``"/features/features.0/Conv_1"`` -> ``"features.0"``;
+    ``"/Reshape"`` -> ``""`` (the top-level module); ``"node_conv2d"`` -> None.
+    Q/DQ names (``"conv1._input_quantizer/QuantizeLinear"``) give the quantizer's layer.
+    """
+    name = name.strip()
+    if "/" not in name:
+        return None
+    head, tail = name.rsplit("/", 1)
+    if not tail:
+        return None
+    op = _SUFFIX.sub("", tail)
+    if op in QDQ_OPS + ("Clip",) and _QUANTIZER.search(head):
+        return layer_of_quantizer(head)[0]
+    if head.startswith("/"):  # TorchScript: "/a/a.b/Op"; the innermost scope is the module path
+        scopes = [s for s in head.split("/") if s]
+        return scopes[-1] if scopes else ""
+    return head
+
+
+def _scoped_module(node: onnx.NodeProto) -> str | None:
+    """The innermost module in torch.export's ``name_scopes`` metadata, else None."""
+    scopes = _metadata(node).get(_NAME_SCOPES)
+    if not scopes:
+        return None
+    try:
+        parsed = ast.literal_eval(scopes)
+    except (ValueError, SyntaxError):
+        return None
+    # [root "", outer module, ..., innermost module, the FX node's own name]
+    if isinstance(parsed, list) and len(parsed) >= 2 and all(isinstance(s, str) for s in parsed):
+        return parsed[-2]
+    return None
+
+
+def node_module(node: onnx.NodeProto) -> str | None:
+    """The module path ``node`` came from, or None when the graph does not say."""
+    metadata = _metadata(node)
+    if MODULE_KEY in metadata:
+        return metadata[MODULE_KEY]
+    scoped = _scoped_module(node)
+    if scoped is not None:
+        return scoped
+    return module_of_node_name(node.name)
+
+
+def name_nodes_by_module(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rename compute nodes ``<module>/<OpType>[_N]`` and record the module in ``metadata_props``; in place.
+
+    Names are unique within the graph and depend only on the graph (running the pass twice gives the
+    same names). Q/DQ nodes and their Clip keep their quantizer names (a name the export took from a
+    merged scale initializer is corrected from the node's scope) and get the quantizer and its layer as
+    metadata. Returns ``model``.
+    """
+    graph = model.graph
+    nodes = list(graph.node)
+    plan: list[tuple[onnx.NodeProto, str]] = []
+    keep: set[str] = set()
+    qdq_plan: list[tuple[onnx.NodeProto, str]] = []
+    for node in nodes:
+        quantizer = _quantizer_of(node)
+        if node.op_type in QDQ_OPS + ("Clip",) and quantizer is not None:
+            # the scope is the quantizer the node came from; a name given through a scale initializer can be
+            # another quantizer's when the optimiser merged equal scales
+            scoped = _scoped_module(node)
+            if scoped is not None and _QUANTIZER.search(scoped) and scoped != quantizer:
+                qdq_plan.append((node, scoped))
+                quantizer = scoped
+            else:
+                keep.add(node.name)
+            _set_metadata(node, QUANTIZER_KEY, quantizer)
+            _set_metadata(node, MODULE_KEY, layer_of_quantizer(quantizer)[0])
+            continue
+        module = node_module(node)
+        if module is None:
+            if node.name:
+                keep.add(node.name)
+            continue
+        plan.append((node, module))
+    plan = qdq_plan + plan
+    used = set(keep)
+    counts: dict[str, int] = {}
+    for node, module in plan:
+        base = f"{module}/{node.op_type}"
+        index = counts.get(base, 0)
+        name = base if index == 0 else f"{base}_{index}"
+        while name in used:
+            index += 1
+            name = f"{base}_{index}"
+        counts[base] = index + 1
+        used.add(name)
+        node.name = name
+        if node.op_type not in QDQ_OPS + ("Clip",) or _quantizer_of(node) is None:
+            _set_metadata(node, MODULE_KEY, module)
+    return model
+
+
+# ----- engine layer names ------------------------------------------------------------------------
+
+# TensorRT wraps the names of nodes it fused in these (trtexec, TensorRT 8.x and 10.x):
+# "PWN(PWN(a, b), c)" pointwise fusions, "{ForeignNode[first...last]}" Myelin regions,
+# "Reformatting CopyNode for Input Tensor 0 to <layer>" reformat layers it inserted.
+_REFORMAT = re.compile(r"^Reformatting CopyNode for (?:Input|Output) Tensor \d+ to ")
+_WRAPPERS = re.compile(r"PWN\(|\{ForeignNode\[|\]\}|\)")
+
+
+def split_engine_layer_name(name: str) -> list[str]:
+    """The ONNX node names in an engine layer's name: fused parts split on " + ", wrappers removed.
+
+    A Myelin region ``{ForeignNode[a...b]}`` gives its first and last node; a layer TensorRT made up
+    gives its own name. ``[profile N]`` suffixes of multi-profile engines are dropped.
+    """
+    text = re.sub(r"\s*\[profile \d+\]\s*$", "", name.strip())
+    text = _REFORMAT.sub("", text)
+    parts: list[str] = []
+    for chunk in text.split(" + "):
+        chunk = _WRAPPERS.sub(" ", chunk)
+        for piece in re.split(r"\.\.\.|,\s*|\s{2,}", chunk):
+            piece = piece.strip()
+            if piece:
+                parts.append(piece)
+    return parts or [name]
+
+
+def module_of_engine_part(part: str, modules: Iterable[str] | None = None) -> str | None:
+    """The module an engine layer name part (an ONNX node name) belongs to.
+
+    With ``modules`` (the model's module paths) the answer is the longest known module that is the
+    part's module or contains it, so a part from a child the project does not list still maps to its
+    layer; None when nothing fits.
+    """
+    module = module_of_node_name(part)
+    if module is None:
+        return None
+    if modules is None:
+        return module
+    known = set(modules)
+    candidate = module
+    while True:
+        if candidate in known:
+            return candidate
+        if "." not in candidate:
+            return None
+        candidate = candidate.rsplit(".", 1)[0]

@@ -1,0 +1,197 @@
+"""The fake-quant reference run of an export: sample inputs, which quantizers export, and the outputs
+onnxruntime must match (with the failing layer named when the model does not take the inputs)."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.export.errors import ExportError, QuantizerStateError, SampleInputError
+from workbench.export.qdq import ExportParams, QDQStandIn, export_params
+from workbench.quant.batches import flat_tensors
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.snapshot import all_quantizers, is_quantizing, quantizer_names
+from workbench.quant.tensorrt_rules import tensorrt_check
+
+__all__ = ["as_tuple", "grow_batch", "first_quantizer_names", "check_quantizers", "rounding", "stand_ins",
+           "run_reference"]
+
+
+# ----- inputs and outputs -----------------------------------------------------------------------
+
+
+def as_tuple(sample_inputs: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(sample_inputs, torch.Tensor):
+        return (sample_inputs,)
+    if isinstance(sample_inputs, (tuple, list)) and sample_inputs and all(
+            isinstance(t, torch.Tensor) for t in sample_inputs):
+        return tuple(sample_inputs)
+    raise TypeError("sample_inputs must be a tensor or a non-empty tuple of tensors (the model's positional "
+                    f"inputs), got {type(sample_inputs).__name__}.")
+
+
+def grow_batch(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The inputs with one more sample (the first repeated at the end, so values stay realistic)."""
+    return tuple(torch.cat([t, t[:1]], 0) if t.dim() > 0 else t for t in inputs)
+
+
+# ----- quantizer bookkeeping --------------------------------------------------------------------
+
+
+def first_quantizer_names(model: nn.Module) -> dict[int, str]:
+    """First qualified name of every TensorQuantizer object (a shared one keeps its first name)."""
+    names: dict[int, str] = {}
+    for name, q in quantizer_names(model).items():
+        names.setdefault(id(q), name)
+    return names
+
+
+def check_quantizers(model: nn.Module, names: dict[int, str],
+                      ) -> tuple[dict[int, TensorQuantizer], dict[int, ExportParams]]:
+    """The quantizers that export to Q/DQ and their ONNX parameters, computed once for the whole export.
+
+    Raises QuantizerStateError naming every quantizer that cannot be exported.
+    """
+    problems: dict[str, str] = {}
+    active: dict[int, TensorQuantizer] = {}
+    params: dict[int, ExportParams] = {}
+    # the layer type and role of each quantizer, for the TensorRT rules (any but a weight's is an activation's)
+    roles = {id(q): ("weight" if attr.startswith("_weight_quantizer") else "input", type(layer).__name__)
+             for layer in model.modules() if not isinstance(layer, nn.ModuleList)
+             for attr, child in layer.named_children()
+             for q in (child if isinstance(child, nn.ModuleList) else [child]) if isinstance(q, TensorQuantizer)}
+    for module in all_quantizers(model):
+        name = names[id(module)]
+        role, layer_type = roles.get(id(module), ("input", "layer"))
+        verdict = tensorrt_check(role, module._num_bits, module.axis, layer_type)
+        if verdict.error and is_quantizing(module):
+            problems[name] = verdict.error
+            continue
+        if module._if_calib and not module._disabled:
+            problems[name] = "still collecting calibration statistics (calibration did not finish)"
+            continue
+        if not is_quantizing(module):
+            continue
+        try:
+            params[id(module)] = export_params(module)
+        except LookupError as error:
+            problems[name] = f"enabled but {error}"
+            continue
+        except ValueError as error:
+            problems[name] = str(error)
+            continue
+        active[id(module)] = module
+    if problems:
+        raise QuantizerStateError(problems)
+    return active, params
+
+
+@contextlib.contextmanager
+def rounding(quantizers: Sequence[TensorQuantizer], rounding: str) -> Iterator[None]:
+    saved = [(q, q.rounding) for q in quantizers]
+    try:
+        for q in quantizers:
+            q.rounding = rounding
+        yield
+    finally:
+        for q, value in saved:
+            q.rounding = value
+
+
+@contextlib.contextmanager
+def stand_ins(model: nn.Module, active: dict[int, TensorQuantizer], names: dict[int, str],
+               params: dict[int, ExportParams]) -> Iterator[dict]:
+    """Swap every active quantizer of this model instance for a QDQStandIn, and back afterwards.
+
+    Only ``_modules`` entries of the instance change; a quantizer shared by several layers gets one
+    stand-in, so the exported Q nodes share one scale initializer.
+    """
+    made: dict[int, QDQStandIn] = {}
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []
+    try:
+        for parent in list(model.modules()):
+            for attr, child in list(parent._modules.items()):
+                if child is not None and id(child) in active:
+                    if id(child) not in made:
+                        made[id(child)] = QDQStandIn(names[id(child)], child, params[id(child)])
+                    parent._modules[attr] = made[id(child)]
+                    swapped.append((parent, attr, child))
+        yield made
+    finally:
+        for parent, attr, child in reversed(swapped):
+            parent._modules[attr] = child
+
+
+class _LayerTracker:
+    """Knows which layers are running: after an exception the innermost one is the last entered.
+
+    Forward hooks do not run when a forward raises, so the stack keeps the failing path.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.stack: list[tuple[str, str]] = []
+        self.handles = []
+        for name, module in model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(self._enter(name, type(module).__name__)))
+            self.handles.append(module.register_forward_hook(self._leave))
+
+    def _enter(self, name: str, type_name: str):
+        def hook(module, args):
+            self.stack.append((name, type_name))
+        return hook
+
+    def _leave(self, module, args, output):
+        if self.stack:
+            self.stack.pop()
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def run_reference(model: nn.Module, inputs: tuple[torch.Tensor, ...], input_names: list[str],
+                   active: dict[int, TensorQuantizer], names: dict[int, str], params: dict[int, ExportParams],
+                   ) -> tuple[list[torch.Tensor], dict[str, int], int]:
+    """Run the fake-quant model; name the failing layer on error.
+
+    Also counts, per quantizer, how often it runs, and how many distinct (tensor, scale) pairs get
+    quantized: the optimised ONNX graph has one Q/DQ pair per pair (two layers quantizing the same
+    tensor with the same scale share it), which is what TensorRT wants.
+    """
+    calls: dict[str, int] = {}
+    pairs: set[tuple] = set()
+    held: list[torch.Tensor] = []  # keeps tensors alive so that their ids stay unique during the run
+    handles = []
+    for key, quantizer in active.items():
+        name = names[key]
+        p = params[key]
+        signature = (p.scale.detach().cpu().numpy().tobytes(), tuple(p.scale.shape), p.qmin, p.qmax, p.clip)
+
+        def count(module, args, output, name=name, signature=signature):
+            calls[name] = calls.get(name, 0) + 1
+            if args and isinstance(args[0], torch.Tensor):
+                held.append(args[0])
+                pairs.add((id(args[0]), signature))
+        handles.append(quantizer.register_forward_hook(count))
+    tracker = _LayerTracker(model)
+    try:
+        with torch.no_grad():
+            output = model(*inputs)
+    except Exception as error:
+        # the innermost layer that was entered and did not finish is where the shapes went wrong
+        layer, layer_type = tracker.stack[-1] if tracker.stack else ("", type(model).__name__)
+        raise SampleInputError(layer, layer_type, {n: tuple(t.shape) for n, t in zip(input_names, inputs)},
+                               error) from error
+    finally:
+        tracker.remove()
+        for handle in handles:
+            handle.remove()
+    held.clear()
+    tensors = flat_tensors(output)
+    if not tensors:
+        raise ExportError("The model returned no tensor; there is nothing to export.")
+    return [t.detach() for t in tensors], calls, len(pairs)
+

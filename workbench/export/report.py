@@ -1,0 +1,85 @@
+"""The export report: what :func:`~workbench.export.onnx_export.export_qdq_onnx` wrote and how well it matches."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["OutputParity", "ExportReport", "report_json"]
+
+
+@dataclass(frozen=True)
+class OutputParity:
+    """onnxruntime against the fake-quant PyTorch model, for one output."""
+
+    name: str
+    shape: tuple[int, ...]
+    max_abs_diff: float
+    cosine: float
+
+
+@dataclass
+class ExportReport:
+    """What :func:`export_qdq_onnx` wrote and how well it matches PyTorch."""
+
+    path: str
+    exporter: str                    # "dynamo" (torch.export-based) or "torchscript"
+    exporter_note: str               # why that exporter
+    opset: int                       # the file's opset
+    requested_opset: int
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_batch: bool
+    quantize_nodes: int
+    dequantize_nodes: int
+    clip_nodes: int                  # narrow-range clips between Q and DQ
+    expected_qdq: int                # distinct (tensor, scale) pairs quantized in one forward pass
+    quantizer_calls_total: int       # active quantizer calls in one forward pass (>= expected_qdq)
+    quantizers: int                  # distinct quantizers exported
+    per_channel: int
+    per_tensor: int
+    unsigned: int
+    narrow_range: int
+    outputs: list[OutputParity]
+    max_abs_diff: float
+    cosine: float                    # the lowest over outputs
+    dynamic_batch_check: OutputParity | None  # the same comparison at another batch size
+    file_size: int
+    export_time_s: float
+    validation_time_s: float
+    total_time_s: float
+    quantizer_calls: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    amax_json_path: str | None = None
+    calibration_cache_path: str | None = None
+    float_onnx_path: str | None = None
+
+    @property
+    def qdq_pairs(self) -> int:
+        return min(self.quantize_nodes, self.dequantize_nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        text = (f"{Path(self.path).name}: {self.quantize_nodes} Q / {self.dequantize_nodes} DQ nodes "
+                f"({self.quantizers} quantizers: {self.per_channel} per-channel, {self.per_tensor} per-tensor), "
+                f"opset {self.opset}, {self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
+                f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
+        if self.dynamic_batch_check is not None:
+            text += f"; dynamic batch checked at {self.dynamic_batch_check.shape[0]}"
+        text += f"; {self.total_time_s:.2f} s"
+        return text
+
+
+
+def _json_default(value: Any) -> Any:  # pragma: no cover - used by callers dumping reports
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(type(value).__name__)
+
+
+def report_json(report: ExportReport) -> str:
+    """The report as JSON text (for the project file's export history)."""
+    return json.dumps(report.to_dict(), default=_json_default, indent=2)

@@ -1,0 +1,165 @@
+"""Post-processing and validation of an exported graph: Q/DQ node names, onnxruntime parity with
+PyTorch, the amax table."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from workbench.export.errors import ExportValidationError
+from workbench.export.qdq import ExportParams, QDQStandIn, export_params
+from workbench.export.report import OutputParity
+from workbench.quant.snapshot import all_quantizers, quantizer_names
+
+__all__ = ["name_qdq_nodes", "compare", "ort_session", "feeds", "amax_table", "amax_table_of",
+           "per_channel_activations", "qdq_clips", "amax_of"]
+
+
+# ----- post-processing and validation -----------------------------------------------------------
+
+
+def name_qdq_nodes(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> None:
+    """Name Q/Clip/DQ nodes after their quantizer ("conv1._input_quantizer/QuantizeLinear"), for viewers."""
+    used = {n.name for n in proto.graph.node}
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    counts: dict[str, int] = {}
+    for node in proto.graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(node.input) < 2:
+            continue
+        quantizer = scale_to_quantizer.get(node.input[1])
+        if quantizer is None:
+            continue
+        key = f"{quantizer}/{node.op_type}"
+        index = counts.get(key, 0)
+        counts[key] = index + 1
+        name = key if index == 0 else f"{key}_{index}"
+        if name in used:
+            continue
+        used.discard(node.name)
+        node.name = name
+        used.add(name)
+        if node.op_type == "DequantizeLinear":
+            clip = producers.get(node.input[0])
+            if clip is not None and clip.op_type == "Clip":
+                clip_name = name.replace("DequantizeLinear", "Clip")
+                if clip_name not in used:
+                    clip.name = clip_name
+                    used.add(clip_name)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    na, nb = float(np.linalg.norm(a64)), float(np.linalg.norm(b64))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a64, b64) / (na * nb))
+
+
+def compare(names: list[str], reference: list[torch.Tensor], actual: list[np.ndarray]) -> list[OutputParity]:
+    if len(reference) != len(actual):
+        raise ExportValidationError("parity", f"onnxruntime returned {len(actual)} outputs, PyTorch {len(reference)}.")
+    results = []
+    for name, ref, out in zip(names, reference, actual):
+        ref_np = ref.detach().cpu().numpy()
+        if tuple(ref_np.shape) != tuple(out.shape):
+            raise ExportValidationError("parity", f"output {name!r}: onnxruntime shape {tuple(out.shape)}, PyTorch "
+                                                  f"{tuple(ref_np.shape)}.")
+        if ref_np.dtype.kind not in "fc":
+            equal = np.array_equal(ref_np, out)
+            results.append(OutputParity(name, tuple(out.shape), 0.0 if equal else math.inf, 1.0 if equal else 0.0))
+            continue
+        finite_ref, finite_out = np.isfinite(ref_np), np.isfinite(out)
+        if not np.array_equal(finite_ref, finite_out):
+            raise ExportValidationError("parity", f"output {name!r}: onnxruntime and PyTorch disagree on which "
+                                                  "values are NaN/Inf.")
+        diff = np.abs(ref_np[finite_ref].astype(np.float64) - out[finite_out].astype(np.float64))
+        results.append(OutputParity(name, tuple(out.shape), float(diff.max()) if diff.size else 0.0,
+                                    _cosine(ref_np[finite_ref], out[finite_out])))
+    return results
+
+
+def ort_session(path: str):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    # run the graph as written: no fusion into integer kernels, so parity checks the graph's semantics
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def feeds(session, inputs: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
+    names = [i.name for i in session.get_inputs()]
+    if len(names) != len(inputs):
+        raise ExportValidationError("onnxruntime", f"the ONNX graph takes {len(names)} inputs ({names}), the sample "
+                                                   f"has {len(inputs)}.")
+    return {name: t.detach().cpu().numpy() for name, t in zip(names, inputs)}
+
+
+def amax_table(model: nn.Module) -> dict[str, Any]:
+    """Every quantizer's state as JSON-ready data: ``{name: {amax, scale, axis, bits, ...}}``."""
+    return amax_table_of(model, {})
+
+
+def amax_table_of(model: nn.Module, known: dict[int, ExportParams]) -> dict[str, Any]:
+    """:func:`amax_table`, reusing the ONNX parameters an export already computed (``known``, by quantizer id)."""
+    table: dict[str, Any] = {}
+    paths: dict[int, list[str]] = {}
+    for name, module in quantizer_names(model).items():
+        paths.setdefault(id(module), []).append(name)
+    for q in all_quantizers(model):
+        name = paths[id(q)][0]
+        entry: dict[str, Any] = {
+            "enabled": not q._disabled, "quant": bool(q._if_quant), "num_bits": q._num_bits, "axis": q._axis,
+            "unsigned": bool(q._unsigned), "narrow_range": bool(q._narrow_range),
+            "shared_with": [p for p in paths[id(q)] if p != name]}
+        amax = q._buffers.get("_amax")
+        entry["amax"] = None if amax is None else amax.detach().cpu().float().reshape(-1).tolist()
+        entry["amax_shape"] = None if amax is None else list(amax.shape)
+        try:
+            params = known[id(q)] if id(q) in known else export_params(q)
+            entry["scale"] = params.scale.detach().cpu().reshape(-1).tolist()
+            entry["zero_point_type"] = "uint8" if q._unsigned else "int8"
+        except (LookupError, ValueError):
+            entry["scale"] = None
+        table[name] = entry
+    return table
+
+
+
+def per_channel_activations(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> list[str]:
+    inits = {i.name: i for i in proto.graph.initializer}
+    found: list[str] = []
+    for node in proto.graph.node:
+        if node.op_type != "QuantizeLinear" or node.input[0] in inits:
+            continue
+        scale = inits.get(node.input[1])
+        if scale is not None and len(scale.dims) == 1:
+            name = scale_to_quantizer.get(node.input[1], node.input[1])
+            if name not in found:
+                found.append(name)
+    return found
+
+
+def qdq_clips(proto: onnx.ModelProto) -> int:
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    clips = 0
+    for node in proto.graph.node:
+        if node.op_type == "DequantizeLinear":
+            source = producers.get(node.input[0])
+            if source is not None and source.op_type == "Clip":
+                clips += 1
+    return clips
+
+
+def amax_of(stand_in: QDQStandIn) -> float:
+    # scale = amax / max_bound, and the cache wants the dynamic range amax
+    max_bound = 255.0 if stand_in.params.qmin == 0 else 127.0
+    return float(stand_in.scale.reshape(())) * max_bound
+

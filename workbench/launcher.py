@@ -1,0 +1,156 @@
+"""Run a job in N local processes through PyTorch's elastic launcher, and report a failed one clearly.
+
+``workbench calibrate PROJECT --workers N`` uses :func:`launch` so that a user with a multi-GPU box (or
+many cores) needs no torchrun knowledge: the elastic agent (``torch.distributed.launcher.api``) starts
+the workers with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and a rendezvous already set, exactly as
+``torchrun --standalone --nproc-per-node=N`` would, watches them, and stops them all as soon as one
+fails. What this module adds: no restarts (a calibration that failed once fails again), worker
+errors recorded in the agent's error files and turned into one :class:`WorkerFailed` that names the
+rank and its error, each worker given its share of the CPU cores, and the agent's own log lines kept
+out of the user's terminal.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["launch", "WorkerFailed", "RankFailure", "worker_threads"]
+
+# what the workers of a failed job report when only a peer's death stopped them
+_PEER_LOST_MARKERS = ("DistributedError", "Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+@dataclass
+class RankFailure:
+    """How one rank ended: its global rank, exit code and error (the exception's type and message)."""
+
+    rank: int
+    exitcode: int
+    message: str
+
+    @property
+    def killed_by(self) -> str | None:
+        """The signal's name when the process was killed (OOM killer: SIGKILL), else None."""
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def describe(self) -> str:
+        if self.killed_by is not None:
+            hint = " (out of memory?)" if self.killed_by == "SIGKILL" else ""
+            return f"rank {self.rank} was killed by {self.killed_by}{hint}"
+        return f"rank {self.rank} failed: {self.message}"
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process of a launched job failed; every other worker has been stopped.
+
+    Attributes:
+        failures: every rank that failed, the root cause first (a rank whose error was only that a
+            peer went away comes after the rank that went away).
+        world_size: how many processes the job had.
+    """
+
+    def __init__(self, failures: list[RankFailure], world_size: int) -> None:
+        self.failures = failures
+        self.world_size = world_size
+        first = failures[0].describe() if failures else "a worker failed without reporting why"
+        others = [f.rank for f in failures[1:]]
+        extra = f" (then rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} stopped too)" if others \
+            else ""
+        super().__init__(f"The {world_size}-process job stopped: {first}{extra}.")
+
+    @property
+    def rank(self) -> int | None:
+        return self.failures[0].rank if self.failures else None
+
+
+def worker_threads(nprocs: int) -> int:
+    """Intra-op threads per worker: an equal share of this machine's cores (at least one)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, nprocs))
+
+
+def _worker(entrypoint: Callable[..., Any], threads: int | None, *args: Any) -> Any:
+    """What each worker process runs: set its thread share, run the job, record any error for the agent."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return record(entrypoint)(*args)
+
+
+def _failures(error: Any) -> list[RankFailure]:
+    failures = []
+    for rank, failure in sorted(error.failures.items()):
+        message = failure.message
+        if isinstance(message, dict):  # the error file's structured form
+            message = message.get("message", "")
+        if failure.error_file_data.get("errorTraits") or not message:  # no error file: it only exited
+            message = f"exited with code {failure.exitcode} before reporting an error"
+        failures.append(RankFailure(rank=int(rank), exitcode=int(failure.exitcode), message=str(message).strip()))
+    # the root cause first: a rank that lost its peers failed because of another one
+    failures.sort(key=lambda f: (f.killed_by is None and any(m in f.message for m in _PEER_LOST_MARKERS), f.rank))
+    return failures
+
+
+def launch(entrypoint: Callable[..., Any], args: tuple = (), *, nprocs: int, start_method: str = "spawn",
+           threads: int | None = None, quiet: bool = True) -> Any:
+    """Run ``entrypoint(*args)`` in ``nprocs`` local worker processes; return rank 0's return value.
+
+    Each worker finds ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set
+    (:func:`workbench.quant.distributed.init_from_env` joins the job from them). ``entrypoint`` must
+    be importable by the workers (a module-level function) and its arguments picklable.
+
+    Args:
+        entrypoint: the job, run once per worker.
+        args: its arguments.
+        nprocs: how many workers (>= 1).
+        start_method: ``"spawn"`` (default: safe with threads) or ``"forkserver"``/``"fork"``.
+        threads: torch threads per worker; None: an equal share of the cores, unless
+            ``OMP_NUM_THREADS`` is set.
+        quiet: keep the elastic agent's informational log lines out of the output.
+
+    Raises:
+        ValueError: ``nprocs`` < 1.
+        WorkerFailed: a worker raised, exited with an error or was killed; the others were stopped.
+    """
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"The number of workers must be a positive integer, got {nprocs!r}.")
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if threads is None and not os.environ.get("OMP_NUM_THREADS"):
+        threads = worker_threads(nprocs)
+    quieted = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.launcher",
+                                                  "torch.multiprocessing")]
+    levels = [logger.level for logger in quieted]
+    if quiet:
+        for logger in quieted:
+            logger.setLevel(logging.CRITICAL)  # WorkerFailed says what went wrong, once
+    try:
+        with tempfile.TemporaryDirectory(prefix="workbench-launch-") as log_dir:
+            config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex,
+                                  rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                                  monitor_interval=0.1, start_method=start_method,
+                                  logs_specs=DefaultLogsSpecs(log_dir=log_dir))
+            try:
+                results = elastic_launch(config, _worker)(entrypoint, threads, *args)
+            except ChildFailedError as error:
+                raise WorkerFailed(_failures(error), nprocs) from None
+    finally:
+        for logger, level in zip(quieted, levels):
+            logger.setLevel(level)
+    return results[0]

@@ -1,0 +1,265 @@
+"""Where a job runs among several processes: rank, world size, device, and the collectives it uses.
+
+A job launched by ``torchrun`` (or by :mod:`workbench.launcher`) finds ``WORLD_SIZE``, ``RANK`` and
+``LOCAL_RANK`` in its environment; :func:`init_from_env` joins the process group (gloo on CPU, nccl
+when every rank has its own GPU, ``LOCAL_RANK`` picking it) with a timeout on every collective, so a
+rank that dies never leaves the others waiting forever. A single process gets :data:`SINGLE`, and
+every helper here is then a no-op, so the jobs keep one code path.
+
+Progress from all ranks goes through the rendezvous key-value store (an atomic ``add`` per step), not
+through collectives: ranks do different amounts of work, and a collective per step would make the
+fastest wait for the slowest at every batch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DistContext", "SINGLE", "init_from_env", "launched_by_torchrun", "shard", "deal", "DEFAULT_TIMEOUT_S",
+           "TIMEOUT_ENV", "DistributedError"]
+
+T = TypeVar("T")
+
+# Every collective gives up after this long (seconds); WORKBENCH_DIST_TIMEOUT overrides it.
+DEFAULT_TIMEOUT_S = 600.0
+TIMEOUT_ENV = "WORKBENCH_DIST_TIMEOUT"
+ProgressCallback = Callable[[int, int, str], None]
+
+
+class DistributedError(RuntimeError):
+    """A distributed job cannot start or a collective failed (a peer died, or it timed out)."""
+
+
+@dataclass
+class DistContext:
+    """One process's place in a job.
+
+    Attributes:
+        rank: this process's index, 0 to ``world_size - 1``. Rank 0 reports and writes.
+        world_size: how many processes take part.
+        local_rank: index among the processes on this machine (picks the GPU).
+        device: where this rank runs the model.
+        backend: ``"gloo"``, ``"nccl"``, or ``""`` for a single process.
+        timeout_s: how long a collective waits for the others.
+        store: the rendezvous key-value store (progress counters), None without one.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device | None = None
+    backend: str = ""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    store: Any = None
+    _progress_keys: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that reports progress, returns the merged result and writes files."""
+        return self.rank == 0
+
+    def all_gather(self, value: T) -> list[T]:
+        """Every rank's ``value`` (any picklable object), in rank order, on every rank."""
+        if not self.distributed:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
+        try:
+            dist.all_gather_object(gathered, value)
+        except Exception as error:  # a peer died or the timeout passed: say so in our terms
+            raise DistributedError(f"rank {self.rank}: gathering results from the other ranks failed "
+                                   f"({type(error).__name__}: {error})") from error
+        return gathered
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """``tensor`` reduced in place over all ranks with ``op`` (``"max"`` or ``"sum"``), on the backend's device."""
+        if not self.distributed:
+            return tensor
+        reduce_op = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op]
+        work = tensor.to(self.collective_device)
+        try:
+            dist.all_reduce(work, op=reduce_op)
+        except Exception as error:
+            raise DistributedError(f"rank {self.rank}: all-reduce ({op}) with the other ranks failed "
+                                   f"({type(error).__name__}: {error})") from error
+        if work is not tensor:
+            tensor.copy_(work)
+        return tensor
+
+    @property
+    def collective_device(self) -> torch.device:
+        """nccl reduces on the GPU, gloo on the CPU."""
+        if self.backend == "nccl" and self.device is not None:
+            return self.device
+        return torch.device("cpu")
+
+    # ----- progress -----------------------------------------------------------------------------
+
+    def progress(self, callback: ProgressCallback | None, steps: int, label: str, *, offset: int = 0,
+                 total: int | None = None) -> ProgressCallback | None:
+        """A progress callback for this rank's share of ``steps`` steps shared by all ranks.
+
+        Each rank counts its own steps in the store (call it as ``report(done_here, _, message)``);
+        rank 0 calls ``callback(offset + steps done by all ranks, total, message)``, other ranks never
+        call ``callback``. ``total`` defaults to ``offset + steps``. Single process: ``callback`` itself.
+        """
+        if not self.distributed:
+            return callback
+        self._progress_keys += 1
+        return _RankProgress(self, callback, f"{label}/{self._progress_keys}", steps, offset,
+                             offset + steps if total is None else total)
+
+    def main_only(self, callback: ProgressCallback | None) -> ProgressCallback | None:
+        """``callback`` on rank 0, None elsewhere: only rank 0 reports."""
+        return callback if self.is_main else None
+
+    def wait_for_peers(self, report: ProgressCallback | None, message: str, poll_s: float = 0.2) -> None:
+        """On rank 0, keep reporting the summed progress until every rank's steps are in (or time is up).
+
+        Rank 0 often finishes its share first; without this its progress bar would stall until the
+        final gather. Returns at once on other ranks and for a single process.
+        """
+        if not (isinstance(report, _RankProgress) and self.is_main and self.store is not None
+                and report.callback is not None):
+            return
+        deadline = time.monotonic() + self.timeout_s
+        last = -1
+        while time.monotonic() < deadline:
+            summed = report.summed()
+            if summed != last:
+                report.callback(report.offset + summed, report.total, f"{message} ({self.world_size} processes)")
+                last = summed
+            if summed >= report.steps:
+                return
+            time.sleep(poll_s)
+
+    def close(self) -> None:
+        """Leave the process group (if this context joined one)."""
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+SINGLE = DistContext()
+
+
+class _RankProgress:
+    """A rank's progress callback: counts its steps in the store; rank 0 reports the sum."""
+
+    def __init__(self, context: DistContext, callback: ProgressCallback | None, key: str, steps: int, offset: int,
+                 total: int) -> None:
+        self.context, self.callback, self.key = context, callback, f"workbench/progress/{key}"
+        self.steps, self.offset, self.total = steps, offset, total
+        self._local = 0
+
+    def summed(self, step: int = 0) -> int:
+        store = self.context.store
+        return int(store.add(self.key, step)) if store is not None else self._local
+
+    def __call__(self, done: int, _total: int, message: str) -> None:
+        step, self._local = done - self._local, done
+        summed = self.summed(step)
+        if self.context.is_main and self.callback is not None:
+            self.callback(self.offset + summed, self.total, f"{message} ({self.context.world_size} processes)")
+
+
+def shard(items: Sequence[T], context: DistContext) -> list[T]:
+    """This rank's share of ``items``: indices ``rank, rank + world_size, ...`` (round robin).
+
+    Round robin rather than contiguous blocks: neighbouring items cost about the same (batches of one
+    loader, layers at similar depths), so every rank gets a similar load.
+    """
+    return list(items[context.rank::context.world_size])
+
+
+def deal(count: int, context: DistContext) -> list[int]:
+    """This rank's share of ``count`` tasks whose cost falls (or rises) steadily with their index.
+
+    Dealt back and forth (0, 1, 1, 0, 0, 1, ... for two ranks), so that each rank's share of a linear
+    cost profile is the same to within one task; round robin would give rank 0 the costlier task of
+    every round. Sensitivity units are such tasks: with cached activations, a unit near the input
+    costs a nearly full pass, one near the output almost nothing.
+    """
+    size = context.world_size
+    return [i for i in range(count) if (i % size if (i // size) % 2 == 0 else size - 1 - i % size) == context.rank]
+
+
+def launched_by_torchrun() -> bool:
+    """Whether the environment describes a process of a multi-process job (``WORLD_SIZE`` > 1)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        raise DistributedError(f"{name} is not set: start the job with torchrun or --workers.")
+    try:
+        return int(value)
+    except ValueError:
+        raise DistributedError(f"{name} must be an integer, got {value!r}.") from None
+
+
+def timeout_from_env() -> float:
+    text = os.environ.get(TIMEOUT_ENV)
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise DistributedError(f"{TIMEOUT_ENV} must be a number of seconds, got {text!r}.") from None
+    if not value > 0:
+        raise DistributedError(f"{TIMEOUT_ENV} must be positive, got {text!r}.")
+    return value
+
+
+def init_from_env(device: str | None = None, timeout_s: float | None = None) -> DistContext:
+    """Join the job described by the environment, or return :data:`SINGLE` for a single process.
+
+    Backend: nccl when CUDA is available, ``device`` does not ask for the CPU and every local rank
+    has its own GPU; gloo otherwise. The GPU is ``cuda:LOCAL_RANK``.
+
+    Raises:
+        DistributedError: a malformed environment, or the rendezvous failed (within the timeout).
+    """
+    if not launched_by_torchrun():
+        return SINGLE
+    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)) or world_size)
+    timeout_s = timeout_s if timeout_s is not None else timeout_from_env()
+    wants_cpu = device is not None and torch.device(device).type == "cpu"
+    if not wants_cpu and torch.cuda.is_available() and torch.cuda.device_count() >= local_world:
+        backend, run_device = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(run_device)
+    else:
+        backend, run_device = "gloo", torch.device("cpu") if device is None or wants_cpu else torch.device(device)
+    timeout = timedelta(seconds=timeout_s)
+    if dist.is_initialized():
+        raise DistributedError("A process group is already initialised in this process; a workbench job "
+                               "joins its own.")
+    try:
+        # our own rendezvous, so that the store it returns can also carry the progress counters
+        store, rank, world_size = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+        dist.init_process_group(backend, store=dist.PrefixStore("workbench/pg", store), rank=rank,
+                                world_size=world_size, timeout=timeout)
+    except Exception as error:
+        raise DistributedError(f"rank {rank}: could not join the {world_size}-process job "
+                               f"({type(error).__name__}: {error})") from error
+    logger.info("rank %d of %d on %s (%s)", rank, world_size, run_device, backend)
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=run_device, backend=backend,
+                       timeout_s=timeout_s, store=dist.PrefixStore("workbench/jobs", store))
