@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox, QStyle, QStyleOptionView
 from workbench.app.controller import DeferredRefresh  # noqa: E402
 from workbench.app.main_window import MainWindow, install_excepthook  # noqa: E402
 from workbench.app.tree_model import AMAX, INPUT, NAME_ROLE, QUANT, TYPE  # noqa: E402
+from workbench.sources.model_source import ModelSpec  # noqa: E402
 
 Buttons = QMessageBox.StandardButton
 
@@ -206,7 +207,7 @@ def test_descriptor_edit_for_several_layers(window, qtbot):
         desc = session.project.layers[name].input_desc
         assert desc["num_bits"] == 6 and desc["narrow_range"] and desc["calib_method"] == "histogram"
     assert session.project.layers["fc"].input_desc is None
-    qtbot.waitUntil(lambda: window.tree.model.text("block.conv1", INPUT) == "int6 per-tensor hist narrow")
+    qtbot.waitUntil(lambda: window.tree.model.text("block.conv1", INPUT) == "int6 per-tensor hist narrow, sim only")
     assert not panel.apply_button.isEnabled()  # applied: nothing touched any more
     # the weight role: head_pool has no weight quantizer and is skipped
     panel.role_tabs.setCurrentIndex(1)
@@ -578,3 +579,21 @@ def test_dialogs_that_change_several_things_apply_all_of_them_on_a_slow_model(wi
     qtbot.waitUntil(lambda: not window.controller.busy, timeout=60000)
     assert window.error_dialogs == []
     assert [n for n, d in session.project.layers.items() if not d.quantize] == ["fc"]  # block.conv1 is back
+
+
+def test_new_project_wizard_offers_models_by_name_without_trust(window, tmp_path):
+    wizard = window.new_project()
+    page = wizard.model_page
+    page.kind.setCurrentIndex(page.kind.findData("hf"))
+    assert page.stack.currentWidget().isAncestorOf(page.hf_folder) and not page.trust_note.isVisibleTo(page)
+    page.hf_folder.setText(str(tmp_path / "bert"))
+    spec = page.spec()
+    assert (spec.kind, spec.target, spec.requires_trust) == ("hf", str(tmp_path / "bert"), False)
+    page.kind.setCurrentIndex(page.kind.findData("timm"))
+    assert page.stack.currentWidget().isAncestorOf(page.timm_name)
+    page.timm_name.setText("resnet18")
+    page.weights.setText("r18.safetensors")
+    assert page.spec() == ModelSpec("timm", "resnet18", {}, "r18.safetensors")
+    page.kind.setCurrentIndex(page.kind.findData("pickle"))
+    assert page.trust_note.isVisibleTo(page)
+    wizard.reject()

@@ -19,6 +19,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, SignalInstance
 
 from workbench.analysis import AnalysisCancelled
 from workbench.app import main_thread_gc
+from workbench.app.disk_watch import ProjectFileWatcher
 from workbench.app.jobs import JobRunner
 from workbench.graph import ModelTree
 from workbench.quant.calibrate import CalibrationCancelled
@@ -166,6 +167,7 @@ class Controller(QObject):
         self._pending: list[Event] = []  # the session's events not yet told as signals
         self._holding = 0  # > 0: an edit is under way, its events are told when it is done
         self._disconnect_events: Callable[[], None] | None = None
+        self.disk = ProjectFileWatcher(self)  # another process saving the open project: the window offers a reload
         self._log_handler = QtLogHandler(self)
         logging.getLogger("workbench").addHandler(self._log_handler)
         # jobs run Python in a worker thread: garbage holding widgets must not be collected there
@@ -290,6 +292,8 @@ class Controller(QObject):
         self.session = session
         self._pending = []
         self._disconnect_events = session.events.connect(self._on_session_event)
+        session.who = "this window"  # in "p.qwb changed since this window opened it (by another process)"
+        self.disk.watch(session)
         self._selection = []
         self.session_changed.emit()
         self.layers_changed.emit()
@@ -311,6 +315,12 @@ class Controller(QObject):
             self.error.emit("Could not save the project", str(error), "")
             return None
         self.log.emit("info", f"saved {saved}")
+        if self.session.merged_on_save:  # another process's changes came in with the save
+            self.log.emit("info", "kept what another process saved meanwhile: " + ", ".join(self.session.merged_on_save))
+            self._forget_views()
+            self.layers_changed.emit()
+            self.calibration_changed.emit()
+        self.disk.watch(self.session)
         return saved
 
     # ----- the session's events, as signals -----------------------------------------------------
@@ -389,6 +399,7 @@ class Controller(QObject):
 
     def ignore_preview(self, patterns: Iterable[str]) -> list[str]:
         return self._open_session().ignore_preview(list(patterns))
+
 
     # ----- edits (on the GUI thread; refused while a job runs) ---------------------------------
 

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 from workbench.analysis.metrics import BUILTIN_METRICS, DEFAULT_METRIC
 from workbench.app.export_dialog import opset_spin_box
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
+from workbench.project.settings import DEFAULT_SETTINGS, FUNCTIONAL_SWITCHES
 
 __all__ = ["ErrorDialog", "CalibrateDialog", "CalibrationOptions", "ProjectSettingsDialog", "CALIBRATION_METHODS",
            "percentile_spin_box"]
@@ -159,10 +160,13 @@ class ProjectSettingsDialog(QDialog):
 
         functional = settings.get("functional") or {}
         rules = settings.get("rules") or {}
-        self.add = QCheckBox("quantize elementwise add (residual connections)")
-        self.add.setChecked(bool(functional.get("add", True)))
-        self.concat = QCheckBox("quantize concat")
-        self.concat.setChecked(bool(functional.get("concat", True)))
+        # one check box per functional switch, from the settings' one definition of them
+        self.functional = {}
+        for name, text in FUNCTIONAL_SWITCHES.items():
+            box = QCheckBox(f"quantize {text}")
+            box.setChecked(bool(functional.get(name, DEFAULT_SETTINGS["functional"][name])))
+            self.functional[name] = box
+        self.add, self.concat = self.functional["add"], self.functional["concat"]
         self.rule_concat = QCheckBox("inputs of a concat share one quantizer")
         self.rule_concat.setChecked(bool(rules.get("concat", True)))
         self.rule_maxpool = QCheckBox("a max-pool's input and output quantizers match")
@@ -171,7 +175,7 @@ class ProjectSettingsDialog(QDialog):
         self.rule_residual.setChecked(bool(rules.get("residual", True)))
         graph_box = QGroupBox("Functional quantizers and TensorRT placement rules")
         graph_layout = QVBoxLayout(graph_box)
-        for box in (self.add, self.concat, self.rule_concat, self.rule_maxpool, self.rule_residual):
+        for box in (*self.functional.values(), self.rule_concat, self.rule_maxpool, self.rule_residual):
             graph_layout.addWidget(box)
 
         self.calibration = CalibrationOptions(settings.get("calibration"))
@@ -253,7 +257,7 @@ class ProjectSettingsDialog(QDialog):
             input_default.pop("calib_method")
         defaults["input"] = input_default or None
         new["defaults"] = defaults
-        new["functional"] = {"add": self.add.isChecked(), "concat": self.concat.isChecked()}
+        new["functional"] = {name: box.isChecked() for name, box in self.functional.items()}
         new["rules"] = {"concat": self.rule_concat.isChecked(), "maxpool": self.rule_maxpool.isChecked(),
                         "residual": self.rule_residual.isChecked()}
         new["calibration"] = self.calibration.options()

@@ -436,8 +436,8 @@ class GraphTab(QWidget):
         latest = None
         if session is not None:
             for record in reversed(session.project.exports):
-                if Path(record.path).is_file():
-                    latest = Path(record.path)
+                if Path(session.export_path(record)).is_file():
+                    latest = Path(session.export_path(record))
                     break
         if latest is not None:
             self.show_file(latest)

@@ -351,7 +351,8 @@ class LayerPanel(QWidget):
         chosen = 0
         for q in quantizers:
             calibrator = {"HistogramCalibrator": "histogram", "MaxCalibrator": "max"}.get(q.calibrator or "", "none")
-            label = f"{q.attr.strip('_').replace('_quantizer', '')} ({calibrator}{'' if q.active else ', bypassed'})"
+            what = q.role or q.attr.strip('_').replace('_quantizer', '')  # attention: query, key, value, probabilities
+            label = f"{what} ({calibrator}{'' if q.active else ', bypassed'})"
             self.quantizer_combo.addItem(label, q.name)
         names = [q.name for q in quantizers]
         if previous is not None and previous.rsplit(".", 1)[-1] in [n.rsplit(".", 1)[-1] for n in names]:

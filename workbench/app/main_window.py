@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PySide6.QtCore import QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtCore import QEvent, QObject, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QFont, QIcon, QKeySequence, QTextCursor
 from PySide6.QtWidgets import (
     QApplication,
     QComboBox,
@@ -238,6 +238,7 @@ class MainWindow(QMainWindow):
         for signal in (c.layers_changed, c.calibration_changed, c.sensitivity_changed):
             signal.connect(self._update_summary)
         c.export_finished.connect(self._export_finished)
+        c.disk.changed.connect(self.offer_reload)
         c.jobs.finished.connect(self._job_finished)
         c.jobs.cancelled.connect(lambda name, _e: self.statusBar().showMessage(f"{name} cancelled", 5000))
 
@@ -452,6 +453,27 @@ class MainWindow(QMainWindow):
 
         self._pending_request = request
         return request(trust_code)
+
+    def offer_reload(self, path: str) -> bool:
+        """Another process saved the open project: reload it from disk, or keep working on this copy."""
+        session = self.controller.session
+        if session is None or self.controller.busy:
+            return False
+        unsaved = " Changes made here since the last save would be lost." if session.dirty else ""
+        answer = QMessageBox.question(
+            self, "Project changed on disk",
+            f"{Path(path).name} was saved by another process since it was opened here.\n\nReload it from disk?"
+            f"{unsaved} (Keep working here, and a save keeps what the other process changed where the two do not "
+            "overlap, or says what overlaps.)",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes)
+        if answer != QMessageBox.StandardButton.Yes:
+            return False
+        return self.open_project(path, trust_code=session.trust_code, confirmed=True)
+
+    def changeEvent(self, event: Any) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow():
+            self.controller.disk.check()  # back from another window (a terminal): was the project saved there?
 
     def save(self) -> bool:
         session = self.controller.session

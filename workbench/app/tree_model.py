@@ -372,17 +372,18 @@ def _rows(tree: ModelTree | None, layers: Sequence[LayerView]) -> list[tuple[str
                 parent = parent.rpartition(".")[0]
             extra.setdefault(parent, []).append(layer)
     if not extra:
-        return [(m.name, m.type_name, m.parent, m.depth) for m in tree.modules]
+        return [(m.name, m.display_type, m.parent, m.depth) for m in tree.modules]
     rows: list[tuple[str, str, str | None, int]] = []
     by_name = tree.by_name
-    stack: list[tuple[str, str, str | None, int, bool]] = [(tree.root.name, tree.root.type_name, None, 0, True)]
+    stack: list[tuple[str, str, str | None, int, bool]] = [(tree.root.name, tree.root.display_type, None, 0, True)]
     while stack:
         name, type_name, parent, depth, is_module = stack.pop()
         rows.append((name, type_name, parent, depth))
         if not is_module:
             continue
-        pending = [(c, by_name[c].type_name, name, depth + 1, True) for c in by_name[name].children]
-        pending += [(layer.name, layer.type, name, depth + 1, False) for layer in extra.get(name, [])]
+        pending = [(c, by_name[c].display_type, name, depth + 1, True) for c in by_name[name].children]
+        pending += [(layer.name, getattr(layer, "display_type", layer.type), name, depth + 1, False)
+                    for layer in extra.get(name, [])]
         stack.extend(reversed(pending))
     return rows
 

@@ -66,7 +66,8 @@ class ModelPage(QWizardPage):
     """Where the float model comes from."""
 
     KINDS = (("demo", "Built-in demo model"), ("entrypoint", "Python entry point (file.py:factory or package.module:"
-                                                             "factory)"), ("pickle", "Pickled model (torch.save)"))
+                                                             "factory)"), ("pickle", "Pickled model (torch.save)"),
+             ("hf", "Hugging Face folder (config.json + safetensors)"), ("timm", "timm model by name"))
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -89,6 +90,10 @@ class ModelPage(QWizardPage):
         self.code_dir.setPlaceholderText("folder with the model's code (added to the import path)")
         self.weights = QLineEdit()
         self.weights.setPlaceholderText("optional: state_dict file (.pt, .pth, .safetensors)")
+        self.hf_folder = QLineEdit()
+        self.hf_folder.setPlaceholderText("models/bert-base (a folder written by save_pretrained)")
+        self.timm_name = QLineEdit()
+        self.timm_name.setPlaceholderText("vit_small_patch16_224, resnet50 ...")
 
         entry_form = QFormLayout()
         browse_py = QPushButton("Browse…")
@@ -104,9 +109,15 @@ class ModelPage(QWizardPage):
         pickle_form.addRow("Code folder", _browse_row(self.code_dir, browse_code))
         demo_form = QFormLayout()
         demo_form.addRow("Demo model", self.demo)
+        hf_form = QFormLayout()
+        browse_hf = QPushButton("Browse…")
+        browse_hf.clicked.connect(lambda: self._browse_dir(self.hf_folder))
+        hf_form.addRow("Model folder", _browse_row(self.hf_folder, browse_hf))
+        timm_form = QFormLayout()
+        timm_form.addRow("timm model", self.timm_name)
         self.stack = QStackedWidget()
         self.stack.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)  # no gap below it
-        for form in (demo_form, entry_form, pickle_form):
+        for form in (demo_form, entry_form, pickle_form, hf_form, timm_form):  # in the order of KINDS
             form.setContentsMargins(0, 0, 0, 0)  # aligned with the outer form's fields
             page = QWidget()
             page.setLayout(form)
@@ -129,7 +140,7 @@ class ModelPage(QWizardPage):
 
     def _kind_changed(self) -> None:
         self.stack.setCurrentIndex(self.kind.currentIndex())
-        self.trust_note.setVisible(self.kind.currentData() != "demo")
+        self.trust_note.setVisible(self.kind.currentData() in ("entrypoint", "pickle"))
 
     def _browse_entrypoint(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Python file with the model factory", "", "Python (*.py)")
@@ -155,13 +166,17 @@ class ModelPage(QWizardPage):
         if kind == "entrypoint":
             return ModelSpec("entrypoint", self.entrypoint.text().strip(), factory_arguments(self.kwargs.text()),
                              weights)
+        if kind == "hf":
+            return ModelSpec("hf", self.hf_folder.text().strip(), {}, weights)
+        if kind == "timm":
+            return ModelSpec("timm", self.timm_name.text().strip(), {}, weights)
         return ModelSpec("pickle", self.pickle.text().strip(), {}, weights, self.code_dir.text().strip() or None)
 
     def validatePage(self) -> bool:
         try:
             spec = self.spec()
             for path in spec.files():
-                if spec.kind != "demo" and not path.exists():
+                if spec.kind not in ("demo", "hf") and not path.exists():
                     raise SourceError(f"{path} does not exist.")
         except (SourceError, ValueError) as error:
             _warn(self, "Model source", error)

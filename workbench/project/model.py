@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from workbench.quant.calibrate import CalibrationResult, QuantizerCalibration
 
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
-           "ExportRecord", "FinetuneRecord", "Project", "ProjectOrigin", "now_iso", "DATA_ROLES"]
+           "ExportRecord", "FinetuneRecord", "EngineReportRecord", "Project", "ProjectOrigin", "now_iso",
+           "DATA_ROLES"]
 
 DATA_ROLES = ("calibration", "evaluation", "training")
 
@@ -116,6 +117,15 @@ class ExportRecord:
 
 
 @dataclass
+class EngineReportRecord:
+    """A TensorRT engine report imported into the project (:meth:`workbench.engine.EngineReport.to_dict`)."""
+
+    id: int
+    created: str
+    data: dict[str, Any]
+
+
+@dataclass
 class FinetuneRecord:
     """One quantization-aware fine-tune: its settings and history, and (for the active one) its result.
 
@@ -165,9 +175,11 @@ class Project:
     fallbacks: list[FallbackRecord] = field(default_factory=list)
     exports: list[ExportRecord] = field(default_factory=list)
     finetunes: list[FinetuneRecord] = field(default_factory=list)
+    engine_reports: list[EngineReportRecord] = field(default_factory=list)
     created: str = field(default_factory=now_iso)
     modified: str = field(default_factory=now_iso)
     app_version: str = ""
+    saved_in: str = ""  # the folder the project was last saved in: where its relative paths used to lead
     # the file and revision this was loaded from or last saved to (None: not from a file yet)
     origin: ProjectOrigin | None = field(default=None, compare=False, repr=False)
 
