@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.export.naming import layer_of_quantizer
 from workbench.graph import FunctionalQuantReport, PlacementReport, PlacementRules
 from workbench.graph.fold import FoldReport, fold_batchnorm
 from workbench.graph.hf_attention import QuantHFAttention
@@ -95,13 +96,7 @@ def role_quantizer(module: nn.Module | None, role: str) -> TensorQuantizer | Non
 
 def layer_of(quantizer_name: str) -> tuple[str, str]:
     """``"conv1._input_quantizer"`` -> ``("conv1", "input")``; RNN/LSTM lists map to their layer too."""
-    parts = quantizer_name.split(".")
-    for index in range(len(parts) - 1, -1, -1):
-        part = parts[index]
-        if part.endswith("_quantizer") or part.endswith("_quantizers"):
-            role = "weight" if part.startswith("_weight") else "input"
-            return ".".join(parts[:index]), role
-    return ".".join(parts[:-1]), "input"
+    return layer_of_quantizer(quantizer_name)
 
 
 def quantizable(model: nn.Module) -> list[tuple[str, str, str]]:
@@ -147,7 +142,8 @@ def fold_base(float_model: nn.Module, input_spec: InputSpec | None,
 
 def _fold_example(spec: InputSpec | None, device: torch.device) -> tuple[torch.Tensor] | None:
     dtype = getattr(torch, spec.dtype, None) if spec is not None else None
-    if spec is None or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    # a float image-like input only: token ids and keyword inputs are not made up from noise
+    if spec is None or spec.named or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         return None
     generator = torch.Generator().manual_seed(0)
     return (torch.randn(spec.with_batch(1), generator=generator, dtype=dtype).to(device),)

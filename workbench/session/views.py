@@ -14,7 +14,10 @@ from workbench.graph.tree import module_notes, module_role
 from workbench.project import QuantizerRecord
 from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
+from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.snapshot import quantizer_names
+from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
 
 if TYPE_CHECKING:
@@ -57,6 +60,8 @@ def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None)
     if calib == "hist" and method and method != "max":
         calib += f"/{method}"
     extras = " narrow" if fields.get("narrow_range") else ""
+    if bits != 8:  # simulates, but INT8 QDQ export refuses it (workbench.quant.tensorrt_rules)
+        extras += f", {SIM_ONLY}"
     return f"{kind} {granularity} {calib}{extras}"
 
 
@@ -118,12 +123,16 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "layers": len(layers),
         "quantized_layers": sum(1 for layer in layers if layer.quantize),
         "float_layers": [layer.name for layer in layers if not layer.quantize],
+        # subclasses of quantizable layers with a forward of their own stay float (quant/replace.py says why)
+        "not_quantizable": [{"name": item.name, "type": item.float_type, "reason": item.reason}
+                            for item in (report.replacement.not_quantizable if report.replacement else [])],
         "calibration": None if run is None else {
-            "method": run.method, "batches": run.num_batches, "quantizers": len(run.quantizers),
-            "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
+            "method": run.method, "batches": run.num_batches, **_calibrated_counts(session, run),
+            "output_sqnr_db": run.output_sqnr_db, "output_sqnr_stale": _stale_reasons(session, run),
+            "created": run.created, "warnings": run.warnings},
         "stale_quantizers": list(report.stale),
         "sensitivity_runs": len(project.sensitivity),
-        "exports": [record.path for record in project.exports],
+        "exports": [session.export_path(record) for record in project.exports],
         "file_changes": list(session.file_changes),
         "folding": {"enabled": bool(project.settings.get("fold_bn", True)),
                     **(report.folding.to_dict() if report.folding is not None
@@ -148,6 +157,34 @@ def _functional_summary(report: Any) -> dict[str, Any]:
             "left_float": len(report.skipped)}
 
 
+def _calibrated_counts(session: Session, run: Any) -> dict[str, int]:
+    """``quantizers``: the quantizers calibrated, as calibration's own summary counts them (a quantizer two
+    layers share by a placement rule counts once); ``quantizer_names``: the names they are stored under
+    (a shared one under each of its names)."""
+    live = quantizer_names(session.quantized_model())
+    distinct = {id(live[name]) if name in live else name for name in run.quantizers}
+    return {"quantizers": len(distinct), "quantizer_names": len(run.quantizers)}
+
+
+def _stale_reasons(session: Session, run: Any) -> list[str]:
+    """Why the last calibration's output SQNR no longer describes the model as it is now (empty: it does)."""
+    reasons = []
+    report = session.build_report
+    live = quantizer_names(session.quantized_model())
+    active = {name for name, quantizer in live.items() if not quantizer._disabled and quantizer._if_quant}
+    if report.stale:
+        reasons.append(f"{len(report.stale)} quantizer(s) have other descriptors than they were calibrated with")
+    off = sorted(name for name in run.quantizers if name not in active)
+    if off:
+        reasons.append(f"{len(off)} calibrated quantizer(s) are off now (layers left in float since)")
+    new = sorted(name for name in active if name not in run.quantizers)
+    if new:
+        reasons.append(f"{len(new)} quantizer(s) are new since (not calibrated)")
+    if session.project.current_finetune is not None:
+        reasons.append("the weights were fine-tuned since")
+    return reasons
+
+
 def _finetune_summary(session: Session) -> dict[str, Any] | None:
     record = session.project.current_finetune
     if record is None:
@@ -162,8 +199,9 @@ def _finetune_summary(session: Session) -> dict[str, Any] | None:
             "best_metric": result.best.metric, "history": [e.to_dict() for e in result.history]}
 
 
-def layer_shapes(model: nn.Module, sample: torch.Tensor) -> dict[str, dict[str, Any]]:
-    """Input, output and weight shapes of ``model``'s modules on one ``sample`` input.
+def layer_shapes(model: nn.Module, sample: Any) -> dict[str, dict[str, Any]]:
+    """Input, output and weight shapes of ``model``'s modules on one ``sample`` input (a tensor, or a dict of
+    keyword inputs).
 
     Keys are module names; values ``{"inputs": [shape, ...], "output": shape | None, "weight": shape | None}``.
     """
@@ -184,7 +222,8 @@ def layer_shapes(model: nn.Module, sample: torch.Tensor) -> dict[str, dict[str, 
     handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules() if name]
     try:
         with torch.no_grad():
-            model(sample)
+            args, kwargs = model_inputs((sample, None))
+            model(*args, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
