@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -39,11 +38,13 @@ from workbench.quant.calibrate import calibrate  # noqa: E402
 from workbench.quant.snapshot import all_quantizers  # noqa: E402
 
 
-@dataclass
 class Row:
-    name: str
-    cells: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    """One architecture's cells by column, and the notes printed under the table."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.cells: dict[str, str] = {}
+        self.notes: list[str] = []
 
 
 COLUMNS = ["quantizers", "reached", "float ops", "Q/DQ pairs", "attn products", "ort cos", "ort max|d|",
