@@ -97,10 +97,10 @@ def test_user_code_needs_trust(tmp_path, capsys):
     assert code == 2 and "--trust-code" in err and not (tmp_path / "p.qwb").exists()
     code, _, err = run(capsys, *args, "--trust-code")
     assert code == 0, err
-    code, _, err = run(capsys, "show", tmp_path / "p.qwb")
+    code, _, err = run(capsys, "calibrate", tmp_path / "p.qwb", "--no-trust")  # trust remembered, but not used
     assert code == 2 and "--trust-code" in err
-    code, _, err = run(capsys, "show", tmp_path / "p.qwb", "--trust-code")
-    assert code == 0, err
+    code, out, err = run(capsys, "show", tmp_path / "p.qwb")  # remembered
+    assert code == 0 and "layers:" in out, err
 
 
 def test_existing_project_is_not_overwritten_without_force(project, capsys):
@@ -194,8 +194,8 @@ def test_user_loss_needs_trust_and_bad_options_are_one_line(calibrated_project, 
     assert json.loads(out)["settings"]["loss"] == loss
     code, out, _ = run(capsys, "show", project, "--json")  # the project keeps it relative to its folder
     assert json.loads(out)["settings"]["finetune"]["loss"] == "losses.py:smooth"
-    # the loss is a project setting now: later runs need trust too, or another loss
-    code, _, err = run(capsys, "finetune", project, "--epochs", "1", "--lr", "1e-4")
+    # the loss is a project setting now: later runs need trust too (remembered, unless --no-trust), or another loss
+    code, _, err = run(capsys, "finetune", project, "--epochs", "1", "--lr", "1e-4", "--no-trust")
     assert code == 2 and "--trust-code" in err
     code, _, err = run(capsys, "finetune", project, "--epochs", "0", "--lr", "1e-4", "--loss", "cross_entropy")
     assert code == 2 and "epochs must be a positive integer" in err and "Traceback" not in err

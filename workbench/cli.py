@@ -1,6 +1,7 @@
 """The ``workbench`` command line: the headless twin of the GUI, over :mod:`workbench.session`.
 
-Exit codes: 0 success, 2 bad input or usage (one clear line on stderr), 1 internal error. Tracebacks
+Exit codes: 0 success, 2 bad input or usage (one clear line on stderr), 1 internal error, 3 a fallback
+search that ran but did not reach its goal. Tracebacks
 only with ``--debug``. ``--json`` prints machine-readable results on stdout.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from workbench import __version__
 logger = logging.getLogger("workbench")
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+EXIT_NOT_REACHED = 3  # a search ran and was saved, but did not reach its goal (sensitivity --target/--tolerance)
 
 
 class UsageError(Exception):
@@ -89,8 +91,38 @@ class _Progress:
 
 def _open(args: argparse.Namespace):
     from workbench.session import Session
+    from workbench.sources.errors import TrustRequired
 
-    return Session.open(args.project, trust_code=args.trust_code)
+    try:
+        return Session.open(args.project, trust_code=args.trust_code, remembered=not args.no_trust)
+    except TrustRequired as error:
+        raise TrustRequired(f"{error} To trust it once and for later commands: workbench trust {args.project} "
+                            f"(or --trust-code); 'workbench show {args.project}' says what it runs.") from None
+
+
+def _untrusted_summary(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``workbench show`` on a project whose code is not trusted: what it would run and why, running none of it."""
+    from workbench.project import load_project
+    from workbench.session import Session
+
+    project = load_project(args.project)
+    references = Session.code_references(args.project)
+    status = "changed" if Session.trust_status(args.project) == "changed" else "untrusted"
+    data = {"name": project.name, "path": str(Path(args.project).resolve()), "trusted": False, "trust": status,
+            "model": project.model.label, "data": {role: spec.label for role, spec in project.data.items()},
+            "layers": len(project.layers), "calibrations": len(project.calibrations),
+            "code": [reference.to_dict() for reference in references]}
+    why = ("its code changed since it was trusted" if status == "changed"
+           else "it runs code that is not trusted on this machine yet")
+    lines = [f"{project.name} ({data['path']})", f"  model: {project.model.label} (not loaded: {why})",
+             "  data: " + ", ".join(f"{k} {v}" for k, v in data["data"].items()),
+             f"  layers: {len(project.layers)}, calibration runs: {len(project.calibrations)}",
+             "  code it would run (each needs your trust):"]
+    for reference in references:
+        files = ", ".join(reference.files) or "no file found next to the project"
+        lines.append(f"    {reference.role}: {reference.spec}: {reference.why} ({files})")
+    lines.append(f"  read that code; to trust it: workbench trust {args.project} (remembered until the code changes)")
+    return data, "\n".join(lines)
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
@@ -128,12 +160,17 @@ def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
     from workbench.session.new_project import image_options
     from workbench.sources.data_source import DataSpec
 
-    image = None
-    if any(v is not None for v in (args.resize, args.crop, args.mean, args.std)) or args.grayscale:
-        image = image_options(resize=args.resize, crop=args.crop, mean=args.mean, std=args.std,
-                              grayscale=args.grayscale)
-    return DataSpec.parse(text, batch_size=batch_size, num_batches=args.num_batches, shuffle=args.shuffle,
-                          seed=args.seed, image=image)
+    spec = DataSpec.parse(text, batch_size=batch_size, num_batches=args.num_batches, shuffle=args.shuffle,
+                          seed=args.seed)
+    given = [f"--{name}" for name in ("resize", "crop", "mean", "std") if getattr(args, name) is not None]
+    given += ["--grayscale"] if args.grayscale else []
+    if given and spec.kind != "images":  # said, not silently dropped: tensors are used as they are
+        print(f"workbench: note: {', '.join(given)} apply to folders of images; {text} is {spec.kind} data, used "
+              "as it is: ignored", file=sys.stderr)
+    elif given:
+        spec.image = image_options(resize=args.resize, crop=args.crop, mean=args.mean, std=args.std,
+                                   grayscale=args.grayscale)
+    return spec
 
 
 def _typed_entrypoint(spec: str | None, session: Any) -> str | None:
@@ -162,6 +199,10 @@ def _cmd_new(args: argparse.Namespace) -> int:
     settings = new_project_settings(metric=args.metric, direction=args.metric_direction)
     if args.output_key:
         settings["output"] = args.output_key
+    if args.num_batches is not None:  # what the help says: calibration uses this many, not the default
+        from workbench.project.settings import DEFAULT_SETTINGS
+
+        settings["calibration"] = {**DEFAULT_SETTINGS["calibration"], "num_batches": args.num_batches}
     session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
                              input_shape=InputSpec.parse_shape(args.input_shape), name=project.stem,
                              base_dir=Path.cwd(), settings=settings)
@@ -173,16 +214,35 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    session = _open(args)
+    from workbench.sources.errors import TrustRequired
+
+    try:
+        session = _open(args)
+    except TrustRequired:
+        data, text = _untrusted_summary(args)
+        _emit(args, data, text)
+        return EXIT_OK
     layers = session.layers()  # the summary counts them too: listed once
     summary = session.summary(layers)
     summary["layer_table"] = [layer.__dict__ for layer in layers]
     lines = [f"{summary['name']} ({summary['path']})", f"  model: {summary['model_description']}",
              f"  input: {summary['input']}", "  data: " + ", ".join(f"{k} {v}" for k, v in summary["data"].items())]
     run = summary["calibration"]
-    lines.append("  calibration: " + ("none yet" if run is None else
-                                      f"{run['method']} on {run['batches']} batches, output SQNR "
-                                      f"{_fmt(run['output_sqnr_db'], ' dB')}"))
+    if run is None:
+        lines.append("  calibration: none yet")
+    else:
+        shared = run["quantizer_names"] - run["quantizers"]
+        counted = f"{run['quantizers']} quantizers" + (f" ({run['quantizer_names']} names: {shared} shared by a rule)"
+                                                         if shared else "")
+        stale = run["output_sqnr_stale"]
+        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR "
+                     f"{_fmt(run['output_sqnr_db'], ' dB')}" + (f" (stale: {'; '.join(stale)}; recalibrate "
+                                                                  "for a current figure)" if stale else ""))
+    settings = summary["settings"]
+    calibration = settings["calibration"]
+    lines.append(f"  settings: calibration {calibration['method']} on {calibration['num_batches'] or 'all'} batches "
+                 f"(percentile {calibration['percentile']}%), metric {settings['metric']['name']}; placement rules "
+                 + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in settings["rules"].items()))
     lines.extend(_folding_lines(summary["folding"]))
     lines.extend(_functional_lines(summary["functional"]))
     tuned = summary["finetune"]
@@ -227,6 +287,32 @@ def _folding_lines(folding: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cmd_trust(args: argparse.Namespace) -> int:
+    from workbench.session import Session
+    from workbench.sources.trust import remember_trust
+
+    references = Session.code_references(args.project)  # reads the file, runs nothing
+    if not references:
+        _emit(args, {"trusted": True, "code": []}, f"{args.project} runs no code of its own: nothing to trust.")
+        return EXIT_OK
+    store = remember_trust(args.project, references)
+    lines = [f"trusted {args.project}: later commands and the GUI run its code without --trust-code, until it "
+             f"changes (recorded in {store}):"]
+    lines += [f"  {r.role}: {r.spec} ({', '.join(r.files) or 'no file found'})" for r in references]
+    _emit(args, {"trusted": True, "store": str(store), "code": [r.to_dict() for r in references]}, "\n".join(lines))
+    return EXIT_OK
+
+
+def _cmd_untrust(args: argparse.Namespace) -> int:
+    from workbench.sources.trust import forget_trust
+
+    forgotten = forget_trust(args.project)
+    _emit(args, {"forgotten": forgotten}, f"{args.project}: trust forgotten; its code runs again only with "
+                                          "--trust-code or 'workbench trust'" if forgotten
+          else f"{args.project}: no trust was recorded for it")
+    return EXIT_OK
+
+
 def _cmd_set(args: argparse.Namespace) -> int:
     session = _open(args)
     changed: dict[str, list[str]] = {}
@@ -253,10 +339,13 @@ def _cmd_set(args: argparse.Namespace) -> int:
         raise UsageError("say which layers with --layer, --pattern, --type or --subtree.")
     if args.reset:
         changed["reset"] = session.reset_descriptor(targets)
+    notes: list[str] = []  # accepted, but the user should know (4-bit: simulation only)
     if args.input_desc:
         changed["input_descriptor"] = session.set_descriptor(targets, "input", **_parse_fields(args.input_desc))
+        notes += session.notes
     if args.weight_desc:
         changed["weight_descriptor"] = session.set_descriptor(targets, "weight", **_parse_fields(args.weight_desc))
+        notes += session.notes
     for rule in args.rule or []:
         name, _, value = rule.partition("=")
         session.update_setting("rules", **{name: bool(_parse_value(value or "true"))})
@@ -292,6 +381,17 @@ def _cmd_set(args: argparse.Namespace) -> int:
     if args.output_key is not None:
         session.set_setting("output", args.output_key or None)
         changed["output"] = [args.output_key or "first tensor"]
+    for role, text in (("calibration", args.data), ("evaluation", args.eval_data)):
+        if text:  # checked as `new` checks it: the inputs must fit the model
+            batch_size = args.batch_size or (session.project.data[role].batch_size if role in session.project.data
+                                              else session.project.data["calibration"].batch_size)
+            typed = _data_spec(text, args, batch_size)  # relative to where it was typed
+            if role == "evaluation":
+                typed.num_batches = None
+            session.set_data(role, typed.absolute(Path.cwd()).relative_to(session.base_dir))
+            changed[f"{role} data"] = [session.project.data[role].label]
+    if args.data and args.num_batches is not None:
+        session.set_setting("calibration", {**session.project.settings["calibration"], "num_batches": args.num_batches})
     if args.fold_bn is not None:
         session.set_setting("fold_bn", args.fold_bn == "on")
         folded = session.folded_layers()
@@ -301,34 +401,80 @@ def _cmd_set(args: argparse.Namespace) -> int:
     if not changed:
         raise UsageError("nothing to change: see 'workbench set --help'.")
     session.save()
-    _emit(args, changed, "\n".join(f"{what}: {', '.join(names) if names else 'no change'}"
-                                   for what, names in changed.items()))
+    text = "\n".join([f"{what}: {', '.join(names) if names else 'no change'}" for what, names in changed.items()]
+                     + [f"note: {note}" for note in notes])
+    _emit(args, {**changed, "notes": notes} if notes else changed, text)
     return EXIT_OK
+
+
+class _HeldWarnings(logging.Filter):
+    """Holds back the library's logged warnings while a job runs, so that the command prints each one once,
+    with its result (a calibration logs its warnings and returns them too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and record.name.startswith("workbench"):
+            self.messages.append(record.getMessage())
+            return False
+        return True
+
+    def __enter__(self) -> _HeldWarnings:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(self)
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self)
+        if exc_type is not None:  # the job failed: what it warned about before still reaches the user
+            for message in dict.fromkeys(self.messages):
+                print(f"workbench: warning: {message}", file=sys.stderr)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from workbench.launcher import job_context
+    from workbench.project.settings import percentile_mistake
 
+    mistake = None if args.percentile is None or args.force else percentile_mistake(args.percentile)
+    if mistake:
+        raise UsageError(f"{mistake} (--force calibrates with {args.percentile:g} anyway)")
     with job_context() as context:
         session = _open(args)
-        with _Progress(args, "calibrating", context.is_main) as progress:
+        with _Progress(args, "calibrating", context.is_main) as progress, _HeldWarnings() as held:
             result = session.calibrate(method=args.method, num_batches=args.num_batches,
                                        percentile=args.percentile, progress=progress, cancel=progress.cancel,
                                        context=context)
     if not context.is_main:  # rank 0 writes the project and reports for the job
         return EXIT_OK
+    result.warnings = list(dict.fromkeys(result.warnings + held.messages))  # each once
     session.save()
     data = {"summary": result.summary(), "method": result.method, "batches": result.num_batches,
             "world_size": context.world_size,
             "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
             "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
                                "nonfinite": q.nonfinite_count} for n, q in result.quantizers.items()}}
-    lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
+    failed = None
     if args.evaluate:
-        evaluation = session.evaluate()
-        data["evaluation"] = evaluation.to_dict()
+        try:
+            evaluation = session.evaluate()
+            data["evaluation"] = evaluation.to_dict()
+        except Exception as error:  # noqa: BLE001 - the calibration is saved: say so, whatever went wrong
+            if args.debug:
+                raise
+            failed = error
+            data["evaluation"] = None
+            data["evaluation_error"] = f"{type(error).__name__}: {error}"
+    lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
+    if args.evaluate and failed is None:
         lines.append(f"evaluation: {evaluation.summary()}")
     _emit(args, data, "\n".join(lines))
+    if failed is not None:
+        print(f"workbench: error: the calibration was saved to {session.path}, but the evaluation failed and was "
+              f"not done: {data['evaluation_error']}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(failed, (ValueError, LookupError, OSError)) else EXIT_INTERNAL
     return EXIT_OK
 
 
@@ -367,8 +513,15 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
                                          units=None if args.units == "layers" else args.units,
                                          progress=progress, cancel=progress.cancel, context=context)
             fallback = None
-            if args.tolerance is not None or args.target is not None:
-                fallback = session.fallback(tolerance=args.tolerance, target=args.target, max_units=args.max_units,
+            tolerance, target, goal_note = args.tolerance, args.target, None
+            if tolerance is not None and target is None and not math.isfinite(result.fp32):
+                # no gap to an infinite FP32 value (SQNR) can close: the tolerance counts from the INT8 start
+                target = result.quantized + (tolerance if result.higher_is_better else -tolerance)
+                goal_note = (f"FP32 {result.metric_name} is {result.fp32}: --tolerance {tolerance:g} counts from "
+                             f"the all-INT8 value {result.quantized:.4g}, so the target is {target:.4g}")
+                tolerance = None
+            if tolerance is not None or target is not None:
+                fallback = session.fallback(tolerance=tolerance, target=target, max_units=args.max_units,
                                             metric=metric, apply=args.apply, progress=progress,
                                             cancel=progress.cancel, context=context)
     if not context.is_main:  # rank 0 writes the project and reports for the job
@@ -385,20 +538,39 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
         lines.append(f"  {unit.rank:>3}. {unit.name:<36} {_fmt(unit.value)}  ({versus})")
     if fallback is not None:
         data["fallback"] = fallback.to_dict()
+        if goal_note:
+            data["fallback"]["goal_note"] = goal_note
+            lines.append(goal_note)
         lines.append(fallback.summary())
         if args.apply:
             lines.append("applied: the chosen layers are left in float in the project")
     _emit(args, data, "\n".join(lines))
+    if fallback is not None and not fallback.reached:  # scripts can tell: the ranking and the curve are saved
+        print(f"workbench: the fallback search did not reach its goal (exit {EXIT_NOT_REACHED}); "
+              "the ranking and the search are saved in the project", file=sys.stderr)
+        return EXIT_NOT_REACHED
     return EXIT_OK
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     session = _open(args)
-    report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
-                            amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None,
-                            force=args.force)
+    folder = Path(args.output).parent if args.output else None
+    made = folder is not None and not folder.exists()
+    if made:  # `-o out/x.onnx` into a folder that is not there yet: make it (and take it back if nothing lands)
+        folder.mkdir(parents=True)
+    try:
+        report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
+                                amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None,
+                                force=args.force)
+    except BaseException:
+        if made and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
     session.save()
-    _emit(args, report.to_dict(), report.summary())
+    written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
+                                                 report.float_onnx_path) if path]
+    _emit(args, {**report.to_dict(), "files": written},
+          report.summary() + "\nwrote: " + ", ".join(written))
     return EXIT_OK
 
 
@@ -456,13 +628,48 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _no_display_message(project: str | None) -> str | None:
+    """Why a window cannot open here and how to get one; None when it can (or when that cannot be told)."""
+    import os
+
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return None
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    command = "workbench gui" + (f" {project}" if project else "")
+    return (f"no display to open a window on (neither DISPLAY nor WAYLAND_DISPLAY is set). Run it on a desktop, "
+            f"under a virtual display ('xvfb-run -a {command}'), or with QT_QPA_PLATFORM=offscreen for a window "
+            "nobody sees (screenshots, tests); the same work runs headless with the other commands.")
+
+
 def _cmd_gui(args: argparse.Namespace) -> int:
+    no_display = _no_display_message(args.project)
+    if no_display:  # checked first: Qt itself aborts the process (exit 134) with a text about plugins
+        raise UsageError(no_display)
     try:
         from workbench.app.main import run_gui
     except ImportError as error:
         raise UsageError(f"the desktop app is not available: {error}. Install the GUI extras "
                          "(pip install 'quant-workbench[gui]').") from None
     return run_gui(project=args.project, demo=args.demo, trust_code=args.trust_code)
+
+
+def _data_options(command: argparse.ArgumentParser, default_batches: int, *, required: bool) -> None:
+    """The data options of ``new`` and of ``set`` (which changes a project's data with the same checks)."""
+    command.add_argument("--data", required=required, help="calibration data: a folder of images, a folder of "
+                         ".npy files, a tensor file (.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
+    command.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
+    command.add_argument("--batch-size", type=int, default=32 if required else None,
+                         help="samples per batch (default: 32" + ("" if required else "; set: as the data had") + ")")
+    command.add_argument("--num-batches", type=int, help=f"calibration batches to use (default: {default_batches}, "
+                                                          "or all the data has if fewer)")
+    command.add_argument("--shuffle", action="store_true")
+    command.add_argument("--seed", type=int, default=0)
+    command.add_argument("--resize", type=int, help="images: resize the shorter side to this")
+    command.add_argument("--crop", type=int, help="images: center crop to this size")
+    command.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")
+    command.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by")
+    command.add_argument("--grayscale", action="store_true", help="images: one channel")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -472,6 +679,11 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.analysis.units import UNIT_SCHEMES
     from workbench.project.settings import FUNCTIONAL_SWITCHES  # the one definition of the switches
 
+    from workbench.project.settings import DEFAULT_SETTINGS
+
+    # every default a help text names is read from the project settings' defaults: one source of truth
+    calib_defaults, tune_defaults = DEFAULT_SETTINGS["calibration"], DEFAULT_SETTINGS["finetune"]
+    default_metric = DEFAULT_SETTINGS["metric"]["name"]
     parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
                                      "PyTorch models for TensorRT.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
@@ -482,7 +694,10 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument("project", help="the project file (.qwb)")
         command.add_argument("--trust-code", action="store_true",
-                             help="allow running the project's model/data/metric code (entry points, pickles)")
+                             help="allow running the project's model/data/metric code (entry points, pickles), "
+                                  "and remember it for this project until that code changes")
+        command.add_argument("--no-trust", action="store_true",
+                             help="ignore the trust remembered for this project (its code does not run)")
         command.add_argument("--json", action="store_true", help="print the result as JSON")
         return command
 
@@ -497,32 +712,30 @@ def build_parser() -> argparse.ArgumentParser:
                                             "mapping ('num_classes: 10, pretrained: false')")
     new.add_argument("--weights", help="state_dict file (.pt/.pth loaded with weights_only, or .safetensors)")
     new.add_argument("--code-dir", help="folder with the code a pickled model needs (default: its folder)")
-    new.add_argument("--data", required=True, help="calibration data: a folder of images, a tensor file "
-                                                   "(.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
-    new.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
     new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224 "
                                            "(optional: the data gives it)")
+    _data_options(new, calib_defaults["num_batches"], required=True)
     new.add_argument("--output-key", help="the model output entry that metrics, sensitivity and export compare: a "
                                           "dict/ModelOutput key such as logits, or a tuple index (default: the first "
                                           "tensor)")
-    new.add_argument("--batch-size", type=int, default=32)
-    new.add_argument("--num-batches", type=int, help="calibration batches to use (default: all)")
-    new.add_argument("--shuffle", action="store_true")
-    new.add_argument("--seed", type=int, default=0)
-    new.add_argument("--resize", type=int, help="images: resize the shorter side to this")
-    new.add_argument("--crop", type=int, help="images: center crop to this size")
-    new.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract (default 0; "
-                                                           "ImageNet models: 0.485 0.456 0.406)")
-    new.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by (default 1; "
-                                                          "ImageNet models: 0.229 0.224 0.225)")
-    new.add_argument("--grayscale", action="store_true", help="images: one channel")
-    new.add_argument("--metric", help=metric_choices_text())
+    new.add_argument("--metric", help=f"{metric_choices_text()} (default: {default_metric})")
     new.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
     new.add_argument("--force", action="store_true", help="overwrite an existing project file")
     new.set_defaults(func=_cmd_new)
 
-    show = project_command("show", "print a project's model, data, layers and results")
+    show = project_command("show", "print a project's model, data, layers and results (untrusted: the code it "
+                                   "would run)")
     show.set_defaults(func=_cmd_show)
+
+    trust = sub.add_parser("trust", help="trust a project's code (model, data, metric, loss) from now on, until it "
+                                         "changes; 'workbench show' lists it first")
+    trust.add_argument("project", help="the project file (.qwb)")
+    trust.add_argument("--json", action="store_true", help="print the result as JSON")
+    trust.set_defaults(func=_cmd_trust)
+    untrust = sub.add_parser("untrust", help="forget the trust given to a project's code")
+    untrust.add_argument("project", help="the project file (.qwb)")
+    untrust.add_argument("--json", action="store_true", help="print the result as JSON")
+    untrust.set_defaults(func=_cmd_untrust)
 
     set_ = project_command("set", "quantize or ignore layers, set descriptors, rules and settings")
     set_.add_argument("--layer", action="append", help="a layer name (repeatable)")
@@ -535,7 +748,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "histogram,unsigned=true,narrow_range=false,axis=none")
     set_.add_argument("--weight-desc", help="weight descriptor fields for the chosen layers, e.g. num_bits=4,axis=0")
     set_.add_argument("--reset", action="store_true", help="back to default descriptors for the chosen layers")
-    set_.add_argument("--rule", action="append", help="placement rule on/off: concat=false, maxpool=true, residual=")
+    set_.add_argument("--rule", action="append", metavar="RULE=true|false",
+                      help="switch a TensorRT placement rule on or off (repeatable): "
+                           + ", ".join(DEFAULT_SETTINGS["rules"]) + " (all on by default), e.g. --rule concat=false; "
+                           "'workbench show' lists them")
     set_.add_argument("--pin", action="append", help="share one quantizer between two: NAME1,NAME2 (repeatable)")
     set_.add_argument("--metric", help=f"the project's metric: {metric_choices_text()}")
     set_.add_argument("--metric-direction", choices=DIRECTIONS)
@@ -547,17 +763,22 @@ def build_parser() -> argparse.ArgumentParser:
                       help=FUNCTIONAL_SWITCHES["residual_adds_in_transformer_blocks"].replace("%", "%%"))
     set_.add_argument("--output-key", help="the model output entry to compare and export (logits, 0...; empty: the "
                                            "first tensor)")
+    _data_options(set_, calib_defaults["num_batches"], required=False)
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)
 
     cal = project_command("calibrate", "calibrate on the project's calibration data")
     cal.add_argument("--method", choices=AMAX_METHODS,
-                     help=f"amax method of histogram quantizers (default: the project's, {DEFAULT_AMAX_METHOD}): "
-                          f"{AmaxMethod.help_text()}")
-    cal.add_argument("--num-batches", type=int)
-    cal.add_argument("--percentile", type=float, help=f"for --method percentile: {PERCENTILE.help}, "
-                                                       f"{PERCENTILE.describe()} (default {PERCENTILE.default:g})")
+                     help=f"amax method of histogram quantizers (default: the project's; new projects: "
+                          f"{DEFAULT_AMAX_METHOD}): {AmaxMethod.help_text()}")
+    cal.add_argument("--num-batches", type=int, help="calibration batches to use (default: the project's; new "
+                                                     f"projects: {calib_defaults['num_batches']})")
+    cal.add_argument("--percentile", type=float,
+                     help=f"for --method percentile: {PERCENTILE.help.replace('%', '%%')}, {PERCENTILE.describe()}, e.g. "
+                          f"99.9 (default: the project's; new projects: {PERCENTILE.default:g})")
+    cal.add_argument("--force", action="store_true", help="use a --percentile under 50 (almost always a fraction "
+                                                          "typed for a percent: 0.999 for 99.9)")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
     _workers_option(cal)
     cal.set_defaults(func=_cmd_calibrate)
@@ -573,11 +794,12 @@ def build_parser() -> argparse.ArgumentParser:
     sens.add_argument("--units", choices=UNIT_SCHEMES, default="layers",
                       help="what is switched together: each quantized layer (an attention's products together), "
                            "or each transformer block (a readable ranking of a 12-layer ViT)")
-    sens.add_argument("--metric", help="override the project's metric")
+    sens.add_argument("--metric", help=f"override the project's metric (new projects: {default_metric})")
     sens.add_argument("--metric-direction", choices=DIRECTIONS)
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
     sens.add_argument("--top", type=int, default=10, help="how many layers to print")
-    sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32")
+    sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32 (for SQNR, whose "
+                                                      "FP32 value is infinite: this many dB above all-INT8)")
     sens.add_argument("--target", type=float, help="fallback search: reach this metric value instead")
     sens.add_argument("--max-units", type=int, help="fallback search: at most this many layers in float")
     sens.add_argument("--apply", action="store_true", help="leave the fallback's layers in float in the project")
@@ -596,15 +818,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=_cmd_export)
 
     tune = project_command("finetune", "quantization-aware fine-tuning of the calibrated model (amax fixed)")
-    tune.add_argument("--epochs", type=int, help="passes over the training data (recipe: ~10%% of the original)")
-    tune.add_argument("--lr", type=float, help="starting learning rate (recipe: 1%% of the original)")
+    tune.add_argument("--epochs", type=int, help="passes over the training data (recipe: ~10%% of the original; "
+                                                 f"default: {tune_defaults['epochs']})")
+    tune.add_argument("--lr", type=float, help="starting learning rate (recipe: 1%% of the original; default: "
+                                               f"{tune_defaults['lr']})")
     tune.add_argument("--original-lr", type=float, help="derive --lr (and --epochs with --original-epochs) from "
                                                         "the original training by the reference recipe")
     tune.add_argument("--original-epochs", type=int, help="the original training's epochs")
     tune.add_argument("--optimizer", choices=["sgd", "adam"])
     tune.add_argument("--schedule", choices=["cosine", "constant"],
                       help="cosine: anneal to 1%% of --lr by the last step (default)")
-    tune.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
+    tune.add_argument("--momentum", type=float, help=f"SGD momentum (default: {tune_defaults['momentum']})")
     tune.add_argument("--weight-decay", type=float)
     tune.add_argument("--steps-per-epoch", type=int, help="stop each epoch after this many batches")
     tune.add_argument("--loss", help="cross_entropy (default, needs labels) or a function fn(outputs, targets) "

@@ -67,6 +67,9 @@ def test_controller_calibrates_and_edits(controller, qtbot):
     with qtbot.waitSignal(controller.error) as blocker:
         controller.set_descriptor(["block.conv1"], "input", {"num_bits": "eight"})
     assert "num_bits" in blocker.args[1]
+    with qtbot.waitSignal(controller.error) as blocker:  # the descriptor editor: refused as `set` refuses it
+        controller.set_descriptor(["block.conv1"], "weight", {"axis": 2})
+    assert "per output channel (axis=0), not axis=2" in blocker.args[1]
     with qtbot.waitSignal(controller.selection_changed) as blocker:
         controller.select(["block.conv2"])
     assert blocker.args == [["block.conv2"]]

@@ -6,17 +6,17 @@ Checked once where a value comes in (a new project, an edit); the rest of the co
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 from typing import Any
 
-import numpy as np
 import torch
 
 from workbench.quant import QuantDescriptor
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE
+from workbench.quant.tensorrt_rules import tensorrt_check
+from workbench.strict_json import strict
 
-__all__ = ["DEFAULT_SETTINGS", "REBUILD_SETTINGS", "FUNCTIONAL_SWITCHES", "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
+__all__ = ["DEFAULT_SETTINGS", "PERCENTILE_FLOOR", "REBUILD_SETTINGS", "FUNCTIONAL_SWITCHES", "percentile_mistake",
+           "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "defaults": {"input": {"calib_method": "histogram"}, "weight": None},
@@ -59,22 +59,9 @@ class SettingsError(ValueError):
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` as the project's JSON holds it: tuples as lists, keys as text, NumPy scalars as Python
-    numbers, and non-finite floats and any other object as text."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        number = float(value)
-        return number if math.isfinite(number) else str(number)
-    return str(value)
+    """``value`` as the project's JSON holds it (:func:`workbench.strict_json.strict`: tuples as lists, keys
+    as text, NumPy scalars and arrays as Python numbers and lists, non-finite floats and other objects as text)."""
+    return strict(value)
 
 
 def make_descriptor(fields: dict[str, Any] | None) -> QuantDescriptor | None:
@@ -140,9 +127,14 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
             if fields is not None and not isinstance(fields, dict):
                 raise SettingsError(f"the default {role} descriptor is a mapping of fields or none, got {fields!r}.")
             try:
-                make_descriptor(fields)
+                made = make_descriptor(fields)
             except (TypeError, ValueError) as error:
                 raise SettingsError(f"the default {role} descriptor: {error}") from None
+            # a default applies to every layer type, so only the rule all of them share is checked here
+            if made is not None and role == "input":
+                verdict = tensorrt_check(role, made.num_bits, made.axis, "layer")
+                if verdict.error:
+                    raise SettingsError(f"the default input descriptor: {verdict.error}")
     elif key == "calibration":
         method, batches, percentile = checked.get("method"), checked.get("num_batches"), checked.get("percentile")
         if method is not None and method not in AMAX_METHODS:
@@ -151,6 +143,9 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
             raise SettingsError(f"The calibration batches are a positive number or none (all), got {batches!r}.")
         if percentile is not None and not PERCENTILE.contains(percentile):
             raise SettingsError(f"The calibration percentile is {PERCENTILE.describe()}, got {percentile!r}.")
+        mistake = percentile_mistake(percentile) if percentile is not None else None
+        if mistake:
+            raise SettingsError(mistake)
     elif key == "export":
         opset, path = checked.get("opset"), checked.get("path")
         if opset is not None and (not _is_int(opset) or opset < 1):
@@ -161,6 +156,21 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
                  if name in checked and not isinstance(checked[name], bool)]
         if wrong:
             raise SettingsError(f"export {', '.join(wrong)} must be true or false.")
+
+
+# A percentile under this is almost certainly a fraction typed where a percent was meant (0.999 for 99.9).
+PERCENTILE_FLOOR = 50.0
+
+
+def percentile_mistake(percentile: float) -> str | None:
+    """Why ``percentile`` (in percent) is almost certainly a mistake, with the value likely meant; None when
+    it looks intended (at least :data:`PERCENTILE_FLOOR`). The CLI lets a user insist (``--force``)."""
+    if percentile >= PERCENTILE_FLOOR:
+        return None
+    candidates = ([percentile * 100] if 0 < percentile <= 1 else []) + [100 - percentile]
+    meant = next(c for c in candidates if c >= PERCENTILE_FLOOR)
+    return (f"The percentile is in percent: {percentile:g} would set amax where only {percentile:g}% of the "
+            f"values lie below it, clipping almost everything; did you mean {round(meant, 6):g}?")
 
 
 def checked_setting(key: str, value: Any) -> Any:

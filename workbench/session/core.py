@@ -50,6 +50,7 @@ from workbench.quant.calibrate import run_model as _run_model
 from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
+from workbench.quant.tensorrt_rules import tensorrt_check
 from workbench.session import tensorrt, views
 from workbench.session.exports import check_overwrite, export_digest, resolve_export_path, stored_export_path
 from workbench.session.build import BuildReport, build_quantized, descriptor_of, fold_base, layer_of, quantizable
@@ -61,6 +62,8 @@ from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check
 from workbench.sources.errors import EntryPointError, SourceError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
+from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, code_references, remember_trust
+from workbench.sources.trust import trust_status
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +86,7 @@ class Session:
         self.who = "this command"  # who opened the file, for the message when another process saved it meanwhile
         self.merged_on_save: list[str] = []  # what the last save kept of another process's changes
         self.file_changes: list[str] = []  # model/weights files that differ from when the project was made
+        self.notes: list[str] = []  # what the last edit accepted but the user should know (4-bit: simulation only)
         for key, value in DEFAULT_SETTINGS.items():
             project.settings.setdefault(key, copy.deepcopy(value))
         try:
@@ -134,11 +138,27 @@ class Session:
         return session
 
     @classmethod
-    def open(cls, path: str | Path, *, trust_code: bool = False) -> Session:
-        """Open a project file; the model is rebuilt and its calibration restored without recalibrating."""
+    def open(cls, path: str | Path, *, trust_code: bool = False, remembered: bool = True) -> Session:
+        """Open a project file; the model is rebuilt and its calibration restored without recalibrating.
+
+        ``trust_code`` lets the project's code run and remembers that trust for this file and this code
+        (:mod:`workbench.sources.trust`); without it, trust remembered earlier for the same file and the
+        same code applies, unless ``remembered`` is False.
+        """
         path = Path(path)
         project = load_project(path)
-        session = cls(project, path=path, base_dir=path.parent, trust_code=trust_code)
+        references = _code_references(project, path.parent)
+        status = trust_status(path, references) if references and remembered and not trust_code else UNKNOWN
+        try:
+            session = cls(project, path=path, base_dir=path.parent, trust_code=trust_code or status == TRUSTED)
+        except TrustRequired as error:
+            if status != CHANGED:
+                raise
+            files = ", ".join(Path(f).name for r in references for f in r.files) or "its references"
+            raise TrustRequired(f"{error} It was trusted before, but its code changed since ({files}): check it "
+                                "before trusting it again.") from None
+        if trust_code and references:
+            remember_trust(path, references)
         if session.file_changes or not project.layers:
             session._sync_layers()  # the model may have new or fewer layers than the project knows
         model = session.quantized_model()  # rebuild now: errors surface on open, not on first use
@@ -162,6 +182,10 @@ class Session:
             self._quant_model, self._data = None, {}
             logger.info("%s: kept what another process saved meanwhile: %s", target, ", ".join(report.merged))
         self.merged_on_save = report.merged
+        if self.trust_code:  # the user trusts this code (and may have added some, a metric): remember it here
+            references = _code_references(self.project, target.parent)
+            if references:
+                remember_trust(target, references)
         self.path = target
         self.dirty = False
         self.events.emit(SessionEvent.SAVED, path=str(target))
@@ -173,6 +197,20 @@ class Session:
         if self.path is None or origin is None:
             return False
         return file_revision(self.path) != origin.revision
+
+    @staticmethod
+    def code_references(path: str | Path) -> list[CodeReference]:
+        """The code a project file would run (model, data, metric, loss) and why it needs trust, read
+        without running any of it; empty for a project that runs none."""
+        path = Path(path)
+        return _code_references(load_project(path), path.parent)
+
+    @staticmethod
+    def trust_status(path: str | Path) -> str:
+        """Whether the project's code is trusted as it is now: ``"trusted"``, ``"changed"`` (trusted before
+        the code changed) or ``"unknown"`` (never trusted, or a copy); ``"trusted"`` for one with no code."""
+        references = Session.code_references(path)
+        return trust_status(path, references) if references else TRUSTED
 
     def _rebase(self, new_base: Path) -> None:
         """Rewrite relative paths of the sources so that they stay valid next to the new file."""
@@ -225,12 +263,24 @@ class Session:
         return self._data[role]
 
     def set_data(self, role: str, spec: DataSpec) -> None:
-        """Replace a data source; the new inputs must fit the model."""
+        """Replace a data source; the new inputs must fit the model (new calibration data is run through it
+        once, as :meth:`create` does). A refused source leaves the project's data as it was."""
         source = open_data(spec, trust_code=self.trust_code, base_dir=self.base_dir)
         if self.project.input_spec is not None:
             check_input(self.project.input_spec, source.input_spec(), spec.label)
+        previous = self.project.data.get(role), self._data.get(role)
         self.project.data[role] = spec
         self._data[role] = source
+        if role == "calibration":
+            try:
+                self.check_forward()
+            except SourceError:
+                for store, old in ((self.project.data, previous[0]), (self._data, previous[1])):
+                    if old is None:
+                        store.pop(role, None)
+                    else:
+                        store[role] = old
+                raise
         self._changed(SessionEvent.DATA, role=role)
 
     def sample_inputs(self, batch: int = 1) -> Any:
@@ -358,9 +408,13 @@ class Session:
     def set_descriptor(self, names: Iterable[str], role: str, **fields: Any) -> list[str]:
         """Change descriptor fields of the ``role`` ("input" or "weight") quantizer of layers.
 
-        Fields are validated like :class:`QuantDescriptor`'s; the layer's current descriptor (override or
-        default) is the starting point, so one call can change just ``num_bits``.
+        Fields are validated like :class:`QuantDescriptor`'s and against what TensorRT builds
+        (:func:`~workbench.quant.tensorrt_rules.tensorrt_check`): a descriptor it cannot use raises
+        SessionError with the reason; one that only simulates (4-bit) is set and explained in :attr:`notes`.
+        The layer's current descriptor (override or default) is the starting point, so one call can
+        change just ``num_bits``.
         """
+        sim_only: dict[str, list[str]] = {}  # note -> layers
         if role not in ("input", "weight"):
             raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
         model = self.quantized_model()
@@ -380,14 +434,20 @@ class Session:
             updated.update(fields)
             updated.pop("name", None)
             try:
-                make_descriptor(updated)
+                made = make_descriptor(updated)
             except (TypeError, ValueError) as error:
                 raise SessionError(f"{name}: {error}") from error
+            verdict = tensorrt_check(role, made.num_bits, made.axis, self.project.layers[name].type)
+            if verdict.error:  # refused when set, not at export
+                raise SessionError(f"{name}: {verdict.error}")
+            if verdict.sim_only:
+                sim_only.setdefault(verdict.sim_only, []).append(name)
             if updated != current:
                 updates[name] = jsonable(updated)
         # applied only once every layer validated: an error leaves all of them as they were
         for name, updated in updates.items():
             setattr(self.project.layers[name], f"{role}_desc", updated)
+        self.notes = [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
         changed = list(updates)
         if changed:
             self._invalidate()
@@ -963,6 +1023,10 @@ def _moved_hint(project: Project, base_dir: Path) -> str:
         return ""
     return (f" Relative paths in a project are taken from its own folder ({base_dir}); it was saved in {saved_in}: "
             "copy its code and data along with it, or open it there.")
+
+
+def _code_references(project: Project, base_dir: Path) -> list[CodeReference]:
+    return code_references(project.model, project.data, project.settings, base_dir)
 
 
 def _checked(key: str, value: Any) -> Any:

@@ -16,6 +16,8 @@ from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.snapshot import quantizer_names
+from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
 
 if TYPE_CHECKING:
@@ -58,6 +60,8 @@ def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None)
     if calib == "hist" and method and method != "max":
         calib += f"/{method}"
     extras = " narrow" if fields.get("narrow_range") else ""
+    if bits != 8:  # simulates, but INT8 QDQ export refuses it (workbench.quant.tensorrt_rules)
+        extras += f", {SIM_ONLY}"
     return f"{kind} {granularity} {calib}{extras}"
 
 
@@ -123,8 +127,9 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "not_quantizable": [{"name": item.name, "type": item.float_type, "reason": item.reason}
                             for item in (report.replacement.not_quantizable if report.replacement else [])],
         "calibration": None if run is None else {
-            "method": run.method, "batches": run.num_batches, "quantizers": len(run.quantizers),
-            "output_sqnr_db": run.output_sqnr_db, "created": run.created, "warnings": run.warnings},
+            "method": run.method, "batches": run.num_batches, **_calibrated_counts(session, run),
+            "output_sqnr_db": run.output_sqnr_db, "output_sqnr_stale": _stale_reasons(session, run),
+            "created": run.created, "warnings": run.warnings},
         "stale_quantizers": list(report.stale),
         "sensitivity_runs": len(project.sensitivity),
         "exports": [session.export_path(record) for record in project.exports],
@@ -150,6 +155,34 @@ def _functional_summary(report: Any) -> dict[str, Any]:
             "not_traced": [{"module": f.name or "<model>", "type": f.type_name, "reason": f.reason}
                            for f in report.failures],
             "left_float": len(report.skipped)}
+
+
+def _calibrated_counts(session: Session, run: Any) -> dict[str, int]:
+    """``quantizers``: the quantizers calibrated, as calibration's own summary counts them (a quantizer two
+    layers share by a placement rule counts once); ``quantizer_names``: the names they are stored under
+    (a shared one under each of its names)."""
+    live = quantizer_names(session.quantized_model())
+    distinct = {id(live[name]) if name in live else name for name in run.quantizers}
+    return {"quantizers": len(distinct), "quantizer_names": len(run.quantizers)}
+
+
+def _stale_reasons(session: Session, run: Any) -> list[str]:
+    """Why the last calibration's output SQNR no longer describes the model as it is now (empty: it does)."""
+    reasons = []
+    report = session.build_report
+    live = quantizer_names(session.quantized_model())
+    active = {name for name, quantizer in live.items() if not quantizer._disabled and quantizer._if_quant}
+    if report.stale:
+        reasons.append(f"{len(report.stale)} quantizer(s) have other descriptors than they were calibrated with")
+    off = sorted(name for name in run.quantizers if name not in active)
+    if off:
+        reasons.append(f"{len(off)} calibrated quantizer(s) are off now (layers left in float since)")
+    new = sorted(name for name in active if name not in run.quantizers)
+    if new:
+        reasons.append(f"{len(new)} quantizer(s) are new since (not calibrated)")
+    if session.project.current_finetune is not None:
+        reasons.append("the weights were fine-tuned since")
+    return reasons
 
 
 def _finetune_summary(session: Session) -> dict[str, Any] | None:
