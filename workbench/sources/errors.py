@@ -47,11 +47,14 @@ def unreadable_reason(path: Path, error: BaseException) -> tuple[str, bool]:
         if head.startswith(_NUMPY_MAGIC):
             return "it holds an array of Python objects (pickled), not plain numbers", True
         return "it is not a NumPy file: it has no .npy or .npz header (damaged, or not an array file)", False
-    if isinstance(error, pickle.UnpicklingError) or "weights_only" in text:
-        if head.startswith(_ZIP_MAGIC):
+    if head.startswith(_ZIP_MAGIC):
+        if isinstance(error, pickle.UnpicklingError) or "weights_only" in text:
             return "its contents cannot be read as tensors (a damaged or unsupported PyTorch file)", False
-        return "it is not a PyTorch tensor file (damaged, or not a file torch.save wrote)", False
-    return f"{type(error).__name__}: {error}", False
+        return f"it is a damaged PyTorch file ({type(error).__name__}: {text.splitlines()[0] if text else ''})", False
+    if head.startswith(_NUMPY_MAGIC):
+        return f"it is a damaged NumPy file ({type(error).__name__}: {text.splitlines()[0] if text else ''})", False
+    # neither a zip (torch.save) nor an array file: torch's legacy reader fails in many ways on such bytes
+    return "it is not a PyTorch tensor file (damaged, or not a file torch.save wrote)", False
 
 
 TRUST_HINT = ("Only if the file comes from a source you trust may it be loaded as a whole pickled model (give it "
