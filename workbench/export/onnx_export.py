@@ -44,13 +44,14 @@ from workbench.export.reference import (
     default_input_names,
     first_quantizer_names,
     grow_batch,
+    grow_sequence,
     rounding,
     run_reference,
     sample_call,
     stand_ins,
     without_cache,
 )
-from workbench.export.exporters import Exporter, first_line, quiet, run_exporter
+from workbench.export.exporters import Exporter, first_line, quiet, run_exporter, token_inputs
 from workbench.export.report import ExportReport, OutputParity, report_json
 from workbench.export.tensorrt import (
     DEFAULT_TRT_VERSION,
@@ -189,6 +190,13 @@ def export_qdq_onnx(model: nn.Module,
                         report_warnings.append(f"dynamic batch turned off: the model fails at batch size "
                                                f"{grown[0].shape[0]} ({error.original})")
                         dynamic_batch, grown = False, None
+                longer = None  # token inputs one position longer, to check a dynamic sequence axis
+                if dynamic_batch and token_inputs(inputs):
+                    longer = grow_sequence(inputs, token_inputs(inputs))
+                    try:
+                        longer_reference, _, _ = run_reference(call, longer, input_names, active, names, params)
+                    except SampleInputError:
+                        longer = None  # the model takes only this length: the exporter keeps it static
             if output_names is None:
                 output_names = list(call.labels)
             output_names = list(output_names)
@@ -252,8 +260,18 @@ def export_qdq_onnx(model: nn.Module,
                                                            f"{grown[0].shape[0]}: {first_line(error)}") from error
             grown_parity = compare(output_names, grown_reference, grown_outputs)
             dynamic_check = min(grown_parity, key=lambda p: p.cosine)
-        worst = min(p.cosine for p in parity + ([dynamic_check] if dynamic_check else []))
-        largest = max(p.max_abs_diff for p in parity + ([dynamic_check] if dynamic_check else []))
+        sequence_check = None
+        if longer is not None and _has_sequence_axis(proto):
+            length = max(t.shape[1] for i, t in enumerate(longer) if i in token_inputs(inputs))
+            try:
+                longer_outputs = session.run(None, feeds(session, longer))
+            except Exception as error:
+                raise ExportValidationError("onnxruntime", f"the graph does not run at sequence length {length}: "
+                                                           f"{first_line(error)}") from error
+            sequence_check = min(compare(output_names, longer_reference, longer_outputs), key=lambda p: p.cosine)
+        checks = parity + [c for c in (dynamic_check, sequence_check) if c is not None]
+        worst = min(p.cosine for p in checks)
+        largest = max(p.max_abs_diff for p in checks)
         report = ExportReport(
             path=str(path), exporter=used_exporter, exporter_note=note, opset=default_opset(proto),
             requested_opset=opset, input_names=input_names, output_names=output_names, dynamic_batch=dynamic_batch,
@@ -265,6 +283,7 @@ def export_qdq_onnx(model: nn.Module,
             unsigned=sum(1 for s in swapped.values() if s.params.qmin == 0),
             narrow_range=sum(1 for s in swapped.values() if s.params.qmin == -127),
             outputs=parity, max_abs_diff=largest, cosine=worst, dynamic_batch_check=dynamic_check,
+            sequence_check=sequence_check,
             file_size=staged.size, export_time_s=export_time,
             validation_time_s=time.perf_counter() - validation_started, total_time_s=0.0,
             quantizer_calls=dict(calls), warnings=report_warnings)
@@ -302,3 +321,7 @@ def export_qdq_onnx(model: nn.Module,
             staged.discard()
         entry_state.restore()
 
+
+def _has_sequence_axis(proto: onnx.ModelProto) -> bool:
+    return any(len(value.type.tensor_type.shape.dim) > 1 and value.type.tensor_type.shape.dim[1].dim_param == "sequence"
+               for value in proto.graph.input)
