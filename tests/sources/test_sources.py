@@ -1,4 +1,5 @@
 """Model and data sources: each kind, the trust rule, and errors that name the file."""
+import shutil
 import textwrap
 
 import numpy as np
@@ -158,7 +159,12 @@ class TestModelSources:
                        trust_code=True).save(tmp_path / "p.qwb")
         assert load_project(tmp_path / "p.qwb").model.kind == "pickle"  # reading the file runs nothing
         with pytest.raises(TrustRequired):
-            Session.open(tmp_path / "p.qwb")  # reopening needs the user's trust again
+            Session.open(tmp_path / "p.qwb", remembered=False)  # reopening needs the user's trust again
+        # the trust given is remembered in the user's config, not in the file: a copy of the file has none
+        assert Session.open(tmp_path / "p.qwb").trust_code
+        shutil.copy(tmp_path / "p.qwb", tmp_path / "copy.qwb")
+        with pytest.raises(TrustRequired):
+            Session.open(tmp_path / "copy.qwb")
 
     def test_parse_and_relative_paths(self, tmp_path):
         assert ModelSpec.parse("demo:digits").kind == "demo"

@@ -64,6 +64,9 @@ def stage(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_T
     """
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)  # mkstemp's 0600 would make the file unshareable: the umask's mode
     staged = StagedFile(target, Path(name))
     try:
         if proto.ByteSize() > threshold:

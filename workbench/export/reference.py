@@ -15,6 +15,7 @@ from workbench.export.qdq import ExportParams, QDQStandIn, export_params
 from workbench.quant.batches import flat_tensors, select_output
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import all_quantizers, is_quantizing, quantizer_names
+from workbench.quant.tensorrt_rules import tensorrt_check
 
 __all__ = ["sample_call", "ExportCall", "default_input_names", "grow_batch", "grow_sequence", "first_quantizer_names",
            "check_quantizers", "rounding", "stand_ins", "run_reference", "without_cache"]
@@ -142,8 +143,18 @@ def check_quantizers(model: nn.Module, names: dict[int, str],
     active: dict[int, TensorQuantizer] = {}
     params: dict[int, ExportParams] = {}
     unreached: dict[str, TensorQuantizer] = {}
+    # the layer type and role of each quantizer, for the TensorRT rules (any but a weight's is an activation's)
+    roles = {id(q): ("weight" if attr.startswith("_weight_quantizer") else "input", type(layer).__name__)
+             for layer in model.modules() if not isinstance(layer, nn.ModuleList)
+             for attr, child in layer.named_children()
+             for q in (child if isinstance(child, nn.ModuleList) else [child]) if isinstance(q, TensorQuantizer)}
     for module in all_quantizers(model):
         name = names[id(module)]
+        role, layer_type = roles.get(id(module), ("input", "layer"))
+        verdict = tensorrt_check(role, module._num_bits, module.axis, layer_type)
+        if verdict.error and is_quantizing(module):
+            problems[name] = verdict.error
+            continue
         if module._if_calib and not module._disabled:
             problems[name] = "still collecting calibration statistics (calibration did not finish)"
             continue

@@ -24,6 +24,7 @@ import torch
 from workbench.sources import demo
 from workbench.sources.entrypoints import load_entrypoint, split_entrypoint
 from workbench.sources.errors import SourceError, TrustRequired, mixed_sizes_message, unreadable_reason
+from workbench.sources.npy_folder import is_npy_folder, stack_npy_folder
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 
 __all__ = ["DataSpec", "ImageOptions", "DataSource", "open_data", "DATA_KINDS", "IMAGE_SUFFIXES", "InputSpec"]
@@ -102,7 +103,7 @@ class DataSpec:
             parts = text.split(":")
             return cls("demo", parts[1], split=parts[2] if len(parts) > 2 else "train", **options)
         path = Path(text)
-        if path.suffix.lower() in TENSOR_SUFFIXES:
+        if path.suffix.lower() in TENSOR_SUFFIXES or is_npy_folder(path):
             return cls("tensors", text, **options)
         if ":" in path.name:
             return cls("entrypoint", text, **options)
@@ -396,6 +397,10 @@ class DataSource:
 
     def _load_tensors(self) -> None:
         path = self._path()
+        if path.is_dir():
+            inputs = torch.from_numpy(stack_npy_folder(path))
+            self._inputs = inputs if inputs.is_floating_point() else inputs.float()
+            return
         if not path.is_file():
             raise SourceError(f"{path}: no such tensor file.")
         suffix = path.suffix.lower()
