@@ -175,6 +175,7 @@ class Controller(QObject):
 
     def shutdown(self) -> None:
         """Cancel a running job and wait for it (before the window closes)."""
+        self.disk.watch(None)  # a closing window asks nothing about its file any more
         if self.jobs.busy:
             self.jobs.cancel()
             self.jobs.wait()

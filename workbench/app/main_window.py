@@ -457,7 +457,7 @@ class MainWindow(QMainWindow):
     def offer_reload(self, path: str) -> bool:
         """Another process saved the open project: reload it from disk, or keep working on this copy."""
         session = self.controller.session
-        if session is None or self.controller.busy:
+        if session is None or self.controller.busy or not self.isVisible():
             return False
         unsaved = " Changes made here since the last save would be lost." if session.dirty else ""
         answer = QMessageBox.question(
@@ -560,7 +560,20 @@ class MainWindow(QMainWindow):
         self.controller.calibrate(**options)
 
     def export(self) -> bool:
-        return self.controller.export()
+        force = self._confirm_overwrite(None)
+        return force is not None and self.controller.export(force=force)
+
+    def _confirm_overwrite(self, path: str | Path | None) -> bool | None:
+        """True: overwrite a file this project did not write (the user said so); False: nothing to confirm;
+        None: the user declined."""
+        session = self.controller.session
+        reason = session.overwrite_refusal(path) if session is not None else None
+        if reason is None:
+            return False
+        answer = QMessageBox.question(self, "Overwrite the file?", f"{reason.split(';')[0]}.\n\nOverwrite it?",
+                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                                      QMessageBox.StandardButton.No)
+        return True if answer == QMessageBox.StandardButton.Yes else None
 
     def export_dialog(self) -> QWidget | None:
         if self.controller.session is None:
@@ -574,7 +587,9 @@ class MainWindow(QMainWindow):
     def _export_with(self, dialog: Any) -> None:
         options = dict(dialog.settings() or {})
         path = options.pop("path", None)
-        self.controller.export(path, **options)
+        force = self._confirm_overwrite(path)
+        if force is not None:
+            self.controller.export(path, force=force, **options)
 
     def _export_finished(self, report: Any) -> None:
         self.statusBar().showMessage(f"Exported {getattr(report, 'path', '')}", 8000)

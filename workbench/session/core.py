@@ -875,6 +875,15 @@ class Session:
         self._changed(SessionEvent.EXPORT, path=str(target))
         return report
 
+    def overwrite_refusal(self, path: str | Path | None = None) -> str | None:
+        """Why :meth:`export` to ``path`` (default: the project's) would refuse without ``force``; None if it would not."""
+        target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
+        try:
+            check_overwrite(target, self.project.exports, self._project_dir(), force=False)
+        except SessionError as error:
+            return str(error)
+        return None
+
     def export_path(self, record: ExportRecord) -> str:
         """Where an export of the history lies (its stored path is relative to the project's folder)."""
         return absolute_path(record.path, self._project_dir()) or record.path
