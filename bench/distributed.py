@@ -7,8 +7,9 @@ equal share of the cores each). For each job it prints
   job s        the job itself inside the workers (rank 0, from the start of the job to the merged result;
                process start, imports and model building not included)
   launch s     the whole launch as a user waits for it (process start and model building included)
-  speed-up     1-process time / N-process time, for both (goal: sensitivity job >= 1.7x with 2)
-  same result  whether the N-process amax (or sensitivity ranking and values) equal the 1-process ones
+  speed-up     1-process time / N-process time, against one process with one thread (what each worker
+               has) and with every core as threads (goal: sensitivity job >= 1.7x with 2)
+  same result  whether the amax (or sensitivity ranking and values) equal the 1-process, 1-thread ones
 
 Part 2 (--big): a decoder-style transformer of about 600M parameters with random weights, built
 here, calibrated on CPU in a fresh process; it prints the model's fp32 size, the peak RSS (goal:
@@ -83,24 +84,28 @@ def _same(kind: str, a, b) -> bool:
 
 
 def scaling(workers: int, count: int, size: int) -> None:
-    print(f"ResNet-18-like (width 32, 64x64), {count} batches of {size}; 1 vs {workers} processes "
-          f"on {os.cpu_count()} cores")
-    print(f"{'job':<12} {'procs':>5} {'threads':>7} {'job s':>8} {'launch s':>9} {'speed-up job':>13} "
-          f"{'speed-up launch':>16} {'same result':>12}")
+    cores = len(os.sched_getaffinity(0))
+    print(f"ResNet-18-like (width 32, 64x64), {count} batches of {size}; 1 vs {workers} processes on {cores} cores "
+          f"(load average before: {os.getloadavg()[0]:.1f})")
+    print(f"{'job':<12} {'procs':>5} {'threads':>7} {'job s':>8} {'launch s':>9} {'job speed-up':>26} "
+          f"{'launch speed-up':>16} {'same result':>12}")
+    # two one-process baselines: one thread (what each of the N workers has) and every core as threads
+    configs = [(1, 1), (1, cores), (workers, max(1, cores // workers))]
     for kind in ("calibration", "sensitivity"):
         rows = []
-        for nprocs in (1, workers):
+        for nprocs, threads in configs:
             started = time.perf_counter()
-            result = launch(job, (kind, count, size), nprocs=nprocs)
+            result = launch(job, (kind, count, size), nprocs=nprocs, threads=threads)
             rows.append((nprocs, result, time.perf_counter() - started))
-        (_, one, one_launch), (_, many, many_launch) = rows
-        same = _same(kind, one["outcome"], many["outcome"])
-        for nprocs, result, wall in rows:
-            first = nprocs == 1
-            job_ratio = "" if first else f"{one['job_s'] / result['job_s']:.2f}x"
-            launch_ratio = "" if first else f"{one_launch / wall:.2f}x"
+        (_, one_thread, _), (_, one, one_launch) = rows[0], rows[1]
+        for index, (nprocs, result, wall) in enumerate(rows):
+            last = index == len(rows) - 1
+            ratios = (f"{one_thread['job_s'] / result['job_s']:.2f}x vs 1x1, {one['job_s'] / result['job_s']:.2f}x "
+                      f"vs 1x{cores}") if last else ""
+            launch_ratio = f"{one_launch / wall:.2f}x" if last else ""
+            same = str(_same(kind, rows[0][1]["outcome"], result["outcome"])) if index else ""
             print(f"{kind:<12} {nprocs:>5} {result['threads']:>7} {result['job_s']:>8.2f} {wall:>9.2f} "
-                  f"{job_ratio:>13} {launch_ratio:>16} {'' if first else str(same):>12}")
+                  f"{ratios:>26} {launch_ratio:>16} {same:>12}")
 
 
 # ----- part 2: a ~600M-parameter transformer on CPU ---------------------------------------------------

@@ -11,19 +11,26 @@ out of the user's terminal.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["launch", "WorkerFailed", "RankFailure", "worker_threads"]
+from workbench.quant.distributed import SINGLE, DistContext, init_from_env, launched_by_torchrun
+
+__all__ = ["launch", "WorkerFailed", "WorkerError", "RankFailure", "worker_threads", "job_context"]
 
 # what the workers of a failed job report when only a peer's death stopped them
 _PEER_LOST_MARKERS = ("DistributedError", "Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+class WorkerError(Exception):
+    """Raised in a worker to report a message as it is: :class:`WorkerFailed` shows it without a type name."""
 
 
 @dataclass
@@ -99,6 +106,7 @@ def _failures(error: Any) -> list[RankFailure]:
             message = message.get("message", "")
         if failure.error_file_data.get("errorTraits") or not message:  # no error file: it only exited
             message = f"exited with code {failure.exitcode} before reporting an error"
+        message = str(message).strip().removeprefix(f"{WorkerError.__name__}: ")
         failures.append(RankFailure(rank=int(rank), exitcode=int(failure.exitcode), message=str(message).strip()))
     # the root cause first: a rank that lost its peers failed because of another one
     failures.sort(key=lambda f: (f.killed_by is None and any(m in f.message for m in _PEER_LOST_MARKERS), f.rank))
@@ -154,3 +162,23 @@ def launch(entrypoint: Callable[..., Any], args: tuple = (), *, nprocs: int, sta
         for logger, level in zip(quieted, levels):
             logger.setLevel(level)
     return results[0]
+
+
+@contextlib.contextmanager
+def job_context(device: str | None = None) -> Iterator[DistContext]:
+    """This process's place in the job: joined from the environment under torchrun or ``--workers``, else
+    :data:`~workbench.quant.distributed.SINGLE`. Ranks other than 0 log errors only (rank 0 speaks for
+    the job); the process group is left on exit."""
+    if not launched_by_torchrun():
+        yield SINGLE
+        return
+    context = init_from_env(device)
+    quieted = logging.getLogger("workbench")
+    level = quieted.level
+    if not context.is_main:
+        quieted.setLevel(logging.ERROR)
+    try:
+        yield context
+    finally:
+        quieted.setLevel(level)
+        context.close()

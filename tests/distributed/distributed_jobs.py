@@ -70,7 +70,7 @@ def sensitivity_values(context=SINGLE) -> dict:
     progress: list = []
     result = sensitivity(calibrated_model(), tiny_batches(3), "mse", context=context,
                          progress=lambda d, t, m: progress.append((d, t)))
-    return {"units": [(u.name, u.value, u.rank) for u in result.units], "progress": progress}
+    return {"units": [(u.name, u.value, u.rank) for u in result.units], "progress": progress, "cache": result.cache}
 
 
 def fallback_values(target: float, context=SINGLE) -> dict:

@@ -51,6 +51,8 @@ def test_sensitivity_and_fallback_in_two_processes_equal_one_process():
         assert rank == expected_rank
         assert math.isclose(value, expected, rel_tol=1e-6)
     assert two["sensitivity"]["progress"][-1] == (len(names) + 2, len(names) + 2)
+    # the ranks exchanged batch outputs, and each still started its units from cached activations
+    assert two["sensitivity"]["cache"] == one[0]["cache"] != "off"
     fallback = two["fallback"]
     # the goal is met with 3 units in float: rank 1 also measured 4 in that round, which is dropped
     assert [k for k, _, _ in one[1]["curve"]] == [0, 1, 2, 3] and one[1]["reached"]

@@ -171,6 +171,24 @@ class Evaluator:
             raise MetricError(self.metric.name, unit=unit, stage=stage, original=error) from error
         return self._checked(value, stage, unit)
 
+    def outputs(self, stage: str, indices: Iterable[int]) -> dict[int, Any]:
+        """The model's outputs on batches ``indices`` in the current configuration (one rank's share of a
+        pass whose outputs the ranks then exchange).
+
+        Raises:
+            AnalysisCancelled, AnalysisError: as :meth:`measure` does.
+        """
+        found = {}
+        for i in indices:
+            self.check_cancel(describe_stage(stage, None))
+            try:
+                found[i] = self._call_model(i)
+            except Exception as error:  # the user's model
+                raise AnalysisError(f"The model failed on batch {i} {describe_stage(stage, None)}: "
+                                    f"{type(error).__name__}: {error}", unit=None, stage=stage, batch_index=i,
+                                    original=error) from error
+        return found
+
     def _call_model(self, i: int) -> Any:
         args, kwargs = self.inputs[i]
         return self.model(*args, **kwargs)

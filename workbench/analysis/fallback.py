@@ -18,7 +18,7 @@ from workbench.analysis.errors import AnalysisCancelled
 from workbench.analysis.evaluator import Evaluator, materialise_batches, report_progress
 from workbench.analysis.metrics import Direction, Metric, SqnrMetric, get_metric
 from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, SensitivityResult
-from workbench.analysis.sensitivity import run_profile
+from workbench.analysis.sensitivity import measure_baselines, run_profile
 from workbench.analysis.units import Unit, UnitsSpec, find_units, quantizers_of, resolve_units
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.distributed import SINGLE, DistContext
@@ -143,15 +143,11 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
     with ModelSnapshot(model), torch.no_grad():
         evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         try:
-            fp32 = evaluator.measure_fp32()
-            done += 1
-            report_progress(progress, done, total, "FP32 reference")
+            fp32, quantized = measure_baselines(evaluator, progress, total, context)
+            done += 2
             if tolerance is not None and not math.isfinite(fp32):
                 raise ValueError(f"The FP32 model's {chosen_metric.name} is {fp32}, so no tolerance to it can be "
                                  f"met: give a target instead.")
-            quantized = evaluator.measure_quantized()
-            done += 1
-            report_progress(progress, done, total, "all quantized")
             if order is None:
                 profile = run_profile(evaluator, profile_units, scheme, fp32=fp32, quantized=quantized, cache=cache,
                                       progress=progress, done=done, total=total, started=started,

@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled, AnalysisError, describe_stage
 from workbench.analysis.evaluator import Evaluator, materialise_batches, report_progress, same_output
-from workbench.analysis.metrics import Direction, Metric, ModelMetric, get_metric
+from workbench.analysis.metrics import Direction, Metric, ModelMetric, OutputMetric, get_metric
 from workbench.analysis.prefix_cache import PrefixPlan, build_plan
 from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
 from workbench.analysis.units import Unit, UnitsSpec, resolve_units
+from workbench.quant.batches import to_device
 from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.distributed import SINGLE, DistContext, deal
+from workbench.quant.distributed import SINGLE, DistContext, deal, shard
 from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = ["sensitivity"]
@@ -88,12 +90,39 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
     progress = context.main_only(progress)
     with ModelSnapshot(model), torch.no_grad():
         evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
+        fp32, quantized = measure_baselines(evaluator, progress, total, context)
+        return run_profile(evaluator, unit_list, scheme, fp32=fp32, quantized=quantized, cache=cache,
+                           progress=progress, done=2, total=total, started=started, context=context)
+
+
+def measure_baselines(evaluator: Evaluator, progress: ProgressCallback | None, total: int,
+                      context: DistContext) -> tuple[float, float]:
+    """The FP32 metric (keeping the reference outputs) and the all-quantized metric: progress steps 1 and 2.
+
+    Distributed, with a metric of the outputs: each rank runs the model on its share of the batches
+    in each configuration and the ranks exchange the outputs, so that every rank holds all reference
+    outputs (and batch 0's output, which checks a prefix plan) for half the passes; the metric is
+    then computed from the exchanged outputs, the same numbers as one process. A metric that runs
+    the model itself is measured by every rank.
+    """
+    if not (context.distributed and isinstance(evaluator.metric, OutputMetric)):
         fp32 = evaluator.measure_fp32()
         report_progress(progress, 1, total, "FP32 reference")
         quantized = evaluator.measure_quantized()
         report_progress(progress, 2, total, "all quantized")
-        return run_profile(evaluator, unit_list, scheme, fp32=fp32, quantized=quantized, cache=cache,
-                           progress=progress, done=2, total=total, started=started, context=context)
+        return fp32, quantized
+    values = []
+    for step, stage in enumerate(("fp32", "quantized"), start=1):
+        evaluator.configure(stage)
+        mine = evaluator.outputs(stage, shard(list(range(len(evaluator.batches))), context))
+        on_cpu = evaluator.device.type == "cpu"
+        shared: dict[int, Any] = {}
+        for part in context.all_gather(mine if on_cpu else {i: to_device(o, torch.device("cpu"))
+                                                            for i, o in mine.items()}):
+            shared.update(part if on_cpu else {i: to_device(o, evaluator.device) for i, o in part.items()})
+        values.append(evaluator.measure(stage, run_batch=shared.__getitem__, keep_outputs=stage == "fp32"))
+        report_progress(progress, step, total, "FP32 reference" if stage == "fp32" else "all quantized")
+    return values[0], values[1]
 
 
 def _plan_for(evaluator: Evaluator, units: list[Unit], base: str,

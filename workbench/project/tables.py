@@ -152,6 +152,7 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
         {"key": "name", "value": project.name},
         {"key": "created", "value": project.created},
         {"key": "modified", "value": project.modified},
+        {"key": "saved_in", "value": project.saved_in},
     ])
     if project.model is not None:
         db["model_source"].insert({
@@ -286,7 +287,8 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
     with _row(path, "meta", "its rows"):
         meta = {r["key"]: r["value"] for r in db["meta"].rows}
     project = Project(name=str(meta.get("name", path.stem)), created=str(meta.get("created", "")),
-                      modified=str(meta.get("modified", "")), app_version=str(meta.get("app_version", "")))
+                      modified=str(meta.get("modified", "")), app_version=str(meta.get("app_version", "")),
+                      saved_in=str(meta.get("saved_in", "")))
     for row in db["model_source"].rows:
         with _row(path, "model_source", "the model"):
             project.model = ModelSpec.from_dict(_json(row, "spec"))

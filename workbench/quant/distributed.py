@@ -127,24 +127,28 @@ class DistContext:
         return callback if self.is_main else None
 
     def wait_for_peers(self, report: ProgressCallback | None, message: str, poll_s: float = 0.2) -> None:
-        """On rank 0, keep reporting the summed progress until every rank's steps are in (or time is up).
+        """Say this rank's share is done; on rank 0, keep reporting the summed progress until every rank
+        has said so (or the timeout passes; the collective that follows then fails on its own).
 
         Rank 0 often finishes its share first; without this its progress bar would stall until the
-        final gather. Returns at once on other ranks and for a single process.
+        final gather. Call it on every rank after its share (a no-op for a single process).
         """
-        if not (isinstance(report, _RankProgress) and self.is_main and self.store is not None
-                and report.callback is not None):
+        if not isinstance(report, _RankProgress) or self.store is None:
+            return
+        finished = int(self.store.add(report.finished_key, 1))
+        if not self.is_main or report.callback is None:
             return
         deadline = time.monotonic() + self.timeout_s
         last = -1
-        while time.monotonic() < deadline:
+        while True:
             summed = report.summed()
             if summed != last:
                 report.callback(report.offset + summed, report.total, f"{message} ({self.world_size} processes)")
                 last = summed
-            if summed >= report.steps:
+            if finished >= self.world_size or time.monotonic() > deadline:
                 return
             time.sleep(poll_s)
+            finished = int(self.store.add(report.finished_key, 0))
 
     def close(self) -> None:
         """Leave the process group (if this context joined one)."""
@@ -161,6 +165,7 @@ class _RankProgress:
     def __init__(self, context: DistContext, callback: ProgressCallback | None, key: str, steps: int, offset: int,
                  total: int) -> None:
         self.context, self.callback, self.key = context, callback, f"workbench/progress/{key}"
+        self.finished_key = f"{self.key}/finished"
         self.steps, self.offset, self.total = steps, offset, total
         self._local = 0
 
