@@ -569,8 +569,7 @@ class Controller(QObject):
 
     def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None) -> Any:
         """Read trtexec's layer information (and profile) into the project; the Engine views follow."""
-        report = self._edit("Import TensorRT report",
-                            lambda: self.session.import_engine_report(layer_info, profile), None)
+        report = self._edit("Import TensorRT report", lambda: self.session.import_engine_report(layer_info, profile))
         if report is not None:
             self.log.emit("info", f"TensorRT report {Path(layer_info).name}: {len(report.hazards)} hazards")
             self.engine_changed.emit()
