@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import distributed_jobs as jobs
 import pytest
@@ -22,6 +23,23 @@ def _short_collective_timeout(monkeypatch):
     # a healthy rank waiting for a dead one must give up long before the test's own timeout
     monkeypatch.setenv("WORKBENCH_DIST_TIMEOUT", "60")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def live_children() -> list[int]:
+    """Worker processes (not zombies) whose parent is this test process; multiprocessing's resource
+    tracker, which lives as long as its parent by design, does not count."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"resource_tracker" not in command:
+            found.append(int(entry.name))
+    return found
 
 
 def test_calibration_in_two_processes_equals_one_process():
@@ -71,6 +89,7 @@ def test_a_failed_rank_stops_the_job_and_is_named(how, expected):
         launch(jobs.failing_rank, (how,), nprocs=2)
     assert expected in str(caught.value)
     assert caught.value.rank == 1 and caught.value.world_size == 2
+    assert live_children() == []  # the healthy rank was stopped, not left waiting
 
 
 def test_a_hanging_rank_times_the_others_out(monkeypatch):
@@ -80,6 +99,7 @@ def test_a_hanging_rank_times_the_others_out(monkeypatch):
     # rank 0 gave up waiting, and the launcher stopped the hanging rank 1 rather than wait for it
     assert "rank 0 failed: DistributedError: rank 0: gathering results from the other ranks failed" \
         in str(caught.value)
+    assert live_children() == []
 
 
 def test_one_process_needs_no_process_group(monkeypatch):
