@@ -29,7 +29,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtWidgets import QApplication, QTreeView  # noqa: E402
 
 from workbench.app.controller import Controller  # noqa: E402
-from workbench.app.tree_model import COLUMNS, EXPAND_ALL_MATCHES, ModelTreeWidget, ModuleTreeModel  # noqa: E402
+from workbench.app.tree_model import COLUMNS, EXPAND_ALL_MATCHES, ModuleTreeModel  # noqa: E402
+from workbench.app.tree_widget import ModelTreeWidget  # noqa: E402
 from workbench.graph import describe_model  # noqa: E402
 from workbench.quant import replace_to_quantization_module  # noqa: E402
 from workbench.session import LayerView  # noqa: E402

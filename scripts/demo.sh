@@ -8,7 +8,8 @@ if [ "${1:-}" = "--gui" ]; then
     shift
     export WORKBENCH_EXTRAS="gui"
     source "$(dirname "${BASH_SOURCE[0]}")/setup-env.sh"
-    # what Qt needs for a window and QtWebEngine (the graph tab); see ../shared/STACK-NOTES.md
+    # the Debian libraries Qt needs for a window and QtWebEngine (the graph tab); if a window still does not
+    # open, QT_DEBUG_PLUGINS=1 names the library really missing (Qt's "xcb-cursor0 is needed" can mislead)
     install_debs libglib2.0-0 libgl1 libxkbcommon0 libegl1 libfontconfig1 libdbus-1-3 \
         libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 \
         libnspr4 libnss3 libxcomposite1 libxdamage1 libxrandr2 libxtst6 libasound2 libxkbfile1

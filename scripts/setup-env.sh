@@ -63,5 +63,28 @@ fi
 
 spec="$ROOT"
 if [ -n "${WORKBENCH_EXTRAS:-}" ]; then spec="$ROOT[$WORKBENCH_EXTRAS]"; fi
-echo "Installing Quant Workbench${WORKBENCH_EXTRAS:+ with extras: $WORKBENCH_EXTRAS}"
-python -m pip install -q -e "$spec"
+# keep the torch that is installed: extras such as transformers + timm otherwise pull a newer torch
+# (a CUDA build of several GB). The CPU pin when it is ours, else the version already there.
+constraints="$ROOT/packaging/constraints-cpu.txt"
+installed_torch="$(python -c 'import torch; print(torch.__version__.split("+")[0])')"
+if ! grep -qx "torch==$installed_torch" "$constraints"; then
+    constraints="$(mktemp)"
+    echo "torch==$installed_torch" > "$constraints"
+fi
+# An editable install follows the code by itself; it is redone only when what pip reads changes (the
+# package metadata, the extras): a stamp in the venv holds their hash.
+stamp="$VENV/.workbench-install-stamp-${WORKBENCH_EXTRAS:-base}"  # one per set of extras (demo, test)
+wanted="$(python - "$ROOT" <<'PY'
+import hashlib, pathlib, sys
+digest = hashlib.sha256()
+for name in ("pyproject.toml", "setup.py", "setup.cfg"):
+    path = pathlib.Path(sys.argv[1]) / name
+    digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"-") + b"\0")
+print(digest.hexdigest())
+PY
+)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ] || ! python -c 'import workbench' >/dev/null 2>&1; then
+    echo "Installing Quant Workbench${WORKBENCH_EXTRAS:+ with extras: $WORKBENCH_EXTRAS} (torch kept at $installed_torch)"
+    python -m pip install -q -c "$constraints" -e "$spec"
+    echo "$wanted" > "$stamp"
+fi

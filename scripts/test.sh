@@ -4,7 +4,7 @@
 set -euo pipefail
 export WORKBENCH_EXTRAS="test"
 source "$(dirname "${BASH_SOURCE[0]}")/setup-env.sh"
-# what Qt needs for offscreen widgets and pyqtgraph (see ../shared/STACK-NOTES.md)
+# the Debian libraries Qt needs for offscreen widgets and pyqtgraph
 install_debs libglib2.0-0 libgl1 libxkbcommon0 libegl1 libfontconfig1 libdbus-1-3
 export QT_QPA_PLATFORM="${QT_QPA_PLATFORM:-offscreen}"
 cd "$ROOT"

@@ -20,6 +20,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _own_config_dir(tmp_path_factory, monkeypatch):
+    """Trust remembered by one test (workbench.sources.trust) reaches neither another test nor the user's config."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
     yield

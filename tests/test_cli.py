@@ -48,7 +48,9 @@ def test_whole_workflow(project, tmp_path, capsys):
     assert code == 0, err
     result = json.loads(out)
     assert result["method"] == "mse" and result["batches"] == 2
-    assert result["evaluation"]["int8_top1"] > 0.9 and "fc._input_quantizer" not in result["quantizers"]
+    evaluation = result["evaluation"]
+    assert evaluation["metric"]["kind"] == "top1" and evaluation["int8"] > 0.9 and evaluation["fp32"] > 0.9
+    assert "fc._input_quantizer" not in result["quantizers"]
 
     code, out, err = run(capsys, "sensitivity", project, "--metric", "sqnr", "--tolerance", "0.0", "--target", "40",
                          "--json")
@@ -95,10 +97,10 @@ def test_user_code_needs_trust(tmp_path, capsys):
     assert code == 2 and "--trust-code" in err and not (tmp_path / "p.qwb").exists()
     code, _, err = run(capsys, *args, "--trust-code")
     assert code == 0, err
-    code, _, err = run(capsys, "show", tmp_path / "p.qwb")
+    code, _, err = run(capsys, "calibrate", tmp_path / "p.qwb", "--no-trust")  # trust remembered, but not used
     assert code == 2 and "--trust-code" in err
-    code, _, err = run(capsys, "show", tmp_path / "p.qwb", "--trust-code")
-    assert code == 0, err
+    code, out, err = run(capsys, "show", tmp_path / "p.qwb")  # remembered
+    assert code == 0 and "layers:" in out, err
 
 
 def test_existing_project_is_not_overwritten_without_force(project, capsys):
@@ -192,8 +194,8 @@ def test_user_loss_needs_trust_and_bad_options_are_one_line(calibrated_project, 
     assert json.loads(out)["settings"]["loss"] == loss
     code, out, _ = run(capsys, "show", project, "--json")  # the project keeps it relative to its folder
     assert json.loads(out)["settings"]["finetune"]["loss"] == "losses.py:smooth"
-    # the loss is a project setting now: later runs need trust too, or another loss
-    code, _, err = run(capsys, "finetune", project, "--epochs", "1", "--lr", "1e-4")
+    # the loss is a project setting now: later runs need trust too (remembered, unless --no-trust), or another loss
+    code, _, err = run(capsys, "finetune", project, "--epochs", "1", "--lr", "1e-4", "--no-trust")
     assert code == 2 and "--trust-code" in err
     code, _, err = run(capsys, "finetune", project, "--epochs", "0", "--lr", "1e-4", "--loss", "cross_entropy")
     assert code == 2 and "epochs must be a positive integer" in err and "Traceback" not in err
@@ -259,3 +261,32 @@ def test_sensitivity_text_leaves_out_the_delta_to_an_infinite_fp32(calibrated_pr
     assert "vs all quantized" in out and "vs FP32" not in out and "inf)" not in out
     code, out, err = run(capsys, "sensitivity", calibrated_project, "--metric", "top1", "--top", "2")
     assert code == 0 and "vs FP32" in out
+
+
+def test_evaluate_prints_the_metrics_fp32_and_int8_values(project, tmp_path, capsys):
+    """`workbench evaluate`: the project's metric by default, any registered or user metric on request."""
+    code, _, err = run(capsys, "evaluate", project)
+    assert code == 2 and "calibrate first" in err
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+
+    code, out, err = run(capsys, "evaluate", project, "--json")
+    assert code == 0, err
+    top1 = json.loads(out)
+    assert top1["metric"]["kind"] == "top1" and 0.9 < top1["fp32"] <= 1.0 and 0.8 < top1["int8"] <= 1.0
+    assert top1["delta"] == pytest.approx(top1["int8"] - top1["fp32"]) and 10 < top1["output_sqnr_db"] < 80
+
+    code, out, err = run(capsys, "evaluate", project, "--metric", "mse", "--json")
+    assert code == 0, err
+    mse = json.loads(out)
+    assert mse["metric"]["kind"] == "mse" and mse["fp32"] == 0.0 and mse["int8"] > 0.0
+    assert mse["output_sqnr_db"] == pytest.approx(top1["output_sqnr_db"])
+
+    (tmp_path / "score.py").write_text("def mean_logit(model, batches):\n"
+                                       "    return float(sum(model(b[0]).mean() for b in batches))\n")
+    code, _, err = run(capsys, "evaluate", project, "--metric", f"{tmp_path}/score.py:mean_logit",
+                       "--metric-direction", "higher")
+    assert code == 2 and "--trust-code" in err
+    code, out, err = run(capsys, "evaluate", project, "--metric", f"{tmp_path}/score.py:mean_logit",
+                         "--metric-direction", "higher", "--trust-code")
+    assert code == 0, err
+    assert "FP32" in out and "INT8" in out and "score.py:mean_logit" in out and "output SQNR" in out

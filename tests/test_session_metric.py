@@ -75,3 +75,29 @@ def test_metric_and_loss_files_follow_save_as_into_another_folder(tmp_path, monk
     assert Session.open(moved, trust_code=True).metric().evaluate(None, []) == 0.25
     # the original project still says it relative to its own folder
     assert load_project(path).settings["metric"]["name"] == "metrics.py:constant"
+
+
+def test_evaluate_measures_the_metric_asked_for_on_both_models():
+    """The defect: evaluate returned the metric's name; it returns the metric's FP32 and INT8 values."""
+    from workbench.analysis import Evaluation, get_metric
+
+    session = Session.create(ModelSpec("demo", "digits"),
+                             DataSpec("demo", "digits", split="train", batch_size=32, num_batches=2))
+    session.calibrate(method="max", num_batches=2)
+    top1, cosine = session.evaluate("top1"), session.evaluate("cosine")
+    assert isinstance(top1, Evaluation) and top1.name == "top-1 accuracy" and top1.num_batches == 2
+    assert 0.5 < top1.fp32 <= 1.0 and 0.5 < top1.int8 <= 1.0
+    assert cosine.metric["kind"] == "cosine" and cosine.fp32 == pytest.approx(1.0) and 0.9 < cosine.int8 < 1.0
+    assert cosine.output_sqnr_db == pytest.approx(top1.output_sqnr_db)
+    assert session.evaluate("sqnr").int8 == pytest.approx(top1.output_sqnr_db)
+
+    seen = []
+
+    def largest_logit(model, batches):  # a user metric runs the model itself
+        seen.append(model)
+        return float(max(model(batch[0]).max() for batch in batches))
+
+    user = session.evaluate(get_metric(largest_logit, "higher"))
+    assert seen == [session.float_model, session.quantized_model()]
+    assert user.fp32 != user.int8 and user.metric["direction"] == "higher"
+    assert user.output_sqnr_db == pytest.approx(top1.output_sqnr_db)

@@ -61,10 +61,9 @@ def run_demo(out: Path, *, calib_batches: int = 8, method: str = "mse", progress
         f"  calibration: {calibration.summary()}",
         "",
         f"  {'':<14} {'FP32':>8} {'INT8':>8} {'delta':>8}",
-        f"  {'top-1 accuracy':<14} {evaluation['fp32_top1']:>8.4f} {evaluation['int8_top1']:>8.4f} "
-        f"{evaluation['int8_top1'] - evaluation['fp32_top1']:>+8.4f}   ({session.data('evaluation').num_samples} "
-        "test images)",
-        f"  output SQNR INT8 vs FP32: {_db(evaluation['output_sqnr_db'])}",
+        f"  {evaluation.name:<14} {evaluation.fp32:>8.4f} {evaluation.int8:>8.4f} "
+        f"{evaluation.delta:>+8.4f}   ({session.data('evaluation').num_samples} test images)",
+        f"  output SQNR INT8 vs FP32: {_db(evaluation.output_sqnr_db)}",
         "",
         "  most sensitive layers (output SQNR with the layer left in float):",
     ]
@@ -74,9 +73,9 @@ def run_demo(out: Path, *, calib_batches: int = 8, method: str = "mse", progress
     return {
         "project": str(path),
         "onnx": export.path,
-        "fp32_top1": evaluation["fp32_top1"],
-        "int8_top1": evaluation["int8_top1"],
-        "output_sqnr_db": evaluation["output_sqnr_db"],
+        "fp32_top1": evaluation.fp32,
+        "int8_top1": evaluation.int8,
+        "output_sqnr_db": evaluation.output_sqnr_db,
         "calibration": {"method": calibration.method, "batches": calibration.num_batches,
                         "warnings": calibration.warnings},
         "sensitivity": [{"rank": u.rank, "unit": u.name, "value": u.value} for u in profile.ranked()],

@@ -67,6 +67,9 @@ def test_controller_calibrates_and_edits(controller, qtbot):
     with qtbot.waitSignal(controller.error) as blocker:
         controller.set_descriptor(["block.conv1"], "input", {"num_bits": "eight"})
     assert "num_bits" in blocker.args[1]
+    with qtbot.waitSignal(controller.error) as blocker:  # the descriptor editor: refused as `set` refuses it
+        controller.set_descriptor(["block.conv1"], "weight", {"axis": 2})
+    assert "per output channel (axis=0), not axis=2" in blocker.args[1]
     with qtbot.waitSignal(controller.selection_changed) as blocker:
         controller.select(["block.conv2"])
     assert blocker.args == [["block.conv2"]]
@@ -144,3 +147,28 @@ def test_only_settings_that_change_layers_refresh_the_layer_views(controller, qt
     with qtbot.waitSignal(controller.layers_changed):
         controller.set_setting("rules", {**session.project.settings["rules"], "residual": False})
     assert session.project.settings["rules"]["residual"] is False
+
+
+def test_the_sessions_events_become_signals_once_after_the_change(controller, qtbot, tmp_path):
+    """Views hear of a change from the session's events: a change made on the session itself (not
+    through the controller) reaches them too, and a job's changes arrive once it has ended."""
+    session = open_demo(controller, qtbot)
+    seen = []
+    for name in ("layers_changed", "calibration_changed", "sensitivity_changed"):
+        getattr(controller, name).connect(lambda name=name: seen.append((name, controller.busy)))
+    controller.settings_changed.connect(lambda keys: seen.append(("settings_changed", tuple(keys))))
+    controller.project_saved.connect(lambda path: seen.append(("project_saved", path)))
+
+    session.set_quantize(["fc"], False)  # straight on the session: the views still follow
+    assert seen == [("layers_changed", False)]
+    seen.clear()
+    with qtbot.waitSignal(controller.calibration_changed, timeout=60000):
+        controller.calibrate(method="max")
+    assert seen == [("calibration_changed", False)]  # once, after the job: never while it owns the session
+    seen.clear()
+    controller.set_settings({"metric": {"name": "top1", "direction": None}, "fold_bn": False})
+    assert seen == [("settings_changed", ("fold_bn", "metric")), ("layers_changed", False)]
+    seen.clear()
+    with qtbot.waitSignal(controller.dirty_changed) as blocker:
+        saved = controller.save(tmp_path / "events.qwb")
+    assert blocker.args == [False] and seen == [("project_saved", str(saved))]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -14,8 +13,10 @@ pytest.importorskip("pyqtgraph")
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QStyle, QStyleOptionViewItem  # noqa: E402
 
+from workbench.app.controller import DeferredRefresh  # noqa: E402
 from workbench.app.main_window import MainWindow, install_excepthook  # noqa: E402
 from workbench.app.tree_model import AMAX, INPUT, NAME_ROLE, QUANT, TYPE  # noqa: E402
+from workbench.sources.model_source import ModelSpec  # noqa: E402
 
 Buttons = QMessageBox.StandardButton
 
@@ -206,7 +207,7 @@ def test_descriptor_edit_for_several_layers(window, qtbot):
         desc = session.project.layers[name].input_desc
         assert desc["num_bits"] == 6 and desc["narrow_range"] and desc["calib_method"] == "histogram"
     assert session.project.layers["fc"].input_desc is None
-    qtbot.waitUntil(lambda: window.tree.model.text("block.conv1", INPUT) == "int6 per-tensor hist narrow")
+    qtbot.waitUntil(lambda: window.tree.model.text("block.conv1", INPUT) == "int6 per-tensor hist narrow, sim only")
     assert not panel.apply_button.isEnabled()  # applied: nothing touched any more
     # the weight role: head_pool has no weight quantizer and is skipped
     panel.role_tabs.setCurrentIndex(1)
@@ -298,24 +299,26 @@ def test_calibrate_with_progress_histogram_and_amax_lines(window, qtbot):
     assert panel.histogram_item is None and "max calibrator" in panel.histogram_message.textItem.toPlainText()
 
 
-class SlowBatches:
-    """The demo calibration data, 50 ms a batch: time to press Cancel."""
+class GatedBatches:
+    """The demo calibration data, held after the first batch until the test opens the gate: the job
+    runs for as long as the test needs, whatever the machine's speed."""
 
     def __init__(self, source):
         self.source = source
-        self.started = threading.Event()
+        self.gate = threading.Event()
 
     def __call__(self, *args, **kwargs):
-        for batch in self.source.__class__.batches(self.source, *args, **kwargs):
-            self.started.set()
-            time.sleep(0.05)
+        for index, batch in enumerate(self.source.__class__.batches(self.source, *args, **kwargs)):
+            if index > 0:
+                self.gate.wait(60)
             yield batch
 
 
 def test_cancel_calibration_and_editing_disabled_meanwhile(window, qtbot, monkeypatch):
     session = load_demo(window, qtbot)
     source = session.data("calibration")
-    monkeypatch.setattr(source, "batches", SlowBatches(source))
+    batches = GatedBatches(source)
+    monkeypatch.setattr(source, "batches", batches)
     with qtbot.waitSignal(window.controller.jobs.progress, timeout=30000):
         assert window.controller.calibrate(num_batches=40)
     # while the job runs: editing is off
@@ -327,12 +330,16 @@ def test_cancel_calibration_and_editing_disabled_meanwhile(window, qtbot, monkey
     reads = []
     original = session.layers
     monkeypatch.setattr(session, "layers", lambda: reads.append(1) or original())
+    refreshes = window.findChildren(DeferredRefresh)
     window.controller.layers_changed.emit()
     window.controller.select(["fc"])
-    qtbot.wait(50)
-    assert reads == [] and window.controller.busy
+    # every refresh asked for has come round (and put itself off): only then does "no reads" mean anything
+    qtbot.waitUntil(lambda: not any(refresh.scheduled() for refresh in refreshes))
+    assert window.controller.busy and any(refresh.waiting_for_job for refresh in refreshes)
+    assert reads == []
     with qtbot.waitSignal(window.controller.jobs.cancelled, timeout=30000):
         qtbot.mouseClick(window.job_status.cancel_button, Qt.MouseButton.LeftButton)
+        batches.gate.set()
     qtbot.waitUntil(lambda: not window.controller.busy)
     assert session.project.current_calibration is None
     assert "Calibrating cancelled" in window.log_panel.plain_text()
@@ -572,3 +579,21 @@ def test_dialogs_that_change_several_things_apply_all_of_them_on_a_slow_model(wi
     qtbot.waitUntil(lambda: not window.controller.busy, timeout=60000)
     assert window.error_dialogs == []
     assert [n for n, d in session.project.layers.items() if not d.quantize] == ["fc"]  # block.conv1 is back
+
+
+def test_new_project_wizard_offers_models_by_name_without_trust(window, tmp_path):
+    wizard = window.new_project()
+    page = wizard.model_page
+    page.kind.setCurrentIndex(page.kind.findData("hf"))
+    assert page.stack.currentWidget().isAncestorOf(page.hf_folder) and not page.trust_note.isVisibleTo(page)
+    page.hf_folder.setText(str(tmp_path / "bert"))
+    spec = page.spec()
+    assert (spec.kind, spec.target, spec.requires_trust) == ("hf", str(tmp_path / "bert"), False)
+    page.kind.setCurrentIndex(page.kind.findData("timm"))
+    assert page.stack.currentWidget().isAncestorOf(page.timm_name)
+    page.timm_name.setText("resnet18")
+    page.weights.setText("r18.safetensors")
+    assert page.spec() == ModelSpec("timm", "resnet18", {}, "r18.safetensors")
+    page.kind.setCurrentIndex(page.kind.findData("pickle"))
+    assert page.trust_note.isVisibleTo(page)
+    wizard.reject()

@@ -62,20 +62,31 @@ def onnx_rounding_output(model, *inputs):
 # ----- errors -------------------------------------------------------------------------------------
 
 
-def test_uncalibrated_enabled_quantizer_is_named_and_nothing_is_written(tmp_path):
+def test_a_never_calibrated_model_is_refused_with_every_quantizer_named(tmp_path):
     model, x = calibrated(PlainCNN(), (2, 3, 16, 16))
-    model.fc._input_quantizer.reset_amax()
+    quantizers = {n: m for n, m in model.named_modules() if isinstance(m, quant.TensorQuantizer)}
+    for q in quantizers.values():
+        q.reset_amax()
     with pytest.raises(QuantizerStateError, match=r"fc\._input_quantizer: enabled but not calibrated") as info:
         export_qdq_onnx(model, x, tmp_path / "m.onnx")
-    assert list(info.value.problems) == ["fc._input_quantizer"]
+    assert sorted(info.value.problems) == sorted(quantizers)
     assert "Calibrate the model" in str(info.value)
     assert leftovers(tmp_path) == []
-    # a disabled quantizer needs no amax, and exports without Q/DQ
-    model.fc._input_quantizer.disable()
+
+
+def test_quantizers_calibration_never_reached_export_in_float_with_a_warning(tmp_path):
+    model, x = calibrated(PlainCNN(), (2, 3, 16, 16))
+    model.fc._input_quantizer.reset_amax()  # as calibration leaves a quantizer no batch reached
     report = export_qdq_onnx(model, x, tmp_path / "m.onnx")
-    assert report.quantize_nodes == 7
+    assert report.quantize_nodes == 7 and report.cosine > 0.999
+    assert any("never reached during calibration" in w and "fc._input_quantizer" in w for w in report.warnings)
     names = [n.name for n in onnx.load(str(tmp_path / "m.onnx")).graph.node]
     assert "fc._input_quantizer/QuantizeLinear" not in names and "fc._weight_quantizer/QuantizeLinear" in names
+    assert not model.fc._input_quantizer._disabled  # the model is left as it came
+    # a disabled quantizer needs no amax either, and exports without Q/DQ, without a warning
+    model.fc._input_quantizer.disable()
+    report = export_qdq_onnx(model, x, tmp_path / "m.onnx")
+    assert report.quantize_nodes == 7 and not any("never reached" in w for w in report.warnings)
 
 
 def test_quantizer_still_calibrating_or_not_int8(tmp_path):
@@ -346,14 +357,21 @@ def test_amax_json_calibration_cache_and_float_graph(tmp_path):
     assert saved["quantize_nodes"] == 8 and saved["outputs"][0]["name"] == "output"
 
 
-def test_per_channel_activation_quantizer_exports_with_a_warning(tmp_path):
+def test_quantizers_tensorrt_cannot_build_are_refused_by_the_export(tmp_path):
+    """onnxruntime would run them, TensorRT would not: a per-channel activation, a weight on a kernel axis."""
     conv = quant.QuantConv2d(3, 4, 1, quant_desc_input=QuantDescriptor(axis=1))
     x = torch.randn(2, 3, 4, 4)
     conv._input_quantizer.amax = x.abs().amax((0, 2, 3), keepdim=True)
     conv._weight_quantizer.amax = conv.weight.detach().abs().amax((1, 2, 3), keepdim=True)
-    report = export_qdq_onnx(nn.Sequential(conv), x, tmp_path / "pc.onnx")
-    assert report.per_channel == 2 and report.cosine > 0.999
-    assert any("per-channel quantizers on activations" in w and "0._input_quantizer" in w for w in report.warnings)
+    with pytest.raises(QuantizerStateError, match=r"0\._input_quantizer.*per-tensor only"):
+        export_qdq_onnx(nn.Sequential(conv), x, tmp_path / "pc.onnx")
+    assert not (tmp_path / "pc.onnx").exists()
+
+    wrong_axis = quant.QuantConv2d(3, 4, 3, quant_desc_weight=QuantDescriptor(axis=2))
+    wrong_axis._input_quantizer.amax = x.abs().max()
+    wrong_axis._weight_quantizer.amax = wrong_axis.weight.detach().abs().amax((0, 1, 3), keepdim=True)
+    with pytest.raises(QuantizerStateError, match=r"per output channel \(axis=0\), not axis=2"):
+        export_qdq_onnx(nn.Sequential(wrong_axis), x, tmp_path / "axis.onnx")
 
 
 def test_each_quantizer_s_onnx_parameters_are_computed_once_per_export(tmp_path, monkeypatch):

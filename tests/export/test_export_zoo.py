@@ -22,7 +22,8 @@ from workbench.quant.calibrate import calibrate
 #   yolo: 20 quantizers, 26 calls (the C3 and SPPF concat quantizers run once per input, 2 and 4, and
 #     once more as the input quantizer of the conv after each concat); C3's cv1/cv2, and the
 #     bottleneck's cv1 and add, read one tensor each: 24 pairs.
-#   transformer: 16 quantizers; q, k and v read the same normalised tensor: 14 pairs.
+#   transformer: 16 quantizers (6 Linears, 2 attention products); q, k and v read the same normalised
+#     tensor: 14 pairs.
 #   lstm: embed (2) + head (2) + the LSTM's weight (1) + its input quantizer once per time step (7): 12.
 EXPECTED_QDQ = {"plain_cnn": 8, "resnet": 15, "yolo": 24, "depthwise_grouped": 8, "conv_transpose": 6, "mlp": 6,
                 "transformer": 14, "lstm": 12}
@@ -144,7 +145,9 @@ def test_rule_reports(exported):
                                ("model.2.cat._input_quantizer", "model.2.cv2.conv._input_quantizer")]
         assert rules.disabled == []  # the bottleneck's add follows an activation: nothing to fuse into
     elif name == "transformer":
-        assert functional.inserted_names == ["add", "add_1"]
+        # both attention products quantized; the residual adds stay float inside a transformer block
+        assert functional.inserted_names == ["matmul", "matmul_1"]
+        assert [s.operation for s in functional.skipped] == ["operator.add(x, proj)", "operator.add(add, fc2)"]
         assert rules.disabled == [] and rules.pairs == []
     else:
         assert rules.pairs == [] and rules.disabled == []

@@ -184,3 +184,14 @@ def test_mha_and_encoder_layers_are_swapped_and_every_quantizer_is_reached():
     assert F.cosine_similarity(quantized[keep].flatten(), reference[keep].flatten(), dim=0) > 0.98
     assert isinstance(model.encoder, QuantTransformerEncoder) and not model.encoder.use_nested_tensor
     assert isinstance(model.encoder.layers[0], QuantTransformerEncoderLayer)
+
+
+def test_an_ignored_attention_inside_a_quantized_mha_stays_float():
+    from workbench.graph import prepare_for_tensorrt
+
+    model = nn.Sequential(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)).eval()
+    model, report = prepare_for_tensorrt(model, ignore_policy=[r"^0\.self_attn\.sdpa$"])
+    sdpa = model[0].self_attn.sdpa
+    assert all(q._disabled for q in sdpa.quantizers())
+    assert "0.self_attn.sdpa" in report.replacement.ignored_names
+    assert not model[0].self_attn._input_quantizer._disabled

@@ -1,4 +1,5 @@
 """Model and data sources: each kind, the trust rule, and errors that name the file."""
+import shutil
 import textwrap
 
 import numpy as np
@@ -158,7 +159,12 @@ class TestModelSources:
                        trust_code=True).save(tmp_path / "p.qwb")
         assert load_project(tmp_path / "p.qwb").model.kind == "pickle"  # reading the file runs nothing
         with pytest.raises(TrustRequired):
-            Session.open(tmp_path / "p.qwb")  # reopening needs the user's trust again
+            Session.open(tmp_path / "p.qwb", remembered=False)  # reopening needs the user's trust again
+        # the trust given is remembered in the user's config, not in the file: a copy of the file has none
+        assert Session.open(tmp_path / "p.qwb").trust_code
+        shutil.copy(tmp_path / "p.qwb", tmp_path / "copy.qwb")
+        with pytest.raises(TrustRequired):
+            Session.open(tmp_path / "copy.qwb")
 
     def test_parse_and_relative_paths(self, tmp_path):
         assert ModelSpec.parse("demo:digits").kind == "demo"
@@ -260,6 +266,9 @@ class TestDataSources:
         assert spec.describe() == "input_ids (7,) int64, attention_mask (7,) int64"
         assert InputSpec.from_dict(spec.to_dict()) == spec
         check_input(spec, spec, "tokens.npz")
+        check_input(InputSpec((7,)), spec, "tokens.npz")  # --input-shape 7 for every keyword input
+        with pytest.raises(SourceError, match=r"model input is \(8,\) float32"):
+            check_input(InputSpec((8,)), spec, "tokens.npz")
         with pytest.raises(SourceError, match=r"gives inputs input_ids \(9,\).*model input is input_ids \(7,\)"):
             check_input(spec, InputSpec((9,), "int64", (("input_ids", (9,), "int64"),
                                                          ("attention_mask", (9,), "int64"))), "other.npz")

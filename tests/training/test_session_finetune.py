@@ -70,7 +70,7 @@ def test_the_fine_tune_is_stored_and_restored_on_reopening(tuned):
     history = reopened.finetune_history()
     assert [h.to_dict() for h in history] == [result.to_dict()]
     assert [e.epoch for e in history[0].history] == [1, 2] and history[0].history[0].train_loss > 0
-    assert reopened.evaluate()["int8_top1"] == session.evaluate()["int8_top1"]
+    assert reopened.evaluate("top1").int8 == session.evaluate("top1").int8
     summary = reopened.summary()
     assert summary["finetune"]["id"] == 1 and summary["finetune_runs"] == 1
     assert [p["bn"] for p in summary["folding"]["folded"]] == ["stem.1", "block.bn1", "block.bn2", "expand.1"]

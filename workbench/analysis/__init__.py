@@ -9,9 +9,11 @@ few to leave in float so the INT8 model stays within tolerance of FP32. No Qt he
 """
 from workbench.analysis.entry_point import EntryPointError, load_entry_point
 from workbench.analysis.errors import AnalysisCancelled, AnalysisError, MetricError
+from workbench.analysis.evaluation import Evaluation, evaluate_models
 from workbench.analysis.fallback import apply_fallback, fallback_search, units_from_names
 from workbench.analysis.metrics import (
     BUILTIN_METRICS,
+    DEFAULT_METRIC,
     CosineMetric,
     Direction,
     EntryPointMetric,
@@ -21,7 +23,9 @@ from workbench.analysis.metrics import (
     OutputMetric,
     SqnrMetric,
     Top1Metric,
+    builtin_metric_labels,
     get_metric,
+    metric_choices_text,
     metric_from_dict,
 )
 from workbench.analysis.results import (
@@ -36,10 +40,11 @@ from workbench.analysis.units import Unit, find_units, resolve_units
 from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = [
-    "sensitivity", "fallback_search", "apply_fallback", "units_from_names",
+    "sensitivity", "fallback_search", "evaluate_models", "Evaluation", "apply_fallback", "units_from_names",
     "Unit", "find_units", "resolve_units",
     "Metric", "OutputMetric", "ModelMetric", "EntryPointMetric", "SqnrMetric", "CosineMetric", "MseMetric",
-    "Top1Metric", "Direction", "BUILTIN_METRICS", "get_metric", "metric_from_dict", "load_entry_point",
+    "Top1Metric", "Direction", "BUILTIN_METRICS", "DEFAULT_METRIC", "builtin_metric_labels", "metric_choices_text",
+    "get_metric", "metric_from_dict", "load_entry_point",
     "SensitivityResult", "UnitResult", "FallbackResult", "FallbackPoint", "SCHEMES",
     "AnalysisError", "MetricError", "AnalysisCancelled", "EntryPointError", "ModelSnapshot",
 ]

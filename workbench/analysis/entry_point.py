@@ -11,19 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.sources.entrypoints import load_entrypoint, split_entrypoint
+from workbench.sources.entrypoints import load_entrypoint
 from workbench.sources.errors import EntryPointError
 
-__all__ = ["EntryPointError", "load_entry_point", "parse_entry_point"]
-
-
-def parse_entry_point(spec: str) -> tuple[str, str]:
-    """Split ``"module:function"`` or ``"file.py:function"`` into its target and attribute path.
-
-    Raises:
-        EntryPointError: not of that form.
-    """
-    return split_entrypoint(spec)
+__all__ = ["EntryPointError", "load_entry_point"]
 
 
 def load_entry_point(spec: str, base_dir: Path | None = None) -> Callable[..., Any]:

@@ -25,13 +25,14 @@ from typing import Any, ClassVar, Literal, Protocol
 import torch
 from torch import nn
 
-from workbench.analysis.entry_point import load_entry_point, parse_entry_point
+from workbench.analysis.entry_point import load_entry_point
 from workbench.quant.batches import batch_targets, class_scores, flat_tensors, select_output
+from workbench.sources.entrypoints import split_entrypoint
 from workbench.sources.errors import TrustRequired
 
 __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", "EntryPointMetric", "SqnrMetric",
            "CosineMetric", "MseMetric", "Top1Metric", "get_metric", "metric_from_dict", "flat_tensors",
-           "BUILTIN_METRICS"]
+           "BUILTIN_METRICS", "DEFAULT_METRIC", "builtin_metric_labels", "metric_choices_text"]
 
 Direction = Literal["higher", "lower"]
 DIRECTIONS: tuple[str, ...] = ("higher", "lower")
@@ -289,7 +290,7 @@ class EntryPointMetric(ModelMetric):
 
     def __init__(self, spec: str, *, direction: Direction, name: str | None = None,
                  base_dir: Path | None = None) -> None:
-        parse_entry_point(spec)  # a malformed spec fails now; the module is only imported when used
+        split_entrypoint(spec)  # a malformed spec fails now; the module is only imported when used
         self.spec = spec
         self.base_dir = base_dir
         self._fn = None
@@ -313,6 +314,17 @@ class EntryPointMetric(ModelMetric):
 BUILTIN_METRICS: dict[str, type[OutputMetric]] = {
     "sqnr": SqnrMetric, "cosine": CosineMetric, "mse": MseMetric, "top1": Top1Metric,
 }
+DEFAULT_METRIC = "sqnr"
+
+
+def builtin_metric_labels() -> dict[str, str]:
+    """Every built-in metric's key and its name for people (``{"sqnr": "SQNR (dB)", ...}``), as menus list them."""
+    return {key: cls().name for key, cls in BUILTIN_METRICS.items()}
+
+
+def metric_choices_text() -> str:
+    """The metrics a user can name, for a ``--help`` or a tooltip."""
+    return f"{', '.join(BUILTIN_METRICS)}, or a user function as module:function / file.py:function"
 _ALIASES = {"sqnr_db": "sqnr", "cos": "cosine", "accuracy": "top1", "top-1": "top1"}
 
 

@@ -1,13 +1,15 @@
 """The GUI's one handle on the session: Qt signals around :class:`workbench.session.Session`.
 
 Widgets never call the session directly: they call the controller, which runs long operations in the
-:class:`JobRunner`, turns every exception into an ``error`` signal (a dialog, never a crash), and
-announces what changed so that each view refreshes itself. Everything here has a headless twin in
-the session, which the CLI uses.
+:class:`JobRunner` and turns every exception into an ``error`` signal (a dialog, never a crash). What
+changed is the session's to say: its events (:mod:`workbench.session.events`, no Qt) become the
+controller's signals here, in one place, and each view refreshes from those. Everything here has a
+headless twin in the session, which the CLI uses.
 """
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,11 @@ from PySide6.QtCore import QObject, QTimer, Signal, SignalInstance
 
 from workbench.analysis import AnalysisCancelled
 from workbench.app import main_thread_gc
+from workbench.app.disk_watch import ProjectFileWatcher
 from workbench.app.jobs import JobRunner
 from workbench.graph import ModelTree
 from workbench.quant.calibrate import CalibrationCancelled
-from workbench.session import REBUILD_SETTINGS, Session
+from workbench.session import Event, Session, SessionEvent
 from workbench.sources.data_source import DataSpec
 from workbench.sources.errors import TrustRequired
 from workbench.sources.model_source import ModelSpec
@@ -32,6 +35,9 @@ __all__ = ["Controller", "DeferredRefresh", "QtLogHandler"]
 # Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
 SLOW_REBUILD_S = 0.3
 UPDATE_JOB = "Updating the model"
+# what a view shows changes with these: the described tree and layer rows are read again
+_VIEW_EVENTS = frozenset({SessionEvent.LAYERS, SessionEvent.CALIBRATION, SessionEvent.SENSITIVITY,
+                          SessionEvent.FINETUNE})
 
 
 class QtLogHandler(logging.Handler):
@@ -74,6 +80,11 @@ class DeferredRefresh(QObject):
     def scheduled(self) -> bool:
         return self._timer.isActive()
 
+    @property
+    def waiting_for_job(self) -> bool:
+        """A refresh was asked for during a job and runs when it ends."""
+        return self._after_job
+
     def idle(self) -> bool:
         """True when no job runs; otherwise False, and the refresh runs once the job ends."""
         if self._controller.busy:
@@ -103,10 +114,12 @@ class Controller(QObject):
     """Owns the open session and the job runner; views listen to its signals.
 
     Signals:
-        session_changed: a project was created, opened or closed.
+        session_changed: a project was created or opened.
         layers_changed: layer decisions or descriptors changed (the tree refreshes).
-        calibration_changed: amax values changed (calibration, another method, reopening).
+        settings_changed(keys): project settings changed.
+        calibration_changed: amax values changed (calibration, another method, fine-tuning, reopening).
         sensitivity_changed: a sensitivity run finished.
+        project_saved(path): the project file was written.
         fallback_changed(result): a fallback search finished.
         export_finished(report): a QDQ ONNX file was written and validated.
         selection_changed(names): layers selected in any view.
@@ -122,6 +135,8 @@ class Controller(QObject):
 
     session_changed = Signal()
     layers_changed = Signal()
+    settings_changed = Signal(list)
+    project_saved = Signal(str)
     calibration_changed = Signal()
     sensitivity_changed = Signal()
     fallback_changed = Signal(object)
@@ -145,9 +160,14 @@ class Controller(QObject):
         self.jobs.busy_changed.connect(self._start_queued)
         self.jobs.failed.connect(self._job_failed)
         self.jobs.cancelled.connect(lambda name, error: self.log.emit("warning", f"{name} cancelled: {error}"))
+        self.jobs.cancelled.connect(lambda _name, _error: self._tell())
         self._selection: list[str] = []
         self._prepared_views: tuple | None = None  # (session, tree, layers) computed by the opening job
         self._tree_cache: tuple | None = None  # (session, tree): describing a big model takes a while
+        self._pending: list[Event] = []  # the session's events not yet told as signals
+        self._holding = 0  # > 0: an edit is under way, its events are told when it is done
+        self._disconnect_events: Callable[[], None] | None = None
+        self.disk = ProjectFileWatcher(self)  # another process saving the open project: the window offers a reload
         self._log_handler = QtLogHandler(self)
         logging.getLogger("workbench").addHandler(self._log_handler)
         # jobs run Python in a worker thread: garbage holding widgets must not be collected there
@@ -267,7 +287,13 @@ class Controller(QObject):
         return self.tree(), self.session.layers()
 
     def _adopt(self, session: Session, on_done: Callable[[Session], None] | None) -> None:
+        if self._disconnect_events is not None:
+            self._disconnect_events()
         self.session = session
+        self._pending = []
+        self._disconnect_events = session.events.connect(self._on_session_event)
+        session.who = "this window"  # in "p.qwb changed since this window opened it (by another process)"
+        self.disk.watch(session)
         self._selection = []
         self.session_changed.emit()
         self.layers_changed.emit()
@@ -288,15 +314,92 @@ class Controller(QObject):
         except Exception as error:  # noqa: BLE001 - shown to the user, the project stays as it was
             self.error.emit("Could not save the project", str(error), "")
             return None
-        self.dirty_changed.emit(False)
         self.log.emit("info", f"saved {saved}")
+        if self.session.merged_on_save:  # another process's changes came in with the save
+            self.log.emit("info", "kept what another process saved meanwhile: " + ", ".join(self.session.merged_on_save))
+            self._forget_views()
+            self.layers_changed.emit()
+            self.calibration_changed.emit()
+        self.disk.watch(self.session)
         return saved
 
-    def close_project(self) -> None:
-        self.session = None
-        self._selection = []
-        self.session_changed.emit()
-        self.dirty_changed.emit(False)
+    # ----- the session's events, as signals -----------------------------------------------------
+
+    def _on_session_event(self, event: Event) -> None:
+        """Called by the session (in a job's worker thread during a job): keep it, tell it when safe.
+
+        Views read the session when told: never while a job owns it, nor halfway through an edit whose
+        quantized model is still to be rebuilt. So events wait for the end of the job or edit.
+        """
+        if event.kind in _VIEW_EVENTS:
+            self._forget_views()
+        self._pending.append(event)
+        if not self._holding and not self.busy and threading.current_thread() is threading.main_thread():
+            self._tell()
+
+    def _tell(self) -> None:
+        """The pending events as signals, each signal once."""
+        events, self._pending = self._pending, []
+        if not events or self.session is None:
+            return
+        kinds = {event.kind for event in events}
+        if SessionEvent.SETTINGS in kinds:
+            keys = [key for event in events for key in event.data.get("keys", ())]
+            self.settings_changed.emit(list(dict.fromkeys(keys)))
+        # fine-tuning brings new weights and learned amax: what the layer rows and the amax show
+        if kinds & {SessionEvent.LAYERS, SessionEvent.FINETUNE}:
+            self.layers_changed.emit()
+        if kinds & {SessionEvent.CALIBRATION, SessionEvent.FINETUNE}:
+            self.calibration_changed.emit()
+        if SessionEvent.SENSITIVITY in kinds:
+            self.sensitivity_changed.emit()
+        saved = [event.data["path"] for event in events if event.kind is SessionEvent.SAVED]
+        if saved:
+            self.project_saved.emit(saved[-1])
+        self.dirty_changed.emit(self.session.dirty)
+
+    # ----- reading what the views show (on the GUI thread, between jobs) ----------------------------
+
+    def _open_session(self) -> Session:
+        if self.session is None:
+            raise RuntimeError("no project is open")
+        return self.session
+
+    def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
+        """The descriptor fields each layer's ``role`` quantizer uses (see :meth:`Session.descriptors`)."""
+        return self._open_session().descriptors(list(names), role)
+
+    def layer_shapes(self) -> dict[str, dict[str, Any]]:
+        return self._open_session().layer_shapes()
+
+    def histogram(self, quantizer_name: str) -> dict[str, Any] | None:
+        return self._open_session().histogram(quantizer_name)
+
+    def weight_ranges(self, layer: str) -> Any:
+        return self._open_session().weight_ranges(layer)
+
+    def default_export_path(self) -> Path:
+        return self._open_session().default_export_path()
+
+    def finetune_history(self) -> list[Any]:
+        return self._open_session().finetune_history()
+
+    def latest_sensitivity(self) -> Any:
+        return self._open_session().latest_sensitivity()
+
+    def latest_fallback(self) -> Any:
+        return self._open_session().latest_fallback()
+
+    def evaluation_has_labels(self) -> bool:
+        """Whether the evaluation data has labels (top-1 accuracy needs them); opening the data may raise."""
+        return bool(self._open_session().data("evaluation").has_labels)
+
+    def layers_of(self, unit: Any) -> list[str]:
+        return self._open_session().layers_of(unit)
+
+    def ignore_preview(self, patterns: Iterable[str]) -> list[str]:
+        return self._open_session().ignore_preview(list(patterns))
+
 
     # ----- edits (on the GUI thread; refused while a job runs) ---------------------------------
 
@@ -306,21 +409,21 @@ class Controller(QObject):
             self.error.emit(what, f"Wait for '{self.jobs.job_name}' to finish, or cancel it.", "")
         return self.busy
 
-    def _edit(self, what: str, fn: Callable[[], Any], signal: SignalInstance | None) -> Any:
-        """Apply one change to the session, then emit ``signal`` (None: no view shows what changed),
-        after rebuilding the quantized model in the worker when that is slow."""
+    def _edit(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Apply one change to the session; the views hear of it (the session's events) once the
+        quantized model is rebuilt, in the worker when that is slow."""
         if self.session is None:
             return None
         if self.refuse_if_busy(what):
             return None
-        if signal is not None:  # what no view shows (metric, export, device) leaves the tree as it was
-            self._forget_views()
+        self._holding += 1
         try:
             result = fn()
         except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, keep the state
             self.error.emit(what, str(error), "")
             return None
-        self.dirty_changed.emit(self.session.dirty)
+        finally:
+            self._holding -= 1
         session = self.session
         if session.needs_rebuild and session.last_build_s > SLOW_REBUILD_S:
             # a big model takes seconds to rebuild (tracing): do it in the worker, the window stays live
@@ -328,94 +431,77 @@ class Controller(QObject):
                 progress(0, 1, "updating the quantized model")
                 return self._prepare_views(session, progress)
 
-            self._start(UPDATE_JOB, rebuild, lambda _: self._announce(signal))
+            self._start(UPDATE_JOB, rebuild, lambda _: None)
             return result
-        self._announce(signal)
+        self._tell()
         return result
-
-    @staticmethod
-    def _announce(signal: SignalInstance | None) -> None:
-        if signal is not None:
-            signal.emit()
 
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str] | None:
         names = list(names)
-        return self._edit("Quantize" if quantize else "Ignore", lambda: self.session.set_quantize(names, quantize),
-                          self.layers_changed)
+        return self._edit("Quantize" if quantize else "Ignore", lambda: self.session.set_quantize(names, quantize))
 
     def set_descriptor(self, names: Iterable[str], role: str, fields: dict[str, Any]) -> list[str] | None:
         names = list(names)
-        return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields),
-                          self.layers_changed)
+        return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields))
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str] | None:
         names = list(names)
-        return self._edit("Reset to default", lambda: self.session.reset_descriptor(names, role),
-                          self.layers_changed)
-
-    def _settings_signal(self, keys: Iterable[str]) -> SignalInstance | None:
-        """``layers_changed`` when a key changes the quantizers; metric, export, device, ... refresh no view."""
-        return self.layers_changed if REBUILD_SETTINGS.intersection(keys) else None
+        return self._edit("Reset to default", lambda: self.session.reset_descriptor(names, role))
 
     def set_setting(self, key: str, value: Any) -> None:
-        self._edit("Settings", lambda: self.session.set_setting(key, value), self._settings_signal([key]))
+        self._edit("Settings", lambda: self.session.set_setting(key, value))
 
     def set_settings(self, changes: dict[str, Any]) -> None:
         """Change several settings as one edit (one rebuild): a second edit would be refused while the
         first one's background rebuild runs, so a dialog's changes go together or not at all."""
         changes = dict(changes)
         if changes:
-            self._edit("Settings", lambda: self.session.set_settings(changes), self._settings_signal(changes))
+            self._edit("Settings", lambda: self.session.set_settings(changes))
 
     def apply_ignore_policy(self, patterns: Iterable[str], quantize_others: bool) -> list[str] | None:
         """Leave the layers matching ``patterns`` in float (and quantize all others when ``quantize_others``),
         as one edit; returns the layers left in float, None when refused."""
         patterns = list(patterns)
-        return self._edit("Ignore by pattern",
-                          lambda: self.session.apply_ignore_policy(patterns, quantize_others), self.layers_changed)
+        return self._edit("Ignore by pattern", lambda: self.session.apply_ignore_policy(patterns, quantize_others))
 
     def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict | None:
         names = list(names)
-        return self._edit("Change amax method", lambda: self.session.recompute_amax(names, method, percentile),
-                          self.calibration_changed)
+        return self._edit("Change amax method", lambda: self.session.recompute_amax(names, method, percentile))
 
     # ----- jobs ---------------------------------------------------------------------------------
 
     def calibrate(self, **options: Any) -> bool:
-        return self._session_job("Calibrating", "calibrate", options, (self.calibration_changed, self.layers_changed))
+        session = self._require_session()
+        return session is not None and self._session_job(
+            "Calibrating", lambda progress, cancel: session.calibrate(progress=progress, cancel=cancel, **options))
 
     def sensitivity(self, **options: Any) -> bool:
-        # a ranking changes no layer decision: the views that show ranks listen to sensitivity_changed
-        return self._session_job("Sensitivity analysis", "sensitivity", options, (self.sensitivity_changed,))
+        session = self._require_session()
+        return session is not None and self._session_job(
+            "Sensitivity analysis",
+            lambda progress, cancel: session.sensitivity(progress=progress, cancel=cancel, **options))
 
     def fallback(self, **options: Any) -> bool:
-        return self._session_job("Fallback search", "fallback", options,
-                                 (self.layers_changed,) if options.get("apply") else (),
-                                 with_result=self.fallback_changed)
-
-    def _session_job(self, name: str, method: str, options: dict[str, Any], signals: Iterable[SignalInstance],
-                     with_result: SignalInstance | None = None) -> bool:
-        """Run ``session.<method>(progress=, cancel=, **options)`` in the worker; when it ends, log its
-        warnings and summary, emit ``with_result(result)`` and ``signals`` (what changed), mark the project dirty."""
         session = self._require_session()
-        if session is None:
-            return False
-        run = getattr(session, method)
+        return session is not None and self._session_job(
+            "Fallback search", lambda progress, cancel: session.fallback(progress=progress, cancel=cancel, **options),
+            with_result=self.fallback_changed)
 
+    def _session_job(self, name: str, run: Callable[[Any, Any], Any],
+                     with_result: SignalInstance | None = None) -> bool:
+        """Run ``run(progress, cancel)`` in the worker; when it ends, log the result's warnings and summary
+        and emit ``with_result(result)`` (what changed the session's events tell)."""
         def done(result: Any) -> None:
             for warning in getattr(result, "warnings", ()):
                 self.log.emit("warning", warning)
             self.log.emit("info", result.summary())
             if with_result is not None:
                 with_result.emit(result)
-            for signal in signals:
-                signal.emit()
-            self.dirty_changed.emit(True)
 
-        return self._start(name, lambda progress, cancel: run(progress=progress, cancel=cancel, **options), done)
+        return self._start(name, run, done)
 
     def apply_fallback(self, result: Any) -> list[str] | None:
-        return self._edit("Apply fallback", lambda: self.session.apply_fallback(result), self.layers_changed)
+        return self._edit("Apply fallback", lambda: self.session.apply_fallback(result))
 
     def export(self, path: str | Path | None = None, **options: Any) -> bool:
         session = self._require_session()
@@ -429,7 +515,6 @@ class Controller(QObject):
         def done(report):
             self.log.emit("info", report.summary())
             self.export_finished.emit(report)
-            self.dirty_changed.emit(True)
 
         return self._start("Exporting", job, done)
 
@@ -465,21 +550,21 @@ class Controller(QObject):
         def done(result):
             self.log.emit("warning" if result.cancelled else "info", result.summary())
             self.finetune_finished.emit(result)
-            self.calibration_changed.emit()  # learned amax and new weights: views refresh
-            self.layers_changed.emit()
-            self.dirty_changed.emit(True)
 
         return self._start("Fine-tuning", job, done)
 
     def reset_finetune(self) -> bool | None:
         """Drop the fine-tuned weights: the quantized model goes back to the calibrated weights."""
-        return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune(), self.calibration_changed)
+        return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune())
 
-    def evaluate(self, on_done: Callable[[dict], None], **options: Any) -> bool:
+    def evaluate(self, on_done: Callable[[Any], None], **options: Any) -> bool:
+        """Compare FP32 and INT8 on the evaluation data (the session's ``evaluate``); ``on_done`` gets the
+        :class:`workbench.analysis.Evaluation`."""
         session = self._require_session()
         if session is None:
             return False
-        return self._start("Evaluating", lambda progress, cancel: session.evaluate(**options), on_done)
+        return self._start("Evaluating", lambda progress, cancel: session.evaluate(progress=progress, cancel=cancel,
+                                                                                   **options), on_done)
 
     def cancel_job(self) -> None:
         self.jobs.cancel()
@@ -499,7 +584,12 @@ class Controller(QObject):
             return False
         self._trust_context = trust
         self._forget_views()
-        if not self.jobs.start(name, fn, on_done):
+
+        def done(result: Any) -> None:
+            on_done(result)
+            self._tell()  # what the job changed, now that the session is the GUI's again
+
+        if not self.jobs.start(name, fn, done):
             self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
             return False
         return True
@@ -512,6 +602,7 @@ class Controller(QObject):
         self._start(name, fn, on_done, trust)
 
     def _job_failed(self, name: str, error: BaseException, details: str) -> None:
+        self._tell()  # a job can fail after changing something (a fallback applied, then export failed)
         if isinstance(error, TrustRequired) and getattr(self, "_trust_context", None) is not None:
             kind, target = self._trust_context
             self.trust_needed.emit(kind, target, str(error))

@@ -28,22 +28,29 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.analysis.metrics import BUILTIN_METRICS
+from workbench.analysis.metrics import BUILTIN_METRICS, DEFAULT_METRIC
 from workbench.app.export_dialog import opset_spin_box
+from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
+from workbench.project.settings import DEFAULT_SETTINGS, FUNCTIONAL_SWITCHES
 
 __all__ = ["ErrorDialog", "CalibrateDialog", "CalibrationOptions", "ProjectSettingsDialog", "CALIBRATION_METHODS",
            "percentile_spin_box"]
 
-CALIBRATION_METHODS = ("entropy", "mse", "percentile", "max")
+CALIBRATION_METHODS = AMAX_METHODS
+
+
+def _takes_percentile(method: str) -> bool:
+    return method in AMAX_METHODS and PERCENTILE in AmaxMethod(method).parameters
 
 
 def percentile_spin_box(value: float | None = None) -> QDoubleSpinBox:
     """The percentile of the ``percentile`` amax method, in %, as every form edits it."""
     box = QDoubleSpinBox()
-    box.setRange(50.0, 100.0)
     box.setDecimals(4)
+    box.setRange(PERCENTILE.low + 10 ** -box.decimals() if PERCENTILE.low_open else PERCENTILE.low, PERCENTILE.high)
     box.setSingleStep(0.01)
-    box.setValue(float(value or 99.99))
+    box.setValue(float(value or PERCENTILE.default))
+    box.setToolTip(f"{PERCENTILE.help}: {PERCENTILE.describe()}")
     box.setSuffix(" %")
     return box
 
@@ -59,7 +66,9 @@ class CalibrationOptions(QWidget):
         settings = settings or {}
         self.method = QComboBox()
         self.method.addItems(CALIBRATION_METHODS)
-        self.method.setCurrentText(str(settings.get("method") or "entropy"))
+        self.method.setCurrentText(str(settings.get("method") or DEFAULT_AMAX_METHOD.value))
+        for index, method in enumerate(AmaxMethod):
+            self.method.setItemData(index, method.description, Qt.ItemDataRole.ToolTipRole)
         self.method.setToolTip("How histogram quantizers choose amax (max-calibrated ones, such as weights, use "
                                "their max). Each can be changed afterwards from its histogram without recalibrating.")
         self.num_batches = QSpinBox()
@@ -72,8 +81,8 @@ class CalibrationOptions(QWidget):
         form.addRow("amax method", self.method)
         form.addRow("Batches", self.num_batches)
         form.addRow("Percentile", self.percentile)
-        self.method.currentTextChanged.connect(lambda m: self.percentile.setEnabled(m == "percentile"))
-        self.percentile.setEnabled(self.method.currentText() == "percentile")
+        self.method.currentTextChanged.connect(lambda m: self.percentile.setEnabled(_takes_percentile(m)))
+        self.percentile.setEnabled(_takes_percentile(self.method.currentText()))
 
     def options(self) -> dict[str, Any]:
         """``session.calibrate`` keyword arguments (and the project's calibration setting)."""
@@ -151,10 +160,13 @@ class ProjectSettingsDialog(QDialog):
 
         functional = settings.get("functional") or {}
         rules = settings.get("rules") or {}
-        self.add = QCheckBox("quantize elementwise add (residual connections)")
-        self.add.setChecked(bool(functional.get("add", True)))
-        self.concat = QCheckBox("quantize concat")
-        self.concat.setChecked(bool(functional.get("concat", True)))
+        # one check box per functional switch, from the settings' one definition of them
+        self.functional = {}
+        for name, text in FUNCTIONAL_SWITCHES.items():
+            box = QCheckBox(f"quantize {text}")
+            box.setChecked(bool(functional.get(name, DEFAULT_SETTINGS["functional"][name])))
+            self.functional[name] = box
+        self.add, self.concat = self.functional["add"], self.functional["concat"]
         self.rule_concat = QCheckBox("inputs of a concat share one quantizer")
         self.rule_concat.setChecked(bool(rules.get("concat", True)))
         self.rule_maxpool = QCheckBox("a max-pool's input and output quantizers match")
@@ -163,7 +175,7 @@ class ProjectSettingsDialog(QDialog):
         self.rule_residual.setChecked(bool(rules.get("residual", True)))
         graph_box = QGroupBox("Functional quantizers and TensorRT placement rules")
         graph_layout = QVBoxLayout(graph_box)
-        for box in (self.add, self.concat, self.rule_concat, self.rule_maxpool, self.rule_residual):
+        for box in (*self.functional.values(), self.rule_concat, self.rule_maxpool, self.rule_residual):
             graph_layout.addWidget(box)
 
         self.calibration = CalibrationOptions(settings.get("calibration"))
@@ -175,7 +187,7 @@ class ProjectSettingsDialog(QDialog):
         self.metric = QComboBox()
         self.metric.setEditable(True)
         self.metric.addItems(list(BUILTIN_METRICS))
-        self.metric.setCurrentText(str(metric.get("name") or "sqnr"))
+        self.metric.setCurrentText(str(metric.get("name") or DEFAULT_METRIC))
         self.direction = QComboBox()
         for text, value in (("set by the metric", None), ("higher is better", "higher"),
                             ("lower is better", "lower")):
@@ -245,11 +257,11 @@ class ProjectSettingsDialog(QDialog):
             input_default.pop("calib_method")
         defaults["input"] = input_default or None
         new["defaults"] = defaults
-        new["functional"] = {"add": self.add.isChecked(), "concat": self.concat.isChecked()}
+        new["functional"] = {name: box.isChecked() for name, box in self.functional.items()}
         new["rules"] = {"concat": self.rule_concat.isChecked(), "maxpool": self.rule_maxpool.isChecked(),
                         "residual": self.rule_residual.isChecked()}
         new["calibration"] = self.calibration.options()
-        new["metric"] = {"name": self.metric.currentText().strip() or "sqnr",
+        new["metric"] = {"name": self.metric.currentText().strip() or DEFAULT_METRIC,
                          "direction": self.direction.currentData()}
         export = dict(original.get("export") or {})
         export["path"] = self.export_path.text().strip() or None

@@ -73,7 +73,7 @@ class ExportSettingsDialog(QDialog):
         default_path = Path.cwd() / "model.qdq.onnx"
         if session is not None:
             stored.update({k: v for k, v in (session.project.settings.get("export") or {}).items() if v is not None})
-            default_path = session.default_export_path()
+            default_path = controller.default_export_path()
 
         layout = QVBoxLayout(self)
         form = QFormLayout()

@@ -344,7 +344,7 @@ class FinetuneTab(QWidget):
         self.clear_plots()
         if session is not None:
             self._load_settings(session.project.settings.get("finetune") or {})
-            history = session.finetune_history()
+            history = self.controller.finetune_history()
             if history:
                 self.show_result(history[-1])
                 self.status_label.setText(f"last fine-tune: {history[-1].summary()}")

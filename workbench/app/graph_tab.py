@@ -15,24 +15,20 @@ a daemon thread in this process) and shown:
 * otherwise in the system browser, by the "Open in browser" button.
 
 QtWebEngine is imported lazily, so the app starts (and this tab works in browser mode) without it.
-The netron server is stopped when another file is shown and when the tab goes away.
+The netron server (:mod:`workbench.app.netron_server`) is stopped when another file is shown and when
+the tab goes away; the local-only browser pieces are :mod:`workbench.app.webengine`.
 """
 from __future__ import annotations
 
 import html
 import json
 import logging
-import os
-import re
 import shutil
-import socket
 import tempfile
 import time
 import weakref
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from PySide6.QtCore import QCoreApplication, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
@@ -48,6 +44,22 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
+from workbench.app.netron_server import (
+    NETRON_MAX_AGE_DAYS,
+    NetronServer,
+    free_port,
+    netron_build_date,
+    netron_expired,
+    netron_version,
+)
+from workbench.app.webengine import (
+    consent_cookie,
+    is_local_url,
+    make_interceptor,
+    prepare_application,
+    webengine_classes,
+    webengine_status,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +67,6 @@ __all__ = ["GraphTab", "NetronServer", "prepare_application", "webengine_status"
            "netron_build_date", "netron_expired", "free_port", "make_interceptor", "PAGE_STATE_JS",
            "NETRON_MAX_AGE_DAYS"]
 
-LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
-HOSTLESS_SCHEMES = frozenset({"data", "blob", "about"})  # page-internal: no request leaves the machine
-NETRON_MAX_AGE_DAYS = 180  # netron's own limit (browser.js: "if (days > 180)")
 LOAD_TIMEOUT_S = 30.0
 POLL_INTERVAL_MS = 300
 
@@ -81,225 +90,6 @@ PAGE_STATE_JS = r"""
                          cookie: document.cookie});
 })()
 """
-
-
-# ----- environment ------------------------------------------------------------------------------
-
-
-def prepare_application() -> None:
-    """Call before the QApplication exists, so that QtWebEngine can start later if it is used.
-
-    QtWebEngine needs OpenGL contexts shared across the application (a Qt attribute that only counts
-    before the QApplication is made), and Chromium refuses to start its sandbox as root.
-    """
-    _sandbox_environment()
-    if QCoreApplication.instance() is None:
-        QCoreApplication.setAttribute(Qt.ApplicationAttribute.AA_ShareOpenGLContexts)
-
-
-def _sandbox_environment() -> None:
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        flags = os.environ.get("QTWEBENGINE_CHROMIUM_FLAGS", "")
-        if "--no-sandbox" not in flags and not os.environ.get("QTWEBENGINE_DISABLE_SANDBOX"):
-            os.environ["QTWEBENGINE_DISABLE_SANDBOX"] = "1"
-
-
-_WEBENGINE: tuple[bool, str] | None = None
-
-
-def webengine_status() -> tuple[bool, str]:
-    """(available, reason): whether QtWebEngine imports here. ``WORKBENCH_NO_WEBENGINE=1`` turns it off."""
-    global _WEBENGINE
-    if os.environ.get("WORKBENCH_NO_WEBENGINE", "").strip() not in ("", "0"):
-        return False, "QtWebEngine is turned off (WORKBENCH_NO_WEBENGINE is set)"
-    if _WEBENGINE is None:
-        _sandbox_environment()  # before Chromium first starts
-        try:
-            import PySide6.QtWebEngineCore  # noqa: F401
-            import PySide6.QtWebEngineWidgets  # noqa: F401
-        except Exception as error:  # noqa: BLE001 - a missing wheel or a missing system library
-            _WEBENGINE = (False, f"QtWebEngine is not available ({type(error).__name__}: {error})")
-        else:
-            _WEBENGINE = (True, "")
-    return _WEBENGINE
-
-
-def is_local_url(url: QUrl | str) -> bool:
-    """Whether a request stays on this machine (localhost, or page-internal data:/blob:/about:)."""
-    text = url.toString() if isinstance(url, QUrl) else str(url)
-    parts = urlsplit(text)
-    scheme = parts.scheme.lower()
-    if scheme in HOSTLESS_SCHEMES:
-        return True
-    host = (parts.hostname or "").lower()
-    return scheme in ("http", "https", "ws", "wss") and host in LOCAL_HOSTS
-
-
-def netron_build_date() -> datetime | None:
-    """The build date netron's page carries (``<meta name="date">``), from which it counts its age."""
-    try:
-        import netron
-    except ImportError:
-        return None
-    index = Path(netron.__file__).with_name("index.html")
-    try:
-        match = re.search(r'<meta name="date" content="([^"]+)"', index.read_text(encoding="utf-8"))
-    except OSError:
-        return None
-    if not match:
-        return None
-    try:
-        return datetime.fromisoformat(match.group(1).replace(" ", "T")).replace(tzinfo=timezone.utc)
-    except ValueError:
-        return None
-
-
-def netron_expired(now: datetime | None = None) -> bool:
-    """Whether the installed netron's page will refuse to draw ("Please update"), judged by its date."""
-    built = netron_build_date()
-    if built is None:
-        return False
-    return (now or datetime.now(timezone.utc)) - built > timedelta(days=NETRON_MAX_AGE_DAYS)
-
-
-def netron_version() -> str:
-    try:
-        import netron
-        return str(getattr(netron, "__version__", "?"))
-    except ImportError:
-        return "not installed"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
-# ----- the netron server ------------------------------------------------------------------------
-
-
-class NetronServer:
-    """One netron server on 127.0.0.1 for one file. No Qt.
-
-    netron keeps the served content on its request handler class, shared by every server in the
-    process, so a second server would change what the first one serves: one file at a time.
-    """
-
-    HOST = "127.0.0.1"
-
-    def __init__(self) -> None:
-        self.path: Path | None = None
-        self.address: tuple[str, int] | None = None
-
-    @property
-    def url(self) -> str | None:
-        return None if self.address is None else f"http://{self.address[0]}:{self.address[1]}/"
-
-    @property
-    def running(self) -> bool:
-        if self.address is None:
-            return False
-        import netron
-        return bool(netron.status(self.address))
-
-    def start(self, path: str | Path) -> str:
-        """Serve ``path``; returns the URL. Any earlier file stops being served.
-
-        Raises:
-            FileNotFoundError: no such file. ImportError: netron is not installed. OSError: no port.
-        """
-        import netron
-
-        path = Path(path).resolve()
-        if not path.is_file():
-            raise FileNotFoundError(f"No such file: {path}")
-        self.stop()
-        root = logging.getLogger()
-        # netron.serve calls logging.basicConfig() when the root logger has no handler, which would
-        # print every later log line of the app to stderr: give it one for the duration of the call.
-        guard = logging.NullHandler() if not root.handlers else None
-        if guard is not None:
-            root.addHandler(guard)
-        try:
-            for attempt in range(3):  # the port found free may be taken before netron binds it
-                port = free_port(self.HOST)
-                try:
-                    self.address = tuple(netron.start(str(path), address=(self.HOST, port), browse=False))
-                    break
-                except OSError:
-                    if attempt == 2:
-                        raise
-        finally:
-            if guard is not None:
-                root.removeHandler(guard)
-        self.path = path
-        return self.url or ""
-
-    def stop(self) -> None:
-        if self.address is not None:
-            import netron
-            netron.stop(self.address)
-        self.address = None
-        self.path = None
-
-
-# ----- QtWebEngine pieces (built on first use: the import is lazy) ----------------------------------
-
-_CLASSES: dict[str, type] = {}
-
-
-def _webengine_classes() -> dict[str, type]:
-    """The interceptor and page classes, defined once QtWebEngine is imported."""
-    if _CLASSES:
-        return _CLASSES
-    from PySide6.QtWebEngineCore import QWebEnginePage, QWebEngineUrlRequestInterceptor
-
-    class LocalOnlyInterceptor(QWebEngineUrlRequestInterceptor):
-        """Blocks every request that would leave the machine (netron's analytics, fonts, update checks)."""
-
-        def __init__(self, parent: Any = None) -> None:
-            super().__init__(parent)
-            self.blocked: list[str] = []
-
-        def interceptRequest(self, info: Any) -> None:  # noqa: N802 - Qt's name
-            url = info.requestUrl()
-            if not is_local_url(url):
-                info.block(True)
-                text = url.toString()
-                if len(self.blocked) < 1000:
-                    self.blocked.append(text)
-                logger.debug("blocked a request to %s", url.host() or text[:80])
-
-    class LocalOnlyPage(QWebEnginePage):
-        """Stays on the local netron page: links to outside sites do not navigate (they would be blocked)."""
-
-        blocked_navigation = Signal(str)
-
-        def acceptNavigationRequest(self, url: QUrl, navigation_type: Any, is_main_frame: bool) -> bool:  # noqa: N802
-            if is_local_url(url):
-                return True
-            self.blocked_navigation.emit(url.toString())
-            return False
-
-    _CLASSES.update(interceptor=LocalOnlyInterceptor, page=LocalOnlyPage)
-    return _CLASSES
-
-
-def make_interceptor(parent: Any = None) -> Any:
-    """A request interceptor that blocks every non-local URL (its ``blocked`` list keeps what it stopped)."""
-    return _webengine_classes()["interceptor"](parent)
-
-
-def _consent_cookie(origin: QUrl) -> Any:
-    from PySide6.QtNetwork import QNetworkCookie
-
-    # netron only checks that a "consent" cookie exists; its value is the time of consent in ms.
-    cookie = QNetworkCookie(b"consent", str(int(time.time() * 1000)).encode())
-    cookie.setPath("/")
-    cookie.setDomain(origin.host())
-    return cookie
 
 
 # ----- the tab -------------------------------------------------------------------------------------
@@ -411,7 +201,7 @@ class GraphTab(QWidget):
         try:
             from PySide6.QtWebEngineCore import QWebEngineProfile, QWebEngineSettings
             from PySide6.QtWebEngineWidgets import QWebEngineView
-            classes = _webengine_classes()
+            classes = webengine_classes()
             # no storage name: off the record, so cookies and cache vanish with the tab
             self.profile = QWebEngineProfile()
             self.interceptor = classes["interceptor"](self.profile)
@@ -476,7 +266,7 @@ class GraphTab(QWidget):
             self._show_browser_mode()
             return
         origin = QUrl(self.url)
-        self.profile.cookieStore().setCookie(_consent_cookie(origin), origin)
+        self.profile.cookieStore().setCookie(consent_cookie(origin), origin)
         self.stack.setCurrentWidget(self.view)
         self._set_state("loading", "")
         self._load_started = time.monotonic()
@@ -646,8 +436,8 @@ class GraphTab(QWidget):
         latest = None
         if session is not None:
             for record in reversed(session.project.exports):
-                if Path(record.path).is_file():
-                    latest = Path(record.path)
+                if Path(session.export_path(record)).is_file():
+                    latest = Path(session.export_path(record))
                     break
         if latest is not None:
             self.show_file(latest)

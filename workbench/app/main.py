@@ -45,7 +45,7 @@ def create_application(argv: list[str] | None = None) -> QApplication:
     """The QApplication (reused if one exists), named, styled and with its icon."""
     app = QApplication.instance()
     if app is None:
-        from workbench.app.graph_tab import prepare_application
+        from workbench.app.webengine import prepare_application
 
         prepare_application()  # the graph tab's pre-app settings (Chromium's sandbox when run as root)
         app = QApplication(argv if argv is not None else sys.argv[:1])

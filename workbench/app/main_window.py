@@ -6,37 +6,27 @@ dialogs, and enables or disables editing while a job runs.
 """
 from __future__ import annotations
 
-import html
 import logging
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import torch
-from PySide6.QtCore import QObject, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QFont, QIcon, QKeySequence, QTextCursor
 from PySide6.QtWidgets import (
     QApplication,
     QComboBox,
     QDockWidget,
     QFileDialog,
-    QHBoxLayout,
     QLabel,
     QMainWindow,
     QMenu,
     QMessageBox,
-    QPlainTextEdit,
-    QProgressBar,
-    QPushButton,
     QStyle,
     QTabWidget,
-    QToolButton,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -44,12 +34,13 @@ from workbench.app.controller import Controller
 from workbench.app.dialogs import CalibrateDialog, ErrorDialog, ProjectSettingsDialog
 from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog
 from workbench.app.finetune_tab import FinetuneTab
-from workbench.app.formatting import format_number, format_seconds
+from workbench.app.formatting import format_seconds
 from workbench.app.graph_tab import GraphTab
-from workbench.app.jobs import JobProgress
 from workbench.app.layer_panel import LayerPanel
 from workbench.app.sensitivity_tab import SensitivityTab
-from workbench.app.tree_model import COLUMN_WIDTHS, ModelTreeWidget
+from workbench.app.status import JobStatus, LogPanel, install_excepthook
+from workbench.app.tree_model import COLUMN_WIDTHS
+from workbench.app.tree_widget import ModelTreeWidget
 from workbench.app.wizard import NewProjectWizard
 
 logger = logging.getLogger(__name__)
@@ -63,148 +54,6 @@ PROJECT_FILTER = "Quant Workbench projects (*.qwb);;All files (*)"
 # the tabs after "Layer": (class, tab title)
 TABS: tuple[tuple[type[QWidget], str], ...] = ((SensitivityTab, "Sensitivity"), (GraphTab, "Graph"),
                                               (FinetuneTab, "Fine-tune"))
-
-
-class LogPanel(QWidget):
-    """Timestamped lines from ``controller.log`` (and every error shown), newest at the bottom."""
-
-    COLORS = {"debug": "#808080", "info": "#303030", "warning": "#b9770e", "error": "#c0392b", "critical": "#c0392b"}
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.text = QPlainTextEdit()
-        self.text.setReadOnly(True)
-        self.text.setMaximumBlockCount(5000)  # a long session never grows the document without bound
-        self.text.setObjectName("logText")
-        font = QFont("monospace")
-        font.setStyleHint(QFont.StyleHint.Monospace)
-        font.setPointSize(max(8, font.pointSize() - 1))
-        self.text.setFont(font)
-        clear = QToolButton()
-        clear.setText("Clear")
-        clear.setToolTip("Clear the log")
-        clear.clicked.connect(self.text.clear)
-        side = QVBoxLayout()
-        side.setContentsMargins(0, 0, 0, 0)
-        side.addWidget(clear)
-        side.addStretch(1)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(4, 0, 4, 4)
-        layout.addWidget(self.text, 1)
-        layout.addLayout(side)
-        self.lines: list[tuple[str, str]] = []
-
-    def append(self, level: str, message: str) -> None:
-        level = level.lower()
-        self.lines.append((level, message))
-        if len(self.lines) > 5000:
-            del self.lines[:1000]
-        stamp = time.strftime("%H:%M:%S")
-        color = self.COLORS.get(level, "#303030")
-        body = html.escape(message).replace("\n", "<br>")
-        self.text.appendHtml(f"<span style='color:#909090'>{stamp}</span> "
-                             f"<span style='color:{color}'><b>{level:<7}</b> {body}</span>")
-        self.text.moveCursor(QTextCursor.MoveOperation.End)
-
-    def plain_text(self) -> str:
-        return self.text.toPlainText()
-
-
-class JobStatus(QWidget):
-    """Status bar part shown while a job runs: what, a progress bar, elapsed/ETA, and Cancel."""
-
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.controller = controller
-        self.label = QLabel()
-        self.bar = QProgressBar()
-        self.bar.setFixedWidth(220)
-        self.bar.setTextVisible(True)
-        self.eta = QLabel()
-        self.eta.setMinimumWidth(150)
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setToolTip("Stop the job at its next batch (Esc)")
-        self.cancel_button.clicked.connect(self.cancel)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(0, 0, 6, 0)
-        layout.addWidget(self.label)
-        layout.addWidget(self.bar)
-        layout.addWidget(self.eta)
-        layout.addWidget(self.cancel_button)
-        self.last: JobProgress | None = None
-        self.started_at = time.monotonic()
-        jobs = controller.jobs
-        jobs.started.connect(self._started)
-        jobs.progress.connect(self.show_progress)
-        controller.busy_changed.connect(self._busy)
-        self.setVisible(False)
-
-    def _started(self, name: str) -> None:
-        self.last = None
-        self.started_at = time.monotonic()
-        self.label.setText(name + "…")
-        self.bar.setRange(0, 0)  # busy indicator until the first report gives a total
-        self.eta.setText("")
-        self.cancel_button.setEnabled(True)
-        self.cancel_button.setText("Cancel")
-        self.setVisible(True)
-
-    def show_progress(self, progress: JobProgress) -> None:
-        self.last = progress
-        self.label.setText(f"{progress.name}: {progress.message}" if progress.message else progress.name)
-        if progress.total:
-            self.bar.setRange(0, progress.total)
-            self.bar.setValue(min(progress.done, progress.total))
-            self.bar.setFormat(f"{progress.done}/{progress.total}")
-        else:
-            self.bar.setRange(0, 0)
-        eta = f" · ETA {format_seconds(progress.eta_s)}" if progress.eta_s is not None else ""
-        self.eta.setText(f"{format_seconds(progress.elapsed_s)} elapsed{eta}")
-
-    def cancel(self) -> None:
-        self.controller.cancel_job()
-        self.cancel_button.setEnabled(False)
-        self.cancel_button.setText("Cancelling…")
-
-    def _busy(self, busy: bool) -> None:
-        if not busy:
-            self.setVisible(False)
-
-
-class _ExceptionBridge(QObject):
-    """Carries an exception from any thread to the GUI thread (a queued signal)."""
-
-    raised = Signal(str, str, str)
-
-
-def install_excepthook(window: MainWindow) -> Callable[[], None]:
-    """Route uncaught exceptions (GUI slots, other threads) to an error dialog; returns an undo function."""
-    bridge = _ExceptionBridge(window)
-    bridge.raised.connect(window.show_error)
-    previous_sys, previous_thread = sys.excepthook, threading.excepthook
-
-    def report(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        if issubclass(kind, KeyboardInterrupt):
-            previous_sys(kind, value, tb)
-            return
-        details = "".join(traceback.format_exception(kind, value, tb))
-        logger.error("Unexpected error: %s", details)
-        try:
-            bridge.raised.emit("Unexpected error", f"{kind.__name__}: {value}\n\nThe project is unchanged where the "
-                               "action failed; save your work under a new name if in doubt.", details)
-        except RuntimeError:  # the window is gone (shutting down)
-            previous_sys(kind, value, tb)
-
-    def report_thread(args: threading.ExceptHookArgs) -> None:
-        report(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback)
-
-    sys.excepthook = report
-    threading.excepthook = report_thread
-
-    def undo() -> None:
-        sys.excepthook, threading.excepthook = previous_sys, previous_thread
-
-    return undo
 
 
 class MainWindow(QMainWindow):
@@ -389,6 +238,7 @@ class MainWindow(QMainWindow):
         for signal in (c.layers_changed, c.calibration_changed, c.sensitivity_changed):
             signal.connect(self._update_summary)
         c.export_finished.connect(self._export_finished)
+        c.disk.changed.connect(self.offer_reload)
         c.jobs.finished.connect(self._job_finished)
         c.jobs.cancelled.connect(lambda name, _e: self.statusBar().showMessage(f"{name} cancelled", 5000))
 
@@ -604,6 +454,27 @@ class MainWindow(QMainWindow):
         self._pending_request = request
         return request(trust_code)
 
+    def offer_reload(self, path: str) -> bool:
+        """Another process saved the open project: reload it from disk, or keep working on this copy."""
+        session = self.controller.session
+        if session is None or self.controller.busy:
+            return False
+        unsaved = " Changes made here since the last save would be lost." if session.dirty else ""
+        answer = QMessageBox.question(
+            self, "Project changed on disk",
+            f"{Path(path).name} was saved by another process since it was opened here.\n\nReload it from disk?"
+            f"{unsaved} (Keep working here, and a save keeps what the other process changed where the two do not "
+            "overlap, or says what overlaps.)",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes)
+        if answer != QMessageBox.StandardButton.Yes:
+            return False
+        return self.open_project(path, trust_code=session.trust_code, confirmed=True)
+
+    def changeEvent(self, event: Any) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow():
+            self.controller.disk.check()  # back from another window (a terminal): was the project saved there?
+
     def save(self) -> bool:
         session = self.controller.session
         if session is None:
@@ -716,11 +587,9 @@ class MainWindow(QMainWindow):
         dialog.open()
 
     def evaluate(self) -> bool:
-        def done(report: dict[str, Any]) -> None:
-            parts = [f"{key} {format_number(value, spec='.4f')}" if isinstance(value, float) else f"{key} {value}"
-                     for key, value in report.items()]
-            self.log_panel.append("info", "evaluation: " + ", ".join(parts))
-            self.statusBar().showMessage("Evaluation: " + ", ".join(parts), 15000)
+        def done(evaluation: Any) -> None:
+            self.log_panel.append("info", f"evaluation: {evaluation.summary()}")
+            self.statusBar().showMessage(f"Evaluation: {evaluation.summary()}", 15000)
 
         return self.controller.evaluate(done)
 

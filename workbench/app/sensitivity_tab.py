@@ -2,8 +2,8 @@
 
 Everything the tab does goes through the :class:`~workbench.app.controller.Controller` (sensitivity,
 fallback, set_quantize, apply_fallback, select), so each action has a headless twin in the session
-and the CLI. The tab only reads stored results (``session.latest_sensitivity()``,
-``session.latest_fallback()``) and the layer decisions, to draw them.
+and the CLI. The tab only reads stored results (``controller.latest_sensitivity()``,
+``controller.latest_fallback()``) and the layer decisions, to draw them.
 
 Layout: run controls on top; a sorted horizontal bar chart (one bar per unit, the most sensitive on
 top) beside a sortable table; "leave the worst N in float"; the fallback search with its curve of
@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_labels
 from workbench.analysis.results import FallbackResult, SensitivityResult, UnitResult
 from workbench.app.controller import Controller
 from workbench.app.formatting import format_delta, format_number
@@ -45,9 +46,7 @@ from workbench.app.formatting import format_delta, format_number
 __all__ = ["SensitivityTab", "sensitivity_scores", "BUILTIN_METRIC_LABELS"]
 
 # The metrics offered besides the project's own; top-1 only when the evaluation data has labels.
-BUILTIN_METRIC_LABELS: dict[str, str] = {
-    "sqnr": "SQNR (dB)", "cosine": "cosine similarity", "mse": "MSE", "top1": "top-1 accuracy",
-}
+BUILTIN_METRIC_LABELS: dict[str, str] = builtin_metric_labels()
 SCHEME_LABELS = {
     "one-off": "one-off: all quantized, one unit at a time in float",
     "one-on": "one-on: all float, one unit at a time quantized",
@@ -334,7 +333,7 @@ class SensitivityTab(QWidget):
         latest = None
         if self.session is not None:
             try:
-                latest = self.session.latest_fallback()
+                latest = self.controller.latest_fallback()
             except Exception as error:  # noqa: BLE001 - an unreadable stored result must not stop the tab
                 self.controller.error.emit("Stored fallback search", f"Could not read it: {error}", "")
         self.show_fallback(latest)
@@ -344,11 +343,11 @@ class SensitivityTab(QWidget):
         """Built-in metrics (top-1 only with labels) plus the project's own when it is user code."""
         self.metric_box.blockSignals(True)
         self.metric_box.clear()
-        project_metric, has_labels = "sqnr", False
+        project_metric, has_labels = DEFAULT_METRIC, False
         if self.session is not None:
-            project_metric = str((self.session.project.settings.get("metric") or {}).get("name") or "sqnr")
+            project_metric = str((self.session.project.settings.get("metric") or {}).get("name") or DEFAULT_METRIC)
             try:
-                has_labels = bool(self.session.data("evaluation").has_labels)
+                has_labels = self.controller.evaluation_has_labels()
             except Exception as error:  # noqa: BLE001 - missing data: the analysis itself will say so
                 self.controller.log.emit("warning", f"evaluation data: {error}")
         for key, label in BUILTIN_METRIC_LABELS.items():
@@ -372,7 +371,7 @@ class SensitivityTab(QWidget):
         result = None
         if self.session is not None:
             try:
-                result = self.session.latest_sensitivity()
+                result = self.controller.latest_sensitivity()
             except Exception as error:  # noqa: BLE001 - a stored result from another version, say
                 self.controller.error.emit("Stored sensitivity result", f"Could not read it: {error}", "")
         self.show_result(result)
@@ -386,7 +385,7 @@ class SensitivityTab(QWidget):
         self._layers = {}
         if result is not None and self.session is not None:
             for unit in result.units:
-                self._layers[unit.name] = self.session.layers_of(unit) or [unit.name]
+                self._layers[unit.name] = self.controller.layers_of(unit) or [unit.name]
         scores, title = sensitivity_scores(result) if result is not None else ([], "")
         self._scores = {u.name: s for u, s in zip(result.units, scores)} if result is not None else {}
         self._draw_bars(title, keep_view=same)

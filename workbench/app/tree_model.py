@@ -1,4 +1,4 @@
-"""The model tree: a flat-array ``QAbstractItemModel`` over the session's module tree, its filter and its view.
+"""The model tree's data: a flat-array ``QAbstractItemModel`` over the session's module tree, and its filter.
 
 Why flat arrays: a model with 10,000 modules must open and scroll without a stall. The session's
 :class:`~workbench.graph.ModelTree` lists modules in pre-order, so one pass builds parallel lists
@@ -9,7 +9,8 @@ slice. A node's id is its pre-order position, stored in the index's ``internalId
 
 Edits never touch the arrays directly: a check box calls ``controller.set_quantize`` for the whole
 subtree; the controller announces ``layers_changed`` and the model re-reads the session's rows,
-emitting ``dataChanged`` only for the rows that differ.
+emitting ``dataChanged`` only for the rows that differ. The view around it is
+:mod:`workbench.app.tree_widget`.
 """
 from __future__ import annotations
 
@@ -20,41 +21,19 @@ from typing import Any
 import numpy as np
 from PySide6.QtCore import (
     QAbstractItemModel,
-    QItemSelection,
-    QItemSelectionModel,
     QModelIndex,
     QPersistentModelIndex,
-    QSettings,
     QSortFilterProxyModel,
     Qt,
-    QTimer,
     Signal,
 )
-from PySide6.QtGui import QAction, QBrush, QColor, QFont, QGuiApplication, QKeySequence
-from PySide6.QtWidgets import (
-    QAbstractItemView,
-    QCheckBox,
-    QComboBox,
-    QDialog,
-    QDialogButtonBox,
-    QHBoxLayout,
-    QHeaderView,
-    QLabel,
-    QLineEdit,
-    QListWidget,
-    QMenu,
-    QPlainTextEdit,
-    QSplitter,
-    QTreeView,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtGui import QBrush, QColor, QFont
 
-from workbench.app.controller import Controller, DeferredRefresh
+from workbench.app.controller import Controller
 from workbench.graph import ModelTree
 from workbench.session import LayerView
 
-__all__ = ["ModuleTreeModel", "LayerFilterProxy", "ModelTreeWidget", "IgnorePatternDialog", "COLUMNS"]
+__all__ = ["ModuleTreeModel", "LayerFilterProxy", "COLUMNS"]
 
 COLUMNS = ("Name", "Type", "Quantize", "Input", "Weight", "amax", "Rank")
 NAME, TYPE, QUANT, INPUT, WEIGHT, AMAX, RANK = range(len(COLUMNS))
@@ -254,11 +233,6 @@ class ModuleTreeModel(QAbstractItemModel):
     def parent_of(self, node: int) -> int:
         return self._parent[node]
 
-    def child_node(self, row: int, parent: QModelIndex) -> int:
-        """The node at ``row`` under ``parent`` (used by the filter without building an index)."""
-        p = parent.internalId() if parent.isValid() else _ROOT
-        return self._children[p + 1][row]
-
     def index_of(self, name: str, column: int = 0) -> QModelIndex:
         node = self._node_of.get(name)
         if node is None:
@@ -398,17 +372,18 @@ def _rows(tree: ModelTree | None, layers: Sequence[LayerView]) -> list[tuple[str
                 parent = parent.rpartition(".")[0]
             extra.setdefault(parent, []).append(layer)
     if not extra:
-        return [(m.name, m.type_name, m.parent, m.depth) for m in tree.modules]
+        return [(m.name, m.display_type, m.parent, m.depth) for m in tree.modules]
     rows: list[tuple[str, str, str | None, int]] = []
     by_name = tree.by_name
-    stack: list[tuple[str, str, str | None, int, bool]] = [(tree.root.name, tree.root.type_name, None, 0, True)]
+    stack: list[tuple[str, str, str | None, int, bool]] = [(tree.root.name, tree.root.display_type, None, 0, True)]
     while stack:
         name, type_name, parent, depth, is_module = stack.pop()
         rows.append((name, type_name, parent, depth))
         if not is_module:
             continue
-        pending = [(c, by_name[c].type_name, name, depth + 1, True) for c in by_name[name].children]
-        pending += [(layer.name, layer.type, name, depth + 1, False) for layer in extra.get(name, [])]
+        pending = [(c, by_name[c].display_type, name, depth + 1, True) for c in by_name[name].children]
+        pending += [(layer.name, getattr(layer, "display_type", layer.type), name, depth + 1, False)
+                    for layer in extra.get(name, [])]
         stack.extend(reversed(pending))
     return rows
 
@@ -506,389 +481,3 @@ class LayerFilterProxy(QSortFilterProxyModel):
     @property
     def _children_of_source(self) -> list[list[int]]:
         return self.sourceModel()._children  # type: ignore[attr-defined]
-
-
-class ModelTreeWidget(QWidget):
-    """The left dock: filter box, regex toggle, type filter, and the tree view with its context menu.
-
-    Selecting rows selects layers through ``controller.select`` (a container stands for the layers in
-    it); a selection made elsewhere (the sensitivity chart) selects and reveals the rows here.
-    """
-
-    def __init__(self, controller: Controller, parent: QWidget | None = None,
-                 settings: QSettings | None = None) -> None:
-        super().__init__(parent)
-        self.controller = controller
-        self._settings = settings
-        self.model = ModuleTreeModel(controller, self)
-        self.proxy = LayerFilterProxy(self)
-        self.proxy.setSourceModel(self.model)
-
-        self.filter_edit = QLineEdit()
-        self.filter_edit.setPlaceholderText("Filter layers by name…")
-        self.filter_edit.setClearButtonEnabled(True)
-        self.regex_box = QCheckBox("Regex")
-        self.regex_box.setToolTip("Match names with a regular expression instead of a substring")
-        self.type_combo = QComboBox()
-        self.type_combo.setToolTip("Show only modules of this type (and the containers around them)")
-        self.type_combo.setMinimumContentsLength(10)
-        self.type_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.status_label = QLabel()
-        self.status_label.setObjectName("treeStatus")
-
-        self.view = QTreeView()
-        self.view.setModel(self.proxy)
-        self.view.setUniformRowHeights(True)  # the view never measures 10,000 rows one by one
-        self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
-        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.view.setAlternatingRowColors(True)
-        self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
-        self.view.setAllColumnsShowFocus(True)
-        header = self.view.header()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)  # ResizeToContents would scan every row
-        header.setStretchLastSection(False)
-        for column, width in zip(range(len(COLUMNS)), COLUMN_WIDTHS):
-            self.view.setColumnWidth(column, width)
-
-        top = QHBoxLayout()
-        top.setContentsMargins(0, 0, 0, 0)
-        top.addWidget(self.filter_edit, 1)
-        top.addWidget(self.regex_box)
-        top.addWidget(self.type_combo)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(4, 4, 4, 4)
-        layout.addLayout(top)
-        layout.addWidget(self.view, 1)
-        layout.addWidget(self.status_label)
-
-        self._filter_timer = QTimer(self)
-        self._filter_timer.setSingleShot(True)
-        self._filter_timer.setInterval(120)  # typing in the box re-filters once the user pauses
-        self._filter_timer.timeout.connect(self.apply_filter)
-        self.filter_edit.textChanged.connect(lambda _text: self._filter_timer.start())
-        self.regex_box.toggled.connect(lambda _on: self.apply_filter())
-        self.type_combo.currentIndexChanged.connect(lambda _i: self.apply_filter())
-
-        self._syncing = False
-        self._emitted: list[str] | None = None
-        self.view.selectionModel().selectionChanged.connect(self._selection_from_view)
-        self.view.customContextMenuRequested.connect(self._context_menu)
-        self._make_actions()
-
-        self._refresh = DeferredRefresh(controller, self.refresh, self)
-        self._reset_pending = False
-        controller.session_changed.connect(self._schedule_reset)
-        for signal in (controller.layers_changed, controller.calibration_changed, controller.sensitivity_changed):
-            signal.connect(self._refresh.schedule)
-        controller.selection_changed.connect(self._selection_from_controller)
-        controller.busy_changed.connect(self._busy)
-
-    # ----- refresh ---------------------------------------------------------------------------------
-
-    def _schedule_reset(self) -> None:
-        self._reset_pending = True
-        self._refresh.schedule()
-
-    def refresh(self) -> None:
-        """Re-read the session's tree and rows (once per batch of change signals).
-
-        Never while a job runs: the session is not thread-safe, and reading it can rebuild its
-        quantized model under the job's feet. The refresh happens when the job ends.
-        """
-        if not self._refresh.begin():
-            return
-        session = self.controller.session
-        if session is None:
-            self.model.set_views(None, [])
-        else:
-            try:
-                tree, layers = self.controller.views()
-            except Exception as error:  # noqa: BLE001 - the tree shows nothing; the user sees why
-                self.controller.error.emit("Could not read the model's layers", str(error), "")
-                return
-            was_empty = self.model.node_count() == 0 or self._reset_pending
-            self.model.set_views(tree, layers)
-            if was_empty:
-                self._after_reset()
-        self._reset_pending = False
-        if self.proxy.active:
-            self.proxy.recompute()
-        self._update_status()
-
-    def _after_reset(self) -> None:
-        types = self.model.types()
-        current = self.type_combo.currentText()
-        self.type_combo.blockSignals(True)
-        self.type_combo.clear()
-        self.type_combo.addItem("All types")
-        self.type_combo.addItems(types)
-        if current in types:
-            self.type_combo.setCurrentText(current)
-        self.type_combo.blockSignals(False)
-        self.default_expansion()
-
-    def default_expansion(self) -> None:
-        """The model open; a small model entirely, a big one at its top level (deeper levels on demand)."""
-        self.view.expandToDepth(0 if self.model.node_count() > 2000 else 1)
-
-    def _update_status(self) -> None:
-        total = self.model.node_count()
-        layers = int(self.model._is_layer.sum()) if total else 0
-        quantized = int(self.model._quantized.sum()) if total else 0
-        text = f"{total:,} modules · {layers:,} quantizable · {quantized:,} quantized"
-        if self.proxy.active:
-            text = f"{self.proxy.matches:,} matching · " + text
-        if self.proxy.error:
-            text = self.proxy.error
-        self.status_label.setText(text)
-        self.filter_edit.setProperty("invalid", bool(self.proxy.error))
-        self.filter_edit.style().unpolish(self.filter_edit)
-        self.filter_edit.style().polish(self.filter_edit)
-
-    # ----- filter -----------------------------------------------------------------------------------
-
-    def apply_filter(self) -> None:
-        self._filter_timer.stop()
-        type_name = self.type_combo.currentText() if self.type_combo.currentIndex() > 0 else None
-        # collapsed while the filter re-maps: the view then tracks a handful of rows, not thousands
-        self.view.collapseAll()
-        self.proxy.set_filter(self.filter_edit.text(), self.regex_box.isChecked(), type_name)
-        if self.proxy.active and self.proxy.matches <= EXPAND_ALL_MATCHES:
-            self.view.expandAll()  # every match in sight
-        else:
-            self.default_expansion()
-        self._update_status()
-        self._emitted = None
-        self._selection_from_controller(self.controller.selection)
-
-    # ----- selection ----------------------------------------------------------------------------------
-
-    def selected_nodes(self) -> list[int]:
-        rows = self.view.selectionModel().selectedRows(0)
-        return sorted({self.proxy.mapToSource(index).internalId() for index in rows})
-
-    def selected_layers(self) -> list[str]:
-        """Layers the selected rows stand for (a container: every layer inside it), in model order."""
-        names: list[str] = []
-        for node in self.selected_nodes():
-            names += [self.model.name_of(node)] if self.model.is_layer(node) else self.model.subtree_layers(node)
-        return list(dict.fromkeys(names))
-
-    def _selection_from_view(self, *_args: Any) -> None:
-        if self._syncing:
-            return
-        names = self.selected_layers()
-        self._emitted = names
-        self.controller.select(names)
-
-    def _selection_from_controller(self, names: list[str]) -> None:
-        if self._syncing or names == self._emitted:
-            return
-        self.select_layers(names)
-
-    def select_layers(self, names: Iterable[str]) -> None:
-        """Select and reveal the rows of ``names`` (without echoing the selection back)."""
-        selection = QItemSelection()
-        first: QModelIndex | None = None
-        last_column = len(COLUMNS) - 1
-        for name in names:
-            source = self.model.index_of(name)
-            index = self.proxy.mapFromSource(source)
-            if not index.isValid():
-                continue  # filtered out
-            selection.select(index, index.siblingAtColumn(last_column))
-            parent = index.parent()
-            while parent.isValid():
-                self.view.expand(parent)
-                parent = parent.parent()
-            first = first or index
-        self._syncing = True
-        try:
-            self.view.selectionModel().select(selection, QItemSelectionModel.SelectionFlag.ClearAndSelect
-                                              | QItemSelectionModel.SelectionFlag.Rows)
-            if first is not None:
-                self.view.selectionModel().setCurrentIndex(first, QItemSelectionModel.SelectionFlag.NoUpdate)
-                self.view.scrollTo(first)
-        finally:
-            self._syncing = False
-        self._emitted = list(names)
-
-    # ----- context menu -------------------------------------------------------------------------------
-
-    def _make_actions(self) -> None:
-        self.quantize_action = QAction("Quantize", self)
-        self.quantize_action.triggered.connect(lambda: self._set_quantize(True))
-        self.ignore_action = QAction("Ignore (leave in float)", self)
-        self.ignore_action.triggered.connect(lambda: self._set_quantize(False))
-        self.descriptor_action = QAction("Set descriptor…", self)
-        self.descriptor_action.triggered.connect(self.set_descriptor_dialog)
-        self.reset_action = QAction("Reset to default", self)
-        self.reset_action.triggered.connect(self._reset)
-        self.pattern_action = QAction("Ignore by pattern…", self)
-        self.pattern_action.triggered.connect(self.ignore_pattern_dialog)
-        self.copy_action = QAction("Copy name", self)
-        self.copy_action.setShortcut(QKeySequence.StandardKey.Copy)
-        self.copy_action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-        self.copy_action.triggered.connect(self._copy_names)
-        self.view.addAction(self.copy_action)
-        self.expand_action = QAction("Expand all", self)
-        self.expand_action.triggered.connect(self.view.expandAll)
-        self.collapse_action = QAction("Collapse all", self)
-        self.collapse_action.triggered.connect(lambda: (self.view.collapseAll(), self.view.expandToDepth(0)))
-        self.editing_actions = [self.quantize_action, self.ignore_action, self.descriptor_action, self.reset_action,
-                                self.pattern_action]
-
-    def context_menu(self) -> QMenu:
-        """The menu for the current selection (built fresh so its enabled states are right)."""
-        has_layers = bool(self.selected_layers())
-        busy = self.controller.busy or self.controller.session is None
-        for action in (self.quantize_action, self.ignore_action, self.descriptor_action, self.reset_action):
-            action.setEnabled(has_layers and not busy)
-        self.pattern_action.setEnabled(not busy)
-        menu = QMenu(self)
-        menu.addActions([self.quantize_action, self.ignore_action])
-        menu.addSeparator()
-        menu.addActions([self.descriptor_action, self.reset_action])
-        menu.addSeparator()
-        menu.addAction(self.pattern_action)
-        menu.addSeparator()
-        menu.addActions([self.copy_action, self.expand_action, self.collapse_action])
-        return menu
-
-    def _context_menu(self, position: Any) -> None:
-        self.context_menu().popup(self.view.viewport().mapToGlobal(position))
-
-    def _set_quantize(self, quantize: bool) -> None:
-        names = self.selected_layers()
-        if names:
-            self.controller.set_quantize(names, quantize)
-
-    def _reset(self) -> None:
-        names = self.selected_layers()
-        if names:
-            self.controller.reset_descriptor(names)
-
-    def _copy_names(self) -> None:
-        names = [self.model.name_of(node) for node in self.selected_nodes()]
-        QGuiApplication.clipboard().setText("\n".join(names))
-
-    def set_descriptor_dialog(self) -> QDialog | None:
-        from workbench.app.layer_panel import DescriptorDialog
-
-        names = self.selected_layers()
-        if not names or self.controller.session is None:
-            return None
-        dialog = DescriptorDialog(self.controller, names, self)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.open()
-        self.descriptor_dialog = dialog
-        return dialog
-
-    def ignore_pattern_dialog(self) -> IgnorePatternDialog | None:
-        if self.controller.session is None:
-            return None
-        patterns = []
-        if self._settings is not None:
-            patterns = [p for p in str(self._settings.value("ignore_patterns", "") or "").split("\n") if p]
-        dialog = IgnorePatternDialog(self.controller, patterns, self)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda: self._remember_patterns(dialog.patterns()))
-        dialog.open()
-        self.pattern_dialog = dialog
-        return dialog
-
-    def _remember_patterns(self, patterns: list[str]) -> None:
-        if self._settings is not None:
-            self._settings.setValue("ignore_patterns", "\n".join(patterns))
-
-    def _busy(self, busy: bool) -> None:
-        self.model.set_read_only(busy)
-
-
-class IgnorePatternDialog(QDialog):
-    """An ignore policy as regexes, one per line, with a live preview of the layers it leaves in float.
-
-    The preview is ``session.ignore_preview`` (the CLI's ``--ignore`` matching); OK leaves the matches
-    in float through ``controller.apply_ignore_policy``.
-    """
-
-    def __init__(self, controller: Controller, patterns: Sequence[str] = (), parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.controller = controller
-        self.setWindowTitle("Ignore by pattern")
-        self.resize(640, 420)
-        self.editor = QPlainTextEdit("\n".join(patterns))
-        self.editor.setPlaceholderText("One regular expression per line, e.g.\n.*downsample.*\n^fc$")
-        font = QFont("monospace")
-        font.setStyleHint(QFont.StyleHint.Monospace)
-        self.editor.setFont(font)
-        self.preview = QListWidget()
-        self.summary = QLabel()
-        self.summary.setWordWrap(True)
-        self.quantize_others = QCheckBox("Quantize every other layer")
-        self.quantize_others.setToolTip("Also tick the layers the patterns do not match (the policy is then the "
-                                        "whole decision, as on the command line)")
-        left = QWidget()
-        left_layout = QVBoxLayout(left)
-        left_layout.setContentsMargins(0, 0, 0, 0)
-        left_layout.addWidget(QLabel("Patterns (Python regular expressions, matched like the ignore policy):"))
-        left_layout.addWidget(self.editor)
-        right = QWidget()
-        right_layout = QVBoxLayout(right)
-        right_layout.setContentsMargins(0, 0, 0, 0)
-        right_layout.addWidget(QLabel("Layers left in float:"))
-        right_layout.addWidget(self.preview)
-        splitter = QSplitter()
-        splitter.addWidget(left)
-        splitter.addWidget(right)
-        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Ignore matches")
-        self.buttons.accepted.connect(self.accept)
-        self.buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addWidget(splitter, 1)
-        layout.addWidget(self.summary)
-        layout.addWidget(self.quantize_others)
-        layout.addWidget(self.buttons)
-        self._matches: list[str] = []
-        self._timer = QTimer(self)
-        self._timer.setSingleShot(True)
-        self._timer.setInterval(150)
-        self._timer.timeout.connect(self.update_preview)
-        self.editor.textChanged.connect(self._timer.start)
-        self.update_preview()
-
-    def patterns(self) -> list[str]:
-        return [line.strip() for line in self.editor.toPlainText().splitlines() if line.strip()]
-
-    def matches(self) -> list[str]:
-        return list(self._matches)
-
-    def update_preview(self) -> None:
-        self._timer.stop()
-        session = self.controller.session
-        ok = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
-        self.preview.clear()
-        if session is None:
-            return
-        try:
-            self._matches = session.ignore_preview(self.patterns())
-        except Exception as error:  # noqa: BLE001 - a bad regex is shown in the dialog, not raised
-            self._matches = []
-            self.summary.setText(f"<span style='color:#c0392b'>{error}</span>")
-            ok.setEnabled(False)
-            return
-        self.preview.addItems(self._matches)
-        total = len(session.project.layers)
-        self.summary.setText(f"{len(self._matches)} of {total} quantizable layers match.")
-        ok.setEnabled(bool(self.patterns()))
-
-    def accept(self) -> None:
-        self.update_preview()
-        if not self.patterns():
-            return
-        # one edit: two set_quantize calls would have the second refused while the first one's
-        # background rebuild runs (on a big model)
-        if self.controller.apply_ignore_policy(self.patterns(), self.quantize_others.isChecked()) is None:
-            return  # the controller showed why; the dialog stays open
-        super().accept()

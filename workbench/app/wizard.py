@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -31,28 +30,13 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
-from workbench.analysis.metrics import BUILTIN_METRICS
-from workbench.sources.data_source import TENSOR_SUFFIXES, DataSpec, ImageOptions, InputSpec
+from workbench.analysis.metrics import BUILTIN_METRICS, DEFAULT_METRIC, builtin_metric_labels
+from workbench.session.new_project import DEFAULT_IMAGE_OPTIONS, factory_arguments, image_options, new_project_settings
+from workbench.sources.data_source import TENSOR_SUFFIXES, DataSpec, InputSpec
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import DEMO_MODELS, ModelSpec
 
-__all__ = ["NewProjectWizard", "DataSourceForm", "parse_kwargs", "parse_floats"]
-
-
-def parse_kwargs(text: str) -> dict[str, Any]:
-    """Factory keyword arguments as YAML/JSON (``num_classes: 10, pretrained: false``)."""
-    text = text.strip()
-    if not text:
-        return {}
-    if not text.startswith("{"):
-        text = "{" + text + "}"
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise SourceError(f"factory arguments are not valid YAML/JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise SourceError("factory arguments must be key: value pairs.")
-    return value
+__all__ = ["NewProjectWizard", "DataSourceForm", "parse_floats"]
 
 
 def parse_floats(text: str, what: str) -> tuple[float, ...]:
@@ -82,7 +66,8 @@ class ModelPage(QWizardPage):
     """Where the float model comes from."""
 
     KINDS = (("demo", "Built-in demo model"), ("entrypoint", "Python entry point (file.py:factory or package.module:"
-                                                             "factory)"), ("pickle", "Pickled model (torch.save)"))
+                                                             "factory)"), ("pickle", "Pickled model (torch.save)"),
+             ("hf", "Hugging Face folder (config.json + safetensors)"), ("timm", "timm model by name"))
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -98,13 +83,17 @@ class ModelPage(QWizardPage):
         self.entrypoint = QLineEdit()
         self.entrypoint.setPlaceholderText("models/net.py:build  or  my_package.models:build")
         self.kwargs = QLineEdit()
-        self.kwargs.setPlaceholderText("num_classes: 10, width: 64   (YAML/JSON, optional)")
+        self.kwargs.setPlaceholderText("num_classes: 10, width: 64   or  num_classes=10,width=64   (optional)")
         self.pickle = QLineEdit()
         self.pickle.setPlaceholderText("best.pt (a whole model saved with torch.save)")
         self.code_dir = QLineEdit()
         self.code_dir.setPlaceholderText("folder with the model's code (added to the import path)")
         self.weights = QLineEdit()
         self.weights.setPlaceholderText("optional: state_dict file (.pt, .pth, .safetensors)")
+        self.hf_folder = QLineEdit()
+        self.hf_folder.setPlaceholderText("models/bert-base (a folder written by save_pretrained)")
+        self.timm_name = QLineEdit()
+        self.timm_name.setPlaceholderText("vit_small_patch16_224, resnet50 ...")
 
         entry_form = QFormLayout()
         browse_py = QPushButton("Browse…")
@@ -120,9 +109,15 @@ class ModelPage(QWizardPage):
         pickle_form.addRow("Code folder", _browse_row(self.code_dir, browse_code))
         demo_form = QFormLayout()
         demo_form.addRow("Demo model", self.demo)
+        hf_form = QFormLayout()
+        browse_hf = QPushButton("Browse…")
+        browse_hf.clicked.connect(lambda: self._browse_dir(self.hf_folder))
+        hf_form.addRow("Model folder", _browse_row(self.hf_folder, browse_hf))
+        timm_form = QFormLayout()
+        timm_form.addRow("timm model", self.timm_name)
         self.stack = QStackedWidget()
         self.stack.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)  # no gap below it
-        for form in (demo_form, entry_form, pickle_form):
+        for form in (demo_form, entry_form, pickle_form, hf_form, timm_form):  # in the order of KINDS
             form.setContentsMargins(0, 0, 0, 0)  # aligned with the outer form's fields
             page = QWidget()
             page.setLayout(form)
@@ -145,7 +140,7 @@ class ModelPage(QWizardPage):
 
     def _kind_changed(self) -> None:
         self.stack.setCurrentIndex(self.kind.currentIndex())
-        self.trust_note.setVisible(self.kind.currentData() != "demo")
+        self.trust_note.setVisible(self.kind.currentData() in ("entrypoint", "pickle"))
 
     def _browse_entrypoint(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Python file with the model factory", "", "Python (*.py)")
@@ -169,14 +164,19 @@ class ModelPage(QWizardPage):
         if kind == "demo":
             return ModelSpec("demo", self.demo.currentText(), {}, weights)
         if kind == "entrypoint":
-            return ModelSpec("entrypoint", self.entrypoint.text().strip(), parse_kwargs(self.kwargs.text()), weights)
+            return ModelSpec("entrypoint", self.entrypoint.text().strip(), factory_arguments(self.kwargs.text()),
+                             weights)
+        if kind == "hf":
+            return ModelSpec("hf", self.hf_folder.text().strip(), {}, weights)
+        if kind == "timm":
+            return ModelSpec("timm", self.timm_name.text().strip(), {}, weights)
         return ModelSpec("pickle", self.pickle.text().strip(), {}, weights, self.code_dir.text().strip() or None)
 
     def validatePage(self) -> bool:
         try:
             spec = self.spec()
             for path in spec.files():
-                if spec.kind != "demo" and not path.exists():
+                if spec.kind not in ("demo", "hf") and not path.exists():
                     raise SourceError(f"{path} does not exist.")
         except (SourceError, ValueError) as error:
             _warn(self, "Model source", error)
@@ -204,13 +204,15 @@ class DataSourceForm(QWidget):
         self.resize_spin = QSpinBox()
         self.resize_spin.setRange(0, 8192)
         self.resize_spin.setSpecialValueText("keep")
-        self.resize_spin.setValue(256)
+        self.resize_spin.setValue(DEFAULT_IMAGE_OPTIONS.resize or 0)
         self.crop_spin = QSpinBox()
         self.crop_spin.setRange(0, 8192)
         self.crop_spin.setSpecialValueText("none")
-        self.crop_spin.setValue(224)
-        self.mean = QLineEdit("0.485, 0.456, 0.406")
-        self.std = QLineEdit("0.229, 0.224, 0.225")
+        self.crop_spin.setValue(DEFAULT_IMAGE_OPTIONS.crop or 0)
+        self.mean = QLineEdit(", ".join(f"{v:g}" for v in DEFAULT_IMAGE_OPTIONS.mean))
+        self.std = QLineEdit(", ".join(f"{v:g}" for v in DEFAULT_IMAGE_OPTIONS.std))
+        self.mean.setToolTip("Per-channel mean to subtract (ImageNet models: 0.485, 0.456, 0.406)")
+        self.std.setToolTip("Per-channel std to divide by (ImageNet models: 0.229, 0.224, 0.225)")
         self.grayscale = QCheckBox("grayscale")
         image_form = QFormLayout()
         image_form.addRow("Resize shorter side", self.resize_spin)
@@ -271,9 +273,9 @@ class DataSourceForm(QWidget):
             raise SourceError("give the path of the data.")
         image = None
         if kind == "images":
-            image = ImageOptions(resize=self.resize_spin.value() or None, crop=self.crop_spin.value() or None,
-                                 mean=parse_floats(self.mean.text(), "mean"), std=parse_floats(self.std.text(), "std"),
-                                 grayscale=self.grayscale.isChecked())
+            image = image_options(resize=self.resize_spin.value() or None, crop=self.crop_spin.value() or None,
+                                  mean=parse_floats(self.mean.text(), "mean"), std=parse_floats(self.std.text(), "std"),
+                                  grayscale=self.grayscale.isChecked())
             if not Path(path).expanduser().is_dir():
                 raise SourceError(f"{path} is not a folder.")
         elif kind == "tensors" and not Path(path).expanduser().is_file():
@@ -336,8 +338,8 @@ class FinishPage(QWizardPage):
         self.metric = QComboBox()
         self.metric.setEditable(True)
         self.metric.addItems(list(BUILTIN_METRICS))
-        self.metric.setToolTip("sqnr, cosine, mse: compare INT8 with FP32 outputs (no labels needed); top1: accuracy "
-                               "on labelled data; or a function 'metrics.py:score' (then say which way is better)")
+        self.metric.setToolTip("; ".join(f"{key}: {label}" for key, label in builtin_metric_labels().items())
+                               + "; or a function 'metrics.py:score' (then say which way is better)")
         self.direction = QComboBox()
         self.direction.addItems(["higher is better", "lower is better"])
         self.name = QLineEdit()
@@ -372,19 +374,17 @@ class FinishPage(QWizardPage):
         needs = isinstance(wizard, NewProjectWizard) and wizard.needs_trust()
         self.trust.setVisible(needs)
 
-    def metric_setting(self) -> dict[str, Any]:
-        name = self.metric.currentText().strip() or "sqnr"
-        direction = None
-        if ":" in name:
-            direction = "higher" if self.direction.currentIndex() == 0 else "lower"
-        return {"name": name, "direction": direction}
+    def settings(self) -> dict[str, Any]:
+        """The new project's settings from this page's choices (SessionError when they are not valid)."""
+        return new_project_settings(metric=self.metric.currentText().strip() or DEFAULT_METRIC,
+                                    direction="higher" if self.direction.currentIndex() == 0 else "lower")
 
     def validatePage(self) -> bool:
         try:
             InputSpec.parse_shape(self.input_shape.text())
             from workbench.analysis import get_metric
 
-            setting = self.metric_setting()
+            setting = self.settings()["metric"]
             if ":" not in setting["name"]:
                 get_metric(setting["name"])
         except (SourceError, ValueError) as error:
@@ -430,6 +430,6 @@ class NewProjectWizard(QWizard):
             "trust_code": finish.trust.isChecked() and self.needs_trust(),
             "input_shape": InputSpec.parse_shape(finish.input_shape.text()),
             "name": finish.name.text().strip() or None,
-            "settings": {"metric": finish.metric_setting()},
+            "settings": finish.settings(),
             "save_to": save_to,
         }

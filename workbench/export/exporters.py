@@ -2,6 +2,7 @@
 between them and errors that name the operation and the layer that calls it."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import logging
@@ -19,7 +20,7 @@ from workbench.export.opset import convert_opset, default_opset
 from workbench.export.qdq import onnx_translation, register_torchscript_symbolic
 from workbench.export.reference import grow_batch
 
-__all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line"]
+__all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line", "token_inputs", "unwrap_names"]
 
 Exporter = Literal["auto", "dynamo", "torchscript"]
 DYNAMO_MIN_OPSET = 18
@@ -86,6 +87,8 @@ def _layers_calling(program, ops: list[str]) -> list[str]:
         if any(target == op or target.startswith(op + ".") for op in ops):
             stack = node.meta.get("nn_module_stack") or {}
             name = list(stack.values())[-1][0] if stack else ""
+            # the exported module is the ExportCall around the user's model: name layers as the model does
+            name = "" if name == "model" else name.removeprefix("model.")
             label = name or "<model>"
             if label not in layers:
                 layers.append(label)
@@ -101,17 +104,21 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
         if any(t.dim() > 0 and t.shape[0] == 1 for t in inputs):
             trace_inputs = grow_batch(inputs)
         batch = torch.export.Dim("batch", min=1)
-        dynamic_shapes = tuple({0: batch} if t.dim() > 0 else None for t in trace_inputs)
+        tokens = token_inputs(trace_inputs)
+        # the sequence axis of token inputs is dynamic where the model allows it (AUTO: static otherwise)
+        per_input = tuple(({0: batch, 1: torch.export.Dim.AUTO} if i in tokens else {0: batch}) if t.dim() > 0
+                          else None for i, t in enumerate(trace_inputs))
+        dynamic_shapes = (per_input,)  # the ExportCall's forward takes *tensors: one entry holding them all
     try:
         program = torch.export.export(model, trace_inputs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as error:
         if dynamic_shapes is None:
-            raise _CaptureError(first_line(error)) from error
+            raise _CaptureError(_capture_reason(error)) from error
         # a model that fixes its batch size (view(2, -1), say) still exports with a static batch
         try:
             program = torch.export.export(model, inputs, strict=False)
         except Exception as static_error:
-            raise _CaptureError(first_line(static_error)) from static_error
+            raise _CaptureError(_capture_reason(static_error)) from static_error
         dynamic_batch = False
         warnings_out.append(f"dynamic batch turned off: the model fixes its batch size ({first_line(error)})")
     target = max(opset, DYNAMO_MIN_OPSET)
@@ -129,6 +136,9 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
             f"The ONNX exporter cannot translate {what}{where}: {first_line(error)}. Replace that operation, "
             "or leave that part of the model out of the export.", ops, layers) from error
     proto = onnx_program.model_proto
+    unwrap_names(proto)
+    if dynamic_batch:
+        _name_dynamic_axes(proto, token_inputs(inputs))
     note = "torch.export-based exporter (torch's default)"
     if default_opset(proto) != opset:
         proto, notes = convert_opset(proto, opset)
@@ -144,7 +154,10 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
     register_torchscript_symbolic()
     dynamic_axes = None
     if dynamic_batch:
-        dynamic_axes = {name: {0: "batch"} for name in list(input_names) + list(output_names)}
+        tokens = token_inputs(inputs)
+        dynamic_axes = {name: {0: "batch", 1: "sequence"} if i in tokens else {0: "batch"}
+                        for i, name in enumerate(input_names)}
+        dynamic_axes.update({name: {0: "batch"} for name in output_names})
     buffer = io.BytesIO()
     try:
         torch.onnx.export(model, inputs, buffer, dynamo=False, opset_version=opset, input_names=input_names,
@@ -154,11 +167,98 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
         raise UnsupportedOperationError(f"The TorchScript ONNX exporter failed: {first_line(error)}", ops,
                                         []) from error
     proto = onnx.load_from_string(buffer.getvalue())
+    unwrap_names(proto)
     # the same clean-up the torch.export-based exporter applies (constant folding, which keeps Q/DQ,
     # and merging identical nodes), so both exporters give the same Q/DQ structure
     import onnxscript.optimizer
 
     return onnxscript.optimizer.optimize(proto)
+
+
+def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
+    """Drop the ExportCall's attribute from the graph's names (``model.fc.weight`` -> ``fc.weight``,
+    ``/model/fc/Gemm`` -> ``/fc/Gemm``), so the file names tensors and nodes as the user's model does."""
+    dotted, scoped = prefix + ".", f"/{prefix}/"
+    graph = proto.graph
+    used = {v for n in graph.node for v in list(n.input) + list(n.output)} | {i.name for i in graph.initializer}
+    renamed = {name: name[len(dotted):] for name in used
+               if name.startswith(dotted) and name[len(dotted):] not in used}
+
+    def fix(values) -> None:
+        for index, value in enumerate(values):
+            if value in renamed:
+                values[index] = renamed[value]
+
+    for node in graph.node:
+        fix(node.input)
+        fix(node.output)
+        _unwrap_scopes(node, prefix)
+        if node.name.startswith(scoped):  # TorchScript scopes: /model/model.layer1/model.layer1.conv/Conv
+            node.name = "/" + node.name[len(scoped):].replace("/" + dotted, "/").removeprefix(dotted)
+    for collection in (graph.initializer, graph.value_info, graph.input, graph.output):
+        for item in collection:
+            if item.name in renamed:
+                item.name = renamed[item.name]
+
+
+def _unwrap_scopes(node: onnx.NodeProto, prefix: str) -> None:
+    """torch.export's per-node module scopes (``['', 'model', 'model.fc', 'linear']``) without the wrapper."""
+    entries = {entry.key: entry for entry in node.metadata_props}
+    scopes_entry = entries.get("pkg.torch.onnx.name_scopes")
+    if scopes_entry is None:
+        return
+    try:
+        scopes = ast.literal_eval(scopes_entry.value)
+    except (ValueError, SyntaxError):
+        return
+    if not isinstance(scopes, list) or prefix not in scopes:
+        return
+    index = scopes.index(prefix)
+    scopes_entry.value = repr([s.removeprefix(prefix + ".") if isinstance(s, str) else s
+                               for i, s in enumerate(scopes) if i != index])
+    hierarchy_entry = entries.get("pkg.torch.onnx.class_hierarchy")
+    if hierarchy_entry is not None:
+        try:
+            hierarchy = ast.literal_eval(hierarchy_entry.value)
+        except (ValueError, SyntaxError):
+            return
+        if isinstance(hierarchy, list) and len(hierarchy) == len(scopes) and index > 0:
+            # the root scope "" was the wrapper; the model's own class takes its place
+            hierarchy_entry.value = repr([c for i, c in enumerate(hierarchy) if i != index - 1])
+
+
+def token_inputs(inputs: tuple) -> set[int]:
+    """Indices of the inputs whose axis 1 is a sequence length: integer tensors (token ids, masks) of rank >= 2."""
+    return {i for i, t in enumerate(inputs)
+            if t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()}
+
+
+def _name_dynamic_axes(proto: onnx.ModelProto, tokens: set[int]) -> None:
+    """Give torch.export's symbolic dimensions (``s77``) readable names: ``batch`` on axis 0 of the inputs,
+    ``sequence`` on axis 1 of token inputs, and the same names wherever those symbols reappear."""
+    renamed: dict[str, str] = {}
+    for index, value in enumerate(proto.graph.input):
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) > 0 and dims[0].dim_param:
+            renamed.setdefault(dims[0].dim_param, "batch")
+        if index in tokens and len(dims) > 1 and dims[1].dim_param:
+            renamed.setdefault(dims[1].dim_param, "sequence")
+    for value in list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in renamed:
+                dim.dim_param = renamed[dim.dim_param]
+
+
+def _capture_reason(error: BaseException) -> str:
+    """torch.export's first line, with the line of the model's code it stopped at (its own frames skipped)."""
+    text = "\n".join(str(e) for e in _chain(error))
+    frames = [m for m in re.finditer(r'File "([^"]+)", line (\d+), in (\w+)', text)
+              if "/torch/" not in m.group(1) and "/workbench/" not in m.group(1)]
+    reason = first_line(error)
+    if frames:
+        path, line, function = frames[-1].groups()
+        reason += f" (at {path.rsplit('/', 1)[-1]}:{line}, in {function})"
+    return reason
 
 
 def first_line(error: BaseException) -> str:
@@ -171,8 +271,12 @@ def first_line(error: BaseException) -> str:
 
 
 def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
-            dynamic_batch: bool, exporter: Exporter, report_warnings: list[str]):
-    """Run the chosen exporter; with "auto", fall back to TorchScript and say why."""
+                 dynamic_batch: bool, exporter: Exporter, report_warnings: list[str]):
+    """Run the chosen exporter; with "auto", fall back to TorchScript and say why.
+
+    When the fallback fails too, the error shows both exporters' messages, the torch.export-based
+    one's first: it is usually the real cause (the fallback's is about what it cannot record).
+    """
     if exporter == "torchscript":
         proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
         return proto, "torchscript", "TorchScript exporter (requested)", dynamic_batch
@@ -183,21 +287,25 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
     except _CaptureError as error:
         if exporter == "dynamo":
             raise ExportError(f"torch.export could not capture the model: {error}") from error
+        primary: ExportError | ValueError | _CaptureError = error
         reason = f"torch.export could not capture the model ({error}); the TorchScript exporter records the " \
                  "path the sample inputs take"
     except ValueError as error:  # opset conversion
         if exporter == "dynamo":
             raise ExportError(str(error)) from error
+        primary = error
         reason = f"the torch.export-based exporter writes opset >= {DYNAMO_MIN_OPSET} and {error}"
     except UnsupportedOperationError as error:
         if exporter == "dynamo":
             raise
-        try:
-            proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
-        except ExportError:
-            raise error from None
-        return proto, "torchscript", f"TorchScript exporter: the torch.export-based one failed ({error})", \
-            dynamic_batch
-    proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
+        primary = error
+        reason = f"the torch.export-based one failed ({error})"
+    try:
+        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
+    except ExportError as fallback:
+        message = (f"Both ONNX exporters failed. The torch.export-based exporter: {primary}\n"
+                   f"The TorchScript fallback: {fallback}")
+        if isinstance(primary, UnsupportedOperationError):
+            raise UnsupportedOperationError(message, primary.operations, primary.layers) from primary
+        raise ExportError(message) from primary
     return proto, "torchscript", f"TorchScript exporter: {reason}", dynamic_batch
-

@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnx
@@ -37,16 +36,19 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportValidationError, SampleInputError
-from workbench.export.naming import name_nodes_by_module
 from workbench.export.opset import default_opset
+from workbench.export.onnx_file import EXTERNAL_DATA_THRESHOLD, stage, write_onnx
 from workbench.export.reference import (
-    as_tuple,
+    ExportCall,
     check_quantizers,
+    default_input_names,
     first_quantizer_names,
     grow_batch,
     rounding,
     run_reference,
+    sample_call,
     stand_ins,
+    without_cache,
 )
 from workbench.export.exporters import Exporter, first_line, quiet, run_exporter
 from workbench.export.report import ExportReport, OutputParity, report_json
@@ -64,10 +66,11 @@ from workbench.export.validation import (
     amax_table_of,
     compare,
     feeds,
-    name_qdq_nodes,
     ort_session,
     per_channel_activations,
+    post_process,
     qdq_clips,
+    range_inputs,
 )
 from workbench.quant.batches import model_device
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM
@@ -81,25 +84,34 @@ __all__ = ["export_qdq_onnx", "ExportReport", "OutputParity", "Exporter", "amax_
 # ----- the entry point --------------------------------------------------------------------------
 
 
-def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[torch.Tensor], path: str | os.PathLike,
-                    *, opset: int = 17, input_names: Sequence[str] | None = None,
-                    output_names: Sequence[str] | None = None, dynamic_batch: bool = True,
+def export_qdq_onnx(model: nn.Module,
+                    sample_inputs: torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+                    path: str | os.PathLike, *, opset: int = 17, input_names: Sequence[str] | None = None,
+                    output_names: Sequence[str] | None = None, output: str | None = None, dynamic_batch: bool = True,
                     exporter: Exporter = "auto", min_cosine: float = 0.999, max_abs_diff: float | None = None,
                     amax_json_path: str | os.PathLike | None = None,
                     calibration_cache_path: str | os.PathLike | None = None,
                     float_onnx_path: str | os.PathLike | None = None,
-                    trt_version: int = DEFAULT_TRT_VERSION) -> ExportReport:
+                    trt_version: int = DEFAULT_TRT_VERSION,
+                    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> ExportReport:
     """Export a fake-quant model to a QDQ ONNX file and validate it before it appears at ``path``.
 
     Args:
         model: the quantized, calibrated model (quantized modules, QuantAdd/QuantConcat, placement rules).
-        sample_inputs: a tensor or a tuple of tensors: the model's positional inputs. They are traced,
-            run through onnxruntime and compared with PyTorch.
+        sample_inputs: a tensor or a tuple of tensors (the model's positional inputs), or a dict of
+            tensors passed by keyword (``input_ids``, ``attention_mask``). They are traced, run through
+            onnxruntime and compared with PyTorch.
         path: where the ``.onnx`` file goes. Nothing is written there unless validation passes.
         opset: ONNX opset of the file (>= 13 for per-channel Q/DQ; 17 suits TensorRT 8.6).
-        input_names, output_names: graph input/output names (default ``input``/``input_N``,
+        input_names, output_names: graph input/output names (default: the forward's argument names,
+            ``x`` as ``input``; outputs after the ``ModelOutput``/dict key they come from, else
             ``output``/``output_N``).
-        dynamic_batch: make dimension 0 of every input and output symbolic ("batch"), and check in
+        output: which part of the model's output to export (a ``ModelOutput``/dict key such as
+            ``logits``, or a tuple index); default: see :func:`~workbench.quant.batches.select_output`
+            (a tensor or tuple of tensors whole, else the first tensor: never a cache object). A Hugging
+            Face model whose config has ``use_cache=True`` is exported with it off (the report says so).
+        dynamic_batch: make dimension 0 of every input and output symbolic ("batch"), and axis 1 of
+            integer inputs (token ids, masks: "sequence") where the model allows it, and check in
             onnxruntime that another batch size works too.
         exporter: ``"auto"`` (torch.export-based, TorchScript where that cannot do it), ``"dynamo"`` or
             ``"torchscript"``.
@@ -110,14 +122,20 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
             activation quantizers; see :mod:`workbench.export.tensorrt`.
         float_onnx_path: also write the graph without Q/DQ, with the tensor names the cache uses.
         trt_version: the TensorRT version in the cache header (8601 for 8.6.1).
+        external_data_threshold: a graph larger than this many bytes (default: protobuf's 2 GB limit)
+            keeps its weights in ``<path>.data`` beside the file, validated the same way.
 
     Returns:
         An :class:`ExportReport` with the exporter used, Q/DQ counts, opset, file size, times and the
         onnxruntime-vs-PyTorch figures.
 
+    Enabled quantizers that calibration never reached (no amax while others have one) are exported
+    disabled, in float, and listed in the report's warnings; a model with no calibrated quantizer at
+    all is refused.
+
     Raises:
         TypeError, ValueError: bad arguments.
-        QuantizerStateError: an enabled quantizer is not calibrated, still calibrating, or not INT8.
+        QuantizerStateError: no quantizer is calibrated, or one is still calibrating or not INT8.
         SampleInputError: the model fails on the sample inputs (the message names the layer and inputs).
         UnsupportedOperationError: the exporter cannot translate an operation (named, with its layer).
         ExportValidationError: the file failed onnx.checker, onnxruntime, or the parity check.
@@ -133,45 +151,63 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
     path = Path(path)
     if not path.parent.exists():
         raise ValueError(f"The folder {path.parent} does not exist.")
-    inputs = as_tuple(sample_inputs)
+    args, kwargs = sample_call(sample_inputs)
     device = model_device(model)
-    inputs = tuple(t.to(device) for t in inputs)
+    # the exporters see flat tensors: the positional inputs, then the keyword ones in order
+    inputs = tuple(t.to(device) for t in args + tuple(kwargs.values()))
     if input_names is None:
-        input_names = ["input"] if len(inputs) == 1 else [f"input_{i}" for i in range(len(inputs))]
+        input_names = default_input_names(model, args, kwargs)
     input_names = list(input_names)
     if len(input_names) != len(inputs) or len(set(input_names)) != len(input_names):
         raise ValueError(f"input_names must name each of the {len(inputs)} inputs once, got {input_names}.")
+    call = ExportCall(model, len(args), list(kwargs), output)
 
     names = first_quantizer_names(model)
-    active, params = check_quantizers(model, names)
+    active, params, unreached = check_quantizers(model, names)
     # train/eval modes (one by one: some layers may be frozen) and quantizer state go back afterwards
     entry_state = ModelSnapshot(model)
     model.eval()
     report_warnings: list[str] = []
-    tmp_path: str | None = None
+    if unreached:
+        for quantizer in unreached:  # back on when entry_state is restored
+            quantizer.disable()
+        report_warnings.append(f"{len(unreached)} enabled quantizer(s) without amax (never reached during "
+                               "calibration) exported in float, without Q/DQ: "
+                               + ", ".join(names[id(q)] for q in unreached))
+    staged = None
     try:
-        with rounding(list(active.values()), "onnx"):
-            reference, calls, distinct = run_reference(model, inputs, input_names, active, names, params)
-            grown = None
-            if dynamic_batch and inputs[0].dim() > 0:
-                grown = grow_batch(inputs)
-                try:
-                    grown_reference, _, _ = run_reference(model, grown, input_names, active, names, params)
-                except SampleInputError as error:
-                    report_warnings.append(f"dynamic batch turned off: the model fails at batch size "
-                                           f"{grown[0].shape[0]} ({error.original})")
-                    dynamic_batch, grown = False, None
-        if output_names is None:
-            output_names = ["output"] if len(reference) == 1 else [f"output_{i}" for i in range(len(reference))]
-        output_names = list(output_names)
-        if len(output_names) != len(reference) or len(set(output_names)) != len(output_names):
-            raise ValueError(f"output_names must name each of the model's {len(reference)} output tensors once, "
-                             f"got {output_names}.")
+        with without_cache(model) as cache_note:
+            if cache_note:
+                report_warnings.append(cache_note)
+            with rounding(list(active.values()), "onnx"):
+                reference, calls, distinct = run_reference(call, inputs, input_names, active, names, params)
+                grown = None
+                if dynamic_batch and inputs[0].dim() > 0:
+                    grown = grow_batch(inputs)
+                    try:
+                        grown_reference, _, _ = run_reference(call, grown, input_names, active, names, params)
+                    except SampleInputError as error:
+                        report_warnings.append(f"dynamic batch turned off: the model fails at batch size "
+                                               f"{grown[0].shape[0]} ({error.original})")
+                        dynamic_batch, grown = False, None
+                ranged, ranged_reference = range_inputs(inputs), None
+                if ranged is not None:
+                    try:
+                        ranged_reference, _, _ = run_reference(call, ranged, input_names, active, names, params)
+                    except SampleInputError as error:
+                        report_warnings.append(f"no parity check on random inputs in the sample's range: the "
+                                               f"model fails on them ({error.original})")
+            if output_names is None:
+                output_names = list(call.labels)
+            output_names = list(output_names)
+            if len(output_names) != len(reference) or len(set(output_names)) != len(output_names):
+                raise ValueError(f"output_names must name each of the model's {len(reference)} output tensors "
+                                 f"once, got {output_names}.")
 
-        export_started = time.perf_counter()
-        with stand_ins(model, active, names, params) as swapped, quiet() as quiet_warnings:
-            proto, used_exporter, note, dynamic_batch = run_exporter(
-                model, inputs, input_names, output_names, opset, dynamic_batch, exporter, report_warnings)
+            export_started = time.perf_counter()
+            with stand_ins(model, active, names, params) as swapped, quiet() as quiet_warnings:
+                proto, used_exporter, note, dynamic_batch = run_exporter(
+                    call, inputs, input_names, output_names, opset, dynamic_batch, exporter, report_warnings)
         for message in quiet_warnings:
             if message not in report_warnings:
                 report_warnings.append(message)
@@ -180,8 +216,7 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
             grown = None
 
         scale_to_quantizer = {f"{s.quantizer_name}.scale": s.quantizer_name for s in swapped.values()}
-        name_qdq_nodes(proto, scale_to_quantizer)
-        name_nodes_by_module(proto)  # engine layer names then read "stem.0/Conv + stem.2/Relu"
+        post_process(proto, scale_to_quantizer)
         counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
         per_channel_acts = per_channel_activations(proto, scale_to_quantizer)
@@ -198,9 +233,11 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
                 report_warnings.append(f"quantized LSTM '{name}' is unrolled step by step: the graph takes only the "
                                        "sample's sequence length (leave the LSTM unquantized for an ONNX LSTM node)")
         validation_started = time.perf_counter()
-        fd, tmp_path = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        onnx.save(proto, tmp_path)
+        staged = stage(proto, path, external_data_threshold)
+        tmp_path = str(staged.path)
+        if staged.data_path is not None:
+            report_warnings.append(f"the graph is over {external_data_threshold / 1024 ** 3:.3g} GB: its weights are "
+                                   f"in {staged.external_data_path.name} beside it (keep the two files together)")
         try:
             onnx.checker.check_model(tmp_path, full_check=True)
         except Exception as error:
@@ -213,7 +250,7 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
         except Exception as error:
             raise ExportValidationError("onnxruntime", f"onnxruntime could not run the exported graph: "
                                                        f"{first_line(error)}") from error
-        parity = compare(output_names, reference, ort_outputs)
+        parity = compare(output_names, reference, ort_outputs, dict(zip(input_names, inputs)))
         dynamic_check = None
         if grown is not None:
             try:
@@ -223,8 +260,12 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
                                                            f"{grown[0].shape[0]}: {first_line(error)}") from error
             grown_parity = compare(output_names, grown_reference, grown_outputs)
             dynamic_check = min(grown_parity, key=lambda p: p.cosine)
-        worst = min(p.cosine for p in parity + ([dynamic_check] if dynamic_check else []))
-        largest = max(p.max_abs_diff for p in parity + ([dynamic_check] if dynamic_check else []))
+        range_check = None
+        if ranged_reference is not None:  # the sample alone can hide a difference (a quantizer it leaves at 0)
+            range_check = min(compare(output_names, ranged_reference, session.run(None, feeds(session, ranged)),
+                                      dict(zip(input_names, ranged))), key=lambda p: p.cosine)
+        checks = parity + [c for c in (dynamic_check, range_check) if c is not None]
+        worst, largest = min(p.cosine for p in checks), max(p.max_abs_diff for p in checks)
         report = ExportReport(
             path=str(path), exporter=used_exporter, exporter_note=note, opset=default_opset(proto),
             requested_opset=opset, input_names=input_names, output_names=output_names, dynamic_batch=dynamic_batch,
@@ -236,17 +277,24 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
             unsigned=sum(1 for s in swapped.values() if s.params.qmin == 0),
             narrow_range=sum(1 for s in swapped.values() if s.params.qmin == -127),
             outputs=parity, max_abs_diff=largest, cosine=worst, dynamic_batch_check=dynamic_check,
-            file_size=os.path.getsize(tmp_path), export_time_s=export_time,
+            file_size=staged.size, export_time_s=export_time,
             validation_time_s=time.perf_counter() - validation_started, total_time_s=0.0,
-            quantizer_calls=dict(calls), warnings=report_warnings)
+            quantizer_calls=dict(calls), warnings=report_warnings, range_check=range_check)
+        where = " on random inputs in the sample's range" if range_check is not None and \
+            (range_check.cosine == worst or range_check.max_abs_diff == largest) else ""
         if not worst >= min_cosine:
-            raise ExportValidationError("parity", f"onnxruntime and the fake-quant PyTorch model disagree: cosine "
-                                                  f"{worst:.6f} < {min_cosine} (max abs diff {largest:.4g}).", report)
+            raise ExportValidationError("parity", f"onnxruntime and the fake-quant PyTorch model disagree{where}: "
+                                                  f"cosine {worst:.6f} < {min_cosine} (max abs diff {largest:.4g}).",
+                                        report)
         if max_abs_diff is not None and largest > max_abs_diff:
-            raise ExportValidationError("parity", f"onnxruntime and the fake-quant PyTorch model disagree: max abs "
-                                                  f"diff {largest:.4g} > {max_abs_diff}.", report)
-        os.replace(tmp_path, path)
-        tmp_path = None
+            raise ExportValidationError("parity", f"onnxruntime and the fake-quant PyTorch model disagree{where}: max "
+                                                  f"abs diff {largest:.4g} > {max_abs_diff}.", report)
+        external = staged.external_data_path
+        staged.commit()
+        staged = None
+        report.external_data_path = None if external is None else str(external)
+        if external is not None:  # the graph now names the data file by its final (shorter) name
+            report.file_size = path.stat().st_size + external.stat().st_size
 
         if amax_json_path is not None:
             table = {"model": type(model).__name__, "onnx": path.name, "quantizers": amax_table_of(model, params)}
@@ -259,16 +307,13 @@ def export_qdq_onnx(model: nn.Module, sample_inputs: torch.Tensor | Sequence[tor
                 report.calibration_cache_path = str(write_text_atomic(
                     calibration_cache_path, calibration_cache_text(scales, trt_version)))
             if float_onnx_path is not None:
-                float_path = Path(float_onnx_path)
-                tmp_float = float_path.with_name(float_path.name + ".tmp")
-                onnx.save(strip_qdq(proto), str(tmp_float))
-                tmp_float.replace(float_path)
-                report.float_onnx_path = str(float_path)
+                report.float_onnx_path = str(write_onnx(strip_qdq(proto), Path(float_onnx_path),
+                                                        external_data_threshold))
         report.total_time_s = time.perf_counter() - started
         logger.info("QDQ export: %s", report.summary())
         return report
     finally:
-        if tmp_path is not None and os.path.exists(tmp_path):
-            os.remove(tmp_path)
+        if staged is not None:
+            staged.discard()
         entry_state.restore()
 

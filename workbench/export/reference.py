@@ -3,7 +3,8 @@ onnxruntime must match (with the failing layer named when the model does not tak
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -11,25 +12,100 @@ from torch import nn
 
 from workbench.export.errors import ExportError, QuantizerStateError, SampleInputError
 from workbench.export.qdq import ExportParams, QDQStandIn, export_params
-from workbench.quant.batches import flat_tensors
+from workbench.quant.batches import flat_tensors, select_output
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import all_quantizers, is_quantizing, quantizer_names
+from workbench.quant.tensorrt_rules import tensorrt_check
 
-__all__ = ["as_tuple", "grow_batch", "first_quantizer_names", "check_quantizers", "rounding", "stand_ins",
-           "run_reference"]
+__all__ = ["sample_call", "ExportCall", "default_input_names", "grow_batch", "first_quantizer_names",
+           "check_quantizers", "rounding", "stand_ins", "run_reference", "without_cache"]
 
 
 # ----- inputs and outputs -----------------------------------------------------------------------
 
 
-def as_tuple(sample_inputs: Any) -> tuple[torch.Tensor, ...]:
+def sample_call(sample_inputs: Any) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """The sample inputs as ``(positional, keyword)`` tensors: a tensor, a tuple of tensors, or a dict of
+    keyword inputs (``{"input_ids": ..., "attention_mask": ...}``)."""
     if isinstance(sample_inputs, torch.Tensor):
-        return (sample_inputs,)
+        return (sample_inputs,), {}
+    if isinstance(sample_inputs, Mapping) and sample_inputs and all(
+            isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in sample_inputs.items()):
+        return (), dict(sample_inputs)
     if isinstance(sample_inputs, (tuple, list)) and sample_inputs and all(
             isinstance(t, torch.Tensor) for t in sample_inputs):
-        return tuple(sample_inputs)
-    raise TypeError("sample_inputs must be a tensor or a non-empty tuple of tensors (the model's positional "
-                    f"inputs), got {type(sample_inputs).__name__}.")
+        return tuple(sample_inputs), {}
+    raise TypeError("sample_inputs must be a tensor, a non-empty tuple of tensors (the model's positional inputs) "
+                    f"or a dict of tensors by argument name, got {type(sample_inputs).__name__}.")
+
+
+def default_input_names(model: nn.Module, args: tuple, kwargs: dict) -> list[str]:
+    """ONNX input names after the forward's arguments (``input_ids``, ``attention_mask``); a generic
+    ``x`` is called ``input``. Without a readable signature: ``input`` / ``input_N``."""
+    fallback = ["input"] if len(args) == 1 else [f"input_{i}" for i in range(len(args))]
+    try:
+        parameters = [p for p in inspect.signature(model.forward).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        parameters = []
+    if len(parameters) >= len(args):
+        positional = ["input" if p.name == "x" else p.name for p in parameters[:len(args)]]
+        if len(set(positional)) == len(positional) and not set(positional) & set(kwargs):
+            fallback = positional
+    return fallback + list(kwargs)
+
+
+class ExportCall(nn.Module):
+    """The model as both exporters see it: flat tensors in (the positional inputs, then the keyword
+    inputs in order) and a tuple of the chosen output's tensors out (see
+    :func:`~workbench.quant.batches.select_output`), so dict inputs and outputs holding a cache or a
+    ``ModelOutput`` export like plain tensors. ``labels`` names those output tensors after the last call.
+    """
+
+    def __init__(self, model: nn.Module, num_positional: int, keywords: Sequence[str], output: str | None) -> None:
+        super().__init__()
+        self.model = model
+        self.num_positional = num_positional
+        self.keywords = list(keywords)
+        self.output = output
+        self.labels: list[str] = []
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        result = self.model(*tensors[:self.num_positional],
+                            **dict(zip(self.keywords, tensors[self.num_positional:])))
+        try:
+            picked = select_output(result, self.output)
+        except ValueError as error:
+            raise ExportError(str(error)) from None
+        chosen = flat_tensors(picked)
+        self.labels = _output_labels(result, self.output, len(chosen))
+        return tuple(chosen)
+
+
+def _output_labels(output: Any, key: str | None, count: int) -> list[str]:
+    """Output names: the ModelOutput / dict key the tensors come from, else ``output`` / ``output_N``."""
+    label = key
+    if label is None and isinstance(output, Mapping):
+        label = next((str(k) for k, v in output.items() if flat_tensors(v)), None)
+    if label is not None and not str(label).lstrip("-").isdigit():
+        return [label] if count == 1 else [f"{label}_{i}" for i in range(count)]
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
+@contextlib.contextmanager
+def without_cache(model: nn.Module) -> Iterator[str | None]:
+    """Switch a Hugging Face model's ``config.use_cache`` off while exporting (a cache object is no ONNX
+    output); yields a note for the report when it did, and restores the setting afterwards."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "use_cache", None) is not True:
+        yield None
+        return
+    config.use_cache = False
+    try:
+        yield ("exported with use_cache=False (the model's config has use_cache=True; its key/value cache "
+               "is not an output of the ONNX graph)")
+    finally:
+        config.use_cache = True
 
 
 def grow_batch(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -49,20 +125,37 @@ def first_quantizer_names(model: nn.Module) -> dict[int, str]:
 
 
 def check_quantizers(model: nn.Module, names: dict[int, str],
-                      ) -> tuple[dict[int, TensorQuantizer], dict[int, ExportParams]]:
-    """The quantizers that export to Q/DQ and their ONNX parameters, computed once for the whole export.
+                      ) -> tuple[dict[int, TensorQuantizer], dict[int, ExportParams], list[TensorQuantizer]]:
+    """The quantizers that export to Q/DQ, their ONNX parameters (computed once for the whole export), and
+    the enabled quantizers calibration never reached (no amax while others have one): those export
+    disabled, in float, and the caller says so.
 
-    Raises QuantizerStateError naming every quantizer that cannot be exported.
+    Raises QuantizerStateError naming every quantizer that cannot be exported (every enabled one
+    uncalibrated: the model was never calibrated).
     """
     problems: dict[str, str] = {}
     active: dict[int, TensorQuantizer] = {}
     params: dict[int, ExportParams] = {}
+    unreached: dict[str, TensorQuantizer] = {}
+    # the layer type and role of each quantizer, for the TensorRT rules (any but a weight's is an activation's)
+    roles = {id(q): ("weight" if attr.startswith("_weight_quantizer") else "input", type(layer).__name__)
+             for layer in model.modules() if not isinstance(layer, nn.ModuleList)
+             for attr, child in layer.named_children()
+             for q in (child if isinstance(child, nn.ModuleList) else [child]) if isinstance(q, TensorQuantizer)}
     for module in all_quantizers(model):
         name = names[id(module)]
+        role, layer_type = roles.get(id(module), ("input", "layer"))
+        verdict = tensorrt_check(role, module._num_bits, module.axis, layer_type)
+        if verdict.error and is_quantizing(module):
+            problems[name] = verdict.error
+            continue
         if module._if_calib and not module._disabled:
             problems[name] = "still collecting calibration statistics (calibration did not finish)"
             continue
         if not is_quantizing(module):
+            continue
+        if "_amax" not in module._buffers and not module._learn_amax:
+            unreached.setdefault(name, module)
             continue
         try:
             params[id(module)] = export_params(module)
@@ -73,9 +166,11 @@ def check_quantizers(model: nn.Module, names: dict[int, str],
             problems[name] = str(error)
             continue
         active[id(module)] = module
+    if unreached and not active:  # never calibrated at all: refuse, as a half-float export would mislead
+        problems.update({name: "enabled but not calibrated (no amax)" for name in unreached})
     if problems:
         raise QuantizerStateError(problems)
-    return active, params
+    return active, params, list(unreached.values())
 
 
 @contextlib.contextmanager
@@ -165,13 +260,16 @@ def run_reference(model: nn.Module, inputs: tuple[torch.Tensor, ...], input_name
                 held.append(args[0])
                 pairs.add((id(args[0]), signature))
         handles.append(quantizer.register_forward_hook(count))
-    tracker = _LayerTracker(model)
+    inner = model.model if isinstance(model, ExportCall) else model
+    tracker = _LayerTracker(inner)
     try:
         with torch.no_grad():
             output = model(*inputs)
+    except ExportError:
+        raise
     except Exception as error:
         # the innermost layer that was entered and did not finish is where the shapes went wrong
-        layer, layer_type = tracker.stack[-1] if tracker.stack else ("", type(model).__name__)
+        layer, layer_type = tracker.stack[-1] if tracker.stack else ("", type(inner).__name__)
         raise SampleInputError(layer, layer_type, {n: tuple(t.shape) for n, t in zip(input_names, inputs)},
                                error) from error
     finally:

@@ -54,6 +54,10 @@ class ExportReport:
     amax_json_path: str | None = None
     calibration_cache_path: str | None = None
     float_onnx_path: str | None = None
+    external_data_path: str | None = None  # the weights of a graph over 2 GB, beside the file
+    # the same comparison on random inputs spanning the sample's range (a sample can hide differences:
+    # a quantizer whose input is 0 on it); None when the model takes no floating-point input
+    range_check: OutputParity | None = None
 
     @property
     def qdq_pairs(self) -> int:

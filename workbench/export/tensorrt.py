@@ -115,8 +115,12 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError:  # a full disk: no half-written file stays behind
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -11,15 +11,23 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportValidationError
+from workbench.export.naming import name_nodes_by_module
 from workbench.export.qdq import ExportParams, QDQStandIn, export_params
 from workbench.export.report import OutputParity
 from workbench.quant.snapshot import all_quantizers, quantizer_names
 
-__all__ = ["name_qdq_nodes", "compare", "ort_session", "feeds", "amax_table", "amax_table_of",
+__all__ = ["post_process", "name_qdq_nodes", "compare", "range_inputs", "ort_session", "feeds", "amax_table", "amax_table_of",
            "per_channel_activations", "qdq_clips", "amax_of"]
 
 
 # ----- post-processing and validation -----------------------------------------------------------
+
+
+def post_process(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> None:
+    """The passes over the exported graph before it is validated and written (in place). One place, so a
+    new pass is one more call here."""
+    name_qdq_nodes(proto, scale_to_quantizer)
+    name_nodes_by_module(proto)  # engine layer names then read "stem.0/Conv + stem.2/Relu"
 
 
 def name_qdq_nodes(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> None:
@@ -61,7 +69,39 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a64, b64) / (na * nb))
 
 
-def compare(names: list[str], reference: list[torch.Tensor], actual: list[np.ndarray]) -> list[OutputParity]:
+def range_inputs(inputs: tuple[torch.Tensor, ...], seed: int = 0) -> tuple[torch.Tensor, ...] | None:
+    """Random inputs shaped like ``inputs``, uniform over each floating-point input's own finite range
+    (a constant input gets [value - 1, value + 1]); other inputs unchanged. None without a float input."""
+    if not any(t.is_floating_point() for t in inputs):
+        return None
+    generator = torch.Generator().manual_seed(seed)
+    ranged = []
+    for tensor in inputs:
+        if not tensor.is_floating_point():
+            ranged.append(tensor)
+            continue
+        finite = tensor[torch.isfinite(tensor)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (-1.0, 1.0)
+        if low == high:
+            low, high = low - 1.0, high + 1.0
+        uniform = torch.rand(tuple(tensor.shape), generator=generator, dtype=torch.float32)
+        ranged.append((low + (high - low) * uniform).to(device=tensor.device, dtype=tensor.dtype))
+    return tuple(ranged)
+
+
+def _nonfinite_inputs(sample: dict[str, torch.Tensor] | None) -> list[str]:
+    found = []
+    for name, tensor in (sample or {}).items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                found.append(f"{name!r} ({bad} of {tensor.numel()} values)")
+    return found
+
+
+def compare(names: list[str], reference: list[torch.Tensor], actual: list[np.ndarray],
+            sample: dict[str, torch.Tensor] | None = None) -> list[OutputParity]:
+    """Per-output parity of onnxruntime with PyTorch; ``sample`` (the inputs by name) explains NaN/Inf."""
     if len(reference) != len(actual):
         raise ExportValidationError("parity", f"onnxruntime returned {len(actual)} outputs, PyTorch {len(reference)}.")
     results = []
@@ -76,6 +116,12 @@ def compare(names: list[str], reference: list[torch.Tensor], actual: list[np.nda
             continue
         finite_ref, finite_out = np.isfinite(ref_np), np.isfinite(out)
         if not np.array_equal(finite_ref, finite_out):
+            holding = _nonfinite_inputs(sample)
+            if holding:
+                raise ExportValidationError("parity", f"output {name!r}: onnxruntime and PyTorch disagree on which "
+                                                      "values are NaN/Inf because the validation sample itself holds "
+                                                      f"NaN/Inf: input {', '.join(holding)}. Export with finite "
+                                                      "sample inputs (check the calibration data).")
             raise ExportValidationError("parity", f"output {name!r}: onnxruntime and PyTorch disagree on which "
                                                   "values are NaN/Inf.")
         diff = np.abs(ref_np[finite_ref].astype(np.float64) - out[finite_out].astype(np.float64))

@@ -1,43 +1,54 @@
-"""Give functional adds and concatenations quantizers, without editing the user's model class.
+"""Give functional operations that carry activations quantizers, without editing the user's model class.
 
 For every module whose own ``forward`` adds two activations (``a + b``, ``torch.add``, ``a += b``,
-``a.add_(b)``) or concatenates them (``torch.cat``), :func:`insert_functional_quantizers` traces that
-forward with torch.fx (children stay opaque calls), replaces each such operation by a
-:class:`~workbench.quant.nn.QuantAdd` / :class:`~workbench.quant.nn.QuantConcat` call, and puts the
-resulting ``GraphModule`` where the module was. Names are derived from the owning module and stable
-across runs: the first add of ``layer1.0`` is ``layer1.0.add``, the next ``layer1.0.add_1``, a concat
-of ``model.4`` is ``model.4.cat``.
+``a.add_(b)``), concatenates them (``torch.cat``), multiplies two of them (``torch.matmul``, ``@``,
+``torch.bmm``, ``torch.baddbmm``) or calls ``F.scaled_dot_product_attention``,
+:func:`insert_functional_quantizers` traces that forward with torch.fx (children stay opaque calls),
+replaces each such operation by a QuantAdd / QuantConcat / QuantMatMul / QuantSDPA call, and puts the
+resulting ``GraphModule`` where the module was. Hugging Face attention modules, which fx cannot trace,
+get their attention function quantized instead (:mod:`workbench.graph.hf_attention`). Names are
+derived from the owning module and stable across runs: the first add of ``layer1.0`` is
+``layer1.0.add``, the next ``layer1.0.add_1``; the products of ``blocks.0.attn`` are
+``blocks.0.attn.matmul`` and ``blocks.0.attn.matmul_1``; a concat of ``model.4`` is ``model.4.cat``.
 
 What stays the same: every submodule keeps its object, name and parameters (nothing is copied), and
 the new module's state_dict holds every key the old one had (plus the new quantizers). Modules whose
-forward has nothing to quantize are left as they are, so the model keeps its classes except where
-quantizers were inserted. A module whose forward cannot be traced (Python control flow on tensor
-values, say) is reported with the reason and left as it is; its children are still visited, and
-module-level quantization (``replace_to_quantization_module``) is unaffected. The report lists every
-operation quantized, every candidate skipped and why, and every module that could not be traced.
+forward has nothing to quantize are left as they are. With a sample input, every traced module is run
+against its original on the arguments it really received and kept only if the outputs are equal
+(:mod:`workbench.graph.verify`). Operations on masks, positions and integer tensors, and products with
+a parameter, get no quantizer (:mod:`workbench.graph.dataflow`); residual adds inside transformer
+blocks stay float unless asked for. A module whose forward cannot be traced is reported with the
+reason and left as it is; its children are still visited. The report lists every operation
+quantized, every candidate skipped and why, and every module that could not be traced.
 """
 from __future__ import annotations
 
 import logging
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 
 from workbench.graph.dataflow import activation_nodes, in_transformer_block, inplace_alias_risk
 from workbench.graph.hf_attention import quantize_hf_attention
+from workbench.graph.operations import (
+    SDPA_FUNCTIONS,
+    SDPA_KEYWORDS,
+    add_operands,
+    describe_node,
+    matmul_operands,
+    product_roles,
+    takes_var_keyword,
+)
 from workbench.graph.trace import (
-    ADD_FUNCTIONS,
-    ADD_METHODS,
     CAT_FUNCTIONS,
     TraceFailure,
     is_leaf,
     scalar_nodes,
+    trace_with_call,
 )
 from workbench.graph.tree import add_note, is_quantized_module
 from workbench.graph.verify import ModuleCall, capture_calls, traced_differs, value_dtypes
@@ -141,32 +152,10 @@ def _qualified(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _describe(node: fx.Node) -> str:
-    target = node.target
-    if node.op == "call_method":
-        label = f"Tensor.{target}"
-    else:
-        module = getattr(target, "__module__", None) or ""
-        module = "operator" if module in ("_operator", "operator") else module
-        label = f"{module}.{getattr(target, '__name__', str(target))}" if module else str(target)
-
-    def arg(a) -> str:
-        if isinstance(a, fx.Node):
-            return a.name
-        if isinstance(a, (list, tuple)):
-            return "[" + ", ".join(arg(x) for x in a) + "]"
-        return repr(a)
-    args = ", ".join([arg(a) for a in node.args] + [f"{k}={arg(v)}" for k, v in node.kwargs.items()])
-    return f"{label}({args})"
-
-
 _NO_OWN_OPS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, QuantTransformerEncoder)
-_MATMUL_FUNCTIONS = {torch.matmul: "matmul", operator.matmul: "matmul", torch.bmm: "bmm", torch.baddbmm: "baddbmm"}
-_MATMUL_METHODS = {"matmul": "matmul", "__matmul__": "matmul", "bmm": "bmm", "baddbmm": "baddbmm"}
-_SDPA_FUNCTIONS = (F.scaled_dot_product_attention,)
-_SDPA_KEYWORDS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-_RESIDUAL_IN_BLOCK = ("residual add in a transformer block: left in floating point by default (TensorRT keeps it "
-                      "in its fused kernels); set residual_adds_in_transformer_blocks to quantize it")
+_RESIDUAL_IN_BLOCK = ("add inside a transformer block (a module with a LayerNorm or an attention): left in floating "
+                      "point by default, TensorRT keeps it in its fused kernels; set "
+                      "residual_adds_in_transformer_blocks to quantize it")
 _NOT_ACTIVATION = ("an operand is not a floating activation (a mask, position or index computation, or an integer "
                    "tensor): TensorRT runs no INT8 kernel on it")
 
@@ -223,18 +212,26 @@ class _Inserter:
             self.report.failures.append(TraceFailure(path, type(module).__name__, risk))
             logger.info("Not tracing %s (%s): %s", path or "<model>", type(module).__name__, risk)
             return module
+        call = self.calls.get(id(module)) if self.calls is not None else None
         try:
             tracer = _OwnForwardTracer()
             graph = tracer.trace(module)
         except Exception as error:  # the user's forward runs on proxies: anything can be raised
-            text = str(error).strip().splitlines()
-            reason = f"{type(error).__name__}: {text[0] if text else ''}"[:400]
-            self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
-            logger.info("Could not trace %s (%s): %s", path or "<model>", type(module).__name__, reason)
-            return module
+            graph = None
+            if call is not None and (call.kwargs or takes_var_keyword(module)):
+                try:  # **kwargs forwards (Hugging Face blocks): trace the forward as it was called
+                    tracer = _OwnForwardTracer()
+                    graph = trace_with_call(tracer, module, call.args, call.kwargs)
+                except Exception:  # report the first, plainer error
+                    graph = None
+            if graph is None:
+                text = str(error).strip().splitlines()
+                reason = f"{type(error).__name__}: {text[0] if text else ''}"[:400]
+                self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
+                logger.info("Could not trace %s (%s): %s", path or "<model>", type(module).__name__, reason)
+                return module
         self.report.traced.append(path)
         gm = fx.GraphModule(tracer.root, graph, type(module).__name__)
-        call = self.calls.get(id(module)) if self.calls is not None else None
         dtypes = value_dtypes(gm, call) if call is not None else {}
         marks = len(self.report.inserted), len(self.report.skipped)
         added = self._insert(gm, module, path, dtypes)
@@ -306,12 +303,12 @@ class _Inserter:
 
         for node in list(graph.nodes):
             if self.add:
-                operands = _add_operands(node)
+                operands = add_operands(node)
                 if operands is not None:
                     a, b, alpha, inplace, has_out = operands
                     if not (is_tensor_operand(a) and is_tensor_operand(b)):
                         continue  # x + 1, x.size(0) + 1: nothing to quantize
-                    description = _describe(node)
+                    description = describe_node(node)
                     reason = None
                     if a.op == "get_attr" or b.op == "get_attr":
                         reason = "one operand is a parameter or buffer of the model, not an activation"
@@ -340,7 +337,7 @@ class _Inserter:
             if self.concat and node.op == "call_function" and node.target in CAT_FUNCTIONS:
                 tensors = node.args[0] if node.args else node.kwargs.get("tensors")
                 dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", node.kwargs.get("axis", 0))
-                description = _describe(node)
+                description = describe_node(node)
                 reason = None
                 if not isinstance(tensors, (list, tuple)) or not all(is_tensor_operand(t) for t in tensors):
                     reason = "its inputs are not a list of activations visible to the tracer"
@@ -360,12 +357,12 @@ class _Inserter:
                 self.report.inserted.append(InsertedQuantizer(qualified, "concat", path, description, len(tensors)))
                 continue
             if self.matmul:
-                product = _matmul_operands(node)
+                product = matmul_operands(node)
                 if product is not None:
                     op, a, b, bias, beta, alpha, has_out = product
                     if not (is_tensor_operand(a) and is_tensor_operand(b)):
                         continue
-                    description = _describe(node)
+                    description = describe_node(node)
                     reason = None
                     if a.op == "get_attr" or b.op == "get_attr" or a not in activations or b not in activations:
                         reason = ("not a product of two activations (an operand is a parameter, a mask, a position "
@@ -378,16 +375,16 @@ class _Inserter:
                         continue
                     kwargs = {} if op != "baddbmm" else {"bias": bias, "beta": beta, "alpha": alpha}
                     product_module = QuantMatMul(self.descriptor(qualified), op=op)
-                    product_module.roles = _product_roles(a, b)
+                    product_module.roles = product_roles(a, b)
                     replace(node, name, product_module, (a, b), kwargs)
                     self.report.inserted.append(InsertedQuantizer(qualified, "matmul", path, description, 2))
                     continue
-            if self.attention and node.op == "call_function" and node.target in _SDPA_FUNCTIONS:
-                names = ("query", "key", "value") + _SDPA_KEYWORDS
+            if self.attention and node.op == "call_function" and node.target in SDPA_FUNCTIONS:
+                names = ("query", "key", "value") + SDPA_KEYWORDS
                 bound = dict(zip(names, node.args))
                 bound.update(node.kwargs)
                 q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
-                description = _describe(node)
+                description = describe_node(node)
                 reason = None
                 if not all(is_tensor_operand(t) and t in activations for t in (q, k, v)):
                     reason = _NOT_ACTIVATION
@@ -395,7 +392,7 @@ class _Inserter:
                 if reason is not None:
                     self.report.skipped.append(SkippedOp(path, description, reason))
                     continue
-                kwargs = {key: bound[key] for key in _SDPA_KEYWORDS if key in bound}
+                kwargs = {key: bound[key] for key in SDPA_KEYWORDS if key in bound}
                 replace(node, name, QuantSDPA(self.descriptor(qualified)), (q, k, v), kwargs)
                 self.report.inserted.append(InsertedQuantizer(qualified, "attention", path, description, 4))
         if added:
@@ -409,79 +406,6 @@ class _OwnForwardTracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return True
-
-
-def _add_operands(node: fx.Node):
-    """``(a, b, alpha, inplace, has_out)`` for an add node, else None."""
-    if node.op == "call_function" and node.target in ADD_FUNCTIONS:
-        inplace = ADD_FUNCTIONS[node.target]
-        names = ("input", "other")  # torch.add's keywords; operator.add takes none
-    elif node.op == "call_method" and node.target in ADD_METHODS:
-        inplace = ADD_METHODS[node.target]
-        names = ("self", "other")
-    else:
-        return None
-    args = list(node.args)
-    kwargs = dict(node.kwargs)
-    for key in names[len(args):]:
-        if key in kwargs:
-            args.append(kwargs.pop(key))
-    if len(args) < 2:
-        return None
-    alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
-    return args[0], args[1], alpha, inplace, "out" in kwargs
-
-
-_SOFTMAX = (torch.softmax, F.softmax, torch.nn.functional.softmax)
-_PASS_THROUGH = (F.dropout, torch.dropout)
-
-
-def _product_roles(a: fx.Node, b: fx.Node) -> tuple[str, ...]:
-    """("probabilities", "value") when ``a`` is a softmax (maybe through dropout or a module such as
-    nn.Softmax/nn.Dropout), ("query", "key") when ``b`` is a transposed tensor, else ()."""
-    def is_softmax(node: fx.Node, depth: int = 0) -> bool:
-        if node.op == "call_function" and node.target in _SOFTMAX or node.op == "call_method" and node.target == "softmax":
-            return True
-        if node.op == "call_module" and "softmax" in str(node.target).lower():
-            return True
-        passing = (node.op == "call_function" and node.target in _PASS_THROUGH) or (
-            node.op == "call_module" and ("drop" in str(node.target).lower()))
-        return depth < 3 and passing and bool(node.args) and isinstance(node.args[0], fx.Node) and \
-            is_softmax(node.args[0], depth + 1)
-
-    if is_softmax(a):
-        return ("probabilities", "value")
-    transposed = (b.op == "call_method" and b.target in ("transpose", "permute", "mT")) or (
-        b.op == "call_function" and b.target in (torch.transpose,))
-    return ("query", "key") if transposed else ()
-
-
-def _matmul_operands(node: fx.Node):
-    """``(op, a, b, bias, beta, alpha, has_out)`` for a matrix product node, else None."""
-    if node.op == "call_function" and node.target in _MATMUL_FUNCTIONS:
-        op = _MATMUL_FUNCTIONS[node.target]
-        names = ("input", "batch1", "batch2") if op == "baddbmm" else ("input", "other") if op == "matmul" \
-            else ("input", "mat2")
-    elif node.op == "call_method" and node.target in _MATMUL_METHODS:
-        op = _MATMUL_METHODS[node.target]
-        names = ("self", "batch1", "batch2") if op == "baddbmm" else ("self", "other") if op == "matmul" \
-            else ("self", "mat2")
-    else:
-        return None
-    if operator.matmul is node.target:
-        names = ("a", "b")
-    bound: dict[str, Any] = dict(zip(names, node.args))
-    bound.update({k: v for k, v in node.kwargs.items() if k in names})
-    if any(n not in bound for n in names):
-        return None
-    values = [bound[n] for n in names]
-    has_out = "out" in node.kwargs
-    if op == "baddbmm":
-        extra = list(node.args[3:]) + [None, None]
-        beta = node.kwargs.get("beta", extra[0] if extra[0] is not None else 1)
-        alpha = node.kwargs.get("alpha", extra[1] if extra[1] is not None else 1)
-        return op, values[1], values[2], values[0], beta, alpha, has_out
-    return op, values[0], values[1], None, 1, 1, has_out
 
 
 def _complete_state(gm: fx.GraphModule, original: nn.Module) -> None:

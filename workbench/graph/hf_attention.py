@@ -88,6 +88,11 @@ class QuantHFAttention(QuantSDPA):
         output = output.transpose(1, 2).contiguous()
         return output, (probs if self.implementation == "eager" else None)
 
+    def __setstate__(self, state) -> None:
+        # an unpickled model in a new process needs the registered implementation its modules name
+        super().__setstate__(state)
+        _register()
+
     def extra_repr(self) -> str:
         return f"implementation={self.implementation}"
 
@@ -104,7 +109,7 @@ def _dispatch(module: nn.Module, query, key, value, attention_mask, **kwargs):
 def _register() -> None:
     from transformers import AttentionInterface
 
-    AttentionInterface.register(IMPLEMENTATION_NAME, _dispatch)
+    AttentionInterface.register(IMPLEMENTATION_NAME, _dispatch)  # a dict entry: registering twice is harmless
 
 
 def is_hf_attention_module(module: nn.Module) -> bool:

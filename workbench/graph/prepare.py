@@ -10,7 +10,15 @@ from torch import nn
 from workbench.graph.functional import FunctionalQuantReport, insert_functional_quantizers
 from workbench.graph.rules import PlacementReport, PlacementRules, apply_placement_rules
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.replace import DescriptorChoice, IgnorePolicy, ReplacementReport, replace_to_quantization_module
+from workbench.quant.replace import (
+    DescriptorChoice,
+    IgnoredLayer,
+    IgnorePolicy,
+    ReplacementReport,
+    ignore_matcher,
+    replace_to_quantization_module,
+)
+from workbench.quant.snapshot import holds_quantizers, owned_quantizers
 from workbench.quant.tensor_quant import QuantDescriptor
 
 logger = logging.getLogger(__name__)
@@ -35,6 +43,25 @@ class PreparationReport:
             parts.append(self.rules.summary())
         parts.extend(self.warnings)
         return "; ".join(parts)
+
+
+def _disable_ignored_inner(model: nn.Module, ignore_policy: IgnorePolicy, report: ReplacementReport) -> None:
+    """Quantizers created inside another quantized module (a QuantMultiheadAttention's ``sdpa`` and
+    ``out_proj``) are not swapped in by name, so the ignore policy is applied to them here: an ignored
+    name keeps its module but its quantizers are disabled (float), and it is listed as ignored."""
+    ignored = ignore_matcher(ignore_policy)
+    if ignore_policy is None:
+        return
+    already = {layer.name for layer in report.ignored}
+    for name, module in model.named_modules():
+        if not name or name in already or not holds_quantizers(module):
+            continue
+        reason = ignored(name)
+        if reason is None:
+            continue
+        for _, quantizer in owned_quantizers(module):
+            quantizer.disable()
+        report.ignored.append(IgnoredLayer(name, type(module).__name__, reason))
 
 
 def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None,
@@ -70,6 +97,7 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
             model, quant_desc_input=quant_desc_input, ignore_policy=ignore_policy, add=add, concat=concat,
             descriptor_for=functional_choice, matmul=matmul, attention=attention,
             residual_adds_in_transformer_blocks=residual_adds_in_transformer_blocks, example_inputs=example_inputs)
+    _disable_ignored_inner(model, ignore_policy, replacement)
     rules_report = apply_placement_rules(model, rules) if apply_rules else None
     report = PreparationReport(replacement, functional_report, rules_report)
     if not any(isinstance(m, TensorQuantizer) for m in model.modules()):

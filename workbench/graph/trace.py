@@ -8,6 +8,7 @@ failures. Nothing here modifies the model.
 """
 from __future__ import annotations
 
+import inspect
 import operator
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from torch import nn
 from workbench.graph.tree import is_quantized_module
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
-__all__ = ["QuantTracer", "TracedPiece", "TraceFailure", "trace_module", "trace_pieces",
+__all__ = ["QuantTracer", "TracedPiece", "TraceFailure", "trace_module", "trace_pieces", "trace_with_call",
            "is_leaf", "scalar_nodes", "ADD_FUNCTIONS", "ADD_METHODS", "CAT_FUNCTIONS", "MAXPOOL_FUNCTIONS"]
 
 ADD_FUNCTIONS = {operator.add: False, torch.add: False, operator.iadd: True}  # target -> in place
@@ -147,3 +148,45 @@ def scalar_nodes(graph: fx.Graph) -> set[fx.Node]:
             if inputs and all(a in scalars for a in inputs):
                 scalars.add(node)
     return scalars
+
+
+def trace_with_call(tracer: fx.Tracer, module: nn.Module, args: tuple, kwargs: dict) -> fx.Graph:
+    """Trace ``module``'s forward as it was called with ``args``/``kwargs``: one explicit parameter per
+    argument of that call, ``**kwargs`` expanded to the names the call gave.
+
+    fx cannot trace a forward that takes ``**kwargs`` (Hugging Face blocks: ``co_varnames is too
+    small``, ``Proxy object cannot be iterated``). Tracing a forward whose parameters are the call's own
+    argument names sidesteps that; the traced module then accepts exactly those arguments (the caller
+    checks it against the original on this call). The instance's class is swapped for a subclass with
+    that forward while tracing, and put back whatever happens.
+    """
+    original = type(module)
+    signature = inspect.signature(original.forward)
+    bound = signature.bind(module, *args, **kwargs)
+    names: list[str] = []
+    forwarded: list[str] = []
+    for name, parameter in signature.parameters.items():
+        if name == "self" or name not in bound.arguments:
+            continue
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            raise TypeError("a forward called with extra positional arguments cannot be traced by name")
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            for key in bound.arguments[name]:
+                names.append(key)
+                forwarded.append(f"{key}={key}")
+        else:
+            names.append(name)
+            forwarded.append(f"{name}={name}")
+    if not all(n.isidentifier() for n in names):
+        raise TypeError("the call passes keyword arguments that are not identifiers")
+    source = (f"def forward(self, {', '.join(names)}):\n"
+              f"    return _forward(self, {', '.join(forwarded)})\n")
+    namespace: dict = {"_forward": original.forward}
+    exec(compile(source, f"<workbench trace of {original.__name__}.forward>", "exec"), namespace)  # noqa: S102
+    bound_class = type(original.__name__, (original,), {"forward": namespace["forward"],
+                                                        "__module__": original.__module__})
+    module.__class__ = bound_class
+    try:
+        return tracer.trace(module)
+    finally:
+        module.__class__ = original

@@ -22,7 +22,7 @@ from workbench.quant.replace import default_quant_map, quantized_class_for
 from workbench.quant.snapshot import holds_quantizers, owned_quantizers
 
 __all__ = ["QuantizerInfo", "ModuleInfo", "ModelTree", "describe_model", "is_quantized_module",
-           "quantizer_summary", "quantizer_role", "add_note", "module_notes", "NOTES_ATTR"]
+           "quantizer_summary", "quantizer_role", "module_role", "add_note", "module_notes", "NOTES_ATTR"]
 
 _QUANTIZED_BASES = (QuantMixin, QuantInputMixin, QuantAdd, QuantConcat, QuantMatMul, QuantSDPA)
 # Short remarks a model transformation leaves on a module for the tree to show ("folded bn1"); a
@@ -87,6 +87,12 @@ class ModuleInfo:
     quantizers: tuple[QuantizerInfo, ...] = ()
     traced: bool = False      # a torch.fx GraphModule standing in for the user's module (functional quantizers)
     notes: tuple[str, ...] = ()  # what transformations did to it, e.g. ("folded bn1",) (see add_note)
+    role: str = ""            # what an attention quantizer module quantizes, e.g. "query x key"
+
+    @property
+    def display_type(self) -> str:
+        """The type with its role, e.g. ``"QuantMatMul (probabilities x value)"``."""
+        return f"{self.type_name} ({self.role})" if self.role else self.type_name
 
 
 @dataclass
@@ -239,8 +245,19 @@ def describe_model(model: nn.Module) -> ModelTree:
             name=name, type_name=kind.__name__, type_path=type_path, parent=parent, traced=traced,
             depth=depth, children=tuple(children), num_params=own_counts[name], total_params=totals[name],
             quantizable=quantized or quant_cls is not None, quantized=quantized, quant_type=quant_type,
-            quantizers=quantizers, notes=module_notes(module) + ((not_quantizable,) if not_quantizable else ())))
+            quantizers=quantizers, notes=module_notes(module) + ((not_quantizable,) if not_quantizable else ()),
+            role=module_role(module)))
     return ModelTree(infos)
+
+
+def module_role(module: nn.Module) -> str:
+    """What an attention quantizer module quantizes: "query x key", "probabilities x value",
+    "query, key, value, probabilities"; "" for other modules."""
+    if isinstance(module, QuantSDPA):
+        return ", ".join(ATTENTION_QUANTIZER_ROLES.values())
+    if isinstance(module, QuantMatMul) and getattr(module, "roles", None):
+        return " x ".join(module.roles)
+    return ""
 
 
 def quantizer_role(module: nn.Module, attr: str) -> str:

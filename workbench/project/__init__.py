@@ -10,4 +10,4 @@ from workbench.project.model import (  # noqa: F401
     SensitivityRecord,
 )
 from workbench.project.errors import ProjectChangedError, ProjectError  # noqa: F401
-from workbench.project.store import PROJECT_SUFFIX, SaveReport, load_project, save_project  # noqa: F401
+from workbench.project.store import PROJECT_SUFFIX, SaveReport, file_revision, load_project, save_project  # noqa: F401

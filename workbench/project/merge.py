@@ -29,7 +29,7 @@ __all__ = ["digests", "merge", "describe", "RECORD_KINDS"]
 
 # record kind -> Project attribute holding the list of records (each with an ``id``)
 RECORD_KINDS = {"calibration": "calibrations", "sensitivity": "sensitivity", "fallback": "fallbacks",
-                "export": "exports", "finetune": "finetunes"}
+                "export": "exports", "finetune": "finetunes", "engine": "engine_reports"}
 
 
 def _feed(hasher: Any, value: Any) -> None:

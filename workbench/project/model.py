@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.model_source import FileDigest, ModelSpec
 
+if TYPE_CHECKING:
+    from workbench.quant.calibrate import CalibrationResult, QuantizerCalibration
+
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
-           "ExportRecord", "FinetuneRecord", "Project", "ProjectOrigin", "now_iso", "DATA_ROLES"]
+           "ExportRecord", "FinetuneRecord", "EngineReportRecord", "Project", "ProjectOrigin", "now_iso",
+           "DATA_ROLES"]
 
 DATA_ROLES = ("calibration", "evaluation", "training")
 
@@ -49,6 +53,15 @@ class QuantizerRecord:
     calibrator_state: dict[str, Any] | None = None  # MaxCalibrator/HistogramCalibrator.state()
     descriptor: dict[str, Any] | None = None  # the descriptor it was calibrated with
 
+    @classmethod
+    def from_calibration(cls, item: QuantizerCalibration, *, calibrator_state: dict[str, Any] | None,
+                         descriptor: dict[str, Any] | None, name: str | None = None) -> QuantizerRecord:
+        """The record of one quantizer's calibration outcome (what :func:`workbench.quant.calibrate.calibrate`
+        measured), with the statistics and descriptor to keep beside it; ``name`` when the quantizer is
+        recorded under another of its names (one shared by a placement rule)."""
+        return cls(name or item.name, item.amax.numpy().astype(np.float32), item.method, item.calibrator, item.num_samples,
+                   item.nonfinite_count, item.max_value, calibrator_state, descriptor)
+
 
 @dataclass
 class CalibrationRecord:
@@ -66,6 +79,15 @@ class CalibrationRecord:
     # layers whose BatchNorm was folded into them when this run calibrated (their weight amax is of the
     # folded weight); None for runs saved before folding existed (nothing was folded)
     folded: list[str] | None = None
+
+    @classmethod
+    def from_result(cls, result: CalibrationResult, *, id: int, created: str, quantizers: dict[str, QuantizerRecord],
+                    folded: list[str] | None) -> CalibrationRecord:
+        """The record of a calibration run: the run's own numbers from ``result``, the quantizers' records."""
+        return cls(id=id, created=created, method=result.method, percentile=float(result.percentile),
+                   num_batches=result.num_batches, wall_time_s=result.wall_time_s, device=result.device,
+                   output_sqnr_db=result.output_sqnr_db, warnings=list(result.warnings), unused=list(result.unused),
+                   quantizers=quantizers, folded=folded)
 
 
 @dataclass
@@ -92,6 +114,15 @@ class ExportRecord:
     path: str
     settings: dict[str, Any]
     report: dict[str, Any]
+
+
+@dataclass
+class EngineReportRecord:
+    """A TensorRT engine report imported into the project (:meth:`workbench.engine.EngineReport.to_dict`)."""
+
+    id: int
+    created: str
+    data: dict[str, Any]
 
 
 @dataclass
@@ -144,9 +175,11 @@ class Project:
     fallbacks: list[FallbackRecord] = field(default_factory=list)
     exports: list[ExportRecord] = field(default_factory=list)
     finetunes: list[FinetuneRecord] = field(default_factory=list)
+    engine_reports: list[EngineReportRecord] = field(default_factory=list)
     created: str = field(default_factory=now_iso)
     modified: str = field(default_factory=now_iso)
     app_version: str = ""
+    saved_in: str = ""  # the folder the project was last saved in: where its relative paths used to lead
     # the file and revision this was loaded from or last saved to (None: not from a file yet)
     origin: ProjectOrigin | None = field(default=None, compare=False, repr=False)
 

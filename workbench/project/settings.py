@@ -14,18 +14,25 @@ import numpy as np
 import torch
 
 from workbench.quant import QuantDescriptor
+from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE
+from workbench.quant.tensorrt_rules import tensorrt_check
 
-__all__ = ["DEFAULT_SETTINGS", "REBUILD_SETTINGS", "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
+__all__ = ["DEFAULT_SETTINGS", "PERCENTILE_FLOOR", "REBUILD_SETTINGS", "FUNCTIONAL_SWITCHES", "percentile_mistake",
+           "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "defaults": {"input": {"calib_method": "histogram"}, "weight": None},
-    "functional": {"add": True, "concat": True},
+    "functional": {"add": True, "concat": True, "matmul": True, "attention": True,
+                   "residual_adds_in_transformer_blocks": False},
     "rules": {"concat": True, "maxpool": True, "residual": True},
     "pins": [],
-    "calibration": {"method": "entropy", "num_batches": 16, "percentile": 99.99},
+    "calibration": {"method": DEFAULT_AMAX_METHOD.value, "num_batches": 16, "percentile": PERCENTILE.default},
     "metric": {"name": "sqnr", "direction": None},
     "export": {"path": None, "opset": 17, "dynamic_batch": True, "amax_json": False, "calibration_cache": False},
     "device": "cpu",
+    # the part of the model's output that metrics, sensitivity and export compare: a ModelOutput / dict key
+    # ("logits") or a tuple index ("0"); None: the whole output if it is tensors, else its first tensor
+    "output": None,
     # fold BatchNorm into the layer before it, as TensorRT does, so that per-channel weight amax is taken
     # on the weights the engine runs (projects from before folding existed open with it off)
     "fold_bn": True,
@@ -35,9 +42,18 @@ DEFAULT_SETTINGS: dict[str, Any] = {
                  "amp": None},
 }
 
+# what each functional switch quantizes (the CLI's --help and the GUI read it)
+FUNCTIONAL_SWITCHES: dict[str, str] = {
+    "add": "elementwise adds of two activations (residual adds)",
+    "concat": "concatenations of activations",
+    "matmul": "matrix products of two activations (torch.matmul, @, bmm, baddbmm)",
+    "attention": "F.scaled_dot_product_attention and Hugging Face attention functions (q, k, v, probabilities)",
+    "residual_adds_in_transformer_blocks": "residual adds inside transformer blocks (LayerNorm/attention "
+                                           "blocks); off by default, TensorRT keeps them in its fused kernels",
+}
+
 # the settings that change which quantizers exist or how they are built (the model is rebuilt)
 REBUILD_SETTINGS = frozenset({"defaults", "functional", "rules", "pins", "fold_bn"})
-_CALIBRATION_METHODS = ("entropy", "mse", "percentile", "max")
 
 
 class SettingsError(ValueError):
@@ -117,7 +133,8 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
     elif key == "metric":
         name, direction = checked.get("name"), checked.get("direction")
         if not isinstance(name, str) or not name.strip():
-            raise SettingsError(f"The metric needs a name (sqnr, cosine, mse, top1 or an entry point), got {name!r}.")
+            raise SettingsError(f"The metric needs a name (a built-in metric, or module:function / "
+                                f"file.py:function), got {name!r}.")
         if direction not in (None, "higher", "lower"):
             raise SettingsError(f"The metric's direction is 'higher' or 'lower' (which is better), got {direction!r}.")
     elif key == "defaults":
@@ -125,18 +142,25 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
             if fields is not None and not isinstance(fields, dict):
                 raise SettingsError(f"the default {role} descriptor is a mapping of fields or none, got {fields!r}.")
             try:
-                make_descriptor(fields)
+                made = make_descriptor(fields)
             except (TypeError, ValueError) as error:
                 raise SettingsError(f"the default {role} descriptor: {error}") from None
+            # a default applies to every layer type, so only the rule all of them share is checked here
+            if made is not None and role == "input":
+                verdict = tensorrt_check(role, made.num_bits, made.axis, "layer")
+                if verdict.error:
+                    raise SettingsError(f"the default input descriptor: {verdict.error}")
     elif key == "calibration":
         method, batches, percentile = checked.get("method"), checked.get("num_batches"), checked.get("percentile")
-        if method is not None and method not in _CALIBRATION_METHODS:
-            raise SettingsError(f"The calibration method is one of {', '.join(_CALIBRATION_METHODS)}, got {method!r}.")
+        if method is not None and method not in AMAX_METHODS:
+            raise SettingsError(f"The calibration method is one of {', '.join(AMAX_METHODS)}, got {method!r}.")
         if batches is not None and (not _is_int(batches) or batches < 1):
             raise SettingsError(f"The calibration batches are a positive number or none (all), got {batches!r}.")
-        if percentile is not None and (isinstance(percentile, bool) or not isinstance(percentile, (int, float))
-                                       or not 0 < percentile <= 100):
-            raise SettingsError(f"The calibration percentile is a number in (0, 100], got {percentile!r}.")
+        if percentile is not None and not PERCENTILE.contains(percentile):
+            raise SettingsError(f"The calibration percentile is {PERCENTILE.describe()}, got {percentile!r}.")
+        mistake = percentile_mistake(percentile) if percentile is not None else None
+        if mistake:
+            raise SettingsError(mistake)
     elif key == "export":
         opset, path = checked.get("opset"), checked.get("path")
         if opset is not None and (not _is_int(opset) or opset < 1):
@@ -147,6 +171,21 @@ def _check_fields(key: str, checked: dict[str, Any]) -> None:
                  if name in checked and not isinstance(checked[name], bool)]
         if wrong:
             raise SettingsError(f"export {', '.join(wrong)} must be true or false.")
+
+
+# A percentile under this is almost certainly a fraction typed where a percent was meant (0.999 for 99.9).
+PERCENTILE_FLOOR = 50.0
+
+
+def percentile_mistake(percentile: float) -> str | None:
+    """Why ``percentile`` (in percent) is almost certainly a mistake, with the value likely meant; None when
+    it looks intended (at least :data:`PERCENTILE_FLOOR`). The CLI lets a user insist (``--force``)."""
+    if percentile >= PERCENTILE_FLOOR:
+        return None
+    candidates = ([percentile * 100] if 0 < percentile <= 1 else []) + [100 - percentile]
+    meant = next(c for c in candidates if c >= PERCENTILE_FLOOR)
+    return (f"The percentile is in percent: {percentile:g} would set amax where only {percentile:g}% of the "
+            f"values lie below it, clipping almost everything; did you mean {round(meant, 6):g}?")
 
 
 def checked_setting(key: str, value: Any) -> Any:
@@ -163,6 +202,10 @@ def checked_setting(key: str, value: Any) -> Any:
         return value
     if key == "device":
         return _checked_device(value)
+    if key == "output":
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise SettingsError(f"output is the name of an output entry (logits, 0...) or none, got {value!r}.")
+        return value.strip() if isinstance(value, str) else None
     if key == "pins":
         if not isinstance(value, (list, tuple)) or not all(
                 isinstance(pin, (list, tuple)) and len(pin) == 2 and all(isinstance(n, str) and n for n in pin)

@@ -25,6 +25,7 @@ from workbench.project.model import Project, ProjectOrigin, now_iso
 from workbench.project.tables import (  # noqa: F401 - encode_array/decode_array: part of the store's API
     SCHEMA_VERSION,
     TABLES,
+    create_engine_tables,
     create_finetune_tables,
     create_schema,
     decode_array,
@@ -35,7 +36,7 @@ from workbench.project.tables import (  # noqa: F401 - encode_array/decode_array
 from workbench.sources.errors import SourceError
 
 __all__ = ["ProjectError", "ProjectChangedError", "save_project", "load_project", "SCHEMA_VERSION", "APPLICATION_ID",
-           "MIGRATIONS", "PROJECT_SUFFIX", "SaveReport"]
+           "MIGRATIONS", "PROJECT_SUFFIX", "SaveReport", "file_revision"]
 
 APPLICATION_ID = 0x51574231  # "QWB1"
 PROJECT_SUFFIX = ".qwb"
@@ -75,7 +76,8 @@ def save_project(project: Project, path: str | os.PathLike, *, who: str = "this 
         ProjectError: the file cannot be written, or is something other than a project.
     """
     path = Path(path)
-    if path.exists():
+    existed = path.exists()
+    if existed:
         _check_header(path)
     origin = project.origin if project.origin is not None and Path(project.origin.path) == path.resolve() else None
     try:
@@ -94,6 +96,7 @@ def save_project(project: Project, path: str | os.PathLike, *, who: str = "this 
                 if origin is not None and revision != origin.revision:
                     written, merged = _merged(db, path, project, origin, who)
                 written.modified = now_iso()
+                written.saved_in = str(path.resolve().parent)
                 written.app_version = __version__
                 written.calibrations = written.calibrations[-MAX_CALIBRATION_RUNS:]
                 for table in TABLES:
@@ -105,6 +108,11 @@ def save_project(project: Project, path: str | os.PathLike, *, who: str = "this 
                 db.conn.rollback()
             raise
     except (sqlite3.Error, OSError) as error:
+        db.close()
+        if not existed:  # a failed first save leaves no stub that would block the next try
+            for leftover in (path, path.with_name(path.name + "-journal")):
+                leftover.unlink(missing_ok=True)
+            raise ProjectError(f"{path}: saving failed ({error}); no file was written.") from error
         raise ProjectError(f"{path}: saving failed ({error}); the previous save is unchanged.") from error
     finally:
         db.close()
@@ -113,6 +121,21 @@ def save_project(project: Project, path: str | os.PathLike, *, who: str = "this 
             setattr(project, item.name, getattr(written, item.name))
     project.origin = ProjectOrigin(str(path.resolve()), revision + 1, digests(project))
     return SaveReport(revision + 1, merged)
+
+
+def file_revision(path: str | os.PathLike) -> int | None:
+    """The revision of the project file at ``path`` now (None: no readable project there). Cheap: one row."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=LOCK_TIMEOUT_S)
+        try:
+            return _revision(sqlite_utils.Database(connection))
+        finally:
+            connection.close()
+    except (sqlite3.Error, KeyError, OSError):
+        return None
 
 
 def _revision(db: sqlite_utils.Database) -> int:
@@ -228,6 +251,16 @@ def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS[1] = _migrate_1_to_2
+
+
+def _migrate_2_to_3(db: sqlite_utils.Database) -> None:
+    """Version 3 adds imported TensorRT engine reports (``engine_reports``); nothing else changes."""
+    create_engine_tables(db)
+    if "meta" in db.table_names():
+        db["meta"].upsert({"key": "schema_version", "value": "3"}, pk="key")
+
+
+MIGRATIONS[2] = _migrate_2_to_3
 
 
 def _upgrade_existing(db: sqlite_utils.Database) -> None:

@@ -19,6 +19,7 @@ import sqlite_utils
 from workbench.project.errors import ProjectError
 from workbench.project.model import (
     CalibrationRecord,
+    EngineReportRecord,
     ExportRecord,
     FallbackRecord,
     FinetuneRecord,
@@ -32,7 +33,7 @@ from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import FileDigest, ModelSpec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ARRAY_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "bool")
 
 
@@ -119,6 +120,12 @@ def create_schema(db: sqlite_utils.Database) -> None:
     db["exports"].create({"id": int, "created": str, "path": str, "settings": str, "report": str}, pk="id",
                          if_not_exists=True)
     create_finetune_tables(db)
+    create_engine_tables(db)
+
+
+def create_engine_tables(db: sqlite_utils.Database) -> None:
+    """Version 3: TensorRT engine reports imported into the project (workbench.engine, as JSON)."""
+    db["engine_reports"].create({"id": int, "created": str, "data": str}, pk="id", if_not_exists=True)
 
 
 def create_finetune_tables(db: sqlite_utils.Database) -> None:
@@ -130,7 +137,7 @@ def create_finetune_tables(db: sqlite_utils.Database) -> None:
 
 
 TABLES = ("meta", "model_source", "data_sources", "settings", "layers", "calibration_runs", "quantizer_stats",
-          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors")
+          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors", "engine_reports")
 
 
 def _dumps(value: Any) -> str:
@@ -145,6 +152,7 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
         {"key": "name", "value": project.name},
         {"key": "created", "value": project.created},
         {"key": "modified", "value": project.modified},
+        {"key": "saved_in", "value": project.saved_in},
     ])
     if project.model is not None:
         db["model_source"].insert({
@@ -198,6 +206,8 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
                 tensor_rows.append({"run_id": run.id, "kind": kind, "name": name, "data": data, "dtype": dtype,
                                     "shape": shape})
     db["finetune_tensors"].insert_all(tensor_rows, batch_size=100)
+    db["engine_reports"].insert_all([{"id": r.id, "created": r.created, "data": _dumps(r.data)}
+                                     for r in project.engine_reports])
 
 
 class _Damaged(Exception):
@@ -277,7 +287,8 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
     with _row(path, "meta", "its rows"):
         meta = {r["key"]: r["value"] for r in db["meta"].rows}
     project = Project(name=str(meta.get("name", path.stem)), created=str(meta.get("created", "")),
-                      modified=str(meta.get("modified", "")), app_version=str(meta.get("app_version", "")))
+                      modified=str(meta.get("modified", "")), app_version=str(meta.get("app_version", "")),
+                      saved_in=str(meta.get("saved_in", "")))
     for row in db["model_source"].rows:
         with _row(path, "model_source", "the model"):
             project.model = ModelSpec.from_dict(_json(row, "spec"))
@@ -359,4 +370,10 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
             else:
                 run.amax[name] = _amax(array, "learned amax")
     project.finetunes = list(finetunes.values())
+    for row in db["engine_reports"].rows_where(order_by="id"):
+        with _row(path, "engine_reports", f"engine report {row.get('id')}"):
+            data = _json(row, "data")
+            if not isinstance(data, dict):
+                raise _Damaged("it holds no engine report.")
+            project.engine_reports.append(EngineReportRecord(int(row["id"]), str(row["created"]), data))
     return project

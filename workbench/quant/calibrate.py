@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db  # noqa: F401
-from workbench.quant.calib import HISTOGRAM_METHODS, HistogramCalibrator, MaxCalibrator
+from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.merge import merge_calibrators
 from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
@@ -163,10 +163,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         CalibrationError: the model raised on a batch (its index and the original error are kept);
             the model is unchanged.
     """
-    if method not in HISTOGRAM_METHODS:
-        raise ValueError(f"method must be one of {HISTOGRAM_METHODS}, got {method!r}.")
-    if not 0 <= percentile <= 100:
-        raise ValueError(f"percentile must be in [0, 100], got {percentile}.")
+    method = AmaxMethod.parse(method).value
+    percentile = PERCENTILE.check(percentile)
     if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
                                     or num_batches < 1):
         raise ValueError(f"num_batches must be a positive integer or None, got {num_batches!r}.")

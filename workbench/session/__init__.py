@@ -2,14 +2,17 @@
 
 One idea a module: :mod:`~workbench.session.core` is the :class:`Session` (open, save, and every job a
 user can run), :mod:`~workbench.session.build` builds the quantized model from a project,
-:mod:`~workbench.session.views` holds the read-only views the front ends show, and the project's
-settings are :mod:`workbench.project.settings`.
+:mod:`~workbench.session.views` holds the read-only views the front ends show,
+:mod:`~workbench.session.events` tells them what changed, and the project's settings are
+:mod:`workbench.project.settings`.
 """
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS
 from workbench.session.build import BuildReport, Built, build_quantized, descriptor_of
 from workbench.session.core import Session
 from workbench.session.errors import SessionError
+from workbench.session.events import Event, EventEmitter, SessionEvent
 from workbench.session.views import LayerView, descriptor_summary, jsonable
 
 __all__ = ["Session", "SessionError", "LayerView", "DEFAULT_SETTINGS", "REBUILD_SETTINGS", "descriptor_of",
-           "descriptor_summary", "jsonable", "BuildReport", "Built", "build_quantized"]
+           "descriptor_summary", "jsonable", "BuildReport", "Built", "build_quantized", "Event", "EventEmitter",
+           "SessionEvent"]

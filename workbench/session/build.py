@@ -18,18 +18,24 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.export.naming import layer_of_quantizer
 from workbench.graph import FunctionalQuantReport, PlacementReport, PlacementRules
 from workbench.graph.fold import FoldReport, fold_batchnorm
+from workbench.graph.hf_attention import QuantHFAttention
 from workbench.graph.prepare import prepare_for_tensorrt
 from workbench.project import CalibrationRecord, FinetuneRecord, Project, QuantizerRecord
 from workbench.project.settings import jsonable, make_descriptor
 from workbench.quant import TensorQuantizer
 from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
+from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul, QuantSDPA
 from workbench.quant.replace import ReplacementReport
 from workbench.quant.snapshot import holds_quantizers, quantizer_names
 from workbench.sources.data_source import InputSpec
 
 logger = logging.getLogger(__name__)
+
+# quantizers the functional rewrite creates (not a layer of the user's model)
+FUNCTIONAL_MODULES = (QuantAdd, QuantConcat, QuantMatMul, QuantSDPA, QuantHFAttention)
 
 __all__ = ["BuildReport", "Built", "build_quantized", "fold_base", "descriptor_of", "role_quantizer", "layer_of",
            "quantizable", "structural_copy", "to_numpy"]
@@ -82,7 +88,7 @@ def role_quantizer(module: nn.Module | None, role: str) -> TensorQuantizer | Non
     if role == "weight":
         return getattr(module, "_weight_quantizer", None)
     candidates = [getattr(module, attr, None) for attr in ("_input_quantizer", "_input0_quantizer",
-                                                           "_input1_quantizer")]
+                                                           "_input1_quantizer", "_q_quantizer")]
     candidates = [q for q in candidates if q is not None]
     # a placement rule may bypass one input of an add (the identity branch): show the one in use
     return next((q for q in candidates if not q._disabled), candidates[0] if candidates else None)
@@ -90,13 +96,7 @@ def role_quantizer(module: nn.Module | None, role: str) -> TensorQuantizer | Non
 
 def layer_of(quantizer_name: str) -> tuple[str, str]:
     """``"conv1._input_quantizer"`` -> ``("conv1", "input")``; RNN/LSTM lists map to their layer too."""
-    parts = quantizer_name.split(".")
-    for index in range(len(parts) - 1, -1, -1):
-        part = parts[index]
-        if part.endswith("_quantizer") or part.endswith("_quantizers"):
-            role = "weight" if part.startswith("_weight") else "input"
-            return ".".join(parts[:index]), role
-    return ".".join(parts[:-1]), "input"
+    return layer_of_quantizer(quantizer_name)
 
 
 def quantizable(model: nn.Module) -> list[tuple[str, str, str]]:
@@ -104,7 +104,7 @@ def quantizable(model: nn.Module) -> list[tuple[str, str, str]]:
     seen = []
     for name, module in model.named_modules():
         if holds_quantizers(module):
-            kind = "functional" if type(module).__name__ in ("QuantAdd", "QuantConcat") else "module"
+            kind = "functional" if isinstance(module, FUNCTIONAL_MODULES) else "module"
             seen.append((name, type(module).__name__.removeprefix("Quant") if kind == "module"
                          else type(module).__name__, kind))
     return seen
@@ -142,19 +142,21 @@ def fold_base(float_model: nn.Module, input_spec: InputSpec | None,
 
 def _fold_example(spec: InputSpec | None, device: torch.device) -> tuple[torch.Tensor] | None:
     dtype = getattr(torch, spec.dtype, None) if spec is not None else None
-    if spec is None or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    # a float image-like input only: token ids and keyword inputs are not made up from noise
+    if spec is None or spec.named or not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         return None
     generator = torch.Generator().manual_seed(0)
     return (torch.randn(spec.with_batch(1), generator=generator, dtype=dtype).to(device),)
 
 
 def build_quantized(base: nn.Module, project: Project, device: torch.device, *, folding: FoldReport | None = None,
-                    with_decisions: bool = True) -> Built:
+                    with_decisions: bool = True, example_inputs: Any = None) -> Built:
     """The quantized model of ``base`` (the float model, or :func:`fold_base` of it, with ``folding`` its report).
 
     With ``with_decisions`` the project's layer decisions and placement rules apply and the last
     calibration and the active fine-tune are restored where they fit; without, every quantizable layer
-    is quantized with the default descriptors (to find which layers can be).
+    is quantized with the default descriptors (to find which layers can be). ``example_inputs`` (one
+    sample batch) lets the functional rewrite check every traced module against its original.
     """
     settings = project.settings
     defaults = settings.get("defaults") or {}
@@ -176,7 +178,9 @@ def build_quantized(base: nn.Module, project: Project, device: torch.device, *, 
     model, prepared = prepare_for_tensorrt(
         model, ignore_policy=exact or None, quant_desc_input=default_input, quant_desc_weight=default_weight,
         descriptor_for=choose, add=bool(functional.get("add", True)), concat=bool(functional.get("concat", True)),
-        apply_rules=with_decisions,
+        matmul=bool(functional.get("matmul", True)), attention=bool(functional.get("attention", True)),
+        residual_adds_in_transformer_blocks=bool(functional.get("residual_adds_in_transformer_blocks", False)),
+        example_inputs=example_inputs, apply_rules=with_decisions,
         rules=PlacementRules(concat=bool(rules.get("concat", True)), maxpool=bool(rules.get("maxpool", True)),
                              residual=bool(rules.get("residual", True)),
                              pins=[tuple(p) for p in settings.get("pins") or []]))

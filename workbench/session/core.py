@@ -34,6 +34,7 @@ from workbench.project import (
     Project,
     QuantizerRecord,
     SensitivityRecord,
+    file_revision,
     load_project,
     save_project,
 )
@@ -41,21 +42,28 @@ from workbench.project.model import now_iso
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, SettingsError, checked_setting, jsonable
 from workbench.project.settings import make_descriptor
 from workbench.quant import TensorQuantizer
-from workbench.quant.calib import HistogramCalibrator
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate, sqnr_db
+from workbench.quant.calib import DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, HistogramCalibrator
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate
+from workbench.quant.calibrate import sqnr_db
+from workbench.quant.batches import first_samples, input_shapes, model_inputs, run_model, to_device
 from workbench.quant.calibrate import run_model as _run_model
 from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
-from workbench.session import views
+from workbench.quant.tensorrt_rules import tensorrt_check
+from workbench.session import tensorrt, views
+from workbench.session.exports import check_overwrite, export_digest, resolve_export_path, stored_export_path
 from workbench.session.build import BuildReport, build_quantized, descriptor_of, fold_base, layer_of, quantizable
 from workbench.session.build import role_quantizer, to_numpy
 from workbench.session.errors import SessionError
+from workbench.session.events import EventEmitter, SessionEvent
 from workbench.session.views import LayerView
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
-from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.errors import EntryPointError, SourceError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
-from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
+from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
+from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, code_references, remember_trust
+from workbench.sources.trust import trust_status
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +82,17 @@ class Session:
         self.base_dir = base_dir or (path.parent if path is not None else Path.cwd())
         self.trust_code = trust_code
         self.dirty = False
+        self.events = EventEmitter()  # what changed, for the front ends (see workbench.session.events)
+        self.who = "this command"  # who opened the file, for the message when another process saved it meanwhile
+        self.merged_on_save: list[str] = []  # what the last save kept of another process's changes
         self.file_changes: list[str] = []  # model/weights files that differ from when the project was made
+        self.notes: list[str] = []  # what the last edit accepted but the user should know (4-bit: simulation only)
         for key, value in DEFAULT_SETTINGS.items():
             project.settings.setdefault(key, copy.deepcopy(value))
-        self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
+        try:
+            self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
+        except EntryPointError as error:
+            raise EntryPointError(f"{error}{_moved_hint(project, self.base_dir)}") from error
         self.float_model: nn.Module = self._loaded.model
         self._data: dict[str, DataSource] = {}
         self._quant_model: nn.Module | None = None
@@ -114,17 +129,36 @@ class Session:
             declared = InputSpec(tuple(int(s) for s in input_shape))
             check_input(declared, data_spec, calibration.label)
         project.input_spec = data_spec
+        for role, spec in project.data.items():  # every data set now, not as an error in a later job
+            if role != "calibration":
+                check_input(data_spec, session.data(role).input_spec(), spec.label)
         session.check_forward()
         session._init_layers()
         session.dirty = True
         return session
 
     @classmethod
-    def open(cls, path: str | Path, *, trust_code: bool = False) -> Session:
-        """Open a project file; the model is rebuilt and its calibration restored without recalibrating."""
+    def open(cls, path: str | Path, *, trust_code: bool = False, remembered: bool = True) -> Session:
+        """Open a project file; the model is rebuilt and its calibration restored without recalibrating.
+
+        ``trust_code`` lets the project's code run and remembers that trust for this file and this code
+        (:mod:`workbench.sources.trust`); without it, trust remembered earlier for the same file and the
+        same code applies, unless ``remembered`` is False.
+        """
         path = Path(path)
         project = load_project(path)
-        session = cls(project, path=path, base_dir=path.parent, trust_code=trust_code)
+        references = _code_references(project, path.parent)
+        status = trust_status(path, references) if references and remembered and not trust_code else UNKNOWN
+        try:
+            session = cls(project, path=path, base_dir=path.parent, trust_code=trust_code or status == TRUSTED)
+        except TrustRequired as error:
+            if status != CHANGED:
+                raise
+            files = ", ".join(Path(f).name for r in references for f in r.files) or "its references"
+            raise TrustRequired(f"{error} It was trusted before, but its code changed since ({files}): check it "
+                                "before trusting it again.") from None
+        if trust_code and references:
+            remember_trust(path, references)
         if session.file_changes or not project.layers:
             session._sync_layers()  # the model may have new or fewer layers than the project knows
         model = session.quantized_model()  # rebuild now: errors surface on open, not on first use
@@ -143,10 +177,40 @@ class Session:
         if self.path is None or target.parent != self.base_dir.resolve():
             self._rebase(target.parent)
         self.project.name = self.project.name or target.stem
-        save_project(self.project, target)
+        report = save_project(self.project, target, who=self.who)
+        if report.merged:  # another process's changes are in the project now: build from them
+            self._quant_model, self._data = None, {}
+            logger.info("%s: kept what another process saved meanwhile: %s", target, ", ".join(report.merged))
+        self.merged_on_save = report.merged
+        if self.trust_code:  # the user trusts this code (and may have added some, a metric): remember it here
+            references = _code_references(self.project, target.parent)
+            if references:
+                remember_trust(target, references)
         self.path = target
         self.dirty = False
+        self.events.emit(SessionEvent.SAVED, path=str(target))
         return target
+
+    def changed_on_disk(self) -> bool:
+        """Whether another process saved the project file since this session opened or last saved it."""
+        origin = self.project.origin
+        if self.path is None or origin is None:
+            return False
+        return file_revision(self.path) != origin.revision
+
+    @staticmethod
+    def code_references(path: str | Path) -> list[CodeReference]:
+        """The code a project file would run (model, data, metric, loss) and why it needs trust, read
+        without running any of it; empty for a project that runs none."""
+        path = Path(path)
+        return _code_references(load_project(path), path.parent)
+
+    @staticmethod
+    def trust_status(path: str | Path) -> str:
+        """Whether the project's code is trusted as it is now: ``"trusted"``, ``"changed"`` (trusted before
+        the code changed) or ``"unknown"`` (never trusted, or a copy); ``"trusted"`` for one with no code."""
+        references = Session.code_references(path)
+        return trust_status(path, references) if references else TRUSTED
 
     def _rebase(self, new_base: Path) -> None:
         """Rewrite relative paths of the sources so that they stay valid next to the new file."""
@@ -158,6 +222,12 @@ class Session:
             if isinstance(setting, dict) and isinstance(setting.get(field_name), str):
                 moved = relative_entrypoint(absolute_entrypoint(setting[field_name], self.base_dir), new_base)
                 self.project.settings[key] = {**setting, field_name: moved}
+        export = self.project.settings.get("export")
+        if isinstance(export, dict) and isinstance(export.get("path"), str):  # exports stay where they were
+            self.project.settings["export"] = {**export, "path": relative_path(
+                absolute_path(export["path"], self.base_dir), new_base)}
+        for record in self.project.exports:
+            record.path = relative_path(absolute_path(record.path, self.base_dir), new_base) or record.path
         self.base_dir = new_base
         self._data.clear()
 
@@ -193,28 +263,50 @@ class Session:
         return self._data[role]
 
     def set_data(self, role: str, spec: DataSpec) -> None:
-        """Replace a data source; the new inputs must fit the model."""
+        """Replace a data source; the new inputs must fit the model (new calibration data is run through it
+        once, as :meth:`create` does). A refused source leaves the project's data as it was."""
         source = open_data(spec, trust_code=self.trust_code, base_dir=self.base_dir)
         if self.project.input_spec is not None:
             check_input(self.project.input_spec, source.input_spec(), spec.label)
+        previous = self.project.data.get(role), self._data.get(role)
         self.project.data[role] = spec
         self._data[role] = source
-        self.dirty = True
+        if role == "calibration":
+            try:
+                self.check_forward()
+            except SourceError:
+                for store, old in ((self.project.data, previous[0]), (self._data, previous[1])):
+                    if old is None:
+                        store.pop(role, None)
+                    else:
+                        store[role] = old
+                raise
+        self._changed(SessionEvent.DATA, role=role)
 
-    def sample_inputs(self, batch: int = 1) -> torch.Tensor:
+    def sample_inputs(self, batch: int = 1) -> Any:
+        """The first ``batch`` samples of the calibration data, on the session's device: a tensor, or a dict
+        of keyword inputs (``input_ids``, ``attention_mask``...)."""
         inputs, _ = next(iter(self.data("calibration").batches(limit=1)))
-        return inputs[:batch].to(self.device)
+        return first_samples(to_device(inputs, self.device), batch)
+
+    def _example_inputs(self):
+        """One sample, for the functional rewrite's check of traced modules; None without usable data."""
+        try:
+            return self.sample_inputs(batch=1)
+        except Exception as error:  # no data yet, or data the model cannot take: build without the check
+            logger.info("No sample input to check traced modules with: %s", error)
+            return None
 
     def check_forward(self) -> None:
-        """Run the float model on one sample batch; its error names the input shape."""
+        """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
         sample = self.sample_inputs(batch=2)
         try:
             with torch.no_grad():
-                self.float_model(sample)
+                run_model(self.float_model, (sample, None), self.device)
         except Exception as error:
             raise SourceError(f"The model ({self.project.model.label}) failed on a sample input of shape "
-                              f"{tuple(sample.shape)} from {self.project.data['calibration'].label}: "
-                              f"{type(error).__name__}: {error}") from error
+                              f"{input_shapes(*model_inputs((sample, None)))} from "
+                              f"{self.project.data['calibration'].label}: {type(error).__name__}: {error}") from error
 
     # ----- layers -----------------------------------------------------------------------------
 
@@ -226,7 +318,8 @@ class Session:
     def _sync_layers(self) -> None:
         """Make sure every quantizable layer of the model has a decision (new ones: quantize)."""
         base, folding = self._fold_base()
-        model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False).model
+        model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False,
+                                example_inputs=self._example_inputs()).model
         decisions = dict(self.project.layers)
         layers: dict[str, LayerDecision] = {}
         for name, module_type, _ in quantizable(model):
@@ -236,9 +329,6 @@ class Session:
             logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
         self.project.layers = layers
         self._quant_model = None
-
-    def layer_names(self) -> list[str]:
-        return list(self.project.layers)
 
     def layers(self) -> list[LayerView]:
         """Every quantizable layer with its decision, descriptors, amax and sensitivity rank."""
@@ -312,14 +402,19 @@ class Session:
                 changed.append(name)
         if changed:
             self._invalidate()
+            self._changed(SessionEvent.LAYERS, names=changed)
         return changed
 
     def set_descriptor(self, names: Iterable[str], role: str, **fields: Any) -> list[str]:
         """Change descriptor fields of the ``role`` ("input" or "weight") quantizer of layers.
 
-        Fields are validated like :class:`QuantDescriptor`'s; the layer's current descriptor (override or
-        default) is the starting point, so one call can change just ``num_bits``.
+        Fields are validated like :class:`QuantDescriptor`'s and against what TensorRT builds
+        (:func:`~workbench.quant.tensorrt_rules.tensorrt_check`): a descriptor it cannot use raises
+        SessionError with the reason; one that only simulates (4-bit) is set and explained in :attr:`notes`.
+        The layer's current descriptor (override or default) is the starting point, so one call can
+        change just ``num_bits``.
         """
+        sim_only: dict[str, list[str]] = {}  # note -> layers
         if role not in ("input", "weight"):
             raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
         model = self.quantized_model()
@@ -339,17 +434,24 @@ class Session:
             updated.update(fields)
             updated.pop("name", None)
             try:
-                make_descriptor(updated)
+                made = make_descriptor(updated)
             except (TypeError, ValueError) as error:
                 raise SessionError(f"{name}: {error}") from error
+            verdict = tensorrt_check(role, made.num_bits, made.axis, self.project.layers[name].type)
+            if verdict.error:  # refused when set, not at export
+                raise SessionError(f"{name}: {verdict.error}")
+            if verdict.sim_only:
+                sim_only.setdefault(verdict.sim_only, []).append(name)
             if updated != current:
                 updates[name] = jsonable(updated)
         # applied only once every layer validated: an error leaves all of them as they were
         for name, updated in updates.items():
             setattr(self.project.layers[name], f"{role}_desc", updated)
+        self.notes = [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
         changed = list(updates)
         if changed:
             self._invalidate()
+            self._changed(SessionEvent.LAYERS, names=changed)
         return changed
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
@@ -363,9 +465,11 @@ class Session:
                 if getattr(decision, f"{which}_desc") is not None:
                     setattr(decision, f"{which}_desc", None)
                     changed.append(name)
+        changed = list(dict.fromkeys(changed))
         if changed:
             self._invalidate()
-        return list(dict.fromkeys(changed))
+            self._changed(SessionEvent.LAYERS, names=changed)
+        return changed
 
     def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
         """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
@@ -431,7 +535,33 @@ class Session:
             raise
         if checked.keys() & REBUILD_SETTINGS:
             self._invalidate()
-        self.dirty = True
+        self._changed(SessionEvent.SETTINGS, keys=sorted(checked))
+        if checked.keys() & REBUILD_SETTINGS:
+            self._changed(SessionEvent.LAYERS, names=list(self.project.layers))
+
+    def update_setting(self, key: str, **fields: Any) -> None:
+        """Change some fields of a mapping setting (rules, functional, calibration, export, metric, finetune),
+        keeping the others: ``update_setting("rules", maxpool=False)``. Checked as :meth:`set_settings`."""
+        current = self.project.settings.get(key)
+        if not isinstance(current, dict):
+            raise SessionError(f"{key!r} is not a setting with fields; settings with fields are "
+                               f"{', '.join(k for k, v in DEFAULT_SETTINGS.items() if isinstance(v, dict))}.")
+        self.set_settings({key: {**current, **fields}})
+
+    def add_pins(self, pairs: Iterable[Sequence[str]]) -> None:
+        """Share one quantizer between each pair of quantizers or layers (TensorRT scale sharing).
+
+        The names are checked by building the model: a pin naming no quantizer raises SessionError and
+        leaves the pins as they were.
+        """
+        previous = list(self.project.settings.get("pins") or [])
+        self.set_setting("pins", previous + [list(pair) for pair in pairs])
+        try:
+            self.quantized_model()
+        except Exception as error:
+            self.project.settings["pins"] = previous
+            self._quant_model = None
+            raise SessionError(f"pins: {error}") from error
 
     def set_device(self, device: str) -> None:
         """Move the models to ``device`` (``cpu``, ``cuda``, ``cuda:N``); SessionError if there is none such."""
@@ -456,6 +586,11 @@ class Session:
         self._quant_model = None
         self.dirty = True
 
+    def _changed(self, kind: SessionEvent, **data: Any) -> None:
+        """The project changed: unsaved, and every listener is told what changed."""
+        self.dirty = True
+        self.events.emit(kind, **data)
+
     # ----- building the quantized model -------------------------------------------------------
 
     def quantized_model(self) -> nn.Module:
@@ -463,7 +598,8 @@ class Session:
         if self._quant_model is None:
             started = time.perf_counter()
             base, folding = self._fold_base()
-            built = build_quantized(base, self.project, self.device, folding=folding)
+            built = build_quantized(base, self.project, self.device, folding=folding,
+                                    example_inputs=self._example_inputs())
             self._quant_model, self.build_report = built.model, built.report
             self.last_build_s = time.perf_counter() - started
         return self._quant_model
@@ -502,9 +638,9 @@ class Session:
         """
         context = self._join(context)
         options = dict(self.project.settings["calibration"])
-        method = method or options.get("method", "entropy")
+        method = method or options.get("method") or DEFAULT_AMAX_METHOD.value
         num_batches = num_batches if num_batches is not None else options.get("num_batches")
-        percentile = percentile if percentile is not None else options.get("percentile", 99.99)
+        percentile = percentile if percentile is not None else options.get("percentile", PERCENTILE.default)
         model = self.quantized_model()
         available = self.data("calibration").num_batches
         if available is not None:  # progress totals count the batches that really run
@@ -519,15 +655,12 @@ class Session:
             if item is None:
                 continue
             state = quantizer._calibrator.state() if quantizer._calibrator is not None else None
-            records[name] = QuantizerRecord(name, item.amax.numpy().astype(np.float32), item.method, item.calibrator,
-                                            item.num_samples, item.nonfinite_count, item.max_value, state,
-                                            descriptor_of(quantizer))
-        self.project.calibrations.append(CalibrationRecord(
-            id=self.project.next_id(self.project.calibrations), created=now_iso(), method=method,
-            percentile=float(percentile), num_batches=result.num_batches, wall_time_s=result.wall_time_s,
-            device=result.device, output_sqnr_db=result.output_sqnr_db, warnings=list(result.warnings),
-            unused=list(result.unused), quantizers=records, folded=sorted(self.folded_layers())))
-        self.dirty = True
+            records[name] = QuantizerRecord.from_calibration(item, name=name, calibrator_state=state,
+                                                             descriptor=descriptor_of(quantizer))
+        self.project.calibrations.append(CalibrationRecord.from_result(
+            result, id=self.project.next_id(self.project.calibrations), created=now_iso(), quantizers=records,
+            folded=sorted(self.folded_layers())))
+        self._changed(SessionEvent.CALIBRATION)
         return result
 
     def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict[str, float]:
@@ -539,7 +672,11 @@ class Session:
         run = self.project.current_calibration
         if run is None:
             raise SessionError("Nothing is calibrated yet: calibrate first.")
-        percentile = percentile if percentile is not None else run.percentile
+        try:  # one check of the method and its parameter, before any quantizer changes
+            method = AmaxMethod.parse(method).value
+            percentile = PERCENTILE.check(percentile if percentile is not None else run.percentile)
+        except ValueError as error:
+            raise SessionError(str(error)) from None
         quantizers = quantizer_names(self.quantized_model())
         targets = []
         for name in names:
@@ -565,7 +702,7 @@ class Session:
                 self.project.current_finetune.amax.pop(name, None)
         if not updated:
             raise SessionError("None of these quantizers has a histogram calibrator; use calib_method 'histogram'.")
-        self.dirty = True
+        self._changed(SessionEvent.CALIBRATION, quantizers=list(updated))
         return updated
 
     def histogram(self, quantizer_name: str) -> dict[str, Any] | None:
@@ -582,12 +719,15 @@ class Session:
 
     def metric(self):
         """The project's metric as a workbench.analysis Metric (entry points need trust)."""
+        setting = self.project.settings.get("metric") or {}
+        return self._metric(setting.get("name", "sqnr"), setting.get("direction"))
+
+    def _metric(self, metric: Any, direction: str | None = None):
+        """A metric by name, entry point or object; a metric file next to the project is found from any
+        working directory, and user code runs only with the session's trust."""
         from workbench.analysis import get_metric
 
-        setting = self.project.settings.get("metric") or {}
-        # a metric file next to the project is found from any working directory
-        return get_metric(setting.get("name", "sqnr"), setting.get("direction"), trust_code=self.trust_code,
-                          base_dir=self.base_dir)
+        return get_metric(metric, direction, trust_code=self.trust_code, base_dir=self.base_dir)
 
     def _analysis_batches(self) -> list:
         source = self.data("evaluation")
@@ -606,10 +746,10 @@ class Session:
         model = self._require_calibrated()
         result = run_sensitivity(model, self._analysis_batches(), metric if metric is not None else self.metric(),
                                  scheme=scheme, units=units, num_batches=num_batches, progress=progress,
-                                 cancel=cancel, context=context)
+                                 cancel=cancel, output=self.project.settings.get("output"), context=context)
         self.project.sensitivity.append(SensitivityRecord(self.project.next_id(self.project.sensitivity), now_iso(),
                                                           result.to_dict()))
-        self.dirty = True
+        self._changed(SessionEvent.SENSITIVITY)
         return result
 
     def latest_sensitivity(self):
@@ -634,13 +774,14 @@ class Session:
         ranking = self.latest_sensitivity() if use_ranking else None
         result = fallback_search(model, self._analysis_batches(), metric if metric is not None else self.metric(),
                                  tolerance=tolerance, target=target, max_units=max_units, ranking=ranking,
-                                 apply=False, progress=progress, cancel=cancel, context=context)
+                                 apply=False, progress=progress, cancel=cancel,
+                                 output=self.project.settings.get("output"), context=context)
         record = FallbackRecord(self.project.next_id(self.project.fallbacks), now_iso(), result.to_dict())
         self.project.fallbacks.append(record)
         if apply:
             self.apply_fallback(result)
             record.applied = True
-        self.dirty = True
+        self._changed(SessionEvent.FALLBACK, applied=apply)
         return result
 
     def apply_fallback(self, result: Any) -> list[str]:
@@ -673,38 +814,33 @@ class Session:
             return None
         return FallbackResult.from_dict(self.project.fallbacks[-1].data)
 
-    def evaluate(self, metric: Any = None, num_batches: int | None = None) -> dict[str, float]:
-        """FP32 and INT8 values of the metric (and output SQNR) on the evaluation data."""
-        model = self._require_calibrated()
-        chosen = metric if metric is not None else self.metric()
-        from workbench.analysis import get_metric
+    def evaluate(self, metric: Any = None, num_batches: int | None = None, *,
+                 progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
+        """The metric's FP32 and INT8 values (and the output SQNR) on the evaluation data.
 
-        metric_obj = get_metric(chosen) if not hasattr(chosen, "name") else chosen
-        batches = self._analysis_batches()[:num_batches] if num_batches else self._analysis_batches()
-        outputs_fp32, outputs_int8 = [], []
-        with torch.no_grad():
-            for batch in batches:
-                outputs_fp32.append(_run_model(self.float_model, batch, self.device))
-                outputs_int8.append(_run_model(model, batch, self.device))
-        report = {"output_sqnr_db": sqnr_db(outputs_fp32, outputs_int8)}
-        if self.data("evaluation").has_labels:
-            correct_fp32 = correct_int8 = total = 0
-            for batch, fp32, int8 in zip(batches, outputs_fp32, outputs_int8):
-                labels = batch[1].to(self.device)
-                correct_fp32 += int((fp32.argmax(1) == labels).sum())
-                correct_int8 += int((int8.argmax(1) == labels).sum())
-                total += labels.numel()
-            report["fp32_top1"] = correct_fp32 / total
-            report["int8_top1"] = correct_int8 / total
-        report["metric"] = getattr(metric_obj, "name", str(chosen))
-        return report
+        ``metric``: a Metric, a built-in name or an entry point (user code needs trust; a relative file
+        is found next to the project); default the project's. FP32 is the float model as loaded, INT8 the
+        calibrated quantized model. Returns a :class:`workbench.analysis.Evaluation`; the project is not changed.
+        """
+        from workbench.analysis import evaluate_models
+
+        model = self._require_calibrated()
+        chosen = self.metric() if metric is None else self._metric(metric)
+        batches = self._analysis_batches()
+        if num_batches:
+            batches = batches[:num_batches]
+        return evaluate_models(self.float_model, model, batches, chosen, progress=progress, cancel=cancel)
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
-               amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True):
+               amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
+               force: bool = False):
         """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project.
 
-        ``remember=False`` (a preview, e.g. for the graph view) leaves the project as it was: the export
-        settings, the export history and the unsaved-changes flag are not touched.
+        ``path`` is taken from the working directory; the stored path is relative to the project's folder.
+        An existing file is replaced only when this project wrote it and it is unchanged, or with ``force``
+        (see :mod:`workbench.session.exports`). ``remember=False`` (a preview, e.g. for the graph view)
+        leaves the project as it was: the export settings, the export history and the unsaved-changes
+        flag are not touched.
         """
         from workbench.export import export_qdq_onnx
 
@@ -713,29 +849,64 @@ class Session:
         dynamic_batch = settings.get("dynamic_batch", True) if dynamic_batch is None else dynamic_batch
         amax_json = settings.get("amax_json", False) if amax_json is None else amax_json
         calibration_cache = settings.get("calibration_cache", False) if calibration_cache is None else calibration_cache
-        target = Path(path) if path is not None else self.default_export_path()
+        target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
+        if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
+            check_overwrite(target, self.project.exports, self._project_dir(), force)
         model = self._require_calibrated()
-        report = export_qdq_onnx(model, self.sample_inputs(batch=1), target, opset=opset, dynamic_batch=dynamic_batch,
-                                 amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
-                                 calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
-                                 else None)
+        try:
+            report = export_qdq_onnx(model, self.sample_inputs(batch=1), target, opset=opset,
+                                     dynamic_batch=dynamic_batch, output=self.project.settings.get("output"),
+                                     amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
+                                     calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
+                                     else None)
+        except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
+            where = error.filename or target
+            raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
+                               f"to {target}.") from error
         if not remember:
             return report
-        settings.update({"path": str(target), "opset": opset, "dynamic_batch": dynamic_batch, "amax_json": amax_json,
+        stored = stored_export_path(target, self._project_dir())
+        settings.update({"path": stored, "opset": opset, "dynamic_batch": dynamic_batch, "amax_json": amax_json,
                          "calibration_cache": calibration_cache})
         self.project.settings["export"] = settings
-        self.project.exports.append(ExportRecord(self.project.next_id(self.project.exports), now_iso(), str(target),
-                                                 {"opset": opset, "dynamic_batch": dynamic_batch},
+        self.project.exports.append(ExportRecord(self.project.next_id(self.project.exports), now_iso(), stored,
+                                                 {"opset": opset, "dynamic_batch": dynamic_batch,
+                                                  "sha256": export_digest(target)},
                                                  jsonable(report.to_dict())))
-        self.dirty = True
+        self._changed(SessionEvent.EXPORT, path=str(target))
         return report
 
+    def export_path(self, record: ExportRecord) -> str:
+        """Where an export of the history lies (its stored path is relative to the project's folder)."""
+        return absolute_path(record.path, self._project_dir()) or record.path
+
+    def _project_dir(self) -> Path:
+        return self.path.parent if self.path is not None else self.base_dir
+
+    # ----- TensorRT: lint before building, the engine's report after -------------------------
+
+    def lint(self):
+        """Fusion hazards TensorRT's Q/DQ rules predict for the project as it exports now."""
+        return tensorrt.lint(self)
+
+    def apply_fix(self, fix) -> list[str]:
+        """Apply a lint warning's fix (a pin, quantize, leave in float, a placement rule)."""
+        return tensorrt.apply_fix(self, fix)
+
+    def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None, *,
+                             remember: bool = True):
+        """trtexec's layer information (and profile) mapped onto the layers; kept in the project."""
+        return tensorrt.import_engine(self, layer_info, profile, remember=remember)
+
+    def latest_engine_report(self):
+        return tensorrt.latest_engine_report(self)
+
     def default_export_path(self) -> Path:
-        configured = self.project.settings["export"].get("path")
-        if configured:
-            return Path(configured)
+        """Where ``export`` writes without a path: the project's export setting (relative to the project's
+        folder), else ``<project>.qdq.onnx`` next to it."""
         stem = self.path.stem if self.path is not None else (self.project.name or "model")
-        return (self.path.parent if self.path is not None else self.base_dir) / f"{stem}.qdq.onnx"
+        return resolve_export_path(None, self.project.settings["export"].get("path"), self._project_dir(),
+                                   f"{stem}.qdq.onnx")
 
     def finetune(self, *, epochs: int | None = None, lr: float | None = None, optimizer: str | None = None,
                  schedule: str | None = None, loss: str | None = None, learn_amax: Sequence[str] | str | None = None,
@@ -775,7 +946,7 @@ class Session:
             progress=progress, cancel=cancel, on_step=on_step, on_epoch=on_epoch, device=self.device,
             amp=options["amp"], learn_amax=options["learn_amax"] or None, trust_code=self.trust_code)
         self.project.settings["finetune"] = options
-        self.dirty = True
+        self._changed(SessionEvent.SETTINGS, keys=["finetune"])
         if result.epochs_completed == 0 and not result.changed:
             return result  # cancelled before an epoch finished: the model is as it was
         quantizers = quantizer_names(model)
@@ -796,6 +967,7 @@ class Session:
             calibration_id=run.id if run is not None else None, folded=sorted(self.folded_layers()),
             active=True, weights=weights, amax=amax))
         self.build_report.finetune = f"fine-tuned weights of run {self.project.finetunes[-1].id} in use"
+        self._changed(SessionEvent.FINETUNE, run=self.project.finetunes[-1].id)
         return result
 
     def finetune_history(self) -> list[Any]:
@@ -811,12 +983,19 @@ class Session:
         for record in self.project.finetunes:
             record.active, record.weights, record.amax = False, {}, {}
         self._invalidate()
+        self._changed(SessionEvent.FINETUNE, run=None)
         return True
 
     def _require_calibrated(self) -> nn.Module:
+        """The quantized model, once calibrated. Quantizers the last calibration never reached (no data flowed
+        through them) keep no amax: export leaves them in float and says so. Any other quantizer without amax
+        (never calibrated, or stale after its descriptor changed) is refused: calibrate first."""
         model = self.quantized_model()
+        run = self.project.current_calibration
+        unreached = set(run.unused) if run is not None else set()
         missing = [name for name, q in quantizer_names(model).items()
-                   if not q._disabled and q._if_quant and not hasattr(q, "_amax")]
+                   if not q._disabled and q._if_quant and not q._learn_amax and not hasattr(q, "_amax")
+                   and name not in unreached]  # stale after a descriptor change, or never calibrated
         if missing:
             raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"
                                f"{'...' if len(missing) > 5 else ''}): calibrate first.")
@@ -827,6 +1006,19 @@ class Session:
     def summary(self, layers: list[LayerView] | None = None) -> dict[str, Any]:
         """A JSON-able overview for ``workbench show`` (``layers``: :meth:`layers`, when the caller has them)."""
         return views.summary(self, layers)
+
+def _moved_hint(project: Project, base_dir: Path) -> str:
+    """For a project opened from another folder than it was saved in: where its relative paths led before."""
+    saved_in = Path(project.saved_in) if project.saved_in else None
+    if saved_in is None or saved_in == base_dir.resolve():
+        return ""
+    return (f" Relative paths in a project are taken from its own folder ({base_dir}); it was saved in {saved_in}: "
+            "copy its code and data along with it, or open it there.")
+
+
+def _code_references(project: Project, base_dir: Path) -> list[CodeReference]:
+    return code_references(project.model, project.data, project.settings, base_dir)
+
 
 def _checked(key: str, value: Any) -> Any:
     """A setting's value as :func:`checked_setting` checks it, plus whether its metric exists; SessionError if not."""

@@ -24,6 +24,7 @@ import torch
 from workbench.sources import demo
 from workbench.sources.entrypoints import load_entrypoint, split_entrypoint
 from workbench.sources.errors import SourceError, TrustRequired, mixed_sizes_message, unreadable_reason
+from workbench.sources.npy_folder import is_npy_folder, stack_npy_folder
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 
 __all__ = ["DataSpec", "ImageOptions", "DataSource", "open_data", "DATA_KINDS", "IMAGE_SUFFIXES", "InputSpec"]
@@ -102,7 +103,7 @@ class DataSpec:
             parts = text.split(":")
             return cls("demo", parts[1], split=parts[2] if len(parts) > 2 else "train", **options)
         path = Path(text)
-        if path.suffix.lower() in TENSOR_SUFFIXES:
+        if path.suffix.lower() in TENSOR_SUFFIXES or is_npy_folder(path):
             return cls("tensors", text, **options)
         if ":" in path.name:
             return cls("entrypoint", text, **options)
@@ -396,6 +397,10 @@ class DataSource:
 
     def _load_tensors(self) -> None:
         path = self._path()
+        if path.is_dir():
+            inputs = torch.from_numpy(stack_npy_folder(path))
+            self._inputs = inputs if inputs.is_floating_point() else inputs.float()
+            return
         if not path.is_file():
             raise SourceError(f"{path}: no such tensor file.")
         suffix = path.suffix.lower()
@@ -554,9 +559,13 @@ def check_input(expected: InputSpec | None, data: InputSpec, origin: str) -> Non
     if expected is None:
         return
     if expected.named or data.named:
-        if [n for n, _, _ in expected.named] != [n for n, _, _ in data.named] or any(
-                tuple(a[1]) != tuple(b[1]) for a, b in zip(expected.named, data.named)):
-            raise SourceError(f"{origin} gives inputs {data.describe() or 'by position'}, but the model input is "
+        if not expected.named:  # a shape typed for keyword inputs (--input-shape 128): each of them has it
+            fits = all(tuple(shape) == tuple(expected.shape) for _, shape, _ in data.named)
+        else:
+            fits = [n for n, _, _ in expected.named] == [n for n, _, _ in data.named] and all(
+                tuple(a[1]) == tuple(b[1]) for a, b in zip(expected.named, data.named))
+        if not fits:
+            raise SourceError(f"{origin} gives inputs {data.describe()}, but the model input is "
                               f"{expected.describe()}.")
         return
     if tuple(expected.shape) != tuple(data.shape):

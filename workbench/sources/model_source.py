@@ -1,6 +1,6 @@
 """Model sources: where a project's float model comes from, and loading it with clear errors.
 
-Three kinds:
+Five kinds:
 
 ``entrypoint``  ``path/to/file.py:factory`` or ``package.module:factory`` called with keyword
                 arguments, plus optional weights (a state_dict in ``.pt``/``.pth``, loaded with
@@ -8,10 +8,16 @@ Three kinds:
 ``pickle``      a whole model saved with ``torch.save(model)`` (how yolov5 checkpoints come), with
                 the folder of its code on the import path. Unpickling runs code: needs trust.
 ``demo``        the built-in models (``digits``, ``resnet18``, ``resnet50``, ``resnet18-tiny``).
+``hf``          ``hf:DIR``: a local Hugging Face model folder (``config.json`` + ``*.safetensors``), built
+                by the installed ``transformers`` from the class its config names. No code from the
+                folder runs (configs that need ``trust_remote_code`` are refused), so no trust is needed.
+``timm``        ``timm:NAME[@weights.safetensors]``: a model of the installed ``timm`` package by name.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +33,9 @@ from workbench.sources.paths import absolute_entrypoint, absolute_path, relative
 
 __all__ = ["ModelSpec", "LoadedModel", "FileDigest", "load_model", "sha256_of", "DEMO_MODELS", "MODEL_KINDS"]
 
-MODEL_KINDS = ("entrypoint", "pickle", "demo")
+MODEL_KINDS = ("entrypoint", "pickle", "demo", "hf", "timm")
+# kinds named on the command line by a prefix: "demo:digits", "hf:models/bert", "timm:resnet18"
+_PREFIXED_KINDS = ("demo", "hf", "timm")
 DEMO_MODELS = ("digits", "resnet18", "resnet50", "resnet18-tiny")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 
@@ -57,21 +65,30 @@ class ModelSpec:
     @classmethod
     def parse(cls, text: str, weights: str | None = None, kwargs: dict[str, Any] | None = None,
               code_dir: str | None = None) -> ModelSpec:
-        """From the command line: ``demo:digits``, ``file.py:factory``, ``pkg.mod:factory`` or ``model.pt``."""
-        if text.startswith("demo:"):
-            return cls("demo", text[5:], kwargs or {}, weights)
+        """From the command line: ``demo:digits``, ``hf:DIR``, ``timm:NAME[@weights]``, ``file.py:factory``,
+        ``pkg.mod:factory`` or ``model.pt``."""
+        for kind in _PREFIXED_KINDS:
+            if text.startswith(kind + ":"):
+                target = text[len(kind) + 1:]
+                if kind == "timm" and "@" in target:
+                    target, named_weights = target.split("@", 1)
+                    if weights and weights != named_weights:
+                        raise SourceError(f"{text} names weights {named_weights} and --weights {weights}: give one.")
+                    weights = named_weights
+                return cls(kind, target, kwargs or {}, weights)
         if text.endswith((".pt", ".pth")) and ":" not in Path(text).name:
             return cls("pickle", text, kwargs or {}, weights, code_dir)
         return cls("entrypoint", text, kwargs or {}, weights)
 
     @property
     def requires_trust(self) -> bool:
-        """Loading it runs code from outside Quant Workbench: anything but a built-in demo model."""
-        return self.kind != "demo"
+        """Loading it runs code from outside Quant Workbench and its installed libraries: a factory or a
+        pickle (a Hugging Face folder gives only a config and tensors; timm builds from its own code)."""
+        return self.kind not in ("demo", "hf", "timm")
 
     @property
     def label(self) -> str:
-        text = f"demo:{self.target}" if self.kind == "demo" else self.target
+        text = f"{self.kind}:{self.target}" if self.kind in _PREFIXED_KINDS else self.target
         return text + (f" + {self.weights}" if self.weights else "")
 
     def files(self, base_dir: Path | None = None) -> list[Path]:
@@ -85,6 +102,10 @@ class ModelSpec:
                 paths.append(_resolve(target, base_dir))
         elif self.kind == "demo" and self.target == "digits":
             paths.append(demo.DIGITS_WEIGHTS)
+        elif self.kind == "hf":
+            folder = _resolve(self.target, base_dir)
+            if folder.is_dir():
+                paths += [folder / "config.json"] + sorted(folder.glob("*.safetensors"))
         if self.weights:
             paths.append(_resolve(self.weights, base_dir))
         return paths
@@ -111,7 +132,7 @@ class ModelSpec:
     def _with_paths(self, plain: Callable[[str | None, Path], str | None], entrypoint: Callable[[str, Path], str],
                     base_dir: Path) -> ModelSpec:
         target = self.target
-        if self.kind == "pickle":
+        if self.kind in ("pickle", "hf"):
             target = plain(target, base_dir) or target
         elif self.kind == "entrypoint":
             target = entrypoint(target, base_dir)
@@ -168,6 +189,10 @@ def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | No
         model = _from_entrypoint(spec, base_dir, trust_code)
     elif spec.kind == "pickle":
         model = _from_pickle(spec, base_dir, trust_code)
+    elif spec.kind == "hf":
+        model = _from_hugging_face(spec, base_dir)
+    elif spec.kind == "timm":
+        model = _from_timm(spec)
     else:  # never unpickle by default: a kind this code does not know is refused
         raise SourceError(f"model kind must be one of {MODEL_KINDS}, got {spec.kind!r}.")
     if spec.weights:
@@ -185,6 +210,75 @@ def _demo_model(name: str) -> nn.Module:
     if name == "resnet50":
         return demo.resnet50_like()
     return demo.resnet18_like(num_classes=10, width=8)
+
+
+def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
+    """A local Hugging Face folder, built by transformers from the architecture its config names, weights
+    from safetensors only, never with remote code."""
+    folder = _resolve(spec.target, base_dir)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise SourceError(f"{folder}: not a Hugging Face model folder (no config.json); save one with "
+                          "model.save_pretrained(folder).")
+    try:
+        config_data = json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise SourceError(f"{config_path}: not a readable JSON config ({error}).") from error
+    if not isinstance(config_data, dict):
+        raise SourceError(f"{config_path}: the config is not a JSON object.")
+    if config_data.get("auto_map"):
+        raise SourceError(f"{folder}: its config needs the folder's own Python code (auto_map: "
+                          f"{sorted(config_data['auto_map'])}), which Quant Workbench does not run for hf: models. "
+                          "Use an entry point that builds the model (it asks for your trust) instead.")
+    if not list(folder.glob("*.safetensors")):
+        raise SourceError(f"{folder}: no *.safetensors weights (only safetensors are read, pickled .bin files are "
+                          "not); save with model.save_pretrained(folder, safe_serialization=True).")
+    transformers = _import_optional("transformers", "hf", spec)
+    architectures = config_data.get("architectures") or []
+    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None:
+        model_class = transformers.AutoModel
+    hf_logging = transformers.utils.logging
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar would interleave with our own progress
+    try:
+        model = model_class.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
+                                            use_safetensors=True, **spec.kwargs)
+    except Exception as error:
+        raise SourceError(f"{folder}: transformers could not build {model_class.__name__} from it "
+                          f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}).") from error
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    if not isinstance(model, nn.Module):
+        raise SourceError(f"{folder}: {model_class.__name__} gave a {type(model).__name__}, not a torch.nn.Module.")
+    return model.float()  # calibrate in float32 whatever dtype the folder was saved in
+
+
+def _from_timm(spec: ModelSpec) -> nn.Module:
+    timm = _import_optional("timm", "timm", spec)
+    known = timm.list_models()
+    if spec.target not in known:
+        close = difflib.get_close_matches(spec.target, known, n=5)
+        raise SourceError(f"timm has no model {spec.target!r}" + (f"; did you mean {', '.join(close)}?" if close
+                                                                   else "."))
+    try:
+        return timm.create_model(spec.target, pretrained=False, **spec.kwargs)
+    except Exception as error:
+        raise SourceError(f"timm could not build {spec.target} ({type(error).__name__}: {error}).") from error
+
+
+def _import_optional(module: str, extra: str, spec: ModelSpec) -> Any:
+    """An optional library, or a SourceError that says why it cannot be imported and how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except Exception as error:  # not installed, or installed but broken (timm without a working torchvision)
+        raise SourceError(f"{spec.label} needs the {module} package, which cannot be imported here "
+                          f"({type(error).__name__}: {error}). Install it with scripts/setup-env.sh "
+                          f"(WORKBENCH_EXTRAS={extra}) or pip install 'quant-workbench[{extra}]' with a constraint "
+                          "that keeps your torch.") from error
 
 
 def _require_trust(spec: ModelSpec, trust_code: bool) -> None:

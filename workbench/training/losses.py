@@ -19,8 +19,11 @@ def cross_entropy(outputs: Any, targets: Any) -> torch.Tensor:
     """Cross-entropy of the model's class scores (N, classes, ...) against class indices or class
     probabilities; computed in float32 even under mixed precision."""
     if targets is None:
-        raise ValueError("The cross-entropy loss needs labelled batches ((inputs, labels) pairs); for data without "
-                         "labels give a loss function fn(outputs, targets) as 'module:function'.")
+        raise ValueError("The cross-entropy loss needs labelled batches ((inputs, labels) pairs), and this data has "
+                         "no labels. Give labelled training data: an .npz holding two arrays, the inputs and the "
+                         "labels (named inputs and labels, or x and y), e.g. 'workbench finetune P --train-data "
+                         "train.npz'; or, for data without labels, a loss function fn(outputs, targets) as "
+                         "'module:function' (--loss).")
     logits = class_scores(outputs).float()
     if not isinstance(targets, torch.Tensor):
         targets = torch.as_tensor(targets)

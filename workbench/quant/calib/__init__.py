@@ -7,3 +7,10 @@ from workbench.quant.calib.histogram import (  # noqa: F401
     calibrate_weights,
 )
 from workbench.quant.calib.max import MaxCalibrator  # noqa: F401
+from workbench.quant.calib.methods import (  # noqa: F401
+    AMAX_METHODS,
+    DEFAULT_AMAX_METHOD,
+    PERCENTILE,
+    AmaxMethod,
+    Parameter,
+)

@@ -10,10 +10,8 @@ many batches is identical to the histogram of all the data in one batch, whateve
 histogram reported (and searched for amax) ends with the bin that holds the largest value. NaN and Inf
 values are left out and counted.
 
-The amax searches are vectorised over all candidate bins at once using prefix sums, instead of one
-candidate per loop iteration; they return the same amax as pytorch-quantization's algorithms on the
-same histogram (see :mod:`workbench.quant.calib.reference` for the one-candidate-at-a-time versions
-they are tested against).
+The amax searches over the histogram are :mod:`workbench.quant.calib.amax_search`; the methods and
+their parameters are :mod:`workbench.quant.calib.methods`.
 """
 from __future__ import annotations
 
@@ -22,30 +20,23 @@ import math
 
 import numpy as np
 import torch
+from torch import nn
 
+from workbench.quant.calib.amax_search import amax_entropy, amax_mse, amax_percentile
 from workbench.quant.calib.calibrator import _Calibrator
+from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, AmaxMethod, UnknownMethodError
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
-from workbench.quant.tensor_quant import max_bound_of
 from workbench.quant.utils import reduce_amax
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HistogramCalibrator", "calibrate_weights", "HISTOGRAM_METHODS", "UnknownMethodError"]
+__all__ = ["HistogramCalibrator", "calibrate_weights", "HISTOGRAM_METHODS", "UnknownMethodError", "amax_entropy",
+           "amax_mse", "amax_percentile"]
 
-HISTOGRAM_METHODS = ("entropy", "mse", "percentile", "max")
+HISTOGRAM_METHODS = AMAX_METHODS  # the name pytorch-quantization's scripts know
 # Smallest width exponent: a range of 2**-24 * num_bins covers anything that does not quantize to 0 anyway.
 _MIN_WIDTH_EXPONENT = -24 - 11
 _KERNEL_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-# Relative tolerance under which two candidates' divergences or errors count as equal; the search then
-# picks the candidate pytorch-quantization picks among exact ties (the last for entropy, the first for mse).
-_TIE_RTOL = 1e-9
-_TIE_ATOL = 1e-12
-
-
-class UnknownMethodError(ValueError, TypeError):
-    """An amax method name that does not exist (a ValueError; a TypeError too, as the original raised)."""
-
-
 def width_exponent(max_value: float, num_bins: int) -> int:
     """Smallest ``e`` with ``num_bins * 2**e > max_value`` (bins of width ``2**e`` cover it)."""
     if not max_value > 0:
@@ -232,30 +223,28 @@ class HistogramCalibrator(_Calibrator):
         Keyword Arguments:
             stride: step between candidate bins (entropy and mse). Default 1.
             start_bin: first candidate bin (entropy and mse). Default 128.
-            percentile: for ``"percentile"``, in [0, 100]. Default 99.99.
+            percentile: for ``"percentile"``, in (0, 100]. Default 99.99.
 
         Returns:
             A 0-d float32 tensor on the CPU, or None when nothing was collected.
         """
-        if method not in HISTOGRAM_METHODS:
-            raise UnknownMethodError(f"Unknown calibration method {method!r}; choose one of {HISTOGRAM_METHODS}.")
+        method = AmaxMethod.parse(method)
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ValueError(f"stride must be a positive integer, got {stride!r}.")
         if isinstance(start_bin, bool) or not isinstance(start_bin, int) or start_bin < 0:
             raise ValueError(f"start_bin must be a non-negative integer, got {start_bin!r}.")
-        if not 0 <= percentile <= 100:
-            raise ValueError(f"Invalid percentile {percentile}. Must be in range 0 <= percentile <= 100.")
+        percentile = PERCENTILE.check(percentile)
         if self._max is None:
             return None
-        if method == "max":
+        if method is AmaxMethod.MAX:
             return self._max.detach().float().cpu().reshape(())
         if self._counts is None or float(self._max) == 0.0:
             return torch.tensor(0.0)  # only zeros seen: amax 0 quantizes everything to 0, which is exact
         hist = self.calib_hist.cpu().numpy()
         edges = np.arange(hist.size + 1, dtype=np.float64) * self.bin_width
-        if method == "entropy":
+        if method is AmaxMethod.ENTROPY:
             value = amax_entropy(hist, edges, self._num_bits, self._unsigned, stride, start_bin)
-        elif method == "mse":
+        elif method is AmaxMethod.MSE:
             value = amax_mse(hist, edges, self._num_bits, self._unsigned, stride, start_bin)
         else:
             value = amax_percentile(hist, edges, percentile)
@@ -264,13 +253,13 @@ class HistogramCalibrator(_Calibrator):
     def compute_all(self, percentile: float = 99.99, **kwargs) -> dict[str, float | None]:
         """amax of every method at once (for plotting one line per method); None where a method fails."""
         amaxes: dict[str, float | None] = {}
-        for method in HISTOGRAM_METHODS:
+        for method in AmaxMethod:
             try:
                 value = self.compute_amax(method, percentile=percentile, **kwargs)
             except ValueError as error:
-                logger.info("%s amax not available: %s", method, error)
+                logger.info("%s amax not available: %s", method.value, error)
                 value = None
-            amaxes[method] = None if value is None else float(value)
+            amaxes[method.value] = None if value is None else float(value)
         return amaxes
 
     # ----- saving -----------------------------------------------------------------------------
@@ -325,158 +314,7 @@ class HistogramCalibrator(_Calibrator):
                 f"bin_width={self.bin_width} max={None if self._max is None else float(self._max)})")
 
 
-# ----- the amax searches, vectorised over candidates --------------------------------------------
-
-def _check_candidates(count: int, what: str, num_bins: int, start_bin: int) -> None:
-    if count == 0:
-        raise ValueError(f"{what} needs more bins than start_bin: the histogram has {num_bins} bins and "
-                         f"start_bin is {start_bin}.")
-
-
-def _pick(values: np.ndarray, prefer_last: bool) -> int | None:
-    """Index of the best (smallest) value; near-equal values tie, and ties go first or last."""
-    finite = np.isfinite(values)
-    if not finite.any():
-        return None
-    best = values[finite].min()
-    ties = np.nonzero(finite & (values <= best + _TIE_ATOL + _TIE_RTOL * abs(best)))[0]
-    return int(ties[-1] if prefer_last else ties[0])
-
-
-def entropy_divergences(bins: np.ndarray, groups: int, candidates: np.ndarray) -> np.ndarray:
-    """KL divergence for each candidate bin count (numpy; see the C version in csrc/amax_search.c).
-
-    For a candidate ``i`` the reference distribution is ``bins[:i]`` with everything beyond folded into
-    the last bin; the candidate distribution spreads each of ``groups`` groups of bins evenly over its
-    non-empty bins. Every sum over bins is a difference of prefix sums, so a candidate costs O(groups).
-    """
-    total = bins.sum()
-    nonzero = bins > 0
-    zero_pad = np.zeros(1)
-    prefix_sum = np.concatenate([zero_pad, np.cumsum(bins)])
-    prefix_count = np.concatenate([zero_pad, np.cumsum(nonzero)])
-    b_log_b = np.where(nonzero, bins * np.log(np.where(nonzero, bins, 1.0)), 0.0)
-    prefix_blogb = np.concatenate([zero_pad, np.cumsum(b_log_b)])
-
-    c = candidates
-    # boundaries[:, k] = first bin of group k = ceil(k * i / groups); the last column is i
-    boundaries = (np.arange(groups + 1, dtype=np.int64)[None, :] * c[:, None] + groups - 1) // groups
-    sums = np.diff(prefix_sum[boundaries], axis=1)
-    counts = np.diff(prefix_count[boundaries], axis=1)
-    group_avg = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
-    sum_b_log_avg = (sums * np.log(np.where(counts > 0, group_avg, 1.0))).sum(1)
-
-    last = c - 1
-    in_range = prefix_sum[c]
-    tail = total - in_range
-    b_last = bins[last]
-    avg_last = group_avg[np.arange(c.size), (last * groups) // c]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        head_mass = prefix_sum[last]
-        head = (prefix_blogb[last] - head_mass * np.log(total) + head_mass * np.log(in_range)
-                - (sum_b_log_avg - np.where(b_last > 0, b_last * np.log(np.where(b_last > 0, avg_last, 1.0)), 0.0)))
-        head = head / total
-        p_last = (b_last + tail) / total
-        q_last = np.where(b_last > 0, avg_last / in_range, 0.0)
-        log_ratio = np.log(p_last) - np.log(np.where(q_last > 0, q_last, 1.0))
-        last_term = np.where(p_last > 0, np.where(q_last > 0, p_last * log_ratio, np.inf), 0.0)
-        divergence = head + last_term
-    divergence = np.where(in_range > 0, divergence, np.inf)
-    return np.where(np.isnan(divergence), np.inf, divergence)
-
-
-def amax_entropy(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
-                 start_bin: int = 128) -> float:
-    """amax minimising the KL divergence between the histogram and its quantized version (TensorRT).
-
-    Candidates are ``i = start_bin, start_bin + stride, ... <= len(hist)``; amax is ``edges[i]`` of the
-    best one, the largest among ties. Candidates whose first ``i`` bins are all empty cannot represent
-    the data and are skipped (pytorch-quantization's search returns a NaN-driven pick there).
-    """
-    bins = np.asarray(hist, dtype=np.float64).copy()
-    if bins.size > 1:
-        bins[0] = bins[1]  # as in the original: the zero bin is dominated by ReLU zeros
-    n = bins.size
-    groups = int(max_bound_of(num_bits, unsigned)) + 1  # quantization levels from 0 up
-    first = max(start_bin, 1)
-    candidates = np.arange(first, n + 1, stride, dtype=np.int64)
-    _check_candidates(candidates.size, "entropy", n, start_bin)
-    if bins.sum() <= 0:
-        return float(edges[candidates[-1]])
-    if _cpu_kernels is not None:
-        divergences = np.empty(candidates.size, dtype=np.float64)
-        _cpu_kernels.entropy_divergences(bins.ctypes.data, n, groups, first, stride, divergences.ctypes.data,
-                                         torch.get_num_threads())
-    else:
-        divergences = entropy_divergences(bins, groups, candidates)
-    best = _pick(divergences, prefer_last=True)
-    return float(edges[candidates[-1] if best is None else candidates[best]])
-
-
-def mse_errors(counts: np.ndarray, centers: np.ndarray, max_bound: float, candidates: np.ndarray) -> np.ndarray:
-    """Count-weighted squared error of fake-quantizing the bin centers, per candidate amax (numpy).
-
-    Level ``k`` takes the centers in ``[(k - 1/2) step, (k + 1/2) step)``, a contiguous run of bins, so
-    ``sum_k k * S1_k`` and ``sum_k k**2 * S0_k`` telescope into sums of prefix sums at the run starts.
-    """
-    n = centers.size
-    zero_pad = np.zeros(1)
-    p0 = np.concatenate([zero_pad, np.cumsum(counts)])
-    p1 = np.concatenate([zero_pad, np.cumsum(counts * centers)])
-    p2_total = float(np.sum(counts * centers * centers))
-    step = centers[candidates] / max_bound
-    k = np.arange(1, int(max_bound) + 1, dtype=np.float64)
-    starts = np.searchsorted(centers, (k[None, :] - 0.5) * step[:, None], side="left")
-    first = max_bound * p1[n] - p1[starts].sum(1)
-    second = max_bound * max_bound * p0[n] - ((2 * k - 1)[None, :] * p0[starts]).sum(1)
-    return np.maximum(p2_total - 2 * step * first + step * step * second, 0.0)
-
-
-def amax_mse(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
-             start_bin: int = 128) -> float:
-    """amax (a bin center) minimising the count-weighted squared error of fake-quantizing the bin centers.
-
-    Candidates are the centers ``start_bin, start_bin + stride, ... < len(hist)``; the smallest among
-    ties wins, as in pytorch-quantization.
-    """
-    counts = np.ascontiguousarray(hist, dtype=np.float64)
-    edges = np.asarray(edges, dtype=np.float64)
-    centers = np.ascontiguousarray((edges[1:] + edges[:-1]) / 2)
-    n = centers.size
-    candidates = np.arange(start_bin, n, stride, dtype=np.int64)
-    _check_candidates(candidates.size, "mse", n, start_bin)
-    max_bound = max_bound_of(num_bits, unsigned)
-    if _cpu_kernels is not None:
-        width = edges[1] - edges[0]
-        uniform = bool(edges[0] == 0 and width > 0 and np.array_equal(edges, np.arange(n + 1) * width))
-        errors = np.empty(candidates.size, dtype=np.float64)
-        _cpu_kernels.mse_errors(counts.ctypes.data, centers.ctypes.data, n, max_bound, start_bin, stride, uniform,
-                                errors.ctypes.data, torch.get_num_threads())
-    else:
-        errors = mse_errors(counts, centers, max_bound, candidates)
-    scale = max(1.0, float(np.sum(counts * centers * centers)))
-    finite = np.isfinite(errors)
-    best_error = errors[finite].min() if finite.any() else np.inf
-    ties = np.nonzero(finite & (errors <= best_error + _TIE_RTOL * scale * 1e-3 + _TIE_RTOL * best_error))[0]
-    if ties.size == 0:
-        raise ValueError("mse search failed: no finite error (out of memory in the C search?).")
-    return float(centers[candidates[ties[0]]])
-
-
-def amax_percentile(hist: np.ndarray, edges: np.ndarray, percentile: float) -> float:
-    """amax at the bin edge where the cumulative share of counts reaches ``percentile`` percent."""
-    if not 0 <= percentile <= 100:
-        raise ValueError(f"Invalid percentile {percentile}. Must be in range 0 <= percentile <= 100.")
-    counts = np.asarray(hist, dtype=np.float64)
-    total = counts.sum()
-    if total <= 0:
-        return 0.0
-    cdf = np.cumsum(counts / total)
-    index = int(np.searchsorted(cdf, percentile / 100))
-    return float(np.asarray(edges)[min(index, len(edges) - 1)])
-
-
-def calibrate_weights(model: torch.nn.Module, method: str = "percentile", perchannel: bool = True,
+def calibrate_weights(model: torch.nn.Module, method: str = AmaxMethod.PERCENTILE, perchannel: bool = True,
                       percentile: float = 99.99, num_bins: int = 2048) -> None:
     """Set the weight amax of every quantized module from its weights, without running the model.
 
@@ -484,17 +322,19 @@ def calibrate_weights(model: torch.nn.Module, method: str = "percentile", percha
     calibrator; histograms are collected exactly as :class:`HistogramCalibrator` does. Per channel
     (axis 1 for transposed convolutions, else 0) unless ``perchannel=False``.
     """
-    from workbench.quant.nn.modules.quant_conv import _QuantConvTransposeNd
-
-    if method not in ("max", "mse", "percentile"):
-        raise UnknownMethodError(f"Unsupported calibration method {method!r} for weights; use max, mse or percentile.")
+    weight_methods = (AmaxMethod.MAX, AmaxMethod.MSE, AmaxMethod.PERCENTILE)
+    if method not in weight_methods:
+        raise UnknownMethodError(f"Unsupported calibration method {method!r} for weights; use "
+                                 f"{', '.join(m.value for m in weight_methods)}.")
+    method = AmaxMethod(method)
     for name, module in model.named_modules():
         if not (hasattr(module, "weight") and hasattr(module, "weight_quantizer")):
             continue
         quantizer = module.weight_quantizer
         weight = module.weight.detach()
-        axis = (1 if isinstance(module, _QuantConvTransposeNd) else 0) if perchannel else None
-        if method == "max":  # one reduction for every channel (one read back), not one per channel
+        # transposed convolutions keep output channels on axis 1 (a quantized one is a ConvTranspose too)
+        axis = (1 if isinstance(module, nn.modules.conv._ConvTransposeNd) else 0) if perchannel else None
+        if method is AmaxMethod.MAX:  # one reduction for every channel (one read back), not one per channel
             reduce_axes = None if axis is None else [d for d in range(weight.dim()) if d != axis]
             amaxes = reduce_amax(weight, axis=reduce_axes).float().reshape(-1).tolist()
         else:

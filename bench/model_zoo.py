@@ -1,0 +1,196 @@
+"""One row per architecture: prepare, calibrate, export, and what came out of each step.
+
+Columns: quantizers created / reached by calibration, layers or operations left in floating point
+(reasons in the notes below the table), Q/DQ pairs in the exported graph, attention products whose two
+MatMul inputs both come from DequantizeLinear, onnxruntime vs fake-quant PyTorch (cosine, max |diff|),
+calibrate and export wall time, and the calibration pass (collection) over an FP32 forward on the same
+batches, measured in the same run (goal: at most 1.3x on the ViT-like model, attention included).
+
+Architectures are built in code with random weights (tests/transformers/models.py): a ViT-like with
+``@`` attention, one with ``F.scaled_dot_product_attention``, ``nn.TransformerEncoder`` over token ids,
+a ResNet-style CNN with timm/torchvision BasicBlocks, tiny Hugging Face BERT / ViT / Llama when
+``transformers`` imports, timm models when ``timm`` imports. A step that cannot run shows
+"n/a (reason)", never a made-up value.
+
+    python bench/model_zoo.py [--batches 4] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "transformers"))
+import models as zoo  # noqa: E402
+
+from workbench.export import export_qdq_onnx  # noqa: E402
+from workbench.graph import prepare_for_tensorrt  # noqa: E402
+from workbench.quant.calibrate import calibrate  # noqa: E402
+from workbench.quant.snapshot import all_quantizers  # noqa: E402
+
+
+@dataclass
+class Row:
+    name: str
+    cells: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+COLUMNS = ["quantizers", "reached", "float ops", "Q/DQ pairs", "attn products", "ort cos", "ort max|d|",
+           "calib s", "export s", "calib/fp32"]
+
+
+def _first(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "to_tuple"):
+        return output.to_tuple()[0]
+    return output[0]
+
+
+def attention_products_quantized(path: str) -> int:
+    """MatMuls between two activations whose both inputs come from DequantizeLinear."""
+    graph = onnx.load(path).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    initializers = {i.name for i in graph.initializer}
+
+    def constant(name: str) -> bool:
+        if name in initializers:
+            return True
+        node = producer.get(name)
+        return node is not None and (node.op_type == "Constant" or all(constant(i) for i in node.input if i))
+
+    count = 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or any(constant(i) for i in node.input):
+            continue
+        if all(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in node.input):
+            count += 1
+    return count
+
+
+def median(fn: Callable[[], object], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def measure(name: str, build: Callable[[], nn.Module], make_batch: Callable[[int], tuple], num_batches: int,
+            repeats: int) -> Row:
+    row = Row(name)
+    torch.manual_seed(0)
+    try:
+        model = build().eval()
+    except Exception as error:  # an optional ecosystem that is not usable here
+        row.cells = {c: f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:60]})" if c == COLUMNS[0]
+                     else "" for c in COLUMNS}
+        return row
+    batches = [make_batch(i) for i in range(num_batches)]
+
+    def fp32_pass() -> None:
+        with torch.no_grad():
+            for batch in batches:
+                model(*batch)
+
+    fp32_pass()
+    fp32 = median(fp32_pass, repeats)
+    quantized, report = prepare_for_tensorrt(model, example_inputs=batches[0])
+    for quantizer in all_quantizers(quantized):
+        quantizer.rounding = "onnx"  # what the session does: PyTorch computes what the QDQ graph computes
+    functional = report.functional
+    if functional is not None:
+        row.notes += [f"{s.owner or '<model>'}: {s.operation[:50]} -> {s.reason[:90]}" for s in functional.skipped[:4]]
+        row.notes += [f"not traced {f.name or '<model>'}: {f.reason[:100]}" for f in functional.failures[:3]]
+        row.notes += [f"attention {s.owner}: {s.reason}" for s in functional.unquantized_attention[:2]]
+    quantizers = len(all_quantizers(quantized))
+    row.cells["quantizers"] = str(quantizers)
+    float_ops = (len(functional.skipped) + len(functional.unquantized_attention)) if functional is not None else 0
+    row.cells["float ops"] = str(float_ops)
+    start = time.perf_counter()
+    result = calibrate(quantized, batches, num_batches=None, method="max", report_sqnr=False)
+    row.cells["calib s"] = f"{time.perf_counter() - start:.2f}"
+    row.cells["reached"] = f"{len(result.quantizers) - len(result.unused)}/{len(result.quantizers)}"
+    collect = [result.collect_time_s]
+    for _ in range(repeats - 1):
+        collect.append(calibrate(quantized, batches, num_batches=None, method="max",
+                                 report_sqnr=False).collect_time_s)
+    row.cells["calib/fp32"] = f"{statistics.median(collect) / fp32:.2f}x"
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "model.onnx")
+        try:
+            start = time.perf_counter()
+            export = export_qdq_onnx(quantized, batches[0], path)
+            row.cells["export s"] = f"{time.perf_counter() - start:.2f}"
+            row.cells["Q/DQ pairs"] = str(export.qdq_pairs)
+            row.cells["attn products"] = str(attention_products_quantized(path))
+            row.cells["ort cos"] = f"{export.cosine:.6f}"
+            row.cells["ort max|d|"] = f"{export.max_abs_diff:.2g}"
+            if export.exporter != "dynamo":
+                row.notes.append(f"exported with {export.exporter}: {export.exporter_note[:100]}")
+        except Exception as error:
+            reason = f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:70]})"
+            for column in ("export s", "Q/DQ pairs", "attn products", "ort cos", "ort max|d|"):
+                row.cells[column] = reason if column == "export s" else "n/a"
+    return row
+
+
+def _timm(name: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import timm
+
+        return timm.create_model(name, pretrained=False, num_classes=10)
+    return build
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    def images(size: int, batch: int = 8):
+        return lambda i: (zoo.images(batch, size, seed=i),)
+
+    def ids(vocab: int, batch: int = 8, length: int = 32):
+        return lambda i: (zoo.tokens(batch, length, vocab, seed=i),)
+
+    rows_spec = [
+        ("vit-like @ (192d, 4 blocks, 64 tok)", lambda: zoo.ViTLike(192, 4, 3, False, image=64, patch=8), images(64)),
+        ("vit-like sdpa (same size)", lambda: zoo.ViTLike(192, 4, 3, True, image=64, patch=8), images(64)),
+        ("nn.TransformerEncoder on tokens", lambda: zoo.TokenEncoder(vocab=50, dim=64), ids(50)),
+        ("resnet-style (timm/tv blocks)", lambda: zoo.ResNetStyle(16), images(32)),
+        ("HF BertModel (eager)", lambda: zoo.hf_bert("eager"), ids(64)),
+        ("HF ViTModel (sdpa)", lambda: zoo.hf_vit("sdpa"), images(16)),
+        ("HF LlamaForCausalLM (sdpa)", lambda: zoo.hf_llama("sdpa"), ids(64)),
+        ("timm vit_tiny_patch16_224", _timm("vit_tiny_patch16_224"), images(224, 2)),
+        ("timm resnet18", _timm("resnet18"), images(64, 2)),
+    ]
+    rows = [measure(name, build, batch, args.batches, args.repeats) for name, build, batch in rows_spec]
+    widths = [max(len(r.name) for r in rows)] + [max(len(c), *(len(r.cells.get(c, "")) for r in rows))
+                                                 for c in COLUMNS]
+    print(" | ".join(["model".ljust(widths[0])] + [c.ljust(w) for c, w in zip(COLUMNS, widths[1:])]))
+    print("-+-".join("-" * w for w in widths))
+    for row in rows:
+        print(" | ".join([row.name.ljust(widths[0])] + [row.cells.get(c, "").ljust(w)
+                                                       for c, w in zip(COLUMNS, widths[1:])]))
+    print()
+    for row in rows:
+        for note in row.notes:
+            print(f"{row.name}: {note}")
+
+
+if __name__ == "__main__":
+    main()

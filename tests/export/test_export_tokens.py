@@ -1,0 +1,140 @@
+"""QDQ export of models that are not one float image in, one tensor out: token ids by keyword, outputs
+holding a cache, configs with use_cache, both exporters failing, and graphs written with external data."""
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+from workbench import quant
+from workbench.export import ExportError, export_qdq_onnx
+from workbench.quant.calibrate import calibrate
+
+
+class Cache:
+    """Stands for transformers' DynamicCache: returned with the output, not a tensor."""
+
+
+class TokenModel(nn.Module):
+    """Embedding -> quantized Linear layers; returns a dict with a cache, as a Hugging Face model does."""
+
+    def __init__(self, config=None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.config = config
+        self.embed = nn.Embedding(50, 16)
+        self.fc = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, input_ids, attention_mask=None):
+        hidden = torch.relu(self.fc(self.embed(input_ids)))
+        if attention_mask is not None:
+            hidden = hidden * attention_mask.unsqueeze(-1).to(hidden.dtype)
+        use_cache = self.config is not None and self.config.use_cache
+        return {"logits": self.head(hidden), "past_key_values": Cache() if use_cache else None, "hidden": hidden}
+
+
+def token_batches(count=2, batch=3, length=7):
+    generator = torch.Generator().manual_seed(1)
+    return [{"input_ids": torch.randint(0, 50, (batch, length), generator=generator),
+             "attention_mask": torch.ones(batch, length, dtype=torch.long)} for _ in range(count)]
+
+
+def calibrated_tokens(config=None):
+    model = TokenModel(config).eval()
+    quant.replace_to_quantization_module(model)
+    batches = token_batches()
+    calibrate(model, batches, num_batches=2, method="max", report_sqnr=False)
+    return model, batches[0]
+
+
+def dims(value):
+    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_keyword_token_inputs_are_named_after_the_forward_with_batch_and_sequence_axes(tmp_path, exporter):
+    model, sample = calibrated_tokens()
+    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", exporter=exporter)
+    assert report.input_names == ["input_ids", "attention_mask"] and report.output_names == ["logits"]
+    graph = onnx.load(str(tmp_path / "m.onnx")).graph
+    assert [(i.name, dims(i)) for i in graph.input] == [("input_ids", ["batch", "sequence"]),
+                                                       ("attention_mask", ["batch", "sequence"])]
+    assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT64
+    assert [o.name for o in graph.output] == ["logits"] and dims(graph.output[0])[0] == "batch"
+    assert report.quantize_nodes >= 4 and report.cosine > 0.999
+    # another batch size and sequence length run and match the fake-quant model
+    longer = token_batches(1, batch=2, length=11)[0]
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, {k: v.numpy() for k, v in longer.items()})
+    for q in (m for m in model.modules() if isinstance(m, quant.TensorQuantizer)):
+        q.rounding = "onnx"
+    with torch.no_grad():
+        expected = model(**longer)["logits"].numpy()
+    assert logits.shape == (2, 11, 5) and np.abs(logits - expected).max() < 1e-4
+
+
+def test_the_output_to_export_can_be_named(tmp_path):
+    model, sample = calibrated_tokens()
+    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", output="hidden")
+    assert report.output_names == ["hidden"] and report.outputs[0].shape == (3, 7, 16)
+    with pytest.raises(ExportError, match="no tensor under 'scores'; it has: logits, past_key_values, hidden"):
+        export_qdq_onnx(model, sample, tmp_path / "bad.onnx", output="scores")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_a_config_with_use_cache_exports_without_the_cache_and_says_so(tmp_path):
+    config = SimpleNamespace(use_cache=True)
+    model, sample = calibrated_tokens(config)
+    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx")
+    assert any("use_cache=False" in w for w in report.warnings)
+    assert report.output_names == ["logits"] and config.use_cache is True  # the model's setting comes back
+
+
+class DataDependentFFT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum() > 0:  # torch.export cannot capture a branch on a value
+            x = x * 2
+        return torch.fft.rfft(self.fc(x)).abs()  # the TorchScript exporter has no ONNX for rfft
+
+
+def test_when_both_exporters_fail_both_errors_are_shown_primary_first(tmp_path):
+    model = DataDependentFFT().eval()
+    quant.replace_to_quantization_module(model)
+    x = torch.randn(2, 8)
+    calibrate(model, [x], num_batches=1, method="max", report_sqnr=False)
+    with pytest.raises(ExportError) as info:
+        export_qdq_onnx(model, x, tmp_path / "m.onnx")
+    message = str(info.value)
+    primary, fallback = message.index("torch.export-based exporter:"), message.index("TorchScript fallback:")
+    assert primary < fallback
+    assert "data-dependent" in message[primary:fallback] and "in forward" in message[primary:fallback]
+    assert "fft_rfft" in message[fallback:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_large_graph_is_written_with_external_data_and_validated(tmp_path):
+    model, sample = calibrated_tokens()
+    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", external_data_threshold=1000,
+                             float_onnx_path=tmp_path / "float.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["float.onnx", "float.onnx.data", "m.onnx", "m.onnx.data"]
+    assert report.external_data_path == str(tmp_path / "m.onnx.data")
+    assert any("m.onnx.data" in w for w in report.warnings)
+    assert report.file_size == (tmp_path / "m.onnx").stat().st_size + (tmp_path / "m.onnx.data").stat().st_size
+    weights = [t for t in onnx.load(str(tmp_path / "m.onnx"), load_external_data=False).graph.initializer
+               if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert weights and all(e.value == "m.onnx.data" for t in weights for e in t.external_data if e.key == "location")
+    onnx.checker.check_model(str(tmp_path / "m.onnx"), full_check=True)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, {k: v.numpy() for k, v in sample.items()})
+    assert logits.shape == (3, 7, 5)
+    # a small graph stays one file
+    export_qdq_onnx(model, sample, tmp_path / "small.onnx")
+    assert not (tmp_path / "small.onnx.data").exists()

@@ -1,0 +1,114 @@
+"""Writing an exported graph: first to a temporary file next to the target, moved into place only once
+validated; a graph over protobuf's 2 GB limit goes with its weights in ONNX external data
+(``model.onnx.data`` beside ``model.onnx``), validated from the file the same way.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+__all__ = ["EXTERNAL_DATA_THRESHOLD", "StagedFile", "stage", "write_onnx"]
+
+# protobuf refuses to serialise a message of 2 GiB or more
+EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3 - 1
+# initializers smaller than this stay inside the graph file (scales, zero points, shapes)
+_SMALL_TENSOR = 1024
+
+
+@dataclass
+class StagedFile:
+    """A graph written next to ``target`` under a temporary name (with its external data, if any)."""
+
+    target: Path
+    path: Path                       # the temporary graph file: validate this one
+    data_path: Path | None = None    # its external data file (temporary name)
+
+    @property
+    def external_data_path(self) -> Path | None:
+        """Where the external data ends up after :meth:`commit` (None: the graph holds its weights)."""
+        return None if self.data_path is None else self.target.with_name(self.target.name + ".data")
+
+    @property
+    def size(self) -> int:
+        """Bytes on disk, graph and external data together."""
+        return self.path.stat().st_size + (self.data_path.stat().st_size if self.data_path is not None else 0)
+
+    def commit(self) -> None:
+        """Move the files into place; the graph's external-data references follow the data file's new name."""
+        if self.data_path is not None:
+            final_data = self.external_data_path
+            model = onnx.load(str(self.path), load_external_data=False)
+            for tensor in _external_tensors(model):
+                for entry in tensor.external_data:
+                    if entry.key == "location":
+                        entry.value = final_data.name
+            onnx.save_model(model, str(self.path))
+            os.replace(self.data_path, final_data)
+            self.data_path = None
+        os.replace(self.path, self.target)
+
+    def discard(self) -> None:
+        for path in (self.path, self.data_path):
+            if path is not None and path.exists():
+                path.unlink()
+
+
+def stage(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD) -> StagedFile:
+    """Write ``proto`` to a temporary file beside ``target``; over ``threshold`` bytes, with external data.
+
+    ``proto`` itself is left as it was (writing external data empties the tensors of the copy written).
+    """
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)  # mkstemp's 0600 would make the file unshareable: the umask's mode
+    staged = StagedFile(target, Path(name))
+    try:
+        if proto.ByteSize() > threshold:
+            staged.data_path = staged.path.with_name(staged.path.name + ".data")
+            copy = onnx.ModelProto()
+            copy.CopyFrom(proto)
+            onnx.save_model(copy, name, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=staged.data_path.name, size_threshold=_SMALL_TENSOR)
+        else:
+            onnx.save_model(proto, name)
+    except BaseException:
+        staged.discard()
+        raise
+    return staged
+
+
+def write_onnx(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
+    """Write ``proto`` at ``target`` all at once (external data beside it when large)."""
+    staged = stage(proto, target, threshold)
+    try:
+        staged.commit()
+    except BaseException:
+        staged.discard()
+        raise
+    return target
+
+
+def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Tensors stored outside the graph file: initializers and node attributes, subgraphs included."""
+    found: list[onnx.TensorProto] = []
+
+    def visit(graph: onnx.GraphProto) -> None:
+        found.extend(graph.initializer)
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    found.append(attribute.t)
+                found.extend(attribute.tensors)
+                if attribute.HasField("g"):
+                    visit(attribute.g)
+                for sub in attribute.graphs:
+                    visit(sub)
+
+    visit(model.graph)
+    return [t for t in found if t.data_location == onnx.TensorProto.EXTERNAL]

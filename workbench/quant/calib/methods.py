@@ -1,0 +1,93 @@
+"""The amax methods a histogram calibrator chooses amax by, and their parameters: the one vocabulary every
+check, menu and ``--help`` reads.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+__all__ = ["AmaxMethod", "AMAX_METHODS", "DEFAULT_AMAX_METHOD", "Parameter", "PERCENTILE", "UnknownMethodError"]
+
+
+class UnknownMethodError(ValueError, TypeError):
+    """An amax method name that does not exist (a ValueError; a TypeError too, as the original raised)."""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A number an amax method takes, with its default and valid range (``low_open``: low itself is not valid)."""
+
+    name: str
+    default: float
+    low: float
+    high: float
+    low_open: bool = False
+    unit: str = ""
+    help: str = ""
+
+    def describe(self) -> str:
+        """The valid range as text, e.g. ``a number in (0, 100]``."""
+        return f"a number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+    def contains(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        return (self.low < value if self.low_open else self.low <= value) and value <= self.high
+
+    def check(self, value: Any) -> float:
+        """``value`` as a float when it is in range, else a ValueError that says the range."""
+        if not self.contains(value):
+            raise ValueError(f"The {self.name} is {self.describe()}, got {value!r} (out of range).")
+        return float(value)
+
+
+PERCENTILE = Parameter("percentile", 99.99, 0.0, 100.0, low_open=True, unit="%",
+                       help="the share of |x| values amax keeps in range, in %")
+
+
+class AmaxMethod(str, Enum):
+    """How amax is chosen from a quantizer's histogram (max-calibrated quantizers always use max)."""
+
+    ENTROPY = "entropy"
+    MSE = "mse"
+    PERCENTILE = "percentile"
+    MAX = "max"
+
+    @property
+    def description(self) -> str:
+        return _DESCRIPTIONS[self]
+
+    @property
+    def parameters(self) -> tuple[Parameter, ...]:
+        """The numbers this method takes (percentile: the percentile)."""
+        return (PERCENTILE,) if self is AmaxMethod.PERCENTILE else ()
+
+    @classmethod
+    def parse(cls, value: Any) -> AmaxMethod:
+        """The method named ``value``; UnknownMethodError naming the choices otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise UnknownMethodError(f"Unknown calibration method {value!r}; choose one of "
+                                     f"{', '.join(AMAX_METHODS)}.") from None
+
+    @classmethod
+    def help_text(cls) -> str:
+        """One line for a ``--help``: every method and what it does."""
+        return "; ".join(f"{method.value}: {method.description}" for method in cls)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_DESCRIPTIONS = {
+    AmaxMethod.ENTROPY: "minimise the KL divergence of the quantized histogram (TensorRT's)",
+    AmaxMethod.MSE: "minimise the mean squared quantization error",
+    AmaxMethod.PERCENTILE: "keep the given percentile of |x| in range",
+    AmaxMethod.MAX: "the largest |x| seen",
+}
+
+AMAX_METHODS: tuple[str, ...] = tuple(method.value for method in AmaxMethod)
+DEFAULT_AMAX_METHOD = AmaxMethod.ENTROPY

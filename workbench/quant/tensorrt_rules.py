@@ -1,0 +1,64 @@
+"""What TensorRT's explicit (Q/DQ) INT8 quantization can build, as rules on a quantizer's descriptor.
+
+One place for these rules: the session checks a descriptor against them when it is set (CLI ``set``
+and the GUI's descriptor editor), and the QDQ export checks every quantizer against them again.
+
+* Weights: per-tensor, or per output channel: axis 0 for Conv/Linear (and other weighted layers),
+  axis 1 for ConvTranspose (its weight is ``[in, out / groups, *kernel]``).
+* Activations (inputs of layers and functional operations): per-tensor.
+* 8 bits for INT8 QDQ export. Other widths (4-bit weights, fp8 tuples) still simulate, calibrate and
+  fine-tune: they are accepted, marked "sim only", and refused only by the export.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TensorRTCheck", "SIM_ONLY", "output_channel_axis", "tensorrt_check"]
+
+SIM_ONLY = "sim only"  # the mark a model tree and ``workbench show`` put on a non-8-bit quantizer
+
+
+@dataclass(frozen=True)
+class TensorRTCheck:
+    """The verdict on one quantizer: ``error`` (TensorRT cannot build it: refuse it) or ``sim_only`` (it
+    simulates, but INT8 QDQ export will refuse it); both None when TensorRT takes it as it is."""
+
+    error: str | None = None
+    sim_only: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def output_channel_axis(module_type: str) -> int:
+    """The weight axis that holds a layer's output channels: 1 for ConvTranspose, 0 for every other."""
+    return 1 if module_type.removeprefix("Quant").startswith("ConvTranspose") else 0
+
+
+def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str) -> TensorRTCheck:
+    """Check one quantizer of a ``module_type`` layer (``Conv2d`` or ``QuantConv2d``) in ``role`` ("input"
+    or "weight") with ``num_bits`` and ``axis`` (None: per-tensor) against what TensorRT builds.
+
+    The error and the sim-only note are whole sentences that say why, for the user.
+    """
+    if isinstance(axis, (list, tuple)) and len(axis) == 1:
+        axis = axis[0]
+    kind = module_type.removeprefix("Quant")
+    if role == "weight":
+        wanted = output_channel_axis(module_type)
+        if axis is not None and axis != wanted:
+            return TensorRTCheck(error=(
+                f"TensorRT takes {kind} weights per-tensor (axis=none) or per output channel (axis={wanted}), "
+                f"not axis={axis!r}: {'its weight is [in, out, *kernel]' if wanted else 'the output channels are axis 0'}."))
+    elif axis is not None:
+        return TensorRTCheck(error=(
+            f"TensorRT takes activations (the {kind} input) per-tensor only (axis=none), not axis={axis!r}: "
+            "a per-channel activation scale cannot be built into an INT8 engine."))
+    if num_bits != 8:
+        what = f"{num_bits}-bit" if isinstance(num_bits, int) else f"num_bits={tuple(num_bits)!r}"
+        return TensorRTCheck(sim_only=(
+            f"{what} {role}s are for simulation and fine-tuning only ({SIM_ONLY}): INT8 QDQ export for "
+            "TensorRT needs 8 bits and will refuse this layer."))
+    return TensorRTCheck()

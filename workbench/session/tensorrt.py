@@ -1,0 +1,86 @@
+"""Closing the loop with TensorRT: fusion lint before building, the engine's report after, as session jobs.
+
+Functions of a :class:`~workbench.session.Session` (its methods call them), so that the session's core
+stays about the project's own jobs.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import onnx
+
+from workbench.engine import EngineReport, EngineReportError
+from workbench.engine.report import import_engine_report
+from workbench.export.lint import FIX_ACTIONS, LintFix, LintWarning, lint_qdq_graph
+from workbench.project.model import EngineReportRecord, now_iso
+from workbench.session.errors import SessionError
+
+if TYPE_CHECKING:
+    from workbench.session.core import Session
+
+__all__ = ["lint", "apply_fix", "import_engine", "latest_engine_report"]
+
+
+def lint(session: Session) -> list[LintWarning]:
+    """Fusion hazards of the project as it would export now (a preview export; the project is unchanged)."""
+    with tempfile.TemporaryDirectory(prefix="workbench-lint-") as folder:
+        path = Path(folder) / "lint.onnx"
+        session.export(path, remember=False)
+        return lint_qdq_graph(onnx.load(str(path)))
+
+
+def apply_fix(session: Session, fix: LintFix) -> list[str]:
+    """Apply a lint warning's fix through the session; returns what changed (layers, pins or rules).
+
+    Raises:
+        SessionError: an unknown action, or targets the project does not have.
+    """
+    if fix.action not in FIX_ACTIONS:
+        raise SessionError(f"Unknown fix {fix.action!r}; the fixes are: {', '.join(FIX_ACTIONS)}.")
+    targets = list(fix.targets)
+    if fix.action == "quantize":
+        return session.set_quantize(targets, True)
+    if fix.action == "leave_float":
+        return session.set_quantize(targets, False)
+    if fix.action == "pin":
+        if len(targets) < 2:
+            raise SessionError(f"A pin shares one quantizer between at least two names, got {targets}.")
+        pins = [list(pair) for pair in session.project.settings.get("pins") or []]
+        added = [[targets[0], other] for other in targets[1:] if [targets[0], other] not in pins]
+        if added:
+            session.set_setting("pins", pins + added)
+        return [f"{a} = {b}" for a, b in added]
+    rules = dict(session.project.settings.get("rules") or {})
+    unknown = [name for name in targets if name not in rules]
+    if unknown:
+        raise SessionError(f"No placement rule named {', '.join(unknown)}; the rules are: {', '.join(rules)}.")
+    changed = [name for name in targets if not rules[name]]
+    if changed:
+        session.set_setting("rules", {**rules, **{name: True for name in changed}})
+    return changed
+
+
+def import_engine(session: Session, layer_info: str | Path, profile: str | Path | None = None, *,
+                  remember: bool = True) -> EngineReport:
+    """Read trtexec's layer information (and profile) against the project's layers; kept in the project.
+
+    Raises:
+        SessionError: a file is not the trtexec report it should be (the message names it).
+    """
+    layers = {name: decision.quantize for name, decision in session.project.layers.items()}
+    try:
+        report = import_engine_report(str(layer_info), str(profile) if profile is not None else None, layers)
+    except EngineReportError as error:
+        raise SessionError(str(error)) from error
+    if remember:
+        records = session.project.engine_reports
+        records.append(EngineReportRecord(session.project.next_id(records), now_iso(), report.to_dict()))
+        session.dirty = True
+    return report
+
+
+def latest_engine_report(session: Session) -> EngineReport | None:
+    records = session.project.engine_reports
+    return EngineReport.from_dict(records[-1].data) if records else None
