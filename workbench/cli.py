@@ -876,6 +876,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _workers_option(command: argparse.ArgumentParser) -> None:
+    command.set_defaults(distributed=True)
     command.add_argument("--workers", type=int, metavar="N",
                          help="run in N local processes (PyTorch's elastic launcher; one per GPU when there are "
                               "N GPUs), with the same result as one process; under torchrun, torchrun decides")
@@ -918,6 +919,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(message)s")
     from workbench.quant.distributed import launched_by_torchrun
 
+    if launched_by_torchrun() and not getattr(args, "distributed", False):
+        # every rank would run it and write the same files
+        print(f"workbench: error: only calibrate and sensitivity run in several processes; run {args.command} "
+              "without torchrun.", file=sys.stderr)
+        return EXIT_USAGE
     if getattr(args, "workers", None) not in (None, 1) and not launched_by_torchrun():
         return _launch_workers(args, [str(a) for a in argv])
     code, message = _run(args)
