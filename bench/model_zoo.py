@@ -17,12 +17,12 @@ a ResNet-style CNN with timm/torchvision BasicBlocks, tiny Hugging Face BERT / V
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -38,11 +38,13 @@ from workbench.quant.calibrate import calibrate  # noqa: E402
 from workbench.quant.snapshot import all_quantizers  # noqa: E402
 
 
-@dataclass
 class Row:
-    name: str
-    cells: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    """One architecture's cells by column, and the notes printed under the table."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.cells: dict[str, str] = {}
+        self.notes: list[str] = []
 
 
 COLUMNS = ["quantizers", "reached", "float ops", "Q/DQ pairs", "attn products", "ort cos", "ort max|d|",
@@ -105,8 +107,8 @@ def measure(name: str, build: Callable[[], nn.Module], make_batch: Callable[[int
                 model(*batch)
 
     fp32_pass()
-    fp32 = median(fp32_pass, repeats)
-    quantized, report = prepare_for_tensorrt(model, example_inputs=batches[0])
+    # prepare swaps submodules in place: the FP32 reference keeps a model of its own
+    quantized, report = prepare_for_tensorrt(copy.deepcopy(model), example_inputs=batches[0])
     for quantizer in all_quantizers(quantized):
         quantizer.rounding = "onnx"  # what the session does: PyTorch computes what the QDQ graph computes
     functional = report.functional
@@ -122,11 +124,12 @@ def measure(name: str, build: Callable[[], nn.Module], make_batch: Callable[[int
     result = calibrate(quantized, batches, num_batches=None, method="max", report_sqnr=False)
     row.cells["calib s"] = f"{time.perf_counter() - start:.2f}"
     row.cells["reached"] = f"{len(result.quantizers) - len(result.unused)}/{len(result.quantizers)}"
-    collect = [result.collect_time_s]
-    for _ in range(repeats - 1):
-        collect.append(calibrate(quantized, batches, num_batches=None, method="max",
-                                 report_sqnr=False).collect_time_s)
-    row.cells["calib/fp32"] = f"{statistics.median(collect) / fp32:.2f}x"
+    ratios = []
+    for _ in range(repeats):  # interleaved, so that machine noise hits both alike
+        fp32 = median(fp32_pass, 1)
+        collect = calibrate(quantized, batches, num_batches=None, method="max", report_sqnr=False).collect_time_s
+        ratios.append(collect / fp32)
+    row.cells["calib/fp32"] = f"{statistics.median(ratios):.2f}x"
     with tempfile.TemporaryDirectory() as folder:
         path = str(Path(folder) / "model.onnx")
         try:

@@ -95,9 +95,8 @@ def test_help_shows_the_defaults_that_run(tmp_path, capsys):
     defaults = DEFAULT_SETTINGS["calibration"]
     calibrate_help, new_help = _help(capsys, "calibrate"), _help(capsys, "new")
     assert f"new projects: {defaults['num_batches']})" in calibrate_help
-    percentile_help = calibrate_help.split("--percentile PERCENTILE for", 1)[1].split("--force", 1)[0]
-    assert "in %" in percentile_help and "e.g. 99.9" in percentile_help  # the unit, with an example
-    assert f"(default: the project's; new projects: {defaults['percentile']})" in percentile_help
+    assert f"in %, a number in (0, 100], e.g. 99.9 (default: the project's; new projects: {defaults['percentile']})" \
+        in " ".join(calibrate_help.split())
     assert "default: all" not in new_help and f"(default: {defaults['num_batches']}, or all" in new_help
     assert f"(default: {DEFAULT_SETTINGS['metric']['name']})" in new_help
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from workbench import cli
-from workbench.project.settings import SettingsError, checked_setting
+from workbench.project.settings import PERCENTILE_FLOOR, SettingsError, checked_setting
 from workbench.quant.calib import AMAX_METHODS, PERCENTILE, AmaxMethod, HistogramCalibrator, UnknownMethodError
 
 
@@ -23,8 +23,12 @@ def test_one_percentile_range_everywhere(value, ok):
     calibrator.collect(torch.randn(5000))
     if ok:
         assert PERCENTILE.check(value) == float(value)
-        assert checked_setting("calibration", {"percentile": value})["percentile"] == value
         assert float(calibrator.compute_amax("percentile", percentile=value)) >= 0
+        if value >= PERCENTILE_FLOOR:
+            assert checked_setting("calibration", {"percentile": value})["percentile"] == value
+        else:  # valid, but the project refuses what is almost certainly a fraction typed for a percent
+            with pytest.raises(SettingsError, match="did you mean"):
+                checked_setting("calibration", {"percentile": value})
         return
     with pytest.raises(ValueError, match=r"\(0, 100\]"):
         PERCENTILE.check(value)

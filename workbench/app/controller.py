@@ -420,10 +420,11 @@ class Controller(QObject):
         try:
             result = fn()
         except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, keep the state
+            self._holding -= 1
+            self._tell()  # what did change before the error (one of several edits) is still told
             self.error.emit(what, str(error), "")
             return None
-        finally:
-            self._holding -= 1
+        self._holding -= 1
         session = self.session
         if session.needs_rebuild and session.last_build_s > SLOW_REBUILD_S:
             # a big model takes seconds to rebuild (tracing): do it in the worker, the window stays live

@@ -6,16 +6,14 @@ Checked once where a value comes in (a new project, an edit); the rest of the co
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 from typing import Any
 
-import numpy as np
 import torch
 
 from workbench.quant import QuantDescriptor
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE
 from workbench.quant.tensorrt_rules import tensorrt_check
+from workbench.strict_json import strict
 
 __all__ = ["DEFAULT_SETTINGS", "PERCENTILE_FLOOR", "REBUILD_SETTINGS", "FUNCTIONAL_SWITCHES", "percentile_mistake",
            "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
@@ -61,22 +59,9 @@ class SettingsError(ValueError):
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` as the project's JSON holds it: tuples as lists, keys as text, NumPy scalars as Python
-    numbers, and non-finite floats and any other object as text."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        number = float(value)
-        return number if math.isfinite(number) else str(number)
-    return str(value)
+    """``value`` as the project's JSON holds it (:func:`workbench.strict_json.strict`: tuples as lists, keys
+    as text, NumPy scalars and arrays as Python numbers and lists, non-finite floats and other objects as text)."""
+    return strict(value)
 
 
 def make_descriptor(fields: dict[str, Any] | None) -> QuantDescriptor | None:

@@ -9,6 +9,7 @@ nothing of calibrators or modules.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from workbench.quant.calib.methods import PERCENTILE, AmaxMethod
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
