@@ -25,8 +25,10 @@ from workbench.quant.distributed import SINGLE, DistContext, init_from_env, laun
 
 __all__ = ["launch", "WorkerFailed", "WorkerError", "RankFailure", "worker_threads", "job_context"]
 
-# what the workers of a failed job report when only a peer's death stopped them
-_PEER_LOST_MARKERS = ("DistributedError", "Connection closed by peer", "Connection reset by peer", "Broken pipe")
+# what the workers of a failed job report when only a peer's death, or the agent stopping them because of
+# it, ended them: never the root cause while another rank has one
+_PEER_LOST_MARKERS = ("DistributedError", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                      "SignalException", "got signal")
 
 
 class WorkerError(Exception):
@@ -109,7 +111,8 @@ def _failures(error: Any) -> list[RankFailure]:
         message = str(message).strip().removeprefix(f"{WorkerError.__name__}: ")
         failures.append(RankFailure(rank=int(rank), exitcode=int(failure.exitcode), message=str(message).strip()))
     # the root cause first: a rank that lost its peers failed because of another one
-    failures.sort(key=lambda f: (f.killed_by is None and any(m in f.message for m in _PEER_LOST_MARKERS), f.rank))
+    failures.sort(key=lambda f: (f.killed_by == "SIGTERM" or (f.killed_by is None and any(
+        m in f.message for m in _PEER_LOST_MARKERS)), f.rank))
     return failures
 
 

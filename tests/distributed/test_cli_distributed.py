@@ -140,3 +140,12 @@ def test_a_failing_rank_leaves_the_project_byte_identical(project):
 def test_workers_must_be_positive(project, capsys):
     code, _, err = run_cli(capsys, "calibrate", project, "--workers", "0", "--trust-code")
     assert code == 2 and "--workers must be at least 1" in err
+
+
+def test_commands_that_do_not_run_distributed_are_refused_under_torchrun(project, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    before = project.read_bytes()
+    code, out, err = run_cli(capsys, "export", project, "--trust-code")
+    assert code == 2 and "only calibrate and sensitivity run in several processes" in err
+    assert project.read_bytes() == before and not list(project.parent.glob("*.onnx"))

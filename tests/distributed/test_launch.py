@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import os
+import time
+from pathlib import Path
 
 import distributed_jobs as jobs
 import pytest
@@ -22,6 +24,32 @@ def _short_collective_timeout(monkeypatch):
     # a healthy rank waiting for a dead one must give up long before the test's own timeout
     monkeypatch.setenv("WORKBENCH_DIST_TIMEOUT", "60")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def live_children() -> list[int]:
+    """Processes (not zombies) whose parent is this test process; multiprocessing's resource tracker,
+    which lives as long as its parent by design, does not count."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"resource_tracker" not in command:
+            found.append(int(entry.name))
+    return found
+
+
+def new_children(before: set[int], grace_s: float = 30.0) -> set[int]:
+    """Children that are not in ``before`` and still live after ``grace_s`` (exiting takes a moment on a
+    loaded machine; a worker left waiting in a collective would still be there)."""
+    deadline = time.monotonic() + grace_s
+    while (left := set(live_children()) - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 def test_calibration_in_two_processes_equals_one_process():
@@ -67,19 +95,23 @@ def test_sensitivity_and_fallback_in_two_processes_equal_one_process():
 @pytest.mark.parametrize("how, expected", [("raise", "rank 1 failed: ValueError: rank 1 could not read its batches"),
                                            ("kill", "rank 1 was killed by SIGKILL")])
 def test_a_failed_rank_stops_the_job_and_is_named(how, expected):
+    before = set(live_children())  # other tests' helpers (a resource tracker, a server) may live on
     with pytest.raises(WorkerFailed) as caught:
         launch(jobs.failing_rank, (how,), nprocs=2)
     assert expected in str(caught.value)
     assert caught.value.rank == 1 and caught.value.world_size == 2
+    assert new_children(before) == set()  # the healthy rank was stopped, not left waiting
 
 
 def test_a_hanging_rank_times_the_others_out(monkeypatch):
     monkeypatch.setenv("WORKBENCH_DIST_TIMEOUT", "3")
+    before = set(live_children())
     with pytest.raises(WorkerFailed) as caught:
         launch(jobs.failing_rank, ("hang",), nprocs=2)
     # rank 0 gave up waiting, and the launcher stopped the hanging rank 1 rather than wait for it
     assert "rank 0 failed: DistributedError: rank 0: gathering results from the other ranks failed" \
         in str(caught.value)
+    assert new_children(before) == set()
 
 
 def test_one_process_needs_no_process_group(monkeypatch):

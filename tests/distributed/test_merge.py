@@ -167,3 +167,67 @@ def test_deal_goes_back_and_forth():
     # a linear cost profile (task i costs 8 - i) splits evenly between two ranks
     two = [deal(8, DistContext(rank=r, world_size=2)) for r in range(2)]
     assert [sum(8 - i for i in share) for share in two] == [18, 18]
+
+
+class FailsOnMarker(torch.nn.Module):
+    """A quantized linear layer that raises on a batch whose first value is the marker 1234."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        if float(x.reshape(-1)[0]) == 1234.0:
+            raise RuntimeError("bad batch")
+        return self.linear(x)
+
+
+def quantized_model():
+    from workbench import quant
+    from workbench.quant.tensor_quant import QuantDescriptor
+
+    model = FailsOnMarker()
+    quant.replace_to_quantization_module(model, quant_desc_input=QuantDescriptor(calib_method="histogram"))
+    return model
+
+
+def calibration_batches() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(2)
+    batches = [torch.randn(8, 4, generator=generator) * (1 + i) for i in range(5)]
+    batches[3] = torch.full((8, 4), float("nan"))  # mostly NaN: the warning names batch 3
+    return batches
+
+
+def test_calibrate_in_thread_ranks_equals_one_process():
+    from workbench.quant.calibrate import calibrate
+
+    expected = calibrate(quantized_model(), calibration_batches(), num_batches=None, method="percentile")
+
+    def job(context):
+        return calibrate(quantized_model(), calibration_batches(), num_batches=None, method="percentile",
+                         context=context)
+
+    for result in run_ranks(2, job):
+        assert result.num_batches == 5
+        assert {n: q.amax.tolist() for n, q in result.quantizers.items()} == \
+            {n: q.amax.tolist() for n, q in expected.quantizers.items()}
+        assert {n: q.nonfinite_count for n, q in result.quantizers.items()} == \
+            {n: q.nonfinite_count for n, q in expected.quantizers.items()}
+        # the warnings name batches by their place among all the batches, not within a rank's share
+        nonfinite = [w for w in result.warnings if "batch" in w and "3" in w]
+        assert nonfinite and nonfinite == [w for w in expected.warnings if "batch" in w and "3" in w]
+
+
+def test_a_failing_batch_is_named_by_its_global_index():
+    from workbench.quant.calibrate import CalibrationError, calibrate
+
+    batches = calibration_batches()
+    batches[3] = torch.full((8, 4), 1234.0)  # rank 1 runs it, as its second batch
+
+    def job(context):
+        return calibrate(quantized_model(), batches, num_batches=None, method="max", context=context)
+
+    with pytest.raises(CalibrationError, match="batch 3") as caught:
+        run_ranks(2, job)
+    assert caught.value.batch_index == 3

@@ -206,9 +206,11 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         done = 0
         mostly_nonfinite: list[int] = []  # batches whose inputs are more NaN/Inf than finite
         with torch.no_grad():
-            for index, batch in enumerate(batches):
-                if num_batches is not None and index >= num_batches:
+            for local_index, batch in enumerate(batches):
+                if num_batches is not None and local_index >= num_batches:
                     break
+                # the batch's place among all the batches, whichever rank runs it (errors and warnings name it)
+                index = context.rank + local_index * context.world_size
                 if cancel is not None and cancel.is_set():
                     raise CalibrationCancelled(f"Calibration cancelled after {done} of {total or '?'} batches.")
                 try:
@@ -225,7 +227,9 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         if context.distributed:
             context.wait_for_peers(local_progress, "calibration batches")
             merge_calibrators({name: q._calibrator for name, q in calibrating.items()}, context)
-            done = sum(context.all_gather(done))
+            counts_and_flags = context.all_gather((done, mostly_nonfinite))
+            done = sum(count for count, _ in counts_and_flags)
+            mostly_nonfinite = sorted(index for _, flagged in counts_and_flags for index in flagged)
             first_batch = first_batch if context.is_main else None  # batch 0 is rank 0's
         if done == 0:
             raise ValueError("No calibration batches: the data source yielded nothing.")

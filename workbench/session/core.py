@@ -44,9 +44,7 @@ from workbench.project.settings import make_descriptor
 from workbench.quant import TensorQuantizer
 from workbench.quant.calib import DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, HistogramCalibrator
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate
-from workbench.quant.calibrate import sqnr_db
 from workbench.quant.batches import first_samples, input_shapes, model_inputs, run_model, to_device
-from workbench.quant.calibrate import run_model as _run_model
 from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
@@ -829,7 +827,8 @@ class Session:
         batches = self._analysis_batches()
         if num_batches:
             batches = batches[:num_batches]
-        return evaluate_models(self.float_model, model, batches, chosen, progress=progress, cancel=cancel)
+        return evaluate_models(self.float_model, model, batches, chosen, progress=progress, cancel=cancel,
+                               output=self.project.settings.get("output"))
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
