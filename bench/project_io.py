@@ -69,6 +69,32 @@ def main() -> None:
           "| < 1 s |")
     print(f"| quantizers restored without recalibrating | {restored} | all |")
     print(f"| amax identical after reopening | {same} | True |")
+    _integrity_overhead(session, path, args.repeats, statistics.median(save_times), statistics.median(load_times))
+
+
+def _integrity_overhead(session: Session, path: Path, repeats: int, save_s: float, load_s: float) -> None:
+    """What the two-writer check and the content checksum cost: the same save and read with both off."""
+    from workbench.project import store
+
+    checksums, digests = store.content_checksums, store.digests
+    store.content_checksums = lambda db: {}
+    store.digests = lambda project: {}
+    store_check, store.check_content = store.check_content, lambda db, path: None
+    try:
+        bare_save, bare_load = [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            session.save(path)
+            bare_save.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            load_project(path)
+            bare_load.append(time.perf_counter() - start)
+    finally:
+        store.content_checksums, store.digests, store.check_content = checksums, digests, store_check
+    print(f"\n| with revision digests and checksum, over without (same run) | ratio |")
+    print("|---|---|")
+    print(f"| save | {save_s / statistics.median(bare_save):.2f}x |")
+    print(f"| read | {load_s / statistics.median(bare_load):.2f}x |")
 
 
 if __name__ == "__main__":

@@ -93,6 +93,9 @@ def test_session_feeds_token_ids_by_keyword_to_every_job(tmp_path):
     assert list(sample) == ["input_ids", "attention_mask"] and sample["input_ids"].dtype == torch.int64
     assert session.layer_shapes()["fc"]["inputs"] == [(1, 12, 16)]
     session.calibrate(method="max")
+    evaluation = session.evaluate(metric="cosine")  # on "hidden", the chosen output
+    assert evaluation.fp32 == pytest.approx(1.0) and 0.9 < evaluation.int8 < 1.0
+    assert 0 < evaluation.output_sqnr_db < float("inf")
     result = session.sensitivity(metric="sqnr")
     assert {u.name for u in result.units} >= {"fc", "head"}
     # the compared output is "hidden": leaving the head in float changes nothing, leaving fc in float does

@@ -100,31 +100,6 @@ def _open(args: argparse.Namespace):
                             f"(or --trust-code); 'workbench show {args.project}' says what it runs.") from None
 
 
-def _untrusted_summary(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """``workbench show`` on a project whose code is not trusted: what it would run and why, running none of it."""
-    from workbench.project import load_project
-    from workbench.session import Session
-
-    project = load_project(args.project)
-    references = Session.code_references(args.project)
-    status = "changed" if Session.trust_status(args.project) == "changed" else "untrusted"
-    data = {"name": project.name, "path": str(Path(args.project).resolve()), "trusted": False, "trust": status,
-            "model": project.model.label, "data": {role: spec.label for role, spec in project.data.items()},
-            "layers": len(project.layers), "calibrations": len(project.calibrations),
-            "code": [reference.to_dict() for reference in references]}
-    why = ("its code changed since it was trusted" if status == "changed"
-           else "it runs code that is not trusted on this machine yet")
-    lines = [f"{project.name} ({data['path']})", f"  model: {project.model.label} (not loaded: {why})",
-             "  data: " + ", ".join(f"{k} {v}" for k, v in data["data"].items()),
-             f"  layers: {len(project.layers)}, calibration runs: {len(project.calibrations)}",
-             "  code it would run (each needs your trust):"]
-    for reference in references:
-        files = ", ".join(reference.files) or "no file found next to the project"
-        lines.append(f"    {reference.role}: {reference.spec}: {reference.why} ({files})")
-    lines.append(f"  read that code; to trust it: workbench trust {args.project} (remembered until the code changes)")
-    return data, "\n".join(lines)
-
-
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
     # with --json, stdout is the JSON alone: user code printed to stderr meanwhile (see main)
     out = getattr(args, "stdout", None) or sys.stdout
@@ -219,7 +194,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     try:
         session = _open(args)
     except TrustRequired:
-        data, text = _untrusted_summary(args)
+        from workbench.cli_trust import untrusted_summary
+
+        data, text = untrusted_summary(args)
         _emit(args, data, text)
         return EXIT_OK
     layers = session.layers()  # the summary counts them too: listed once
@@ -285,32 +262,6 @@ def _folding_lines(folding: dict[str, Any]) -> list[str]:
     lines = [f"  BatchNorm folding: on, {len(folding['folded'])} folded: {pairs}"]
     lines += [f"    not folded: {item['bn']}: {item['reason']}" for item in folding["skipped"]]
     return lines
-
-
-def _cmd_trust(args: argparse.Namespace) -> int:
-    from workbench.session import Session
-    from workbench.sources.trust import remember_trust
-
-    references = Session.code_references(args.project)  # reads the file, runs nothing
-    if not references:
-        _emit(args, {"trusted": True, "code": []}, f"{args.project} runs no code of its own: nothing to trust.")
-        return EXIT_OK
-    store = remember_trust(args.project, references)
-    lines = [f"trusted {args.project}: later commands and the GUI run its code without --trust-code, until it "
-             f"changes (recorded in {store}):"]
-    lines += [f"  {r.role}: {r.spec} ({', '.join(r.files) or 'no file found'})" for r in references]
-    _emit(args, {"trusted": True, "store": str(store), "code": [r.to_dict() for r in references]}, "\n".join(lines))
-    return EXIT_OK
-
-
-def _cmd_untrust(args: argparse.Namespace) -> int:
-    from workbench.sources.trust import forget_trust
-
-    forgotten = forget_trust(args.project)
-    _emit(args, {"forgotten": forgotten}, f"{args.project}: trust forgotten; its code runs again only with "
-                                          "--trust-code or 'workbench trust'" if forgotten
-          else f"{args.project}: no trust was recorded for it")
-    return EXIT_OK
 
 
 def _cmd_set(args: argparse.Namespace) -> int:
@@ -727,15 +678,6 @@ def build_parser() -> argparse.ArgumentParser:
                                    "would run)")
     show.set_defaults(func=_cmd_show)
 
-    trust = sub.add_parser("trust", help="trust a project's code (model, data, metric, loss) from now on, until it "
-                                         "changes; 'workbench show' lists it first")
-    trust.add_argument("project", help="the project file (.qwb)")
-    trust.add_argument("--json", action="store_true", help="print the result as JSON")
-    trust.set_defaults(func=_cmd_trust)
-    untrust = sub.add_parser("untrust", help="forget the trust given to a project's code")
-    untrust.add_argument("project", help="the project file (.qwb)")
-    untrust.add_argument("--json", action="store_true", help="print the result as JSON")
-    untrust.set_defaults(func=_cmd_untrust)
 
     set_ = project_command("set", "quantize or ignore layers, set descriptors, rules and settings")
     set_.add_argument("--layer", action="append", help="a layer name (repeatable)")
@@ -856,8 +798,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(func=_cmd_finetune)
 
     from workbench.cli_engine import add_commands  # lint, engine-report, diff
+    from workbench.cli_trust import add_commands as add_trust_commands  # trust, untrust
 
     add_commands(sub, project_command)
+    add_trust_commands(sub)
 
     demo = sub.add_parser("demo", help="the whole job on the built-in digits CNN, without a screen")
     demo.add_argument("--out", default="workbench-demo", help="folder for the project and ONNX (default: "

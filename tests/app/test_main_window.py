@@ -112,7 +112,7 @@ def test_demo_opens_ready_to_calibrate(window, qtbot):
     # the plots follow the header one turn of the event loop later (the window repaints in between)
     qtbot.waitUntil(lambda: "Not calibrated yet" in window.layer_panel.histogram_message.textItem.toPlainText())
     tabs = [window.tabs.tabText(i) for i in range(window.tabs.count())]
-    assert tabs == ["Layer", "Sensitivity", "Graph", "Fine-tune"]
+    assert tabs == ["Layer", "Sensitivity", "Graph", "Fine-tune", "TensorRT"]
 
 
 def test_ticking_and_unticking_subtrees(window, qtbot):

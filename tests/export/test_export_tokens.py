@@ -66,6 +66,7 @@ def test_keyword_token_inputs_are_named_after_the_forward_with_batch_and_sequenc
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT64
     assert [o.name for o in graph.output] == ["logits"] and dims(graph.output[0])[0] == "batch"
     assert report.quantize_nodes >= 4 and report.cosine > 0.999
+    assert report.sequence_check is not None and report.sequence_check.shape == (3, 8, 5)  # one token longer
     # another batch size and sequence length run and match the fake-quant model
     longer = token_batches(1, batch=2, length=11)[0]
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])

@@ -38,3 +38,23 @@ def load_with_every_column_set(path: Path, table: str, value: object) -> None:
     except ProjectError:
         pass
 
+
+
+def mutate(content: bytes, data) -> bytes:
+    """Flip, overwrite, cut or extend bytes of ``content`` as a bad disk, a bad copy or a bad download would
+    (``data`` is hypothesis's ``st.data()``): 1 to 6 changes."""
+    content = bytearray(content)
+    for _ in range(data.draw(st.integers(1, 6))):
+        action = data.draw(st.sampled_from(["flip", "overwrite", "truncate", "append"]))
+        if action == "flip" and content:
+            index = data.draw(st.integers(0, len(content) - 1))
+            content[index] ^= data.draw(st.integers(1, 255))
+        elif action == "overwrite" and content:
+            index = data.draw(st.integers(0, len(content) - 1))
+            chunk = data.draw(st.binary(min_size=1, max_size=64))
+            content[index:index + len(chunk)] = chunk
+        elif action == "truncate":
+            content = content[:data.draw(st.integers(0, len(content)))]
+        else:
+            content += data.draw(st.binary(min_size=1, max_size=256))
+    return bytes(content)

@@ -1,4 +1,5 @@
 """calibrate(): the job around the calibrators, its state guarantees and its report."""
+import math
 import threading
 
 import pytest
@@ -219,9 +220,9 @@ def test_sqnr_db():
     x = torch.tensor([3.0, 4.0])
     assert sqnr_db(x, x) == float("inf")
     assert sqnr_db(x, x + torch.tensor([0.3, 0.4])) == pytest.approx(20.0)
-    # a tuple output is compared on the tensor select_output picks (the first), not on every entry
-    assert sqnr_db((x, {"a": x}), (x, {"a": x * 1.1})) == float("inf")
-    assert sqnr_db((x, {"a": x}), (x * 1.1, {"a": x})) == pytest.approx(20.0)
+    # a plain tuple of tensors is compared whole; a nested output on its first tensor (select_output)
+    assert sqnr_db((x, x), (x, x * 1.1)) == pytest.approx(10 * torch.log10(torch.tensor(200.0)).item())
+    assert sqnr_db((x * 1.1, {"a": x}), (x, {"a": x * 1.1})) == pytest.approx(20 * math.log10(1 / 0.1 * 1.1))
 
 
 @pytest.mark.cuda

@@ -111,6 +111,7 @@ def test_a_full_disk_during_export_names_the_file_and_leaves_nothing(project, tm
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(onnx, "save", full_disk)
+    monkeypatch.setattr(onnx, "save_model", full_disk)
     before = project.read_bytes()
     code, out, err = run(capsys, "export", project, "-o", out_dir / "m.onnx", "--trust-code")
     assert_user_error(code, err, "No space left on device", out_dir / "m.onnx")

@@ -98,3 +98,25 @@ def test_conflicting_save_is_refused_and_named(window, qtbot, saved):
     assert window.controller.save() is None
     assert errors and "changed since this window opened it (by another process)" in errors[0]
     assert f"layer {layer}" in errors[0] and saved.read_bytes() == before
+
+
+def test_export_over_a_file_the_project_did_not_write_asks_first(window, qtbot, tmp_path):
+    """Item 2 in the GUI: the window asks before overwriting a foreign file; "No" writes nothing."""
+    with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
+        window.controller.calibrate(method="max")
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=60000)
+    foreign = tmp_path / "foreign.onnx"
+    foreign.write_bytes(b"someone else's model")
+    window.controller.session.project.settings["export"]["path"] = str(foreign)
+    window.reply["button"] = QMessageBox.StandardButton.No
+    assert not window.export()
+    assert window.asked == ["Overwrite the file?"] and foreign.read_bytes() == b"someone else's model"
+    window.reply["button"] = QMessageBox.StandardButton.Yes
+    with qtbot.waitSignal(window.controller.export_finished, timeout=120000):
+        assert window.export()
+    assert foreign.read_bytes() != b"someone else's model"
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=60000)
+    window.asked.clear()
+    with qtbot.waitSignal(window.controller.export_finished, timeout=120000):
+        assert window.export()  # its own file now: no question
+    assert window.asked == []

@@ -234,3 +234,14 @@ def test_racing_threads_lose_nothing(path):
     assert sorted(amaxes(stored)) == [1.0, 3.0, 5.0, 7.0][-5:]
     assert sorted(r.data["who"] for r in stored.sensitivity) == [0, 2, 4, 6]
     assert stored.origin.revision == 1 + len(loaded)
+
+
+def test_engine_reports_are_appended_too(path):
+    from workbench.project.model import EngineReportRecord
+
+    a, b = load_project(path), load_project(path)
+    a.engine_reports.append(EngineReportRecord(1, "t", {"who": "a"}))
+    save_project(a, path)
+    b.engine_reports.append(EngineReportRecord(1, "t", {"who": "b"}))
+    save_project(b, path)
+    assert [r.data["who"] for r in load_project(path).engine_reports] == ["a", "b"]

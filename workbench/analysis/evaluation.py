@@ -16,6 +16,7 @@ from torch import nn
 
 from workbench.analysis.evaluator import Evaluator, report_progress
 from workbench.analysis.metrics import Metric, OutputMetric, SqnrMetric, get_metric
+from workbench.quant.batches import select_output
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.snapshot import ModelSnapshot
 
@@ -55,11 +56,13 @@ def _number(value: float) -> str:
 
 
 def evaluate_models(fp32_model: nn.Module, int8_model: nn.Module, batches: Sequence[Any], metric: Metric | str, *,
-                    progress: ProgressCallback | None = None, cancel: CancelToken | None = None) -> Evaluation:
+                    progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
+                    output: str | None = None) -> Evaluation:
     """``metric`` on ``fp32_model`` and ``int8_model`` over ``batches``, and the output SQNR between them.
 
     Both models are left as they were (mode, quantizer states). ``metric`` is a :class:`Metric` or a
-    built-in name; a user metric is resolved (and trusted) by the caller.
+    built-in name; a user metric is resolved (and trusted) by the caller. ``output`` names the output entry
+    compared (see :func:`~workbench.quant.batches.select_output`).
 
     Raises:
         ValueError: no batches. AnalysisError, MetricError, AnalysisCancelled: as the analysis raises them.
@@ -70,8 +73,8 @@ def evaluate_models(fp32_model: nn.Module, int8_model: nn.Module, batches: Seque
         raise ValueError("No batches: the evaluation data yielded nothing.")
     total = 2 if isinstance(chosen, OutputMetric) else 4
     with ModelSnapshot(fp32_model), ModelSnapshot(int8_model), torch.no_grad():
-        reference = Evaluator(fp32_model, batches, chosen, cancel)
-        quantized = Evaluator(int8_model, batches, chosen, cancel)
+        reference = Evaluator(fp32_model, batches, chosen, cancel, output)
+        quantized = Evaluator(int8_model, batches, chosen, cancel, output)
         report_progress(progress, 0, total, f"{chosen.name}: FP32")
         if isinstance(chosen, OutputMetric):
             fp32 = reference.measure("fp32", keep_outputs=True)
@@ -85,15 +88,15 @@ def evaluate_models(fp32_model: nn.Module, int8_model: nn.Module, batches: Seque
             report_progress(progress, 1, total, f"{chosen.name}: INT8")
             int8 = quantized.measure("quantized", run_batch=run_and_keep)
             sqnr = SqnrMetric().start()
-            for output, ref, batch in zip(outputs, reference.reference or [], batches):
-                sqnr.update(output, ref, batch)
+            for raw, ref, batch in zip(outputs, reference.reference or [], batches):
+                sqnr.update(select_output(raw, output), ref, batch)  # the reference holds the chosen part
             output_sqnr = sqnr.value()
         else:  # the metric runs the models itself: the outputs for the SQNR take their own passes
             fp32 = reference.measure("fp32")
             report_progress(progress, 1, total, f"{chosen.name}: INT8")
             int8 = quantized.measure("quantized")
-            sqnr_reference = Evaluator(fp32_model, batches, SqnrMetric(), cancel)
-            sqnr_quantized = Evaluator(int8_model, batches, SqnrMetric(), cancel)
+            sqnr_reference = Evaluator(fp32_model, batches, SqnrMetric(), cancel, output)
+            sqnr_quantized = Evaluator(int8_model, batches, SqnrMetric(), cancel, output)
             report_progress(progress, 2, total, "output SQNR: FP32")
             sqnr_reference.measure("fp32", keep_outputs=True)
             sqnr_quantized.reference = sqnr_reference.reference

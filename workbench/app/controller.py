@@ -150,6 +150,7 @@ class Controller(QObject):
     finetune_progress = Signal(int, int, float)
     finetune_epoch = Signal(object)
     finetune_finished = Signal(object)
+    engine_changed = Signal()  # a TensorRT engine report was imported
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -175,6 +176,7 @@ class Controller(QObject):
 
     def shutdown(self) -> None:
         """Cancel a running job and wait for it (before the window closes)."""
+        self.disk.watch(None)  # a closing window asks nothing about its file any more
         if self.jobs.busy:
             self.jobs.cancel()
             self.jobs.wait()
@@ -566,6 +568,18 @@ class Controller(QObject):
             return False
         return self._start("Evaluating", lambda progress, cancel: session.evaluate(progress=progress, cancel=cancel,
                                                                                    **options), on_done)
+
+    def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None) -> Any:
+        """Read trtexec's layer information (and profile) into the project; the Engine views follow."""
+        report = self._edit("Import TensorRT report", lambda: self.session.import_engine_report(layer_info, profile))
+        if report is not None:
+            self.log.emit("info", f"TensorRT report {Path(layer_info).name}: {len(report.hazards)} hazards")
+            self.engine_changed.emit()
+        return report
+
+    def engine_report(self) -> Any:
+        """The project's latest imported engine report (None: none, or no project)."""
+        return self.session.latest_engine_report() if self.session is not None else None
 
     def cancel_job(self) -> None:
         self.jobs.cancel()

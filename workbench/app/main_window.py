@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 
 from workbench.app.controller import Controller
 from workbench.app.dialogs import CalibrateDialog, ErrorDialog, ProjectSettingsDialog
+from workbench.app.engine_panel import EnginePanel
 from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog
 from workbench.app.finetune_tab import FinetuneTab
 from workbench.app.formatting import format_seconds
@@ -53,7 +54,7 @@ PROJECT_FILTER = "Quant Workbench projects (*.qwb);;All files (*)"
 
 # the tabs after "Layer": (class, tab title)
 TABS: tuple[tuple[type[QWidget], str], ...] = ((SensitivityTab, "Sensitivity"), (GraphTab, "Graph"),
-                                              (FinetuneTab, "Fine-tune"))
+                                              (FinetuneTab, "Fine-tune"), (EnginePanel, "TensorRT"))
 
 
 class MainWindow(QMainWindow):
@@ -130,11 +131,14 @@ class MainWindow(QMainWindow):
                                             "Default descriptors, placement rules, calibration, metric, export")
         self.cancel_action = self._action("Cancel", self.cancel_job, "Esc", "Stop the running job",
                                           SP.SP_BrowserStop)
+        self.engine_action = self._action("Import &TensorRT Report…", self.import_engine_report, None,
+                                          "Read trtexec's --exportLayerInfo (and --exportProfile) files: what ran "
+                                          "in INT8, FP16, FP32, and the hazards")
         self.about_action = self._action("&About", self.about)
         # needs an open project and no running job
         self.project_actions = [self.save_action, self.save_as_action, self.calibrate_action,
                                 self.calibrate_dialog_action, self.export_action, self.export_dialog_action,
-                                self.evaluate_action, self.settings_action]
+                                self.evaluate_action, self.settings_action, self.engine_action]
         # needs no running job
         self.idle_actions = [self.new_action, self.open_action, self.demo_action]
 
@@ -193,7 +197,8 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         file_menu.addAction(self.quit_action)
         project_menu = bar.addMenu("&Project")
-        project_menu.addActions([self.calibrate_dialog_action, self.evaluate_action, self.export_dialog_action])
+        project_menu.addActions([self.calibrate_dialog_action, self.evaluate_action, self.export_dialog_action,
+                                 self.engine_action])
         project_menu.addSeparator()
         project_menu.addActions([self.tree.descriptor_action, self.tree.pattern_action])
         project_menu.addSeparator()
@@ -457,7 +462,7 @@ class MainWindow(QMainWindow):
     def offer_reload(self, path: str) -> bool:
         """Another process saved the open project: reload it from disk, or keep working on this copy."""
         session = self.controller.session
-        if session is None or self.controller.busy:
+        if session is None or self.controller.busy or not self.isVisible():
             return False
         unsaved = " Changes made here since the last save would be lost." if session.dirty else ""
         answer = QMessageBox.question(
@@ -560,7 +565,20 @@ class MainWindow(QMainWindow):
         self.controller.calibrate(**options)
 
     def export(self) -> bool:
-        return self.controller.export()
+        force = self._confirm_overwrite(None)
+        return force is not None and self.controller.export(force=force)
+
+    def _confirm_overwrite(self, path: str | Path | None) -> bool | None:
+        """True: overwrite a file this project did not write (the user said so); False: nothing to confirm;
+        None: the user declined."""
+        session = self.controller.session
+        reason = session.overwrite_refusal(path) if session is not None else None
+        if reason is None:
+            return False
+        answer = QMessageBox.question(self, "Overwrite the file?", f"{reason.split(';')[0]}.\n\nOverwrite it?",
+                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                                      QMessageBox.StandardButton.No)
+        return True if answer == QMessageBox.StandardButton.Yes else None
 
     def export_dialog(self) -> QWidget | None:
         if self.controller.session is None:
@@ -574,7 +592,9 @@ class MainWindow(QMainWindow):
     def _export_with(self, dialog: Any) -> None:
         options = dict(dialog.settings() or {})
         path = options.pop("path", None)
-        self.controller.export(path, **options)
+        force = self._confirm_overwrite(path)
+        if force is not None:
+            self.controller.export(path, force=force, **options)
 
     def _export_finished(self, report: Any) -> None:
         self.statusBar().showMessage(f"Exported {getattr(report, 'path', '')}", 8000)
@@ -585,6 +605,28 @@ class MainWindow(QMainWindow):
             return
         self.export_report_dialog = dialog
         dialog.open()
+
+    def import_engine_report(self, layer_info: str | None = None, profile: str | None = None,
+                             ask_profile: bool = True) -> bool:
+        """Import trtexec's report; without paths, file dialogs ask (the profile is optional)."""
+        if self.controller.session is None:
+            return False
+        folder = str(self.controller.session.base_dir)
+        if layer_info is None:
+            layer_info, _ = QFileDialog.getOpenFileName(self, "TensorRT layer information (--exportLayerInfo)",
+                                                        folder, "JSON (*.json);;All files (*)")
+            if not layer_info:
+                return False
+            if ask_profile and profile is None:
+                profile, _ = QFileDialog.getOpenFileName(self, "TensorRT profile (--exportProfile; Cancel: none)",
+                                                         str(Path(layer_info).parent), "JSON (*.json);;All files (*)")
+        report = self.controller.import_engine_report(layer_info, profile or None)
+        if report is None:
+            return False
+        panel = self.extra_tabs.get("TensorRT")
+        if panel is not None:
+            self.tabs.setCurrentWidget(panel)
+        return True
 
     def evaluate(self) -> bool:
         def done(evaluation: Any) -> None:

@@ -30,17 +30,19 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QBrush, QColor, QFont
 
 from workbench.app.controller import Controller
+from workbench.app.engine_panel import engine_cell
 from workbench.graph import ModelTree
 from workbench.session import LayerView
 
 __all__ = ["ModuleTreeModel", "LayerFilterProxy", "COLUMNS"]
 
-COLUMNS = ("Name", "Type", "Quantize", "Input", "Weight", "amax", "Rank")
-NAME, TYPE, QUANT, INPUT, WEIGHT, AMAX, RANK = range(len(COLUMNS))
+COLUMNS = ("Name", "Type", "Quantize", "Input", "Weight", "amax", "Rank", "Engine")
+NAME, TYPE, QUANT, INPUT, WEIGHT, AMAX, RANK, ENGINE = range(len(COLUMNS))
 _COLUMN_COUNT = len(COLUMNS)
-COLUMN_WIDTHS = (140, 170, 74, 178, 150, 56, 44)  # about 810 px: the dock's default width
+COLUMN_WIDTHS = (140, 170, 74, 178, 150, 56, 44, 110)  # the Engine column shows after an engine report
 NAME_ROLE = Qt.ItemDataRole.UserRole + 1     # the qualified module name
 NODE_ROLE = Qt.ItemDataRole.UserRole + 2     # the node id (pre-order position)
+ENGINE_SHARE_ROLE = Qt.ItemDataRole.UserRole + 3  # the engine layer's time over the slowest one's (0..1)
 EXPAND_ALL_MATCHES = 500  # a filter with more matches opens only the top levels (expanding is what costs)
 _NO_PARENT = QModelIndex()  # Qt's invisible root (a default argument, made once)
 _ROOT = -1  # the invisible root's id (the model itself is node 0, shown as the one top-level row)
@@ -87,6 +89,8 @@ class ModuleTreeModel(QAbstractItemModel):
         self._types: list[str] = []       # the module types from the tree
         self._shown_types: list[str] = []  # the same, with layers' quantized types (the type filter's values)
         self._notes: list[str] = []       # what a transformation did to the module ("folded bn1")
+        self._engine_colour: list[QColor | None] = []  # by the precision TensorRT ran the module in
+        self._engine_share: list[float | None] = []
 
     def set_views(self, tree: ModelTree | None, layers: Sequence[LayerView]) -> None:
         """Show ``tree`` with ``layers``' rows; a different module list resets the model, else rows update."""
@@ -102,6 +106,24 @@ class ModuleTreeModel(QAbstractItemModel):
             self._notes = [notes.get(name, "") for name in self._names]
             self._update(layers)
         self.refreshed.emit()
+
+    def set_engine(self, report: Any) -> None:
+        """Show an imported engine report (:class:`workbench.engine.EngineReport`, None: none) in the Engine
+        column: the precision each module ran in, coloured, and its engine layer's time."""
+        count = len(self._names)
+        text, colours, shares = [""] * count, [None] * count, [None] * count
+        if report is not None and count:
+            slowest = max((o.time_ms for o in report.layers if o.time_ms), default=0.0)
+            for outcome in report.layers:
+                i = self._node_of.get(outcome.module)
+                if i is None:
+                    continue
+                text[i], colours[i] = engine_cell(outcome)
+                if outcome.time_ms is not None and slowest > 0:
+                    shares[i] = outcome.time_ms / slowest
+        changed = [i for i in range(count) if self._text[ENGINE][i] != text[i] or self._engine_share[i] != shares[i]]
+        self._text[ENGINE], self._engine_colour, self._engine_share = text, colours, shares
+        self._emit_changed(changed)
 
     def _build(self, rows: list[tuple[str, str, str | None, int]], layers: Sequence[LayerView],
                notes: dict[str, str]) -> None:
@@ -140,6 +162,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._quantized = np.zeros(count, dtype=bool)
         self._check = [None] * count
         self._float = [False] * count
+        self._engine_colour, self._engine_share = [None] * count, [None] * count
         self._update(layers, emit=False)
 
     def _update(self, layers: Sequence[LayerView], emit: bool = True) -> None:
@@ -314,6 +337,10 @@ class ModuleTreeModel(QAbstractItemModel):
             return self._check[node] if column == QUANT else None
         if role == Qt.ItemDataRole.ForegroundRole:
             return _FLOAT_BRUSH if self._float[node] else None
+        if role == Qt.ItemDataRole.BackgroundRole:
+            return self._engine_colour[node] if column == ENGINE else None
+        if role == ENGINE_SHARE_ROLE:
+            return self._engine_share[node]
         if role == Qt.ItemDataRole.ToolTipRole:
             if column == NAME:
                 return self._names[node] or "(the model)"
@@ -396,6 +423,8 @@ _HEADER_TIPS = (
     "Weight quantizer: bits, per-tensor or per-channel, calibrator",
     "Calibrated input amax (range) of the layer",
     "Sensitivity rank from the latest analysis (1 = hurts most when quantized)",
+    "What TensorRT ran the module in (imported engine report): INT8, FP16, FP32 or not in the engine, and "
+    "its engine layer's time (the bar: against the slowest layer)",
 )
 _FLOAT_BRUSH = QBrush(QColor("#8a8a8a"))
 _LAYER_FONT = QFont()

@@ -35,7 +35,16 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller, DeferredRefresh
-from workbench.app.tree_model import COLUMN_WIDTHS, COLUMNS, EXPAND_ALL_MATCHES, LayerFilterProxy, ModuleTreeModel
+from workbench.app.engine_panel import TimeBarDelegate
+from workbench.app.tree_model import (
+    COLUMN_WIDTHS,
+    COLUMNS,
+    ENGINE,
+    ENGINE_SHARE_ROLE,
+    EXPAND_ALL_MATCHES,
+    LayerFilterProxy,
+    ModuleTreeModel,
+)
 
 __all__ = ["ModelTreeWidget", "IgnorePatternDialog"]
 
@@ -81,6 +90,8 @@ class ModelTreeWidget(QWidget):
         header.setStretchLastSection(False)
         for column, width in zip(range(len(COLUMNS)), COLUMN_WIDTHS):
             self.view.setColumnWidth(column, width)
+        self._time_bars = TimeBarDelegate(ENGINE_SHARE_ROLE, self.view)
+        self.view.setItemDelegateForColumn(ENGINE, self._time_bars)
 
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
@@ -110,7 +121,8 @@ class ModelTreeWidget(QWidget):
         self._refresh = DeferredRefresh(controller, self.refresh, self)
         self._reset_pending = False
         controller.session_changed.connect(self._schedule_reset)
-        for signal in (controller.layers_changed, controller.calibration_changed, controller.sensitivity_changed):
+        for signal in (controller.layers_changed, controller.calibration_changed, controller.sensitivity_changed,
+                       controller.engine_changed):
             signal.connect(self._refresh.schedule)
         controller.selection_changed.connect(self._selection_from_controller)
         controller.busy_changed.connect(self._busy)
@@ -140,6 +152,7 @@ class ModelTreeWidget(QWidget):
                 return
             was_empty = self.model.node_count() == 0 or self._reset_pending
             self.model.set_views(tree, layers)
+            self.model.set_engine(self.controller.engine_report())
             if was_empty:
                 self._after_reset()
         self._reset_pending = False

@@ -44,13 +44,14 @@ from workbench.export.reference import (
     default_input_names,
     first_quantizer_names,
     grow_batch,
+    grow_sequence,
     rounding,
     run_reference,
     sample_call,
     stand_ins,
     without_cache,
 )
-from workbench.export.exporters import Exporter, first_line, quiet, run_exporter
+from workbench.export.exporters import Exporter, first_line, quiet, run_exporter, token_inputs
 from workbench.export.report import ExportReport, OutputParity, report_json
 from workbench.export.tensorrt import (
     DEFAULT_TRT_VERSION,
@@ -190,6 +191,13 @@ def export_qdq_onnx(model: nn.Module,
                         report_warnings.append(f"dynamic batch turned off: the model fails at batch size "
                                                f"{grown[0].shape[0]} ({error.original})")
                         dynamic_batch, grown = False, None
+                longer = None  # token inputs one position longer, to check a dynamic sequence axis
+                if dynamic_batch and token_inputs(inputs):
+                    longer = grow_sequence(inputs, token_inputs(inputs))
+                    try:
+                        longer_reference, _, _ = run_reference(call, longer, input_names, active, names, params)
+                    except SampleInputError:
+                        longer = None  # the model takes only this length: the exporter keeps it static
                 ranged, ranged_reference = range_inputs(inputs), None
                 if ranged is not None:
                     try:
@@ -260,11 +268,20 @@ def export_qdq_onnx(model: nn.Module,
                                                            f"{grown[0].shape[0]}: {first_line(error)}") from error
             grown_parity = compare(output_names, grown_reference, grown_outputs)
             dynamic_check = min(grown_parity, key=lambda p: p.cosine)
+        sequence_check = None
+        if longer is not None and _has_sequence_axis(proto):
+            length = max(t.shape[1] for i, t in enumerate(longer) if i in token_inputs(inputs))
+            try:
+                longer_outputs = session.run(None, feeds(session, longer))
+            except Exception as error:
+                raise ExportValidationError("onnxruntime", f"the graph does not run at sequence length {length}: "
+                                                           f"{first_line(error)}") from error
+            sequence_check = min(compare(output_names, longer_reference, longer_outputs), key=lambda p: p.cosine)
         range_check = None
         if ranged_reference is not None:  # the sample alone can hide a difference (a quantizer it leaves at 0)
             range_check = min(compare(output_names, ranged_reference, session.run(None, feeds(session, ranged)),
                                       dict(zip(input_names, ranged))), key=lambda p: p.cosine)
-        checks = parity + [c for c in (dynamic_check, range_check) if c is not None]
+        checks = parity + [c for c in (dynamic_check, sequence_check, range_check) if c is not None]
         worst, largest = min(p.cosine for p in checks), max(p.max_abs_diff for p in checks)
         report = ExportReport(
             path=str(path), exporter=used_exporter, exporter_note=note, opset=default_opset(proto),
@@ -277,6 +294,7 @@ def export_qdq_onnx(model: nn.Module,
             unsigned=sum(1 for s in swapped.values() if s.params.qmin == 0),
             narrow_range=sum(1 for s in swapped.values() if s.params.qmin == -127),
             outputs=parity, max_abs_diff=largest, cosine=worst, dynamic_batch_check=dynamic_check,
+            sequence_check=sequence_check,
             file_size=staged.size, export_time_s=export_time,
             validation_time_s=time.perf_counter() - validation_started, total_time_s=0.0,
             quantizer_calls=dict(calls), warnings=report_warnings, range_check=range_check)
@@ -317,3 +335,7 @@ def export_qdq_onnx(model: nn.Module,
             staged.discard()
         entry_state.restore()
 
+
+def _has_sequence_axis(proto: onnx.ModelProto) -> bool:
+    return any(len(value.type.tensor_type.shape.dim) > 1 and value.type.tensor_type.shape.dim[1].dim_param == "sequence"
+               for value in proto.graph.input)

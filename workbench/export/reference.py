@@ -17,7 +17,7 @@ from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import all_quantizers, is_quantizing, quantizer_names
 from workbench.quant.tensorrt_rules import tensorrt_check
 
-__all__ = ["sample_call", "ExportCall", "default_input_names", "grow_batch", "first_quantizer_names",
+__all__ = ["sample_call", "ExportCall", "default_input_names", "grow_batch", "grow_sequence", "first_quantizer_names",
            "check_quantizers", "rounding", "stand_ins", "run_reference", "without_cache"]
 
 
@@ -106,6 +106,12 @@ def without_cache(model: nn.Module) -> Iterator[str | None]:
                "is not an output of the ONNX graph)")
     finally:
         config.use_cache = True
+
+
+def grow_sequence(inputs: tuple[torch.Tensor, ...], tokens: set[int]) -> tuple[torch.Tensor, ...]:
+    """The inputs one token longer: token inputs (indices ``tokens``) repeat their last position, so ids
+    stay in the vocabulary and masks stay masks."""
+    return tuple(torch.cat([t, t[:, -1:]], 1) if i in tokens else t for i, t in enumerate(inputs))
 
 
 def grow_batch(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

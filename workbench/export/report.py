@@ -55,6 +55,7 @@ class ExportReport:
     calibration_cache_path: str | None = None
     float_onnx_path: str | None = None
     external_data_path: str | None = None  # the weights of a graph over 2 GB, beside the file
+    sequence_check: OutputParity | None = None  # the comparison at another sequence length (token inputs)
     # the same comparison on random inputs spanning the sample's range (a sample can hide differences:
     # a quantizer whose input is 0 on it); None when the model takes no floating-point input
     range_check: OutputParity | None = None
@@ -73,6 +74,8 @@ class ExportReport:
                 f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
         if self.dynamic_batch_check is not None:
             text += f"; dynamic batch checked at {self.dynamic_batch_check.shape[0]}"
+        if self.sequence_check is not None:
+            text += "; dynamic sequence length checked"
         text += f"; {self.total_time_s:.2f} s"
         return text
 

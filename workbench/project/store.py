@@ -10,6 +10,7 @@ newer ones are refused with a clear message.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sqlite3
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from workbench.project.model import Project, ProjectOrigin, now_iso
 from workbench.project.tables import (  # noqa: F401 - encode_array/decode_array: part of the store's API
     SCHEMA_VERSION,
     TABLES,
+    check_content,
+    content_checksums,
     create_engine_tables,
     create_finetune_tables,
     create_schema,
@@ -102,6 +105,7 @@ def save_project(project: Project, path: str | os.PathLike, *, who: str = "this 
                 for table in TABLES:
                     db.execute(f"DELETE FROM [{table}]")
                 write_project(db, written, revision + 1)
+                db["meta"].insert({"key": "checksum", "value": json.dumps(content_checksums(db), sort_keys=True)})
             db.execute("COMMIT")
         except BaseException:
             if db.conn.in_transaction:
@@ -198,12 +202,15 @@ def load_project(path: str | os.PathLike) -> Project:
         if check is None or check[0] != "ok":
             raise ProjectError(f"{path}: the file is damaged ({check[0] if check else 'no check result'}).")
         version = _schema_version(db, path)
+        current = version == SCHEMA_VERSION  # older formats were saved without checksums
         while version < SCHEMA_VERSION:
             if version not in MIGRATIONS:
                 raise ProjectError(f"{path}: project format {version} cannot be upgraded by this version.")
             MIGRATIONS[version](db)
             version += 1
         project = read_project(db, path)
+        if current:
+            check_content(db, path)
         project.origin = ProjectOrigin(str(path.resolve()), _revision(db), digests(project))
         return project
     except ProjectError:

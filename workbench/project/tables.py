@@ -7,6 +7,7 @@ there is one) the layer or quantizer, so a damaged project says where it is dama
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 from collections.abc import Iterator
@@ -377,3 +378,60 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
                 raise _Damaged("it holds no engine report.")
             project.engine_reports.append(EngineReportRecord(int(row["id"]), str(row["created"]), data))
     return project
+
+
+# ----- checksum ----------------------------------------------------------------------------------
+
+
+def content_checksums(db: sqlite_utils.Database) -> dict[str, str]:
+    """A digest of each table's rows (of ``meta``, the name only), in primary-key order, from the stored values.
+
+    Saved in ``meta.checksum``: SQLite has no checksums of its own, so a flipped byte inside a value
+    (an amax, a layer decision) would otherwise load as a different, valid-looking project.
+    """
+    sums: dict[str, str] = {}
+    for table in TABLES:
+        if table == "meta" or table not in db.table_names():
+            continue
+        order = ", ".join(f"[{pk}]" for pk in db[table].pks)
+        hasher = hashlib.blake2b(digest_size=16)
+        for row in db.execute(f"SELECT * FROM [{table}] ORDER BY {order}"):
+            for value in row:
+                if value is None:
+                    hasher.update(b"N")
+                elif isinstance(value, bytes):
+                    hasher.update(b"B%d:" % len(value) + value)
+                elif isinstance(value, str):
+                    encoded = value.encode("utf-8", "surrogatepass")
+                    hasher.update(b"S%d:" % len(encoded) + encoded)
+                else:
+                    hasher.update(type(value).__name__.encode() + repr(value).encode() + b";")
+            hasher.update(b"|")
+        sums[table] = hasher.hexdigest()
+    name = next(db["meta"].rows_where("key = ?", ["name"]), None) if "meta" in db.table_names() else None
+    sums["meta.name"] = hashlib.blake2b(repr(None if name is None else name["value"]).encode(),
+                                        digest_size=16).hexdigest()
+    return sums
+
+
+def check_content(db: sqlite_utils.Database, path: Path) -> None:
+    """Compare the tables with the checksums saved with them (files without checksums pass).
+
+    Raises:
+        ProjectError: a table's rows differ from what was saved; the message names the tables.
+    """
+    row = next(db["meta"].rows_where("key = ?", ["checksum"]), None)
+    if row is None:
+        return
+    try:
+        saved = json.loads(row["value"])
+        if not isinstance(saved, dict):
+            raise ValueError("not a mapping")
+    except (TypeError, ValueError) as error:
+        raise ProjectError(f"{path}: table meta: the saved checksum is unreadable ({error}).") from error
+    now = content_checksums(db)
+    changed = sorted(table for table in now if saved.get(table) != now[table])
+    if changed:
+        raise ProjectError(f"{path}: the contents of table{'s' if len(changed) > 1 else ''} {', '.join(changed)} do "
+                           "not match the checksum saved with them: the file was damaged or changed outside Quant "
+                           "Workbench. It was not opened; use a backup or the last good copy.")

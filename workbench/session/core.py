@@ -44,9 +44,7 @@ from workbench.project.settings import make_descriptor
 from workbench.quant import TensorQuantizer
 from workbench.quant.calib import DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, HistogramCalibrator
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate
-from workbench.quant.calibrate import sqnr_db
 from workbench.quant.batches import first_samples, input_shapes, model_inputs, run_model, to_device
-from workbench.quant.calibrate import run_model as _run_model
 from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
@@ -829,7 +827,8 @@ class Session:
         batches = self._analysis_batches()
         if num_batches:
             batches = batches[:num_batches]
-        return evaluate_models(self.float_model, model, batches, chosen, progress=progress, cancel=cancel)
+        return evaluate_models(self.float_model, model, batches, chosen, progress=progress, cancel=cancel,
+                               output=self.project.settings.get("output"))
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
@@ -875,6 +874,15 @@ class Session:
                                                  jsonable(report.to_dict())))
         self._changed(SessionEvent.EXPORT, path=str(target))
         return report
+
+    def overwrite_refusal(self, path: str | Path | None = None) -> str | None:
+        """Why :meth:`export` to ``path`` (default: the project's) would refuse without ``force``; None if it would not."""
+        target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
+        try:
+            check_overwrite(target, self.project.exports, self._project_dir(), force=False)
+        except SessionError as error:
+            return str(error)
+        return None
 
     def export_path(self, record: ExportRecord) -> str:
         """Where an export of the history lies (its stored path is relative to the project's folder)."""

@@ -1,0 +1,81 @@
+"""The GUI twin: Import TensorRT Report…, the tree's Engine column and the hazards list (pytest-qt, offscreen)."""
+import shutil
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
+
+from workbench.app.engine_panel import PRECISION_COLOURS  # noqa: E402
+from workbench.app.main_window import MainWindow  # noqa: E402
+from workbench.app.tree_model import ENGINE, ENGINE_SHARE_ROLE  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_webengine(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _discard_on_close(monkeypatch):
+    # closing a window with an unsaved report asks whether to discard it: answer, never block the run
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.Discard))
+    monkeypatch.setattr(QMessageBox, "warning", staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.No))
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, demo_export):
+    _, path, _, _ = demo_export
+    project = tmp_path / "digits.qwb"
+    shutil.copy(path, project)
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    window = MainWindow(settings=settings)
+    qtbot.addWidget(window)
+    window.show()
+    with qtbot.waitSignal(window.controller.session_changed, timeout=60000):
+        assert window.open_project(project)
+    qtbot.waitUntil(lambda: window.tree.model.node_count() > 0 and not window.controller.busy, timeout=20000)
+    yield window
+    window.shutdown()
+
+
+def engine_cell(window, name):
+    model = window.tree.model
+    index = model.index_of(name, ENGINE)
+    return model.data(index), model.data(index, Qt.ItemDataRole.BackgroundRole), model.data(index, ENGINE_SHARE_ROLE)
+
+
+def test_import_shows_precisions_in_the_tree_and_hazards_select_layers(window, qtbot, trtexec_files):
+    layer_info, profile, _ = trtexec_files
+    panel = window.extra_tabs["TensorRT"]
+    assert panel.hazards.count() == 0 and engine_cell(window, "stem.0")[0] == ""
+    with qtbot.waitSignal(window.controller.engine_changed):
+        assert window.import_engine_report(str(layer_info), str(profile))
+    qtbot.waitUntil(lambda: engine_cell(window, "stem.0")[0] != "", timeout=10000)
+    text, colour, share = engine_cell(window, "stem.0")
+    assert text == "INT8 0.011 ms" and colour == PRECISION_COLOURS["INT8"] and 0 < share <= 1
+    text, colour, _ = engine_cell(window, "block.conv2")
+    assert text.startswith("FP32") and colour == PRECISION_COLOURS["FP32"]
+    assert engine_cell(window, "stem.2")[0].startswith("INT8")  # the ReLU fused into stem.0's layer
+    assert window.tabs.currentWidget() is panel and panel.hazards.count() == 6
+    assert "6 hazards" in panel.summary.text()
+    item = next(panel.hazards.item(i) for i in range(panel.hazards.count())
+                if "block.conv2" in panel.hazards.item(i).text())
+    rect = panel.hazards.visualItemRect(item)
+    qtbot.mouseClick(panel.hazards.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    assert window.controller.selection == ["block.conv2"]
+    assert window.controller.dirty  # the report is part of the project now
+
+
+def test_a_wrong_file_is_an_error_dialog_not_a_crash(window, qtbot, trtexec_files, monkeypatch):
+    layer_info, profile, _ = trtexec_files
+    shown = []
+    monkeypatch.setattr(window, "show_error", lambda title, message, details="": shown.append((title, message)))
+    window.controller.error.disconnect()
+    window.controller.error.connect(window.show_error)
+    assert not window.import_engine_report(str(profile))
+    assert shown and "is a trtexec profile" in shown[0][1]
+    assert window.controller.engine_report() is None

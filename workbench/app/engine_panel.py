@@ -1,0 +1,102 @@
+"""What TensorRT did with the model, in the GUI: the tree's Engine column and the hazards list.
+
+The engine report comes from the session (``controller.engine_report()``); importing one is the
+"Import TensorRT report…" action of the main window. Clicking a hazard selects its layers, so the tree,
+the layer panel and the sensitivity view show them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRect, Qt
+from PySide6.QtGui import QColor, QPainter
+from PySide6.QtWidgets import (
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from workbench.app.controller import Controller
+from workbench.engine import HAZARD_KINDS
+
+__all__ = ["PRECISION_COLOURS", "NOT_IN_ENGINE", "engine_cell", "TimeBarDelegate", "EnginePanel"]
+
+NOT_IN_ENGINE = "not in engine"
+# by workbench.engine.PRECISIONS: INT8 green, half precisions amber, FP32 red, absent grey
+PRECISION_COLOURS = {
+    "INT8": QColor("#c8e6c9"), "FP8": QColor("#dcedc8"), "FP16": QColor("#ffe0b2"), "BF16": QColor("#ffe0b2"),
+    "FP32": QColor("#ffcdd2"), NOT_IN_ENGINE: QColor("#e0e0e0"),
+}
+_BAR_COLOUR = QColor(70, 110, 200, 110)
+
+
+def engine_cell(outcome: Any) -> tuple[str, QColor | None]:
+    """The Engine column's text and colour for a :class:`workbench.engine.ModuleOutcome`."""
+    if not outcome.in_engine:
+        return (NOT_IN_ENGINE, PRECISION_COLOURS[NOT_IN_ENGINE]) if outcome.quantized is not None else ("", None)
+    precision = outcome.engine_precision or "?"
+    text = precision if outcome.time_ms is None else f"{precision} {outcome.time_ms:.3f} ms"
+    return text, PRECISION_COLOURS.get(precision)
+
+
+class TimeBarDelegate(QStyledItemDelegate):
+    """Draws the engine layer's time as a bar under the cell's text (``share_role``: 0..1 of the slowest)."""
+
+    def __init__(self, share_role: int, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.share_role = share_role
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem,
+              index: QModelIndex | QPersistentModelIndex) -> None:
+        super().paint(painter, option, index)
+        share = index.data(self.share_role)
+        if share:
+            rect = option.rect
+            bar = QRect(rect.left() + 1, rect.bottom() - 3, max(1, int((rect.width() - 2) * min(share, 1.0))), 3)
+            painter.fillRect(bar, _BAR_COLOUR)
+
+
+class EnginePanel(QWidget):
+    """The latest engine report: a summary line and its hazards; clicking a hazard selects its layers."""
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.summary = QLabel("No TensorRT report imported. Project ▸ Import TensorRT Report… reads what "
+                              "`trtexec --exportLayerInfo=… --profilingVerbosity=detailed --exportProfile=…` wrote.")
+        self.summary.setWordWrap(True)
+        self.hazards = QListWidget()
+        self.hazards.setWordWrap(True)
+        self.hazards.itemClicked.connect(self._select)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.hazards, 1)
+        controller.engine_changed.connect(self.refresh)
+        controller.session_changed.connect(self.refresh)
+
+    def refresh(self) -> None:
+        self.hazards.clear()
+        report = self.controller.engine_report()
+        if report is None:
+            self.summary.setText("No TensorRT report imported.")
+            return
+        counts = ", ".join(f"{n} {k}" for k, n in report.precision_counts().items())
+        time = f", {report.total_time_ms:.3f} ms per run" if report.total_time_ms is not None else ""
+        self.summary.setText(f"{report.source}: {report.engine_layers} engine layers{time}. Layers: {counts}. "
+                             f"{len(report.hazards)} hazards" + (": click one to select its layers." if report.hazards
+                                                                 else "."))
+        for hazard in report.hazards:
+            item = QListWidgetItem(f"{HAZARD_KINDS.get(hazard.kind, hazard.kind)}: {', '.join(hazard.modules)}\n"
+                                   f"{hazard.advice}")
+            item.setData(Qt.ItemDataRole.UserRole, list(hazard.modules))
+            item.setToolTip(f"engine layer: {hazard.engine_layer}")
+            self.hazards.addItem(item)
+
+    def _select(self, item: QListWidgetItem) -> None:
+        modules = item.data(Qt.ItemDataRole.UserRole) or []
+        layers = [m for m in modules if self.controller.session is not None and m in self.controller.session.project.layers]
+        self.controller.select(layers or modules)
