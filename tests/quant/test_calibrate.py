@@ -231,3 +231,30 @@ def test_calibrates_on_cuda_and_moves_amax_there():
     result = calibrate(model, batches(2), num_batches=2, method="entropy", device="cuda")
     assert model.conv1.input_quantizer.amax.device.type == "cuda"
     assert result.device.startswith("cuda")
+
+
+class _SqueezeExcite(nn.Module):
+    """A squeeze-excite gate: its Linear sees one value per channel and image, far fewer than 2048 bins."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.conv(x)
+        return x * torch.sigmoid(self.fc(x.mean((2, 3))))[:, :, None, None]
+
+
+def test_a_histogram_thinner_than_its_bins_takes_max_with_a_note():
+    torch.manual_seed(0)
+    model = _SqueezeExcite().eval()
+    replace_to_quantization_module(model, quant_desc_input=QuantDescriptor(calib_method="histogram"))
+    data = batches(4, size=(8, 3, 16, 16))  # the conv sees 6,144 values a batch, the fc 64
+    result = calibrate(model, data, num_batches=4, method="entropy")
+    fc, conv = result.quantizers["fc._input_quantizer"], result.quantizers["conv._input_quantizer"]
+    assert conv.method == "entropy" and fc.method == "max"
+    # max keeps the whole range: amax is the largest value seen (to the histogram's bin width)
+    assert float(fc.amax) == pytest.approx(fc.max_value, rel=1e-2)
+    note = [w for w in result.warnings if w.startswith("fc._input_quantizer")]
+    assert note and "only 256 values for a 2048-bin histogram, too few for entropy" in note[0] and "max" in note[0]

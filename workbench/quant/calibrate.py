@@ -238,6 +238,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         results: dict[str, QuantizerCalibration] = {}
         unused = []
         blind: list[str] = []  # quantizers that saw only NaN/Inf
+        thin: list[str] = []  # histogram quantizers that saw too few values for the method: max instead
         for name, q in calibrating.items():
             calibrator = q._calibrator
             if calibrator.batches_seen == 0:
@@ -247,6 +248,13 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                 blind.append(name)
                 continue
             used_method = "max" if isinstance(calibrator, MaxCalibrator) else method
+            if isinstance(calibrator, HistogramCalibrator) and _too_thin_for(calibrator, used_method):
+                # a histogram search on a few hundred values (a squeeze-excite or classifier input) picks
+                # an amax from noise: the largest |x| seen is the honest answer there
+                thin.append(f"{name}: only {calibrator.values_seen - calibrator.nonfinite_count} values for a "
+                            f"{calibrator.num_bins}-bin histogram, too few for {used_method}: amax is the largest "
+                            f"|x| seen (max) instead; calibrate on more batches to use {used_method} here.")
+                used_method = AmaxMethod.MAX.value
             if isinstance(calibrator, HistogramCalibrator):
                 q.load_calib_amax(used_method, percentile=percentile)
             else:
@@ -280,7 +288,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                                wall_time_s=time.perf_counter() - started, device=str(run_device), unused=unused,
                                output_sqnr_db=output_sqnr,
                                warnings=_nonfinite_warnings(results, mostly_nonfinite, done)
-                               + _zero_warnings(results) + _suspicious(results, quantizers),
+                               + _zero_warnings(results) + thin + _suspicious(results, quantizers),
                                collect_time_s=collected - started, amax_time_s=amax_done - collected)
     for warning in result.warnings:
         logger.warning(warning)
@@ -292,6 +300,14 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
 _MIN_VALUES_PER_BIN = 4
 # An amax under this share of the largest value seen has probably collapsed rather than clipped a tail.
 _COLLAPSE_RATIO = 0.05
+
+
+def _too_thin_for(calibrator: HistogramCalibrator, method: str) -> bool:
+    """Whether a histogram holds fewer finite values than bins: too few for a search over its bins (entropy,
+    mse) to mean anything. Between one and ``_MIN_VALUES_PER_BIN`` values a bin the method runs, with a warning."""
+    if method not in (AmaxMethod.ENTROPY.value, AmaxMethod.MSE.value):
+        return False
+    return calibrator.values_seen - calibrator.nonfinite_count < calibrator.num_bins
 
 
 def _suspicious(results: dict[str, QuantizerCalibration], quantizers: dict[str, TensorQuantizer]) -> list[str]:
