@@ -118,3 +118,13 @@ def test_engine_layer_names_split_into_onnx_nodes():
         "blocks.0.attn/MatMul", "blocks.0.attn/Softmax"]
     assert split_engine_layer_name("Reformatting CopyNode for Input Tensor 0 to fc/Gemm") == ["fc/Gemm"]
     assert split_engine_layer_name("stem.0/Conv [profile 1]") == ["stem.0/Conv"]
+
+
+def test_a_scope_torch_export_adds_itself_is_not_taken_for_a_module():
+    """Shape computations torch.export adds sit in a scope of its own: they belong to the top level."""
+    from workbench.export.naming import node_module
+
+    node = onnx.helper.make_node("Shape", ["x"], ["s"], name="node_Shape_0")
+    entry = node.metadata_props.add()
+    entry.key, entry.value = "pkg.torch.onnx.name_scopes", "['', '_empty_nn_module_stack_from_metadata_hook', 'sym_size_int']"
+    assert node_module(node) == ""

@@ -32,6 +32,7 @@ MODULE_KEY = "workbench.module"
 QUANTIZER_KEY = "workbench.quantizer"
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 _NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+_TORCH_EXPORT_SCOPE = "_empty_nn_module_stack"
 _SUFFIX = re.compile(r"_(\d+)$")
 _QUANTIZER = re.compile(r"_quantizers?(\.\d+)?$")
 
@@ -101,9 +102,12 @@ def _scoped_module(node: onnx.NodeProto) -> str | None:
         parsed = ast.literal_eval(scopes)
     except (ValueError, SyntaxError):
         return None
-    # [root "", outer module, ..., innermost module, the FX node's own name]
-    if isinstance(parsed, list) and len(parsed) >= 2 and all(isinstance(s, str) for s in parsed):
-        return parsed[-2]
+    # [root "", outer module, ..., innermost module, the FX node's own name]; torch.export puts a scope of
+    # its own (``_empty_nn_module_stack_from_metadata_hook``) on shape computations it adds: not a module
+    if isinstance(parsed, list) and all(isinstance(s, str) for s in parsed):
+        parsed = [s for s in parsed if not s.startswith(_TORCH_EXPORT_SCOPE)]
+        if len(parsed) >= 2:
+            return parsed[-2]
     return None
 
 
