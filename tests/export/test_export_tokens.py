@@ -171,8 +171,10 @@ def test_a_graph_over_the_protobuf_limit_is_exported_without_serialising_its_wei
                                                                                      opset):
     model, sample = calibrated_tokens()
     report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", opset=opset, exporter="dynamo",
-                             external_data_threshold=protobuf_limit)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+                             external_data_threshold=protobuf_limit, float_onnx_path=tmp_path / "float.onnx",
+                             calibration_cache_path=tmp_path / "calib.cache")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.cache", "float.onnx", "float.onnx.data", "m.onnx",
+                                                          "m.onnx.data"]
     assert report.external_data_path == str(tmp_path / "m.onnx.data")
     assert report.opset == opset and report.cosine > 0.999 and report.quantize_nodes >= 4
     graph = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False).graph
@@ -183,6 +185,14 @@ def test_a_graph_over_the_protobuf_limit_is_exported_without_serialising_its_wei
     with torch.no_grad():
         expected = model(**sample)["logits"].numpy()
     assert np.abs(logits - expected).max() < 0.1
+    # the float graph has its own weights file and runs without Q/DQ
+    float_graph = onnx.load(str(tmp_path / "float.onnx"), load_external_data=False).graph
+    assert not any(n.op_type == "QuantizeLinear" for n in float_graph.node)
+    assert {e.value for t in float_graph.initializer for e in t.external_data if e.key == "location"} == \
+        {"float.onnx.data"}
+    session = ort.InferenceSession(str(tmp_path / "float.onnx"), providers=["CPUExecutionProvider"])
+    (float_logits,) = session.run(None, {k: v.numpy() for k, v in sample.items()})
+    assert np.abs(float_logits - expected).max() < 0.5
 
 
 def test_a_large_export_that_fails_validation_leaves_no_file(tmp_path, protobuf_limit):
