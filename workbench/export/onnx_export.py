@@ -17,6 +17,11 @@ QuantizeLinear / DequantizeLinear pairs that TensorRT builds into an INT8 engine
   abs diff, cosine). During that comparison the quantizers compute ONNX's rounding
   (``round(x / scale)``; see :mod:`workbench.quant.kernels`) so a single layer matches to float
   rounding; their rounding is restored afterwards. Only a valid file is renamed to ``path``.
+* A graph whose weights exceed ``external_data_threshold`` (protobuf cannot encode a message over
+  2 GB) keeps them in ``<path>.data``. The torch.export-based exporter's graph is written from onnx_ir
+  straight to a temporary data file beside ``path``; the naming passes, the opset conversion and the
+  validation then work on the graph without its weights (checker and onnxruntime read the files), so
+  no step serialises the whole model. Both files are renamed into place together, or removed.
 
 The parts live by idea: :mod:`~workbench.export.reference` (sample inputs, quantizer checks, the
 fake-quant reference run), :mod:`~workbench.export.exporters` (dynamo and TorchScript),
