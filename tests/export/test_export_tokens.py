@@ -139,3 +139,65 @@ def test_a_large_graph_is_written_with_external_data_and_validated(tmp_path):
     # a small graph stays one file
     export_qdq_onnx(model, sample, tmp_path / "small.onnx")
     assert not (tmp_path / "small.onnx.data").exists()
+
+
+@pytest.fixture
+def protobuf_limit(monkeypatch):
+    """Stands for protobuf's 2 GB limit at 2000 bytes (the token model's weights: 4750): serialising, sizing
+    or copying a ModelProto that still holds more than that in its tensors raises, as encoding a >2 GB
+    model does. Scales and shapes (about 1.5 kB here) may stay in the graph. Exports under it use a
+    threshold of 1000 bytes."""
+    limit = 2000
+
+    def inline_bytes(model):
+        return sum(len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) + 8 * len(t.int64_data)
+                   for t in model.graph.initializer)
+
+    for method in ("SerializeToString", "ByteSize", "CopyFrom"):
+        original = getattr(onnx.ModelProto, method)
+
+        def guarded(self, *args, original=original, method=method):
+            for model in (self, *args):
+                if isinstance(model, onnx.ModelProto) and inline_bytes(model) > limit:
+                    raise RuntimeError(f"Failed to serialize proto: {method} of a model holding "
+                                       f"{inline_bytes(model)} bytes of weights")
+            return original(self, *args)
+        monkeypatch.setattr(onnx.ModelProto, method, guarded)
+    return 1000
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_a_graph_over_the_protobuf_limit_is_exported_without_serialising_its_weights(tmp_path, protobuf_limit,
+                                                                                     opset):
+    model, sample = calibrated_tokens()
+    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", opset=opset, exporter="dynamo",
+                             external_data_threshold=protobuf_limit, float_onnx_path=tmp_path / "float.onnx",
+                             calibration_cache_path=tmp_path / "calib.cache")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.cache", "float.onnx", "float.onnx.data", "m.onnx",
+                                                          "m.onnx.data"]
+    assert report.external_data_path == str(tmp_path / "m.onnx.data")
+    assert report.opset == opset and report.cosine > 0.999 and report.quantize_nodes >= 4
+    graph = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False).graph
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
+    assert any(n.name == "fc._input_quantizer/QuantizeLinear" for n in graph.node)  # the naming passes ran
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, {k: v.numpy() for k, v in sample.items()})
+    with torch.no_grad():
+        expected = model(**sample)["logits"].numpy()
+    assert np.abs(logits - expected).max() < 0.1
+    # the float graph has its own weights file and runs without Q/DQ
+    float_graph = onnx.load(str(tmp_path / "float.onnx"), load_external_data=False).graph
+    assert not any(n.op_type == "QuantizeLinear" for n in float_graph.node)
+    assert {e.value for t in float_graph.initializer for e in t.external_data if e.key == "location"} == \
+        {"float.onnx.data"}
+    session = ort.InferenceSession(str(tmp_path / "float.onnx"), providers=["CPUExecutionProvider"])
+    (float_logits,) = session.run(None, {k: v.numpy() for k, v in sample.items()})
+    assert np.abs(float_logits - expected).max() < 0.5
+
+
+def test_a_large_export_that_fails_validation_leaves_no_file(tmp_path, protobuf_limit):
+    model, sample = calibrated_tokens()
+    with pytest.raises(ExportError):
+        export_qdq_onnx(model, sample, tmp_path / "m.onnx", exporter="dynamo", min_cosine=1.5,
+                        external_data_threshold=protobuf_limit)
+    assert list(tmp_path.iterdir()) == []

@@ -9,6 +9,7 @@ import logging
 import re
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 import onnx
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportError, UnsupportedOperationError
+from workbench.export.onnx_file import EXTERNAL_DATA_THRESHOLD, SMALL_TENSOR, external_data_file, temporary_name
 from workbench.export.opset import convert_opset, default_opset
 from workbench.export.qdq import onnx_translation, register_torchscript_symbolic
 from workbench.export.reference import grow_batch
@@ -96,7 +98,8 @@ def _layers_calling(program, ops: list[str]) -> list[str]:
 
 
 def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
-                   opset: int, dynamic_batch: bool, warnings_out: list[str]) -> tuple[onnx.ModelProto, bool, str]:
+                   opset: int, dynamic_batch: bool, warnings_out: list[str], target_path: Path | None = None,
+                   threshold: int = EXTERNAL_DATA_THRESHOLD) -> tuple[onnx.ModelProto, bool, str]:
     trace_inputs = inputs
     dynamic_shapes = None
     if dynamic_batch:
@@ -135,16 +138,55 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
         raise UnsupportedOperationError(
             f"The ONNX exporter cannot translate {what}{where}: {first_line(error)}. Replace that operation, "
             "or leave that part of the model out of the export.", ops, layers) from error
-    proto = onnx_program.model_proto
-    unwrap_names(proto)
-    if dynamic_batch:
-        _name_dynamic_axes(proto, token_inputs(inputs))
-    note = "torch.export-based exporter (torch's default)"
-    if default_opset(proto) != opset:
-        proto, notes = convert_opset(proto, opset)
-        note += f", converted from opset {target} to {opset} with onnx.version_converter"
-        warnings_out.extend(notes)
+    weights = sum(v.const_value.nbytes for v in onnx_program.model.graph.initializers.values()
+                  if v.const_value is not None)
+    large = target_path is not None and weights > threshold
+    proto = _graph_only(onnx_program.model, target_path) if large else onnx_program.model_proto
+    try:
+        unwrap_names(proto)
+        if dynamic_batch:
+            _name_dynamic_axes(proto, token_inputs(inputs))
+        note = "torch.export-based exporter (torch's default)"
+        if default_opset(proto) != opset:
+            try:
+                proto, notes = convert_opset(proto, opset)
+            except ValueError as error:
+                if not large:
+                    raise
+                # the TorchScript fallback cannot write a graph this large either: keep the exporter's opset
+                warnings_out.append(f"opset {target} instead of the requested {opset}: {error}")
+            else:
+                note += f", converted from opset {target} to {opset} with onnx.version_converter"
+                warnings_out.extend(notes)
+    except BaseException:
+        if large:
+            _discard_data(proto, target_path)
+        raise
     return proto, dynamic_batch, note
+
+
+def _graph_only(model, target_path: Path) -> onnx.ModelProto:
+    """The exported graph without its weights: they go to a temporary data file beside ``target_path``
+    (adopted by :func:`~workbench.export.onnx_file.stage`), so no step has to serialise a proto holding
+    them (protobuf cannot encode a message over 2 GB). Small tensors (scales, shapes) stay in the graph."""
+    import onnx_ir
+
+    graph_file = temporary_name(target_path, ".export.onnx")
+    data_file = graph_file.with_name(graph_file.name + ".data")
+    try:
+        onnx_ir.save(model, graph_file, external_data=data_file.name, size_threshold_bytes=SMALL_TENSOR)
+        return onnx.load(str(graph_file), load_external_data=False)
+    except BaseException:
+        data_file.unlink(missing_ok=True)
+        raise
+    finally:
+        graph_file.unlink(missing_ok=True)
+
+
+def _discard_data(proto: onnx.ModelProto, target_path: Path) -> None:
+    data_file = external_data_file(proto, target_path.parent)
+    if data_file is not None:
+        data_file.unlink(missing_ok=True)
 
 
 def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
@@ -271,8 +313,13 @@ def first_line(error: BaseException) -> str:
 
 
 def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
-                 dynamic_batch: bool, exporter: Exporter, report_warnings: list[str]):
+                 dynamic_batch: bool, exporter: Exporter, report_warnings: list[str], target_path: Path | None = None,
+                 threshold: int = EXTERNAL_DATA_THRESHOLD):
     """Run the chosen exporter; with "auto", fall back to TorchScript and say why.
+
+    With ``target_path``, a torch.export-based graph whose weights exceed ``threshold`` bytes comes back
+    without them: they are in a temporary data file beside ``target_path`` (see
+    :func:`~workbench.export.onnx_file.external_data_file`), which the caller commits or removes.
 
     When the fallback fails too, the error shows both exporters' messages, the torch.export-based
     one's first: it is usually the real cause (the fallback's is about what it cannot record).
@@ -282,7 +329,7 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
         return proto, "torchscript", "TorchScript exporter (requested)", dynamic_batch
     try:
         proto, dynamic_batch, note = _export_dynamo(model, inputs, input_names, output_names, opset, dynamic_batch,
-                                                    report_warnings)
+                                                    report_warnings, target_path, threshold)
         return proto, "dynamo", note, dynamic_batch
     except _CaptureError as error:
         if exporter == "dynamo":

@@ -17,6 +17,11 @@ QuantizeLinear / DequantizeLinear pairs that TensorRT builds into an INT8 engine
   abs diff, cosine). During that comparison the quantizers compute ONNX's rounding
   (``round(x / scale)``; see :mod:`workbench.quant.kernels`) so a single layer matches to float
   rounding; their rounding is restored afterwards. Only a valid file is renamed to ``path``.
+* A graph whose weights exceed ``external_data_threshold`` (protobuf cannot encode a message over
+  2 GB) keeps them in ``<path>.data``. The torch.export-based exporter's graph is written from onnx_ir
+  straight to a temporary data file beside ``path``; the naming passes, the opset conversion and the
+  validation then work on the graph without its weights (checker and onnxruntime read the files), so
+  no step serialises the whole model. Both files are renamed into place together, or removed.
 
 The parts live by idea: :mod:`~workbench.export.reference` (sample inputs, quantizer checks, the
 fake-quant reference run), :mod:`~workbench.export.exporters` (dynamo and TorchScript),
@@ -37,7 +42,13 @@ from torch import nn
 
 from workbench.export.errors import ExportValidationError, SampleInputError
 from workbench.export.opset import default_opset
-from workbench.export.onnx_file import EXTERNAL_DATA_THRESHOLD, stage, write_onnx
+from workbench.export.onnx_file import (
+    EXTERNAL_DATA_THRESHOLD,
+    external_data_file,
+    relocate_external_data,
+    stage,
+    write_onnx,
+)
 from workbench.export.reference import (
     ExportCall,
     check_quantizers,
@@ -176,6 +187,7 @@ def export_qdq_onnx(model: nn.Module,
                                "calibration) exported in float, without Q/DQ: "
                                + ", ".join(names[id(q)] for q in unreached))
     staged = None
+    exported_data = None  # a large graph's weights, in a temporary file until committed
     try:
         with without_cache(model) as cache_note:
             if cache_note:
@@ -215,7 +227,9 @@ def export_qdq_onnx(model: nn.Module,
             export_started = time.perf_counter()
             with stand_ins(model, active, names, params) as swapped, quiet() as quiet_warnings:
                 proto, used_exporter, note, dynamic_batch = run_exporter(
-                    call, inputs, input_names, output_names, opset, dynamic_batch, exporter, report_warnings)
+                    call, inputs, input_names, output_names, opset, dynamic_batch, exporter, report_warnings,
+                    path, external_data_threshold)
+                exported_data = external_data_file(proto, path.parent)
         for message in quiet_warnings:
             if message not in report_warnings:
                 report_warnings.append(message)
@@ -309,7 +323,9 @@ def export_qdq_onnx(model: nn.Module,
                                                   f"abs diff {largest:.4g} > {max_abs_diff}.", report)
         external = staged.external_data_path
         staged.commit()
-        staged = None
+        staged = exported_data = None
+        if external is not None:  # the graph in memory names the data file as the one on disk does
+            relocate_external_data(proto, external.name)
         report.external_data_path = None if external is None else str(external)
         if external is not None:  # the graph now names the data file by its final (shorter) name
             report.file_size = path.stat().st_size + external.stat().st_size
@@ -325,14 +341,20 @@ def export_qdq_onnx(model: nn.Module,
                 report.calibration_cache_path = str(write_text_atomic(
                     calibration_cache_path, calibration_cache_text(scales, trt_version)))
             if float_onnx_path is not None:
-                report.float_onnx_path = str(write_onnx(strip_qdq(proto), Path(float_onnx_path),
-                                                        external_data_threshold))
+                float_graph = strip_qdq(proto)
+                if external_data_file(float_graph, path.parent) is not None:
+                    # its own data file: the weights are read in (never serialised in the proto) and written out
+                    onnx.external_data_helper.load_external_data_for_model(float_graph, str(path.parent))
+                report.float_onnx_path = str(write_onnx(float_graph, Path(float_onnx_path), external_data_threshold,
+                                                        keep_proto=False))
         report.total_time_s = time.perf_counter() - started
         logger.info("QDQ export: %s", report.summary())
         return report
     finally:
         if staged is not None:
             staged.discard()
+        elif exported_data is not None:
+            exported_data.unlink(missing_ok=True)
         entry_state.restore()
 
 

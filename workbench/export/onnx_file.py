@@ -11,12 +11,13 @@ from pathlib import Path
 
 import onnx
 
-__all__ = ["EXTERNAL_DATA_THRESHOLD", "StagedFile", "stage", "write_onnx"]
+__all__ = ["EXTERNAL_DATA_THRESHOLD", "SMALL_TENSOR", "StagedFile", "stage", "write_onnx", "external_data_file",
+           "relocate_external_data", "temporary_name"]
 
 # protobuf refuses to serialise a message of 2 GiB or more
 EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3 - 1
 # initializers smaller than this stay inside the graph file (scales, zero points, shapes)
-_SMALL_TENSOR = 1024
+SMALL_TENSOR = 1024
 
 
 @dataclass
@@ -42,10 +43,7 @@ class StagedFile:
         if self.data_path is not None:
             final_data = self.external_data_path
             model = onnx.load(str(self.path), load_external_data=False)
-            for tensor in _external_tensors(model):
-                for entry in tensor.external_data:
-                    if entry.key == "location":
-                        entry.value = final_data.name
+            relocate_external_data(model, final_data.name)
             onnx.save_model(model, str(self.path))
             os.replace(self.data_path, final_data)
             self.data_path = None
@@ -57,24 +55,41 @@ class StagedFile:
                 path.unlink()
 
 
-def stage(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD) -> StagedFile:
-    """Write ``proto`` to a temporary file beside ``target``; over ``threshold`` bytes, with external data.
-
-    ``proto`` itself is left as it was (writing external data empties the tensors of the copy written).
-    """
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+def temporary_name(target: Path, suffix: str = ".tmp") -> Path:
+    """A new, empty file beside ``target`` with a hidden temporary name, mode as the umask allows."""
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
     os.close(fd)
     umask = os.umask(0o022)
     os.umask(umask)
     os.chmod(name, 0o666 & ~umask)  # mkstemp's 0600 would make the file unshareable: the umask's mode
-    staged = StagedFile(target, Path(name))
+    return Path(name)
+
+
+def stage(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD, *,
+          keep_proto: bool = True) -> StagedFile:
+    """Write ``proto`` to a temporary file beside ``target``; over ``threshold`` bytes, with external data.
+
+    A ``proto`` whose weights are external already (a large export keeps them in a temporary data file
+    beside ``target``, see :func:`external_data_file`) is written as it is and its data file adopted:
+    nothing serialises the weights. Otherwise ``proto`` is left as it was (writing external data empties
+    the tensors of the copy written), unless ``keep_proto`` is False: then it is written without a copy.
+    """
+    staged = StagedFile(target, temporary_name(target))
+    name = str(staged.path)
     try:
-        if proto.ByteSize() > threshold:
+        adopted = external_data_file(proto, target.parent)
+        if adopted is not None:
+            staged.data_path = adopted
+            onnx.save_model(proto, name)
+        elif _weight_bytes(proto) > threshold:
             staged.data_path = staged.path.with_name(staged.path.name + ".data")
-            copy = onnx.ModelProto()
-            copy.CopyFrom(proto)
+            if keep_proto:
+                copy = onnx.ModelProto()
+                copy.CopyFrom(proto)
+            else:
+                copy = proto
             onnx.save_model(copy, name, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=staged.data_path.name, size_threshold=_SMALL_TENSOR)
+                            location=staged.data_path.name, size_threshold=SMALL_TENSOR)
         else:
             onnx.save_model(proto, name)
     except BaseException:
@@ -83,9 +98,41 @@ def stage(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_T
     return staged
 
 
-def write_onnx(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD) -> Path:
+def external_data_file(proto: onnx.ModelProto, folder: Path) -> Path | None:
+    """The one file in ``folder`` holding ``proto``'s external tensors, or None when it holds its weights.
+
+    Raises:
+        ValueError: the tensors point to several files, or outside ``folder``.
+    """
+    locations = {entry.value for tensor in _external_tensors(proto) for entry in tensor.external_data
+                 if entry.key == "location"}
+    if not locations:
+        return None
+    if len(locations) > 1 or any("/" in name or "\\" in name for name in locations):
+        raise ValueError(f"The graph's weights are in {sorted(locations)}; expected one file beside it.")
+    return folder / locations.pop()
+
+
+def relocate_external_data(proto: onnx.ModelProto, location: str) -> None:
+    """Point every external tensor of ``proto`` at the data file ``location`` (a name beside the graph)."""
+    for tensor in _external_tensors(proto):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+
+
+def _weight_bytes(proto: onnx.ModelProto) -> int:
+    """The bytes of the tensors held in the graph itself (ByteSize would serialise the whole model, which
+    fails over 2 GB)."""
+    tensors = _tensors(proto)
+    return sum(len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (len(t.int64_data)
+               + len(t.double_data) + len(t.uint64_data)) + sum(len(v) for v in t.string_data) for t in tensors)
+
+
+def write_onnx(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD, *,
+               keep_proto: bool = True) -> Path:
     """Write ``proto`` at ``target`` all at once (external data beside it when large)."""
-    staged = stage(proto, target, threshold)
+    staged = stage(proto, target, threshold, keep_proto=keep_proto)
     try:
         staged.commit()
     except BaseException:
@@ -94,8 +141,8 @@ def write_onnx(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_D
     return target
 
 
-def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    """Tensors stored outside the graph file: initializers and node attributes, subgraphs included."""
+def _tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Every tensor of the graph: initializers and node attributes, subgraphs included."""
     found: list[onnx.TensorProto] = []
 
     def visit(graph: onnx.GraphProto) -> None:
@@ -111,4 +158,9 @@ def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
                     visit(sub)
 
     visit(model.graph)
-    return [t for t in found if t.data_location == onnx.TensorProto.EXTERNAL]
+    return found
+
+
+def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Tensors stored outside the graph file."""
+    return [t for t in _tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL]

@@ -64,7 +64,8 @@ def activation_scales(model: onnx.ModelProto, amax_by_scale: Mapping[str, float]
             scales.setdefault(node.input[0], float(amax_by_scale[scale_name]) / 127.0)
             continue
         init = inits.get(scale_name)
-        if init is not None and numpy_helper.to_array(init).size == 1:
+        if init is not None and init.data_location != onnx.TensorProto.EXTERNAL and \
+                numpy_helper.to_array(init).size == 1:
             scales.setdefault(node.input[0], float(numpy_helper.to_array(init).reshape(())))
     return scales
 
