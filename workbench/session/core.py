@@ -26,41 +26,29 @@ from workbench import __version__
 from workbench.graph import ModelTree, describe_model
 from workbench.graph.fold import FoldReport
 from workbench.project import (
-    CalibrationRecord,
     ExportRecord,
-    FallbackRecord,
-    FinetuneRecord,
     LayerDecision,
     Project,
-    QuantizerRecord,
-    SensitivityRecord,
     file_revision,
     load_project,
     save_project,
 )
-from workbench.project.model import now_iso
-from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, SettingsError, checked_setting, jsonable
-from workbench.project.settings import make_descriptor
-from workbench.quant import TensorQuantizer
-from workbench.quant.calib import DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, HistogramCalibrator
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate
-from workbench.quant.batches import first_samples, input_shapes, model_inputs, run_model, to_device
+from workbench.project.settings import DEFAULT_SETTINGS
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
+from workbench.quant.batches import first_samples, to_device
 from workbench.quant.distributed import SINGLE, DistContext
-from workbench.quant.replace import ignore_matcher
 from workbench.quant.snapshot import quantizer_names
-from workbench.quant.tensorrt_rules import tensorrt_check
-from workbench.session import tensorrt, views
-from workbench.session.exports import check_overwrite, export_digest, resolve_export_path, stored_export_path
-from workbench.session.build import BuildReport, build_quantized, descriptor_of, fold_base, layer_of, quantizable
-from workbench.session.build import role_quantizer, to_numpy
+from workbench.session import analysis, calibration, configure, data_sources, decisions, exports, finetuning
+from workbench.session import paths, tensorrt, views
+from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
 from workbench.session.views import LayerView
-from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
-from workbench.sources.errors import EntryPointError, SourceError, TrustRequired
+from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input
+from workbench.sources.errors import EntryPointError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
-from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
-from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, code_references, remember_trust
+from workbench.sources.paths import absolute_path
+from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, remember_trust
 from workbench.sources.trust import trust_status
 
 logger = logging.getLogger(__name__)
@@ -90,7 +78,7 @@ class Session:
         try:
             self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
         except EntryPointError as error:
-            raise EntryPointError(f"{error}{_moved_hint(project, self.base_dir)}") from error
+            raise EntryPointError(f"{error}{paths.moved_hint(project, self.base_dir)}") from error
         self.float_model: nn.Module = self._loaded.model
         self._data: dict[str, DataSource] = {}
         self._quant_model: nn.Module | None = None
@@ -98,7 +86,7 @@ class Session:
         self._folded: tuple[nn.Module, FoldReport] | None = None  # the float model with BatchNorm folded
         self.build_report = BuildReport()
         self._layer_shapes: dict[str, dict[str, Any]] | None = None
-        self._check_digests()
+        paths.check_digests(self)
         self.device = torch.device(project.settings.get("device") or "cpu")
         self.float_model.to(self.device)
 
@@ -114,7 +102,7 @@ class Session:
         checks that the two fit. Layers start as the defaults: every quantizable layer quantized.
         """
         base = base_dir or Path.cwd()
-        settings = {key: _checked(key, value) for key, value in (settings or {}).items()}
+        settings = {key: configure.checked_value(key, value) for key, value in (settings or {}).items()}
         project = Project(name=name or Path(model.target).stem or "project", model=model,
                           data={"calibration": calibration}, app_version=__version__)
         if evaluation is not None:
@@ -145,7 +133,7 @@ class Session:
         """
         path = Path(path)
         project = load_project(path)
-        references = _code_references(project, path.parent)
+        references = paths.project_code(project, path.parent)
         status = trust_status(path, references) if references and remembered and not trust_code else UNKNOWN
         try:
             session = cls(project, path=path, base_dir=path.parent, trust_code=trust_code or status == TRUSTED)
@@ -173,7 +161,7 @@ class Session:
             target = target.with_suffix(".qwb")
         target = target.resolve()
         if self.path is None or target.parent != self.base_dir.resolve():
-            self._rebase(target.parent)
+            paths.rebase(self, target.parent)
         self.project.name = self.project.name or target.stem
         report = save_project(self.project, target, who=self.who)
         if report.merged:  # another process's changes are in the project now: build from them
@@ -181,7 +169,7 @@ class Session:
             logger.info("%s: kept what another process saved meanwhile: %s", target, ", ".join(report.merged))
         self.merged_on_save = report.merged
         if self.trust_code:  # the user trusts this code (and may have added some, a metric): remember it here
-            references = _code_references(self.project, target.parent)
+            references = paths.project_code(self.project, target.parent)
             if references:
                 remember_trust(target, references)
         self.path = target
@@ -201,7 +189,7 @@ class Session:
         """The code a project file would run (model, data, metric, loss) and why it needs trust, read
         without running any of it; empty for a project that runs none."""
         path = Path(path)
-        return _code_references(load_project(path), path.parent)
+        return paths.project_code(load_project(path), path.parent)
 
     @staticmethod
     def trust_status(path: str | Path) -> str:
@@ -210,76 +198,17 @@ class Session:
         references = Session.code_references(path)
         return trust_status(path, references) if references else TRUSTED
 
-    def _rebase(self, new_base: Path) -> None:
-        """Rewrite relative paths of the sources so that they stay valid next to the new file."""
-        self.project.model = self.project.model.absolute(self.base_dir).relative_to(new_base)
-        for role, spec in list(self.project.data.items()):
-            self.project.data[role] = spec.absolute(self.base_dir).relative_to(new_base)
-        for key, field_name in (("metric", "name"), ("finetune", "loss")):  # user functions in files
-            setting = self.project.settings.get(key)
-            if isinstance(setting, dict) and isinstance(setting.get(field_name), str):
-                moved = relative_entrypoint(absolute_entrypoint(setting[field_name], self.base_dir), new_base)
-                self.project.settings[key] = {**setting, field_name: moved}
-        export = self.project.settings.get("export")
-        if isinstance(export, dict) and isinstance(export.get("path"), str):  # exports stay where they were
-            self.project.settings["export"] = {**export, "path": relative_path(
-                absolute_path(export["path"], self.base_dir), new_base)}
-        for record in self.project.exports:
-            record.path = relative_path(absolute_path(record.path, self.base_dir), new_base) or record.path
-        self.base_dir = new_base
-        self._data.clear()
-
-    def _check_digests(self) -> None:
-        recorded = {Path(d.path).name: d for d in self.project.model_digests}
-        for digest in self._loaded.digests:
-            old = recorded.get(Path(digest.path).name)
-            if old is not None and old.sha256 != digest.sha256:
-                self.file_changes.append(f"{digest.path} changed since the project was saved (sha256 "
-                                         f"{old.sha256[:12]}... is now {digest.sha256[:12]}...); its calibration may "
-                                         "no longer fit: recalibrate.")
-        for message in self.file_changes:
-            logger.warning(message)
-
     # ----- data -------------------------------------------------------------------------------
 
     def data(self, role: str = "calibration") -> DataSource:
         """The opened data source for ``role`` (evaluation falls back to calibration data; training data to
         all of the calibration data, shuffled)."""
-        if role == "evaluation" and "evaluation" not in self.project.data:
-            role = "calibration"
-        if role == "training" and "training" not in self.project.data and "calibration" in self.project.data:
-            spec = DataSpec.from_dict({**self.project.data["calibration"].to_dict(), "num_batches": None,
-                                       "shuffle": True})
-            cached = self._data.get("training")
-            if cached is None or cached.spec != spec:  # follows a change of the calibration data
-                self._data["training"] = open_data(spec, trust_code=self.trust_code, base_dir=self.base_dir)
-            return self._data["training"]
-        if role not in self.project.data:
-            raise SessionError(f"The project has no {role} data.")
-        if role not in self._data:
-            self._data[role] = open_data(self.project.data[role], trust_code=self.trust_code, base_dir=self.base_dir)
-        return self._data[role]
+        return data_sources.data(self, role)
 
     def set_data(self, role: str, spec: DataSpec) -> None:
         """Replace a data source; the new inputs must fit the model (new calibration data is run through it
         once, as :meth:`create` does). A refused source leaves the project's data as it was."""
-        source = open_data(spec, trust_code=self.trust_code, base_dir=self.base_dir)
-        if self.project.input_spec is not None:
-            check_input(self.project.input_spec, source.input_spec(), spec.label)
-        previous = self.project.data.get(role), self._data.get(role)
-        self.project.data[role] = spec
-        self._data[role] = source
-        if role == "calibration":
-            try:
-                self.check_forward()
-            except SourceError:
-                for store, old in ((self.project.data, previous[0]), (self._data, previous[1])):
-                    if old is None:
-                        store.pop(role, None)
-                    else:
-                        store[role] = old
-                raise
-        self._changed(SessionEvent.DATA, role=role)
+        return data_sources.set_data(self, role, spec)
 
     def sample_inputs(self, batch: int = 1) -> Any:
         """The first ``batch`` samples of the calibration data, on the session's device: a tensor, or a dict
@@ -297,14 +226,7 @@ class Session:
 
     def check_forward(self) -> None:
         """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
-        sample = self.sample_inputs(batch=2)
-        try:
-            with torch.no_grad():
-                run_model(self.float_model, (sample, None), self.device)
-        except Exception as error:
-            raise SourceError(f"The model ({self.project.model.label}) failed on a sample input of shape "
-                              f"{input_shapes(*model_inputs((sample, None)))} from "
-                              f"{self.project.data['calibration'].label}: {type(error).__name__}: {error}") from error
+        return data_sources.check_forward(self)
 
     # ----- layers -----------------------------------------------------------------------------
 
@@ -318,11 +240,11 @@ class Session:
         base, folding = self._fold_base()
         model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False,
                                 example_inputs=self._example_inputs()).model
-        decisions = dict(self.project.layers)
+        known = dict(self.project.layers)
         layers: dict[str, LayerDecision] = {}
         for name, module_type, _ in quantizable(model):
-            layers[name] = decisions.get(name) or LayerDecision(name, module_type, True)
-        dropped = [name for name in decisions if name not in layers]
+            layers[name] = known.get(name) or LayerDecision(name, module_type, True)
+        dropped = [name for name in known if name not in layers]
         if dropped:
             logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
         self.project.layers = layers
@@ -339,23 +261,7 @@ class Session:
     def select(self, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
                types: Iterable[str] | None = None, subtree: str | None = None) -> list[str]:
         """Quantizable layers matching any of the criteria (regex patterns match like the ignore policy)."""
-        chosen: list[str] = []
-        all_names = list(self.project.layers)
-        if names is not None:
-            unknown = [n for n in names if n not in self.project.layers]
-            if unknown:
-                raise SessionError(f"Not quantizable layers of this model: {', '.join(unknown[:10])}.")
-            chosen += list(names)
-        if patterns is not None:
-            matcher = ignore_matcher(list(patterns))
-            chosen += [n for n in all_names if matcher(n) is not None]
-        if types is not None:
-            wanted = {t.removeprefix("Quant") for t in types}
-            chosen += [n for n, d in self.project.layers.items() if d.type.removeprefix("Quant") in wanted]
-        if subtree is not None:
-            prefix = subtree.rstrip(".")
-            chosen += [n for n in all_names if n == prefix or n.startswith(prefix + ".")]
-        return list(dict.fromkeys(chosen))
+        return decisions.select(self, names=names, patterns=patterns, types=types, subtree=subtree)
 
     def ignore_preview(self, patterns: Iterable[str]) -> list[str]:
         """The layers an ignore policy (list of regexes) would leave in float, without changing anything."""
@@ -373,35 +279,11 @@ class Session:
             SessionError: no pattern, an invalid regex, or a pattern that matches no layer (named); the
                 layers are then as they were.
         """
-        patterns = [p for p in patterns if p]
-        if not patterns:
-            raise SessionError("Give at least one pattern of layers to leave in float.")
-        matches = {pattern: self.ignore_preview([pattern]) for pattern in patterns}
-        unmatched = [pattern for pattern, names in matches.items() if not names]
-        if unmatched:
-            raise SessionError(f"No quantizable layer matches {', '.join(map(repr, unmatched))}; the names are as in "
-                               "the model tree, matched from their start.")
-        ignored = self.ignore_preview(patterns)
-        self.set_quantize(ignored, False)
-        if quantize_others:
-            left_in_float = set(ignored)
-            self.set_quantize([name for name in self.project.layers if name not in left_in_float], True)
-        return ignored
+        return decisions.apply_ignore_policy(self, patterns, quantize_others)
 
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str]:
         """Quantize or leave in float; returns the layers whose decision changed."""
-        changed = []
-        for name in names:
-            if name not in self.project.layers:
-                raise SessionError(f"{name!r} is not a quantizable layer of this model.")
-            decision = self.project.layers[name]
-            if decision.quantize != quantize:
-                decision.quantize = quantize
-                changed.append(name)
-        if changed:
-            self._invalidate()
-            self._changed(SessionEvent.LAYERS, names=changed)
-        return changed
+        return decisions.set_quantize(self, names, quantize)
 
     def set_descriptor(self, names: Iterable[str], role: str, **fields: Any) -> list[str]:
         """Change descriptor fields of the ``role`` ("input" or "weight") quantizer of layers.
@@ -412,81 +294,18 @@ class Session:
         The layer's current descriptor (override or default) is the starting point, so one call can
         change just ``num_bits``.
         """
-        sim_only: dict[str, list[str]] = {}  # note -> layers
-        if role not in ("input", "weight"):
-            raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
-        model = self.quantized_model()
-        modules = dict(model.named_modules())
-        updates: dict[str, dict[str, Any]] = {}
-        for name in list(names):
-            if name not in self.project.layers:
-                raise SessionError(f"{name!r} is not a quantizable layer of this model.")
-            module = modules.get(name)
-            current = getattr(self.project.layers[name], f"{role}_desc")
-            if current is None:
-                quantizer = role_quantizer(module, role)
-                if quantizer is None:
-                    raise SessionError(f"{name} has no {role} quantizer.")
-                current = descriptor_of(quantizer)
-            updated = dict(current)
-            updated.update(fields)
-            updated.pop("name", None)
-            try:
-                made = make_descriptor(updated)
-            except (TypeError, ValueError) as error:
-                raise SessionError(f"{name}: {error}") from error
-            verdict = tensorrt_check(role, made.num_bits, made.axis, self.project.layers[name].type)
-            if verdict.error:  # refused when set, not at export
-                raise SessionError(f"{name}: {verdict.error}")
-            if verdict.sim_only:
-                sim_only.setdefault(verdict.sim_only, []).append(name)
-            if updated != current:
-                updates[name] = jsonable(updated)
-        # applied only once every layer validated: an error leaves all of them as they were
-        for name, updated in updates.items():
-            setattr(self.project.layers[name], f"{role}_desc", updated)
-        self.notes = [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
-        changed = list(updates)
-        if changed:
-            self._invalidate()
-            self._changed(SessionEvent.LAYERS, names=changed)
-        return changed
+        return decisions.set_descriptor(self, names, role, **fields)
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
-        changed = []
-        for name in names:
-            decision = self.project.layers.get(name)
-            if decision is None:
-                raise SessionError(f"{name!r} is not a quantizable layer of this model.")
-            for which in ("input", "weight") if role is None else (role,):
-                if getattr(decision, f"{which}_desc") is not None:
-                    setattr(decision, f"{which}_desc", None)
-                    changed.append(name)
-        changed = list(dict.fromkeys(changed))
-        if changed:
-            self._invalidate()
-            self._changed(SessionEvent.LAYERS, names=changed)
-        return changed
+        return decisions.reset_descriptor(self, names, role)
 
     def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
         """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
 
         None for a layer without a quantizer for that role (a pooling layer has no weight quantizer).
         """
-        if role not in ("input", "weight"):
-            raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
-        modules = dict(self.quantized_model().named_modules())
-        result: dict[str, dict[str, Any] | None] = {}
-        for name in names:
-            decision = self.project.layers.get(name)
-            if decision is None:
-                raise SessionError(f"{name!r} is not a quantizable layer of this model.")
-            quantizer = role_quantizer(modules.get(name), role)
-            override = getattr(decision, f"{role}_desc")
-            result[name] = None if quantizer is None else dict(override) if override is not None \
-                else descriptor_of(quantizer)
-        return result
+        return decisions.descriptors(self, names, role)
 
     def layer_shapes(self) -> dict[str, dict[str, Any]]:
         """Input, output and weight shapes of the float model's modules, from one sample input (computed once).
@@ -510,41 +329,12 @@ class Session:
         and leaves the project as it was. Then all are applied, with one rebuild of the quantized model
         (when a setting it is built from changed). Values equal to the current ones change nothing.
         """
-        if not isinstance(changes, dict):
-            raise SessionError(f"settings are changed with a mapping of name to value, got {type(changes).__name__}.")
-        checked = {key: _checked(key, value) for key, value in changes.items()}
-        checked = {key: value for key, value in checked.items() if value != self.project.settings.get(key)}
-        if not checked:
-            return
-        previous = {key: copy.deepcopy(self.project.settings.get(key)) for key in checked}
-        previous_device = self.device
-        try:
-            if "device" in checked:
-                self.set_device(checked["device"])
-            self.project.settings.update(checked)
-            if "functional" in checked:  # functional quantizers add or remove layers
-                self._sync_layers()
-        except Exception:
-            # checked values can still fail to build (a pin naming no quantizer): back to how it was
-            self.project.settings.update(previous)
-            if self.device != previous_device:
-                self.set_device(str(previous_device))
-            self._quant_model = None
-            raise
-        if checked.keys() & REBUILD_SETTINGS:
-            self._invalidate()
-        self._changed(SessionEvent.SETTINGS, keys=sorted(checked))
-        if checked.keys() & REBUILD_SETTINGS:
-            self._changed(SessionEvent.LAYERS, names=list(self.project.layers))
+        return configure.set_settings(self, changes)
 
     def update_setting(self, key: str, **fields: Any) -> None:
         """Change some fields of a mapping setting (rules, functional, calibration, export, metric, finetune),
         keeping the others: ``update_setting("rules", maxpool=False)``. Checked as :meth:`set_settings`."""
-        current = self.project.settings.get(key)
-        if not isinstance(current, dict):
-            raise SessionError(f"{key!r} is not a setting with fields; settings with fields are "
-                               f"{', '.join(k for k, v in DEFAULT_SETTINGS.items() if isinstance(v, dict))}.")
-        self.set_settings({key: {**current, **fields}})
+        return configure.update_setting(self, key, **fields)
 
     def add_pins(self, pairs: Iterable[Sequence[str]]) -> None:
         """Share one quantizer between each pair of quantizers or layers (TensorRT scale sharing).
@@ -552,18 +342,11 @@ class Session:
         The names are checked by building the model: a pin naming no quantizer raises SessionError and
         leaves the pins as they were.
         """
-        previous = list(self.project.settings.get("pins") or [])
-        self.set_setting("pins", previous + [list(pair) for pair in pairs])
-        try:
-            self.quantized_model()
-        except Exception as error:
-            self.project.settings["pins"] = previous
-            self._quant_model = None
-            raise SessionError(f"pins: {error}") from error
+        return configure.add_pins(self, pairs)
 
     def set_device(self, device: str) -> None:
         """Move the models to ``device`` (``cpu``, ``cuda``, ``cuda:N``); SessionError if there is none such."""
-        target = torch.device(_checked("device", device))
+        target = torch.device(configure.checked_value("device", device))
         self.device = target
         self.project.settings["device"] = str(target)
         self.float_model.to(target)
@@ -634,32 +417,8 @@ class Session:
         of the batches and every rank ends with the merged, one-process result; only rank 0 should
         save the project (the session never saves on its own).
         """
-        context = self._join(context)
-        options = dict(self.project.settings["calibration"])
-        method = method or options.get("method") or DEFAULT_AMAX_METHOD.value
-        num_batches = num_batches if num_batches is not None else options.get("num_batches")
-        percentile = percentile if percentile is not None else options.get("percentile", PERCENTILE.default)
-        model = self.quantized_model()
-        available = self.data("calibration").num_batches
-        if available is not None:  # progress totals count the batches that really run
-            num_batches = available if num_batches is None else min(num_batches, available)
-        result = calibrate(model, self.data("calibration").batches(), num_batches=num_batches, method=method,
-                           percentile=percentile, device=self.device, progress=progress, cancel=cancel,
-                           context=context)
-        quantizers = quantizer_names(model)
-        records: dict[str, QuantizerRecord] = {}
-        for name, quantizer in quantizers.items():
-            item = result.quantizers.get(name) or _shared_result(result, quantizers, quantizer)
-            if item is None:
-                continue
-            state = quantizer._calibrator.state() if quantizer._calibrator is not None else None
-            records[name] = QuantizerRecord.from_calibration(item, name=name, calibrator_state=state,
-                                                             descriptor=descriptor_of(quantizer))
-        self.project.calibrations.append(CalibrationRecord.from_result(
-            result, id=self.project.next_id(self.project.calibrations), created=now_iso(), quantizers=records,
-            folded=sorted(self.folded_layers())))
-        self._changed(SessionEvent.CALIBRATION)
-        return result
+        return calibration.calibrate(self, method=method, num_batches=num_batches, percentile=percentile,
+                                     progress=progress, cancel=cancel, context=context)
 
     def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict[str, float]:
         """Switch quantizers to another amax method using their stored histograms (no pass over data).
@@ -667,41 +426,7 @@ class Session:
         ``names`` are quantizer names (``layer._input_quantizer``) or layer names (their histogram
         quantizers). Returns the new amax per quantizer; the current calibration record is updated.
         """
-        run = self.project.current_calibration
-        if run is None:
-            raise SessionError("Nothing is calibrated yet: calibrate first.")
-        try:  # one check of the method and its parameter, before any quantizer changes
-            method = AmaxMethod.parse(method).value
-            percentile = PERCENTILE.check(percentile if percentile is not None else run.percentile)
-        except ValueError as error:
-            raise SessionError(str(error)) from None
-        quantizers = quantizer_names(self.quantized_model())
-        targets = []
-        for name in names:
-            if name in quantizers:
-                targets.append(name)
-            else:
-                targets += [q for q in quantizers if layer_of(q)[0] == name]
-        updated = {}
-        for name in targets:
-            quantizer = quantizers[name]
-            if not isinstance(quantizer._calibrator, HistogramCalibrator):
-                continue
-            if quantizer._calibrator.calib_hist is None:
-                raise SessionError(f"{name} has no histogram (it was not calibrated): calibrate first.")
-            quantizer.load_calib_amax(method, percentile=percentile)
-            quantizer._buffers["_amax"] = quantizer._amax.to(self.device)
-            record = run.quantizers.get(name)
-            if record is not None:
-                record.amax = quantizer._amax.detach().cpu().numpy().astype(np.float32)
-                record.method = method
-            updated[name] = float(quantizer._amax.max())
-            if self.project.current_finetune is not None:  # a range learned while fine-tuning gives way
-                self.project.current_finetune.amax.pop(name, None)
-        if not updated:
-            raise SessionError("None of these quantizers has a histogram calibrator; use calib_method 'histogram'.")
-        self._changed(SessionEvent.CALIBRATION, quantizers=list(updated))
-        return updated
+        return calibration.recompute_amax(self, names, method, percentile)
 
     def histogram(self, quantizer_name: str) -> dict[str, Any] | None:
         """Histogram counts, bin edges and the amax every method gives, for plotting; None without one."""
@@ -717,19 +442,7 @@ class Session:
 
     def metric(self):
         """The project's metric as a workbench.analysis Metric (entry points need trust)."""
-        setting = self.project.settings.get("metric") or {}
-        return self._metric(setting.get("name", "sqnr"), setting.get("direction"))
-
-    def _metric(self, metric: Any, direction: str | None = None):
-        """A metric by name, entry point or object; a metric file next to the project is found from any
-        working directory, and user code runs only with the session's trust."""
-        from workbench.analysis import get_metric
-
-        return get_metric(metric, direction, trust_code=self.trust_code, base_dir=self.base_dir)
-
-    def _analysis_batches(self) -> list:
-        source = self.data("evaluation")
-        return list(source.batches())
+        return analysis.project_metric(self)
 
     def sensitivity(self, *, scheme: str = "one-off", metric: Any = None, units: Any = None,
                     num_batches: int | None = None, progress: ProgressCallback | None = None,
@@ -738,24 +451,12 @@ class Session:
 
         With a distributed ``context`` the units are shared among the ranks (see :meth:`calibrate`).
         """
-        from workbench.analysis import sensitivity as run_sensitivity
-
-        context = self._join(context)
-        model = self._require_calibrated()
-        result = run_sensitivity(model, self._analysis_batches(), metric if metric is not None else self.metric(),
-                                 scheme=scheme, units=units, num_batches=num_batches, progress=progress,
-                                 cancel=cancel, output=self.project.settings.get("output"), context=context)
-        self.project.sensitivity.append(SensitivityRecord(self.project.next_id(self.project.sensitivity), now_iso(),
-                                                          result.to_dict()))
-        self._changed(SessionEvent.SENSITIVITY)
-        return result
+        return analysis.sensitivity(self, scheme=scheme, metric=metric, units=units, num_batches=num_batches,
+                                    progress=progress, cancel=cancel, context=context)
 
     def latest_sensitivity(self):
-        from workbench.analysis import SensitivityResult
-
-        if not self.project.sensitivity:
-            return None
-        return SensitivityResult.from_dict(self.project.sensitivity[-1].data)
+        """The last sensitivity ranking stored in the project (None if there was none)."""
+        return analysis.latest_sensitivity(self)
 
     def fallback(self, *, tolerance: float | None = None, target: float | None = None, max_units: int | None = None,
                  metric: Any = None, apply: bool = False, use_ranking: bool = True,
@@ -765,34 +466,16 @@ class Session:
 
         With a distributed ``context`` the ranks measure candidate sets in parallel (see :meth:`calibrate`).
         """
-        from workbench.analysis import fallback_search
-
-        context = self._join(context)
-        model = self._require_calibrated()
-        ranking = self.latest_sensitivity() if use_ranking else None
-        result = fallback_search(model, self._analysis_batches(), metric if metric is not None else self.metric(),
-                                 tolerance=tolerance, target=target, max_units=max_units, ranking=ranking,
-                                 apply=False, progress=progress, cancel=cancel,
-                                 output=self.project.settings.get("output"), context=context)
-        record = FallbackRecord(self.project.next_id(self.project.fallbacks), now_iso(), result.to_dict())
-        self.project.fallbacks.append(record)
-        if apply:
-            self.apply_fallback(result)
-            record.applied = True
-        self._changed(SessionEvent.FALLBACK, applied=apply)
-        return result
+        return analysis.fallback(self, tolerance=tolerance, target=target, max_units=max_units, metric=metric,
+                                 apply=apply, use_ranking=use_ranking, progress=progress, cancel=cancel,
+                                 context=context)
 
     def apply_fallback(self, result: Any) -> list[str]:
         """Leave the layers a fallback search chose in float (a layer decision, saved with the project).
 
         ``result`` is a FallbackResult, or units / layer names.
         """
-        names: list[str] = []
-        for unit in getattr(result, "chosen", result):
-            names += self.layers_of(unit)
-        names = list(dict.fromkeys(names))
-        self.set_quantize(names, False)
-        return names
+        return analysis.apply_fallback(self, result)
 
     def layers_of(self, unit: Any) -> list[str]:
         """The quantizable layers a sensitivity or fallback unit switches (a Unit, a UnitResult or a name).
@@ -800,17 +483,11 @@ class Session:
         A unit is named by its quantizers (``block.add._input1_quantizer``); the views select and
         ignore layers, so they map units to layers through here.
         """
-        quantizers = getattr(unit, "quantizers", None)
-        layers = [layer_of(q)[0] for q in quantizers] if quantizers else [getattr(unit, "name", unit)]
-        return [layer for layer in dict.fromkeys(layers) if layer in self.project.layers]
+        return analysis.layers_of(self, unit)
 
     def latest_fallback(self):
         """The last fallback search stored in the project (None if there was none)."""
-        from workbench.analysis import FallbackResult
-
-        if not self.project.fallbacks:
-            return None
-        return FallbackResult.from_dict(self.project.fallbacks[-1].data)
+        return analysis.latest_fallback(self)
 
     def evaluate(self, metric: Any = None, num_batches: int | None = None, *,
                  progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
@@ -820,15 +497,7 @@ class Session:
         is found next to the project); default the project's. FP32 is the float model as loaded, INT8 the
         calibrated quantized model. Returns a :class:`workbench.analysis.Evaluation`; the project is not changed.
         """
-        from workbench.analysis import evaluate_models
-
-        model = self._require_calibrated()
-        chosen = self.metric() if metric is None else self._metric(metric)
-        batches = self._analysis_batches()
-        if num_batches:
-            batches = batches[:num_batches]
-        return evaluate_models(self.float_model, model, batches, chosen, progress=progress, cancel=cancel,
-                               output=self.project.settings.get("output"))
+        return analysis.evaluate(self, metric, num_batches, progress=progress, cancel=cancel)
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
@@ -841,48 +510,17 @@ class Session:
         leaves the project as it was: the export settings, the export history and the unsaved-changes
         flag are not touched.
         """
-        from workbench.export import export_qdq_onnx
+        return exports.export(self, path, opset=opset, dynamic_batch=dynamic_batch, amax_json=amax_json,
+                              calibration_cache=calibration_cache, remember=remember, force=force)
 
-        settings = dict(self.project.settings["export"])
-        opset = opset or settings.get("opset", 17)
-        dynamic_batch = settings.get("dynamic_batch", True) if dynamic_batch is None else dynamic_batch
-        amax_json = settings.get("amax_json", False) if amax_json is None else amax_json
-        calibration_cache = settings.get("calibration_cache", False) if calibration_cache is None else calibration_cache
-        target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
-        if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
-            check_overwrite(target, self.project.exports, self._project_dir(), force)
-        model = self._require_calibrated()
-        try:
-            report = export_qdq_onnx(model, self.sample_inputs(batch=1), target, opset=opset,
-                                     dynamic_batch=dynamic_batch, output=self.project.settings.get("output"),
-                                     amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
-                                     calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
-                                     else None)
-        except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
-            where = error.filename or target
-            raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
-                               f"to {target}.") from error
-        if not remember:
-            return report
-        stored = stored_export_path(target, self._project_dir())
-        settings.update({"path": stored, "opset": opset, "dynamic_batch": dynamic_batch, "amax_json": amax_json,
-                         "calibration_cache": calibration_cache})
-        self.project.settings["export"] = settings
-        self.project.exports.append(ExportRecord(self.project.next_id(self.project.exports), now_iso(), stored,
-                                                 {"opset": opset, "dynamic_batch": dynamic_batch,
-                                                  "sha256": export_digest(target)},
-                                                 jsonable(report.to_dict())))
-        self._changed(SessionEvent.EXPORT, path=str(target))
-        return report
+    def default_export_path(self) -> Path:
+        """Where ``export`` writes without a path: the project's export setting (relative to the project's
+        folder), else ``<project>.qdq.onnx`` next to it."""
+        return exports.default_export_path(self)
 
     def overwrite_refusal(self, path: str | Path | None = None) -> str | None:
         """Why :meth:`export` to ``path`` (default: the project's) would refuse without ``force``; None if it would not."""
-        target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
-        try:
-            check_overwrite(target, self.project.exports, self._project_dir(), force=False)
-        except SessionError as error:
-            return str(error)
-        return None
+        return exports.overwrite_refusal(self, path)
 
     def export_path(self, record: ExportRecord) -> str:
         """Where an export of the history lies (its stored path is relative to the project's folder)."""
@@ -909,13 +547,6 @@ class Session:
     def latest_engine_report(self):
         return tensorrt.latest_engine_report(self)
 
-    def default_export_path(self) -> Path:
-        """Where ``export`` writes without a path: the project's export setting (relative to the project's
-        folder), else ``<project>.qdq.onnx`` next to it."""
-        stem = self.path.stem if self.path is not None else (self.project.name or "model")
-        return resolve_export_path(None, self.project.settings["export"].get("path"), self._project_dir(),
-                                   f"{stem}.qdq.onnx")
-
     def finetune(self, *, epochs: int | None = None, lr: float | None = None, optimizer: str | None = None,
                  schedule: str | None = None, loss: str | None = None, learn_amax: Sequence[str] | str | None = None,
                  momentum: float | None = None, weight_decay: float | None = None,
@@ -932,67 +563,18 @@ class Session:
         copies. The result (history and the resulting weights) is stored in the project, and export uses
         the fine-tuned weights; a run cancelled before its first epoch changes nothing and is not stored.
         """
-        from workbench.training import finetune as run_finetune
-
-        options = dict(DEFAULT_SETTINGS["finetune"])
-        options.update(self.project.settings.get("finetune") or {})
-        given = {"epochs": epochs, "lr": lr, "optimizer": optimizer, "schedule": schedule, "loss": loss,
-                 "momentum": momentum, "weight_decay": weight_decay, "steps_per_epoch": steps_per_epoch, "amp": amp,
-                 "learn_amax": [learn_amax] if isinstance(learn_amax, str) else learn_amax}
-        options.update({key: value for key, value in given.items() if value is not None})
-        loss_name = options.get("loss") or "cross_entropy"
-        if ":" in str(loss_name) and not self.trust_code:
-            raise TrustRequired(f"The loss {loss_name} is user code; trust it first (--trust-code).")
-        # a loss file next to the project is found from any working directory (the setting keeps it relative)
-        loss_spec = absolute_entrypoint(loss_name, self.base_dir) if ":" in str(loss_name) else loss_name
-        model = self._require_calibrated()
-        result = run_finetune(
-            model, self.data("training"), loss_spec, epochs=options["epochs"], lr=options["lr"],
-            schedule=options["schedule"], optimizer=options["optimizer"], momentum=options["momentum"],
-            weight_decay=options["weight_decay"], steps_per_epoch=options["steps_per_epoch"],
-            eval_batches=self._analysis_batches(), metric=metric if metric is not None else self.metric(),
-            progress=progress, cancel=cancel, on_step=on_step, on_epoch=on_epoch, device=self.device,
-            amp=options["amp"], learn_amax=options["learn_amax"] or None, trust_code=self.trust_code)
-        self.project.settings["finetune"] = options
-        self._changed(SessionEvent.SETTINGS, keys=["finetune"])
-        if result.epochs_completed == 0 and not result.changed:
-            return result  # cancelled before an epoch finished: the model is as it was
-        quantizers = quantizer_names(model)
-        own = {id(p) for q in quantizers.values() for p in q.parameters()}
-        weights = {name: to_numpy(p) for name, p in model.named_parameters() if id(p) not in own}
-        run = self.project.current_calibration
-        amax: dict[str, np.ndarray] = {}
-        for name, quantizer in quantizers.items():  # ranges that differ from the calibration: learned ones
-            record = run.quantizers.get(name) if run is not None else None
-            current = quantizer._buffers.get("_amax")
-            if record is not None and current is not None and not np.array_equal(
-                    to_numpy(current), np.asarray(record.amax, dtype=np.float32)):
-                amax[name] = to_numpy(current)
-        for old in self.project.finetunes:  # one set of weights per project: the active run's
-            old.active, old.weights, old.amax = False, {}, {}
-        self.project.finetunes.append(FinetuneRecord(
-            id=self.project.next_id(self.project.finetunes), created=now_iso(), data=result.to_dict(),
-            calibration_id=run.id if run is not None else None, folded=sorted(self.folded_layers()),
-            active=True, weights=weights, amax=amax))
-        self.build_report.finetune = f"fine-tuned weights of run {self.project.finetunes[-1].id} in use"
-        self._changed(SessionEvent.FINETUNE, run=self.project.finetunes[-1].id)
-        return result
+        return finetuning.finetune(
+            self, epochs=epochs, lr=lr, optimizer=optimizer, schedule=schedule, loss=loss, learn_amax=learn_amax,
+            momentum=momentum, weight_decay=weight_decay, steps_per_epoch=steps_per_epoch, amp=amp, metric=metric,
+            progress=progress, cancel=cancel, on_step=on_step, on_epoch=on_epoch)
 
     def finetune_history(self) -> list[Any]:
         """Every stored fine-tune as a :class:`workbench.training.FinetuneResult` (no model), oldest first."""
-        from workbench.training import FinetuneResult
-
-        return [FinetuneResult.from_dict(record.data) for record in self.project.finetunes]
+        return finetuning.finetune_history(self)
 
     def reset_finetune(self) -> bool:
         """Back to the calibrated model's own weights (the fine-tune history stays); False if none was in use."""
-        if self.project.current_finetune is None:
-            return False
-        for record in self.project.finetunes:
-            record.active, record.weights, record.amax = False, {}, {}
-        self._invalidate()
-        self._changed(SessionEvent.FINETUNE, run=None)
-        return True
+        return finetuning.reset_finetune(self)
 
     def _require_calibrated(self) -> nn.Module:
         """The quantized model, once calibrated. Quantizers the last calibration never reached (no data flowed
@@ -1014,36 +596,3 @@ class Session:
     def summary(self, layers: list[LayerView] | None = None) -> dict[str, Any]:
         """A JSON-able overview for ``workbench show`` (``layers``: :meth:`layers`, when the caller has them)."""
         return views.summary(self, layers)
-
-def _moved_hint(project: Project, base_dir: Path) -> str:
-    """For a project opened from another folder than it was saved in: where its relative paths led before."""
-    saved_in = Path(project.saved_in) if project.saved_in else None
-    if saved_in is None or saved_in == base_dir.resolve():
-        return ""
-    return (f" Relative paths in a project are taken from its own folder ({base_dir}); it was saved in {saved_in}: "
-            "copy its code and data along with it, or open it there.")
-
-
-def _code_references(project: Project, base_dir: Path) -> list[CodeReference]:
-    return code_references(project.model, project.data, project.settings, base_dir)
-
-
-def _checked(key: str, value: Any) -> Any:
-    """A setting's value as :func:`checked_setting` checks it, plus whether its metric exists; SessionError if not."""
-    try:
-        checked = checked_setting(key, value)
-        if key == "metric":
-            from workbench.analysis import get_metric
-
-            get_metric(checked.get("name"), checked.get("direction"))  # the name, an entry point's form; imports nothing
-    except (SettingsError, ValueError, TypeError) as error:
-        raise SessionError(str(error)) from None
-    return checked
-
-
-def _shared_result(result: CalibrationResult, quantizers: dict[str, TensorQuantizer], quantizer: TensorQuantizer):
-    """The calibration result of a quantizer reached under another name (shared by a placement rule)."""
-    for name, other in quantizers.items():
-        if other is quantizer and name in result.quantizers:
-            return result.quantizers[name]
-    return None

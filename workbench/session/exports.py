@@ -5,17 +5,28 @@ Export paths are stored relative to the project's folder (absolute where they li
 where it was typed. An existing file is only replaced when the project's export history says that
 this project wrote it and it is unchanged since (same path, same sha256); anything else needs
 ``force``: an export must not silently overwrite another project's ONNX or a file the user edited.
+
+The export job itself is a function of a :class:`~workbench.session.Session` (its methods call it),
+like :mod:`workbench.session.tensorrt`.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workbench.project import ExportRecord
+from workbench.project.model import now_iso
+from workbench.project.settings import jsonable
 from workbench.session.errors import SessionError
+from workbench.session.events import SessionEvent
 from workbench.sources.model_source import sha256_of
 from workbench.sources.paths import absolute_path, relative_path
 
-__all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest"]
+if TYPE_CHECKING:
+    from workbench.session.core import Session
+
+__all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest", "export",
+           "overwrite_refusal", "default_export_path"]
 
 
 def resolve_export_path(typed: str | Path | None, configured: str | None, project_dir: Path, default_name: str) -> Path:
@@ -55,3 +66,65 @@ def check_overwrite(target: Path, history: list[ExportRecord], project_dir: Path
     if recorded is not None and recorded != export_digest(target):
         raise SessionError(f"{target} changed since this project exported it (its sha256 differs); nothing was "
                            "exported. Choose another path, or overwrite it with --force.")
+
+
+def default_export_path(session: Session) -> Path:
+    """The project's export setting (from the project's folder), else ``<project>.qdq.onnx`` next to it."""
+    stem = session.path.stem if session.path is not None else (session.project.name or "model")
+    return resolve_export_path(None, session.project.settings["export"].get("path"), session._project_dir(),
+                               f"{stem}.qdq.onnx")
+
+
+def overwrite_refusal(session: Session, path: str | Path | None = None) -> str | None:
+    """Why an export to ``path`` (default: the project's) would refuse without ``force``; None if it would not."""
+    target = Path(path).expanduser().resolve() if path is not None else session.default_export_path()
+    try:
+        check_overwrite(target, session.project.exports, session._project_dir(), force=False)
+    except SessionError as error:
+        return str(error)
+    return None
+
+
+def export(session: Session, path: str | Path | None = None, *, opset: int | None = None,
+           dynamic_batch: bool | None = None, amax_json: bool | None = None, calibration_cache: bool | None = None,
+           remember: bool = True, force: bool = False):
+    """Write validated QDQ ONNX; with ``remember`` the export settings and history are updated.
+
+    Raises:
+        SessionError: the target may not be replaced (see :func:`check_overwrite`), the model is not
+            calibrated, or a file cannot be written (nothing is left half-written).
+    """
+    from workbench.export import export_qdq_onnx
+
+    settings = dict(session.project.settings["export"])
+    opset = opset or settings.get("opset", 17)
+    dynamic_batch = settings.get("dynamic_batch", True) if dynamic_batch is None else dynamic_batch
+    amax_json = settings.get("amax_json", False) if amax_json is None else amax_json
+    calibration_cache = settings.get("calibration_cache", False) if calibration_cache is None else calibration_cache
+    target = Path(path).expanduser().resolve() if path is not None else session.default_export_path()
+    project_dir = session._project_dir()
+    if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
+        check_overwrite(target, session.project.exports, project_dir, force)
+    model = session._require_calibrated()
+    try:
+        report = export_qdq_onnx(model, session.sample_inputs(batch=1), target, opset=opset,
+                                 dynamic_batch=dynamic_batch, output=session.project.settings.get("output"),
+                                 amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
+                                 calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
+                                 else None)
+    except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
+        where = error.filename or target
+        raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
+                           f"to {target}.") from error
+    if not remember:
+        return report
+    stored = stored_export_path(target, project_dir)
+    settings.update({"path": stored, "opset": opset, "dynamic_batch": dynamic_batch, "amax_json": amax_json,
+                     "calibration_cache": calibration_cache})
+    session.project.settings["export"] = settings
+    session.project.exports.append(ExportRecord(session.project.next_id(session.project.exports), now_iso(), stored,
+                                                {"opset": opset, "dynamic_batch": dynamic_batch,
+                                                 "sha256": export_digest(target)},
+                                                jsonable(report.to_dict())))
+    session._changed(SessionEvent.EXPORT, path=str(target))
+    return report

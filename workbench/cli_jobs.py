@@ -1,0 +1,340 @@
+"""The CLI commands that run the project's jobs: ``calibrate``, ``evaluate``, ``sensitivity`` (and its
+fallback search), ``export`` and ``finetune``, with the ``--workers`` option of the distributed ones.
+
+Registered by :func:`workbench.cli.build_parser` through :func:`add_commands`, like
+:mod:`workbench.cli_engine`; they use the CLI's own helpers, so errors, ``--json``, progress bars,
+Ctrl-C and exit codes behave as for every other command.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workbench.cli import EXIT_INTERNAL, EXIT_NOT_REACHED, EXIT_OK, EXIT_USAGE, UsageError, _emit, _fmt, _open
+from workbench.cli import _Progress
+from workbench.cli_project import _data_spec, _typed_entrypoint
+
+__all__ = ["add_commands"]
+
+
+class _HeldWarnings(logging.Filter):
+    """Holds back the library's logged warnings while a job runs, so that the command prints each one once,
+    with its result (a calibration logs its warnings and returns them too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and record.name.startswith("workbench"):
+            self.messages.append(record.getMessage())
+            return False
+        return True
+
+    def __enter__(self) -> _HeldWarnings:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(self)
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self)
+        if exc_type is not None:  # the job failed: what it warned about before still reaches the user
+            for message in dict.fromkeys(self.messages):
+                print(f"workbench: warning: {message}", file=sys.stderr)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from workbench.launcher import job_context
+    from workbench.project.settings import percentile_mistake
+
+    mistake = None if args.percentile is None or args.force else percentile_mistake(args.percentile)
+    if mistake:
+        raise UsageError(f"{mistake} (--force calibrates with {args.percentile:g} anyway)")
+    with job_context() as context:
+        session = _open(args)
+        with _Progress(args, "calibrating", context.is_main) as progress, _HeldWarnings() as held:
+            result = session.calibrate(method=args.method, num_batches=args.num_batches,
+                                       percentile=args.percentile, progress=progress, cancel=progress.cancel,
+                                       context=context)
+    if not context.is_main:  # rank 0 writes the project and reports for the job
+        return EXIT_OK
+    result.warnings = list(dict.fromkeys(result.warnings + held.messages))  # each once
+    session.save()
+    data = {"summary": result.summary(), "method": result.method, "batches": result.num_batches,
+            "world_size": context.world_size,
+            "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
+            "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
+                               "nonfinite": q.nonfinite_count} for n, q in result.quantizers.items()}}
+    failed = None
+    if args.evaluate:
+        try:
+            evaluation = session.evaluate()
+            data["evaluation"] = evaluation.to_dict()
+        except Exception as error:  # noqa: BLE001 - the calibration is saved: say so, whatever went wrong
+            if args.debug:
+                raise
+            failed = error
+            data["evaluation"] = None
+            data["evaluation_error"] = f"{type(error).__name__}: {error}"
+    lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
+    if args.evaluate and failed is None:
+        lines.append(f"evaluation: {evaluation.summary()}")
+    _emit(args, data, "\n".join(lines))
+    if failed is not None:
+        print(f"workbench: error: the calibration was saved to {session.path}, but the evaluation failed and was "
+              f"not done: {data['evaluation_error']}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(failed, (ValueError, LookupError, OSError)) else EXIT_INTERNAL
+    return EXIT_OK
+
+
+def _metric_option(args: argparse.Namespace) -> Any:
+    """The metric ``--metric`` names (None: the project's); user code only with --trust-code."""
+    if not args.metric:
+        return None
+    from workbench.analysis import get_metric
+
+    # a path typed on the command line is relative to where it was typed
+    return get_metric(args.metric, args.metric_direction, trust_code=args.trust_code)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    session = _open(args)
+    metric = _metric_option(args)
+    with _Progress(args, "evaluating") as progress:
+        evaluation = session.evaluate(metric, num_batches=args.num_batches, progress=progress,
+                                      cancel=progress.cancel)
+    lines = [f"  {'':<22} {'FP32':>10} {'INT8':>10} {'delta':>10}",
+             f"  {evaluation.name:<22} {_fmt(evaluation.fp32):>10} {_fmt(evaluation.int8):>10} "
+             f"{_fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better)",
+             f"  output SQNR INT8 vs FP32: {_fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} batches)"]
+    _emit(args, evaluation.to_dict(), "\n".join(lines))
+    return EXIT_OK
+
+
+def _cmd_sensitivity(args: argparse.Namespace) -> int:
+    from workbench.launcher import job_context
+
+    with job_context() as context:
+        session = _open(args)
+        metric = _metric_option(args)
+        with _Progress(args, "sensitivity", context.is_main) as progress:
+            result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
+                                         units=None if args.units == "layers" else args.units,
+                                         progress=progress, cancel=progress.cancel, context=context)
+            fallback = None
+            tolerance, target, goal_note = args.tolerance, args.target, None
+            if tolerance is not None and target is None and not math.isfinite(result.fp32):
+                # no gap to an infinite FP32 value (SQNR) can close: the tolerance counts from the INT8 start
+                target = result.quantized + (tolerance if result.higher_is_better else -tolerance)
+                goal_note = (f"FP32 {result.metric_name} is {result.fp32}: --tolerance {tolerance:g} counts from "
+                             f"the all-INT8 value {result.quantized:.4g}, so the target is {target:.4g}")
+                tolerance = None
+            if tolerance is not None or target is not None:
+                fallback = session.fallback(tolerance=tolerance, target=target, max_units=args.max_units,
+                                            metric=metric, apply=args.apply, progress=progress,
+                                            cancel=progress.cancel, context=context)
+    if not context.is_main:  # rank 0 writes the project and reports for the job
+        return EXIT_OK
+    session.save()
+    data = {"sensitivity": result.to_dict(), "world_size": context.world_size}
+    lines = [result.summary()]
+    # under SQNR the FP32 model scores +inf, so a delta against it says nothing
+    vs_fp32 = math.isfinite(result.fp32)
+    for unit in result.ranked()[:args.top]:
+        versus = f"vs all quantized {unit.delta_vs_quantized:+.4g}"
+        if vs_fp32:
+            versus += f", vs FP32 {unit.delta_vs_fp32:+.4g}"
+        lines.append(f"  {unit.rank:>3}. {unit.name:<36} {_fmt(unit.value)}  ({versus})")
+    if fallback is not None:
+        data["fallback"] = fallback.to_dict()
+        if goal_note:
+            data["fallback"]["goal_note"] = goal_note
+            lines.append(goal_note)
+        lines.append(fallback.summary())
+        if args.apply:
+            lines.append("applied: the chosen layers are left in float in the project")
+    _emit(args, data, "\n".join(lines))
+    if fallback is not None and not fallback.reached:  # scripts can tell: the ranking and the curve are saved
+        print(f"workbench: the fallback search did not reach its goal (exit {EXIT_NOT_REACHED}); "
+              "the ranking and the search are saved in the project", file=sys.stderr)
+        return EXIT_NOT_REACHED
+    return EXIT_OK
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    session = _open(args)
+    folder = Path(args.output).parent if args.output else None
+    made = folder is not None and not folder.exists()
+    if made:  # `-o out/x.onnx` into a folder that is not there yet: make it (and take it back if nothing lands)
+        folder.mkdir(parents=True)
+    try:
+        report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
+                                amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None,
+                                force=args.force)
+    except BaseException:
+        if made and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
+    session.save()
+    written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
+                                                 report.float_onnx_path) if path]
+    _emit(args, {**report.to_dict(), "files": written},
+          report.summary() + "\nwrote: " + ", ".join(written))
+    return EXIT_OK
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    from workbench.training import recipe
+
+    session = _open(args)
+    if args.reset:
+        reset = session.reset_finetune()
+        session.save()
+        _emit(args, {"reset": reset}, "back to the calibrated weights" if reset else "no fine-tuned weights in use")
+        return EXIT_OK
+    if args.train_data:
+        typed = _data_spec(args.train_data, args, args.batch_size)  # relative to where it was typed
+        session.set_data("training", typed.absolute(Path.cwd()).relative_to(session.base_dir))
+    options: dict[str, Any] = {}
+    if args.original_lr is not None:
+        options.update(recipe(args.original_lr, args.original_epochs))
+    elif args.original_epochs is not None:
+        raise UsageError("--original-epochs goes with --original-lr (the recipe needs both).")
+    given = {"epochs": args.epochs, "lr": args.lr, "optimizer": args.optimizer, "schedule": args.schedule,
+             "loss": _typed_entrypoint(args.loss, session), "momentum": args.momentum,
+             "weight_decay": args.weight_decay,
+             "steps_per_epoch": args.steps_per_epoch, "amp": args.amp, "learn_amax": args.learn_amax}
+    options.update({key: value for key, value in given.items() if value is not None})
+    metric = _metric_option(args)
+    with _Progress(args, "fine-tuning") as progress:
+        result = session.finetune(metric=metric, progress=progress, cancel=progress.cancel, **options)
+    session.save()
+    data = result.to_dict()
+    data["summary"] = result.summary()
+    lines = [result.summary(), f"  {'epoch':>5} {'train loss':>11} {'eval loss':>10} {'metric':>9} {'lr':>9}"]
+    for record in [result.baseline] + result.history:
+        best = "  best" if record.epoch == result.best_epoch else ""
+        lines.append(f"  {record.epoch:>5} {_fmt(record.train_loss):>11} {_fmt(record.eval_loss):>10} "
+                     f"{_fmt(record.metric):>9} {_fmt(record.lr):>9}{best}")
+    for name, change in result.learned_amax.items():
+        lines.append(f"  learned amax {name}: {change['before']:.4g} -> {change['after']:.4g}")
+    for name, reason in result.learn_amax_skipped.items():
+        lines.append(f"  amax kept for {name}: {reason}")
+    if result.cancelled:
+        lines.append("cancelled: the model has the best weights so far" if result.epochs_completed
+                     else "cancelled before the first epoch ended: nothing changed")
+    _emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+def _workers_option(command: argparse.ArgumentParser) -> None:
+    command.set_defaults(distributed=True)
+    command.add_argument("--workers", type=int, metavar="N",
+                         help="run in N local processes (PyTorch's elastic launcher; one per GPU when there are "
+                              "N GPUs), with the same result as one process; under torchrun, torchrun decides")
+
+
+def add_commands(sub: argparse._SubParsersAction,
+                 project_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Add ``calibrate``, ``evaluate``, ``sensitivity``, ``export`` and ``finetune`` to the ``workbench`` parser."""
+    from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
+    from workbench.analysis.results import SCHEMES
+    from workbench.analysis.units import UNIT_SCHEMES
+    from workbench.project.settings import DEFAULT_SETTINGS
+    from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
+
+    # every default a help text names is read from the project settings' defaults: one source of truth
+    calib_defaults, tune_defaults = DEFAULT_SETTINGS["calibration"], DEFAULT_SETTINGS["finetune"]
+    default_metric = DEFAULT_SETTINGS["metric"]["name"]
+    cal = project_command("calibrate", "calibrate on the project's calibration data")
+    cal.add_argument("--method", choices=AMAX_METHODS,
+                     help=f"amax method of histogram quantizers (default: the project's; new projects: "
+                          f"{DEFAULT_AMAX_METHOD}): {AmaxMethod.help_text()}")
+    cal.add_argument("--num-batches", type=int, help="calibration batches to use (default: the project's; new "
+                                                     f"projects: {calib_defaults['num_batches']})")
+    cal.add_argument("--percentile", type=float,
+                     help=f"for --method percentile: {PERCENTILE.help.replace('%', '%%')}, {PERCENTILE.describe()}, e.g. "
+                          f"99.9 (default: the project's; new projects: {PERCENTILE.default:g})")
+    cal.add_argument("--force", action="store_true", help="use a --percentile under 50 (almost always a fraction "
+                                                          "typed for a percent: 0.999 for 99.9)")
+    cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
+    _workers_option(cal)
+    cal.set_defaults(func=_cmd_calibrate)
+
+    evaluate = project_command("evaluate", "a metric on the FP32 and the INT8 model, and the output SQNR")
+    evaluate.add_argument("--metric", help=f"{metric_choices_text()} (default: the project's metric)")
+    evaluate.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
+    evaluate.add_argument("--num-batches", type=int, help="evaluation batches to use (default: all)")
+    evaluate.set_defaults(func=_cmd_evaluate)
+
+    sens = project_command("sensitivity", "rank layers by sensitivity; optionally search a fallback set")
+    sens.add_argument("--scheme", choices=SCHEMES, default=SCHEMES[0])
+    sens.add_argument("--units", choices=UNIT_SCHEMES, default="layers",
+                      help="what is switched together: each quantized layer (an attention's products together), "
+                           "or each transformer block (a readable ranking of a 12-layer ViT)")
+    sens.add_argument("--metric", help=f"override the project's metric (new projects: {default_metric})")
+    sens.add_argument("--metric-direction", choices=DIRECTIONS)
+    sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
+    sens.add_argument("--top", type=int, default=10, help="how many layers to print")
+    sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32 (for SQNR, whose "
+                                                      "FP32 value is infinite: this many dB above all-INT8)")
+    sens.add_argument("--target", type=float, help="fallback search: reach this metric value instead")
+    sens.add_argument("--max-units", type=int, help="fallback search: at most this many layers in float")
+    sens.add_argument("--apply", action="store_true", help="leave the fallback's layers in float in the project")
+    _workers_option(sens)
+    sens.set_defaults(func=_cmd_sensitivity)
+
+    export = project_command("export", "write validated QDQ ONNX")
+    export.add_argument("-o", "--output", help="the .onnx file (default: next to the project)")
+    export.add_argument("--opset", type=int)
+    export.add_argument("--static-batch", action="store_true", help="keep the sample's batch size fixed")
+    export.add_argument("--force", action="store_true",
+                        help="overwrite the .onnx file even if this project did not write it (or it changed since)")
+    export.add_argument("--amax-json", action="store_true", help="also write the amax table as JSON")
+    export.add_argument("--calibration-cache", action="store_true",
+                        help="also write a TensorRT calibration cache (implicit quantization)")
+    export.set_defaults(func=_cmd_export)
+
+    tune = project_command("finetune", "quantization-aware fine-tuning of the calibrated model (amax fixed)")
+    tune.add_argument("--epochs", type=int, help="passes over the training data (recipe: ~10%% of the original; "
+                                                 f"default: {tune_defaults['epochs']})")
+    tune.add_argument("--lr", type=float, help="starting learning rate (recipe: 1%% of the original; default: "
+                                               f"{tune_defaults['lr']})")
+    tune.add_argument("--original-lr", type=float, help="derive --lr (and --epochs with --original-epochs) from "
+                                                        "the original training by the reference recipe")
+    tune.add_argument("--original-epochs", type=int, help="the original training's epochs")
+    tune.add_argument("--optimizer", choices=["sgd", "adam"])
+    tune.add_argument("--schedule", choices=["cosine", "constant"],
+                      help="cosine: anneal to 1%% of --lr by the last step (default)")
+    tune.add_argument("--momentum", type=float, help=f"SGD momentum (default: {tune_defaults['momentum']})")
+    tune.add_argument("--weight-decay", type=float)
+    tune.add_argument("--steps-per-epoch", type=int, help="stop each epoch after this many batches")
+    tune.add_argument("--loss", help="cross_entropy (default, needs labels) or a function fn(outputs, targets) "
+                                     "as module:function or file.py:function (needs --trust-code)")
+    tune.add_argument("--learn-amax", action="append", metavar="PATTERN",
+                      help="learn the amax of quantizers matching this regex (per-tensor only; repeatable); "
+                           "default: as the project's last fine-tune, at first fixed; '' for fixed")
+    tune.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
+                      help="mixed precision (default: on with CUDA)")
+    tune.add_argument("--metric", help="what picks the best epoch (default: the project's metric)")
+    tune.add_argument("--metric-direction", choices=DIRECTIONS)
+    tune.add_argument("--train-data", help="data to train on, stored in the project (same forms as --data of "
+                                           "'new'; default: all of the calibration data)")
+    tune.add_argument("--batch-size", type=int, default=32, help="for --train-data")
+    tune.add_argument("--num-batches", type=int, help="for --train-data: batches per pass (default: all)")
+    tune.add_argument("--shuffle", action="store_true", help="for --train-data")
+    tune.add_argument("--seed", type=int, default=0, help="for --train-data")
+    tune.add_argument("--resize", type=int, help="for --train-data images")
+    tune.add_argument("--crop", type=int, help="for --train-data images")
+    tune.add_argument("--mean", type=float, nargs="+", help="for --train-data images")
+    tune.add_argument("--std", type=float, nargs="+", help="for --train-data images")
+    tune.add_argument("--grayscale", action="store_true", help="for --train-data images")
+    tune.add_argument("--reset", action="store_true", help="drop the fine-tuned weights: back to the calibrated "
+                                                           "model's own")
+    tune.set_defaults(func=_cmd_finetune)

@@ -1,0 +1,344 @@
+"""The CLI commands about the project itself: ``new`` (create one), ``show`` (what it holds) and ``set``
+(layers, descriptors, rules and settings), with the data options and parsing they share.
+
+Registered by :func:`workbench.cli.build_parser` through :func:`add_commands`, like
+:mod:`workbench.cli_engine`; they use the CLI's own helpers, so errors, ``--json`` and exit codes
+behave as for every other command.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workbench.cli import EXIT_OK, UsageError, _emit, _fmt, _open
+
+__all__ = ["add_commands"]
+
+
+def _parse_value(text: str) -> Any:
+    from workbench.session.new_project import parse_value
+
+    return parse_value(text)
+
+
+def _parse_fields(text: str) -> dict[str, Any]:
+    """``num_bits=8,axis=0,calib_method=histogram`` -> dict (values parsed as JSON where they can be)."""
+    fields: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise UsageError(f"descriptor fields are name=value pairs separated by commas, got {part!r}.")
+        key, value = part.split("=", 1)
+        fields[key.strip()] = _parse_value(value.strip())
+    return fields
+
+
+def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
+    from workbench.session.new_project import image_options
+    from workbench.sources.data_source import DataSpec
+
+    spec = DataSpec.parse(text, batch_size=batch_size, num_batches=args.num_batches, shuffle=args.shuffle,
+                          seed=args.seed)
+    given = [f"--{name}" for name in ("resize", "crop", "mean", "std") if getattr(args, name) is not None]
+    given += ["--grayscale"] if args.grayscale else []
+    if given and spec.kind != "images":  # said, not silently dropped: tensors are used as they are
+        print(f"workbench: note: {', '.join(given)} apply to folders of images; {text} is {spec.kind} data, used "
+              "as it is: ignored", file=sys.stderr)
+    elif given:
+        spec.image = image_options(resize=args.resize, crop=args.crop, mean=args.mean, std=args.std,
+                                   grayscale=args.grayscale)
+    return spec
+
+
+def _typed_entrypoint(spec: str | None, session: Any) -> str | None:
+    """A ``file.py:function`` typed on the command line names a file relative to where it was typed; the
+    project keeps it relative to its own folder (which may be elsewhere)."""
+    from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
+
+    return None if spec is None else relative_entrypoint(absolute_entrypoint(spec, Path.cwd()), session.base_dir)
+
+
+def _cmd_new(args: argparse.Namespace) -> int:
+    from workbench.session import Session
+    from workbench.session.new_project import factory_arguments, new_project_settings
+    from workbench.sources.data_source import InputSpec
+    from workbench.sources.model_source import ModelSpec
+
+    project = Path(args.project)
+    if project.exists() and not args.force:
+        raise UsageError(f"{project} exists; use --force to overwrite it.")
+    model = ModelSpec.parse(args.model, weights=args.weights, kwargs=factory_arguments(args.model_kwargs),
+                            code_dir=args.code_dir)
+    calibration = _data_spec(args.data, args, args.batch_size)
+    evaluation = _data_spec(args.eval_data, args, args.batch_size) if args.eval_data else None
+    if evaluation is not None:
+        evaluation.num_batches = None
+    settings = new_project_settings(metric=args.metric, direction=args.metric_direction)
+    if args.output_key:
+        settings["output"] = args.output_key
+    if args.num_batches is not None:  # what the help says: calibration uses this many, not the default
+        from workbench.project.settings import DEFAULT_SETTINGS
+
+        settings["calibration"] = {**DEFAULT_SETTINGS["calibration"], "num_batches": args.num_batches}
+    session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
+                             input_shape=InputSpec.parse_shape(args.input_shape), name=project.stem,
+                             base_dir=Path.cwd(), settings=settings)
+    path = session.save(project)
+    summary = session.summary()
+    _emit(args, summary, f"Created {path}: {summary['model_description']}, input {summary['input']}, "
+                         f"{summary['layers']} quantizable layers.")
+    return EXIT_OK
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from workbench.sources.errors import TrustRequired
+
+    try:
+        session = _open(args)
+    except TrustRequired:
+        from workbench.cli_trust import untrusted_summary
+
+        data, text = untrusted_summary(args)
+        _emit(args, data, text)
+        return EXIT_OK
+    layers = session.layers()  # the summary counts them too: listed once
+    summary = session.summary(layers)
+    summary["layer_table"] = [layer.__dict__ for layer in layers]
+    lines = [f"{summary['name']} ({summary['path']})", f"  model: {summary['model_description']}",
+             f"  input: {summary['input']}", "  data: " + ", ".join(f"{k} {v}" for k, v in summary["data"].items())]
+    run = summary["calibration"]
+    if run is None:
+        lines.append("  calibration: none yet")
+    else:
+        shared = run["quantizer_names"] - run["quantizers"]
+        counted = f"{run['quantizers']} quantizers" + (f" ({run['quantizer_names']} names: {shared} shared by a rule)"
+                                                         if shared else "")
+        stale = run["output_sqnr_stale"]
+        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR "
+                     f"{_fmt(run['output_sqnr_db'], ' dB')}" + (f" (stale: {'; '.join(stale)}; recalibrate "
+                                                                  "for a current figure)" if stale else ""))
+    settings = summary["settings"]
+    calibration = settings["calibration"]
+    lines.append(f"  settings: calibration {calibration['method']} on {calibration['num_batches'] or 'all'} batches "
+                 f"(percentile {calibration['percentile']}%), metric {settings['metric']['name']}; placement rules "
+                 + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in settings["rules"].items()))
+    lines.extend(_folding_lines(summary["folding"]))
+    lines.extend(_functional_lines(summary["functional"]))
+    tuned = summary["finetune"]
+    if tuned is not None:
+        lines.append(f"  fine-tune: run {tuned['id']}: {tuned['summary']}")
+        if tuned["status"] and "in use" not in tuned["status"]:
+            lines.append(f"  warning: {tuned['status']}")
+    for message in summary["file_changes"] + [f"recalibrate: {n}" for n in summary["stale_quantizers"][:5]]:
+        lines.append(f"  warning: {message}")
+    lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
+    lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["not_quantizable"]]
+    lines.append(f"    {'layer':<32} {'type':<20} {'input':<28} {'weight':<24} {'amax':<22} rank")
+    for layer in layers:
+        notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""
+        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.input_summary:<28} {layer.weight_summary:<24} "
+                     f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
+    _emit(args, summary, "\n".join(lines))
+    return EXIT_OK
+
+
+def _functional_lines(functional: dict[str, Any]) -> list[str]:
+    """``workbench show``: functional quantizers, attention left in float (and why), untraced modules."""
+    lines = [f"  functional: {functional['adds']} adds, {functional['concats']} concatenations, "
+             f"{functional['matmuls']} matrix products, {functional['attentions']} attentions quantized; "
+             f"{functional['left_float']} operations left in float"]
+    lines += [f"    attention not quantized: {item['module']}: {item['reason']}"
+              for item in functional["unquantized_attention"]]
+    lines += [f"    not traced: {item['module']} ({item['type']}): {item['reason']}"
+              for item in functional["not_traced"][:5]]
+    if len(functional["not_traced"]) > 5:
+        lines.append(f"    ... and {len(functional['not_traced']) - 5} more modules not traced (--json lists them)")
+    return lines
+
+
+def _folding_lines(folding: dict[str, Any]) -> list[str]:
+    """``workbench show``: which BatchNorms were folded into which layer, and which were left and why."""
+    if not folding["enabled"]:
+        return ["  BatchNorm folding: off"]
+    pairs = ", ".join(f"{p['bn']} -> {p['layer']}" for p in folding["folded"]) or "none"
+    lines = [f"  BatchNorm folding: on, {len(folding['folded'])} folded: {pairs}"]
+    lines += [f"    not folded: {item['bn']}: {item['reason']}" for item in folding["skipped"]]
+    return lines
+
+
+def _cmd_set(args: argparse.Namespace) -> int:
+    session = _open(args)
+    changed: dict[str, list[str]] = {}
+
+    def pick(values: list[str] | None, by: str) -> list[str]:
+        if not values:
+            return []
+        names = session.select(**{by: values})
+        if not names:
+            raise UsageError(f"no quantizable layer matches {by} {values}; see 'workbench show'.")
+        return names
+
+    targets = pick(args.layer, "names") + pick(args.pattern, "patterns") + pick(args.type, "types")
+    if args.subtree:
+        targets += session.select(subtree=args.subtree)
+    targets = list(dict.fromkeys(targets))
+    ignore = pick(args.ignore, "patterns")
+    quantize = pick(args.quantize, "patterns")
+    if ignore:
+        changed["ignored"] = session.set_quantize(ignore, False)
+    if quantize:
+        changed["quantized"] = session.set_quantize(quantize, True)
+    if (args.input_desc or args.weight_desc or args.reset) and not targets:
+        raise UsageError("say which layers with --layer, --pattern, --type or --subtree.")
+    if args.reset:
+        changed["reset"] = session.reset_descriptor(targets)
+    notes: list[str] = []  # accepted, but the user should know (4-bit: simulation only)
+    if args.input_desc:
+        changed["input_descriptor"] = session.set_descriptor(targets, "input", **_parse_fields(args.input_desc))
+        notes += session.notes
+    if args.weight_desc:
+        changed["weight_descriptor"] = session.set_descriptor(targets, "weight", **_parse_fields(args.weight_desc))
+        notes += session.notes
+    for rule in args.rule or []:
+        name, _, value = rule.partition("=")
+        session.update_setting("rules", **{name: bool(_parse_value(value or "true"))})
+        changed.setdefault("rules", []).append(f"{name}={session.project.settings['rules'][name]}")
+    for pin in args.pin or []:
+        first, _, second = pin.partition(",")
+        if not second:
+            raise UsageError(f"--pin takes two quantizer or layer names separated by a comma, got {pin!r}.")
+        session.add_pins([(first.strip(), second.strip())])
+        changed.setdefault("pins", []).append(pin)
+    if args.metric:
+        session.set_setting("metric", {"name": _typed_entrypoint(args.metric, session),
+                                       "direction": args.metric_direction})
+        changed["metric"] = [args.metric]
+    if args.device:
+        session.set_setting("device", args.device)
+        changed["device"] = [args.device]
+    from workbench.project.settings import FUNCTIONAL_SWITCHES
+
+    switches = list(args.functional or [])
+    if args.quantize_residual_adds is not None:
+        switches.append(f"residual_adds_in_transformer_blocks={args.quantize_residual_adds}")
+    for switch in switches:
+        name, _, value = switch.partition("=")
+        functional = dict(session.project.settings["functional"])
+        if name not in FUNCTIONAL_SWITCHES:
+            raise UsageError(f"unknown functional switch {name!r}; switches are {', '.join(FUNCTIONAL_SWITCHES)}.")
+        if value not in ("on", "off", "true", "false"):
+            raise UsageError(f"--functional {name} takes on or off, got {value!r}.")
+        functional[name] = value in ("on", "true")
+        session.set_setting("functional", functional)
+        changed.setdefault("functional", []).append(f"{name}={'on' if functional[name] else 'off'}")
+    if args.output_key is not None:
+        session.set_setting("output", args.output_key or None)
+        changed["output"] = [args.output_key or "first tensor"]
+    for role, text in (("calibration", args.data), ("evaluation", args.eval_data)):
+        if text:  # checked as `new` checks it: the inputs must fit the model
+            batch_size = args.batch_size or (session.project.data[role].batch_size if role in session.project.data
+                                              else session.project.data["calibration"].batch_size)
+            typed = _data_spec(text, args, batch_size)  # relative to where it was typed
+            if role == "evaluation":
+                typed.num_batches = None
+            session.set_data(role, typed.absolute(Path.cwd()).relative_to(session.base_dir))
+            changed[f"{role} data"] = [session.project.data[role].label]
+    if args.data and args.num_batches is not None:
+        session.set_setting("calibration", {**session.project.settings["calibration"], "num_batches": args.num_batches})
+    if args.fold_bn is not None:
+        session.set_setting("fold_bn", args.fold_bn == "on")
+        folded = session.folded_layers()
+        changed["fold_bn"] = [f"{bn} -> {layer}" for layer, bn in folded.items()] if folded else [args.fold_bn]
+        if session.build_report.stale:
+            changed["recalibrate"] = list(session.build_report.stale)
+    if not changed:
+        raise UsageError("nothing to change: see 'workbench set --help'.")
+    session.save()
+    text = "\n".join([f"{what}: {', '.join(names) if names else 'no change'}" for what, names in changed.items()]
+                     + [f"note: {note}" for note in notes])
+    _emit(args, {**changed, "notes": notes} if notes else changed, text)
+    return EXIT_OK
+
+
+def _data_options(command: argparse.ArgumentParser, default_batches: int, *, required: bool) -> None:
+    """The data options of ``new`` and of ``set`` (which changes a project's data with the same checks)."""
+    command.add_argument("--data", required=required, help="calibration data: a folder of images, a folder of "
+                         ".npy files, a tensor file (.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
+    command.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
+    command.add_argument("--batch-size", type=int, default=32 if required else None,
+                         help="samples per batch (default: 32" + ("" if required else "; set: as the data had") + ")")
+    command.add_argument("--num-batches", type=int, help=f"calibration batches to use (default: {default_batches}, "
+                                                          "or all the data has if fewer)")
+    command.add_argument("--shuffle", action="store_true")
+    command.add_argument("--seed", type=int, default=0)
+    command.add_argument("--resize", type=int, help="images: resize the shorter side to this")
+    command.add_argument("--crop", type=int, help="images: center crop to this size")
+    command.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")
+    command.add_argument("--std", type=float, nargs="+", help="images: per-channel std to divide by")
+    command.add_argument("--grayscale", action="store_true", help="images: one channel")
+
+
+def add_commands(sub: argparse._SubParsersAction,
+                 project_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Add ``new``, ``show`` and ``set`` to the ``workbench`` parser."""
+    from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
+    from workbench.project.settings import DEFAULT_SETTINGS, FUNCTIONAL_SWITCHES  # one definition of each
+
+    # every default a help text names is read from the project settings' defaults: one source of truth
+    calib_defaults = DEFAULT_SETTINGS["calibration"]
+    default_metric = DEFAULT_SETTINGS["metric"]["name"]
+    new = project_command("new", "create a project on a model and data")
+    new.add_argument("--model", required=True, help="file.py:factory, package.module:factory, model.pt (a pickled "
+                                                    "model), demo:digits / demo:resnet18 / demo:resnet50, hf:DIR (a "
+                                                    "local Hugging Face folder) or timm:NAME[@weights.safetensors]")
+    new.add_argument("--model-kwargs", help="keyword arguments of the factory: name=value,... or a YAML/JSON "
+                                            "mapping ('num_classes: 10, pretrained: false')")
+    new.add_argument("--weights", help="state_dict file (.pt/.pth loaded with weights_only, or .safetensors)")
+    new.add_argument("--code-dir", help="folder with the code a pickled model needs (default: its folder)")
+    new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224 "
+                                           "(optional: the data gives it)")
+    _data_options(new, calib_defaults["num_batches"], required=True)
+    new.add_argument("--output-key", help="the model output entry that metrics, sensitivity and export compare: a "
+                                          "dict/ModelOutput key such as logits, or a tuple index (default: the first "
+                                          "tensor)")
+    new.add_argument("--metric", help=f"{metric_choices_text()} (default: {default_metric})")
+    new.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
+    new.add_argument("--force", action="store_true", help="overwrite an existing project file")
+    new.set_defaults(func=_cmd_new)
+
+    show = project_command("show", "print a project's model, data, layers and results (untrusted: the code it "
+                                   "would run)")
+    show.set_defaults(func=_cmd_show)
+
+    set_ = project_command("set", "quantize or ignore layers, set descriptors, rules and settings")
+    set_.add_argument("--layer", action="append", help="a layer name (repeatable)")
+    set_.add_argument("--pattern", action="append", help="layers whose name matches this regex (repeatable)")
+    set_.add_argument("--type", action="append", help="layers of this type, e.g. Conv2d (repeatable)")
+    set_.add_argument("--subtree", help="every layer under this module, e.g. layer1")
+    set_.add_argument("--ignore", action="append", help="leave layers matching this regex in float (repeatable)")
+    set_.add_argument("--quantize", action="append", help="quantize layers matching this regex (repeatable)")
+    set_.add_argument("--input-desc", help="input descriptor fields for the chosen layers: num_bits=8,calib_method="
+                                           "histogram,unsigned=true,narrow_range=false,axis=none")
+    set_.add_argument("--weight-desc", help="weight descriptor fields for the chosen layers, e.g. num_bits=4,axis=0")
+    set_.add_argument("--reset", action="store_true", help="back to default descriptors for the chosen layers")
+    set_.add_argument("--rule", action="append", metavar="RULE=true|false",
+                      help="switch a TensorRT placement rule on or off (repeatable): "
+                           + ", ".join(DEFAULT_SETTINGS["rules"]) + " (all on by default), e.g. --rule concat=false; "
+                           "'workbench show' lists them")
+    set_.add_argument("--pin", action="append", help="share one quantizer between two: NAME1,NAME2 (repeatable)")
+    set_.add_argument("--metric", help=f"the project's metric: {metric_choices_text()}")
+    set_.add_argument("--metric-direction", choices=DIRECTIONS)
+    set_.add_argument("--device", help="cpu, cuda, cuda:1 ...")
+    set_.add_argument("--functional", action="append", metavar="SWITCH=on|off",
+                      help="which functional operations get quantizers (repeatable): " + "; ".join(
+                          f"{name}: {text}" for name, text in FUNCTIONAL_SWITCHES.items()))
+    set_.add_argument("--quantize-residual-adds", choices=["on", "off"],
+                      help=FUNCTIONAL_SWITCHES["residual_adds_in_transformer_blocks"].replace("%", "%%"))
+    set_.add_argument("--output-key", help="the model output entry to compare and export (logits, 0...; empty: the "
+                                           "first tensor)")
+    _data_options(set_, calib_defaults["num_batches"], required=False)
+    set_.add_argument("--fold-bn", choices=["on", "off"],
+                      help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
+    set_.set_defaults(func=_cmd_set)

@@ -1,0 +1,113 @@
+"""Calibration as session jobs: a pass over the calibration data, and switching amax methods from the
+stored histograms, each kept in the project's calibration records.
+
+Functions of a :class:`~workbench.session.Session` (its methods call them), like
+:mod:`workbench.session.tensorrt`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from workbench.project import CalibrationRecord, QuantizerRecord
+from workbench.project.model import now_iso
+from workbench.quant import TensorQuantizer
+from workbench.quant.calib import DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, HistogramCalibrator
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate as run_calibration
+from workbench.quant.distributed import DistContext
+from workbench.quant.snapshot import quantizer_names
+from workbench.session.build import descriptor_of, layer_of
+from workbench.session.errors import SessionError
+from workbench.session.events import SessionEvent
+
+if TYPE_CHECKING:
+    from workbench.session.core import Session
+
+__all__ = ["calibrate", "recompute_amax"]
+
+
+def calibrate(session: Session, *, method: str | None = None, num_batches: int | None = None,
+              percentile: float | None = None, progress: ProgressCallback | None = None,
+              cancel: CancelToken | None = None, context: DistContext | None = None) -> CalibrationResult:
+    """Calibrate on the calibration data and append the result (amax, histograms) to the project's records."""
+    context = session._join(context)
+    options = dict(session.project.settings["calibration"])
+    method = method or options.get("method") or DEFAULT_AMAX_METHOD.value
+    num_batches = num_batches if num_batches is not None else options.get("num_batches")
+    percentile = percentile if percentile is not None else options.get("percentile", PERCENTILE.default)
+    model = session.quantized_model()
+    available = session.data("calibration").num_batches
+    if available is not None:  # progress totals count the batches that really run
+        num_batches = available if num_batches is None else min(num_batches, available)
+    result = run_calibration(model, session.data("calibration").batches(), num_batches=num_batches, method=method,
+                             percentile=percentile, device=session.device, progress=progress, cancel=cancel,
+                             context=context)
+    quantizers = quantizer_names(model)
+    records: dict[str, QuantizerRecord] = {}
+    for name, quantizer in quantizers.items():
+        item = result.quantizers.get(name) or _shared_result(result, quantizers, quantizer)
+        if item is None:
+            continue
+        state = quantizer._calibrator.state() if quantizer._calibrator is not None else None
+        records[name] = QuantizerRecord.from_calibration(item, name=name, calibrator_state=state,
+                                                         descriptor=descriptor_of(quantizer))
+    session.project.calibrations.append(CalibrationRecord.from_result(
+        result, id=session.project.next_id(session.project.calibrations), created=now_iso(), quantizers=records,
+        folded=sorted(session.folded_layers())))
+    session._changed(SessionEvent.CALIBRATION)
+    return result
+
+
+def recompute_amax(session: Session, names: Iterable[str], method: str,
+                   percentile: float | None = None) -> dict[str, float]:
+    """New amax from the stored histograms of ``names`` (quantizers or layers); the current record is updated.
+
+    Raises:
+        SessionError: nothing calibrated, an unknown method or percentile, a quantizer without its
+            histogram, or none of the names with a histogram calibrator.
+    """
+    run = session.project.current_calibration
+    if run is None:
+        raise SessionError("Nothing is calibrated yet: calibrate first.")
+    try:  # one check of the method and its parameter, before any quantizer changes
+        method = AmaxMethod.parse(method).value
+        percentile = PERCENTILE.check(percentile if percentile is not None else run.percentile)
+    except ValueError as error:
+        raise SessionError(str(error)) from None
+    quantizers = quantizer_names(session.quantized_model())
+    targets = []
+    for name in names:
+        if name in quantizers:
+            targets.append(name)
+        else:
+            targets += [q for q in quantizers if layer_of(q)[0] == name]
+    updated = {}
+    for name in targets:
+        quantizer = quantizers[name]
+        if not isinstance(quantizer._calibrator, HistogramCalibrator):
+            continue
+        if quantizer._calibrator.calib_hist is None:
+            raise SessionError(f"{name} has no histogram (it was not calibrated): calibrate first.")
+        quantizer.load_calib_amax(method, percentile=percentile)
+        quantizer._buffers["_amax"] = quantizer._amax.to(session.device)
+        record = run.quantizers.get(name)
+        if record is not None:
+            record.amax = quantizer._amax.detach().cpu().numpy().astype(np.float32)
+            record.method = method
+        updated[name] = float(quantizer._amax.max())
+        if session.project.current_finetune is not None:  # a range learned while fine-tuning gives way
+            session.project.current_finetune.amax.pop(name, None)
+    if not updated:
+        raise SessionError("None of these quantizers has a histogram calibrator; use calib_method 'histogram'.")
+    session._changed(SessionEvent.CALIBRATION, quantizers=list(updated))
+    return updated
+
+
+def _shared_result(result: CalibrationResult, quantizers: dict[str, TensorQuantizer], quantizer: TensorQuantizer):
+    """The calibration result of a quantizer reached under another name (shared by a placement rule)."""
+    for name, other in quantizers.items():
+        if other is quantizer and name in result.quantizers:
+            return result.quantizers[name]
+    return None
