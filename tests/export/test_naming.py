@@ -128,3 +128,10 @@ def test_a_scope_torch_export_adds_itself_is_not_taken_for_a_module():
     entry = node.metadata_props.add()
     entry.key, entry.value = "pkg.torch.onnx.name_scopes", "['', '_empty_nn_module_stack_from_metadata_hook', 'sym_size_int']"
     assert node_module(node) == ""
+
+
+def test_the_file_carries_no_python_stack_traces(exported):
+    """The exporter's stack traces name files and lines of the machine that exported; they are not shipped."""
+    for graph in exported.values():
+        assert not any(p.key == "pkg.torch.onnx.stack_trace" for n in graph.graph.node for p in n.metadata_props)
+        assert any(p.key == MODULE_KEY for n in graph.graph.node for p in n.metadata_props)

@@ -28,6 +28,21 @@ def post_process(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> 
     new pass is one more call here."""
     name_qdq_nodes(proto, scale_to_quantizer)
     name_nodes_by_module(proto)  # engine layer names then read "stem.0/Conv + stem.2/Relu"
+    drop_stack_traces(proto)
+
+
+# the exporter records each node's Python stack: paths and source lines of the user's machine, in a file
+# that is shipped to deployment; half the size of a small graph. The module path stays (workbench.module).
+_STACK_TRACE = "pkg.torch.onnx.stack_trace"
+
+
+def drop_stack_traces(proto: onnx.ModelProto) -> None:
+    """Remove the exporter's per-node Python stack traces from the graph's metadata (in place)."""
+    for node in proto.graph.node:
+        kept = [entry for entry in node.metadata_props if entry.key != _STACK_TRACE]
+        if len(kept) != len(node.metadata_props):
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
 
 
 def name_qdq_nodes(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> None:
