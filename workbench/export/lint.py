@@ -123,8 +123,9 @@ class _Graph:
         value = self.array(q.input[0]) if q is not None else self.array(node.input[1])
         return tuple(value.shape) if value is not None else None
 
-    def forward(self, tensor: str) -> Iterator[onnx.NodeProto]:
-        """The readers of ``tensor``, looking through operations a Dequantize commutes with."""
+    def forward(self, tensor: str, through: frozenset[str] = COMMUTING_OPS) -> Iterator[onnx.NodeProto]:
+        """The readers of ``tensor``, looking through operations of the ``through`` types (by default those a
+        Dequantize commutes with)."""
         seen: set[str] = set()
         stack = [tensor]
         while stack:
@@ -133,7 +134,7 @@ class _Graph:
                 continue
             seen.add(name)
             for reader in self.consumers.get(name, []):
-                if reader.op_type in COMMUTING_OPS:
+                if reader.op_type in through:
                     stack.extend(reader.output)
                 else:
                     yield reader
@@ -268,19 +269,8 @@ def _concats(g: _Graph) -> list[LintWarning]:
 
 
 def _reaches_quantize(g: _Graph, tensor: str) -> bool:
-    seen: set[str] = set()
-    stack = [tensor]
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for reader in g.consumers.get(name, []):
-            if reader.op_type == "QuantizeLinear":
-                return True
-            if reader.op_type in _EPILOGUE_OPS or reader.op_type in COMMUTING_OPS:
-                stack.extend(reader.output)
-    return False
+    """Whether ``tensor`` reaches a Quantize through epilogue and data-movement ops only."""
+    return any(reader.op_type == "QuantizeLinear" for reader in g.forward(tensor, _EPILOGUE_OPS | COMMUTING_OPS))
 
 
 def _input_is_int8(g: _Graph, tensor: str) -> bool:
