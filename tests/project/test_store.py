@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from fuzzing import STRANGE_VALUES, load_with_every_column_set, tamper  # noqa: E402
+from fuzzing import STRANGE_VALUES, load_with_every_column_set, mutate, tamper  # noqa: E402
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -251,21 +251,7 @@ def test_fuzzed_files_give_clean_errors(tmp_path_factory, data):
     base = tmp_path_factory.mktemp("fuzz")
     path = base / "p.qwb"
     save_project(sample_project(quantizers=2), path)
-    content = bytearray(path.read_bytes())
-    for _ in range(data.draw(st.integers(1, 6))):
-        action = data.draw(st.sampled_from(["flip", "overwrite", "truncate", "append"]))
-        if action == "flip" and content:
-            index = data.draw(st.integers(0, len(content) - 1))
-            content[index] ^= data.draw(st.integers(1, 255))
-        elif action == "overwrite" and content:
-            index = data.draw(st.integers(0, len(content) - 1))
-            chunk = data.draw(st.binary(min_size=1, max_size=64))
-            content[index:index + len(chunk)] = chunk
-        elif action == "truncate":
-            content = content[:data.draw(st.integers(0, len(content)))]
-        else:
-            content += data.draw(st.binary(min_size=1, max_size=256))
-    path.write_bytes(bytes(content))
+    path.write_bytes(mutate(path.read_bytes(), data))
     try:
         load_project(path)
     except ProjectError:
