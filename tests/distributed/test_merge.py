@@ -174,8 +174,13 @@ class FailsOnMarker(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
         self.linear = torch.nn.Linear(4, 3)
+        # a private generator: thread ranks build their models at the same time, and seeding the global
+        # generator from two threads races (each rank then has different weights)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.rand(self.linear.weight.shape, generator=generator) - 0.5)
+            self.linear.bias.copy_(torch.rand(self.linear.bias.shape, generator=generator) - 0.5)
 
     def forward(self, x):
         if float(x.reshape(-1)[0]) == 1234.0:
