@@ -220,7 +220,7 @@ class CompareDialog(QDialog):
 
         self.rows = layer_rows(comparison)
         self.layers_table = _table(
-            ["Layer", "Layer list", "Quantize", "Descriptors", "amax (relative)", "Sensitivity rank"],
+            ["Layer", "Added/removed", "Quantize", "Descriptors", "amax (relative)", "Sensitivity rank"],
             [(row.layer if row.status != "removed" else None,
               [row.layer, row.status, row.decision, "; ".join(row.descriptors),
                (row.amax_text, row.amax) if row.amax_text else "", row.rank]) for row in self.rows])
@@ -239,7 +239,7 @@ class CompareDialog(QDialog):
                                     [(None, [f"export: {c.where}", _show(c.a), _show(c.b)]) for c in diff.export]
                                     + [(None, [f"engine: {c.where}", _show(c.a), _show(c.b)]) for c in diff.engine])
         self.tables = {"Layers": self.layers_table, "Settings": self.settings_table, "amax": self.amax_table,
-                       "Sensitivity": self.sensitivity_table, "Export & engine": self.reports_table}
+                       "Sensitivity": self.sensitivity_table, "Export and engine reports": self.reports_table}
         self.tabs = QTabWidget()
         for title, table in self.tables.items():
             count = table.rowCount() if table is not self.layers_table else sum(r.changed for r in self.rows)

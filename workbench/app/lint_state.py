@@ -15,8 +15,9 @@ from PySide6.QtCore import QObject, Signal
 if TYPE_CHECKING:
     from workbench.app.controller import Controller
 
-__all__ = ["LintState", "NOT_CALIBRATED"]
+__all__ = ["LintState", "NOT_CALIBRATED", "LINT_JOB"]
 
+LINT_JOB = "Linting for TensorRT"  # the controller's job name (its failures are this state's too)
 NOT_CALIBRATED = ("Lint predicts TensorRT's fusions from the exported graph, and the project exports only once "
                   "it is calibrated: calibrate first.")
 
@@ -36,11 +37,13 @@ class LintState(QObject):
         self.warnings: list[Any] | None = None  # workbench.export.lint.LintWarning
         self.stale = False      # the project changed since the warnings were computed
         self.problem = ""       # why lint could not run (shown instead of warnings)
+        self.needs_calibration = False  # the problem is one calibrating solves
         self._after_calibration = False
         controller.session_changed.connect(self.clear)
         for signal in (controller.layers_changed, controller.settings_changed, controller.calibration_changed):
             signal.connect(self.mark_stale)
         controller.calibration_changed.connect(self._calibrated)
+        controller.jobs.failed.connect(self._failed)
 
     # ----- reading ------------------------------------------------------------------------------
 
@@ -61,21 +64,30 @@ class LintState(QObject):
                 fixes.append(warning.fix)
         return fixes
 
-    def calibrated(self) -> bool:
+    def calibration_problem(self) -> str:
+        """Why the project cannot be exported (so linted) for want of calibration; "" when it was calibrated.
+        Quantizers calibrated with other settings are the lint job's to find (its error says which)."""
         session = self._controller.session
-        return session is not None and session.project.current_calibration is not None
+        if session is not None and session.project.current_calibration is None:
+            return NOT_CALIBRATED
+        return ""
+
+    def calibrated(self) -> bool:
+        return self._controller.session is not None and not self.calibration_problem()
 
     # ----- running --------------------------------------------------------------------------------
 
     def run(self, *, calibrate_first: bool = False) -> bool:
-        """Lint in the background; without calibration, say why not (or calibrate first, then lint)."""
+        """Lint in the background (``calibrate_first``: calibrate with the project's settings, then lint); never
+        calibrated, say so instead."""
         if self._controller.session is None:
             return self._controller.lint(self._done)  # the controller says "open a project first"
-        if not self.calibrated():
-            if calibrate_first and self._controller.calibrate():
-                self._after_calibration = True
-                return True
-            self.problem = NOT_CALIBRATED
+        if calibrate_first:
+            self._after_calibration = self._controller.calibrate()
+            return self._after_calibration
+        problem = self.calibration_problem()
+        if problem:
+            self.problem, self.needs_calibration = problem, True
             self.changed.emit()
             return False
         return self._controller.lint(self._done)
@@ -91,6 +103,7 @@ class LintState(QObject):
 
     def clear(self) -> None:
         self.warnings, self.stale, self.problem, self._after_calibration = None, False, "", False
+        self.needs_calibration = False
         self.changed.emit()
 
     def mark_stale(self, *_args: Any) -> None:
@@ -99,8 +112,14 @@ class LintState(QObject):
             self.changed.emit()
 
     def _done(self, warnings: list[Any]) -> None:
-        self.warnings, self.stale, self.problem = list(warnings), False, ""
+        self.warnings, self.stale, self.problem, self.needs_calibration = list(warnings), False, "", False
         self.changed.emit()
+
+    def _failed(self, name: str, error: BaseException, _details: str) -> None:
+        if name == LINT_JOB:  # the error dialog says it too; the TensorRT tab keeps saying it
+            # mostly quantizers calibrated with other settings: calibrating again is on offer
+            self.problem, self.needs_calibration = f"Lint could not run: {error}", True
+            self.changed.emit()
 
     def _calibrated(self) -> None:
         if self._after_calibration and self.calibrated() and not self._controller.busy:

@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
-from workbench.app.lint_state import NOT_CALIBRATED
 from workbench.export.lint import LINT_KINDS
 
 __all__ = ["LintPanel", "warning_text", "lint_or_offer_calibration"]
@@ -115,7 +114,7 @@ class LintPanel(QWidget):
     def _update_buttons(self) -> None:
         idle = self.controller.session is not None and not self.controller.busy
         self.lint_button.setEnabled(idle)
-        self.calibrate_button.setVisible(self.state.problem == NOT_CALIBRATED)
+        self.calibrate_button.setVisible(self.state.needs_calibration)
         self.calibrate_button.setEnabled(idle)
         warning = self.selected_warning()
         self.fix_button.setEnabled(idle and warning is not None and warning.fix is not None)
@@ -130,9 +129,10 @@ class LintPanel(QWidget):
 def lint_or_offer_calibration(parent: QWidget, controller: Controller) -> bool:
     """Project ▸ Lint for TensorRT: lint now, or (not calibrated yet) offer to calibrate first and lint after."""
     state = controller.lint_state
-    if controller.session is not None and not state.calibrated():
+    problem = state.calibration_problem()
+    if problem:
         answer = QMessageBox.question(
-            parent, "Lint for TensorRT", NOT_CALIBRATED + "\n\nCalibrate now with the project's settings and lint "
+            parent, "Lint for TensorRT", problem + "\n\nCalibrate now with the project's settings and lint "
             "afterwards?", QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
             QMessageBox.StandardButton.Yes)
         return state.run(calibrate_first=answer == QMessageBox.StandardButton.Yes)
