@@ -13,7 +13,7 @@ pytest.importorskip("pyqtgraph")
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QStyle, QStyleOptionViewItem  # noqa: E402
 
-from workbench.app.controller import DeferredRefresh  # noqa: E402
+from workbench.app.deferred_refresh import DeferredRefresh  # noqa: E402
 from workbench.app.main_window import MainWindow, install_excepthook  # noqa: E402
 from workbench.app.tree_model import AMAX, INPUT, NAME_ROLE, QUANT, TYPE  # noqa: E402
 from workbench.sources.model_source import ModelSpec  # noqa: E402
@@ -556,7 +556,7 @@ def test_run_gui_opens_the_demo_ready_to_calibrate(qtbot, tmp_path, monkeypatch,
 def test_dialogs_that_change_several_things_apply_all_of_them_on_a_slow_model(window, qtbot, monkeypatch):
     # every edit rebuilds in the background, as on a model of thousands of modules; an edit made while that
     # rebuild runs is refused, so a dialog's changes must reach the session as one edit
-    monkeypatch.setattr("workbench.app.controller.SLOW_REBUILD_S", 0.0)
+    monkeypatch.setattr("workbench.app.controller_edits.SLOW_REBUILD_S", 0.0)
     session = load_demo(window, qtbot)
     dialog = window.settings_dialog()
     dialog.rule_residual.setChecked(False)
