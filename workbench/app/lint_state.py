@@ -44,6 +44,7 @@ class LintState(QObject):
             signal.connect(self.mark_stale)
         controller.calibration_changed.connect(self._calibrated)
         controller.jobs.failed.connect(self._failed)
+        controller.jobs.cancelled.connect(self._cancelled)
 
     # ----- reading ------------------------------------------------------------------------------
 
@@ -115,7 +116,11 @@ class LintState(QObject):
         self.warnings, self.stale, self.problem, self.needs_calibration = list(warnings), False, "", False
         self.changed.emit()
 
+    def _cancelled(self, _name: str, _error: BaseException) -> None:
+        self._after_calibration = False  # a calibration cancelled: the user changed their mind about linting too
+
     def _failed(self, name: str, error: BaseException, _details: str) -> None:
+        self._after_calibration = False  # a calibration that failed is no reason to lint later
         if name == LINT_JOB:  # the error dialog says it too; the TensorRT tab keeps saying it
             # mostly quantizers calibrated with other settings: calibrating again is on offer
             self.problem, self.needs_calibration = f"Lint could not run: {error}", True
