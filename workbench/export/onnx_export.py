@@ -299,6 +299,8 @@ def export_qdq_onnx(model: nn.Module,
         if ranged_reference is not None:  # the sample alone can hide a difference (a quantizer it leaves at 0)
             range_check = min(compare(output_names, ranged_reference, session.run(None, feeds(session, ranged)),
                                       dict(zip(input_names, ranged))), key=lambda p: p.cosine)
+        # the session maps the weights: let them go before the files are committed and a float graph is written
+        del session
         checks = parity + [c for c in (dynamic_check, sequence_check, range_check) if c is not None]
         worst, largest = min(p.cosine for p in checks), max(p.max_abs_diff for p in checks)
         report = ExportReport(
