@@ -155,7 +155,7 @@ def test_calibrate_and_sensitivity_in_two_processes(controller, qtbot, project, 
 
     # the project was read back from the file rank 0 wrote, with the amax one process finds
     reloaded = controller.session
-    assert reloaded is not session and not reloaded.dirty and controller.workers == 2
+    assert reloaded is not session and not reloaded.dirty and controller.workers == 2 and controller.reloaded
     run = reloaded.project.current_calibration
     assert run.method == "max" and run.num_batches == expected.num_batches
     for name, item in expected.quantizers.items():

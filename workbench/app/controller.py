@@ -110,6 +110,7 @@ class Controller(QObject, JobsMixin, EditsMixin):
         self.jobs.cancelled.connect(lambda _name, _error: self._tell())
         self._selection: list[str] = []
         self.workers = 1  # > 1: calibration and analysis run in that many processes (the device selector's "all GPUs")
+        self.reloaded = False  # the open session is the same project read back after worker processes wrote it
         self._prepared_views: tuple | None = None  # (session, tree, layers) computed by the opening job
         self._tree_cache: tuple | None = None  # (session, tree): describing a big model takes a while
         self._pending: list[Event] = []  # the session's events not yet told as signals
@@ -249,6 +250,7 @@ class Controller(QObject, JobsMixin, EditsMixin):
         (the choice of workers stays)."""
         if not reload:
             self.workers = 1
+        self.reloaded = reload
         if self._disconnect_events is not None:
             self._disconnect_events()
         self.session = session

@@ -214,7 +214,8 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         session = self.controller.session
         if session is not None:
             run = session.project.current_calibration
-            self.log_panel.append("info", f"{'opened ' + str(session.path) if session.path else 'new project'}: "
+            opened = "read back " if self.controller.reloaded else "opened "  # reloaded: after worker processes
+            self.log_panel.append("info", f"{opened + str(session.path) if session.path else 'new project'}: "
                                   f"{session.project.model.label}, {len(session.project.layers)} quantizable layers"
                                   f"{', calibrated (' + run.method + ')' if run else ', not calibrated yet'}")
             self.device_combo.show_session_device()
