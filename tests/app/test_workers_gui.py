@@ -21,6 +21,8 @@ from workbench.session import Session  # noqa: E402
 from workbench.sources.data_source import DataSpec  # noqa: E402
 from workbench.sources.model_source import ModelSpec  # noqa: E402
 
+REAL_CUDA = torch.cuda.is_available()  # before any test stands in for two GPUs
+
 MODEL = """
 import torch
 from torch import nn
@@ -114,6 +116,7 @@ def test_the_selector_offers_all_gpus_when_there_are_several(controller, qtbot, 
     assert controller.workers == 1 and selector.currentData() == "cpu"
 
 
+@pytest.mark.skipif(REAL_CUDA, reason="a real cuda:0 is there: the session accepts it")
 def test_all_gpus_is_refused_with_the_device(controller, qtbot, two_gpus, project):
     open_project(controller, qtbot, project)
     selector = DeviceSelector(controller)
