@@ -124,9 +124,10 @@ def test_menus_and_toolbar_come_from_the_action_registry(window):
     assert list(menus) == [title for title, _ in MENUS]
     file_items = [a.text() for a in menus["&File"].actions() if not a.isSeparator()]
     assert file_items == ["&New Project…", "&Open…", "Open &Demo Project", "Open &Recent", "&Save", "Save &As…",
-                          "&Quit"]
+                          "Com&pare with Project…", "&Quit"]
     project_items = [a.text() for a in menus["&Project"].actions() if not a.isSeparator()]
-    assert project_items[:4] == ["&Calibrate…", "E&valuate", "&Export…", "Import &TensorRT Report…"]
+    assert project_items[:5] == ["&Calibrate…", "E&valuate", "&Export…", "Import &TensorRT Report…",
+                                 "&Lint for TensorRT"]
     assert project_items[-1] == "&Settings…"
     for spec in ACTIONS:  # each registered command is one action, with its shortcut and tip
         action = getattr(window, f"{spec.name}_action")

@@ -26,6 +26,7 @@ from workbench.app.controller_edits import EditsMixin
 from workbench.app.controller_jobs import JobsMixin
 from workbench.app.disk_watch import ProjectFileWatcher
 from workbench.app.jobs import JobRunner
+from workbench.app.lint_state import LintState
 from workbench.graph import ModelTree
 from workbench.quant.calibrate import CalibrationCancelled
 from workbench.session import Event, Session, SessionEvent
@@ -121,6 +122,7 @@ class Controller(QObject, JobsMixin, EditsMixin):
         logging.getLogger("workbench").addHandler(self._log_handler)
         # jobs run Python in a worker thread: garbage holding widgets must not be collected there
         self._gc_acquired = main_thread_gc.acquire()
+        self.lint_state = LintState(self)  # the last fusion lint, for the tree's icons and the TensorRT tab
 
     def shutdown(self) -> None:
         """Cancel a running job and wait for it (before the window closes)."""

@@ -100,3 +100,11 @@ class EditsMixin:
             self.log.emit("info", f"TensorRT report {Path(layer_info).name}: {len(report.hazards)} hazards")
             self.engine_changed.emit()
         return report
+
+    def apply_fix(self, fix: Any) -> list[str] | None:
+        """Apply a lint warning's fix (:class:`workbench.export.lint.LintFix`) as one edit; returns what changed,
+        None when refused or failed (an error dialog says why)."""
+        changed = self._edit(f"Fix: {fix.description}", lambda: self.session.apply_fix(fix))
+        if changed is not None:
+            self.log.emit("info", f"applied '{fix.description}': " + (", ".join(changed) or "nothing (already so)"))
+        return changed

@@ -12,7 +12,9 @@ from typing import Any
 
 from PySide6.QtCore import SignalInstance
 
+from workbench.app.compare_view import compare_with_file
 from workbench.app.controller_edits import UPDATE_JOB
+from workbench.app.lint_state import LINT_JOB
 from workbench.session import Session
 from workbench.session.workers import WORKER_JOBS, WorkersResult, run_in_workers
 from workbench.sources.errors import TrustRequired
@@ -162,6 +164,39 @@ class JobsMixin:
         self._one_process("Evaluating")
         return self._start("Evaluating", lambda progress, cancel: session.evaluate(progress=progress, cancel=cancel,
                                                                                    **options), on_done)
+
+    def lint(self, on_done: Callable[[list[Any]], None]) -> bool:
+        """Predict TensorRT's fusion hazards in the background (the session's ``lint``: a preview export, the
+        project unchanged); ``on_done`` gets the :class:`workbench.export.lint.LintWarning` list."""
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def job(progress, cancel):
+            progress(0, 1, "exporting a preview and checking it against TensorRT's fusion rules")
+            return session.lint()
+
+        def done(warnings):
+            self.log.emit("info", f"TensorRT lint: {len(warnings)} fusion warnings" if warnings
+                          else "TensorRT lint: no fusion warnings")
+            on_done(warnings)
+
+        return self._start(LINT_JOB, job, done)
+
+    def compare_with(self, path: str | Path, on_done: Callable[[Any], None]) -> bool:
+        """Diff the project file ``path`` (A) against the open project (B, unsaved changes included) in the
+        background; ``on_done`` gets a :class:`workbench.app.compare_view.Comparison`. A file that is no
+        project this version reads fails the job: an error dialog naming the file."""
+        session = self._require_session()
+        if session is None:
+            return False
+        name = session.path.name if session.path is not None else "this project"
+
+        def job(progress, cancel):
+            progress(0, 1, f"reading {Path(path).name}")
+            return compare_with_file(session.project, path, name_b=name)
+
+        return self._start("Comparing projects", job, on_done)
 
     def cancel_job(self) -> None:
         self.jobs.cancel()

@@ -1,5 +1,8 @@
 """What TensorRT did with the model, in the GUI: the tree's Engine column and the hazards list.
 
+The TensorRT tab has two halves: before building, the fusion lint (:mod:`workbench.app.lint_view`);
+after building, the imported engine report.
+
 The engine report comes from the session (``controller.engine_report()``); importing one is the
 "Import TensorRT report…" action of the main window. Clicking a hazard selects its layers, so the tree,
 the layer panel and the sensitivity view show them.
@@ -11,9 +14,11 @@ from typing import Any
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRect, Qt
 from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import (
+    QGroupBox,
     QLabel,
     QListWidget,
     QListWidgetItem,
+    QSplitter,
     QStyledItemDelegate,
     QStyleOptionViewItem,
     QVBoxLayout,
@@ -21,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
+from workbench.app.lint_view import LintPanel
 from workbench.engine import HAZARD_KINDS
 
 __all__ = ["PRECISION_COLOURS", "NOT_IN_ENGINE", "engine_cell", "TimeBarDelegate", "EnginePanel"]
@@ -61,7 +67,8 @@ class TimeBarDelegate(QStyledItemDelegate):
 
 
 class EnginePanel(QWidget):
-    """The latest engine report: a summary line and its hazards; clicking a hazard selects its layers."""
+    """The fusion lint's warnings (before building) above the latest engine report's summary and hazards
+    (after building); clicking a warning or a hazard selects its layers."""
 
     def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -72,9 +79,18 @@ class EnginePanel(QWidget):
         self.hazards = QListWidget()
         self.hazards.setWordWrap(True)
         self.hazards.itemClicked.connect(self._select)
+        self.lint = LintPanel(controller)
+        lint_box = QGroupBox("Before building: fusion lint")
+        QVBoxLayout(lint_box).addWidget(self.lint)
+        engine_box = QGroupBox("After building: the engine's report")
+        engine_layout = QVBoxLayout(engine_box)
+        engine_layout.addWidget(self.summary)
+        engine_layout.addWidget(self.hazards, 1)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(lint_box)
+        splitter.addWidget(engine_box)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.summary)
-        layout.addWidget(self.hazards, 1)
+        layout.addWidget(splitter)
         controller.engine_changed.connect(self.refresh)
         controller.session_changed.connect(self.refresh)
 

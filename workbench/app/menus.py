@@ -69,14 +69,20 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("engine", "Import &TensorRT Report…", "import_engine_report", None,
                "Read trtexec's --exportLayerInfo (and --exportProfile) files: what ran in INT8, FP16, FP32, "
                "and the hazards", enabled="project"),
+    ActionSpec("lint", "&Lint for TensorRT", "lint", None,
+               "Predict where TensorRT will not fuse the Q/DQ placement (before building); the warnings show in the "
+               "tree and the TensorRT tab, with fixes", enabled="project"),
+    ActionSpec("compare", "Com&pare with Project…", "compare_with_project", None,
+               "What changed between another project file and this one: settings, layers, amax, sensitivity, "
+               "export and engine reports", enabled="project"),
     ActionSpec("about", "&About", "about"),
 )
 
 # entries: an action's name, SEPARATOR, RECENT, a dotted attribute of the window (an action another
 # widget owns), or the name of a dock (its show/hide toggle)
 MENUS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("&File", ("new", "open", "demo", RECENT, SEPARATOR, "save", "save_as", SEPARATOR, "quit")),
-    ("&Project", ("calibrate_dialog", "evaluate", "export_dialog", "engine", SEPARATOR,
+    ("&File", ("new", "open", "demo", RECENT, SEPARATOR, "save", "save_as", SEPARATOR, "compare", SEPARATOR, "quit")),
+    ("&Project", ("calibrate_dialog", "evaluate", "export_dialog", "engine", "lint", SEPARATOR,
                   "tree.descriptor_action", "tree.pattern_action", SEPARATOR, "settings")),
     ("&View", ("tree_dock", "log_dock")),
     ("&Help", ("about",)),

@@ -27,7 +27,8 @@ from PySide6.QtCore import (
     Qt,
     Signal,
 )
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont, QIcon
+from PySide6.QtWidgets import QApplication, QStyle
 
 from workbench.app.controller import Controller
 from workbench.app.engine_panel import engine_cell
@@ -91,6 +92,9 @@ class ModuleTreeModel(QAbstractItemModel):
         self._notes: list[str] = []       # what a transformation did to the module ("folded bn1")
         self._engine_colour: list[QColor | None] = []  # by the precision TensorRT ran the module in
         self._engine_share: list[float | None] = []
+        self._lint: list[str] = []  # the fusion lint's warnings naming the module, as its tooltip shows them
+        self._lint_icon: list[QIcon | None] = []
+        self._lint_stale = False
 
     def set_views(self, tree: ModelTree | None, layers: Sequence[LayerView]) -> None:
         """Show ``tree`` with ``layers``' rows; a different module list resets the model, else rows update."""
@@ -124,6 +128,37 @@ class ModuleTreeModel(QAbstractItemModel):
         changed = [i for i in range(count) if self._text[ENGINE][i] != text[i] or self._engine_share[i] != shares[i]]
         self._text[ENGINE], self._engine_colour, self._engine_share = text, colours, shares
         self._emit_changed(changed)
+
+    def set_lint(self, by_module: dict[str, list[Any]], stale: bool = False) -> None:
+        """Show the fusion lint's warnings (:class:`workbench.export.lint.LintWarning` by module) as a warning
+        icon on the module's name with the messages as its tooltip; ``stale`` greys the icons (the project
+        changed since the lint)."""
+        count = len(self._names)
+        texts: list[str] = [""] * count
+        icons: list[QIcon | None] = [None] * count
+        for module, warnings in by_module.items():
+            i = self._node_of.get(module)
+            if i is None or not warnings:
+                continue
+            lines = [f"{'⚠' if w.severity == 'warning' else 'ℹ'} {w.message}"
+                     + (f"\n    fix: {w.fix.description}" if w.fix is not None else "") for w in warnings]
+            if stale:
+                lines.insert(0, "(from before the last change: lint again)")
+            texts[i] = "\n".join(lines)
+            icons[i] = _lint_icon(any(w.severity == "warning" for w in warnings), stale)
+        restyled = stale != self._lint_stale  # the same warnings, greyed or not: their rows repaint
+        changed = [i for i in range(count) if self._lint[i] != texts[i] or (restyled and texts[i])]
+        self._lint, self._lint_icon, self._lint_stale = texts, icons, stale
+        self._emit_changed(changed)
+
+    def lint_text(self, name: str) -> str:
+        """The lint warnings shown on ``name``'s row ("" for none)."""
+        node = self._node_of.get(name)
+        return self._lint[node] if node is not None else ""
+
+    def lint_icon(self, name: str) -> QIcon | None:
+        node = self._node_of.get(name)
+        return self._lint_icon[node] if node is not None else None
 
     def _build(self, rows: list[tuple[str, str, str | None, int]], layers: Sequence[LayerView],
                notes: dict[str, str]) -> None:
@@ -163,6 +198,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._check = [None] * count
         self._float = [False] * count
         self._engine_colour, self._engine_share = [None] * count, [None] * count
+        self._lint, self._lint_icon = [""] * count, [None] * count
         self._update(layers, emit=False)
 
     def _update(self, layers: Sequence[LayerView], emit: bool = True) -> None:
@@ -341,9 +377,12 @@ class ModuleTreeModel(QAbstractItemModel):
             return self._engine_colour[node] if column == ENGINE else None
         if role == ENGINE_SHARE_ROLE:
             return self._engine_share[node]
+        if role == Qt.ItemDataRole.DecorationRole:
+            return self._lint_icon[node] if column == NAME else None
         if role == Qt.ItemDataRole.ToolTipRole:
             if column == NAME:
-                return self._names[node] or "(the model)"
+                name = self._names[node] or "(the model)"
+                return f"{name}\n\nTensorRT lint:\n{self._lint[node]}" if self._lint[node] else name
             return self._text[column][node] or None
         if role == Qt.ItemDataRole.FontRole:
             return _LAYER_FONT if column == NAME and self._is_layer[node] else None
@@ -427,6 +466,18 @@ _HEADER_TIPS = (
     "its engine layer's time (the bar: against the slowest layer)",
 )
 _FLOAT_BRUSH = QBrush(QColor("#8a8a8a"))
+_LINT_ICONS: dict[tuple[bool, bool], QIcon] = {}
+
+
+def _lint_icon(warning: bool, stale: bool) -> QIcon:
+    """The style's warning (or information) icon; greyed when the lint is stale. Made once each, on first use
+    (a style needs the application)."""
+    key = (warning, stale)
+    if key not in _LINT_ICONS:
+        pixmap = QStyle.StandardPixmap.SP_MessageBoxWarning if warning else QStyle.StandardPixmap.SP_MessageBoxInformation
+        icon = QApplication.style().standardIcon(pixmap)
+        _LINT_ICONS[key] = QIcon(icon.pixmap(16, QIcon.Mode.Disabled)) if stale else icon
+    return _LINT_ICONS[key]
 _LAYER_FONT = QFont()
 _LAYER_FONT.setBold(True)
 

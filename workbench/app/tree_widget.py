@@ -127,6 +127,7 @@ class ModelTreeWidget(QWidget):
             signal.connect(self._refresh.schedule)
         controller.selection_changed.connect(self._selection_from_controller)
         controller.busy_changed.connect(self._busy)
+        controller.lint_state.changed.connect(self.show_lint)
 
     # ----- refresh ---------------------------------------------------------------------------------
 
@@ -154,12 +155,18 @@ class ModelTreeWidget(QWidget):
             was_empty = self.model.node_count() == 0 or self._reset_pending
             self.model.set_views(tree, layers)
             self.model.set_engine(self.controller.engine_report())
+            self.show_lint()
             if was_empty:
                 self._after_reset()
         self._reset_pending = False
         if self.proxy.active:
             self.proxy.recompute()
         self._update_status()
+
+    def show_lint(self) -> None:
+        """The fusion lint's warnings as icons on their rows (greyed once the project changed since)."""
+        state = self.controller.lint_state
+        self.model.set_lint(state.by_module(), state.stale)
 
     def _after_reset(self) -> None:
         types = self.model.types()
@@ -281,6 +288,7 @@ class ModelTreeWidget(QWidget):
         self.expand_action.triggered.connect(self.view.expandAll)
         self.collapse_action = QAction("Collapse all", self)
         self.collapse_action.triggered.connect(lambda: (self.view.collapseAll(), self.view.expandToDepth(0)))
+        self.fix_actions: list[QAction] = []  # the lint's fixes for the selection, made with each context menu
         self.editing_actions = [self.quantize_action, self.ignore_action, self.descriptor_action, self.reset_action,
                                 self.pattern_action]
 
@@ -298,8 +306,25 @@ class ModelTreeWidget(QWidget):
         menu.addSeparator()
         menu.addAction(self.pattern_action)
         menu.addSeparator()
+        self.fix_actions = self._fix_actions(menu, enabled=not busy)
+        if self.fix_actions:
+            menu.addSection("TensorRT lint")
+            menu.addActions(self.fix_actions)
+            menu.addSeparator()
         menu.addActions([self.copy_action, self.expand_action, self.collapse_action])
         return menu
+
+    def _fix_actions(self, menu: QMenu, enabled: bool) -> list[QAction]:
+        """One action per fix the lint offers for the selected rows (applied through the controller)."""
+        state = self.controller.lint_state
+        actions = []
+        for fix in state.fixes_for([self.model.name_of(node) for node in self.selected_nodes()]):
+            action = QAction(f"Fix: {fix.description}" + (" (lint is stale)" if state.stale else ""), menu)
+            action.setToolTip(fix.description)
+            action.setEnabled(enabled)
+            action.triggered.connect(lambda _checked=False, f=fix: state.apply(f))
+            actions.append(action)
+        return actions
 
     def _context_menu(self, position: Any) -> None:
         self.context_menu().popup(self.view.viewport().mapToGlobal(position))

@@ -1,5 +1,5 @@
 """The main window's job commands and the dialogs they open: calibrate, export, evaluate, settings,
-TensorRT report, about.
+TensorRT report and lint, project comparison, about.
 
 A mixin of :class:`workbench.app.main_window.MainWindow`: each handler turns a menu or toolbar
 command into a controller call, asking first where the user must decide (overwrite a file?) and
@@ -16,9 +16,11 @@ import torch
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox, QWidget
 
+from workbench.app.compare_view import choose_and_compare
 from workbench.app.dialogs import CalibrateDialog, ProjectSettingsDialog
 from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog
 from workbench.app.formatting import format_seconds
+from workbench.app.lint_view import lint_or_offer_calibration
 from workbench.app.menus import APP_NAME
 
 __all__ = ["JobCommandsMixin"]
@@ -109,6 +111,20 @@ class JobCommandsMixin:
         if panel is not None:
             self.tabs.setCurrentWidget(panel)
         return True
+
+    def lint(self) -> bool:
+        """Lint for TensorRT (offering to calibrate first); the TensorRT tab shows the warnings."""
+        panel = self.extra_tabs.get("TensorRT")
+        if panel is not None:
+            self.tabs.setCurrentWidget(panel)
+        return lint_or_offer_calibration(self, self.controller)
+
+    def compare_with_project(self, path: str | None = None) -> bool:
+        """Compare another project file with this one (a file dialog asks without ``path``)."""
+        def shown(dialog: QWidget) -> None:
+            self.dialog = dialog
+
+        return choose_and_compare(self, self.controller, path, on_shown=shown)
 
     def evaluate(self) -> bool:
         def done(evaluation: Any) -> None:
