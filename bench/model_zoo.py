@@ -12,7 +12,7 @@ a ResNet-style CNN with timm/torchvision BasicBlocks, tiny Hugging Face BERT / V
 ``transformers`` imports, timm models when ``timm`` imports. A step that cannot run shows
 "n/a (reason)", never a made-up value.
 
-    python bench/model_zoo.py [--batches 4] [--repeats 3]
+    python bench/model_zoo.py [--batches 4] [--repeats 3] [--only vit-like]
 """
 from __future__ import annotations
 
@@ -161,6 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", metavar="TEXT", help="only the rows whose name contains TEXT (e.g. vit-like)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -181,6 +182,10 @@ def main() -> None:
         ("timm vit_tiny_patch16_224", _timm("vit_tiny_patch16_224"), images(224, 2)),
         ("timm resnet18", _timm("resnet18"), images(64, 2)),
     ]
+    if args.only:
+        rows_spec = [spec for spec in rows_spec if args.only.lower() in spec[0].lower()]
+        if not rows_spec:
+            parser.error(f"--only {args.only!r} matches no row.")
     rows = [measure(name, build, batch, args.batches, args.repeats) for name, build, batch in rows_spec]
     widths = [max(len(r.name) for r in rows)] + [max(len(c), *(len(r.cells.get(c, "")) for r in rows))
                                                  for c in COLUMNS]
