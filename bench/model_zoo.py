@@ -12,7 +12,7 @@ a ResNet-style CNN with timm/torchvision BasicBlocks, tiny Hugging Face BERT / V
 ``transformers`` imports, timm models when ``timm`` imports. A step that cannot run shows
 "n/a (reason)", never a made-up value.
 
-    python bench/model_zoo.py [--batches 4] [--repeats 3]
+    python bench/model_zoo.py [--batches 4] [--repeats 3] [--only vit-like] [--input-calibrator histogram]
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from workbench.export import export_qdq_onnx  # noqa: E402
 from workbench.graph import prepare_for_tensorrt  # noqa: E402
 from workbench.quant.calibrate import calibrate  # noqa: E402
 from workbench.quant.snapshot import all_quantizers  # noqa: E402
+from workbench.quant.tensor_quant import CALIB_METHODS, QuantDescriptor  # noqa: E402
 
 
 class Row:
@@ -90,7 +91,7 @@ def median(fn: Callable[[], object], repeats: int) -> float:
 
 
 def measure(name: str, build: Callable[[], nn.Module], make_batch: Callable[[int], tuple], num_batches: int,
-            repeats: int) -> Row:
+            repeats: int, quant_desc_input: QuantDescriptor | None = None) -> Row:
     row = Row(name)
     torch.manual_seed(0)
     try:
@@ -108,7 +109,8 @@ def measure(name: str, build: Callable[[], nn.Module], make_batch: Callable[[int
 
     fp32_pass()
     # prepare swaps submodules in place: the FP32 reference keeps a model of its own
-    quantized, report = prepare_for_tensorrt(copy.deepcopy(model), example_inputs=batches[0])
+    quantized, report = prepare_for_tensorrt(copy.deepcopy(model), example_inputs=batches[0],
+                                             quant_desc_input=quant_desc_input)
     for quantizer in all_quantizers(quantized):
         quantizer.rounding = "onnx"  # what the session does: PyTorch computes what the QDQ graph computes
     functional = report.functional
@@ -161,6 +163,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", metavar="TEXT", help="only the rows whose name contains TEXT (e.g. vit-like)")
+    parser.add_argument("--input-calibrator", choices=CALIB_METHODS, default="max",
+                        help="calibrator of the activation quantizers: max (prepare_for_tensorrt's default, the "
+                             "default here) or histogram (a project's default input descriptor)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -181,7 +187,12 @@ def main() -> None:
         ("timm vit_tiny_patch16_224", _timm("vit_tiny_patch16_224"), images(224, 2)),
         ("timm resnet18", _timm("resnet18"), images(64, 2)),
     ]
-    rows = [measure(name, build, batch, args.batches, args.repeats) for name, build, batch in rows_spec]
+    if args.only:
+        rows_spec = [spec for spec in rows_spec if args.only.lower() in spec[0].lower()]
+        if not rows_spec:
+            parser.error(f"--only {args.only!r} matches no row.")
+    desc = QuantDescriptor(calib_method=args.input_calibrator) if args.input_calibrator != "max" else None
+    rows = [measure(name, build, batch, args.batches, args.repeats, desc) for name, build, batch in rows_spec]
     widths = [max(len(r.name) for r in rows)] + [max(len(c), *(len(r.cells.get(c, "")) for r in rows))
                                                  for c in COLUMNS]
     print(" | ".join(["model".ljust(widths[0])] + [c.ljust(w) for c, w in zip(COLUMNS, widths[1:])]))

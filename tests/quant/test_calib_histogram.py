@@ -123,6 +123,45 @@ class TestCollection:
         assert torch.equal(fast.calib_hist, slow.calib_hist)
         assert fast.nonfinite_count == slow.nonfinite_count == 2
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+    @pytest.mark.parametrize("nonfinite", [False, True])
+    def test_attention_views_give_the_histogram_of_their_values_copied_out(self, dtype, nonfinite):
+        """Permuted, transposed and unbound views (read in place when they fill one block of memory) count
+        exactly what a contiguous copy of the same values counts; NaN/Inf are left out either way."""
+        generator = torch.Generator().manual_seed(5)
+        qkv = (torch.randn(2, 17, 3, 4, 16, generator=generator) * 2).to(dtype)
+        if nonfinite:
+            qkv.view(-1)[[5, 900, 3000]] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        probs = torch.softmax(q.float() @ k.float().transpose(-2, -1), dim=-1).to(dtype)
+        views = [qkv.permute(2, 0, 3, 1, 4), (q * 0.5).transpose(1, 2), k.transpose(-2, -1), v, probs.transpose(-2, -1)]
+        assert histogram.dense_block(views[0]) and histogram.dense_block(views[1])
+        assert not histogram.dense_block(views[2]) and not histogram.dense_block(qkv[:, :, :1])
+        in_place, copied = HistogramCalibrator(8, None, False), HistogramCalibrator(8, None, False)
+        for view in views:
+            in_place.collect(view)
+            copied.collect(view.contiguous().clone())
+        assert torch.equal(in_place.calib_hist, copied.calib_hist)
+        assert in_place.nonfinite_count == copied.nonfinite_count == sum(
+            int((~torch.isfinite(view)).sum()) for view in views)
+        values = torch.cat([view.double().reshape(-1) for view in views])
+        finite = values[torch.isfinite(values)].abs()
+        assert int(in_place.calib_hist.sum()) == finite.numel()
+        assert float(in_place.compute_amax("max")) == float(finite.max().float())
+
+    def test_the_running_max_survives_a_loaded_state_and_a_smaller_batch(self):
+        calibrator = HistogramCalibrator(8, None, False)
+        calibrator.collect(torch.tensor([1.0, -3.0]))
+        restored = HistogramCalibrator(8, None, False)
+        restored.load_state(calibrator.state())
+        restored.collect(torch.tensor([0.5]))
+        assert float(restored.compute_amax("max")) == 3.0
+        restored.collect(torch.tensor([-5.0]))
+        assert float(restored.compute_amax("max")) == 5.0
+        restored.reset()
+        restored.collect(torch.tensor([0.25]))
+        assert float(restored.compute_amax("max")) == 0.25
+
     def test_only_zeros(self):
         calibrator = HistogramCalibrator(8, None, False)
         calibrator.collect(torch.zeros(100))

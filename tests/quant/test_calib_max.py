@@ -108,3 +108,97 @@ def _tensors_reachable_from(root: object) -> list[torch.Tensor]:
             continue
         pending.extend(gc.get_referents(obj))
     return found
+
+
+# ----- the per-tensor fast path (two reductions read back as floats) against the straightforward computation
+
+
+def _straightforward(tensors):
+    """amax = max |x| over the finite values of every tensor (float32), and the NaN/Inf count."""
+    finite = [t.double()[torch.isfinite(t.double())] for t in tensors]
+    amax = max(float(f.abs().max()) if f.numel() else 0.0 for f in finite)
+    return torch.tensor(amax, dtype=torch.float64).float(), sum(t.numel() - f.numel() for t, f in zip(tensors, finite))
+
+
+def _attention_like(generator, dtype):
+    """4-D and 5-D views as attention code makes them: permuted, unbound, transposed (not contiguous)."""
+    qkv = torch.randn(2, 9, 3, 4, 8, generator=generator).to(dtype) * 3
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    return [qkv.permute(2, 0, 3, 1, 4), q, k.transpose(-2, -1), v, torch.randn(3, 5, generator=generator).to(dtype)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_per_tensor_amax_equals_the_straightforward_max_on_random_and_nonfinite_inputs(dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    tensors = _attention_like(generator, dtype)
+    if seed % 2:  # NaN / Inf at random places in some batches, between clean ones
+        for index, value in ((1, float("nan")), (2, float("inf")), (3, -float("inf"))):
+            flat = tensors[index].reshape(-1).clone()
+            flat[torch.randint(flat.numel(), (3,), generator=generator)] = value
+            tensors[index] = flat.reshape(tensors[index].shape)
+    calibrator = MaxCalibrator(8, None, False)
+    for tensor in tensors:
+        calibrator.collect(tensor)
+    amax, nonfinite = _straightforward(tensors)
+    assert calibrator.compute_amax().dtype == torch.float32 and calibrator.compute_amax().dim() == 0
+    assert torch.equal(calibrator.compute_amax(), amax)
+    assert calibrator.nonfinite_count == nonfinite
+    assert (calibrator.batches_seen, calibrator.values_seen) == (len(tensors), sum(t.numel() for t in tensors))
+
+
+def test_float64_max_is_rounded_to_float32_once_as_before():
+    calibrator = MaxCalibrator(8, None, False)
+    just_above_one = 1.0 + 2.0 ** -30  # not a float32: rounds to 1.0
+    calibrator.collect(torch.tensor([just_above_one], dtype=torch.float64))
+    calibrator.collect(torch.tensor([-1.0], dtype=torch.float32))
+    assert calibrator.compute_amax().item() == 1.0 and calibrator.compute_amax().dtype == torch.float32
+
+
+@pytest.mark.parametrize("order", ["grows after a NaN batch", "stays after a NaN batch", "after a loaded state"])
+def test_the_running_max_is_right_whichever_path_wrote_it_last(order):
+    calibrator = MaxCalibrator(8, None, False)
+    calibrator.collect(torch.tensor([1.0, -2.0]))  # per-tensor path
+    if order == "after a loaded state":
+        calibrator.load_state({"kind": "max", "calib_amax": np.float32(6.0), "batches_seen": 1, "values_seen": 2})
+    else:
+        calibrator.collect(torch.tensor([float("nan"), -6.0]))  # NaN: the general path writes the max
+    calibrator.collect(torch.tensor([7.0]) if order == "grows after a NaN batch" else torch.tensor([3.0]))
+    expected = 7.0 if order == "grows after a NaN batch" else 6.0
+    assert calibrator.compute_amax().item() == expected
+
+
+def test_an_integer_or_empty_input_takes_the_general_path():
+    calibrator = MaxCalibrator(8, None, False)
+    calibrator.collect(torch.tensor([3, -9], dtype=torch.int32))
+    assert calibrator.compute_amax().item() == 9.0
+    with pytest.raises(ValueError, match="empty"):
+        calibrator.collect(torch.zeros(0))
+
+
+def test_per_tensor_then_per_axis_shape_is_still_an_error():
+    calibrator = MaxCalibrator(8, None, False)
+    calibrator.load_state({"kind": "max", "calib_amax": np.ones((3, 1), dtype=np.float32)})
+    with pytest.raises(RuntimeError, match="shape changed"):
+        calibrator.collect(torch.ones(3, 4))
+
+
+def test_a_parameter_that_requires_grad_is_read_without_building_a_graph():
+    weight = torch.nn.Parameter(torch.tensor([[0.5, -4.0]]))
+    calibrator = MaxCalibrator(8, None, False)
+    calibrator.collect(weight)
+    assert calibrator.compute_amax().item() == 4.0 and not calibrator.compute_amax().requires_grad
+
+
+def test_extremes_show_a_nan_or_inf_wherever_it_is():
+    from workbench.quant.calib.max import extremes
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for size in (1, 9, 33, 300):
+            base = torch.randn(size).to(dtype)
+            for position in range(size):
+                for value in (float("nan"), float("inf"), -float("inf")):
+                    x = base.clone()
+                    x[position] = value
+                    high, low = extremes(x)
+                    assert not (np.isfinite(high) and np.isfinite(low)), (dtype, size, position, value)

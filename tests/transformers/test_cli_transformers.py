@@ -67,9 +67,20 @@ def test_attention_quantizers_roles_switch_calibration_histograms_and_export(vit
     assert sorted(ranked) == ["blocks.0", "blocks.1", "head", "patch_embed"]
     from workbench.session import Session
 
+    from workbench.quant.snapshot import quantizer_names
+    from workbench.session import descriptor_of
+
     session = Session.open(vit_project, trust_code=True)
-    histogram = session.histogram("blocks.0.attn.matmul_1._input0_quantizer")  # the probabilities
-    assert histogram is not None and float(np.max(histogram["edges"])) <= 1.0 + 1e-6
+    assert session.project.settings["defaults"]["input"]["calib_method"] == "histogram"
+    quantizers = quantizer_names(session.quantized_model())
+    for block in (0, 1):  # the probabilities: QuantSDPA's probabilities descriptor (max), the value: the default
+        probs = quantizers[f"blocks.{block}.attn.matmul_1._input0_quantizer"]
+        assert descriptor_of(probs) == {"num_bits": 8, "name": None}
+        assert descriptor_of(quantizers[f"blocks.{block}.attn.matmul_1._input1_quantizer"])["calib_method"] == "histogram"
+        assert 0 < float(probs.amax) <= 1.0
+    assert session.histogram("blocks.0.attn.matmul_1._input0_quantizer") is None  # max calibration: no histogram
+    histogram = session.histogram("blocks.0.attn.matmul_1._input1_quantizer")  # the value
+    assert histogram is not None and histogram["counts"].sum() > 0
     output = tmp_path / "vit.onnx"
     code, _, err = run(capsys, "export", vit_project, "--trust-code", "-o", output)
     assert code == 0, err

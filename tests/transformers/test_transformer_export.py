@@ -141,3 +141,41 @@ def test_hugging_face_residual_adds_on_request_and_embeddings_kept_original(arch
         assert torch.equal(_first(model(*inputs)), fp32)
     result = calibrate(model, [inputs], num_batches=None, method="max", report_sqnr=False)
     assert result.unused == []
+
+
+def test_probabilities_of_p_at_v_get_the_attention_probabilities_descriptor(tmp_path):
+    """The softmax output of an explicit ``attn @ v`` is quantized as QuantSDPA quantizes its probabilities (max
+    calibration, per tensor), whatever the default input descriptor; a descriptor chosen for the product wins."""
+    from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
+    from workbench.quant.nn.modules.quant_attention import QUANT_DESC_8BIT_ATTENTION_PROBS
+
+    torch.manual_seed(0)
+    model = zoo.ViTLike(fused=False).eval()
+    x = zoo.images()
+    chosen = quant.QuantDescriptor(num_bits=8, calib_method="histogram", unsigned=False)
+
+    def descriptor_for(name, module):  # the user set a descriptor for block 1's P @ V product only
+        return (chosen, None) if name == "blocks.1.attn.matmul_1" else (None, None)
+
+    model, _ = prepare_for_tensorrt(model, example_inputs=(x,), descriptor_for=descriptor_for,
+                                    quant_desc_input=quant.QuantDescriptor(calib_method="histogram"))
+    probs, value = model.blocks[0].attn.matmul_1._input0_quantizer, model.blocks[0].attn.matmul_1._input1_quantizer
+    assert model.blocks[0].attn.matmul_1.roles == ("probabilities", "value")
+    expected = QUANT_DESC_8BIT_ATTENTION_PROBS
+    assert isinstance(probs._calibrator, MaxCalibrator)
+    assert (probs.num_bits, probs.axis, probs.unsigned, probs.narrow_range, probs.fake_quant) == (
+        expected.num_bits, expected.axis, expected.unsigned, expected.narrow_range, expected.fake_quant)
+    assert isinstance(value._calibrator, HistogramCalibrator)  # the value keeps the default input descriptor
+    query_key = model.blocks[0].attn.matmul
+    assert all(isinstance(q._calibrator, HistogramCalibrator)
+               for q in (query_key._input0_quantizer, query_key._input1_quantizer))
+    assert isinstance(model.blocks[1].attn.matmul_1._input0_quantizer._calibrator, HistogramCalibrator)  # chosen
+
+    result = calibrate(model, [(x,)], num_batches=None, method="percentile", report_sqnr=False)
+    item = result.quantizers["blocks.0.attn.matmul_1._input0_quantizer"]
+    assert item.calibrator == "MaxCalibrator" and item.method == "max"
+    assert 0 < float(probs.amax) <= 1.0
+    assert float(probs.amax) == float(item.max_value)  # max calibration: the largest probability seen
+    path = tmp_path / "model.onnx"
+    export_qdq_onnx(model, (x,), path)
+    assert attention_matmuls_fed_by_dq(path) == (4, 4)

@@ -374,8 +374,11 @@ class _Inserter:
                         self.report.skipped.append(SkippedOp(path, description, reason))
                         continue
                     kwargs = {} if op != "baddbmm" else {"bias": bias, "beta": beta, "alpha": alpha}
-                    product_module = QuantMatMul(self.descriptor(qualified), op=op)
-                    product_module.roles = product_roles(a, b)
+                    # the probabilities of P @ V get the attention-probabilities default, as QuantSDPA's do,
+                    # unless a descriptor was chosen for this product
+                    chosen = self.descriptor_for(qualified) if self.descriptor_for is not None else None
+                    product_module = QuantMatMul(self.descriptor(qualified), op=op, roles=product_roles(a, b),
+                                                 quant_desc_probs=chosen)
                     replace(node, name, product_module, (a, b), kwargs)
                     self.report.inserted.append(InsertedQuantizer(qualified, "matmul", path, description, 2))
                     continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from torch import nn
 
 from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db  # noqa: F401
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
+from workbench.quant.calib.max import extremes
 from workbench.quant.calib.merge import merge_calibrators
 from workbench.quant.distributed import SINGLE, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
@@ -338,7 +340,9 @@ def _nonfinite_share(batch: Any) -> float:
     for tensor in flat_tensors((args, kwargs)):
         if tensor.is_floating_point() and tensor.numel():
             total += tensor.numel()
-            bad += int((~torch.isfinite(tensor)).sum())
+            high, low = extremes(tensor)  # NaN/Inf show in the extremes: a clean batch costs two reductions
+            if not (math.isfinite(high) and math.isfinite(low)):
+                bad += int((~torch.isfinite(tensor)).sum())
     return bad / total if total else 0.0
 
 

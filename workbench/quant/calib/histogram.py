@@ -24,6 +24,7 @@ from torch import nn
 
 from workbench.quant.calib.amax_search import amax_entropy, amax_mse, amax_percentile
 from workbench.quant.calib.calibrator import _Calibrator
+from workbench.quant.calib.max import extremes
 from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, AmaxMethod, UnknownMethodError
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.utils import reduce_amax
@@ -66,6 +67,18 @@ def merge_bins(hist: torch.Tensor, factor: int) -> torch.Tensor:
     return merged
 
 
+def dense_block(x: torch.Tensor) -> bool:
+    """Whether the elements of ``x`` are exactly the ``numel`` consecutive storage slots from ``x.data_ptr()``,
+    in any order of dimensions (contiguous, or a permutation of a contiguous tensor); expanded or sliced
+    views are not."""
+    expected = 1
+    for size, stride in sorted((pair for pair in zip(x.shape, x.stride()) if pair[0] != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 class HistogramCalibrator(_Calibrator):
     """Per-tensor histogram of |x|; ``compute_amax(method)`` picks amax by entropy, mse or percentile.
 
@@ -98,6 +111,7 @@ class HistogramCalibrator(_Calibrator):
         self._counts: torch.Tensor | None = None  # 2 * num_bins counts of width 2**_width_exp
         self._width_exp: int | None = None
         self._max: torch.Tensor | None = None
+        self._max_value = 0.0  # float(self._max), kept by every writer of _max so that collect reads no tensor
 
     # ----- inspection -------------------------------------------------------------------------
 
@@ -151,17 +165,12 @@ class HistogramCalibrator(_Calibrator):
             x = x.detach()
             if x.numel() == 0:
                 return
-            low, high = torch.aminmax(x)
-            batch_max = torch.maximum(high.abs(), low.abs()).float()
-            # the one read back to the host per batch (on CUDA a sync): both tests below use this float
-            batch_max_value = float(batch_max)
-            if not math.isfinite(batch_max_value):  # NaN/Inf present: the range comes from finite values
-                finite_values = x[torch.isfinite(x)]
-                batch_max = finite_values.abs().max().float() if finite_values.numel() else torch.zeros(())
-                batch_max_value = float(batch_max)
+            batch_max_value = self._batch_max(x)
             self._batches_seen += 1
             self._values_seen += x.numel()
-            self._max = batch_max.clone() if self._max is None else torch.maximum(self._max, batch_max)
+            if self._max is None or batch_max_value > self._max_value:  # a tensor only when the max grows
+                self._max = torch.tensor(batch_max_value, dtype=torch.float32, device=x.device)
+                self._max_value = batch_max_value
 
             stored_bins = 2 * self._num_bins
             needed = width_exponent(batch_max_value, stored_bins)
@@ -180,9 +189,27 @@ class HistogramCalibrator(_Calibrator):
                     logger.warning("Histogram calibrator saw %d NaN/Inf values; they are left out.", nonfinite)
                 self._nonfinite_count += nonfinite
 
+    def _batch_max(self, x: torch.Tensor) -> float:
+        """Largest finite |x| (float32-rounded, as the running max keeps it): two reductions read back as two
+        numbers (:func:`~workbench.quant.calib.max.extremes`); NaN/Inf in them send ``x`` to a pass that
+        leaves non-finite values out."""
+        if x.is_floating_point():
+            high, low = extremes(x)
+        else:
+            low_tensor, high_tensor = torch.aminmax(x)
+            high, low = float(high_tensor), float(low_tensor)
+        if math.isfinite(high) and math.isfinite(low):
+            return float(np.float32(max(abs(high), abs(low))))
+        finite_values = x[torch.isfinite(x)]
+        return float(finite_values.abs().max().float()) if finite_values.numel() else 0.0
+
     def _collect_cpu(self, x: torch.Tensor) -> int:
-        """One fused pass in C (threads, no temporary tensors); returns the NaN/Inf count."""
-        x = x.contiguous()
+        """One fused pass in C (threads, no temporary tensors); returns the NaN/Inf count.
+
+        The count does not depend on the order of the values, so a tensor whose elements fill one block of
+        memory in another order (a transposed attention tensor) is read in place, not copied first."""
+        if not (x.is_contiguous() or dense_block(x)):
+            x = x.contiguous()
         if self._counts.device.type != "cpu":
             self._counts = self._counts.cpu()
         return _cpu_kernels.histogram(x.data_ptr(), _KERNEL_DTYPES[x.dtype], x.numel(), self._width_exp,
@@ -212,6 +239,7 @@ class HistogramCalibrator(_Calibrator):
         self._counts = None
         self._width_exp = None
         self._max = None
+        self._max_value = 0.0
         self._reset_counters()
 
     # ----- amax -------------------------------------------------------------------------------
@@ -297,6 +325,7 @@ class HistogramCalibrator(_Calibrator):
         self._counts = None if hist is None else torch.as_tensor(hist.astype(np.int64))
         max_value = state.get("max_value")
         self._max = None if max_value is None else torch.tensor(float(max_value))
+        self._max_value = 0.0 if self._max is None else float(self._max)
         self._skip_zeros = bool(state.get("skip_zeros", self._skip_zeros))
         self._batches_seen = int(state.get("batches_seen", 0))
         self._values_seen = int(state.get("values_seen", 0))

@@ -7,13 +7,13 @@ import torch
 def _abs_max(input: torch.Tensor, dim: int | list[int] | None, keepdim: bool) -> torch.Tensor:
     """max |x| as max(max x, -min x): no abs() copy of ``input``; NaN propagates as with torch.max.
 
-    aminmax finds both extremes in one pass (about twice as fast as abs() then max() on CPU); it takes
-    one dim at most, so several dims use amax and amin (two reads, still no copy).
+    Two vectorised reductions, amin and amax: on CPU they are several times faster together than one
+    aminmax, which is not vectorised (and far slower with a ``dim``).
     """
     if not input.is_floating_point():  # integers (-min can wrap), bool, complex: rare, keep it simple
         return torch.amax(input.abs(), dim=() if dim is None else dim, keepdim=keepdim)
-    if dim is None or isinstance(dim, int):
-        low, high = torch.aminmax(input, dim=dim, keepdim=keepdim)
+    if dim is None:
+        low, high = torch.amin(input), torch.amax(input)
     else:
         low, high = torch.amin(input, dim=dim, keepdim=keepdim), torch.amax(input, dim=dim, keepdim=keepdim)
     return torch.maximum(high, low.neg_())

@@ -77,19 +77,27 @@ class QuantMatMul(nn.Module):
         quant_desc_input: descriptor of both input quantizers (per tensor); default 8-bit per tensor.
         op: ``"matmul"`` (``torch.matmul`` / ``@``), ``"bmm"`` or ``"baddbmm"``; the product computed,
             so that with the quantizers off the module computes exactly what the replaced call did.
+        roles: what the operands are, when the caller could tell: ``("query", "key")`` or
+            ``("probabilities", "value")``.
+        quant_desc_probs: with roles ``("probabilities", "value")``, the descriptor of the probabilities'
+            quantizer (``_input0_quantizer``); default ``QUANT_DESC_8BIT_ATTENTION_PROBS``, as QuantSDPA's.
     """
 
     default_quant_desc_input = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_probs = QUANT_DESC_8BIT_ATTENTION_PROBS
 
-    def __init__(self, quant_desc_input: QuantDescriptor | None = None, op: str = "matmul") -> None:
+    def __init__(self, quant_desc_input: QuantDescriptor | None = None, op: str = "matmul",
+                 roles: tuple[str, ...] = (), quant_desc_probs: QuantDescriptor | None = None) -> None:
         super().__init__()
         if op not in _MATMUL_OPS:
             raise ValueError(f"op must be one of {_MATMUL_OPS}, got {op!r}.")
         self.op = op
-        # what the operands are, when the rewrite could tell (("query", "key") or ("probabilities", "value"))
-        self.roles: tuple[str, ...] = ()
+        self.roles: tuple[str, ...] = tuple(roles)
         desc = _activation_descriptor(quant_desc_input, type(self).default_quant_desc_input)
-        self._input0_quantizer = TensorQuantizer(desc)
+        first = desc
+        if self.roles[:1] == ("probabilities",):  # P @ V: the softmax output, in [0, 1]
+            first = _activation_descriptor(quant_desc_probs, type(self).default_quant_desc_probs)
+        self._input0_quantizer = TensorQuantizer(first)
         self._input1_quantizer = TensorQuantizer(desc)
 
     @classmethod

@@ -374,8 +374,10 @@ class TensorQuantizer(nn.Module):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self._enable_onnx_export:
             self._check_onnx_readiness(inputs)
-        if self.pre_quant_scale is not None:
-            inputs = inputs * self.pre_quant_scale
+        # the buffer itself, not the property: its hasattr() raises and catches an AttributeError per call
+        pre_quant_scale = self._buffers.get("_pre_quant_scale")
+        if pre_quant_scale is not None:
+            inputs = inputs * pre_quant_scale
         if self._disabled:
             return inputs
 
