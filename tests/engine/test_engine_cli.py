@@ -25,8 +25,7 @@ def test_engine_report_command_prints_json_and_keeps_the_report(project_copy, tr
     data = json.loads(capsys.readouterr().out)
     stem = next(entry for entry in data["layers"] if entry["module"] == "stem.0")
     assert stem["engine_precision"] == "INT8" and stem["quantized"] is True and stem["time_ms"] > 0
-    assert {h["kind"] for h in data["hazards"]} == {"misaligned_int8_conv", "quantized_not_int8", "int8_reformat",
-                                                    "unfused_qdq"}
+    assert {h["kind"] for h in data["hazards"]} == {"quantized_not_int8", "int8_reformat", "unfused_qdq"}
     # saved: the project reopens with the report
     session = Session.open(project_copy)
     report = session.latest_engine_report()
@@ -47,13 +46,21 @@ def test_engine_report_errors_name_the_file(project_copy, trtexec_files, capsys)
 
 def test_lint_command_and_applying_a_fix(project_copy, capsys):
     assert main(["lint", str(project_copy), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
+    # plant a hazard: the residual add left in float, so it cannot fuse into block.conv2
+    session = Session.open(project_copy)
+    session.set_quantize(["block.add"], False)
+    session.save()
+    assert main(["lint", str(project_copy), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [(w["kind"], w["modules"]) for w in data["warnings"]] == [("misaligned_channels", ["stem.0"])]
-    assert data["warnings"][0]["fix"]["action"] == "leave_float"
+    assert [(w["kind"], w["modules"]) for w in data["warnings"]] == [("residual_not_fusable", ["block", "block.conv2"])]
+    # the graph names the add after the block whose forward calls it; the fix names the project's layer
+    assert data["warnings"][0]["fix"] == {"action": "quantize", "targets": ["block.add"],
+                                          "description": "quantize the identity branch (block.add)"}
     assert main(["lint", str(project_copy), "--apply", "1"]) == 0
     out = capsys.readouterr().out
-    assert "applied 1: leave stem.0 in float; changed: stem.0" in out
-    assert load_project(project_copy).layers["stem.0"].quantize is False
+    assert "applied 1: quantize the identity branch (block.add); changed: block.add" in out
+    assert load_project(project_copy).layers["block.add"].quantize is True
     assert main(["lint", str(project_copy), "--apply", "5"]) == 2
     assert "there are 0 warnings" in capsys.readouterr().err
 

@@ -60,8 +60,8 @@ def test_import_shows_precisions_in_the_tree_and_hazards_select_layers(window, q
     text, colour, _ = engine_cell(window, "block.conv2")
     assert text.startswith("FP32") and colour == PRECISION_COLOURS["FP32"]
     assert engine_cell(window, "stem.2")[0].startswith("INT8")  # the ReLU fused into stem.0's layer
-    assert window.tabs.currentWidget() is panel and panel.hazards.count() == 6
-    assert "6 hazards" in panel.summary.text()
+    assert window.tabs.currentWidget() is panel and panel.hazards.count() == 5
+    assert "5 hazards" in panel.summary.text()
     item = next(panel.hazards.item(i) for i in range(panel.hazards.count())
                 if "block.conv2" in panel.hazards.item(i).text())
     rect = panel.hazards.visualItemRect(item)

@@ -102,6 +102,12 @@ class EngineLayer:
         return self.parameter_type or self.layer_type or ""
 
     @property
+    def is_region(self) -> bool:
+        """A Myelin region (``{ForeignNode[...]}``): many ONNX nodes compiled together, whose formats are
+        only those at the region's edges, so they say nothing of the precision of the layers inside."""
+        return "ForeignNode[" in self.name or (self.layer_type or "").lower() == "myelin"
+
+    @property
     def precision(self) -> str | None:
         """What the layer computes in, read from its first input's format (None: not reported)."""
         return self.inputs[0].precision if self.inputs else None

@@ -8,25 +8,27 @@ its time, and it flags the hazards (:data:`HAZARD_KINDS`) a deployment engineer 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench.engine.layers import EngineLayer, load_engine_layers
 from workbench.export.naming import QDQ_OPS, module_of_node_name
+from workbench.quant.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
 
-__all__ = ["HAZARD_KINDS", "ModuleOutcome", "EngineHazard", "EngineReport", "analyse_engine", "import_engine_report"]
+__all__ = ["HAZARD_KINDS", "ModuleOutcome", "EngineHazard", "EngineReport", "analyse_engine", "expand_regions",
+           "import_engine_report"]
 
 # one vocabulary for the CLI, the GUI and the JSON: kind -> what it means
 HAZARD_KINDS = {
     "quantized_not_int8": "a layer the project quantizes ran in floating point",
     "unfused_qdq": "a Quantize/Dequantize left as a standalone Scale layer",
     "int8_reformat": "a Reformat layer converting between INT8 and floating point",
-    "misaligned_int8_conv": "an INT8 convolution whose channel counts are not multiples of 16",
+    "misaligned_int8_conv": f"an INT8 convolution whose channel counts are not multiples of {INT8_CHANNEL_ALIGNMENT}",
 }
 
 _FLOAT = ("FP32", "FP16", "BF16")
-_ALIGNMENT = 16
 
 
 @dataclass
@@ -107,6 +109,9 @@ class EngineReport:
             time = f"{entry.time_ms:8.4f} ms" if entry.time_ms is not None else " " * 11
             lines.append(f"  {entry.module:<{width}}  asked {asked}  ran {ran:<5} {time}  "
                          f"{entry.engine_layer or 'not in engine'}")
+        if any(e.in_engine and e.engine_precision is None and e.quantized is not None for e in self.layers) \
+                and self.detailed:
+            lines.append("  (ran ?: inside a Myelin region, whose formats are given only at its edges)")
         if self.hazards:
             lines.append(f"{len(self.hazards)} hazards:")
             for index, hazard in enumerate(self.hazards, start=1):
@@ -137,6 +142,36 @@ def _owner(module: str, layers: Mapping[str, bool]) -> str:
     return module
 
 
+# How much of a module's arithmetic an ONNX op holds: a Linear exported as Transpose (of its weight) +
+# MatMul + Add ran where its MatMul ran, not where TensorRT put the Transpose
+_MAIN_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "Attention", "LSTM", "GRU", "RNN"})
+_DATA_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "Shape",
+                       "Expand", "Identity", "Cast", "Constant", "Split", "Tile"})
+
+
+def _weight(part: str) -> int:
+    """2 for the op holding a module's main arithmetic, 0 for data movement, 1 for the rest."""
+    op = re.sub(r"_\d+$", "", part.rsplit("/", 1)[-1])
+    return 2 if op in _MAIN_OPS else 0 if op in _DATA_OPS else 1
+
+
+def expand_regions(layers: list[EngineLayer], node_order: Sequence[str]) -> list[EngineLayer]:
+    """Layers whose name gives only a Myelin region's ends (``{ForeignNode[first...last]}``, TensorRT 8.6
+    without ``Metadata``) get every ONNX node between the two in the exported graph's order.
+
+    ``node_order``: the exported graph's node names in order (ONNX keeps nodes topologically sorted).
+    """
+    index = {name: position for position, name in enumerate(node_order)}
+    expanded = []
+    for layer in layers:
+        ends = layer.onnx_nodes
+        if "ForeignNode[" in layer.name and len(ends) == 2 and all(end in index for end in ends):
+            first, last = sorted(index[end] for end in ends)
+            layer = replace(layer, onnx_nodes=list(node_order[first:last + 1]))
+        expanded.append(layer)
+    return expanded
+
+
 def _channels(layer: EngineLayer) -> tuple[int, int] | None:
     if not layer.inputs or not layer.outputs:
         return None
@@ -155,7 +190,7 @@ def analyse_engine(layers: list[EngineLayer], detailed: bool, project_layers: Ma
         detailed: whether they carry formats (``--profilingVerbosity=detailed``).
         project_layers: every quantizable layer of the project, in model order, -> whether it is quantized.
     """
-    compute: dict[str, EngineLayer] = {}     # module -> the engine layer holding its computation
+    compute: dict[str, tuple[int, EngineLayer]] = {}  # module -> the engine layer holding its main op, and its weight
     qdq_only: dict[str, EngineLayer] = {}    # module -> an engine layer holding only its Q/DQ
     order: list[str] = []
     unmapped: list[str] = []
@@ -179,8 +214,9 @@ def analyse_engine(layers: list[EngineLayer], detailed: bool, project_layers: Ma
                 qdq_only.setdefault(owner, layer)
             else:
                 all_qdq = False
-                if not reformat:
-                    compute.setdefault(owner, layer)
+                weight = _weight(part)
+                if not reformat and (owner not in compute or weight > compute[owner][0]):
+                    compute[owner] = (weight, layer)
         if not found:
             unmapped.append(layer.name)
         hazards.extend(_layer_hazards(layer, qdq_modules, all_qdq and bool(qdq_modules), detailed, project_layers))
@@ -188,15 +224,16 @@ def analyse_engine(layers: list[EngineLayer], detailed: bool, project_layers: Ma
     outcomes: list[ModuleOutcome] = []
     # module "" is the top-level model's own forward (a flatten, say): no tree row to put it on
     for module in list(project_layers) + [m for m in order if m not in project_layers and m]:
-        layer = compute.get(module) or qdq_only.get(module)
+        ran = compute[module][1] if module in compute else None
+        layer = ran or qdq_only.get(module)
         quantized = project_layers.get(module)
-        outcome = ModuleOutcome(module, quantized, layer.precision if layer is not None else None,
+        precision = layer.precision if layer is not None and not layer.is_region else None
+        outcome = ModuleOutcome(module, quantized, precision,
                                 layer.name if layer is not None else None,
                                 layer.time_ms if layer is not None else None,
                                 layer.time_share if layer is not None else None)
         outcomes.append(outcome)
-        ran = compute.get(module)
-        if quantized and ran is not None and ran.precision in _FLOAT:
+        if quantized and ran is not None and not ran.is_region and ran.precision in _FLOAT:
             hazards.append(EngineHazard(
                 "quantized_not_int8", [module], ran.name,
                 f"TensorRT ran {module} in {ran.precision} although the project quantizes it: check that the engine "
@@ -236,16 +273,23 @@ def _layer_hazards(layer: EngineLayer, qdq_modules: list[str], only_qdq: bool, d
             "the layer in float)."))
     if int8_in and ("convolution" in kind or "deconvolution" in kind):
         channels = _channels(layer)
-        if channels is not None and (channels[0] % _ALIGNMENT or channels[1] % _ALIGNMENT):
+        why = misaligned_channels(*channels) if channels is not None else None
+        if why is not None:
             found.append(EngineHazard(
                 "misaligned_int8_conv", modules, layer.name,
-                f"{channels[0]} -> {channels[1]} channels are not multiples of {_ALIGNMENT}: INT8 tensor-core kernels "
-                "pad them (wasted work). Round the channel counts up, or leave a small first layer in float."))
+                f"{why}. Round the channel counts up, or leave a small layer in float."))
     return found
 
 
-def import_engine_report(layer_info: str, profile: str | None, project_layers: Mapping[str, bool]) -> EngineReport:
-    """Read trtexec's files and analyse them against the project's layers (the session's entry point)."""
+def import_engine_report(layer_info: str, profile: str | None, project_layers: Mapping[str, bool],
+                         node_order: Sequence[str] | None = None) -> EngineReport:
+    """Read trtexec's files and analyse them against the project's layers (the session's entry point).
+
+    ``node_order``: the node names of the ONNX graph the engine was built from, when it is at hand, so that
+    the inside of Myelin regions maps to modules too (:func:`expand_regions`).
+    """
     layers, detailed = load_engine_layers(layer_info, profile)
+    if node_order:
+        layers = expand_regions(layers, node_order)
     return analyse_engine(layers, detailed, project_layers, source=str(layer_info),
                           profile=str(profile) if profile is not None else None)

@@ -24,6 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from workbench.export.naming import QUANTIZER_KEY, layer_of_quantizer, node_module
+from workbench.quant.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
 
 __all__ = ["LINT_KINDS", "FIX_ACTIONS", "LintFix", "LintWarning", "lint_qdq_graph", "INT8_OPS", "COMMUTING_OPS"]
 
@@ -37,14 +38,13 @@ COMMUTING_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsque
 _EPILOGUE_OPS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "BatchNormalization", "Add", "Mul",
                            "HardSigmoid", "HardSwish", "Elu", "Selu"})
 _COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
-_ALIGNMENT = 16
 
 LINT_KINDS = {
     "dq_into_float_op": "a Dequantize feeds an operation without an INT8 kernel: it will be a standalone Scale layer",
     "residual_not_fusable": "the branches of a residual add are quantized so that it cannot fuse into the convolution",
     "concat_scales_differ": "the inputs of a Concat are quantized with different scales (or some not at all)",
     "isolated_quantized_layer": "a quantized layer whose neighbours are all float: Q/DQ cost without INT8 gain",
-    "misaligned_channels": "a quantized convolution whose channel counts are not multiples of 16",
+    "misaligned_channels": f"a quantized convolution whose channel counts are not multiples of {INT8_CHANNEL_ALIGNMENT}",
 }
 
 # the fixes the session knows how to apply
@@ -318,12 +318,12 @@ def _misaligned(g: _Graph) -> list[LintWarning]:
             out_channels, in_channels = shape[0], shape[1] * group
         else:
             in_channels, out_channels = shape[0], shape[1] * group
-        if in_channels % _ALIGNMENT == 0 and out_channels % _ALIGNMENT == 0:
+        why = misaligned_channels(in_channels, out_channels)
+        if why is None:
             continue
         module = _module(node)
         found.append(LintWarning(
             "misaligned_channels", [module],
-            f"{module}: {in_channels} -> {out_channels} channels are not multiples of {_ALIGNMENT}; INT8 kernels pad "
-            "them. Small first layers often run as fast in float.",
+            f"{module}: {why}. Round the channel counts up, or leave a small layer in float.",
             LintFix("leave_float", (module,), f"leave {module} in float"), severity="info", nodes=[node.name]))
     return found

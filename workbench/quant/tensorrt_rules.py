@@ -14,9 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TensorRTCheck", "SIM_ONLY", "output_channel_axis", "tensorrt_check"]
+__all__ = ["TensorRTCheck", "SIM_ONLY", "INT8_CHANNEL_ALIGNMENT", "output_channel_axis", "tensorrt_check",
+           "misaligned_channels"]
 
 SIM_ONLY = "sim only"  # the mark a model tree and ``workbench show`` put on a non-8-bit quantizer
+
+# INT8 tensor-core convolutions work on channel vectors of this many; other counts are padded (wasted work)
+INT8_CHANNEL_ALIGNMENT = 16
+# an image's channels (grey, RGB, RGBA): TensorRT runs such a first layer with kernels made for a few input
+# channels (padded to 4), so its input side costs little and is no hazard to report
+_IMAGE_CHANNELS = 4
 
 
 @dataclass(frozen=True)
@@ -62,3 +69,18 @@ def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str) -> Ten
             f"{what} {role}s are for simulation and fine-tuning only ({SIM_ONLY}): INT8 QDQ export for "
             "TensorRT needs 8 bits and will refuse this layer."))
     return TensorRTCheck()
+
+
+def misaligned_channels(in_channels: int, out_channels: int) -> str | None:
+    """Why an INT8 convolution from ``in_channels`` to ``out_channels`` wastes tensor-core work, or None.
+
+    The one rule for ``workbench lint`` (before building) and the engine report (after): counts that are
+    not multiples of :data:`INT8_CHANNEL_ALIGNMENT` are padded. The input side of a layer reading an image
+    (at most 4 channels) is not counted: TensorRT has first-layer kernels for it.
+    """
+    sides = [count for count, exempt in ((in_channels, in_channels <= _IMAGE_CHANNELS), (out_channels, False))
+             if not exempt and count % INT8_CHANNEL_ALIGNMENT]
+    if not sides:
+        return None
+    return (f"{in_channels} -> {out_channels} channels are not multiples of {INT8_CHANNEL_ALIGNMENT}: INT8 "
+            "tensor-core kernels pad them (wasted work)")

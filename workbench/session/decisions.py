@@ -70,12 +70,18 @@ def apply_ignore_policy(session: Session, patterns: Iterable[str], quantize_othe
     return ignored
 
 
+def _not_a_layer(session: Session, name: str) -> str:
+    inside = [layer for layer in session.project.layers if layer.startswith(f"{name}.")]
+    hint = f"; the quantizable layers inside it are {', '.join(inside[:8])}" if inside else ""
+    return f"{name!r} is not a quantizable layer of this model{hint}."
+
+
 def set_quantize(session: Session, names: Iterable[str], quantize: bool) -> list[str]:
     """Quantize or leave in float; returns the layers whose decision changed."""
     changed = []
     for name in names:
         if name not in session.project.layers:
-            raise SessionError(f"{name!r} is not a quantizable layer of this model.")
+            raise SessionError(_not_a_layer(session, name))
         decision = session.project.layers[name]
         if decision.quantize != quantize:
             decision.quantize = quantize

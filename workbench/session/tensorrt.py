@@ -6,10 +6,12 @@ stays about the project's own jobs.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnx
+from google.protobuf.message import DecodeError
 
 from workbench.engine import EngineReport, EngineReportError
 from workbench.engine.report import import_engine_report
@@ -24,12 +26,42 @@ if TYPE_CHECKING:
 __all__ = ["lint", "apply_fix", "import_engine", "latest_engine_report"]
 
 
+# the project layer type of a functional operation, by the ONNX op it exports to
+_FUNCTIONAL_LAYER_OF_OP = {"Add": "QuantAdd", "Concat": "QuantConcat", "MatMul": "QuantMatMul"}
+
+
 def lint(session: Session) -> list[LintWarning]:
     """Fusion hazards of the project as it would export now (a preview export; the project is unchanged)."""
     with tempfile.TemporaryDirectory(prefix="workbench-lint-") as folder:
         path = Path(folder) / "lint.onnx"
         session.export(path, remember=False)
-        return lint_qdq_graph(onnx.load(str(path)))
+        warnings = lint_qdq_graph(onnx.load(str(path)))
+    return [_with_layer_targets(session, warning) for warning in warnings]
+
+
+def _with_layer_targets(session: Session, warning: LintWarning) -> LintWarning:
+    """``warning`` with its fix aimed at the project's layers.
+
+    A functional operation the project leaves in float exports as a plain op of the module whose forward
+    calls it (``block/Add``), so the graph names the module (``block``); the layer to quantize is that
+    module's one functional layer of the op's kind (``block.add``).
+    """
+    fix = warning.fix
+    if fix is None or fix.action not in ("quantize", "leave_float"):
+        return warning
+    layers = session.project.layers
+    ops = {_FUNCTIONAL_LAYER_OF_OP.get(node.rsplit("/", 1)[-1].split("_")[0]) for node in warning.nodes}
+    targets = []
+    for target in fix.targets:
+        candidates = [name for name, decision in layers.items()
+                      if name.rsplit(".", 1)[0] == target and "." in name and decision.type in ops]
+        targets.append(candidates[0] if target not in layers and len(candidates) == 1 else target)
+    if targets == list(fix.targets):
+        return warning
+    description = fix.description
+    for old, new in zip(fix.targets, targets):
+        description = description.replace(f"({old})", f"({new})")
+    return replace(warning, fix=replace(fix, targets=tuple(targets), description=description))
 
 
 def apply_fix(session: Session, fix: LintFix) -> list[str]:
@@ -72,7 +104,8 @@ def import_engine(session: Session, layer_info: str | Path, profile: str | Path 
     """
     layers = {name: decision.quantize for name, decision in session.project.layers.items()}
     try:
-        report = import_engine_report(str(layer_info), str(profile) if profile is not None else None, layers)
+        report = import_engine_report(str(layer_info), str(profile) if profile is not None else None, layers,
+                                      _exported_node_order(session))
     except EngineReportError as error:
         raise SessionError(str(error)) from error
     if remember:
@@ -80,6 +113,19 @@ def import_engine(session: Session, layer_info: str | Path, profile: str | Path 
         records.append(EngineReportRecord(session.project.next_id(records), now_iso(), report.to_dict()))
         session.dirty = True
     return report
+
+
+def _exported_node_order(session: Session) -> list[str] | None:
+    """The node names of the project's latest export, in graph order, if its file is still there: the
+    engine was built from it, and a Myelin region names only its first and last node."""
+    if not session.project.exports:
+        return None
+    path = Path(session.export_path(session.project.exports[-1]))
+    try:  # the graph only: the weights (maybe gigabytes of external data) are not needed
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except (OSError, DecodeError):  # moved or damaged since: regions then map by their two ends only
+        return None
+    return [node.name for node in graph.node]
 
 
 def latest_engine_report(session: Session) -> EngineReport | None:
