@@ -105,7 +105,7 @@ def test_slow_rebuilds_run_in_the_background_and_queue_the_next_job(controller, 
 
 
 def test_deferred_refresh_runs_once_per_burst_and_waits_for_the_job(controller, qtbot):
-    from workbench.app.controller import DeferredRefresh
+    from workbench.app.deferred_refresh import DeferredRefresh
 
     calls = []
     refresh = DeferredRefresh(controller, lambda: calls.append(refresh.begin()))

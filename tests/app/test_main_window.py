@@ -11,9 +11,10 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from PySide6.QtGui import QKeySequence  # noqa: E402
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QStyle, QStyleOptionViewItem  # noqa: E402
 
-from workbench.app.controller import DeferredRefresh  # noqa: E402
+from workbench.app.deferred_refresh import DeferredRefresh  # noqa: E402
 from workbench.app.main_window import MainWindow, install_excepthook  # noqa: E402
 from workbench.app.tree_model import AMAX, INPUT, NAME_ROLE, QUANT, TYPE  # noqa: E402
 from workbench.sources.model_source import ModelSpec  # noqa: E402
@@ -113,6 +114,29 @@ def test_demo_opens_ready_to_calibrate(window, qtbot):
     qtbot.waitUntil(lambda: "Not calibrated yet" in window.layer_panel.histogram_message.textItem.toPlainText())
     tabs = [window.tabs.tabText(i) for i in range(window.tabs.count())]
     assert tabs == ["Layer", "Sensitivity", "Graph", "Fine-tune", "TensorRT"]
+
+
+def test_menus_and_toolbar_come_from_the_action_registry(window):
+    from workbench.app.menus import ACTIONS, MENUS, SEPARATOR, TOOLBAR
+
+    bar = window.menuBar()
+    menus = {action.text(): action.menu() for action in bar.actions()}
+    assert list(menus) == [title for title, _ in MENUS]
+    file_items = [a.text() for a in menus["&File"].actions() if not a.isSeparator()]
+    assert file_items == ["&New Project…", "&Open…", "Open &Demo Project", "Open &Recent", "&Save", "Save &As…",
+                          "&Quit"]
+    project_items = [a.text() for a in menus["&Project"].actions() if not a.isSeparator()]
+    assert project_items[:4] == ["&Calibrate…", "E&valuate", "&Export…", "Import &TensorRT Report…"]
+    assert project_items[-1] == "&Settings…"
+    for spec in ACTIONS:  # each registered command is one action, with its shortcut and tip
+        action = getattr(window, f"{spec.name}_action")
+        assert action.text() == spec.text and action.toolTip() == (spec.tip or action.text().replace("&", ""))
+    assert window.save_action.shortcut() == QKeySequence(QKeySequence.StandardKey.Save)
+    toolbar = [a.text() for a in window.toolbar.actions() if not a.isSeparator() and a.text()]
+    assert toolbar == [next(s.text for s in ACTIONS if s.name == n) for n in TOOLBAR if n not in (SEPARATOR, "device")]
+    # without a project only the commands that need none are enabled
+    assert window.new_action.isEnabled() and not window.calibrate_action.isEnabled()
+    assert not window.cancel_action.isEnabled() and not window.device_combo.isEnabled()
 
 
 def test_ticking_and_unticking_subtrees(window, qtbot):
@@ -375,7 +399,7 @@ def test_save_reopen_and_find_the_same_state(window, qtbot, tmp_path, monkeypatc
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(path), "")))
     assert window.save()  # never saved: Save asks where (Save As)
     assert path.is_file() and not window.isWindowModified() and window.windowTitle().startswith("digits.qwb")
-    assert window.recent_projects() == [str(path.resolve())]
+    assert window.recent_menu.paths() == [str(path.resolve())]
     tree_before = {name: (window.tree.model.check_state(name), window.tree.model.text(name, INPUT),
                           window.tree.model.text(name, AMAX)) for name in window.tree.model.names()}
 
@@ -556,7 +580,7 @@ def test_run_gui_opens_the_demo_ready_to_calibrate(qtbot, tmp_path, monkeypatch,
 def test_dialogs_that_change_several_things_apply_all_of_them_on_a_slow_model(window, qtbot, monkeypatch):
     # every edit rebuilds in the background, as on a model of thousands of modules; an edit made while that
     # rebuild runs is refused, so a dialog's changes must reach the session as one edit
-    monkeypatch.setattr("workbench.app.controller.SLOW_REBUILD_S", 0.0)
+    monkeypatch.setattr("workbench.app.controller_edits.SLOW_REBUILD_S", 0.0)
     session = load_demo(window, qtbot)
     dialog = window.settings_dialog()
     dialog.rule_residual.setChecked(False)

@@ -9,7 +9,8 @@ from demo_project import open_demo, shown  # noqa: E402
 from PySide6.QtCore import QPointF, Qt  # noqa: E402
 
 from workbench.app.formatting import format_delta, format_number  # noqa: E402
-from workbench.app.sensitivity_tab import SensitivityTab, sensitivity_scores  # noqa: E402
+from workbench.app.sensitivity_bars import sensitivity_scores  # noqa: E402
+from workbench.app.sensitivity_tab import SensitivityTab  # noqa: E402
 
 
 def make_tab(controller, qtbot):
@@ -122,46 +123,48 @@ def test_fallback_search_plots_the_curve_and_applies(controller, qtbot):
     session = open_demo(controller, qtbot, method="max")
     tab = make_tab(controller, qtbot)
     profile = run_sensitivity(tab, controller, qtbot)
+    panel = tab.fallback_panel
 
     # SQNR: FP32 is infinite, so the goal is a target in dB (a tolerance is not offered)
-    assert tab.goal_box.currentData() == "target" and not tab.goal_box.model().item(0).isEnabled()
+    assert panel.goal_box.currentData() == "target" and not panel.goal_box.model().item(0).isEnabled()
     target = round(profile.quantized + 3.0, 1)
-    tab.goal_spin.setValue(target)
-    assert tab.fallback_options() == {"metric": "sqnr", "max_units": None, "target": target}
+    panel.goal_spin.setValue(target)
+    assert panel.fallback_options() == {"metric": "sqnr", "max_units": None, "target": target}
     with qtbot.waitSignal(controller.fallback_changed, timeout=60000) as blocker:
-        qtbot.mouseClick(tab.fallback_button, Qt.MouseButton.LeftButton)
+        qtbot.mouseClick(panel.fallback_button, Qt.MouseButton.LeftButton)
     result = blocker.args[0]
-    xs, ys = tab.fallback_curve.getData()
+    xs, ys = panel.fallback_curve.getData()
     assert list(xs) == result.plot_data()[0] and list(ys) == pytest.approx(result.plot_data()[1])
-    assert tab.target_line.isVisible() and tab.target_line.value() == pytest.approx(target)
-    assert not tab.fp32_line.isVisible()  # infinite: no line to draw
-    marker_x, _ = tab.chosen_marker.getData()
+    assert panel.target_line.isVisible() and panel.target_line.value() == pytest.approx(target)
+    assert not panel.fp32_line.isVisible()  # infinite: no line to draw
+    marker_x, _ = panel.chosen_marker.getData()
     assert list(marker_x) == [len(result.chosen)]
-    assert result.reached and "Reached" in tab.fallback_label.text()
-    assert all(name in tab.fallback_label.text() for name in result.chosen_names)
+    assert result.reached and "Reached" in panel.fallback_label.text()
+    assert all(name in panel.fallback_label.text() for name in result.chosen_names)
 
-    assert tab.apply_button.isEnabled() and tab.apply_button.text().startswith("Apply: leave")
+    assert panel.apply_button.isEnabled() and panel.apply_button.text().startswith("Apply: leave")
     with qtbot.waitSignal(controller.layers_changed):
-        qtbot.mouseClick(tab.apply_button, Qt.MouseButton.LeftButton)
+        qtbot.mouseClick(panel.apply_button, Qt.MouseButton.LeftButton)
     floating = {name for name, d in session.project.layers.items() if not d.quantize}
     assert floating == {layer for unit in result.chosen for layer in session.layers_of(unit)}
-    assert not tab.apply_button.isEnabled() and "Applied" in tab.fallback_label.text()
+    assert not panel.apply_button.isEnabled() and "Applied" in panel.fallback_label.text()
 
 
 def test_top1_tolerance_band_and_errors(controller, qtbot):
     session = open_demo(controller, qtbot, method="max")
     tab = make_tab(controller, qtbot)
+    panel = tab.fallback_panel
     labels = [tab.metric_box.itemText(i) for i in range(tab.metric_box.count())]
     assert labels == ["SQNR (dB)", "cosine similarity", "MSE", "top-1 accuracy"]  # the digits have labels
     tab.metric_box.setCurrentIndex(tab.metric_box.findData("top1"))
-    assert tab.goal_box.currentData() == "tolerance" and tab.goal_spin.value() == pytest.approx(0.01)
-    tab.goal_spin.setValue(0.05)
+    assert panel.goal_box.currentData() == "tolerance" and panel.goal_spin.value() == pytest.approx(0.01)
+    panel.goal_spin.setValue(0.05)
     with qtbot.waitSignal(controller.fallback_changed, timeout=60000) as blocker:
-        tab.run_fallback()
+        panel.run_fallback()
     result = blocker.args[0]
     assert result.tolerance == pytest.approx(0.05)
-    assert tab.fp32_line.isVisible() and tab.fp32_line.value() == pytest.approx(result.fp32)
-    low, high = tab.fallback_band.getRegion()
+    assert panel.fp32_line.isVisible() and panel.fp32_line.value() == pytest.approx(result.fp32)
+    low, high = panel.fallback_band.getRegion()
     assert (low, high) == pytest.approx((result.fp32 - 0.05, result.fp32))
     assert session.latest_fallback().tolerance == pytest.approx(0.05)
     with qtbot.waitSignal(controller.sensitivity_changed, timeout=60000):
@@ -173,8 +176,8 @@ def test_top1_tolerance_band_and_errors(controller, qtbot):
         tab.scheme_box.setCurrentIndex(0)
         tab.batches_spin.setValue(0)
         tab.metric_box.setCurrentIndex(tab.metric_box.findData("sqnr"))
-        tab.goal_box.setCurrentIndex(0)  # a tolerance with SQNR: refused by the analysis
-        tab.run_fallback()
+        panel.goal_box.setCurrentIndex(0)  # a tolerance with SQNR: refused by the analysis
+        panel.run_fallback()
     assert "target" in blocker.args[1]
     qtbot.waitUntil(lambda: tab.run_button.isEnabled())
 

@@ -101,6 +101,11 @@ def test_names_map_back_to_modules():
     assert module_of_node_name("blocks.0.attn/MatMul_1") == "blocks.0.attn"
     assert module_of_node_name("/features/features.0/Conv_2") == "features.0"
     assert module_of_node_name("/Reshape") == ""
+    # TorchScript writes each module's path from its last non-numeric part on
+    assert module_of_node_name("/blocks/blocks.0/attn/qkv/MatMul") == "blocks.0.attn.qkv"
+    assert module_of_node_name("/layer1/layer1.0/downsample/downsample.0/Conv") == "layer1.0.downsample.0"
+    assert module_of_node_name("/0/0.1/conv/Conv") == "0.1.conv"
+    assert module_of_node_name("/a/b/b/Relu") == "a.b.b"
     assert module_of_node_name("node_conv2d_2") is None
     assert module_of_node_name("block.add._input1_quantizer/DequantizeLinear") == "block.add"
     assert layer_of_quantizer("lstm._input_quantizers.0") == ("lstm", "input")
@@ -135,3 +140,29 @@ def test_the_file_carries_no_python_stack_traces(exported):
     for graph in exported.values():
         assert not any(p.key == "pkg.torch.onnx.stack_trace" for n in graph.graph.node for p in n.metadata_props)
         assert any(p.key == MODULE_KEY for n in graph.graph.node for p in n.metadata_props)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_operations_of_a_traced_module_are_named_after_it(tmp_path, exporter):
+    """The functional rewrite replaces an attention module by a GraphModule, whose forward torch.export would
+    inline into its parent without a scope: its softmax must still read blocks.0.attn/Softmax."""
+    import sys
+    from pathlib import Path
+
+    import torch.fx as fx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transformers"))
+    import models as transformers_zoo
+
+    from workbench.graph import prepare_for_tensorrt
+
+    torch.manual_seed(0)
+    images = transformers_zoo.images(2)
+    model, _ = prepare_for_tensorrt(transformers_zoo.ViTLike(depth=1).eval(), example_inputs=(images,))
+    assert isinstance(model.blocks[0].attn, fx.GraphModule)
+    calibrate(model, [images], num_batches=1, method="max", report_sqnr=False)
+    export_qdq_onnx(model, images, tmp_path / "vit.onnx", exporter=exporter)
+    names = [n.name for n in onnx.load(str(tmp_path / "vit.onnx")).graph.node]
+    assert "blocks.0.attn/Softmax" in names and "blocks.0.attn.matmul_1/MatMul" in names
+    assert not any(name.startswith("blocks.0/") and "Softmax" in name for name in names)
+    assert isinstance(model.blocks[0].attn, fx.GraphModule)  # the model is as it was after the export

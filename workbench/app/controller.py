@@ -5,6 +5,9 @@ Widgets never call the session directly: they call the controller, which runs lo
 changed is the session's to say: its events (:mod:`workbench.session.events`, no Qt) become the
 controller's signals here, in one place, and each view refreshes from those. Everything here has a
 headless twin in the session, which the CLI uses.
+
+The jobs (:mod:`workbench.app.controller_jobs`) and the edits (:mod:`workbench.app.controller_edits`)
+are mixins of the one Controller class; the signals, the session and the events-to-signals live here.
 """
 from __future__ import annotations
 
@@ -15,26 +18,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PySide6.QtCore import QObject, QTimer, Signal, SignalInstance
+from PySide6.QtCore import QObject, Signal
 
 from workbench.analysis import AnalysisCancelled
 from workbench.app import main_thread_gc
+from workbench.app.controller_edits import EditsMixin
+from workbench.app.controller_jobs import JobsMixin
 from workbench.app.disk_watch import ProjectFileWatcher
 from workbench.app.jobs import JobRunner
 from workbench.graph import ModelTree
 from workbench.quant.calibrate import CalibrationCancelled
 from workbench.session import Event, Session, SessionEvent
 from workbench.sources.data_source import DataSpec
-from workbench.sources.errors import TrustRequired
 from workbench.sources.model_source import ModelSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Controller", "DeferredRefresh", "QtLogHandler"]
+__all__ = ["Controller", "QtLogHandler"]
 
-# Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
-SLOW_REBUILD_S = 0.3
-UPDATE_JOB = "Updating the model"
 # what a view shows changes with these: the described tree and layer rows are read again
 _VIEW_EVENTS = frozenset({SessionEvent.LAYERS, SessionEvent.CALIBRATION, SessionEvent.SENSITIVITY,
                           SessionEvent.FINETUNE})
@@ -55,62 +56,7 @@ class QtLogHandler(logging.Handler):
             pass
 
 
-class DeferredRefresh(QObject):
-    """A view's refresh: a burst of change signals runs it once, and never while a job runs.
-
-    The session is not thread-safe, and reading it can rebuild its quantized model under the job's
-    feet, so a refresh asked for during a job happens when the job ends. The view's refresh starts
-    with ``if not self._refresh.begin(): return``.
-    """
-
-    def __init__(self, controller: Controller, refresh: Callable[[], None], parent: QObject | None = None) -> None:
-        super().__init__(parent)
-        self._controller = controller
-        self._after_job = False
-        self._timer = QTimer(self)
-        self._timer.setSingleShot(True)
-        self._timer.setInterval(0)  # the signals of one change (opening a project: four) refresh once
-        self._timer.timeout.connect(refresh)
-        controller.busy_changed.connect(self._busy)
-
-    def schedule(self) -> None:
-        """Refresh in the next turn of the event loop (or after the running job)."""
-        self._timer.start()
-
-    def scheduled(self) -> bool:
-        return self._timer.isActive()
-
-    @property
-    def waiting_for_job(self) -> bool:
-        """A refresh was asked for during a job and runs when it ends."""
-        return self._after_job
-
-    def idle(self) -> bool:
-        """True when no job runs; otherwise False, and the refresh runs once the job ends."""
-        if self._controller.busy:
-            self._after_job = True
-            return False
-        return True
-
-    def begin(self) -> bool:
-        """At the top of the refresh itself: whether it may read the session now."""
-        self._timer.stop()
-        if not self.idle():
-            return False
-        self._after_job = False
-        return True
-
-    def when_idle(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` now, or refresh everything once the running job ends."""
-        if self.idle():
-            fn()
-
-    def _busy(self, busy: bool) -> None:
-        if not busy and self._after_job:
-            self._timer.start()
-
-
-class Controller(QObject):
+class Controller(QObject, JobsMixin, EditsMixin):
     """Owns the open session and the job runner; views listen to its signals.
 
     Signals:
@@ -402,225 +348,6 @@ class Controller(QObject):
     def ignore_preview(self, patterns: Iterable[str]) -> list[str]:
         return self._open_session().ignore_preview(list(patterns))
 
-
-    # ----- edits (on the GUI thread; refused while a job runs) ---------------------------------
-
-    def refuse_if_busy(self, what: str) -> bool:
-        """True (and an error dialog saying why) while a job runs: the session belongs to the job."""
-        if self.busy:
-            self.error.emit(what, f"Wait for '{self.jobs.job_name}' to finish, or cancel it.", "")
-        return self.busy
-
-    def _edit(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Apply one change to the session; the views hear of it (the session's events) once the
-        quantized model is rebuilt, in the worker when that is slow."""
-        if self.session is None:
-            return None
-        if self.refuse_if_busy(what):
-            return None
-        self._holding += 1
-        try:
-            result = fn()
-        except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, keep the state
-            self._holding -= 1
-            self._tell()  # what did change before the error (one of several edits) is still told
-            self.error.emit(what, str(error), "")
-            return None
-        self._holding -= 1
-        session = self.session
-        if session.needs_rebuild and session.last_build_s > SLOW_REBUILD_S:
-            # a big model takes seconds to rebuild (tracing): do it in the worker, the window stays live
-            def rebuild(progress, cancel):
-                progress(0, 1, "updating the quantized model")
-                return self._prepare_views(session, progress)
-
-            self._start(UPDATE_JOB, rebuild, lambda _: None)
-            return result
-        self._tell()
-        return result
-
-    def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str] | None:
-        names = list(names)
-        return self._edit("Quantize" if quantize else "Ignore", lambda: self.session.set_quantize(names, quantize))
-
-    def set_descriptor(self, names: Iterable[str], role: str, fields: dict[str, Any]) -> list[str] | None:
-        names = list(names)
-        return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields))
-
-    def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str] | None:
-        names = list(names)
-        return self._edit("Reset to default", lambda: self.session.reset_descriptor(names, role))
-
-    def set_setting(self, key: str, value: Any) -> None:
-        self._edit("Settings", lambda: self.session.set_setting(key, value))
-
-    def set_settings(self, changes: dict[str, Any]) -> None:
-        """Change several settings as one edit (one rebuild): a second edit would be refused while the
-        first one's background rebuild runs, so a dialog's changes go together or not at all."""
-        changes = dict(changes)
-        if changes:
-            self._edit("Settings", lambda: self.session.set_settings(changes))
-
-    def apply_ignore_policy(self, patterns: Iterable[str], quantize_others: bool) -> list[str] | None:
-        """Leave the layers matching ``patterns`` in float (and quantize all others when ``quantize_others``),
-        as one edit; returns the layers left in float, None when refused."""
-        patterns = list(patterns)
-        return self._edit("Ignore by pattern", lambda: self.session.apply_ignore_policy(patterns, quantize_others))
-
-    def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict | None:
-        names = list(names)
-        return self._edit("Change amax method", lambda: self.session.recompute_amax(names, method, percentile))
-
-    # ----- jobs ---------------------------------------------------------------------------------
-
-    def calibrate(self, **options: Any) -> bool:
-        session = self._require_session()
-        return session is not None and self._session_job(
-            "Calibrating", lambda progress, cancel: session.calibrate(progress=progress, cancel=cancel, **options))
-
-    def sensitivity(self, **options: Any) -> bool:
-        session = self._require_session()
-        return session is not None and self._session_job(
-            "Sensitivity analysis",
-            lambda progress, cancel: session.sensitivity(progress=progress, cancel=cancel, **options))
-
-    def fallback(self, **options: Any) -> bool:
-        session = self._require_session()
-        return session is not None and self._session_job(
-            "Fallback search", lambda progress, cancel: session.fallback(progress=progress, cancel=cancel, **options),
-            with_result=self.fallback_changed)
-
-    def _session_job(self, name: str, run: Callable[[Any, Any], Any],
-                     with_result: SignalInstance | None = None) -> bool:
-        """Run ``run(progress, cancel)`` in the worker; when it ends, log the result's warnings and summary
-        and emit ``with_result(result)`` (what changed the session's events tell)."""
-        def done(result: Any) -> None:
-            for warning in getattr(result, "warnings", ()):
-                self.log.emit("warning", warning)
-            self.log.emit("info", result.summary())
-            if with_result is not None:
-                with_result.emit(result)
-
-        return self._start(name, run, done)
-
-    def apply_fallback(self, result: Any) -> list[str] | None:
-        return self._edit("Apply fallback", lambda: self.session.apply_fallback(result))
-
-    def export(self, path: str | Path | None = None, **options: Any) -> bool:
-        session = self._require_session()
-        if session is None:
-            return False
-
-        def job(progress, cancel):
-            progress(0, 1, "exporting and validating QDQ ONNX")
-            return session.export(path, **options)
-
-        def done(report):
-            self.log.emit("info", report.summary())
-            self.export_finished.emit(report)
-
-        return self._start("Exporting", job, done)
-
-    def export_preview(self, path: str | Path, on_done: Callable[[Any], None], **options: Any) -> bool:
-        """Export to ``path`` for viewing only: the project's export settings and history stay as they
-        were, and ``export_finished`` is not emitted (``on_done(report)`` is called instead)."""
-        session = self._require_session()
-        if session is None:
-            return False
-
-        def job(progress, cancel):
-            progress(0, 1, "exporting a QDQ ONNX preview")
-            return session.export(path, remember=False, **options)
-
-        def done(report):
-            self.log.emit("info", f"preview: {report.summary()}")
-            on_done(report)
-
-        return self._start("Exporting a preview", job, done)
-
-    def finetune(self, **options: Any) -> bool:
-        """Fine-tune in the background (options as :meth:`Session.finetune`); Cancel keeps the best model so far."""
-        session = self._require_session()
-        if session is None:
-            return False
-
-        def job(progress, cancel):
-            # emitted from the worker thread: Qt queues them to the GUI thread's slots
-            return session.finetune(progress=progress, cancel=cancel,
-                                    on_step=lambda s: self.finetune_progress.emit(s.epoch, s.step, s.loss),
-                                    on_epoch=self.finetune_epoch.emit, **options)
-
-        def done(result):
-            self.log.emit("warning" if result.cancelled else "info", result.summary())
-            self.finetune_finished.emit(result)
-
-        return self._start("Fine-tuning", job, done)
-
-    def reset_finetune(self) -> bool | None:
-        """Drop the fine-tuned weights: the quantized model goes back to the calibrated weights."""
-        return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune())
-
-    def evaluate(self, on_done: Callable[[Any], None], **options: Any) -> bool:
-        """Compare FP32 and INT8 on the evaluation data (the session's ``evaluate``); ``on_done`` gets the
-        :class:`workbench.analysis.Evaluation`."""
-        session = self._require_session()
-        if session is None:
-            return False
-        return self._start("Evaluating", lambda progress, cancel: session.evaluate(progress=progress, cancel=cancel,
-                                                                                   **options), on_done)
-
-    def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None) -> Any:
-        """Read trtexec's layer information (and profile) into the project; the Engine views follow."""
-        report = self._edit("Import TensorRT report", lambda: self.session.import_engine_report(layer_info, profile))
-        if report is not None:
-            self.log.emit("info", f"TensorRT report {Path(layer_info).name}: {len(report.hazards)} hazards")
-            self.engine_changed.emit()
-        return report
-
     def engine_report(self) -> Any:
         """The project's latest imported engine report (None: none, or no project)."""
         return self.session.latest_engine_report() if self.session is not None else None
-
-    def cancel_job(self) -> None:
-        self.jobs.cancel()
-
-    def _require_session(self) -> Session | None:
-        if self.session is None:
-            self.error.emit("No project", "Create or open a project first.", "")
-        return self.session
-
-    def _start(self, name: str, fn, on_done, trust: tuple[str, str] | None = None) -> bool:
-        if self.jobs.busy and self.jobs.job_name == UPDATE_JOB and self._queued is None:
-            # the model is being rebuilt after an edit: run this job right after it, as the user meant
-            self._queued = (name, fn, on_done, trust)
-            return True
-        if self.jobs.busy:
-            self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
-            return False
-        self._trust_context = trust
-        self._forget_views()
-
-        def done(result: Any) -> None:
-            on_done(result)
-            self._tell()  # what the job changed, now that the session is the GUI's again
-
-        if not self.jobs.start(name, fn, done):
-            self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
-            return False
-        return True
-
-    def _start_queued(self, busy: bool) -> None:
-        if busy or self._queued is None:
-            return
-        name, fn, on_done, trust = self._queued
-        self._queued = None
-        self._start(name, fn, on_done, trust)
-
-    def _job_failed(self, name: str, error: BaseException, details: str) -> None:
-        self._tell()  # a job can fail after changing something (a fallback applied, then export failed)
-        if isinstance(error, TrustRequired) and getattr(self, "_trust_context", None) is not None:
-            kind, target = self._trust_context
-            self.trust_needed.emit(kind, target, str(error))
-            return
-        self.log.emit("error", f"{name} failed: {error}")
-        self.error.emit(f"{name} failed", str(error) or type(error).__name__, details)

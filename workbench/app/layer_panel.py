@@ -28,7 +28,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.app.controller import Controller, DeferredRefresh
+from workbench.app.controller import Controller
+from workbench.app.deferred_refresh import DeferredRefresh
 from workbench.app.descriptor_editor import (
     DESCRIPTOR_FIELDS,
     METHODS,

@@ -3,53 +3,42 @@
 The window owns no project state: the :class:`Controller` does. The window turns user intent into
 controller calls (asking about unsaved changes and trust first), shows the controller's errors as
 dialogs, and enables or disables editing while a job runs.
+
+Its actions, menus and toolbar come from one registry (:mod:`workbench.app.menus`), the device
+selector is :mod:`workbench.app.device_selector`, and the job commands with the dialogs they open are
+:mod:`workbench.app.window_jobs`; projects (new, open, save, reload), errors and trust stay here.
 """
 from __future__ import annotations
 
 import logging
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-from PySide6.QtCore import QEvent, QObject, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QFont, QIcon, QKeySequence, QTextCursor
-from PySide6.QtWidgets import (
-    QApplication,
-    QComboBox,
-    QDockWidget,
-    QFileDialog,
-    QLabel,
-    QMainWindow,
-    QMenu,
-    QMessageBox,
-    QStyle,
-    QTabWidget,
-    QWidget,
-)
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer
+from PySide6.QtGui import QCloseEvent
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QTabWidget, QWidget
 
 from workbench.app.controller import Controller
-from workbench.app.dialogs import CalibrateDialog, ErrorDialog, ProjectSettingsDialog
+from workbench.app.device_selector import DeviceSelector
+from workbench.app.dialogs import ErrorDialog
 from workbench.app.engine_panel import EnginePanel
-from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog
 from workbench.app.finetune_tab import FinetuneTab
-from workbench.app.formatting import format_seconds
 from workbench.app.graph_tab import GraphTab
 from workbench.app.layer_panel import LayerPanel
+from workbench.app.menus import APP_NAME, MAX_RECENT, RecentMenu, build_actions, build_menus, build_toolbar
 from workbench.app.sensitivity_tab import SensitivityTab
 from workbench.app.status import JobStatus, LogPanel, install_excepthook
 from workbench.app.tree_model import COLUMN_WIDTHS
 from workbench.app.tree_widget import ModelTreeWidget
+from workbench.app.window_jobs import JobCommandsMixin
 from workbench.app.wizard import NewProjectWizard
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MainWindow", "LogPanel", "JobStatus", "install_excepthook", "APP_NAME", "MAX_RECENT"]
 
-APP_NAME = "Quant Workbench"
-MAX_RECENT = 10
 PROJECT_FILTER = "Quant Workbench projects (*.qwb);;All files (*)"
 
 # the tabs after "Layer": (class, tab title)
@@ -57,7 +46,7 @@ TABS: tuple[tuple[type[QWidget], str], ...] = ((SensitivityTab, "Sensitivity"), 
                                               (FinetuneTab, "Fine-tune"), (EnginePanel, "TensorRT"))
 
 
-class MainWindow(QMainWindow):
+class MainWindow(QMainWindow, JobCommandsMixin):
     """The workbench window. ``settings`` (QSettings) holds recent projects and the window layout."""
 
     def __init__(self, controller: Controller | None = None, settings: QSettings | None = None,
@@ -75,72 +64,21 @@ class MainWindow(QMainWindow):
         self.resize(1480, 920)
         self.setDockNestingEnabled(True)
 
-        self._make_actions()
+        groups = build_actions(self)
+        self.project_actions = groups["project"]  # need an open project and no running job
+        self.idle_actions = groups["idle"]  # need no running job
         self._make_widgets()
-        self._make_menus()
-        self._make_toolbar()
+        self.recent_menu = RecentMenu(self.settings, self.open_project, self)
+        build_menus(self, self.recent_menu)
+        self.device_combo = DeviceSelector(self.controller, self)
+        self.device_combo.device_set.connect(self._session_changed)
+        self.toolbar = build_toolbar(self, self.device_combo)
         self._connect()
         self._restore_layout()
         self._update_title()
         self._update_actions()
 
     # ----- construction -------------------------------------------------------------------------------
-
-    def _icon(self, pixmap: QStyle.StandardPixmap) -> QIcon:
-        return self.style().standardIcon(pixmap)
-
-    def _action(self, text: str, slot: Callable[[], Any], shortcut: Any = None, tip: str = "",
-                icon: QStyle.StandardPixmap | None = None) -> QAction:
-        action = QAction(text, self)
-        if icon is not None:
-            action.setIcon(self._icon(icon))
-        if shortcut is not None:
-            action.setShortcut(QKeySequence(shortcut))
-        if tip:
-            action.setToolTip(tip)
-            action.setStatusTip(tip)
-        action.triggered.connect(lambda _checked=False: slot())
-        return action
-
-    def _make_actions(self) -> None:
-        SP = QStyle.StandardPixmap
-        self.new_action = self._action("&New Project…", self.new_project, QKeySequence.StandardKey.New,
-                                       "Create a project: model, data, metric", SP.SP_FileIcon)
-        self.open_action = self._action("&Open…", self.open_project_dialog, QKeySequence.StandardKey.Open,
-                                        "Open a project file (.qwb)", SP.SP_DialogOpenButton)
-        self.demo_action = self._action("Open &Demo Project", self.open_demo, None,
-                                        "The digits CNN with its data, ready to calibrate")
-        self.save_action = self._action("&Save", self.save, QKeySequence.StandardKey.Save, "Save the project",
-                                        SP.SP_DialogSaveButton)
-        self.save_as_action = self._action("Save &As…", self.save_as, QKeySequence.StandardKey.SaveAs,
-                                           "Save the project to a new file")
-        self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit, "Quit Quant Workbench")
-        self.calibrate_action = self._action("Calibrate", self.calibrate, "Ctrl+R",
-                                             "Calibrate on the project's data with its calibration settings",
-                                             SP.SP_MediaPlay)
-        self.calibrate_dialog_action = self._action("&Calibrate…", self.calibrate_dialog, "Ctrl+Shift+R",
-                                                    "Choose the amax method and batches, then calibrate")
-        self.export_action = self._action("Export", self.export, "Ctrl+E",
-                                          "Write and validate QDQ ONNX with the last export settings",
-                                          SP.SP_DialogApplyButton)
-        self.export_dialog_action = self._action("&Export…", self.export_dialog, "Ctrl+Shift+E",
-                                                 "Choose the ONNX path and opset, then export")
-        self.evaluate_action = self._action("E&valuate", self.evaluate, None,
-                                            "FP32 against INT8 on the evaluation data")
-        self.settings_action = self._action("&Settings…", self.settings_dialog, None,
-                                            "Default descriptors, placement rules, calibration, metric, export")
-        self.cancel_action = self._action("Cancel", self.cancel_job, "Esc", "Stop the running job",
-                                          SP.SP_BrowserStop)
-        self.engine_action = self._action("Import &TensorRT Report…", self.import_engine_report, None,
-                                          "Read trtexec's --exportLayerInfo (and --exportProfile) files: what ran "
-                                          "in INT8, FP16, FP32, and the hazards")
-        self.about_action = self._action("&About", self.about)
-        # needs an open project and no running job
-        self.project_actions = [self.save_action, self.save_as_action, self.calibrate_action,
-                                self.calibrate_dialog_action, self.export_action, self.export_dialog_action,
-                                self.evaluate_action, self.settings_action, self.engine_action]
-        # needs no running job
-        self.idle_actions = [self.new_action, self.open_action, self.demo_action]
 
     def _make_widgets(self) -> None:
         self.tree = ModelTreeWidget(self.controller, self, self.settings)
@@ -184,53 +122,6 @@ class MainWindow(QMainWindow):
             return
         self.extra_tabs[title] = widget
         self.tabs.addTab(widget, title)
-
-    def _make_menus(self) -> None:
-        bar = self.menuBar()
-        file_menu = bar.addMenu("&File")
-        file_menu.addActions([self.new_action, self.open_action, self.demo_action])
-        self.recent_menu = QMenu("Open &Recent", self)
-        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
-        file_menu.addMenu(self.recent_menu)
-        file_menu.addSeparator()
-        file_menu.addActions([self.save_action, self.save_as_action])
-        file_menu.addSeparator()
-        file_menu.addAction(self.quit_action)
-        project_menu = bar.addMenu("&Project")
-        project_menu.addActions([self.calibrate_dialog_action, self.evaluate_action, self.export_dialog_action,
-                                 self.engine_action])
-        project_menu.addSeparator()
-        project_menu.addActions([self.tree.descriptor_action, self.tree.pattern_action])
-        project_menu.addSeparator()
-        project_menu.addAction(self.settings_action)
-        view_menu = bar.addMenu("&View")
-        view_menu.addAction(self.tree_dock.toggleViewAction())
-        view_menu.addAction(self.log_dock.toggleViewAction())
-        help_menu = bar.addMenu("&Help")
-        help_menu.addAction(self.about_action)
-        self._fill_recent_menu()
-
-    def _make_toolbar(self) -> None:
-        toolbar = self.addToolBar("Main")
-        toolbar.setObjectName("mainToolbar")
-        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        toolbar.setMovable(False)
-        toolbar.addActions([self.new_action, self.open_action, self.save_action])
-        toolbar.addSeparator()
-        toolbar.addActions([self.calibrate_action, self.export_action])
-        toolbar.addSeparator()
-        toolbar.addWidget(QLabel(" Device "))
-        self.device_combo = QComboBox()
-        self.device_combo.setToolTip("Where calibration, analysis and export run")
-        self.device_combo.addItem("CPU", "cpu")
-        if torch.cuda.is_available():
-            for index in range(torch.cuda.device_count()):
-                self.device_combo.addItem(f"cuda:{index} · {torch.cuda.get_device_name(index)}", f"cuda:{index}")
-        self.device_combo.activated.connect(self._device_chosen)
-        toolbar.addWidget(self.device_combo)
-        toolbar.addSeparator()
-        toolbar.addAction(self.cancel_action)
-        self.toolbar = toolbar
 
     def _connect(self) -> None:
         c = self.controller
@@ -320,12 +211,7 @@ class MainWindow(QMainWindow):
             self.log_panel.append("info", f"{'opened ' + str(session.path) if session.path else 'new project'}: "
                                   f"{session.project.model.label}, {len(session.project.layers)} quantizable layers"
                                   f"{', calibrated (' + run.method + ')' if run else ', not calibrated yet'}")
-            device = str(session.device)
-            position = self.device_combo.findData(device)
-            if position < 0:
-                self.device_combo.addItem(f"{device} (not available)", device)
-                position = self.device_combo.count() - 1
-            self.device_combo.setCurrentIndex(position)
+            self.device_combo.show_session_device()
         self._update_title()
         self._update_actions()
         self._update_summary()
@@ -407,7 +293,7 @@ class MainWindow(QMainWindow):
             if save_to:
                 saved = self.controller.save(save_to)
                 if saved is not None:
-                    self.add_recent(saved)
+                    self.recent_menu.add(saved)
                     self._update_title()
             if select_first and session.project.layers:
                 self.controller.select([next(iter(session.project.layers))])
@@ -444,11 +330,11 @@ class MainWindow(QMainWindow):
         path = Path(path).expanduser()
         if not path.exists():
             self.show_error("Could not open the project", f"{path} does not exist.")
-            self.remove_recent(path)
+            self.recent_menu.remove(path)
             return False
 
         def done(session: Any) -> None:
-            self.add_recent(path)
+            self.recent_menu.add(path)
             layers = session.project.layers
             if layers:
                 self.controller.select([next(iter(layers))])
@@ -489,7 +375,7 @@ class MainWindow(QMainWindow):
         saved = self.controller.save()
         if saved is None:
             return False
-        self.add_recent(saved)
+        self.recent_menu.add(saved)
         self._update_title()
         return True
 
@@ -505,176 +391,9 @@ class MainWindow(QMainWindow):
         saved = self.controller.save(path)
         if saved is None:
             return False
-        self.add_recent(saved)
+        self.recent_menu.add(saved)
         self._update_title()
         return True
-
-    # ----- recent projects -------------------------------------------------------------------------------
-
-    def recent_projects(self) -> list[str]:
-        value = self.settings.value("recent_projects", [])
-        if isinstance(value, str):
-            value = [value] if value else []
-        return [str(v) for v in (value or [])]
-
-    def add_recent(self, path: str | Path) -> None:
-        path = str(Path(path).expanduser().resolve())
-        recent = [path] + [p for p in self.recent_projects() if p != path]
-        self.settings.setValue("recent_projects", recent[:MAX_RECENT])
-        self.settings.setValue("last_dir", str(Path(path).parent))
-        self._fill_recent_menu()
-
-    def remove_recent(self, path: str | Path) -> None:
-        path = str(Path(path).expanduser().resolve())
-        self.settings.setValue("recent_projects", [p for p in self.recent_projects() if p != path])
-        self._fill_recent_menu()
-
-    def _fill_recent_menu(self) -> None:
-        self.recent_menu.clear()
-        recent = self.recent_projects()
-        for number, path in enumerate(recent, 1):
-            action = self.recent_menu.addAction(f"&{number % 10} {Path(path).name}  —  {Path(path).parent}")
-            action.setData(path)
-            action.triggered.connect(lambda _checked=False, p=path: self.open_project(p))
-        if not recent:
-            self.recent_menu.addAction("No recent projects").setEnabled(False)
-        else:
-            self.recent_menu.addSeparator()
-            self.recent_menu.addAction("Clear list", lambda: (self.settings.setValue("recent_projects", []),
-                                                              self._fill_recent_menu()))
-
-    # ----- jobs ---------------------------------------------------------------------------------------------
-
-    def calibrate(self) -> bool:
-        return self.controller.calibrate()
-
-    def calibrate_dialog(self) -> CalibrateDialog | None:
-        session = self.controller.session
-        if session is None:
-            return None
-        dialog = CalibrateDialog(session.project.settings.get("calibration") or {}, self)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda: self._calibrate_with(dialog.options()))
-        self.dialog = dialog
-        dialog.open()
-        return dialog
-
-    def _calibrate_with(self, options: dict[str, Any]) -> None:
-        # the options become the project's: the toolbar's Calibrate repeats them
-        self.controller.set_setting("calibration", dict(options))
-        self.controller.calibrate(**options)
-
-    def export(self) -> bool:
-        force = self._confirm_overwrite(None)
-        return force is not None and self.controller.export(force=force)
-
-    def _confirm_overwrite(self, path: str | Path | None) -> bool | None:
-        """True: overwrite a file this project did not write (the user said so); False: nothing to confirm;
-        None: the user declined."""
-        session = self.controller.session
-        reason = session.overwrite_refusal(path) if session is not None else None
-        if reason is None:
-            return False
-        answer = QMessageBox.question(self, "Overwrite the file?", f"{reason.split(';')[0]}.\n\nOverwrite it?",
-                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-                                      QMessageBox.StandardButton.No)
-        return True if answer == QMessageBox.StandardButton.Yes else None
-
-    def export_dialog(self) -> QWidget | None:
-        if self.controller.session is None:
-            return None
-        dialog = ExportSettingsDialog(self.controller, self)
-        dialog.accepted.connect(lambda: self._export_with(dialog))
-        self.dialog = dialog
-        dialog.open()
-        return dialog
-
-    def _export_with(self, dialog: Any) -> None:
-        options = dict(dialog.settings() or {})
-        path = options.pop("path", None)
-        force = self._confirm_overwrite(path)
-        if force is not None:
-            self.controller.export(path, force=force, **options)
-
-    def _export_finished(self, report: Any) -> None:
-        self.statusBar().showMessage(f"Exported {getattr(report, 'path', '')}", 8000)
-        try:
-            dialog = ExportReportDialog(report, self)
-        except Exception as error:  # noqa: BLE001 - the export worked; only showing the report failed
-            self.show_error("Could not show the export report", str(error), traceback.format_exc())
-            return
-        self.export_report_dialog = dialog
-        dialog.open()
-
-    def import_engine_report(self, layer_info: str | None = None, profile: str | None = None,
-                             ask_profile: bool = True) -> bool:
-        """Import trtexec's report; without paths, file dialogs ask (the profile is optional)."""
-        if self.controller.session is None:
-            return False
-        folder = str(self.controller.session.base_dir)
-        if layer_info is None:
-            layer_info, _ = QFileDialog.getOpenFileName(self, "TensorRT layer information (--exportLayerInfo)",
-                                                        folder, "JSON (*.json);;All files (*)")
-            if not layer_info:
-                return False
-            if ask_profile and profile is None:
-                profile, _ = QFileDialog.getOpenFileName(self, "TensorRT profile (--exportProfile; Cancel: none)",
-                                                         str(Path(layer_info).parent), "JSON (*.json);;All files (*)")
-        report = self.controller.import_engine_report(layer_info, profile or None)
-        if report is None:
-            return False
-        panel = self.extra_tabs.get("TensorRT")
-        if panel is not None:
-            self.tabs.setCurrentWidget(panel)
-        return True
-
-    def evaluate(self) -> bool:
-        def done(evaluation: Any) -> None:
-            self.log_panel.append("info", f"evaluation: {evaluation.summary()}")
-            self.statusBar().showMessage(f"Evaluation: {evaluation.summary()}", 15000)
-
-        return self.controller.evaluate(done)
-
-    def cancel_job(self) -> None:
-        if self.controller.busy:
-            self.job_status.cancel()
-
-    def _job_finished(self, name: str, _result: Any) -> None:
-        elapsed = f" in {format_seconds(time.monotonic() - self.job_status.started_at)}"
-        self.statusBar().showMessage(f"{name} done{elapsed}", 5000)
-        self._update_summary()
-
-    def settings_dialog(self) -> ProjectSettingsDialog | None:
-        session = self.controller.session
-        if session is None:
-            return None
-        dialog = ProjectSettingsDialog(session.project.settings, self)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda: self._apply_settings(dialog.changes()))
-        self.dialog = dialog
-        dialog.open()
-        return dialog
-
-    def _apply_settings(self, changes: dict[str, Any]) -> None:
-        # one edit: on a big model each edit starts a background rebuild that refuses the next edit
-        self.controller.set_settings(changes)
-        self._update_summary()
-
-    def _device_chosen(self, _index: int) -> None:
-        device = self.device_combo.currentData()
-        session = self.controller.session
-        if session is None or str(session.device) == device:
-            return
-        self.controller.set_setting("device", device)
-        self._session_changed()  # shows the device in use (unchanged if the session refused)
-
-    def about(self) -> None:
-        from workbench import __version__
-
-        QMessageBox.about(self, f"About {APP_NAME}",
-                          f"<b>{APP_NAME}</b> {__version__}<br>INT8 post-training quantization of PyTorch models "
-                          "for TensorRT: layer selection, calibration, sensitivity, QDQ ONNX export.<br><br>"
-                          f"PyTorch {torch.__version__} · Qt {QApplication.instance().applicationVersion() or ''}")
 
     # ----- closing ------------------------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ and the CLI. The tab only reads stored results (``controller.latest_sensitivity(
 ``controller.latest_fallback()``) and the layer decisions, to draw them.
 
 Layout: run controls on top; a sorted horizontal bar chart (one bar per unit, the most sensitive on
-top) beside a sortable table; "leave the worst N in float"; the fallback search with its curve of
-metric against number of units left in float, the FP32 line and the tolerance band, and Apply.
+top) beside a sortable table; "leave the worst N in float"; below them the fallback search
+(:mod:`workbench.app.fallback_panel`).
 """
 from __future__ import annotations
 
@@ -17,19 +17,15 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QItemSelection, QItemSelectionModel, QPointF, Qt, Slot
-from PySide6.QtGui import QColor, QCursor, QFont, QFontMetrics, QPalette, QStandardItem, QStandardItemModel
+from PySide6.QtGui import QCursor, QFontMetrics, QPalette, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
-    QDoubleSpinBox,
-    QFormLayout,
-    QGroupBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
-    QSizePolicy,
     QSpinBox,
     QSplitter,
     QTableView,
@@ -39,11 +35,22 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_labels
-from workbench.analysis.results import FallbackResult, SensitivityResult, UnitResult
+from workbench.analysis.results import SensitivityResult, UnitResult
 from workbench.app.controller import Controller
+from workbench.app.fallback_panel import FallbackPanel
 from workbench.app.formatting import format_delta, format_number
+from workbench.app.plot_style import style_plot
+from workbench.app.sensitivity_bars import (
+    FLOAT,
+    NEUTRAL,
+    SELECTED_PEN,
+    bar_colour,
+    finite_clip,
+    sensitivity_scores,
+    table_row,
+)
 
-__all__ = ["SensitivityTab", "sensitivity_scores", "BUILTIN_METRIC_LABELS"]
+__all__ = ["SensitivityTab", "BUILTIN_METRIC_LABELS"]
 
 # The metrics offered besides the project's own; top-1 only when the evaluation data has labels.
 BUILTIN_METRIC_LABELS: dict[str, str] = builtin_metric_labels()
@@ -54,73 +61,14 @@ SCHEME_LABELS = {
 JOB_NAMES = ("Sensitivity analysis", "Fallback search")
 VISIBLE_BARS = 30          # rows the chart shows at once; the wheel scrolls through the rest
 VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay readable
-CURVE_LABELS_UP_TO = 12    # unit names along the fallback curve, same reason
 LABEL_WIDTH_PX = 220       # unit names longer than this are elided in the middle (the table has them whole)
-
-# sequential colours from "hardly matters" to "most sensitive" (ColorBrewer OrRd)
-_LOW, _MID, _HIGH = np.array([253, 212, 158]), np.array([252, 141, 89]), np.array([179, 0, 0])
-_NEUTRAL = QColor(190, 190, 190)
-_FLOAT = QColor(120, 160, 210)
-_SELECTED_PEN = pg.mkPen(QColor(20, 90, 200), width=3)
-
-
-# ----- plain helpers (tested without a window) ----------------------------------------------------
-
-
-def sensitivity_scores(result: SensitivityResult) -> tuple[list[float], str]:
-    """One number per unit (in ``result.units`` order), larger for more sensitive, and its axis title.
-
-    one-off: what leaving the unit in float regains over the all-quantized model. one-on: what
-    quantizing it alone loses against FP32; when FP32 is infinite (SQNR of identical outputs) that
-    loss is infinite for every unit, so the loss is measured against the least sensitive unit instead.
-    Either way the bars are ordered like the ranks, and read in the metric's own units.
-    """
-    sign = 1.0 if result.higher_is_better else -1.0
-    name = result.metric_name
-    if result.scheme == "one-off":
-        scores = [sign * (u.value - result.quantized) if u.value != result.quantized else 0.0 for u in result.units]
-        return scores, f"{name} regained with the unit in float"
-    if math.isfinite(result.fp32):
-        return [sign * (result.fp32 - u.value) for u in result.units], f"{name} lost with the unit quantized alone"
-    finite = [sign * u.value for u in result.units if math.isfinite(u.value)]
-    best = max(finite) if finite else 0.0
-    scores = [best - sign * u.value if math.isfinite(u.value) else (0.0 if sign * u.value > 0 else math.inf)
-              for u in result.units]
-    return scores, f"{name} lost vs the least sensitive unit"
-
-
-def _colour(fraction: float) -> QColor:
-    fraction = min(max(fraction, 0.0), 1.0)
-    if fraction < 0.5:
-        rgb = _LOW + (_MID - _LOW) * (fraction / 0.5)
-    else:
-        rgb = _MID + (_HIGH - _MID) * ((fraction - 0.5) / 0.5)
-    return QColor(*(int(round(c)) for c in rgb))
-
-
-def _finite_clip(values: list[float]) -> tuple[list[float], float]:
-    """Non-finite scores drawn as a bar a bit longer than the longest finite one (labelled ∞ in the table)."""
-    finite = [v for v in values if math.isfinite(v)]
-    top = max([abs(v) for v in finite] + [1e-12])
-    return [v if math.isfinite(v) else (1.1 * top if v > 0 else 0.0) for v in values], top
-
-
-class _NumberItem(QStandardItem):
-    """A table cell that shows formatted text and sorts by the number behind it."""
-
-    def __init__(self, text: str, number: float) -> None:
-        super().__init__(text)
-        self.setData(number if not math.isnan(number) else -math.inf, Qt.ItemDataRole.UserRole)
-        self.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.setEditable(False)
-
 
 class SensitivityTab(QWidget):
     """Sensitivity analysis and fallback search over the controller.
 
     Attributes a test or the main window may use: ``chart`` (pyqtgraph PlotWidget of the bars),
-    ``bars`` (its BarGraphItem), ``table`` (QTableView), ``table_model``, ``fallback_plot``,
-    ``fallback_curve``; :meth:`bar_clicked` is what a click on a bar calls.
+    ``bars`` (its BarGraphItem), ``table`` (QTableView), ``table_model``, ``fallback_panel`` (the
+    :class:`FallbackPanel` below them); :meth:`bar_clicked` is what a click on a bar calls.
     """
 
     COLUMNS = ("Unit", "Metric", "Δ vs quantized", "Δ vs FP32", "Rank")
@@ -129,17 +77,14 @@ class SensitivityTab(QWidget):
         super().__init__(parent)
         self.controller = controller
         self.result: SensitivityResult | None = None
-        self.fallback_result: FallbackResult | None = None
         self.chart_units: list[UnitResult] = []      # in chart order: rank 1 first (on top)
         self._scores: dict[str, float] = {}
         self._layers: dict[str, list[str]] = {}      # unit name -> layers it switches
         self._value_labels: list[pg.TextItem] = []
-        self._curve_labels: list[pg.TextItem] = []
         self._syncing = False                        # True while the view follows the controller
         self._build()
         controller.session_changed.connect(self._on_session_changed)
         controller.sensitivity_changed.connect(self.refresh)
-        controller.fallback_changed.connect(self.show_fallback)
         controller.selection_changed.connect(self._follow_selection)
         controller.layers_changed.connect(self._decisions_changed)
         controller.busy_changed.connect(self._busy_changed)
@@ -196,14 +141,14 @@ class SensitivityTab(QWidget):
         # chart and table
         top = QSplitter(Qt.Orientation.Horizontal)
         self.chart = pg.PlotWidget()
-        self._style_plot(self.chart)
+        style_plot(self.chart)
         self.chart.setMouseEnabled(x=False, y=True)
         self.chart.invertY(True)  # rank 1 on top
         self.chart.hideButtons()
         self.chart.setMenuEnabled(False)
         self.chart.getAxis("left").setStyle(tickLength=0)
         # pyqtgraph 0.14 fails on empty pens/brushes lists: start with shared ones
-        self.bars = pg.BarGraphItem(x0=[], y=[], height=0.72, width=[], pen=None, brush=_NEUTRAL)
+        self.bars = pg.BarGraphItem(x0=[], y=[], height=0.72, width=[], pen=None, brush=NEUTRAL)
         self.chart.addItem(self.bars)
         self.chart.scene().sigMouseClicked.connect(self._chart_clicked)
         self.chart.scene().sigMouseMoved.connect(self._chart_hovered)
@@ -248,76 +193,9 @@ class SensitivityTab(QWidget):
         chart_layout.addLayout(worst)
         splitter.addWidget(chart_panel)
 
-        # fallback search
-        group = QGroupBox("Fallback search: the fewest units to leave in float")
-        group_layout = QHBoxLayout(group)
-        form = QFormLayout()
-        self.goal_box = QComboBox()
-        self.goal_box.addItem("within a tolerance of FP32", "tolerance")
-        self.goal_box.addItem("reach a target value", "target")
-        self.goal_box.currentIndexChanged.connect(self._goal_changed)
-        self.goal_spin = QDoubleSpinBox()
-        self.goal_spin.setDecimals(4)
-        self.goal_spin.setRange(-1e9, 1e9)
-        self.goal_spin.setSingleStep(0.01)
-        self.max_units_spin = QSpinBox()
-        self.max_units_spin.setRange(0, 100000)
-        self.max_units_spin.setSpecialValueText("no limit")
-        self.fallback_button = QPushButton("Search")
-        self.fallback_button.clicked.connect(self.run_fallback)
-        self.goal_label = QLabel("Tolerance")
-        form.addRow("Goal", self.goal_box)
-        form.addRow(self.goal_label, self.goal_spin)
-        form.addRow("Max units", self.max_units_spin)
-        form.addRow(self.fallback_button)
-        self.fallback_label = QLabel("Run a search to see how the metric recovers as units go back to float.")
-        self.fallback_label.setWordWrap(True)
-        self.fallback_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.fallback_label.setMinimumWidth(220)
-        self.fallback_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
-        self.fallback_label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        self.apply_button = QPushButton("Apply")
-        self.apply_button.setEnabled(False)
-        self.apply_button.clicked.connect(self.apply_fallback)
-        form.addRow(self.fallback_label)
-        form.addRow(self.apply_button)
-        left = QWidget()
-        left.setLayout(form)
-        left.setMaximumWidth(340)
-        group_layout.addWidget(left)
-        self.fallback_plot = pg.PlotWidget()
-        self._style_plot(self.fallback_plot)
-        self.fallback_plot.setLabel("bottom", "units left in float")
-        self.fallback_plot.hideButtons()
-        self.fallback_plot.getAxis("bottom").setTickSpacing(1, 1)
-        self.fallback_band = pg.LinearRegionItem(orientation="horizontal", movable=False,
-                                                 brush=pg.mkBrush(60, 170, 90, 45), pen=pg.mkPen(None))
-        self.fallback_band.setZValue(-10)
-        self.fp32_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(QColor(60, 60, 60), width=1.5,
-                                                               style=Qt.PenStyle.DashLine),
-                                         label="FP32", labelOpts={"position": 0.95, "color": (60, 60, 60)})
-        self.target_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(QColor(40, 140, 70), width=1.5,
-                                                                 style=Qt.PenStyle.DotLine),
-                                           label="target", labelOpts={"position": 0.95, "color": (40, 140, 70)})
-        self.fallback_curve = pg.PlotDataItem([], [], pen=pg.mkPen(QColor(30, 100, 190), width=2), symbol="o",
-                                              symbolSize=8, symbolBrush=QColor(30, 100, 190))
-        self.chosen_marker = pg.ScatterPlotItem(size=16, symbol="star", pen=pg.mkPen(None))
-        for item in (self.fallback_band, self.fp32_line, self.target_line, self.fallback_curve, self.chosen_marker):
-            self.fallback_plot.addItem(item)
-        group_layout.addWidget(self.fallback_plot, 1)
-        splitter.addWidget(group)
+        self.fallback_panel = FallbackPanel(self.controller, self.current_metric, lambda: self.result)
+        splitter.addWidget(self.fallback_panel)
         splitter.setSizes([520, 300])
-        self._clear_fallback_plot()
-
-    def _style_plot(self, plot: pg.PlotWidget) -> None:
-        """Plots take the window's colours rather than pyqtgraph's global (black) defaults."""
-        palette = self.palette()
-        plot.setBackground(palette.color(QPalette.ColorRole.Base))
-        text = palette.color(QPalette.ColorRole.Text)
-        for name in ("left", "bottom"):
-            axis = plot.getAxis(name)
-            axis.setPen(pg.mkPen(text))
-            axis.setTextPen(pg.mkPen(text))
 
     # ----- session and results ------------------------------------------------------------------
 
@@ -328,15 +206,7 @@ class SensitivityTab(QWidget):
     @Slot()
     def _on_session_changed(self) -> None:
         self._fill_metric_box()
-        self.fallback_result = None
         self.refresh()
-        latest = None
-        if self.session is not None:
-            try:
-                latest = self.controller.latest_fallback()
-            except Exception as error:  # noqa: BLE001 - an unreadable stored result must not stop the tab
-                self.controller.error.emit("Stored fallback search", f"Could not read it: {error}", "")
-        self.show_fallback(latest)
         self._busy_changed(self.controller.busy)
 
     def _fill_metric_box(self) -> None:
@@ -424,17 +294,17 @@ class SensitivityTab(QWidget):
         self._value_labels = []
         units = self.chart_units
         raw = [self._scores.get(u.name, 0.0) for u in units]
-        widths, _ = _finite_clip(raw)
+        widths, _ = finite_clip(raw)
         positive = [w for w in widths if w > 0]
         high = max(positive) if positive else 1.0
         brushes, pens = [], []
         for unit, width in zip(units, widths):
-            colour = _FLOAT if self._is_float(unit) else (_colour(width / high) if width > 0 else _NEUTRAL)
+            colour = FLOAT if self._is_float(unit) else (bar_colour(width / high) if width > 0 else NEUTRAL)
             brushes.append(pg.mkBrush(colour))
             pens.append(pg.mkPen(colour.darker(130), width=1))
         self.bars.setOpts(x0=np.zeros(len(units)), y=np.arange(len(units), dtype=float),
                           width=np.asarray(widths, dtype=float), brushes=brushes or None, pens=pens or None,
-                          pen=None, brush=_NEUTRAL)
+                          pen=None, brush=NEUTRAL)
         self._bar_pens = pens
         font_metrics = QFontMetrics(self.chart.getAxis("left").font())
         labels = [(float(i), font_metrics.elidedText(u.name, Qt.TextElideMode.ElideMiddle, LABEL_WIDTH_PX))
@@ -472,16 +342,7 @@ class SensitivityTab(QWidget):
         # SQNR against FP32 is infinite: every delta to it would read -inf, so the column goes
         self.table.setColumnHidden(3, result is not None and not math.isfinite(result.fp32))
         for unit in self.chart_units:
-            name = QStandardItem(unit.name + ("  (float)" if self._is_float(unit) else ""))
-            name.setData(unit.name, Qt.ItemDataRole.UserRole)
-            name.setEditable(False)
-            layers = self._layers.get(unit.name, [])
-            name.setToolTip(f"layers: {', '.join(layers)}\nquantizers: {', '.join(unit.quantizers)}")
-            row = [name, _NumberItem(format_number(unit.value), unit.value),
-                   _NumberItem(format_delta(unit.delta_vs_quantized), unit.delta_vs_quantized),
-                   _NumberItem(format_delta(unit.delta_vs_fp32), unit.delta_vs_fp32),
-                   _NumberItem(str(unit.rank), float(unit.rank))]
-            self.table_model.appendRow(row)
+            self.table_model.appendRow(table_row(unit, self._layers.get(unit.name, []), self._is_float(unit)))
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(column, order)
 
@@ -540,7 +401,7 @@ class SensitivityTab(QWidget):
         pens = list(getattr(self, "_bar_pens", []))
         for i in hit:
             if i < len(pens):
-                pens[i] = _SELECTED_PEN
+                pens[i] = SELECTED_PEN
         if pens:
             self.bars.setOpts(pens=pens)
         self._syncing = True
@@ -605,157 +466,10 @@ class SensitivityTab(QWidget):
         layers = self.worst_layers(count)
         self.ignore_button.setToolTip("Untick: " + ", ".join(layers) if layers else "Run sensitivity first")
 
-    def fallback_options(self) -> dict[str, Any]:
-        """The keyword arguments of the next fallback search (as controller.fallback takes them)."""
-        options: dict[str, Any] = {"metric": self.current_metric(),
-                                   "max_units": self.max_units_spin.value() or None}
-        options[self.goal_box.currentData()] = float(self.goal_spin.value())
-        return options
-
-    def run_fallback(self) -> bool:
-        """Start the fallback search (it follows the latest sensitivity ranking when there is one)."""
-        return self.controller.fallback(**self.fallback_options())
-
-    def apply_fallback(self) -> list[str] | None:
-        """Leave the searched set in float."""
-        if self.fallback_result is None or not self.fallback_result.chosen:
-            return None
-        changed = self.controller.apply_fallback(self.fallback_result)
-        if changed is not None:
-            self.fallback_result.applied = True
-            self._update_fallback_text()
-        return changed
-
     # ----- metric and goal ----------------------------------------------------------------------
 
     def _metric_changed(self, *_: Any) -> None:
-        metric = self.current_metric()
-        is_sqnr = metric == "sqnr" or (metric is None and self._project_metric_is_sqnr())
-        # FP32 SQNR is infinite: no tolerance to it exists, only a target in dB
-        model = self.goal_box.model()
-        model.item(0).setEnabled(not is_sqnr)
-        self.goal_box.setCurrentIndex(1 if is_sqnr else 0)
-        self._goal_changed()
-
-    def _project_metric_is_sqnr(self) -> bool:
-        if self.session is None:
-            return True
-        return str((self.session.project.settings.get("metric") or {}).get("name") or "sqnr") in ("sqnr", "sqnr_db")
-
-    def _goal_changed(self, *_: Any) -> None:
-        metric = self.current_metric()
-        quantized = self.result.quantized if self.result is not None and math.isfinite(self.result.quantized) \
-            else None
-        if self.goal_box.currentData() == "target":
-            self.goal_label.setText("Target")
-            if metric == "sqnr":
-                value = round(quantized + 6.0) if quantized is not None else 40.0  # a quarter of the noise
-                self.goal_spin.setDecimals(1)
-                self.goal_spin.setSingleStep(1.0)
-            else:
-                value = quantized if quantized is not None else 0.0
-                self.goal_spin.setDecimals(4)
-                self.goal_spin.setSingleStep(0.01)
-        else:
-            self.goal_label.setText("Tolerance")
-            defaults = {"top1": 0.01, "cosine": 0.001}
-            value = defaults.get(metric or "", 0.01)
-            if metric == "mse" and quantized:
-                value = quantized / 2
-            self.goal_spin.setDecimals(6 if metric in ("mse", "cosine") else 4)
-            self.goal_spin.setSingleStep(value / 2 if value else 0.01)
-        self.goal_spin.setValue(value)
-
-    # ----- fallback view ------------------------------------------------------------------------
-
-    def _clear_fallback_plot(self) -> None:
-        self.fallback_curve.setData([], [])
-        self.chosen_marker.setData([], [])
-        for item in (self.fallback_band, self.fp32_line, self.target_line):
-            item.hide()
-        for item in self._curve_labels:
-            self.fallback_plot.removeItem(item)
-        self._curve_labels = []
-
-    @Slot(object)
-    def show_fallback(self, result: FallbackResult | None) -> None:
-        """Plot a fallback search: metric against units left in float, FP32, the goal band, the chosen point."""
-        self.fallback_result = result
-        self._clear_fallback_plot()
-        if result is None:
-            self.fallback_label.setText("Run a search to see how the metric recovers as units go back to float.")
-            self.apply_button.setEnabled(False)
-            self.apply_button.setText("Apply")
-            return
-        xs, ys = result.plot_data()
-        shown = [y if math.isfinite(y) else np.nan for y in ys]
-        self.fallback_curve.setData(xs, shown, connect="finite")
-        self.fallback_plot.setLabel("left", str(result.metric.get("name", "metric")))
-        higher = result.metric.get("direction", "higher") == "higher"
-        finite = [y for y in shown if not np.isnan(y)]
-        if math.isfinite(result.fp32):
-            self.fp32_line.show()  # first: a hidden line's label ignores new text
-            self.fp32_line.label.setFormat(f"FP32 {format_number(result.fp32)}")
-            self.fp32_line.setPos(result.fp32)
-            finite.append(result.fp32)
-        if result.tolerance is not None and math.isfinite(result.fp32):
-            edge = result.fp32 - result.tolerance if higher else result.fp32 + result.tolerance
-            self.fallback_band.setRegion(sorted((edge, result.fp32)))
-            self.fallback_band.show()
-            finite.append(edge)
-        elif result.target is not None:
-            self.target_line.show()
-            self.target_line.label.setFormat(f"target {format_number(result.target)}")
-            self.target_line.setPos(result.target)
-            finite.append(result.target)
-            top = max(finite) if finite else result.target
-            bottom = min(finite) if finite else result.target
-            margin = 0.1 * ((top - bottom) or 1.0)
-            self.fallback_band.setRegion((result.target, top + margin) if higher else (bottom - margin, result.target))
-            self.fallback_band.show()
-        if xs:
-            last = len(result.chosen)
-            y_last = next((y for x, y in zip(xs, shown) if x == last), shown[-1])
-            colour = QColor(40, 150, 70) if result.reached else QColor(200, 50, 40)
-            self.chosen_marker.setData([last], [y_last], brush=pg.mkBrush(colour))
-        if finite:
-            low, high = min(finite), max(finite)
-            pad = 0.12 * ((high - low) or max(abs(high), 1.0))
-            self.fallback_plot.setYRange(low - pad, high + pad, padding=0)
-        self.fallback_plot.setXRange(-0.3, max(xs + [1]) + 0.6, padding=0)
-        if len(result.curve) <= CURVE_LABELS_UP_TO:
-            colour = self.palette().color(QPalette.ColorRole.Text)
-            for point, y in zip(result.curve, shown):
-                if point.unit is None or np.isnan(y):
-                    continue
-                label = pg.TextItem(point.unit, color=colour, anchor=(0.0, 1.2), angle=0)
-                label.setFont(QFont(self.font().family(), max(self.font().pointSize() - 1, 7)))
-                label.setPos(point.num_float, y)
-                self.fallback_plot.addItem(label)
-                self._curve_labels.append(label)
-        self._update_fallback_text()
-
-    def _update_fallback_text(self) -> None:
-        result = self.fallback_result
-        if result is None:
-            return
-        name = str(result.metric.get("name", "metric"))
-        goal = (f"within {format_number(result.tolerance)} of FP32 ({format_number(result.fp32)})"
-                if result.tolerance is not None else f"target {format_number(result.target)}")
-        names = result.chosen_names
-        state = "<b>Reached</b>" if result.reached else "<b>Not reached</b>"
-        units = f"{len(names)} unit{'' if len(names) == 1 else 's'} in float"
-        text = (f"{state} {goal}: {name} {format_number(result.final_value)} with {units}"
-                f"{': ' + ', '.join(names) if names else ''} (all quantized: {format_number(result.quantized)}).")
-        if not result.complete:
-            text += " The search was cancelled: partial result."
-        if result.applied:
-            text += " <i>Applied: these layers are left in float.</i>"
-        self.fallback_label.setText(text)
-        can_apply = bool(names) and not result.applied and not self.controller.busy
-        self.apply_button.setEnabled(can_apply)
-        self.apply_button.setText(f"Apply: leave {units}" if names else "Apply")
-        self.apply_button.setToolTip(", ".join(names))
+        self.fallback_panel.metric_changed()
 
     # ----- state --------------------------------------------------------------------------------
 
@@ -770,14 +484,11 @@ class SensitivityTab(QWidget):
         has_session = self.session is not None
         ours = busy and self.controller.jobs.job_name in JOB_NAMES
         self.run_button.setEnabled(has_session and not busy)
-        self.fallback_button.setEnabled(has_session and not busy)
         self.ignore_button.setEnabled(has_session and not busy and self.result is not None)
         self.cancel_button.setEnabled(ours)
         self.progress.setVisible(ours)
         if not busy:
             self.progress.reset()
-        if self.fallback_result is not None:
-            self._update_fallback_text()
 
     def _job_progress(self, progress: Any) -> None:
         if progress.name not in JOB_NAMES:

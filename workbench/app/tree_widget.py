@@ -34,7 +34,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.app.controller import Controller, DeferredRefresh
+from workbench.app.controller import Controller
+from workbench.app.deferred_refresh import DeferredRefresh
 from workbench.app.engine_panel import TimeBarDelegate
 from workbench.app.tree_model import (
     COLUMN_WIDTHS,

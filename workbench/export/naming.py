@@ -75,6 +75,7 @@ def module_of_node_name(name: str) -> str | None:
     """The module path in a node name written by this pass or by the TorchScript exporter, else None.
 
     ``"stem.0/Conv"`` -> ``"stem.0"``; ``"/features/features.0/Conv_1"`` -> ``"features.0"``;
+    ``"/blocks/blocks.0/attn/Softmax"`` -> ``"blocks.0.attn"``;
     ``"/Reshape"`` -> ``""`` (the top-level module); ``"node_conv2d"`` -> None.
     Q/DQ names (``"conv1._input_quantizer/QuantizeLinear"``) give the quantizer's layer.
     """
@@ -87,10 +88,26 @@ def module_of_node_name(name: str) -> str | None:
     op = _SUFFIX.sub("", tail)
     if op in QDQ_OPS + ("Clip",) and _QUANTIZER.search(head):
         return layer_of_quantizer(head)[0]
-    if head.startswith("/"):  # TorchScript: "/a/a.b/Op"; the innermost scope is the module path
-        scopes = [s for s in head.split("/") if s]
-        return scopes[-1] if scopes else ""
+    if head.startswith("/"):  # TorchScript: "/blocks/blocks.0/attn/Op", one scope per module
+        return _torchscript_module_path([s for s in head.split("/") if s])
     return head
+
+
+def _torchscript_module_path(scopes: list[str]) -> str:
+    """The module path TorchScript's scopes stand for.
+
+    Each scope is the module's path from its last non-numeric part on (torch.onnx's unqualified name):
+    ``attn`` for ``blocks.0.attn``, ``blocks.0`` for ``blocks.0``, ``downsample.0`` for
+    ``layer1.0.downsample.0``; so ``/layer1/layer1.0/downsample/downsample.0/Conv`` is ``layer1.0.downsample.0``.
+    """
+    path: list[str] = []
+    for scope in scopes:
+        atoms = scope.split(".")
+        if all(atom.isnumeric() for atom in atoms):  # a path of numbers only is written whole
+            path = atoms
+        else:  # all but its last part repeat the end of the parent's path
+            path = path[:len(path) - (len(atoms) - 1)] + atoms
+    return ".".join(path)
 
 
 def _scoped_module(node: onnx.NodeProto) -> str | None:

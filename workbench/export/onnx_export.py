@@ -60,6 +60,7 @@ from workbench.export.reference import (
     run_reference,
     sample_call,
     stand_ins,
+    traced_module_scopes,
     without_cache,
 )
 from workbench.export.exporters import Exporter, first_line, quiet, run_exporter, token_inputs
@@ -225,7 +226,8 @@ def export_qdq_onnx(model: nn.Module,
                                  f"once, got {output_names}.")
 
             export_started = time.perf_counter()
-            with stand_ins(model, active, names, params) as swapped, quiet() as quiet_warnings:
+            with stand_ins(model, active, names, params) as swapped, traced_module_scopes(call), \
+                    quiet() as quiet_warnings:
                 proto, used_exporter, note, dynamic_batch = run_exporter(
                     call, inputs, input_names, output_names, opset, dynamic_batch, exporter, report_warnings,
                     path, external_data_threshold)

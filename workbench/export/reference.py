@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.fx as fx
 from torch import nn
 
 from workbench.export.errors import ExportError, QuantizerStateError, SampleInputError
@@ -18,7 +19,7 @@ from workbench.quant.snapshot import all_quantizers, is_quantizing, quantizer_na
 from workbench.quant.tensorrt_rules import tensorrt_check
 
 __all__ = ["sample_call", "ExportCall", "default_input_names", "grow_batch", "grow_sequence", "first_quantizer_names",
-           "check_quantizers", "rounding", "stand_ins", "run_reference", "without_cache"]
+           "check_quantizers", "rounding", "stand_ins", "traced_module_scopes", "run_reference", "without_cache"]
 
 
 # ----- inputs and outputs -----------------------------------------------------------------------
@@ -210,6 +211,33 @@ def stand_ins(model: nn.Module, active: dict[int, TensorQuantizer], names: dict[
                     parent._modules[attr] = made[id(child)]
                     swapped.append((parent, attr, child))
         yield made
+    finally:
+        for parent, attr, child in reversed(swapped):
+            parent._modules[attr] = child
+
+
+@contextlib.contextmanager
+def traced_module_scopes(root: nn.Module) -> Iterator[int]:
+    """Let torch.export see the module scope of every GraphModule the functional rewrite put in the model.
+
+    torch.export records which module each operation ran in, and the ONNX node names come from that
+    (:mod:`workbench.export.naming`), but it inlines a ``GraphModule``'s forward into its parent without a
+    scope: the softmax of a traced ``blocks.0.attn`` would be named ``blocks.0/Softmax``. For the export,
+    each one is replaced by a plain module of its own class that shares its state (``__dict__``) and runs
+    its generated forward, and put back afterwards. Yields how many were replaced.
+    """
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []
+    try:
+        for parent in list(root.modules()):
+            for attr, child in list(parent._modules.items()):
+                if isinstance(child, fx.GraphModule):
+                    kind = type(child)
+                    plain = type(kind.__name__, (nn.Module,), {"forward": kind.forward, "__module__": kind.__module__})
+                    stand_in = plain.__new__(plain)
+                    stand_in.__dict__ = child.__dict__  # the same submodules, parameters, buffers and constants
+                    parent._modules[attr] = stand_in
+                    swapped.append((parent, attr, child))
+        yield len(swapped)
     finally:
         for parent, attr, child in reversed(swapped):
             parent._modules[attr] = child

@@ -1,0 +1,102 @@
+"""The controller's edits: one change to the session on the GUI thread, refused while a job runs.
+
+A mixin of :class:`workbench.app.controller.Controller` (its signals and state live there). Each edit
+holds the session's events until it is done, then the views hear of it once; when rebuilding the
+quantized model after the edit is slow, the rebuild goes to the worker and the window stays live.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EditsMixin", "SLOW_REBUILD_S", "UPDATE_JOB"]
+
+# Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
+SLOW_REBUILD_S = 0.3
+UPDATE_JOB = "Updating the model"
+
+
+class EditsMixin:
+    """Edits of the open session (``Controller`` mixes this in)."""
+
+    def refuse_if_busy(self, what: str) -> bool:
+        """True (and an error dialog saying why) while a job runs: the session belongs to the job."""
+        if self.busy:
+            self.error.emit(what, f"Wait for '{self.jobs.job_name}' to finish, or cancel it.", "")
+        return self.busy
+
+    def _edit(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Apply one change to the session; the views hear of it (the session's events) once the
+        quantized model is rebuilt, in the worker when that is slow."""
+        if self.session is None:
+            return None
+        if self.refuse_if_busy(what):
+            return None
+        self._holding += 1
+        try:
+            result = fn()
+        except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, keep the state
+            self._holding -= 1
+            self._tell()  # what did change before the error (one of several edits) is still told
+            self.error.emit(what, str(error), "")
+            return None
+        self._holding -= 1
+        session = self.session
+        if session.needs_rebuild and session.last_build_s > SLOW_REBUILD_S:
+            # a big model takes seconds to rebuild (tracing): do it in the worker, the window stays live
+            def rebuild(progress, cancel):
+                progress(0, 1, "updating the quantized model")
+                return self._prepare_views(session, progress)
+
+            self._start(UPDATE_JOB, rebuild, lambda _: None)
+            return result
+        self._tell()
+        return result
+
+    def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str] | None:
+        names = list(names)
+        return self._edit("Quantize" if quantize else "Ignore", lambda: self.session.set_quantize(names, quantize))
+
+    def set_descriptor(self, names: Iterable[str], role: str, fields: dict[str, Any]) -> list[str] | None:
+        names = list(names)
+        return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields))
+
+    def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str] | None:
+        names = list(names)
+        return self._edit("Reset to default", lambda: self.session.reset_descriptor(names, role))
+
+    def set_setting(self, key: str, value: Any) -> None:
+        self._edit("Settings", lambda: self.session.set_setting(key, value))
+
+    def set_settings(self, changes: dict[str, Any]) -> None:
+        """Change several settings as one edit (one rebuild): a second edit would be refused while the
+        first one's background rebuild runs, so a dialog's changes go together or not at all."""
+        changes = dict(changes)
+        if changes:
+            self._edit("Settings", lambda: self.session.set_settings(changes))
+
+    def apply_ignore_policy(self, patterns: Iterable[str], quantize_others: bool) -> list[str] | None:
+        """Leave the layers matching ``patterns`` in float (and quantize all others when ``quantize_others``),
+        as one edit; returns the layers left in float, None when refused."""
+        patterns = list(patterns)
+        return self._edit("Ignore by pattern", lambda: self.session.apply_ignore_policy(patterns, quantize_others))
+
+    def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict | None:
+        names = list(names)
+        return self._edit("Change amax method", lambda: self.session.recompute_amax(names, method, percentile))
+
+    def apply_fallback(self, result: Any) -> list[str] | None:
+        return self._edit("Apply fallback", lambda: self.session.apply_fallback(result))
+
+    def reset_finetune(self) -> bool | None:
+        """Drop the fine-tuned weights: the quantized model goes back to the calibrated weights."""
+        return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune())
+
+    def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None) -> Any:
+        """Read trtexec's layer information (and profile) into the project; the Engine views follow."""
+        report = self._edit("Import TensorRT report", lambda: self.session.import_engine_report(layer_info, profile))
+        if report is not None:
+            self.log.emit("info", f"TensorRT report {Path(layer_info).name}: {len(report.hazards)} hazards")
+            self.engine_changed.emit()
+        return report

@@ -1,0 +1,156 @@
+"""The controller's jobs: calibration, analysis, export, fine-tuning and evaluation in the worker thread.
+
+A mixin of :class:`workbench.app.controller.Controller` (its signals and state live there). Every job
+is ``fn(progress, cancel)`` run by the :class:`~workbench.app.jobs.JobRunner`, one at a time; what it
+changed is told as signals once it ends, and a failure becomes the ``error`` signal (a dialog).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import SignalInstance
+
+from workbench.app.controller_edits import UPDATE_JOB
+from workbench.session import Session
+from workbench.sources.errors import TrustRequired
+
+__all__ = ["JobsMixin"]
+
+
+class JobsMixin:
+    """Long operations on the open session (``Controller`` mixes this in)."""
+
+    def calibrate(self, **options: Any) -> bool:
+        session = self._require_session()
+        return session is not None and self._session_job(
+            "Calibrating", lambda progress, cancel: session.calibrate(progress=progress, cancel=cancel, **options))
+
+    def sensitivity(self, **options: Any) -> bool:
+        session = self._require_session()
+        return session is not None and self._session_job(
+            "Sensitivity analysis",
+            lambda progress, cancel: session.sensitivity(progress=progress, cancel=cancel, **options))
+
+    def fallback(self, **options: Any) -> bool:
+        session = self._require_session()
+        return session is not None and self._session_job(
+            "Fallback search", lambda progress, cancel: session.fallback(progress=progress, cancel=cancel, **options),
+            with_result=self.fallback_changed)
+
+    def _session_job(self, name: str, run: Callable[[Any, Any], Any],
+                     with_result: SignalInstance | None = None) -> bool:
+        """Run ``run(progress, cancel)`` in the worker; when it ends, log the result's warnings and summary
+        and emit ``with_result(result)`` (what changed the session's events tell)."""
+        def done(result: Any) -> None:
+            for warning in getattr(result, "warnings", ()):
+                self.log.emit("warning", warning)
+            self.log.emit("info", result.summary())
+            if with_result is not None:
+                with_result.emit(result)
+
+        return self._start(name, run, done)
+
+    def export(self, path: str | Path | None = None, **options: Any) -> bool:
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def job(progress, cancel):
+            progress(0, 1, "exporting and validating QDQ ONNX")
+            return session.export(path, **options)
+
+        def done(report):
+            self.log.emit("info", report.summary())
+            self.export_finished.emit(report)
+
+        return self._start("Exporting", job, done)
+
+    def export_preview(self, path: str | Path, on_done: Callable[[Any], None], **options: Any) -> bool:
+        """Export to ``path`` for viewing only: the project's export settings and history stay as they
+        were, and ``export_finished`` is not emitted (``on_done(report)`` is called instead)."""
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def job(progress, cancel):
+            progress(0, 1, "exporting a QDQ ONNX preview")
+            return session.export(path, remember=False, **options)
+
+        def done(report):
+            self.log.emit("info", f"preview: {report.summary()}")
+            on_done(report)
+
+        return self._start("Exporting a preview", job, done)
+
+    def finetune(self, **options: Any) -> bool:
+        """Fine-tune in the background (options as :meth:`Session.finetune`); Cancel keeps the best model so far."""
+        session = self._require_session()
+        if session is None:
+            return False
+
+        def job(progress, cancel):
+            # emitted from the worker thread: Qt queues them to the GUI thread's slots
+            return session.finetune(progress=progress, cancel=cancel,
+                                    on_step=lambda s: self.finetune_progress.emit(s.epoch, s.step, s.loss),
+                                    on_epoch=self.finetune_epoch.emit, **options)
+
+        def done(result):
+            self.log.emit("warning" if result.cancelled else "info", result.summary())
+            self.finetune_finished.emit(result)
+
+        return self._start("Fine-tuning", job, done)
+
+    def evaluate(self, on_done: Callable[[Any], None], **options: Any) -> bool:
+        """Compare FP32 and INT8 on the evaluation data (the session's ``evaluate``); ``on_done`` gets the
+        :class:`workbench.analysis.Evaluation`."""
+        session = self._require_session()
+        if session is None:
+            return False
+        return self._start("Evaluating", lambda progress, cancel: session.evaluate(progress=progress, cancel=cancel,
+                                                                                   **options), on_done)
+
+    def cancel_job(self) -> None:
+        self.jobs.cancel()
+
+    def _require_session(self) -> Session | None:
+        if self.session is None:
+            self.error.emit("No project", "Create or open a project first.", "")
+        return self.session
+
+    def _start(self, name: str, fn, on_done, trust: tuple[str, str] | None = None) -> bool:
+        if self.jobs.busy and self.jobs.job_name == UPDATE_JOB and self._queued is None:
+            # the model is being rebuilt after an edit: run this job right after it, as the user meant
+            self._queued = (name, fn, on_done, trust)
+            return True
+        if self.jobs.busy:
+            self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
+            return False
+        self._trust_context = trust
+        self._forget_views()
+
+        def done(result: Any) -> None:
+            on_done(result)
+            self._tell()  # what the job changed, now that the session is the GUI's again
+
+        if not self.jobs.start(name, fn, done):
+            self.error.emit(name, f"'{self.jobs.job_name}' is still running: wait for it or cancel it.", "")
+            return False
+        return True
+
+    def _start_queued(self, busy: bool) -> None:
+        if busy or self._queued is None:
+            return
+        name, fn, on_done, trust = self._queued
+        self._queued = None
+        self._start(name, fn, on_done, trust)
+
+    def _job_failed(self, name: str, error: BaseException, details: str) -> None:
+        self._tell()  # a job can fail after changing something (a fallback applied, then export failed)
+        if isinstance(error, TrustRequired) and getattr(self, "_trust_context", None) is not None:
+            kind, target = self._trust_context
+            self.trust_needed.emit(kind, target, str(error))
+            return
+        self.log.emit("error", f"{name} failed: {error}")
+        self.error.emit(f"{name} failed", str(error) or type(error).__name__, details)

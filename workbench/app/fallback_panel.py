@@ -1,0 +1,297 @@
+"""The fallback search panel of the sensitivity tab: the fewest units to leave in float.
+
+The goal (a tolerance to FP32, or a target value), the search over the controller, and its curve of
+metric against number of units left in float, with the FP32 line, the tolerance band and Apply. The
+tab owns the metric choice and the sensitivity result; the panel asks it for both through the two
+callables it is given, so the goal's defaults follow the metric and the last run.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Slot
+from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QWidget,
+)
+
+from workbench.analysis.results import FallbackResult, SensitivityResult
+from workbench.app.controller import Controller
+from workbench.app.formatting import format_number
+from workbench.app.plot_style import style_plot
+
+__all__ = ["FallbackPanel", "CURVE_LABELS_UP_TO"]
+
+CURVE_LABELS_UP_TO = 12    # unit names along the fallback curve, while they stay readable
+NO_SEARCH_TEXT = "Run a search to see how the metric recovers as units go back to float."
+
+
+class FallbackPanel(QGroupBox):
+    """The fallback search over the controller.
+
+    ``metric()`` is the metric the next search uses (None: the project's own), ``sensitivity()`` the
+    sensitivity result shown (its all-quantized value seeds the goal). Attributes a test may use:
+    ``goal_box``, ``goal_spin``, ``max_units_spin``, ``fallback_button``, ``fallback_label``,
+    ``apply_button``, ``fallback_plot``, ``fallback_curve``, ``fallback_band``, ``fp32_line``,
+    ``target_line``, ``chosen_marker``; ``result`` is the search shown.
+    """
+
+    def __init__(self, controller: Controller, metric: Callable[[], str | None],
+                 sensitivity: Callable[[], SensitivityResult | None], parent: QWidget | None = None) -> None:
+        super().__init__("Fallback search: the fewest units to leave in float", parent)
+        self.controller = controller
+        self._metric = metric
+        self._sensitivity = sensitivity
+        self.result: FallbackResult | None = None
+        self._curve_labels: list[pg.TextItem] = []
+        self._build()
+        controller.session_changed.connect(self._on_session_changed)
+        controller.fallback_changed.connect(self.show_fallback)
+        controller.busy_changed.connect(self._busy_changed)
+        self._on_session_changed()
+
+    def _build(self) -> None:
+        group_layout = QHBoxLayout(self)
+        form = QFormLayout()
+        self.goal_box = QComboBox()
+        self.goal_box.addItem("within a tolerance of FP32", "tolerance")
+        self.goal_box.addItem("reach a target value", "target")
+        self.goal_box.currentIndexChanged.connect(self._goal_changed)
+        self.goal_spin = QDoubleSpinBox()
+        self.goal_spin.setDecimals(4)
+        self.goal_spin.setRange(-1e9, 1e9)
+        self.goal_spin.setSingleStep(0.01)
+        self.max_units_spin = QSpinBox()
+        self.max_units_spin.setRange(0, 100000)
+        self.max_units_spin.setSpecialValueText("no limit")
+        self.fallback_button = QPushButton("Search")
+        self.fallback_button.clicked.connect(self.run_fallback)
+        self.goal_label = QLabel("Tolerance")
+        form.addRow("Goal", self.goal_box)
+        form.addRow(self.goal_label, self.goal_spin)
+        form.addRow("Max units", self.max_units_spin)
+        form.addRow(self.fallback_button)
+        self.fallback_label = QLabel(NO_SEARCH_TEXT)
+        self.fallback_label.setWordWrap(True)
+        self.fallback_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.fallback_label.setMinimumWidth(220)
+        self.fallback_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Expanding)
+        self.fallback_label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.apply_button = QPushButton("Apply")
+        self.apply_button.setEnabled(False)
+        self.apply_button.clicked.connect(self.apply_fallback)
+        form.addRow(self.fallback_label)
+        form.addRow(self.apply_button)
+        left = QWidget()
+        left.setLayout(form)
+        left.setMaximumWidth(340)
+        group_layout.addWidget(left)
+        self.fallback_plot = pg.PlotWidget()
+        style_plot(self.fallback_plot)
+        self.fallback_plot.setLabel("bottom", "units left in float")
+        self.fallback_plot.hideButtons()
+        self.fallback_plot.getAxis("bottom").setTickSpacing(1, 1)
+        self.fallback_band = pg.LinearRegionItem(orientation="horizontal", movable=False,
+                                                 brush=pg.mkBrush(60, 170, 90, 45), pen=pg.mkPen(None))
+        self.fallback_band.setZValue(-10)
+        self.fp32_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(QColor(60, 60, 60), width=1.5,
+                                                               style=Qt.PenStyle.DashLine),
+                                         label="FP32", labelOpts={"position": 0.95, "color": (60, 60, 60)})
+        self.target_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(QColor(40, 140, 70), width=1.5,
+                                                                 style=Qt.PenStyle.DotLine),
+                                           label="target", labelOpts={"position": 0.95, "color": (40, 140, 70)})
+        self.fallback_curve = pg.PlotDataItem([], [], pen=pg.mkPen(QColor(30, 100, 190), width=2), symbol="o",
+                                              symbolSize=8, symbolBrush=QColor(30, 100, 190))
+        self.chosen_marker = pg.ScatterPlotItem(size=16, symbol="star", pen=pg.mkPen(None))
+        for item in (self.fallback_band, self.fp32_line, self.target_line, self.fallback_curve, self.chosen_marker):
+            self.fallback_plot.addItem(item)
+        group_layout.addWidget(self.fallback_plot, 1)
+        self._clear_fallback_plot()
+
+    # ----- session and state --------------------------------------------------------------------
+
+    @Slot()
+    def _on_session_changed(self) -> None:
+        latest = None
+        if self.controller.session is not None:
+            try:
+                latest = self.controller.latest_fallback()
+            except Exception as error:  # noqa: BLE001 - an unreadable stored result must not stop the tab
+                self.controller.error.emit("Stored fallback search", f"Could not read it: {error}", "")
+        self.show_fallback(latest)
+        self._busy_changed(self.controller.busy)
+
+    @Slot(bool)
+    def _busy_changed(self, busy: bool) -> None:
+        self.fallback_button.setEnabled(self.controller.session is not None and not busy)
+        if self.result is not None:
+            self._update_fallback_text()
+
+    # ----- actions ------------------------------------------------------------------------------
+
+    def fallback_options(self) -> dict[str, Any]:
+        """The keyword arguments of the next fallback search (as controller.fallback takes them)."""
+        options: dict[str, Any] = {"metric": self._metric(),
+                                   "max_units": self.max_units_spin.value() or None}
+        options[self.goal_box.currentData()] = float(self.goal_spin.value())
+        return options
+
+    def run_fallback(self) -> bool:
+        """Start the fallback search (it follows the latest sensitivity ranking when there is one)."""
+        return self.controller.fallback(**self.fallback_options())
+
+    def apply_fallback(self) -> list[str] | None:
+        """Leave the searched set in float."""
+        if self.result is None or not self.result.chosen:
+            return None
+        changed = self.controller.apply_fallback(self.result)
+        if changed is not None:
+            self.result.applied = True
+            self._update_fallback_text()
+        return changed
+
+    # ----- metric and goal ----------------------------------------------------------------------
+
+    def metric_changed(self) -> None:
+        """The tab's metric changed: FP32 SQNR is infinite, so with SQNR only a target is offered."""
+        metric = self._metric()
+        is_sqnr = metric == "sqnr" or (metric is None and self._project_metric_is_sqnr())
+        # FP32 SQNR is infinite: no tolerance to it exists, only a target in dB
+        model = self.goal_box.model()
+        model.item(0).setEnabled(not is_sqnr)
+        self.goal_box.setCurrentIndex(1 if is_sqnr else 0)
+        self._goal_changed()
+
+    def _project_metric_is_sqnr(self) -> bool:
+        if self.controller.session is None:
+            return True
+        return str((self.controller.session.project.settings.get("metric") or {}).get("name") or "sqnr") in ("sqnr", "sqnr_db")
+
+    def _goal_changed(self, *_: Any) -> None:
+        metric = self._metric()
+        sensitivity = self._sensitivity()
+        quantized = sensitivity.quantized if sensitivity is not None and math.isfinite(sensitivity.quantized) \
+            else None
+        if self.goal_box.currentData() == "target":
+            self.goal_label.setText("Target")
+            if metric == "sqnr":
+                value = round(quantized + 6.0) if quantized is not None else 40.0  # a quarter of the noise
+                self.goal_spin.setDecimals(1)
+                self.goal_spin.setSingleStep(1.0)
+            else:
+                value = quantized if quantized is not None else 0.0
+                self.goal_spin.setDecimals(4)
+                self.goal_spin.setSingleStep(0.01)
+        else:
+            self.goal_label.setText("Tolerance")
+            defaults = {"top1": 0.01, "cosine": 0.001}
+            value = defaults.get(metric or "", 0.01)
+            if metric == "mse" and quantized:
+                value = quantized / 2
+            self.goal_spin.setDecimals(6 if metric in ("mse", "cosine") else 4)
+            self.goal_spin.setSingleStep(value / 2 if value else 0.01)
+        self.goal_spin.setValue(value)
+
+    # ----- the search shown ---------------------------------------------------------------------
+
+    def _clear_fallback_plot(self) -> None:
+        self.fallback_curve.setData([], [])
+        self.chosen_marker.setData([], [])
+        for item in (self.fallback_band, self.fp32_line, self.target_line):
+            item.hide()
+        for item in self._curve_labels:
+            self.fallback_plot.removeItem(item)
+        self._curve_labels = []
+
+    @Slot(object)
+    def show_fallback(self, result: FallbackResult | None) -> None:
+        """Plot a fallback search: metric against units left in float, FP32, the goal band, the chosen point."""
+        self.result = result
+        self._clear_fallback_plot()
+        if result is None:
+            self.fallback_label.setText(NO_SEARCH_TEXT)
+            self.apply_button.setEnabled(False)
+            self.apply_button.setText("Apply")
+            return
+        xs, ys = result.plot_data()
+        shown = [y if math.isfinite(y) else np.nan for y in ys]
+        self.fallback_curve.setData(xs, shown, connect="finite")
+        self.fallback_plot.setLabel("left", str(result.metric.get("name", "metric")))
+        higher = result.metric.get("direction", "higher") == "higher"
+        finite = [y for y in shown if not np.isnan(y)]
+        if math.isfinite(result.fp32):
+            self.fp32_line.show()  # first: a hidden line's label ignores new text
+            self.fp32_line.label.setFormat(f"FP32 {format_number(result.fp32)}")
+            self.fp32_line.setPos(result.fp32)
+            finite.append(result.fp32)
+        if result.tolerance is not None and math.isfinite(result.fp32):
+            edge = result.fp32 - result.tolerance if higher else result.fp32 + result.tolerance
+            self.fallback_band.setRegion(sorted((edge, result.fp32)))
+            self.fallback_band.show()
+            finite.append(edge)
+        elif result.target is not None:
+            self.target_line.show()
+            self.target_line.label.setFormat(f"target {format_number(result.target)}")
+            self.target_line.setPos(result.target)
+            finite.append(result.target)
+            top = max(finite) if finite else result.target
+            bottom = min(finite) if finite else result.target
+            margin = 0.1 * ((top - bottom) or 1.0)
+            self.fallback_band.setRegion((result.target, top + margin) if higher else (bottom - margin, result.target))
+            self.fallback_band.show()
+        if xs:
+            last = len(result.chosen)
+            y_last = next((y for x, y in zip(xs, shown) if x == last), shown[-1])
+            colour = QColor(40, 150, 70) if result.reached else QColor(200, 50, 40)
+            self.chosen_marker.setData([last], [y_last], brush=pg.mkBrush(colour))
+        if finite:
+            low, high = min(finite), max(finite)
+            pad = 0.12 * ((high - low) or max(abs(high), 1.0))
+            self.fallback_plot.setYRange(low - pad, high + pad, padding=0)
+        self.fallback_plot.setXRange(-0.3, max(xs + [1]) + 0.6, padding=0)
+        if len(result.curve) <= CURVE_LABELS_UP_TO:
+            colour = self.palette().color(QPalette.ColorRole.Text)
+            for point, y in zip(result.curve, shown):
+                if point.unit is None or np.isnan(y):
+                    continue
+                label = pg.TextItem(point.unit, color=colour, anchor=(0.0, 1.2), angle=0)
+                label.setFont(QFont(self.font().family(), max(self.font().pointSize() - 1, 7)))
+                label.setPos(point.num_float, y)
+                self.fallback_plot.addItem(label)
+                self._curve_labels.append(label)
+        self._update_fallback_text()
+
+    def _update_fallback_text(self) -> None:
+        result = self.result
+        if result is None:
+            return
+        name = str(result.metric.get("name", "metric"))
+        goal = (f"within {format_number(result.tolerance)} of FP32 ({format_number(result.fp32)})"
+                if result.tolerance is not None else f"target {format_number(result.target)}")
+        names = result.chosen_names
+        state = "<b>Reached</b>" if result.reached else "<b>Not reached</b>"
+        units = f"{len(names)} unit{'' if len(names) == 1 else 's'} in float"
+        text = (f"{state} {goal}: {name} {format_number(result.final_value)} with {units}"
+                f"{': ' + ', '.join(names) if names else ''} (all quantized: {format_number(result.quantized)}).")
+        if not result.complete:
+            text += " The search was cancelled: partial result."
+        if result.applied:
+            text += " <i>Applied: these layers are left in float.</i>"
+        self.fallback_label.setText(text)
+        can_apply = bool(names) and not result.applied and not self.controller.busy
+        self.apply_button.setEnabled(can_apply)
+        self.apply_button.setText(f"Apply: leave {units}" if names else "Apply")
+        self.apply_button.setToolTip(", ".join(names))

@@ -1,0 +1,151 @@
+"""The main window's job commands and the dialogs they open: calibrate, export, evaluate, settings,
+TensorRT report, about.
+
+A mixin of :class:`workbench.app.main_window.MainWindow`: each handler turns a menu or toolbar
+command into a controller call, asking first where the user must decide (overwrite a file?) and
+showing what came back (the export report, the evaluation summary).
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox, QWidget
+
+from workbench.app.dialogs import CalibrateDialog, ProjectSettingsDialog
+from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog
+from workbench.app.formatting import format_seconds
+from workbench.app.menus import APP_NAME
+
+__all__ = ["JobCommandsMixin"]
+
+
+class JobCommandsMixin:
+    """Job commands of the main window (``MainWindow`` mixes this in)."""
+
+    def calibrate(self) -> bool:
+        return self.controller.calibrate()
+
+    def calibrate_dialog(self) -> CalibrateDialog | None:
+        session = self.controller.session
+        if session is None:
+            return None
+        dialog = CalibrateDialog(session.project.settings.get("calibration") or {}, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self._calibrate_with(dialog.options()))
+        self.dialog = dialog
+        dialog.open()
+        return dialog
+
+    def _calibrate_with(self, options: dict[str, Any]) -> None:
+        # the options become the project's: the toolbar's Calibrate repeats them
+        self.controller.set_setting("calibration", dict(options))
+        self.controller.calibrate(**options)
+
+    def export(self) -> bool:
+        force = self._confirm_overwrite(None)
+        return force is not None and self.controller.export(force=force)
+
+    def _confirm_overwrite(self, path: str | Path | None) -> bool | None:
+        """True: overwrite a file this project did not write (the user said so); False: nothing to confirm;
+        None: the user declined."""
+        session = self.controller.session
+        reason = session.overwrite_refusal(path) if session is not None else None
+        if reason is None:
+            return False
+        answer = QMessageBox.question(self, "Overwrite the file?", f"{reason.split(';')[0]}.\n\nOverwrite it?",
+                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                                      QMessageBox.StandardButton.No)
+        return True if answer == QMessageBox.StandardButton.Yes else None
+
+    def export_dialog(self) -> QWidget | None:
+        if self.controller.session is None:
+            return None
+        dialog = ExportSettingsDialog(self.controller, self)
+        dialog.accepted.connect(lambda: self._export_with(dialog))
+        self.dialog = dialog
+        dialog.open()
+        return dialog
+
+    def _export_with(self, dialog: Any) -> None:
+        options = dict(dialog.settings() or {})
+        path = options.pop("path", None)
+        force = self._confirm_overwrite(path)
+        if force is not None:
+            self.controller.export(path, force=force, **options)
+
+    def _export_finished(self, report: Any) -> None:
+        self.statusBar().showMessage(f"Exported {getattr(report, 'path', '')}", 8000)
+        try:
+            dialog = ExportReportDialog(report, self)
+        except Exception as error:  # noqa: BLE001 - the export worked; only showing the report failed
+            self.show_error("Could not show the export report", str(error), traceback.format_exc())
+            return
+        self.export_report_dialog = dialog
+        dialog.open()
+
+    def import_engine_report(self, layer_info: str | None = None, profile: str | None = None,
+                             ask_profile: bool = True) -> bool:
+        """Import trtexec's report; without paths, file dialogs ask (the profile is optional)."""
+        if self.controller.session is None:
+            return False
+        folder = str(self.controller.session.base_dir)
+        if layer_info is None:
+            layer_info, _ = QFileDialog.getOpenFileName(self, "TensorRT layer information (--exportLayerInfo)",
+                                                        folder, "JSON (*.json);;All files (*)")
+            if not layer_info:
+                return False
+            if ask_profile and profile is None:
+                profile, _ = QFileDialog.getOpenFileName(self, "TensorRT profile (--exportProfile; Cancel: none)",
+                                                         str(Path(layer_info).parent), "JSON (*.json);;All files (*)")
+        report = self.controller.import_engine_report(layer_info, profile or None)
+        if report is None:
+            return False
+        panel = self.extra_tabs.get("TensorRT")
+        if panel is not None:
+            self.tabs.setCurrentWidget(panel)
+        return True
+
+    def evaluate(self) -> bool:
+        def done(evaluation: Any) -> None:
+            self.log_panel.append("info", f"evaluation: {evaluation.summary()}")
+            self.statusBar().showMessage(f"Evaluation: {evaluation.summary()}", 15000)
+
+        return self.controller.evaluate(done)
+
+    def cancel_job(self) -> None:
+        if self.controller.busy:
+            self.job_status.cancel()
+
+    def _job_finished(self, name: str, _result: Any) -> None:
+        elapsed = f" in {format_seconds(time.monotonic() - self.job_status.started_at)}"
+        self.statusBar().showMessage(f"{name} done{elapsed}", 5000)
+        self._update_summary()
+
+    def settings_dialog(self) -> ProjectSettingsDialog | None:
+        session = self.controller.session
+        if session is None:
+            return None
+        dialog = ProjectSettingsDialog(session.project.settings, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self._apply_settings(dialog.changes()))
+        self.dialog = dialog
+        dialog.open()
+        return dialog
+
+    def _apply_settings(self, changes: dict[str, Any]) -> None:
+        # one edit: on a big model each edit starts a background rebuild that refuses the next edit
+        self.controller.set_settings(changes)
+        self._update_summary()
+
+    def about(self) -> None:
+        from workbench import __version__
+
+        QMessageBox.about(self, f"About {APP_NAME}",
+                          f"<b>{APP_NAME}</b> {__version__}<br>INT8 post-training quantization of PyTorch models "
+                          "for TensorRT: layer selection, calibration, sensitivity, QDQ ONNX export.<br><br>"
+                          f"PyTorch {torch.__version__} · Qt {QApplication.instance().applicationVersion() or ''}")
