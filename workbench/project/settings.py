@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 
@@ -92,7 +92,7 @@ class _Section:
         return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
 
     @classmethod
-    def from_stored(cls, value: Any):
+    def from_stored(cls, value: Any) -> Self:
         """The section from its stored mapping; SettingsError naming the setting and field otherwise."""
         names = cls.field_names()
         if not isinstance(value, Mapping):
