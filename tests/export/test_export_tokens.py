@@ -121,6 +121,72 @@ def test_when_both_exporters_fail_both_errors_are_shown_primary_first(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum() > 0:  # torch.export cannot capture a branch on a value; TorchScript records one path
+            x = x * 2
+        return self.fc(x)
+
+
+@pytest.fixture
+def over_torchscript_limit(monkeypatch):
+    """The TorchScript exporter's protobuf limit (2 GB) lowered below the model's weights (about 300 bytes)."""
+    from workbench.export import exporters
+
+    monkeypatch.setattr(exporters, "TORCHSCRIPT_LIMIT", 100)
+    model = DataDependent().eval()
+    quant.replace_to_quantization_module(model)
+    x = torch.randn(2, 8)
+    calibrate(model, [x], num_batches=1, method="max", report_sqnr=False)
+    traced = []
+    original = torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: traced.append(k.get("dynamo")) or original(*a, **k))
+    return model, x, traced
+
+
+def test_a_model_over_2gb_gets_no_torchscript_fallback_and_the_error_says_why(tmp_path, over_torchscript_limit):
+    model, x, traced = over_torchscript_limit
+    with pytest.raises(ExportError) as info:
+        export_qdq_onnx(model, x, tmp_path / "m.onnx")
+    message = str(info.value)
+    primary, fallback = message.index("torch.export-based exporter failed:"), message.index("fallback cannot")
+    assert primary < fallback
+    assert "data-dependent" in message[primary:fallback]  # why torch.export failed
+    assert "cannot write a graph over" in message[fallback:] and "weights are" in message[fallback:]
+    assert "Traceback" not in message and "protobuf" in message
+    assert False not in traced  # the TorchScript exporter was never run
+    assert list(tmp_path.iterdir()) == []
+    # asked for by name, it is refused the same way, pointing to the exporter that can do it
+    with pytest.raises(ExportError, match=r"cannot write a graph over .* \('auto' or 'dynamo'\)"):
+        export_qdq_onnx(model, x, tmp_path / "m.onnx", exporter="torchscript")
+    assert False not in traced and list(tmp_path.iterdir()) == []
+
+
+def test_torch_reaching_the_protobuf_limit_in_the_fallback_is_reported_as_that(tmp_path, monkeypatch):
+    model = DataDependent().eval()
+    quant.replace_to_quantization_module(model)
+    x = torch.randn(2, 8)
+    calibrate(model, [x], num_batches=1, method="max", report_sqnr=False)
+    original = torch.onnx.export
+
+    def export(*args, **kwargs):
+        if kwargs.get("dynamo") is False:  # what torch says for a graph whose folded constants pass 2 GB
+            raise RuntimeError("The serialized model is larger than the 2GiB limit imposed by the protobuf library. "
+                               "Therefore the output file must be a file path")
+        return original(*args, **kwargs)
+    monkeypatch.setattr(torch.onnx, "export", export)
+    with pytest.raises(ExportError) as info:
+        export_qdq_onnx(model, x, tmp_path / "m.onnx")
+    message = str(info.value)
+    assert "data-dependent" in message and "fallback cannot take over" in message and "cannot write a graph over" \
+        in message
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_large_graph_is_written_with_external_data_and_validated(tmp_path):
     model, sample = calibrated_tokens()
     report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", external_data_threshold=1000,

@@ -109,6 +109,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
         self.jobs.cancelled.connect(lambda name, error: self.log.emit("warning", f"{name} cancelled: {error}"))
         self.jobs.cancelled.connect(lambda _name, _error: self._tell())
         self._selection: list[str] = []
+        self.workers = 1  # > 1: calibration and analysis run in that many processes (the device selector's "all GPUs")
+        self.reloaded = False  # the open session is the same project read back after worker processes wrote it
         self._prepared_views: tuple | None = None  # (session, tree, layers) computed by the opening job
         self._tree_cache: tuple | None = None  # (session, tree): describing a big model takes a while
         self._pending: list[Event] = []  # the session's events not yet told as signals
@@ -144,6 +146,15 @@ class Controller(QObject, JobsMixin, EditsMixin):
     @property
     def selection(self) -> list[str]:
         return list(self._selection)
+
+    def use_workers(self, count: int) -> None:
+        """Run calibration, sensitivity and the fallback search in ``count`` local processes (1: in this one)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"the number of worker processes must be a positive integer, got {count!r}.")
+        if count != self.workers:
+            self.workers = count
+            self.log.emit("info", f"calibration and analysis run in {count} processes" if count > 1 else
+                          "calibration and analysis run in this process")
 
     def select(self, names: Iterable[str]) -> None:
         """Select layers (the tree, the layer panel and the sensitivity view follow)."""
@@ -234,7 +245,12 @@ class Controller(QObject, JobsMixin, EditsMixin):
             return prepared[1], prepared[2]
         return self.tree(), self.session.layers()
 
-    def _adopt(self, session: Session, on_done: Callable[[Session], None] | None) -> None:
+    def _adopt(self, session: Session, on_done: Callable[[Session], None] | None, *, reload: bool = False) -> None:
+        """Make ``session`` the open one; ``reload``: the same project read back after worker processes wrote it
+        (the choice of workers stays)."""
+        if not reload:
+            self.workers = 1
+        self.reloaded = reload
         if self._disconnect_events is not None:
             self._disconnect_events()
         self.session = session

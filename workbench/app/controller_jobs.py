@@ -14,30 +14,79 @@ from PySide6.QtCore import SignalInstance
 
 from workbench.app.controller_edits import UPDATE_JOB
 from workbench.session import Session
+from workbench.session.workers import WORKER_JOBS, WorkersResult, run_in_workers
 from workbench.sources.errors import TrustRequired
 
 __all__ = ["JobsMixin"]
 
 
 class JobsMixin:
-    """Long operations on the open session (``Controller`` mixes this in)."""
+    """Long operations on the open session (``Controller`` mixes this in).
+
+    ``workers`` (set by the controller, chosen in the device selector): more than 1 runs calibration,
+    sensitivity and the fallback search in that many local processes (all GPUs); the other jobs run
+    in this process, on the session's device.
+    """
 
     def calibrate(self, **options: Any) -> bool:
         session = self._require_session()
+        if session is not None and self.workers > 1:
+            return self._workers_job("Calibrating", "calibrate", options)
         return session is not None and self._session_job(
             "Calibrating", lambda progress, cancel: session.calibrate(progress=progress, cancel=cancel, **options))
 
     def sensitivity(self, **options: Any) -> bool:
         session = self._require_session()
+        if session is not None and self.workers > 1:
+            return self._workers_job("Sensitivity analysis", "sensitivity", options)
         return session is not None and self._session_job(
             "Sensitivity analysis",
             lambda progress, cancel: session.sensitivity(progress=progress, cancel=cancel, **options))
 
     def fallback(self, **options: Any) -> bool:
         session = self._require_session()
+        if session is not None and self.workers > 1:
+            return self._workers_job("Fallback search", "fallback", options, with_result=self.fallback_changed)
         return session is not None and self._session_job(
             "Fallback search", lambda progress, cancel: session.fallback(progress=progress, cancel=cancel, **options),
             with_result=self.fallback_changed)
+
+    def _workers_job(self, name: str, job: str, options: dict[str, Any],
+                     with_result: SignalInstance | None = None) -> bool:
+        """Run the session's ``job`` in ``self.workers`` processes on the project file (saved first), then
+        show the project as rank 0 wrote it; a failed or cancelled job leaves the file as it was."""
+        session, nprocs = self.session, self.workers
+        if session.path is None:
+            self.error.emit(name, f"Save the project first (File ▸ Save As…): the {nprocs} worker processes read "
+                                  "it from its file.", "")
+            return False
+        unsaved = session.dirty
+        selection = self.selection
+
+        def run(progress, cancel):
+            result = run_in_workers(session, job, nprocs, options, save=True, progress=progress, cancel=cancel)
+            progress(0, 1, "reading the project back")
+            self._prepare_views(result.session, progress)
+            return result
+
+        def done(result: WorkersResult) -> None:
+            if unsaved:
+                self.log.emit("info", f"saved {session.path} for the worker processes")
+            self._adopt(result.session, None, reload=True)
+            self.select(selection)
+            for warning in result.warnings:
+                self.log.emit("warning", warning)
+            self.log.emit("info", f"{result.summary} ({result.world_size} processes)")
+            if with_result is not None:
+                with_result.emit(result.session.latest_fallback())
+
+        return self._start(name, run, done)
+
+    def _one_process(self, name: str) -> None:
+        """Say that a job without workers runs in this process alone while all GPUs are chosen."""
+        if self.workers > 1 and self.session is not None:
+            self.log.emit("info", f"{name} runs in one process on {self.session.device}: 'all GPUs' applies to "
+                                  f"{', '.join(WORKER_JOBS)} only.")
 
     def _session_job(self, name: str, run: Callable[[Any, Any], Any],
                      with_result: SignalInstance | None = None) -> bool:
@@ -65,6 +114,7 @@ class JobsMixin:
             self.log.emit("info", report.summary())
             self.export_finished.emit(report)
 
+        self._one_process("Exporting")
         return self._start("Exporting", job, done)
 
     def export_preview(self, path: str | Path, on_done: Callable[[Any], None], **options: Any) -> bool:
@@ -100,6 +150,7 @@ class JobsMixin:
             self.log.emit("warning" if result.cancelled else "info", result.summary())
             self.finetune_finished.emit(result)
 
+        self._one_process("Fine-tuning")
         return self._start("Fine-tuning", job, done)
 
     def evaluate(self, on_done: Callable[[Any], None], **options: Any) -> bool:
@@ -108,6 +159,7 @@ class JobsMixin:
         session = self._require_session()
         if session is None:
             return False
+        self._one_process("Evaluating")
         return self._start("Evaluating", lambda progress, cancel: session.evaluate(progress=progress, cancel=cancel,
                                                                                    **options), on_done)
 

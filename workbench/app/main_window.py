@@ -71,7 +71,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         self.recent_menu = RecentMenu(self.settings, self.open_project, self)
         build_menus(self, self.recent_menu)
         self.device_combo = DeviceSelector(self.controller, self)
-        self.device_combo.device_set.connect(self._session_changed)
+        self.device_combo.device_set.connect(self._device_changed)
         self.toolbar = build_toolbar(self, self.device_combo)
         self._connect()
         self._restore_layout()
@@ -201,14 +201,21 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             calibration = f"calibrated ({run.method}, {run.num_batches} batches{sqnr})"
         stale = len(session.build_report.stale)
         stale_text = f" · {stale} quantizers need recalibrating" if stale else ""
+        workers = self.controller.workers
+        device = f"{workers} processes ({session.device} for the other jobs)" if workers > 1 else str(session.device)
         self.summary_label.setText(f"{quantized}/{len(layers)} layers quantized · {calibration}{stale_text}"
-                                   f" · {session.device}")
+                                   f" · {device}")
+
+    def _device_changed(self) -> None:
+        self.device_combo.show_session_device()  # unchanged if the session refused
+        self._update_summary()
 
     def _session_changed(self) -> None:
         session = self.controller.session
         if session is not None:
             run = session.project.current_calibration
-            self.log_panel.append("info", f"{'opened ' + str(session.path) if session.path else 'new project'}: "
+            opened = "read back " if self.controller.reloaded else "opened "  # reloaded: after worker processes
+            self.log_panel.append("info", f"{opened + str(session.path) if session.path else 'new project'}: "
                                   f"{session.project.model.label}, {len(session.project.layers)} quantizable layers"
                                   f"{', calibrated (' + run.method + ')' if run else ', not calibrated yet'}")
             self.device_combo.show_session_device()

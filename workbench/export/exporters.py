@@ -26,6 +26,12 @@ __all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line"
 
 Exporter = Literal["auto", "dynamo", "torchscript"]
 DYNAMO_MIN_OPSET = 18
+# The TorchScript exporter builds the whole graph, weights included, as one protobuf message in memory
+# (it writes external data only to a file path of its own): a model over protobuf's 2 GB limit cannot go
+# through it. Tests lower this to stand for a model that large.
+TORCHSCRIPT_LIMIT = EXTERNAL_DATA_THRESHOLD
+# what torch itself says when it reaches that limit (the weights estimate can miss folded constants)
+_PROTOBUF_LIMIT_MESSAGES = ("larger than the 2GiB limit", "exceed maximum protobuf size")
 
 
 # ----- exporters --------------------------------------------------------------------------------
@@ -33,6 +39,10 @@ DYNAMO_MIN_OPSET = 18
 
 class _CaptureError(Exception):
     """torch.export could not capture the model (not an unsupported-operator problem)."""
+
+
+class _TooLargeForTorchScript(ExportError):
+    """The graph is over protobuf's 2 GB limit, which the TorchScript exporter cannot write."""
 
 
 @contextlib.contextmanager
@@ -189,10 +199,37 @@ def _discard_data(proto: onnx.ModelProto, target_path: Path) -> None:
         data_file.unlink(missing_ok=True)
 
 
+def _weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, each storage counted once (shared weights, views)."""
+    storages: dict[int, int] = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr():
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _gigabytes(size: int) -> str:
+    return f"{size / 1024 ** 3:.3g} GB"
+
+
+def _torchscript_too_large(model: nn.Module) -> str | None:
+    """Why the TorchScript exporter cannot write ``model`` (its weights are over the protobuf limit), or None."""
+    size = _weight_bytes(model)
+    if size <= TORCHSCRIPT_LIMIT:
+        return None
+    return (f"the TorchScript exporter cannot write a graph over {_gigabytes(TORCHSCRIPT_LIMIT)} (protobuf's limit "
+            f"for one message; it has no external data for a graph kept in memory) and this model's weights are "
+            f"{_gigabytes(size)}")
+
+
 def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
                         opset: int, dynamic_batch: bool) -> onnx.ModelProto:
     if opset < 13:
         raise ExportError(f"opset {opset} is too old for per-channel Q/DQ; use opset 13 or newer.")
+    too_large = _torchscript_too_large(model)
+    if too_large is not None:  # refused before minutes of tracing and a second copy of the weights
+        raise _TooLargeForTorchScript(too_large[0].upper() + too_large[1:] + ".")
     register_torchscript_symbolic()
     dynamic_axes = None
     if dynamic_batch:
@@ -205,6 +242,10 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
         torch.onnx.export(model, inputs, buffer, dynamo=False, opset_version=opset, input_names=input_names,
                           output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True)
     except Exception as error:
+        if any(text in str(error) for text in _PROTOBUF_LIMIT_MESSAGES):
+            raise _TooLargeForTorchScript(
+                f"The TorchScript exporter cannot write a graph over {_gigabytes(EXTERNAL_DATA_THRESHOLD)} (protobuf's "
+                "limit for one message) and this one, with the constants it folds, is larger.") from error
         ops = _unsupported_ops(error)
         raise UnsupportedOperationError(f"The TorchScript ONNX exporter failed: {first_line(error)}", ops,
                                         []) from error
@@ -322,10 +363,16 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
     :func:`~workbench.export.onnx_file.external_data_file`), which the caller commits or removes.
 
     When the fallback fails too, the error shows both exporters' messages, the torch.export-based
-    one's first: it is usually the real cause (the fallback's is about what it cannot record).
+    one's first: it is usually the real cause (the fallback's is about what it cannot record). A model
+    whose weights are over :data:`TORCHSCRIPT_LIMIT` (protobuf's 2 GB) is never handed to TorchScript:
+    the error gives the torch.export-based exporter's problem and says the fallback cannot write it.
     """
     if exporter == "torchscript":
-        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
+        try:
+            proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
+        except _TooLargeForTorchScript as error:
+            raise ExportError(f"{error} Export with the torch.export-based exporter ('auto' or 'dynamo'): it "
+                              "writes the weights to ONNX external data beside the file.") from error
         return proto, "torchscript", "TorchScript exporter (requested)", dynamic_batch
     try:
         proto, dynamic_batch, note = _export_dynamo(model, inputs, input_names, output_names, opset, dynamic_batch,
@@ -349,6 +396,14 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
         reason = f"the torch.export-based one failed ({error})"
     try:
         proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
+    except _TooLargeForTorchScript as fallback:
+        # the fallback never had a chance: the torch.export-based exporter's problem is the one to fix
+        message = (f"The torch.export-based exporter failed: {primary}\n"
+                   f"The TorchScript fallback cannot take over: {fallback} Make the model exportable with "
+                   "torch.export (the problem above).")
+        if isinstance(primary, UnsupportedOperationError):
+            raise UnsupportedOperationError(message, primary.operations, primary.layers) from primary
+        raise ExportError(message) from primary
     except ExportError as fallback:
         message = (f"Both ONNX exporters failed. The torch.export-based exporter: {primary}\n"
                    f"The TorchScript fallback: {fallback}")

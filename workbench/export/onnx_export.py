@@ -22,6 +22,10 @@ QuantizeLinear / DequantizeLinear pairs that TensorRT builds into an INT8 engine
   straight to a temporary data file beside ``path``; the naming passes, the opset conversion and the
   validation then work on the graph without its weights (checker and onnxruntime read the files), so
   no step serialises the whole model. Both files are renamed into place together, or removed.
+  onnxruntime maps the data file and runs each weight's Q/DQ next to the layer that reads it, so the
+  validation adds about one copy of the weights to the process (a 600M model: peak 2.3x its fp32 size).
+  The TorchScript exporter cannot write a graph over 2 GB: such a model never falls back to it, and the
+  error says why the torch.export-based exporter failed.
 
 The parts live by idea: :mod:`~workbench.export.reference` (sample inputs, quantizer checks, the
 fake-quant reference run), :mod:`~workbench.export.exporters` (dynamo and TorchScript),
@@ -297,6 +301,8 @@ def export_qdq_onnx(model: nn.Module,
         if ranged_reference is not None:  # the sample alone can hide a difference (a quantizer it leaves at 0)
             range_check = min(compare(output_names, ranged_reference, session.run(None, feeds(session, ranged)),
                                       dict(zip(input_names, ranged))), key=lambda p: p.cosine)
+        # the session maps the weights: let them go before the files are committed and a float graph is written
+        del session
         checks = parity + [c for c in (dynamic_check, sequence_check, range_check) if c is not None]
         worst, largest = min(p.cosine for p in checks), max(p.max_abs_diff for p in checks)
         report = ExportReport(
