@@ -198,7 +198,7 @@ def test_user_loss_needs_trust_and_bad_options_are_one_line(calibrated_project, 
     code, _, err = run(capsys, "finetune", project, "--epochs", "1", "--lr", "1e-4", "--no-trust")
     assert code == 2 and "--trust-code" in err
     code, _, err = run(capsys, "finetune", project, "--epochs", "0", "--lr", "1e-4", "--loss", "cross_entropy")
-    assert code == 2 and "epochs must be a positive integer" in err and "Traceback" not in err
+    assert code == 2 and "finetune.epochs is a positive integer, got 0" in err and "Traceback" not in err
     code, _, err = run(capsys, "finetune", project, "--original-epochs", "90")
     assert code == 2 and "--original-lr" in err
     code, _, err = run(capsys, "finetune", project, "--epochs", "1", "--lr", "1e-4", "--loss", "cross_entropy",

@@ -4,6 +4,8 @@ import copy
 import pytest
 import torch
 
+from workbench.project import load_project, save_project
+from workbench.project.settings import CalibrationSettings, ExportSettings, RuleSettings
 from workbench.session import Session, SessionError
 from workbench.sources.data_source import DataSpec
 from workbench.sources.model_source import ModelSpec
@@ -29,11 +31,11 @@ def session(saved):
     ("device", "no such device", "not a device"),
     ("metric", {"name": "bogus", "direction": None}, "Unknown metric 'bogus'"),
     ("metric", {"name": "m.py:fn", "direction": "up"}, "'higher' or 'lower'"),
-    ("rules", {"concat": True, "maxpool": "no", "residual": True}, "rules maxpool must be true or false"),
+    ("rules", {"concat": True, "maxpool": "no", "residual": True}, "rules.maxpool is true or false"),
     ("rules", {"concat": True, "sideways": True}, "rules has no 'sideways'"),
     ("pins", [["conv1"]], "pairs of quantizer or layer names"),
     ("defaults", {"input": {"num_bits": 99}, "weight": None}, "default input descriptor"),
-    ("calibration", {"method": "guess", "num_batches": 4, "percentile": 99.9}, "calibration method"),
+    ("calibration", {"method": "guess", "num_batches": 4, "percentile": 99.9}, "calibration.method is one of"),
     ("calibration", {"method": "max", "num_batches": 0, "percentile": 99.9}, "positive number"),
     ("export", {"path": None, "opset": "17"}, "opset is a positive integer"),
     ("colour", "blue", "Unknown setting 'colour'"),
@@ -120,3 +122,27 @@ def test_descriptor_fields_are_stored_as_plain_json(session, tmp_path):
     assert stored["axis"] == 0 and type(stored["axis"]) is int and stored["narrow_range"] is True
     reopened = Session.open(session.save(tmp_path / "json.qwb"))
     assert reopened.project.layers["fc"].weight_desc == stored
+
+
+def test_the_session_reads_typed_settings_that_follow_every_edit(session):
+    assert session.settings.calibration.num_batches == 16 and session.settings.rules.maxpool is True
+    session.update_setting("calibration", num_batches=3)  # the other fields as they were
+    assert session.settings.calibration == CalibrationSettings(num_batches=3)
+    assert session.project.settings["calibration"] == {"method": "entropy", "num_batches": 3, "percentile": 99.99}
+    session.set_setting("rules", {"maxpool": False})  # a partial mapping: the others take their defaults
+    assert session.settings.rules == RuleSettings(maxpool=False)
+    with pytest.raises(SessionError, match="rules has no 'sideways'"):
+        session.update_setting("rules", sideways=True)
+    with pytest.raises(SessionError, match="'output' is not a setting with fields"):
+        session.update_setting("output", name="logits")
+
+
+def test_an_older_partial_setting_reads_with_defaults_and_its_equal_value_changes_nothing(saved, tmp_path):
+    project = load_project(saved)
+    project.settings["export"] = {"opset": 13}  # as a file written before the other fields existed
+    path = tmp_path / "old.qwb"
+    save_project(project, path)
+    opened = Session.open(path)
+    assert opened.settings.export == ExportSettings(opset=13) and opened.default_export_path().name == "old.qdq.onnx"
+    opened.set_setting("export", ExportSettings(opset=13).to_stored())
+    assert not opened.dirty and opened.project.settings["export"] == {"opset": 13}

@@ -51,7 +51,7 @@ class _HeldWarnings(logging.Filter):
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from workbench.launcher import job_context
-    from workbench.project.settings import percentile_mistake
+    from workbench.quant.calib.methods import percentile_mistake
 
     mistake = None if args.percentile is None or args.force else percentile_mistake(args.percentile)
     if mistake:
@@ -246,23 +246,22 @@ def add_commands(sub: argparse._SubParsersAction,
     from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
     from workbench.analysis.results import SCHEMES
     from workbench.analysis.units import UNIT_SCHEMES
-    from workbench.project.settings import DEFAULT_SETTINGS
-    from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
+    from workbench.project.settings import DEFAULTS
+    from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
 
     # every default a help text names is read from the project settings' defaults: one source of truth
-    calib_defaults, tune_defaults = DEFAULT_SETTINGS["calibration"], DEFAULT_SETTINGS["finetune"]
-    default_metric = DEFAULT_SETTINGS["metric"]["name"]
+    calib_defaults, tune_defaults = DEFAULTS.calibration, DEFAULTS.finetune
     cal = project_command("calibrate", "calibrate on the project's calibration data")
     cal.add_argument("--method", choices=AMAX_METHODS,
                      help=f"amax method of histogram quantizers (default: the project's; new projects: "
-                          f"{DEFAULT_AMAX_METHOD}): {AmaxMethod.help_text()}")
+                          f"{calib_defaults.method}): {AmaxMethod.help_text()}")
     cal.add_argument("--num-batches", type=int, help="calibration batches to use (default: the project's; new "
-                                                     f"projects: {calib_defaults['num_batches']})")
+                                                     f"projects: {calib_defaults.num_batches})")
     cal.add_argument("--percentile", type=float,
                      help=f"for --method percentile: {PERCENTILE.help.replace('%', '%%')}, {PERCENTILE.describe()}, e.g. "
-                          f"99.9 (default: the project's; new projects: {PERCENTILE.default:g})")
-    cal.add_argument("--force", action="store_true", help="use a --percentile under 50 (almost always a fraction "
-                                                          "typed for a percent: 0.999 for 99.9)")
+                          f"99.9 (default: the project's; new projects: {calib_defaults.percentile:g})")
+    cal.add_argument("--force", action="store_true", help=f"use a --percentile under {PERCENTILE_FLOOR:g} (almost "
+                                                          "always a fraction typed for a percent: 0.999 for 99.9)")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
     _workers_option(cal)
     cal.set_defaults(func=_cmd_calibrate)
@@ -278,7 +277,7 @@ def add_commands(sub: argparse._SubParsersAction,
     sens.add_argument("--units", choices=UNIT_SCHEMES, default="layers",
                       help="what is switched together: each quantized layer (an attention's products together), "
                            "or each transformer block (a readable ranking of a 12-layer ViT)")
-    sens.add_argument("--metric", help=f"override the project's metric (new projects: {default_metric})")
+    sens.add_argument("--metric", help=f"override the project's metric (new projects: {DEFAULTS.metric.name})")
     sens.add_argument("--metric-direction", choices=DIRECTIONS)
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
     sens.add_argument("--top", type=int, default=10, help="how many layers to print")
@@ -303,16 +302,16 @@ def add_commands(sub: argparse._SubParsersAction,
 
     tune = project_command("finetune", "quantization-aware fine-tuning of the calibrated model (amax fixed)")
     tune.add_argument("--epochs", type=int, help="passes over the training data (recipe: ~10%% of the original; "
-                                                 f"default: {tune_defaults['epochs']})")
+                                                 f"default: {tune_defaults.epochs})")
     tune.add_argument("--lr", type=float, help="starting learning rate (recipe: 1%% of the original; default: "
-                                               f"{tune_defaults['lr']})")
+                                               f"{tune_defaults.lr})")
     tune.add_argument("--original-lr", type=float, help="derive --lr (and --epochs with --original-epochs) from "
                                                         "the original training by the reference recipe")
     tune.add_argument("--original-epochs", type=int, help="the original training's epochs")
     tune.add_argument("--optimizer", choices=["sgd", "adam"])
     tune.add_argument("--schedule", choices=["cosine", "constant"],
                       help="cosine: anneal to 1%% of --lr by the last step (default)")
-    tune.add_argument("--momentum", type=float, help=f"SGD momentum (default: {tune_defaults['momentum']})")
+    tune.add_argument("--momentum", type=float, help=f"SGD momentum (default: {tune_defaults.momentum})")
     tune.add_argument("--weight-decay", type=float)
     tune.add_argument("--steps-per-epoch", type=int, help="stop each epoch after this many batches")
     tune.add_argument("--loss", help="cross_entropy (default, needs labels) or a function fn(outputs, targets) "

@@ -79,9 +79,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
     if args.output_key:
         settings["output"] = args.output_key
     if args.num_batches is not None:  # what the help says: calibration uses this many, not the default
-        from workbench.project.settings import DEFAULT_SETTINGS
-
-        settings["calibration"] = {**DEFAULT_SETTINGS["calibration"], "num_batches": args.num_batches}
+        settings["calibration"] = {"num_batches": args.num_batches}  # the other fields: their defaults
     session = Session.create(model, calibration, evaluation, trust_code=args.trust_code,
                              input_shape=InputSpec.parse_shape(args.input_shape), name=project.stem,
                              base_dir=Path.cwd(), settings=settings)
@@ -119,11 +117,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
         lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR "
                      f"{_fmt(run['output_sqnr_db'], ' dB')}" + (f" (stale: {'; '.join(stale)}; recalibrate "
                                                                   "for a current figure)" if stale else ""))
-    settings = summary["settings"]
-    calibration = settings["calibration"]
-    lines.append(f"  settings: calibration {calibration['method']} on {calibration['num_batches'] or 'all'} batches "
-                 f"(percentile {calibration['percentile']}%), metric {settings['metric']['name']}; placement rules "
-                 + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in settings["rules"].items()))
+    settings = session.settings
+    calibration = settings.calibration
+    lines.append(f"  settings: calibration {calibration.method} on {calibration.num_batches or 'all'} batches "
+                 f"(percentile {calibration.percentile}%), metric {settings.metric.name}; placement rules "
+                 + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in settings.rules.to_stored().items()))
     lines.extend(_folding_lines(summary["folding"]))
     lines.extend(_functional_lines(summary["functional"]))
     tuned = summary["finetune"]
@@ -204,7 +202,7 @@ def _cmd_set(args: argparse.Namespace) -> int:
     for rule in args.rule or []:
         name, _, value = rule.partition("=")
         session.update_setting("rules", **{name: bool(_parse_value(value or "true"))})
-        changed.setdefault("rules", []).append(f"{name}={session.project.settings['rules'][name]}")
+        changed.setdefault("rules", []).append(f"{name}={getattr(session.settings.rules, name)}")
     for pin in args.pin or []:
         first, _, second = pin.partition(",")
         if not second:
@@ -225,14 +223,12 @@ def _cmd_set(args: argparse.Namespace) -> int:
         switches.append(f"residual_adds_in_transformer_blocks={args.quantize_residual_adds}")
     for switch in switches:
         name, _, value = switch.partition("=")
-        functional = dict(session.project.settings["functional"])
         if name not in FUNCTIONAL_SWITCHES:
             raise UsageError(f"unknown functional switch {name!r}; switches are {', '.join(FUNCTIONAL_SWITCHES)}.")
         if value not in ("on", "off", "true", "false"):
             raise UsageError(f"--functional {name} takes on or off, got {value!r}.")
-        functional[name] = value in ("on", "true")
-        session.set_setting("functional", functional)
-        changed.setdefault("functional", []).append(f"{name}={'on' if functional[name] else 'off'}")
+        session.update_setting("functional", **{name: value in ("on", "true")})
+        changed.setdefault("functional", []).append(f"{name}={'on' if getattr(session.settings.functional, name) else 'off'}")
     if args.output_key is not None:
         session.set_setting("output", args.output_key or None)
         changed["output"] = [args.output_key or "first tensor"]
@@ -246,7 +242,7 @@ def _cmd_set(args: argparse.Namespace) -> int:
             session.set_data(role, typed.absolute(Path.cwd()).relative_to(session.base_dir))
             changed[f"{role} data"] = [session.project.data[role].label]
     if args.data and args.num_batches is not None:
-        session.set_setting("calibration", {**session.project.settings["calibration"], "num_batches": args.num_batches})
+        session.update_setting("calibration", num_batches=args.num_batches)
     if args.fold_bn is not None:
         session.set_setting("fold_bn", args.fold_bn == "on")
         folded = session.folded_layers()
@@ -284,11 +280,9 @@ def add_commands(sub: argparse._SubParsersAction,
                  project_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Add ``new``, ``show`` and ``set`` to the ``workbench`` parser."""
     from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
-    from workbench.project.settings import DEFAULT_SETTINGS, FUNCTIONAL_SWITCHES  # one definition of each
+    from workbench.project.settings import DEFAULTS, FUNCTIONAL_SWITCHES, RULES  # one definition of each
 
     # every default a help text names is read from the project settings' defaults: one source of truth
-    calib_defaults = DEFAULT_SETTINGS["calibration"]
-    default_metric = DEFAULT_SETTINGS["metric"]["name"]
     new = project_command("new", "create a project on a model and data")
     new.add_argument("--model", required=True, help="file.py:factory, package.module:factory, model.pt (a pickled "
                                                     "model), demo:digits / demo:resnet18 / demo:resnet50, hf:DIR (a "
@@ -299,11 +293,11 @@ def add_commands(sub: argparse._SubParsersAction,
     new.add_argument("--code-dir", help="folder with the code a pickled model needs (default: its folder)")
     new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224 "
                                            "(optional: the data gives it)")
-    _data_options(new, calib_defaults["num_batches"], required=True)
+    _data_options(new, DEFAULTS.calibration.num_batches, required=True)
     new.add_argument("--output-key", help="the model output entry that metrics, sensitivity and export compare: a "
                                           "dict/ModelOutput key such as logits, or a tuple index (default: the first "
                                           "tensor)")
-    new.add_argument("--metric", help=f"{metric_choices_text()} (default: {default_metric})")
+    new.add_argument("--metric", help=f"{metric_choices_text()} (default: {DEFAULTS.metric.name})")
     new.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
     new.add_argument("--force", action="store_true", help="overwrite an existing project file")
     new.set_defaults(func=_cmd_new)
@@ -325,7 +319,7 @@ def add_commands(sub: argparse._SubParsersAction,
     set_.add_argument("--reset", action="store_true", help="back to default descriptors for the chosen layers")
     set_.add_argument("--rule", action="append", metavar="RULE=true|false",
                       help="switch a TensorRT placement rule on or off (repeatable): "
-                           + ", ".join(DEFAULT_SETTINGS["rules"]) + " (all on by default), e.g. --rule concat=false; "
+                           + ", ".join(RULES) + " (all on by default), e.g. --rule concat=false; "
                            "'workbench show' lists them")
     set_.add_argument("--pin", action="append", help="share one quantizer between two: NAME1,NAME2 (repeatable)")
     set_.add_argument("--metric", help=f"the project's metric: {metric_choices_text()}")
@@ -338,7 +332,7 @@ def add_commands(sub: argparse._SubParsersAction,
                       help=FUNCTIONAL_SWITCHES["residual_adds_in_transformer_blocks"].replace("%", "%%"))
     set_.add_argument("--output-key", help="the model output entry to compare and export (logits, 0...; empty: the "
                                            "first tensor)")
-    _data_options(set_, calib_defaults["num_batches"], required=False)
+    _data_options(set_, DEFAULTS.calibration.num_batches, required=False)
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)

@@ -2,7 +2,7 @@
 import json
 
 import pytest
-from conftest import engine_layers, profile_for
+from engine_files import engine_layers, profile_for
 
 from workbench.engine import (
     EngineReport,

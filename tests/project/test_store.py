@@ -37,8 +37,8 @@ def sample_project(seed=0, quantizers=6):
                       data={"calibration": DataSpec("images", "calib", batch_size=16, shuffle=True, seed=4,
                                                     image=ImageOptions(resize=36, crop=32)),
                             "evaluation": DataSpec("demo", "digits", split="test")},
-                      settings={"rules": {"concat": True, "maxpool": False}, "pins": [["a", "b"]], "metric": "sqnr",
-                                "opset": 17})
+                      settings={"rules": {"concat": True, "maxpool": False}, "pins": [["a", "b"]],
+                                "metric": {"name": "sqnr", "direction": None}, "export": {"opset": 17}})
     for i in range(quantizers):
         project.layers[f"layer{i}"] = LayerDecision(f"layer{i}", "Conv2d", i % 3 != 0,
                                                     {"num_bits": 8, "calib_method": "histogram"} if i % 2 else None,

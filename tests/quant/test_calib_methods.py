@@ -3,8 +3,15 @@ import pytest
 import torch
 
 from workbench import cli
-from workbench.project.settings import PERCENTILE_FLOOR, SettingsError, checked_setting
-from workbench.quant.calib import AMAX_METHODS, PERCENTILE, AmaxMethod, HistogramCalibrator, UnknownMethodError
+from workbench.project.settings import SettingsError, checked_setting
+from workbench.quant.calib import (
+    AMAX_METHODS,
+    PERCENTILE,
+    PERCENTILE_FLOOR,
+    AmaxMethod,
+    HistogramCalibrator,
+    UnknownMethodError,
+)
 
 
 def test_methods_and_their_parameters():

@@ -195,3 +195,11 @@ def test_an_ignored_attention_inside_a_quantized_mha_stays_float():
     assert all(q._disabled for q in sdpa.quantizers())
     assert "0.self_attn.sdpa" in report.replacement.ignored_names
     assert not model[0].self_attn._input_quantizer._disabled
+
+
+def test_quantized_mha_shares_the_quantized_module_vocabulary():
+    mha = QuantMultiheadAttention(8, 2)
+    assert mha.input_quantizer is mha._input_quantizer and mha.weight_quantizer is mha._weight_quantizer
+    with pytest.raises(ValueError, match="must be an instance of QuantDescriptor"):
+        QuantMultiheadAttention.set_default_quant_desc_input("8 bits")
+    assert isinstance(QuantMultiheadAttention.default_quant_desc_input, quant.QuantDescriptor)

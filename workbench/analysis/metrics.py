@@ -20,7 +20,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -29,19 +29,16 @@ from workbench.analysis.entry_point import load_entry_point
 from workbench.quant.batches import batch_targets, class_scores, flat_tensors, select_output
 from workbench.sources.entrypoints import split_entrypoint
 from workbench.sources.errors import TrustRequired
+from workbench.sources.metric_names import DEFAULT_METRIC, DIRECTIONS, Direction
 
 __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", "EntryPointMetric", "SqnrMetric",
            "CosineMetric", "MseMetric", "Top1Metric", "get_metric", "metric_from_dict", "flat_tensors",
            "BUILTIN_METRICS", "DEFAULT_METRIC", "builtin_metric_labels", "metric_choices_text"]
 
-Direction = Literal["higher", "lower"]
-DIRECTIONS: tuple[str, ...] = ("higher", "lower")
-
-
 def _check_direction(direction: Any) -> Direction:
     if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be 'higher' or 'lower' (which is better), got {direction!r}.")
-    return direction
+        raise ValueError(f"direction must be {' or '.join(map(repr, DIRECTIONS))} (which is better), got {direction!r}.")
+    return str(direction)
 
 
 class Metric(ABC):
@@ -55,7 +52,7 @@ class Metric(ABC):
 
     @property
     def higher_is_better(self) -> bool:
-        return self.direction == "higher"
+        return self.direction == Direction.HIGHER
 
     def gap(self, value: float, fp32: float) -> float:
         """How much worse ``value`` is than ``fp32`` in the metric's units (negative when better)."""
@@ -146,7 +143,7 @@ class SqnrMetric(OutputMetric):
 
     def __init__(self) -> None:
         self.name = "SQNR (dB)"
-        self.direction = "higher"
+        self.direction = Direction.HIGHER.value
 
     def start(self) -> Accumulator:
         return _SqnrAccumulator()
@@ -178,7 +175,7 @@ class CosineMetric(OutputMetric):
 
     def __init__(self) -> None:
         self.name = "cosine similarity"
-        self.direction = "higher"
+        self.direction = Direction.HIGHER.value
 
     def start(self) -> Accumulator:
         return _CosineAccumulator()
@@ -206,7 +203,7 @@ class MseMetric(OutputMetric):
 
     def __init__(self) -> None:
         self.name = "MSE"
-        self.direction = "lower"
+        self.direction = Direction.LOWER.value
 
     def start(self) -> Accumulator:
         return _MseAccumulator()
@@ -247,7 +244,7 @@ class Top1Metric(OutputMetric):
 
     def __init__(self) -> None:
         self.name = "top-1 accuracy"
-        self.direction = "higher"
+        self.direction = Direction.HIGHER.value
 
     def start(self) -> Accumulator:
         return _Top1Accumulator()
@@ -314,7 +311,6 @@ class EntryPointMetric(ModelMetric):
 BUILTIN_METRICS: dict[str, type[OutputMetric]] = {
     "sqnr": SqnrMetric, "cosine": CosineMetric, "mse": MseMetric, "top1": Top1Metric,
 }
-DEFAULT_METRIC = "sqnr"
 
 
 def builtin_metric_labels() -> dict[str, str]:

@@ -178,7 +178,7 @@ class FallbackPanel(QGroupBox):
     def _project_metric_is_sqnr(self) -> bool:
         if self.controller.session is None:
             return True
-        return str((self.controller.session.project.settings.get("metric") or {}).get("name") or "sqnr") in ("sqnr", "sqnr_db")
+        return self.controller.session.settings.metric.name in ("sqnr", "sqnr_db")
 
     def _goal_changed(self, *_: Any) -> None:
         metric = self._metric()

@@ -215,7 +215,7 @@ class SensitivityTab(QWidget):
         self.metric_box.clear()
         project_metric, has_labels = DEFAULT_METRIC, False
         if self.session is not None:
-            project_metric = str((self.session.project.settings.get("metric") or {}).get("name") or DEFAULT_METRIC)
+            project_metric = self.session.settings.metric.name
             try:
                 has_labels = self.controller.evaluation_has_labels()
             except Exception as error:  # noqa: BLE001 - missing data: the analysis itself will say so

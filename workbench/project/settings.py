@@ -1,57 +1,33 @@
-"""A project's settings: their defaults, which of them the quantized model is built from, and the check of
-each value as the project file stores it (plain JSON: dicts, lists, text, numbers, booleans).
+"""A project's settings, typed: one frozen dataclass per setting that is a mapping (calibration, metric,
+export, ...) and :class:`ProjectSettings` holding them with the plain ones (device, output, fold_bn, pins).
 
-Checked once where a value comes in (a new project, an edit); the rest of the code reads checked values.
+The project file stores each setting as JSON (:meth:`ProjectSettings.to_stored`, one row per setting);
+:meth:`ProjectSettings.from_stored` reads that back, filling defaults for what an older file lacks. Each
+dataclass checks its own fields when it is made (read from a file, or edited), so the rest of the code
+reads checked, typed values; a bad value is a :class:`SettingsError` that names the setting, the field
+and what is expected.
 """
 from __future__ import annotations
 
 import copy
-from typing import Any
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, ClassVar, Self
 
 import torch
 
 from workbench.quant import QuantDescriptor
-from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE
+from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, percentile_mistake
 from workbench.quant.tensorrt_rules import tensorrt_check
+from workbench.sources.metric_names import DEFAULT_METRIC, DIRECTIONS, Direction
 from workbench.strict_json import strict
 
-__all__ = ["DEFAULT_SETTINGS", "PERCENTILE_FLOOR", "REBUILD_SETTINGS", "FUNCTIONAL_SWITCHES", "percentile_mistake",
-           "SettingsError", "checked_setting", "make_descriptor", "jsonable"]
-
-DEFAULT_SETTINGS: dict[str, Any] = {
-    "defaults": {"input": {"calib_method": "histogram"}, "weight": None},
-    "functional": {"add": True, "concat": True, "matmul": True, "attention": True,
-                   "residual_adds_in_transformer_blocks": False},
-    "rules": {"concat": True, "maxpool": True, "residual": True},
-    "pins": [],
-    "calibration": {"method": DEFAULT_AMAX_METHOD.value, "num_batches": 16, "percentile": PERCENTILE.default},
-    "metric": {"name": "sqnr", "direction": None},
-    "export": {"path": None, "opset": 17, "dynamic_batch": True, "amax_json": False, "calibration_cache": False},
-    "device": "cpu",
-    # the part of the model's output that metrics, sensitivity and export compare: a ModelOutput / dict key
-    # ("logits") or a tuple index ("0"); None: the whole output if it is tensors, else its first tensor
-    "output": None,
-    # fold BatchNorm into the layer before it, as TensorRT does, so that per-channel weight amax is taken
-    # on the weights the engine runs (projects from before folding existed open with it off)
-    "fold_bn": True,
-    # quantization-aware fine-tuning (workbench.training): lr and epochs are the user's (see recipe())
-    "finetune": {"epochs": 2, "lr": 1e-4, "optimizer": "sgd", "schedule": "cosine", "momentum": 0.9,
-                 "weight_decay": 0.0, "loss": "cross_entropy", "learn_amax": [], "steps_per_epoch": None,
-                 "amp": None},
-}
-
-# what each functional switch quantizes (the CLI's --help and the GUI read it)
-FUNCTIONAL_SWITCHES: dict[str, str] = {
-    "add": "elementwise adds of two activations (residual adds)",
-    "concat": "concatenations of activations",
-    "matmul": "matrix products of two activations (torch.matmul, @, bmm, baddbmm)",
-    "attention": "F.scaled_dot_product_attention and Hugging Face attention functions (q, k, v, probabilities)",
-    "residual_adds_in_transformer_blocks": "residual adds inside transformer blocks (LayerNorm/attention "
-                                           "blocks); off by default, TensorRT keeps them in its fused kernels",
-}
-
-# the settings that change which quantizers exist or how they are built (the model is rebuilt)
-REBUILD_SETTINGS = frozenset({"defaults", "functional", "rules", "pins", "fold_bn"})
+__all__ = ["ProjectSettings", "DefaultDescriptors", "FunctionalSettings", "RuleSettings", "CalibrationSettings",
+           "MetricSettings", "ExportSettings", "FinetuneSettings", "SECTIONS", "DEFAULTS", "DEFAULT_SETTINGS",
+           "REBUILD_SETTINGS", "FUNCTIONAL_SWITCHES", "RULES", "SettingsError", "checked_setting",
+           "available_device", "make_descriptor", "jsonable"]
 
 
 class SettingsError(ValueError):
@@ -64,7 +40,7 @@ def jsonable(value: Any) -> Any:
     return strict(value)
 
 
-def make_descriptor(fields: dict[str, Any] | None) -> QuantDescriptor | None:
+def make_descriptor(fields: Mapping[str, Any] | None) -> QuantDescriptor | None:
     """The QuantDescriptor that stored descriptor fields (``QuantDescriptor.dict()``, JSON lists for tuples)
     describe; None for None. Raises QuantDescriptor's own TypeError/ValueError for bad fields."""
     if fields is None:
@@ -77,126 +53,358 @@ def make_descriptor(fields: dict[str, Any] | None) -> QuantDescriptor | None:
     return QuantDescriptor(**fields)
 
 
+# ----- checks of one value ----------------------------------------------------------------------------
+
+def _refused(where: str, expected: str, value: Any) -> SettingsError:
+    return SettingsError(f"{where} is {expected}, got {value!r}.")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _mapping(key: str, value: Any) -> dict[str, Any]:
-    """A dict setting, with only the fields the default has."""
-    if not isinstance(value, dict):
-        raise SettingsError(f"{key} is a mapping of {', '.join(DEFAULT_SETTINGS[key])}, got {value!r}.")
-    unknown = [name for name in value if name not in DEFAULT_SETTINGS[key]]
-    if unknown:
-        raise SettingsError(f"{key} has no {', '.join(map(repr, unknown))}; its fields are "
-                            f"{', '.join(DEFAULT_SETTINGS[key])}.")
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _stored(value: Any) -> Any:
+    """A typed field's value as the project's JSON holds it: enums as their text, tuples as lists, copies."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_stored(item) for item in value]
     return copy.deepcopy(value)
 
 
-def _checked_device(value: Any) -> str:
-    try:
-        device = torch.device(value)
-    except (RuntimeError, TypeError) as error:
-        raise SettingsError(f"{value!r} is not a device: use cpu, cuda or cuda:N ({error}).") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SettingsError(f"Device {value!r} is not available: this machine has no CUDA device.")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise SettingsError(f"Device {value!r} is not available: this machine has "
-                                f"{torch.cuda.device_count()} CUDA device(s).")
-    elif device.type != "cpu":
-        raise SettingsError(f"Device {value!r} is not supported: use cpu, cuda or cuda:N.")
-    return str(device)
+# ----- the settings that are mappings -----------------------------------------------------------------
+
+class _Section:
+    """A setting that is a mapping: a frozen dataclass, one field per key, checked in ``__post_init__``.
+
+    Fields missing from a stored mapping take their defaults (a file written before a field existed, or a
+    partial edit, means the default there); a key the dataclass does not have is refused.
+    """
+
+    KEY: ClassVar[str]
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+
+    @classmethod
+    def from_stored(cls, value: Any) -> Self:
+        """The section from its stored mapping; SettingsError naming the setting and field otherwise."""
+        names = cls.field_names()
+        if not isinstance(value, Mapping):
+            raise SettingsError(f"{cls.KEY} is a mapping of {', '.join(names)}, got {value!r}.")
+        unknown = [name for name in value if name not in names]
+        if unknown:
+            raise SettingsError(f"{cls.KEY} has no {', '.join(map(repr, unknown))}; its fields are "
+                                f"{', '.join(names)}.")
+        return cls(**copy.deepcopy(dict(value)))
+
+    def to_stored(self) -> dict[str, Any]:
+        """The mapping the project file holds (every field)."""
+        return {name: _stored(getattr(self, name)) for name in self.field_names()}
+
+    def _require(self, name: str, ok: bool, expected: str) -> None:
+        if not ok:
+            raise _refused(f"{self.KEY}.{name}", expected, getattr(self, name))
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # normalising a frozen dataclass's own field while it is made
+
+    def _flags(self) -> None:
+        for name in self.field_names():
+            self._require(name, isinstance(getattr(self, name), bool), "true or false")
 
 
-def _check_fields(key: str, checked: dict[str, Any]) -> None:
-    """The fields of a mapping setting ``key``."""
-    if key in ("functional", "rules"):
-        wrong = [name for name, flag in checked.items() if not isinstance(flag, bool)]
-        if wrong:
-            raise SettingsError(f"{key} {', '.join(wrong)} must be true or false, got "
-                                f"{', '.join(repr(checked[name]) for name in wrong)}.")
-    elif key == "metric":
-        name, direction = checked.get("name"), checked.get("direction")
-        if not isinstance(name, str) or not name.strip():
-            raise SettingsError(f"The metric needs a name (a built-in metric, or module:function / "
-                                f"file.py:function), got {name!r}.")
-        if direction not in (None, "higher", "lower"):
-            raise SettingsError(f"The metric's direction is 'higher' or 'lower' (which is better), got {direction!r}.")
-    elif key == "defaults":
-        for role, fields in checked.items():
-            if fields is not None and not isinstance(fields, dict):
-                raise SettingsError(f"the default {role} descriptor is a mapping of fields or none, got {fields!r}.")
+@dataclass(frozen=True)
+class DefaultDescriptors(_Section):
+    """The descriptors layers get unless the user set their own: stored descriptor fields, or None for the
+    quantized module's own default."""
+
+    KEY: ClassVar[str] = "defaults"
+    input: dict[str, Any] | None = field(default_factory=lambda: {"calib_method": "histogram"})
+    weight: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for role in ("input", "weight"):
+            stored = getattr(self, role)
+            self._require(role, stored is None or isinstance(stored, Mapping), "a descriptor's fields or none")
             try:
-                made = make_descriptor(fields)
+                made = make_descriptor(stored)
             except (TypeError, ValueError) as error:
-                raise SettingsError(f"the default {role} descriptor: {error}") from None
+                raise SettingsError(f"defaults.{role} (the default {role} descriptor): {error}") from None
             # a default applies to every layer type, so only the rule all of them share is checked here
             if made is not None and role == "input":
                 verdict = tensorrt_check(role, made.num_bits, made.axis, "layer")
                 if verdict.error:
-                    raise SettingsError(f"the default input descriptor: {verdict.error}")
-    elif key == "calibration":
-        method, batches, percentile = checked.get("method"), checked.get("num_batches"), checked.get("percentile")
-        if method is not None and method not in AMAX_METHODS:
-            raise SettingsError(f"The calibration method is one of {', '.join(AMAX_METHODS)}, got {method!r}.")
-        if batches is not None and (not _is_int(batches) or batches < 1):
-            raise SettingsError(f"The calibration batches are a positive number or none (all), got {batches!r}.")
-        if percentile is not None and not PERCENTILE.contains(percentile):
-            raise SettingsError(f"The calibration percentile is {PERCENTILE.describe()}, got {percentile!r}.")
-        mistake = percentile_mistake(percentile) if percentile is not None else None
+                    raise SettingsError(f"defaults.input (the default input descriptor): {verdict.error}")
+            self._set(role, copy.deepcopy(dict(stored)) if stored is not None else None)
+
+    def descriptor(self, role: str) -> QuantDescriptor | None:
+        """The default descriptor of ``role`` (``input`` or ``weight``); None: the module's own default."""
+        return make_descriptor(getattr(self, role))
+
+
+@dataclass(frozen=True)
+class FunctionalSettings(_Section):
+    """Which functional operations (not modules) get quantizers; the help of each field is what the CLI's
+    ``--help`` and the GUI show."""
+
+    KEY: ClassVar[str] = "functional"
+    add: bool = field(default=True, metadata={"help": "elementwise adds of two activations (residual adds)"})
+    concat: bool = field(default=True, metadata={"help": "concatenations of activations"})
+    matmul: bool = field(default=True, metadata={
+        "help": "matrix products of two activations (torch.matmul, @, bmm, baddbmm)"})
+    attention: bool = field(default=True, metadata={
+        "help": "F.scaled_dot_product_attention and Hugging Face attention functions (q, k, v, probabilities)"})
+    residual_adds_in_transformer_blocks: bool = field(default=False, metadata={
+        "help": "residual adds inside transformer blocks (LayerNorm/attention blocks); off by default, TensorRT "
+                "keeps them in its fused kernels"})
+
+    def __post_init__(self) -> None:
+        self._flags()
+
+
+@dataclass(frozen=True)
+class RuleSettings(_Section):
+    """TensorRT's scale-sharing placement rules (:mod:`workbench.quant.tensorrt_rules`), each on or off."""
+
+    KEY: ClassVar[str] = "rules"
+    concat: bool = True
+    maxpool: bool = True
+    residual: bool = True
+
+    def __post_init__(self) -> None:
+        self._flags()
+
+
+@dataclass(frozen=True)
+class CalibrationSettings(_Section):
+    """How a calibration runs when the user does not say: amax method, batches (None: all), percentile."""
+
+    KEY: ClassVar[str] = "calibration"
+    method: AmaxMethod = DEFAULT_AMAX_METHOD
+    num_batches: int | None = 16
+    percentile: float = PERCENTILE.default
+
+    def __post_init__(self) -> None:
+        if self.method is None:  # stored none: the default method
+            self._set("method", DEFAULT_AMAX_METHOD)
+        self._require("method", self.method in AMAX_METHODS, f"one of {', '.join(AMAX_METHODS)}")
+        self._set("method", AmaxMethod(self.method))
+        self._require("num_batches", self.num_batches is None or (_is_int(self.num_batches) and self.num_batches >= 1),
+                      "a positive number or none (all batches)")
+        if self.percentile is None:  # stored none: the default percentile
+            self._set("percentile", PERCENTILE.default)
+        self._require("percentile", PERCENTILE.contains(self.percentile), f"{PERCENTILE.describe()} (in percent)")
+        mistake = percentile_mistake(self.percentile)
         if mistake:
-            raise SettingsError(mistake)
-    elif key == "export":
-        opset, path = checked.get("opset"), checked.get("path")
-        if opset is not None and (not _is_int(opset) or opset < 1):
-            raise SettingsError(f"The export opset is a positive integer, got {opset!r}.")
-        if path is not None and not isinstance(path, str):
-            raise SettingsError(f"The export path is a file name or none, got {path!r}.")
-        wrong = [name for name in ("dynamic_batch", "amax_json", "calibration_cache")
-                 if name in checked and not isinstance(checked[name], bool)]
-        if wrong:
-            raise SettingsError(f"export {', '.join(wrong)} must be true or false.")
+            raise SettingsError(f"calibration.percentile: {mistake}")
 
 
-# A percentile under this is almost certainly a fraction typed where a percent was meant (0.999 for 99.9).
-PERCENTILE_FLOOR = 50.0
+@dataclass(frozen=True)
+class MetricSettings(_Section):
+    """The metric sensitivity ranks and evaluation reports by: a built-in name, or a user function
+    (``module:function`` / ``file.py:function``) with which direction is better."""
+
+    KEY: ClassVar[str] = "metric"
+    name: str = DEFAULT_METRIC
+    direction: Direction | None = None
+
+    def __post_init__(self) -> None:
+        self._require("name", isinstance(self.name, str) and bool(self.name.strip()),
+                      "the name of a built-in metric or of a user function (module:function / file.py:function)")
+        self._require("direction", self.direction is None or self.direction in DIRECTIONS,
+                      f"{' or '.join(map(repr, DIRECTIONS))} (which is better) or none (the metric's own)")
+        if self.direction is not None:
+            self._set("direction", Direction(self.direction))
 
 
-def percentile_mistake(percentile: float) -> str | None:
-    """Why ``percentile`` (in percent) is almost certainly a mistake, with the value likely meant; None when
-    it looks intended (at least :data:`PERCENTILE_FLOOR`). The CLI lets a user insist (``--force``)."""
-    if percentile >= PERCENTILE_FLOOR:
-        return None
-    candidates = ([percentile * 100] if 0 < percentile <= 1 else []) + [100 - percentile]
-    meant = next(c for c in candidates if c >= PERCENTILE_FLOOR)
-    return (f"The percentile is in percent: {percentile:g} would set amax where only {percentile:g}% of the "
-            f"values lie below it, clipping almost everything; did you mean {round(meant, 6):g}?")
+@dataclass(frozen=True)
+class ExportSettings(_Section):
+    """The last export's choices, the defaults of the next one. ``path`` is relative to the project's folder."""
+
+    KEY: ClassVar[str] = "export"
+    path: str | None = None
+    opset: int = 17
+    dynamic_batch: bool = True
+    amax_json: bool = False
+    calibration_cache: bool = False
+
+    def __post_init__(self) -> None:
+        self._require("path", self.path is None or isinstance(self.path, str), "a file name or none")
+        if self.opset is None:  # stored none: the default opset
+            self._set("opset", type(self).opset)
+        self._require("opset", _is_int(self.opset) and self.opset >= 1, "a positive integer")
+        for name in ("dynamic_batch", "amax_json", "calibration_cache"):
+            self._require(name, isinstance(getattr(self, name), bool), "true or false")
+
+
+@dataclass(frozen=True)
+class FinetuneSettings(_Section):
+    """Quantization-aware fine-tuning (:mod:`workbench.training`); the names of optimizers and schedules are
+    the training layer's to check (it runs them)."""
+
+    KEY: ClassVar[str] = "finetune"
+    epochs: int = 2
+    lr: float = 1e-4
+    optimizer: str = "sgd"
+    schedule: str = "cosine"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    loss: str = "cross_entropy"
+    learn_amax: tuple[str, ...] = ()
+    steps_per_epoch: int | None = None
+    amp: bool | None = None
+
+    def __post_init__(self) -> None:
+        self._require("epochs", _is_int(self.epochs) and self.epochs >= 1, "a positive integer")
+        self._require("lr", _is_number(self.lr) and self.lr > 0, "a positive number")
+        for name in ("momentum", "weight_decay"):
+            self._require(name, _is_number(getattr(self, name)) and getattr(self, name) >= 0, "a number >= 0")
+        if self.loss is None:  # stored none: the default loss
+            self._set("loss", type(self).loss)
+        for name in ("optimizer", "schedule", "loss"):
+            self._require(name, isinstance(getattr(self, name), str) and bool(getattr(self, name)), "a name")
+        patterns = [self.learn_amax] if isinstance(self.learn_amax, str) else self.learn_amax
+        self._require("learn_amax", isinstance(patterns, (list, tuple)) and all(isinstance(p, str) for p in patterns),
+                      "a list of quantizer name patterns")
+        self._set("learn_amax", tuple(patterns))
+        self._require("steps_per_epoch", self.steps_per_epoch is None
+                      or (_is_int(self.steps_per_epoch) and self.steps_per_epoch >= 1), "a positive integer or none")
+        self._require("amp", self.amp is None or isinstance(self.amp, bool), "true, false or none (automatic)")
+
+
+SECTIONS: dict[str, type[_Section]] = {section.KEY: section for section in (
+    DefaultDescriptors, FunctionalSettings, RuleSettings, CalibrationSettings, MetricSettings, ExportSettings,
+    FinetuneSettings)}
+
+# what each functional switch quantizes (the CLI's --help and the GUI read it)
+FUNCTIONAL_SWITCHES: dict[str, str] = {f.name: f.metadata["help"] for f in fields(FunctionalSettings)}
+RULES: tuple[str, ...] = RuleSettings.field_names()
+
+
+# ----- the plain settings -----------------------------------------------------------------------------
+
+def _device(value: Any) -> str:
+    """A device's name in torch's spelling (``cuda:0``); whether this machine has it is :func:`available_device`'s."""
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError) as error:
+        raise SettingsError(f"device: {value!r} is not a device: use cpu, cuda or cuda:N ({error}).") from None
+    if device.type not in ("cpu", "cuda"):
+        raise SettingsError(f"device: {value!r} is not supported: use cpu, cuda or cuda:N.")
+    return str(device)
+
+
+def available_device(value: Any) -> str:
+    """:func:`_device`, and this machine has it (checked when the setting is edited: a project saved on a GPU
+    machine still opens on another)."""
+    device = torch.device(_device(value))
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SettingsError(f"device: {value!r} is not available: this machine has no CUDA device.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise SettingsError(f"device: {value!r} is not available: this machine has "
+                                f"{torch.cuda.device_count()} CUDA device(s).")
+    return str(device)
+
+
+def _pins(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(pin, (list, tuple)) and len(pin) == 2 and all(isinstance(n, str) and n for n in pin)
+            for pin in value):
+        raise _refused("pins", "a list of pairs of quantizer or layer names", value)
+    return tuple((pin[0], pin[1]) for pin in value)
+
+
+def _output(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise _refused("output", "the name of an output entry (logits, 0...) or none", value)
+    return value.strip() if isinstance(value, str) else None
+
+
+def _fold_bn(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _refused("fold_bn", "on or off (true/false)", value)
+    return value
+
+
+_PLAIN = {"pins": _pins, "device": _device, "output": _output, "fold_bn": _fold_bn}
+
+
+@dataclass(frozen=True)
+class ProjectSettings:
+    """Every setting of a project, checked. Made by :meth:`from_stored` (a project file's JSON) or as the
+    defaults (``ProjectSettings()``); :meth:`to_stored` is the JSON again. Fields are in the file's order."""
+
+    defaults: DefaultDescriptors = field(default_factory=DefaultDescriptors)
+    functional: FunctionalSettings = field(default_factory=FunctionalSettings)
+    rules: RuleSettings = field(default_factory=RuleSettings)
+    # pairs of quantizers or layers that share one quantizer (TensorRT scale sharing)
+    pins: tuple[tuple[str, str], ...] = ()
+    calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
+    metric: MetricSettings = field(default_factory=MetricSettings)
+    export: ExportSettings = field(default_factory=ExportSettings)
+    device: str = "cpu"
+    # the part of the model's output that metrics, sensitivity and export compare: a ModelOutput / dict key
+    # ("logits") or a tuple index ("0"); None: the whole output if it is tensors, else its first tensor
+    output: str | None = None
+    # fold BatchNorm into the layer before it, as TensorRT does, so that per-channel weight amax is taken
+    # on the weights the engine runs (projects from before folding existed open with it off)
+    fold_bn: bool = True
+    # quantization-aware fine-tuning (workbench.training): lr and epochs are the user's (see recipe())
+    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+
+    def __post_init__(self) -> None:
+        for key, check in _PLAIN.items():
+            object.__setattr__(self, key, check(getattr(self, key)))
+        for key, section in SECTIONS.items():
+            if not isinstance(getattr(self, key), section):
+                raise SettingsError(f"{key} is a {section.__name__}, got {getattr(self, key)!r}.")
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Every setting's name, in the file's order."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, Any]) -> ProjectSettings:
+        """The settings a project file holds (one JSON value per setting); defaults for missing settings and
+        fields. SettingsError naming the setting and the field when a value is not one a project can hold."""
+        unknown = [key for key in stored if key not in cls.keys()]
+        if unknown:
+            raise SettingsError(f"Unknown setting {unknown[0]!r}; settings are {', '.join(cls.keys())}.")
+        values = {key: SECTIONS[key].from_stored(value) if key in SECTIONS else value for key, value in stored.items()}
+        return cls(**values)
+
+    def to_stored(self) -> dict[str, Any]:
+        """The JSON the project file holds: one value per setting, every field of every mapping."""
+        return {key: self.stored(key) for key in self.keys()}
+
+    def stored(self, key: str) -> Any:
+        """One setting's value as the project file holds it."""
+        value = getattr(self, key)
+        return value.to_stored() if isinstance(value, _Section) else _stored(value)
+
+
+DEFAULTS = ProjectSettings()
+# the defaults as a project file stores them (a new project's settings; the help texts name them)
+DEFAULT_SETTINGS: dict[str, Any] = DEFAULTS.to_stored()
+
+# the settings that change which quantizers exist or how they are built (the model is rebuilt)
+REBUILD_SETTINGS = frozenset({"defaults", "functional", "rules", "pins", "fold_bn"})
 
 
 def checked_setting(key: str, value: Any) -> Any:
-    """``value`` if it is a valid value of setting ``key`` (as stored), else a :class:`SettingsError` saying why.
+    """``value`` as the project file stores setting ``key`` (every field of a mapping, defaults for those not
+    given), if it is valid and, for the device, present on this machine; else a :class:`SettingsError`.
 
     A metric's name is checked for its form here; whether such a metric exists is the analysis layer's
     to say (the session asks it).
     """
-    if key not in DEFAULT_SETTINGS:
-        raise SettingsError(f"Unknown setting {key!r}; settings are {', '.join(DEFAULT_SETTINGS)}.")
-    if key == "fold_bn":
-        if not isinstance(value, bool):
-            raise SettingsError(f"fold_bn is on or off (true/false), got {value!r}.")
-        return value
-    if key == "device":
-        return _checked_device(value)
-    if key == "output":
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise SettingsError(f"output is the name of an output entry (logits, 0...) or none, got {value!r}.")
-        return value.strip() if isinstance(value, str) else None
-    if key == "pins":
-        if not isinstance(value, (list, tuple)) or not all(
-                isinstance(pin, (list, tuple)) and len(pin) == 2 and all(isinstance(n, str) and n for n in pin)
-                for pin in value):
-            raise SettingsError(f"pins is a list of pairs of quantizer or layer names, got {value!r}.")
-        return [list(pin) for pin in value]
-    checked = _mapping(key, value)
-    _check_fields(key, checked)
-    return checked
+    checked = ProjectSettings.from_stored({key: value})
+    return available_device(value) if key == "device" else checked.stored(key)

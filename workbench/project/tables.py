@@ -29,6 +29,7 @@ from workbench.project.model import (
     QuantizerRecord,
     SensitivityRecord,
 )
+from workbench.project.settings import ProjectSettings
 from workbench.quant.tensor_quant import QuantDescriptor
 from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.errors import SourceError
@@ -303,7 +304,9 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
             project.data[str(row["role"])] = DataSpec.from_dict(_json(row, "spec"))
     for row in db["settings"].rows:
         with _row(path, "settings", f"setting {row.get('key')!r}"):
-            project.settings[str(row["key"])] = _json(row, "value")
+            key, value = str(row["key"]), _json(row, "value")
+            ProjectSettings.from_stored({key: value})  # checked once, here: a bad value is this file's error
+            project.settings[key] = value
     for row in db["layers"].rows_where(order_by="position"):
         with _row(path, "layers", f"row {row.get('position')} (layer {row.get('name')!r})"):
             input_desc = _descriptor(_json(row, "input_desc"), "input_desc")

@@ -8,13 +8,13 @@ user can run, as thin methods over the modules named by idea: ``data_sources``, 
 :mod:`~workbench.session.events` tells them what changed, and the project's settings are
 :mod:`workbench.project.settings`.
 """
-from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS
+from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, ProjectSettings
 from workbench.session.build import BuildReport, Built, build_quantized, descriptor_of
 from workbench.session.core import Session
 from workbench.session.errors import SessionError
 from workbench.session.events import Event, EventEmitter, SessionEvent
 from workbench.session.views import LayerView, descriptor_summary, jsonable
 
-__all__ = ["Session", "SessionError", "LayerView", "DEFAULT_SETTINGS", "REBUILD_SETTINGS", "descriptor_of",
-           "descriptor_summary", "jsonable", "BuildReport", "Built", "build_quantized", "Event", "EventEmitter",
-           "SessionEvent"]
+__all__ = ["Session", "SessionError", "LayerView", "DEFAULT_SETTINGS", "REBUILD_SETTINGS", "ProjectSettings",
+           "descriptor_of", "descriptor_summary", "jsonable", "BuildReport", "Built", "build_quantized", "Event",
+           "EventEmitter", "SessionEvent"]

@@ -24,8 +24,8 @@ __all__ = ["project_metric", "resolve_metric", "analysis_batches", "sensitivity"
 
 def project_metric(session: Session):
     """The project's metric setting as a workbench.analysis Metric."""
-    setting = session.project.settings.get("metric") or {}
-    return resolve_metric(session, setting.get("name", "sqnr"), setting.get("direction"))
+    setting = session.settings.metric
+    return resolve_metric(session, setting.name, setting.direction)
 
 
 def resolve_metric(session: Session, metric: Any, direction: str | None = None):
@@ -51,7 +51,7 @@ def sensitivity(session: Session, *, scheme: str = "one-off", metric: Any = None
     model = session._require_calibrated()
     result = run_sensitivity(model, analysis_batches(session), metric if metric is not None else session.metric(),
                              scheme=scheme, units=units, num_batches=num_batches, progress=progress,
-                             cancel=cancel, output=session.project.settings.get("output"), context=context)
+                             cancel=cancel, output=session.settings.output, context=context)
     records = session.project.sensitivity
     records.append(SensitivityRecord(session.project.next_id(records), now_iso(), result.to_dict()))
     session._changed(SessionEvent.SENSITIVITY)
@@ -80,7 +80,7 @@ def fallback(session: Session, *, tolerance: float | None = None, target: float 
     result = fallback_search(model, analysis_batches(session), metric if metric is not None else session.metric(),
                              tolerance=tolerance, target=target, max_units=max_units, ranking=ranking,
                              apply=False, progress=progress, cancel=cancel,
-                             output=session.project.settings.get("output"), context=context)
+                             output=session.settings.output, context=context)
     record = FallbackRecord(session.project.next_id(session.project.fallbacks), now_iso(), result.to_dict())
     session.project.fallbacks.append(record)
     if apply:
@@ -127,4 +127,4 @@ def evaluate(session: Session, metric: Any = None, num_batches: int | None = Non
     if num_batches:
         batches = batches[:num_batches]
     return evaluate_models(session.float_model, model, batches, chosen, progress=progress, cancel=cancel,
-                           output=session.project.settings.get("output"))
+                           output=session.settings.output)

@@ -24,7 +24,7 @@ from workbench.graph.fold import FoldReport, fold_batchnorm
 from workbench.graph.hf_attention import QuantHFAttention
 from workbench.graph.prepare import prepare_for_tensorrt
 from workbench.project import CalibrationRecord, FinetuneRecord, Project, QuantizerRecord
-from workbench.project.settings import jsonable, make_descriptor
+from workbench.project.settings import ProjectSettings, jsonable, make_descriptor
 from workbench.quant import TensorQuantizer
 from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul, QuantSDPA
@@ -150,18 +150,19 @@ def _fold_example(spec: InputSpec | None, device: torch.device) -> tuple[torch.T
 
 
 def build_quantized(base: nn.Module, project: Project, device: torch.device, *, folding: FoldReport | None = None,
-                    with_decisions: bool = True, example_inputs: Any = None) -> Built:
+                    with_decisions: bool = True, example_inputs: Any = None,
+                    settings: ProjectSettings | None = None) -> Built:
     """The quantized model of ``base`` (the float model, or :func:`fold_base` of it, with ``folding`` its report).
 
     With ``with_decisions`` the project's layer decisions and placement rules apply and the last
     calibration and the active fine-tune are restored where they fit; without, every quantizable layer
     is quantized with the default descriptors (to find which layers can be). ``example_inputs`` (one
-    sample batch) lets the functional rewrite check every traced module against its original.
+    sample batch) lets the functional rewrite check every traced module against its original. ``settings``
+    are the project's, typed (read from ``project`` when not given).
     """
-    settings = project.settings
-    defaults = settings.get("defaults") or {}
-    default_input = make_descriptor(defaults.get("input"))
-    default_weight = make_descriptor(defaults.get("weight"))
+    settings = settings if settings is not None else ProjectSettings.from_stored(project.settings)
+    default_input = settings.defaults.descriptor("input")
+    default_weight = settings.defaults.descriptor("weight")
     decisions = project.layers if with_decisions else {}
     float_layers = [n for n, d in decisions.items() if not d.quantize]
 
@@ -173,17 +174,15 @@ def build_quantized(base: nn.Module, project: Project, device: torch.device, *, 
 
     model = structural_copy(base).eval()
     exact = [f"^{re.escape(n)}$" for n in float_layers]
-    functional = settings.get("functional") or {}
-    rules = settings.get("rules") or {}
+    functional, rules = settings.functional, settings.rules
     model, prepared = prepare_for_tensorrt(
         model, ignore_policy=exact or None, quant_desc_input=default_input, quant_desc_weight=default_weight,
-        descriptor_for=choose, add=bool(functional.get("add", True)), concat=bool(functional.get("concat", True)),
-        matmul=bool(functional.get("matmul", True)), attention=bool(functional.get("attention", True)),
-        residual_adds_in_transformer_blocks=bool(functional.get("residual_adds_in_transformer_blocks", False)),
+        descriptor_for=choose, add=functional.add, concat=functional.concat, matmul=functional.matmul,
+        attention=functional.attention,
+        residual_adds_in_transformer_blocks=functional.residual_adds_in_transformer_blocks,
         example_inputs=example_inputs, apply_rules=with_decisions,
-        rules=PlacementRules(concat=bool(rules.get("concat", True)), maxpool=bool(rules.get("maxpool", True)),
-                             residual=bool(rules.get("residual", True)),
-                             pins=[tuple(p) for p in settings.get("pins") or []]))
+        rules=PlacementRules(concat=rules.concat, maxpool=rules.maxpool, residual=rules.residual,
+                             pins=list(settings.pins)))
     report = BuildReport(prepared.replacement, prepared.functional, prepared.rules, folding=folding)
     for quantizer in quantizer_names(model).values():
         quantizer.rounding = "onnx"  # the numbers the exported QDQ graph computes

@@ -14,7 +14,7 @@ import numpy as np
 from workbench.project import CalibrationRecord, QuantizerRecord
 from workbench.project.model import now_iso
 from workbench.quant import TensorQuantizer
-from workbench.quant.calib import DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, HistogramCalibrator
+from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate as run_calibration
 from workbench.quant.distributed import DistContext
 from workbench.quant.snapshot import quantizer_names
@@ -33,10 +33,10 @@ def calibrate(session: Session, *, method: str | None = None, num_batches: int |
               cancel: CancelToken | None = None, context: DistContext | None = None) -> CalibrationResult:
     """Calibrate on the calibration data and append the result (amax, histograms) to the project's records."""
     context = session._join(context)
-    options = dict(session.project.settings["calibration"])
-    method = method or options.get("method") or DEFAULT_AMAX_METHOD.value
-    num_batches = num_batches if num_batches is not None else options.get("num_batches")
-    percentile = percentile if percentile is not None else options.get("percentile", PERCENTILE.default)
+    options = session.settings.calibration
+    method = method or options.method.value
+    num_batches = num_batches if num_batches is not None else options.num_batches
+    percentile = percentile if percentile is not None else options.percentile
     model = session.quantized_model()
     available = session.data("calibration").num_batches
     if available is not None:  # progress totals count the batches that really run

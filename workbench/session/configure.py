@@ -10,7 +10,7 @@ import copy
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, SettingsError, checked_setting
+from workbench.project.settings import REBUILD_SETTINGS, SECTIONS, SettingsError, checked_setting
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
 
@@ -21,13 +21,14 @@ __all__ = ["checked_value", "set_settings", "update_setting", "add_pins"]
 
 
 def checked_value(key: str, value: Any) -> Any:
-    """A setting's value as :func:`checked_setting` checks it, plus whether its metric exists; SessionError if not."""
+    """A setting's value as the project stores it, checked by its dataclass (:func:`checked_setting`), plus
+    whether its metric exists; SessionError if not."""
     try:
         checked = checked_setting(key, value)
         if key == "metric":
             from workbench.analysis import get_metric
 
-            get_metric(checked.get("name"), checked.get("direction"))  # the name, an entry point's form; imports nothing
+            get_metric(checked["name"], checked["direction"])  # the name, an entry point's form; imports nothing
     except (SettingsError, ValueError, TypeError) as error:
         raise SessionError(str(error)) from None
     return checked
@@ -44,7 +45,8 @@ def set_settings(session: Session, changes: dict[str, Any]) -> None:
     if not isinstance(changes, dict):
         raise SessionError(f"settings are changed with a mapping of name to value, got {type(changes).__name__}.")
     checked = {key: checked_value(key, value) for key, value in changes.items()}
-    checked = {key: value for key, value in checked.items() if value != session.project.settings.get(key)}
+    current = session.settings
+    checked = {key: value for key, value in checked.items() if value != current.stored(key)}
     if not checked:
         return
     previous = {key: copy.deepcopy(session.project.settings.get(key)) for key in checked}
@@ -72,11 +74,9 @@ def set_settings(session: Session, changes: dict[str, Any]) -> None:
 def update_setting(session: Session, key: str, **fields: Any) -> None:
     """Change some fields of a mapping setting (rules, functional, calibration, export, metric, finetune),
     keeping the others: ``update_setting("rules", maxpool=False)``. Checked as :meth:`set_settings`."""
-    current = session.project.settings.get(key)
-    if not isinstance(current, dict):
-        raise SessionError(f"{key!r} is not a setting with fields; settings with fields are "
-                           f"{', '.join(k for k, v in DEFAULT_SETTINGS.items() if isinstance(v, dict))}.")
-    session.set_settings({key: {**current, **fields}})
+    if key not in SECTIONS:
+        raise SessionError(f"{key!r} is not a setting with fields; settings with fields are {', '.join(SECTIONS)}.")
+    session.set_settings({key: {**session.settings.stored(key), **fields}})
 
 
 def add_pins(session: Session, pairs: Iterable[Sequence[str]]) -> None:
@@ -85,7 +85,7 @@ def add_pins(session: Session, pairs: Iterable[Sequence[str]]) -> None:
     The names are checked by building the model: a pin naming no quantizer raises SessionError and
     leaves the pins as they were.
     """
-    previous = list(session.project.settings.get("pins") or [])
+    previous = session.settings.stored("pins")
     session.set_setting("pins", previous + [list(pair) for pair in pairs])
     try:
         session.quantized_model()

@@ -33,7 +33,7 @@ from workbench.project import (
     load_project,
     save_project,
 )
-from workbench.project.settings import DEFAULT_SETTINGS
+from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings, SettingsError
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.batches import first_samples, to_device
 from workbench.quant.distributed import SINGLE, DistContext
@@ -75,6 +75,7 @@ class Session:
         self.notes: list[str] = []  # what the last edit accepted but the user should know (4-bit: simulation only)
         for key, value in DEFAULT_SETTINGS.items():
             project.settings.setdefault(key, copy.deepcopy(value))
+        self._settings: tuple[dict[str, Any], ProjectSettings] | None = None  # (stored, typed), see settings
         try:
             self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
         except EntryPointError as error:
@@ -87,7 +88,7 @@ class Session:
         self.build_report = BuildReport()
         self._layer_shapes: dict[str, dict[str, Any]] | None = None
         paths.check_digests(self)
-        self.device = torch.device(project.settings.get("device") or "cpu")
+        self.device = torch.device(self.settings.device)
         self.float_model.to(self.device)
 
     # ----- construction -----------------------------------------------------------------------
@@ -239,7 +240,7 @@ class Session:
         """Make sure every quantizable layer of the model has a decision (new ones: quantize)."""
         base, folding = self._fold_base()
         model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False,
-                                example_inputs=self._example_inputs()).model
+                                example_inputs=self._example_inputs(), settings=self.settings).model
         known = dict(self.project.layers)
         layers: dict[str, LayerDecision] = {}
         for name, module_type, _ in quantizable(model):
@@ -317,6 +318,24 @@ class Session:
             self._layer_shapes = views.layer_shapes(self.float_model, self.sample_inputs(batch=1))
         return self._layer_shapes
 
+    # ----- settings ---------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> ProjectSettings:
+        """The project's settings, typed and checked: read them here, change them with :meth:`set_settings`.
+
+        Made from the stored settings (``project.settings``, the file's JSON) when they changed since the
+        last read, so it never disagrees with what a save writes.
+        """
+        stored = self.project.settings
+        if self._settings is None or self._settings[0] != stored:
+            try:
+                typed = ProjectSettings.from_stored(stored)
+            except SettingsError as error:
+                raise SessionError(f"The project's settings: {error}") from None
+            self._settings = (copy.deepcopy(stored), typed)
+        return self._settings[1]
+
     def set_setting(self, key: str, value: Any) -> None:
         """Change one project setting (see :meth:`set_settings`)."""
         self.set_settings({key: value})
@@ -358,7 +377,7 @@ class Session:
         """The job's context; on nccl the models move to this rank's GPU (the project keeps its device setting)."""
         context = context or SINGLE
         if context.backend == "nccl" and context.device is not None and context.device != self.device:
-            setting = self.project.settings.get("device")
+            setting = self.settings.device
             self.set_device(str(context.device))
             self.project.settings["device"] = setting
         return context
@@ -380,7 +399,7 @@ class Session:
             started = time.perf_counter()
             base, folding = self._fold_base()
             built = build_quantized(base, self.project, self.device, folding=folding,
-                                    example_inputs=self._example_inputs())
+                                    example_inputs=self._example_inputs(), settings=self.settings)
             self._quant_model, self.build_report = built.model, built.report
             self.last_build_s = time.perf_counter() - started
         return self._quant_model
@@ -394,7 +413,7 @@ class Session:
     def _fold_base(self) -> tuple[nn.Module, FoldReport | None]:
         """The model quantized models are built from: the float model, with BatchNorm folded when the
         project says so (computed once; see :func:`fold_base`)."""
-        if not self.project.settings.get("fold_bn", True):
+        if not self.settings.fold_bn:
             return self.float_model, None
         if self._folded is None:
             self._folded = fold_base(self.float_model, self.project.input_spec, self.device)

@@ -11,6 +11,7 @@ like :mod:`workbench.session.tensorrt`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,7 +72,7 @@ def check_overwrite(target: Path, history: list[ExportRecord], project_dir: Path
 def default_export_path(session: Session) -> Path:
     """The project's export setting (from the project's folder), else ``<project>.qdq.onnx`` next to it."""
     stem = session.path.stem if session.path is not None else (session.project.name or "model")
-    return resolve_export_path(None, session.project.settings["export"].get("path"), session._project_dir(),
+    return resolve_export_path(None, session.settings.export.path, session._project_dir(),
                                f"{stem}.qdq.onnx")
 
 
@@ -96,11 +97,11 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     """
     from workbench.export import export_qdq_onnx
 
-    settings = dict(session.project.settings["export"])
-    opset = opset or settings.get("opset", 17)
-    dynamic_batch = settings.get("dynamic_batch", True) if dynamic_batch is None else dynamic_batch
-    amax_json = settings.get("amax_json", False) if amax_json is None else amax_json
-    calibration_cache = settings.get("calibration_cache", False) if calibration_cache is None else calibration_cache
+    settings = session.settings.export
+    opset = opset or settings.opset
+    dynamic_batch = settings.dynamic_batch if dynamic_batch is None else dynamic_batch
+    amax_json = settings.amax_json if amax_json is None else amax_json
+    calibration_cache = settings.calibration_cache if calibration_cache is None else calibration_cache
     target = Path(path).expanduser().resolve() if path is not None else session.default_export_path()
     project_dir = session._project_dir()
     if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
@@ -108,7 +109,7 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     model = session._require_calibrated()
     try:
         report = export_qdq_onnx(model, session.sample_inputs(batch=1), target, opset=opset,
-                                 dynamic_batch=dynamic_batch, output=session.project.settings.get("output"),
+                                 dynamic_batch=dynamic_batch, output=session.settings.output,
                                  amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
                                  calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
                                  else None)
@@ -119,9 +120,8 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     if not remember:
         return report
     stored = stored_export_path(target, project_dir)
-    settings.update({"path": stored, "opset": opset, "dynamic_batch": dynamic_batch, "amax_json": amax_json,
-                     "calibration_cache": calibration_cache})
-    session.project.settings["export"] = settings
+    session.project.settings["export"] = replace(settings, path=stored, opset=opset, dynamic_batch=dynamic_batch,
+                                                 amax_json=amax_json, calibration_cache=calibration_cache).to_stored()
     session.project.exports.append(ExportRecord(session.project.next_id(session.project.exports), now_iso(), stored,
                                                 {"opset": opset, "dynamic_batch": dynamic_batch,
                                                  "sha256": export_digest(target)},

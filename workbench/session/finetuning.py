@@ -7,17 +7,19 @@ Functions of a :class:`~workbench.session.Session` (its methods call them), like
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from workbench.project import FinetuneRecord
 from workbench.project.model import now_iso
-from workbench.project.settings import DEFAULT_SETTINGS
+from workbench.project.settings import SettingsError
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.snapshot import quantizer_names
 from workbench.session.analysis import analysis_batches
 from workbench.session.build import to_numpy
+from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
 from workbench.sources.errors import TrustRequired
 from workbench.sources.paths import absolute_entrypoint
@@ -38,26 +40,27 @@ def finetune(session: Session, *, epochs: int | None = None, lr: float | None = 
     and a run that completed an epoch is appended to the project as the active one (its weights in use)."""
     from workbench.training import finetune as run_finetune
 
-    options = dict(DEFAULT_SETTINGS["finetune"])
-    options.update(session.project.settings.get("finetune") or {})
     given = {"epochs": epochs, "lr": lr, "optimizer": optimizer, "schedule": schedule, "loss": loss,
              "momentum": momentum, "weight_decay": weight_decay, "steps_per_epoch": steps_per_epoch, "amp": amp,
-             "learn_amax": [learn_amax] if isinstance(learn_amax, str) else learn_amax}
-    options.update({key: value for key, value in given.items() if value is not None})
-    loss_name = options.get("loss") or "cross_entropy"
+             "learn_amax": learn_amax}
+    try:
+        options = replace(session.settings.finetune, **{key: value for key, value in given.items() if value is not None})
+    except SettingsError as error:
+        raise SessionError(str(error)) from None
+    loss_name = options.loss
     if ":" in str(loss_name) and not session.trust_code:
         raise TrustRequired(f"The loss {loss_name} is user code; trust it first (--trust-code).")
     # a loss file next to the project is found from any working directory (the setting keeps it relative)
     loss_spec = absolute_entrypoint(loss_name, session.base_dir) if ":" in str(loss_name) else loss_name
     model = session._require_calibrated()
     result = run_finetune(
-        model, session.data("training"), loss_spec, epochs=options["epochs"], lr=options["lr"],
-        schedule=options["schedule"], optimizer=options["optimizer"], momentum=options["momentum"],
-        weight_decay=options["weight_decay"], steps_per_epoch=options["steps_per_epoch"],
+        model, session.data("training"), loss_spec, epochs=options.epochs, lr=options.lr,
+        schedule=options.schedule, optimizer=options.optimizer, momentum=options.momentum,
+        weight_decay=options.weight_decay, steps_per_epoch=options.steps_per_epoch,
         eval_batches=analysis_batches(session), metric=metric if metric is not None else session.metric(),
         progress=progress, cancel=cancel, on_step=on_step, on_epoch=on_epoch, device=session.device,
-        amp=options["amp"], learn_amax=options["learn_amax"] or None, trust_code=session.trust_code)
-    session.project.settings["finetune"] = options
+        amp=options.amp, learn_amax=list(options.learn_amax) or None, trust_code=session.trust_code)
+    session.project.settings["finetune"] = options.to_stored()
     session._changed(SessionEvent.SETTINGS, keys=["finetune"])
     if result.epochs_completed == 0 and not result.changed:
         return result  # cancelled before an epoch finished: the model is as it was

@@ -6,6 +6,7 @@ Functions of a :class:`~workbench.session.Session` or its project (the session's
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,15 +27,14 @@ def rebase(session: Session, new_base: Path) -> None:
     session.project.model = session.project.model.absolute(session.base_dir).relative_to(new_base)
     for role, spec in list(session.project.data.items()):
         session.project.data[role] = spec.absolute(session.base_dir).relative_to(new_base)
-    for key, field_name in (("metric", "name"), ("finetune", "loss")):  # user functions in files
-        setting = session.project.settings.get(key)
-        if isinstance(setting, dict) and isinstance(setting.get(field_name), str):
-            moved = relative_entrypoint(absolute_entrypoint(setting[field_name], session.base_dir), new_base)
-            session.project.settings[key] = {**setting, field_name: moved}
-    export = session.project.settings.get("export")
-    if isinstance(export, dict) and isinstance(export.get("path"), str):  # exports stay where they were
-        session.project.settings["export"] = {**export, "path": relative_path(
-            absolute_path(export["path"], session.base_dir), new_base)}
+    settings = session.settings
+    for section, field_name in ((settings.metric, "name"), (settings.finetune, "loss")):  # user functions in files
+        moved = relative_entrypoint(absolute_entrypoint(getattr(section, field_name), session.base_dir), new_base)
+        if moved != getattr(section, field_name):
+            session.project.settings[section.KEY] = replace(section, **{field_name: moved}).to_stored()
+    if settings.export.path is not None:  # exports stay where they were
+        session.project.settings["export"] = replace(settings.export, path=relative_path(
+            absolute_path(settings.export.path, session.base_dir), new_base)).to_stored()
     for record in session.project.exports:
         record.path = relative_path(absolute_path(record.path, session.base_dir), new_base) or record.path
     session.base_dir = new_base

@@ -17,6 +17,7 @@ from workbench.engine import EngineReport, EngineReportError
 from workbench.engine.report import import_engine_report
 from workbench.export.lint import FIX_ACTIONS, LintFix, LintWarning, lint_qdq_graph
 from workbench.project.model import EngineReportRecord, now_iso
+from workbench.project.settings import RULES
 from workbench.session.errors import SessionError
 
 if TYPE_CHECKING:
@@ -79,18 +80,18 @@ def apply_fix(session: Session, fix: LintFix) -> list[str]:
     if fix.action == "pin":
         if len(targets) < 2:
             raise SessionError(f"A pin shares one quantizer between at least two names, got {targets}.")
-        pins = [list(pair) for pair in session.project.settings.get("pins") or []]
+        pins = [list(pair) for pair in session.settings.pins]
         added = [[targets[0], other] for other in targets[1:] if [targets[0], other] not in pins]
         if added:
             session.set_setting("pins", pins + added)
         return [f"{a} = {b}" for a, b in added]
-    rules = dict(session.project.settings.get("rules") or {})
-    unknown = [name for name in targets if name not in rules]
+    rules = session.settings.rules
+    unknown = [name for name in targets if name not in RULES]
     if unknown:
-        raise SessionError(f"No placement rule named {', '.join(unknown)}; the rules are: {', '.join(rules)}.")
-    changed = [name for name in targets if not rules[name]]
+        raise SessionError(f"No placement rule named {', '.join(unknown)}; the rules are: {', '.join(RULES)}.")
+    changed = [name for name in targets if not getattr(rules, name)]
     if changed:
-        session.set_setting("rules", {**rules, **{name: True for name in changed}})
+        session.update_setting("rules", **{name: True for name in changed})
     return changed
 
 

@@ -134,13 +134,13 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "sensitivity_runs": len(project.sensitivity),
         "exports": [session.export_path(record) for record in project.exports],
         "file_changes": list(session.file_changes),
-        "folding": {"enabled": bool(project.settings.get("fold_bn", True)),
+        "folding": {"enabled": session.settings.fold_bn,
                     **(report.folding.to_dict() if report.folding is not None
                        else {"folded": [], "skipped": [], "failures": [], "max_relative_error": None})},
         "functional": _functional_summary(report.functional),
         "finetune": _finetune_summary(session),
         "finetune_runs": len(project.finetunes),
-        "settings": project.settings,
+        "settings": session.settings.to_stored(),
     }
 
 

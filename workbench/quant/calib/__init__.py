@@ -11,6 +11,8 @@ from workbench.quant.calib.methods import (  # noqa: F401
     AMAX_METHODS,
     DEFAULT_AMAX_METHOD,
     PERCENTILE,
+    PERCENTILE_FLOOR,
     AmaxMethod,
     Parameter,
+    percentile_mistake,
 )

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["AmaxMethod", "AMAX_METHODS", "DEFAULT_AMAX_METHOD", "Parameter", "PERCENTILE", "UnknownMethodError"]
+__all__ = ["AmaxMethod", "AMAX_METHODS", "DEFAULT_AMAX_METHOD", "Parameter", "PERCENTILE", "PERCENTILE_FLOOR",
+           "percentile_mistake", "UnknownMethodError"]
 
 
 class UnknownMethodError(ValueError, TypeError):
@@ -45,6 +46,21 @@ class Parameter:
 
 PERCENTILE = Parameter("percentile", 99.99, 0.0, 100.0, low_open=True, unit="%",
                        help="the share of |x| values amax keeps in range, in %")
+
+# A percentile under this is almost certainly a fraction typed where a percent was meant (0.999 for 99.9):
+# valid for the calibrator, refused by the project's settings unless the user insists (the CLI's --force).
+PERCENTILE_FLOOR = 50.0
+
+
+def percentile_mistake(percentile: float) -> str | None:
+    """Why ``percentile`` (in percent, within :data:`PERCENTILE`'s range) is almost certainly a mistake, with
+    the value likely meant; None when it looks intended (at least :data:`PERCENTILE_FLOOR`)."""
+    if percentile >= PERCENTILE_FLOOR:
+        return None
+    candidates = ([percentile * 100] if 0 < percentile <= 1 else []) + [100 - percentile]
+    meant = next(c for c in candidates if c >= PERCENTILE_FLOOR)
+    return (f"The percentile is in percent: {percentile:g} would set amax where only {percentile:g}% of the "
+            f"values lie below it, clipping almost everything; did you mean {round(meant, 6):g}?")
 
 
 class AmaxMethod(str, Enum):

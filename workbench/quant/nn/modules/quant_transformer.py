@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.quant import tensor_quant
+from workbench.quant.nn.modules._utils import QuantMixin
 from workbench.quant.nn.modules.quant_attention import QuantSDPA, attention_quantizers_active
 from workbench.quant.nn.modules.quant_linear import QuantLinear
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
@@ -43,8 +44,12 @@ def _share_state(float_module: nn.Module, cls: type) -> nn.Module:
     return quant
 
 
-class QuantMultiheadAttention(nn.MultiheadAttention):
-    """``nn.MultiheadAttention`` with its projections and both attention products quantized."""
+class QuantMultiheadAttention(QuantMixin, nn.MultiheadAttention):
+    """``nn.MultiheadAttention`` with its projections and both attention products quantized.
+
+    A :class:`QuantMixin` (its default descriptors, ``input_quantizer``/``weight_quantizer``), with its own
+    :meth:`init_quantizer`: per-row weight quantizers for separate key/value projections, the output
+    projection and the attention products."""
 
     default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
     default_quant_desc_weight = tensor_quant.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
@@ -53,15 +58,7 @@ class QuantMultiheadAttention(nn.MultiheadAttention):
     def __init__(self, embed_dim: int, num_heads: int, *args, quant_desc_input: QuantDescriptor | None = None,
                  quant_desc_weight: QuantDescriptor | None = None, **kwargs) -> None:
         super().__init__(embed_dim, num_heads, *args, **kwargs)
-        self._init_quantizers(quant_desc_input, quant_desc_weight)
-
-    @classmethod
-    def set_default_quant_desc_input(cls, value: QuantDescriptor) -> None:
-        cls.default_quant_desc_input = value
-
-    @classmethod
-    def set_default_quant_desc_weight(cls, value: QuantDescriptor) -> None:
-        cls.default_quant_desc_weight = value
+        self.init_quantizer(quant_desc_input, quant_desc_weight)
 
     @classmethod
     def from_float(cls, module: nn.MultiheadAttention, quant_desc_input: QuantDescriptor | None = None,
@@ -70,11 +67,12 @@ class QuantMultiheadAttention(nn.MultiheadAttention):
         if not isinstance(module, nn.MultiheadAttention):
             raise TypeError(f"{cls.__name__}.from_float expects an nn.MultiheadAttention, got {type(module).__name__}.")
         quant = _share_state(module, cls)
-        quant._init_quantizers(quant_desc_input, quant_desc_weight)
+        quant.init_quantizer(quant_desc_input, quant_desc_weight)
         return quant
 
-    def _init_quantizers(self, quant_desc_input: QuantDescriptor | None,
-                         quant_desc_weight: QuantDescriptor | None) -> None:
+    def init_quantizer(self, quant_desc_input: QuantDescriptor | None = None,
+                       quant_desc_weight: QuantDescriptor | None = None) -> None:
+        """Create every quantizer (the class's default descriptors where none is given)."""
         desc_input = quant_desc_input or type(self).default_quant_desc_input
         desc_weight = quant_desc_weight or type(self).default_quant_desc_weight
         self._input_quantizer = TensorQuantizer(desc_input)
@@ -89,14 +87,6 @@ class QuantMultiheadAttention(nn.MultiheadAttention):
     def _quantizers(self) -> list[nn.Module]:
         # by attribute name, so that an export stand-in in a quantizer's place counts too
         return [m for name, m in self.named_modules() if name.rpartition(".")[2].endswith("_quantizer")]
-
-    @property
-    def input_quantizer(self) -> TensorQuantizer:
-        return self._input_quantizer
-
-    @property
-    def weight_quantizer(self) -> TensorQuantizer:
-        return self._weight_quantizer
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
