@@ -113,6 +113,9 @@ def test_changing_a_descriptor_makes_only_that_layer_stale(calibrated, tmp_path)
     assert session.quantized_model().block.conv1.input_quantizer.amax is not None
     with pytest.raises(SessionError, match="not calibrated .*fc._input_quantizer"):
         session.export(tmp_path / "x.onnx")
+    # calibrating again clears it: the summary and status bar stop asking for a recalibration
+    session.calibrate(method="max", num_batches=1)
+    assert session.build_report.stale == [] and session.summary()["stale_quantizers"] == []
 
 
 def test_recompute_amax_with_another_method_uses_the_histograms(calibrated):

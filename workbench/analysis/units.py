@@ -25,7 +25,7 @@ from typing import Any
 from torch import nn
 
 from workbench.graph.dataflow import in_transformer_block
-from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
+from workbench.quant.nn.modules.quant_attention import QuantMatMul
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import holds_quantizers, is_quantizing, owned_quantizers
 

@@ -42,7 +42,7 @@ from workbench.app.descriptor_editor import (
 from workbench.app.formatting import format_number, format_shape
 from workbench.graph import ModelTree
 from workbench.graph.tree import ModuleInfo
-from workbench.quant.calib.methods import PERCENTILE, AmaxMethod
+from workbench.quant.calib.methods import AmaxMethod
 
 __all__ = ["DescriptorEditor", "DescriptorDialog", "LayerPanel", "METHOD_COLORS"]
 

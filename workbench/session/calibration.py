@@ -56,6 +56,8 @@ def calibrate(session: Session, *, method: str | None = None, num_batches: int |
     session.project.calibrations.append(CalibrationRecord.from_result(
         result, id=session.project.next_id(session.project.calibrations), created=now_iso(), quantizers=records,
         folded=sorted(session.folded_layers())))
+    # what was stale (calibrated with another descriptor) is calibrated with its own now
+    session.build_report.stale = [name for name in session.build_report.stale if name not in records]
     session._changed(SessionEvent.CALIBRATION)
     return result
 

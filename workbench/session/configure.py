@@ -10,14 +10,17 @@ import copy
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from workbench.project.settings import REBUILD_SETTINGS, SECTIONS, SettingsError, checked_setting
+import torch
+
+from workbench.project.settings import REBUILD_SETTINGS, SECTIONS, ProjectSettings, SettingsError, checked_setting
+from workbench.quant.distributed import SINGLE, DistContext
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
 
 if TYPE_CHECKING:
     from workbench.session.core import Session
 
-__all__ = ["checked_value", "set_settings", "update_setting", "add_pins"]
+__all__ = ["checked_value", "typed_settings", "set_settings", "update_setting", "add_pins", "set_device", "join"]
 
 
 def checked_value(key: str, value: Any) -> Any:
@@ -32,6 +35,41 @@ def checked_value(key: str, value: Any) -> Any:
     except (SettingsError, ValueError, TypeError) as error:
         raise SessionError(str(error)) from None
     return checked
+
+
+def typed_settings(session: Session) -> ProjectSettings:
+    """The session's typed settings, made again from the stored ones only when those changed since the last
+    read (code may edit ``project.settings`` directly), so they never disagree with what a save writes."""
+    stored = session.project.settings
+    if session._settings is None or session._settings[0] != stored:
+        try:
+            typed = ProjectSettings.from_stored(stored)
+        except SettingsError as error:
+            raise SessionError(f"The project's settings: {error}") from None
+        session._settings = (copy.deepcopy(stored), typed)
+    return session._settings[1]
+
+
+def set_device(session: Session, device: str) -> None:
+    """Move the session's models to ``device``; SessionError if the machine has none such."""
+    target = torch.device(checked_value("device", device))
+    session.device = target
+    session.project.settings["device"] = str(target)
+    session.float_model.to(target)
+    session._folded = None  # its folded weights are its own tensors, on the old device
+    if session._quant_model is not None:
+        session._quant_model.to(target)
+
+
+def join(session: Session, context: DistContext | None) -> DistContext:
+    """A job's distributed context; on nccl the models move to this rank's GPU (the project keeps its device
+    setting)."""
+    context = context or SINGLE
+    if context.backend == "nccl" and context.device is not None and context.device != session.device:
+        setting = session.settings.device
+        set_device(session, str(context.device))
+        session.project.settings["device"] = setting
+    return context
 
 
 def set_settings(session: Session, changes: dict[str, Any]) -> None:

@@ -33,10 +33,10 @@ from workbench.project import (
     load_project,
     save_project,
 )
-from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings, SettingsError
+from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.batches import first_samples, to_device
-from workbench.quant.distributed import SINGLE, DistContext
+from workbench.quant.distributed import DistContext
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import analysis, calibration, configure, data_sources, decisions, exports, finetuning
 from workbench.session import paths, tensorrt, views
@@ -327,14 +327,7 @@ class Session:
         Made from the stored settings (``project.settings``, the file's JSON) when they changed since the
         last read, so it never disagrees with what a save writes.
         """
-        stored = self.project.settings
-        if self._settings is None or self._settings[0] != stored:
-            try:
-                typed = ProjectSettings.from_stored(stored)
-            except SettingsError as error:
-                raise SessionError(f"The project's settings: {error}") from None
-            self._settings = (copy.deepcopy(stored), typed)
-        return self._settings[1]
+        return configure.typed_settings(self)
 
     def set_setting(self, key: str, value: Any) -> None:
         """Change one project setting (see :meth:`set_settings`)."""
@@ -365,22 +358,11 @@ class Session:
 
     def set_device(self, device: str) -> None:
         """Move the models to ``device`` (``cpu``, ``cuda``, ``cuda:N``); SessionError if there is none such."""
-        target = torch.device(configure.checked_value("device", device))
-        self.device = target
-        self.project.settings["device"] = str(target)
-        self.float_model.to(target)
-        self._folded = None  # its folded weights are its own tensors, on the old device
-        if self._quant_model is not None:
-            self._quant_model.to(target)
+        configure.set_device(self, device)
 
     def _join(self, context: DistContext | None) -> DistContext:
         """The job's context; on nccl the models move to this rank's GPU (the project keeps its device setting)."""
-        context = context or SINGLE
-        if context.backend == "nccl" and context.device is not None and context.device != self.device:
-            setting = self.settings.device
-            self.set_device(str(context.device))
-            self.project.settings["device"] = setting
-        return context
+        return configure.join(self, context)
 
     def _invalidate(self) -> None:
         self._quant_model = None
