@@ -111,3 +111,50 @@ def test_one_alignment_rule_for_lint_and_engine():
                        [TensorInfo("x", [1, 24, 8, 8], INT8)], [TensorInfo("y", [1, 40, 8, 8], INT8)])
     report = analyse_engine([conv], True, {"c": True})
     assert [(h.kind, h.modules) for h in report.hazards] == [("misaligned_int8_conv", ["c"])]
+
+
+def test_a_region_does_not_take_a_module_the_engine_ran_in_a_layer_of_its_own(vit_export, tmp_path):
+    """A Myelin region's ends span the graph order, but a module TensorRT built outside it (a parallel branch)
+    keeps its own layer, its precision and its hazard."""
+    names, project = vit_export
+    fc1 = "blocks.0.mlp.fc1"
+    path = write_layers(tmp_path, names, [
+        {"Name": "{ForeignNode[blocks.0.norm1/LayerNormalization...blocks.0/Add_1]}", "LayerType": "Myelin",
+         "Inputs": [tensor("x", FP16)], "Outputs": [tensor("y", FP16)]},
+        {"Name": f"{fc1}/MatMul + {fc1}/Add", "LayerType": "CaskGemm", "ParameterType": "MatrixMultiply",
+         "Inputs": [tensor("h", "Row major linear FP32")], "Outputs": [tensor("g", "Row major linear FP32")]},
+    ])
+    layers, detailed = load_engine_layers(path)
+    report = analyse_engine(expand_regions(layers, names), detailed, project)
+    assert report.outcome(fc1).engine_precision == "FP32" and report.outcome(fc1).engine_layer.startswith(fc1)
+    assert [(h.kind, h.modules) for h in report.hazards] == [("quantized_not_int8", [fc1])]
+    assert report.outcome("blocks.0.attn.qkv").engine_layer.startswith("{ForeignNode[")
+
+
+def test_a_region_whose_two_nodes_tensorrt_listed_itself_is_not_widened(vit_export, tmp_path):
+    names, project = vit_export
+    qkv, proj = "blocks.0.attn.qkv", "blocks.0.attn.proj"
+    path = tmp_path / "layers.json"  # TensorRT 10 names the region itself and lists its nodes in Metadata
+    path.write_text(json.dumps({"Layers": [
+        {"Name": f"{{ForeignNode[{qkv}/MatMul...{proj}/MatMul]}}", "LayerType": "Myelin",
+         "Metadata": f"[ONNX Layer: {qkv}/MatMul]\x1e[ONNX Layer: {proj}/MatMul]",
+         "Inputs": [tensor("x", FP16)], "Outputs": [tensor("y", FP16)]}], "Bindings": []}))
+    report = analyse_engine(expand_regions(*[load_engine_layers(path)[0]], names), True, project)
+    assert report.outcome(qkv).engine_layer is not None and report.outcome(proj).engine_layer is not None
+    assert report.outcome("blocks.0.attn.matmul").engine_layer is None  # between them, but not listed
+
+
+def test_a_lint_fix_for_an_add_in_the_models_own_forward_names_its_layer():
+    """The graph names an add of the top-level forward "/Add" (module ""); the layer to quantize is "add"."""
+    from types import SimpleNamespace
+
+    from workbench.export.lint import LintFix, LintWarning
+    from workbench.project.model import LayerDecision
+    from workbench.session.tensorrt import _with_layer_targets
+
+    layers = {"conv": LayerDecision("conv", "Conv2d"), "add": LayerDecision("add", "QuantAdd", False)}
+    session = SimpleNamespace(project=SimpleNamespace(layers=layers))
+    warning = LintWarning("residual_not_fusable", ["", "conv"], "neither operand of /Add is quantized",
+                          LintFix("quantize", ("",), "quantize the identity branch ()"), nodes=["/Add"])
+    fixed = _with_layer_targets(session, warning)
+    assert fixed.fix.targets == ("add",) and fixed.fix.description == "quantize the identity branch (add)"

@@ -106,6 +106,8 @@ def test_names_map_back_to_modules():
     assert module_of_node_name("/layer1/layer1.0/downsample/downsample.0/Conv") == "layer1.0.downsample.0"
     assert module_of_node_name("/0/0.1/conv/Conv") == "0.1.conv"
     assert module_of_node_name("/a/b/b/Relu") == "a.b.b"
+    # an nn.ModuleList is never called, so it has no scope: encoder.layer is a ModuleList of Sequentials
+    assert module_of_node_name("/encoder/layer.0/layer.0.0/Gemm") == "encoder.layer.0.0"
     assert module_of_node_name("node_conv2d_2") is None
     assert module_of_node_name("block.add._input1_quantizer/DequantizeLinear") == "block.add"
     assert layer_of_quantizer("lstm._input_quantizers.0") == ("lstm", "input")

@@ -30,6 +30,14 @@ def test_per_axis(axis, keep):
     assert torch.equal(calibrator.compute_amax(), expected)
 
 
+def test_an_axis_over_every_dimension_keeps_one_amax_per_element():
+    calibrator = MaxCalibrator(8, (0, 1), False)
+    a = torch.tensor([[1.0, -4.0], [float("nan"), 0.5]])
+    calibrator.collect(a)
+    calibrator.collect(torch.tensor([[-2.0, 1.0], [3.0, 0.25]]))
+    assert torch.equal(calibrator.compute_amax().reshape(2, 2), torch.tensor([[2.0, 4.0], [3.0, 0.5]]))
+
+
 def test_shape_change_is_an_error():
     calibrator = MaxCalibrator(8, 0, False)
     calibrator.collect(torch.rand(3, 4))

@@ -95,6 +95,7 @@ class EngineLayer:
     time_ms: float | None = None        # average per run, from the profile
     time_share: float | None = None     # percent of the total, from the profile
     reads_input: bool = False           # one of its inputs is a network input (an engine binding)
+    nodes_listed: bool = False          # onnx_nodes are TensorRT's own list (Metadata), not read from the name
 
     @property
     def kind(self) -> str:
@@ -142,12 +143,11 @@ _OTHER_PROFILE = re.compile(r"\[profile +[1-9]\d*\]")
 _METADATA = re.compile(r"\[ONNX Layer: (.*?)\](?=[\x1e\x1f+\[]|$)", re.S)
 
 
-def _onnx_nodes(name: str, metadata: Any) -> list[str]:
+def _listed_nodes(metadata: Any) -> list[str]:
+    """The ONNX nodes TensorRT lists in a layer's ``Metadata`` (TensorRT 8.6+), else none."""
     if isinstance(metadata, str):
-        found = [n.strip() for n in _METADATA.findall(metadata) if n.strip()]
-        if found:
-            return found
-    return split_engine_layer_name(name)
+        return [n.strip() for n in _METADATA.findall(metadata) if n.strip()]
+    return []
 
 
 def _tensors(values: Any, path: Path, layer: str, key: str) -> list[TensorInfo]:
@@ -202,11 +202,13 @@ def read_layer_info(path: str | Path) -> tuple[list[EngineLayer], bool]:
             name = entry["Name"]
             if entry.get("LayerType") in ("signal", "wait"):  # stream synchronisation, not computation
                 continue
+            listed = _listed_nodes(entry.get("Metadata"))
             layers.append(EngineLayer(
-                name, _onnx_nodes(name, entry.get("Metadata")), entry.get("LayerType"), entry.get("ParameterType"),
+                name, listed or split_engine_layer_name(name), entry.get("LayerType"), entry.get("ParameterType"),
                 _tensors(entry.get("Inputs"), path, name, "Inputs"),
                 _tensors(entry.get("Outputs"), path, name, "Outputs")))
             layers[-1].reads_input = any(t.name in bindings for t in layers[-1].inputs)
+            layers[-1].nodes_listed = bool(listed)
         else:
             raise EngineReportError(f"{path}: entry {index} of \"Layers\" is {json.dumps(entry)[:80]}; expected a "
                                     "layer name or an object with a \"Name\".")

@@ -157,19 +157,28 @@ def _weight(part: str) -> int:
 
 def expand_regions(layers: list[EngineLayer], node_order: Sequence[str]) -> list[EngineLayer]:
     """Layers whose name gives only a Myelin region's ends (``{ForeignNode[first...last]}``, TensorRT 8.6
-    without ``Metadata``) get every ONNX node between the two in the exported graph's order.
+    without ``Metadata``) get the ONNX nodes between the two in the exported graph's order, but for those
+    another layer of the engine names (a parallel branch that TensorRT built outside the region).
 
     ``node_order``: the exported graph's node names in order (ONNX keeps nodes topologically sorted).
     """
     index = {name: position for position, name in enumerate(node_order)}
+    claimed = {node for layer in layers if not _spans(layer) for node in layer.onnx_nodes}
     expanded = []
     for layer in layers:
         ends = layer.onnx_nodes
-        if "ForeignNode[" in layer.name and len(ends) == 2 and all(end in index for end in ends):
+        if _spans(layer) and all(end in index for end in ends):
             first, last = sorted(index[end] for end in ends)
-            layer = replace(layer, onnx_nodes=list(node_order[first:last + 1]))
+            inside = [node for node in node_order[first:last + 1] if node in ends or node not in claimed]
+            layer = replace(layer, onnx_nodes=inside)
         expanded.append(layer)
     return expanded
+
+
+def _spans(layer: EngineLayer) -> bool:
+    """Whether the layer's name gives a region by its first and last node only."""
+    return (layer.is_region and not layer.nodes_listed and len(layer.onnx_nodes) == 2
+            and re.search(r"ForeignNode\[[^\]]*\.\.\.", layer.name) is not None)
 
 
 def _channels(layer: EngineLayer) -> tuple[int, int] | None:
@@ -190,7 +199,9 @@ def analyse_engine(layers: list[EngineLayer], detailed: bool, project_layers: Ma
         detailed: whether they carry formats (``--profilingVerbosity=detailed``).
         project_layers: every quantizable layer of the project, in model order, -> whether it is quantized.
     """
-    compute: dict[str, tuple[int, EngineLayer]] = {}  # module -> the engine layer holding its main op, and its weight
+    # module -> the engine layer holding its main op, ranked by the op's weight, then a layer of its own over a
+    # Myelin region (whose inside is inferred)
+    compute: dict[str, tuple[tuple[int, bool], EngineLayer]] = {}
     qdq_only: dict[str, EngineLayer] = {}    # module -> an engine layer holding only its Q/DQ
     order: list[str] = []
     unmapped: list[str] = []
@@ -214,7 +225,7 @@ def analyse_engine(layers: list[EngineLayer], detailed: bool, project_layers: Ma
                 qdq_only.setdefault(owner, layer)
             else:
                 all_qdq = False
-                weight = _weight(part)
+                weight = (_weight(part), not layer.is_region)
                 if not reformat and (owner not in compute or weight > compute[owner][0]):
                     compute[owner] = (weight, layer)
         if not found:

@@ -98,15 +98,15 @@ def _torchscript_module_path(scopes: list[str]) -> str:
 
     Each scope is the module's path from its last non-numeric part on (torch.onnx's unqualified name):
     ``attn`` for ``blocks.0.attn``, ``blocks.0`` for ``blocks.0``, ``downsample.0`` for
-    ``layer1.0.downsample.0``; so ``/layer1/layer1.0/downsample/downsample.0/Conv`` is ``layer1.0.downsample.0``.
+    ``layer1.0.downsample.0``. A container that is never called (an ``nn.ModuleList``) has no scope of its
+    own, so a scope's leading parts repeat the end of the path so far only where they overlap it:
+    ``/encoder/layer.0/layer.0.0/Gemm`` is ``encoder.layer.0.0``.
     """
     path: list[str] = []
     for scope in scopes:
         atoms = scope.split(".")
-        if all(atom.isnumeric() for atom in atoms):  # a path of numbers only is written whole
-            path = atoms
-        else:  # all but its last part repeat the end of the parent's path
-            path = path[:len(path) - (len(atoms) - 1)] + atoms
+        overlap = next(j for j in range(len(atoms) - 1, -1, -1) if j == 0 or path[len(path) - j:] == atoms[:j])
+        path = path[:len(path) - overlap] + atoms
     return ".".join(path)
 
 

@@ -54,7 +54,7 @@ def _with_layer_targets(session: Session, warning: LintWarning) -> LintWarning:
     targets = []
     for target in fix.targets:
         candidates = [name for name, decision in layers.items()
-                      if name.rsplit(".", 1)[0] == target and "." in name and decision.type in ops]
+                      if name.rpartition(".")[0] == target and decision.type in ops]
         targets.append(candidates[0] if target not in layers and len(candidates) == 1 else target)
     if targets == list(fix.targets):
         return warning

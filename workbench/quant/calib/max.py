@@ -50,6 +50,9 @@ def abs_max(x: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, int]:
     """
     if x.numel() == 0:
         raise ValueError("cannot calibrate on an empty tensor.")
+    if not dims:  # an amax per element (the axis covers every dimension): torch.amax(dim=[]) would reduce all
+        finite = torch.isfinite(x)
+        return torch.where(finite, x.abs(), torch.zeros((), dtype=x.dtype, device=x.device)), int((~finite).sum())
     if len(dims) == x.dim():
         high, low = extremes(x)
         if math.isfinite(high) and math.isfinite(low):
