@@ -140,6 +140,26 @@ def test_an_unsaved_project_must_be_saved_first(controller, qtbot):
         controller.use_workers(0)
 
 
+def test_unsaved_changes_are_saved_for_the_workers_only_when_the_user_says_so(qtbot, tmp_path, project,
+                                                                               monkeypatch):
+    asked = []
+    monkeypatch.setattr(QMessageBox, "question",
+                        lambda _parent, title, text, *a, **k: asked.append(text) or QMessageBox.StandardButton.Cancel)
+    window = MainWindow(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(window)
+    try:
+        controller = window.controller
+        open_project(controller, qtbot, project)
+        before = project.read_bytes()
+        controller.set_setting("calibration", {"method": "max"})
+        controller.use_workers(2)
+        assert not controller.calibrate(method="max") and not controller.busy
+        assert len(asked) == 1 and "unsaved changes will be saved to" in asked[0]
+        assert project.read_bytes() == before and controller.dirty  # nothing written, nothing launched
+    finally:
+        window.shutdown()
+
+
 @pytest.mark.slow
 def test_calibrate_and_sensitivity_in_two_processes(controller, qtbot, project, workers_env):
     single = Session.open(shutil.copyfile(project, project.with_name("single.qwb")), trust_code=True)

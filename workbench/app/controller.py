@@ -112,6 +112,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
         self._selection: list[str] = []
         self.workers = 1  # > 1: calibration and analysis run in that many processes (the device selector's "all GPUs")
         self.reloaded = False  # the open session is the same project read back after worker processes wrote it
+        # asks the user (the window sets it) whether unsaved changes may be saved for worker processes; None: yes
+        self.confirm_save: Callable[[str], bool] | None = None
         self._prepared_views: tuple | None = None  # (session, tree, layers) computed by the opening job
         self._tree_cache: tuple | None = None  # (session, tree): describing a big model takes a while
         self._pending: list[Event] = []  # the session's events not yet told as signals

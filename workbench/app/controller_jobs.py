@@ -63,6 +63,11 @@ class JobsMixin:
                                   "it from its file.", "")
             return False
         unsaved = session.dirty
+        if unsaved and self.confirm_save is not None and not self.confirm_save(
+                f"The {nprocs} worker processes read the project from its file, so its unsaved changes will be "
+                f"saved to {session.path.name} first. Save and run {name.lower()}?"):
+            self.log.emit("info", f"{name} not started: the project's changes are not saved")
+            return False
         selection = self.selection
 
         def run(progress, cancel):

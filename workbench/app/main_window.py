@@ -53,6 +53,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.controller = controller or Controller(self)
+        self.controller.confirm_save = self.confirm_save_for_workers
         self.settings = settings if settings is not None else QSettings()
         self.error_dialogs: list[ErrorDialog] = []
         self.dialog: QWidget | None = None  # the last dialog opened (tests and screenshots reach it here)
@@ -258,6 +259,13 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             self.log_panel.append("info", f"not trusted: {target} was not loaded")
 
     # ----- projects ---------------------------------------------------------------------------------------
+
+    def confirm_save_for_workers(self, question: str) -> bool:
+        """Whether the user lets the open project's unsaved changes be saved for a job in worker processes."""
+        answer = QMessageBox.question(self, "Save for the worker processes?", question,
+                                      QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Cancel,
+                                      QMessageBox.StandardButton.Save)
+        return answer == QMessageBox.StandardButton.Save
 
     def confirm_discard(self, action: str) -> bool:
         """True when it is fine to drop the open project (saved, or the user said so)."""
