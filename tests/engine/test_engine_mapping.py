@@ -79,7 +79,7 @@ def test_a_myelin_region_covers_the_modules_between_its_ends(vit_export, tmp_pat
     # without the graph only the two ends are known: the layers inside look absent from the engine
     alone = analyse_engine(layers, detailed, project)
     assert alone.outcome("blocks.0.attn.qkv").engine_layer is None
-    report = analyse_engine(expand_regions(layers, names), detailed, project)
+    report = analyse_engine(expand_regions(layers, [names]), detailed, project)
     for module in inside:
         outcome = report.outcome(module)
         assert outcome.engine_layer == region, module
@@ -125,7 +125,7 @@ def test_a_region_does_not_take_a_module_the_engine_ran_in_a_layer_of_its_own(vi
          "Inputs": [tensor("h", "Row major linear FP32")], "Outputs": [tensor("g", "Row major linear FP32")]},
     ])
     layers, detailed = load_engine_layers(path)
-    report = analyse_engine(expand_regions(layers, names), detailed, project)
+    report = analyse_engine(expand_regions(layers, [names]), detailed, project)
     assert report.outcome(fc1).engine_precision == "FP32" and report.outcome(fc1).engine_layer.startswith(fc1)
     assert [(h.kind, h.modules) for h in report.hazards] == [("quantized_not_int8", [fc1])]
     assert report.outcome("blocks.0.attn.qkv").engine_layer.startswith("{ForeignNode[")
@@ -139,7 +139,7 @@ def test_a_region_whose_two_nodes_tensorrt_listed_itself_is_not_widened(vit_expo
         {"Name": f"{{ForeignNode[{qkv}/MatMul...{proj}/MatMul]}}", "LayerType": "Myelin",
          "Metadata": f"[ONNX Layer: {qkv}/MatMul]\x1e[ONNX Layer: {proj}/MatMul]",
          "Inputs": [tensor("x", FP16)], "Outputs": [tensor("y", FP16)]}], "Bindings": []}))
-    report = analyse_engine(expand_regions(*[load_engine_layers(path)[0]], names), True, project)
+    report = analyse_engine(expand_regions(load_engine_layers(path)[0], [names]), True, project)
     assert report.outcome(qkv).engine_layer is not None and report.outcome(proj).engine_layer is not None
     assert report.outcome("blocks.0.attn.matmul").engine_layer is None  # between them, but not listed
 

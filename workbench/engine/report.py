@@ -155,21 +155,25 @@ def _weight(part: str) -> int:
     return 2 if op in _MAIN_OPS else 0 if op in _DATA_OPS else 1
 
 
-def expand_regions(layers: list[EngineLayer], node_order: Sequence[str]) -> list[EngineLayer]:
+def expand_regions(layers: list[EngineLayer], node_orders: Sequence[Sequence[str]]) -> list[EngineLayer]:
     """Layers whose name gives only a Myelin region's ends (``{ForeignNode[first...last]}``, TensorRT 8.6
     without ``Metadata``) get the ONNX nodes between the two in the exported graph's order, but for those
     another layer of the engine names (a parallel branch that TensorRT built outside the region).
 
-    ``node_order``: the exported graph's node names in order (ONNX keeps nodes topologically sorted).
+    ``node_orders``: the node names in order (ONNX keeps nodes topologically sorted) of the graphs the engine
+    may have been built from, most likely first; a region takes the first that holds both its ends.
     """
-    index = {name: position for position, name in enumerate(node_order)}
+    indexes = [{name: position for position, name in enumerate(order)} for order in node_orders]
     claimed = {node for layer in layers if not _spans(layer) for node in layer.onnx_nodes}
     expanded = []
     for layer in layers:
         ends = layer.onnx_nodes
-        if _spans(layer) and all(end in index for end in ends):
+        found = next(((order, index) for order, index in zip(node_orders, indexes) if all(e in index for e in ends)),
+                     None) if _spans(layer) else None
+        if found is not None:
+            order, index = found
             first, last = sorted(index[end] for end in ends)
-            inside = [node for node in node_order[first:last + 1] if node in ends or node not in claimed]
+            inside = [node for node in order[first:last + 1] if node in ends or node not in claimed]
             layer = replace(layer, onnx_nodes=inside)
         expanded.append(layer)
     return expanded
@@ -293,14 +297,14 @@ def _layer_hazards(layer: EngineLayer, qdq_modules: list[str], only_qdq: bool, d
 
 
 def import_engine_report(layer_info: str, profile: str | None, project_layers: Mapping[str, bool],
-                         node_order: Sequence[str] | None = None) -> EngineReport:
+                         node_orders: Sequence[Sequence[str]] = ()) -> EngineReport:
     """Read trtexec's files and analyse them against the project's layers (the session's entry point).
 
-    ``node_order``: the node names of the ONNX graph the engine was built from, when it is at hand, so that
-    the inside of Myelin regions maps to modules too (:func:`expand_regions`).
+    ``node_orders``: the node names of the ONNX graphs the engine may have been built from (newest export
+    first), so that the inside of Myelin regions maps to modules too (:func:`expand_regions`).
     """
     layers, detailed = load_engine_layers(layer_info, profile)
-    if node_order:
-        layers = expand_regions(layers, node_order)
+    if node_orders:
+        layers = expand_regions(layers, node_orders)
     return analyse_engine(layers, detailed, project_layers, source=str(layer_info),
                           profile=str(profile) if profile is not None else None)

@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import onnx
+
 from workbench.project import ExportRecord
 from workbench.project.model import now_iso
 from workbench.project.settings import jsonable
@@ -122,9 +124,11 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     stored = stored_export_path(target, project_dir)
     session.project.settings["export"] = replace(settings, path=stored, opset=opset, dynamic_batch=dynamic_batch,
                                                  amax_json=amax_json, calibration_cache=calibration_cache).to_stored()
+    # the graph's node names in order: an engine report names a Myelin region by its first and last node only
+    nodes = [node.name for node in onnx.load(str(target), load_external_data=False).graph.node]
     session.project.exports.append(ExportRecord(session.project.next_id(session.project.exports), now_iso(), stored,
                                                 {"opset": opset, "dynamic_batch": dynamic_batch,
-                                                 "sha256": export_digest(target)},
+                                                 "sha256": export_digest(target), "nodes": nodes},
                                                 jsonable(report.to_dict())))
     session._changed(SessionEvent.EXPORT, path=str(target))
     return report

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnx
-from google.protobuf.message import DecodeError
 
 from workbench.engine import EngineReport, EngineReportError
 from workbench.engine.report import import_engine_report
@@ -105,7 +104,7 @@ def import_engine(session: Session, layer_info: str | Path, profile: str | Path 
     layers = {name: decision.quantize for name, decision in session.project.layers.items()}
     try:
         report = import_engine_report(str(layer_info), str(profile) if profile is not None else None, layers,
-                                      _exported_node_order(session))
+                                      _exported_node_orders(session))
     except EngineReportError as error:
         raise SessionError(str(error)) from error
     if remember:
@@ -115,17 +114,10 @@ def import_engine(session: Session, layer_info: str | Path, profile: str | Path 
     return report
 
 
-def _exported_node_order(session: Session) -> list[str] | None:
-    """The node names of the project's latest export, in graph order, if its file is still there: the
-    engine was built from it, and a Myelin region names only its first and last node."""
-    if not session.project.exports:
-        return None
-    path = Path(session.export_path(session.project.exports[-1]))
-    try:  # the graph only: the weights (maybe gigabytes of external data) are not needed
-        graph = onnx.load(str(path), load_external_data=False).graph
-    except (OSError, DecodeError):  # moved or damaged since: regions then map by their two ends only
-        return None
-    return [node.name for node in graph.node]
+def _exported_node_orders(session: Session) -> list[list[str]]:
+    """The node names of the project's exports, newest first, as each export recorded them: the engine was
+    built from one of them, and a Myelin region names only its first and last node."""
+    return [list(record.settings.get("nodes") or []) for record in reversed(session.project.exports)]
 
 
 def latest_engine_report(session: Session) -> EngineReport | None:
