@@ -127,6 +127,13 @@ def test_fallback_search_plots_the_curve_and_applies(controller, qtbot):
 
     # SQNR: FP32 is infinite, so the goal is a target in dB (a tolerance is not offered)
     assert panel.goal_box.currentData() == "target" and not panel.goal_box.model().item(0).isEnabled()
+    # the search with the project's own metric (sqnr there too): a target above the current value, not it
+    metric = panel._metric
+    panel._metric = lambda: None
+    panel.metric_changed()
+    assert panel.goal_box.currentData() == "target" and panel.goal_spin.value() == round(profile.quantized + 6.0)
+    panel._metric = metric
+    panel.metric_changed()
     target = round(profile.quantized + 3.0, 1)
     panel.goal_spin.setValue(target)
     assert panel.fallback_options() == {"metric": "sqnr", "max_units": None, "target": target}

@@ -33,7 +33,8 @@ from workbench.sources.metric_names import DEFAULT_METRIC, DIRECTIONS, Direction
 
 __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", "EntryPointMetric", "SqnrMetric",
            "CosineMetric", "MseMetric", "Top1Metric", "get_metric", "metric_from_dict", "flat_tensors",
-           "BUILTIN_METRICS", "DEFAULT_METRIC", "builtin_metric_labels", "metric_choices_text"]
+           "BUILTIN_METRICS", "DEFAULT_METRIC", "builtin_metric_labels", "builtin_metric_name",
+           "metric_choices_text"]
 
 def _check_direction(direction: Any) -> Direction:
     if direction not in DIRECTIONS:
@@ -324,6 +325,13 @@ def metric_choices_text() -> str:
 _ALIASES = {"sqnr_db": "sqnr", "cos": "cosine", "accuracy": "top1", "top-1": "top1"}
 
 
+def builtin_metric_name(name: str) -> str | None:
+    """The built-in metric ``name`` stands for, aliases resolved (``"sqnr_db"`` -> ``"sqnr"``); None for an
+    entry point or an unknown name."""
+    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
+    return key if key in BUILTIN_METRICS else None
+
+
 def get_metric(metric: Metric | str | Callable[..., float], direction: Direction | None = None, *,
                trust_code: bool = True, base_dir: Path | None = None) -> Metric:
     """A metric from a name, an entry point or a function.
@@ -347,8 +355,8 @@ def get_metric(metric: Metric | str | Callable[..., float], direction: Direction
     if isinstance(metric, Metric):
         return metric
     if isinstance(metric, str):
-        key = _ALIASES.get(metric.strip().lower(), metric.strip().lower())
-        if key in BUILTIN_METRICS:
+        key = builtin_metric_name(metric)
+        if key is not None:
             return BUILTIN_METRICS[key]()
         if ":" not in metric:
             raise ValueError(f"Unknown metric {metric!r}: use one of {', '.join(BUILTIN_METRICS)}, or a user "

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_name
 from workbench.analysis.results import FallbackResult, SensitivityResult
 from workbench.app.controller import Controller
 from workbench.app.formatting import format_number
@@ -167,21 +168,25 @@ class FallbackPanel(QGroupBox):
 
     def metric_changed(self) -> None:
         """The tab's metric changed: FP32 SQNR is infinite, so with SQNR only a target is offered."""
-        metric = self._metric()
-        is_sqnr = metric == "sqnr" or (metric is None and self._project_metric_is_sqnr())
+        is_sqnr = self._builtin_metric() == "sqnr"
         # FP32 SQNR is infinite: no tolerance to it exists, only a target in dB
         model = self.goal_box.model()
         model.item(0).setEnabled(not is_sqnr)
         self.goal_box.setCurrentIndex(1 if is_sqnr else 0)
         self._goal_changed()
 
-    def _project_metric_is_sqnr(self) -> bool:
-        if self.controller.session is None:
-            return True
-        return self.controller.session.settings.metric.name in ("sqnr", "sqnr_db")
+    def _builtin_metric(self) -> str | None:
+        """The built-in metric the next search uses (the tab's choice, else the project's), aliases resolved;
+        None for a user's metric."""
+        metric = self._metric()
+        if metric is None:
+            if self.controller.session is None:
+                return DEFAULT_METRIC
+            metric = self.controller.session.settings.metric.name
+        return builtin_metric_name(metric)
 
     def _goal_changed(self, *_: Any) -> None:
-        metric = self._metric()
+        metric = self._builtin_metric()
         sensitivity = self._sensitivity()
         quantized = sensitivity.quantized if sensitivity is not None and math.isfinite(sensitivity.quantized) \
             else None

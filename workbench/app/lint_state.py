@@ -103,7 +103,9 @@ class LintState(QObject):
         return changed
 
     def clear(self) -> None:
-        self.warnings, self.stale, self.problem, self._after_calibration = None, False, "", False
+        # the same project read back after worker processes calibrated it still wants its lint afterwards
+        after = self._after_calibration and self._controller.reloaded
+        self.warnings, self.stale, self.problem, self._after_calibration = None, False, "", after
         self.needs_calibration = False
         self.changed.emit()
 
