@@ -32,36 +32,14 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.export.naming import layer_of_quantizer
-from workbench.project import PROJECT_SUFFIX, Project, load_project
-from workbench.project.diff import AmaxChange, Change, ProjectDiff, diff_projects
+from workbench.project import PROJECT_SUFFIX
+from workbench.project.diff import AmaxChange, Change, Comparison
 
-__all__ = ["Comparison", "compare_with_file", "CompareDialog", "LayerRow", "layer_rows", "LAYER_ROLE",
+__all__ = ["CompareDialog", "LayerRow", "layer_rows", "LAYER_ROLE",
            "choose_and_compare"]
 
 LAYER_ROLE = Qt.ItemDataRole.UserRole + 1  # the layer a table row stands for (None: not a layer)
 _SORT_ROLE = Qt.ItemDataRole.UserRole + 2
-
-
-@dataclass
-class Comparison:
-    """A diff with what the view needs besides it: every layer name of both projects (in model order)."""
-
-    diff: ProjectDiff
-    layers: list[str]
-    path_a: str = ""
-
-
-def compare_with_file(current: Project, path: str | Path, *, name_b: str = "this project") -> Comparison:
-    """Diff the project file at ``path`` (A, the earlier attempt) against ``current`` (B, as it is now, unsaved
-    changes included).
-
-    Raises:
-        ProjectError: ``path`` is not a project this version can read (the message names the file).
-    """
-    other = load_project(path)
-    diff = diff_projects(other, current, name_a=Path(path).name, name_b=name_b)
-    layers = list(dict.fromkeys(list(current.layers) + list(other.layers)))
-    return Comparison(diff, layers, str(path))
 
 
 def _show(value: Any) -> str:

@@ -12,9 +12,9 @@ from typing import Any
 
 from PySide6.QtCore import SignalInstance
 
-from workbench.app.compare_view import compare_with_file
 from workbench.app.controller_edits import UPDATE_JOB
 from workbench.app.lint_state import LINT_JOB
+from workbench.project.diff import compare_with_file
 from workbench.session import Session
 from workbench.session.workers import WORKER_JOBS, WorkersResult, run_in_workers
 from workbench.sources.errors import TrustRequired
@@ -190,7 +190,7 @@ class JobsMixin:
 
     def compare_with(self, path: str | Path, on_done: Callable[[Any], None]) -> bool:
         """Diff the project file ``path`` (A) against the open project (B, unsaved changes included) in the
-        background; ``on_done`` gets a :class:`workbench.app.compare_view.Comparison`. A file that is no
+        background; ``on_done`` gets a :class:`workbench.project.diff.Comparison`. A file that is no
         project this version reads fails the job: an error dialog naming the file."""
         session = self._require_session()
         if session is None:

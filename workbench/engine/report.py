@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench.engine.layers import EngineLayer, load_engine_layers
+from workbench.export.lint import COMMUTING_OPS, COMPUTE_OPS
 from workbench.export.naming import QDQ_OPS, module_of_node_name
 from workbench.quant.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
 
@@ -144,9 +145,8 @@ def _owner(module: str, layers: Mapping[str, bool]) -> str:
 
 # How much of a module's arithmetic an ONNX op holds: a Linear exported as Transpose (of its weight) +
 # MatMul + Add ran where its MatMul ran, not where TensorRT put the Transpose
-_MAIN_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "Attention", "LSTM", "GRU", "RNN"})
-_DATA_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "Shape",
-                       "Expand", "Identity", "Cast", "Constant", "Split", "Tile"})
+_MAIN_OPS = COMPUTE_OPS | {"Einsum", "Attention", "LSTM", "GRU", "RNN"}
+_DATA_OPS = COMMUTING_OPS | {"Shape", "Cast", "Constant", "Tile"}
 
 
 def _weight(part: str) -> int:

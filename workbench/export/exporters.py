@@ -244,7 +244,7 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
     except Exception as error:
         if any(text in str(error) for text in _PROTOBUF_LIMIT_MESSAGES):
             raise _TooLargeForTorchScript(
-                f"The TorchScript exporter cannot write a graph over {_gigabytes(EXTERNAL_DATA_THRESHOLD)} (protobuf's "
+                f"The TorchScript exporter cannot write a graph over {_gigabytes(TORCHSCRIPT_LIMIT)} (protobuf's "
                 "limit for one message) and this one, with the constants it folds, is larger.") from error
         ops = _unsupported_ops(error)
         raise UnsupportedOperationError(f"The TorchScript ONNX exporter failed: {first_line(error)}", ops,

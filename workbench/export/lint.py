@@ -26,7 +26,8 @@ from onnx import numpy_helper
 from workbench.export.naming import QUANTIZER_KEY, layer_of_quantizer, node_module
 from workbench.quant.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
 
-__all__ = ["LINT_KINDS", "FIX_ACTIONS", "LintFix", "LintWarning", "lint_qdq_graph", "INT8_OPS", "COMMUTING_OPS"]
+__all__ = ["LINT_KINDS", "FIX_ACTIONS", "LintFix", "LintWarning", "lint_qdq_graph", "INT8_OPS", "COMMUTING_OPS",
+           "COMPUTE_OPS"]
 
 # operations with INT8 kernels, into which TensorRT fuses a DequantizeLinear on their input
 INT8_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "AveragePool", "MaxPool", "GlobalAveragePool",
@@ -37,14 +38,16 @@ COMMUTING_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsque
 # what TensorRT fuses after a convolution or GEMM (its epilogue); a Quantize after them fuses too
 _EPILOGUE_OPS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "BatchNormalization", "Add", "Mul",
                            "HardSigmoid", "HardSwish", "Elu", "Selu"})
-_COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+# the weighted operations a Conv/Linear layer exports to (its main arithmetic)
+COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 
 LINT_KINDS = {
     "dq_into_float_op": "a Dequantize feeds an operation without an INT8 kernel: it will be a standalone Scale layer",
     "residual_not_fusable": "the branches of a residual add are quantized so that it cannot fuse into the convolution",
     "concat_scales_differ": "the inputs of a Concat are quantized with different scales (or some not at all)",
     "isolated_quantized_layer": "a quantized layer whose neighbours are all float: Q/DQ cost without INT8 gain",
-    "misaligned_channels": f"a quantized convolution whose channel counts are not multiples of {INT8_CHANNEL_ALIGNMENT}",
+    "misaligned_channels": f"a quantized convolution whose channel counts are not multiples of "
+                           f"{INT8_CHANNEL_ALIGNMENT}",
 }
 
 # the fixes the session knows how to apply
@@ -288,7 +291,7 @@ def _input_is_int8(g: _Graph, tensor: str) -> bool:
 def _isolated_layers(g: _Graph) -> list[LintWarning]:
     found = []
     for node in g.nodes:
-        if node.op_type not in _COMPUTE_OPS:
+        if node.op_type not in COMPUTE_OPS:
             continue
         dq = _activation_input_dq(g, node)
         q = g.quantize_of(dq) if dq is not None else None

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from workbench.project.model import Project
+from workbench.project.store import load_project
 
-__all__ = ["ProjectDiff", "Change", "AmaxChange", "RankChange", "diff_projects", "AMAX_TOLERANCE"]
+__all__ = ["ProjectDiff", "Change", "AmaxChange", "RankChange", "diff_projects", "AMAX_TOLERANCE", "Comparison",
+           "compare_with_file"]
 
 AMAX_TOLERANCE = 1e-6   # relative amax changes below this are float noise, not a change
 _MISSING = "<absent>"
@@ -226,3 +229,25 @@ def diff_projects(a: Project, b: Project, *, name_a: str | None = None, name_b: 
     diff.export = _export_changes(a, b)
     diff.engine = _engine_changes(a, b)
     return diff
+
+
+@dataclass
+class Comparison:
+    """A diff with what the view needs besides it: every layer name of both projects (in model order)."""
+
+    diff: ProjectDiff
+    layers: list[str]
+    path_a: str = ""
+
+
+def compare_with_file(current: Project, path: str | Path, *, name_b: str = "this project") -> Comparison:
+    """Diff the project file at ``path`` (A, the earlier attempt) against ``current`` (B, as it is now, unsaved
+    changes included).
+
+    Raises:
+        ProjectError: ``path`` is not a project this version can read (the message names the file).
+    """
+    other = load_project(path)
+    diff = diff_projects(other, current, name_a=Path(path).name, name_b=name_b)
+    layers = list(dict.fromkeys(list(current.layers) + list(other.layers)))
+    return Comparison(diff, layers, str(path))

@@ -17,6 +17,7 @@ from workbench.engine.report import import_engine_report
 from workbench.export.lint import FIX_ACTIONS, LintFix, LintWarning, lint_qdq_graph
 from workbench.project.model import EngineReportRecord, now_iso
 from workbench.project.settings import RULES
+from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul
 from workbench.session.errors import SessionError
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ __all__ = ["lint", "apply_fix", "import_engine", "latest_engine_report"]
 
 
 # the project layer type of a functional operation, by the ONNX op it exports to
-_FUNCTIONAL_LAYER_OF_OP = {"Add": "QuantAdd", "Concat": "QuantConcat", "MatMul": "QuantMatMul"}
+_FUNCTIONAL_LAYER_OF_OP = {"Add": QuantAdd.__name__, "Concat": QuantConcat.__name__, "MatMul": QuantMatMul.__name__}
 
 
 def lint(session: Session) -> list[LintWarning]:
