@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import SignalInstance
+from PySide6.QtCore import QTimer, SignalInstance
 
 from workbench.app.controller_edits import UPDATE_JOB
 from workbench.app.lint_state import LINT_JOB
@@ -232,8 +232,14 @@ class JobsMixin:
         return True
 
     def _start_queued(self, busy: bool) -> None:
-        if busy or self._queued is None:
-            return
+        if not busy and self._queued is not None:
+            # the finished job's completion (its views refreshed from the session) runs right after this
+            # signal: the queued job starts once it is done, not in the middle of it
+            QTimer.singleShot(0, self._run_queued)
+
+    def _run_queued(self) -> None:
+        if self.jobs.busy or self._queued is None:
+            return  # another job came first: this one waits for its end
         name, fn, on_done, trust = self._queued
         self._queued = None
         self._start(name, fn, on_done, trust)
