@@ -27,7 +27,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
                 raise UsageError(f"warning {number} has no fix to apply.")
             applied.append({"warning": number, "fix": fix.to_dict(), "changed": session.apply_fix(fix)})
         session.save()
-    lines = [f"{len(warnings)} fusion warnings" if warnings else "No fusion warnings: the Q/DQ placement suits "
+    lines = [f"{len(warnings)} fusion warning{'s' * (len(warnings) != 1)}" if warnings else "No fusion warnings: the Q/DQ placement suits "
              "TensorRT."]
     for number, warning in enumerate(warnings, start=1):
         lines.append(f"  {number}. [{warning.severity}] {warning.kind} ({', '.join(warning.modules)}): {warning.message}")

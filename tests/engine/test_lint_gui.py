@@ -100,7 +100,7 @@ def test_lint_puts_a_warning_icon_on_the_layer_and_lists_it(window, qtbot):
     panel = window.extra_tabs["TensorRT"]
     assert window.tabs.currentWidget() is panel
     assert panel.lint.warnings.count() == 1 and f"Fix: {FIX}" in panel.lint.warnings.item(0).text()
-    assert "1 fusion warnings" in panel.lint.summary.text()
+    assert "1 fusion warning:" in panel.lint.summary.text()
     item = panel.lint.warnings.item(0)
     qtbot.mouseClick(panel.lint.warnings.viewport(), Qt.MouseButton.LeftButton,
                      pos=panel.lint.warnings.visualItemRect(item).center())

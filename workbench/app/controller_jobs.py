@@ -182,7 +182,7 @@ class JobsMixin:
             return session.lint()
 
         def done(warnings):
-            self.log.emit("info", f"TensorRT lint: {len(warnings)} fusion warnings" if warnings
+            self.log.emit("info", f"TensorRT lint: {len(warnings)} fusion warning{'s' * (len(warnings) != 1)}" if warnings
                           else "TensorRT lint: no fusion warnings")
             on_done(warnings)
 

@@ -94,7 +94,7 @@ class LintPanel(QWidget):
         elif not state.warnings:
             text = "No fusion warnings: the Q/DQ placement suits TensorRT."
         else:
-            text = (f"{len(state.warnings)} fusion warnings: click one to select its layers; Apply fix (or the tree's "
+            text = (f"{len(state.warnings)} fusion warning{'s' * (len(state.warnings) != 1)}: click one to select its layers; Apply fix (or the tree's "
                     "context menu) changes the project.")
         if state.stale and state.warnings is not None:
             text = "The project changed since this lint: Lint again for current warnings. " + text
