@@ -14,7 +14,7 @@ __all__ = ["add_commands"]
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
-    from workbench.export.lint import LINT_KINDS
+    from workbench.export.lint import LINT_KINDS, count_text
 
     session = _open(args)
     warnings = session.lint()
@@ -27,8 +27,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
                 raise UsageError(f"warning {number} has no fix to apply.")
             applied.append({"warning": number, "fix": fix.to_dict(), "changed": session.apply_fix(fix)})
         session.save()
-    lines = [f"{len(warnings)} fusion warning{'s' * (len(warnings) != 1)}" if warnings else "No fusion warnings: the Q/DQ placement suits "
-             "TensorRT."]
+    lines = [count_text(warnings) if warnings else "No fusion warnings: the Q/DQ placement suits TensorRT."]
     for number, warning in enumerate(warnings, start=1):
         lines.append(f"  {number}. [{warning.severity}] {warning.kind} ({', '.join(warning.modules)}): {warning.message}")
         if warning.fix is not None:

@@ -14,6 +14,7 @@ from PySide6.QtCore import QTimer, SignalInstance
 
 from workbench.app.controller_edits import UPDATE_JOB
 from workbench.app.lint_state import LINT_JOB
+from workbench.export.lint import count_text
 from workbench.project.diff import compare_with_file
 from workbench.session import Session
 from workbench.session.workers import WORKER_JOBS, WorkersResult, run_in_workers
@@ -182,8 +183,7 @@ class JobsMixin:
             return session.lint()
 
         def done(warnings):
-            self.log.emit("info", f"TensorRT lint: {len(warnings)} fusion warning{'s' * (len(warnings) != 1)}" if warnings
-                          else "TensorRT lint: no fusion warnings")
+            self.log.emit("info", f"TensorRT lint: {count_text(warnings)}")
             on_done(warnings)
 
         return self._start(LINT_JOB, job, done)

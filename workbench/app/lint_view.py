@@ -11,17 +11,17 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QHBoxLayout,
-    QMessageBox,
     QLabel,
     QListWidget,
     QListWidgetItem,
+    QMessageBox,
     QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
 from workbench.app.controller import Controller
-from workbench.export.lint import LINT_KINDS
+from workbench.export.lint import LINT_KINDS, count_text
 
 __all__ = ["LintPanel", "warning_text", "lint_or_offer_calibration"]
 
@@ -94,7 +94,7 @@ class LintPanel(QWidget):
         elif not state.warnings:
             text = "No fusion warnings: the Q/DQ placement suits TensorRT."
         else:
-            text = (f"{len(state.warnings)} fusion warning{'s' * (len(state.warnings) != 1)}: click one to select its layers; Apply fix (or the tree's "
+            text = (f"{count_text(state.warnings)}: click one to select its layers; Apply fix (or the tree's "
                     "context menu) changes the project.")
         if state.stale and state.warnings is not None:
             text = "The project changed since this lint: Lint again for current warnings. " + text

@@ -27,7 +27,7 @@ from workbench.export.naming import QUANTIZER_KEY, layer_of_quantizer, node_modu
 from workbench.quant.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
 
 __all__ = ["LINT_KINDS", "FIX_ACTIONS", "LintFix", "LintWarning", "lint_qdq_graph", "INT8_OPS", "COMMUTING_OPS",
-           "COMPUTE_OPS"]
+           "COMPUTE_OPS", "count_text"]
 
 # operations with INT8 kernels, into which TensorRT fuses a DequantizeLinear on their input
 INT8_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "AveragePool", "MaxPool", "GlobalAveragePool",
@@ -57,6 +57,12 @@ FIX_ACTIONS = {
     "leave_float": "leave the target layers in floating point",
     "enable_rule": "switch on the named placement rule",
 }
+
+
+def count_text(warnings: list[Any]) -> str:
+    """``"3 fusion warnings"``, ``"1 fusion warning"``, ``"no fusion warnings"``: one wording for the CLI and app."""
+    count = len(warnings)
+    return f"{count or 'no'} fusion warning{'' if count == 1 else 's'}"
 
 
 @dataclass(frozen=True)
