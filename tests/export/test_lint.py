@@ -117,3 +117,18 @@ def test_channel_alignment(tmp_path):
     assert "16 -> 24 channels" in found[0].message
     data = found[0].to_dict()
     assert data["fix"] == {"action": "leave_float", "targets": ["2"], "description": "leave 2 in float"}
+
+
+def test_a_graph_whose_weights_stay_in_their_external_file_lints_the_same(tmp_path):
+    """Lint reads a big model's graph without its weights: shapes come from the initializers' dims."""
+    model = nn.Sequential(QuantConv2d(16, 24, 1), nn.ReLU(), QuantConv2d(24, 40, 1), nn.ReLU(), QuantConv2d(40, 32, 1))
+    torch.manual_seed(0)
+    batches = [torch.randn(2, 16, 8, 8) for _ in range(2)]
+    calibrate(model.eval(), batches, num_batches=2, method="max", report_sqnr=False)
+    path = tmp_path / "m.onnx"
+    export_qdq_onnx(model, batches[0], path, external_data_threshold=0)  # every weight in m.onnx.data
+    assert (tmp_path / "m.onnx.data").is_file()
+    full = lint_qdq_graph(onnx.load(str(path)))
+    graph_only = lint_qdq_graph(onnx.load(str(path), load_external_data=False))
+    assert [w.to_dict() for w in graph_only] == [w.to_dict() for w in full]
+    assert [w.modules for w in by_kind(full, "misaligned_channels")] == [["0"], ["2"], ["4"]]

@@ -106,8 +106,12 @@ class _Graph:
         self.outputs = {o.name for o in graph.output}
 
     def array(self, name: str) -> np.ndarray | None:
+        """An initializer's values; None when there is none, or its data lies in a file not loaded (lint reads
+        a big model's graph without its weights)."""
         tensor = self.initializers.get(name)
-        return numpy_helper.to_array(tensor) if tensor is not None else None
+        if tensor is None or (tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.raw_data):
+            return None
+        return numpy_helper.to_array(tensor)
 
     def quantize_of(self, dq: onnx.NodeProto) -> onnx.NodeProto | None:
         """The QuantizeLinear behind a DequantizeLinear (through the narrow-range Clip)."""
@@ -129,8 +133,8 @@ class _Graph:
             return None
         dq = self.dq_producing(node.input[1])
         q = self.quantize_of(dq) if dq is not None else None
-        value = self.array(q.input[0]) if q is not None else self.array(node.input[1])
-        return tuple(value.shape) if value is not None else None
+        tensor = self.initializers.get(q.input[0] if q is not None else node.input[1])
+        return tuple(tensor.dims) if tensor is not None else None  # the shape, without reading the weights
 
     def forward(self, tensor: str, through: frozenset[str] = COMMUTING_OPS) -> Iterator[onnx.NodeProto]:
         """The readers of ``tensor``, looking through operations of the ``through`` types (by default those a
