@@ -4,7 +4,7 @@ and a failed rank named in an error dialog while the project file stays byte-ide
 from __future__ import annotations
 
 import shutil
-import textwrap
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,29 +21,10 @@ from workbench.session import Session  # noqa: E402
 from workbench.sources.data_source import DataSpec  # noqa: E402
 from workbench.sources.model_source import ModelSpec  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+from worker_code import write_worker_code  # noqa: E402  (the tiny project the CLI's worker tests use)
+
 REAL_CUDA = torch.cuda.is_available()  # before any test stands in for two GPUs
-
-MODEL = """
-import torch
-from torch import nn
-
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 4))
-"""
-
-DATA = """
-import os
-import torch
-
-def batches():
-    if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.get("FAIL_ON_RANK"):
-        raise RuntimeError("the data disk of this rank is full")
-    generator = torch.Generator().manual_seed(5)
-    for index in range(6):
-        yield torch.randn(2, 3, 8, 8, generator=generator) * (4.0 if index == 3 else 1.0)
-"""
 
 
 @pytest.fixture
@@ -65,8 +46,7 @@ def workers_env(monkeypatch):
 @pytest.fixture
 def project(tmp_path) -> Path:
     """A saved project whose model and data are entry points next to it (trusted)."""
-    (tmp_path / "net.py").write_text(textwrap.dedent(MODEL))
-    (tmp_path / "data.py").write_text(textwrap.dedent(DATA))
+    write_worker_code(tmp_path, batches=6)
     session = Session.create(ModelSpec("entrypoint", "net.py:make"), DataSpec("entrypoint", "data.py:batches"),
                              trust_code=True, base_dir=tmp_path, settings={"metric": {"name": "mse", "direction": None}})
     return session.save(tmp_path / "tiny.qwb")

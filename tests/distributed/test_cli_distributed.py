@@ -10,39 +10,16 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from worker_code import write_worker_code
 
 from workbench import cli
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-
-MODEL = """
-import torch
-from torch import nn
-
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 4))
-"""
-
-DATA = """
-import os
-import torch
-
-def batches():
-    if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.get("FAIL_ON_RANK"):
-        raise RuntimeError("the data disk of this rank is full")
-    generator = torch.Generator().manual_seed(5)
-    for index in range(5):
-        yield torch.randn(2, 3, 8, 8, generator=generator) * (4.0 if index == 3 else 1.0)
-"""
-
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
     code = cli.main([str(a) for a in args])
@@ -62,8 +39,7 @@ def run_process(*args: str, fail_on_rank: int | None = None) -> subprocess.Compl
 @pytest.fixture
 def project(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "net.py").write_text(textwrap.dedent(MODEL))
-    (tmp_path / "data.py").write_text(textwrap.dedent(DATA))
+    write_worker_code(tmp_path, batches=5)
     path = tmp_path / "tiny.qwb"
     code, _, err = run_cli(capsys, "new", path, "--model", "net.py:make", "--data", "data.py:batches",
                            "--trust-code", "--metric", "mse")

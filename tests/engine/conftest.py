@@ -1,5 +1,6 @@
 """A calibrated demo project, its QDQ export, and trtexec-format reports built from that export's node names."""
 import json
+import shutil
 
 import onnx
 import pytest
@@ -34,3 +35,17 @@ def trtexec_files(demo_export, tmp_path):
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(profile_for(layers), indent=1))
     return layer_info, profile, layers
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, demo_export):
+    """The main window on a copy of the demo project (GUI tests only: Qt is imported here)."""
+    pytest.importorskip("PySide6")
+    pytest.importorskip("pyqtgraph")
+    from engine_window import open_window
+
+    project = tmp_path / "digits.qwb"
+    shutil.copy(demo_export[1], project)
+    window = open_window(qtbot, tmp_path, project)
+    yield window
+    window.shutdown()

@@ -8,11 +8,10 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from workbench.app.compare_view import CompareDialog  # noqa: E402
-from workbench.app.main_window import MainWindow  # noqa: E402
 from workbench.project import load_project, save_project  # noqa: E402
 
 AMAX_QUANTIZER = "block.conv1._input_quantizer"
@@ -22,22 +21,6 @@ AMAX_QUANTIZER = "block.conv1._input_quantizer"
 def _no_webengine(monkeypatch):
     monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
     monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.Discard))
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, demo_export):
-    _, path, _, _ = demo_export
-    project = tmp_path / "digits.qwb"
-    shutil.copy(path, project)
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(settings=settings)
-    qtbot.addWidget(window)
-    window.show()
-    with qtbot.waitSignal(window.controller.session_changed, timeout=60000):
-        assert window.open_project(project)
-    qtbot.waitUntil(lambda: window.tree.model.node_count() > 0 and not window.controller.busy, timeout=20000)
-    yield window
-    window.shutdown()
 
 
 @pytest.fixture

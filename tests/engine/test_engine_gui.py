@@ -1,16 +1,14 @@
 """The GUI twin: Import TensorRT Report…, the tree's Engine column and the hazards list (pytest-qt, offscreen)."""
-import shutil
 
 import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from workbench.app.engine_panel import PRECISION_COLOURS  # noqa: E402
-from workbench.app.main_window import MainWindow  # noqa: E402
 from workbench.app.tree_model import ENGINE, ENGINE_SHARE_ROLE  # noqa: E402
 
 
@@ -24,22 +22,6 @@ def _discard_on_close(monkeypatch):
     # closing a window with an unsaved report asks whether to discard it: answer, never block the run
     monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.Discard))
     monkeypatch.setattr(QMessageBox, "warning", staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.No))
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, demo_export):
-    _, path, _, _ = demo_export
-    project = tmp_path / "digits.qwb"
-    shutil.copy(path, project)
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(settings=settings)
-    qtbot.addWidget(window)
-    window.show()
-    with qtbot.waitSignal(window.controller.session_changed, timeout=60000):
-        assert window.open_project(project)
-    qtbot.waitUntil(lambda: window.tree.model.node_count() > 0 and not window.controller.busy, timeout=20000)
-    yield window
-    window.shutdown()
 
 
 def engine_cell(window, name):

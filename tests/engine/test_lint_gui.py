@@ -6,11 +6,12 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
+from engine_window import open_window  # noqa: E402
+
 from workbench.app.lint_state import NOT_CALIBRATED  # noqa: E402
-from workbench.app.main_window import MainWindow  # noqa: E402
 from workbench.app.tree_model import NAME  # noqa: E402
 from workbench.session import Session  # noqa: E402
 from workbench.sources.data_source import DataSpec  # noqa: E402
@@ -36,17 +37,6 @@ def replies(monkeypatch):
     monkeypatch.setattr(QMessageBox, "question", staticmethod(question))
     monkeypatch.setattr(QMessageBox, "warning", staticmethod(lambda *args, **kwargs: Buttons.No))
     return answers
-
-
-def open_window(qtbot, tmp_path, project):
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(settings=settings)
-    qtbot.addWidget(window)
-    window.show()
-    with qtbot.waitSignal(window.controller.session_changed, timeout=60000):
-        assert window.open_project(project)
-    qtbot.waitUntil(lambda: window.tree.model.node_count() > 0 and not window.controller.busy, timeout=20000)
-    return window
 
 
 def plant_hazard(session):

@@ -33,21 +33,13 @@ from PySide6.QtWidgets import (
 
 from workbench.export.naming import layer_of_quantizer
 from workbench.project import PROJECT_SUFFIX
-from workbench.project.diff import AmaxChange, Change, Comparison
+from workbench.project.diff import AmaxChange, Change, Comparison, show_value
 
 __all__ = ["CompareDialog", "LayerRow", "layer_rows", "LAYER_ROLE",
            "choose_and_compare"]
 
 LAYER_ROLE = Qt.ItemDataRole.UserRole + 1  # the layer a table row stands for (None: not a layer)
 _SORT_ROLE = Qt.ItemDataRole.UserRole + 2
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
 
 
 def _relative(change: AmaxChange) -> str:
@@ -111,9 +103,9 @@ def layer_rows(comparison: Comparison) -> list[LayerRow]:
             continue
         what = change.where[len(owner) + 1:]
         if what == "quantize":
-            rows[owner].decision = f"{_show(change.a)} -> {_show(change.b)}"
+            rows[owner].decision = f"{show_value(change.a)} -> {show_value(change.b)}"
         else:
-            rows[owner].descriptors.append(f"{what}: {_show(change.a)} -> {_show(change.b)}")
+            rows[owner].descriptors.append(f"{what}: {show_value(change.a)} -> {show_value(change.b)}")
     for change in diff.amax:
         owner = lookup.of_quantizer(change.quantizer)
         if owner is None:
@@ -124,7 +116,7 @@ def layer_rows(comparison: Comparison) -> list[LayerRow]:
             row.amax, row.amax_text = size, _relative(change)
     for rank in diff.sensitivity:
         for owner in lookup.in_unit(rank.unit):
-            rows[owner].rank = f"{_show(rank.a)} -> {_show(rank.b)}"
+            rows[owner].rank = f"{show_value(rank.a)} -> {show_value(rank.b)}"
     return list(rows.values())
 
 
@@ -169,7 +161,7 @@ def _table(headers: Sequence[str], rows: Iterable[tuple[str | None, Sequence[Any
 
 
 def _change_rows(changes: Sequence[Change], lookup: _Layers | None = None) -> list[tuple[str | None, list[Any]]]:
-    return [(lookup.owner(c.where) if lookup is not None else None, [c.where, _show(c.a), _show(c.b)])
+    return [(lookup.owner(c.where) if lookup is not None else None, [c.where, show_value(c.a), show_value(c.b)])
             for c in changes]
 
 
@@ -207,15 +199,15 @@ class CompareDialog(QDialog):
         self.amax_table = _table(
             ["Quantizer", diff.a, diff.b, "Relative change"],
             [(lookup.of_quantizer(c.quantizer),
-              [c.quantizer, _show(c.a), _show(c.b),
+              [c.quantizer, show_value(c.a), show_value(c.b),
                (_relative(c), abs(c.relative) if c.relative is not None else float("inf"))]) for c in diff.amax])
         self.sensitivity_table = _table(
             ["Unit", f"rank in {diff.a}", f"rank in {diff.b}"],
             [(next(iter(lookup.in_unit(r.unit)), None),
-              [r.unit, (_show(r.a), r.a), (_show(r.b), r.b)]) for r in diff.sensitivity])
+              [r.unit, (show_value(r.a), r.a), (show_value(r.b), r.b)]) for r in diff.sensitivity])
         self.reports_table = _table(["Report field", diff.a, diff.b],
-                                    [(None, [f"export: {c.where}", _show(c.a), _show(c.b)]) for c in diff.export]
-                                    + [(None, [f"engine: {c.where}", _show(c.a), _show(c.b)]) for c in diff.engine])
+                                    [(None, [f"export: {c.where}", show_value(c.a), show_value(c.b)]) for c in diff.export]
+                                    + [(None, [f"engine: {c.where}", show_value(c.a), show_value(c.b)]) for c in diff.engine])
         self.tables = {"Layers": self.layers_table, "Settings": self.settings_table, "amax": self.amax_table,
                        "Sensitivity": self.sensitivity_table, "Export and engine reports": self.reports_table}
         self.tabs = QTabWidget()

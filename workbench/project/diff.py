@@ -16,7 +16,7 @@ from workbench.project.model import Project
 from workbench.project.store import load_project
 
 __all__ = ["ProjectDiff", "Change", "AmaxChange", "RankChange", "diff_projects", "AMAX_TOLERANCE", "Comparison",
-           "compare_with_file"]
+           "compare_with_file", "show_value"]
 
 AMAX_TOLERANCE = 1e-6   # relative amax changes below this are float noise, not a change
 _MISSING = "<absent>"
@@ -79,7 +79,7 @@ class ProjectDiff:
         def section(title: str, changes: list[Change]) -> None:
             if changes:
                 lines.append(f"{title}:")
-                lines.extend(f"  {c.where}: {_show(c.a)} -> {_show(c.b)}" for c in changes)
+                lines.extend(f"  {c.where}: {show_value(c.a)} -> {show_value(c.b)}" for c in changes)
 
         section("settings", self.settings)
         if self.layers_added or self.layers_removed:
@@ -93,18 +93,19 @@ class ProjectDiff:
             for change in self.amax[:20]:
                 rel = f"{change.relative:+.1%}" if change.relative is not None else "new" if change.a is None \
                     else "gone"
-                lines.append(f"  {change.quantizer}: {_show(change.a)} -> {_show(change.b)} ({rel})")
+                lines.append(f"  {change.quantizer}: {show_value(change.a)} -> {show_value(change.b)} ({rel})")
             if len(self.amax) > 20:
                 lines.append(f"  ... {len(self.amax) - 20} more (--json lists all)")
         if self.sensitivity:
             lines.append("sensitivity ranks:")
-            lines.extend(f"  {r.unit}: {_show(r.a)} -> {_show(r.b)}" for r in self.sensitivity)
+            lines.extend(f"  {r.unit}: {show_value(r.a)} -> {show_value(r.b)}" for r in self.sensitivity)
         section("latest export", self.export)
         section("latest engine report", self.engine)
         return "\n".join(lines)
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A compared value as the text report and the compare view write it: "-" for none, 6 digits for floats."""
     if value is None:
         return "-"
     if isinstance(value, float):
