@@ -5,11 +5,12 @@ pytest.importorskip("PySide6")
 
 from workbench.app.dialogs import CalibrationOptions, percentile_spin_box  # noqa: E402
 from workbench.app.descriptor_editor import DescriptorEditor  # noqa: E402
+from workbench.project.settings import CalibrationSettings  # noqa: E402
 from workbench.quant.calib import AMAX_METHODS, PERCENTILE  # noqa: E402
 
 
 def test_calibration_form_lists_every_method_and_enables_the_percentile_only_for_it(qtbot):
-    form = CalibrationOptions({"method": "mse", "num_batches": 4, "percentile": 99.9})
+    form = CalibrationOptions(CalibrationSettings.from_stored({"method": "mse", "num_batches": 4, "percentile": 99.9}))
     qtbot.addWidget(form)
     assert [form.method.itemText(i) for i in range(form.method.count())] == list(AMAX_METHODS)
     assert form.method.currentText() == "mse" and not form.percentile.isEnabled()

@@ -30,8 +30,8 @@ from PySide6.QtWidgets import (
 
 from workbench.analysis.metrics import BUILTIN_METRICS, DEFAULT_METRIC
 from workbench.app.export_dialog import opset_spin_box
-from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
-from workbench.project.settings import DEFAULT_SETTINGS, FUNCTIONAL_SWITCHES
+from workbench.project.settings import FUNCTIONAL_SWITCHES, CalibrationSettings, ProjectSettings
+from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, AmaxMethod
 
 __all__ = ["ErrorDialog", "CalibrateDialog", "CalibrationOptions", "ProjectSettingsDialog", "CALIBRATION_METHODS",
            "percentile_spin_box"]
@@ -61,12 +61,12 @@ class CalibrationOptions(QWidget):
     The Calibrate dialog and the project settings edit the same three values the same way.
     """
 
-    def __init__(self, settings: dict[str, Any] | None, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: CalibrationSettings | None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        settings = settings or {}
+        settings = settings or CalibrationSettings()
         self.method = QComboBox()
         self.method.addItems(CALIBRATION_METHODS)
-        self.method.setCurrentText(str(settings.get("method") or DEFAULT_AMAX_METHOD.value))
+        self.method.setCurrentText(AmaxMethod(settings.method).value)
         for index, method in enumerate(AmaxMethod):
             self.method.setItemData(index, method.description, Qt.ItemDataRole.ToolTipRole)
         self.method.setToolTip("How histogram quantizers choose amax (max-calibrated ones, such as weights, use "
@@ -74,8 +74,8 @@ class CalibrationOptions(QWidget):
         self.num_batches = QSpinBox()
         self.num_batches.setRange(0, 1_000_000)
         self.num_batches.setSpecialValueText("all")
-        self.num_batches.setValue(int(settings.get("num_batches") or 0))
-        self.percentile = percentile_spin_box(settings.get("percentile"))
+        self.num_batches.setValue(settings.num_batches or 0)
+        self.percentile = percentile_spin_box(settings.percentile)
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
         form.addRow("amax method", self.method)
@@ -117,7 +117,7 @@ class ErrorDialog(QMessageBox):
 class CalibrateDialog(QDialog):
     """Calibrate…: amax method, batches and percentile; they become the project's calibration settings."""
 
-    def __init__(self, settings: dict[str, Any], parent: QWidget | None = None) -> None:
+    def __init__(self, settings: CalibrationSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Calibrate")
         self.form = CalibrationOptions(settings)
@@ -142,64 +142,62 @@ class CalibrateDialog(QDialog):
 class ProjectSettingsDialog(QDialog):
     """Project settings (the ``settings`` of the project file, as ``workbench set`` changes them)."""
 
-    def __init__(self, settings: dict[str, Any], parent: QWidget | None = None) -> None:
+    def __init__(self, settings: ProjectSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Project settings")
-        self._original = copy.deepcopy(settings)
+        self._original = settings.to_stored()
 
-        defaults = settings.get("defaults") or {}
+        input_default = settings.defaults.input or {}
         self.input_calibrator = QComboBox()
         self.input_calibrator.addItems(["histogram", "max"])
-        self.input_calibrator.setCurrentText((defaults.get("input") or {}).get("calib_method", "max"))
+        # a descriptor without calib_method calibrates with max (QuantDescriptor's default)
+        self.input_calibrator.setCurrentText(input_default.get("calib_method", "max"))
         self.input_unsigned = QCheckBox("unsigned inputs")
-        self.input_unsigned.setChecked(bool((defaults.get("input") or {}).get("unsigned")))
+        self.input_unsigned.setChecked(bool(input_default.get("unsigned")))
         default_box = QGroupBox("Default input descriptor")
         default_form = QFormLayout(default_box)
         default_form.addRow("Calibrator", self.input_calibrator)
         default_form.addRow("", self.input_unsigned)
 
-        functional = settings.get("functional") or {}
-        rules = settings.get("rules") or {}
         # one check box per functional switch, from the settings' one definition of them
         self.functional = {}
         for name, text in FUNCTIONAL_SWITCHES.items():
             box = QCheckBox(f"quantize {text}")
-            box.setChecked(bool(functional.get(name, DEFAULT_SETTINGS["functional"][name])))
+            box.setChecked(getattr(settings.functional, name))
             self.functional[name] = box
         self.add, self.concat = self.functional["add"], self.functional["concat"]
         self.rule_concat = QCheckBox("inputs of a concat share one quantizer")
-        self.rule_concat.setChecked(bool(rules.get("concat", True)))
+        self.rule_concat.setChecked(settings.rules.concat)
         self.rule_maxpool = QCheckBox("a max-pool's input and output quantizers match")
-        self.rule_maxpool.setChecked(bool(rules.get("maxpool", True)))
+        self.rule_maxpool.setChecked(settings.rules.maxpool)
         self.rule_residual = QCheckBox("quantize the identity branch of a residual add")
-        self.rule_residual.setChecked(bool(rules.get("residual", True)))
+        self.rule_residual.setChecked(settings.rules.residual)
         graph_box = QGroupBox("Functional quantizers and TensorRT placement rules")
         graph_layout = QVBoxLayout(graph_box)
         for box in (*self.functional.values(), self.rule_concat, self.rule_maxpool, self.rule_residual):
             graph_layout.addWidget(box)
 
-        self.calibration = CalibrationOptions(settings.get("calibration"))
+        self.calibration = CalibrationOptions(settings.calibration)
         self.method = self.calibration.method
         calibration_box = QGroupBox("Calibration")
         QVBoxLayout(calibration_box).addWidget(self.calibration)
 
-        metric = settings.get("metric") or {}
         self.metric = QComboBox()
         self.metric.setEditable(True)
         self.metric.addItems(list(BUILTIN_METRICS))
-        self.metric.setCurrentText(str(metric.get("name") or DEFAULT_METRIC))
+        self.metric.setCurrentText(settings.metric.name)
         self.direction = QComboBox()
         for text, value in (("set by the metric", None), ("higher is better", "higher"),
                             ("lower is better", "lower")):
             self.direction.addItem(text, value)
-        self.direction.setCurrentIndex(max(0, self.direction.findData(metric.get("direction"))))
+        direction = settings.metric.direction
+        self.direction.setCurrentIndex(max(0, self.direction.findData(None if direction is None else direction.value)))
         self.direction.setToolTip("Only for a user metric (module:function): which way is better")
         self.metric.currentTextChanged.connect(self._metric_changed)
         self._metric_changed(self.metric.currentText())
-        export = settings.get("export") or {}
-        self.export_path = QLineEdit(export.get("path") or "")
+        self.export_path = QLineEdit(settings.export.path or "")
         self.export_path.setPlaceholderText("next to the project")
-        self.opset = opset_spin_box(export.get("opset"))
+        self.opset = opset_spin_box(settings.export.opset)
         other_box = QGroupBox("Metric and export")
         other_form = QFormLayout(other_box)
         other_form.addRow("Metric", self.metric)

@@ -33,7 +33,8 @@ from PySide6.QtWidgets import (
 
 from workbench.app.controller import Controller
 from workbench.app.formatting import format_number, format_size
-from workbench.session import DEFAULT_SETTINGS, jsonable
+from workbench.project.settings import ExportSettings
+from workbench.session import jsonable
 
 __all__ = ["ExportSettingsDialog", "ExportReportDialog", "report_dict", "opset_spin_box",
            "MIN_OPSET", "TENSORRT_MAX_OPSET"]
@@ -54,7 +55,7 @@ def opset_spin_box(value: int | None = None) -> QSpinBox:
     """The ONNX opset, from the lowest that per-channel Q/DQ needs to the newest the installed onnx knows."""
     box = QSpinBox()
     box.setRange(MIN_OPSET, max(_max_opset(), MIN_OPSET))
-    box.setValue(int(value or DEFAULT_SETTINGS["export"]["opset"]))
+    box.setValue(int(value or ExportSettings.opset))
     box.setToolTip(f"ONNX opset: at least {MIN_OPSET} for per-channel Q/DQ; TensorRT 8.6 reads up to "
                    f"{TENSORRT_MAX_OPSET}")
     return box
@@ -69,11 +70,8 @@ class ExportSettingsDialog(QDialog):
         self.setWindowTitle("Export QDQ ONNX")
         self.setMinimumWidth(560)
         session = controller.session
-        stored = dict(DEFAULT_SETTINGS["export"])
-        default_path = Path.cwd() / "model.qdq.onnx"
-        if session is not None:
-            stored.update({k: v for k, v in (session.project.settings.get("export") or {}).items() if v is not None})
-            default_path = controller.default_export_path()
+        stored = session.settings.export if session is not None else ExportSettings()
+        default_path = controller.default_export_path() if session is not None else Path.cwd() / "model.qdq.onnx"
 
         layout = QVBoxLayout(self)
         form = QFormLayout()
@@ -85,18 +83,18 @@ class ExportSettingsDialog(QDialog):
         path_row.addWidget(self.path_edit, 1)
         path_row.addWidget(browse)
         form.addRow("File", path_row)
-        self.opset_spin = opset_spin_box(stored.get("opset"))
+        self.opset_spin = opset_spin_box(stored.opset)
         self.opset_spin.valueChanged.connect(self._validate)
         form.addRow("Opset", self.opset_spin)
         self.dynamic_check = QCheckBox("Dynamic batch dimension (checked at a second batch size)")
-        self.dynamic_check.setChecked(bool(stored.get("dynamic_batch", True)))
+        self.dynamic_check.setChecked(stored.dynamic_batch)
         form.addRow("", self.dynamic_check)
         self.amax_check = QCheckBox("Write the amax of every quantizer as JSON")
-        self.amax_check.setChecked(bool(stored.get("amax_json", False)))
+        self.amax_check.setChecked(stored.amax_json)
         self.amax_check.toggled.connect(self._validate)
         form.addRow("", self.amax_check)
         self.cache_check = QCheckBox("Write a TensorRT calibration cache (activation scales)")
-        self.cache_check.setChecked(bool(stored.get("calibration_cache", False)))
+        self.cache_check.setChecked(stored.calibration_cache)
         self.cache_check.toggled.connect(self._validate)
         form.addRow("", self.cache_check)
         layout.addLayout(form)

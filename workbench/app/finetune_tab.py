@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
 
 from workbench.app.controller import Controller
 from workbench.app.formatting import format_number
+from workbench.project.settings import FinetuneSettings
 from workbench.training import EpochRecord, FinetuneResult, recipe
 
 __all__ = ["FinetuneTab", "HISTORY_COLUMNS"]
@@ -210,15 +211,15 @@ class FinetuneTab(QWidget):
                 "schedule": self.schedule_combo.currentData(), "learn_amax": [p for p in learn if p],
                 "steps_per_epoch": self.steps_spin.value() or None}
 
-    def _load_settings(self, settings: dict[str, Any]) -> None:
-        self.epochs_spin.setValue(int(settings.get("epochs") or 1))
-        self.lr_edit.setText(f"{float(settings.get('lr') or 1e-4):g}")
-        for combo, key in ((self.optimizer_combo, "optimizer"), (self.schedule_combo, "schedule")):
-            index = combo.findData(settings.get(key))
+    def _load_settings(self, settings: FinetuneSettings) -> None:
+        self.epochs_spin.setValue(settings.epochs)
+        self.lr_edit.setText(f"{settings.lr:g}")
+        for combo, value in ((self.optimizer_combo, settings.optimizer), (self.schedule_combo, settings.schedule)):
+            index = combo.findData(value)
             if index >= 0:
                 combo.setCurrentIndex(index)
-        self.steps_spin.setValue(int(settings.get("steps_per_epoch") or 0))
-        patterns = list(settings.get("learn_amax") or [])
+        self.steps_spin.setValue(settings.steps_per_epoch or 0)
+        patterns = list(settings.learn_amax)
         self.learn_amax_check.setChecked(bool(patterns))
         if patterns:
             self.learn_amax_edit.setText(patterns[0])
@@ -343,7 +344,7 @@ class FinetuneTab(QWidget):
         session = self.controller.session
         self.clear_plots()
         if session is not None:
-            self._load_settings(session.project.settings.get("finetune") or {})
+            self._load_settings(session.settings.finetune)
             history = self.controller.finetune_history()
             if history:
                 self.show_result(history[-1])

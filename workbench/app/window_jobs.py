@@ -36,7 +36,7 @@ class JobCommandsMixin:
         session = self.controller.session
         if session is None:
             return None
-        dialog = CalibrateDialog(session.project.settings.get("calibration") or {}, self)
+        dialog = CalibrateDialog(session.settings.calibration, self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self._calibrate_with(dialog.options()))
         self.dialog = dialog
@@ -146,7 +146,7 @@ class JobCommandsMixin:
         session = self.controller.session
         if session is None:
             return None
-        dialog = ProjectSettingsDialog(session.project.settings, self)
+        dialog = ProjectSettingsDialog(session.settings, self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self._apply_settings(dialog.changes()))
         self.dialog = dialog
