@@ -61,12 +61,17 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         with _Progress(args, "calibrating", context.is_main) as progress, _HeldWarnings() as held:
             result = session.calibrate(method=args.method, num_batches=args.num_batches,
                                        percentile=args.percentile, progress=progress, cancel=progress.cancel,
-                                       context=context)
+                                       context=context, smoothquant=args.smoothquant,
+                                       awq=None if args.awq is None else args.awq == "on")
     if not context.is_main:  # rank 0 writes the project and reports for the job
         return EXIT_OK
     result.warnings = list(dict.fromkeys(result.warnings + held.messages))  # each once
     session.save()
+    smoothed = {name: {"method": r.method, "alpha": r.alpha, "folded_into": r.folded_into,
+                       "scales_min": float(r.scales.min()), "scales_max": float(r.scales.max())}
+                for name, r in session.project.smoothing.items()}
     data = {"summary": result.summary(), "method": result.method, "batches": result.num_batches,
+            "smoothing": smoothed,
             "world_size": context.world_size,
             "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
             "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
@@ -83,6 +88,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             data["evaluation"] = None
             data["evaluation_error"] = f"{type(error).__name__}: {error}"
     lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
+    if args.smoothquant is not None or args.awq is not None:
+        folded = sum(1 for r in smoothed.values() if r["folded_into"])
+        lines.insert(1, f"smoothing: {len(smoothed)} layers ({folded} folded into the layer before, "
+                        f"{len(smoothed) - folded} as a Mul)" if smoothed else "smoothing: none (original weights)")
     if args.evaluate and failed is None:
         lines.append(f"evaluation: {evaluation.summary()}")
     _emit(args, data, "\n".join(lines))
@@ -263,6 +272,11 @@ def add_commands(sub: argparse._SubParsersAction,
     cal.add_argument("--force", action="store_true", help=f"use a --percentile under {PERCENTILE_FLOOR:g} (almost "
                                                           "always a fraction typed for a percent: 0.999 for 99.9)")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
+    cal.add_argument("--smoothquant", metavar="ALPHA|off",
+                     help="first smooth every quantized Linear's input with SmoothQuant of strength ALPHA in [0, 1] "
+                          "(0.5 is the paper's default); off restores the original weights")
+    cal.add_argument("--awq", choices=("on", "off"),
+                     help="first search AWQ scales for the 4-bit weight-only layers (off: drop them)")
     _workers_option(cal)
     cal.set_defaults(func=_cmd_calibrate)
 

@@ -80,6 +80,7 @@ def _parts(project: Project) -> dict[str, Any]:
     parts.update({f"data {role}": spec for role, spec in project.data.items()})
     parts.update({f"setting {key}": value for key, value in project.settings.items()})
     parts.update({f"layer {name}": layer for name, layer in project.layers.items()})
+    parts.update({f"smoothing {name}": record for name, record in project.smoothing.items()})
     for kind, attribute in RECORD_KINDS.items():
         parts.update({f"{kind} {record.id}": record for record in getattr(project, attribute)})
     return parts
@@ -151,7 +152,8 @@ def _apply(target: Project, key: str, value: Any, removed: bool) -> None:
         order = [n for n in value if n in target.layers] + [n for n in target.layers if n not in value]
         target.layers = {n: target.layers[n] for n in order}
     else:
-        table = {"data": target.data, "setting": target.settings, "layer": target.layers}[kind]
+        table = {"data": target.data, "setting": target.settings, "layer": target.layers,
+                 "smoothing": target.smoothing}[kind]
         if removed:
             table.pop(name, None)
         else:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from workbench.quant.calibrate import CalibrationResult, QuantizerCalibration
 
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
-           "ExportRecord", "FinetuneRecord", "EngineReportRecord", "Project", "ProjectOrigin", "now_iso",
+           "ExportRecord", "FinetuneRecord", "EngineReportRecord", "SmoothingRecord", "Project", "ProjectOrigin", "now_iso",
            "DATA_ROLES"]
 
 DATA_ROLES = ("calibration", "evaluation", "training")
@@ -147,6 +147,21 @@ class FinetuneRecord:
 
 
 @dataclass
+class SmoothingRecord:
+    """One layer's smoothing (SmoothQuant or AWQ, :mod:`workbench.quant.smoothing`): the weight's input
+    columns are multiplied by ``scales`` in the quantized model, its input divided by them (folded into
+    ``folded_into``'s weight and bias, or a Mul before the input quantizer when None)."""
+
+    layer: str
+    method: str
+    alpha: float
+    scales: np.ndarray
+    folded_into: str | None = None
+    error_before: float | None = None
+    error_after: float | None = None
+
+
+@dataclass
 class ProjectOrigin:
     """Where a project in memory came from: the file, its revision then, and a digest of each part.
 
@@ -176,6 +191,7 @@ class Project:
     exports: list[ExportRecord] = field(default_factory=list)
     finetunes: list[FinetuneRecord] = field(default_factory=list)
     engine_reports: list[EngineReportRecord] = field(default_factory=list)
+    smoothing: dict[str, SmoothingRecord] = field(default_factory=dict)  # by layer name
     created: str = field(default_factory=now_iso)
     modified: str = field(default_factory=now_iso)
     app_version: str = ""

@@ -31,6 +31,7 @@ from workbench.project.tables import (  # noqa: F401 - encode_array/decode_array
     create_engine_tables,
     create_finetune_tables,
     create_schema,
+    create_smoothing_tables,
     decode_array,
     encode_array,
     read_project,
@@ -268,6 +269,16 @@ def _migrate_2_to_3(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS[2] = _migrate_2_to_3
+
+
+def _migrate_3_to_4(db: sqlite_utils.Database) -> None:
+    """Version 4 adds per-layer smoothing (``smoothing``: SmoothQuant and AWQ scales); nothing else changes."""
+    create_smoothing_tables(db)
+    if "meta" in db.table_names():
+        db["meta"].upsert({"key": "schema_version", "value": "4"}, pk="key")
+
+
+MIGRATIONS[3] = _migrate_3_to_4
 
 
 def _upgrade_existing(db: sqlite_utils.Database) -> None:

@@ -28,6 +28,7 @@ from workbench.project.model import (
     Project,
     QuantizerRecord,
     SensitivityRecord,
+    SmoothingRecord,
 )
 from workbench.project.settings import ProjectSettings
 from workbench.quant.tensor_quant import QuantDescriptor
@@ -35,7 +36,7 @@ from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import FileDigest, ModelSpec
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ARRAY_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "bool")
 
 
@@ -123,6 +124,14 @@ def create_schema(db: sqlite_utils.Database) -> None:
                          if_not_exists=True)
     create_finetune_tables(db)
     create_engine_tables(db)
+    create_smoothing_tables(db)
+
+
+def create_smoothing_tables(db: sqlite_utils.Database) -> None:
+    """Version 4: per-layer smoothing (SmoothQuant, AWQ): the scales as bytes and where 1/s went."""
+    db["smoothing"].create({"layer": str, "method": str, "alpha": float, "scales": bytes, "scales_dtype": str,
+                            "scales_shape": str, "folded_into": str, "error_before": float, "error_after": float},
+                           pk="layer", if_not_exists=True)
 
 
 def create_engine_tables(db: sqlite_utils.Database) -> None:
@@ -139,7 +148,8 @@ def create_finetune_tables(db: sqlite_utils.Database) -> None:
 
 
 TABLES = ("meta", "model_source", "data_sources", "settings", "layers", "calibration_runs", "quantizer_stats",
-          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors", "engine_reports")
+          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors", "engine_reports",
+          "smoothing")
 
 
 def _dumps(value: Any) -> str:
@@ -210,6 +220,14 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
     db["finetune_tensors"].insert_all(tensor_rows, batch_size=100)
     db["engine_reports"].insert_all([{"id": r.id, "created": r.created, "data": _dumps(r.data)}
                                      for r in project.engine_reports])
+    smoothing_rows = []
+    for record in project.smoothing.values():
+        data, dtype, shape = encode_array(np.asarray(record.scales, dtype=np.float32))
+        smoothing_rows.append({"layer": record.layer, "method": record.method, "alpha": float(record.alpha),
+                               "scales": data, "scales_dtype": dtype, "scales_shape": shape,
+                               "folded_into": record.folded_into, "error_before": record.error_before,
+                               "error_after": record.error_after})
+    db["smoothing"].insert_all(smoothing_rows)
 
 
 class _Damaged(Exception):
@@ -380,6 +398,20 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
             if not isinstance(data, dict):
                 raise _Damaged("it holds no engine report.")
             project.engine_reports.append(EngineReportRecord(int(row["id"]), str(row["created"]), data))
+    for row in db["smoothing"].rows_where(order_by="layer"):
+        with _row(path, "smoothing", f"the smoothing of layer {row.get('layer')!r}"):
+            scales = _array(row, "scales", "scales_dtype", "scales_shape")
+            if scales.ndim != 1 or not np.isfinite(scales).all() or (scales <= 0).any():
+                raise _Damaged("its scales are not a list of positive finite numbers.")
+            method = str(row["method"])
+            if method not in ("smoothquant", "awq"):
+                raise _Damaged(f"its method {method!r} is neither smoothquant nor awq.")
+            layer = str(row["layer"])
+            project.smoothing[layer] = SmoothingRecord(
+                layer=layer, method=method, alpha=float(row["alpha"]), scales=scales.astype(np.float32),
+                folded_into=None if row["folded_into"] is None else str(row["folded_into"]),
+                error_before=None if row["error_before"] is None else float(row["error_before"]),
+                error_after=None if row["error_after"] is None else float(row["error_after"]))
     return project
 
 

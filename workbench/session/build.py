@@ -29,6 +29,7 @@ from workbench.quant import TensorQuantizer
 from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul, QuantSDPA
 from workbench.quant.replace import ReplacementReport
+from workbench.quant.smoothing import LayerSmoothing, SmoothingError, apply_smoothing
 from workbench.quant.snapshot import holds_quantizers, quantizer_names
 from workbench.sources.data_source import InputSpec
 
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 FUNCTIONAL_MODULES = (QuantAdd, QuantConcat, QuantMatMul, QuantSDPA, QuantHFAttention)
 
 __all__ = ["BuildReport", "Built", "build_quantized", "fold_base", "descriptor_of", "role_quantizer", "layer_of",
-           "quantizable", "structural_copy", "to_numpy"]
+           "quantizable", "structural_copy", "to_numpy", "smoothing_items"]
 
 
 @dataclass
@@ -50,6 +51,8 @@ class BuildReport:
     stale: list[str] = field(default_factory=list)      # calibrated with another descriptor: recalibrate
     folding: FoldReport | None = None                   # BatchNorms folded (None: folding is off)
     finetune: str | None = None                         # whether the fine-tuned weights apply, and why not
+    smoothed: list[str] = field(default_factory=list)  # producers that carry a smoothing's 1/s (folded)
+    smoothing_problem: str | None = None                # why the project's smoothing was not applied
 
 
 @dataclass
@@ -184,6 +187,12 @@ def build_quantized(base: nn.Module, project: Project, device: torch.device, *, 
         rules=PlacementRules(concat=rules.concat, maxpool=rules.maxpool, residual=rules.residual,
                              pins=list(settings.pins)))
     report = BuildReport(prepared.replacement, prepared.functional, prepared.rules, folding=folding)
+    if with_decisions and project.smoothing:
+        try:
+            report.smoothed = apply_smoothing(model, smoothing_items(project))
+        except SmoothingError as error:  # the model changed since: build without, and say so
+            report.smoothing_problem = str(error)
+            logger.warning("smoothing not applied: %s", error)
     for quantizer in quantizer_names(model).values():
         quantizer.rounding = "onnx"  # the numbers the exported QDQ graph computes
     model = model.to(device)
@@ -191,6 +200,12 @@ def build_quantized(base: nn.Module, project: Project, device: torch.device, *, 
         restore_calibration(model, project.current_calibration, report, device)
         restore_finetune(model, project.current_finetune, project.current_calibration, report)
     return Built(model, report)
+
+
+def smoothing_items(project: Project) -> list[LayerSmoothing]:
+    """The project's smoothing records as :class:`LayerSmoothing` for :func:`apply_smoothing`."""
+    return [LayerSmoothing(r.layer, r.method, r.alpha, torch.from_numpy(np.asarray(r.scales, np.float32).copy()),
+                           r.folded_into, r.error_before, r.error_after) for r in project.smoothing.values()]
 
 
 def restore_calibration(model: nn.Module, run: CalibrationRecord | None, report: BuildReport,

@@ -39,7 +39,7 @@ from workbench.quant.batches import first_samples, to_device
 from workbench.quant.distributed import DistContext
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import analysis, calibration, configure, data_sources, decisions, exports, finetuning
-from workbench.session import paths, tensorrt, views
+from workbench.session import paths, smoothing, tensorrt, views
 from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
@@ -411,15 +411,48 @@ class Session:
 
     def calibrate(self, *, method: str | None = None, num_batches: int | None = None,
                   percentile: float | None = None, progress: ProgressCallback | None = None,
-                  cancel: CancelToken | None = None, context: DistContext | None = None) -> CalibrationResult:
+                  cancel: CancelToken | None = None, context: DistContext | None = None,
+                  smoothquant: float | str | None = None, awq: bool | None = None) -> CalibrationResult:
         """Calibrate on the calibration data and store the result (amax and histograms) in the project.
 
         With a distributed ``context`` (torchrun, ``--workers``) this process calibrates on its share
         of the batches and every rank ends with the merged, one-process result; only rank 0 should
         save the project (the session never saves on its own).
+
+        ``smoothquant`` (an alpha in [0, 1], or ``"off"``) and ``awq`` (True/False) first compute (or clear)
+        that smoothing (see :meth:`smooth`); None leaves it as it is.
         """
+        if smoothquant is not None:
+            self.smooth("smoothquant", smoothing.parse_alpha(smoothquant), num_batches=num_batches)
+        if awq is not None:
+            self.smooth("awq", 1.0 if awq else None, num_batches=num_batches)
         return calibration.calibrate(self, method=method, num_batches=num_batches, percentile=percentile,
                                      progress=progress, cancel=cancel, context=context)
+
+    def smooth(self, method: str, alpha: float | None, *, num_batches: int | None = None) -> list[str]:
+        """Compute ``method``'s smoothing ("smoothquant" with strength ``alpha``, or "awq", which searches its
+        own exponent) for every layer it applies to, replacing that method's earlier records; ``alpha`` None
+        clears them, so the layers get their original weights back exactly. Returns the layers smoothed.
+
+        The quantized model's weights change: calibrate afterwards (:meth:`calibrate` with ``smoothquant=``
+        does both).
+        """
+        self.project.smoothing = {name: record for name, record in self.project.smoothing.items()
+                                  if record.method != method}
+        self._invalidate()
+        if alpha is None:
+            self._changed(SessionEvent.LAYERS)
+            return []
+        layers = smoothing.smoothing_layers(self.quantized_model(), self.project.layers, method)
+        layers = [name for name in layers if name not in self.project.smoothing]  # one smoothing per layer
+        count = num_batches if num_batches is not None else self.settings.calibration.num_batches
+        base, _ = self._fold_base()
+        records = smoothing.compute_smoothing(base, layers, self.data("calibration").batches(count), method=method,
+                                              alpha=alpha, device=self.device)
+        self.project.smoothing.update(records)
+        self._invalidate()
+        self._changed(SessionEvent.LAYERS)
+        return sorted(records)
 
     def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict[str, float]:
         """Switch quantizers to another amax method using their stored histograms (no pass over data).

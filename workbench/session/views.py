@@ -16,6 +16,7 @@ from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.smoothing import describe_smoothing
 from workbench.quant.snapshot import quantizer_names
 from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
@@ -42,6 +43,7 @@ class LayerView:
     parameters: int
     notes: list[str] = field(default_factory=list)  # what building did to the layer, e.g. ["folded bn1"]
     role: str = ""  # an attention quantizer's role, e.g. "query x key" (see workbench.graph.tree.module_role)
+    smoothing: str = ""  # the layer's SmoothQuant/AWQ scales, in words ("" without)
 
     @property
     def display_type(self) -> str:
@@ -104,6 +106,11 @@ def layer_views(session: Session) -> list[LayerView]:
                                amax, ranks.get(name), params,
                                list(module_notes(module)) if module is not None else [],
                                module_role(module) if module is not None else ""))
+        record = session.project.smoothing.get(name)
+        if record is not None:
+            views[-1].smoothing = describe_smoothing(record.method, record.alpha, float(record.scales.min()),
+                                                     float(record.scales.max()), record.folded_into)
+            views[-1].notes.append(views[-1].smoothing)
     return views
 
 

@@ -1,0 +1,400 @@
+"""Per-input-channel smoothing of GEMM layers: SmoothQuant and an AWQ-style activation-aware scale search.
+
+Both move range between a Linear layer's input and its weight with one factor per input channel ``s``:
+``y = (x / s) @ (W * s).T`` equals ``x @ W.T`` in exact arithmetic, but the quantizers see ``x / s`` and
+``W * s``. SmoothQuant (Xiao et al.) takes ``s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha)`` so that a
+few outlier activation channels stop dominating an INT8 activation range. AWQ (Lin et al.) keeps the
+activations in float and searches ``s = mean|X| ** a`` over a grid of ``a`` for the one that minimises the
+layer's output error with quantized (INT4 blockwise) weights.
+
+``1 / s`` is folded into the operation that produces the input (a LayerNorm's weight and bias, or a
+Linear's output rows) when that producer feeds nothing but the smoothed layers; otherwise it stays on
+the input quantizer as its ``pre_quant_scale`` (exported as a Mul before the Q/DQ pair). Layers reading
+the same tensor (the q, k and v projections after one LayerNorm) share one ``s``, so the fold stays exact.
+
+The float model is never changed: :func:`apply_smoothing` gives the quantized model new weight tensors,
+so dropping the record and rebuilding restores the original weights exactly.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.quant.batches import flat_tensors, model_inputs, to_device
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+
+__all__ = ["SMOOTHING_METHODS", "LayerSmoothing", "SmoothingError", "smoothquant_scales", "plan_smoothing",
+           "apply_smoothing", "int4_blockwise_fake_quant", "smoothing_summary", "describe_smoothing"]
+
+SMOOTHING_METHODS = ("smoothquant", "awq")
+AWQ_GRID = 20  # a in 0, 0.05, ..., 0.95 (AWQ's own grid)
+AWQ_ROWS = 2048  # input rows kept per layer for the AWQ error (enough for a stable mean squared error)
+_FOLD_RTOL = 1e-4  # a fold must keep the float model's output to this relative error
+_MIN_SCALE = 1e-5
+
+
+class SmoothingError(ValueError):
+    """A layer cannot be smoothed (not a Linear, no input reached it, a shape that does not fit)."""
+
+
+@dataclass
+class LayerSmoothing:
+    """One layer's smoothing: its weight's input columns are multiplied by ``scales``, its input divided.
+
+    ``folded_into`` names the module whose output rows (weight and bias) carry ``1 / scales`` (None: the
+    input quantizer's ``pre_quant_scale`` does, exported as a Mul). ``alpha`` is SmoothQuant's strength or
+    the exponent AWQ's search chose.
+    """
+
+    layer: str
+    method: str
+    alpha: float
+    scales: torch.Tensor
+    folded_into: str | None = None
+    error_before: float | None = None  # AWQ: the layer's output error without and with the scales
+    error_after: float | None = None
+
+    def describe(self) -> str:
+        return describe_smoothing(self.method, self.alpha, float(self.scales.min()), float(self.scales.max()),
+                                  self.folded_into)
+
+
+def describe_smoothing(method: str, alpha: float, low: float, high: float, folded_into: str | None) -> str:
+    """One line for a layer's smoothing, as ``show`` and the layer panel print it."""
+    name = "SmoothQuant" if method == "smoothquant" else "AWQ"
+    where = f"1/s folded into {folded_into}" if folded_into else "1/s as a Mul before the input quantizer"
+    return f"{name} alpha={alpha:g} (scales {low:.3g}..{high:.3g}, {where})"
+
+
+def smoothing_summary(items: Iterable[LayerSmoothing]) -> dict[str, Any]:
+    """How many layers each method smooths and how many of them fold into the producer."""
+    items = list(items)
+    return {"layers": len(items), "folded": sum(1 for i in items if i.folded_into),
+            "methods": sorted({i.method for i in items})}
+
+
+def smoothquant_scales(act_amax: torch.Tensor, weight_amax: torch.Tensor, alpha: float) -> torch.Tensor:
+    """SmoothQuant's ``s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha)`` per input channel.
+
+    Channels that never saw a non-zero input or weight keep ``s = 1`` (dividing by zero helps no one).
+    """
+    if not (0.0 <= alpha <= 1.0):
+        raise SmoothingError(f"SmoothQuant's alpha must be in [0, 1], got {alpha!r}.")
+    act = act_amax.float().clamp(min=_MIN_SCALE)
+    weight = weight_amax.float().clamp(min=_MIN_SCALE)
+    scales = act.pow(alpha) / weight.pow(1.0 - alpha)
+    dead = (act_amax <= 0) | (weight_amax <= 0) | ~torch.isfinite(scales)
+    return torch.where(dead, torch.ones_like(scales), scales.clamp(min=_MIN_SCALE))
+
+
+def int4_blockwise_fake_quant(weight: torch.Tensor, block_size: int = 128) -> torch.Tensor:
+    """Symmetric INT4 fake quantization of a ``[out, in]`` weight in blocks of ``block_size`` along ``in``,
+    each block scaled by its own max |w| (7 steps each side), the grid TensorRT's INT4 weight-only GEMM uses."""
+    out_features, in_features = weight.shape
+    pad = (-in_features) % block_size
+    padded = torch.nn.functional.pad(weight.float(), (0, pad))
+    blocks = padded.reshape(out_features, -1, block_size)
+    amax = blocks.abs().amax(dim=-1, keepdim=True).clamp(min=2 ** -24)
+    scale = amax / 7.0
+    quantized = torch.clamp(torch.round(blocks / scale), -8, 7) * scale
+    return quantized.reshape(out_features, -1)[:, :in_features].to(weight.dtype)
+
+
+# ----- statistics ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stats:
+    amax: torch.Tensor | None = None
+    abs_sum: torch.Tensor | None = None
+    rows: int = 0
+    samples: list[torch.Tensor] = field(default_factory=list)
+    kept: int = 0
+
+
+def _linear_layers(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Linear]:
+    modules = dict(model.named_modules())
+    layers = {}
+    for name in names:
+        module = modules.get(name)
+        if module is None:
+            raise SmoothingError(f"{name!r} is not a module of the model.")
+        if not isinstance(module, nn.Linear):
+            raise SmoothingError(f"{name}: smoothing applies to Linear layers (a weight of [out, in] read by a "
+                                 f"GEMM); this is a {type(module).__name__}.")
+        layers[name] = module
+    return layers
+
+
+def _collect(model: nn.Module, layers: dict[str, nn.Linear], batches: Iterable, device: torch.device,
+             keep_rows: int) -> tuple[dict[str, _Stats], dict[str, list[str]], dict[str, str | None]]:
+    """Per-channel input statistics of ``layers``, which of them read the same tensor, and its producer.
+
+    Returns (stats per layer, groups: first layer -> the layers reading its input, producer of each group).
+    """
+    stats = {name: _Stats() for name in layers}
+    first_batch = True
+    inputs_seen: dict[int, list[str]] = {}  # id of an input tensor -> modules that read it (first batch)
+    outputs_of: dict[int, str] = {}  # id of an output tensor -> the LayerNorm/Linear that produced it
+    alive: list[torch.Tensor] = []  # keeps ids unique during the first batch
+    handles = []
+
+    def pre_hook(name: str):
+        def record(module: nn.Module, args: tuple) -> None:
+            if not args or not isinstance(args[0], torch.Tensor):
+                return
+            x = args[0]
+            if first_batch:
+                alive.append(x)
+                inputs_seen.setdefault(id(x), []).append(name)
+            if name not in stats:
+                return
+            item = stats[name]
+            flat = x.detach().float().reshape(-1, x.shape[-1])
+            amax = flat.abs().amax(dim=0).cpu()
+            total = flat.abs().sum(dim=0).cpu()
+            item.amax = amax if item.amax is None else torch.maximum(item.amax, amax)
+            item.abs_sum = total if item.abs_sum is None else item.abs_sum + total
+            item.rows += flat.shape[0]
+            if item.kept < keep_rows:
+                take = flat[: keep_rows - item.kept].cpu()
+                item.samples.append(take)
+                item.kept += take.shape[0]
+        return record
+
+    def out_hook(name: str):
+        def record(module: nn.Module, args: tuple, output: Any) -> None:
+            if first_batch and isinstance(output, torch.Tensor):
+                alive.append(output)
+                outputs_of[id(output)] = name
+        return record
+
+    for name, module in model.named_modules():
+        if len(module._modules) == 0 or name in layers:  # leaves: every module that may read a tensor
+            handles.append(module.register_forward_pre_hook(pre_hook(name)))
+        if isinstance(module, (nn.LayerNorm, nn.Linear)):
+            handles.append(module.register_forward_hook(out_hook(name)))
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                args, kwargs = model_inputs(to_device(batch, device))
+                model(*args, **kwargs)
+                if first_batch:
+                    first_batch = False
+                    groups, producers = _groups(layers, inputs_seen, outputs_of)
+                    alive.clear()
+    finally:
+        for handle in handles:
+            handle.remove()
+    if first_batch:
+        raise SmoothingError("No calibration batch reached the model: nothing to compute smoothing scales from.")
+    missing = [name for name, item in stats.items() if item.amax is None]
+    if missing:
+        raise SmoothingError(f"No calibration batch reached {', '.join(missing[:5])}: no input statistics for "
+                             f"{'it' if len(missing) == 1 else 'them'}; leave {'it' if len(missing) == 1 else 'them'} "
+                             "out of the smoothing.")
+    return stats, groups, producers
+
+
+def _groups(layers: dict[str, nn.Linear], inputs_seen: dict[int, list[str]],
+            outputs_of: dict[int, str]) -> tuple[dict[str, list[str]], dict[str, str | None]]:
+    groups: dict[str, list[str]] = {}
+    producers: dict[str, str | None] = {}
+    placed: set[str] = set()
+    for tensor_id, readers in inputs_seen.items():
+        ours = [r for r in dict.fromkeys(readers) if r in layers and r not in placed]
+        if not ours:
+            continue
+        groups[ours[0]] = ours
+        placed.update(ours)
+        others = [r for r in readers if r not in layers]
+        producer = outputs_of.get(tensor_id)
+        # a producer reading its own output or feeding other modules too cannot carry 1/s
+        producers[ours[0]] = producer if producer is not None and not others and producer not in ours else None
+    for name in layers:  # a layer called on a tensor its hooks saw twice (shared weights) stays alone
+        if name not in placed:
+            groups[name], producers[name] = [name], None
+    return groups, producers
+
+
+# ----- planning ---------------------------------------------------------------------------------
+
+
+def _awq_scales(layers: list[nn.Linear], stats: list[_Stats],
+                weight_quant: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, torch.Tensor, float, float]:
+    """AWQ's grid search for one group: the exponent ``a`` of ``s = mean|X| ** a`` with the least output
+    error when the group's weights are quantized by ``weight_quant``. Returns (a, s, error at a=0, best error)."""
+    x = torch.cat(stats[0].samples)[:AWQ_ROWS]
+    mean_abs = sum(item.abs_sum for item in stats) / sum(item.rows for item in stats)
+    weight = torch.cat([layer.weight.detach().float().cpu() for layer in layers], dim=0)
+    reference = x @ weight.T
+    best = (math.inf, 0.0, torch.ones_like(mean_abs))
+    first_error = math.nan
+    for step in range(AWQ_GRID):
+        a = step / AWQ_GRID
+        scales = mean_abs.clamp(min=_MIN_SCALE).pow(a)
+        scales = scales / (scales.max() * scales.min()).sqrt()  # centred, as AWQ does: no overall gain
+        quantized = weight_quant(weight * scales)
+        error = float(((x / scales) @ quantized.T - reference).pow(2).mean())
+        if step == 0:
+            first_error = error
+        if error < best[0]:
+            best = (error, a, scales)
+    return best[1], best[2], first_error, best[0]
+
+
+def _structural_copy(model: nn.Module) -> nn.Module:
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def _fold_keeps_output(model: nn.Module, items: list[LayerSmoothing], batch: Any, device: torch.device) -> bool:
+    """Whether folding ``items`` (one producer) into a copy of the float model keeps its output."""
+    trial = _structural_copy(model)
+    _scale_weights(trial, items, fold=True)
+    args, kwargs = model_inputs(to_device(batch, device))
+    with torch.no_grad():
+        reference = flat_tensors(model(*args, **kwargs))
+        output = flat_tensors(trial(*args, **kwargs))
+    for a, b in zip(reference, output):
+        if a.shape != b.shape:
+            return False
+        a, b = a.float(), b.float()
+        if float((a - b).abs().max()) > _FOLD_RTOL * max(float(a.abs().max()), 1e-6):
+            return False
+    return len(reference) == len(output)
+
+
+def plan_smoothing(model: nn.Module, layers: Sequence[str], batches: Iterable, *, method: str = "smoothquant",
+                   alpha: float = 0.5, device: torch.device | str = "cpu", block_size: int = 128,
+                   weight_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[LayerSmoothing]:
+    """Compute smoothing scales for the Linear ``layers`` of the float ``model`` on calibration ``batches``.
+
+    ``method`` is ``"smoothquant"`` (with strength ``alpha``) or ``"awq"`` (which searches its exponent,
+    quantizing weights with ``weight_quant``, by default INT4 blockwise with ``block_size``). The model is
+    not changed; each group of layers reading one tensor gets one set of scales, folded into that tensor's
+    producer (LayerNorm or Linear) when a trial fold on the first batch keeps the model's output.
+
+    Raises:
+        SmoothingError: an unknown method, alpha outside [0, 1], a layer that is not a Linear or that no
+            batch reached.
+    """
+    if method not in SMOOTHING_METHODS:
+        raise SmoothingError(f"Unknown smoothing method {method!r}; choose one of {', '.join(SMOOTHING_METHODS)}.")
+    if method == "smoothquant" and not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
+        raise SmoothingError(f"SmoothQuant's alpha must be a number in [0, 1], got {alpha!r}.")
+    device = torch.device(device)
+    found = _linear_layers(model, layers)
+    if not found:
+        return []
+    batches = list(batches)
+    stats, groups, producers = _collect(model, found, batches, device, AWQ_ROWS if method == "awq" else 0)
+    quantize = weight_quant or (lambda w: int4_blockwise_fake_quant(w, block_size))
+    planned: list[LayerSmoothing] = []
+    for head, members in groups.items():
+        modules = [found[m] for m in members]
+        if method == "smoothquant":
+            act = torch.stack([stats[m].amax for m in members]).amax(dim=0)
+            weight_amax = torch.stack([mod.weight.detach().abs().amax(dim=0).float().cpu() for mod in modules])
+            scales = smoothquant_scales(act, weight_amax.amax(dim=0), float(alpha))
+            chosen, before, after = float(alpha), None, None
+        else:
+            chosen, scales, before, after = _awq_scales(modules, [stats[m] for m in members], quantize)
+        items = [LayerSmoothing(m, method, chosen, scales.clone(), None, before, after) for m in members]
+        producer = producers.get(head)
+        if producer is not None and _foldable(model, producer, scales.numel()):
+            for item in items:
+                item.folded_into = producer
+            if not _fold_keeps_output(model, items, batches[0], device):
+                for item in items:
+                    item.folded_into = None
+        planned.extend(items)
+    return planned
+
+
+def _foldable(model: nn.Module, producer: str, channels: int) -> bool:
+    module = model.get_submodule(producer)
+    if isinstance(module, nn.LayerNorm):
+        return module.weight is not None and module.weight.numel() == channels
+    return isinstance(module, nn.Linear) and module.out_features == channels
+
+
+# ----- applying ---------------------------------------------------------------------------------
+
+
+def _replace(module: nn.Module, attr: str, value: torch.Tensor) -> None:
+    old = module._parameters[attr]
+    module._parameters[attr] = nn.Parameter(value.to(dtype=old.dtype, device=old.device),
+                                            requires_grad=old.requires_grad)
+
+
+def _scale_weights(model: nn.Module, items: Sequence[LayerSmoothing], *, fold: bool) -> set[str]:
+    """W * s on every item's layer and, with ``fold``, 1/s on the producers; returns the producers folded."""
+    folded: dict[str, torch.Tensor] = {}
+    for item in items:
+        layer = model.get_submodule(item.layer)
+        scales = item.scales.to(layer.weight.device, torch.float32)
+        _replace(layer, "weight", layer.weight.detach().float() * scales)
+        if fold and item.folded_into:
+            previous = folded.setdefault(item.folded_into, item.scales)
+            if previous is not item.scales and not torch.equal(previous, item.scales):
+                raise SmoothingError(f"{item.layer}: its scales differ from those of the other layers folded into "
+                                     f"{item.folded_into}; smooth the layers reading one tensor together.")
+    for name, scales in folded.items():
+        producer = model.get_submodule(name)
+        inverse = 1.0 / scales.to(producer.weight.device, torch.float32)
+        if isinstance(producer, nn.Linear):
+            _replace(producer, "weight", producer.weight.detach().float() * inverse[:, None])
+        else:
+            _replace(producer, "weight", producer.weight.detach().float() * inverse)
+        if producer.bias is not None:
+            _replace(producer, "bias", producer.bias.detach().float() * inverse)
+    return set(folded)
+
+
+def apply_smoothing(model: nn.Module, items: Sequence[LayerSmoothing]) -> list[str]:
+    """Give the quantized ``model`` the smoothing ``items``: new weight tensors ``W * s`` for each layer and
+    ``1 / s`` folded into the producer or set as the input quantizer's ``pre_quant_scale``.
+
+    Parameters are replaced, never written to, so a model sharing its tensors with the float model leaves
+    that one unchanged. Returns the names of the producers folded into.
+
+    Raises:
+        SmoothingError: a layer missing from the model, a weight whose input size differs from the scales,
+            an input quantizer that already has a ``pre_quant_scale``. A layer left in float whose 1/s is
+            not folded is skipped (it computes exactly what the float layer does).
+    """
+    modules = dict(model.named_modules())
+    for item in items:
+        layer = modules.get(item.layer)
+        if layer is None or not isinstance(getattr(layer, "weight", None), torch.Tensor) or layer.weight.dim() != 2:
+            raise SmoothingError(f"{item.layer}: smoothing was recorded for a Linear layer of that name, but the "
+                                 "model has none now; clear the smoothing (calibrate --smoothquant off).")
+        if layer.weight.shape[1] != item.scales.numel():
+            raise SmoothingError(f"{item.layer}: {item.scales.numel()} smoothing scales recorded, the weight has "
+                                 f"{layer.weight.shape[1]} input channels; smooth again.")
+        if item.folded_into and item.folded_into not in modules:
+            raise SmoothingError(f"{item.layer}: smoothing was folded into {item.folded_into}, which the model no "
+                                 "longer has; smooth again.")
+        if not item.folded_into:
+            quantizer = getattr(layer, "_input_quantizer", None)
+            if not isinstance(quantizer, TensorQuantizer):
+                continue  # left in float: unsmoothed, it computes exactly what the float layer does
+            if quantizer.pre_quant_scale is not None:
+                raise SmoothingError(f"{item.layer}: its input quantizer already has a pre_quant_scale (shared "
+                                     "with another layer?); smooth one of them only.")
+    # a float layer (no input quantizer) whose 1/s is not folded is simply not smoothed
+    items = [item for item in items if item.folded_into
+             or isinstance(getattr(modules[item.layer], "_input_quantizer", None), TensorQuantizer)]
+    folded = _scale_weights(model, items, fold=True)
+    for item in items:
+        if not item.folded_into:
+            quantizer = modules[item.layer]._input_quantizer
+            quantizer.pre_quant_scale = (1.0 / item.scales.float()).to(modules[item.layer].weight.device)
+    return sorted(folded)
