@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
+    QHBoxLayout,
     QLabel,
     QLineEdit,
     QMessageBox,
@@ -117,11 +118,29 @@ class ErrorDialog(QMessageBox):
 class CalibrateDialog(QDialog):
     """Calibrate…: amax method, batches and percentile; they become the project's calibration settings."""
 
-    def __init__(self, settings: CalibrationSettings, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: CalibrationSettings, parent: QWidget | None = None, *,
+                 smoothquant: float | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Calibrate")
         self.form = CalibrationOptions(settings)
         self.method, self.num_batches, self.percentile = self.form.method, self.form.num_batches, self.form.percentile
+        # SmoothQuant: on when the project's layers are smoothed now (``smoothquant`` is their alpha)
+        self._smoothed_before = smoothquant is not None
+        self.smoothquant = QCheckBox("SmoothQuant: move outlier activation channels into the weights first")
+        self.smoothquant.setChecked(self._smoothed_before)
+        self.alpha = QDoubleSpinBox()
+        self.alpha.setRange(0.0, 1.0)
+        self.alpha.setSingleStep(0.05)
+        self.alpha.setDecimals(2)
+        self.alpha.setValue(0.5 if smoothquant is None else smoothquant)
+        self.alpha.setToolTip("SmoothQuant's strength alpha: s = max|X|^alpha / max|W|^(1-alpha) per input channel "
+                              "(0.5 is the paper's default; higher moves more range into the weights)")
+        self.alpha.setEnabled(self._smoothed_before)
+        self.smoothquant.toggled.connect(self.alpha.setEnabled)
+        smooth_row = QHBoxLayout()
+        smooth_row.addWidget(self.smoothquant)
+        smooth_row.addWidget(QLabel("alpha"))
+        smooth_row.addWidget(self.alpha)
         note = QLabel("Calibration runs in the background; Cancel in the status bar stops it.")
         note.setObjectName("hint")
         note.setWordWrap(True)
@@ -131,12 +150,20 @@ class CalibrateDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addWidget(self.form)
+        layout.addLayout(smooth_row)
         layout.addWidget(note)
         layout.addWidget(buttons)
 
     def options(self) -> dict[str, Any]:
         """``session.calibrate`` keyword arguments (and the project's calibration setting)."""
         return self.form.options()
+
+    def smoothing(self) -> dict[str, Any]:
+        """``session.calibrate``'s ``smoothquant`` argument: the alpha, ``"off"`` to drop the smoothing the
+        project has, or nothing when it stays as it is (off and never on)."""
+        if self.smoothquant.isChecked():
+            return {"smoothquant": round(float(self.alpha.value()), 4)}
+        return {"smoothquant": "off"} if self._smoothed_before else {}
 
 
 class ProjectSettingsDialog(QDialog):

@@ -36,17 +36,19 @@ class JobCommandsMixin:
         session = self.controller.session
         if session is None:
             return None
-        dialog = CalibrateDialog(session.settings.calibration, self)
+        alphas = [r.alpha for r in session.project.smoothing.values() if r.method == "smoothquant"]
+        dialog = CalibrateDialog(session.settings.calibration, self, smoothquant=alphas[0] if alphas else None)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda: self._calibrate_with(dialog.options()))
+        dialog.accepted.connect(lambda: self._calibrate_with(dialog.options(), dialog.smoothing()))
         self.dialog = dialog
         dialog.open()
         return dialog
 
-    def _calibrate_with(self, options: dict[str, Any]) -> None:
-        # the options become the project's: the toolbar's Calibrate repeats them
+    def _calibrate_with(self, options: dict[str, Any], smoothing: dict[str, Any] | None = None) -> None:
+        # the options become the project's: the toolbar's Calibrate repeats them (the smoothing is per layer,
+        # recorded in the project by the calibration itself)
         self.controller.set_setting("calibration", dict(options))
-        self.controller.calibrate(**options)
+        self.controller.calibrate(**options, **(smoothing or {}))
 
     def export(self) -> bool:
         force = self._confirm_overwrite(None)

@@ -23,6 +23,7 @@ from workbench.graph import FunctionalQuantReport, PlacementReport, PlacementRul
 from workbench.graph.fold import FoldReport, fold_batchnorm
 from workbench.graph.hf_attention import QuantHFAttention
 from workbench.graph.prepare import prepare_for_tensorrt
+from workbench.graph.tree import add_note
 from workbench.project import CalibrationRecord, FinetuneRecord, Project, QuantizerRecord
 from workbench.project.settings import ProjectSettings, jsonable, make_descriptor
 from workbench.quant import TensorQuantizer
@@ -189,7 +190,11 @@ def build_quantized(base: nn.Module, project: Project, device: torch.device, *, 
     report = BuildReport(prepared.replacement, prepared.functional, prepared.rules, folding=folding)
     if with_decisions and project.smoothing:
         try:
-            report.smoothed = apply_smoothing(model, smoothing_items(project))
+            items = smoothing_items(project)
+            report.smoothed = apply_smoothing(model, items)
+            modules = dict(model.named_modules())
+            for item in items:  # the tree and the layer list show it beside the layer
+                add_note(modules[item.layer], item.describe())
         except SmoothingError as error:  # the model changed since: build without, and say so
             report.smoothing_problem = str(error)
             logger.warning("smoothing not applied: %s", error)

@@ -110,7 +110,6 @@ def layer_views(session: Session) -> list[LayerView]:
         if record is not None:
             views[-1].smoothing = describe_smoothing(record.method, record.alpha, float(record.scales.min()),
                                                      float(record.scales.max()), record.folded_into)
-            views[-1].notes.append(views[-1].smoothing)
     return views
 
 
