@@ -37,6 +37,7 @@ from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.batches import first_samples, to_device
 from workbench.quant.distributed import DistContext
+from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import analysis, calibration, configure, data_sources, decisions, exports, finetuning
 from workbench.session import paths, tensorrt, views
@@ -296,6 +297,29 @@ class Session:
         change just ``num_bits``.
         """
         return decisions.set_descriptor(self, names, role, **fields)
+
+    def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
+                      fp8_weight_per_channel: bool = True) -> list[str]:
+        """Run layers in ``precision`` (int8, fp8, int4w, float; :mod:`workbench.quant.precision`): their
+        descriptors and quantize flag become that precision's, in one edit. Returns the layers changed.
+
+        Raises:
+            SessionError: an unknown precision or layer, or one that does not apply to a layer (named).
+        """
+        plans = decisions.plan_precision(self, names, precision, block_size=block_size,
+                                         fp8_weight_per_channel=fp8_weight_per_channel)
+        for name, (quantize, input_desc, weight_desc) in plans.items():
+            decision = self.project.layers[name]
+            decision.quantize, decision.input_desc, decision.weight_desc = quantize, input_desc, weight_desc
+        self.notes = []
+        if plans:
+            self._invalidate()
+            self._changed(SessionEvent.LAYERS, names=list(plans))
+        return list(plans)
+
+    def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
+        """The precision each layer (all by default) runs in; None for custom descriptors."""
+        return decisions.precisions(self, names)
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
