@@ -61,7 +61,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         with _Progress(args, "calibrating", context.is_main) as progress, _HeldWarnings() as held:
             result = session.calibrate(method=args.method, num_batches=args.num_batches,
                                        percentile=args.percentile, progress=progress, cancel=progress.cancel,
-                                       context=context)
+                                       context=context, block_method=args.block_method)
     if not context.is_main:  # rank 0 writes the project and reports for the job
         return EXIT_OK
     result.warnings = list(dict.fromkeys(result.warnings + held.messages))  # each once
@@ -248,6 +248,7 @@ def add_commands(sub: argparse._SubParsersAction,
     from workbench.analysis.units import UNIT_SCHEMES
     from workbench.project.settings import DEFAULTS
     from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
+    from workbench.quant.blocks import BLOCK_METHODS
 
     # every default a help text names is read from the project settings' defaults: one source of truth
     calib_defaults, tune_defaults = DEFAULTS.calibration, DEFAULTS.finetune
@@ -260,6 +261,9 @@ def add_commands(sub: argparse._SubParsersAction,
     cal.add_argument("--percentile", type=float,
                      help=f"for --method percentile: {PERCENTILE.help.replace('%', '%%')}, {PERCENTILE.describe()}, e.g. "
                           f"99.9 (default: the project's; new projects: {calib_defaults.percentile:g})")
+    cal.add_argument("--block-method", choices=BLOCK_METHODS,
+                     help="amax of INT4 weight blocks (int4w layers): max, or mse (per block, the max shrunk to the "
+                          f"least squared error) (default: the project's; new projects: {calib_defaults.block_method})")
     cal.add_argument("--force", action="store_true", help=f"use a --percentile under {PERCENTILE_FLOOR:g} (almost "
                                                           "always a fraction typed for a percent: 0.999 for 99.9)")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")

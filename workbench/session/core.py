@@ -435,15 +435,17 @@ class Session:
 
     def calibrate(self, *, method: str | None = None, num_batches: int | None = None,
                   percentile: float | None = None, progress: ProgressCallback | None = None,
-                  cancel: CancelToken | None = None, context: DistContext | None = None) -> CalibrationResult:
+                  cancel: CancelToken | None = None, context: DistContext | None = None,
+                  block_method: str | None = None) -> CalibrationResult:
         """Calibrate on the calibration data and store the result (amax and histograms) in the project.
+        ``block_method`` ("max" or "mse"; default: the project's setting) picks INT4 weight blocks' amax.
 
         With a distributed ``context`` (torchrun, ``--workers``) this process calibrates on its share
         of the batches and every rank ends with the merged, one-process result; only rank 0 should
         save the project (the session never saves on its own).
         """
         return calibration.calibrate(self, method=method, num_batches=num_batches, percentile=percentile,
-                                     progress=progress, cancel=cancel, context=context)
+                                     progress=progress, cancel=cancel, context=context, block_method=block_method)
 
     def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict[str, float]:
         """Switch quantizers to another amax method using their stored histograms (no pass over data).

@@ -103,8 +103,10 @@ def layer_views(session: Session) -> list[LayerView]:
         input_fields = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
         weight_fields = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
         amax = "-"
-        if decision.quantize and input_q is not None:
-            amax = input_q._short_amax(".4g") if hasattr(input_q, "_amax") else "uncalibrated"
+        # weight-only (int4w) layers: the weight's block amax is the one there is to show
+        shown = weight_q if input_q is None or not input_q.enabled_by_descriptor else input_q
+        if decision.quantize and shown is not None:
+            amax = shown._short_amax(".4g") if hasattr(shown, "_amax") else "uncalibrated"
         params = sum(p.numel() for p in module.parameters(recurse=False)) if module is not None else 0
         precision = precision_of(input_fields if input_q is not None else None,
                                  weight_fields if weight_q is not None else None, decision.quantize)
