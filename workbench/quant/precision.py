@@ -23,8 +23,11 @@ from workbench.quant.tensorrt_rules import output_channel_axis
 
 __all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "parse_precision",
            "precision_choices_text", "applies_to", "descriptors_for", "precision_of", "precision_label",
-           "layer_weight_bytes", "weight_bytes", "GEMM_TYPES"]
+           "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS"]
 
+# how FP8 Q/DQ is written: standard QuantizeLinear to float8e4m3fn (opset 19; TensorRT 10+), or TensorRT's
+# custom ops TRT_FP8QuantizeLinear/TRT_FP8DequantizeLinear (pytorch-quantization's form; TensorRT 8.6 and 9)
+FP8_OPS = ("standard", "trt")
 DEFAULT_BLOCK_SIZE = 128  # INT4 weight-only: elements per scale along the input dimension
 E4M3_BITS = (4, 3)  # pytorch-quantization's num_bits for FP8 E4M3
 SCALE_BYTES = 4  # a float32 scale per channel or block, as the exported ONNX initializers hold them

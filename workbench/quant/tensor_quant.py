@@ -550,16 +550,26 @@ class FakeAffineTensorQuantFunction(Function):
 class ScaledE4M3Function(Function):
     """FP8 E4M3 fake quantization: scale so that amax maps to 448, round to E4M3, scale back.
 
-    Values below 2**-24 in magnitude become 0, as in the original.
+    Values below 2**-24 in magnitude become 0, as in the original. ``rounding="onnx"`` computes what ONNX
+    ``QuantizeLinear``/``DequantizeLinear`` to ``float8e4m3fn`` compute with ``scale = amax / 448``:
+    ``e4m3(x / scale) * scale`` (the original multiplies by ``448 / amax`` and divides; the two can differ
+    in the last bit, which can move a value across an E4M3 rounding boundary). An amax at or below 2**-24
+    quantizes everything to 0 there, as the integer path does.
     """
 
     @staticmethod
-    def forward(ctx, inputs, amax=None, E=4, M=3):
+    def forward(ctx, inputs, amax=None, E=4, M=3, rounding="pytorch_quantization"):
         if (E, M) != E4M3:
             raise NotImplementedError(f"Only E=4, M=3 (FP8 E4M3) is supported, got E={E}, M={M}.")
         ctx.save_for_backward(inputs)
         ctx.amax = amax
         x = inputs.float()
+        if amax is not None and rounding == "onnx":
+            amax_t = _as_amax_tensor(amax, inputs).to(inputs.device).float()
+            tiny = amax_t <= kernels.TINY_AMAX
+            scale = torch.where(tiny, torch.ones_like(amax_t), amax_t / E4M3_MAX)
+            outputs = torch.where(tiny, torch.zeros((), device=x.device), _round_to_e4m3(x / scale) * scale)
+            return outputs.to(inputs.dtype)
         if amax is None:
             outputs = _round_to_e4m3(x)
         else:
@@ -574,7 +584,7 @@ class ScaledE4M3Function(Function):
         (inputs,) = ctx.saved_tensors
         amax = ctx.amax if ctx.amax is not None else E4M3_MAX
         amax_t = _as_amax_tensor(amax, inputs).to(inputs.device)
-        return _ste_grad(inputs, amax_t, grad_outputs), None, None, None
+        return _ste_grad(inputs, amax_t, grad_outputs), None, None, None, None
 
 
 def _round_to_e4m3(x: torch.Tensor) -> torch.Tensor:

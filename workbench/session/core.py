@@ -528,8 +528,9 @@ class Session:
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
-               force: bool = False):
+               force: bool = False, fp8_ops: str | None = None):
         """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project.
+        ``fp8_ops`` ("standard" or "trt", default: the project's export setting) is how FP8 is written.
 
         ``path`` is taken from the working directory; the stored path is relative to the project's folder.
         An existing file is replaced only when this project wrote it and it is unchanged, or with ``force``
@@ -538,7 +539,7 @@ class Session:
         flag are not touched.
         """
         return exports.export(self, path, opset=opset, dynamic_batch=dynamic_batch, amax_json=amax_json,
-                              calibration_cache=calibration_cache, remember=remember, force=force)
+                              calibration_cache=calibration_cache, remember=remember, force=force, fp8_ops=fp8_ops)
 
     def default_export_path(self) -> Path:
         """Where ``export`` writes without a path: the project's export setting (relative to the project's

@@ -387,8 +387,6 @@ class TensorQuantizer(nn.Module):
                                "calibrated: calibrate and load amax before exporting to ONNX.")
         if self._if_calib:
             logger.warning("Quantizer is in calibration mode; finish calibration before exporting to ONNX.")
-        if isinstance(self._num_bits, tuple) and self._get_amax(inputs).numel() != 1:
-            raise RuntimeError("E4M3 supports ONNX export only for per-tensor quantization.")
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self._block_size is not None and not self._disabled:
@@ -419,7 +417,7 @@ class TensorQuantizer(nn.Module):
         if self._if_quant:
             if isinstance(self._num_bits, tuple):
                 exponent, mantissa = self._num_bits
-                outputs = scaled_e4m3(inputs, self._get_amax(inputs), exponent, mantissa)
+                outputs = scaled_e4m3(inputs, self._get_amax(inputs), exponent, mantissa, self._rounding)
             else:
                 outputs = self._quant_forward(inputs)
         return outputs
