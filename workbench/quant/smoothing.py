@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from workbench.quant.batches import flat_tensors, model_inputs, to_device
+from workbench.quant.blocks import block_view, unblock
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["SMOOTHING_METHODS", "LayerSmoothing", "SmoothingError", "smoothquant_scales", "plan_smoothing",
@@ -95,15 +96,11 @@ def smoothquant_scales(act_amax: torch.Tensor, weight_amax: torch.Tensor, alpha:
 
 def int4_blockwise_fake_quant(weight: torch.Tensor, block_size: int = 128) -> torch.Tensor:
     """Symmetric INT4 fake quantization of a ``[out, in]`` weight in blocks of ``block_size`` along ``in``,
-    each block scaled by its own max |w| (7 steps each side), the grid TensorRT's INT4 weight-only GEMM uses."""
-    out_features, in_features = weight.shape
-    pad = (-in_features) % block_size
-    padded = torch.nn.functional.pad(weight.float(), (0, pad))
-    blocks = padded.reshape(out_features, -1, block_size)
-    amax = blocks.abs().amax(dim=-1, keepdim=True).clamp(min=2 ** -24)
-    scale = amax / 7.0
-    quantized = torch.clamp(torch.round(blocks / scale), -8, 7) * scale
-    return quantized.reshape(out_features, -1)[:, :in_features].to(weight.dtype)
+    each block scaled by its own max |w| (7 steps each side), as the int4w precision's max calibration does."""
+    blocked = block_view(weight.float(), 0, block_size)
+    scale = blocked.abs().amax(dim=-1, keepdim=True).clamp(min=2 ** -24) / 7.0
+    quantized = torch.clamp(torch.round(blocked / scale), -8, 7) * scale
+    return unblock(quantized, weight.shape, 0).to(weight.dtype)
 
 
 # ----- statistics ------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 from torch import nn
 
-from workbench.project import LayerDecision
 from workbench.project.model import SmoothingRecord
+from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.smoothing import SMOOTHING_METHODS, SmoothingError, plan_smoothing
 
 __all__ = ["smoothing_layers", "compute_smoothing", "parse_alpha", "OFF"]
@@ -33,35 +33,26 @@ def parse_alpha(value: str | float | None) -> float | None:
     return alpha
 
 
-def _weight_bits(decision: LayerDecision) -> object:
-    return (decision.weight_desc or {}).get("num_bits", 8)
-
-
-def smoothing_layers(quantized: nn.Module, decisions: Mapping[str, LayerDecision], method: str) -> list[str]:
-    """The layers ``method`` applies to, in model order: quantized Linear layers whose input is quantized
-    (SmoothQuant) or whose weights are 4-bit (AWQ, for INT4 weight-only layers)."""
+def smoothing_layers(quantized: nn.Module, precisions: Mapping[str, Precision | None], method: str) -> list[str]:
+    """The layers ``method`` applies to, in model order: Linear layers whose inputs are quantized (int8 or
+    fp8: SmoothQuant) or that run INT4 weight-only (int4w: AWQ). ``precisions`` are the layers' precisions."""
     if method not in SMOOTHING_METHODS:
         raise SmoothingError(f"Unknown smoothing method {method!r}; choose one of {', '.join(SMOOTHING_METHODS)}.")
-    chosen = []
-    for name, module in quantized.named_modules():
-        decision = decisions.get(name)
-        if decision is None or not decision.quantize or not isinstance(module, nn.Linear):
-            continue
-        four_bit = _weight_bits(decision) == 4
-        quantizer = getattr(module, "_input_quantizer", None)
-        input_on = quantizer is not None and quantizer.is_enabled and quantizer.is_quant_enabled
-        if method == "awq" and four_bit:
-            chosen.append(name)
-        elif method == "smoothquant" and not four_bit and input_on:
-            chosen.append(name)
-    return chosen
+    wanted = {Precision.INT4W} if method == "awq" else {Precision.INT8, Precision.FP8}
+    return [name for name, module in quantized.named_modules()
+            if isinstance(module, nn.Linear) and precisions.get(name) in wanted]
 
 
 def compute_smoothing(base: nn.Module, layers: list[str], batches: Iterable, *, method: str, alpha: float,
-                      device, block_size: int = 128) -> dict[str, SmoothingRecord]:
-    """Smoothing records for ``layers`` of the float model ``base`` (see :func:`plan_smoothing`)."""
-    planned = plan_smoothing(base, layers, batches, method=method, alpha=alpha, device=device,
-                             block_size=block_size)
+                      device, block_sizes: Mapping[str, int] | None = None) -> dict[str, SmoothingRecord]:
+    """Smoothing records for ``layers`` of the float model ``base`` (see :func:`plan_smoothing`); AWQ quantizes
+    each layer's weight in its own INT4 block size (``block_sizes``, default 128)."""
+    sizes = dict(block_sizes or {})
+    planned = []
+    # layers sharing one INT4 block size are planned together (those reading one tensor must share scales)
+    for size in sorted(set(sizes.get(name, DEFAULT_BLOCK_SIZE) for name in layers)):
+        group = [name for name in layers if sizes.get(name, DEFAULT_BLOCK_SIZE) == size]
+        planned += plan_smoothing(base, group, batches, method=method, alpha=alpha, device=device, block_size=size)
     return {item.layer: SmoothingRecord(item.layer, item.method, float(item.alpha),
                                         item.scales.detach().cpu().numpy().astype(np.float32), item.folded_into,
                                         item.error_before, item.error_after) for item in planned}
