@@ -100,3 +100,22 @@ def test_a_bad_alpha_is_refused_and_changes_nothing(project, capsys):
     code, _, err = run(capsys, "calibrate", project, "--smoothquant", "lots")
     assert code == 2 and "a number in [0, 1] or 'off'" in err
     assert Session.open(project, trust_code=True).project.smoothing == {}
+
+
+def test_awq_on_an_int4_weight_only_layer_is_recorded_exported_and_dropped(project, tmp_path, capsys):
+    code, _, err = run(capsys, "set", project, "--layer", "fc", "--precision", "int4w")
+    assert code == 0, err
+    code, out, err = run(capsys, "calibrate", project, "--awq", "on", "--json")
+    assert code == 0, err
+    smoothed = json.loads(out)["smoothing"]
+    assert set(smoothed) == {"fc"} and smoothed["fc"]["method"] == "awq"  # head stays int8: not AWQ's
+    session = Session.open(project, trust_code=True)
+    record = session.project.smoothing["fc"]
+    assert record.error_after <= record.error_before  # the search chose no worse than no scaling
+    onnx_path = tmp_path / "awq.onnx"
+    code, out, err = run(capsys, "export", project, "-o", onnx_path, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["max_abs_diff"] < 1e-3 and report["cosine"] > 0.9999
+    code, out, err = run(capsys, "calibrate", project, "--awq", "off", "--json")
+    assert code == 0 and json.loads(out)["smoothing"] == {}
