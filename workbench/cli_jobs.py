@@ -145,7 +145,13 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
                 goal_note = (f"FP32 {result.metric_name} is {result.fp32}: --tolerance {tolerance:g} counts from "
                              f"the all-INT8 value {result.quantized:.4g}, so the target is {target:.4g}")
                 tolerance = None
-            if tolerance is not None or target is not None:
+            ladder = _ladder_option(args, context)
+            budget = _budget_option(args, session)
+            if ladder is not None or budget is not None:
+                fallback = session.ladder(ladder or "int8,float", target=target, tolerance=tolerance,
+                                          budget_bytes=budget, metric=metric, apply=args.apply, progress=progress,
+                                          cancel=progress.cancel)
+            elif tolerance is not None or target is not None:
                 fallback = session.fallback(tolerance=tolerance, target=target, max_units=args.max_units,
                                             metric=metric, apply=args.apply, progress=progress,
                                             cancel=progress.cancel, context=context)
@@ -161,8 +167,21 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
         if vs_fp32:
             versus += f", vs FP32 {unit.delta_vs_fp32:+.4g}"
         lines.append(f"  {unit.rank:>3}. {unit.name:<36} {_fmt(unit.value)}  ({versus})")
-    if fallback is not None:
+    if fallback is not None and hasattr(fallback, "ladder"):
+        data["ladder"] = fallback.to_dict()
+        data.update(precisions=fallback.precisions, value=fallback.value, weight_bytes=fallback.weight_bytes,
+                    float_bytes=fallback.float_bytes)
+        if goal_note:
+            data["ladder"]["goal_note"] = goal_note
+            lines.append(goal_note)
+        lines.append(fallback.summary())
+        lines += [f"  {name:<36} {precision}" for name, precision in fallback.promoted.items()]
+        lines += [f"note: {note}" for note in fallback.notes]
+        if args.apply:
+            lines.append("applied: every layer runs in the precision chosen, calibrated")
+    elif fallback is not None:
         data["fallback"] = fallback.to_dict()
+        data.update(_fallback_mix(session, fallback))
         if goal_note:
             data["fallback"]["goal_note"] = goal_note
             lines.append(goal_note)
@@ -175,6 +194,57 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
               "the ranking and the search are saved in the project", file=sys.stderr)
         return EXIT_NOT_REACHED
     return EXIT_OK
+
+
+def _ladder_option(args: argparse.Namespace, context: Any) -> str | None:
+    """``--ladder`` checked (None: not given, or the default ``int8,float``, which is the fallback search)."""
+    if args.ladder is None:
+        return None
+    from workbench.analysis.ladder import DEFAULT_LADDER, parse_ladder
+
+    try:
+        rungs = parse_ladder(args.ladder)
+    except ValueError as error:
+        raise UsageError(f"--ladder: {error}") from None
+    if args.tolerance is None and args.target is None and args.budget_bytes is None and args.budget_bits is None:
+        raise UsageError("--ladder needs a goal: --target, --tolerance, --budget-bytes or --budget-bits")
+    if tuple(rungs) == DEFAULT_LADDER:
+        return None
+    if context.world_size > 1:
+        raise UsageError("the ladder search runs in one process; run it without --workers")
+    return ",".join(p.value for p in rungs)
+
+
+def _budget_option(args: argparse.Namespace, session: Any) -> int | None:
+    """The weight budget in bytes: ``--budget-bytes``, or ``--budget-bits`` (average bits per weight element,
+    as Model Optimizer's effective bits) times the model's parameters."""
+    if args.budget_bytes is not None and args.budget_bits is not None:
+        raise UsageError("give --budget-bytes or --budget-bits, not both")
+    if args.budget_bytes is not None:
+        if args.budget_bytes < 0:
+            raise UsageError(f"--budget-bytes must be >= 0, got {args.budget_bytes}")
+        return int(args.budget_bytes)
+    if args.budget_bits is not None:
+        if not 0 < args.budget_bits <= 32:
+            raise UsageError(f"--budget-bits is average bits per weight, in (0, 32]; got {args.budget_bits:g}")
+        elements = sum(p.numel() for p in session.float_model.parameters())
+        return int(args.budget_bits * elements / 8)
+    return None
+
+
+def _fallback_mix(session: Any, fallback: Any) -> dict[str, Any]:
+    """The fallback search's mix as a ladder reports it: every layer's precision, the weight bytes of the mix
+    and of all-float."""
+    from workbench.quant.precision import Precision, weight_bytes
+
+    precisions = session.precisions()
+    for unit in fallback.chosen:
+        for layer in session.layers_of(unit):
+            precisions[layer] = Precision.FLOAT
+    model = session.quantized_model()
+    return {"precisions": {k: (v.value if v is not None else "custom") for k, v in precisions.items()},
+            "value": fallback.final_value, "weight_bytes": weight_bytes(model, precisions),
+            "float_bytes": weight_bytes(model, {k: Precision.FLOAT for k in precisions})}
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -258,6 +328,9 @@ def add_commands(sub: argparse._SubParsersAction,
     from workbench.analysis.units import UNIT_SCHEMES
     from workbench.project.settings import DEFAULTS
     from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
+    from workbench.quant.precision import Precision
+
+    precision_names = "precisions: " + ", ".join(p.value for p in Precision)
     from workbench.quant.blocks import BLOCK_METHODS
     from workbench.quant.precision import FP8_OPS
 
@@ -305,7 +378,15 @@ def add_commands(sub: argparse._SubParsersAction,
                                                       "FP32 value is infinite: this many dB above all-INT8)")
     sens.add_argument("--target", type=float, help="fallback search: reach this metric value instead")
     sens.add_argument("--max-units", type=int, help="fallback search: at most this many layers in float")
-    sens.add_argument("--apply", action="store_true", help="leave the fallback's layers in float in the project")
+    sens.add_argument("--apply", action="store_true", help="leave the fallback's layers in float in the project "
+                                                           "(a ladder: set every layer to its chosen precision)")
+    sens.add_argument("--ladder", metavar="P1,P2,...",
+                      help="mixed-precision search: precisions cheapest first, each unit promoted one rung at a time "
+                           f"until the goal is met (default int8,float: the fallback search); {precision_names}")
+    sens.add_argument("--budget-bytes", type=int, help="ladder goal: the best metric whose weights fit in this many "
+                                                       "bytes (scales included)")
+    sens.add_argument("--budget-bits", type=float, help="ladder goal: the best metric at this many bits per weight "
+                                                        "on average (Model Optimizer's effective bits)")
     _workers_option(sens)
     sens.set_defaults(func=_cmd_sensitivity)
 

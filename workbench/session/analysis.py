@@ -111,9 +111,19 @@ def latest_fallback(session: Session):
     """The last fallback search stored in the project (None if there was none)."""
     from workbench.analysis import FallbackResult
 
-    if not session.project.fallbacks:
-        return None
-    return FallbackResult.from_dict(session.project.fallbacks[-1].data)
+    from workbench.analysis.results import FALLBACK_FORMAT
+
+    # ladder searches are stored beside fallback searches: the latest of this kind
+    record = next((r for r in reversed(session.project.fallbacks) if r.data.get("format") == FALLBACK_FORMAT), None)
+    return None if record is None else FallbackResult.from_dict(record.data)
+
+
+def latest_ladder(session: Session):
+    """The last ladder search stored in the project (None if there was none)."""
+    from workbench.analysis.ladder import LADDER_FORMAT, LadderResult
+
+    record = next((r for r in reversed(session.project.fallbacks) if r.data.get("format") == LADDER_FORMAT), None)
+    return None if record is None else LadderResult.from_dict(record.data)
 
 
 def evaluate(session: Session, metric: Any = None, num_batches: int | None = None, *,

@@ -27,19 +27,23 @@ from workbench.graph import ModelTree, describe_model
 from workbench.graph.fold import FoldReport
 from workbench.project import (
     ExportRecord,
+    FallbackRecord,
     LayerDecision,
     Project,
     file_revision,
     load_project,
     save_project,
 )
+from workbench.project.model import now_iso
 from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.batches import first_samples, to_device
 from workbench.quant.distributed import DistContext
+from workbench.quant.format_rules import mix_notes
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import analysis, calibration, configure, data_sources, decisions, exports, finetuning
+from workbench.session import ladder as ladder_job
 from workbench.session import paths, smoothing, tensorrt, views
 from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
 from workbench.session.errors import SessionError
@@ -531,6 +535,82 @@ class Session:
         return analysis.fallback(self, tolerance=tolerance, target=target, max_units=max_units, metric=metric,
                                  apply=apply, use_ranking=use_ranking, progress=progress, cancel=cancel,
                                  context=context)
+
+    def ladder(self, ladder: Any, *, target: float | None = None, tolerance: float | None = None,
+               budget_bytes: int | None = None, metric: Any = None, apply: bool = False, use_ranking: bool = True,
+               progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
+        """Search a precision per layer from ``ladder`` (``"int8,fp8,float"``, cheapest first) for a goal:
+        ``target``/``tolerance`` (the cheapest mix that reaches it) or ``budget_bytes`` (the best metric whose
+        weights fit). The result (a :class:`~workbench.analysis.ladder.LadderResult`) is appended to the
+        project's fallback searches; ``apply`` sets the layers to the mix and calibrates them.
+
+        Each rung the layers do not run in yet gets a model calibrated in it (one calibration pass per rung).
+        """
+        from workbench.analysis.ladder import ladder_search, parse_ladder
+
+        try:
+            rungs = parse_ladder(ladder)
+        except ValueError as error:
+            raise SessionError(str(error)) from error
+        model = self._require_calibrated()
+        own = self.precisions()
+        plans: dict[Precision, dict[str, ladder_job.LayerPlan]] = {}
+        for precision in rungs:
+            if precision is Precision.FLOAT:
+                continue
+            plans[precision] = {}
+            for name, current in own.items():
+                if current in (None, Precision.FLOAT) or current is precision:
+                    continue
+                try:
+                    plans[precision].update(decisions.plan_precision(self, [name], precision))
+                except SessionError:  # the precision does not apply to this layer (int4w on a convolution)
+                    continue
+        if progress is not None:
+            progress(0, 1, f"calibrating a model per rung ({', '.join(p.value for p in plans if plans[p])})")
+        count = self.settings.calibration.num_batches
+        base, folding = self._fold_base()
+        models = ladder_job.rung_models(self.project, base, folding, self.device, self.settings, plans,
+                                        self.data("calibration").batches(count), example_inputs=self._example_inputs())
+        in_rung = {precision: {name: precision for name in plan} | {n: p for n, p in own.items() if p is precision}
+                   for precision, plan in plans.items()}
+        blocks = {name: (d.weight_desc or {}).get("block_size", DEFAULT_BLOCK_SIZE)
+                  for name, d in self.project.layers.items()}
+        for precision, plan in plans.items():
+            for name, (_, _, weight_desc) in plan.items():
+                if precision is Precision.INT4W and weight_desc:
+                    blocks[name] = weight_desc.get("block_size", DEFAULT_BLOCK_SIZE)
+        result = ladder_search(model, analysis.analysis_batches(self), metric if metric is not None else self.metric(),
+                               ladder=rungs, rung_of=ladder_job.rung_source(models, in_rung), precisions=own,
+                               target=target, tolerance=tolerance, budget_bytes=budget_bytes,
+                               ranking=self.latest_sensitivity() if use_ranking else None, progress=progress,
+                               cancel=cancel, output=self.settings.output, block_sizes=blocks)
+        result.notes += mix_notes(list(self.project.layers), result.precisions)
+        record = FallbackRecord(self.project.next_id(self.project.fallbacks), now_iso(), result.to_dict())
+        self.project.fallbacks.append(record)
+        if apply:
+            self.apply_precisions(result.precisions)
+            self.calibrate()
+            record.applied = result.applied = True
+            record.data = result.to_dict()
+        self._changed(SessionEvent.FALLBACK, applied=apply)
+        return result
+
+    def apply_precisions(self, precisions: dict[str, str]) -> list[str]:
+        """Set each layer to its precision (a ladder's mix), one :meth:`set_precision` per precision; layers
+        marked ``custom`` keep their descriptors. Returns the layers changed."""
+        changed: list[str] = []
+        groups: dict[str, list[str]] = {}
+        for name, precision in precisions.items():
+            if precision != "custom" and name in self.project.layers:
+                groups.setdefault(precision, []).append(name)
+        for precision, names in groups.items():
+            changed += self.set_precision(names, precision)
+        return changed
+
+    def latest_ladder(self):
+        """The last ladder search stored in the project (None if there was none)."""
+        return analysis.latest_ladder(self)
 
     def apply_fallback(self, result: Any) -> list[str]:
         """Leave the layers a fallback search chose in float (a layer decision, saved with the project).
