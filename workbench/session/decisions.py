@@ -183,6 +183,15 @@ def descriptors(session: Session, names: Iterable[str], role: str) -> dict[str, 
     return result
 
 
+def _fields_or(descriptor: Any, fallback: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A project default descriptor's fields; ``fallback`` where the project has none (the type's own)."""
+    if fallback is None:
+        return None
+    if descriptor is None:  # the module's own default: what the precision decides is all there is
+        return {}
+    return jsonable(descriptor.dict())
+
+
 def _weight_ndim(module: Any) -> int | None:
     weight = getattr(module, "weight", None)
     return weight.dim() if weight is not None and hasattr(weight, "dim") else None
@@ -221,6 +230,12 @@ def plan_precision(session: Session, names: Iterable[str], precision: Precision 
         input_q, weight_q = role_quantizer(module, "input"), role_quantizer(module, "weight")
         current_input = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
         current_weight = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
+        if precision_of(current_input, current_weight) is not precision:
+            # another format: start from the project's default descriptors (an FP8 layer made INT8 again gets
+            # the default histogram calibration back, not FP8's max)
+            defaults = session.settings.defaults
+            current_input = _fields_or(defaults.descriptor("input"), current_input)
+            current_weight = _fields_or(defaults.descriptor("weight"), current_weight)
         try:
             inputs, weight = descriptors_for(precision, decision.type, has_weight=weight_q is not None,
                                              weight_ndim=_weight_ndim(module), block_size=block_size,
