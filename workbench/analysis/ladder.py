@@ -43,10 +43,17 @@ from workbench.quant.precision import Precision, parse_precision, weight_bytes
 from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = ["LadderStep", "LadderResult", "ladder_search", "parse_ladder", "DEFAULT_LADDER", "LADDER_FORMAT",
-           "RungSource"]
+           "RungSource", "LADDER_PRESETS", "ladder_text"]
 
 LADDER_FORMAT = "workbench.ladder/1"
 DEFAULT_LADDER = (Precision.INT8, Precision.FLOAT)  # today's fallback search
+# the ladders menus offer (any other list of precisions can be typed)
+LADDER_PRESETS = ("int8,float", "int8,fp8,float", "fp8,float", "int4w,int8,float", "int4w,fp8,float")
+
+
+def ladder_text(ladder: Sequence[Precision | str]) -> str:
+    """``[Precision.INT8, Precision.FLOAT]`` -> ``"int8,float"``."""
+    return ",".join(parse_precision(p).value for p in ladder)
 
 # (quantizer name, precision) -> the quantizer that runs it in that precision, or None: not available there
 RungSource = Callable[[str, Precision], TensorQuantizer | None]

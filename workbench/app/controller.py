@@ -68,6 +68,7 @@ class Controller(QObject, JobsMixin, EditsMixin):
         sensitivity_changed: a sensitivity run finished.
         project_saved(path): the project file was written.
         fallback_changed(result): a fallback search finished.
+        ladder_changed(result): a mixed-precision ladder search finished (a LadderResult).
         export_finished(report): a QDQ ONNX file was written and validated.
         selection_changed(names): layers selected in any view.
         dirty_changed(bool): unsaved changes appeared or were saved.
@@ -87,6 +88,7 @@ class Controller(QObject, JobsMixin, EditsMixin):
     calibration_changed = Signal()
     sensitivity_changed = Signal()
     fallback_changed = Signal(object)
+    ladder_changed = Signal(object)
     export_finished = Signal(object)
     selection_changed = Signal(list)
     dirty_changed = Signal(bool)
@@ -357,6 +359,9 @@ class Controller(QObject, JobsMixin, EditsMixin):
 
     def latest_fallback(self) -> Any:
         return self._open_session().latest_fallback()
+
+    def latest_ladder(self) -> Any:
+        return self._open_session().latest_ladder()
 
     def evaluation_has_labels(self) -> bool:
         """Whether the evaluation data has labels (top-1 accuracy needs them); opening the data may raise."""

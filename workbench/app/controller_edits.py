@@ -89,6 +89,11 @@ class EditsMixin:
     def apply_fallback(self, result: Any) -> list[str] | None:
         return self._edit("Apply fallback", lambda: self.session.apply_fallback(result))
 
+    def apply_precisions(self, precisions: dict[str, str]) -> list[str] | None:
+        """Set every layer to its precision (a ladder search's mix), as one edit; calibrate afterwards."""
+        precisions = dict(precisions)
+        return self._edit("Apply precisions", lambda: self.session.apply_precisions(precisions))
+
     def reset_finetune(self) -> bool | None:
         """Drop the fine-tuned weights: the quantized model goes back to the calibrated weights."""
         return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune())

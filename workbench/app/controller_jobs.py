@@ -54,6 +54,15 @@ class JobsMixin:
             "Fallback search", lambda progress, cancel: session.fallback(progress=progress, cancel=cancel, **options),
             with_result=self.fallback_changed)
 
+    def ladder(self, **options: Any) -> bool:
+        """The mixed-precision ladder search (one process: it calibrates a model per rung first)."""
+        session = self._require_session()
+        if session is not None:
+            self._one_process("Ladder search")
+        return session is not None and self._session_job(
+            "Ladder search", lambda progress, cancel: session.ladder(progress=progress, cancel=cancel, **options),
+            with_result=self.ladder_changed)
+
     def _workers_job(self, name: str, job: str, options: dict[str, Any],
                      with_result: SignalInstance | None = None) -> bool:
         """Run the session's ``job`` in ``self.workers`` processes on the project file (saved first), then

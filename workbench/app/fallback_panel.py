@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.analysis.ladder import DEFAULT_LADDER, LADDER_PRESETS, LadderResult, ladder_text, parse_ladder
 from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_name
 from workbench.analysis.results import FallbackResult, SensitivityResult
 from workbench.app.controller import Controller
@@ -57,10 +58,12 @@ class FallbackPanel(QGroupBox):
         self._metric = metric
         self._sensitivity = sensitivity
         self.result: FallbackResult | None = None
+        self.ladder_result: LadderResult | None = None
         self._curve_labels: list[pg.TextItem] = []
         self._build()
         controller.session_changed.connect(self._on_session_changed)
         controller.fallback_changed.connect(self.show_fallback)
+        controller.ladder_changed.connect(self.show_ladder)
         controller.busy_changed.connect(self._busy_changed)
         self._on_session_changed()
 
@@ -70,6 +73,7 @@ class FallbackPanel(QGroupBox):
         self.goal_box = QComboBox()
         self.goal_box.addItem("within a tolerance of FP32", "tolerance")
         self.goal_box.addItem("reach a target value", "target")
+        self.goal_box.addItem("best metric within a weight budget (bytes)", "budget_bytes")
         self.goal_box.currentIndexChanged.connect(self._goal_changed)
         self.goal_spin = QDoubleSpinBox()
         self.goal_spin.setDecimals(4)
@@ -81,6 +85,14 @@ class FallbackPanel(QGroupBox):
         self.fallback_button = QPushButton("Search")
         self.fallback_button.clicked.connect(self.run_fallback)
         self.goal_label = QLabel("Tolerance")
+        # the ladder of precisions, cheapest first (int8,float: the fallback search)
+        self.ladder_box = QComboBox()
+        self.ladder_box.setEditable(True)
+        self.ladder_box.addItems(list(LADDER_PRESETS))
+        self.ladder_box.setToolTip("Precisions each unit may take, cheapest first: every unit starts on the first "
+                                   "and climbs one rung per pass until the goal is met (int8,float: leave layers in "
+                                   "float)")
+        form.addRow("Ladder", self.ladder_box)
         form.addRow("Goal", self.goal_box)
         form.addRow(self.goal_label, self.goal_spin)
         form.addRow("Max units", self.max_units_spin)
@@ -120,25 +132,53 @@ class FallbackPanel(QGroupBox):
         for item in (self.fallback_band, self.fp32_line, self.target_line, self.fallback_curve, self.chosen_marker):
             self.fallback_plot.addItem(item)
         group_layout.addWidget(self.fallback_plot, 1)
+        # a ladder search: the metric against the weight bytes of each mix tried
+        self.ladder_plot = pg.PlotWidget()
+        style_plot(self.ladder_plot)
+        self.ladder_plot.setLabel("bottom", "weight bytes")
+        self.ladder_plot.hideButtons()
+        self.ladder_curve = pg.PlotDataItem([], [], pen=pg.mkPen(QColor(30, 100, 190), width=2), symbol="o",
+                                            symbolSize=8, symbolBrush=QColor(30, 100, 190))
+        self.ladder_undone = pg.ScatterPlotItem(size=8, symbol="x", pen=pg.mkPen(QColor(150, 150, 150)),
+                                                brush=pg.mkBrush(150, 150, 150))
+        self.ladder_target = pg.InfiniteLine(angle=0, pen=pg.mkPen(QColor(40, 140, 70), width=1.5,
+                                                                   style=Qt.PenStyle.DotLine))
+        self.ladder_budget = pg.InfiniteLine(angle=90, pen=pg.mkPen(QColor(200, 120, 30), width=1.5,
+                                                                    style=Qt.PenStyle.DotLine),
+                                             label="budget", labelOpts={"position": 0.9})
+        self.ladder_marker = pg.ScatterPlotItem(size=16, symbol="star", pen=pg.mkPen(None))
+        for item in (self.ladder_curve, self.ladder_undone, self.ladder_target, self.ladder_budget,
+                     self.ladder_marker):
+            self.ladder_plot.addItem(item)
+        group_layout.addWidget(self.ladder_plot, 1)
+        self.ladder_plot.hide()
         self._clear_fallback_plot()
 
     # ----- session and state --------------------------------------------------------------------
 
     @Slot()
     def _on_session_changed(self) -> None:
-        latest = None
-        if self.controller.session is not None:
+        latest = ladder = None
+        session = self.controller.session
+        if session is not None:
             try:
                 latest = self.controller.latest_fallback()
+                ladder = self.controller.latest_ladder()
             except Exception as error:  # noqa: BLE001 - an unreadable stored result must not stop the tab
                 self.controller.error.emit("Stored fallback search", f"Could not read it: {error}", "")
         self.show_fallback(latest)
+        self.ladder_result = ladder
+        records = session.project.fallbacks if session is not None else []
+        if ladder is not None and records and records[-1].data.get("format") == ladder.to_dict()["format"]:
+            self.show_ladder(ladder)  # the last search was a ladder: show it
         self._busy_changed(self.controller.busy)
 
     @Slot(bool)
     def _busy_changed(self, busy: bool) -> None:
         self.fallback_button.setEnabled(self.controller.session is not None and not busy)
-        if self.result is not None:
+        if self.ladder_result is not None and not self.ladder_plot.isHidden():
+            self._update_ladder_text()
+        elif self.result is not None:
             self._update_fallback_text()
 
     # ----- actions ------------------------------------------------------------------------------
@@ -150,18 +190,49 @@ class FallbackPanel(QGroupBox):
         options[self.goal_box.currentData()] = float(self.goal_spin.value())
         return options
 
+    def ladder(self) -> str:
+        """The ladder typed or chosen, checked (ValueError names what is wrong)."""
+        return ladder_text(parse_ladder(self.ladder_box.currentText()))
+
     def run_fallback(self) -> bool:
-        """Start the fallback search (it follows the latest sensitivity ranking when there is one)."""
-        return self.controller.fallback(**self.fallback_options())
+        """Start the search: the fallback search for the ``int8,float`` ladder and a tolerance or target, the
+        ladder search otherwise (both follow the latest sensitivity ranking when there is one)."""
+        try:
+            ladder = self.ladder()
+        except ValueError as error:
+            self.controller.error.emit("Ladder", str(error), "")
+            return False
+        options = self.fallback_options()
+        if ladder == ladder_text(DEFAULT_LADDER) and "budget_bytes" not in options:
+            return self.controller.fallback(**options)
+        options.pop("max_units", None)
+        if "budget_bytes" in options:
+            options["budget_bytes"] = int(options["budget_bytes"])
+        return self.controller.ladder(ladder=ladder, **options)
 
     def apply_fallback(self) -> list[str] | None:
-        """Leave the searched set in float."""
+        """Leave the searched set in float (a ladder search: every layer to its precision, then calibrate)."""
+        if self.ladder_result is not None and not self.ladder_plot.isHidden():
+            return self.apply_ladder()
         if self.result is None or not self.result.chosen:
             return None
         changed = self.controller.apply_fallback(self.result)
         if changed is not None:
             self.result.applied = True
             self._update_fallback_text()
+        return changed
+
+    def apply_ladder(self) -> list[str] | None:
+        """Every layer to the precision the ladder search chose, then calibrate the new precisions."""
+        result = self.ladder_result
+        if result is None or result.applied:
+            return None
+        changed = self.controller.apply_precisions(result.precisions)
+        if changed is not None:
+            result.applied = True
+            if changed:
+                self.controller.calibrate()
+            self._update_ladder_text()
         return changed
 
     # ----- metric and goal ----------------------------------------------------------------------
@@ -190,6 +261,14 @@ class FallbackPanel(QGroupBox):
         sensitivity = self._sensitivity()
         quantized = sensitivity.quantized if sensitivity is not None and math.isfinite(sensitivity.quantized) \
             else None
+        if self.goal_box.currentData() == "budget_bytes":
+            self.goal_label.setText("Budget (bytes)")
+            session = self.controller.session
+            params = sum(p.numel() for p in session.float_model.parameters()) if session is not None else 0
+            self.goal_spin.setDecimals(0)
+            self.goal_spin.setSingleStep(max(1024.0, params / 100))
+            self.goal_spin.setValue(float(params))  # about one byte per weight: all 8-bit
+            return
         if self.goal_box.currentData() == "target":
             self.goal_label.setText("Target")
             if metric == "sqnr":
@@ -225,6 +304,8 @@ class FallbackPanel(QGroupBox):
     def show_fallback(self, result: FallbackResult | None) -> None:
         """Plot a fallback search: metric against units left in float, FP32, the goal band, the chosen point."""
         self.result = result
+        self.ladder_plot.hide()
+        self.fallback_plot.show()
         self._clear_fallback_plot()
         if result is None:
             self.fallback_label.setText(NO_SEARCH_TEXT)
@@ -300,3 +381,55 @@ class FallbackPanel(QGroupBox):
         self.apply_button.setEnabled(can_apply)
         self.apply_button.setText(f"Apply: leave {units}" if names else "Apply")
         self.apply_button.setToolTip(", ".join(names))
+
+    # ----- a ladder search shown -------------------------------------------------------------------
+
+    @Slot(object)
+    def show_ladder(self, result: LadderResult | None) -> None:
+        """Plot a ladder search: the metric against the weight bytes of every mix measured (undone steps grey),
+        the target or budget, and the mix chosen."""
+        self.ladder_result = result
+        if result is None:
+            self.show_fallback(self.result)
+            return
+        self.fallback_plot.hide()
+        self.ladder_plot.show()
+        xs, ys = result.plot_data()
+        shown = [y if math.isfinite(y) else np.nan for y in ys]
+        self.ladder_curve.setData(xs, shown, connect="finite")
+        undone = [s for s in result.steps if not s.kept and math.isfinite(s.value)]
+        self.ladder_undone.setData([s.weight_bytes for s in undone], [s.value for s in undone])
+        self.ladder_plot.setLabel("left", str(result.metric.get("name", "metric")))
+        self.ladder_target.setVisible(result.target is not None)
+        if result.target is not None:
+            self.ladder_target.setPos(result.target)
+        self.ladder_budget.setVisible(result.budget_bytes is not None)
+        if result.budget_bytes is not None:
+            self.ladder_budget.setPos(result.budget_bytes)
+        if math.isfinite(result.value):
+            colour = QColor(40, 150, 70) if result.reached else QColor(200, 50, 40)
+            self.ladder_marker.setData([result.weight_bytes], [result.value], brush=pg.mkBrush(colour))
+        else:
+            self.ladder_marker.setData([], [])
+        self._update_ladder_text()
+
+    def _update_ladder_text(self) -> None:
+        result = self.ladder_result
+        if result is None:
+            return
+        state = "<b>Reached</b>" if result.reached else "<b>Not reached</b>"
+        promoted = result.promoted
+        moved = ", ".join(f"{name} {rung}" for name, rung in list(promoted.items())[:8])
+        ratio = result.weight_bytes / result.float_bytes if result.float_bytes else math.nan
+        text = (f"{state}: {result.metric.get('name', 'metric')} {format_number(result.value)} (all "
+                f"{result.ladder[0]}: {format_number(result.start)}); weights {result.weight_bytes:,} bytes, "
+                f"{ratio:.0%} of float. Off the first rung: {moved or 'none'}"
+                f"{'...' if len(promoted) > 8 else ''}.")
+        if result.notes:
+            text += "<br>" + "<br>".join(f"<i>{note}</i>" for note in result.notes[:4])
+        if result.applied:
+            text += " <i>Applied: the layers run in these precisions.</i>"
+        self.fallback_label.setText(text)
+        self.apply_button.setEnabled(bool(promoted) and not result.applied and not self.controller.busy)
+        self.apply_button.setText("Apply: set these precisions" if promoted else "Apply")
+        self.apply_button.setToolTip(", ".join(f"{n}: {p}" for n, p in result.precisions.items()))
