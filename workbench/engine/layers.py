@@ -33,7 +33,7 @@ PRECISIONS = ("INT8", "FP8", "FP16", "BF16", "FP32")
 
 _FORMAT_WORDS = (  # checked in order: "BFloat16" before "Float", "UInt8" before "Int8"
     (r"bfloat16|bf16", "BF16"),
-    (r"fp8", "FP8"),
+    (r"fp8|float8|e4m3", "FP8"),  # TensorRT 10 names FP8 tensors "FP8" or "Float8"
     (r"uint8", "UINT8"),
     (r"int8", "INT8"),
     (r"fp16|half", "FP16"),

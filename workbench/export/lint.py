@@ -24,10 +24,11 @@ import onnx
 from onnx import numpy_helper
 
 from workbench.export.naming import QUANTIZER_KEY, layer_of_quantizer, node_module
+from workbench.quant.format_rules import gpu_requirement, reformat_boundaries
 from workbench.quant.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
 
 __all__ = ["LINT_KINDS", "FIX_ACTIONS", "LintFix", "LintWarning", "lint_qdq_graph", "INT8_OPS", "COMMUTING_OPS",
-           "COMPUTE_OPS", "count_text"]
+           "COMPUTE_OPS", "count_text", "layer_formats", "format_findings"]
 
 # operations with INT8 kernels, into which TensorRT fuses a DequantizeLinear on their input
 INT8_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "AveragePool", "MaxPool", "GlobalAveragePool",
@@ -48,6 +49,9 @@ LINT_KINDS = {
     "isolated_quantized_layer": "a quantized layer whose neighbours are all float: Q/DQ cost without INT8 gain",
     "misaligned_channels": f"a quantized convolution whose channel counts are not multiples of "
                            f"{INT8_CHANNEL_ALIGNMENT}",
+    "format_needs": "layers TensorRT runs in FP8 or INT4, and the TensorRT version and GPUs those formats need",
+    "format_switch": "a layer in another quantized format than both its neighbours (FP8 between INT8 layers): "
+                     "TensorRT converts between the formats there instead of fusing",
 }
 
 # the fixes the session knows how to apply
@@ -178,6 +182,7 @@ def lint_qdq_graph(model: onnx.ModelProto) -> list[LintWarning]:
     found += _concats(g)
     found += _isolated_layers(g)
     found += _misaligned(g)
+    found += format_findings(g)
     unique: dict[tuple, LintWarning] = {}
     for warning in found:
         unique.setdefault((warning.kind, tuple(warning.modules)), warning)
@@ -339,4 +344,77 @@ def _misaligned(g: _Graph) -> list[LintWarning]:
             "misaligned_channels", [module],
             f"{module}: {why}. Round the channel counts up, or leave a small layer in float.",
             LintFix("leave_float", (module,), f"leave {module} in float"), severity="info", nodes=[node.name]))
+    return found
+
+
+# ----- formats (FP8, INT4 weight-only) ------------------------------------------------------------------
+
+_FP8_TYPES = frozenset({onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ})
+
+
+def _dq_format(g: _Graph, dq: onnx.NodeProto) -> str | None:
+    """"fp8", "int8" or "int4" from a DequantizeLinear's zero point or quantized input; None if not told."""
+    if dq.op_type.startswith("TRT_FP8"):  # pytorch-quantization's custom FP8 ops (TensorRT before 10)
+        return "fp8"
+    values = g.initializers.get(dq.input[0]) if dq.input else None
+    cast = g.producer.get(dq.input[0]) if dq.input else None
+    if (values is not None and values.data_type == onnx.TensorProto.INT4) or (
+            cast is not None and cast.op_type == "Cast"
+            and any(a.name == "to" and a.i == onnx.TensorProto.INT4 for a in cast.attribute)):
+        return "int4"
+    zero = g.initializers.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    if zero is not None:
+        if zero.data_type in _FP8_TYPES:
+            return "fp8"
+        if zero.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8):
+            return "int8"
+    return "int8"  # no zero point: ONNX's default is uint8
+
+
+def _dq_of(g: _Graph, tensor: str) -> onnx.NodeProto | None:
+    node = g.producer.get(tensor)
+    return node if node is not None and (node.op_type == "DequantizeLinear" or node.op_type.startswith(
+        "TRT_FP8Dequantize")) else None
+
+
+def layer_formats(model_or_graph: onnx.ModelProto | _Graph) -> dict[str, str]:
+    """The precision each compute operation (Conv, Gemm, MatMul) of a QDQ graph runs in, by module, in graph
+    order: ``int8`` / ``fp8`` (its input's Q/DQ), ``int4w`` (an INT4 blockwise weight, float input), ``float``."""
+    g = model_or_graph if isinstance(model_or_graph, _Graph) else _Graph(model_or_graph)
+    formats: dict[str, str] = {}
+    for node in g.nodes:
+        if node.op_type not in COMPUTE_OPS:
+            continue
+        activation = _dq_of(g, node.input[0]) if node.input else None
+        weight = _dq_of(g, node.input[1]) if len(node.input) > 1 else None
+        if activation is not None:
+            fmt = _dq_format(g, activation)
+            fmt = "int8" if fmt == "int4" else fmt
+        elif weight is not None and _dq_format(g, weight) == "int4":
+            fmt = "int4w"
+        else:
+            fmt = "float"
+        formats.setdefault(_module(node), fmt)
+    return formats
+
+
+def format_findings(g: _Graph) -> list[LintWarning]:
+    """Which layers run in FP8 or INT4 and what that needs from TensorRT and the GPU (one note per format),
+    and the layers whose format differs from both quantized neighbours (a conversion between formats)."""
+    formats = layer_formats(g)
+    found = []
+    for fmt, label in (("fp8", "FP8 (E4M3)"), ("int4w", "INT4 weight-only")):
+        modules = [m for m, f in formats.items() if f == fmt]
+        if modules:
+            shown = ", ".join(modules[:6]) + (f" and {len(modules) - 6} more" if len(modules) > 6 else "")
+            found.append(LintWarning(
+                "format_needs", modules, f"TensorRT runs {len(modules)} layer{'s' if len(modules) > 1 else ''} in "
+                f"{label}: {shown}. {gpu_requirement(fmt)}; on an older GPU TensorRT refuses the Q/DQ (or, built "
+                "weakly typed, runs those layers in FP16/FP32).", severity="info"))
+    order = list(formats)
+    for module, fmt, around, where in reformat_boundaries(order, formats):
+        found.append(LintWarning(
+            "format_switch", [module], f"{module} runs {fmt} between two {around} layers ({where}): TensorRT converts "
+            f"{around} to {fmt} and back around it instead of fusing. Run it in {around} too if its accuracy allows.",
+            None, severity="info"))
     return found

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from workbench.engine import EngineReport, EngineReportError
+from workbench.engine.formats import format_hazards
 from workbench.engine.report import import_engine_report
 from workbench.export.lint import FIX_ACTIONS, LintFix, LintWarning, lint_qdq_graph
 from workbench.project.model import EngineReportRecord, now_iso
@@ -109,6 +110,8 @@ def import_engine(session: Session, layer_info: str | Path, profile: str | Path 
                                       _exported_node_orders(session))
     except EngineReportError as error:
         raise SessionError(str(error)) from error
+    asked = {name: (p.value if p is not None else "custom") for name, p in session.precisions().items()}
+    report.hazards += format_hazards(report, asked)  # FP8 asked, another precision built: what FP8 needs
     if remember:
         records = session.project.engine_reports
         records.append(EngineReportRecord(session.project.next_id(records), now_iso(), report.to_dict()))
