@@ -119,3 +119,26 @@ def test_awq_on_an_int4_weight_only_layer_is_recorded_exported_and_dropped(proje
     assert report["max_abs_diff"] < 1e-3 and report["cosine"] > 0.9999
     code, out, err = run(capsys, "calibrate", project, "--awq", "off", "--json")
     assert code == 0 and json.loads(out)["smoothing"] == {}
+
+
+def test_a_version_3_project_opens_without_smoothing_and_saving_upgrades_it(project):
+    import sqlite3
+
+    from workbench.project import load_project
+    from workbench.project.store import SCHEMA_VERSION
+
+    connection = sqlite3.connect(project)
+    connection.execute("DROP TABLE smoothing")
+    connection.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    connection.execute("DELETE FROM meta WHERE key = 'checksum'")
+    connection.commit()
+    connection.close()
+    assert load_project(project).smoothing == {}
+    session = Session.open(project, trust_code=True)
+    session.smooth("smoothquant", 0.5)
+    session.save()
+    connection = sqlite3.connect(project)
+    assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (
+        str(SCHEMA_VERSION),)
+    assert connection.execute("SELECT COUNT(*) FROM smoothing").fetchone() == (2,)
+    connection.close()
