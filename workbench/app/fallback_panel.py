@@ -230,8 +230,8 @@ class FallbackPanel(QGroupBox):
         changed = self.controller.apply_precisions(result.precisions)
         if changed is not None:
             result.applied = True
-            if changed:
-                self.controller.calibrate()
+            if changed and any(p not in ("float", "custom") for p in result.precisions.values()):
+                self.controller.calibrate()  # the new precisions' ranges
             self._update_ladder_text()
         return changed
 

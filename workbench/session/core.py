@@ -590,7 +590,8 @@ class Session:
         self.project.fallbacks.append(record)
         if apply:
             self.apply_precisions(result.precisions)
-            self.calibrate()
+            if any(p not in ("float", "custom") for p in result.precisions.values()):
+                self.calibrate()  # the new precisions' ranges (an all-float mix has none to calibrate)
             record.applied = result.applied = True
             record.data = result.to_dict()
         self._changed(SessionEvent.FALLBACK, applied=apply)
