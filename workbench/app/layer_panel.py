@@ -374,6 +374,7 @@ class LayerPanel(QWidget):
         plot.clear()
         self.amax_lines = {}
         self.histogram_item = None
+        self.grid_item = None
         self.histogram = None
         self.quantizer_name = self.quantizer_combo.currentData()
         session = self.controller.session
@@ -396,6 +397,7 @@ class LayerPanel(QWidget):
         self._show_axes(plot)
         self.histogram_item = plot.plot(*self._histogram_xy(data), stepMode="center", fillLevel=0, antialias=False,
                                         brush=pg.mkBrush(70, 110, 160, 110), pen=pg.mkPen("#46709f", width=1))
+        self._plot_grid(plot, data)
         plot.setLogMode(x=False, y=self.log_box.isChecked())
         plot.setLabel("left", "count (log)" if self.log_box.isChecked() else "count")
         in_use = self._method_in_use(data)
@@ -434,6 +436,20 @@ class LayerPanel(QWidget):
         self.amax_legend.setText("amax by method: " + " &nbsp; ".join(legend)
                                  + (f" &nbsp; · in use: <b>{format_number(current)}</b>" if current is not None else "")
                                  + " &nbsp; <span style='color:#808080'>(click a line to use it)</span>")
+
+    def _plot_grid(self, plot: pg.PlotWidget, data: dict[str, Any]) -> None:
+        """Short ticks along the bottom at the values the layer's format can output (E4M3's grid is dense
+        near 0 and coarse near amax; INT8's is even): where the histogram's mass falls between levels."""
+        grid = data.get("grid")
+        if grid is None or not len(grid):
+            return
+        counts = np.asarray(data["counts"], dtype=np.float64)
+        peak = max(float(counts.max()) if counts.size else 1.0, 1.0)
+        low, high = (1.0, peak ** 0.15) if self.log_box.isChecked() else (0.0, 0.06 * peak)
+        xs = np.repeat(np.asarray(grid, dtype=np.float64), 2)
+        ys = np.tile([low, high], len(grid))
+        self.grid_item = plot.plot(xs, ys, connect="pairs", pen=pg.mkPen(120, 120, 120, 160, width=1))
+        self.grid_item.setToolTip(f"{data.get('format', '')} grid: {len(grid)} levels up to amax")
 
     def _histogram_xy(self, data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """Bin edges and counts to draw; on the log scale an empty bin sits on the baseline (1).

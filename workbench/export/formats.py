@@ -62,11 +62,12 @@ def format_counts(proto: onnx.ModelProto) -> dict[str, int]:
     return counts
 
 
-def fold_int4_casts(proto: onnx.ModelProto) -> int:
+def fold_int4_casts(proto: onnx.ModelProto, base_dir: str | None = None) -> int:
     """Fold ``Cast(to=INT4)`` of an int8 initializer into an INT4 initializer (in place); returns how many.
 
-    The export writes INT4 weights as int8 values cast to INT4; the exporter's optimizer usually folds the
-    cast already. An INT4 initializer is what TensorRT wants (it packs two values per byte).
+    The export writes INT4 weights as int8 values cast to INT4; the exporter's optimizer folds the cast of
+    small weights only (its constant folding has a size limit). An INT4 initializer is what TensorRT wants
+    (it packs two values per byte). ``base_dir``: where a graph's external data lies.
     """
     inits = {init.name: init for init in proto.graph.initializer}
     consumers: dict[str, int] = {}
@@ -81,8 +82,8 @@ def fold_int4_casts(proto: onnx.ModelProto) -> int:
         if to != TensorProto.INT4:
             continue
         source = inits[node.input[0]]
-        values = numpy_helper.to_array(source)
-        tensor = helper.make_tensor(node.output[0], TensorProto.INT4, list(values.shape), values.reshape(-1).tolist())
+        values = numpy_helper.to_array(source, base_dir or "")
+        tensor = helper.make_tensor(node.output[0], TensorProto.INT4, list(values.shape), values.reshape(-1))
         proto.graph.initializer.append(tensor)
         proto.graph.node.remove(node)
         if consumers.get(source.name, 0) <= 1:

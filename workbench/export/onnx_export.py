@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportValidationError, SampleInputError
-from workbench.export.formats import FORMAT_NAMES, FP8_OPS, format_counts, to_trt_fp8_ops
+from workbench.export.formats import FORMAT_NAMES, FP8_OPS, fold_int4_casts, format_counts, to_trt_fp8_ops
 from workbench.export.opset import default_opset
 from workbench.export.qdq import FORMAT_OPSET
 from workbench.export.onnx_file import (
@@ -258,6 +258,7 @@ def export_qdq_onnx(model: nn.Module,
                     call, inputs, input_names, output_names, opset, dynamic_batch, exporter, report_warnings,
                     path, external_data_threshold)
                 exported_data = external_data_file(proto, path.parent)
+                fold_int4_casts(proto, str(path.parent))
         for message in quiet_warnings:
             if message not in report_warnings:
                 report_warnings.append(message)

@@ -241,11 +241,11 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
         return _blocked_params(q, weight)
     if isinstance(q._num_bits, tuple):
         if q._num_bits != E4M3:
-            raise ValueError(f"num_bits={q._num_bits!r}: QDQ export takes 8 bits, (4, 3) for FP8 E4M3, or 4-bit "
-                             "weights in blocks")
+            raise ValueError(f"num_bits={q._num_bits!r}: QDQ export takes 8-bit (INT8), (4, 3) (FP8 E4M3), or "
+                             "4-bit weights in blocks")
     elif q._num_bits != 8:
-        raise ValueError(f"num_bits={q._num_bits!r}: QDQ export takes 8 bits, (4, 3) for FP8 E4M3, or 4-bit weights "
-                         "in blocks (block_size)")
+        raise ValueError(f"num_bits={q._num_bits!r}: QDQ export takes 8-bit (INT8), (4, 3) (FP8 E4M3), or 4-bit "
+                         "weights in blocks (block_size; precision int4w)")
     if not q._fake_quant:
         raise ValueError("fake_quant=False (returns integers): only fake quantizers export to Q/DQ")
     if q._learn_amax:

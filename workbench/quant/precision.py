@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+import numpy as np
+import torch
 from torch import nn
 
 from workbench.quant.blocks import blocks_of
@@ -23,7 +25,7 @@ from workbench.quant.tensorrt_rules import output_channel_axis
 
 __all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "parse_precision",
            "precision_choices_text", "applies_to", "descriptors_for", "precision_of", "precision_label",
-           "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS"]
+           "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS", "grid_levels"]
 
 # how FP8 Q/DQ is written: standard QuantizeLinear to float8e4m3fn (opset 19; TensorRT 10+), or TensorRT's
 # custom ops TRT_FP8QuantizeLinear/TRT_FP8DequantizeLinear (pytorch-quantization's form; TensorRT 8.6 and 9)
@@ -202,6 +204,19 @@ def precision_of(input_desc: Mapping[str, Any] | None, weight_desc: Mapping[str,
     if in_bits == 8 and (no_weight or (w_bits == 8 and weight_desc.get("block_size") is None)):  # type: ignore[union-attr]
         return Precision.INT8
     return None
+
+
+def grid_levels(num_bits: Any, amax: float, *, unsigned: bool = False) -> np.ndarray:
+    """The non-negative values a quantizer of ``num_bits`` (8, 4, or ``(4, 3)`` for E4M3) can output with
+    ``amax``: ``k * amax / max_bound`` on an integer grid, the E4M3 values scaled by ``amax / 448`` on FP8
+    (dense near 0, coarse near amax). For drawing a format's grid under a histogram."""
+    if isinstance(num_bits, (list, tuple)):
+        if tuple(num_bits) != E4M3_BITS:
+            raise ValueError(f"no grid for num_bits={num_bits!r}")
+        values = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+        return values * (amax / 448.0)
+    max_bound = 2 ** (int(num_bits) - 1 + int(unsigned)) - 1
+    return np.arange(max_bound + 1, dtype=np.float64) * (amax / max_bound)
 
 
 def precision_label(precision: Precision | None) -> str:

@@ -16,7 +16,7 @@ from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
-from workbench.quant.precision import precision_label, precision_of
+from workbench.quant.precision import grid_levels, precision_label, precision_of
 from workbench.quant.smoothing import describe_smoothing
 from workbench.quant.snapshot import quantizer_names
 from workbench.quant.tensorrt_rules import SIM_ONLY
@@ -253,9 +253,13 @@ def histogram_of(quantizer: TensorQuantizer, record: QuantizerRecord | None) -> 
     calibrator = quantizer._calibrator
     if not isinstance(calibrator, HistogramCalibrator) or calibrator.calib_hist is None:
         return None
+    current = None if not hasattr(quantizer, "_amax") else float(quantizer._amax.max())
+    bits = quantizer.num_bits
     return {"counts": calibrator.calib_hist.cpu().numpy(), "edges": calibrator.calib_bin_edges.numpy(),
-            "amax": calibrator.compute_all(), "current": None if not hasattr(quantizer, "_amax") else
-            float(quantizer._amax.max()), "method": record.method if record else None}
+            "amax": calibrator.compute_all(), "current": current, "method": record.method if record else None,
+            # the values the layer's format can output with the amax in use (E4M3's uneven grid for FP8)
+            "format": "fp8" if isinstance(bits, tuple) else f"{'uint' if quantizer.unsigned else 'int'}{bits}",
+            "grid": None if not current else grid_levels(bits, current, unsigned=quantizer.unsigned)}
 
 
 def weight_ranges(module: nn.Module | None) -> np.ndarray | None:
