@@ -5,10 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from tests.test_cli_smoothing import MODEL
 from workbench import cli
 from workbench.session import Session
-
-from tests.test_cli_smoothing import MODEL
 
 
 def run(capsys, *args):

@@ -64,7 +64,8 @@ def test_smoothquant_is_recorded_shown_exported_and_reversed_exactly(project, tm
 
     code, out, _ = run(capsys, "show", project, "--json")
     layers = {row["name"]: row for row in json.loads(out)["layer_table"]}
-    assert layers["fc"]["smoothing"].startswith("SmoothQuant alpha=0.5") and "folded into ln" in layers["fc"]["smoothing"]
+    smoothing = layers["fc"]["smoothing"]
+    assert smoothing.startswith("SmoothQuant alpha=0.5") and "folded into ln" in smoothing
     code, out, _ = run(capsys, "show", project)
     assert "SmoothQuant alpha=0.5" in out
 

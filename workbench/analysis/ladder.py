@@ -288,6 +288,7 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
     fp32 = start = math.nan
     order: list[Unit] = []
     state: _Mix | None = None
+    skipped: list[str] = []
 
     def within(value: float) -> bool:
         if tolerance is not None:
@@ -350,10 +351,11 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
                 order = units_from_names(model, [Unit(u.name, tuple(u.quantizers)) for u in ranking.ranked()])
             evaluator.configure("quantized")
             state = _Mix(model, order, rungs, rung_of, precisions)
-            skipped = []
             for unit in order:  # every unit on its cheapest available rung
+                layers = {layer_of_quantizer(q)[0] for q in unit.quantizers}
                 level = state.first_level(unit)
-                if level is None:
+                # a layer with hand-made descriptors (no precision) keeps them: the ladder does not overwrite them
+                if level is None or any(layer in precisions and precisions[layer] is None for layer in layers):
                     skipped.append(unit.name)
                     continue
                 state.set(unit, level)
@@ -373,7 +375,8 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
             if state is not None:
                 state.restore()
     if skipped:
-        outcome.notes.append(f"not searched (no rung of {'/'.join(p.value for p in rungs)} applies): "
+        outcome.notes.append(f"not searched (custom descriptors, or no rung of {'/'.join(p.value for p in rungs)} "
+                             f"applies): "
                              f"{', '.join(skipped[:5])}{'...' if len(skipped) > 5 else ''}")
     if budget_bytes is not None and steps and steps[0].weight_bytes > budget_bytes:
         outcome.notes.append(f"even the first rung ({rungs[0].value}) needs {steps[0].weight_bytes} bytes, over the "

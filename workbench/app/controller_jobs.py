@@ -33,8 +33,12 @@ class JobsMixin:
 
     def calibrate(self, **options: Any) -> bool:
         session = self._require_session()
-        if session is not None and self.workers > 1:
+        smoothing = {"smoothquant", "awq"} & options.keys()  # computed in one process (the same scales everywhere)
+        if session is not None and self.workers > 1 and not smoothing:
             return self._workers_job("Calibrating", "calibrate", options)
+        if smoothing and session is not None and self.workers > 1:
+            self.log.emit("info", f"Calibrating with {' and '.join(sorted(smoothing))} in one process on "
+                                  f"{session.device}: every process must use the same scales")
         return session is not None and self._session_job(
             "Calibrating", lambda progress, cancel: session.calibrate(progress=progress, cancel=cancel, **options))
 

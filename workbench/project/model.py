@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from workbench.quant.calibrate import CalibrationResult, QuantizerCalibration
 
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
-           "ExportRecord", "FinetuneRecord", "EngineReportRecord", "SmoothingRecord", "Project", "ProjectOrigin", "now_iso",
-           "DATA_ROLES"]
+           "ExportRecord", "FinetuneRecord", "EngineReportRecord", "SmoothingRecord", "Project", "ProjectOrigin",
+           "now_iso", "DATA_ROLES"]
 
 DATA_ROLES = ("calibration", "evaluation", "training")
 

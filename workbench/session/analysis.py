@@ -110,7 +110,6 @@ def layers_of(session: Session, unit: Any) -> list[str]:
 def latest_fallback(session: Session):
     """The last fallback search stored in the project (None if there was none)."""
     from workbench.analysis import FallbackResult
-
     from workbench.analysis.results import FALLBACK_FORMAT
 
     # ladder searches are stored beside fallback searches: the latest of this kind

@@ -452,6 +452,9 @@ class Session:
         ``smoothquant`` (an alpha in [0, 1], or ``"off"``) and ``awq`` (True/False) first compute (or clear)
         that smoothing (see :meth:`smooth`); None leaves it as it is.
         """
+        if (smoothquant is not None or awq is not None) and context is not None and context.distributed:
+            raise SessionError("SmoothQuant and AWQ scales are computed in one process (every rank must use the same "
+                               "ones): calibrate with --smoothquant/--awq without --workers, then with workers.")
         if smoothquant is not None:
             self.smooth("smoothquant", smoothing.parse_alpha(smoothquant), num_batches=num_batches)
         if awq is not None:

@@ -50,8 +50,8 @@ def rung_models(project: Project, base: nn.Module, folding: FoldReport | None, d
     return models
 
 
-def rung_source(models: Mapping[Precision, nn.Module], precisions_of: Mapping[Precision, Mapping[str, Precision | None]],
-                ) -> Any:
+def rung_source(models: Mapping[Precision, nn.Module],
+                precisions_of: Mapping[Precision, Mapping[str, Precision | None]]) -> Any:
     """The ladder's :data:`~workbench.analysis.ladder.RungSource` over the rung models: a quantizer's twin in
     the model of that precision, where its layer really runs in it there."""
     names = {precision: quantizer_names(model) for precision, model in models.items()}
