@@ -62,6 +62,11 @@ def test_smoothquant_is_recorded_shown_exported_and_reversed_exactly(project, tm
     assert result["smoothing"]["head"]["folded_into"] is None  # a ReLU in between: a Mul before the Q/DQ
     assert plain < 20 and result["output_sqnr_db"] > plain + 10, (plain, result["output_sqnr_db"])
 
+    # sensitivity measures the smoothed model like any other choice
+    code, out, err = run(capsys, "sensitivity", project, "--metric", "sqnr", "--json")
+    assert code == 0, err
+    assert json.loads(out)["sensitivity"]["quantized"] > plain + 10
+
     code, out, _ = run(capsys, "show", project, "--json")
     layers = {row["name"]: row for row in json.loads(out)["layer_table"]}
     smoothing = layers["fc"]["smoothing"]
