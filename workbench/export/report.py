@@ -76,7 +76,8 @@ class ExportReport:
                 f"({self.quantizers} quantizers: {self.per_channel} per-channel, {self.per_tensor} per-tensor"
                 + ("".join(f", {count} {name}" for name, count in self.formats.items())
                    if set(self.formats) - {"int8"} else "") + "), "
-                f"opset {self.opset}, {self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
+                f"opset {self.opset}{' (FP8 written as TensorRT custom ops)' if self.fp8_ops == 'trt' else ''}, "
+                f"{self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
                 f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
         if self.dynamic_batch_check is not None:
             text += f"; dynamic batch checked at {self.dynamic_batch_check.shape[0]}"
