@@ -15,8 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.cli import EXIT_INTERNAL, EXIT_NOT_REACHED, EXIT_OK, EXIT_USAGE, UsageError, _emit, _fmt, _open
-from workbench.cli import _Progress
+from workbench.cli import (
+    EXIT_INTERNAL,
+    EXIT_NOT_REACHED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    _emit,
+    _fmt,
+    _open,
+    _Progress,
+)
 from workbench.cli_project import _data_spec, _typed_entrypoint
 
 __all__ = ["add_commands"]
@@ -248,8 +257,8 @@ def add_commands(sub: argparse._SubParsersAction,
     from workbench.analysis.results import SCHEMES
     from workbench.analysis.units import UNIT_SCHEMES
     from workbench.project.settings import DEFAULTS
-    from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
     from workbench.quant.blocks import BLOCK_METHODS
+    from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
     from workbench.quant.precision import FP8_OPS
 
     # every default a help text names is read from the project settings' defaults: one source of truth

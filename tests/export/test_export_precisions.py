@@ -104,6 +104,7 @@ def test_int4_weights_are_an_int4_initializer_into_blocked_dequantize(tmp_path):
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attributes == {"axis": 1, "block_size": 16}
         assert types[node.input[0]] == TensorProto.INT4
+        assert node.input[0] == node.input[1].replace(".scale", ".int4_weight")  # named after its quantizer
     # the float weights of the INT4 layers are gone from the file; fc1's 288 inputs are 18 blocks of 16
     assert "fc1.weight" not in types and "fc2.weight" not in types
     scales = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}

@@ -45,9 +45,15 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportValidationError, SampleInputError
-from workbench.export.formats import FORMAT_NAMES, FP8_OPS, fold_int4_casts, format_counts, to_trt_fp8_ops
-from workbench.export.opset import default_opset
-from workbench.export.qdq import FORMAT_OPSET
+from workbench.export.exporters import Exporter, first_line, quiet, run_exporter, token_inputs
+from workbench.export.formats import (
+    FORMAT_NAMES,
+    FP8_OPS,
+    fold_int4_casts,
+    format_counts,
+    name_int4_weights,
+    to_trt_fp8_ops,
+)
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
     external_data_file,
@@ -55,6 +61,8 @@ from workbench.export.onnx_file import (
     stage,
     write_onnx,
 )
+from workbench.export.opset import default_opset
+from workbench.export.qdq import FORMAT_OPSET
 from workbench.export.reference import (
     ExportCall,
     check_quantizers,
@@ -69,7 +77,6 @@ from workbench.export.reference import (
     traced_module_scopes,
     without_cache,
 )
-from workbench.export.exporters import Exporter, first_line, quiet, run_exporter, token_inputs
 from workbench.export.report import ExportReport, OutputParity, report_json
 from workbench.export.tensorrt import (
     DEFAULT_TRT_VERSION,
@@ -268,6 +275,7 @@ def export_qdq_onnx(model: nn.Module,
 
         scale_to_quantizer = {f"{s.quantizer_name}.scale": s.quantizer_name for s in swapped.values()}
         post_process(proto, scale_to_quantizer)
+        name_int4_weights(proto)
         counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
         by_format = format_counts(proto)
@@ -335,7 +343,8 @@ def export_qdq_onnx(model: nn.Module,
         worst, largest = min(p.cosine for p in checks), max(p.max_abs_diff for p in checks)
         report = ExportReport(
             path=str(path), exporter=used_exporter, exporter_note=note, opset=default_opset(proto),
-            requested_opset=requested_opset, input_names=input_names, output_names=output_names, dynamic_batch=dynamic_batch,
+            requested_opset=requested_opset, input_names=input_names, output_names=output_names,
+            dynamic_batch=dynamic_batch,
             quantize_nodes=counts["QuantizeLinear"], dequantize_nodes=counts["DequantizeLinear"],
             clip_nodes=qdq_clips(proto),
             expected_qdq=distinct, quantizer_calls_total=sum(calls.values()), quantizers=len(swapped),

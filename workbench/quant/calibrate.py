@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from workbench.quant.blocks import refine_block_amax
 from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db  # noqa: F401
+from workbench.quant.blocks import refine_block_amax
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.merge import merge_calibrators

@@ -23,12 +23,12 @@ import torch
 from torch import nn
 
 from workbench.quant.calib.amax_search import amax_entropy, amax_mse, amax_percentile
-from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.calibrator import _Calibrator
+from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, AmaxMethod, UnknownMethodError
-from workbench.quant.tensor_quant import E4M3
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
+from workbench.quant.tensor_quant import E4M3
 from workbench.quant.utils import reduce_amax
 
 logger = logging.getLogger(__name__)
