@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Any
 
 from workbench.export.naming import split_engine_layer_name
