@@ -102,9 +102,12 @@ class EnginePanel(QWidget):
             return
         counts = ", ".join(f"{n} {k}" for k, n in report.precision_counts().items())
         time = f", {report.total_time_ms:.3f} ms per run" if report.total_time_ms is not None else ""
-        self.summary.setText(f"{report.source}: {report.engine_layers} engine layers{time}. Layers: {counts}. "
+        costs = "".join(f"\n• {cost.text(with_fix=False)}" for cost in report.costs)
+        self.summary.setText(f"{report.source}: {report.engine_layers} engine layers{time}. "
+                             f"{report.mapping_text()} Layers: {counts}.{costs}\n"
                              f"{len(report.hazards)} hazards" + (": click one to select its layers." if report.hazards
                                                                  else "."))
+        self.summary.setToolTip("\n".join(f"{name}: {why}" for name, why in report.unmapped_why.items()))
         for hazard in report.hazards:
             item = QListWidgetItem(f"{HAZARD_KINDS.get(hazard.kind, hazard.kind)}: {', '.join(hazard.modules)}\n"
                                    f"{hazard.advice}")

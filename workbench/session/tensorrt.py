@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 import onnx
 
 from workbench.engine import EngineReport, EngineReportError
-from workbench.engine.report import import_engine_report
+from workbench.engine.report import EngineMismatchError, import_engine_report
 from workbench.export.lint import FIX_ACTIONS, LintFix, LintWarning, lint_qdq_graph
 from workbench.project.model import EngineReportRecord, now_iso
 from workbench.project.settings import RULES
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul
-from workbench.session.errors import SessionError
+from workbench.session.errors import EngineNotThisModel, SessionError
 
 if TYPE_CHECKING:
     from workbench.session.core import Session
@@ -113,6 +113,8 @@ def import_engine(session: Session, layer_info: str | Path, profile: str | Path 
         report = import_engine_report(str(layer_info), str(profile) if profile is not None else None, layers,
                                       _exported_node_orders(session), module_types=_module_types(session),
                                       onnx=str(onnx_file) if onnx_file is not None else None, force=force)
+    except EngineMismatchError as error:
+        raise EngineNotThisModel(str(error)) from error
     except EngineReportError as error:
         raise SessionError(str(error)) from error
     if remember:
