@@ -15,7 +15,7 @@ from resnet18_names import FP16, QAT, TRTEXEC
 from workbench.cli import main
 from workbench.project import load_project
 from workbench.quant.tensorrt_rules import misaligned_channels
-from workbench.session import Session
+from workbench.session import Session, SessionError
 from workbench.sources.data_source import DataSpec
 from workbench.sources.model_source import ModelSpec
 
@@ -154,6 +154,24 @@ def test_another_models_engine_is_refused_and_nothing_is_stored(qat_project, tmp
     assert data["quantized_found"] == 1 and len(data["unmapped"]) == 29
     assert "scope-less ONNX node names" in data["unmapped_why"]["Conv_3 + Relu_4"]
     assert len(load_project(project).engine_reports) == 1
+
+
+def test_a_tensorflow_engine_names_modules_this_model_does_not_have(qat_project, tmp_path):
+    _, session = qat_project
+    fmt = "Row major linear FP32"
+    layers = [{"Name": f"StatefulPartitionedCall/resnet50/{name}/Conv2D", "LayerType": "CaskConvolution",
+               "Inputs": [{"Name": f"t{i}", "Format/Datatype": fmt}], "Outputs": [{"Name": f"t{i + 1}",
+                                                                                  "Format/Datatype": fmt}]}
+              for i, name in enumerate(["conv1_conv", "conv2_block1_1_conv", "conv2_block1_2_conv"])]
+    path = tmp_path / "tf.json"
+    path.write_text(json.dumps({"Layers": layers, "Bindings": ["t0", "t3"]}))
+    with pytest.raises(SessionError, match="only 0 of the project's 21 quantized layers") as refused:
+        session.import_engine_report(path, remember=False)
+    assert "names modules this model does not have (StatefulPartitionedCall/resnet50/conv1_conv)" in str(refused.value)
+    report = session.import_engine_report(path, remember=False, force=True)
+    # no made-up modules: only the model's own appear, none of them in this engine
+    assert [o.module for o in report.layers if o.in_engine] == [] and report.mapped_layers == 0
+    assert report.to_dict()["mapped_layers"] == 0 and report.hazards == []
 
 
 def write_scopeless_onnx(path):

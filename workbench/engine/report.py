@@ -69,11 +69,12 @@ class EngineReport:
     onnx: str | None = None                # the ONNX file names were looked up in (--onnx)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "mapped_layers": self.mapped_layers}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EngineReport:
         values = dict(data)
+        values.pop("mapped_layers", None)  # derived (engine_layers - unmapped)
         values["layers"] = [ModuleOutcome(**entry) for entry in values.get("layers", [])]
         values["hazards"] = [EngineHazard(**entry) for entry in values.get("hazards", [])]
         values["costs"] = [EngineCost(**entry) for entry in values.get("costs", [])]
