@@ -85,3 +85,12 @@ def test_another_models_engine_asks_how_to_map_it(window, qtbot, monkeypatch):
     assert "12.4% of the run re-quantizes after float residual adds" in summary
     assert "Conv_9" in panel.summary.toolTip() and "scope-less" in panel.summary.toolTip()
     assert window.controller.engine_report().quantized_found < window.controller.engine_report().quantized_total
+
+
+def test_the_engine_cell_says_what_of_an_int8_layer_is_float():
+    from workbench.app.engine_panel import engine_cell as cell
+    from workbench.engine import ModuleOutcome
+
+    mixed = ModuleOutcome("layer1.0.conv2", True, "INT8", "conv + add", 0.0369, 3.4, "input 1 FP16, output FP16")
+    assert cell(mixed) == ("INT8 0.037 ms [input 1 FP16, output FP16]", PRECISION_COLOURS["INT8"])
+    assert cell(ModuleOutcome("fc", True, None, None, None))[0] == "not in engine"

@@ -92,6 +92,9 @@ def test_time_shares_name_the_float_boundaries_and_their_fix(qat_project):
     assert "5.6% of the run quantizes the network input" in text
     hazard = next(h for h in report.hazards if h.kind == "requantize" and "layer1.0.add" in h.modules)
     assert "qat -> qat-residual" in hazard.advice and hazard.engine_layer == "QuantizeLinear_40 (+6 more)"
+    # the fix's command selects the project's residual adds
+    pattern = hazard.advice.split("workbench set PROJECT --quantize '")[1].split("'")[0]
+    assert session.select(patterns=[pattern]) == ADDS
     maxpool = next(h for h in report.hazards if h.kind == "requantize" and h.modules == ["maxpool"])
     assert "quantize its float readers too (layer1.0.add)" in maxpool.advice
 

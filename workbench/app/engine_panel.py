@@ -46,7 +46,8 @@ def engine_cell(outcome: Any) -> tuple[str, QColor | None]:
         return (NOT_IN_ENGINE, PRECISION_COLOURS[NOT_IN_ENGINE]) if outcome.quantized is not None else ("", None)
     precision = outcome.engine_precision or "?"
     text = precision if outcome.time_ms is None else f"{precision} {outcome.time_ms:.3f} ms"
-    return text, PRECISION_COLOURS.get(precision)
+    note = outcome.precision_note  # an INT8 layer reading or writing float says which
+    return (f"{text} [{note}]" if note else text), PRECISION_COLOURS.get(precision)
 
 
 class TimeBarDelegate(QStyledItemDelegate):

@@ -14,6 +14,7 @@ float layer that wrote the tensor) and grouped by cause, with the fix:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -55,6 +56,22 @@ class EngineCost:
         return f"{share} {verb}{cause}{where}: {count}" + (f". Fix: {self.fix}" if self.fix and with_fix else "")
 
 
+_ADDS_FIX = ("quantize the residual adds ({command}; with the residual rule on, only their identity input gets a "
+             "Quantize) so each add fuses into its convolution in INT8 and writes INT8 (TensorRT Engine Explorer's "
+             "qat -> qat-residual step)")
+
+
+def set_command(modules: list[str]) -> str:
+    """The ``workbench set`` command that quantizes ``modules`` (its patterns match from the name's start, as the
+    ignore policy does): one pattern when they share a last name."""
+    if not modules:
+        return "workbench set PROJECT --quantize LAYER"
+    last = {module.rsplit(".", 1)[-1] for module in modules}
+    if len(modules) > 3 and len(last) == 1:
+        return f"workbench set PROJECT --quantize '.*\\.{last.pop()}$'"
+    return "workbench set PROJECT " + " ".join(f"--quantize '{re.escape(m)}$'" for m in modules)
+
+
 def _share(mapped: MappedLayer, total_ms: float | None) -> float | None:
     layer = mapped.layer
     if layer.time_share is not None:
@@ -73,10 +90,7 @@ def _cause(graph: EngineGraph, source: int | None) -> tuple[str, list[str], str]
     by_op = {p.op: p.module for p in mapped.parts if p.module is not None}
     if "Add" in ops or "Sum" in ops:
         module = by_op.get("Add") or mapped.main
-        return ("after float residual adds", [module] if module else [],
-                "quantize the residual adds' identity inputs (lint's residual fix, `workbench quantize PROJECT "
-                "<block>.add`) so each add fuses into its convolution in INT8 and writes INT8 (TensorRT Engine "
-                "Explorer's qat -> qat-residual step)")
+        return ("after float residual adds", [module] if module else [], _ADDS_FIX)
     pool = next((op for op in ops if op in POOL_OPS), None)
     if pool is not None:
         module = by_op.get(pool) or mapped.main or mapped.layer.name
@@ -146,4 +160,6 @@ def boundary_costs(graph: EngineGraph, total_ms: float | None) -> list[EngineCos
             cost.share = (cost.share or 0.0) + share
         if time is not None:
             cost.time_ms = (cost.time_ms or 0.0) + time
+    for cost in groups.values():
+        cost.fix = cost.fix.replace("{command}", f"`{set_command(cost.modules)}`")
     return sorted(groups.values(), key=lambda c: (c.kind != "requantize", -(c.share or 0.0)))
