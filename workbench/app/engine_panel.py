@@ -103,7 +103,8 @@ class EnginePanel(QWidget):
             return
         counts = ", ".join(f"{n} {k}" for k, n in report.precision_counts().items())
         time = f", {report.total_time_ms:.3f} ms per run" if report.total_time_ms is not None else ""
-        costs = "".join(f"\n• {cost.text(with_fix=False)}" for cost in report.costs)
+        costs = "".join(("\n    – " + line.strip()) if line.startswith(" ") else f"\n• {line}"
+                        for line in report.cost_lines())
         self.summary.setText(f"{report.source}: {report.engine_layers} engine layers{time}. "
                              f"{report.mapping_text()} Layers: {counts}.{costs}\n"
                              f"{len(report.hazards)} hazards" + (": click one to select its layers." if report.hazards

@@ -112,6 +112,21 @@ class EngineReport:
                  for why, names in reasons.items()]
         return f"{text}; {len(self.unmapped)} not: " + "; ".join(parts) + "."
 
+    def cost_lines(self) -> list[str]:
+        """The conversion layers' time by cause, for the CLI and the GUI: the re-quantizing in total (when it
+        has several causes) and per cause (indented), then the rest."""
+        lines: list[str] = []
+        requantize = [cost for cost in self.costs if cost.kind == "requantize"]
+        if len(requantize) > 1 and all(cost.share is not None for cost in requantize):
+            count = sum(len(cost.layers) for cost in requantize)
+            lines.append(f"{sum(cost.share or 0.0 for cost in requantize):.1f}% of the run re-quantizes float tensors "
+                         f"for INT8 layers ({count} Quantize layers):")
+            lines.extend(f"  {cost.text(with_fix=False)}" for cost in requantize)
+        else:
+            lines.extend(cost.text(with_fix=False) for cost in requantize)
+        lines.extend(cost.text(with_fix=False) for cost in self.costs if cost.kind != "requantize")
+        return lines
+
     def text(self) -> str:
         lines = [f"Engine report {self.source}" + (f" with profile {self.profile}" if self.profile else "")
                  + f": {self.engine_layers} engine layers"
@@ -141,15 +156,7 @@ class EngineReport:
             lines.append("  (ran ?: inside a Myelin region, whose formats are given only at its edges)")
         if self.costs:
             lines.append("Where the run goes at the quantization's boundaries:")
-            requantize = [cost for cost in self.costs if cost.kind == "requantize"]
-            if len(requantize) > 1 and all(cost.share is not None for cost in requantize):
-                count = sum(len(cost.layers) for cost in requantize)
-                lines.append(f"  {sum(cost.share for cost in requantize):.1f}% of the run re-quantizes float tensors "
-                             f"for INT8 layers ({count} Quantize layers):")
-                lines.extend(f"    {cost.text(with_fix=False)}" for cost in requantize)
-            else:
-                lines.extend(f"  {cost.text(with_fix=False)}" for cost in requantize)
-            lines.extend(f"  {cost.text(with_fix=False)}" for cost in self.costs if cost.kind != "requantize")
+            lines.extend("  " + line for line in self.cost_lines())
         if self.hazards:
             lines.append(f"{len(self.hazards)} hazard{'s' if len(self.hazards) != 1 else ''}:")
             for index, hazard in enumerate(self.hazards, start=1):
