@@ -221,3 +221,19 @@ def test_onnx_file_maps_scopeless_names(qat_project, tmp_path, capsys):
     missing = tmp_path / "missing.onnx"
     assert main(["engine-report", "--trust-code", str(project), str(FP16[0]), "--onnx", str(missing)]) == 2
     assert "missing.onnx: no such ONNX file" in capsys.readouterr().err
+
+
+def test_a_myelin_region_of_scopeless_nodes_maps_through_the_onnx_file(qat_project, tmp_path):
+    """A region named by its ends ({ForeignNode[Conv_3...Relu_7]}) covers the ONNX file's nodes between them."""
+    _, session = qat_project
+    write_scopeless_onnx(tmp_path / "resnet.onnx")
+    half = "Half"
+    path = tmp_path / "region.json"
+    path.write_text(json.dumps({"Layers": [
+        {"Name": "{ForeignNode[Conv_3...Relu_7]}", "LayerType": "Myelin",
+         "Inputs": [{"Name": "x", "Format/Datatype": half}], "Outputs": [{"Name": "y", "Format/Datatype": half}]}],
+        "Bindings": ["x", "y"]}))
+    report = session.import_engine_report(path, remember=False, force=True, onnx_file=tmp_path / "resnet.onnx")
+    inside = [o.module for o in report.layers if o.in_engine and o.quantized is not None]
+    assert inside == ["layer1.0.conv1", "layer1.0.conv2", "layer1.0.add"]
+    assert report.outcome("layer1.0.conv2").engine_precision is None  # a region's formats are only at its edges
