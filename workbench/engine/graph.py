@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workbench.engine.layers import EngineLayer
-from workbench.engine.mapping import op_of_part
+from workbench.engine.mapping import MAPPED_BY, op_of_part
 
 __all__ = ["MappedPart", "MappedLayer", "EngineGraph", "DATA_ONLY_KINDS", "POOL_OPS"]
 
@@ -47,8 +47,6 @@ class MappedLayer:
     @property
     def how(self) -> str | None:
         """The most direct way any of its modules was found (None: not mapped)."""
-        from workbench.engine.mapping import MAPPED_BY
-
         ways = [p.how for p in self.parts if p.how is not None] + (["engine graph"] if self.via_graph else [])
         return min(ways, key=MAPPED_BY.index) if ways else None
 
