@@ -194,8 +194,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
     _emit(args, {**report.to_dict(), "files": written},
-          report.summary() + "\nwrote: " + ", ".join(written)
-          + "".join(f"\nnote: {warning}" for warning in report.warnings))
+          report.summary() + "".join(f"\nnote: {note}" for note in report.format_notes)
+          + "\nwrote: " + ", ".join(written))
     return EXIT_OK
 
 

@@ -358,7 +358,8 @@ def export_qdq_onnx(model: nn.Module,
             validation_time_s=time.perf_counter() - validation_started, total_time_s=0.0,
             quantizer_calls=dict(calls), warnings=report_warnings, range_check=range_check,
             formats={f: sum(1 for s in swapped.values() if s.params.format == f) for f in sorted(formats)},
-            qdq_by_format=by_format, fp8_ops=fp8_ops if "fp8" in formats else None)
+            qdq_by_format=by_format, fp8_ops=fp8_ops if "fp8" in formats else None,
+            format_notes=list(opset_notes))
         where = " on random inputs in the sample's range" if range_check is not None and \
             (range_check.cosine == worst or range_check.max_abs_diff == largest) else ""
         if not worst >= min_cosine:
@@ -376,10 +377,12 @@ def export_qdq_onnx(model: nn.Module,
             trt_opset = max([requested_opset] + [FORMAT_OPSET[f] for f in formats if f != "fp8"])
             trt_proto, trt_notes = to_trt_fp8_ops(proto, trt_opset)
             report.warnings.extend(trt_notes)
+            report.format_notes.extend(trt_notes)
             onnx.checker.check_model(trt_proto)
             report.opset = default_opset(trt_proto)
             if report.opset < opset:  # the opset raised for float8 types did not last: no note about it
                 report.warnings = [w for w in report.warnings if w not in opset_notes]
+                report.format_notes = [w for w in report.format_notes if w not in opset_notes]
             staged = stage(trt_proto, path, external_data_threshold)
             report.file_size = staged.size
         external = staged.external_data_path

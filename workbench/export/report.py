@@ -63,6 +63,8 @@ class ExportReport:
     formats: dict[str, int] = field(default_factory=dict)
     qdq_by_format: dict[str, int] = field(default_factory=dict)
     fp8_ops: str | None = None  # "standard" (QuantizeLinear to float8e4m3fn) or "trt" (TensorRT's custom ops)
+    # what the formats changed (the opset, FP8 as custom ops), for the CLI to say; also in warnings
+    format_notes: list[str] = field(default_factory=list)
 
     @property
     def qdq_pairs(self) -> int:

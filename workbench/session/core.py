@@ -330,6 +330,11 @@ class Session:
         """The precision each layer (all by default) runs in; None for custom descriptors."""
         return decisions.precisions(self, names)
 
+    def weight_bytes(self, mix: dict[str, Precision | None] | None = None) -> int:
+        """Bytes of the model's weights (scales included) with the layers in ``mix``'s precisions (default:
+        their precisions now; a layer left out of ``mix`` counts as float)."""
+        return decisions.mix_weight_bytes(self, mix)
+
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
         return decisions.reset_descriptor(self, names, role)
