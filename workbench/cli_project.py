@@ -133,6 +133,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         lines.append(f"  warning: {message}")
     lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
     lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["not_quantizable"]]
+    lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["float_by_default"]]
     lines.append(f"    {'layer':<32} {'type':<20} {'input':<28} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
         notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""

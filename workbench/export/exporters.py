@@ -161,10 +161,12 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
             try:
                 proto, notes = convert_opset(proto, opset)
             except ValueError as error:
-                if not large:
-                    raise
-                # the TorchScript fallback cannot write a graph this large either: keep the exporter's opset
-                warnings_out.append(f"opset {target} instead of the requested {opset}: {error}")
+                # keep the graph the exporter wrote, at its own opset: the TorchScript fallback would record
+                # another graph (the sample's path only) and often cannot write it at the lower opset either
+                written = default_opset(proto)
+                warnings_out.append(f"opset {written} instead of the requested {opset} (TensorRT 8.6 and newer read "
+                                    f"it): {error}")
+                note += f", at opset {written}: converting it down to {opset} failed"
             else:
                 note += f", converted from opset {target} to {opset} with onnx.version_converter"
                 warnings_out.extend(notes)
@@ -234,7 +236,9 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
     dynamic_axes = None
     if dynamic_batch:
         tokens = token_inputs(inputs)
-        dynamic_axes = {name: {0: "batch", 1: "sequence"} if i in tokens else {0: "batch"}
+        # TorchScript cannot tell which lengths are tied: each token input's length gets its own name
+        dynamic_axes = {name: {0: "batch", 1: sequence_axis_name(name, i == min(tokens))} if i in tokens
+                        else {0: "batch"}
                         for i, name in enumerate(input_names)}
         dynamic_axes.update({name: {0: "batch"} for name in output_names})
     buffer = io.BytesIO()
@@ -316,6 +320,11 @@ def token_inputs(inputs: tuple) -> set[int]:
             if t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()}
 
 
+def sequence_axis_name(input_name: str, first: bool) -> str:
+    """The dynamic axis 1 of a token input: ``sequence`` for the first, ``<input>_sequence`` for others."""
+    return "sequence" if first else f"{input_name}_sequence"
+
+
 def _name_dynamic_axes(proto: onnx.ModelProto, tokens: set[int]) -> None:
     """Give torch.export's symbolic dimensions (``s77``) readable names: ``batch`` on axis 0 of the inputs,
     ``sequence`` on axis 1 of token inputs, and the same names wherever those symbols reappear."""
@@ -324,8 +333,11 @@ def _name_dynamic_axes(proto: onnx.ModelProto, tokens: set[int]) -> None:
         dims = value.type.tensor_type.shape.dim
         if len(dims) > 0 and dims[0].dim_param:
             renamed.setdefault(dims[0].dim_param, "batch")
-        if index in tokens and len(dims) > 1 and dims[1].dim_param:
-            renamed.setdefault(dims[1].dim_param, "sequence")
+        if index in tokens and len(dims) > 1 and dims[1].dim_param and dims[1].dim_param not in renamed:
+            # inputs whose lengths torch.export tied share one name; an independent one (a decoder's ids
+            # beside an encoder's) gets its own, so the graph never declares the two lengths equal
+            taken = set(renamed.values())
+            renamed[dims[1].dim_param] = "sequence" if "sequence" not in taken else f"{value.name}_sequence"
     for value in list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info):
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param in renamed:

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from workbench.graph.dataflow import activation_nodes, in_transformer_block, inplace_alias_risk
+from workbench.graph.dataflow import activation_nodes, in_transformer_block, inplace_alias_risk, pointwise_formula
 from workbench.graph.hf_attention import quantize_hf_attention
 from workbench.graph.operations import (
     SDPA_FUNCTIONS,
@@ -46,6 +46,7 @@ from workbench.graph.operations import (
 from workbench.graph.trace import (
     CAT_FUNCTIONS,
     TraceFailure,
+    explain_trace_error,
     is_leaf,
     scalar_nodes,
     trace_with_call,
@@ -156,6 +157,9 @@ _NO_OWN_OPS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, QuantTransformerEnco
 _RESIDUAL_IN_BLOCK = ("add inside a transformer block (a module with a LayerNorm or an attention): left in floating "
                       "point by default, TensorRT keeps it in its fused kernels; set "
                       "residual_adds_in_transformer_blocks to quantize it")
+_IN_FORMULA = ("a step inside an elementwise formula (an activation such as GELU's tanh approximation, SiLU or "
+               "hard-swish written out): TensorRT fuses the whole formula into one pointwise kernel, a Q/DQ inside "
+               "it would break that fusion and add error for no INT8 kernel")
 _NOT_ACTIVATION = ("an operand is not a floating activation (a mask, position or index computation, or an integer "
                    "tensor): TensorRT runs no INT8 kernel on it")
 
@@ -225,8 +229,7 @@ class _Inserter:
                 except Exception:  # report the first, plainer error
                     graph = None
             if graph is None:
-                text = str(error).strip().splitlines()
-                reason = f"{type(error).__name__}: {text[0] if text else ''}"[:400]
+                reason = explain_trace_error(error)
                 self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
                 logger.info("Could not trace %s (%s): %s", path or "<model>", type(module).__name__, reason)
                 return module
@@ -318,6 +321,8 @@ class _Inserter:
                         reason = "writes into an out= tensor"
                     elif alpha != 1:
                         reason = f"scales the second operand (alpha={alpha!r})"
+                    elif pointwise_formula(a, b):
+                        reason = _IN_FORMULA
                     elif inplace and any(order[user] > order[node] for user in a.users if user is not node):
                         reason = "in-place add whose first operand is read again afterwards"
                     if reason is None and not self.residual_in_blocks:
