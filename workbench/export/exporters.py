@@ -236,8 +236,8 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
     dynamic_axes = None
     if dynamic_batch:
         tokens = token_inputs(inputs)
-        # TorchScript cannot tell which lengths are tied: each token input's length gets its own name
-        dynamic_axes = {name: {0: "batch", 1: sequence_axis_name(name, i == min(tokens))} if i in tokens
+        # TorchScript cannot tell which lengths are tied: the inputs' names say it (decoder_* apart)
+        dynamic_axes = {name: {0: "batch", 1: sequence_axis_name(name)} if i in tokens
                         else {0: "batch"}
                         for i, name in enumerate(input_names)}
         dynamic_axes.update({name: {0: "batch"} for name in output_names})
@@ -280,8 +280,10 @@ def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
         fix(node.input)
         fix(node.output)
         _unwrap_scopes(node, prefix)
-        if node.name.startswith(scoped):  # TorchScript scopes: /model/model.layer1/model.layer1.conv/Conv
-            node.name = "/" + node.name[len(scoped):].replace("/" + dotted, "/").removeprefix(dotted)
+        if node.name.startswith(scoped):  # TorchScript scopes: /model/layer1/layer1.0/Conv, the wrapper first
+            # only the wrapper's own scope goes: the scopes after it are the user's module paths, which may
+            # start with "model." themselves (YOLOv5's self.model: /model/model.0/conv/Conv -> /model.0/conv/Conv)
+            node.name = "/" + node.name[len(scoped):]
     for collection in (graph.initializer, graph.value_info, graph.input, graph.output):
         for item in collection:
             if item.name in renamed:
@@ -320,9 +322,10 @@ def token_inputs(inputs: tuple) -> set[int]:
             if t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()}
 
 
-def sequence_axis_name(input_name: str, first: bool) -> str:
-    """The dynamic axis 1 of a token input: ``sequence`` for the first, ``<input>_sequence`` for others."""
-    return "sequence" if first else f"{input_name}_sequence"
+def sequence_axis_name(input_name: str) -> str:
+    """The dynamic axis 1 of a token input, by the Hugging Face naming convention: ``decoder_sequence`` for the
+    ``decoder_*`` inputs of an encoder-decoder, ``sequence`` for the others (ids, mask, token types)."""
+    return "decoder_sequence" if input_name.startswith("decoder_") else "sequence"
 
 
 def _name_dynamic_axes(proto: onnx.ModelProto, tokens: set[int]) -> None:
@@ -337,7 +340,8 @@ def _name_dynamic_axes(proto: onnx.ModelProto, tokens: set[int]) -> None:
             # inputs whose lengths torch.export tied share one name; an independent one (a decoder's ids
             # beside an encoder's) gets its own, so the graph never declares the two lengths equal
             taken = set(renamed.values())
-            renamed[dims[1].dim_param] = "sequence" if "sequence" not in taken else f"{value.name}_sequence"
+            wanted = sequence_axis_name(value.name)
+            renamed[dims[1].dim_param] = wanted if wanted not in taken else f"{value.name}_sequence"
     for value in list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info):
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param in renamed:

@@ -179,10 +179,12 @@ def in_transformer_block(module: nn.Module) -> bool:
     return False
 
 
-# functions that are a GEMM, a convolution or a reduction over a layer's worth of data: a formula stops there
-_NOT_POINTWISE = re.compile(r"^(matmul|bmm|mm|addmm|baddbmm|linear|conv\w*|einsum|scaled_dot_product_attention|"
-                            r"bilinear|embedding|layer_norm|group_norm|batch_norm|rms_norm|instance_norm|softmax|"
-                            r"log_softmax|sum|mean|cumsum)$")
+# elementwise math an activation or a norm is written with (functions, methods and operators by name): a formula
+# is followed through these only; slicing, concatenation, layers and products end it
+_POINTWISE = frozenset({"add", "sub", "mul", "truediv", "div", "pow", "neg", "tanh", "sigmoid", "exp", "log",
+                        "sqrt", "rsqrt", "erf", "abs", "clamp", "clip", "relu", "relu6", "hardtanh", "reciprocal",
+                        "square", "minimum", "maximum", "where", "float", "to", "type_as", "contiguous",
+                        "iadd", "imul", "isub", "itruediv", "softplus", "gelu", "silu", "hardsigmoid", "hardswish"})
 
 
 def _elementwise_sources(node: fx.Node, limit: int = 64) -> set[fx.Node]:
@@ -195,8 +197,8 @@ def _elementwise_sources(node: fx.Node, limit: int = 64) -> set[fx.Node]:
         if current in seen:
             continue
         seen.add(current)
-        name = getattr(current.target, "__name__", str(current.target))
-        if current.op in ("call_function", "call_method") and not _NOT_POINTWISE.match(name.strip("_")):
+        name = getattr(current.target, "__name__", str(current.target)).strip("_")
+        if current.op in ("call_function", "call_method") and name in _POINTWISE:
             operands = [a for a in current.all_input_nodes if a.op != "get_attr"]
             if operands:
                 stack.extend(operands)
@@ -211,7 +213,8 @@ def pointwise_formula(a: fx.Node, b: fx.Node) -> bool:
     such a computation (``x + x`` is not a formula step but a doubling)."""
     if a is b:
         return False
-    computed = [n for n in (a, b) if n.op in ("call_function", "call_method")]
+    computed = [n for n in (a, b) if n.op in ("call_function", "call_method")
+                and getattr(n.target, "__name__", str(n.target)).strip("_") in _POINTWISE]
     if not computed:
         return False
     return bool(_elementwise_sources(a) & _elementwise_sources(b))

@@ -47,6 +47,7 @@ from workbench.graph.trace import (
     CAT_FUNCTIONS,
     TraceFailure,
     explain_trace_error,
+    flag_constants,
     is_leaf,
     scalar_nodes,
     trace_with_call,
@@ -222,7 +223,14 @@ class _Inserter:
             graph = tracer.trace(module)
         except Exception as error:  # the user's forward runs on proxies: anything can be raised
             graph = None
-            if call is not None and (call.kwargs or takes_var_keyword(module)):
+            flags = flag_constants(module)
+            if flags:  # ``if augment:`` (YOLOv5): trace the path the default flags take
+                try:
+                    tracer = _OwnForwardTracer()
+                    graph = tracer.trace(module, concrete_args=flags)
+                except Exception:
+                    graph = None
+            if graph is None and call is not None and (call.kwargs or takes_var_keyword(module)):
                 try:  # **kwargs forwards (Hugging Face blocks): trace the forward as it was called
                     tracer = _OwnForwardTracer()
                     graph = trace_with_call(tracer, module, call.args, call.kwargs)
@@ -344,6 +352,19 @@ class _Inserter:
                 dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", node.kwargs.get("axis", 0))
                 description = describe_node(node)
                 reason = None
+                if isinstance(tensors, fx.Node) and tensors.op == "placeholder" and tensors not in scalars:
+                    # YOLOv5's Concat module: forward(x) is torch.cat(x, self.d) over the list its caller passes;
+                    # the caller's graph shows the tensors, so placement rules still see every operand
+                    tensors = (tensors,)
+                    if not isinstance(dim, int):
+                        reason = "the concatenation dimension is computed at run time"
+                    name, qualified, reason = claim("cat", reason) if reason is None else (None, None, reason)
+                    if reason is not None:
+                        self.report.skipped.append(SkippedOp(path, description, reason))
+                        continue
+                    replace(node, name, QuantConcat(dim, self.descriptor(qualified)), (tensors[0],))
+                    self.report.inserted.append(InsertedQuantizer(qualified, "concat", path, description, 0))
+                    continue
                 if not isinstance(tensors, (list, tuple)) or not all(is_tensor_operand(t) for t in tensors):
                     reason = "its inputs are not a list of activations visible to the tracer"
                 elif any(t.op == "get_attr" for t in tensors):

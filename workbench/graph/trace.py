@@ -20,7 +20,7 @@ from torch import nn
 from workbench.graph.tree import is_quantized_module
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
-__all__ = ["QuantTracer", "TracedPiece", "TraceFailure", "explain_trace_error", "trace_module", "trace_pieces", "trace_with_call",
+__all__ = ["QuantTracer", "TracedPiece", "TraceFailure", "explain_trace_error", "flag_constants", "trace_module", "trace_pieces", "trace_with_call",
            "is_leaf", "scalar_nodes", "ADD_FUNCTIONS", "ADD_METHODS", "CAT_FUNCTIONS", "MAXPOOL_FUNCTIONS"]
 
 ADD_FUNCTIONS = {operator.add: False, torch.add: False, operator.iadd: True}  # target -> in place
@@ -119,9 +119,34 @@ def trace_module(module: nn.Module) -> fx.GraphModule:
         Exception: whatever symbolic tracing raises (``TraceError``, ``TypeError`` on ``bool(proxy)``...).
     """
     tracer = QuantTracer()
-    graph = tracer.trace(module)
+    try:
+        graph = tracer.trace(module)
+    except Exception:
+        flags = flag_constants(module)
+        if not flags:
+            raise
+        # YOLOv5's forward(x, augment=False, profile=False, visualize=False): trace the path the default
+        # flags take, with them bound as constants (the first error is the one to report if this fails too)
+        tracer = QuantTracer()
+        try:
+            graph = tracer.trace(module, concrete_args=flags)
+        except Exception:
+            graph = None
+        if graph is None:
+            raise
     name = type(module).__name__ if not isinstance(module, fx.GraphModule) else module.__class__.__name__
     return fx.GraphModule(tracer.root, graph, name)
+
+
+def flag_constants(module: nn.Module) -> dict[str, bool]:
+    """The forward's flag parameters (a bool default: ``augment=False``) with their defaults, to bind as
+    constants when the forward cannot be traced with them symbolic (``if augment:``)."""
+    try:
+        parameters = inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {name: p.default for name, p in parameters.items()
+            if isinstance(p.default, bool) and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def trace_pieces(model: nn.Module) -> tuple[list[TracedPiece], list[TraceFailure]]:
