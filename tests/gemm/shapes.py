@@ -225,3 +225,58 @@ class LSTMHead(nn.Module):
     def forward(self, x):
         out, _ = self.lstm(self.proj(x))
         return self.head(out[:, -1])
+
+
+class Conv2dNormActivation(nn.Sequential):
+    """torchvision.ops.misc.Conv2dNormActivation: an nn.Sequential subclass of conv, norm, activation."""
+
+    def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1,
+                 activation: bool = True) -> None:
+        layers = [nn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+                  nn.BatchNorm2d(cout)]
+        if activation:
+            layers.append(nn.ReLU6(inplace=True))
+        super().__init__(*layers)
+
+
+Conv2dNormActivation.__module__ = "torchvision.ops.misc"
+
+
+class TVInvertedResidual(nn.Module):
+    """torchvision.models.mobilenetv2.InvertedResidual, as written there (a flag picks the residual)."""
+
+    def __init__(self, inp: int, oup: int, stride: int, expand_ratio: int) -> None:
+        super().__init__()
+        hidden = int(round(inp * expand_ratio))
+        self.use_res_connect = stride == 1 and inp == oup
+        layers: list[nn.Module] = []
+        if expand_ratio != 1:
+            layers.append(Conv2dNormActivation(inp, hidden, kernel=1))
+        layers.extend([Conv2dNormActivation(hidden, hidden, stride=stride, groups=hidden),
+                       nn.Conv2d(hidden, oup, 1, 1, 0, bias=False), nn.BatchNorm2d(oup)])
+        self.conv = nn.Sequential(*layers)
+        self.out_channels = oup
+        self._is_cn = stride > 1
+
+    def forward(self, x):
+        if self.use_res_connect:
+            return x + self.conv(x)
+        return self.conv(x)
+
+
+class MobileNetV2ish(nn.Module):
+    """torchvision's MobileNetV2 layout, small: features (stem, inverted residuals, last conv), classifier."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        features: list[nn.Module] = [Conv2dNormActivation(3, 8, stride=2)]
+        features += [TVInvertedResidual(8, 8, 1, 1), TVInvertedResidual(8, 16, 2, 4), TVInvertedResidual(16, 16, 1, 4)]
+        features.append(Conv2dNormActivation(16, 32, kernel=1))
+        self.features = nn.Sequential(*features)
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(32, num_classes))
+
+    def forward(self, x):
+        x = self.features(x)
+        x = nn.functional.adaptive_avg_pool2d(x, (1, 1))
+        x = torch.flatten(x, 1)
+        return self.classifier(x)

@@ -1,6 +1,6 @@
 """The weight GEMMs of an exported graph and which of them kept their weight in floating point.
 
-A Conv, ConvTranspose, Gemm or MatMul one of whose operands is a constant weight (an initializer or a
+A Conv, ConvTranspose, Gemm or MatMul (or an ONNX LSTM/GRU/RNN) one of whose operands is a constant weight (an initializer or a
 Constant, through layout-only nodes such as Transpose or Reshape) is a weight GEMM. TensorRT runs it in
 INT8 only when that weight comes through a DequantizeLinear; one that does not stays float in the engine.
 Counting them in the export report means a GEMM the quantizer never saw (a Linear-like of an unknown
@@ -15,6 +15,7 @@ import onnx
 __all__ = ["WeightGemms", "weight_gemms"]
 
 _GEMMS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+_RECURRENT = {"LSTM", "GRU", "RNN"}  # weights W and R are inputs 1 and 2
 # nodes that only move or reshape a weight on its way to the GEMM
 _LAYOUT = {"Transpose", "Reshape", "Identity", "Cast", "Unsqueeze", "Squeeze", "Flatten"}
 
@@ -56,9 +57,9 @@ def weight_gemms(proto: onnx.ModelProto) -> WeightGemms:
     constants = {init.name for init in graph.initializer}
     result = WeightGemms()
     for node in graph.node:
-        if node.op_type not in _GEMMS:
+        if node.op_type not in _GEMMS | _RECURRENT:
             continue
-        operands = [name for name in node.input[:2] if name]
+        operands = [name for name in node.input[:3 if node.op_type in _RECURRENT else 2] if name]
         if any(_dq_of_constant(name, producers, constants) for name in operands):
             result.total += 1  # its weight comes through Q/DQ: INT8 in the engine
         elif any(_origin(name, producers, constants) == "constant" for name in operands):

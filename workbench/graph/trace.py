@@ -20,7 +20,8 @@ from torch import nn
 from workbench.graph.tree import is_quantized_module
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
-__all__ = ["QuantTracer", "TracedPiece", "TraceFailure", "explain_trace_error", "flag_constants", "trace_module", "trace_pieces", "trace_with_call",
+__all__ = ["QuantTracer", "TracedPiece", "TraceFailure", "explain_trace_error", "flag_constants", "trace_module",
+           "trace_pieces", "trace_with_call",
            "is_leaf", "scalar_nodes", "ADD_FUNCTIONS", "ADD_METHODS", "CAT_FUNCTIONS", "MAXPOOL_FUNCTIONS"]
 
 ADD_FUNCTIONS = {operator.add: False, torch.add: False, operator.iadd: True}  # target -> in place

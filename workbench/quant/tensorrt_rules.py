@@ -70,7 +70,8 @@ def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str) -> Ten
         if axis is not None and axis != wanted:
             return TensorRTCheck(error=(
                 f"TensorRT takes {kind} weights per-tensor (axis=none) or per output channel (axis={wanted}), "
-                f"not axis={axis!r}: {f'its weight is {_weight_layout(kind)}' if wanted else 'the output channels are axis 0'}."))
+                f"not axis={axis!r}: "
+                f"{f'its weight is {_weight_layout(kind)}' if wanted else 'the output channels are axis 0'}."))
     elif axis is not None:
         return TensorRTCheck(error=(
             f"TensorRT takes activations (the {kind} input) per-tensor only (axis=none), not axis={axis!r}: "

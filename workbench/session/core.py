@@ -246,7 +246,8 @@ class Session:
         layers: dict[str, LayerDecision] = {}
         for name, module_type, _ in quantizable(model):
             # LSTMs start float (workbench.quant.gemm.FLOAT_BY_DEFAULT says why); the user may quantize them
-            layers[name] = known.get(name) or LayerDecision(name, module_type, float_by_default_reason(module_type) is None)
+            starts_quantized = float_by_default_reason(module_type) is None
+            layers[name] = known.get(name) or LayerDecision(name, module_type, starts_quantized)
         dropped = [name for name in known if name not in layers]
         if dropped:
             logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
