@@ -62,7 +62,9 @@ def unknown_weight_gemm(module: nn.Module) -> str | None:
     when it holds no weight matrix of its own."""
     if isinstance(module, _NOT_GEMMS):
         return None
-    weights = [(name, p) for name, p in module.named_parameters(recurse=False) if p is not None and p.dim() >= 2]
+    # a weight matrix by name (``weight``, ``in_proj_weight``): a 3-D ``pos_embed`` or ``cls_token`` is no GEMM operand
+    weights = [(name, p) for name, p in module.named_parameters(recurse=False)
+               if p is not None and p.dim() >= 2 and "weight" in name]
     if not weights:
         return None
     name, weight = weights[0]
