@@ -41,6 +41,12 @@ class _CaptureError(Exception):
     """torch.export could not capture the model (not an unsupported-operator problem)."""
 
 
+# A requested opset at or above this is a default more than a target: when onnx.version_converter cannot bring
+# the torch.export graph down to it, the graph keeps the exporter's opset (one or two above) rather than being
+# re-exported by TorchScript. Below it (an old TensorRT asked for on purpose) the TorchScript fallback writes it.
+KEEP_EXPORTER_OPSET_FROM = 17
+
+
 class _TooLargeForTorchScript(ExportError):
     """The graph is over protobuf's 2 GB limit, which the TorchScript exporter cannot write."""
 
@@ -161,11 +167,13 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
             try:
                 proto, notes = convert_opset(proto, opset)
             except ValueError as error:
+                if opset < KEEP_EXPORTER_OPSET_FROM and not large:
+                    raise  # an old target asked for on purpose: the TorchScript fallback writes that opset
                 # keep the graph the exporter wrote, at its own opset: the TorchScript fallback would record
                 # another graph (the sample's path only) and often cannot write it at the lower opset either
                 written = default_opset(proto)
-                warnings_out.append(f"opset {written} instead of the requested {opset} (TensorRT 8.6 and newer read "
-                                    f"it): {error}")
+                warnings_out.append(f"opset {written} instead of the requested {opset} (TensorRT 10 reads it; "
+                                    f"TensorRT 8.6 reads up to 17): {error}")
                 note += f", at opset {written}: converting it down to {opset} failed"
             else:
                 note += f", converted from opset {target} to {opset} with onnx.version_converter"

@@ -129,8 +129,9 @@ def export_qdq_onnx(model: nn.Module,
             (a tensor or tuple of tensors whole, else the first tensor: never a cache object). A Hugging
             Face model whose config has ``use_cache=True`` is exported with it off (the report says so).
         dynamic_batch: make dimension 0 of every input and output symbolic ("batch"), and axis 1 of
-            integer inputs (token ids, masks: "sequence") where the model allows it, and check in
-            onnxruntime that another batch size works too.
+            integer inputs (token ids, masks: "sequence"; an encoder-decoder's ``decoder_*`` inputs, or any
+            length torch.export finds independent, get their own name) where the model allows it, and check in
+            onnxruntime that another batch size and other (unequal) lengths work too.
         exporter: ``"auto"`` (torch.export-based, TorchScript where that cannot do it), ``"dynamo"`` or
             ``"torchscript"``.
         min_cosine: the lowest acceptable cosine similarity of every output with PyTorch's.
@@ -427,7 +428,7 @@ def optimized_parity(path: str, inputs: tuple[torch.Tensor, ...], output_names: 
 
 
 def sequence_groups(proto: onnx.ModelProto) -> dict[str, list[int]]:
-    """Symbolic axis-1 names of the graph's inputs (``sequence``, ``decoder_input_ids_sequence``) -> the
+    """Symbolic axis-1 names of the graph's inputs (``sequence``, ``decoder_sequence``) -> the
     indices of the inputs that carry each: one entry per length the graph lets vary on its own."""
     groups: dict[str, list[int]] = {}
     for index, value in enumerate(proto.graph.input):
