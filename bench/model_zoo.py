@@ -106,8 +106,8 @@ def measure(name: str, build: Callable[[], nn.Module], make_batch: Callable[[int
 
     def fp32_pass() -> None:
         with torch.no_grad():
-            for batch in batches:
-                model(*batch)
+            for batch in batches:  # positional inputs, or keyword inputs by name (an encoder-decoder's three)
+                model(**batch) if isinstance(batch, dict) else model(*batch)
 
     fp32_pass()
     # prepare swaps submodules in place: the FP32 reference keeps a model of its own
@@ -184,9 +184,10 @@ def main() -> None:
         return lambda i: (zoo.tokens(batch, length, vocab, seed=i),)
 
     def seq2seq(vocab: int, batch: int = 8, source: int = 32, target: int = 12):
-        # input_ids, attention_mask, decoder_input_ids: the decoder's length differs from the encoder's
-        return lambda i: (zoo.tokens(batch, source, vocab, seed=i), torch.ones(batch, source, dtype=torch.long),
-                          zoo.tokens(batch, target, vocab, seed=100 + i))
+        # by keyword (a tuple batch reads as (inputs, labels)); the decoder's length differs from the encoder's
+        return lambda i: {"input_ids": zoo.tokens(batch, source, vocab, seed=i),
+                          "attention_mask": torch.ones(batch, source, dtype=torch.long),
+                          "decoder_input_ids": zoo.tokens(batch, target, vocab, seed=100 + i)}
 
     rows_spec = [
         ("vit-like @ (192d, 4 blocks, 64 tok)", lambda: zoo.ViTLike(192, 4, 3, False, image=64, patch=8), images(64)),

@@ -100,7 +100,8 @@ def quantized_class_for(module: nn.Module, mapping: dict[type, type]) -> tuple[t
         if base in mapping:
             changed = _overridden_computation(cls, base)
             if changed is not None:
-                return None, f"not quantizable: custom {changed}"
+                return None, (f"not quantizable: custom {changed} ({cls.__name__} replaces {base.__name__}'s "
+                              f"{changed}, so it may compute something else; it stays in floating point)")
             return mapping[base], None
     return None, None
 
