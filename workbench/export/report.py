@@ -65,6 +65,11 @@ class ExportReport:
     fp8_ops: str | None = None  # "standard" (QuantizeLinear to float8e4m3fn) or "trt" (TensorRT's custom ops)
     # what the formats changed (the opset, FP8 as custom ops), for the CLI to say; also in warnings
     format_notes: list[str] = field(default_factory=list)
+    # the sample's parity with onnxruntime's default graph optimizations on (what a user's own script runs)
+    optimized_check: OutputParity | None = None
+    # Conv/Gemm/MatMul nodes with a constant weight, and those whose weight has no Q/DQ (float in the engine)
+    weight_gemms: int = 0
+    float_weight_gemms: list[str] = field(default_factory=list)
 
     @property
     def qdq_pairs(self) -> int:
@@ -81,6 +86,12 @@ class ExportReport:
                 f"opset {self.opset}{' (FP8 written as TensorRT custom ops)' if self.fp8_ops == 'trt' else ''}, "
                 f"{self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
                 f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
+        if self.weight_gemms:
+            text += (f"; {self.weight_gemms - len(self.float_weight_gemms)} of {self.weight_gemms} weight GEMMs with "
+                     "Q/DQ weights")
+        if self.optimized_check is not None and self.optimized_check.max_abs_diff > 1e-5:
+            text += (f"; with onnxruntime's graph optimizations: max abs diff {self.optimized_check.max_abs_diff:.3g}, "
+                     f"cosine {self.optimized_check.cosine:.6f}")
         if self.dynamic_batch_check is not None:
             text += f"; dynamic batch checked at {self.dynamic_batch_check.shape[0]}"
         if self.sequence_check is not None:

@@ -38,6 +38,7 @@ from workbench.quant.batches import first_samples, to_device
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.distributed import DistContext
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
+from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import (
     analysis,
@@ -254,7 +255,9 @@ class Session:
         known = dict(self.project.layers)
         layers: dict[str, LayerDecision] = {}
         for name, module_type, _ in quantizable(model):
-            layers[name] = known.get(name) or LayerDecision(name, module_type, True)
+            # LSTMs start float (workbench.quant.gemm.FLOAT_BY_DEFAULT says why); the user may quantize them
+            starts_quantized = float_by_default_reason(module_type) is None
+            layers[name] = known.get(name) or LayerDecision(name, module_type, starts_quantized)
         dropped = [name for name in known if name not in layers]
         if dropped:
             logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
