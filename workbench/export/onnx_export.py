@@ -54,6 +54,7 @@ from workbench.export.formats import (
     name_int4_weights,
     to_trt_fp8_ops,
 )
+from workbench.export.gemms import weight_gemms
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
     external_data_file,
@@ -77,7 +78,6 @@ from workbench.export.reference import (
     traced_module_scopes,
     without_cache,
 )
-from workbench.export.gemms import weight_gemms
 from workbench.export.report import ExportReport, OutputParity, report_json
 from workbench.export.tensorrt import (
     DEFAULT_TRT_VERSION,

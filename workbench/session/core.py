@@ -37,8 +37,8 @@ from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
 from workbench.quant.batches import first_samples, to_device
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.distributed import DistContext
-from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.gemm import float_by_default_reason
+from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import (
     analysis,

@@ -16,8 +16,8 @@ from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
-from workbench.quant.precision import grid_levels, precision_label, precision_of
 from workbench.quant.gemm import float_by_default_reason
+from workbench.quant.precision import grid_levels, precision_label, precision_of
 from workbench.quant.snapshot import quantizer_names
 from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
