@@ -114,9 +114,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
         counted = f"{run['quantizers']} quantizers" + (f" ({run['quantizer_names']} names: {shared} shared by a rule)"
                                                          if shared else "")
         stale = run["output_sqnr_stale"]
-        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR "
-                     f"{_fmt(run['output_sqnr_db'], ' dB')}" + (f" (stale: {'; '.join(stale)}; recalibrate "
+        over = f" over {run['sqnr_batches']} batches" if run["sqnr_batches"] else " (first batch)"
+        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR INT8 vs "
+                     f"FP32 {_fmt(run['output_sqnr_db'], ' dB')}{over}" + (f" (stale: {'; '.join(stale)}; recalibrate "
                                                                   "for a current figure)" if stale else ""))
+        if run["picked"]:
+            lines.append("    auto picked " + ", ".join(f"{m} for {n}" for m, n in run["picked"].items()))
+        for name, item in run["choices"].items():
+            if item["reason"]:
+                lines.append(f"    {name}: {item['reason']}")
+            lines += [f"    warning: {message}" for message in item["warnings"]]
     settings = session.settings
     calibration = settings.calibration
     lines.append(f"  settings: calibration {calibration.method} on {calibration.num_batches or 'all'} batches "
