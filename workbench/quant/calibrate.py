@@ -345,16 +345,12 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         auto_done = time.perf_counter()
         for name, item in results.items():
             calibrator = calibrating[name]._calibrator
-            if isinstance(calibrator, HistogramCalibrator) and item.method != AmaxMethod.MAX.value:
+            if isinstance(calibrator, HistogramCalibrator) and calibrator.calib_hist is not None \
+                    and isinstance(calibrator._num_bits, int):  # the INT grid: what the checks reason about
                 item.warnings = histogram_warnings(
                     name, calibrator.calib_hist.cpu().numpy(), calibrator.bin_width, float(item.amax.max()),
                     item.max_value or 0.0, num_bits=calibrator._num_bits, unsigned=calibrator._unsigned,
                     method=item.method)
-            elif isinstance(calibrator, HistogramCalibrator) and item.max_value:  # max clips nothing; zeros still
-                item.warnings = [w for w in histogram_warnings(
-                    name, calibrator.calib_hist.cpu().numpy(), calibrator.bin_width, float(item.amax.max()),
-                    item.max_value, num_bits=calibrator._num_bits, unsigned=calibrator._unsigned, method=item.method)
-                    if w.kind == "zeros"]
     except BaseException:
         if run_device != original_device:
             model.to(original_device)
