@@ -169,7 +169,7 @@ class CalibrationResult:
 
 
 # "auto" measures its candidates on at most this many calibration batches (per process).
-AUTO_BATCHES = 8
+AUTO_BATCHES = 4
 # The batches a run keeps to run again (auto's measurement, the output SQNR) take at most this many bytes;
 # beyond, the SQNR covers the batches kept and says so.
 REPLAY_BYTES = 1 << 30

@@ -38,7 +38,7 @@ CLIP_RANGE = 0.2
 # A tensor whose share of values in the zero bin is above this is "mostly zeros" (a ReLU output often has half
 # its values at 0, so the warning waits for more, or for a clipping amax: the padded input that misleads entropy).
 MOSTLY_ZEROS = 0.9
-HALF_ZEROS = 0.5
+HALF_ZEROS = 0.3
 # Above this share of the non-zero values quantizing to 0, the quantizer zeroes its input.
 ZEROED_SHARE = 0.5
 
