@@ -103,7 +103,8 @@ def run_model(model: nn.Module, frames: torch.Tensor, batch: int) -> torch.Tenso
 def scores(probabilities: torch.Tensor, f0: torch.Tensor, threshold: float) -> dict[str, float]:
     truth = 1200 * torch.log2(f0.double() / 10.0)
     error = (decode_cents(probabilities) - truth).abs()
-    return {"cents": float(error.mean()), "recall": float((probabilities.max(dim=1).values >= threshold).double().mean())}
+    voiced = probabilities.max(dim=1).values >= threshold
+    return {"cents": float(error.mean()), "recall": float(voiced.double().mean())}
 
 
 def sqnr(reference: torch.Tensor, test: torch.Tensor) -> float:
@@ -151,7 +152,8 @@ def main() -> None:
             rows += bench(capacity, args)
     print(f"CREPE on {args.eval_frames} tones (50-1000 Hz), calibrated on {args.calib_batches} x {args.batch} other "
           f"tones; voiced = peak probability >= {args.threshold}")
-    print(f"| model | method | pitch error (cents) | voiced recall | output SQNR (dB) | calibrate (s) | warnings | auto picked |")
+    print("| model | method | pitch error (cents) | voiced recall | output SQNR (dB) | calibrate (s) | warnings "
+          "| auto picked |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['model']} | {row['method']} | {row['cents']:.1f} | {row['recall']:.1%} | "

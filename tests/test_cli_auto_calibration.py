@@ -22,7 +22,8 @@ def run(capsys, *args):
 def project(tmp_path, capsys):
     path = tmp_path / "digits.qwb"
     code, _, err = run(capsys, "new", path, "--model", "demo:digits", "--data", "demo:digits:train",
-                       "--eval-data", "demo:digits:test", "--batch-size", "64", "--num-batches", "3", "--metric", "top1")
+                       "--eval-data", "demo:digits:test", "--batch-size", "64", "--num-batches", "3",
+                       "--metric", "top1")
     assert code == 0, err
     return path
 
@@ -34,7 +35,7 @@ def test_auto_is_the_default_and_says_why(project, capsys):
     assert result["method"] == "auto" and result["sqnr_batches"] == 3 and result["output_sqnr_db"] > 20
     histogram = {n: q for n, q in result["quantizers"].items() if q["choice"] is not None}
     assert len(histogram) == 7  # every input quantizer of the demo's 7 layers (weights are max-calibrated)
-    for name, item in histogram.items():
+    for item in histogram.values():
         choice = item["choice"]
         assert item["method"] == choice["method"] in SINGLES and choice["criterion"] == "layer output"
         assert choice["reason"].startswith(f"{item['method']}: SQNR of ") and choice["batches"] == 3

@@ -143,7 +143,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     lines.append(f"    {'layer':<32} {'type':<20} {'input':<36} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
         notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""
-        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.input_summary:<36} {layer.weight_summary:<24} "
+        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.input_summary:<36} "
+                     f"{layer.weight_summary:<24} "
                      f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
     _emit(args, summary, "\n".join(lines))
     return EXIT_OK

@@ -60,7 +60,7 @@ def test_stored_descriptor_fields_make_the_descriptor():
 
 
 # the settings a new project stored before they were typed, byte for byte (the project file's JSON); since
-# issue 24 a new project's calibration method is "auto" (an older project keeps the method its file holds)
+# issue 24 a new project's calibration method is "auto" (an older project keeps the method its file has)
 STORED_BEFORE_TYPING = (
     '{"defaults": {"input": {"calib_method": "histogram"}, "weight": null}, "functional": {"add": true, "concat": true, '
     '"matmul": true, "attention": true, "residual_adds_in_transformer_blocks": false}, "rules": {"concat": true, '
@@ -82,7 +82,10 @@ def test_typed_defaults_store_the_json_projects_always_held():
     assert json.dumps(settings.to_stored()) == json.dumps(stored)  # read and written back: the same bytes
     assert settings.pins == (("a", "b"),) and settings.finetune.learn_amax == ("conv.*",)
     assert settings.metric.direction is Direction.LOWER and settings.metric.direction == "lower"
-    assert settings.calibration.method is AmaxMethod.ENTROPY
+    assert settings.calibration.method is AmaxMethod.AUTO
+    # a project that stored entropy (every project saved before auto existed) keeps it
+    old = ProjectSettings.from_stored({"calibration": {"method": "entropy", "num_batches": 16, "percentile": 99.99}})
+    assert old.calibration.method is AmaxMethod.ENTROPY
 
 
 def test_an_older_file_missing_settings_and_fields_reads_with_defaults():

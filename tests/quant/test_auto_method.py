@@ -157,7 +157,8 @@ def test_a_method_that_cannot_run_names_the_quantizer_and_changes_nothing():
 
 def test_method_choice_round_trips_and_refuses_garbage():
     choice = MethodChoice("mse", {"entropy": 0.9, "mse": 2.0, "percentile": 2.5, "max": 10.0},
-                          {"entropy": 12.0, "mse": 38.0, "percentile": 35.0, "max": math.inf}, "layer output", 4, "conv")
+                          {"entropy": 12.0, "mse": 38.0, "percentile": 35.0, "max": math.inf}, "layer output", 4,
+                          "conv")
     again = MethodChoice.from_dict(choice.to_dict())
     assert again == choice and "vs entropy 12.0, percentile 35.0, max inf dB" in again.reason
     with pytest.raises(ValueError, match="not a method choice"):

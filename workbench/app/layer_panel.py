@@ -440,7 +440,8 @@ class LayerPanel(QWidget):
                          for w in data.get("warnings") or [])
         self.amax_legend.setText("amax by method: " + " &nbsp; ".join(legend)
                                  + (f" &nbsp; · in use: <b>{format_number(current)}</b>" if current is not None else "")
-                                 + " &nbsp; <span style='color:#808080'>(click a line to use it)</span>" + picked + warned)
+                                 + " &nbsp; <span style='color:#808080'>(click a line to use it)</span>"
+                                 + picked + warned)
         self.histogram_title.setText("Calibration histogram" + (f" · auto: {data.get('method')}" if data.get("auto")
                                                                else ""))
 

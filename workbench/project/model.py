@@ -69,8 +69,8 @@ class QuantizerRecord:
         """The record of one quantizer's calibration outcome (what :func:`workbench.quant.calibrate.calibrate`
         measured), with the statistics and descriptor to keep beside it; ``name`` when the quantizer is
         recorded under another of its names (one shared by a placement rule)."""
-        return cls(name or item.name, item.amax.numpy().astype(np.float32), item.method, item.calibrator, item.num_samples,
-                   item.nonfinite_count, item.max_value, calibrator_state, descriptor,
+        return cls(name or item.name, item.amax.numpy().astype(np.float32), item.method, item.calibrator,
+                   item.num_samples, item.nonfinite_count, item.max_value, calibrator_state, descriptor,
                    None if item.choice is None else item.choice.to_dict(), [w.to_dict() for w in item.warnings])
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["model_inputs", "batch_targets", "to_device", "run_model", "flat_tensors", "class_scores", "sqnr_db", "sqnr_powers",
-           "model_device", "select_output", "output_keys", "first_samples", "input_shapes"]
+__all__ = ["model_inputs", "batch_targets", "to_device", "run_model", "flat_tensors", "class_scores", "sqnr_db",
+           "sqnr_powers", "model_device", "select_output", "output_keys", "first_samples", "input_shapes"]
 
 _TARGET_KEYS = ("labels", "label", "targets", "target")
 

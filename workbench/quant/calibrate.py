@@ -254,7 +254,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             else:
                 q.disable()
 
-        kept: list[Any] = []  # the batches to run again (auto, output SQNR), within REPLAY_BYTES
+        # the batches to run again (auto, output SQNR), within REPLAY_BYTES, with their index among all batches
+        kept: list[tuple[int, Any]] = []
         kept_bytes = 0
         keep = report_sqnr or method == AmaxMethod.AUTO.value
         done = 0
@@ -274,7 +275,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                 if keep and kept_bytes <= REPLAY_BYTES:
                     size = _batch_bytes(batch)
                     if kept_bytes + size <= REPLAY_BYTES:
-                        kept.append(batch)
+                        kept.append((index, batch))
                     kept_bytes += size
                 if _nonfinite_share(batch) > _MOSTLY:
                     mostly_nonfinite.append(index)
@@ -333,7 +334,9 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             raise NonFiniteCalibrationError(blind)
         amax_done = time.perf_counter()
         if candidates:
-            choices = choose_methods(model, calibrating, candidates, kept[:AUTO_BATCHES], run_device, context=context,
+            # the first AUTO_BATCHES of all the batches, wherever they ran: N processes measure what one does
+            measured = [batch for index, batch in kept if index < AUTO_BATCHES]
+            choices = choose_methods(model, calibrating, candidates, measured, run_device, context=context,
                                      cancel=None if cancel is None else cancel.is_set)
             if cancel is not None and cancel.is_set():
                 raise CalibrationCancelled("Calibration cancelled while measuring the methods of 'auto'.")
@@ -364,7 +367,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
 
     output_sqnr, sqnr_batches = None, 0
     if report_sqnr:
-        output_sqnr, sqnr_batches = _output_sqnr(model, quantizers, kept, run_device, context)
+        output_sqnr, sqnr_batches = _output_sqnr(model, quantizers, [batch for _, batch in kept], run_device,
+                                                 context)
     snapshot.restore_modes()
     result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
                                wall_time_s=time.perf_counter() - started, device=str(run_device), unused=unused,

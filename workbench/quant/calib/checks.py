@@ -19,8 +19,8 @@ import numpy as np
 
 from workbench.quant.tensor_quant import max_bound_of
 
-__all__ = ["CalibrationWarning", "WARNING_KINDS", "histogram_warnings", "CLIP_MASS", "CLIP_RANGE", "MOSTLY_ZEROS", "HALF_ZEROS",
-           "ZEROED_SHARE"]
+__all__ = ["CalibrationWarning", "WARNING_KINDS", "histogram_warnings", "CLIP_MASS", "CLIP_RANGE", "MOSTLY_ZEROS",
+           "HALF_ZEROS", "ZEROED_SHARE"]
 
 # What each kind of warning means, for --help texts, the JSON's readers and the GUI's tooltips.
 WARNING_KINDS: dict[str, str] = {

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["AmaxMethod", "AMAX_METHODS", "SINGLE_METHODS", "DEFAULT_AMAX_METHOD", "Parameter", "PERCENTILE", "PERCENTILE_FLOOR",
+__all__ = ["AmaxMethod", "AMAX_METHODS", "SINGLE_METHODS", "DEFAULT_AMAX_METHOD", "Parameter", "PERCENTILE",
+           "PERCENTILE_FLOOR",
            "percentile_mistake", "UnknownMethodError"]
 
 
