@@ -434,9 +434,9 @@ class LayerPanel(QWidget):
             style = f"color:{METHOD_COLORS[method]};" + ("font-weight:bold;" if method == in_use else "")
             legend.append(f"<span style='{style}'>{'▶ ' if method == in_use else ''}{text}</span>")
         current = data.get("current")
-        picked = (f"<br><b>auto</b> picked {html.escape(str(data.get('reason')))}" if data.get("auto")
+        picked = (f"<br><b>auto</b> picked {html.escape(str(data.get('reason')), quote=False)}" if data.get("auto")
                   and data.get("reason") else "")
-        warned = "".join(f"<br><span style='color:#b35900'>⚠ {html.escape(str(w))}</span>"
+        warned = "".join(f"<br><span style='color:#b35900'>⚠ {html.escape(str(w), quote=False)}</span>"
                          for w in data.get("warnings") or [])
         self.amax_legend.setText("amax by method: " + " &nbsp; ".join(legend)
                                  + (f" &nbsp; · in use: <b>{format_number(current)}</b>" if current is not None else "")

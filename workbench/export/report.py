@@ -93,7 +93,8 @@ class ExportReport:
             text += "; dynamic sequence length checked"
         text += f"; {self.total_time_s:.2f} s"
         if self.headline():
-            text += f"\n{self.headline()} (the export's parity above compares it with the fake-quant model)"
+            text += (f"\n{self.headline()} (what quantizing costs; the parity above is the file against the "
+                     "fake-quant model)")
         return text
 
 
