@@ -30,6 +30,7 @@ from workbench.project.model import (
     SensitivityRecord,
 )
 from workbench.project.settings import ProjectSettings
+from workbench.quant.calib.methods import SINGLE_METHODS
 from workbench.quant.tensor_quant import QuantDescriptor
 from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.errors import SourceError
@@ -151,8 +152,9 @@ def _findings(text: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"findings is not a mapping: {text!r}")
     choice, warnings = value.get("choice"), value.get("warnings") or []
-    if choice is not None and not (isinstance(choice, dict) and "method" in choice):
-        raise ValueError(f"the auto choice is not a mapping with a method: {choice!r}")
+    if choice is not None and not (isinstance(choice, dict) and choice.get("method") in SINGLE_METHODS):
+        raise ValueError(f"the auto choice is not a mapping with one of {', '.join(SINGLE_METHODS)} as its method: "
+                         f"{choice!r}")
     if not isinstance(warnings, list) or not all(isinstance(w, dict) and "message" in w for w in warnings):
         raise ValueError(f"the warnings are not a list of messages: {warnings!r}")
     return {"choice": choice, "warnings": warnings}
