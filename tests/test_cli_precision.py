@@ -112,6 +112,10 @@ def test_round_trip_keeps_precisions_amax_and_block_scales(project, capsys, tmp_
     again = Session.open(project, trust_code=True)
     assert again.precisions() == first.precisions()
     assert {k: v.value for k, v in again.precisions().items()} == {"fc1": "int4w", "fc2": "fp8"}
+    # weight bytes of the mix: fc1 INT4 in 4 blocks per row, fc2 FP8 per channel, biases and the norm float
+    extra = 4 * (128 + 64 + 64 + 64)  # fc1.bias, fc2.bias, norm weight and bias
+    assert again.weight_bytes() == (128 * 64 // 2 + 4 * 128 * 4) + (64 * 128 + 4 * 64) + extra
+    assert again.weight_bytes({}) == 4 * sum(p.numel() for p in again.quantized_model().parameters())
     reopened = again.quantized_model()
     assert np.array_equal(reopened.fc1._weight_quantizer.amax.numpy(), block_amax.numpy())
     assert float(reopened.fc2._input_quantizer.amax) == fp8_amax

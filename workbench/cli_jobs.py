@@ -15,8 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.cli import EXIT_INTERNAL, EXIT_NOT_REACHED, EXIT_OK, EXIT_USAGE, UsageError, _emit, _fmt, _open
-from workbench.cli import _Progress
+from workbench.cli import (
+    EXIT_INTERNAL,
+    EXIT_NOT_REACHED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    _emit,
+    _fmt,
+    _open,
+    _Progress,
+)
 from workbench.cli_project import _data_spec, _typed_entrypoint
 
 __all__ = ["add_commands"]
@@ -74,9 +83,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     data = {"summary": result.summary(), "method": result.method, "batches": result.num_batches,
             "smoothing": smoothed,
             "world_size": context.world_size,
-            "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
+            "output_sqnr_db": result.output_sqnr_db, "sqnr_batches": result.sqnr_batches,
+            "warnings": result.warnings, "unused": result.unused, "picked": result.picked_methods(),
             "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
-                               "nonfinite": q.nonfinite_count} for n, q in result.quantizers.items()}}
+                               "nonfinite": q.nonfinite_count,
+                               "choice": None if q.choice is None else q.choice.to_dict(),
+                               "warnings": [w.to_dict() for w in q.warnings]} for n, q in result.quantizers.items()}}
     failed = None
     if args.evaluate:
         try:
@@ -88,7 +100,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             failed = error
             data["evaluation"] = None
             data["evaluation_error"] = f"{type(error).__name__}: {error}"
-    lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
+    lines = [result.summary()] + [f"  {n}: {q.choice.reason}" for n, q in result.quantizers.items() if q.choice]
+    lines += [f"warning: {w}" for w in result.warnings]
     if args.smoothquant is not None or args.awq is not None:
         folded = sum(1 for r in smoothed.values() if r["folded_into"])
         lines.insert(1, f"smoothing: {len(smoothed)} layers ({folded} folded into the layer before, "
@@ -265,7 +278,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
     _emit(args, {**report.to_dict(), "files": written},
-          report.summary() + "\nwrote: " + ", ".join(written))
+          report.summary() + "".join(f"\nnote: {note}" for note in report.format_notes)
+          + "\nwrote: " + ", ".join(written))
     return EXIT_OK
 
 
@@ -327,12 +341,11 @@ def add_commands(sub: argparse._SubParsersAction,
     from workbench.analysis.results import SCHEMES
     from workbench.analysis.units import UNIT_SCHEMES
     from workbench.project.settings import DEFAULTS
+    from workbench.quant.blocks import BLOCK_METHODS
     from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
-    from workbench.quant.precision import Precision
+    from workbench.quant.precision import FP8_OPS, Precision
 
     precision_names = "precisions: " + ", ".join(p.value for p in Precision)
-    from workbench.quant.blocks import BLOCK_METHODS
-    from workbench.quant.precision import FP8_OPS
 
     # every default a help text names is read from the project settings' defaults: one source of truth
     calib_defaults, tune_defaults = DEFAULTS.calibration, DEFAULTS.finetune

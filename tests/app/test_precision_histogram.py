@@ -13,7 +13,7 @@ from test_main_window import _no_webengine, answers, calibrate, load_demo, windo
 from workbench.quant.precision import grid_levels  # noqa: E402
 
 
-def test_histogram_draws_the_fp8_grid_of_an_fp8_layer(window, qtbot):
+def test_histogram_draws_the_fp8_grid_of_an_fp8_layer(window, qtbot):  # noqa: F811
     session = load_demo(window, qtbot)
     # E4M3 inputs with the histogram calibrator (FP8 histogram methods search on the E4M3 grid)
     assert window.controller.set_descriptor(["block.conv1"], "input", {"num_bits": [4, 3]})

@@ -104,6 +104,7 @@ def test_int4_weights_are_an_int4_initializer_into_blocked_dequantize(tmp_path):
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attributes == {"axis": 1, "block_size": 16}
         assert types[node.input[0]] == TensorProto.INT4
+        assert node.input[0] == node.input[1].replace(".scale", ".int4_weight")  # named after its quantizer
     # the float weights of the INT4 layers are gone from the file; fc1's 288 inputs are 18 blocks of 16
     assert "fc1.weight" not in types and "fc2.weight" not in types
     scales = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
@@ -147,3 +148,35 @@ def test_trt_form_refuses_per_channel_fp8_and_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="takes one scale per tensor; per-channel FP8: conv._weight_quantizer"):
         export_qdq_onnx(model, x, tmp_path / "m.onnx", fp8_ops="trt")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_int4w_on_hugging_face_conv1d_blocks_its_input_dimension(tmp_path):
+    """GPT-2's Conv1D keeps its weight [in, out]: the blocks run along axis 0, and the exported
+    DequantizeLinear says so (axis=0)."""
+    pytorch_utils = pytest.importorskip("transformers.pytorch_utils")
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = pytorch_utils.Conv1D(48, 40)  # nf=48 outputs, nx=40 inputs
+
+        def forward(self, x):
+            return self.proj(x)
+
+    torch.manual_seed(0)
+    model = Block().eval()
+
+    def choose(name, module):
+        inputs, weight = descriptors_for(Precision.INT4W, type(module).__name__, block_size=16,
+                                         weight_ndim=module.weight.dim())
+        return make_descriptor(inputs), make_descriptor(weight)
+
+    quant.replace_to_quantization_module(model, descriptor_for=choose)
+    batches = [torch.randn(2, 5, 40) for _ in range(2)]
+    calibrate(model, batches, num_batches=2, method="max", report_sqnr=False)
+    assert tuple(model.proj._weight_quantizer.amax.shape) == (3, 1, 48)  # 40 inputs: blocks of 16, 16, 8
+    path = tmp_path / "c.onnx"
+    report = export_qdq_onnx(model, batches[0], path)
+    assert report.formats == {"int4": 1} and report.cosine > 0.99999
+    node = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "DequantizeLinear")
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {"axis": 0, "block_size": 16}

@@ -63,12 +63,12 @@ def test_search_needs_more_bins_than_start_bin():
         histogram.amax_entropy(hist, edges, 8, False)
 
 
-def test_integer_grid_searches_refuse_fp8_clearly():
+def test_fp8_histograms_search_on_the_e4m3_grid():
+    # entropy and mse score candidates on FP8 E4M3's own grid (tests/quant/test_precision.py checks the values)
     calibrator = HistogramCalibrator((4, 3), None, False)
     calibrator.collect(torch.randn(10000))
     for method in ("entropy", "mse"):
-        with pytest.raises(ValueError, match=r"num_bits=\(4, 3\) has no integer grid"):
-            calibrator.compute_amax(method)
+        assert 0 < float(calibrator.compute_amax(method)) <= float(calibrator.compute_amax("max"))
 
 
 class TestCollection:

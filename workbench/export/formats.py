@@ -19,7 +19,7 @@ from workbench.export.opset import convert_opset, default_opset
 from workbench.quant.precision import FP8_OPS
 
 __all__ = ["FORMAT_NAMES", "FP8_OPS", "TRT_DOMAIN", "format_counts", "node_format", "to_trt_fp8_ops",
-           "fold_int4_casts"]
+           "fold_int4_casts", "name_int4_weights"]
 
 FORMAT_NAMES = {"int8": "INT8 Q/DQ", "fp8": "FP8 E4M3 Q/DQ", "int4": "INT4 blockwise DequantizeLinear"}
 TRT_DOMAIN = "trt"
@@ -136,3 +136,28 @@ def to_trt_fp8_ops(proto: onnx.ModelProto, opset: int) -> tuple[onnx.ModelProto,
         else:
             notes.extend(converted)
     return result, notes
+
+
+def name_int4_weights(proto: onnx.ModelProto) -> int:
+    """Give each INT4 weight initializer its quantizer's name (``fc1._weight_quantizer.int4_weight``, from the
+    scale ``fc1._weight_quantizer.scale`` beside it) instead of the exporter's ``val_7``, for viewers and
+    engine reports; in place, returns how many were renamed."""
+    types = _element_types(proto)
+    inits = {init.name: init for init in proto.graph.initializer}
+    taken = set(inits) | {out for node in proto.graph.node for out in node.output}
+    renamed = 0
+    for node in proto.graph.node:
+        if node.op_type != _DQ or types.get(node.input[0]) != TensorProto.INT4 or node.input[0] not in inits:
+            continue
+        scale = node.input[1]
+        if not scale.endswith(".scale"):
+            continue
+        new = scale[: -len(".scale")] + ".int4_weight"
+        old = node.input[0]
+        if new in taken or sum(name == old for n in proto.graph.node for name in n.input) != 1:
+            continue
+        inits[old].name = new
+        node.input[0] = new
+        taken.add(new)
+        renamed += 1
+    return renamed

@@ -170,7 +170,8 @@ def check_quantizers(model: nn.Module, names: dict[int, str],
             unreached.setdefault(name, module)
             continue
         try:
-            params[id(module)] = export_params(module, weights.get(id(module)))
+            params[id(module)] = export_params(module, weights.get(id(module))) if module.block_size is not None \
+                else export_params(module)
         except LookupError as error:
             problems[name] = f"enabled but {error}"
             continue

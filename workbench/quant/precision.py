@@ -101,7 +101,8 @@ def _kind(module_type: str) -> str:
     return module_type.removeprefix("Quant")
 
 
-def applies_to(precision: Precision, module_type: str, *, has_weight: bool, weight_ndim: int | None = None) -> str | None:
+def applies_to(precision: Precision, module_type: str, *, has_weight: bool,
+               weight_ndim: int | None = None) -> str | None:
     """None when a ``module_type`` layer can run in ``precision``, else why not (a sentence).
 
     int4w needs a weight GEMM: a weight quantizer on a 2-D weight (``weight_ndim``; when not given, the
@@ -117,9 +118,11 @@ def applies_to(precision: Precision, module_type: str, *, has_weight: bool, weig
 
 
 def descriptors_for(precision: Precision | str, module_type: str, *, has_weight: bool = True,
-                    weight_ndim: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE, fp8_weight_per_channel: bool = True,
+                    weight_ndim: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+                    fp8_weight_per_channel: bool = True,
                     base_input: Mapping[str, Any] | None = None,
-                    base_weight: Mapping[str, Any] | None = None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+                    base_weight: Mapping[str, Any] | None = None,
+                    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The input and weight descriptor fields (:meth:`QuantDescriptor.dict` form) of a ``module_type`` layer
     in ``precision``; None for a role the layer has no quantizer for (``has_weight``) or for ``float``.
 

@@ -36,15 +36,27 @@ from workbench.project import (
 )
 from workbench.project.model import now_iso
 from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.batches import first_samples, to_device
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.distributed import DistContext
 from workbench.quant.format_rules import mix_notes
+from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.snapshot import quantizer_names
-from workbench.session import analysis, calibration, configure, data_sources, decisions, exports, finetuning
+from workbench.session import (
+    analysis,
+    calibration,
+    configure,
+    data_sources,
+    decisions,
+    exports,
+    finetuning,
+    paths,
+    smoothing,
+    tensorrt,
+    views,
+)
 from workbench.session import ladder as ladder_job
-from workbench.session import paths, smoothing, tensorrt, views
 from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
@@ -53,8 +65,7 @@ from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check
 from workbench.sources.errors import EntryPointError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
 from workbench.sources.paths import absolute_path
-from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, remember_trust
-from workbench.sources.trust import trust_status
+from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, remember_trust, trust_status
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +260,9 @@ class Session:
         known = dict(self.project.layers)
         layers: dict[str, LayerDecision] = {}
         for name, module_type, _ in quantizable(model):
-            layers[name] = known.get(name) or LayerDecision(name, module_type, True)
+            # LSTMs start float (workbench.quant.gemm.FLOAT_BY_DEFAULT says why); the user may quantize them
+            starts_quantized = float_by_default_reason(module_type) is None
+            layers[name] = known.get(name) or LayerDecision(name, module_type, starts_quantized)
         dropped = [name for name in known if name not in layers]
         if dropped:
             logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
@@ -324,6 +337,11 @@ class Session:
     def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
         """The precision each layer (all by default) runs in; None for custom descriptors."""
         return decisions.precisions(self, names)
+
+    def weight_bytes(self, mix: dict[str, Precision | None] | None = None) -> int:
+        """Bytes of the model's weights (scales included) with the layers in ``mix``'s precisions (default:
+        their precisions now; a layer left out of ``mix`` counts as float)."""
+        return decisions.mix_weight_bytes(self, mix)
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
@@ -687,9 +705,11 @@ class Session:
         return tensorrt.apply_fix(self, fix)
 
     def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None, *,
-                             remember: bool = True):
-        """trtexec's layer information (and profile) mapped onto the layers; kept in the project."""
-        return tensorrt.import_engine(self, layer_info, profile, remember=remember)
+                             remember: bool = True, onnx_file: str | Path | None = None, force: bool = False):
+        """trtexec's layer information (and profile) mapped onto the layers; kept in the project.
+        ``onnx_file``: the ONNX the engine was built from (to read its node names); ``force``: report an
+        engine that does not look like this model's."""
+        return tensorrt.import_engine(self, layer_info, profile, remember=remember, onnx_file=onnx_file, force=force)
 
     def latest_engine_report(self):
         return tensorrt.latest_engine_report(self)

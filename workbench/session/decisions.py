@@ -7,11 +7,18 @@ Functions of a :class:`~workbench.session.Session` (its methods call them), like
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from workbench.project.settings import jsonable, make_descriptor
-from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision, descriptors_for, parse_precision, precision_of
+from workbench.quant.precision import (
+    DEFAULT_BLOCK_SIZE,
+    Precision,
+    descriptors_for,
+    parse_precision,
+    precision_of,
+    weight_bytes,
+)
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.tensorrt_rules import tensorrt_check
 from workbench.session.build import descriptor_of, role_quantizer
@@ -22,7 +29,7 @@ if TYPE_CHECKING:
     from workbench.session.core import Session
 
 __all__ = ["select", "apply_ignore_policy", "set_quantize", "set_descriptor", "reset_descriptor", "descriptors",
-           "plan_precision", "precisions"]
+           "plan_precision", "precisions", "mix_weight_bytes"]
 
 
 def select(session: Session, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
@@ -278,3 +285,16 @@ def precisions(session: Session, names: Iterable[str] | None = None) -> dict[str
         result[name] = precision_of(inputs if input_q is not None else None,
                                     weight if weight_q is not None else None, decision.quantize)
     return result
+
+
+def mix_weight_bytes(session: Session, mix: Mapping[str, Precision | None] | None = None) -> int:
+    """Weight bytes of the model (scales included) with each layer in its precision (``mix``, default: the
+    layers' precisions now); int4w layers count their own block size. See
+    :func:`workbench.quant.precision.weight_bytes`."""
+    mix = dict(precisions(session) if mix is None else mix)
+    unknown = [name for name in mix if name not in session.project.layers]
+    if unknown:
+        raise SessionError(f"Not quantizable layers of this model: {', '.join(unknown[:10])}.")
+    blocks = {name: int((session.project.layers[name].weight_desc or {}).get("block_size") or DEFAULT_BLOCK_SIZE)
+              for name in mix}
+    return weight_bytes(session.quantized_model(), mix, block_size=blocks)

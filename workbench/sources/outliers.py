@@ -5,7 +5,8 @@ the precision of one layer decides the accuracy of the whole block (issue 22).
 transformers); ``fc2`` reads them. With INT8 on every layer, ``fc2``'s per-tensor input step is set by the
 outliers and the ordinary channels round to a handful of levels: the block's output SQNR is about 12 dB.
 FP8 E4M3 on ``fc2`` keeps a relative precision of 2**-4 on every channel: about 28 dB (its inputs and
-weights each round to 3 mantissa bits, about 31 dB apiece); the other layer can stay INT8. Random weights from a fixed seed, no download: ``--model workbench.sources.outliers:outlier_block``
+weights each round to 3 mantissa bits, about 31 dB apiece); the other layer can stay INT8. Random weights
+from a fixed seed, no download: ``--model workbench.sources.outliers:outlier_block``
 and ``--data <this file>:calibration_batches`` build it from the command line.
 """
 from __future__ import annotations
@@ -46,7 +47,8 @@ def outlier_block() -> OutlierBlock:
     return OutlierBlock().eval()
 
 
-def calibration_batches(count: int = 8, batch: int = 8, tokens: int = 16, dim: int = 64, seed: int = 1) -> list[torch.Tensor]:
+def calibration_batches(count: int = 8, batch: int = 8, tokens: int = 16, dim: int = 64,
+                        seed: int = 1) -> list[torch.Tensor]:
     """Random token activations ``[batch, tokens, dim]`` (fixed seed), the block's input."""
     generator = torch.Generator().manual_seed(seed)
     return [torch.randn(batch, tokens, dim, generator=generator) for _ in range(count)]
