@@ -104,6 +104,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
         self.session: Session | None = None
         self.jobs = JobRunner(self, cancelled_types=(CalibrationCancelled, AnalysisCancelled))
         self.jobs.busy_changed.connect(self.busy_changed)
+        self._queued_edits: list[tuple] = []  # (what, edit, session): edits asked for while a job runs
+        self.jobs.busy_changed.connect(self._run_queued_edits)  # before a queued job: edits come first
         self._queued: tuple | None = None  # a job asked for while the model was being rebuilt
         self.jobs.busy_changed.connect(self._start_queued)
         self.jobs.failed.connect(self._job_failed)

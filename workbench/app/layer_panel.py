@@ -491,7 +491,22 @@ class LayerPanel(QWidget):
             return
         run = self.controller.session.project.current_calibration if self.controller.session else None
         percentile = run.percentile if run is not None else None
-        self.controller.recompute_amax([self.quantizer_name], method, percentile)
+        self.controller.recompute_amax(self.same_quantizer_of_selection(), method, percentile)
+
+    def same_quantizer_of_selection(self) -> list[str]:
+        """The plotted quantizer and the same one (same place in the layer) of every other selected layer that
+        has it with a histogram: a line picked with several layers selected applies to all of them."""
+        name, first = self.quantizer_name, self.names[0] if self.names else None
+        if name is None or first is None or not name.startswith(f"{first}."):
+            return [name] if name is not None else []
+        suffix = name[len(first) + 1:]
+        tree = self.tree()
+        chosen = [name]
+        for layer in self.names[1:]:
+            for q in layer_quantizers(tree, layer):
+                if q.name == f"{layer}.{suffix}" and q.calibrator == "HistogramCalibrator" and q.enabled:
+                    chosen.append(q.name)
+        return chosen
 
     def _plot_weights(self) -> None:
         plot = self.weight_plot

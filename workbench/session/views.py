@@ -88,6 +88,9 @@ def layer_views(session: Session) -> list[LayerView]:
     kinds = {name: kind for name, _, kind in quantizable(model)}
     views = []
     modules = dict(model.named_modules())
+    # a quantizer switched to another amax method (a histogram line picked) says so, not the run's method
+    names_of = {id(q): name for name, q in reversed(quantizer_names(model).items())}
+    methods = {name: record.method for name, record in calibration.quantizers.items()} if calibration else {}
     for name, decision in session.project.layers.items():
         module = modules.get(name)
         input_q = role_quantizer(module, "input")
@@ -99,7 +102,8 @@ def layer_views(session: Session) -> list[LayerView]:
             amax = input_q._short_amax(".4g") if hasattr(input_q, "_amax") else "uncalibrated"
         params = sum(p.numel() for p in module.parameters(recurse=False)) if module is not None else 0
         views.append(LayerView(name, decision.type, decision.quantize, kinds.get(name, "module"),
-                               descriptor_summary(input_fields, method) if decision.quantize else "float",
+                               descriptor_summary(input_fields, methods.get(names_of.get(id(input_q)), method))
+                               if decision.quantize else "float",
                                descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
                                amax, ranks.get(name), params,
                                list(module_notes(module)) if module is not None else [],

@@ -1,0 +1,147 @@
+"""The desktop app on a tiny BERT classifier (a Hugging Face folder with token ids), point by point of what a
+user of a real transformer runs into: edits without a rebuild, a histogram line for every selected layer, the
+method the tree shows, moving progress, queued edits (pytest-qt, offscreen)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+pytest.importorskip("transformers")
+
+from PySide6.QtCore import QSettings  # noqa: E402
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
+
+from bert_project import bert_specs  # noqa: E402
+from workbench.app.main_window import MainWindow  # noqa: E402
+from workbench.app.tree_model import INPUT  # noqa: E402
+
+Buttons = QMessageBox.StandardButton
+QUERY = "bert.encoder.layer.0.attention.self.query"
+KEY = "bert.encoder.layer.0.attention.self.key"
+VALUE = "bert.encoder.layer.0.attention.self.value"
+
+
+@pytest.fixture(autouse=True)
+def _no_webengine(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: Buttons.Discard))
+    monkeypatch.setattr(QMessageBox, "warning", staticmethod(lambda *a, **k: Buttons.No))
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    window = MainWindow(settings=settings)
+    qtbot.addWidget(window)
+    window.resize(1400, 900)
+    window.show()
+    yield window
+    window.shutdown()
+
+
+def settle(window, qtbot, timeout=20000):
+    qtbot.waitUntil(lambda: not window.controller.busy and not window.tree._refresh.scheduled()
+                    and not window.layer_panel._refresh.scheduled()
+                    and not window.layer_panel._plot_timer.isActive(), timeout=timeout)
+
+
+def open_bert(window, qtbot, tmp_path, calibrate=True):
+    model, data = bert_specs(tmp_path)
+    controller = window.controller
+    with qtbot.waitSignal(controller.session_changed, timeout=120000):
+        assert controller.new_project(model, data, base_dir=tmp_path)
+    settle(window, qtbot)
+    if calibrate:
+        with qtbot.waitSignal(controller.busy_changed, timeout=60000, check_params_cb=lambda busy: not busy):
+            assert controller.calibrate(method="entropy")
+        settle(window, qtbot)
+    assert not window.error_dialogs, window.error_dialogs[-1].message
+    return controller.session
+
+
+def test_descriptor_edit_applies_in_place_without_a_rebuild(window, qtbot, tmp_path, monkeypatch):
+    session = open_bert(window, qtbot, tmp_path)
+    model = session.quantized_model()
+    builds = []
+    original = session.quantized_model
+    import workbench.session.core as core
+    real_build = core.build_quantized
+    monkeypatch.setattr(core, "build_quantized", lambda *a, **k: builds.append(1) or real_build(*a, **k))
+    window.controller.select([QUERY, KEY])
+    panel = window.layer_panel
+    qtbot.waitUntil(lambda: panel.title.text().startswith("2 layers selected"))
+    panel.role_tabs.setCurrentIndex(1)
+    panel.editor.num_bits.setValue(6)
+    assert panel.apply()
+    assert not window.controller.busy  # no "Updating the model" job: nothing to rebuild
+    settle(window, qtbot)
+    assert builds == [] and original() is model
+    assert model.get_submodule(QUERY)._weight_quantizer.num_bits == 6
+    assert model.get_submodule(KEY)._weight_quantizer.num_bits == 6
+    qtbot.waitUntil(lambda: window.tree.model.text(QUERY, 4).startswith("int6"))
+
+
+def test_histogram_line_applies_to_every_selected_layer_and_the_tree_says_so(window, qtbot, tmp_path):
+    session = open_bert(window, qtbot, tmp_path)
+    window.controller.select([QUERY, KEY, VALUE])
+    panel = window.layer_panel
+    qtbot.waitUntil(lambda: panel.histogram is not None and panel.quantizer_name == f"{QUERY}._input_quantizer")
+    assert window.tree.model.text(KEY, INPUT).endswith("hist/entropy")
+    panel.choose_method("mse")
+    settle(window, qtbot)
+    run = session.project.current_calibration
+    for layer in (QUERY, KEY, VALUE):
+        assert run.quantizers[f"{layer}._input_quantizer"].method == "mse"
+    qtbot.waitUntil(lambda: window.tree.model.text(KEY, INPUT).endswith("hist/mse"))
+    # and after a save and reopen
+    path = tmp_path / "bert.qwb"
+    assert window.controller.save(path)
+    with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
+        assert window.controller.open_project(path)
+    settle(window, qtbot)
+    assert window.tree.model.text(VALUE, INPUT).endswith("hist/mse")
+    other = "bert.encoder.layer.1.attention.self.query"
+    assert window.tree.model.text(other, INPUT).endswith("hist/entropy")
+
+
+def test_an_edit_during_a_job_waits_for_it_and_then_applies(window, qtbot, tmp_path):
+    session = open_bert(window, qtbot, tmp_path, calibrate=False)
+    gate = threading.Event()
+    controller = window.controller
+
+    def slow(progress, cancel):
+        progress(0, 1, "waiting")
+        gate.wait(20)
+
+    assert controller._start("Waiting", slow, lambda _: None)
+    assert controller.set_descriptor([QUERY], "weight", {"num_bits": 7}) is None  # not refused: queued
+    assert controller.queued_edits == ["Set descriptor"] and not window.error_dialogs
+    assert session.project.layers[QUERY].weight_desc is None
+    gate.set()
+    qtbot.waitUntil(lambda: session.project.layers[QUERY].weight_desc is not None, timeout=20000)
+    assert session.project.layers[QUERY].weight_desc["num_bits"] == 7 and controller.queued_edits == []
+    assert "Set descriptor: waits for 'Waiting' to finish" in window.log_panel.plain_text()
+
+
+def test_a_long_job_shows_a_moving_clock_and_no_frozen_count(window, qtbot, tmp_path):
+    open_bert(window, qtbot, tmp_path, calibrate=False)
+    gate = threading.Event()
+    status = window.job_status
+
+    def one_step(progress, cancel):
+        progress(0, 1, "exporting")
+        gate.wait(20)
+
+    assert window.controller._start("Exporting", one_step, lambda _: None)
+    qtbot.waitUntil(lambda: status.last is not None)
+    assert status.bar.maximum() == 0  # a busy bar, not "0/1"
+    first = status.eta.text()
+    time.sleep(1.1)
+    qtbot.waitUntil(lambda: status.eta.text() != first, timeout=3000)
+    assert "elapsed" in status.eta.text()
+    gate.set()
+    qtbot.waitUntil(lambda: not window.controller.busy)
