@@ -145,3 +145,51 @@ def test_a_long_job_shows_a_moving_clock_and_no_frozen_count(window, qtbot, tmp_
     assert "elapsed" in status.eta.text()
     gate.set()
     qtbot.waitUntil(lambda: not window.controller.busy)
+
+
+def test_names_read_whole_columns_fit_and_the_layout_comes_back(window, qtbot, tmp_path):
+    session = open_bert(window, qtbot, tmp_path, calibrate=False)
+    tree = window.tree
+    view, model = tree.view, tree.model
+    metrics = view.fontMetrics()
+    # the deepest layer's own name fits its column: no "..." for "query" ten levels down
+    depth = model.depths()[model.node_of(QUERY)]
+    assert view.columnWidth(0) >= view.indentation() * (depth + 1) + metrics.horizontalAdvance("query")
+    assert view.textElideMode().name == "ElideLeft"
+    for column in range(1, 6):
+        widest = max(metrics.horizontalAdvance(text) for text in model.column_texts(column))
+        assert view.columnWidth(column) >= min(widest, 300), column
+    tip = model.data(model.index_of(QUERY), 3)  # ToolTipRole: the full path
+    assert tip.startswith(QUERY)
+    # a user's widths and open rows are remembered for this project file
+    path = tmp_path / "bert.qwb"
+    assert window.controller.save(path)
+    view.setColumnWidth(1, 333)
+    view.collapseAll()
+    view.expand(tree.proxy.mapFromSource(model.index_of("")))
+    view.expand(tree.proxy.mapFromSource(model.index_of("bert")))
+    window.tree.remember_layout()
+    with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
+        assert window.controller.open_project(path)
+    settle(window, qtbot)
+    assert view.columnWidth(1) == 333
+    assert view.isExpanded(tree.proxy.mapFromSource(model.index_of("bert")))
+    assert not view.isExpanded(tree.proxy.mapFromSource(model.index_of("bert.encoder")))
+    assert session is not window.controller.session
+
+
+def test_sensitivity_labels_are_elided_at_the_front(window, qtbot, tmp_path):
+    open_bert(window, qtbot, tmp_path)
+    tab = window.extra_tabs["Sensitivity"]
+    with qtbot.waitSignal(window.controller.sensitivity_changed, timeout=120000):
+        assert window.controller.sensitivity(metric="cosine")
+    settle(window, qtbot)
+    qtbot.waitUntil(lambda: tab.result is not None)
+    ticks = tab.chart.getAxis("left")._tickLevels[0]
+    labels = [text for _, text in ticks]
+    assert len(set(labels)) == len(labels)  # every unit tells itself apart
+    queries = [text for text in labels if text.endswith("self.query")]
+    assert queries and all(".0." in text or ".1." in text or text.startswith("…0") or text.startswith("…1")
+                           for text in queries)
+    item = tab.table_model.item(0, 0)
+    assert item.toolTip().startswith(item.data(0x0100))

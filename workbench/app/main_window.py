@@ -431,6 +431,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
 
     def shutdown(self) -> None:
         """Stop the job thread before widgets go (a running QThread outliving its objects aborts Qt)."""
+        self.tree.remember_layout()
         for widget in self.extra_tabs.values():
             stop = getattr(widget, "shutdown", None)
             if callable(stop):

@@ -283,6 +283,21 @@ class ModuleTreeModel(QAbstractItemModel):
     def node_count(self) -> int:
         return len(self._names)
 
+    def column_texts(self, column: int) -> list[str]:
+        """What every row shows in ``column`` (for sizing the column to its content)."""
+        return list(self._text[column]) if self._names else []
+
+    def depths(self) -> list[int]:
+        """Each node's depth (the model itself: 0), in pre-order."""
+        depths: list[int] = []
+        for p in self._parent:
+            depths.append(0 if p == _ROOT else depths[p] + 1)
+        return depths
+
+    def is_layer_font(self, node: int) -> bool:
+        """Whether the Name cell of ``node`` is drawn bold (a quantizable layer)."""
+        return bool(self._is_layer[node])
+
     def name_of(self, node: int) -> str:
         return self._names[node]
 

@@ -37,8 +37,8 @@ from PySide6.QtWidgets import (
 from workbench.app.controller import Controller
 from workbench.app.deferred_refresh import DeferredRefresh
 from workbench.app.engine_panel import TimeBarDelegate
+from workbench.app.tree_layout import TreeLayoutMemory, default_widths, fit_columns
 from workbench.app.tree_model import (
-    COLUMN_WIDTHS,
     COLUMNS,
     ENGINE,
     ENGINE_SHARE_ROLE,
@@ -89,8 +89,9 @@ class ModelTreeWidget(QWidget):
         header = self.view.header()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)  # ResizeToContents would scan every row
         header.setStretchLastSection(False)
-        for column, width in zip(range(len(COLUMNS)), COLUMN_WIDTHS):
-            self.view.setColumnWidth(column, width)
+        default_widths(self.view)  # names elided at the front: a deep row keeps its own name ("query")
+        self.layout_memory = TreeLayoutMemory(self.view, self.model, self.proxy, settings)
+        self._layout_path: Any = None  # the project file whose layout the view shows
         self._time_bars = TimeBarDelegate(ENGINE_SHARE_ROLE, self.view)
         self.view.setItemDelegateForColumn(ENGINE, self._time_bars)
 
@@ -122,6 +123,7 @@ class ModelTreeWidget(QWidget):
         self._refresh = DeferredRefresh(controller, self.refresh, self)
         self._reset_pending = False
         controller.session_changed.connect(self._schedule_reset)
+        controller.project_saved.connect(self._saved_as)
         for signal in (controller.layers_changed, controller.calibration_changed, controller.sensitivity_changed,
                        controller.engine_changed):
             signal.connect(self._refresh.schedule)
@@ -132,8 +134,17 @@ class ModelTreeWidget(QWidget):
     # ----- refresh ---------------------------------------------------------------------------------
 
     def _schedule_reset(self) -> None:
+        self.remember_layout()  # the project going away keeps its column widths and open rows
         self._reset_pending = True
         self._refresh.schedule()
+
+    def remember_layout(self) -> None:
+        """Keep the column widths and expanded rows of the project shown (its file's path is the key)."""
+        self.layout_memory.remember(self._layout_path)
+
+    def _saved_as(self, path: str) -> None:
+        self._layout_path = path
+        self.remember_layout()
 
     def refresh(self) -> None:
         """Re-read the session's tree and rows (once per batch of change signals).
@@ -178,7 +189,11 @@ class ModelTreeWidget(QWidget):
         if current in types:
             self.type_combo.setCurrentText(current)
         self.type_combo.blockSignals(False)
-        self.default_expansion()
+        session = self.controller.session
+        self._layout_path = str(session.path) if session is not None and session.path is not None else None
+        if not self.layout_memory.restore(self._layout_path):
+            self.default_expansion()
+            fit_columns(self.view, self.model)
 
     def default_expansion(self) -> None:
         """The model open; a small model entirely, a big one at its top level (deeper levels on demand)."""
