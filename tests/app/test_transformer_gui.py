@@ -193,3 +193,42 @@ def test_sensitivity_labels_are_elided_at_the_front(window, qtbot, tmp_path):
                            for text in queries)
     item = tab.table_model.item(0, 0)
     assert item.toolTip().startswith(item.data(0x0100))
+
+
+def test_wizard_defaults_follow_the_model_source(window, qtbot, tmp_path):
+    from bert_project import write_bert, write_tokens
+
+    folder, tokens = write_bert(tmp_path / "bert"), write_tokens(tmp_path / "tokens.npz")
+    wizard = window.new_project()
+    page = wizard.model_page
+    page.kind.setCurrentIndex(page.kind.findData("hf"))
+    page.hf_folder.setText(str(folder))
+    wizard.next()
+    calibration = wizard.calibration_page.form
+    assert wizard.currentPage() is wizard.calibration_page
+    assert calibration.kind.currentData() == "tensors"  # not demo digits for a user's model
+    assert "named after the forward's arguments" in calibration.hint.text() and calibration.hint.isVisibleTo(wizard)
+    assert "input_ids" in calibration.path.placeholderText()
+    calibration.path.setText(str(tokens))
+    calibration.batch_size.setValue(4)
+    calibration.num_batches.setValue(2)
+    wizard.next()
+    evaluation = wizard.evaluation_page
+    assert not evaluation.enabled.isChecked() and not evaluation.form.isEnabled()
+    assert evaluation.form.kind.currentData() == "tensors"
+    wizard.next()
+    request = wizard.request()
+    assert request["evaluation"] is None and request["calibration"].path == str(tokens)
+    assert request["model"].kind == "hf" and not request["trust_code"]
+    with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
+        wizard.accept()
+    settle(window, qtbot)
+    assert not window.error_dialogs
+    assert QUERY in window.controller.session.project.layers
+    # the demo model still starts on demo digits, evaluated on the test split
+    wizard = window.new_project()
+    wizard.next()
+    assert wizard.calibration_page.form.kind.currentData() == "demo"
+    wizard.next()
+    assert wizard.evaluation_page.enabled.isChecked() and wizard.evaluation_page.spec().split == "test"
+    wizard.reject()
