@@ -132,8 +132,8 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         c.busy_changed.connect(lambda _busy: self._update_actions())
         c.dirty_changed.connect(lambda _dirty: self._update_title())
         c.session_changed.connect(self._session_changed)
-        for signal in (c.layers_changed, c.calibration_changed, c.sensitivity_changed):
-            signal.connect(self._update_summary)
+        for signal in (c.layers_changed, c.calibration_changed, c.sensitivity_changed, c.settings_changed):
+            signal.connect(lambda *_args: self._update_summary())
         c.export_finished.connect(self._export_finished)
         c.disk.changed.connect(self.offer_reload)
         c.jobs.finished.connect(self._job_finished)
@@ -199,6 +199,9 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             calibration = "not calibrated"
         else:
             sqnr = f", output SQNR {run.output_sqnr_db:.1f} dB" if run.output_sqnr_db is not None else ""
+            if sqnr and run.state_digest is not None and run.state_digest != session.state_digest():
+                # measured on the calibrated state: an edit, another amax method or a fallback changed it since
+                sqnr += " as calibrated, changed since"
             calibration = f"calibrated ({run.method}, {run.num_batches} batches{sqnr})"
         stale = len(session.build_report.stale)
         stale_text = f" · {stale} quantizers need recalibrating" if stale else ""

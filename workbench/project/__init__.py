@@ -5,6 +5,7 @@ from workbench.project.model import (  # noqa: F401
     FallbackRecord,
     FinetuneRecord,
     LayerDecision,
+    LintRecord,
     Project,
     QuantizerRecord,
     SensitivityRecord,
