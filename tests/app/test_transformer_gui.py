@@ -232,3 +232,72 @@ def test_wizard_defaults_follow_the_model_source(window, qtbot, tmp_path):
     wizard.next()
     assert wizard.evaluation_page.enabled.isChecked() and wizard.evaluation_page.spec().split == "test"
     wizard.reject()
+
+
+def _lint(window, qtbot):
+    state = window.controller.lint_state
+    with qtbot.waitSignal(state.changed, timeout=120000, check_params_cb=lambda *a: state.warnings is not None
+                          and not state.stale):
+        assert state.run()
+    settle(window, qtbot)
+    return state
+
+
+def test_lint_is_kept_in_the_project_and_reused_while_nothing_changed(window, qtbot, tmp_path, monkeypatch):
+    session = open_bert(window, qtbot, tmp_path)
+    exports = []
+    real_export = session.export
+    monkeypatch.setattr(session, "export", lambda *a, **k: exports.append(k.get("remember", True))
+                        or real_export(*a, **k))
+    state = _lint(window, qtbot)
+    first = [w.to_dict() for w in state.warnings]
+    assert exports == [False]  # one preview export
+    state = _lint(window, qtbot)
+    assert exports == [False] and [w.to_dict() for w in state.warnings] == first  # reused: not exported again
+    assert "from the last lint" in window.log_panel.plain_text()
+    # an edit makes it stale; editing back makes it current again (the same state)
+    assert window.controller.set_descriptor([QUERY], "weight", {"num_bits": 7}) is not None
+    qtbot.waitUntil(lambda: state.stale)
+    assert window.controller.reset_descriptor([QUERY], "weight") is not None  # back to the default
+    settle(window, qtbot)
+    qtbot.waitUntil(lambda: not state.stale)
+    # exporting this state: the next lint reads that file, no preview
+    assert window.controller.set_quantize([KEY], False) is not None
+    settle(window, qtbot)
+    with qtbot.waitSignal(window.controller.export_finished, timeout=120000):
+        assert window.controller.export(tmp_path / "bert.onnx")
+    settle(window, qtbot)
+    state = _lint(window, qtbot)
+    assert exports == [False, True] and session.latest_lint()[2] == "bert.onnx"
+    # saved and reopened: the lint is there, current
+    path = tmp_path / "bert.qwb"
+    assert window.controller.save(path)
+    with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
+        assert window.controller.open_project(path)
+    settle(window, qtbot)
+    state = window.controller.lint_state
+    assert state.warnings is not None and not state.stale
+    assert [w.to_dict() for w in state.warnings] == [w.to_dict() for w in session.latest_lint()[0]]
+
+
+def test_numbers_shown_say_when_the_project_changed_since(window, qtbot, tmp_path):
+    open_bert(window, qtbot, tmp_path)
+    summary = window.summary_label
+    assert "output SQNR" in summary.text() and "changed since" not in summary.text()
+    graph = window.extra_tabs["Graph"]
+    with qtbot.waitSignal(window.controller.export_finished, timeout=120000):
+        assert window.controller.export(tmp_path / "bert.onnx")
+    settle(window, qtbot)
+    assert graph.path is not None and not graph.out_of_date and not graph.stale_label.isVisibleTo(graph)
+    # a histogram line picked: the amax changed, the SQNR measured at calibration and the export are old
+    window.controller.select([QUERY])
+    panel = window.layer_panel
+    qtbot.waitUntil(lambda: panel.histogram is not None)
+    panel.choose_method("mse")
+    settle(window, qtbot)
+    qtbot.waitUntil(lambda: "changed since" in summary.text())
+    assert graph.out_of_date and graph.stale_label.isVisibleTo(graph)
+    panel.choose_method("entropy")  # back to the calibrated amax: both are current again
+    settle(window, qtbot)
+    qtbot.waitUntil(lambda: "changed since" not in summary.text())
+    assert not graph.stale_label.isVisibleTo(graph)

@@ -19,6 +19,7 @@ from workbench.project.model import EngineReportRecord, LintRecord, now_iso
 from workbench.project.settings import RULES
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul
 from workbench.session.errors import SessionError
+from workbench.session.events import SessionEvent
 from workbench.session.exports import export_digest
 from workbench.session.state import state_digest
 
@@ -57,7 +58,7 @@ def lint(session: Session) -> list[LintWarning]:
     warnings = [_with_layer_targets(session, warning) for warning in warnings]
     project.lints = [LintRecord(project.next_id(project.lints), now_iso(), digest,
                                 [warning.to_dict() for warning in warnings], source)]
-    session.dirty = True  # a result the project keeps, like a sensitivity run
+    session._changed(SessionEvent.LINT)  # a result the project keeps, like a sensitivity run
     return warnings
 
 
