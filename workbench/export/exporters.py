@@ -19,7 +19,7 @@ from torch import nn
 from workbench.export.errors import ExportError, UnsupportedOperationError
 from workbench.export.onnx_file import EXTERNAL_DATA_THRESHOLD, SMALL_TENSOR, external_data_file, temporary_name
 from workbench.export.opset import convert_opset, default_opset
-from workbench.export.qdq import onnx_translation, register_torchscript_symbolic
+from workbench.export.qdq import register_torchscript_symbolic, translation_table
 from workbench.export.reference import grow_batch
 
 __all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line", "token_inputs", "unwrap_names"]
@@ -138,7 +138,7 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
     try:
         onnx_program = torch.onnx.export(
             program, (), None, dynamo=True, opset_version=target, input_names=input_names,
-            output_names=output_names, custom_translation_table={torch.ops.workbench.qdq.default: onnx_translation},
+            output_names=output_names, custom_translation_table=translation_table(),
             optimize=True, verbose=False, external_data=False)
     except Exception as error:
         ops = [op for op in _unsupported_ops(error) if not op.startswith("workbench")]

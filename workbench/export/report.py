@@ -59,6 +59,10 @@ class ExportReport:
     # the same comparison on random inputs spanning the sample's range (a sample can hide differences:
     # a quantizer whose input is 0 on it); None when the model takes no floating-point input
     range_check: OutputParity | None = None
+    # quantizers exported per format ("int8", "fp8", "int4") and Q/DQ nodes per format (from the graph)
+    formats: dict[str, int] = field(default_factory=dict)
+    qdq_by_format: dict[str, int] = field(default_factory=dict)
+    fp8_ops: str | None = None  # "standard" (QuantizeLinear to float8e4m3fn) or "trt" (TensorRT's custom ops)
 
     @property
     def qdq_pairs(self) -> int:
@@ -69,7 +73,9 @@ class ExportReport:
 
     def summary(self) -> str:
         text = (f"{Path(self.path).name}: {self.quantize_nodes} Q / {self.dequantize_nodes} DQ nodes "
-                f"({self.quantizers} quantizers: {self.per_channel} per-channel, {self.per_tensor} per-tensor), "
+                f"({self.quantizers} quantizers: {self.per_channel} per-channel, {self.per_tensor} per-tensor"
+                + ("".join(f", {count} {name}" for name, count in self.formats.items())
+                   if set(self.formats) - {"int8"} else "") + "), "
                 f"opset {self.opset}, {self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
                 f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
         if self.dynamic_batch_check is not None:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from workbench.quant.blocks import refine_block_amax
 from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db  # noqa: F401
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.max import extremes
@@ -132,7 +133,8 @@ class CalibrationResult:
 def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, method: str,
               percentile: float = 99.99, device: torch.device | str | None = None,
               progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-              report_sqnr: bool = True, context: DistContext | None = None) -> CalibrationResult:
+              report_sqnr: bool = True, context: DistContext | None = None,
+              block_method: str = "max") -> CalibrationResult:
     """Calibrate every enabled quantizer of ``model`` on ``batches``.
 
     Quantizers with a calibrator collect statistics with quantization off; the others are bypassed
@@ -146,6 +148,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         num_batches: stop after this many batches (None: all of them).
         method: ``"entropy"``, ``"mse"``, ``"percentile"`` or ``"max"`` for histogram calibrators.
         percentile: for ``method="percentile"``.
+        block_method: amax of blockwise (INT4) weight blocks: ``"max"`` or ``"mse"`` (a search per block,
+            :func:`workbench.quant.blocks.refine_block_amax`).
         device: where to run; the model is moved there (and back if the run fails). Default: the
             model's current device.
         progress: called as ``progress(done, total, message)`` after each batch (total is 0 when
@@ -270,6 +274,10 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                 max_value=None if max_value is None else float(max_value.max()))
         if blind:
             raise NonFiniteCalibrationError(blind)
+        for name, amax in refine_block_amax(model, block_method).items():  # weights: the same on every rank
+            if name in results:
+                results[name].amax = amax.cpu().clone()
+                results[name].method = f"block {block_method}"
         amax_done = time.perf_counter()
     except BaseException:
         if run_device != original_device:

@@ -91,7 +91,7 @@ def overwrite_refusal(session: Session, path: str | Path | None = None) -> str |
 
 def export(session: Session, path: str | Path | None = None, *, opset: int | None = None,
            dynamic_batch: bool | None = None, amax_json: bool | None = None, calibration_cache: bool | None = None,
-           remember: bool = True, force: bool = False):
+           remember: bool = True, force: bool = False, fp8_ops: str | None = None):
     """Write validated QDQ ONNX; with ``remember`` the export settings and history are updated.
 
     Raises:
@@ -105,6 +105,7 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     dynamic_batch = settings.dynamic_batch if dynamic_batch is None else dynamic_batch
     amax_json = settings.amax_json if amax_json is None else amax_json
     calibration_cache = settings.calibration_cache if calibration_cache is None else calibration_cache
+    fp8_ops = fp8_ops or settings.fp8_ops
     target = Path(path).expanduser().resolve() if path is not None else session.default_export_path()
     project_dir = session._project_dir()
     if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
@@ -115,7 +116,7 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
                                  dynamic_batch=dynamic_batch, output=session.settings.output,
                                  amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
                                  calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
-                                 else None)
+                                 else None, fp8_ops=fp8_ops)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
         where = error.filename or target
         raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
@@ -124,7 +125,8 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
         return report
     stored = stored_export_path(target, project_dir)
     session.project.settings["export"] = replace(settings, path=stored, opset=opset, dynamic_batch=dynamic_batch,
-                                                 amax_json=amax_json, calibration_cache=calibration_cache).to_stored()
+                                                 amax_json=amax_json, calibration_cache=calibration_cache,
+                                                 fp8_ops=fp8_ops).to_stored()
     # the graph's node names in order: an engine report names a Myelin region by its first and last node only
     nodes = [node.name for node in onnx.load(str(target), load_external_data=False).graph.node]
     session.project.exports.append(ExportRecord(session.project.next_id(session.project.exports), now_iso(), stored,

@@ -16,6 +16,7 @@ from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.precision import precision_label, precision_of
 from workbench.quant.snapshot import quantizer_names
 from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
@@ -42,6 +43,8 @@ class LayerView:
     parameters: int
     notes: list[str] = field(default_factory=list)  # what building did to the layer, e.g. ["folded bn1"]
     role: str = ""  # an attention quantizer's role, e.g. "query x key" (see workbench.graph.tree.module_role)
+    # int8, fp8, int4w, float, or custom (descriptors matching none): workbench.quant.precision
+    precision: str = ""
 
     @property
     def display_type(self) -> str:
@@ -59,8 +62,13 @@ def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None)
     calib = "hist" if fields.get("calib_method") == "histogram" else "max"
     if calib == "hist" and method and method != "max":
         calib += f"/{method}"
+    if fields.get("block_size") is not None:
+        granularity = f"block {fields['block_size']}"
+    if not fields.get("enabled", True):
+        return "float (off)"
     extras = " narrow" if fields.get("narrow_range") else ""
-    if bits != 8:  # simulates, but INT8 QDQ export refuses it (workbench.quant.tensorrt_rules)
+    exportable = bits == 8 or isinstance(bits, (list, tuple)) or (bits == 4 and fields.get("block_size"))
+    if not exportable:  # simulates, but the QDQ export refuses it (workbench.quant.tensorrt_rules)
         extras += f", {SIM_ONLY}"
     return f"{kind} {granularity} {calib}{extras}"
 
@@ -98,16 +106,20 @@ def layer_views(session: Session) -> list[LayerView]:
         input_fields = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
         weight_fields = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
         amax = "-"
-        if decision.quantize and input_q is not None:
-            amax = input_q._short_amax(".4g") if hasattr(input_q, "_amax") else "uncalibrated"
+        # weight-only (int4w) layers: the weight's block amax is the one there is to show
+        shown = weight_q if input_q is None or not input_q.enabled_by_descriptor else input_q
+        if decision.quantize and shown is not None:
+            amax = shown._short_amax(".4g") if hasattr(shown, "_amax") else "uncalibrated"
         params = sum(p.numel() for p in module.parameters(recurse=False)) if module is not None else 0
+        precision = precision_of(input_fields if input_q is not None else None,
+                                 weight_fields if weight_q is not None else None, decision.quantize)
         views.append(LayerView(name, decision.type, decision.quantize, kinds.get(name, "module"),
                                descriptor_summary(input_fields, methods.get(names_of.get(id(input_q)), method))
                                if decision.quantize else "float",
                                descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
                                amax, ranks.get(name), params,
                                list(module_notes(module)) if module is not None else [],
-                               module_role(module) if module is not None else ""))
+                               module_role(module) if module is not None else "", precision_label(precision)))
     return views
 
 

@@ -23,9 +23,11 @@ import torch
 from torch import nn
 
 from workbench.quant.calib.amax_search import amax_entropy, amax_mse, amax_percentile
+from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.calibrator import _Calibrator
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, AmaxMethod, UnknownMethodError
+from workbench.quant.tensor_quant import E4M3
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.utils import reduce_amax
 
@@ -270,7 +272,10 @@ class HistogramCalibrator(_Calibrator):
             return torch.tensor(0.0)  # only zeros seen: amax 0 quantizes everything to 0, which is exact
         hist = self.calib_hist.cpu().numpy()
         edges = np.arange(hist.size + 1, dtype=np.float64) * self.bin_width
-        if method is AmaxMethod.ENTROPY:
+        if self._num_bits == E4M3 and method in (AmaxMethod.ENTROPY, AmaxMethod.MSE):  # FP8: the E4M3 grid
+            search = amax_entropy_e4m3 if method is AmaxMethod.ENTROPY else amax_mse_e4m3
+            value = search(hist, edges, stride, start_bin)
+        elif method is AmaxMethod.ENTROPY:
             value = amax_entropy(hist, edges, self._num_bits, self._unsigned, stride, start_bin)
         elif method is AmaxMethod.MSE:
             value = amax_mse(hist, edges, self._num_bits, self._unsigned, stride, start_bin)
