@@ -12,12 +12,12 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 pytest.importorskip("transformers")
 
-from PySide6.QtCore import QSettings  # noqa: E402
+from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from bert_project import bert_specs  # noqa: E402
 from workbench.app.main_window import MainWindow  # noqa: E402
-from workbench.app.tree_model import INPUT  # noqa: E402
+from workbench.app.tree_model import INPUT, PRECISION, WEIGHT  # noqa: E402
 
 Buttons = QMessageBox.StandardButton
 QUERY = "bert.encoder.layer.0.attention.self.query"
@@ -82,7 +82,7 @@ def test_descriptor_edit_applies_in_place_without_a_rebuild(window, qtbot, tmp_p
     assert builds == [] and original() is model
     assert model.get_submodule(QUERY)._weight_quantizer.num_bits == 6
     assert model.get_submodule(KEY)._weight_quantizer.num_bits == 6
-    qtbot.waitUntil(lambda: window.tree.model.text(QUERY, 4).startswith("int6"))
+    qtbot.waitUntil(lambda: window.tree.model.text(QUERY, WEIGHT).startswith("int6"))
 
 
 def test_histogram_line_applies_to_every_selected_layer_and_the_tree_says_so(window, qtbot, tmp_path):
@@ -301,3 +301,39 @@ def test_numbers_shown_say_when_the_project_changed_since(window, qtbot, tmp_pat
     settle(window, qtbot)
     qtbot.waitUntil(lambda: "changed since" not in summary.text())
     assert not graph.stale_label.isVisibleTo(graph)
+
+
+def test_precision_column_per_row_and_for_many_rows(window, qtbot, tmp_path):
+    from PySide6.QtWidgets import QComboBox
+
+    session = open_bert(window, qtbot, tmp_path)
+    tree = window.tree
+    model = tree.model
+    assert model.text(QUERY, PRECISION) == "int8"
+    assert model.headerData(PRECISION, Qt.Orientation.Horizontal) == "Precision"
+    # one row: the combo offers what applies to a Linear, and choosing sets it
+    index = tree.proxy.mapFromSource(model.index_of(QUERY, PRECISION))
+    tree.view.scrollTo(index)
+    tree.view.edit(index)
+    combo = tree.view.indexWidget(index) or next(w for w in tree.view.findChildren(QComboBox) if w.isVisible())
+    assert [combo.itemData(i) for i in range(combo.count())] == ["int8", "fp8", "int4w", "float"]
+    combo.setCurrentIndex(combo.findData("fp8"))
+    combo.activated.emit(combo.currentIndex())
+    settle(window, qtbot)
+    assert session.precisions([QUERY])[QUERY].value == "fp8"
+    qtbot.waitUntil(lambda: model.text(QUERY, PRECISION) == "fp8")
+    # many rows from the context menu: int4w applies to the Linears only; the attention layer is left as it was
+    attention = next(n for n, d in session.project.layers.items() if "Linear" not in d.type)
+    window.controller.select([KEY, VALUE, attention])
+    qtbot.waitUntil(lambda: set(tree.selected_layers()) == {KEY, VALUE, attention})
+    menu = tree.context_menu()
+    actions = {a.data(): a for a in tree.precision_menu.actions()}
+    assert actions["int4w"].text() == "INT4 W (2 of 3 layers)" and actions["int4w"].isEnabled()
+    before = session.precisions([attention])[attention]
+    actions["int4w"].trigger()
+    menu.close()
+    settle(window, qtbot)
+    got = session.precisions([KEY, VALUE, attention])
+    assert got[KEY].value == got[VALUE].value == "int4w" and got[attention] == before
+    assert f"does not apply to {attention}" in window.log_panel.plain_text()
+    qtbot.waitUntil(lambda: model.text(VALUE, PRECISION) == "int4w")

@@ -83,6 +83,11 @@ class EditsMixin:
         names = list(names)
         return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields))
 
+    def set_precision(self, names: Iterable[str], precision: str) -> list[str] | None:
+        """Run layers in ``precision`` (a :class:`workbench.quant.precision.Precision` value) as one edit."""
+        names = list(names)
+        return self._edit("Set precision", lambda: self.session.set_precision(names, precision))
+
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str] | None:
         names = list(names)
         return self._edit("Reset to default", lambda: self.session.reset_descriptor(names, role))

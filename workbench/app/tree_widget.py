@@ -37,12 +37,14 @@ from PySide6.QtWidgets import (
 from workbench.app.controller import Controller
 from workbench.app.deferred_refresh import DeferredRefresh
 from workbench.app.engine_panel import TimeBarDelegate
+from workbench.app.precision_menu import PrecisionDelegate, precision_menu
 from workbench.app.tree_layout import TreeLayoutMemory, default_widths, fit_columns
 from workbench.app.tree_model import (
     COLUMNS,
     ENGINE,
     ENGINE_SHARE_ROLE,
     EXPAND_ALL_MATCHES,
+    PRECISION,
     LayerFilterProxy,
     ModuleTreeModel,
 )
@@ -94,6 +96,11 @@ class ModelTreeWidget(QWidget):
         self._layout_path: Any = None  # the project file whose layout the view shows
         self._time_bars = TimeBarDelegate(ENGINE_SHARE_ROLE, self.view)
         self.view.setItemDelegateForColumn(ENGINE, self._time_bars)
+        self._precisions = PrecisionDelegate(
+            lambda index: self.model.type_of(self.proxy.mapToSource(index).internalId()), self.view)
+        self.view.setItemDelegateForColumn(PRECISION, self._precisions)
+        self.view.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
+                                  | QAbstractItemView.EditTrigger.EditKeyPressed)
 
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
@@ -320,6 +327,9 @@ class ModelTreeWidget(QWidget):
         menu.addActions([self.descriptor_action, self.reset_action])
         menu.addSeparator()
         menu.addAction(self.pattern_action)
+        layers = [(name, self.model.type_of(self.model.node_of(name))) for name in self.selected_layers()]
+        self.precision_menu = precision_menu(menu, self.controller, layers, enabled=not busy)
+        menu.addMenu(self.precision_menu)
         menu.addSeparator()
         self.fix_actions = self._fix_actions(menu, enabled=not busy)
         if self.fix_actions:
