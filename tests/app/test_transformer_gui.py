@@ -337,3 +337,32 @@ def test_precision_column_per_row_and_for_many_rows(window, qtbot, tmp_path):
     assert got[KEY].value == got[VALUE].value == "int4w" and got[attention] == before
     assert f"does not apply to {attention}" in window.log_panel.plain_text()
     qtbot.waitUntil(lambda: model.text(VALUE, PRECISION) == "int4w")
+
+
+def test_fallback_box_reopens_as_it_was(window, qtbot, tmp_path):
+    session = open_bert(window, qtbot, tmp_path)
+    panel = window.extra_tabs["Sensitivity"].fallback_panel
+    controller = window.controller
+    with qtbot.waitSignal(controller.fallback_changed, timeout=180000):
+        assert controller.fallback(metric="sqnr", target=99.0, max_units=2)
+    settle(window, qtbot)
+    assert panel.result is not None and panel.result.chosen and panel.apply_button.isEnabled()
+    panel.goal_spin.setValue(12.0)  # the user types a new goal, not searched
+    assert panel.apply_fallback()
+    settle(window, qtbot)
+    assert not panel.apply_button.isEnabled() and "Applied" in panel.fallback_label.text()
+    path = tmp_path / "bert.qwb"
+    assert controller.save(path)
+    with qtbot.waitSignal(controller.session_changed, timeout=120000):
+        assert controller.open_project(path)
+    settle(window, qtbot)
+    panel = window.extra_tabs["Sensitivity"].fallback_panel
+    assert panel.result is not None and panel.result.applied
+    assert panel.goal_box.currentData() == "target" and panel.goal_spin.value() == pytest.approx(99.0)
+    assert not panel.apply_button.isEnabled() and "Applied" in panel.fallback_label.text()
+    # a layer it left in float quantized again: the search is no longer applied, Apply is offered again
+    chosen = controller.session.layers_of(panel.result.chosen[0])
+    assert controller.set_quantize(chosen, True) is not None
+    settle(window, qtbot)
+    assert controller.session.latest_fallback().applied is False
+    assert session is not controller.session
