@@ -366,3 +366,15 @@ def test_fallback_box_reopens_as_it_was(window, qtbot, tmp_path):
     settle(window, qtbot)
     assert controller.session.latest_fallback().applied is False
     assert session is not controller.session
+
+
+def test_the_log_says_each_thing_once_in_words(window, qtbot, tmp_path):
+    session = open_bert(window, qtbot, tmp_path, calibrate=False)
+    assert window.controller.set_quantize([QUERY], False) is not None  # a rebuild: the tracer runs again
+    settle(window, qtbot)
+    session.quantized_model()
+    assert window.controller.set_quantize([QUERY], True) is not None
+    settle(window, qtbot)
+    text = window.log_panel.plain_text()
+    assert text.count("could not be traced (torch.fx cannot follow their Python code)") == 1
+    assert "ValueError" not in text and "TypeError" not in text and "Proxy" not in text
