@@ -68,7 +68,8 @@ def measure(app, window, layer: str, repeat: int) -> tuple[list[float], list[flo
         for mode in ("in place", "rebuild"):
             session = controller.session
             started = time.perf_counter()
-            changed = controller.set_descriptor([layer], "weight", {"num_bits": bits[(2 * i + (mode == "rebuild")) % 2]})
+            value = bits[(2 * i + (mode == "rebuild")) % 2]
+            changed = controller.set_descriptor([layer], "weight", {"num_bits": value})
             if mode == "rebuild":
                 session._invalidate()  # what an edit did before: the quantized model built again
                 controller._forget_views()
@@ -122,7 +123,7 @@ def main() -> None:
             try:
                 open_project(app, window, model, data)
                 window.controller.select([layer])
-                wait(app, lambda: ready(window))
+                wait(app, lambda w=window: ready(w))
                 in_place, rebuilt = measure(app, window, layer, args.repeat)
             finally:
                 window.shutdown()

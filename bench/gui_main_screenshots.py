@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 DEMO_NAMES = {"float": "block.conv2", "histogram": "block.conv1", "filter": "conv",
               "several": ["stem.0", "block.conv1", "expand.0"], "patterns": r"^fc$" + "\n" + r".*add$"}
 BERT_NAMES = {"float": "bert.encoder.layer.1.output.dense", "histogram": "bert.encoder.layer.0.attention.self.query",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from bert_project import bert_specs
+
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import Session
 from workbench.session.build import descriptor_of

@@ -12,10 +12,10 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 pytest.importorskip("transformers")
 
+from bert_project import bert_specs  # noqa: E402
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from bert_project import bert_specs  # noqa: E402
 from workbench.app.main_window import MainWindow  # noqa: E402
 from workbench.app.tree_model import INPUT, PRECISION, WEIGHT  # noqa: E402
 

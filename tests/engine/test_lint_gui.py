@@ -6,10 +6,9 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
+from engine_window import open_window  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
-
-from engine_window import open_window  # noqa: E402
 
 from workbench.app.lint_state import NOT_CALIBRATED  # noqa: E402
 from workbench.app.tree_model import NAME  # noqa: E402

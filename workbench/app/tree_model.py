@@ -254,7 +254,8 @@ class ModuleTreeModel(QAbstractItemModel):
             ranks[p] = f"{rank}"
         old_rows = None
         if emit:
-            old_rows = list(zip(self._check, types, *[self._text[c] for c in (QUANT, PRECISION, INPUT, WEIGHT, AMAX, RANK)],
+            shown = (QUANT, PRECISION, INPUT, WEIGHT, AMAX, RANK)
+            old_rows = list(zip(self._check, types, *[self._text[c] for c in shown],
                                 self._float))
         self._is_layer, self._quantized, self._check, self._float = is_layer, quantized, check, is_float
         self._shown_types = types

@@ -20,8 +20,8 @@ import torch
 
 from workbench.quant import QuantDescriptor
 from workbench.quant.blocks import BLOCK_METHODS
-from workbench.quant.precision import FP8_OPS
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, percentile_mistake
+from workbench.quant.precision import FP8_OPS
 from workbench.quant.tensorrt_rules import tensorrt_check
 from workbench.sources.metric_names import DEFAULT_METRIC, DIRECTIONS, Direction
 from workbench.strict_json import strict

@@ -148,8 +148,8 @@ def create_finetune_tables(db: sqlite_utils.Database) -> None:
 
 
 TABLES = ("meta", "model_source", "data_sources", "settings", "layers", "calibration_runs", "quantizer_stats",
-          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors", "engine_reports",
-          "lint_runs")
+          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors",
+          "engine_reports", "lint_runs")
 
 
 def _dumps(value: Any) -> str:

@@ -16,7 +16,8 @@ from workbench.project.model import now_iso
 from workbench.quant import TensorQuantizer
 from workbench.quant.blocks import BLOCK_METHODS
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate as run_calibration
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
+from workbench.quant.calibrate import calibrate as run_calibration
 from workbench.quant.distributed import DistContext
 from workbench.quant.snapshot import quantizer_names
 from workbench.session.build import descriptor_of, layer_of

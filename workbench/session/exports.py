@@ -20,9 +20,9 @@ import onnx
 from workbench.project import ExportRecord
 from workbench.project.model import now_iso
 from workbench.project.settings import jsonable
-from workbench.session.state import state_digest
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
+from workbench.session.state import state_digest
 from workbench.sources.model_source import sha256_of
 from workbench.sources.paths import absolute_path, relative_path
 
