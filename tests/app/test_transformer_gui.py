@@ -106,6 +106,13 @@ def test_histogram_line_applies_to_every_selected_layer_and_the_tree_says_so(win
     assert window.tree.model.text(VALUE, INPUT).endswith("hist/mse")
     other = "bert.encoder.layer.1.attention.self.query"
     assert window.tree.model.text(other, INPUT).endswith("hist/entropy")
+    # an attention layer: the plot shows the quantizer the editor edits (the query), not the probabilities
+    session = window.controller.session
+    attention = next(n for n, d in session.project.layers.items() if "Attention" in d.type)
+    window.controller.select([attention])
+    panel = window.layer_panel
+    qtbot.waitUntil(lambda: panel.quantizer_name is not None and panel.quantizer_name.startswith(attention))
+    assert panel.quantizer_name.endswith("._q_quantizer")
 
 
 def test_an_edit_during_a_job_waits_for_it_and_then_applies(window, qtbot, tmp_path):

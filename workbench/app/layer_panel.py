@@ -65,6 +65,10 @@ def _plot_widget(min_height: int, bottom: str, left: str, vertical_grid: bool) -
     return plot
 
 
+# the input quantizers the descriptor editor edits, in the order it picks them (workbench.session.build.role_quantizer)
+EDITED_INPUT_ATTRS = ("_input_quantizer", "_input0_quantizer", "_input1_quantizer", "_q_quantizer")
+
+
 class LayerPanel(QWidget):
     """What the selected layer(s) are and how they are quantized; plots of their calibration data."""
 
@@ -360,11 +364,18 @@ class LayerPanel(QWidget):
             suffix = previous.rsplit(".", 1)[-1]
             chosen = [n.rsplit(".", 1)[-1] for n in names].index(suffix)
         else:
-            # the first active histogram quantizer (an input, usually) is the interesting one
-            for position, q in enumerate(quantizers):
-                if q.calibrator == "HistogramCalibrator" and q.active:
-                    chosen = position
-                    break
+            # the quantizer the descriptor editor edits (an attention's query, not its probabilities), else the
+            # first active histogram quantizer (an input, usually): the plot and the editor show the same one
+            attrs = [q.attr for q in quantizers]
+            edited = next((attr for attr in EDITED_INPUT_ATTRS if attr in attrs
+                           and quantizers[attrs.index(attr)].active), None)
+            if edited is not None and self.current_role() == "input":
+                chosen = attrs.index(edited)
+            else:
+                for position, q in enumerate(quantizers):
+                    if q.calibrator == "HistogramCalibrator" and q.active:
+                        chosen = position
+                        break
         self.quantizer_combo.setCurrentIndex(chosen)
         self.quantizer_combo.blockSignals(False)
         self._plot_histogram()
