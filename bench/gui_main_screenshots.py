@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     window.controller.session.project.settings["export"]["path"] = str(work / "model.qdq.onnx")
     shot("main-window")  # the project, ready to calibrate
     window.controller.set_quantize([names["float"]], False)
+    wait(idle)  # a big model rebuilds in the background; the Calibrate action is off meanwhile
     window.calibrate_action.trigger()
     wait(idle)
     window.controller.select([names["histogram"]])

@@ -83,6 +83,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
 
     def _make_widgets(self) -> None:
         self.tree = ModelTreeWidget(self.controller, self, self.settings)
+        self.tree.columns_fitted.connect(self._widen_tree_dock)
         self.tree_dock = QDockWidget("Model", self)
         self.tree_dock.setObjectName("modelDock")
         self.tree_dock.setWidget(self.tree)
@@ -153,6 +154,13 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             # first run: dock sizes only count once the window has its size (not in the constructor)
             self._sized = True
             QTimer.singleShot(0, self._default_dock_sizes)
+
+    def _widen_tree_dock(self, width: int) -> None:
+        """A model whose columns need more room widens the tree's dock, up to 60% of the window (the layer panel
+        keeps the rest); a user's own wider dock stays."""
+        wanted = min(width, int(self.width() * 0.6))
+        if self.tree_dock.width() < wanted and not self.tree_dock.isFloating():
+            self.resizeDocks([self.tree_dock], [wanted], Qt.Orientation.Horizontal)
 
     def _default_dock_sizes(self) -> None:
         width = min(sum(COLUMN_WIDTHS) + 28, int(self.width() * 0.42))

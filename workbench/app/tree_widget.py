@@ -13,6 +13,7 @@ from PySide6.QtCore import (
     QSettings,
     Qt,
     QTimer,
+    Signal,
 )
 from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
@@ -53,6 +54,8 @@ __all__ = ["ModelTreeWidget", "IgnorePatternDialog"]
 
 
 class ModelTreeWidget(QWidget):
+    columns_fitted = Signal(int)  # the width (px) the tree needs to show every column sized to its content
+
     """The left dock: filter box, regex toggle, type filter, and the tree view with its context menu.
 
     Selecting rows selects layers through ``controller.select`` (a container stands for the layers in
@@ -200,7 +203,8 @@ class ModelTreeWidget(QWidget):
         self._layout_path = str(session.path) if session is not None and session.path is not None else None
         if not self.layout_memory.restore(self._layout_path):
             self.default_expansion()
-            fit_columns(self.view, self.model)
+            widths = fit_columns(self.view, self.model)
+            self.columns_fitted.emit(sum(widths) + 2 * self.view.frameWidth() + 24)
 
     def default_expansion(self) -> None:
         """The model open; a small model entirely, a big one at its top level (deeper levels on demand)."""
