@@ -12,11 +12,12 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt
 from PySide6.QtGui import QFont, QFontMetrics
-from PySide6.QtWidgets import QTreeView
+from PySide6.QtWidgets import QStyledItemDelegate, QStyleOptionViewItem, QTreeView
 
 from workbench.app.tree_model import COLUMN_WIDTHS, COLUMNS, NAME, LayerFilterProxy, ModuleTreeModel
 
-__all__ = ["fit_columns", "TreeLayoutMemory", "MAX_NAME_WIDTH", "MAX_COLUMN_WIDTH"]
+__all__ = ["fit_columns", "TreeLayoutMemory", "FrontElidedDelegate", "default_widths", "MAX_NAME_WIDTH",
+           "MAX_COLUMN_WIDTH"]
 
 MAX_NAME_WIDTH = 460    # px: the Name column never takes the whole dock
 MAX_COLUMN_WIDTH = 300  # px: other columns
@@ -118,8 +119,17 @@ class TreeLayoutMemory:
         return True
 
 
+class FrontElidedDelegate(QStyledItemDelegate):
+    """Cells elided at the front ("…self.query"): a name's end is what tells rows apart. Other columns keep
+    Qt's elision at the end (a descriptor summary starts with what matters: "int8 per-tensor…")."""
+
+    def initStyleOption(self, option: QStyleOptionViewItem, index: Any) -> None:  # noqa: N802 - Qt's name
+        super().initStyleOption(option, index)
+        option.textElideMode = Qt.TextElideMode.ElideLeft
+
+
 def default_widths(view: QTreeView) -> None:
-    """The fixed widths used before a model is shown."""
+    """The fixed widths used before a model is shown, and the Name column elided at the front."""
     for column, width in zip(range(len(COLUMNS)), COLUMN_WIDTHS):
         view.setColumnWidth(column, width)
-    view.setTextElideMode(Qt.TextElideMode.ElideLeft)
+    view.setItemDelegateForColumn(NAME, FrontElidedDelegate(view))
