@@ -126,6 +126,8 @@ def main() -> None:
                 wait(app, lambda w=window: ready(w))
                 in_place, rebuilt = measure(app, window, layer, args.repeat)
             finally:
+                if window.controller.session is not None:
+                    window.controller.session.dirty = False  # closing would ask about unsaved changes
                 window.shutdown()
                 window.close()
             rows.append((label, statistics.median(in_place), statistics.median(rebuilt)))

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         if title == "Sensitivity":
             window.controller.sensitivity()
             wait(idle)
-            tab.run_fallback()  # the search's plot: metric against units left in float
+            tab.fallback_panel.run_fallback()  # the search's plot: metric against units left in float
             wait(idle)
         if title == "Graph":
             window.export()
