@@ -85,9 +85,25 @@ def _cmd_new(args: argparse.Namespace) -> int:
                              base_dir=Path.cwd(), settings=settings)
     path = session.save(project)
     summary = session.summary()
-    _emit(args, summary, f"Created {path}: {summary['model_description']}, input {summary['input']}, "
-                         f"{summary['layers']} quantizable layers.")
+    text = (f"Created {path}: {summary['model_description']}, input {summary['input']}, "
+            f"{summary['layers']} quantizable layers.")
+    _emit(args, summary, "\n".join([text] + _new_notes(summary)))
     return EXIT_OK
+
+
+def _new_notes(summary: dict[str, Any]) -> list[str]:
+    """What ``new`` decided that a user should hear at once: BatchNorms left unfolded (why), weight GEMMs and
+    layers left in floating point (why)."""
+    lines = []
+    folding = summary["folding"]
+    if folding["enabled"] and (folding["folded"] or folding["skipped"]):
+        lines.append(f"  BatchNorm folding: {len(folding['folded'])} folded, {len(folding['skipped'])} not")
+        lines += [f"    not folded: {item['bn']}: {item['reason']}" for item in folding["skipped"][:5]]
+        if len(folding["skipped"]) > 5:
+            lines.append(f"    ... and {len(folding['skipped']) - 5} more (workbench show lists them)")
+    for item in summary["not_quantizable"] + summary["float_by_default"]:
+        lines.append(f"  left in floating point: {item['name']} ({item['type']}): {item['reason']}")
+    return lines
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -114,9 +130,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
         counted = f"{run['quantizers']} quantizers" + (f" ({run['quantizer_names']} names: {shared} shared by a rule)"
                                                          if shared else "")
         stale = run["output_sqnr_stale"]
-        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR "
-                     f"{_fmt(run['output_sqnr_db'], ' dB')}" + (f" (stale: {'; '.join(stale)}; recalibrate "
+        over = f" over {run['sqnr_batches']} batches" if run["sqnr_batches"] else " (first batch)"
+        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR INT8 vs "
+                     f"FP32 {_fmt(run['output_sqnr_db'], ' dB')}{over}" + (f" (stale: {'; '.join(stale)}; recalibrate "
                                                                   "for a current figure)" if stale else ""))
+        if run["picked"]:
+            lines.append("    auto picked " + ", ".join(f"{m} for {n}" for m, n in run["picked"].items()))
+        for name, item in run["choices"].items():
+            if item["reason"]:
+                lines.append(f"    {name}: {item['reason']}")
+            lines += [f"    warning: {message}" for message in item["warnings"]]
     settings = session.settings
     calibration = settings.calibration
     lines.append(f"  settings: calibration {calibration.method} on {calibration.num_batches or 'all'} batches "
@@ -133,11 +156,13 @@ def _cmd_show(args: argparse.Namespace) -> int:
         lines.append(f"  warning: {message}")
     lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
     lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["not_quantizable"]]
-    lines.append(f"    {'layer':<32} {'type':<20} {'precision':<9} {'input':<28} {'weight':<24} {'amax':<22} rank")
+    lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["float_by_default"]]
+    lines.append(f"    {'layer':<32} {'type':<20} {'precision':<9} {'input':<36} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
         notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""
-        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.precision:<9} {layer.input_summary:<28} "
-                     f"{layer.weight_summary:<24} {layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
+        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.precision:<9} {layer.input_summary:<36} "
+                     f"{layer.weight_summary:<24} "
+                     f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
     _emit(args, summary, "\n".join(lines))
     return EXIT_OK
 

@@ -34,8 +34,8 @@ from torch import nn
 
 from workbench.quant.blocks import block_amax_to_scales, block_view, unblock
 from workbench.quant.kernels import TINY_AMAX
-from workbench.quant.tensor_quant import E4M3, E4M3_MAX, max_bound_of, min_bound_of
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.tensor_quant import E4M3, E4M3_MAX, max_bound_of, min_bound_of
 
 __all__ = ["QDQStandIn", "qdq_reference", "onnx_translation", "register_torchscript_symbolic", "ExportParams",
            "export_params", "fp8_reference", "dq_blocked_reference", "fp8_translation", "dq_blocked_translation",

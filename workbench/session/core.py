@@ -34,13 +34,24 @@ from workbench.project import (
     save_project,
 )
 from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.batches import first_samples, to_device
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.distributed import DistContext
+from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.snapshot import quantizer_names
-from workbench.session import analysis, calibration, configure, data_sources, decisions, exports, finetuning
-from workbench.session import paths, tensorrt, views
+from workbench.session import (
+    analysis,
+    calibration,
+    configure,
+    data_sources,
+    decisions,
+    exports,
+    finetuning,
+    paths,
+    tensorrt,
+    views,
+)
 from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
@@ -50,8 +61,7 @@ from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check
 from workbench.sources.errors import EntryPointError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
 from workbench.sources.paths import absolute_path
-from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, remember_trust
-from workbench.sources.trust import trust_status
+from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, remember_trust, trust_status
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +256,9 @@ class Session:
         known = dict(self.project.layers)
         layers: dict[str, LayerDecision] = {}
         for name, module_type, _ in quantizable(model):
-            layers[name] = known.get(name) or LayerDecision(name, module_type, True)
+            # LSTMs start float (workbench.quant.gemm.FLOAT_BY_DEFAULT says why); the user may quantize them
+            starts_quantized = float_by_default_reason(module_type) is None
+            layers[name] = known.get(name) or LayerDecision(name, module_type, starts_quantized)
         dropped = [name for name in known if name not in layers]
         if dropped:
             logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
