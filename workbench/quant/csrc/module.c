@@ -35,6 +35,29 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     return PyBool_FromLong(negative);
 }
 
+static PyObject *py_ste_grad(PyObject *self, PyObject *args) {
+    unsigned long long x_ptr, g_ptr, y_ptr, thresholds_ptr;
+    long long outer, channels, inner;
+    int dtype, nthreads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKiLLLKi", &x_ptr, &g_ptr, &y_ptr, &dtype, &outer, &channels, &inner,
+                          &thresholds_ptr, &nthreads))
+        return NULL;
+    if (dtype != WB_DT_F32 && dtype != WB_DT_F16 && dtype != WB_DT_BF16) {
+        PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
+        return NULL;
+    }
+    if (outer < 0 || channels < 1 || inner < 1) {
+        PyErr_SetString(PyExc_ValueError, "shape must have outer >= 0, channels >= 1, inner >= 1");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    wb_ste_grad((const void *)(uintptr_t)x_ptr, (const void *)(uintptr_t)g_ptr, (void *)(uintptr_t)y_ptr, dtype, outer,
+                channels, inner, (const float *)(uintptr_t)thresholds_ptr, nthreads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_quant_params(PyObject *self, PyObject *args) {
     unsigned long long amax_ptr, out_ptr;
     long long n;
@@ -135,6 +158,7 @@ static PyObject *py_force_portable(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"quantize", py_quantize, METH_VARARGS, "Fused (fake) quantization of a contiguous CPU buffer."},
+    {"ste_grad", py_ste_grad, METH_VARARGS, "Straight-through-estimator gradient of a contiguous CPU buffer."},
     {"quant_params", py_quant_params, METH_VARARGS, "Scale pairs of float32 amax values; returns the smallest."},
     {"entropy_divergences", py_entropy_divergences, METH_VARARGS, "KL divergence of every entropy candidate."},
     {"mse_errors", py_mse_errors, METH_VARARGS, "Squared error of every mse candidate."},
