@@ -53,8 +53,10 @@ void wb_mse_errors(const double *counts, const double *centers, int64_t n, doubl
                    int64_t stride, int uniform, double *out, int nthreads);
 
 /* histogram.c: adds |x| counts into counts[0 .. bins) (bins of width 2**width_exponent from 0) and the
- * number of NaN/Inf values into *nonfinite. Returns 0, or -1 when memory ran out. */
+ * number of NaN/Inf values into *nonfinite, and writes the largest finite |x| (0 if none) to *max_abs.
+ * Returns 0; 1 when *max_abs lies beyond the bins (nothing added: re-bin wider and call again); -1 when
+ * memory ran out. */
 int wb_histogram(const void *x, int dtype, int64_t n, int width_exponent, int64_t bins, int skip_zeros,
-                 int64_t *counts, int64_t *nonfinite, int nthreads);
+                 int64_t *counts, int64_t *nonfinite, float *max_abs, int nthreads);
 
 #endif

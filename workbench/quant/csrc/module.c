@@ -132,13 +132,15 @@ static PyObject *py_histogram(PyObject *self, PyObject *args) {
         return NULL;
     }
     int64_t nonfinite = 0;
+    float max_abs = 0.0f;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = wb_histogram((const void *)(uintptr_t)x_ptr, dtype, n, width_exponent, bins, skip_zeros,
-                          (int64_t *)(uintptr_t)counts_ptr, &nonfinite, nthreads);
+                          (int64_t *)(uintptr_t)counts_ptr, &nonfinite, &max_abs, nthreads);
     Py_END_ALLOW_THREADS
-    if (status != 0) return PyErr_NoMemory();
-    return PyLong_FromLongLong(nonfinite);
+    if (status < 0) return PyErr_NoMemory();
+    /* (added, NaN/Inf count, largest finite |x|): added is False when the max lies beyond the bins */
+    return Py_BuildValue("(OLd)", status == 0 ? Py_True : Py_False, (long long)nonfinite, (double)max_abs);
 }
 
 static PyObject *py_isa(PyObject *self, PyObject *args) {
@@ -162,7 +164,7 @@ static PyMethodDef methods[] = {
     {"quant_params", py_quant_params, METH_VARARGS, "Scale pairs of float32 amax values; returns the smallest."},
     {"entropy_divergences", py_entropy_divergences, METH_VARARGS, "KL divergence of every entropy candidate."},
     {"mse_errors", py_mse_errors, METH_VARARGS, "Squared error of every mse candidate."},
-    {"histogram", py_histogram, METH_VARARGS, "Add |x| to a histogram with power-of-two bins; returns NaN/Inf count."},
+    {"histogram", py_histogram, METH_VARARGS, "Add |x| to a histogram with power-of-two bins; returns (added, NaN/Inf count, max |x|)."},
     {"isa", py_isa, METH_NOARGS, "Instruction set the kernels use on this CPU."},
     {"force_portable", py_force_portable, METH_O, "Use the portable loops even where AVX2 is available."},
     {NULL, NULL, 0, NULL},
