@@ -71,14 +71,16 @@ def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str) -> Ten
     return TensorRTCheck()
 
 
-def misaligned_channels(in_channels: int, out_channels: int) -> str | None:
+def misaligned_channels(in_channels: int, out_channels: int, *, output_is_result: bool = False) -> str | None:
     """Why an INT8 convolution from ``in_channels`` to ``out_channels`` wastes tensor-core work, or None.
 
     The one rule for ``workbench lint`` (before building) and the engine report (after): counts that are
     not multiples of :data:`INT8_CHANNEL_ALIGNMENT` are padded. The input side of a layer reading an image
-    (at most 4 channels) is not counted: TensorRT has first-layer kernels for it.
+    (at most 4 channels) is not counted: TensorRT has first-layer kernels for it; nor is the output side of a
+    layer that writes the network's result (``output_is_result``: a 1000-class head), which the task fixes.
     """
-    sides = [count for count, exempt in ((in_channels, in_channels <= _IMAGE_CHANNELS), (out_channels, False))
+    sides = [count for count, exempt in ((in_channels, in_channels <= _IMAGE_CHANNELS),
+                                         (out_channels, output_is_result))
              if not exempt and count % INT8_CHANNEL_ALIGNMENT]
     if not sides:
         return None

@@ -541,9 +541,11 @@ class Session:
         return tensorrt.apply_fix(self, fix)
 
     def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None, *,
-                             remember: bool = True):
-        """trtexec's layer information (and profile) mapped onto the layers; kept in the project."""
-        return tensorrt.import_engine(self, layer_info, profile, remember=remember)
+                             remember: bool = True, onnx_file: str | Path | None = None, force: bool = False):
+        """trtexec's layer information (and profile) mapped onto the layers; kept in the project.
+        ``onnx_file``: the ONNX the engine was built from (to read its node names); ``force``: report an
+        engine that does not look like this model's."""
+        return tensorrt.import_engine(self, layer_info, profile, remember=remember, onnx_file=onnx_file, force=force)
 
     def latest_engine_report(self):
         return tensorrt.latest_engine_report(self)
