@@ -26,7 +26,7 @@ EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3 - 1
 # initializers smaller than this stay inside the graph file (scales, zero points, shapes)
 SMALL_TENSOR = 1024
 # weights above this go through a temporary data file during export, whatever the final form (see above)
-STREAM_THRESHOLD = 64 * 1024 ** 2
+STREAM_THRESHOLD = 8 * 1024 ** 2
 
 
 @dataclass
