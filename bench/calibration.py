@@ -106,8 +106,8 @@ def vit_histogram_overhead(num_batches: int, repeats: int) -> dict:
             result = calibrate(quantized, batches, num_batches=None, method="entropy", report_sqnr=False)
         finally:
             HistogramCalibrator._collect_cpu = one_pass
-        hists = [q._calibrator._counts.clone() for q in all_quantizers(quantized)
-                 if isinstance(getattr(q, "_calibrator", None), HistogramCalibrator) and q._calibrator._counts is not None]
+        calibrators = [getattr(q, "_calibrator", None) for q in all_quantizers(quantized)]
+        hists = [c._counts.clone() for c in calibrators if isinstance(c, HistogramCalibrator) and c._counts is not None]
         return result.collect_time_s, hists
 
     forward()

@@ -164,7 +164,8 @@ def main() -> None:
             if "error" in row:
                 print(f"| {row['mb']} MB | failed: {row['error']} | | | | |")
                 continue
-            print(f"| {row['size'] / 2**20:.0f} MB | {row['peak_over_before'] / 2**20:.0f} MB | **{row['ratio']:.2f}** | "
+            print(f"| {row['size'] / 2**20:.0f} MB | {row['peak_over_before'] / 2**20:.0f} MB | "
+                  f"**{row['ratio']:.2f}** | "
                   f"{row['exporter']} | {row['external']} | {row['seconds']:.1f} s |")
 
 

@@ -18,8 +18,18 @@ from pathlib import Path
 
 import onnx
 
-__all__ = ["EXTERNAL_DATA_THRESHOLD", "SMALL_TENSOR", "STREAM_THRESHOLD", "fold_external_data", "StagedFile", "stage", "write_onnx", "external_data_file",
-           "relocate_external_data", "temporary_name"]
+__all__ = [
+    "EXTERNAL_DATA_THRESHOLD",
+    "SMALL_TENSOR",
+    "STREAM_THRESHOLD",
+    "fold_external_data",
+    "StagedFile",
+    "stage",
+    "write_onnx",
+    "external_data_file",
+    "relocate_external_data",
+    "temporary_name",
+]
 
 # protobuf refuses to serialise a message of 2 GiB or more
 EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3 - 1
