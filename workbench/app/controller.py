@@ -49,10 +49,18 @@ class QtLogHandler(logging.Handler):
         super().__init__(level=logging.INFO)
         self._controller = controller
         self.setFormatter(logging.Formatter("%(message)s"))
+        self.said: set[tuple[int, str]] = set()  # warnings already in the log since the project opened
 
     def emit(self, record: logging.LogRecord) -> None:
+        message = self.format(record)
+        if record.levelno >= logging.WARNING:
+            # each warning once per open project: a rebuild after every edit would repeat the same lines
+            key = (record.levelno, message)
+            if key in self.said:
+                return
+            self.said.add(key)
         try:
-            self._controller.log.emit(record.levelname.lower(), self.format(record))
+            self._controller.log.emit(record.levelname.lower(), message)
         except RuntimeError:  # the controller is being destroyed
             pass
 
@@ -106,6 +114,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
         self.session: Session | None = None
         self.jobs = JobRunner(self, cancelled_types=(CalibrationCancelled, AnalysisCancelled))
         self.jobs.busy_changed.connect(self.busy_changed)
+        self._queued_edits: list[tuple] = []  # (what, edit, session): edits asked for while a job runs
+        self.jobs.busy_changed.connect(self._run_queued_edits)  # before a queued job: edits come first
         self._queued: tuple | None = None  # a job asked for while the model was being rebuilt
         self.jobs.busy_changed.connect(self._start_queued)
         self.jobs.failed.connect(self._job_failed)
@@ -176,6 +186,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
                     base_dir: Path | None = None, settings: dict[str, Any] | None = None,
                     on_done: Callable[[Session], None] | None = None) -> bool:
         """Create a project in the background (loading a model can take a while)."""
+        self._log_handler.said.clear()  # another project: its warnings are news again
+
         def job(progress, cancel):
             progress(0, 1, "loading the model")
             session = Session.create(model, calibration, evaluation, trust_code=trust_code, input_shape=input_shape,
@@ -189,6 +201,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
                      on_done: Callable[[Session], None] | None = None) -> bool:
         """Open a project file in the background; ``trust_needed`` asks before running its code."""
         path = Path(path)
+
+        self._log_handler.said.clear()  # another project: its warnings are news again
 
         def job(progress, cancel):
             progress(0, 1, f"opening {path.name}")

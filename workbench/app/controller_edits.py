@@ -1,4 +1,4 @@
-"""The controller's edits: one change to the session on the GUI thread, refused while a job runs.
+"""The controller's edits: one change to the session on the GUI thread, queued while a job runs.
 
 A mixin of :class:`workbench.app.controller.Controller` (its signals and state live there). Each edit
 holds the session's events until it is done, then the views hear of it once; when rebuilding the
@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from PySide6.QtCore import QTimer
 
 from workbench.session.errors import EngineNotThisModel
 
@@ -33,7 +35,10 @@ class EditsMixin:
         quantized model is rebuilt, in the worker when that is slow."""
         if self.session is None:
             return None
-        if self.refuse_if_busy(what):
+        if self.busy:
+            # the session belongs to the job: the edit waits for its end rather than being refused
+            self._queued_edits.append((what, fn, self.session))
+            self.log.emit("info", f"{what}: waits for '{self.jobs.job_name}' to finish")
             return None
         self._holding += 1
         try:
@@ -56,6 +61,22 @@ class EditsMixin:
         self._tell()
         return result
 
+    def _run_queued_edits(self, busy: bool) -> None:
+        if not busy and self._queued_edits:
+            # after the finished job's own completion (its views refreshed), in the order they were asked for
+            QTimer.singleShot(0, self._apply_queued_edits)
+
+    def _apply_queued_edits(self) -> None:
+        while self._queued_edits and not self.busy:
+            what, fn, session = self._queued_edits.pop(0)
+            if session is self.session:  # a project opened meanwhile drops the old one's edits
+                self._edit(what, fn)
+
+    @property
+    def queued_edits(self) -> list[str]:
+        """What edits wait for the running job, in order."""
+        return [what for what, _, _ in self._queued_edits]
+
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str] | None:
         names = list(names)
         return self._edit("Quantize" if quantize else "Ignore", lambda: self.session.set_quantize(names, quantize))
@@ -63,6 +84,11 @@ class EditsMixin:
     def set_descriptor(self, names: Iterable[str], role: str, fields: dict[str, Any]) -> list[str] | None:
         names = list(names)
         return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields))
+
+    def set_precision(self, names: Iterable[str], precision: str) -> list[str] | None:
+        """Run layers in ``precision`` (a :class:`workbench.quant.precision.Precision` value) as one edit."""
+        names = list(names)
+        return self._edit("Set precision", lambda: self.session.set_precision(names, precision))
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str] | None:
         names = list(names)

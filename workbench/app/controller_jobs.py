@@ -192,11 +192,13 @@ class JobsMixin:
             return False
 
         def job(progress, cancel):
-            progress(0, 1, "exporting a preview and checking it against TensorRT's fusion rules")
+            progress(0, 1, "checking the exported graph against TensorRT's fusion rules")
             return session.lint()
 
         def done(warnings):
-            self.log.emit("info", f"TensorRT lint: {count_text(warnings)}")
+            latest = session.latest_lint()
+            source = f" (from {latest[2]})" if latest is not None and latest[2] else ""
+            self.log.emit("info", f"TensorRT lint: {count_text(warnings)}{source}")
             on_done(warnings)
 
         return self._start(LINT_JOB, job, done)

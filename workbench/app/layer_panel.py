@@ -66,6 +66,10 @@ def _plot_widget(min_height: int, bottom: str, left: str, vertical_grid: bool) -
     return plot
 
 
+# the input quantizers the descriptor editor edits, in the order it picks them (workbench.session.build.role_quantizer)
+EDITED_INPUT_ATTRS = ("_input_quantizer", "_input0_quantizer", "_input1_quantizer", "_q_quantizer")
+
+
 class LayerPanel(QWidget):
     """What the selected layer(s) are and how they are quantized; plots of their calibration data."""
 
@@ -363,11 +367,18 @@ class LayerPanel(QWidget):
             suffix = previous.rsplit(".", 1)[-1]
             chosen = [n.rsplit(".", 1)[-1] for n in names].index(suffix)
         else:
-            # the first active histogram quantizer (an input, usually) is the interesting one
-            for position, q in enumerate(quantizers):
-                if q.calibrator == "HistogramCalibrator" and q.active:
-                    chosen = position
-                    break
+            # the quantizer the descriptor editor edits (an attention's query, not its probabilities), else the
+            # first active histogram quantizer (an input, usually): the plot and the editor show the same one
+            attrs = [q.attr for q in quantizers]
+            edited = next((attr for attr in EDITED_INPUT_ATTRS if attr in attrs
+                           and quantizers[attrs.index(attr)].active), None)
+            if edited is not None and self.current_role() == "input":
+                chosen = attrs.index(edited)
+            else:
+                for position, q in enumerate(quantizers):
+                    if q.calibrator == "HistogramCalibrator" and q.active:
+                        chosen = position
+                        break
         self.quantizer_combo.setCurrentIndex(chosen)
         self.quantizer_combo.blockSignals(False)
         self._plot_histogram()
@@ -517,7 +528,22 @@ class LayerPanel(QWidget):
             return
         run = self.controller.session.project.current_calibration if self.controller.session else None
         percentile = run.percentile if run is not None else None
-        self.controller.recompute_amax([self.quantizer_name], method, percentile)
+        self.controller.recompute_amax(self.same_quantizer_of_selection(), method, percentile)
+
+    def same_quantizer_of_selection(self) -> list[str]:
+        """The plotted quantizer and the same one (same place in the layer) of every other selected layer that
+        has it with a histogram: a line picked with several layers selected applies to all of them."""
+        name, first = self.quantizer_name, self.names[0] if self.names else None
+        if name is None or first is None or not name.startswith(f"{first}."):
+            return [name] if name is not None else []
+        suffix = name[len(first) + 1:]
+        tree = self.tree()
+        chosen = [name]
+        for layer in self.names[1:]:
+            for q in layer_quantizers(tree, layer):
+                if q.name == f"{layer}.{suffix}" and q.calibrator == "HistogramCalibrator" and q.enabled:
+                    chosen.append(q.name)
+        return chosen
 
     def _plot_weights(self) -> None:
         plot = self.weight_plot

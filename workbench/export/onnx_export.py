@@ -306,7 +306,7 @@ def export_qdq_onnx(model: nn.Module,
         validation_started = time.perf_counter()
         staged = stage(proto, path, external_data_threshold)
         tmp_path = str(staged.path)
-        if staged.data_path is not None:
+        if staged.external_data_path is not None:
             report_warnings.append(f"the graph is over {external_data_threshold / 1024 ** 3:.3g} GB: its weights are "
                                    f"in {staged.external_data_path.name} beside it (keep the two files together)")
         try:
@@ -421,6 +421,7 @@ def export_qdq_onnx(model: nn.Module,
             staged = stage(trt_proto, path, external_data_threshold)
             report.file_size = staged.size
         external = staged.external_data_path
+        folded = staged.fold and staged.data_path is not None  # streamed during export, one file now
         staged.commit()
         staged = exported_data = None
         if external is not None:  # the graph in memory names the data file as the one on disk does
@@ -428,6 +429,8 @@ def export_qdq_onnx(model: nn.Module,
         report.external_data_path = None if external is None else str(external)
         if external is not None:  # the graph now names the data file by its final (shorter) name
             report.file_size = path.stat().st_size + external.stat().st_size
+        elif folded:
+            report.file_size = path.stat().st_size
 
         if amax_json_path is not None:
             table = {"model": type(model).__name__, "onnx": path.name, "quantizers": amax_table_of(model, params)}
@@ -440,7 +443,8 @@ def export_qdq_onnx(model: nn.Module,
                 report.calibration_cache_path = str(write_text_atomic(
                     calibration_cache_path, calibration_cache_text(scales, trt_version)))
             if float_onnx_path is not None:
-                float_graph = strip_qdq(proto)
+                # a folded graph's weights are in the committed file now, no longer in the temporary data file
+                float_graph = strip_qdq(onnx.load(str(path)) if folded else proto)
                 if external_data_file(float_graph, path.parent) is not None:
                     # its own data file: the weights are read in (never serialised in the proto) and written out
                     onnx.external_data_helper.load_external_data_for_model(float_graph, str(path.parent))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.autograd import Function
 
-from workbench.quant import kernels
+from workbench.quant import kernels, ste
 from workbench.quant.kernels import ROUNDINGS, Rounding
 
 logger = logging.getLogger(__name__)
@@ -448,9 +448,9 @@ def _scale_of(amax: torch.Tensor, num_bits: int, unsigned: bool) -> torch.Tensor
 
 
 def _ste_grad(inputs: torch.Tensor, amax: torch.Tensor, grad_outputs: torch.Tensor) -> torch.Tensor:
-    """Straight-through estimator with clipping: pass the gradient where |x| <= amax, else 0."""
-    inside = inputs.abs() <= amax.to(inputs.device)
-    return torch.where(inside, grad_outputs, torch.zeros((), dtype=grad_outputs.dtype, device=grad_outputs.device))
+    """Straight-through estimator with clipping: pass the gradient where |x| <= amax, else 0 (one fused
+    pass where a kernel applies; see :mod:`workbench.quant.ste`)."""
+    return ste.ste_grad(inputs, amax, grad_outputs)
 
 
 class TensorQuantFunction(Function):
@@ -516,7 +516,7 @@ class LegacyFakeTensorQuantFunction(Function):
     @staticmethod
     def backward(ctx, grad_outputs):
         inputs, amax = ctx.saved_tensors
-        return _ste_grad(inputs, amax, grad_outputs), None, None, None, None
+        return ste.ste_grad_reference(inputs, amax, grad_outputs), None, None, None, None
 
 
 class FakeAffineTensorQuantFunction(Function):

@@ -97,6 +97,12 @@ def apply_fallback(session: Session, result: Any) -> list[str]:
         names += session.layers_of(unit)
     names = list(dict.fromkeys(names))
     session.set_quantize(names, False)
+    latest = session.project.fallbacks[-1] if session.project.fallbacks else None
+    chosen = getattr(result, "chosen", None)
+    if latest is not None and chosen is not None and [getattr(u, "name", u) for u in chosen] == \
+            [unit.get("name") if isinstance(unit, dict) else unit for unit in latest.data.get("chosen") or []]:
+        latest.applied = True  # reopened, the search shows as applied (its Apply is done)
+        session._changed(SessionEvent.FALLBACK, applied=True)
     return names
 
 
@@ -114,7 +120,13 @@ def latest_fallback(session: Session):
 
     # ladder searches are stored beside fallback searches: the latest of this kind
     record = next((r for r in reversed(session.project.fallbacks) if r.data.get("format") == FALLBACK_FORMAT), None)
-    return None if record is None else FallbackResult.from_dict(record.data)
+    if record is None:
+        return None
+    result = FallbackResult.from_dict(record.data)
+    # applied, and still so: every layer it chose is in float now (a later edit may have quantized one again)
+    layers = [name for unit in result.chosen for name in layers_of(session, unit)]
+    result.applied = record.applied and all(not session.project.layers[name].quantize for name in layers)
+    return result
 
 
 def latest_ladder(session: Session):

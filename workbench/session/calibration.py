@@ -23,6 +23,7 @@ from workbench.quant.snapshot import quantizer_names
 from workbench.session.build import descriptor_of, layer_of
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
+from workbench.session.state import state_digest
 
 if TYPE_CHECKING:
     from workbench.session.core import Session
@@ -63,9 +64,11 @@ def calibrate(session: Session, *, method: str | None = None, num_batches: int |
         state = quantizer._calibrator.state() if quantizer._calibrator is not None else None
         records[name] = QuantizerRecord.from_calibration(item, name=name, calibrator_state=state,
                                                          descriptor=descriptor_of(quantizer))
-    session.project.calibrations.append(CalibrationRecord.from_result(
+    record = CalibrationRecord.from_result(
         result, id=session.project.next_id(session.project.calibrations), created=now_iso(), quantizers=records,
-        folded=sorted(session.folded_layers())))
+        folded=sorted(session.folded_layers()))
+    session.project.calibrations.append(record)
+    record.state_digest = state_digest(session.project)  # what the run's output SQNR was measured on
     # what was stale (calibrated with another descriptor) is calibrated with its own now
     session.build_report.stale = [name for name in session.build_report.stale if name not in records]
     session._changed(SessionEvent.CALIBRATION)

@@ -60,6 +60,7 @@ from workbench.session import ladder as ladder_job
 from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
+from workbench.session.state import state_digest
 from workbench.session.views import LayerView
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input
 from workbench.sources.errors import EntryPointError, TrustRequired
@@ -697,8 +698,18 @@ class Session:
     # ----- TensorRT: lint before building, the engine's report after -------------------------
 
     def lint(self):
-        """Fusion hazards TensorRT's Q/DQ rules predict for the project as it exports now."""
+        """Fusion hazards TensorRT's Q/DQ rules predict for the project as it exports now (the last lint's, while
+        the project is unchanged since; kept in the project)."""
         return tensorrt.lint(self)
+
+    def latest_lint(self):
+        """(warnings, changed since, what was linted) of the project's last lint; None when never linted."""
+        return tensorrt.latest_lint(self)
+
+    def state_digest(self) -> str:
+        """A digest of what the quantized model computes now (see :mod:`workbench.session.state`): a result that
+        kept the digest of its own state (output SQNR, lint, export) is current while the two are equal."""
+        return state_digest(self.project)
 
     def apply_fix(self, fix) -> list[str]:
         """Apply a lint warning's fix (a pin, quantize, leave in float, a placement rule)."""

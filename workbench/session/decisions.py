@@ -24,12 +24,13 @@ from workbench.quant.tensorrt_rules import tensorrt_check
 from workbench.session.build import descriptor_of, role_quantizer
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
+from workbench.session.in_place import swap_descriptors
 
 if TYPE_CHECKING:
     from workbench.session.core import Session
 
 __all__ = ["select", "apply_ignore_policy", "set_quantize", "set_descriptor", "reset_descriptor", "descriptors",
-           "plan_precision", "precisions", "mix_weight_bytes"]
+           "plan_precision", "precisions", "mix_weight_bytes", "swap_in_place"]
 
 
 def select(session: Session, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
@@ -147,9 +148,21 @@ def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: 
     session.notes = [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
     changed = list(updates)
     if changed:
-        session._invalidate()
+        if swap_in_place(session, updates, role) is None:
+            session._invalidate()
         session._changed(SessionEvent.LAYERS, names=changed)
     return changed
+
+
+def swap_in_place(session: Session, updates: dict[str, dict[str, Any]], role: str) -> list[str] | None:
+    """Apply new descriptors to the live quantized model without rebuilding it (see
+    :mod:`workbench.session.in_place`); None when the model must be rebuilt instead (or is not built)."""
+    if session.needs_rebuild:
+        return None  # rebuilt on next use anyway
+    return swap_descriptors(session.quantized_model(), updates, role,
+                            calibration=session.project.current_calibration,
+                            finetune=session.project.current_finetune, report=session.build_report,
+                            device=session.device)
 
 
 def reset_descriptor(session: Session, names: Iterable[str], role: str | None = None) -> list[str]:

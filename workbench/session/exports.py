@@ -22,6 +22,7 @@ from workbench.project.model import now_iso
 from workbench.project.settings import jsonable
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
+from workbench.session.state import state_digest
 from workbench.sources.model_source import sha256_of
 from workbench.sources.paths import absolute_path, relative_path
 
@@ -133,7 +134,8 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     nodes = [node.name for node in onnx.load(str(target), load_external_data=False).graph.node]
     session.project.exports.append(ExportRecord(session.project.next_id(session.project.exports), now_iso(), stored,
                                                 {"opset": opset, "dynamic_batch": dynamic_batch,
-                                                 "sha256": export_digest(target), "nodes": nodes},
+                                                 "sha256": export_digest(target), "nodes": nodes,
+                                                 "state_digest": state_digest(session.project)},
                                                 jsonable(report.to_dict())))
     session._changed(SessionEvent.EXPORT, path=str(target))
     return report
