@@ -19,6 +19,7 @@ def untrusted_summary(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """``workbench show`` on a project whose code is not trusted: what it would run and why, running none of it."""
     from workbench.project import load_project
     from workbench.session import Session
+    from workbench.session.exports import suspicious_exports
 
     project = load_project(args.project)
     references = Session.code_references(args.project)
@@ -37,6 +38,9 @@ def untrusted_summary(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         files = ", ".join(reference.files) or "no file found next to the project"
         lines.append(f"    {reference.role}: {reference.spec}: {reference.why} ({files})")
         lines += [f"      not covered: {note}" for note in reference.not_covered]
+    data["suspicious_exports"] = suspicious_exports(project, Path(args.project), Path(args.project).parent)
+    lines += [f"  warning: suspicious export history: {note} (an export never overwrites it without --force)"
+              for note in data["suspicious_exports"]]
     lines.append(f"  read that code; to trust it: workbench trust {args.project} (remembered until the code changes)")
     return data, "\n".join(lines)
 
