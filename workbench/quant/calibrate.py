@@ -28,7 +28,7 @@ from workbench.quant.snapshot import ModelSnapshot
 logger = logging.getLogger(__name__)
 
 __all__ = ["calibrate", "CalibrationResult", "QuantizerCalibration", "CalibrationCancelled", "CalibrationError",
-           "NonFiniteCalibrationError",
+           "NonFiniteCalibrationError", "NothingReachedError",
            "CancelToken", "ProgressCallback", "model_inputs", "run_model", "sqnr_db", "model_device"]
 
 ProgressCallback = Callable[[int, int, str], None]
@@ -57,6 +57,25 @@ class CalibrationError(RuntimeError):
         self.original = original
         super().__init__(f"The model failed on calibration batch {batch_index}: "
                          f"{type(original).__name__}: {original}")
+
+
+class NothingReachedError(ValueError):
+    """The model ran on the calibration data without calling any quantizer that calibrates: nothing can be
+    learned, and an empty result must not replace a good calibration. The model is unchanged.
+
+    Attributes:
+        names: the quantizers that were waiting for data.
+        batches: how many batches ran.
+    """
+
+    def __init__(self, names: list[str], batches: int) -> None:
+        self.names, self.batches = list(names), batches
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        super().__init__(f"Calibration reached no quantizer: the model ran on {batches} batch"
+                         f"{'es' if batches != 1 else ''} without calling any of its {len(names)} quantizers ({shown}). "
+                         "Nothing was changed (the previous calibration, if any, is kept). Check that the model's "
+                         "forward goes through its quantized layers for this data (a fused fast path, a branch on "
+                         "the input, or a different model than the one the layers were chosen on skips them).")
 
 
 class NonFiniteCalibrationError(ValueError):
@@ -270,6 +289,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                 max_value=None if max_value is None else float(max_value.max()))
         if blind:
             raise NonFiniteCalibrationError(blind)
+        if calibrating and not results:
+            raise NothingReachedError(list(calibrating), done)
         amax_done = time.perf_counter()
     except BaseException:
         if run_device != original_device:
