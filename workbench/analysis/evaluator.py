@@ -137,7 +137,8 @@ class Evaluator:
         if isinstance(self.metric, ModelMetric):
             self.check_cancel(describe_stage(stage, unit))
             try:
-                value = self.metric.evaluate(self.model, self.batches)
+                # the user's metric runs the model itself: on its own copy of the batches, as each pass does
+                value = self.metric.evaluate(self.model, [to_device(b, None, copy=True) for b in self.batches])
             except Exception as error:  # the user's metric (and model inside it): report where
                 raise MetricError(self.metric.name, unit=unit, stage=stage, original=error) from error
             return self._checked(value, stage, unit)
@@ -189,8 +190,18 @@ class Evaluator:
                                     original=error) from error
         return found
 
-    def _call_model(self, i: int) -> Any:
+    def fresh_inputs(self, i: int) -> tuple[tuple, dict]:
+        """A copy of batch ``i``'s inputs (args, kwargs) for one pass.
+
+        Every pass gets its own copy: a model that edits its input in place would otherwise feed the next
+        configuration (INT8 after FP32, each sensitivity pass) an already-changed batch. One memory copy of
+        the inputs per call: bench/input_copy.py measures what it costs against the pass itself.
+        """
         args, kwargs = self.inputs[i]
+        return to_device(args, self.device, copy=True), to_device(kwargs, self.device, copy=True)
+
+    def _call_model(self, i: int) -> Any:
+        args, kwargs = self.fresh_inputs(i)
         return self.model(*args, **kwargs)
 
     def measure_fp32(self) -> float:

@@ -139,7 +139,7 @@ def _plan_for(evaluator: Evaluator, units: list[Unit], base: str,
     # trace specialised to other inputs (a branch on an argument, say). Quantizer flags cannot be baked
     # in: every module holding quantizers is an opaque call in the graph.
     evaluator.configure(base)
-    args, kwargs = evaluator.inputs[0]
+    args, kwargs = evaluator.fresh_inputs(0)
     try:
         output = plan.run(args, kwargs)
     except Exception as error:  # a trace that cannot run is a trace we do not use
@@ -227,7 +227,7 @@ def run_profile(evaluator: Evaluator, units: list[Unit], scheme: str, *, fp32: f
                 report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
         else:
             # units in execution order, so that each batch's cached state only ever moves forward
-            states = [plan.start(args, kwargs) for args, kwargs in evaluator.inputs]
+            states = [plan.start(*evaluator.fresh_inputs(b)) for b in range(len(evaluator.inputs))]
             for i in sorted(range(len(units)), key=lambda k: cuts[k]):
                 unit = units[i]
                 evaluator.configure(base)
