@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import tempfile
 import uuid
@@ -31,7 +32,7 @@ _WORKER_ENV = "WORKBENCH_LAUNCHED_WORKER"
 
 # what the workers of a failed job report when only a peer's death, or the agent stopping them because of
 # it, ended them: never the root cause while another rank has one
-_PEER_LOST_MARKERS = ("DistributedError", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+_PEER_LOST_MARKERS = ("DistributedError", "RankNotAnswering", "did not answer within", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
                       "SignalException", "got signal")
 
 
@@ -59,6 +60,11 @@ def _exit_interrupted(signum, frame) -> None:  # pragma: no cover - runs in a wo
     os._exit(INTERRUPTED_EXIT)
 
 
+# what RankNotAnswering says (workbench.quant.distributed): "rank 1 did not answer within 60 s: it never
+# reached ...", "ranks 1, 3 (on node-b) did not answer ..."
+_NOT_ANSWERING = re.compile(r"ranks? ((?:\d+(?: \([^)]*\))?(?:, )?)+) did not answer within ([\d.e+]+ s)")
+
+
 class WorkerError(Exception):
     """Raised in a worker to report a message as it is: :class:`WorkerFailed` shows it without a type name."""
 
@@ -70,6 +76,7 @@ class RankFailure:
     rank: int
     exitcode: int
     message: str
+    hung: str | None = None  # another rank's word that this one never reached a collective (then stopped)
 
     @property
     def killed_by(self) -> str | None:
@@ -82,6 +89,8 @@ class RankFailure:
             return f"signal {-self.exitcode}"
 
     def describe(self) -> str:
+        if self.hung is not None:
+            return f"rank {self.rank} did not answer: {self.hung}"
         if self.killed_by is not None:
             hint = " (out of memory?)" if self.killed_by == "SIGKILL" else ""
             return f"rank {self.rank} was killed by {self.killed_by}{hint}"
@@ -140,9 +149,24 @@ def _failures(error: Any) -> list[RankFailure]:
             message = f"exited with code {failure.exitcode} before reporting an error"
         message = str(message).strip().removeprefix(f"{WorkerError.__name__}: ")
         failures.append(RankFailure(rank=int(rank), exitcode=int(failure.exitcode), message=str(message).strip()))
+    # a rank that timed out waiting names the ranks that never arrived (RankNotAnswering): those hung,
+    # and the agent then stopped them; they are the root cause, not the rank that gave up waiting
+    for failure in list(failures):
+        found = _NOT_ANSWERING.search(failure.message)
+        if found is None:
+            continue
+        for rank in (int(number) for number in re.findall(r"(\d+)(?: \([^)]*\))?", found.group(1))):
+            hung = next((f for f in failures if f.rank == rank), None)
+            if hung is None:  # it never failed on its own: the agent stopped it with the others
+                hung = RankFailure(rank=rank, exitcode=-signal.SIGTERM, message="")
+                failures.append(hung)
+            elif hung.killed_by != "SIGTERM":  # it ended with an error (or a kill) of its own: that is the cause
+                continue
+            hung.hung = (f"no answer within the timeout ({found.group(2)}); rank {failure.rank} stopped waiting "
+                         "for it")
     # the root cause first: a rank that lost its peers failed because of another one
-    failures.sort(key=lambda f: (f.killed_by == "SIGTERM" or (f.killed_by is None and any(
-        m in f.message for m in _PEER_LOST_MARKERS)), f.rank))
+    failures.sort(key=lambda f: (f.hung is None, f.hung is None and (f.killed_by == "SIGTERM" or (
+        f.killed_by is None and any(m in f.message for m in _PEER_LOST_MARKERS))), f.rank))
     return failures
 
 

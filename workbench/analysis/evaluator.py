@@ -20,12 +20,13 @@ from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric
 from workbench.analysis.units import Unit
 from workbench.quant.batches import model_device, model_inputs, select_output, to_device
 from workbench.quant.calibrate import CancelToken, ProgressCallback
+from workbench.quant.distributed import Digest, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import all_quantizers, is_quantizing
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Evaluator", "materialise_batches", "same_output", "report_progress"]
+__all__ = ["Evaluator", "materialise_batches", "same_output", "report_progress", "check_ranks_agree"]
 
 
 def report_progress(progress: ProgressCallback | None, done: int, total: int, message: str) -> None:
@@ -55,6 +56,20 @@ def materialise_batches(batches: Iterable, num_batches: int | None) -> list:
     if not materialised:
         raise ValueError("No batches: the data source yielded nothing.")
     return materialised
+
+
+def check_ranks_agree(context: DistContext, batches: Sequence[Any], model: nn.Module, job: str, settings: Any) -> None:
+    """Before ranks share work: every rank must hold the same batches, settings and model (weights and
+    calibration), or their results would be merged across two different jobs.
+
+    Raises:
+        RanksDisagree: which part differs, with the ranks grouped by what they hold.
+    """
+    if not context.distributed:
+        return
+    context.check_same({"data": Digest().update(list(batches)).hexdigest(),
+                        "settings": Digest().update(settings).hexdigest(),
+                        "model and calibration": Digest().update(dict(model.state_dict())).hexdigest()}, job)
 
 
 class Evaluator:

@@ -22,7 +22,13 @@ import torch
 from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled, AnalysisError, describe_stage
-from workbench.analysis.evaluator import Evaluator, materialise_batches, report_progress, same_output
+from workbench.analysis.evaluator import (
+    Evaluator,
+    check_ranks_agree,
+    materialise_batches,
+    report_progress,
+    same_output,
+)
 from workbench.analysis.metrics import Direction, Metric, ModelMetric, OutputMetric, get_metric
 from workbench.analysis.prefix_cache import PrefixPlan, build_plan
 from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
@@ -88,6 +94,8 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
     total = len(unit_list) + 2
     context = context or SINGLE
     progress = context.main_only(progress)
+    check_ranks_agree(context, batch_list, model, "sensitivity analysis",
+                      [scheme, chosen_metric.to_dict(), [u.name for u in unit_list], output, cache])
     with ModelSnapshot(model), torch.no_grad():
         evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         fp32, quantized = measure_baselines(evaluator, progress, total, context)

@@ -6,7 +6,6 @@ model's quantizers are left exactly as they were (state_dict, enable flags, coll
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
@@ -21,7 +20,7 @@ from workbench.quant.batches import flat_tensors, model_device, model_inputs, ru
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.merge import merge_calibrators
-from workbench.quant.distributed import SINGLE, DistContext
+from workbench.quant.distributed import SINGLE, Digest, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import ModelSnapshot
 
@@ -201,9 +200,11 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
     total = num_batches if num_batches is not None else _length_or_zero(batches)
     started = time.perf_counter()
     local_progress = progress
+    data_digest = Digest()
     if context.distributed:
-        # this rank's share: the same batches in all as one process, dealt round robin
-        batches = itertools.islice(batches, context.rank, num_batches, context.world_size)
+        # this rank's share: the same batches in all as one process, dealt round robin; every batch is
+        # read (and digested) on every rank, so that ranks with different data refuse to merge
+        batches = _dealt(batches, num_batches, context, data_digest)
         num_batches = None
         local_progress = context.progress(context.main_only(progress), total, "calibration")
 
@@ -247,6 +248,9 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                     local_progress(done, total, f"calibration batch {done}" + (f" of {total}" if total else ""))
         if context.distributed:
             context.wait_for_peers(local_progress, "calibration batches")
+            context.check_same({"calibration data": data_digest.hexdigest(),
+                                "calibration settings": _settings_digest(calibrating, method, percentile, total),
+                                "model weights": _weights_digest(model)}, "calibration")
             merge_calibrators({name: q._calibrator for name, q in calibrating.items()}, context)
             counts_and_flags = context.all_gather((done, mostly_nonfinite))
             done = sum(count for count, _ in counts_and_flags)
@@ -388,6 +392,31 @@ def _zero_warnings(results: dict[str, QuantizerCalibration]) -> list[str]:
             "use calibration data that reaches this layer with non-zero values, or leave the layer in float."
             for item in results.values() if item.max_value is not None and item.max_value == 0
             and float(item.amax.abs().max()) == 0]
+
+
+def _dealt(batches: Iterable, num_batches: int | None, context: DistContext, digest: Digest) -> Iterable:
+    """This rank's batches (round robin over the ranks); every batch up to ``num_batches`` goes into ``digest``."""
+    for index, batch in enumerate(batches):
+        if num_batches is not None and index >= num_batches:
+            return
+        digest.update(batch)
+        if index % context.world_size == context.rank:
+            yield batch
+
+
+def _settings_digest(calibrating: dict[str, TensorQuantizer], method: str, percentile: float, total: int) -> str:
+    """What decides a calibration besides the data and weights: method, batches, and each quantizer's setup."""
+    digest = Digest().update([method, percentile, total])
+    for name, q in calibrating.items():
+        calibrator = q._calibrator
+        digest.update([name, q.num_bits, q.axis, q.unsigned, q.narrow_range, type(calibrator).__name__,
+                       getattr(calibrator, "num_bins", None)])
+    return digest.hexdigest()
+
+
+def _weights_digest(model: nn.Module) -> str:
+    """The model's parameters (not the quantizers' buffers, which calibration is about to set)."""
+    return Digest().update({name: p for name, p in model.named_parameters()}).hexdigest()
 
 
 def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batch: Any,
