@@ -104,13 +104,12 @@ def test_a_hung_rank_is_named_on_a_multi_node_layout(tmp_path):
                               env=env(WORKBENCH_DIST_TIMEOUT="5", JOBS=str(Path(__file__).parent)), cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
              for i in range(2)]
-    try:
-        outputs = [node.communicate(timeout=240) for node in nodes]
+    try:  # node 0's rank gives up after the timeout; node 1's stays stuck until it is killed
+        _, errors = nodes[0].communicate(timeout=240)
     finally:
         for node in nodes:
             if node.poll() is None:
                 os.killpg(node.pid, 9)
-                node.wait()
-    errors = "\n".join(err for _, err in outputs)
+            node.communicate()
     assert "RankNotAnswering: rank 1 did not answer within 5 s: it never reached gathering results" in errors, errors
     assert "rank 0: RankNotAnswering" in errors
