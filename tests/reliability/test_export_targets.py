@@ -146,3 +146,20 @@ def test_a_crafted_side_file_history_is_no_authority(project, tmp_path, capsys):
     code, out, err = run(capsys, "export", project, "-o", onnx_path, "--amax-json")
     assert code == 2 and "is not an amax table Quant Workbench wrote" in err, err
     assert json.loads(users.read_text()) == {"mine": True}
+
+
+def test_a_path_the_user_typed_outside_the_folder_is_remembered_on_this_machine(project, tmp_path, capsys):
+    """-o outside the project's folder is the user's word: later plain exports go there (the confirmation is
+    kept in the user's config folder, which a project file cannot write)."""
+    outside = tmp_path.parent / f"{tmp_path.name}-builds" / "model.onnx"
+    outside.parent.mkdir()
+    code, out, err = run(capsys, "export", project, "-o", outside)
+    assert code == 0, err
+    code, out, err = run(capsys, "export", project)  # the remembered path, confirmed here
+    assert code == 0 and str(outside) in out, err
+    confirmations = json.loads((tmp_path / "config" / "quant-workbench" / "export-targets.json").read_text())
+    assert confirmations == {str(project.resolve()): [str(outside)]}
+    copy = tmp_path / "copy.qwb"  # the same project file elsewhere (received, say): not confirmed for it
+    copy.write_bytes(project.read_bytes())
+    code, out, err = run(capsys, "export", copy, "--trust-code")
+    assert code == 2 and "outside the project's folder" in err, err

@@ -26,6 +26,7 @@ from workbench.project import ExportRecord, Project
 from workbench.project.model import now_iso
 from workbench.project.settings import jsonable
 from workbench.session.errors import SessionError
+from workbench.session import confirmed_targets
 from workbench.session.events import SessionEvent
 from workbench.session.paths import project_code
 from workbench.sources.model_source import sha256_of
@@ -156,14 +157,17 @@ def check_not_protected(files: dict[Path, str], protected: dict[Path, str]) -> N
                                "--force); nothing was exported. Choose another output path.")
 
 
-def check_confined(target: Path, project_dir: Path, stored: str | None) -> None:
-    """A path the project stores (not one the user typed) must lie in the project's folder: a project file
-    received from someone else must not be able to send an export anywhere on this machine.
+def check_confined(target: Path, project_dir: Path, stored: str | None, project_path: Path | None = None) -> None:
+    """A path the project stores (not one the user typed) must lie in the project's folder, or be one the
+    user named for this project file on this machine before (:mod:`workbench.session.confirmed_targets`): a
+    project file received from someone else must not be able to send an export anywhere on this machine.
 
     Raises:
-        SessionError: the stored export path lies outside the project's folder.
+        SessionError: the stored export path lies outside the project's folder and was never confirmed.
     """
     if target.is_relative_to(project_dir.resolve()):
+        return
+    if project_path is not None and confirmed_targets.confirmed(project_path, target):
         return
     raise SessionError(f"The project's export path {stored} leads to {target}, outside the project's folder "
                        f"({project_dir}): a project file alone cannot send an export there; nothing was exported. "
@@ -230,8 +234,9 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     files = planned_files(target, amax_json, calibration_cache)
     check_not_protected(files, protected_files(session.project, session.path, session.base_dir))
     if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
-        if path is None and settings.path is not None:
-            check_confined(target, project_dir, settings.path)
+        if path is None and settings.path is not None and session.path is not None:
+            # an unsaved project's settings were all made here; a saved one may have come from elsewhere
+            check_confined(target, project_dir, settings.path, session.path)
         for file, kind in files.items():
             check_overwrite(file, session.project.exports, project_dir, force, kind)
     model = session._require_calibrated()
@@ -247,6 +252,8 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
                            f"to {target}.") from error
     if not remember:
         return report
+    if path is not None and session.path is not None and not target.is_relative_to(project_dir.resolve()):
+        confirmed_targets.remember(session.path, target)  # the user named it: later plain exports may go there
     stored = stored_export_path(target, project_dir)
     session.project.settings["export"] = replace(settings, path=stored, opset=opset, dynamic_batch=dynamic_batch,
                                                  amax_json=amax_json, calibration_cache=calibration_cache).to_stored()
