@@ -32,7 +32,8 @@ _WORKER_ENV = "WORKBENCH_LAUNCHED_WORKER"
 
 # what the workers of a failed job report when only a peer's death, or the agent stopping them because of
 # it, ended them: never the root cause while another rank has one
-_PEER_LOST_MARKERS = ("DistributedError", "RankNotAnswering", "did not answer within", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+_PEER_LOST_MARKERS = ("DistributedError", "RankNotAnswering", "did not answer within",
+                      "Connection closed by peer", "Connection reset by peer", "Broken pipe",
                       "SignalException", "got signal")
 
 
@@ -128,9 +129,8 @@ def worker_threads(nprocs: int) -> int:
 
 def _worker(entrypoint: Callable[..., Any], threads: int | None, *args: Any) -> Any:
     """What each worker process runs: set its thread share, run the job, record any error for the agent."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
     import torch
+    from torch.distributed.elastic.multiprocessing.errors import record
 
     os.environ[_WORKER_ENV] = "1"
     signal.signal(signal.SIGINT, _exit_interrupted)

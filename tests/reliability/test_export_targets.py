@@ -121,7 +121,8 @@ def test_side_files_never_overwrite_a_users_file(project, tmp_path, capsys, flag
     users = tmp_path / f"model{suffix}"
     users.write_text("mine\n")
     code, out, err = run(capsys, "export", project, "-o", tmp_path / "model.onnx", flag)
-    assert code == 2 and f"{users} (a" in err and "beside the export) exists and this project did not write it" in err, err
+    assert code == 2 and f"{users} (a" in err, err
+    assert "beside the export) exists and this project did not write it" in err
     assert users.read_text() == "mine\n" and not (tmp_path / "model.onnx").exists()
     # --force is the user's word for it
     code, out, err = run(capsys, "export", project, "-o", tmp_path / "model.onnx", flag, "--force")

@@ -44,8 +44,8 @@ import onnx
 import torch
 from torch import nn
 
-from workbench.export.errors import ExportValidationError, SampleInputError
 from workbench import __version__
+from workbench.export.errors import ExportValidationError, SampleInputError
 from workbench.export.opset import default_opset
 from workbench.export.provenance import WRITER
 from workbench.export.onnx_file import (
@@ -341,7 +341,8 @@ def export_qdq_onnx(model: nn.Module,
             report.file_size = path.stat().st_size + external.stat().st_size
 
         if amax_json_path is not None:
-            table = {"writer": f"{WRITER} {__version__}", "model": type(model).__name__, "onnx": path.name, "quantizers": amax_table_of(model, params)}
+            table = {"writer": f"{WRITER} {__version__}", "model": type(model).__name__, "onnx": path.name,
+                     "quantizers": amax_table_of(model, params)}
             report.amax_json_path = str(write_json_atomic(amax_json_path, table))
         if calibration_cache_path is not None or float_onnx_path is not None:
             amax_by_scale = {f"{s.quantizer_name}.scale": amax_of(s) for s in swapped.values()

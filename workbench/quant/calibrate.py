@@ -71,9 +71,9 @@ class NothingReachedError(ValueError):
         self.names, self.batches = list(names), batches
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         super().__init__(f"Calibration reached no quantizer: the model ran on {batches} batch"
-                         f"{'es' if batches != 1 else ''} without calling any of its {len(names)} quantizers ({shown}). "
-                         "Nothing was changed (the previous calibration, if any, is kept). Check that the model's "
-                         "forward goes through its quantized layers for this data (a fused fast path, a branch on "
+                         f"{'es' if batches != 1 else ''} without calling any of its {len(names)} quantizers "
+                         f"({shown}). Nothing was changed (the previous calibration, if any, is kept). Check that "
+                         "the model's forward goes through its quantized layers for this data (a fused fast path, a branch on "
                          "the input, or a different model than the one the layers were chosen on skips them).")
 
 

@@ -25,8 +25,8 @@ from workbench.export.provenance import written_here
 from workbench.project import ExportRecord, Project
 from workbench.project.model import now_iso
 from workbench.project.settings import jsonable
-from workbench.session.errors import SessionError
 from workbench.session import confirmed_targets
+from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
 from workbench.session.paths import project_code
 from workbench.sources.model_source import sha256_of
@@ -153,8 +153,8 @@ def check_not_protected(files: dict[Path, str], protected: dict[Path, str]) -> N
     for path in files:
         inside = next((f"in {folder}, {what}" for folder, what in folders if path.is_relative_to(folder)), None)
         if path in protected or inside:
-            raise SessionError(f"{path} is {protected.get(path) or inside}: an export never writes over it (not even with "
-                               "--force); nothing was exported. Choose another output path.")
+            raise SessionError(f"{path} is {protected.get(path) or inside}: an export never writes over it (not "
+                               "even with --force); nothing was exported. Choose another output path.")
 
 
 def check_confined(target: Path, project_dir: Path, stored: str | None, project_path: Path | None = None) -> None:
