@@ -22,7 +22,7 @@ from PySide6.QtCore import QObject, Signal
 
 from workbench.analysis import AnalysisCancelled
 from workbench.app import main_thread_gc
-from workbench.app.controller_edits import EditsMixin
+from workbench.app.controller_edits import UPDATE_JOB, EditsMixin
 from workbench.app.controller_jobs import JobsMixin
 from workbench.app.disk_watch import ProjectFileWatcher
 from workbench.app.jobs import JobRunner
@@ -105,6 +105,7 @@ class Controller(QObject, JobsMixin, EditsMixin):
         self.jobs = JobRunner(self, cancelled_types=(CalibrationCancelled, AnalysisCancelled))
         self.jobs.busy_changed.connect(self.busy_changed)
         self._queued: tuple | None = None  # a job asked for while the model was being rebuilt
+        self._queued_edits: list[tuple] = []  # (what, fn, session): edits made while the model was being rebuilt
         self.jobs.busy_changed.connect(self._start_queued)
         self.jobs.failed.connect(self._job_failed)
         self.jobs.cancelled.connect(lambda name, error: self.log.emit("warning", f"{name} cancelled: {error}"))
@@ -142,6 +143,18 @@ class Controller(QObject, JobsMixin, EditsMixin):
     @property
     def busy(self) -> bool:
         return self.jobs.busy
+
+    @property
+    def edits_blocked(self) -> bool:
+        """A job owns the session: edits are refused. A background rebuild after an edit does not block them
+        (they are queued behind it)."""
+        return self.jobs.busy and self.jobs.job_name != UPDATE_JOB
+
+    @property
+    def accepts_edits(self) -> bool:
+        """True when an edit is applied (no job runs) or queued (the model is being rebuilt after an edit):
+        the editing actions stay enabled through a background rebuild."""
+        return self.session is not None and not self.edits_blocked
 
     @property
     def dirty(self) -> bool:

@@ -3,6 +3,9 @@
 A mixin of :class:`workbench.app.controller.Controller` (its signals and state live there). Each edit
 holds the session's events until it is done, then the views hear of it once; when rebuilding the
 quantized model after the edit is slow, the rebuild goes to the worker and the window stays live.
+Edits made while that rebuild runs are queued, in order, and applied together when it ends (one more
+rebuild): quick successive clicks are never dropped as "busy", whatever the machine's speed. Edits
+during any other job (calibration, export) are still refused: that job owns the session.
 """
 from __future__ import annotations
 
@@ -10,11 +13,20 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EditsMixin", "SLOW_REBUILD_S", "UPDATE_JOB"]
+__all__ = ["EditsMixin", "SLOW_REBUILD_S", "UPDATE_JOB", "QueuedEdit"]
 
 # Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
 SLOW_REBUILD_S = 0.3
 UPDATE_JOB = "Updating the model"
+
+
+class QueuedEdit(list):
+    """What an edit returns when it waits for the running rebuild: not None (it was not refused), and
+    empty (what it changes is known once it is applied; the views hear of it then)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
 
 
 class EditsMixin:
@@ -31,6 +43,10 @@ class EditsMixin:
         quantized model is rebuilt, in the worker when that is slow."""
         if self.session is None:
             return None
+        if self.busy and self.jobs.job_name == UPDATE_JOB:
+            # the model is being rebuilt after the previous edit: apply this one right after it
+            self._queued_edits.append((what, fn, self.session))
+            return QueuedEdit(what)
         if self.refuse_if_busy(what):
             return None
         self._holding += 1
@@ -54,6 +70,28 @@ class EditsMixin:
         self._tell()
         return result
 
+    def _apply_queued_edits(self) -> None:
+        """The edits queued during a rebuild, in order, as one edit (one rebuild); each one's error is shown
+        on its own, and the others still apply. Edits queued for a session since closed are dropped."""
+        queued, self._queued_edits = self._queued_edits, []
+        edits = [(what, fn) for what, fn, session in queued if session is self.session]
+        if len(edits) < len(queued):
+            self.log.emit("warning", f"{len(queued) - len(edits)} edits dropped: their project was closed")
+        if not edits:
+            return
+        failed: list[tuple[str, Exception]] = []
+
+        def apply_all() -> None:
+            for what, fn in edits:
+                try:
+                    fn()
+                except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, apply the rest
+                    failed.append((what, error))
+
+        self._edit(" + ".join(dict.fromkeys(what for what, _ in edits)), apply_all)
+        for what, error in failed:
+            self.error.emit(what, str(error), "")
+
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str] | None:
         names = list(names)
         return self._edit("Quantize" if quantize else "Ignore", lambda: self.session.set_quantize(names, quantize))
@@ -70,8 +108,7 @@ class EditsMixin:
         self._edit("Settings", lambda: self.session.set_setting(key, value))
 
     def set_settings(self, changes: dict[str, Any]) -> None:
-        """Change several settings as one edit (one rebuild): a second edit would be refused while the
-        first one's background rebuild runs, so a dialog's changes go together or not at all."""
+        """Change several settings as one edit (one rebuild): a dialog's changes go together or not at all."""
         changes = dict(changes)
         if changes:
             self._edit("Settings", lambda: self.session.set_settings(changes))
@@ -94,7 +131,10 @@ class EditsMixin:
         return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune())
 
     def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None) -> Any:
-        """Read trtexec's layer information (and profile) into the project; the Engine views follow."""
+        """Read trtexec's layer information (and profile) into the project; the Engine views follow.
+        Refused (None) while a job runs, a rebuild included: the caller needs the report itself."""
+        if self.refuse_if_busy("Import TensorRT report"):
+            return None
         report = self._edit("Import TensorRT report", lambda: self.session.import_engine_report(layer_info, profile))
         if report is not None:
             self.log.emit("info", f"TensorRT report {Path(layer_info).name}: {len(report.hazards)} hazards")
@@ -105,6 +145,8 @@ class EditsMixin:
         """Apply a lint warning's fix (:class:`workbench.export.lint.LintFix`) as one edit; returns what changed,
         None when refused or failed (an error dialog says why)."""
         changed = self._edit(f"Fix: {fix.description}", lambda: self.session.apply_fix(fix))
-        if changed is not None:
+        if isinstance(changed, QueuedEdit):
+            self.log.emit("info", f"'{fix.description}' is applied once the model is updated")
+        elif changed is not None:
             self.log.emit("info", f"applied '{fix.description}': " + (", ".join(changed) or "nothing (already so)"))
         return changed

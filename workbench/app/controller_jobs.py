@@ -232,14 +232,20 @@ class JobsMixin:
         return True
 
     def _start_queued(self, busy: bool) -> None:
-        if not busy and self._queued is not None:
+        if not busy and (self._queued is not None or self._queued_edits):
             # the finished job's completion (its views refreshed from the session) runs right after this
             # signal: the queued job starts once it is done, not in the middle of it
             QTimer.singleShot(0, self._run_queued)
 
     def _run_queued(self) -> None:
-        if self.jobs.busy or self._queued is None:
-            return  # another job came first: this one waits for its end
+        if self.jobs.busy:
+            return  # another job came first: the queue waits for its end
+        if self._queued_edits:  # edits made during the rebuild first: a queued job must see them
+            self._apply_queued_edits()
+            if self.jobs.busy:
+                return  # their own rebuild runs now; a queued job follows it
+        if self._queued is None:
+            return
         name, fn, on_done, trust = self._queued
         self._queued = None
         self._start(name, fn, on_done, trust)

@@ -184,8 +184,8 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         self.recent_menu.setEnabled(not busy)
         self.cancel_action.setEnabled(busy)
         self.device_combo.setEnabled(has_project and not busy)
-        for action in self.tree.editing_actions:
-            action.setEnabled(has_project and not busy)
+        for action in self.tree.editing_actions:  # edits during a background rebuild are queued
+            action.setEnabled(self.controller.accepts_edits)
 
     def _update_summary(self) -> None:
         session = self.controller.session

@@ -295,7 +295,7 @@ class ModelTreeWidget(QWidget):
     def context_menu(self) -> QMenu:
         """The menu for the current selection (built fresh so its enabled states are right)."""
         has_layers = bool(self.selected_layers())
-        busy = self.controller.busy or self.controller.session is None
+        busy = not self.controller.accepts_edits  # edits during a background rebuild are queued
         for action in (self.quantize_action, self.ignore_action, self.descriptor_action, self.reset_action):
             action.setEnabled(has_layers and not busy)
         self.pattern_action.setEnabled(not busy)
@@ -373,7 +373,7 @@ class ModelTreeWidget(QWidget):
             self._settings.setValue("ignore_patterns", "\n".join(patterns))
 
     def _busy(self, busy: bool) -> None:
-        self.model.set_read_only(busy)
+        self.model.set_read_only(busy and self.controller.edits_blocked)
 
 
 class IgnorePatternDialog(QDialog):
