@@ -290,7 +290,8 @@ def test_torchscript_on_request_gives_the_same_structure(tmp_path):
     assert (dynamo.exporter, script.exporter) == ("dynamo", "torchscript")
     assert "torch.export-based exporter" in dynamo.exporter_note and "opset 18 to 17" in dynamo.exporter_note
     assert dynamo.quantize_nodes == script.quantize_nodes == 8
-    assert dynamo.opset == script.opset == 17 and script.max_abs_diff == 0.0
+    # onnxruntime's conv and torch's sum in different orders: equal to float rounding, not bit for bit
+    assert dynamo.opset == script.opset == 17 and script.max_abs_diff < 1e-6
 
 
 def test_opset_18_with_the_default_exporter_and_names(tmp_path):
