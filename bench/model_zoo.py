@@ -1,14 +1,16 @@
 """One row per architecture: prepare, calibrate, export, and what came out of each step.
 
 Columns: quantizers created / reached by calibration, layers or operations left in floating point
-(reasons in the notes below the table), Q/DQ pairs in the exported graph, attention products whose two
+(reasons in the notes below the table), Q/DQ pairs in the exported graph, weight GEMMs (Conv/Gemm/MatMul with a
+constant weight) whose weight has Q/DQ over all of them, attention products whose two
 MatMul inputs both come from DequantizeLinear, onnxruntime vs fake-quant PyTorch (cosine, max |diff|),
 calibrate and export wall time, and the calibration pass (collection) over an FP32 forward on the same
 batches, measured in the same run (goal: at most 1.3x on the ViT-like model, attention included).
 
 Architectures are built in code with random weights (tests/transformers/models.py): a ViT-like with
 ``@`` attention, one with ``F.scaled_dot_product_attention``, ``nn.TransformerEncoder`` over token ids,
-a ResNet-style CNN with timm/torchvision BasicBlocks, tiny Hugging Face BERT / ViT / Llama when
+a ResNet-style CNN with timm/torchvision BasicBlocks, tiny Hugging Face BERT / ViT / Llama / GPT-2 (Conv1D
+projections) / T5 (encoder-decoder, two token lengths) when
 ``transformers`` imports, timm models when ``timm`` imports. A step that cannot run shows
 "n/a (reason)", never a made-up value.
 
@@ -48,8 +50,8 @@ class Row:
         self.notes: list[str] = []
 
 
-COLUMNS = ["quantizers", "reached", "float ops", "Q/DQ pairs", "attn products", "ort cos", "ort max|d|",
-           "calib s", "export s", "calib/fp32"]
+COLUMNS = ["quantizers", "reached", "float ops", "Q/DQ pairs", "GEMMs q/all", "attn products", "ort cos",
+           "ort max|d|", "calib s", "export s", "calib/fp32"]
 
 
 def _first(output):
@@ -104,8 +106,8 @@ def measure(name: str, build: Callable[[], nn.Module], make_batch: Callable[[int
 
     def fp32_pass() -> None:
         with torch.no_grad():
-            for batch in batches:
-                model(*batch)
+            for batch in batches:  # positional inputs, or keyword inputs by name (an encoder-decoder's three)
+                model(**batch) if isinstance(batch, dict) else model(*batch)
 
     fp32_pass()
     # prepare swaps submodules in place: the FP32 reference keeps a model of its own
@@ -139,6 +141,11 @@ def measure(name: str, build: Callable[[], nn.Module], make_batch: Callable[[int
             export = export_qdq_onnx(quantized, batches[0], path)
             row.cells["export s"] = f"{time.perf_counter() - start:.2f}"
             row.cells["Q/DQ pairs"] = str(export.qdq_pairs)
+            row.cells["GEMMs q/all"] = f"{export.weight_gemms - len(export.float_weight_gemms)}/{export.weight_gemms}"
+            if export.float_weight_gemms:
+                row.notes.append(f"float weight GEMMs: {', '.join(export.float_weight_gemms[:4])}")
+            if export.opset != export.requested_opset:
+                row.notes.append(f"opset {export.opset} (requested {export.requested_opset}): {export.exporter_note}")
             row.cells["attn products"] = str(attention_products_quantized(path))
             row.cells["ort cos"] = f"{export.cosine:.6f}"
             row.cells["ort max|d|"] = f"{export.max_abs_diff:.2g}"
@@ -146,7 +153,7 @@ def measure(name: str, build: Callable[[], nn.Module], make_batch: Callable[[int
                 row.notes.append(f"exported with {export.exporter}: {export.exporter_note[:100]}")
         except Exception as error:
             reason = f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:70]})"
-            for column in ("export s", "Q/DQ pairs", "attn products", "ort cos", "ort max|d|"):
+            for column in ("export s", "Q/DQ pairs", "GEMMs q/all", "attn products", "ort cos", "ort max|d|"):
                 row.cells[column] = reason if column == "export s" else "n/a"
     return row
 
@@ -176,6 +183,12 @@ def main() -> None:
     def ids(vocab: int, batch: int = 8, length: int = 32):
         return lambda i: (zoo.tokens(batch, length, vocab, seed=i),)
 
+    def seq2seq(vocab: int, batch: int = 8, source: int = 32, target: int = 12):
+        # by keyword (a tuple batch reads as (inputs, labels)); the decoder's length differs from the encoder's
+        return lambda i: {"input_ids": zoo.tokens(batch, source, vocab, seed=i),
+                          "attention_mask": torch.ones(batch, source, dtype=torch.long),
+                          "decoder_input_ids": zoo.tokens(batch, target, vocab, seed=100 + i)}
+
     rows_spec = [
         ("vit-like @ (192d, 4 blocks, 64 tok)", lambda: zoo.ViTLike(192, 4, 3, False, image=64, patch=8), images(64)),
         ("vit-like sdpa (same size)", lambda: zoo.ViTLike(192, 4, 3, True, image=64, patch=8), images(64)),
@@ -184,6 +197,8 @@ def main() -> None:
         ("HF BertModel (eager)", lambda: zoo.hf_bert("eager"), ids(64)),
         ("HF ViTModel (sdpa)", lambda: zoo.hf_vit("sdpa"), images(16)),
         ("HF LlamaForCausalLM (sdpa)", lambda: zoo.hf_llama("sdpa"), ids(64)),
+        ("HF GPT2LMHeadModel (Conv1D)", lambda: zoo.hf_gpt2("eager"), ids(64)),
+        ("HF T5 encoder-decoder", lambda: zoo.hf_t5("eager"), seq2seq(64)),
         ("timm vit_tiny_patch16_224", _timm("vit_tiny_patch16_224"), images(224, 2)),
         ("timm resnet18", _timm("resnet18"), images(64, 2)),
     ]

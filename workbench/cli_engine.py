@@ -58,7 +58,8 @@ def _numbers(values: list[str], count: int) -> list[int]:
 
 def _cmd_engine_report(args: argparse.Namespace) -> int:
     session = _open(args)
-    report = session.import_engine_report(args.layer_info, args.profile, remember=not args.no_save)
+    report = session.import_engine_report(args.layer_info, args.profile, remember=not args.no_save,
+                                          onnx_file=args.onnx, force=args.force)
     if not args.no_save:
         session.save()
     _emit(args, report.to_dict(), report.text())
@@ -86,6 +87,12 @@ def add_commands(sub: argparse._SubParsersAction,
     engine.add_argument("layer_info", help="trtexec --exportLayerInfo=FILE output (best with "
                                            "--profilingVerbosity=detailed)")
     engine.add_argument("--profile", help="trtexec --exportProfile=FILE output: per-layer times")
+    engine.add_argument("--onnx", metavar="FILE",
+                        help="the ONNX file the engine was built from: its node names are looked up there (for an "
+                             "ONNX file the workbench did not write, e.g. one with scope-less names such as Conv_9)")
+    engine.add_argument("--force", action="store_true",
+                        help="report an engine in which fewer than half of the project's quantized layers are found "
+                             "(refused otherwise: it looks like another model's)")
     engine.add_argument("--no-save", action="store_true", help="show the report without keeping it in the project")
     engine.set_defaults(func=_cmd_engine_report)
 

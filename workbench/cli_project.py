@@ -85,9 +85,25 @@ def _cmd_new(args: argparse.Namespace) -> int:
                              base_dir=Path.cwd(), settings=settings)
     path = session.save(project)
     summary = session.summary()
-    _emit(args, summary, f"Created {path}: {summary['model_description']}, input {summary['input']}, "
-                         f"{summary['layers']} quantizable layers.")
+    text = (f"Created {path}: {summary['model_description']}, input {summary['input']}, "
+            f"{summary['layers']} quantizable layers.")
+    _emit(args, summary, "\n".join([text] + _new_notes(summary)))
     return EXIT_OK
+
+
+def _new_notes(summary: dict[str, Any]) -> list[str]:
+    """What ``new`` decided that a user should hear at once: BatchNorms left unfolded (why), weight GEMMs and
+    layers left in floating point (why)."""
+    lines = []
+    folding = summary["folding"]
+    if folding["enabled"] and (folding["folded"] or folding["skipped"]):
+        lines.append(f"  BatchNorm folding: {len(folding['folded'])} folded, {len(folding['skipped'])} not")
+        lines += [f"    not folded: {item['bn']}: {item['reason']}" for item in folding["skipped"][:5]]
+        if len(folding["skipped"]) > 5:
+            lines.append(f"    ... and {len(folding['skipped']) - 5} more (workbench show lists them)")
+    for item in summary["not_quantizable"] + summary["float_by_default"]:
+        lines.append(f"  left in floating point: {item['name']} ({item['type']}): {item['reason']}")
+    return lines
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -138,6 +154,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
               for note in summary["suspicious_exports"]]
     lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
     lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["not_quantizable"]]
+    lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["float_by_default"]]
     lines.append(f"    {'layer':<32} {'type':<20} {'input':<28} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
         notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""

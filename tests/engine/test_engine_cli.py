@@ -25,7 +25,7 @@ def test_engine_report_command_prints_json_and_keeps_the_report(project_copy, tr
     data = json.loads(capsys.readouterr().out)
     stem = next(entry for entry in data["layers"] if entry["module"] == "stem.0")
     assert stem["engine_precision"] == "INT8" and stem["quantized"] is True and stem["time_ms"] > 0
-    assert {h["kind"] for h in data["hazards"]} == {"quantized_not_int8", "int8_reformat", "unfused_qdq"}
+    assert {h["kind"] for h in data["hazards"]} == {"quantized_not_int8", "int8_reformat", "requantize"}
     # saved: the project reopens with the report
     session = Session.open(project_copy)
     report = session.latest_engine_report()

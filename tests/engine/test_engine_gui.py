@@ -61,3 +61,36 @@ def test_a_wrong_file_is_an_error_dialog_not_a_crash(window, qtbot, trtexec_file
     assert not window.import_engine_report(str(profile))
     assert shown and "is a trtexec profile" in shown[0][1]
     assert window.controller.engine_report() is None
+
+
+def test_another_models_engine_asks_how_to_map_it(window, qtbot, monkeypatch):
+    """The GUI twin of engine-report's refusal, --force and --onnx: the real ResNet-18 qat engine is not the digits
+    model's; Cancel stores nothing, "Report anyway" imports it with the mapping counts and time shares shown."""
+    from resnet18_names import QAT
+
+    if not QAT[0].is_file():
+        pytest.skip("the real trtexec reports are not on this machine")
+    asked = []
+    answers = iter(["cancel", "force"])
+    monkeypatch.setattr(window, "ask_how_to_map_engine", lambda message: asked.append(message) or next(answers))
+    assert not window.import_engine_report(str(QAT[0]), str(QAT[1]))
+    assert "does not look like an engine of this model" in asked[0] and "--force" in asked[0]
+    assert window.controller.engine_report() is None and not window.controller.dirty
+    with qtbot.waitSignal(window.controller.engine_changed):
+        assert window.import_engine_report(str(QAT[0]), str(QAT[1]))
+    panel = window.extra_tabs["TensorRT"]
+    summary = panel.summary.text()
+    assert "of 37 engine layers mapped to modules" in summary and "scope-less ONNX node names" in summary
+    # each cause of re-quantizing with its share of the run; the tooltip says why each unmapped layer is
+    assert "12.4% of the run re-quantizes after float residual adds" in summary
+    assert "Conv_9" in panel.summary.toolTip() and "scope-less" in panel.summary.toolTip()
+    assert window.controller.engine_report().quantized_found < window.controller.engine_report().quantized_total
+
+
+def test_the_engine_cell_says_what_of_an_int8_layer_is_float():
+    from workbench.app.engine_panel import engine_cell as cell
+    from workbench.engine import ModuleOutcome
+
+    mixed = ModuleOutcome("layer1.0.conv2", True, "INT8", "conv + add", 0.0369, 3.4, "input 1 FP16, output FP16")
+    assert cell(mixed) == ("INT8 0.037 ms [input 1 FP16, output FP16]", PRECISION_COLOURS["INT8"])
+    assert cell(ModuleOutcome("fc", True, None, None, None))[0] == "not in engine"

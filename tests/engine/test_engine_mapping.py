@@ -14,7 +14,7 @@ from workbench.export import export_qdq_onnx
 from workbench.graph import prepare_for_tensorrt
 from workbench.quant.calibrate import calibrate
 from workbench.quant.tensorrt_rules import misaligned_channels
-from workbench.session import Session
+from workbench.session import Session, SessionError
 from workbench.session.build import quantizable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transformers"))
@@ -97,7 +97,10 @@ def test_the_session_maps_regions_through_its_latest_export(demo_export, tmp_pat
         {"Name": region, "LayerType": "Myelin", "Inputs": [tensor("x", INT8)], "Outputs": [tensor("y", INT8)]},
     ])
     session = Session.open(project_path)
-    report = session.import_engine_report(path, remember=False)
+    # one region holding 3 of the 7 quantized layers: too little of the model to be its engine, unless forced
+    with pytest.raises(SessionError, match="only 3 of the project's 7 quantized layers"):
+        session.import_engine_report(path, remember=False)
+    report = session.import_engine_report(path, remember=False, force=True)
     assert report.outcome("block.conv1").engine_layer == region
     assert report.outcome("expand.0").engine_layer is None
 

@@ -59,10 +59,13 @@ def test_hazards_name_the_modules(demo_export, trtexec_files):
         ("quantized_not_int8", ("block.add",)),
         ("quantized_not_int8", ("head_pool",)),
         ("int8_reformat", ("head_pool",)),
-        ("unfused_qdq", ("fc",)),                      # the network input's Quantize is not a hazard
+        # fc's standalone input Quantize is forced by head_pool's float output; the network input's is expected
+        ("requantize", ("head_pool",)),
     ])
-    unfused = next(h for h in report.hazards if h.kind == "unfused_qdq")
-    assert unfused.engine_layer == "fc._input_quantizer/QuantizeLinear" and "Quantize" in unfused.advice
+    requantize = next(h for h in report.hazards if h.kind == "requantize")
+    assert requantize.engine_layer == "fc._input_quantizer/QuantizeLinear"
+    assert "re-quantizes after a float average pool (head_pool)" in requantize.advice
+    assert "quantize head_pool so the pool runs in INT8" in requantize.advice
     text = report.text()
     assert "block.conv2" in text and "ran FP32" in text and "5 hazards" in text
 

@@ -191,6 +191,25 @@ def hf_llama(attn: str = "eager"):
     return LlamaForCausalLM(config).eval()
 
 
+def hf_gpt2(attn: str = "eager"):
+    """GPT-2: its projections are transformers' Conv1D (a Linear with a transposed weight), its GELU the tanh
+    formula written out."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0,
+                        eos_token_id=0, use_cache=False, attn_implementation=attn)
+    return GPT2LMHeadModel(config).eval()
+
+
+def hf_t5(attn: str = "eager"):
+    """T5: an encoder-decoder taking input_ids, attention_mask and decoder_input_ids (lengths independent)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                      decoder_start_token_id=0, use_cache=False, attn_implementation=attn)
+    return T5ForConditionalGeneration(config).eval()
+
+
 def tokens(batch: int = 2, length: int = 8, vocab: int = 50, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 

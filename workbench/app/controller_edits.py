@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from workbench.session.errors import EngineNotThisModel
+
 __all__ = ["EditsMixin", "SLOW_REBUILD_S", "UPDATE_JOB", "QueuedEdit"]
 
 # Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
@@ -130,14 +132,31 @@ class EditsMixin:
         """Drop the fine-tuned weights: the quantized model goes back to the calibrated weights."""
         return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune())
 
-    def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None) -> Any:
+    def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None, *,
+                             onnx_file: str | Path | None = None, force: bool = False,
+                             refused: list[str] | None = None) -> Any:
         """Read trtexec's layer information (and profile) into the project; the Engine views follow.
-        Refused (None) while a job runs, a rebuild included: the caller needs the report itself."""
+        Refused (None) while a job runs, a rebuild included: the caller needs the report itself.
+
+        ``onnx_file`` / ``force``: as ``engine-report --onnx`` / ``--force``. With ``refused`` (a list), an engine
+        that does not look like this model's is not an error dialog: its message is appended for the caller to
+        offer the ways on (map through the ONNX file, report anyway)."""
         if self.refuse_if_busy("Import TensorRT report"):
             return None
-        report = self._edit("Import TensorRT report", lambda: self.session.import_engine_report(layer_info, profile))
+
+        def run() -> Any:
+            try:
+                return self.session.import_engine_report(layer_info, profile, onnx_file=onnx_file, force=force)
+            except EngineNotThisModel as error:
+                if refused is None:
+                    raise
+                refused.append(str(error))
+                return None
+
+        report = self._edit("Import TensorRT report", run)
         if report is not None:
-            self.log.emit("info", f"TensorRT report {Path(layer_info).name}: {len(report.hazards)} hazards")
+            self.log.emit("info", f"TensorRT report {Path(layer_info).name}: {report.mapping_text()} "
+                                  f"{len(report.hazards)} hazards")
             self.engine_changed.emit()
         return report
 

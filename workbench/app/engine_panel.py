@@ -46,7 +46,8 @@ def engine_cell(outcome: Any) -> tuple[str, QColor | None]:
         return (NOT_IN_ENGINE, PRECISION_COLOURS[NOT_IN_ENGINE]) if outcome.quantized is not None else ("", None)
     precision = outcome.engine_precision or "?"
     text = precision if outcome.time_ms is None else f"{precision} {outcome.time_ms:.3f} ms"
-    return text, PRECISION_COLOURS.get(precision)
+    note = outcome.precision_note  # an INT8 layer reading or writing float says which
+    return (f"{text} [{note}]" if note else text), PRECISION_COLOURS.get(precision)
 
 
 class TimeBarDelegate(QStyledItemDelegate):
@@ -102,9 +103,13 @@ class EnginePanel(QWidget):
             return
         counts = ", ".join(f"{n} {k}" for k, n in report.precision_counts().items())
         time = f", {report.total_time_ms:.3f} ms per run" if report.total_time_ms is not None else ""
-        self.summary.setText(f"{report.source}: {report.engine_layers} engine layers{time}. Layers: {counts}. "
+        costs = "".join(("\n    – " + line.strip()) if line.startswith(" ") else f"\n• {line}"
+                        for line in report.cost_lines())
+        self.summary.setText(f"{report.source}: {report.engine_layers} engine layers{time}. "
+                             f"{report.mapping_text()} Layers: {counts}.{costs}\n"
                              f"{len(report.hazards)} hazards" + (": click one to select its layers." if report.hazards
                                                                  else "."))
+        self.summary.setToolTip("\n".join(f"{name}: {why}" for name, why in report.unmapped_why.items()))
         for hazard in report.hazards:
             item = QListWidgetItem(f"{HAZARD_KINDS.get(hazard.kind, hazard.kind)}: {', '.join(hazard.modules)}\n"
                                    f"{hazard.advice}")

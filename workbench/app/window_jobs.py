@@ -104,13 +104,34 @@ class JobCommandsMixin:
             if ask_profile and profile is None:
                 profile, _ = QFileDialog.getOpenFileName(self, "TensorRT profile (--exportProfile; Cancel: none)",
                                                          str(Path(layer_info).parent), "JSON (*.json);;All files (*)")
-        report = self.controller.import_engine_report(layer_info, profile or None)
+        refused: list[str] = []
+        report = self.controller.import_engine_report(layer_info, profile or None, refused=refused)
+        if report is None and refused:  # not this model's engine, as far as its names tell: offer the ways on
+            choice = self.ask_how_to_map_engine(refused[0])
+            if choice == "force":
+                report = self.controller.import_engine_report(layer_info, profile or None, force=True)
+            elif choice == "onnx":
+                onnx_file, _ = QFileDialog.getOpenFileName(self, "The ONNX file the engine was built from",
+                                                           str(Path(layer_info).parent), "ONNX (*.onnx);;All files (*)")
+                if onnx_file:
+                    report = self.controller.import_engine_report(layer_info, profile or None, onnx_file=onnx_file)
         if report is None:
             return False
         panel = self.extra_tabs.get("TensorRT")
         if panel is not None:
             self.tabs.setCurrentWidget(panel)
         return True
+
+    def ask_how_to_map_engine(self, message: str) -> str:
+        """An engine too little of this model is found in: "onnx" (map its names through the ONNX file it was
+        built from), "force" (report it anyway) or "cancel" (nothing is stored)."""
+        box = QMessageBox(QMessageBox.Icon.Warning, "Not this model's engine?", message, parent=self)
+        onnx = box.addButton("Map Through ONNX File…", QMessageBox.ButtonRole.AcceptRole)
+        force = box.addButton("Report Anyway", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.exec()
+        clicked = box.clickedButton()
+        return "onnx" if clicked is onnx else "force" if clicked is force else "cancel"
 
     def lint(self) -> bool:
         """Lint for TensorRT (offering to calibrate first); the TensorRT tab shows the warnings."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,7 @@ class EngineLayer:
     time_ms: float | None = None        # average per run, from the profile
     time_share: float | None = None     # percent of the total, from the profile
     reads_input: bool = False           # one of its inputs is a network input (an engine binding)
+    writes_output: bool = False         # one of its outputs is a network output (an engine binding)
     nodes_listed: bool = False          # onnx_nodes are TensorRT's own list (Metadata), not read from the name
 
     @property
@@ -110,12 +112,43 @@ class EngineLayer:
 
     @property
     def precision(self) -> str | None:
-        """What the layer computes in, read from its first input's format (None: not reported)."""
-        return self.inputs[0].precision if self.inputs else None
+        """What the layer computes in, from every input: INT8 only when all its inputs are INT8, else the
+        first floating-point input's precision (None: formats not reported).
+
+        A fused ``conv + add`` layer reading ``[INT8, FP16]`` computes its add in FP16: it is not an INT8 layer.
+        :meth:`precision_of_inputs` gives the precision of some of its inputs (one module's).
+        """
+        return self.precision_of_inputs(range(len(self.inputs)))
+
+    def precision_of_inputs(self, indexes: Iterable[int]) -> str | None:
+        """The precision of the inputs at ``indexes``: INT8 when all are INT8, else the first other one."""
+        found = [self.inputs[i].precision for i in indexes if 0 <= i < len(self.inputs)]
+        if not found or None in found:
+            return None
+        return next((p for p in found if p != "INT8"), "INT8")
 
     @property
     def output_precision(self) -> str | None:
         return self.outputs[0].precision if self.outputs else None
+
+    @property
+    def input_precisions(self) -> list[str | None]:
+        return [tensor.precision for tensor in self.inputs]
+
+    @property
+    def output_precisions(self) -> list[str | None]:
+        return [tensor.precision for tensor in self.outputs]
+
+    def not_int8(self) -> list[str]:
+        """Which inputs and outputs of an INT8 layer are not INT8 (``["input 1 FP16", "output FP16"]``); empty
+        when none reads INT8 (a float layer is not mixed) or the formats are not reported."""
+        if "INT8" not in self.input_precisions:
+            return []
+        several_out = len(self.outputs) > 1
+        found = [f"input {i} {p}" for i, p in enumerate(self.input_precisions) if p not in ("INT8", None)]
+        found += [f"output{f' {i}' if several_out else ''} {p}" for i, p in enumerate(self.output_precisions)
+                  if p not in ("INT8", None)]
+        return found
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -208,6 +241,7 @@ def read_layer_info(path: str | Path) -> tuple[list[EngineLayer], bool]:
                 _tensors(entry.get("Inputs"), path, name, "Inputs"),
                 _tensors(entry.get("Outputs"), path, name, "Outputs")))
             layers[-1].reads_input = any(t.name in bindings for t in layers[-1].inputs)
+            layers[-1].writes_output = any(t.name in bindings for t in layers[-1].outputs)
             layers[-1].nodes_listed = bool(listed)
         else:
             raise EngineReportError(f"{path}: entry {index} of \"Layers\" is {json.dumps(entry)[:80]}; expected a "

@@ -41,6 +41,12 @@ class _CaptureError(Exception):
     """torch.export could not capture the model (not an unsupported-operator problem)."""
 
 
+# A requested opset at or above this is a default more than a target: when onnx.version_converter cannot bring
+# the torch.export graph down to it, the graph keeps the exporter's opset (one or two above) rather than being
+# re-exported by TorchScript. Below it (an old TensorRT asked for on purpose) the TorchScript fallback writes it.
+KEEP_EXPORTER_OPSET_FROM = 17
+
+
 class _TooLargeForTorchScript(ExportError):
     """The graph is over protobuf's 2 GB limit, which the TorchScript exporter cannot write."""
 
@@ -161,10 +167,14 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
             try:
                 proto, notes = convert_opset(proto, opset)
             except ValueError as error:
-                if not large:
-                    raise
-                # the TorchScript fallback cannot write a graph this large either: keep the exporter's opset
-                warnings_out.append(f"opset {target} instead of the requested {opset}: {error}")
+                if opset < KEEP_EXPORTER_OPSET_FROM and not large:
+                    raise  # an old target asked for on purpose: the TorchScript fallback writes that opset
+                # keep the graph the exporter wrote, at its own opset: the TorchScript fallback would record
+                # another graph (the sample's path only) and often cannot write it at the lower opset either
+                written = default_opset(proto)
+                warnings_out.append(f"opset {written} instead of the requested {opset} (TensorRT 10 reads it; "
+                                    f"TensorRT 8.6 reads up to 17): {error}")
+                note += f", at opset {written}: converting it down to {opset} failed"
             else:
                 note += f", converted from opset {target} to {opset} with onnx.version_converter"
                 warnings_out.extend(notes)
@@ -234,7 +244,9 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
     dynamic_axes = None
     if dynamic_batch:
         tokens = token_inputs(inputs)
-        dynamic_axes = {name: {0: "batch", 1: "sequence"} if i in tokens else {0: "batch"}
+        # TorchScript cannot tell which lengths are tied: the inputs' names say it (decoder_* apart)
+        dynamic_axes = {name: {0: "batch", 1: sequence_axis_name(name)} if i in tokens
+                        else {0: "batch"}
                         for i, name in enumerate(input_names)}
         dynamic_axes.update({name: {0: "batch"} for name in output_names})
     buffer = io.BytesIO()
@@ -276,8 +288,10 @@ def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
         fix(node.input)
         fix(node.output)
         _unwrap_scopes(node, prefix)
-        if node.name.startswith(scoped):  # TorchScript scopes: /model/model.layer1/model.layer1.conv/Conv
-            node.name = "/" + node.name[len(scoped):].replace("/" + dotted, "/").removeprefix(dotted)
+        if node.name.startswith(scoped):  # TorchScript scopes: /model/layer1/layer1.0/Conv, the wrapper first
+            # only the wrapper's own scope goes: the scopes after it are the user's module paths, which may
+            # start with "model." themselves (YOLOv5's self.model: /model/model.0/conv/Conv -> /model.0/conv/Conv)
+            node.name = "/" + node.name[len(scoped):]
     for collection in (graph.initializer, graph.value_info, graph.input, graph.output):
         for item in collection:
             if item.name in renamed:
@@ -316,6 +330,12 @@ def token_inputs(inputs: tuple) -> set[int]:
             if t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()}
 
 
+def sequence_axis_name(input_name: str) -> str:
+    """The dynamic axis 1 of a token input, by the Hugging Face naming convention: ``decoder_sequence`` for the
+    ``decoder_*`` inputs of an encoder-decoder, ``sequence`` for the others (ids, mask, token types)."""
+    return "decoder_sequence" if input_name.startswith("decoder_") else "sequence"
+
+
 def _name_dynamic_axes(proto: onnx.ModelProto, tokens: set[int]) -> None:
     """Give torch.export's symbolic dimensions (``s77``) readable names: ``batch`` on axis 0 of the inputs,
     ``sequence`` on axis 1 of token inputs, and the same names wherever those symbols reappear."""
@@ -324,8 +344,12 @@ def _name_dynamic_axes(proto: onnx.ModelProto, tokens: set[int]) -> None:
         dims = value.type.tensor_type.shape.dim
         if len(dims) > 0 and dims[0].dim_param:
             renamed.setdefault(dims[0].dim_param, "batch")
-        if index in tokens and len(dims) > 1 and dims[1].dim_param:
-            renamed.setdefault(dims[1].dim_param, "sequence")
+        if index in tokens and len(dims) > 1 and dims[1].dim_param and dims[1].dim_param not in renamed:
+            # inputs whose lengths torch.export tied share one name; an independent one (a decoder's ids
+            # beside an encoder's) gets its own, so the graph never declares the two lengths equal
+            taken = set(renamed.values())
+            wanted = sequence_axis_name(value.name)
+            renamed[dims[1].dim_param] = wanted if wanted not in taken else f"{value.name}_sequence"
     for value in list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info):
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param in renamed:

@@ -27,7 +27,7 @@ from workbench.export.naming import QUANTIZER_KEY, layer_of_quantizer, node_modu
 from workbench.quant.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
 
 __all__ = ["LINT_KINDS", "FIX_ACTIONS", "LintFix", "LintWarning", "lint_qdq_graph", "INT8_OPS", "COMMUTING_OPS",
-           "COMPUTE_OPS", "count_text"]
+           "COMPUTE_OPS", "PROPAGATION_OPS", "AVERAGE_POOL_OPS", "count_text"]
 
 # operations with INT8 kernels, into which TensorRT fuses a DequantizeLinear on their input
 INT8_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "AveragePool", "MaxPool", "GlobalAveragePool",
@@ -35,6 +35,13 @@ INT8_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "AveragePool", 
 # data-movement operations a DequantizeLinear is propagated through
 COMMUTING_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Split", "Concat",
                            "Pad", "Identity", "Gather", "Expand"})
+# operations TensorRT's Q/DQ propagation crosses besides data movement: a max commutes with a positive scale,
+# so a Quantize after a MaxPool moves before it (and the pool fuses into the INT8 layer before it), when every
+# reader of the pool's output is quantized
+PROPAGATION_OPS = frozenset({"MaxPool", "GlobalMaxPool", "ReduceMax"})
+# pools that average: TensorRT runs them in INT8 only when their input is quantized; left in float between INT8
+# layers they make the layer before write float and a Quantize follow them
+AVERAGE_POOL_OPS = frozenset({"AveragePool", "GlobalAveragePool", "ReduceMean"})
 # what TensorRT fuses after a convolution or GEMM (its epilogue); a Quantize after them fuses too
 _EPILOGUE_OPS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "BatchNormalization", "Add", "Mul",
                            "HardSigmoid", "HardSwish", "Elu", "Selu"})
@@ -48,6 +55,8 @@ LINT_KINDS = {
     "isolated_quantized_layer": "a quantized layer whose neighbours are all float: Q/DQ cost without INT8 gain",
     "misaligned_channels": f"a quantized convolution whose channel counts are not multiples of "
                            f"{INT8_CHANNEL_ALIGNMENT}",
+    "float_pool_requantized": "an average pool left in float between INT8 layers: the layer before it writes float "
+                              "and its output is quantized again",
 }
 
 # the fixes the session knows how to apply
@@ -177,6 +186,7 @@ def lint_qdq_graph(model: onnx.ModelProto) -> list[LintWarning]:
     found += _residual_adds(g)
     found += _concats(g)
     found += _isolated_layers(g)
+    found += _float_pools(g)
     found += _misaligned(g)
     unique: dict[tuple, LintWarning] = {}
     for warning in found:
@@ -281,16 +291,40 @@ def _concats(g: _Graph) -> list[LintWarning]:
     return found
 
 
+def _pool_passes(g: _Graph, pool: onnx.NodeProto) -> bool:
+    """Whether TensorRT moves the Quantize after a MaxPool before it: every reader of the pool's output is a
+    Quantize (a float reader, such as a residual add's float identity, keeps the pool in float)."""
+    readers = list(g.forward(pool.output[0]))
+    return bool(readers) and all(reader.op_type == "QuantizeLinear" for reader in readers)
+
+
 def _reaches_quantize(g: _Graph, tensor: str) -> bool:
-    """Whether ``tensor`` reaches a Quantize through epilogue and data-movement ops only."""
-    return any(reader.op_type == "QuantizeLinear" for reader in g.forward(tensor, _EPILOGUE_OPS | COMMUTING_OPS))
+    """Whether ``tensor`` reaches a Quantize through epilogue and data-movement ops only, and through the pools
+    TensorRT propagates a Quantize across (:data:`PROPAGATION_OPS`)."""
+    seen: set[str] = set()
+    stack = [tensor]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for reader in g.consumers.get(name, []):
+            if reader.op_type == "QuantizeLinear":
+                return True
+            if reader.op_type in _EPILOGUE_OPS or reader.op_type in COMMUTING_OPS or (
+                    reader.op_type in PROPAGATION_OPS and _pool_passes(g, reader)):
+                stack.extend(reader.output)
+    return False
 
 
 def _input_is_int8(g: _Graph, tensor: str) -> bool:
-    """Whether the tensor a Quantize reads comes out of an INT8 layer (so the Quantize fuses into it)."""
+    """Whether the tensor a Quantize reads comes out of an INT8 layer (so the Quantize fuses into it), looking
+    back through epilogue and data-movement ops and the pools TensorRT propagates a Quantize across."""
     node = g.producer.get(tensor)
-    while node is not None and (node.op_type in _EPILOGUE_OPS or node.op_type in COMMUTING_OPS):
-        if node.op_type in INT8_OPS and any(g.dq_producing(t) for t in node.input):
+    while node is not None and (node.op_type in _EPILOGUE_OPS or node.op_type in COMMUTING_OPS
+                                or (node.op_type in PROPAGATION_OPS and _pool_passes(g, node))):
+        if node.op_type in INT8_OPS and node.op_type not in PROPAGATION_OPS \
+                and any(g.dq_producing(t) for t in node.input):
             return True
         node = g.producer.get(node.input[0]) if node.input else None
     if node is None:
@@ -309,6 +343,10 @@ def _isolated_layers(g: _Graph) -> list[LintWarning]:
             continue
         if _input_is_int8(g, q.input[0]) or _reaches_quantize(g, node.output[0]):
             continue
+        if _after_float_average_pool(g, q.input[0]) or any(
+                reader.op_type in AVERAGE_POOL_OPS and _reaches_quantize(g, reader.output[0])
+                for reader in g.forward(node.output[0], _EPILOGUE_OPS | COMMUTING_OPS)):
+            continue  # the pool's own warning (float_pool_requantized) names the fix: quantizing it joins the two
         module = _module(node)
         found.append(LintWarning(
             "isolated_quantized_layer", [module],
@@ -316,6 +354,60 @@ def _isolated_layers(g: _Graph) -> list[LintWarning]:
             "dequantizes its output around it, which may cost more than INT8 saves.",
             LintFix("leave_float", (module,), f"leave {module} in float"), severity="info", nodes=[node.name]))
     return found
+
+
+def _after_float_average_pool(g: _Graph, tensor: str) -> bool:
+    """Whether ``tensor`` is a float average pool's output (through data movement), quantized for what reads it."""
+    node = g.producer.get(tensor)
+    while node is not None and node.op_type in COMMUTING_OPS and node.input:
+        node = g.producer.get(node.input[0])
+    return node is not None and node.op_type in AVERAGE_POOL_OPS and bool(node.input) \
+        and g.dq_producing(node.input[0]) is None
+
+
+def _float_pools(g: _Graph) -> list[LintWarning]:
+    """Average pools read in float whose output is quantized again: TensorRT Engine Explorer's qgap case."""
+    found = []
+    for pool in g.nodes:
+        if pool.op_type not in AVERAGE_POOL_OPS or not pool.input or g.dq_producing(pool.input[0]) is not None:
+            continue
+        if not _reaches_quantize(g, pool.output[0]):
+            continue
+        source = g.producer.get(pool.input[0])
+        while source is not None and (source.op_type in _EPILOGUE_OPS or source.op_type in COMMUTING_OPS) \
+                and source.op_type not in COMPUTE_OPS and source.input:
+            if source.op_type == "Add" and any(g.dq_producing(t) for t in source.input):
+                break
+            source = g.producer.get(source.input[0])
+        before = _module(source) if source is not None else "the layer before it"
+        module = _module(pool)
+        found.append(LintWarning(
+            "float_pool_requantized", [module],
+            f"{module} ({pool.op_type}) runs in float between INT8 layers: TensorRT makes {before} write its output in "
+            "float and quantizes the pool's output again for the next layer. Quantize the pool's input so it runs in "
+            "INT8 (TensorRT Engine Explorer's qgap step).",
+            LintFix("quantize", (module,), f"quantize {module}"), nodes=[pool.name]))
+    return found
+
+
+def _feeds_graph_output(g: _Graph, node: onnx.NodeProto) -> bool:
+    """Whether ``node``'s output is the graph's output, directly or through epilogue and data-movement ops."""
+    seen: set[str] = set()
+    stack = list(node.output)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in g.outputs:
+            return True
+        for reader in g.consumers.get(name, []):
+            if reader.op_type in _EPILOGUE_OPS or reader.op_type in COMMUTING_OPS or reader.op_type in QDQ_PAIR:
+                stack.extend(reader.output)
+    return False
+
+
+QDQ_PAIR = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
 def _misaligned(g: _Graph) -> list[LintWarning]:
@@ -331,7 +423,8 @@ def _misaligned(g: _Graph) -> list[LintWarning]:
             out_channels, in_channels = shape[0], shape[1] * group
         else:
             in_channels, out_channels = shape[0], shape[1] * group
-        why = misaligned_channels(in_channels, out_channels)
+        # a head writing the network's result (a 1x1 convolution to the classes) keeps its count: no hazard
+        why = misaligned_channels(in_channels, out_channels, output_is_result=_feeds_graph_output(g, node))
         if why is None:
             continue
         module = _module(node)

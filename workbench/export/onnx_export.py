@@ -69,6 +69,7 @@ from workbench.export.reference import (
     traced_module_scopes,
     without_cache,
 )
+from workbench.export.gemms import weight_gemms
 from workbench.export.exporters import Exporter, first_line, quiet, run_exporter, token_inputs
 from workbench.export.report import ExportReport, OutputParity, report_json
 from workbench.export.tensorrt import (
@@ -130,8 +131,9 @@ def export_qdq_onnx(model: nn.Module,
             (a tensor or tuple of tensors whole, else the first tensor: never a cache object). A Hugging
             Face model whose config has ``use_cache=True`` is exported with it off (the report says so).
         dynamic_batch: make dimension 0 of every input and output symbolic ("batch"), and axis 1 of
-            integer inputs (token ids, masks: "sequence") where the model allows it, and check in
-            onnxruntime that another batch size works too.
+            integer inputs (token ids, masks: "sequence"; an encoder-decoder's ``decoder_*`` inputs, or any
+            length torch.export finds independent, get their own name) where the model allows it, and check in
+            onnxruntime that another batch size and other (unequal) lengths work too.
         exporter: ``"auto"`` (torch.export-based, TorchScript where that cannot do it), ``"dynamo"`` or
             ``"torchscript"``.
         min_cosine: the lowest acceptable cosine similarity of every output with PyTorch's.
@@ -249,6 +251,11 @@ def export_qdq_onnx(model: nn.Module,
         post_process(proto, scale_to_quantizer)
         counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
+        gemms = weight_gemms(proto)
+        if gemms.float_nodes:
+            report_warnings.append(f"{len(gemms.float_nodes)} of {gemms.total} weight GEMMs keep a float weight (no "
+                                   "Q/DQ; TensorRT runs them in floating point): " + ", ".join(gemms.float_nodes[:10])
+                                   + (" ..." if len(gemms.float_nodes) > 10 else ""))
         per_channel_acts = per_channel_activations(proto, scale_to_quantizer)
         if per_channel_acts:
             report_warnings.append("per-channel quantizers on activations (TensorRT expects activations per "
@@ -299,12 +306,34 @@ def export_qdq_onnx(model: nn.Module,
                 raise ExportValidationError("onnxruntime", f"the graph does not run at sequence length {length}: "
                                                            f"{first_line(error)}") from error
             sequence_check = min(compare(output_names, longer_reference, longer_outputs), key=lambda p: p.cosine)
+            groups = sequence_groups(proto)
+            if len(groups) > 1:  # lengths the graph keeps independent (encoder, decoder) checked at unequal values
+                apart = grow_sequence_apart(inputs, list(groups.values()))
+                with without_cache(model), rounding(list(active.values()), "onnx"):
+                    try:
+                        apart_reference, _, _ = run_reference(call, apart, input_names, active, names, params)
+                    except SampleInputError as error:
+                        apart = None
+                        report_warnings.append(f"the graph declares {', '.join(groups)} independent, but the model "
+                                               f"fails when they differ ({error.original})")
+                if apart is not None:
+                    lengths = ", ".join(f"{name} {apart[indices[0]].shape[1]}" for name, indices in groups.items())
+                    try:
+                        apart_outputs = session.run(None, feeds(session, apart))
+                    except Exception as error:
+                        raise ExportValidationError("onnxruntime", f"the graph does not run at sequence lengths "
+                                                                   f"{lengths}: {first_line(error)}") from error
+                    apart_check = min(compare(output_names, apart_reference, apart_outputs), key=lambda p: p.cosine)
+                    sequence_check = min(sequence_check, apart_check, key=lambda p: p.cosine)
         range_check = None
         if ranged_reference is not None:  # the sample alone can hide a difference (a quantizer it leaves at 0)
             range_check = min(compare(output_names, ranged_reference, session.run(None, feeds(session, ranged)),
                                       dict(zip(input_names, ranged))), key=lambda p: p.cosine)
         # the session maps the weights: let them go before the files are committed and a float graph is written
         del session
+        # a second session costs the weights again: big graphs (weights beside the file) skip it
+        optimized_check = None if staged.data_path is not None else optimized_parity(
+            tmp_path, inputs, output_names, reference, report_warnings)
         checks = parity + [c for c in (dynamic_check, sequence_check, range_check) if c is not None]
         worst, largest = min(p.cosine for p in checks), max(p.max_abs_diff for p in checks)
         report = ExportReport(
@@ -318,7 +347,8 @@ def export_qdq_onnx(model: nn.Module,
             unsigned=sum(1 for s in swapped.values() if s.params.qmin == 0),
             narrow_range=sum(1 for s in swapped.values() if s.params.qmin == -127),
             outputs=parity, max_abs_diff=largest, cosine=worst, dynamic_batch_check=dynamic_check,
-            sequence_check=sequence_check,
+            sequence_check=sequence_check, optimized_check=optimized_check, weight_gemms=gemms.total,
+            float_weight_gemms=list(gemms.float_nodes),
             file_size=staged.size, export_time_s=export_time,
             validation_time_s=time.perf_counter() - validation_started, total_time_s=0.0,
             quantizer_calls=dict(calls), warnings=report_warnings, range_check=range_check)
@@ -367,6 +397,59 @@ def export_qdq_onnx(model: nn.Module,
         elif exported_data is not None:
             exported_data.unlink(missing_ok=True)
         entry_state.restore()
+
+
+def optimized_parity(path: str, inputs: tuple[torch.Tensor, ...], output_names: list[str],
+                     reference: list[torch.Tensor], warnings_out: list[str]) -> OutputParity | None:
+    """The sample's parity when onnxruntime runs the file with its default graph optimizations, as a user's
+    script or a deployment does (the checks above run the graph as written, optimizations off).
+
+    Optimized kernels accumulate in another order; a value that lands within float error of a rounding
+    boundary then takes the next quantization step in a later quantizer, and that step travels to the
+    output (a UNet's skip and ConvTranspose carry it far). The graph is still the project's model: the
+    report gives both numbers, and a warning says why they differ. None when the session cannot be made.
+    """
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        outputs = session.run(None, feeds(session, inputs))
+    except Exception as error:  # the unoptimized run passed: an optimizer's own problem is only reported
+        warnings_out.append(f"onnxruntime with its default graph optimizations could not run the file: "
+                            f"{first_line(error)}")
+        return None
+    del session
+    worst = min(compare(output_names, reference, outputs), key=lambda p: p.cosine)
+    if worst.max_abs_diff > 1e-5:
+        warnings_out.append(
+            f"onnxruntime with its default graph optimizations differs from the project's model by up to "
+            f"{worst.max_abs_diff:.3g} (cosine {worst.cosine:.6f}) on output {worst.name!r}, while the graph as "
+            "written matches it: optimized kernels round differently, so values near a quantization step boundary "
+            "move by one step in a later quantizer; TensorRT's kernels do the same. Compare with optimizations off "
+            "(GraphOptimizationLevel.ORT_DISABLE_ALL) to check the export itself.")
+    return worst
+
+
+def sequence_groups(proto: onnx.ModelProto) -> dict[str, list[int]]:
+    """Symbolic axis-1 names of the graph's inputs (``sequence``, ``decoder_sequence``) -> the
+    indices of the inputs that carry each: one entry per length the graph lets vary on its own."""
+    groups: dict[str, list[int]] = {}
+    for index, value in enumerate(proto.graph.input):
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) > 1 and dims[1].dim_param and "sequence" in dims[1].dim_param:
+            groups.setdefault(dims[1].dim_param, []).append(index)
+    return groups
+
+
+def grow_sequence_apart(inputs: tuple[torch.Tensor, ...], groups: list[list[int]]) -> tuple[torch.Tensor, ...]:
+    """The inputs with the k-th group of token inputs k + 1 positions longer (last position repeated), so
+    no two independent lengths stay equal."""
+    grown = list(inputs)
+    for k, indices in enumerate(groups):
+        for i in indices:
+            t = inputs[i]
+            grown[i] = torch.cat([t] + [t[:, -1:]] * (k + 1), 1)
+    return tuple(grown)
 
 
 def _has_sequence_axis(proto: onnx.ModelProto) -> bool:

@@ -59,6 +59,11 @@ class ExportReport:
     # the same comparison on random inputs spanning the sample's range (a sample can hide differences:
     # a quantizer whose input is 0 on it); None when the model takes no floating-point input
     range_check: OutputParity | None = None
+    # the sample's parity with onnxruntime's default graph optimizations on (what a user's own script runs)
+    optimized_check: OutputParity | None = None
+    # Conv/Gemm/MatMul nodes with a constant weight, and those whose weight has no Q/DQ (float in the engine)
+    weight_gemms: int = 0
+    float_weight_gemms: list[str] = field(default_factory=list)
 
     @property
     def qdq_pairs(self) -> int:
@@ -72,6 +77,12 @@ class ExportReport:
                 f"({self.quantizers} quantizers: {self.per_channel} per-channel, {self.per_tensor} per-tensor), "
                 f"opset {self.opset}, {self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
                 f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
+        if self.weight_gemms:
+            text += (f"; {self.weight_gemms - len(self.float_weight_gemms)} of {self.weight_gemms} weight GEMMs with "
+                     "Q/DQ weights")
+        if self.optimized_check is not None and self.optimized_check.max_abs_diff > 1e-5:
+            text += (f"; with onnxruntime's graph optimizations: max abs diff {self.optimized_check.max_abs_diff:.3g}, "
+                     f"cosine {self.optimized_check.cosine:.6f}")
         if self.dynamic_batch_check is not None:
             text += f"; dynamic batch checked at {self.dynamic_batch_check.shape[0]}"
         if self.sequence_check is not None:

@@ -9,6 +9,10 @@
   from a floating forward input, and the floating outputs of layers (an Embedding's lookup too). Integer and boolean tensors, masks, position ids and what is
   computed from them alone (rotary angles, ``arange`` grids, parameters) are not activations: an
   operation on them never gets a quantizer (TensorRT runs no INT8 kernel on them).
+* :func:`pointwise_formula` says whether an add is a step of an elementwise formula (GELU's tanh
+  approximation ``x + 0.044715 * x**3``): both operands come from one tensor through elementwise
+  functions only, with no layer or product between. TensorRT fuses such a formula into one pointwise
+  kernel, so a Q/DQ there only breaks the fusion and adds error.
 * :func:`in_transformer_block` says whether a module is (or holds) a transformer block: its subtree
   has a LayerNorm/RMSNorm or an attention. Residual adds there stay float by default.
 """
@@ -26,7 +30,8 @@ from torch import nn
 from workbench.graph.trace import scalar_nodes
 from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 
-__all__ = ["inplace_alias_risk", "activation_nodes", "in_transformer_block", "NON_ACTIVATION_INPUT"]
+__all__ = ["inplace_alias_risk", "activation_nodes", "in_transformer_block", "NON_ACTIVATION_INPUT",
+           "pointwise_formula"]
 
 _AUGMENTED = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
               ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
@@ -172,3 +177,44 @@ def in_transformer_block(module: nn.Module) -> bool:
         if isinstance(sub, nn.LayerNorm) or type(sub).__name__.endswith(_NORM_NAMES) or _is_attention(sub):
             return True
     return False
+
+
+# elementwise math an activation or a norm is written with (functions, methods and operators by name): a formula
+# is followed through these only; slicing, concatenation, layers and products end it
+_POINTWISE = frozenset({"add", "sub", "mul", "truediv", "div", "pow", "neg", "tanh", "sigmoid", "exp", "log",
+                        "sqrt", "rsqrt", "erf", "abs", "clamp", "clip", "relu", "relu6", "hardtanh", "reciprocal",
+                        "square", "minimum", "maximum", "where", "float", "to", "type_as", "contiguous",
+                        "iadd", "imul", "isub", "itruediv", "softplus", "gelu", "silu", "hardsigmoid", "hardswish"})
+
+
+def _elementwise_sources(node: fx.Node, limit: int = 64) -> set[fx.Node]:
+    """The nodes ``node`` is computed from through elementwise functions/methods only (the first node
+    on each path that is not one: a placeholder, a layer's output, a product, a parameter)."""
+    sources: set[fx.Node] = set()
+    stack, seen = [node], set()
+    while stack and len(seen) < limit:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        name = getattr(current.target, "__name__", str(current.target)).strip("_")
+        if current.op in ("call_function", "call_method") and name in _POINTWISE:
+            operands = [a for a in current.all_input_nodes if a.op != "get_attr"]
+            if operands:
+                stack.extend(operands)
+                continue
+        sources.add(current)
+    return sources
+
+
+def pointwise_formula(a: fx.Node, b: fx.Node) -> bool:
+    """Whether ``a + b`` is a step inside an elementwise formula: one operand is computed from the other's
+    source through elementwise operations alone (``x + 0.044715 * x**3``), and at least one operand is
+    such a computation (``x + x`` is not a formula step but a doubling)."""
+    if a is b:
+        return False
+    computed = [n for n in (a, b) if n.op in ("call_function", "call_method")
+                and getattr(n.target, "__name__", str(n.target)).strip("_") in _POINTWISE]
+    if not computed:
+        return False
+    return bool(_elementwise_sources(a) & _elementwise_sources(b))

@@ -34,7 +34,8 @@ from torch.nn.utils import parametrize
 
 from workbench.graph.trace import TraceFailure, trace_pieces
 from workbench.graph.tree import add_note
-from workbench.quant.snapshot import ModelSnapshot, holds_quantizers
+from workbench.quant.snapshot import ModelSnapshot, holds_quantizers, owned_quantizers
+from workbench.quant.switches import disable_quantization
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +166,11 @@ def find_foldable(model: nn.Module) -> tuple[list[_Candidate], list[SkippedBatch
             elif (not isinstance(layer_module._parameters.get("weight"), nn.Parameter)
                   or parametrize.is_parametrized(layer_module)):
                 reason = f"the weight of {layer_name} is computed (weight norm or a parametrization)"
-            elif holds_quantizers(layer_module):
-                reason = f"{layer_name} is quantized already: fold before placing quantizers"
+            elif holds_quantizers(layer_module) and _calibrated(layer_module):
+                # a quantized layer not yet calibrated (pytorch-quantization's initialize() built it) folds: its
+                # quantizers have seen nothing; a calibrated one's weight amax belongs to the unfolded weight
+                reason = (f"{layer_name} is quantized and calibrated already (its weight amax is of the unfolded "
+                          "weight): fold before calibrating, or recalibrate after folding")
             elif len(source.users) != 1:
                 others = sorted(user.name for user in source.users if user is not node)
                 reason = f"the output of {layer_name} is also read by {', '.join(others)}"
@@ -271,7 +275,8 @@ def fold_batchnorm(model: nn.Module, *, inplace: bool = False, example_inputs: S
     """Fold every foldable eval-mode BatchNorm of ``model`` into the layer before it.
 
     Args:
-        model: a float model (fold before placing quantizers).
+        model: a float model, or one whose quantized layers are not calibrated yet (built under
+            ``quant_modules.initialize()``): fold before calibrating.
         inplace: change ``model``'s module tree (a folded layer still gets *new* weight and bias
             tensors; the old ones are not written to). Default: fold a deep copy.
         example_inputs: positional inputs for one forward pass. When given, a Linear + BatchNorm1d
@@ -298,7 +303,8 @@ def fold_batchnorm(model: nn.Module, *, inplace: bool = False, example_inputs: S
 
     reference = None
     if example_inputs is not None:
-        with ModelSnapshot(model):  # eval mode for the check only
+        # eval mode for the check only; quantizers off, so a layer built quantized compares its float computation
+        with ModelSnapshot(model), disable_quantization(model):
             model.eval()
             try:
                 reference, ranks = _linear_bn_inputs(model, candidates, example_inputs)
@@ -334,7 +340,7 @@ def fold_batchnorm(model: nn.Module, *, inplace: bool = False, example_inputs: S
         report.folded.append(FoldedPair(candidate.layer, candidate.bn, candidate.activation))
 
     if reference is not None:
-        with ModelSnapshot(model), torch.no_grad():
+        with ModelSnapshot(model), disable_quantization(model), torch.no_grad():
             model.eval()
             output = model(*example_inputs)
         report.max_relative_error = _relative_error(reference, output)
@@ -352,6 +358,11 @@ def fold_batchnorm(model: nn.Module, *, inplace: bool = False, example_inputs: S
             logger.warning("BatchNorm folding %s", reason)
             report.folded = []
     return model, report
+
+
+def _calibrated(module: nn.Module) -> bool:
+    """Whether a quantizer of ``module`` holds an amax (from calibration or set by hand)."""
+    return any(q._buffers.get("_amax") is not None for _, q in owned_quantizers(module))
 
 
 def _drop_note(module: nn.Module) -> None:

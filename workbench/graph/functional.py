@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from workbench.graph.dataflow import activation_nodes, in_transformer_block, inplace_alias_risk
+from workbench.graph.dataflow import activation_nodes, in_transformer_block, inplace_alias_risk, pointwise_formula
 from workbench.graph.hf_attention import quantize_hf_attention
 from workbench.graph.operations import (
     SDPA_FUNCTIONS,
@@ -46,6 +46,8 @@ from workbench.graph.operations import (
 from workbench.graph.trace import (
     CAT_FUNCTIONS,
     TraceFailure,
+    explain_trace_error,
+    flag_constants,
     is_leaf,
     scalar_nodes,
     trace_with_call,
@@ -156,6 +158,9 @@ _NO_OWN_OPS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, QuantTransformerEnco
 _RESIDUAL_IN_BLOCK = ("add inside a transformer block (a module with a LayerNorm or an attention): left in floating "
                       "point by default, TensorRT keeps it in its fused kernels; set "
                       "residual_adds_in_transformer_blocks to quantize it")
+_IN_FORMULA = ("a step inside an elementwise formula (an activation such as GELU's tanh approximation, SiLU or "
+               "hard-swish written out): TensorRT fuses the whole formula into one pointwise kernel, a Q/DQ inside "
+               "it would break that fusion and add error for no INT8 kernel")
 _NOT_ACTIVATION = ("an operand is not a floating activation (a mask, position or index computation, or an integer "
                    "tensor): TensorRT runs no INT8 kernel on it")
 
@@ -218,15 +223,21 @@ class _Inserter:
             graph = tracer.trace(module)
         except Exception as error:  # the user's forward runs on proxies: anything can be raised
             graph = None
-            if call is not None and (call.kwargs or takes_var_keyword(module)):
+            flags = flag_constants(module)
+            if flags:  # ``if augment:`` (YOLOv5): trace the path the default flags take
+                try:
+                    tracer = _OwnForwardTracer()
+                    graph = tracer.trace(module, concrete_args=flags)
+                except Exception:
+                    graph = None
+            if graph is None and call is not None and (call.kwargs or takes_var_keyword(module)):
                 try:  # **kwargs forwards (Hugging Face blocks): trace the forward as it was called
                     tracer = _OwnForwardTracer()
                     graph = trace_with_call(tracer, module, call.args, call.kwargs)
                 except Exception:  # report the first, plainer error
                     graph = None
             if graph is None:
-                text = str(error).strip().splitlines()
-                reason = f"{type(error).__name__}: {text[0] if text else ''}"[:400]
+                reason = explain_trace_error(error)
                 self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
                 logger.info("Could not trace %s (%s): %s", path or "<model>", type(module).__name__, reason)
                 return module
@@ -318,6 +329,8 @@ class _Inserter:
                         reason = "writes into an out= tensor"
                     elif alpha != 1:
                         reason = f"scales the second operand (alpha={alpha!r})"
+                    elif pointwise_formula(a, b):
+                        reason = _IN_FORMULA
                     elif inplace and any(order[user] > order[node] for user in a.users if user is not node):
                         reason = "in-place add whose first operand is read again afterwards"
                     if reason is None and not self.residual_in_blocks:
@@ -339,6 +352,19 @@ class _Inserter:
                 dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", node.kwargs.get("axis", 0))
                 description = describe_node(node)
                 reason = None
+                if isinstance(tensors, fx.Node) and tensors.op == "placeholder" and tensors not in scalars:
+                    # YOLOv5's Concat module: forward(x) is torch.cat(x, self.d) over the list its caller passes;
+                    # the caller's graph shows the tensors, so placement rules still see every operand
+                    tensors = (tensors,)
+                    if not isinstance(dim, int):
+                        reason = "the concatenation dimension is computed at run time"
+                    name, qualified, reason = claim("cat", reason) if reason is None else (None, None, reason)
+                    if reason is not None:
+                        self.report.skipped.append(SkippedOp(path, description, reason))
+                        continue
+                    replace(node, name, QuantConcat(dim, self.descriptor(qualified)), (tensors[0],))
+                    self.report.inserted.append(InsertedQuantizer(qualified, "concat", path, description, 0))
+                    continue
                 if not isinstance(tensors, (list, tuple)) or not all(is_tensor_operand(t) for t in tensors):
                     reason = "its inputs are not a list of activations visible to the tracer"
                 elif any(t.op == "get_attr" for t in tensors):

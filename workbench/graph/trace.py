@@ -20,7 +20,8 @@ from torch import nn
 from workbench.graph.tree import is_quantized_module
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
-__all__ = ["QuantTracer", "TracedPiece", "TraceFailure", "trace_module", "trace_pieces", "trace_with_call",
+__all__ = ["QuantTracer", "TracedPiece", "TraceFailure", "explain_trace_error", "flag_constants", "trace_module",
+           "trace_pieces", "trace_with_call",
            "is_leaf", "scalar_nodes", "ADD_FUNCTIONS", "ADD_METHODS", "CAT_FUNCTIONS", "MAXPOOL_FUNCTIONS"]
 
 ADD_FUNCTIONS = {operator.add: False, torch.add: False, operator.iadd: True}  # target -> in place
@@ -78,10 +79,38 @@ class TraceFailure:
         return f"{self.name or '<model>'} ({self.type_name}): {self.reason}"
 
 
-def _reason(error: BaseException) -> str:
+# what torch.fx's errors mean, in the words of the model's code: (pattern in the error, explanation)
+_TRACE_ERRORS = (
+    ("co_varnames is too small", "its forward takes *args/**kwargs or keyword-only arguments (as Hugging Face "
+                                 "blocks do), which torch.fx cannot call symbolically"),
+    ("does not support item assignment", "its forward writes into a tensor or a container by index "
+                                         "(x[...] = ..., outputs[i] = ...), which torch.fx cannot record"),
+    ("cannot be used as inputs to control flow", "its forward branches on a tensor (an if, a loop or an assert "
+                                                 "on a value or a shape), which torch.fx cannot record"),
+    ("cannot be iterated", "its forward loops over a tensor or unpacks one (for t in x, a, b = x), which "
+                           "torch.fx cannot record without knowing its length"),
+    ('missing the required "forward"', "it is a container without a forward of its own (a ModuleList or "
+                                       "ModuleDict): its items are traced where they are called"),
+    ("object is not iterable", "its forward unpacks or loops over a value torch.fx only knows symbolically"),
+    ("len(", "its forward takes len() of a tensor, which torch.fx cannot know while tracing"),
+)
+_TRACE_CONSEQUENCE = ("its quantizable layers are still quantized; only the operations written in this forward "
+                      "(adds, concatenations, products) stay in floating point, and placement rules do not see "
+                      "across it")
+
+
+def explain_trace_error(error: BaseException) -> str:
+    """Why torch.fx could not trace a forward, in words a user can act on (the raw error after it)."""
     text = str(error).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(error).__name__}: {first}"[:400]
+    first = text[0][:200] if text else type(error).__name__
+    for pattern, meaning in _TRACE_ERRORS:
+        if pattern in str(error):
+            return f"not traced: {meaning}; {_TRACE_CONSEQUENCE} (torch.fx {type(error).__name__}: {first})"
+    return f"not traced: torch.fx stopped at '{first}' ({type(error).__name__}); {_TRACE_CONSEQUENCE}"
+
+
+def _reason(error: BaseException) -> str:
+    return explain_trace_error(error)
 
 
 def trace_module(module: nn.Module) -> fx.GraphModule:
@@ -91,9 +120,34 @@ def trace_module(module: nn.Module) -> fx.GraphModule:
         Exception: whatever symbolic tracing raises (``TraceError``, ``TypeError`` on ``bool(proxy)``...).
     """
     tracer = QuantTracer()
-    graph = tracer.trace(module)
+    try:
+        graph = tracer.trace(module)
+    except Exception:
+        flags = flag_constants(module)
+        if not flags:
+            raise
+        # YOLOv5's forward(x, augment=False, profile=False, visualize=False): trace the path the default
+        # flags take, with them bound as constants (the first error is the one to report if this fails too)
+        tracer = QuantTracer()
+        try:
+            graph = tracer.trace(module, concrete_args=flags)
+        except Exception:
+            graph = None
+        if graph is None:
+            raise
     name = type(module).__name__ if not isinstance(module, fx.GraphModule) else module.__class__.__name__
     return fx.GraphModule(tracer.root, graph, name)
+
+
+def flag_constants(module: nn.Module) -> dict[str, bool]:
+    """The forward's flag parameters (a bool default: ``augment=False``) with their defaults, to bind as
+    constants when the forward cannot be traced with them symbolic (``if augment:``)."""
+    try:
+        parameters = inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {name: p.default for name, p in parameters.items()
+            if isinstance(p.default, bool) and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def trace_pieces(model: nn.Module) -> tuple[list[TracedPiece], list[TraceFailure]]:

@@ -18,6 +18,7 @@ from workbench.quant.nn.modules._utils import QuantInputMixin, QuantMixin
 from workbench.quant.nn.modules.quant_attention import ATTENTION_QUANTIZER_ROLES, QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.gemm import unknown_weight_gemm
 from workbench.quant.replace import default_quant_map, quantized_class_for
 from workbench.quant.snapshot import holds_quantizers, owned_quantizers
 
@@ -234,6 +235,8 @@ def describe_model(model: nn.Module) -> ModelTree:
         quantized = kind in quantized_types or bool(own_quantizers[name]) or isinstance(module, _QUANTIZED_BASES)
         # subclasses that compute what their base does are quantizable; one with its own forward says why not
         quant_cls, not_quantizable = (None, None) if quantized else quantized_class_for(module, quant_map)
+        if not quantized and quant_cls is None and not_quantizable is None and not module._modules:
+            not_quantizable = unknown_weight_gemm(module)  # a weight GEMM of an unknown class: say it stays float
         quant_type = kind.__name__ if quantized else (quant_cls.__name__ if quant_cls else None)
         quantizers = tuple(
             _quantizer_info(f"{name}.{attr}" if name else attr, name, attr, q, quantizer_paths.get(id(q), []),

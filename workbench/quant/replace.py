@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from workbench.quant import quant_modules
+from workbench.quant.gemm import known_linear_like, unknown_weight_gemm
+from workbench.quant.nn.modules.quant_linear import QuantLinear
 from workbench.quant.tensor_quant import QuantDescriptor
 
 __all__ = ["IgnorePolicy", "ReplacedLayer", "IgnoredLayer", "ReplacementReport", "replace_to_quantization_module",
@@ -38,7 +40,8 @@ class ReplacementReport:
     """What :func:`replace_to_quantization_module` did, layer by layer.
 
     ``not_quantizable`` lists subclasses of quantizable layers that change what the layer computes
-    (their own ``forward``): they stay float, with the reason (``"not quantizable: custom forward"``).
+    (their own ``forward``), and modules of unknown classes holding a weight matrix (a GEMM the core
+    cannot quantize, :func:`workbench.quant.gemm.unknown_weight_gemm`): they stay float, with the reason.
     """
 
     replaced: list[ReplacedLayer] = field(default_factory=list)
@@ -56,7 +59,7 @@ class ReplacementReport:
     def summary(self) -> str:
         text = f"{len(self.replaced)} layers quantized, {len(self.ignored)} ignored"
         if self.not_quantizable:
-            text += f", {len(self.not_quantizable)} not quantizable (custom forward)"
+            text += f", {len(self.not_quantizable)} not quantizable (custom forward or unknown weight GEMM)"
         return text
 
 
@@ -85,11 +88,20 @@ def quantized_class_for(module: nn.Module, mapping: dict[type, type]) -> tuple[t
     quantized = tuple(mapping.values())
     if quantized and isinstance(module, quantized):
         return None, None
+    known = known_linear_like(cls)
+    # a Linear-like of another library (HF Conv1D, timm Linear), when the mapping quantizes Linears at all
+    if known is not None and QuantLinear in quantized:
+        klass, quant_cls = known
+        changed = _overridden_computation(cls, klass)
+        if changed is not None:
+            return None, f"not quantizable: custom {changed} (a subclass of {klass.__name__})"
+        return quant_cls, None
     for base in cls.__mro__[1:]:
         if base in mapping:
             changed = _overridden_computation(cls, base)
             if changed is not None:
-                return None, f"not quantizable: custom {changed}"
+                return None, (f"not quantizable: custom {changed} ({cls.__name__} replaces {base.__name__}'s "
+                              f"{changed}, so it may compute something else; it stays in floating point)")
             return mapping[base], None
     return None, None
 
@@ -244,6 +256,9 @@ def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy
                 report.not_quantizable.append(IgnoredLayer(path, type(child).__name__, unsupported))
                 continue
             if quant_cls is None:
+                gemm = unknown_weight_gemm(child) if not child._modules and mapping else None
+                if gemm is not None:
+                    report.not_quantizable.append(IgnoredLayer(path, type(child).__name__, gemm))
                 continue
             reason = is_ignored(path)
             if reason is not None:

@@ -4,7 +4,8 @@ One place for these rules: the session checks a descriptor against them when it 
 and the GUI's descriptor editor), and the QDQ export checks every quantizer against them again.
 
 * Weights: per-tensor, or per output channel: axis 0 for Conv/Linear (and other weighted layers),
-  axis 1 for ConvTranspose (its weight is ``[in, out / groups, *kernel]``).
+  axis 1 for ConvTranspose (its weight is ``[in, out / groups, *kernel]``) and Hugging Face's Conv1D
+  (``[in, out]``).
 * Activations (inputs of layers and functional operations): per-tensor.
 * 8 bits for INT8 QDQ export. Other widths (4-bit weights, fp8 tuples) still simulate, calibrate and
   fine-tune: they are accepted, marked "sim only", and refused only by the export.
@@ -39,9 +40,20 @@ class TensorRTCheck:
         return self.error is None
 
 
+# layer types whose weight is stored [in, out, ...]: ConvTranspose, and Hugging Face's Conv1D (a transposed Linear;
+# not torch's Conv1d, whose weight is [out, in, k])
+_OUT_ON_AXIS_1 = {"Conv1D": "[in, out]"}
+
+
 def output_channel_axis(module_type: str) -> int:
-    """The weight axis that holds a layer's output channels: 1 for ConvTranspose, 0 for every other."""
-    return 1 if module_type.removeprefix("Quant").startswith("ConvTranspose") else 0
+    """The weight axis that holds a layer's output channels: 1 for ConvTranspose and Hugging Face's Conv1D,
+    0 for every other."""
+    kind = module_type.removeprefix("Quant")
+    return 1 if kind.startswith("ConvTranspose") or kind in _OUT_ON_AXIS_1 else 0
+
+
+def _weight_layout(kind: str) -> str:
+    return _OUT_ON_AXIS_1.get(kind, "[in, out, *kernel]")
 
 
 def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str) -> TensorRTCheck:
@@ -58,7 +70,8 @@ def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str) -> Ten
         if axis is not None and axis != wanted:
             return TensorRTCheck(error=(
                 f"TensorRT takes {kind} weights per-tensor (axis=none) or per output channel (axis={wanted}), "
-                f"not axis={axis!r}: {'its weight is [in, out, *kernel]' if wanted else 'the output channels are axis 0'}."))
+                f"not axis={axis!r}: "
+                f"{f'its weight is {_weight_layout(kind)}' if wanted else 'the output channels are axis 0'}."))
     elif axis is not None:
         return TensorRTCheck(error=(
             f"TensorRT takes activations (the {kind} input) per-tensor only (axis=none), not axis={axis!r}: "
@@ -71,14 +84,16 @@ def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str) -> Ten
     return TensorRTCheck()
 
 
-def misaligned_channels(in_channels: int, out_channels: int) -> str | None:
+def misaligned_channels(in_channels: int, out_channels: int, *, output_is_result: bool = False) -> str | None:
     """Why an INT8 convolution from ``in_channels`` to ``out_channels`` wastes tensor-core work, or None.
 
     The one rule for ``workbench lint`` (before building) and the engine report (after): counts that are
     not multiples of :data:`INT8_CHANNEL_ALIGNMENT` are padded. The input side of a layer reading an image
-    (at most 4 channels) is not counted: TensorRT has first-layer kernels for it.
+    (at most 4 channels) is not counted: TensorRT has first-layer kernels for it; nor is the output side of a
+    layer that writes the network's result (``output_is_result``: a 1000-class head), which the task fixes.
     """
-    sides = [count for count, exempt in ((in_channels, in_channels <= _IMAGE_CHANNELS), (out_channels, False))
+    sides = [count for count, exempt in ((in_channels, in_channels <= _IMAGE_CHANNELS),
+                                         (out_channels, output_is_result))
              if not exempt and count % INT8_CHANNEL_ALIGNMENT]
     if not sides:
         return None

@@ -103,6 +103,10 @@ def quantizable(model: nn.Module) -> list[tuple[str, str, str]]:
     """(name, type, kind) of every module that owns quantizers, in model order."""
     seen = []
     for name, module in model.named_modules():
+        # an LSTM's ``_input_quantizers`` list is part of the LSTM, not a layer of its own
+        if isinstance(module, (nn.ModuleList, nn.ModuleDict)) and all(
+                isinstance(child, TensorQuantizer) for child in module._modules.values()):
+            continue
         if holds_quantizers(module):
             kind = "functional" if isinstance(module, FUNCTIONAL_MODULES) else "module"
             seen.append((name, type(module).__name__.removeprefix("Quant") if kind == "module"

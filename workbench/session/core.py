@@ -37,6 +37,7 @@ from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.batches import first_samples, to_device
 from workbench.quant.distributed import DistContext
+from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import analysis, calibration, configure, data_sources, decisions, exports, finetuning
 from workbench.session import paths, tensorrt, views
@@ -253,7 +254,9 @@ class Session:
         known = dict(self.project.layers)
         layers: dict[str, LayerDecision] = {}
         for name, module_type, _ in quantizable(model):
-            layers[name] = known.get(name) or LayerDecision(name, module_type, True)
+            # LSTMs start float (workbench.quant.gemm.FLOAT_BY_DEFAULT says why); the user may quantize them
+            starts_quantized = float_by_default_reason(module_type) is None
+            layers[name] = known.get(name) or LayerDecision(name, module_type, starts_quantized)
         dropped = [name for name in known if name not in layers]
         if dropped:
             logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
@@ -550,9 +553,11 @@ class Session:
         return tensorrt.apply_fix(self, fix)
 
     def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None, *,
-                             remember: bool = True):
-        """trtexec's layer information (and profile) mapped onto the layers; kept in the project."""
-        return tensorrt.import_engine(self, layer_info, profile, remember=remember)
+                             remember: bool = True, onnx_file: str | Path | None = None, force: bool = False):
+        """trtexec's layer information (and profile) mapped onto the layers; kept in the project.
+        ``onnx_file``: the ONNX the engine was built from (to read its node names); ``force``: report an
+        engine that does not look like this model's."""
+        return tensorrt.import_engine(self, layer_info, profile, remember=remember, onnx_file=onnx_file, force=force)
 
     def latest_engine_report(self):
         return tensorrt.latest_engine_report(self)

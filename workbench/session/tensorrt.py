@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 import onnx
 
 from workbench.engine import EngineReport, EngineReportError
-from workbench.engine.report import import_engine_report
+from workbench.engine.report import EngineMismatchError, import_engine_report
 from workbench.export.lint import FIX_ACTIONS, LintFix, LintWarning, lint_qdq_graph
 from workbench.project.model import EngineReportRecord, now_iso
 from workbench.project.settings import RULES
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul
-from workbench.session.errors import SessionError
+from workbench.session.errors import EngineNotThisModel, SessionError
 
 if TYPE_CHECKING:
     from workbench.session.core import Session
@@ -97,16 +97,24 @@ def apply_fix(session: Session, fix: LintFix) -> list[str]:
 
 
 def import_engine(session: Session, layer_info: str | Path, profile: str | Path | None = None, *,
-                  remember: bool = True) -> EngineReport:
+                  remember: bool = True, onnx_file: str | Path | None = None, force: bool = False) -> EngineReport:
     """Read trtexec's layer information (and profile) against the project's layers; kept in the project.
 
+    ``onnx_file``: the ONNX file the engine was built from, to look node names up in (an engine of an ONNX
+    file the workbench did not write). ``force``: report an engine in which fewer than half of the project's
+    quantized layers are found (refused otherwise: it looks like another model's).
+
     Raises:
-        SessionError: a file is not the trtexec report it should be (the message names it).
+        SessionError: a file is not the trtexec report it should be, or the engine is not this model's
+            (the message names the file and how to map it); nothing is stored then.
     """
     layers = {name: decision.quantize for name, decision in session.project.layers.items()}
     try:
         report = import_engine_report(str(layer_info), str(profile) if profile is not None else None, layers,
-                                      _exported_node_orders(session))
+                                      _exported_node_orders(session), module_types=_module_types(session),
+                                      onnx=str(onnx_file) if onnx_file is not None else None, force=force)
+    except EngineMismatchError as error:
+        raise EngineNotThisModel(str(error)) from error
     except EngineReportError as error:
         raise SessionError(str(error)) from error
     if remember:
@@ -114,6 +122,14 @@ def import_engine(session: Session, layer_info: str | Path, profile: str | Path 
         records.append(EngineReportRecord(session.project.next_id(records), now_iso(), report.to_dict()))
         session.dirty = True
     return report
+
+
+def _module_types(session: Session) -> dict[str, str]:
+    """Every module of the float model and every layer of the project (functional ones such as ``block.add``
+    included) -> its type, so engine names map only onto what this model has."""
+    types = {name: type(module).__name__ for name, module in session.float_model.named_modules() if name}
+    types.update({name: decision.type for name, decision in session.project.layers.items()})
+    return types
 
 
 def _exported_node_orders(session: Session) -> list[list[str]]:

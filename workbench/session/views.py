@@ -16,6 +16,7 @@ from workbench.project.settings import jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.snapshot import quantizer_names
 from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
@@ -126,6 +127,9 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         # subclasses of quantizable layers with a forward of their own stay float (quant/replace.py says why)
         "not_quantizable": [{"name": item.name, "type": item.float_type, "reason": item.reason}
                             for item in (report.replacement.not_quantizable if report.replacement else [])],
+        # layer types a new project leaves float (LSTM), while they are float, with why
+        "float_by_default": [{"name": layer.name, "type": layer.type, "reason": float_by_default_reason(layer.type)}
+                             for layer in layers if not layer.quantize and float_by_default_reason(layer.type)],
         "calibration": None if run is None else {
             "method": run.method, "batches": run.num_batches, **_calibrated_counts(session, run),
             "output_sqnr_db": run.output_sqnr_db, "output_sqnr_stale": _stale_reasons(session, run),
