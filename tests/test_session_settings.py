@@ -128,7 +128,7 @@ def test_the_session_reads_typed_settings_that_follow_every_edit(session):
     assert session.settings.calibration.num_batches == 16 and session.settings.rules.maxpool is True
     session.update_setting("calibration", num_batches=3)  # the other fields as they were
     assert session.settings.calibration == CalibrationSettings(num_batches=3)
-    assert session.project.settings["calibration"] == {"method": "entropy", "num_batches": 3, "percentile": 99.99}
+    assert session.project.settings["calibration"] == {"method": "auto", "num_batches": 3, "percentile": 99.99}
     session.set_setting("rules", {"maxpool": False})  # a partial mapping: the others take their defaults
     assert session.settings.rules == RuleSettings(maxpool=False)
     with pytest.raises(SessionError, match="rules has no 'sideways'"):

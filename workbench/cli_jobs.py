@@ -68,9 +68,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     session.save()
     data = {"summary": result.summary(), "method": result.method, "batches": result.num_batches,
             "world_size": context.world_size,
-            "output_sqnr_db": result.output_sqnr_db, "warnings": result.warnings, "unused": result.unused,
+            "output_sqnr_db": result.output_sqnr_db, "sqnr_batches": result.sqnr_batches,
+            "warnings": result.warnings, "unused": result.unused, "picked": result.picked_methods(),
             "quantizers": {n: {"amax": q.amax.tolist(), "method": q.method, "samples": q.num_samples,
-                               "nonfinite": q.nonfinite_count} for n, q in result.quantizers.items()}}
+                               "nonfinite": q.nonfinite_count,
+                               "choice": None if q.choice is None else q.choice.to_dict(),
+                               "warnings": [w.to_dict() for w in q.warnings]} for n, q in result.quantizers.items()}}
     failed = None
     if args.evaluate:
         try:
@@ -82,7 +85,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             failed = error
             data["evaluation"] = None
             data["evaluation_error"] = f"{type(error).__name__}: {error}"
-    lines = [result.summary()] + [f"warning: {w}" for w in result.warnings]
+    lines = [result.summary()] + [f"  {n}: {q.choice.reason}" for n, q in result.quantizers.items() if q.choice]
+    lines += [f"warning: {w}" for w in result.warnings]
     if args.evaluate and failed is None:
         lines.append(f"evaluation: {evaluation.summary()}")
     _emit(args, data, "\n".join(lines))

@@ -131,9 +131,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
         counted = f"{run['quantizers']} quantizers" + (f" ({run['quantizer_names']} names: {shared} shared by a rule)"
                                                          if shared else "")
         stale = run["output_sqnr_stale"]
-        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR "
-                     f"{_fmt(run['output_sqnr_db'], ' dB')}" + (f" (stale: {'; '.join(stale)}; recalibrate "
+        over = f" over {run['sqnr_batches']} batches" if run["sqnr_batches"] else " (first batch)"
+        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR INT8 vs "
+                     f"FP32 {_fmt(run['output_sqnr_db'], ' dB')}{over}" + (f" (stale: {'; '.join(stale)}; recalibrate "
                                                                   "for a current figure)" if stale else ""))
+        if run["picked"]:
+            lines.append("    auto picked " + ", ".join(f"{m} for {n}" for m, n in run["picked"].items()))
+        for name, item in run["choices"].items():
+            if item["reason"]:
+                lines.append(f"    {name}: {item['reason']}")
+            lines += [f"    warning: {message}" for message in item["warnings"]]
     settings = session.settings
     calibration = settings.calibration
     lines.append(f"  settings: calibration {calibration.method} on {calibration.num_batches or 'all'} batches "
@@ -155,10 +162,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
     lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
     lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["not_quantizable"]]
     lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["float_by_default"]]
-    lines.append(f"    {'layer':<32} {'type':<20} {'input':<28} {'weight':<24} {'amax':<22} rank")
+    lines.append(f"    {'layer':<32} {'type':<20} {'input':<36} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
         notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""
-        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.input_summary:<28} {layer.weight_summary:<24} "
+        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.input_summary:<36} "
+                     f"{layer.weight_summary:<24} "
                      f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
     _emit(args, summary, "\n".join(lines))
     return EXIT_OK

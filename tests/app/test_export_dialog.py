@@ -8,7 +8,7 @@ pytest.importorskip("PySide6")
 from PySide6.QtWidgets import QApplication, QDialogButtonBox  # noqa: E402
 
 from workbench.app.export_dialog import ExportReportDialog, ExportSettingsDialog  # noqa: E402
-from workbench.app.formatting import format_size  # noqa: E402
+from workbench.app.formatting import format_number, format_size  # noqa: E402
 from workbench.sources.data_source import DataSpec  # noqa: E402
 from workbench.sources.model_source import ModelSpec  # noqa: E402
 
@@ -56,6 +56,9 @@ def test_settings_round_trip_and_the_report(controller, qtbot, tmp_path):
     text = shown.plain_text()
     assert "digits.onnx written and validated" in text
     assert "onnx.checker" in text and "passed (full check)" in text
+    # what quantizing costs (INT8 vs FP32 on the project's data) is shown beside the file's parity
+    assert report.int8_vs_fp32 is not None and "INT8 vs FP32" in text
+    assert f"{format_number(report.int8_vs_fp32['output_sqnr_db'])} dB on {report.int8_vs_fp32['num_batches']}" in text
     assert f"max abs diff {report.max_abs_diff:.3g}" in text and f"{report.cosine:.6f}" in text
     assert f"{report.quantize_nodes} QuantizeLinear, {report.dequantize_nodes} DequantizeLinear; expected " \
            f"{report.expected_qdq}" in text

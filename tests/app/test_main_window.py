@@ -304,24 +304,32 @@ def test_calibrate_with_progress_histogram_and_amax_lines(window, qtbot):
         assert window.job_status.isVisible() and window.cancel_action.isEnabled()
     qtbot.waitUntil(lambda: not window.controller.busy)
     assert seen and seen[-1].total > 0 and seen[-1].done == seen[-1].total
-    assert not window.job_status.isVisible() and "calibrated (entropy" in window.summary_label.text()
+    # a new project calibrates with "auto": each quantizer's method picked from its layer's output
+    assert not window.job_status.isVisible() and "calibrated (auto" in window.summary_label.text()
     window.controller.select(["block.conv1"])
     panel = window.layer_panel
     qtbot.waitUntil(lambda: panel.histogram_item is not None and panel.names == ["block.conv1"])
     data = session.histogram("block.conv1._input_quantizer")
+    record = session.project.current_calibration.quantizers["block.conv1._input_quantizer"]
+    picked, other = record.method, "mse" if record.method != "mse" else "entropy"
     np.testing.assert_allclose(panel.histogram_x(), data["edges"])
     lines = panel.amax_lines
     assert set(lines) == {"max", "entropy", "mse", "percentile"}
     for method, line in lines.items():
         assert line.value() == pytest.approx(data["amax"][method])
-    assert lines["entropy"].pen.widthF() > lines["mse"].pen.widthF()  # the one in use stands out
+    assert lines[picked].pen.widthF() > lines[other].pen.widthF()  # the one in use stands out
+    # the legend and the title say what auto picked and why; the tree's amax tooltip too
+    assert f"<b>auto</b> picked {record.reason}" in panel.amax_legend.text()
+    assert panel.histogram_title.text().endswith(f"auto: {picked}")
+    index = window.tree.model.index_of("block.conv1", AMAX)
+    assert f"auto picked {record.reason}" in window.tree.model.data(index, Qt.ItemDataRole.ToolTipRole)
     assert window.tree.model.text("block.conv1", AMAX) == f"{data['current']:.4g}"
-    # clicking the mse line makes it the layer's choice
-    lines["mse"].sigClicked.emit(lines["mse"], None)
-    record = session.project.current_calibration.quantizers["block.conv1._input_quantizer"]
-    assert record.method == "mse"
-    qtbot.waitUntil(lambda: panel.amax_lines["mse"].pen.widthF() > panel.amax_lines["entropy"].pen.widthF())
-    assert float(record.amax.max()) == pytest.approx(data["amax"]["mse"])
+    # clicking another method's line makes it the layer's choice
+    lines[other].sigClicked.emit(lines[other], None)
+    assert record.method == other and record.choice["overridden"] == other
+    qtbot.waitUntil(lambda: panel.amax_lines[other].pen.widthF() > panel.amax_lines[picked].pen.widthF())
+    assert float(record.amax.max()) == pytest.approx(data["amax"][other])
+    assert "auto picked" not in panel.amax_legend.text()
     panel.log_box.setChecked(False)
     assert not panel.histogram_plot.getPlotItem().ctrl.logYCheck.isChecked()
     # the weight plot: one bar per output channel

@@ -59,11 +59,12 @@ def test_stored_descriptor_fields_make_the_descriptor():
     assert jsonable({"axis": (1, 2), "x": float("inf")}) == {"axis": [1, 2], "x": "inf"}
 
 
-# the settings a new project stored before they were typed, byte for byte (the project file's JSON)
+# the settings a new project stored before they were typed, byte for byte (the project file's JSON); since
+# issue 24 a new project's calibration method is "auto" (an older project keeps the method its file has)
 STORED_BEFORE_TYPING = (
     '{"defaults": {"input": {"calib_method": "histogram"}, "weight": null}, "functional": {"add": true, "concat": true, '
     '"matmul": true, "attention": true, "residual_adds_in_transformer_blocks": false}, "rules": {"concat": true, '
-    '"maxpool": true, "residual": true}, "pins": [], "calibration": {"method": "entropy", "num_batches": 16, '
+    '"maxpool": true, "residual": true}, "pins": [], "calibration": {"method": "auto", "num_batches": 16, '
     '"percentile": 99.99}, "metric": {"name": "sqnr", "direction": null}, "export": {"path": null, "opset": 17, '
     '"dynamic_batch": true, "amax_json": false, "calibration_cache": false}, "device": "cpu", "output": null, '
     '"fold_bn": true, "finetune": {"epochs": 2, "lr": 0.0001, "optimizer": "sgd", "schedule": "cosine", '
@@ -81,7 +82,10 @@ def test_typed_defaults_store_the_json_projects_always_held():
     assert json.dumps(settings.to_stored()) == json.dumps(stored)  # read and written back: the same bytes
     assert settings.pins == (("a", "b"),) and settings.finetune.learn_amax == ("conv.*",)
     assert settings.metric.direction is Direction.LOWER and settings.metric.direction == "lower"
-    assert settings.calibration.method is AmaxMethod.ENTROPY
+    assert settings.calibration.method is AmaxMethod.AUTO
+    # a project that stored entropy (every project saved before auto existed) keeps it
+    old = ProjectSettings.from_stored({"calibration": {"method": "entropy", "num_batches": 16, "percentile": 99.99}})
+    assert old.calibration.method is AmaxMethod.ENTROPY
 
 
 def test_an_older_file_missing_settings_and_fields_reads_with_defaults():

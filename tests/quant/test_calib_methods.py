@@ -15,10 +15,11 @@ from workbench.quant.calib import (
 
 
 def test_methods_and_their_parameters():
-    assert AMAX_METHODS == ("entropy", "mse", "percentile", "max")
+    assert AMAX_METHODS == ("entropy", "mse", "percentile", "max", "auto")
+    assert [m.value for m in AmaxMethod.singles()] == ["entropy", "mse", "percentile", "max"]
     assert AmaxMethod.parse("mse") is AmaxMethod.MSE and AmaxMethod.PERCENTILE.parameters == (PERCENTILE,)
     assert AmaxMethod.MAX.parameters == ()
-    with pytest.raises(UnknownMethodError, match="choose one of entropy, mse, percentile, max"):
+    with pytest.raises(UnknownMethodError, match="choose one of entropy, mse, percentile, max, auto"):
         AmaxMethod.parse("kl")
 
 

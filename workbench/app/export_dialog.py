@@ -229,6 +229,17 @@ class ExportReportDialog(QDialog):
             rows.append(f"<tr><td width='18'>{mark}</td><td style='color:#555;padding-right:14px'>{esc(label)}</td>"
                         f"<td>{value}</td></tr>")
 
+        gap = r.get("int8_vs_fp32")
+        if isinstance(gap, dict):  # what quantizing costs, before the file's parity with the fake-quant model
+            section("INT8 vs FP32")
+            metric = dict(gap.get("metric") or {})
+            row("", "output SQNR", f"<b>{format_number(gap.get('output_sqnr_db'))} dB</b> on "
+                                   f"{esc(str(gap.get('num_batches')))} {esc(str(gap.get('data', 'evaluation')))} "
+                                   "batches")
+            if metric.get("name") not in (None, "sqnr"):
+                row("", str(metric.get("name")), f"FP32 {format_number(gap.get('fp32'))}, INT8 "
+                                                      f"<b>{format_number(gap.get('int8'))}</b>")
+
         section("Validation")
         row(_OK, "onnx.checker", "passed (full check)")
         outputs = r.get("outputs") or []

@@ -7,6 +7,7 @@ Everything it shows comes from the session through the controller (``descriptors
 """
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ from workbench.app.descriptor_editor import (
 from workbench.app.formatting import format_number, format_shape
 from workbench.graph import ModelTree
 from workbench.graph.tree import ModuleInfo
-from workbench.quant.calib.methods import AmaxMethod
+from workbench.quant.calib.methods import SINGLE_METHODS, AmaxMethod
 
 __all__ = ["DescriptorEditor", "DescriptorDialog", "LayerPanel", "METHOD_COLORS"]
 
@@ -314,6 +315,8 @@ class LayerPanel(QWidget):
             if role_of(q) == role and q.enabled:
                 record = run.quantizers.get(q.name)
                 available = q.calibrator == "HistogramCalibrator" and record is not None
+                if record is not None and record.choice and not record.choice.get("overridden"):
+                    return AmaxMethod.AUTO.value, run.percentile, available  # auto's pick shows in the histogram
                 return (record.method if record else run.method), run.percentile, available
         return run.method, run.percentile, False
 
@@ -402,7 +405,7 @@ class LayerPanel(QWidget):
         amaxes = data.get("amax") or {}
         top = float(max([float(data["edges"][-1])] + [v for v in amaxes.values() if v is not None]))
         # labels are staggered vertically: the methods often agree to three digits and would overlap
-        for position, method in enumerate(METHODS):
+        for position, method in enumerate(SINGLE_METHODS):  # one line per method a histogram decides
             value = amaxes.get(method)
             if value is None:
                 continue
@@ -426,14 +429,21 @@ class LayerPanel(QWidget):
         plot.setXRange(0, top * 1.04, padding=0)
         plot.enableAutoRange(axis="y")
         legend = []
-        for method in METHODS:
+        for method in SINGLE_METHODS:
             text = f"{method} {format_number(amaxes.get(method))}"
             style = f"color:{METHOD_COLORS[method]};" + ("font-weight:bold;" if method == in_use else "")
             legend.append(f"<span style='{style}'>{'▶ ' if method == in_use else ''}{text}</span>")
         current = data.get("current")
+        picked = (f"<br><b>auto</b> picked {html.escape(str(data.get('reason')), quote=False)}" if data.get("auto")
+                  and data.get("reason") else "")
+        warned = "".join(f"<br><span style='color:#b35900'>⚠ {html.escape(str(w), quote=False)}</span>"
+                         for w in data.get("warnings") or [])
         self.amax_legend.setText("amax by method: " + " &nbsp; ".join(legend)
                                  + (f" &nbsp; · in use: <b>{format_number(current)}</b>" if current is not None else "")
-                                 + " &nbsp; <span style='color:#808080'>(click a line to use it)</span>")
+                                 + " &nbsp; <span style='color:#808080'>(click a line to use it)</span>"
+                                 + picked + warned)
+        self.histogram_title.setText("Calibration histogram" + (f" · auto: {data.get('method')}" if data.get("auto")
+                                                               else ""))
 
     def _histogram_xy(self, data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """Bin edges and counts to draw; on the log scale an empty bin sits on the baseline (1).

@@ -199,6 +199,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._float = [False] * count
         self._engine_colour, self._engine_share = [None] * count, [None] * count
         self._lint, self._lint_icon = [""] * count, [None] * count
+        self._amax_tip = [""] * count  # how the amax method was chosen ("auto"), and calibration warnings
         self._update(layers, emit=False)
 
     def _update(self, layers: Sequence[LayerView], emit: bool = True) -> None:
@@ -210,6 +211,7 @@ class ModuleTreeModel(QAbstractItemModel):
         columns = {c: [""] * count for c in (QUANT, INPUT, WEIGHT, AMAX, RANK)}
         types = list(self._types)
         is_float = [False] * count
+        amax_tips = [""] * count
         node_of = self._node_of
         for layer in layers:
             i = node_of.get(layer.name)
@@ -222,6 +224,9 @@ class ModuleTreeModel(QAbstractItemModel):
             columns[INPUT][i] = layer.input_summary
             columns[WEIGHT][i] = layer.weight_summary
             columns[AMAX][i] = layer.amax_summary
+            tip = "\n".join(([f"auto picked {layer.amax_reason}"] if layer.amax_reason else [])
+                             + [f"warning: {w}" for w in layer.warnings])
+            amax_tips[i] = f"amax {layer.amax_summary}\n{tip}" if tip else ""
             columns[RANK][i] = "" if layer.sensitivity_rank is None else str(layer.sensitivity_rank)
         # subtree counts from prefix sums over the pre-order: O(n) in numpy, no per-node Python loop
         layer_prefix = np.concatenate(([0], np.cumsum(is_layer)))
@@ -256,6 +261,7 @@ class ModuleTreeModel(QAbstractItemModel):
             old_rows = list(zip(self._check, types, *[self._text[c] for c in (QUANT, INPUT, WEIGHT, AMAX, RANK)],
                                 self._float))
         self._is_layer, self._quantized, self._check, self._float = is_layer, quantized, check, is_float
+        self._amax_tip = amax_tips
         self._shown_types = types
         self._text[TYPE] = [f"{t} ({note})" if note else t for t, note in zip(types, self._notes)]
         types = self._text[TYPE]
@@ -383,6 +389,8 @@ class ModuleTreeModel(QAbstractItemModel):
             if column == NAME:
                 name = self._names[node] or "(the model)"
                 return f"{name}\n\nTensorRT lint:\n{self._lint[node]}" if self._lint[node] else name
+            if column == AMAX and self._amax_tip[node]:
+                return self._amax_tip[node]
             return self._text[column][node] or None
         if role == Qt.ItemDataRole.FontRole:
             return _LAYER_FONT if column == NAME and self._is_layer[node] else None

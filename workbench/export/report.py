@@ -64,6 +64,9 @@ class ExportReport:
     # Conv/Gemm/MatMul nodes with a constant weight, and those whose weight has no Q/DQ (float in the engine)
     weight_gemms: int = 0
     float_weight_gemms: list[str] = field(default_factory=list)
+    # what the user cares about beside parity: the INT8 model against FP32 on the project's data (the metric's
+    # values, the output SQNR, the batches and which data: Evaluation.to_dict() plus "data"); None when not measured
+    int8_vs_fp32: dict[str, Any] | None = None
 
     @property
     def qdq_pairs(self) -> int:
@@ -71,6 +74,18 @@ class ExportReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def headline(self) -> str:
+        """INT8 against FP32 in one line (``""`` when not measured): the gap, not the export's parity."""
+        item = self.int8_vs_fp32
+        if not item:
+            return ""
+        metric = dict(item.get("metric") or {})
+        text = (f"INT8 vs FP32 on {item.get('num_batches')} {item.get('data', 'evaluation')} batches: output SQNR "
+                f"{_number(item.get('output_sqnr_db'))} dB")
+        if metric.get("kind") != "sqnr" and metric.get("name") not in (None, "sqnr"):
+            text += f", {metric.get('name')} FP32 {_number(item.get('fp32'))} / INT8 {_number(item.get('int8'))}"
+        return text
 
     def summary(self) -> str:
         text = (f"{Path(self.path).name}: {self.quantize_nodes} Q / {self.dequantize_nodes} DQ nodes "
@@ -88,7 +103,16 @@ class ExportReport:
         if self.sequence_check is not None:
             text += "; dynamic sequence length checked"
         text += f"; {self.total_time_s:.2f} s"
+        if self.headline():
+            text += (f"\n{self.headline()} (what quantizing costs; the parity above is the file against the "
+                     "fake-quant model)")
         return text
+
+
+def _number(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.4g}" if value == value and abs(value) != float("inf") else str(value)
 
 
 

@@ -52,6 +52,16 @@ class QuantizerRecord:
     max_value: float | None = None
     calibrator_state: dict[str, Any] | None = None  # MaxCalibrator/HistogramCalibrator.state()
     descriptor: dict[str, Any] | None = None  # the descriptor it was calibrated with
+    # how "auto" chose ``method`` (MethodChoice.to_dict: method, reason, amax and SQNR per candidate); None when
+    # the method was given
+    choice: dict[str, Any] | None = None
+    # warnings about this quantizer's amax (CalibrationWarning.to_dict: quantizer, kind, message)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        """Why this quantizer has its method, in words ("" when the method was the run's own)."""
+        return str(self.choice.get("reason", "")) if self.choice else ""
 
     @classmethod
     def from_calibration(cls, item: QuantizerCalibration, *, calibrator_state: dict[str, Any] | None,
@@ -59,8 +69,9 @@ class QuantizerRecord:
         """The record of one quantizer's calibration outcome (what :func:`workbench.quant.calibrate.calibrate`
         measured), with the statistics and descriptor to keep beside it; ``name`` when the quantizer is
         recorded under another of its names (one shared by a placement rule)."""
-        return cls(name or item.name, item.amax.numpy().astype(np.float32), item.method, item.calibrator, item.num_samples,
-                   item.nonfinite_count, item.max_value, calibrator_state, descriptor)
+        return cls(name or item.name, item.amax.numpy().astype(np.float32), item.method, item.calibrator,
+                   item.num_samples, item.nonfinite_count, item.max_value, calibrator_state, descriptor,
+                   None if item.choice is None else item.choice.to_dict(), [w.to_dict() for w in item.warnings])
 
 
 @dataclass
@@ -79,6 +90,7 @@ class CalibrationRecord:
     # layers whose BatchNorm was folded into them when this run calibrated (their weight amax is of the
     # folded weight); None for runs saved before folding existed (nothing was folded)
     folded: list[str] | None = None
+    sqnr_batches: int = 0  # the batches output_sqnr_db is pooled over (0: saved before it was counted: the first)
 
     @classmethod
     def from_result(cls, result: CalibrationResult, *, id: int, created: str, quantizers: dict[str, QuantizerRecord],
@@ -87,7 +99,7 @@ class CalibrationRecord:
         return cls(id=id, created=created, method=result.method, percentile=float(result.percentile),
                    num_batches=result.num_batches, wall_time_s=result.wall_time_s, device=result.device,
                    output_sqnr_db=result.output_sqnr_db, warnings=list(result.warnings), unused=list(result.unused),
-                   quantizers=quantizers, folded=folded)
+                   quantizers=quantizers, folded=folded, sqnr_batches=result.sqnr_batches)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from workbench.project.model import (
     SensitivityRecord,
 )
 from workbench.project.settings import ProjectSettings
+from workbench.quant.calib.methods import SINGLE_METHODS
 from workbench.quant.tensor_quant import QuantDescriptor
 from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.errors import SourceError
@@ -108,11 +109,12 @@ def create_schema(db: sqlite_utils.Database) -> None:
                          "weight_desc": str}, pk="position", if_not_exists=True)
     db["calibration_runs"].create({"id": int, "created": str, "method": str, "percentile": float,
                                    "num_batches": int, "wall_time_s": float, "device": str,
-                                   "output_sqnr_db": float, "warnings": str, "unused": str, "folded": str},
+                                   "output_sqnr_db": float, "warnings": str, "unused": str, "folded": str,
+                                   "sqnr_batches": int},
                                   pk="id", if_not_exists=True)
     db["quantizer_stats"].create({"run_id": int, "name": str, "amax": bytes, "amax_dtype": str, "amax_shape": str,
                                   "method": str, "calibrator": str, "num_samples": int, "nonfinite_count": int,
-                                  "max_value": float, "descriptor": str, "state": str},
+                                  "max_value": float, "descriptor": str, "state": str, "findings": str},
                                  pk=("run_id", "name"), if_not_exists=True)
     db["arrays"].create({"owner": str, "key": str, "data": bytes, "dtype": str, "shape": str}, pk=("owner", "key"),
                         if_not_exists=True)
@@ -140,6 +142,22 @@ def create_finetune_tables(db: sqlite_utils.Database) -> None:
 
 TABLES = ("meta", "model_source", "data_sources", "settings", "layers", "calibration_runs", "quantizer_stats",
           "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors", "engine_reports")
+
+
+def _findings(text: Any) -> dict[str, Any]:
+    """A quantizer's stored auto choice and warnings (the ``findings`` column; absent in older files)."""
+    if text is None:
+        return {}
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"findings is not a mapping: {text!r}")
+    choice, warnings = value.get("choice"), value.get("warnings") or []
+    if choice is not None and not (isinstance(choice, dict) and choice.get("method") in SINGLE_METHODS):
+        raise ValueError(f"the auto choice is not a mapping with one of {', '.join(SINGLE_METHODS)} as its method: "
+                         f"{choice!r}")
+    if not isinstance(warnings, list) or not all(isinstance(w, dict) and "message" in w for w in warnings):
+        raise ValueError(f"the warnings are not a list of messages: {warnings!r}")
+    return {"choice": choice, "warnings": warnings}
 
 
 def _dumps(value: Any) -> str:
@@ -170,11 +188,13 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
         for i, layer in enumerate(project.layers.values())])
     arrays_rows = []
     for run in project.calibrations:
+        if "sqnr_batches" not in db["calibration_runs"].columns_dict:  # a file from before it was counted
+            db["calibration_runs"].add_column("sqnr_batches", int)
         db["calibration_runs"].insert({
             "id": run.id, "created": run.created, "method": run.method, "percentile": run.percentile,
             "num_batches": run.num_batches, "wall_time_s": run.wall_time_s, "device": run.device,
             "output_sqnr_db": run.output_sqnr_db, "warnings": _dumps(run.warnings), "unused": _dumps(run.unused),
-            "folded": _dumps(run.folded)})
+            "folded": _dumps(run.folded), "sqnr_batches": run.sqnr_batches})
         rows = []
         for record in run.quantizers.values():
             owner = f"calibration:{run.id}:{record.name}"
@@ -188,7 +208,12 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
                          "amax_shape": amax_shape, "method": record.method, "calibrator": record.calibrator,
                          "num_samples": record.num_samples, "nonfinite_count": record.nonfinite_count,
                          "max_value": record.max_value, "descriptor": _dumps(record.descriptor),
-                         "state": _dumps(state)})
+                         "state": _dumps(state),
+                         "findings": _dumps({"choice": record.choice, "warnings": record.warnings})
+                         if record.choice or record.warnings else None})
+        if rows and "findings" not in db["quantizer_stats"].columns_dict:
+            # a file written before "auto" existed: the column is added in place (older versions ignore it)
+            db["quantizer_stats"].add_column("findings", str)
         db["quantizer_stats"].insert_all(rows, batch_size=500)
     db["arrays"].insert_all(arrays_rows, batch_size=200)
     db["sensitivity_runs"].insert_all([{"id": r.id, "created": r.created, "data": _dumps(r.data)}
@@ -326,7 +351,7 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
                 wall_time_s=float(row["wall_time_s"]), device=str(row["device"]),
                 output_sqnr_db=None if row["output_sqnr_db"] is None else float(row["output_sqnr_db"]),
                 warnings=list(_json(row, "warnings") or []), unused=list(_json(row, "unused") or []),
-                folded=_names(_json(row, "folded"), "folded", True))
+                folded=_names(_json(row, "folded"), "folded", True), sqnr_batches=int(row.get("sqnr_batches") or 0))
     for row in db["quantizer_stats"].rows_where(order_by="rowid"):
         with _row(path, "quantizer_stats", f"calibration run {row.get('run_id')}, quantizer {row.get('name')!r}"):
             run = runs.get(int(row["run_id"]))
@@ -339,7 +364,8 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
                 method=str(row["method"]), calibrator=str(row["calibrator"]), num_samples=int(row["num_samples"]),
                 nonfinite_count=int(row["nonfinite_count"]),
                 max_value=None if row["max_value"] is None else float(row["max_value"]),
-                calibrator_state=state, descriptor=_json(row, "descriptor"))
+                calibrator_state=state, descriptor=_json(row, "descriptor"),
+                **_findings(row.get("findings")))
     project.calibrations = list(runs.values())
     for kind, table in (("sensitivity", "sensitivity_runs"), ("fallback", "fallback_runs"), ("export", "exports")):
         for row in db[table].rows_where(order_by="id"):

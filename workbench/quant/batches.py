@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 __all__ = ["model_inputs", "batch_targets", "to_device", "run_model", "flat_tensors", "class_scores", "sqnr_db",
-           "model_device", "select_output", "output_keys", "first_samples", "input_shapes"]
+           "sqnr_powers", "model_device", "select_output", "output_keys", "first_samples", "input_shapes"]
 
 _TARGET_KEYS = ("labels", "label", "targets", "target")
 
@@ -175,6 +175,25 @@ def class_scores(output: Any) -> torch.Tensor:
     return tensors[0]
 
 
+def _powers(ref: list[torch.Tensor], test: list[torch.Tensor]) -> tuple[float, float]:
+    signal = sum(float(r.double().pow(2).sum()) for r in ref)
+    noise = sum(float((r.double() - t.double()).pow(2).sum()) for r, t in zip(ref, test))
+    return signal, noise
+
+
+def sqnr_powers(reference: Any, quantized: Any) -> tuple[float, float] | None:
+    """(signal power, noise power) of one output against its reference, on the part :func:`select_output` picks:
+    sums of squares that add up over batches, so an SQNR over many batches is pooled, not averaged. None when
+    the outputs cannot be compared."""
+    try:
+        ref, test = flat_tensors(select_output(reference)), flat_tensors(select_output(quantized))
+    except ValueError:
+        return None
+    if not ref or len(ref) != len(test):
+        return None
+    return _powers(ref, test)
+
+
 def sqnr_db(reference: Any, quantized: Any) -> float | None:
     """Signal-to-quantization-noise ratio of ``quantized`` against ``reference`` in dB (inf if equal).
 
@@ -191,8 +210,7 @@ def sqnr_db(reference: Any, quantized: Any) -> float | None:
         return None
     if not ref or len(ref) != len(test):
         return None
-    signal = sum(float(r.double().pow(2).sum()) for r in ref)
-    noise = sum(float((r.double() - t.double()).pow(2).sum()) for r, t in zip(ref, test))
+    signal, noise = _powers(ref, test)
     if noise == 0:
         return math.inf
     if signal == 0:

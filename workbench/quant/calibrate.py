@@ -16,8 +16,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db  # noqa: F401
+from workbench.quant.auto_method import MethodChoice, choose_methods
+from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db, sqnr_powers  # noqa: F401
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
+from workbench.quant.calib.checks import CalibrationWarning, histogram_warnings
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.merge import merge_calibrators
 from workbench.quant.distributed import SINGLE, Digest, DistContext
@@ -27,7 +29,7 @@ from workbench.quant.snapshot import ModelSnapshot
 logger = logging.getLogger(__name__)
 
 __all__ = ["calibrate", "CalibrationResult", "QuantizerCalibration", "CalibrationCancelled", "CalibrationError",
-           "NonFiniteCalibrationError", "NothingReachedError",
+           "NonFiniteCalibrationError", "NothingReachedError", "AmaxError", "AUTO_BATCHES", "REPLAY_BYTES",
            "CancelToken", "ProgressCallback", "model_inputs", "run_model", "sqnr_db", "model_device"]
 
 ProgressCallback = Callable[[int, int, str], None]
@@ -93,6 +95,22 @@ class NonFiniteCalibrationError(ValueError):
                          "changed.")
 
 
+class AmaxError(ValueError):
+    """A quantizer's amax could not be computed by the method (e.g. entropy on a histogram with fewer bins than
+    its start bin). The model is unchanged.
+
+    Attributes:
+        quantizer: the quantizer's name.
+        method: the amax method that failed.
+    """
+
+    def __init__(self, quantizer: str, method: str, original: Exception) -> None:
+        self.quantizer = quantizer
+        self.method = method
+        super().__init__(f"{quantizer}: the {method} amax cannot be computed: {original} Calibrate this quantizer "
+                         f"with another method (max or percentile), or with more data; nothing was changed.")
+
+
 @dataclass
 class QuantizerCalibration:
     """What calibration found for one quantizer."""
@@ -105,6 +123,8 @@ class QuantizerCalibration:
     num_samples: int
     nonfinite_count: int
     max_value: float | None = None  # largest finite |x| seen
+    choice: MethodChoice | None = None  # how "auto" picked ``method`` (None: the method was given)
+    warnings: list[CalibrationWarning] = field(default_factory=list)  # about this quantizer's amax
 
     @property
     def amax_summary(self) -> str:
@@ -124,10 +144,12 @@ class CalibrationResult:
     wall_time_s: float
     device: str
     unused: list[str] = field(default_factory=list)  # quantizers no batch reached; left unchanged
-    output_sqnr_db: float | None = None  # model output, INT8 vs FP32, on the first batch
+    output_sqnr_db: float | None = None  # model output, INT8 vs FP32, pooled over ``sqnr_batches`` batches
     warnings: list[str] = field(default_factory=list)  # amax values that look collapsed, thin histograms
     collect_time_s: float = 0.0  # the passes over the data
     amax_time_s: float = 0.0  # computing amax from the statistics
+    sqnr_batches: int = 0  # the batches the output SQNR covers (all of them, unless too big to keep)
+    auto_time_s: float = 0.0  # measuring the candidates of "auto"
 
     @property
     def nonfinite_total(self) -> int:
@@ -137,7 +159,12 @@ class CalibrationResult:
         parts = [f"{len(self.quantizers)} quantizers calibrated ({self.method}) on {self.num_batches} batches "
                  f"in {self.wall_time_s:.2f} s"]
         if self.output_sqnr_db is not None:
-            parts.append(f"output SQNR {self.output_sqnr_db:.1f} dB")
+            over = (f"all {self.num_batches} batches" if self.sqnr_batches == self.num_batches
+                    else f"{self.sqnr_batches} of {self.num_batches} batches")
+            parts.append(f"output SQNR INT8 vs FP32 {self.output_sqnr_db:.1f} dB over {over}")
+        picked = self.picked_methods()
+        if picked:
+            parts.append("auto picked " + ", ".join(f"{m} for {n}" for m, n in picked.items()))
         if self.nonfinite_total:
             parts.append(f"{self.nonfinite_total} NaN/Inf values left out")
         if self.unused:
@@ -145,6 +172,25 @@ class CalibrationResult:
         if self.warnings:
             parts.append(f"{len(self.warnings)} warnings")
         return "; ".join(parts)
+
+    def picked_methods(self) -> dict[str, int]:
+        """How many quantizers "auto" gave each method (empty when no method was chosen by auto)."""
+        counts: dict[str, int] = {}
+        for item in self.quantizers.values():
+            if item.choice is not None:
+                counts[item.method] = counts.get(item.method, 0) + 1
+        return dict(sorted(counts.items(), key=lambda pair: -pair[1]))
+
+    def quantizer_warnings(self) -> list[CalibrationWarning]:
+        """The warnings that name one quantizer, in calibration order."""
+        return [warning for item in self.quantizers.values() for warning in item.warnings]
+
+
+# "auto" measures its candidates on at most this many calibration batches (per process).
+AUTO_BATCHES = 4
+# The batches a run keeps to run again (auto's measurement, the output SQNR) take at most this many bytes;
+# beyond, the SQNR covers the batches kept and says so.
+REPLAY_BYTES = 1 << 30
 
 
 def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, method: str,
@@ -162,26 +208,30 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         model: a model containing TensorQuantizers.
         batches: an iterable of batches (see :func:`model_inputs`).
         num_batches: stop after this many batches (None: all of them).
-        method: ``"entropy"``, ``"mse"``, ``"percentile"`` or ``"max"`` for histogram calibrators.
+        method: ``"entropy"``, ``"mse"``, ``"percentile"`` or ``"max"`` for histogram calibrators, or
+            ``"auto"``: per quantizer, the one of those whose layer output is closest to FP32 on the first
+            :data:`AUTO_BATCHES` calibration batches (:mod:`workbench.quant.auto_method`).
         percentile: for ``method="percentile"``.
         device: where to run; the model is moved there (and back if the run fails). Default: the
             model's current device.
         progress: called as ``progress(done, total, message)`` after each batch (total is 0 when
             unknown).
         cancel: checked before each batch; when set, :class:`CalibrationCancelled` is raised.
-        report_sqnr: also run the first batch with and without quantization and report the output
-            SQNR (two extra forward passes), so that a collapsed amax is visible.
+        report_sqnr: also run the calibration batches with and without quantization and report the output
+            SQNR pooled over all of them (two extra forward passes per batch), so that a collapsed amax is
+            visible.
         context: the process's place in a distributed job (None: one process). Rank ``r`` of ``N``
             runs batches ``r, r + N, ...`` of the same first ``num_batches``, the statistics are
             merged across ranks (:func:`~workbench.quant.calib.merge.merge_calibrators`), and every
             rank ends with the amax one process would have found; rank 0 reports progress summed
-            over the ranks and the output SQNR (on batch 0, as one process does).
+            over the ranks; the output SQNR and auto's measurements are summed over the ranks.
 
     Raises:
         ValueError: bad arguments, no quantizers, or no batches.
         CalibrationCancelled: ``cancel`` was set; the model is unchanged.
         CalibrationError: the model raised on a batch (its index and the original error are kept);
             the model is unchanged.
+        AmaxError: a method cannot compute a quantizer's amax (the quantizer is named); the model is unchanged.
     """
     method = AmaxMethod.parse(method).value
     percentile = PERCENTILE.check(percentile)
@@ -224,7 +274,10 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             else:
                 q.disable()
 
-        first_batch = None
+        # the batches to run again (auto, output SQNR), within REPLAY_BYTES, with their index among all batches
+        kept: list[tuple[int, Any]] = []
+        kept_bytes = 0
+        keep = report_sqnr or method == AmaxMethod.AUTO.value
         done = 0
         mostly_nonfinite: list[int] = []  # batches whose inputs are more NaN/Inf than finite
         with torch.no_grad():
@@ -239,8 +292,11 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                     run_model(model, batch, run_device)
                 except Exception as error:  # the user's model: report which batch, keep the cause
                     raise CalibrationError(index, error) from error
-                if first_batch is None:
-                    first_batch = batch
+                if keep and kept_bytes <= REPLAY_BYTES:
+                    size = _batch_bytes(batch)
+                    if kept_bytes + size <= REPLAY_BYTES:
+                        kept.append((index, batch))
+                    kept_bytes += size
                 if _nonfinite_share(batch) > _MOSTLY:
                     mostly_nonfinite.append(index)
                 done += 1
@@ -255,12 +311,12 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             counts_and_flags = context.all_gather((done, mostly_nonfinite))
             done = sum(count for count, _ in counts_and_flags)
             mostly_nonfinite = sorted(index for _, flagged in counts_and_flags for index in flagged)
-            first_batch = first_batch if context.is_main else None  # batch 0 is rank 0's
         if done == 0:
             raise ValueError("No calibration batches: the data source yielded nothing.")
         collected = time.perf_counter()
 
         results: dict[str, QuantizerCalibration] = {}
+        candidates: dict[str, dict[str, float]] = {}  # auto: each quantizer's amax by method
         unused = []
         blind: list[str] = []  # quantizers that saw only NaN/Inf
         thin: list[str] = []  # histogram quantizers that saw too few values for the method: max instead
@@ -280,10 +336,16 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                             f"{calibrator.num_bins}-bin histogram, too few for {used_method}: amax is the largest "
                             f"|x| seen (max) instead; calibrate on more batches to use {used_method} here.")
                 used_method = AmaxMethod.MAX.value
-            if isinstance(calibrator, HistogramCalibrator):
-                q.load_calib_amax(used_method, percentile=percentile)
-            else:
-                q.load_calib_amax()
+            try:
+                if isinstance(calibrator, HistogramCalibrator) and used_method == AmaxMethod.AUTO.value:
+                    candidates[name] = _candidates(name, calibrator, percentile)
+                    q.load_calib_amax(AmaxMethod.MAX.value)  # until auto has measured the candidates
+                elif isinstance(calibrator, HistogramCalibrator):
+                    q.load_calib_amax(used_method, percentile=percentile)
+                else:
+                    q.load_calib_amax()
+            except ValueError as error:  # a search that cannot run on this histogram: say which quantizer
+                raise AmaxError(name, used_method, error) from error
             q._buffers["_amax"] = q._buffers["_amax"].to(run_device)
             max_value = calibrator.max_value if isinstance(calibrator, HistogramCalibrator) else calibrator.calib_amax
             results[name] = QuantizerCalibration(
@@ -296,6 +358,27 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         if calibrating and not results:
             raise NothingReachedError(list(calibrating), done)
         amax_done = time.perf_counter()
+        if candidates:
+            # the first AUTO_BATCHES of all the batches, wherever they ran: N processes measure what one does
+            measured = [batch for index, batch in kept if index < AUTO_BATCHES]
+            choices = choose_methods(model, calibrating, candidates, measured, run_device, context=context,
+                                     cancel=None if cancel is None else cancel.is_set)
+            if cancel is not None and cancel.is_set():
+                raise CalibrationCancelled("Calibration cancelled while measuring the methods of 'auto'.")
+            for name, choice in choices.items():
+                calibrating[name].amax = torch.tensor(candidates[name][choice.method], dtype=torch.float32)
+                results[name].amax = calibrating[name]._amax.detach().cpu().clone()
+                results[name].method = choice.method
+                results[name].choice = choice
+        auto_done = time.perf_counter()
+        for name, item in results.items():
+            calibrator = calibrating[name]._calibrator
+            if isinstance(calibrator, HistogramCalibrator) and calibrator.calib_hist is not None \
+                    and isinstance(calibrator._num_bits, int):  # the INT grid: what the checks reason about
+                item.warnings = histogram_warnings(
+                    name, calibrator.calib_hist.cpu().numpy(), calibrator.bin_width, float(item.amax.max()),
+                    item.max_value or 0.0, num_bits=calibrator._num_bits, unsigned=calibrator._unsigned,
+                    method=item.method)
     except BaseException:
         if run_device != original_device:
             model.to(original_device)
@@ -307,16 +390,19 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         snapshot.restore(quantizers[name])
         logger.warning("Quantizer %s saw no data during calibration; left unchanged.", name)
 
-    output_sqnr = None
-    if report_sqnr and first_batch is not None:
-        output_sqnr = _output_sqnr(model, quantizers, first_batch, run_device)
+    output_sqnr, sqnr_batches = None, 0
+    if report_sqnr:
+        output_sqnr, sqnr_batches = _output_sqnr(model, quantizers, [batch for _, batch in kept], run_device,
+                                                 context)
     snapshot.restore_modes()
     result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
                                wall_time_s=time.perf_counter() - started, device=str(run_device), unused=unused,
-                               output_sqnr_db=output_sqnr,
+                               output_sqnr_db=output_sqnr, sqnr_batches=sqnr_batches,
                                warnings=_nonfinite_warnings(results, mostly_nonfinite, done)
-                               + _zero_warnings(results) + thin + _suspicious(results, quantizers),
-                               collect_time_s=collected - started, amax_time_s=amax_done - collected)
+                               + _zero_warnings(results) + thin + _suspicious(results, quantizers)
+                               + [str(w) for item in results.values() for w in item.warnings],
+                               collect_time_s=collected - started, amax_time_s=amax_done - collected,
+                               auto_time_s=auto_done - amax_done)
     for warning in result.warnings:
         logger.warning(warning)
     logger.info(result.summary())
@@ -325,8 +411,27 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
 
 # Below this many values per bin a histogram is too thin for entropy and percentile to mean much.
 _MIN_VALUES_PER_BIN = 4
-# An amax under this share of the largest value seen has probably collapsed rather than clipped a tail.
-_COLLAPSE_RATIO = 0.05
+
+
+def _candidates(name: str, calibrator: HistogramCalibrator, percentile: float) -> dict[str, float]:
+    """Every single method's amax for "auto" to measure; searches a thin histogram cannot support are left out."""
+    values = {}
+    for method in AmaxMethod.singles():
+        if _too_thin_for(calibrator, method.value):
+            continue
+        try:
+            amax = calibrator.compute_amax(method.value, percentile=percentile)
+        except ValueError as error:
+            logger.info("%s: %s amax not available for auto: %s", name, method.value, error)
+            continue
+        if amax is not None:
+            values[method.value] = float(amax)
+    return values
+
+
+def _batch_bytes(batch: Any) -> int:
+    args, kwargs = model_inputs(batch)
+    return sum(t.numel() * t.element_size() for t in flat_tensors((args, kwargs)))
 
 
 def _too_thin_for(calibrator: HistogramCalibrator, method: str) -> bool:
@@ -343,10 +448,6 @@ def _suspicious(results: dict[str, QuantizerCalibration], quantizers: dict[str, 
     for name, item in results.items():
         if item.calibrator != "HistogramCalibrator" or item.method == "max" or not item.max_value:
             continue
-        ratio = float(item.amax.max()) / item.max_value
-        if ratio < _COLLAPSE_RATIO:
-            warnings.append(f"{name}: {item.method} amax {float(item.amax.max()):.4g} is {ratio:.1%} of the largest "
-                            f"value seen ({item.max_value:.4g}); check the output SQNR or try another method.")
         bins = quantizers[name]._calibrator.num_bins
         if item.num_samples < _MIN_VALUES_PER_BIN * bins:
             warnings.append(f"{name}: only {item.num_samples} values for a {bins}-bin histogram; {item.method} is "
@@ -419,19 +520,40 @@ def _weights_digest(model: nn.Module) -> str:
     return Digest().update({name: p for name, p in model.named_parameters()}).hexdigest()
 
 
-def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batch: Any,
-                 device: torch.device) -> float | None:
+def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batches: list, device: torch.device,
+                 context: DistContext) -> tuple[float | None, int]:
+    """The model output's SQNR, INT8 vs FP32, with signal and noise summed over ``batches`` (and the ranks),
+    and how many batches that was."""
     flags = {name: q._disabled for name, q in quantizers.items()}
+    signal = noise = 0.0
+    counted = 0
     try:
         with torch.no_grad():
-            quantized = run_model(model, batch, device)
-            for q in quantizers.values():
-                q._disabled = True
-            reference = run_model(model, batch, device)
+            for batch in batches:
+                quantized = run_model(model, batch, device)
+                for q in quantizers.values():
+                    q._disabled = True
+                reference = run_model(model, batch, device)
+                for name, q in quantizers.items():
+                    q._disabled = flags[name]
+                powers = sqnr_powers(reference, quantized)
+                if powers is not None:
+                    signal += powers[0]
+                    noise += powers[1]
+                    counted += 1
     finally:
         for name, q in quantizers.items():
             q._disabled = flags[name]
-    return sqnr_db(reference, quantized)
+    if context.distributed:
+        parts = context.all_gather((signal, noise, counted))
+        signal, noise, counted = (sum(part[i] for part in parts) for i in range(3))
+    if counted == 0:
+        return None, 0
+    if noise == 0:
+        return math.inf, counted
+    if signal == 0:
+        return -math.inf, counted
+    return 10 * math.log10(signal / noise), counted
 
 
 def _length_or_zero(batches: Iterable) -> int:

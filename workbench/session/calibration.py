@@ -66,6 +66,9 @@ def recompute_amax(session: Session, names: Iterable[str], method: str,
                    percentile: float | None = None) -> dict[str, float]:
     """New amax from the stored histograms of ``names`` (quantizers or layers); the current record is updated.
 
+    ``method="auto"`` puts back the method "auto" picked for each quantizer when the run measured it (its
+    record keeps the choice); a quantizer it did not measure is refused, since measuring needs the data.
+
     Raises:
         SessionError: nothing calibrated, an unknown method or percentile, a quantizer without its
             histogram, or none of the names with a histogram calibrator.
@@ -86,18 +89,35 @@ def recompute_amax(session: Session, names: Iterable[str], method: str,
         else:
             targets += [q for q in quantizers if layer_of(q)[0] == name]
     updated = {}
+    auto = method == AmaxMethod.AUTO.value
+    if auto:
+        unmeasured = [name for name in targets if isinstance(quantizers[name]._calibrator, HistogramCalibrator)
+                      and (run.quantizers.get(name) is None or not run.quantizers[name].choice)]
+        if unmeasured:
+            raise SessionError(f"{', '.join(unmeasured[:5])}: 'auto' was not measured for "
+                               f"{'this quantizer' if len(unmeasured) == 1 else 'these quantizers'} in the current "
+                               "calibration (it compares the methods on the calibration data): calibrate with "
+                               "method auto, or pick a method.")
     for name in targets:
         quantizer = quantizers[name]
         if not isinstance(quantizer._calibrator, HistogramCalibrator):
             continue
         if quantizer._calibrator.calib_hist is None:
             raise SessionError(f"{name} has no histogram (it was not calibrated): calibrate first.")
-        quantizer.load_calib_amax(method, percentile=percentile)
+        picked = run.quantizers[name].choice["method"] if auto else method
+        try:
+            quantizer.load_calib_amax(picked, percentile=percentile)
+        except ValueError as error:  # e.g. entropy on a histogram with fewer bins than its start bin
+            raise SessionError(f"{name}: the {picked} amax cannot be computed: {error}") from None
         quantizer._buffers["_amax"] = quantizer._amax.to(session.device)
         record = run.quantizers.get(name)
         if record is not None:
             record.amax = quantizer._amax.detach().cpu().numpy().astype(np.float32)
-            record.method = method
+            record.method = picked
+            if not auto and record.choice:  # the user's pick replaces auto's: the reason no longer applies
+                record.choice = {**record.choice, "overridden": method}
+            elif auto and record.choice:
+                record.choice = {key: value for key, value in record.choice.items() if key != "overridden"}
         updated[name] = float(quantizer._amax.max())
         if session.project.current_finetune is not None:  # a range learned while fine-tuning gives way
             session.project.current_finetune.amax.pop(name, None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -254,6 +254,9 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
         return report
     if path is not None and session.path is not None and not target.is_relative_to(project_dir.resolve()):
         confirmed_targets.remember(session.path, target)  # the user named it: later plain exports may go there
+    report.int8_vs_fp32, problem = _int8_vs_fp32(session)
+    if problem:
+        report.warnings.append(problem)
     stored = stored_export_path(target, project_dir)
     session.project.settings["export"] = replace(settings, path=stored, opset=opset, dynamic_batch=dynamic_batch,
                                                  amax_json=amax_json, calibration_cache=calibration_cache).to_stored()
@@ -269,3 +272,20 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
                                                 jsonable(report.to_dict())))
     session._changed(SessionEvent.EXPORT, path=str(target))
     return report
+
+
+# The INT8-vs-FP32 headline of an export is measured on at most this many evaluation batches.
+HEADLINE_BATCHES = 8
+
+
+def _int8_vs_fp32(session: Session) -> tuple[dict[str, Any] | None, str]:
+    """The project's metric and output SQNR, FP32 vs the exported (fake-quant) model, on the evaluation data;
+    (None, why) when it cannot be measured: the file is written and valid either way."""
+    from workbench.session.analysis import evaluate
+
+    try:
+        evaluation = evaluate(session, num_batches=HEADLINE_BATCHES)
+    except Exception as error:  # noqa: BLE001 - a user's metric or data: the export stands, the gap is not known
+        return None, f"INT8 vs FP32 not measured: {type(error).__name__}: {error}"
+    role = "evaluation" if "evaluation" in session.project.data else "calibration"
+    return {**jsonable(evaluation.to_dict()), "data": role}, ""

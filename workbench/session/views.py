@@ -17,7 +17,7 @@ from workbench.quant import TensorQuantizer
 from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
 from workbench.quant.gemm import float_by_default_reason
-from workbench.quant.snapshot import quantizer_names
+from workbench.quant.snapshot import owned_quantizers, quantizer_names
 from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
 
@@ -43,6 +43,8 @@ class LayerView:
     parameters: int
     notes: list[str] = field(default_factory=list)  # what building did to the layer, e.g. ["folded bn1"]
     role: str = ""  # an attention quantizer's role, e.g. "query x key" (see workbench.graph.tree.module_role)
+    amax_reason: str = ""  # how the input quantizer's amax method was chosen ("auto": the measured reason)
+    warnings: list[str] = field(default_factory=list)  # calibration warnings naming the layer's quantizers
 
     @property
     def display_type(self) -> str:
@@ -87,6 +89,10 @@ def layer_views(session: Session) -> list[LayerView]:
     calibration = session.project.current_calibration
     method = calibration.method if calibration else None
     kinds = {name: kind for name, _, kind in quantizable(model)}
+    record_of = {}  # quantizer object -> its record in the current calibration
+    if calibration is not None:
+        live = quantizer_names(model)
+        record_of = {id(live[name]): record for name, record in calibration.quantizers.items() if name in live}
     views = []
     modules = dict(model.named_modules())
     for name, decision in session.project.layers.items():
@@ -99,12 +105,21 @@ def layer_views(session: Session) -> list[LayerView]:
         if decision.quantize and input_q is not None:
             amax = input_q._short_amax(".4g") if hasattr(input_q, "_amax") else "uncalibrated"
         params = sum(p.numel() for p in module.parameters(recurse=False)) if module is not None else 0
+        record = record_of.get(id(input_q)) if input_q is not None else None
+        layer_method = method
+        reason = ""
+        if record is not None and record.choice:  # auto picked this layer's method: show it, and why
+            layer_method = f"{record.method} (auto)" if not record.choice.get("overridden") else record.method
+            reason = record.reason if not record.choice.get("overridden") else \
+                f"{record.method}: set by hand (auto had picked {record.choice.get('method')})"
+        owned = [record_of.get(id(q)) for _, q in owned_quantizers(module)] if module is not None else []
+        layer_warnings = [w["message"] for r in owned if r is not None for w in r.warnings]
         views.append(LayerView(name, decision.type, decision.quantize, kinds.get(name, "module"),
-                               descriptor_summary(input_fields, method) if decision.quantize else "float",
+                               descriptor_summary(input_fields, layer_method) if decision.quantize else "float",
                                descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
                                amax, ranks.get(name), params,
                                list(module_notes(module)) if module is not None else [],
-                               module_role(module) if module is not None else ""))
+                               module_role(module) if module is not None else "", reason, layer_warnings))
     return views
 
 
@@ -133,7 +148,11 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "calibration": None if run is None else {
             "method": run.method, "batches": run.num_batches, **_calibrated_counts(session, run),
             "output_sqnr_db": run.output_sqnr_db, "output_sqnr_stale": _stale_reasons(session, run),
-            "created": run.created, "warnings": run.warnings},
+            "created": run.created, "warnings": run.warnings, "sqnr_batches": run.sqnr_batches,
+            "picked": _picked(run), "choices": {name: {"method": record.method, "reason": record.reason,
+                                                       "warnings": [w["message"] for w in record.warnings]}
+                                                for name, record in run.quantizers.items()
+                                                if record.choice or record.warnings}},
         "stale_quantizers": list(report.stale),
         "sensitivity_runs": len(project.sensitivity),
         "exports": [session.export_path(record) for record in project.exports],
@@ -159,6 +178,15 @@ def _functional_summary(report: Any) -> dict[str, Any]:
             "not_traced": [{"module": f.name or "<model>", "type": f.type_name, "reason": f.reason}
                            for f in report.failures],
             "left_float": len(report.skipped)}
+
+
+def _picked(run: Any) -> dict[str, int]:
+    """How many quantizers "auto" gave each method in ``run`` (empty when no method was chosen by auto)."""
+    counts: dict[str, int] = {}
+    for record in run.quantizers.values():
+        if record.choice and not record.choice.get("overridden"):
+            counts[record.method] = counts.get(record.method, 0) + 1
+    return dict(sorted(counts.items(), key=lambda pair: -pair[1]))
 
 
 def _calibrated_counts(session: Session, run: Any) -> dict[str, int]:
@@ -241,7 +269,10 @@ def histogram_of(quantizer: TensorQuantizer, record: QuantizerRecord | None) -> 
         return None
     return {"counts": calibrator.calib_hist.cpu().numpy(), "edges": calibrator.calib_bin_edges.numpy(),
             "amax": calibrator.compute_all(), "current": None if not hasattr(quantizer, "_amax") else
-            float(quantizer._amax.max()), "method": record.method if record else None}
+            float(quantizer._amax.max()), "method": record.method if record else None,
+            "auto": bool(record and record.choice and not record.choice.get("overridden")),
+            "reason": record.reason if record else "",
+            "warnings": [w["message"] for w in record.warnings] if record else []}
 
 
 def weight_ranges(module: nn.Module | None) -> np.ndarray | None:

@@ -25,7 +25,7 @@ from torch import nn
 from workbench.quant.calib.amax_search import amax_entropy, amax_mse, amax_percentile
 from workbench.quant.calib.calibrator import _Calibrator
 from workbench.quant.calib.max import extremes
-from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, AmaxMethod, UnknownMethodError
+from workbench.quant.calib.methods import PERCENTILE, SINGLE_METHODS, AmaxMethod, UnknownMethodError
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.utils import reduce_amax
 
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["HistogramCalibrator", "calibrate_weights", "HISTOGRAM_METHODS", "UnknownMethodError", "amax_entropy",
            "amax_mse", "amax_percentile"]
 
-HISTOGRAM_METHODS = AMAX_METHODS  # the name pytorch-quantization's scripts know
+HISTOGRAM_METHODS = SINGLE_METHODS  # what a histogram alone decides ("auto" needs the layer: calibrate())
 # Smallest width exponent: a range of 2**-24 * num_bins covers anything that does not quantize to 0 anyway.
 _MIN_WIDTH_EXPONENT = -24 - 11
 _KERNEL_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -257,6 +257,10 @@ class HistogramCalibrator(_Calibrator):
             A 0-d float32 tensor on the CPU, or None when nothing was collected.
         """
         method = AmaxMethod.parse(method)
+        if not method.is_single:
+            raise ValueError("amax method 'auto' compares every method on the layer's output, which a histogram "
+                             "alone cannot: calibrate the model with method='auto' (workbench.quant.calibrate), or "
+                             f"pick one of {', '.join(SINGLE_METHODS)} here.")
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ValueError(f"stride must be a positive integer, got {stride!r}.")
         if isinstance(start_bin, bool) or not isinstance(start_bin, int) or start_bin < 0:
@@ -281,7 +285,7 @@ class HistogramCalibrator(_Calibrator):
     def compute_all(self, percentile: float = 99.99, **kwargs) -> dict[str, float | None]:
         """amax of every method at once (for plotting one line per method); None where a method fails."""
         amaxes: dict[str, float | None] = {}
-        for method in AmaxMethod:
+        for method in AmaxMethod.singles():
             try:
                 value = self.compute_amax(method, percentile=percentile, **kwargs)
             except ValueError as error:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["AmaxMethod", "AMAX_METHODS", "DEFAULT_AMAX_METHOD", "Parameter", "PERCENTILE", "PERCENTILE_FLOOR",
+__all__ = ["AmaxMethod", "AMAX_METHODS", "SINGLE_METHODS", "DEFAULT_AMAX_METHOD", "Parameter", "PERCENTILE",
+           "PERCENTILE_FLOOR",
            "percentile_mistake", "UnknownMethodError"]
 
 
@@ -70,6 +71,9 @@ class AmaxMethod(str, Enum):
     MSE = "mse"
     PERCENTILE = "percentile"
     MAX = "max"
+    # not a search of its own: every method above is tried and the one whose layer output is closest to
+    # FP32 on the calibration batches wins, per quantizer (workbench.quant.auto_method)
+    AUTO = "auto"
 
     @property
     def description(self) -> str:
@@ -89,6 +93,16 @@ class AmaxMethod(str, Enum):
             raise UnknownMethodError(f"Unknown calibration method {value!r}; choose one of "
                                      f"{', '.join(AMAX_METHODS)}.") from None
 
+    @property
+    def is_single(self) -> bool:
+        """Whether this method computes amax from a histogram alone (every method but ``auto``)."""
+        return self is not AmaxMethod.AUTO
+
+    @classmethod
+    def singles(cls) -> tuple[AmaxMethod, ...]:
+        """The methods that compute amax from a histogram alone: the candidates ``auto`` chooses among."""
+        return tuple(method for method in cls if method.is_single)
+
     @classmethod
     def help_text(cls) -> str:
         """One line for a ``--help``: every method and what it does."""
@@ -103,7 +117,10 @@ _DESCRIPTIONS = {
     AmaxMethod.MSE: "minimise the mean squared quantization error",
     AmaxMethod.PERCENTILE: "keep the given percentile of |x| in range",
     AmaxMethod.MAX: "the largest |x| seen",
+    AmaxMethod.AUTO: "per quantizer, the method whose layer output is closest to FP32 on the calibration batches",
 }
 
 AMAX_METHODS: tuple[str, ...] = tuple(method.value for method in AmaxMethod)
-DEFAULT_AMAX_METHOD = AmaxMethod.ENTROPY
+SINGLE_METHODS: tuple[str, ...] = tuple(method.value for method in AmaxMethod.singles())
+# new projects choose per quantizer from the data; a project keeps the method stored in its settings
+DEFAULT_AMAX_METHOD = AmaxMethod.AUTO
