@@ -75,8 +75,9 @@ class NothingReachedError(ValueError):
         super().__init__(f"Calibration reached no quantizer: the model ran on {batches} batch"
                          f"{'es' if batches != 1 else ''} without calling any of its {len(names)} quantizers "
                          f"({shown}). Nothing was changed (the previous calibration, if any, is kept). Check that "
-                         "the model's forward goes through its quantized layers for this data (a fused fast path, a branch on "
-                         "the input, or a different model than the one the layers were chosen on skips them).")
+                         "the model's forward goes through its quantized layers for this data (a fused fast path, a "
+                         "branch on the input, or a different model than the one the layers were chosen on skips "
+                         "them).")
 
 
 class NonFiniteCalibrationError(ValueError):
