@@ -6,6 +6,9 @@ Prints, for each case, ratios measured in this one run (medians over interleaved
                     over ours (target: at least 1.7x)
   torch-fq / ours   torch's built-in fake_quantize_per_{tensor,channel}_affine over ours (for reference)
 On CUDA it also prints the achieved bandwidth against x.clone()'s.
+A training table gives forward+backward (the straight-through estimator, as quantization-aware training
+runs it: torch.autograd.grad of the fake-quantized tensor) over x.clone() (target: at most 2.5x), and the
+fused backward alone against the same gradient as torch operations (abs, <=, where).
 A second table gives the per-call cost on small tensors (microseconds per call), where argument
 checking and dispatch, not memory bandwidth, decide the time (QAT and sensitivity loops call it often).
 
@@ -20,6 +23,7 @@ import time
 import torch
 
 from workbench.quant import kernels
+from workbench.quant.ste import ste_grad, ste_grad_reference
 from workbench.quant.tensor_quant import fake_tensor_quant
 
 
@@ -89,6 +93,42 @@ def run(device: torch.device, repeats: int) -> list[dict]:
     return rows
 
 
+def run_training(device: torch.device, repeats: int) -> list[dict]:
+    """Forward+backward through the straight-through estimator, and the backward alone."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = []
+    for label, x, amax in cases(device):
+        x = x.detach().requires_grad_(True)
+        grad = torch.randn_like(x)
+        fused = ste_grad(x.detach(), amax, grad)
+        assert torch.equal(fused, ste_grad_reference(x.detach(), amax, grad)), label
+
+        def forward_backward(x=x, amax=amax, grad=grad):
+            return torch.autograd.grad(fake_tensor_quant(x, amax), x, grad)
+
+        times = measure({
+            "clone": lambda x=x: x.detach().clone(),
+            "fwd+bwd": forward_backward,
+            "bwd": lambda x=x, amax=amax, grad=grad: ste_grad(x.detach(), amax, grad),
+            "torch-bwd": lambda x=x, amax=amax, grad=grad: ste_grad_reference(x.detach(), amax, grad),
+        }, repeats, sync)
+        rows.append({"device": device.type, "case": label, **{f"{k}_ms": v * 1e3 for k, v in times.items()},
+                     "fwd+bwd/clone": times["fwd+bwd"] / times["clone"],
+                     "torch-bwd/bwd": times["torch-bwd"] / times["bwd"]})
+    return rows
+
+
+def print_training(devices: list[torch.device], repeats: int) -> None:
+    header = (f"| {'device':6} | {'case (training: STE forward+backward)':42} | {'clone ms':>8} | {'fwd+bwd ms':>10} | "
+              f"{'fwd+bwd/clone':>13} | {'bwd ms':>8} | {'torch-bwd/bwd':>13} |")
+    print(header)
+    print("|" + "|".join("-" * (len(part)) for part in header.split("|")[1:-1]) + "|")
+    for device in devices:
+        for row in run_training(device, repeats):
+            print(f"| {row['device']:6} | {row['case']:42} | {row['clone_ms']:8.2f} | {row['fwd+bwd_ms']:10.2f} | "
+                  f"{row['fwd+bwd/clone']:13.2f} | {row['bwd_ms']:8.2f} | {row['torch-bwd/bwd']:13.2f} |")
+
+
 def small_cases(device: torch.device):
     torch.manual_seed(0)
     x = torch.randn(64, 64, device=device)
@@ -133,6 +173,8 @@ def main() -> None:
             if "ours_GBps" in row:
                 line += f" {row['ours_GBps']:.0f} GB/s vs clone {row['clone_GBps']:.0f} GB/s"
             print(line)
+    print()
+    print_training(devices, args.repeats)
     print()
     small_header = (f"| {'device':6} | {'small case (per call)':42} | {'clone us':>8} | {'ours us':>8} | "
                     f"{'multi-op us':>11} |")

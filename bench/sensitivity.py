@@ -74,12 +74,13 @@ def profile(model, batches, scheme, cache, sync):
     return time.perf_counter() - start, result
 
 
-def bench(name: str, model: nn.Module, batches: list[torch.Tensor], repeats: int, sync) -> list[dict]:
+def bench(name: str, model: nn.Module, batches: list[torch.Tensor], repeats: int, sync,
+          schemes: tuple[str, ...] = ("one-off", "one-on")) -> list[dict]:
     """Each profile is timed between two evaluation passes and compared with their mean, and each cached
     profile right after its plain twin, so that load changing on a shared machine cancels out of the ratios."""
     one_pass(model, batches, sync)  # warm up kernels and the allocator
     rows = []
-    for scheme in ("one-off", "one-on"):
+    for scheme in schemes:
         passes, plain_ratio, cached_ratio, speedup = [], [], [], []
         identical = True
         for _ in range(repeats):

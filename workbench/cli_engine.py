@@ -18,6 +18,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 
     session = _open(args)
     warnings = session.lint()
+    reused = session.latest_lint()
     applied: list[dict] = []
     if args.apply:
         wanted = range(1, len(warnings) + 1) if "all" in args.apply else _numbers(args.apply, len(warnings))
@@ -26,6 +27,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
             if fix is None:
                 raise UsageError(f"warning {number} has no fix to apply.")
             applied.append({"warning": number, "fix": fix.to_dict(), "changed": session.apply_fix(fix)})
+    if session.dirty:  # fixes applied, or a new lint the project keeps (the next lint of this state reuses it)
         session.save()
     lines = [count_text(warnings) if warnings else "No fusion warnings: the Q/DQ placement suits TensorRT."]
     for number, warning in enumerate(warnings, start=1):
@@ -37,7 +39,10 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         lines.append(f"applied {entry['warning']}: {entry['fix']['description']}; changed: {changed}")
     if applied:
         lines.append("Re-export (workbench export) for the fixes to reach the ONNX file.")
-    data = {"warnings": [w.to_dict() for w in warnings], "kinds": LINT_KINDS, "applied": applied}
+    if reused is not None and reused[2] and not applied:
+        lines.append(f"(linted: {reused[2]})")
+    data = {"warnings": [w.to_dict() for w in warnings], "kinds": LINT_KINDS, "applied": applied,
+            "linted": reused[2] if reused is not None else ""}
     _emit(args, data, "\n".join(lines))
     return EXIT_OK
 

@@ -15,8 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.cli import EXIT_INTERNAL, EXIT_NOT_REACHED, EXIT_OK, EXIT_USAGE, UsageError, _emit, _fmt, _open
-from workbench.cli import _Progress
+from workbench.cli import (
+    EXIT_INTERNAL,
+    EXIT_NOT_REACHED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    _emit,
+    _fmt,
+    _open,
+    _Progress,
+)
 from workbench.cli_project import _data_spec, _typed_entrypoint
 
 __all__ = ["add_commands"]
@@ -61,7 +70,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         with _Progress(args, "calibrating", context.is_main) as progress, _HeldWarnings() as held:
             result = session.calibrate(method=args.method, num_batches=args.num_batches,
                                        percentile=args.percentile, progress=progress, cancel=progress.cancel,
-                                       context=context)
+                                       context=context, block_method=args.block_method)
     if not context.is_main:  # rank 0 writes the project and reports for the job
         return EXIT_OK
     result.warnings = list(dict.fromkeys(result.warnings + held.messages))  # each once
@@ -180,7 +189,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     try:
         report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
                                 amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None,
-                                force=args.force)
+                                force=args.force, fp8_ops=args.fp8_ops)
     except BaseException:
         if made and not any(folder.iterdir()):
             folder.rmdir()
@@ -189,7 +198,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
     _emit(args, {**report.to_dict(), "files": written},
-          report.summary() + "\nwrote: " + ", ".join(written))
+          report.summary() + "".join(f"\nnote: {note}" for note in report.format_notes)
+          + "\nwrote: " + ", ".join(written))
     return EXIT_OK
 
 
@@ -251,7 +261,9 @@ def add_commands(sub: argparse._SubParsersAction,
     from workbench.analysis.results import SCHEMES
     from workbench.analysis.units import UNIT_SCHEMES
     from workbench.project.settings import DEFAULTS
+    from workbench.quant.blocks import BLOCK_METHODS
     from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
+    from workbench.quant.precision import FP8_OPS
 
     # every default a help text names is read from the project settings' defaults: one source of truth
     calib_defaults, tune_defaults = DEFAULTS.calibration, DEFAULTS.finetune
@@ -264,6 +276,9 @@ def add_commands(sub: argparse._SubParsersAction,
     cal.add_argument("--percentile", type=float,
                      help=f"for --method percentile: {PERCENTILE.help.replace('%', '%%')}, {PERCENTILE.describe()}, e.g. "
                           f"99.9 (default: the project's; new projects: {calib_defaults.percentile:g})")
+    cal.add_argument("--block-method", choices=BLOCK_METHODS,
+                     help="amax of INT4 weight blocks (int4w layers): max, or mse (per block, the max shrunk to the "
+                          f"least squared error) (default: the project's; new projects: {calib_defaults.block_method})")
     cal.add_argument("--force", action="store_true", help=f"use a --percentile under {PERCENTILE_FLOOR:g} (almost "
                                                           "always a fraction typed for a percent: 0.999 for 99.9)")
     cal.add_argument("--evaluate", action="store_true", help="then compare FP32 and INT8 on the evaluation data")
@@ -295,7 +310,13 @@ def add_commands(sub: argparse._SubParsersAction,
 
     export = project_command("export", "write validated QDQ ONNX")
     export.add_argument("-o", "--output", help="the .onnx file (default: next to the project)")
-    export.add_argument("--opset", type=int)
+    export.add_argument("--opset", type=int, help="ONNX opset (default: the project's, 17 for new projects); raised "
+                                                  "to what the formats in use need: FP8 19, INT4 weights 21")
+    export.add_argument("--fp8-ops", choices=FP8_OPS,
+                        help="how FP8 layers are written: standard QuantizeLinear to float8e4m3fn (opset 19, "
+                             "TensorRT 10+), or trt: pytorch-quantization's TRT_FP8QuantizeLinear custom ops for "
+                             "TensorRT 8.6/9 (validated in the standard form: onnxruntime cannot run them) "
+                             "(default: the project's; new projects: standard)")
     export.add_argument("--static-batch", action="store_true", help="keep the sample's batch size fixed")
     export.add_argument("--force", action="store_true",
                         help="overwrite the .onnx file even if this project did not write it (or it changed since)")

@@ -162,10 +162,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
     lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
     lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["not_quantizable"]]
     lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["float_by_default"]]
-    lines.append(f"    {'layer':<32} {'type':<20} {'input':<36} {'weight':<24} {'amax':<22} rank")
+    lines.append(f"    {'layer':<32} {'type':<20} {'precision':<9} {'input':<36} {'weight':<24} {'amax':<22} rank")
     for layer in layers:
         notes = f"  ({', '.join(layer.notes)})" if getattr(layer, "notes", None) else ""
-        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.input_summary:<36} "
+        lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.precision:<9} {layer.input_summary:<36} "
                      f"{layer.weight_summary:<24} "
                      f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
     _emit(args, summary, "\n".join(lines))
@@ -218,10 +218,16 @@ def _cmd_set(args: argparse.Namespace) -> int:
         changed["ignored"] = session.set_quantize(ignore, False)
     if quantize:
         changed["quantized"] = session.set_quantize(quantize, True)
-    if (args.input_desc or args.weight_desc or args.reset) and not targets:
+    if (args.input_desc or args.weight_desc or args.reset or args.precision) and not targets:
         raise UsageError("say which layers with --layer, --pattern, --type or --subtree.")
+    if args.block_size is not None and args.precision != "int4w":
+        raise UsageError("--block-size goes with --precision int4w.")
     if args.reset:
         changed["reset"] = session.reset_descriptor(targets)
+    if args.precision:
+        changed[f"precision {args.precision}"] = session.set_precision(
+            targets, args.precision, **({} if args.block_size is None else {"block_size": args.block_size}),
+            fp8_weight_per_channel=args.fp8_weights != "per-tensor")
     notes: list[str] = []  # accepted, but the user should know (4-bit: simulation only)
     if args.input_desc:
         changed["input_descriptor"] = session.set_descriptor(targets, "input", **_parse_fields(args.input_desc))
@@ -311,6 +317,7 @@ def add_commands(sub: argparse._SubParsersAction,
     """Add ``new``, ``show`` and ``set`` to the ``workbench`` parser."""
     from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
     from workbench.project.settings import DEFAULTS, FUNCTIONAL_SWITCHES, RULES  # one definition of each
+    from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision, precision_choices_text
 
     # every default a help text names is read from the project settings' defaults: one source of truth
     new = project_command("new", "create a project on a model and data")
@@ -347,6 +354,13 @@ def add_commands(sub: argparse._SubParsersAction,
                                            "histogram,unsigned=true,narrow_range=false,axis=none")
     set_.add_argument("--weight-desc", help="weight descriptor fields for the chosen layers, e.g. num_bits=4,axis=0")
     set_.add_argument("--reset", action="store_true", help="back to default descriptors for the chosen layers")
+    set_.add_argument("--precision", choices=[p.value for p in Precision],
+                      help="run the chosen layers in this precision (their descriptors become its): "
+                           + precision_choices_text().replace("%", "%%"))
+    set_.add_argument("--block-size", type=int, help=f"int4w: weight elements per scale along the input dimension "
+                                                     f"(default {DEFAULT_BLOCK_SIZE})")
+    set_.add_argument("--fp8-weights", choices=["per-channel", "per-tensor"], default="per-channel",
+                      help="fp8: one weight scale per output channel (default) or one per tensor")
     set_.add_argument("--rule", action="append", metavar="RULE=true|false",
                       help="switch a TensorRT placement rule on or off (repeatable): "
                            + ", ".join(RULES) + " (all on by default), e.g. --rule concat=false; "

@@ -23,3 +23,16 @@ def test_sizes_durations_and_shapes():
     assert format_seconds(4.24) == "4.2 s" and format_seconds(42.4) == "42 s" and format_seconds(187) == "3 min 07 s"
     assert format_seconds(3900) == "1 h 05 min" and format_seconds(-1) == "0.0 s"
     assert format_shape((1, 3, 224, 224)) == "1×3×224×224" and format_shape(None) == "?"
+
+
+def test_elide_name_keeps_the_end_and_the_block_index():
+    from workbench.app.formatting import elide_name
+
+    name = "bert.encoder.layer.10.attention.self.query"
+    assert elide_name(name, lambda text: len(text) <= 60) == name
+    assert elide_name(name, lambda text: len(text) <= 32) == "…layer.10.attention.self.query"
+    assert elide_name(name, lambda text: len(text) <= 20) == "…10.….self.query"
+    assert elide_name(name, lambda text: len(text) <= 3) == "…query"
+    # three different layers stay three different labels (middle elision made them one)
+    names = [f"bert.encoder.layer.{i}.attention.self.query" for i in (0, 1, 2)]
+    assert len({elide_name(n, lambda text: len(text) <= 20) for n in names}) == 3

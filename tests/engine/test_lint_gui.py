@@ -6,10 +6,9 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
+from engine_window import open_window  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
-
-from engine_window import open_window  # noqa: E402
 
 from workbench.app.lint_state import NOT_CALIBRATED  # noqa: E402
 from workbench.app.tree_model import NAME  # noqa: E402
@@ -96,7 +95,8 @@ def test_lint_puts_a_warning_icon_on_the_layer_and_lists_it(window, qtbot):
                      pos=panel.lint.warnings.visualItemRect(item).center())
     assert window.controller.selection == ["block.conv2"]  # the layers it names (block is a container)
     assert panel.lint.fix_button.isEnabled()
-    assert not window.controller.dirty  # linting exports a preview: the project is unchanged
+    # linting exports a preview: the layers are unchanged; the lint itself is kept, to be saved with the project
+    assert window.controller.dirty and window.controller.session.project.lints
 
 
 def test_the_tree_context_menu_applies_the_fix_and_lint_runs_again(window, qtbot):

@@ -267,3 +267,42 @@ def test_a_large_export_that_fails_validation_leaves_no_file(tmp_path, protobuf_
         export_qdq_onnx(model, sample, tmp_path / "m.onnx", exporter="dynamo", min_cosine=1.5,
                         external_data_threshold=protobuf_limit)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_graph_over_the_stream_threshold_is_streamed_then_folded_into_one_file(tmp_path, monkeypatch):
+    """Weights over STREAM_THRESHOLD go through a temporary data file during export (no serialised copy of
+    them in memory) and the committed file is still one file: the same graph, weights and outputs as the
+    ordinary export, its float graph too."""
+    from onnx import numpy_helper
+
+    from workbench.export import exporters, onnx_file
+
+    model, sample = calibrated_tokens()
+    plain = export_qdq_onnx(model, sample, tmp_path / "plain.onnx")
+    folds = []
+    monkeypatch.setattr(exporters, "STREAM_THRESHOLD", 1000)  # the token model's weights: 4750 bytes
+    monkeypatch.setattr(onnx_file, "fold_external_data",
+                        lambda *args, fold=onnx_file.fold_external_data: folds.append(args) or fold(*args))
+    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", float_onnx_path=tmp_path / "float.onnx")
+    assert len(folds) == 1, "the export did not stream its weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["float.onnx", "m.onnx", "plain.onnx"]
+    assert report.external_data_path is None and not any(".data" in w for w in report.warnings)
+    assert report.file_size == (tmp_path / "m.onnx").stat().st_size
+    streamed, ordinary = onnx.load(str(tmp_path / "m.onnx")), onnx.load(str(tmp_path / "plain.onnx"))
+    assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in streamed.graph.initializer)
+    onnx.checker.check_model(streamed, full_check=True)
+
+    def weights(model):
+        return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+    mine, theirs = weights(streamed), weights(ordinary)
+    assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
+    assert [(n.op_type, n.name, list(n.input)) for n in streamed.graph.node] == \
+        [(n.op_type, n.name, list(n.input)) for n in ordinary.graph.node]
+    feeds = {k: v.numpy() for k, v in sample.items()}
+    outputs = [ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+               for name in ("m.onnx", "plain.onnx")]
+    assert np.array_equal(outputs[0], outputs[1]) and plain.cosine == report.cosine
+    float_graph = onnx.load(str(tmp_path / "float.onnx"))
+    assert not any(n.op_type == "QuantizeLinear" for n in float_graph.graph.node)
+    assert weights(float_graph).keys() <= mine.keys()

@@ -63,12 +63,12 @@ def test_search_needs_more_bins_than_start_bin():
         histogram.amax_entropy(hist, edges, 8, False)
 
 
-def test_integer_grid_searches_refuse_fp8_clearly():
+def test_fp8_histograms_search_on_the_e4m3_grid():
+    # entropy and mse score candidates on FP8 E4M3's own grid (tests/quant/test_precision.py checks the values)
     calibrator = HistogramCalibrator((4, 3), None, False)
     calibrator.collect(torch.randn(10000))
     for method in ("entropy", "mse"):
-        with pytest.raises(ValueError, match=r"num_bits=\(4, 3\) has no integer grid"):
-            calibrator.compute_amax(method)
+        assert 0 < float(calibrator.compute_amax(method)) <= float(calibrator.compute_amax("max"))
 
 
 class TestCollection:
@@ -122,6 +122,35 @@ class TestCollection:
         slow.collect(x * 3)
         assert torch.equal(fast.calib_hist, slow.calib_hist)
         assert fast.nonfinite_count == slow.nonfinite_count == 2
+
+    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+    @pytest.mark.parametrize("skip_zeros", [False, True])
+    def test_one_pass_collection_equals_max_first_collection(self, dtype, skip_zeros, monkeypatch):
+        """The kernel bins and tracks the max in one pass and re-bins only when the range grows (a batch
+        beyond the bins, several doublings at once, NaN/Inf beyond the range, a batch of zeros, a
+        multi-threaded batch): the histogram, width, max and NaN/Inf count equal those of the torch path,
+        which takes every batch's max first."""
+        scales = (0.5, 0.7, 3.0, 1.0, 400.0, 0.0, 401.0, 2.0)
+        batches = [torch.relu(torch.randn(3001) * scale) - torch.randn(3001) * scale / 3 for scale in scales]
+        batches[4][[5, 6]] = torch.tensor([float("nan"), -float("inf")])
+        batches.append(torch.randn(1_100_000) * 300)  # > 2**20 values: threads
+        batches = [b.to(dtype) for b in batches]
+        widths = []
+        fast = HistogramCalibrator(8, None, False, skip_zeros=skip_zeros)
+        for batch in batches:
+            fast.collect(batch)
+            widths.append(fast.bin_width)
+        assert len(set(widths)) >= 3  # the range really grew, more than once
+        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        slow = HistogramCalibrator(8, None, False, skip_zeros=skip_zeros)
+        for batch in batches:
+            slow.collect(batch)
+        assert torch.equal(fast._counts, slow._counts) and fast.bin_width == slow.bin_width
+        assert torch.equal(fast.max_value, slow.max_value)
+        assert fast.nonfinite_count == slow.nonfinite_count == 2
+        for method in ("entropy", "mse", "percentile"):
+            assert torch.equal(fast.compute_amax(method), slow.compute_amax(method)), method
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
     @pytest.mark.parametrize("nonfinite", [False, True])

@@ -22,7 +22,7 @@ from PySide6.QtCore import QObject, Signal
 
 from workbench.analysis import AnalysisCancelled
 from workbench.app import main_thread_gc
-from workbench.app.controller_edits import UPDATE_JOB, EditsMixin
+from workbench.app.controller_edits import EditsMixin
 from workbench.app.controller_jobs import JobsMixin
 from workbench.app.disk_watch import ProjectFileWatcher
 from workbench.app.jobs import JobRunner
@@ -49,10 +49,18 @@ class QtLogHandler(logging.Handler):
         super().__init__(level=logging.INFO)
         self._controller = controller
         self.setFormatter(logging.Formatter("%(message)s"))
+        self.said: set[tuple[int, str]] = set()  # warnings already in the log since the project opened
 
     def emit(self, record: logging.LogRecord) -> None:
+        message = self.format(record)
+        if record.levelno >= logging.WARNING:
+            # each warning once per open project: a rebuild after every edit would repeat the same lines
+            key = (record.levelno, message)
+            if key in self.said:
+                return
+            self.said.add(key)
         try:
-            self._controller.log.emit(record.levelname.lower(), self.format(record))
+            self._controller.log.emit(record.levelname.lower(), message)
         except RuntimeError:  # the controller is being destroyed
             pass
 
@@ -104,8 +112,9 @@ class Controller(QObject, JobsMixin, EditsMixin):
         self.session: Session | None = None
         self.jobs = JobRunner(self, cancelled_types=(CalibrationCancelled, AnalysisCancelled))
         self.jobs.busy_changed.connect(self.busy_changed)
+        self._queued_edits: list[tuple] = []  # (what, edit, session): edits asked for while a job runs
+        self.jobs.busy_changed.connect(self._run_queued_edits)  # before a queued job: edits come first
         self._queued: tuple | None = None  # a job asked for while the model was being rebuilt
-        self._queued_edits: list[tuple] = []  # (what, fn, session): edits made while the model was being rebuilt
         self.jobs.busy_changed.connect(self._start_queued)
         self.jobs.failed.connect(self._job_failed)
         self.jobs.cancelled.connect(lambda name, error: self.log.emit("warning", f"{name} cancelled: {error}"))
@@ -145,18 +154,6 @@ class Controller(QObject, JobsMixin, EditsMixin):
         return self.jobs.busy
 
     @property
-    def edits_blocked(self) -> bool:
-        """A job owns the session: edits are refused. A background rebuild after an edit does not block them
-        (they are queued behind it)."""
-        return self.jobs.busy and self.jobs.job_name != UPDATE_JOB
-
-    @property
-    def accepts_edits(self) -> bool:
-        """True when an edit is applied (no job runs) or queued (the model is being rebuilt after an edit):
-        the editing actions stay enabled through a background rebuild."""
-        return self.session is not None and not self.edits_blocked
-
-    @property
     def dirty(self) -> bool:
         return self.session is not None and self.session.dirty
 
@@ -187,6 +184,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
                     base_dir: Path | None = None, settings: dict[str, Any] | None = None,
                     on_done: Callable[[Session], None] | None = None) -> bool:
         """Create a project in the background (loading a model can take a while)."""
+        self._log_handler.said.clear()  # another project: its warnings are news again
+
         def job(progress, cancel):
             progress(0, 1, "loading the model")
             session = Session.create(model, calibration, evaluation, trust_code=trust_code, input_shape=input_shape,
@@ -200,6 +199,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
                      on_done: Callable[[Session], None] | None = None) -> bool:
         """Open a project file in the background; ``trust_needed`` asks before running its code."""
         path = Path(path)
+
+        self._log_handler.said.clear()  # another project: its warnings are news again
 
         def job(progress, cancel):
             progress(0, 1, f"opening {path.name}")

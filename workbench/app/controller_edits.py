@@ -1,11 +1,8 @@
-"""The controller's edits: one change to the session on the GUI thread, refused while a job runs.
+"""The controller's edits: one change to the session on the GUI thread, queued while a job runs.
 
 A mixin of :class:`workbench.app.controller.Controller` (its signals and state live there). Each edit
 holds the session's events until it is done, then the views hear of it once; when rebuilding the
 quantized model after the edit is slow, the rebuild goes to the worker and the window stays live.
-Edits made while that rebuild runs are queued, in order, and applied together when it ends (one more
-rebuild): quick successive clicks are never dropped as "busy", whatever the machine's speed. Edits
-during any other job (calibration, export) are still refused: that job owns the session.
 """
 from __future__ import annotations
 
@@ -13,22 +10,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from PySide6.QtCore import QTimer
+
 from workbench.session.errors import EngineNotThisModel
 
-__all__ = ["EditsMixin", "SLOW_REBUILD_S", "UPDATE_JOB", "QueuedEdit"]
+__all__ = ["EditsMixin", "SLOW_REBUILD_S", "UPDATE_JOB"]
 
 # Rebuilding the quantized model after an edit goes to the worker thread when it took longer than this.
 SLOW_REBUILD_S = 0.3
 UPDATE_JOB = "Updating the model"
-
-
-class QueuedEdit(list):
-    """What an edit returns when it waits for the running rebuild: not None (it was not refused), and
-    empty (what it changes is known once it is applied; the views hear of it then)."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__()
-        self.what = what
 
 
 class EditsMixin:
@@ -45,11 +35,10 @@ class EditsMixin:
         quantized model is rebuilt, in the worker when that is slow."""
         if self.session is None:
             return None
-        if self.busy and self.jobs.job_name == UPDATE_JOB:
-            # the model is being rebuilt after the previous edit: apply this one right after it
+        if self.busy:
+            # the session belongs to the job: the edit waits for its end rather than being refused
             self._queued_edits.append((what, fn, self.session))
-            return QueuedEdit(what)
-        if self.refuse_if_busy(what):
+            self.log.emit("info", f"{what}: waits for '{self.jobs.job_name}' to finish")
             return None
         self._holding += 1
         try:
@@ -72,27 +61,21 @@ class EditsMixin:
         self._tell()
         return result
 
+    def _run_queued_edits(self, busy: bool) -> None:
+        if not busy and self._queued_edits:
+            # after the finished job's own completion (its views refreshed), in the order they were asked for
+            QTimer.singleShot(0, self._apply_queued_edits)
+
     def _apply_queued_edits(self) -> None:
-        """The edits queued during a rebuild, in order, as one edit (one rebuild); each one's error is shown
-        on its own, and the others still apply. Edits queued for a session since closed are dropped."""
-        queued, self._queued_edits = self._queued_edits, []
-        edits = [(what, fn) for what, fn, session in queued if session is self.session]
-        if len(edits) < len(queued):
-            self.log.emit("warning", f"{len(queued) - len(edits)} edits dropped: their project was closed")
-        if not edits:
-            return
-        failed: list[tuple[str, Exception]] = []
+        while self._queued_edits and not self.busy:
+            what, fn, session = self._queued_edits.pop(0)
+            if session is self.session:  # a project opened meanwhile drops the old one's edits
+                self._edit(what, fn)
 
-        def apply_all() -> None:
-            for what, fn in edits:
-                try:
-                    fn()
-                except Exception as error:  # noqa: BLE001 - a bad value from the user: show it, apply the rest
-                    failed.append((what, error))
-
-        self._edit(" + ".join(dict.fromkeys(what for what, _ in edits)), apply_all)
-        for what, error in failed:
-            self.error.emit(what, str(error), "")
+    @property
+    def queued_edits(self) -> list[str]:
+        """What edits wait for the running job, in order."""
+        return [what for what, _, _ in self._queued_edits]
 
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str] | None:
         names = list(names)
@@ -102,6 +85,11 @@ class EditsMixin:
         names = list(names)
         return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields))
 
+    def set_precision(self, names: Iterable[str], precision: str) -> list[str] | None:
+        """Run layers in ``precision`` (a :class:`workbench.quant.precision.Precision` value) as one edit."""
+        names = list(names)
+        return self._edit("Set precision", lambda: self.session.set_precision(names, precision))
+
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str] | None:
         names = list(names)
         return self._edit("Reset to default", lambda: self.session.reset_descriptor(names, role))
@@ -110,7 +98,8 @@ class EditsMixin:
         self._edit("Settings", lambda: self.session.set_setting(key, value))
 
     def set_settings(self, changes: dict[str, Any]) -> None:
-        """Change several settings as one edit (one rebuild): a dialog's changes go together or not at all."""
+        """Change several settings as one edit (one rebuild): a second edit would be refused while the
+        first one's background rebuild runs, so a dialog's changes go together or not at all."""
         changes = dict(changes)
         if changes:
             self._edit("Settings", lambda: self.session.set_settings(changes))
@@ -136,14 +125,10 @@ class EditsMixin:
                              onnx_file: str | Path | None = None, force: bool = False,
                              refused: list[str] | None = None) -> Any:
         """Read trtexec's layer information (and profile) into the project; the Engine views follow.
-        Refused (None) while a job runs, a rebuild included: the caller needs the report itself.
 
         ``onnx_file`` / ``force``: as ``engine-report --onnx`` / ``--force``. With ``refused`` (a list), an engine
         that does not look like this model's is not an error dialog: its message is appended for the caller to
         offer the ways on (map through the ONNX file, report anyway)."""
-        if self.refuse_if_busy("Import TensorRT report"):
-            return None
-
         def run() -> Any:
             try:
                 return self.session.import_engine_report(layer_info, profile, onnx_file=onnx_file, force=force)
@@ -164,8 +149,6 @@ class EditsMixin:
         """Apply a lint warning's fix (:class:`workbench.export.lint.LintFix`) as one edit; returns what changed,
         None when refused or failed (an error dialog says why)."""
         changed = self._edit(f"Fix: {fix.description}", lambda: self.session.apply_fix(fix))
-        if isinstance(changed, QueuedEdit):
-            self.log.emit("info", f"'{fix.description}' is applied once the model is updated")
-        elif changed is not None:
+        if changed is not None:
             self.log.emit("info", f"applied '{fix.description}': " + (", ".join(changed) or "nothing (already so)"))
         return changed

@@ -179,11 +179,13 @@ class JobsMixin:
             return False
 
         def job(progress, cancel):
-            progress(0, 1, "exporting a preview and checking it against TensorRT's fusion rules")
+            progress(0, 1, "checking the exported graph against TensorRT's fusion rules")
             return session.lint()
 
         def done(warnings):
-            self.log.emit("info", f"TensorRT lint: {count_text(warnings)}")
+            latest = session.latest_lint()
+            source = f" (from {latest[2]})" if latest is not None and latest[2] else ""
+            self.log.emit("info", f"TensorRT lint: {count_text(warnings)}{source}")
             on_done(warnings)
 
         return self._start(LINT_JOB, job, done)
@@ -232,20 +234,14 @@ class JobsMixin:
         return True
 
     def _start_queued(self, busy: bool) -> None:
-        if not busy and (self._queued is not None or self._queued_edits):
+        if not busy and self._queued is not None:
             # the finished job's completion (its views refreshed from the session) runs right after this
             # signal: the queued job starts once it is done, not in the middle of it
             QTimer.singleShot(0, self._run_queued)
 
     def _run_queued(self) -> None:
-        if self.jobs.busy:
-            return  # another job came first: the queue waits for its end
-        if self._queued_edits:  # edits made during the rebuild first: a queued job must see them
-            self._apply_queued_edits()
-            if self.jobs.busy:
-                return  # their own rebuild runs now; a queued job follows it
-        if self._queued is None:
-            return
+        if self.jobs.busy or self._queued is None:
+            return  # another job came first: this one waits for its end
         name, fn, on_done, trust = self._queued
         self._queued = None
         self._start(name, fn, on_done, trust)

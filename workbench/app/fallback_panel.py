@@ -174,6 +174,10 @@ class FallbackPanel(QGroupBox):
         model.item(0).setEnabled(not is_sqnr)
         self.goal_box.setCurrentIndex(1 if is_sqnr else 0)
         self._goal_changed()
+        result = self.result
+        searched = str(result.metric.get("kind") or result.metric.get("name", "")) if result is not None else ""
+        if result is not None and builtin_metric_name(searched) == self._builtin_metric():
+            self._show_goal(result)  # the search shown was for this metric: its goal stays in view
 
     def _builtin_metric(self) -> str | None:
         """The built-in metric the next search uses (the tab's choice, else the project's), aliases resolved;
@@ -231,6 +235,7 @@ class FallbackPanel(QGroupBox):
             self.apply_button.setEnabled(False)
             self.apply_button.setText("Apply")
             return
+        self._show_goal(result)
         xs, ys = result.plot_data()
         shown = [y if math.isfinite(y) else np.nan for y in ys]
         self.fallback_curve.setData(xs, shown, connect="finite")
@@ -278,6 +283,17 @@ class FallbackPanel(QGroupBox):
                 self.fallback_plot.addItem(label)
                 self._curve_labels.append(label)
         self._update_fallback_text()
+
+    def _show_goal(self, result: FallbackResult) -> None:
+        """The goal fields say what the search shown searched for (a reopened project: not a default next to
+        "Reached target 39")."""
+        goal, value = ("tolerance", result.tolerance) if result.tolerance is not None else ("target", result.target)
+        position = self.goal_box.findData(goal)
+        if value is None or position < 0 or not self.goal_box.model().item(position).isEnabled():
+            return
+        self.goal_box.setCurrentIndex(position)  # its own defaults first (decimals, step)...
+        self._goal_changed()
+        self.goal_spin.setValue(float(value))  # ...then the searched value
 
     def _update_fallback_text(self) -> None:
         result = self.result

@@ -5,10 +5,11 @@ Plain functions (no Qt), so that they are tested without a window.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["format_number", "format_delta", "format_size", "format_seconds", "format_shape"]
+__all__ = ["format_number", "format_delta", "format_size", "format_seconds", "format_shape",
+           "elide_name"]
 
 
 def format_number(value: Any, digits: int = 4, *, spec: str | None = None, missing: str = "n/a") -> str:
@@ -64,3 +65,25 @@ def format_seconds(seconds: float) -> str:
 def format_shape(shape: Sequence[int] | None) -> str:
     """A tensor shape: ``1×3×224×224`` (``?`` when unknown)."""
     return "?" if shape is None else "×".join(str(s) for s in shape)
+
+
+def elide_name(name: str, fits: Callable[[str], bool]) -> str:
+    """A dotted module name shortened at the front so that ``fits(text)`` holds, keeping its end and the
+    block index nearest to it: ``…layer.10.attention.self.query``, then ``…10.….self.query``.
+
+    Middle elision cuts exactly where transformers differ (``bert.encoder.laye…ention.self.query`` three
+    times over); the front is what every row shares. Returns the last name part alone (``…query``) when
+    nothing else fits.
+    """
+    if fits(name):
+        return name
+    parts = name.split(".")
+    numeric = [i for i, part in enumerate(parts) if part.isdigit()]
+    index = numeric[-1] if numeric else -1
+    candidate = parts[-1]
+    for start in range(1, len(parts)):
+        tail = ".".join(parts[start:])
+        candidate = f"…{tail}" if start <= index or index < 0 else f"…{parts[index]}.….{tail}"
+        if fits(candidate):
+            return candidate
+    return f"…{parts[-1]}"

@@ -133,9 +133,12 @@ class GraphTab(QWidget):
         app = QCoreApplication.instance()
         if app is not None:
             app.aboutToQuit.connect(self.shutdown)
+        self.shown_digest: str | None = None  # the project state the graph shown was exported from (None: unknown)
         controller.session_changed.connect(self._on_session_changed)
         controller.export_finished.connect(self._on_export_finished)
         controller.busy_changed.connect(self._busy_changed)
+        for signal in (controller.layers_changed, controller.calibration_changed, controller.settings_changed):
+            signal.connect(self.update_freshness)
         self._on_session_changed()
 
     # ----- construction ---------------------------------------------------------------------------
@@ -158,6 +161,14 @@ class GraphTab(QWidget):
         self.browser_button.setToolTip("Open the local netron page in the system browser")
         self.browser_button.clicked.connect(self.open_in_browser)
         bar.addWidget(self.file_label, 1)
+        # an export of an earlier state says so: the graph is not what exporting now would write
+        self.stale_label = QLabel("⚠ out of date")
+        self.stale_label.setObjectName("staleMark")
+        self.stale_label.setStyleSheet("color: #b9770e; font-weight: bold;")
+        self.stale_label.setToolTip("The project changed since this graph was exported (layers, descriptors, "
+                                    "calibration or settings): Export preview shows the current state.")
+        self.stale_label.hide()
+        bar.addWidget(self.stale_label)
         for button in (self.preview_button, self.open_button, self.reload_button, self.browser_button):
             bar.addWidget(button)
         layout.addLayout(bar)
@@ -421,6 +432,7 @@ class GraphTab(QWidget):
             me = tab()
             if me is not None:
                 me.show_file(report.path)
+                me._shown_now()
 
         return self.controller.export_preview(target, done)
 
@@ -429,26 +441,49 @@ class GraphTab(QWidget):
         path, _ = QFileDialog.getOpenFileName(self, "Show an ONNX file", start, "ONNX (*.onnx);;All files (*)")
         if path:
             self.show_file(path)
+            self.shown_digest = None  # any file: nothing known about where it came from
+            self.update_freshness()
 
     def _on_session_changed(self) -> None:
         """A project opened: show its latest export if the file is still there."""
         session = self.controller.session
-        latest = None
+        latest, digest = None, None
         if session is not None:
             for record in reversed(session.project.exports):
                 if Path(session.export_path(record)).is_file():
                     latest = Path(session.export_path(record))
+                    digest = (record.settings or {}).get("state_digest")
                     break
         if latest is not None:
             self.show_file(latest)
         else:
             self.clear()
+        self.shown_digest = digest
+        self.update_freshness()
         self._busy_changed(self.controller.busy)
 
     def _on_export_finished(self, report: Any) -> None:
         path = getattr(report, "path", None)
         if path and Path(path).is_file():
             self.show_file(path)
+            self._shown_now()
+
+    def _shown_now(self) -> None:
+        """The file shown was exported from the project as it is now."""
+        session = self.controller.session
+        self.shown_digest = session.state_digest() if session is not None else None
+        self.update_freshness()
+
+    @property
+    def out_of_date(self) -> bool:
+        """Whether the graph shown is an export of an earlier state of the project."""
+        session = self.controller.session
+        if session is None or self.shown_digest is None or self.path is None:
+            return False
+        return self.shown_digest != session.state_digest()
+
+    def update_freshness(self, *_args: Any) -> None:
+        self.stale_label.setVisible(self.out_of_date)
 
     def _busy_changed(self, busy: bool) -> None:
         self.preview_button.setEnabled(self.controller.session is not None and not busy)

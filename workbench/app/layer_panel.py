@@ -66,6 +66,10 @@ def _plot_widget(min_height: int, bottom: str, left: str, vertical_grid: bool) -
     return plot
 
 
+# the input quantizers the descriptor editor edits, in the order it picks them (workbench.session.build.role_quantizer)
+EDITED_INPUT_ATTRS = ("_input_quantizer", "_input0_quantizer", "_input1_quantizer", "_q_quantizer")
+
+
 class LayerPanel(QWidget):
     """What the selected layer(s) are and how they are quantized; plots of their calibration data."""
 
@@ -363,11 +367,18 @@ class LayerPanel(QWidget):
             suffix = previous.rsplit(".", 1)[-1]
             chosen = [n.rsplit(".", 1)[-1] for n in names].index(suffix)
         else:
-            # the first active histogram quantizer (an input, usually) is the interesting one
-            for position, q in enumerate(quantizers):
-                if q.calibrator == "HistogramCalibrator" and q.active:
-                    chosen = position
-                    break
+            # the quantizer the descriptor editor edits (an attention's query, not its probabilities), else the
+            # first active histogram quantizer (an input, usually): the plot and the editor show the same one
+            attrs = [q.attr for q in quantizers]
+            edited = next((attr for attr in EDITED_INPUT_ATTRS if attr in attrs
+                           and quantizers[attrs.index(attr)].active), None)
+            if edited is not None and self.current_role() == "input":
+                chosen = attrs.index(edited)
+            else:
+                for position, q in enumerate(quantizers):
+                    if q.calibrator == "HistogramCalibrator" and q.active:
+                        chosen = position
+                        break
         self.quantizer_combo.setCurrentIndex(chosen)
         self.quantizer_combo.blockSignals(False)
         self._plot_histogram()
@@ -377,6 +388,7 @@ class LayerPanel(QWidget):
         plot.clear()
         self.amax_lines = {}
         self.histogram_item = None
+        self.grid_item = None
         self.histogram = None
         self.quantizer_name = self.quantizer_combo.currentData()
         session = self.controller.session
@@ -399,6 +411,7 @@ class LayerPanel(QWidget):
         self._show_axes(plot)
         self.histogram_item = plot.plot(*self._histogram_xy(data), stepMode="center", fillLevel=0, antialias=False,
                                         brush=pg.mkBrush(70, 110, 160, 110), pen=pg.mkPen("#46709f", width=1))
+        self._plot_grid(plot, data)
         plot.setLogMode(x=False, y=self.log_box.isChecked())
         plot.setLabel("left", "count (log)" if self.log_box.isChecked() else "count")
         in_use = self._method_in_use(data)
@@ -444,6 +457,20 @@ class LayerPanel(QWidget):
                                  + picked + warned)
         self.histogram_title.setText("Calibration histogram" + (f" · auto: {data.get('method')}" if data.get("auto")
                                                                else ""))
+
+    def _plot_grid(self, plot: pg.PlotWidget, data: dict[str, Any]) -> None:
+        """Short ticks along the bottom at the values the layer's format can output (E4M3's grid is dense
+        near 0 and coarse near amax; INT8's is even): where the histogram's mass falls between levels."""
+        grid = data.get("grid")
+        if grid is None or not len(grid):
+            return
+        counts = np.asarray(data["counts"], dtype=np.float64)
+        peak = max(float(counts.max()) if counts.size else 1.0, 1.0)
+        low, high = (1.0, peak ** 0.15) if self.log_box.isChecked() else (0.0, 0.06 * peak)
+        xs = np.repeat(np.asarray(grid, dtype=np.float64), 2)
+        ys = np.tile([low, high], len(grid))
+        self.grid_item = plot.plot(xs, ys, connect="pairs", pen=pg.mkPen(120, 120, 120, 160, width=1))
+        self.grid_item.setToolTip(f"{data.get('format', '')} grid: {len(grid)} levels up to amax")
 
     def _histogram_xy(self, data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """Bin edges and counts to draw; on the log scale an empty bin sits on the baseline (1).
@@ -501,7 +528,22 @@ class LayerPanel(QWidget):
             return
         run = self.controller.session.project.current_calibration if self.controller.session else None
         percentile = run.percentile if run is not None else None
-        self.controller.recompute_amax([self.quantizer_name], method, percentile)
+        self.controller.recompute_amax(self.same_quantizer_of_selection(), method, percentile)
+
+    def same_quantizer_of_selection(self) -> list[str]:
+        """The plotted quantizer and the same one (same place in the layer) of every other selected layer that
+        has it with a histogram: a line picked with several layers selected applies to all of them."""
+        name, first = self.quantizer_name, self.names[0] if self.names else None
+        if name is None or first is None or not name.startswith(f"{first}."):
+            return [name] if name is not None else []
+        suffix = name[len(first) + 1:]
+        tree = self.tree()
+        chosen = [name]
+        for layer in self.names[1:]:
+            for q in layer_quantizers(tree, layer):
+                if q.name == f"{layer}.{suffix}" and q.calibrator == "HistogramCalibrator" and q.enabled:
+                    chosen.append(q.name)
+        return chosen
 
     def _plot_weights(self) -> None:
         plot = self.weight_plot

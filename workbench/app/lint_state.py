@@ -103,15 +103,26 @@ class LintState(QObject):
         return changed
 
     def clear(self) -> None:
+        """A project opened: its saved lint (if any) shows, stale when the project changed since it ran."""
         # the same project read back after worker processes calibrated it still wants its lint afterwards
         after = self._after_calibration and self._controller.reloaded
         self.warnings, self.stale, self.problem, self._after_calibration = None, False, "", after
         self.needs_calibration = False
+        session = self._controller.session
+        latest = session.latest_lint() if session is not None else None
+        if latest is not None:
+            self.warnings, self.stale = list(latest[0]), latest[1]
         self.changed.emit()
 
     def mark_stale(self, *_args: Any) -> None:
-        if self.warnings is not None and not self.stale:
-            self.stale = True
+        """The project changed: the warnings are stale unless it is back to the state they were computed on."""
+        session = self._controller.session
+        if self.warnings is None or session is None:
+            return
+        latest = session.latest_lint()
+        stale = True if latest is None else latest[1]
+        if stale != self.stale:
+            self.stale = stale
             self.changed.emit()
 
     def _done(self, warnings: list[Any]) -> None:

@@ -83,6 +83,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
 
     def _make_widgets(self) -> None:
         self.tree = ModelTreeWidget(self.controller, self, self.settings)
+        self.tree.columns_fitted.connect(self._widen_tree_dock)
         self.tree_dock = QDockWidget("Model", self)
         self.tree_dock.setObjectName("modelDock")
         self.tree_dock.setWidget(self.tree)
@@ -132,8 +133,8 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         c.busy_changed.connect(lambda _busy: self._update_actions())
         c.dirty_changed.connect(lambda _dirty: self._update_title())
         c.session_changed.connect(self._session_changed)
-        for signal in (c.layers_changed, c.calibration_changed, c.sensitivity_changed):
-            signal.connect(self._update_summary)
+        for signal in (c.layers_changed, c.calibration_changed, c.sensitivity_changed, c.settings_changed):
+            signal.connect(lambda *_args: self._update_summary())
         c.export_finished.connect(self._export_finished)
         c.disk.changed.connect(self.offer_reload)
         c.jobs.finished.connect(self._job_finished)
@@ -153,6 +154,13 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             # first run: dock sizes only count once the window has its size (not in the constructor)
             self._sized = True
             QTimer.singleShot(0, self._default_dock_sizes)
+
+    def _widen_tree_dock(self, width: int) -> None:
+        """A model whose columns need more room widens the tree's dock, up to 60% of the window (the layer panel
+        keeps the rest); a user's own wider dock stays."""
+        wanted = min(width, int(self.width() * 0.6))
+        if self.tree_dock.width() < wanted and not self.tree_dock.isFloating():
+            self.resizeDocks([self.tree_dock], [wanted], Qt.Orientation.Horizontal)
 
     def _default_dock_sizes(self) -> None:
         width = min(sum(COLUMN_WIDTHS) + 28, int(self.width() * 0.42))
@@ -184,8 +192,8 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         self.recent_menu.setEnabled(not busy)
         self.cancel_action.setEnabled(busy)
         self.device_combo.setEnabled(has_project and not busy)
-        for action in self.tree.editing_actions:  # edits during a background rebuild are queued
-            action.setEnabled(self.controller.accepts_edits)
+        for action in self.tree.editing_actions:
+            action.setEnabled(has_project and not busy)
 
     def _update_summary(self) -> None:
         session = self.controller.session
@@ -199,6 +207,9 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             calibration = "not calibrated"
         else:
             sqnr = f", output SQNR {run.output_sqnr_db:.1f} dB" if run.output_sqnr_db is not None else ""
+            if sqnr and run.state_digest is not None and run.state_digest != session.state_digest():
+                # measured on the calibrated state: an edit, another amax method or a fallback changed it since
+                sqnr += " as calibrated, changed since"
             calibration = f"calibrated ({run.method}, {run.num_batches} batches{sqnr})"
         stale = len(session.build_report.stale)
         stale_text = f" · {stale} quantizers need recalibrating" if stale else ""
@@ -431,6 +442,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
 
     def shutdown(self) -> None:
         """Stop the job thread before widgets go (a running QThread outliving its objects aborts Qt)."""
+        self.tree.remember_layout()
         for widget in self.extra_tabs.values():
             stop = getattr(widget, "shutdown", None)
             if callable(stop):

@@ -78,7 +78,7 @@ def table_row(unit: UnitResult, layers: list[str], in_float: bool) -> list[QStan
     name = QStandardItem(unit.name + ("  (float)" if in_float else ""))
     name.setData(unit.name, Qt.ItemDataRole.UserRole)
     name.setEditable(False)
-    name.setToolTip(f"layers: {', '.join(layers)}\nquantizers: {', '.join(unit.quantizers)}")
+    name.setToolTip(f"{unit.name}\n\nlayers: {', '.join(layers)}\nquantizers: {', '.join(unit.quantizers)}")
     return [name, NumberItem(format_number(unit.value), unit.value),
             NumberItem(format_delta(unit.delta_vs_quantized), unit.delta_vs_quantized),
             NumberItem(format_delta(unit.delta_vs_fp32), unit.delta_vs_fp32),

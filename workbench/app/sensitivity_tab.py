@@ -38,7 +38,7 @@ from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_labels
 from workbench.analysis.results import SensitivityResult, UnitResult
 from workbench.app.controller import Controller
 from workbench.app.fallback_panel import FallbackPanel
-from workbench.app.formatting import format_delta, format_number
+from workbench.app.formatting import elide_name, format_delta, format_number
 from workbench.app.plot_style import style_plot
 from workbench.app.sensitivity_bars import (
     FLOAT,
@@ -61,7 +61,7 @@ SCHEME_LABELS = {
 JOB_NAMES = ("Sensitivity analysis", "Fallback search")
 VISIBLE_BARS = 30          # rows the chart shows at once; the wheel scrolls through the rest
 VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay readable
-LABEL_WIDTH_PX = 220       # unit names longer than this are elided in the middle (the table has them whole)
+LABEL_WIDTH_PX = 220       # unit names longer than this are elided at the front, keeping the block index
 
 class SensitivityTab(QWidget):
     """Sensitivity analysis and fallback search over the controller.
@@ -165,6 +165,7 @@ class SensitivityTab(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().hide()
         self.table.setAlternatingRowColors(True)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideLeft)  # a narrow Unit column keeps the layer's end
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for column in range(1, len(self.COLUMNS)):
@@ -307,7 +308,7 @@ class SensitivityTab(QWidget):
                           pen=None, brush=NEUTRAL)
         self._bar_pens = pens
         font_metrics = QFontMetrics(self.chart.getAxis("left").font())
-        labels = [(float(i), font_metrics.elidedText(u.name, Qt.TextElideMode.ElideMiddle, LABEL_WIDTH_PX))
+        labels = [(float(i), elide_name(u.name, lambda text: font_metrics.horizontalAdvance(text) <= LABEL_WIDTH_PX))
                   for i, u in enumerate(units)]
         left = self.chart.getAxis("left")
         left.setTicks([labels, []])
@@ -345,6 +346,7 @@ class SensitivityTab(QWidget):
             self.table_model.appendRow(table_row(unit, self._layers.get(unit.name, []), self._is_float(unit)))
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(column, order)
+        self.table.resizeColumnToContents(0)  # a few hundred units at most: the names read whole
 
     # ----- selection ----------------------------------------------------------------------------
 

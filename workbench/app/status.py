@@ -13,7 +13,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtGui import QFont, QTextCursor
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -106,6 +106,11 @@ class JobStatus(QWidget):
         layout.addWidget(self.cancel_button)
         self.last: JobProgress | None = None
         self.started_at = time.monotonic()
+        # the elapsed time moves on its own: a job between two progress reports (one long step such as
+        # tracing a model or exporting it) must not look hung with a frozen clock
+        self.clock = QTimer(self)
+        self.clock.setInterval(500)
+        self.clock.timeout.connect(self._tick)
         jobs = controller.jobs
         jobs.started.connect(self._started)
         jobs.progress.connect(self.show_progress)
@@ -117,22 +122,38 @@ class JobStatus(QWidget):
         self.started_at = time.monotonic()
         self.label.setText(name + "…")
         self.bar.setRange(0, 0)  # busy indicator until the first report gives a total
-        self.eta.setText("")
+        self.bar.setFormat("")
+        self.eta.setText(f"{format_seconds(0.0)} elapsed")
         self.cancel_button.setEnabled(True)
         self.cancel_button.setText("Cancel")
         self.setVisible(True)
+        self.clock.start()
 
     def show_progress(self, progress: JobProgress) -> None:
         self.last = progress
         self.label.setText(f"{progress.name}: {progress.message}" if progress.message else progress.name)
-        if progress.total:
+        if progress.total > 1:
             self.bar.setRange(0, progress.total)
             self.bar.setValue(min(progress.done, progress.total))
             self.bar.setFormat(f"{progress.done}/{progress.total}")
-        else:
+        else:  # one step (or an unknown count): a moving busy bar, never a "0/1" that looks stuck
             self.bar.setRange(0, 0)
-        eta = f" · ETA {format_seconds(progress.eta_s)}" if progress.eta_s is not None else ""
-        self.eta.setText(f"{format_seconds(progress.elapsed_s)} elapsed{eta}")
+            self.bar.setFormat("")
+        self._show_times()
+
+    def _show_times(self) -> None:
+        progress = self.last
+        elapsed = time.monotonic() - self.started_at
+        eta = ""
+        if progress is not None and progress.eta_s is not None:
+            # the ETA counts down from the last report, as the elapsed time counts up
+            left = max(0.0, progress.eta_s - (elapsed - progress.elapsed_s))
+            eta = f" · ETA {format_seconds(left)}"
+        self.eta.setText(f"{format_seconds(elapsed)} elapsed{eta}")
+
+    def _tick(self) -> None:
+        if self.isVisible():
+            self._show_times()
 
     def cancel(self) -> None:
         self.controller.cancel_job()
@@ -141,6 +162,7 @@ class JobStatus(QWidget):
 
     def _busy(self, busy: bool) -> None:
         if not busy:
+            self.clock.stop()
             self.setVisible(False)
 
 

@@ -35,12 +35,12 @@ from workbench.app.engine_panel import engine_cell
 from workbench.graph import ModelTree
 from workbench.session import LayerView
 
-__all__ = ["ModuleTreeModel", "LayerFilterProxy", "COLUMNS"]
+__all__ = ["ModuleTreeModel", "LayerFilterProxy", "COLUMNS", "PRECISION"]
 
-COLUMNS = ("Name", "Type", "Quantize", "Input", "Weight", "amax", "Rank", "Engine")
-NAME, TYPE, QUANT, INPUT, WEIGHT, AMAX, RANK, ENGINE = range(len(COLUMNS))
+COLUMNS = ("Name", "Type", "Quantize", "Precision", "Input", "Weight", "amax", "Rank", "Engine")
+NAME, TYPE, QUANT, PRECISION, INPUT, WEIGHT, AMAX, RANK, ENGINE = range(len(COLUMNS))
 _COLUMN_COUNT = len(COLUMNS)
-COLUMN_WIDTHS = (140, 170, 74, 178, 150, 56, 44, 110)  # the Engine column shows after an engine report
+COLUMN_WIDTHS = (140, 170, 74, 70, 178, 150, 56, 44, 110)  # the Engine column shows after an engine report
 NAME_ROLE = Qt.ItemDataRole.UserRole + 1     # the qualified module name
 NODE_ROLE = Qt.ItemDataRole.UserRole + 2     # the node id (pre-order position)
 ENGINE_SHARE_ROLE = Qt.ItemDataRole.UserRole + 3  # the engine layer's time over the slowest one's (0..1)
@@ -208,7 +208,7 @@ class ModuleTreeModel(QAbstractItemModel):
             return
         is_layer = np.zeros(count, dtype=bool)
         quantized = np.zeros(count, dtype=bool)
-        columns = {c: [""] * count for c in (QUANT, INPUT, WEIGHT, AMAX, RANK)}
+        columns = {c: [""] * count for c in (QUANT, PRECISION, INPUT, WEIGHT, AMAX, RANK)}
         types = list(self._types)
         is_float = [False] * count
         amax_tips = [""] * count
@@ -221,6 +221,7 @@ class ModuleTreeModel(QAbstractItemModel):
             quantized[i] = layer.quantize
             is_float[i] = not layer.quantize
             types[i] = layer.type
+            columns[PRECISION][i] = layer.precision
             columns[INPUT][i] = layer.input_summary
             columns[WEIGHT][i] = layer.weight_summary
             columns[AMAX][i] = layer.amax_summary
@@ -258,7 +259,8 @@ class ModuleTreeModel(QAbstractItemModel):
             ranks[p] = f"{rank}"
         old_rows = None
         if emit:
-            old_rows = list(zip(self._check, types, *[self._text[c] for c in (QUANT, INPUT, WEIGHT, AMAX, RANK)],
+            shown = (QUANT, PRECISION, INPUT, WEIGHT, AMAX, RANK)
+            old_rows = list(zip(self._check, types, *[self._text[c] for c in shown],
                                 self._float))
         self._is_layer, self._quantized, self._check, self._float = is_layer, quantized, check, is_float
         self._amax_tip = amax_tips
@@ -268,7 +270,7 @@ class ModuleTreeModel(QAbstractItemModel):
         for c, values in columns.items():
             self._text[c] = values
         if emit and old_rows is not None:
-            new_rows = zip(check, types, *[columns[c] for c in (QUANT, INPUT, WEIGHT, AMAX, RANK)], is_float)
+            new_rows = zip(check, types, *[columns[c] for c in (QUANT, PRECISION, INPUT, WEIGHT, AMAX, RANK)], is_float)
             changed = [i for i, (old, new) in enumerate(zip(old_rows, new_rows)) if old != new]
             self._emit_changed(changed)
 
@@ -288,6 +290,21 @@ class ModuleTreeModel(QAbstractItemModel):
 
     def node_count(self) -> int:
         return len(self._names)
+
+    def column_texts(self, column: int) -> list[str]:
+        """What every row shows in ``column`` (for sizing the column to its content)."""
+        return list(self._text[column]) if self._names else []
+
+    def depths(self) -> list[int]:
+        """Each node's depth (the model itself: 0), in pre-order."""
+        depths: list[int] = []
+        for p in self._parent:
+            depths.append(0 if p == _ROOT else depths[p] + 1)
+        return depths
+
+    def is_layer_font(self, node: int) -> bool:
+        """Whether the Name cell of ``node`` is drawn bold (a quantizable layer)."""
+        return bool(self._is_layer[node])
 
     def name_of(self, node: int) -> str:
         return self._names[node]
@@ -406,11 +423,19 @@ class ModuleTreeModel(QAbstractItemModel):
         flags = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
         if index.column() == QUANT and self._check[index.internalId()] is not None and not self._read_only:
             flags |= Qt.ItemFlag.ItemIsUserCheckable
+        if index.column() == PRECISION and self._is_layer[index.internalId()] and not self._read_only:
+            flags |= Qt.ItemFlag.ItemIsEditable  # a combo of the precisions (workbench.app.precision_menu)
         return flags
 
     def setData(self, index: QModelIndex | QPersistentModelIndex, value: Any,
                 role: int = Qt.ItemDataRole.EditRole) -> bool:
-        """Ticking a row quantizes every layer of its subtree; unticking leaves them all in float."""
+        """Ticking a row quantizes every layer of its subtree; unticking leaves them all in float. The Precision
+        cell of a layer takes a precision's value (``int8``...): the layer runs in it."""
+        if (role == Qt.ItemDataRole.EditRole and index.isValid() and index.column() == PRECISION
+                and self._controller is not None and not self._read_only and self._is_layer[index.internalId()]):
+            if str(value) == self._text[PRECISION][index.internalId()]:
+                return False
+            return self._controller.set_precision([self._names[index.internalId()]], str(value)) is not None
         if (role != Qt.ItemDataRole.CheckStateRole or not index.isValid() or self._controller is None
                 or self._read_only):
             return False
@@ -466,6 +491,8 @@ _HEADER_TIPS = (
     "Module name (the model itself on top)",
     "Module type (the float type for quantizable layers)",
     "Quantize the layer (ticked) or leave it in float; containers: quantized layers / layers inside",
+    "The precision the layer runs in (int8, fp8, int4w weight-only, float; custom: descriptors matching none): "
+    "double-click to change it, or choose one for many layers from the context menu",
     "Input quantizer: bits, per-tensor or per-channel, calibrator/method",
     "Weight quantizer: bits, per-tensor or per-channel, calibrator",
     "Calibrated input amax (range) of the layer",

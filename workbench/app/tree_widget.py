@@ -13,6 +13,7 @@ from PySide6.QtCore import (
     QSettings,
     Qt,
     QTimer,
+    Signal,
 )
 from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
@@ -37,12 +38,14 @@ from PySide6.QtWidgets import (
 from workbench.app.controller import Controller
 from workbench.app.deferred_refresh import DeferredRefresh
 from workbench.app.engine_panel import TimeBarDelegate
+from workbench.app.precision_menu import PrecisionDelegate, precision_menu
+from workbench.app.tree_layout import TreeLayoutMemory, default_widths, fit_columns
 from workbench.app.tree_model import (
-    COLUMN_WIDTHS,
     COLUMNS,
     ENGINE,
     ENGINE_SHARE_ROLE,
     EXPAND_ALL_MATCHES,
+    PRECISION,
     LayerFilterProxy,
     ModuleTreeModel,
 )
@@ -51,6 +54,8 @@ __all__ = ["ModelTreeWidget", "IgnorePatternDialog"]
 
 
 class ModelTreeWidget(QWidget):
+    columns_fitted = Signal(int)  # the width (px) the tree needs to show every column sized to its content
+
     """The left dock: filter box, regex toggle, type filter, and the tree view with its context menu.
 
     Selecting rows selects layers through ``controller.select`` (a container stands for the layers in
@@ -89,10 +94,16 @@ class ModelTreeWidget(QWidget):
         header = self.view.header()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)  # ResizeToContents would scan every row
         header.setStretchLastSection(False)
-        for column, width in zip(range(len(COLUMNS)), COLUMN_WIDTHS):
-            self.view.setColumnWidth(column, width)
+        default_widths(self.view)  # names elided at the front: a deep row keeps its own name ("query")
+        self.layout_memory = TreeLayoutMemory(self.view, self.model, self.proxy, settings)
+        self._layout_path: Any = None  # the project file whose layout the view shows
         self._time_bars = TimeBarDelegate(ENGINE_SHARE_ROLE, self.view)
         self.view.setItemDelegateForColumn(ENGINE, self._time_bars)
+        self._precisions = PrecisionDelegate(
+            lambda index: self.model.type_of(self.proxy.mapToSource(index).internalId()), self.view)
+        self.view.setItemDelegateForColumn(PRECISION, self._precisions)
+        self.view.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
+                                  | QAbstractItemView.EditTrigger.EditKeyPressed)
 
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
@@ -122,6 +133,7 @@ class ModelTreeWidget(QWidget):
         self._refresh = DeferredRefresh(controller, self.refresh, self)
         self._reset_pending = False
         controller.session_changed.connect(self._schedule_reset)
+        controller.project_saved.connect(self._saved_as)
         for signal in (controller.layers_changed, controller.calibration_changed, controller.sensitivity_changed,
                        controller.engine_changed):
             signal.connect(self._refresh.schedule)
@@ -132,8 +144,17 @@ class ModelTreeWidget(QWidget):
     # ----- refresh ---------------------------------------------------------------------------------
 
     def _schedule_reset(self) -> None:
+        self.remember_layout()  # the project going away keeps its column widths and open rows
         self._reset_pending = True
         self._refresh.schedule()
+
+    def remember_layout(self) -> None:
+        """Keep the column widths and expanded rows of the project shown (its file's path is the key)."""
+        self.layout_memory.remember(self._layout_path)
+
+    def _saved_as(self, path: str) -> None:
+        self._layout_path = path
+        self.remember_layout()
 
     def refresh(self) -> None:
         """Re-read the session's tree and rows (once per batch of change signals).
@@ -178,7 +199,12 @@ class ModelTreeWidget(QWidget):
         if current in types:
             self.type_combo.setCurrentText(current)
         self.type_combo.blockSignals(False)
-        self.default_expansion()
+        session = self.controller.session
+        self._layout_path = str(session.path) if session is not None and session.path is not None else None
+        if not self.layout_memory.restore(self._layout_path):
+            self.default_expansion()
+            widths = fit_columns(self.view, self.model)
+            self.columns_fitted.emit(sum(widths) + 2 * self.view.frameWidth() + 24)
 
     def default_expansion(self) -> None:
         """The model open; a small model entirely, a big one at its top level (deeper levels on demand)."""
@@ -295,7 +321,7 @@ class ModelTreeWidget(QWidget):
     def context_menu(self) -> QMenu:
         """The menu for the current selection (built fresh so its enabled states are right)."""
         has_layers = bool(self.selected_layers())
-        busy = not self.controller.accepts_edits  # edits during a background rebuild are queued
+        busy = self.controller.busy or self.controller.session is None
         for action in (self.quantize_action, self.ignore_action, self.descriptor_action, self.reset_action):
             action.setEnabled(has_layers and not busy)
         self.pattern_action.setEnabled(not busy)
@@ -305,6 +331,9 @@ class ModelTreeWidget(QWidget):
         menu.addActions([self.descriptor_action, self.reset_action])
         menu.addSeparator()
         menu.addAction(self.pattern_action)
+        layers = [(name, self.model.type_of(self.model.node_of(name))) for name in self.selected_layers()]
+        self.precision_menu = precision_menu(menu, self.controller, layers, enabled=not busy)
+        menu.addMenu(self.precision_menu)
         menu.addSeparator()
         self.fix_actions = self._fix_actions(menu, enabled=not busy)
         if self.fix_actions:
@@ -373,7 +402,7 @@ class ModelTreeWidget(QWidget):
             self._settings.setValue("ignore_patterns", "\n".join(patterns))
 
     def _busy(self, busy: bool) -> None:
-        self.model.set_read_only(busy and self.controller.edits_blocked)
+        self.model.set_read_only(busy)
 
 
 class IgnorePatternDialog(QDialog):

@@ -236,7 +236,26 @@ class DataSourceForm(QWidget):
         self.form.addRow(self.image_box)
         self.form.addRow("Batch size", self.batch_size)
         self.form.addRow("Number of batches", self.num_batches)
+        self.hint = QLabel()
+        self.hint.setObjectName("hint")
+        self.hint.setWordWrap(True)
+        self.form.addRow(self.hint)
+        self.model_kind: str | None = None  # the model page's choice, which picks the defaults here
+        self.kind_chosen = False  # the user picked a source: a later model change keeps it
         self.kind.currentIndexChanged.connect(self._kind_changed)
+        self.kind.activated.connect(lambda _index: setattr(self, "kind_chosen", True))
+        self._kind_changed()
+
+    def suit_model(self, model_kind: str | None, prefer: str | None = None) -> None:
+        """Defaults that fit the model chosen: demo digits only for the demo model; token ids for a Hugging
+        Face folder (an .npz whose arrays are named after the forward's arguments); ``prefer`` (a source kind)
+        where it fits the model; a user's choice stays."""
+        self.model_kind = model_kind
+        if not self.kind_chosen:
+            wanted = DEFAULT_DATA_KIND.get(model_kind or "", "tensors")
+            if prefer is not None and (prefer != "demo" or model_kind == "demo"):
+                wanted = prefer
+            self.kind.setCurrentIndex(max(0, self.kind.findData(wanted)))
         self._kind_changed()
 
     def _kind_changed(self) -> None:
@@ -248,6 +267,11 @@ class DataSourceForm(QWidget):
                                       "entrypoint": "data.py:batches  (a function returning an iterable of "
                                                     "batches)"}.get(kind, ""))
         self.browse.setVisible(kind in ("images", "tensors", "entrypoint"))
+        self.hint.setText(data_hint(kind, self.model_kind))
+        self.hint.setVisible(bool(self.hint.text()))
+        if kind == "tensors" and self.model_kind in TOKEN_MODELS:
+            self.path.setPlaceholderText("tokens.npz (arrays named after the forward's arguments: input_ids, "
+                                         "attention_mask…)")
 
     def _browse(self) -> None:
         kind = self.kind.currentData()
@@ -283,6 +307,28 @@ class DataSourceForm(QWidget):
         return DataSpec(kind, path, batch_size=self.batch_size.value(), num_batches=batches, image=image)
 
 
+# the data source a new project starts with, per model kind: demo digits only fit the demo model
+DEFAULT_DATA_KIND = {"demo": "demo", "hf": "tensors", "timm": "images", "entrypoint": "tensors", "pickle": "tensors"}
+TOKEN_MODELS = ("hf",)  # models that usually take token ids (several named inputs)
+
+
+def data_hint(data_kind: str | None, model_kind: str | None) -> str:
+    """What the chosen data source must hold for the chosen model, in a sentence or two."""
+    if data_kind == "demo":
+        return ("Demo digits are 8x8 images for the demo digits model only." if model_kind not in (None, "demo")
+                else "")
+    if data_kind == "tensors":
+        named = ("Token ids: an .npz whose arrays are named after the forward's arguments, e.g. input_ids and "
+                 "attention_mask (int64, [samples, sequence]); an array named 'labels' is kept out of the forward "
+                 "and used by top-1 and fine-tuning.")
+        single = ("One input: an .npy, or an .npz with an array 'inputs' (or x) and optional 'labels' (or y). Several "
+                  "inputs: an .npz whose arrays are named after the forward's arguments (input_ids, attention_mask…).")
+        return named if model_kind in TOKEN_MODELS else single
+    if data_kind == "images":
+        return "Sub-folders are classes (labels for top-1 and fine-tuning); images are resized, cropped and normalised."
+    return ""
+
+
 class CalibrationDataPage(QWizardPage):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -290,6 +336,11 @@ class CalibrationDataPage(QWizardPage):
         self.setSubTitle("Sample inputs the quantizers see while calibrating (a few hundred are usually enough).")
         self.form = DataSourceForm("train", batch_size=64, num_batches=8)
         QVBoxLayout(self).addWidget(self.form)
+
+    def initializePage(self) -> None:
+        wizard = self.wizard()
+        if isinstance(wizard, NewProjectWizard):
+            self.form.suit_model(wizard.model_page.kind.currentData())
 
     def validatePage(self) -> bool:
         try:
@@ -313,6 +364,23 @@ class EvaluationDataPage(QWizardPage):
         layout.addWidget(self.enabled)
         layout.addWidget(self.form)
         self.enabled.toggled.connect(self.form.setEnabled)
+        self.enabled.toggled.connect(lambda _on: setattr(self, "enabled_chosen", True))
+        self.enabled_chosen = False  # the user ticked or unticked it: a later model change keeps it
+
+    def initializePage(self) -> None:
+        """Ticked with demo digits for the demo model; for a user's model unticked (the calibration data is then
+        used) and, once ticked, the same kind of source as the calibration data."""
+        wizard = self.wizard()
+        if not isinstance(wizard, NewProjectWizard):
+            return
+        model_kind = wizard.model_page.kind.currentData()
+        if not self.enabled_chosen:
+            self.enabled.blockSignals(True)
+            self.enabled.setChecked(model_kind == "demo")
+            self.enabled.blockSignals(False)
+            self.form.setEnabled(self.enabled.isChecked())
+        # the same kind of source as the calibration data (a held-out part of it, usually)
+        self.form.suit_model(model_kind, prefer=wizard.calibration_page.form.kind.currentData())
 
     def spec(self) -> DataSpec | None:
         return self.form.spec() if self.enabled.isChecked() else None

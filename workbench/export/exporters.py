@@ -17,9 +17,15 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportError, UnsupportedOperationError
-from workbench.export.onnx_file import EXTERNAL_DATA_THRESHOLD, SMALL_TENSOR, external_data_file, temporary_name
+from workbench.export.onnx_file import (
+    EXTERNAL_DATA_THRESHOLD,
+    SMALL_TENSOR,
+    STREAM_THRESHOLD,
+    external_data_file,
+    temporary_name,
+)
 from workbench.export.opset import convert_opset, default_opset
-from workbench.export.qdq import onnx_translation, register_torchscript_symbolic
+from workbench.export.qdq import register_torchscript_symbolic, translation_table
 from workbench.export.reference import grow_batch
 
 __all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line", "token_inputs", "unwrap_names"]
@@ -144,7 +150,7 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
     try:
         onnx_program = torch.onnx.export(
             program, (), None, dynamo=True, opset_version=target, input_names=input_names,
-            output_names=output_names, custom_translation_table={torch.ops.workbench.qdq.default: onnx_translation},
+            output_names=output_names, custom_translation_table=translation_table(),
             optimize=True, verbose=False, external_data=False)
     except Exception as error:
         ops = [op for op in _unsupported_ops(error) if not op.startswith("workbench")]
@@ -156,7 +162,10 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
             "or leave that part of the model out of the export.", ops, layers) from error
     weights = sum(v.const_value.nbytes for v in onnx_program.model.graph.initializers.values()
                   if v.const_value is not None)
-    large = target_path is not None and weights > threshold
+    # over the threshold the weights must stay external; over STREAM_THRESHOLD they go through a temporary
+    # data file anyway, so that no serialised copy of them is ever held (folded into one file on commit)
+    over_limit = weights > threshold
+    large = target_path is not None and (over_limit or weights > STREAM_THRESHOLD)
     proto = _graph_only(onnx_program.model, target_path) if large else onnx_program.model_proto
     try:
         unwrap_names(proto)
@@ -167,7 +176,7 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
             try:
                 proto, notes = convert_opset(proto, opset)
             except ValueError as error:
-                if opset < KEEP_EXPORTER_OPSET_FROM and not large:
+                if opset < KEEP_EXPORTER_OPSET_FROM and not over_limit:
                     raise  # an old target asked for on purpose: the TorchScript fallback writes that opset
                 # keep the graph the exporter wrote, at its own opset: the TorchScript fallback would record
                 # another graph (the sample's path only) and often cannot write it at the lower opset either

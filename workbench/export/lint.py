@@ -83,6 +83,11 @@ class LintFix:
     def to_dict(self) -> dict[str, Any]:
         return {"action": self.action, "targets": list(self.targets), "description": self.description}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LintFix:
+        """The fix :meth:`to_dict` wrote (a project keeps its last lint)."""
+        return cls(str(data["action"]), tuple(str(t) for t in data["targets"]), str(data["description"]))
+
 
 @dataclass
 class LintWarning:
@@ -97,6 +102,14 @@ class LintWarning:
         data = asdict(self)
         data["fix"] = self.fix.to_dict() if self.fix is not None else None
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LintWarning:
+        """The warning :meth:`to_dict` wrote (a project keeps its last lint)."""
+        fix = data.get("fix")
+        return cls(str(data["kind"]), [str(m) for m in data["modules"]], str(data["message"]),
+                   LintFix.from_dict(fix) if isinstance(fix, dict) else None, str(data.get("severity", "warning")),
+                   [str(n) for n in data.get("nodes") or []])
 
 
 class _Graph:

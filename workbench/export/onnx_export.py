@@ -46,7 +46,16 @@ from torch import nn
 
 from workbench import __version__
 from workbench.export.errors import ExportValidationError, SampleInputError
-from workbench.export.opset import default_opset
+from workbench.export.exporters import Exporter, first_line, quiet, run_exporter, token_inputs
+from workbench.export.formats import (
+    FORMAT_NAMES,
+    FP8_OPS,
+    fold_int4_casts,
+    format_counts,
+    name_int4_weights,
+    to_trt_fp8_ops,
+)
+from workbench.export.gemms import weight_gemms
 from workbench.export.provenance import WRITER
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
@@ -55,6 +64,8 @@ from workbench.export.onnx_file import (
     stage,
     write_onnx,
 )
+from workbench.export.opset import default_opset
+from workbench.export.qdq import FORMAT_OPSET
 from workbench.export.reference import (
     ExportCall,
     check_quantizers,
@@ -69,8 +80,6 @@ from workbench.export.reference import (
     traced_module_scopes,
     without_cache,
 )
-from workbench.export.gemms import weight_gemms
-from workbench.export.exporters import Exporter, first_line, quiet, run_exporter, token_inputs
 from workbench.export.report import ExportReport, OutputParity, report_json
 from workbench.export.tensorrt import (
     DEFAULT_TRT_VERSION,
@@ -113,7 +122,8 @@ def export_qdq_onnx(model: nn.Module,
                     calibration_cache_path: str | os.PathLike | None = None,
                     float_onnx_path: str | os.PathLike | None = None,
                     trt_version: int = DEFAULT_TRT_VERSION,
-                    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> ExportReport:
+                    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                    fp8_ops: str = "standard") -> ExportReport:
     """Export a fake-quant model to a QDQ ONNX file and validate it before it appears at ``path``.
 
     Args:
@@ -183,12 +193,31 @@ def export_qdq_onnx(model: nn.Module,
         raise ValueError(f"input_names must name each of the {len(inputs)} inputs once, got {input_names}.")
     call = ExportCall(model, len(args), list(kwargs), output)
 
+    if fp8_ops not in FP8_OPS:
+        raise ValueError(f"fp8_ops must be one of {', '.join(FP8_OPS)}, got {fp8_ops!r}.")
     names = first_quantizer_names(model)
     active, params, unreached = check_quantizers(model, names)
+    # the lowest opset that carries every format in use: an INT8-only model keeps the one asked for
+    formats = {p.format for key, p in params.items() if key in active}
+    needed = max((FORMAT_OPSET[f] for f in formats), default=opset)
+    opset_notes: list[str] = []
+    requested_opset = opset
+    if needed > opset:
+        opset_notes.append(f"opset {needed} instead of the requested {opset}: " + " and ".join(
+            f"{FORMAT_NAMES[f]} needs {FORMAT_OPSET[f]}" for f in sorted(formats) if FORMAT_OPSET[f] > opset))
+        opset = needed
+    if fp8_ops == "trt":
+        per_channel_fp8 = [names[key] for key, p in params.items() if key in active and p.format == "fp8"
+                           and p.per_channel]
+        if per_channel_fp8:
+            raise ValueError("the TensorRT custom-op form of FP8 (TRT_FP8QuantizeLinear, as pytorch-quantization "
+                             "writes it) takes one scale per tensor; per-channel FP8: "
+                             + ", ".join(per_channel_fp8[:5]) + " (set them with --fp8-weights per-tensor, or "
+                             "export the standard form)")
     # train/eval modes (one by one: some layers may be frozen) and quantizer state go back afterwards
     entry_state = ModelSnapshot(model)
     model.eval()
-    report_warnings: list[str] = []
+    report_warnings: list[str] = list(opset_notes)
     if unreached:
         for quantizer in unreached:  # back on when entry_state is restored
             quantizer.disable()
@@ -240,6 +269,7 @@ def export_qdq_onnx(model: nn.Module,
                     call, inputs, input_names, output_names, opset, dynamic_batch, exporter, report_warnings,
                     path, external_data_threshold)
                 exported_data = external_data_file(proto, path.parent)
+                fold_int4_casts(proto, str(path.parent))
         for message in quiet_warnings:
             if message not in report_warnings:
                 report_warnings.append(message)
@@ -249,8 +279,14 @@ def export_qdq_onnx(model: nn.Module,
 
         scale_to_quantizer = {f"{s.quantizer_name}.scale": s.quantizer_name for s in swapped.values()}
         post_process(proto, scale_to_quantizer)
+        name_int4_weights(proto)
         counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
+        by_format = format_counts(proto)
+        blocked = sum(1 for s in swapped.values() if s.params.format == "int4")
+        if by_format["int4"] != blocked:  # each INT4 weight is one DequantizeLinear on an INT4 initializer
+            raise ExportValidationError("checker", f"the graph has {by_format['int4']} INT4 weight DequantizeLinear "
+                                                   f"nodes for {blocked} INT4 weights")
         gemms = weight_gemms(proto)
         if gemms.float_nodes:
             report_warnings.append(f"{len(gemms.float_nodes)} of {gemms.total} weight GEMMs keep a float weight (no "
@@ -272,7 +308,7 @@ def export_qdq_onnx(model: nn.Module,
         validation_started = time.perf_counter()
         staged = stage(proto, path, external_data_threshold)
         tmp_path = str(staged.path)
-        if staged.data_path is not None:
+        if staged.external_data_path is not None:
             report_warnings.append(f"the graph is over {external_data_threshold / 1024 ** 3:.3g} GB: its weights are "
                                    f"in {staged.external_data_path.name} beside it (keep the two files together)")
         try:
@@ -334,11 +370,17 @@ def export_qdq_onnx(model: nn.Module,
         # a second session costs the weights again: big graphs (weights beside the file) skip it
         optimized_check = None if staged.data_path is not None else optimized_parity(
             tmp_path, inputs, output_names, reference, report_warnings)
+        if "fp8" in formats and optimized_check is not None and optimized_check.max_abs_diff > 1e-5:
+            # more than rounding: onnxruntime 1.32's CPU QDQ fusions change what FP8 Q/DQ computes (checked)
+            report_warnings.append("FP8: onnxruntime's extended graph optimizations (its QDQ fusions) do not keep "
+                                   "FP8 E4M3 semantics on the CPU; run FP8 files with ORT_ENABLE_BASIC or lower to "
+                                   "check them (TensorRT builds the graph as written)")
         checks = parity + [c for c in (dynamic_check, sequence_check, range_check) if c is not None]
         worst, largest = min(p.cosine for p in checks), max(p.max_abs_diff for p in checks)
         report = ExportReport(
             path=str(path), exporter=used_exporter, exporter_note=note, opset=default_opset(proto),
-            requested_opset=opset, input_names=input_names, output_names=output_names, dynamic_batch=dynamic_batch,
+            requested_opset=requested_opset, input_names=input_names, output_names=output_names,
+            dynamic_batch=dynamic_batch,
             quantize_nodes=counts["QuantizeLinear"], dequantize_nodes=counts["DequantizeLinear"],
             clip_nodes=qdq_clips(proto),
             expected_qdq=distinct, quantizer_calls_total=sum(calls.values()), quantizers=len(swapped),
@@ -351,7 +393,10 @@ def export_qdq_onnx(model: nn.Module,
             float_weight_gemms=list(gemms.float_nodes),
             file_size=staged.size, export_time_s=export_time,
             validation_time_s=time.perf_counter() - validation_started, total_time_s=0.0,
-            quantizer_calls=dict(calls), warnings=report_warnings, range_check=range_check)
+            quantizer_calls=dict(calls), warnings=report_warnings, range_check=range_check,
+            formats={f: sum(1 for s in swapped.values() if s.params.format == f) for f in sorted(formats)},
+            qdq_by_format=by_format, fp8_ops=fp8_ops if "fp8" in formats else None,
+            format_notes=list(opset_notes))
         where = " on random inputs in the sample's range" if range_check is not None and \
             (range_check.cosine == worst or range_check.max_abs_diff == largest) else ""
         if not worst >= min_cosine:
@@ -361,7 +406,24 @@ def export_qdq_onnx(model: nn.Module,
         if max_abs_diff is not None and largest > max_abs_diff:
             raise ExportValidationError("parity", f"onnxruntime and the fake-quant PyTorch model disagree{where}: max "
                                                   f"abs diff {largest:.4g} > {max_abs_diff}.", report)
+        if fp8_ops == "trt" and "fp8" in formats:
+            # validated in the standard form (onnxruntime cannot run TensorRT's custom ops); written in TensorRT's
+            staged.discard()
+            staged = None
+            # FP8 in this form needs no opset 19; the other formats keep what they need
+            trt_opset = max([requested_opset] + [FORMAT_OPSET[f] for f in formats if f != "fp8"])
+            trt_proto, trt_notes = to_trt_fp8_ops(proto, trt_opset)
+            report.warnings.extend(trt_notes)
+            report.format_notes.extend(trt_notes)
+            onnx.checker.check_model(trt_proto)
+            report.opset = default_opset(trt_proto)
+            if report.opset < opset:  # the opset raised for float8 types did not last: no note about it
+                report.warnings = [w for w in report.warnings if w not in opset_notes]
+                report.format_notes = [w for w in report.format_notes if w not in opset_notes]
+            staged = stage(trt_proto, path, external_data_threshold)
+            report.file_size = staged.size
         external = staged.external_data_path
+        folded = staged.fold and staged.data_path is not None  # streamed during export, one file now
         staged.commit()
         staged = exported_data = None
         if external is not None:  # the graph in memory names the data file as the one on disk does
@@ -369,6 +431,8 @@ def export_qdq_onnx(model: nn.Module,
         report.external_data_path = None if external is None else str(external)
         if external is not None:  # the graph now names the data file by its final (shorter) name
             report.file_size = path.stat().st_size + external.stat().st_size
+        elif folded:
+            report.file_size = path.stat().st_size
 
         if amax_json_path is not None:
             table = {"writer": f"{WRITER} {__version__}", "model": type(model).__name__, "onnx": path.name,
@@ -376,13 +440,14 @@ def export_qdq_onnx(model: nn.Module,
             report.amax_json_path = str(write_json_atomic(amax_json_path, table))
         if calibration_cache_path is not None or float_onnx_path is not None:
             amax_by_scale = {f"{s.quantizer_name}.scale": amax_of(s) for s in swapped.values()
-                             if not s.params.per_channel}
+                             if not s.params.per_channel and s.params.format == "int8"}  # INT8 ranges only
             if calibration_cache_path is not None:
                 scales = activation_scales(proto, amax_by_scale)
                 report.calibration_cache_path = str(write_text_atomic(
                     calibration_cache_path, calibration_cache_text(scales, trt_version)))
             if float_onnx_path is not None:
-                float_graph = strip_qdq(proto)
+                # a folded graph's weights are in the committed file now, no longer in the temporary data file
+                float_graph = strip_qdq(onnx.load(str(path)) if folded else proto)
                 if external_data_file(float_graph, path.parent) is not None:
                     # its own data file: the weights are read in (never serialised in the proto) and written out
                     onnx.external_data_helper.load_external_data_for_model(float_graph, str(path.parent))

@@ -1,6 +1,13 @@
 """Writing an exported graph: first to a temporary file next to the target, moved into place only once
 validated; a graph over protobuf's 2 GB limit goes with its weights in ONNX external data
 (``model.onnx.data`` beside ``model.onnx``), validated from the file the same way.
+
+Peak memory: a graph whose weights exceed :data:`STREAM_THRESHOLD` is exported with its weights in a
+temporary data file too, even when it ends up as one file, so that no step holds a serialised copy of
+them (a ModelProto holding the weights, its bytes, the checker's copy). It is validated in that form and
+folded into one file on commit by writing the graph, then each weight as its own protobuf fragment,
+one tensor in memory at a time (protobuf merges a repeated embedded message field across fragments, so
+the file parses as the one ModelProto).
 """
 from __future__ import annotations
 
@@ -11,13 +18,25 @@ from pathlib import Path
 
 import onnx
 
-__all__ = ["EXTERNAL_DATA_THRESHOLD", "SMALL_TENSOR", "StagedFile", "stage", "write_onnx", "external_data_file",
-           "relocate_external_data", "temporary_name"]
+__all__ = [
+    "EXTERNAL_DATA_THRESHOLD",
+    "SMALL_TENSOR",
+    "STREAM_THRESHOLD",
+    "fold_external_data",
+    "StagedFile",
+    "stage",
+    "write_onnx",
+    "external_data_file",
+    "relocate_external_data",
+    "temporary_name",
+]
 
 # protobuf refuses to serialise a message of 2 GiB or more
 EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3 - 1
 # initializers smaller than this stay inside the graph file (scales, zero points, shapes)
 SMALL_TENSOR = 1024
+# weights above this go through a temporary data file during export, whatever the final form (see above)
+STREAM_THRESHOLD = 8 * 1024 ** 2
 
 
 @dataclass
@@ -27,11 +46,14 @@ class StagedFile:
     target: Path
     path: Path                       # the temporary graph file: validate this one
     data_path: Path | None = None    # its external data file (temporary name)
+    fold: bool = False               # the data is under the threshold: commit writes one file
 
     @property
     def external_data_path(self) -> Path | None:
         """Where the external data ends up after :meth:`commit` (None: the graph holds its weights)."""
-        return None if self.data_path is None else self.target.with_name(self.target.name + ".data")
+        if self.data_path is None or self.fold:
+            return None
+        return self.target.with_name(self.target.name + ".data")
 
     @property
     def size(self) -> int:
@@ -39,7 +61,18 @@ class StagedFile:
         return self.path.stat().st_size + (self.data_path.stat().st_size if self.data_path is not None else 0)
 
     def commit(self) -> None:
-        """Move the files into place; the graph's external-data references follow the data file's new name."""
+        """Move the files into place; the graph's external-data references follow the data file's new name.
+        A folded graph becomes one file with its weights inside."""
+        if self.data_path is not None and self.fold:
+            folded = temporary_name(self.target, ".fold")
+            try:
+                fold_external_data(self.path, self.data_path, folded)
+                os.replace(folded, self.path)
+            except BaseException:
+                folded.unlink(missing_ok=True)
+                raise
+            self.data_path.unlink()
+            self.data_path = None
         if self.data_path is not None:
             final_data = self.external_data_path
             model = onnx.load(str(self.path), load_external_data=False)
@@ -80,6 +113,7 @@ def stage(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_T
         adopted = external_data_file(proto, target.parent)
         if adopted is not None:
             staged.data_path = adopted
+            staged.fold = adopted.stat().st_size <= threshold
             onnx.save_model(proto, name)
         elif _weight_bytes(proto) > threshold:
             staged.data_path = staged.path.with_name(staged.path.name + ".data")
@@ -127,6 +161,43 @@ def _weight_bytes(proto: onnx.ModelProto) -> int:
     tensors = _tensors(proto)
     return sum(len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (len(t.int64_data)
                + len(t.double_data) + len(t.uint64_data)) + sum(len(v) for v in t.string_data) for t in tensors)
+
+
+def fold_external_data(graph_path: Path, data_path: Path, out_path: Path) -> None:
+    """Write the graph at ``graph_path`` with its external tensors (in ``data_path``) inside, as one file at
+    ``out_path``, holding one tensor in memory at a time.
+
+    The graph without those tensors is written first; each tensor follows as a fragment
+    ``ModelProto{graph{initializer: [tensor]}}``. Parsing concatenated fragments merges them (protobuf's
+    rule for a non-repeated embedded message: its repeated fields are appended), so the file is the one
+    model, its big initializers after the small ones. Tensors that are not top-level initializers
+    (in a subgraph or an attribute) are loaded the ordinary way.
+    """
+    model = onnx.load(str(graph_path), load_external_data=False)
+    external_inits = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if len(external_inits) != len(_external_tensors(model)):
+        onnx.external_data_helper.load_external_data_for_model(model, str(data_path.parent))
+        onnx.save_model(model, str(out_path))
+        return
+    kept = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    with open(out_path, "wb") as out, open(data_path, "rb") as data:
+        out.write(model.SerializeToString())
+        for meta in external_inits:
+            info = {entry.key: entry.value for entry in meta.external_data}
+            if info.get("location") != data_path.name:
+                raise ValueError(f"weight {meta.name!r} is in {info.get('location')!r}, expected {data_path.name!r}")
+            data.seek(int(info.get("offset", 0)))
+            raw = data.read(int(info["length"])) if "length" in info else data.read()
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(meta)
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            tensor.raw_data = raw
+            fragment = onnx.ModelProto()
+            fragment.graph.initializer.append(tensor)
+            out.write(fragment.SerializeToString())
 
 
 def write_onnx(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD, *,

@@ -15,6 +15,15 @@ No class is patched, the user's or ours. Narrow-range quantizers (``[-127, 127]`
 ``Clip(-127, 127)`` between Q and DQ: ONNX's int8 QuantizeLinear saturates to ``[-128, 127]``, and
 with ``scale = amax / 127`` the value -128 appears for inputs below ``-amax * 127.5 / 127``; the Clip
 makes the exported graph compute exactly what the fake-quant model computes.
+
+Two more formats (see :mod:`workbench.quant.precision`):
+
+* FP8 E4M3 (``num_bits=(4, 3)``): ``torch.ops.workbench.qdq_fp8`` exports as QuantizeLinear ->
+  DequantizeLinear with a ``float8e4m3fn`` zero point (opset 19), ``scale = amax / 448``; per-tensor or
+  per-channel (weights).
+* INT4 weights in blocks (``block_size``): the weight is quantized here, once, and
+  ``torch.ops.workbench.dq_blocked`` exports as one DequantizeLinear(``block_size``, opset 21) reading an
+  INT4 initializer (the float weight is no longer in the graph); no QuantizeLinear.
 """
 from __future__ import annotations
 
@@ -23,13 +32,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from workbench.quant.blocks import block_amax_to_scales, block_view, unblock
 from workbench.quant.kernels import TINY_AMAX
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.tensor_quant import E4M3, E4M3_MAX, max_bound_of, min_bound_of
 
 __all__ = ["QDQStandIn", "qdq_reference", "onnx_translation", "register_torchscript_symbolic", "ExportParams",
-           "export_params"]
+           "export_params", "fp8_reference", "dq_blocked_reference", "fp8_translation", "dq_blocked_translation",
+           "translation_table", "FORMAT_OPSET"]
 
 OP_NAME = "workbench::qdq"
+FP8_OP_NAME = "workbench::qdq_fp8"
+DQ_BLOCKED_OP_NAME = "workbench::dq_blocked"
+# the lowest opset that carries each format's Q/DQ (INT8: 13 for per-channel; TensorRT 8.6 reads 17)
+FORMAT_OPSET = {"int8": 13, "fp8": 19, "int4": 21}
 
 
 def qdq_reference(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, qmin: int,
@@ -71,6 +87,80 @@ def onnx_translation(x, scale, zero_point, axis: int, qmin: int, qmax: int):
     return op.DequantizeLinear(q, scale, zero_point, axis=axis)
 
 
+def _channel_shape(scale: torch.Tensor, rank: int, axis: int) -> torch.Tensor:
+    if scale.dim() == 1 and rank > 1:
+        shape = [1] * rank
+        shape[axis] = -1
+        return scale.reshape(shape)
+    return scale
+
+
+def fp8_reference(x: torch.Tensor, scale: torch.Tensor, axis: int) -> torch.Tensor:
+    """What ONNX QuantizeLinear -> DequantizeLinear to ``float8e4m3fn`` (saturating) computes."""
+    s = _channel_shape(scale.to(torch.float32), x.dim(), axis)
+    q = torch.clamp(x.to(torch.float32) / s, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    return (q * s).to(x.dtype)
+
+
+@torch.library.custom_op(FP8_OP_NAME, mutates_args=())
+def _qdq_fp8(x: torch.Tensor, scale: torch.Tensor, axis: int, channels: int) -> torch.Tensor:
+    return fp8_reference(x, scale, axis)
+
+
+@_qdq_fp8.register_fake
+def _qdq_fp8_fake(x, scale, axis, channels):
+    return torch.empty_like(x)
+
+
+def fp8_translation(x, scale, axis: int, channels: int):
+    """onnxscript translation of ``workbench::qdq_fp8``: Q/DQ with a float8e4m3fn zero point (opset 19)."""
+    import onnx
+    from onnxscript import opset19 as op
+
+    dims = [channels] if channels else []
+    zero = op.Constant(value=onnx.helper.make_tensor("zero_point", onnx.TensorProto.FLOAT8E4M3FN, dims,
+                                                     [0.0] * max(channels, 1)))
+    q = op.QuantizeLinear(x, scale, zero, axis=axis)
+    return op.DequantizeLinear(q, scale, zero, axis=axis)
+
+
+def dq_blocked_reference(values: torch.Tensor, scale: torch.Tensor, axis: int, block_size: int) -> torch.Tensor:
+    """What ONNX DequantizeLinear with ``block_size`` computes: ``values * scale``, each scale repeated over
+    ``block_size`` elements along ``axis`` (the last block may be partial)."""
+    size = values.shape[axis]
+    expanded = torch.repeat_interleave(scale.to(torch.float32), block_size, dim=axis)
+    expanded = expanded.narrow(axis, 0, size)
+    return values.to(torch.float32) * expanded
+
+
+@torch.library.custom_op(DQ_BLOCKED_OP_NAME, mutates_args=())
+def _dq_blocked(values: torch.Tensor, scale: torch.Tensor, axis: int, block_size: int) -> torch.Tensor:
+    return dq_blocked_reference(values, scale, axis, block_size)
+
+
+@_dq_blocked.register_fake
+def _dq_blocked_fake(values, scale, axis, block_size):
+    return torch.empty(values.shape, dtype=torch.float32, device=values.device)
+
+
+def dq_blocked_translation(values, scale, axis: int, block_size: int):
+    """onnxscript translation of ``workbench::dq_blocked``: the int8-held values cast to INT4 (folded into an
+    INT4 initializer by the exporter's optimizer, or by :func:`fold_int4_casts`) into DequantizeLinear with
+    ``block_size`` (opset 21)."""
+    import onnx
+    from onnxscript import opset21 as op
+
+    packed = op.Cast(values, to=onnx.TensorProto.INT4)
+    return op.DequantizeLinear(packed, scale, axis=axis, block_size=block_size)
+
+
+def translation_table() -> dict:
+    """The ``custom_translation_table`` of the torch.export-based exporter: every workbench operator."""
+    return {torch.ops.workbench.qdq.default: onnx_translation,
+            torch.ops.workbench.qdq_fp8.default: fp8_translation,
+            torch.ops.workbench.dq_blocked.default: dq_blocked_translation}
+
+
 _torchscript_registered = False
 
 
@@ -91,7 +181,15 @@ def register_torchscript_symbolic() -> None:
             q = g.op("Clip", q, low, high)
         return g.op("DequantizeLinear", q, scale, zero_point, axis_i=axis_value)
 
+    def symbolic_fp8(g, x, scale, axis, channels):
+        axis_value = symbolic_helper._maybe_get_const(axis, "i")
+        count = symbolic_helper._maybe_get_const(channels, "i")
+        zero = g.op("Constant", value_t=torch.zeros([count] if count else [], dtype=torch.float8_e4m3fn))
+        q = g.op("QuantizeLinear", x, scale, zero, axis_i=axis_value)
+        return g.op("DequantizeLinear", q, scale, zero, axis_i=axis_value)
+
     register_custom_op_symbolic(OP_NAME, symbolic, 13)
+    register_custom_op_symbolic(FP8_OP_NAME, symbolic_fp8, 19)
     _torchscript_registered = True
 
 
@@ -111,10 +209,14 @@ class ExportParams:
     qmax: int
     clip: tuple[float, float] | None
     tiny_channels: int
+    format: str = "int8"  # "int8", "fp8" or "int4" (blockwise weights, dequantize only)
+    block_size: int | None = None
+    block_axis: int = 0  # int4: the weight axis the blocks run along (ONNX DequantizeLinear's axis)
+    values: torch.Tensor | None = None  # int4: the quantized weight, integers held in int8
 
     @property
     def per_channel(self) -> bool:
-        return self.scale.dim() == 1
+        return self.scale.dim() == 1 or self.format == "int4"
 
     def axis_for(self, rank: int) -> int:
         """The ONNX ``axis`` for an input of ``rank`` dimensions (0 for per-tensor)."""
@@ -124,7 +226,7 @@ class ExportParams:
         return next(i for i, size in enumerate(padded) if size != 1)
 
 
-def export_params(q: TensorQuantizer) -> ExportParams:
+def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> ExportParams:
     """Scale and zero point exactly as the fake-quant ``"onnx"`` rounding computes them.
 
     ``step = amax / max_bound`` in float32 is bit-for-bit the step the fake-quant kernel uses, so
@@ -133,8 +235,17 @@ def export_params(q: TensorQuantizer) -> ExportParams:
     every input below 2**99 to 0 as well (scale 1 would pass inputs above 0.5 through).
     Raises ValueError for what ONNX Q/DQ cannot express (the caller names the quantizer).
     """
-    if isinstance(q._num_bits, tuple) or q._num_bits != 8:
-        raise ValueError(f"num_bits={q._num_bits!r}: INT8 QDQ export supports 8-bit quantizers only")
+    if q.block_size is not None:
+        if weight is None:
+            raise ValueError("blockwise quantizer without its weight: blocks export only for a layer's weight")
+        return _blocked_params(q, weight)
+    if isinstance(q._num_bits, tuple):
+        if q._num_bits != E4M3:
+            raise ValueError(f"num_bits={q._num_bits!r}: QDQ export takes 8-bit (INT8), (4, 3) (FP8 E4M3), or "
+                             "4-bit weights in blocks")
+    elif q._num_bits != 8:
+        raise ValueError(f"num_bits={q._num_bits!r}: QDQ export takes 8-bit (INT8), (4, 3) (FP8 E4M3), or 4-bit "
+                         "weights in blocks (block_size; precision int4w)")
     if not q._fake_quant:
         raise ValueError("fake_quant=False (returns integers): only fake quantizers export to Q/DQ")
     if q._learn_amax:
@@ -153,12 +264,16 @@ def export_params(q: TensorQuantizer) -> ExportParams:
     amax_shape = tuple(amax.shape)
     if amax.numel() > 1 and sum(1 for s in amax_shape if s != 1) != 1:
         raise ValueError(f"amax of shape {amax_shape} varies along several axes; ONNX Q/DQ takes one axis")
-    max_bound = float(2 ** (8 - 1 + int(q._unsigned)) - 1)
+    fp8 = isinstance(q._num_bits, tuple)
+    max_bound = E4M3_MAX if fp8 else float(2 ** (8 - 1 + int(q._unsigned)) - 1)
     step = amax / max_bound  # the same float32 division as the fake-quant kernel
     tiny = amax <= TINY_AMAX
     # fake quant sends every finite input of a tiny amax to 0; a scale this large does the same in ONNX
     scale = torch.where(tiny, torch.full_like(step, ZERO_AMAX_SCALE), step)
     scale = scale.reshape(-1) if amax.numel() > 1 else scale.reshape(())
+    if fp8:  # the zero point is a float8e4m3fn constant the translation writes; this one only has the shape
+        return ExportParams(scale, torch.zeros(scale.shape, dtype=torch.float32), amax_shape, -448, 448, clip,
+                            int(tiny.sum()), format="fp8")
     dtype = torch.uint8 if q._unsigned else torch.int8
     zero_point = torch.zeros(scale.shape, dtype=dtype, device=scale.device)
     if q._unsigned:
@@ -166,6 +281,37 @@ def export_params(q: TensorQuantizer) -> ExportParams:
     else:
         qmin, qmax = (-127 if q._narrow_range else -128), 127
     return ExportParams(scale, zero_point, amax_shape, qmin, qmax, clip, int(tiny.sum()))
+
+
+def _blocked_params(q: TensorQuantizer, weight: torch.Tensor) -> ExportParams:
+    """INT4 (or other integer) blockwise weight: the quantized values and per-block scales, computed as the
+    fake-quant kernel does (``round(w / step)``, ``step = amax / max_bound`` in float32)."""
+    if isinstance(q._num_bits, tuple) or q._num_bits != 4:
+        raise ValueError(f"num_bits={q._num_bits!r} in blocks: blockwise export takes INT4 weights only")
+    if q._learn_amax or not q._fake_quant:
+        raise ValueError("blockwise weights export from fixed (calibrated) amax and fake quantization only")
+    if "_amax" not in q._buffers:
+        raise LookupError("not calibrated (no amax)")
+    amax = q._buffers["_amax"].detach().to(torch.float32)
+    if q._scale_amax is not None:
+        amax = amax * q._scale_amax
+    if torch.isnan(amax).any() or torch.isinf(amax).any():
+        raise LookupError("amax is NaN or infinite (calibration saw no data?)")
+    blocked = block_view(weight.detach().to(torch.float32), q.axis, q.block_size)
+    if amax.dim() != 3 or any(a not in (1, b) for a, b in zip(amax.shape, blocked.shape)):
+        raise ValueError(f"block amax of shape {tuple(amax.shape)} does not fit the weight {tuple(weight.shape)} in "
+                         f"blocks of {q.block_size} (recalibrate)")
+    max_bound = max_bound_of(4, False)
+    low = min_bound_of(4, False, q._narrow_range)
+    step = amax / max_bound
+    tiny = amax <= TINY_AMAX
+    safe = torch.where(tiny, torch.ones_like(step), step)
+    values = torch.where(tiny, torch.zeros_like(blocked), torch.clamp(torch.round(blocked / safe), low, max_bound))
+    values = unblock(values, tuple(weight.shape), q.axis).to(torch.int8).contiguous()
+    along = 1 - q.axis % 2
+    scale = block_amax_to_scales(torch.where(tiny, torch.ones_like(step), step), q.axis).contiguous()
+    return ExportParams(scale, torch.zeros((), dtype=torch.int8), tuple(amax.shape), int(low), int(max_bound), None,
+                        int(tiny.sum()), format="int4", block_size=q.block_size, block_axis=along, values=values)
 
 
 class QDQStandIn(nn.Module):
@@ -184,6 +330,8 @@ class QDQStandIn(nn.Module):
         self.params = params
         self.register_buffer("scale", params.scale)
         self.register_buffer("zero_point", params.zero_point)
+        if params.values is not None:  # int4: the quantized weight replaces the float one in the graph
+            self.register_buffer("values", params.values)
         pre = quantizer.pre_quant_scale
         if pre is not None:
             self.register_buffer("pre_quant_scale", pre.detach().clone())
@@ -192,15 +340,26 @@ class QDQStandIn(nn.Module):
         self.clip_range = params.clip
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.params.format == "int4":
+            return torch.ops.workbench.dq_blocked(self.values, self.scale, self.params.block_axis,
+                                                  self.params.block_size).to(inputs.dtype)
         if self.pre_quant_scale is not None:
             inputs = inputs * self.pre_quant_scale
         if self.clip_range is not None:
             inputs = torch.clamp(inputs, self.clip_range[0], self.clip_range[1])
         axis = self.params.axis_for(inputs.dim())
+        if self.params.format == "fp8":
+            channels = self.scale.numel() if self.scale.dim() == 1 else 0
+            return torch.ops.workbench.qdq_fp8(inputs, self.scale, axis, channels)
         return torch.ops.workbench.qdq(inputs, self.scale, self.zero_point, axis, self.params.qmin,
                                        self.params.qmax)
 
     def extra_repr(self) -> str:
+        if self.params.format == "int4":
+            return f"{self.quantizer_name}: int4 blocks of {self.params.block_size}, dequantize only"
+        if self.params.format == "fp8":
+            kind = "per-channel" if self.params.per_channel else "per-tensor"
+            return f"{self.quantizer_name}: float8e4m3fn {kind}"
         kind = "per-channel" if self.params.per_channel else "per-tensor"
         dtype = "uint8" if self.params.qmin == 0 else "int8"
         narrow = " narrow" if self.params.qmin == -127 else ""

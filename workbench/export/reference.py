@@ -149,10 +149,15 @@ def check_quantizers(model: nn.Module, names: dict[int, str],
              for layer in model.modules() if not isinstance(layer, nn.ModuleList)
              for attr, child in layer.named_children()
              for q in (child if isinstance(child, nn.ModuleList) else [child]) if isinstance(q, TensorQuantizer)}
+    # a blockwise (INT4) weight is quantized once, at export: its quantizer needs the layer's weight
+    weights = {id(child): layer.weight for layer in model.modules()
+               for attr, child in layer.named_children()
+               if attr == "_weight_quantizer" and isinstance(child, TensorQuantizer)
+               and isinstance(getattr(layer, "weight", None), torch.Tensor)}
     for module in all_quantizers(model):
         name = names[id(module)]
         role, layer_type = roles.get(id(module), ("input", "layer"))
-        verdict = tensorrt_check(role, module._num_bits, module.axis, layer_type)
+        verdict = tensorrt_check(role, module._num_bits, module.axis, layer_type, block_size=module.block_size)
         if verdict.error and is_quantizing(module):
             problems[name] = verdict.error
             continue
@@ -165,7 +170,8 @@ def check_quantizers(model: nn.Module, names: dict[int, str],
             unreached.setdefault(name, module)
             continue
         try:
-            params[id(module)] = export_params(module)
+            params[id(module)] = export_params(module, weights.get(id(module))) if module.block_size is not None \
+                else export_params(module)
         except LookupError as error:
             problems[name] = f"enabled but {error}"
             continue

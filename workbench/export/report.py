@@ -59,6 +59,12 @@ class ExportReport:
     # the same comparison on random inputs spanning the sample's range (a sample can hide differences:
     # a quantizer whose input is 0 on it); None when the model takes no floating-point input
     range_check: OutputParity | None = None
+    # quantizers exported per format ("int8", "fp8", "int4") and Q/DQ nodes per format (from the graph)
+    formats: dict[str, int] = field(default_factory=dict)
+    qdq_by_format: dict[str, int] = field(default_factory=dict)
+    fp8_ops: str | None = None  # "standard" (QuantizeLinear to float8e4m3fn) or "trt" (TensorRT's custom ops)
+    # what the formats changed (the opset, FP8 as custom ops), for the CLI to say; also in warnings
+    format_notes: list[str] = field(default_factory=list)
     # the sample's parity with onnxruntime's default graph optimizations on (what a user's own script runs)
     optimized_check: OutputParity | None = None
     # Conv/Gemm/MatMul nodes with a constant weight, and those whose weight has no Q/DQ (float in the engine)
@@ -89,8 +95,11 @@ class ExportReport:
 
     def summary(self) -> str:
         text = (f"{Path(self.path).name}: {self.quantize_nodes} Q / {self.dequantize_nodes} DQ nodes "
-                f"({self.quantizers} quantizers: {self.per_channel} per-channel, {self.per_tensor} per-tensor), "
-                f"opset {self.opset}, {self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
+                f"({self.quantizers} quantizers: {self.per_channel} per-channel, {self.per_tensor} per-tensor"
+                + ("".join(f", {count} {name}" for name, count in self.formats.items())
+                   if set(self.formats) - {"int8"} else "") + "), "
+                f"opset {self.opset}{' (FP8 written as TensorRT custom ops)' if self.fp8_ops == 'trt' else ''}, "
+                f"{self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
                 f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
         if self.weight_gemms:
             text += (f"; {self.weight_gemms - len(self.float_weight_gemms)} of {self.weight_gemms} weight GEMMs with "

@@ -131,19 +131,27 @@ class FunctionalQuantReport:
         """True when every module could be traced and no candidate was skipped."""
         return not self.failures and not self.skipped
 
+    def failures_text(self) -> str:
+        """The modules that could not be traced, in words (the tracer's own errors are logged at debug level)."""
+        return (f"{len(self.failures)} modules could not be traced (torch.fx cannot follow their Python code), so "
+                "functional operations in their own forward are not quantized, their sublayers are: "
+                + ", ".join(f"{f.name or '<model>'} ({f.type_name})" for f in self.failures[:5]))
+
+    def attention_text(self) -> str:
+        return (f"{len(self.unquantized_attention)} attention modules left in floating point: "
+                + "; ".join(f"{s.owner}: {s.reason}" for s in self.unquantized_attention[:5]))
+
     def summary(self) -> str:
         parts = [f"{len(self.adds)} adds, {len(self.concats)} concatenations, {len(self.matmuls)} matrix products "
                  f"and {len(self.attentions)} attentions quantized in {len(self.converted)} traced modules and "
                  f"{len(self.attention_modules)} attention modules ({len(self.traced)} modules traced)"]
         if self.unquantized_attention:
-            parts.append(f"{len(self.unquantized_attention)} attention modules left in floating point: "
-                         + "; ".join(f"{s.owner}: {s.reason}" for s in self.unquantized_attention[:5]))
+            parts.append(self.attention_text())
         if self.skipped:
             parts.append(f"{len(self.skipped)} left in floating point: "
                          + "; ".join(f"{s.owner or '<model>'}: {s.operation} ({s.reason})" for s in self.skipped[:5]))
         if self.failures:
-            parts.append(f"{len(self.failures)} modules could not be traced, so functional operations in their own "
-                         "forward are not quantized: " + "; ".join(str(f) for f in self.failures[:5]))
+            parts.append(self.failures_text())
         if self.opaque:
             parts.append(f"{len(self.opaque)} torch.nn layers with sublayers kept whole (their internal adds are "
                          f"not quantized): {', '.join(self.opaque[:5])}")
@@ -534,6 +542,13 @@ def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDes
                 report.unquantized_attention.append(SkippedOp(result.owner, what, result.reason or ""))
                 add_note(module, f"attention not quantized: {result.reason}")
     result = inserter.convert(model, "")
-    if report.failures or report.unquantized_attention:
-        logger.warning("Functional quantization: %s", report.summary())
+    # one idea per line, each the same on every rebuild (the app shows a warning once); what is left in float
+    # by design (residual adds in transformer blocks) is no warning: the full summary is at debug level
+    if report.failures:
+        logger.warning("Functional quantization: %s", report.failures_text())
+    if report.unquantized_attention:
+        logger.warning("Functional quantization: %s", report.attention_text())
+    logger.debug("Functional quantization: %s", report.summary())
+    for failure in report.failures:
+        logger.debug("tracing %s failed: %s", failure.name or "<model>", failure.reason)
     return result, report

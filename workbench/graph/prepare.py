@@ -107,5 +107,6 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
         report.warnings.append(f"{len(functional_report.failures)} modules could not be traced; functional "
                                "operations in their own forward stay in floating point")
     for warning in report.warnings:
-        logger.warning(warning)
+        if functional_report is None or not functional_report.failures or "could not be traced" not in warning:
+            logger.warning(warning)  # the functional rewrite already said which modules could not be traced
     return model, report

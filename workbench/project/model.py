@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from workbench.quant.calibrate import CalibrationResult, QuantizerCalibration
 
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
-           "ExportRecord", "FinetuneRecord", "EngineReportRecord", "Project", "ProjectOrigin", "now_iso",
+           "ExportRecord", "FinetuneRecord", "EngineReportRecord", "LintRecord", "Project", "ProjectOrigin", "now_iso",
            "DATA_ROLES"]
 
 DATA_ROLES = ("calibration", "evaluation", "training")
@@ -91,6 +91,9 @@ class CalibrationRecord:
     # folded weight); None for runs saved before folding existed (nothing was folded)
     folded: list[str] | None = None
     sqnr_batches: int = 0  # the batches output_sqnr_db is pooled over (0: saved before it was counted: the first)
+    # workbench.session.state.state_digest of the project right after the run: output_sqnr_db describes that
+    # state only (a later edit, amax method or fallback makes it stale); None for runs saved before format 4
+    state_digest: str | None = None
 
     @classmethod
     def from_result(cls, result: CalibrationResult, *, id: int, created: str, quantizers: dict[str, QuantizerRecord],
@@ -126,6 +129,18 @@ class ExportRecord:
     path: str
     settings: dict[str, Any]
     report: dict[str, Any]
+
+
+@dataclass
+class LintRecord:
+    """The last fusion lint (workbench.export.lint warnings as dicts) and the project state it was run on
+    (workbench.session.state.state_digest): reused, not exported again, while the state is the same."""
+
+    id: int
+    created: str
+    digest: str
+    warnings: list[dict[str, Any]]
+    source: str = ""  # what was linted: "preview export", an exported file, or "the last lint" (reused)
 
 
 @dataclass
@@ -188,6 +203,7 @@ class Project:
     exports: list[ExportRecord] = field(default_factory=list)
     finetunes: list[FinetuneRecord] = field(default_factory=list)
     engine_reports: list[EngineReportRecord] = field(default_factory=list)
+    lints: list[LintRecord] = field(default_factory=list)  # the latest fusion lint only
     created: str = field(default_factory=now_iso)
     modified: str = field(default_factory=now_iso)
     app_version: str = ""

@@ -19,7 +19,9 @@ from typing import Any, ClassVar, Self
 import torch
 
 from workbench.quant import QuantDescriptor
+from workbench.quant.blocks import BLOCK_METHODS
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, percentile_mistake
+from workbench.quant.precision import FP8_OPS
 from workbench.quant.tensorrt_rules import tensorrt_check
 from workbench.sources.metric_names import DEFAULT_METRIC, DIRECTIONS, Direction
 from workbench.strict_json import strict
@@ -86,6 +88,9 @@ class _Section:
     """
 
     KEY: ClassVar[str]
+    # fields added after projects were written: stored only when not at their default, so the file of a
+    # project that does not use them keeps the bytes it always had
+    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -104,8 +109,10 @@ class _Section:
         return cls(**copy.deepcopy(dict(value)))
 
     def to_stored(self) -> dict[str, Any]:
-        """The mapping the project file holds (every field)."""
-        return {name: _stored(getattr(self, name)) for name in self.field_names()}
+        """The mapping the project file holds (every field, but those of :attr:`STORED_WHEN_SET` at their default)."""
+        defaults = {f.name: f.default for f in fields(self)}  # type: ignore[arg-type]
+        return {name: _stored(getattr(self, name)) for name in self.field_names()
+                if name not in self.STORED_WHEN_SET or getattr(self, name) != defaults[name]}
 
     def _require(self, name: str, ok: bool, expected: str) -> None:
         if not ok:
@@ -189,8 +196,12 @@ class CalibrationSettings(_Section):
     method: AmaxMethod = DEFAULT_AMAX_METHOD
     num_batches: int | None = 16
     percentile: float = PERCENTILE.default
+    # INT4 blockwise weights: each block's amax is its max, or the least-squared-error shrink of it
+    block_method: str = "max"
+    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("block_method",)
 
     def __post_init__(self) -> None:
+        self._require("block_method", self.block_method in BLOCK_METHODS, f"one of {', '.join(BLOCK_METHODS)}")
         if self.method is None:  # stored none: the default method
             self._set("method", DEFAULT_AMAX_METHOD)
         self._require("method", self.method in AMAX_METHODS, f"one of {', '.join(AMAX_METHODS)}")
@@ -233,9 +244,12 @@ class ExportSettings(_Section):
     dynamic_batch: bool = True
     amax_json: bool = False
     calibration_cache: bool = False
+    fp8_ops: str = "standard"  # workbench.quant.precision.FP8_OPS: "trt" for TensorRT before 10
+    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops",)
 
     def __post_init__(self) -> None:
         self._require("path", self.path is None or isinstance(self.path, str), "a file name or none")
+        self._require("fp8_ops", self.fp8_ops in FP8_OPS, f"one of {', '.join(FP8_OPS)}")
         if self.opset is None:  # stored none: the default opset
             self._set("opset", type(self).opset)
         self._require("opset", _is_int(self.opset) and self.opset >= 1, "a positive integer")

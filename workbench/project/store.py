@@ -30,6 +30,7 @@ from workbench.project.tables import (  # noqa: F401 - encode_array/decode_array
     content_checksums,
     create_engine_tables,
     create_finetune_tables,
+    create_lint_tables,
     create_schema,
     decode_array,
     encode_array,
@@ -268,6 +269,20 @@ def _migrate_2_to_3(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS[2] = _migrate_2_to_3
+
+
+def _migrate_3_to_4(db: sqlite_utils.Database) -> None:
+    """Version 4 keeps the last fusion lint (``lint_runs``) and, per calibration run, the state its output SQNR
+    was measured on (``calibration_runs.state_digest``; unknown for older runs)."""
+    tables = set(db.table_names())
+    if "calibration_runs" in tables and "state_digest" not in db["calibration_runs"].columns_dict:
+        db["calibration_runs"].add_column("state_digest", str)
+    create_lint_tables(db)
+    if "meta" in tables:
+        db["meta"].upsert({"key": "schema_version", "value": "4"}, pk="key")
+
+
+MIGRATIONS[3] = _migrate_3_to_4
 
 
 def _upgrade_existing(db: sqlite_utils.Database) -> None:

@@ -25,6 +25,7 @@ from workbench.project.model import (
     FallbackRecord,
     FinetuneRecord,
     LayerDecision,
+    LintRecord,
     Project,
     QuantizerRecord,
     SensitivityRecord,
@@ -36,7 +37,7 @@ from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import FileDigest, ModelSpec
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ARRAY_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "bool")
 
 
@@ -110,7 +111,7 @@ def create_schema(db: sqlite_utils.Database) -> None:
     db["calibration_runs"].create({"id": int, "created": str, "method": str, "percentile": float,
                                    "num_batches": int, "wall_time_s": float, "device": str,
                                    "output_sqnr_db": float, "warnings": str, "unused": str, "folded": str,
-                                   "sqnr_batches": int},
+                                   "sqnr_batches": int, "state_digest": str},
                                   pk="id", if_not_exists=True)
     db["quantizer_stats"].create({"run_id": int, "name": str, "amax": bytes, "amax_dtype": str, "amax_shape": str,
                                   "method": str, "calibrator": str, "num_samples": int, "nonfinite_count": int,
@@ -125,11 +126,18 @@ def create_schema(db: sqlite_utils.Database) -> None:
                          if_not_exists=True)
     create_finetune_tables(db)
     create_engine_tables(db)
+    create_lint_tables(db)
 
 
 def create_engine_tables(db: sqlite_utils.Database) -> None:
     """Version 3: TensorRT engine reports imported into the project (workbench.engine, as JSON)."""
     db["engine_reports"].create({"id": int, "created": str, "data": str}, pk="id", if_not_exists=True)
+
+
+def create_lint_tables(db: sqlite_utils.Database) -> None:
+    """Version 4: the last fusion lint and the project state it was run on (reused while that state lasts)."""
+    db["lint_runs"].create({"id": int, "created": str, "digest": str, "source": str, "data": str}, pk="id",
+                           if_not_exists=True)
 
 
 def create_finetune_tables(db: sqlite_utils.Database) -> None:
@@ -141,7 +149,8 @@ def create_finetune_tables(db: sqlite_utils.Database) -> None:
 
 
 TABLES = ("meta", "model_source", "data_sources", "settings", "layers", "calibration_runs", "quantizer_stats",
-          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors", "engine_reports")
+          "arrays", "sensitivity_runs", "fallback_runs", "exports", "finetune_runs", "finetune_tensors",
+          "engine_reports", "lint_runs")
 
 
 def _findings(text: Any) -> dict[str, Any]:
@@ -194,7 +203,7 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
             "id": run.id, "created": run.created, "method": run.method, "percentile": run.percentile,
             "num_batches": run.num_batches, "wall_time_s": run.wall_time_s, "device": run.device,
             "output_sqnr_db": run.output_sqnr_db, "warnings": _dumps(run.warnings), "unused": _dumps(run.unused),
-            "folded": _dumps(run.folded), "sqnr_batches": run.sqnr_batches})
+            "folded": _dumps(run.folded), "sqnr_batches": run.sqnr_batches, "state_digest": run.state_digest})
         rows = []
         for record in run.quantizers.values():
             owner = f"calibration:{run.id}:{record.name}"
@@ -235,6 +244,8 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
     db["finetune_tensors"].insert_all(tensor_rows, batch_size=100)
     db["engine_reports"].insert_all([{"id": r.id, "created": r.created, "data": _dumps(r.data)}
                                      for r in project.engine_reports])
+    db["lint_runs"].insert_all([{"id": r.id, "created": r.created, "digest": r.digest, "source": r.source,
+                                 "data": _dumps(r.warnings)} for r in project.lints])
 
 
 class _Damaged(Exception):
@@ -351,7 +362,8 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
                 wall_time_s=float(row["wall_time_s"]), device=str(row["device"]),
                 output_sqnr_db=None if row["output_sqnr_db"] is None else float(row["output_sqnr_db"]),
                 warnings=list(_json(row, "warnings") or []), unused=list(_json(row, "unused") or []),
-                folded=_names(_json(row, "folded"), "folded", True), sqnr_batches=int(row.get("sqnr_batches") or 0))
+                folded=_names(_json(row, "folded"), "folded", True), sqnr_batches=int(row.get("sqnr_batches") or 0),
+                state_digest=None if row.get("state_digest") is None else str(row["state_digest"]))
     for row in db["quantizer_stats"].rows_where(order_by="rowid"):
         with _row(path, "quantizer_stats", f"calibration run {row.get('run_id')}, quantizer {row.get('name')!r}"):
             run = runs.get(int(row["run_id"]))
@@ -406,6 +418,13 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
             if not isinstance(data, dict):
                 raise _Damaged("it holds no engine report.")
             project.engine_reports.append(EngineReportRecord(int(row["id"]), str(row["created"]), data))
+    for row in db["lint_runs"].rows_where(order_by="id"):
+        with _row(path, "lint_runs", f"lint {row.get('id')}"):
+            warnings = _json(row, "data")
+            if not isinstance(warnings, list) or not all(isinstance(w, dict) for w in warnings):
+                raise _Damaged("it holds no lint warnings.")
+            project.lints.append(LintRecord(int(row["id"]), str(row["created"]), str(row["digest"]), warnings,
+                                            str(row["source"] or "")))
     return project
 
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from workbench.quant.auto_method import MethodChoice, choose_methods
 from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db, sqnr_powers  # noqa: F401
+from workbench.quant.blocks import refine_block_amax
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.checks import CalibrationWarning, histogram_warnings
 from workbench.quant.calib.max import extremes
@@ -197,7 +198,8 @@ REPLAY_BYTES = 1 << 30
 def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, method: str,
               percentile: float = 99.99, device: torch.device | str | None = None,
               progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-              report_sqnr: bool = True, context: DistContext | None = None) -> CalibrationResult:
+              report_sqnr: bool = True, context: DistContext | None = None,
+              block_method: str = "max") -> CalibrationResult:
     """Calibrate every enabled quantizer of ``model`` on ``batches``.
 
     Quantizers with a calibrator collect statistics with quantization off; the others are bypassed
@@ -213,6 +215,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             ``"auto"``: per quantizer, the one of those whose layer output is closest to FP32 on the first
             :data:`AUTO_BATCHES` calibration batches (:mod:`workbench.quant.auto_method`).
         percentile: for ``method="percentile"``.
+        block_method: amax of blockwise (INT4) weight blocks: ``"max"`` or ``"mse"`` (a search per block,
+            :func:`workbench.quant.blocks.refine_block_amax`).
         device: where to run; the model is moved there (and back if the run fails). Default: the
             model's current device.
         progress: called as ``progress(done, total, message)`` after each batch (total is 0 when
@@ -358,6 +362,10 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             raise NonFiniteCalibrationError(blind)
         if calibrating and not results:
             raise NothingReachedError(list(calibrating), done)
+        for name, amax in refine_block_amax(model, block_method).items():  # weights: the same on every rank
+            if name in results:
+                results[name].amax = amax.cpu().clone()
+                results[name].method = f"block {block_method}"
         amax_done = time.perf_counter()
         if candidates:
             # the first AUTO_BATCHES of all the batches, wherever they ran: N processes measure what one does

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.autograd import Function
 
-from workbench.quant import kernels
+from workbench.quant import kernels, ste
 from workbench.quant.kernels import ROUNDINGS, Rounding
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,20 @@ def _validate_amax(amax: Any) -> np.ndarray | None:
     return array
 
 
+def _validate_block_size(block_size: Any, axis: Any, learn_amax: bool) -> int | None:
+    """Blocks run along the one weight dimension that ``axis`` does not keep: ``axis`` must be one int."""
+    if block_size is None:
+        return None
+    if not _is_int(block_size) or int(block_size) < 1:
+        raise ValueError(f"block_size must be a positive integer (elements per scale) or None, got {block_size!r}.")
+    if not _is_int(axis):
+        raise ValueError(f"block_size needs axis set to the output-channel axis of a 2-D weight (the blocks run "
+                         f"along the other, input, dimension), got axis={axis!r}.")
+    if learn_amax:
+        raise ValueError("block_size cannot be combined with learn_amax (a learned amax is per tensor).")
+    return int(block_size)
+
+
 def _validate_bool(field: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{field} must be True or False, got {value!r}.")
@@ -154,10 +168,14 @@ class ScaledQuantDescriptor:
         self._calib_method = calib_method
         self._unsigned = _validate_bool("unsigned", kwargs.pop("unsigned", False))
         self._narrow_range = _validate_bool("narrow_range", kwargs.pop("narrow_range", False))
+        # Not in pytorch-quantization (Model Optimizer has both ideas): blockwise scales and a quantizer that
+        # the descriptor itself leaves off (INT4 weight-only keeps its activations in float).
+        self._block_size = _validate_block_size(kwargs.pop("block_size", None), self._axis, self._learn_amax)
+        self._enabled = _validate_bool("enabled", kwargs.pop("enabled", True))
 
         if kwargs:
             raise TypeError(f"Unused keys: {sorted(kwargs)}. QuantDescriptor accepts fake_quant, axis, amax, "
-                            "learn_amax, scale_amax, calib_method, unsigned and narrow_range.")
+                            "learn_amax, scale_amax, calib_method, unsigned, narrow_range, block_size and enabled.")
 
     @property
     def num_bits(self) -> int | tuple[int, int]:
@@ -199,6 +217,16 @@ class ScaledQuantDescriptor:
     def narrow_range(self) -> bool:
         return self._narrow_range
 
+    @property
+    def block_size(self) -> int | None:
+        """Elements per scale along the input dimension (blockwise, e.g. INT4 weights); None: whole axis."""
+        return self._block_size
+
+    @property
+    def enabled(self) -> bool:
+        """False: the quantizer is built switched off (the tensor stays in float)."""
+        return self._enabled
+
     def __str__(self) -> str:
         s = (self._name + ": ") if self._name is not None else "QuantDescriptor"
         s += f"({'unsigned ' if self._unsigned else ''}{self._num_bits}bit"
@@ -214,6 +242,10 @@ class ScaledQuantDescriptor:
             s += " narrow"
         if self._calib_method != "max":
             s += f" calib={self._calib_method}"
+        if self._block_size is not None:
+            s += f" block={self._block_size}"
+        if not self._enabled:
+            s += " disabled"
         return s + ")"
 
     __repr__ = __str__
@@ -250,6 +282,10 @@ class ScaledQuantDescriptor:
             obj["narrow_range"] = self._narrow_range
         if self._calib_method != "max":
             obj["calib_method"] = self._calib_method
+        if self._block_size is not None:
+            obj["block_size"] = self._block_size
+        if not self._enabled:
+            obj["enabled"] = False
         return obj
 
     def to_yaml(self) -> str:
@@ -412,9 +448,9 @@ def _scale_of(amax: torch.Tensor, num_bits: int, unsigned: bool) -> torch.Tensor
 
 
 def _ste_grad(inputs: torch.Tensor, amax: torch.Tensor, grad_outputs: torch.Tensor) -> torch.Tensor:
-    """Straight-through estimator with clipping: pass the gradient where |x| <= amax, else 0."""
-    inside = inputs.abs() <= amax.to(inputs.device)
-    return torch.where(inside, grad_outputs, torch.zeros((), dtype=grad_outputs.dtype, device=grad_outputs.device))
+    """Straight-through estimator with clipping: pass the gradient where |x| <= amax, else 0 (one fused
+    pass where a kernel applies; see :mod:`workbench.quant.ste`)."""
+    return ste.ste_grad(inputs, amax, grad_outputs)
 
 
 class TensorQuantFunction(Function):
@@ -480,7 +516,7 @@ class LegacyFakeTensorQuantFunction(Function):
     @staticmethod
     def backward(ctx, grad_outputs):
         inputs, amax = ctx.saved_tensors
-        return _ste_grad(inputs, amax, grad_outputs), None, None, None, None
+        return ste.ste_grad_reference(inputs, amax, grad_outputs), None, None, None, None
 
 
 class FakeAffineTensorQuantFunction(Function):
@@ -514,16 +550,26 @@ class FakeAffineTensorQuantFunction(Function):
 class ScaledE4M3Function(Function):
     """FP8 E4M3 fake quantization: scale so that amax maps to 448, round to E4M3, scale back.
 
-    Values below 2**-24 in magnitude become 0, as in the original.
+    Values below 2**-24 in magnitude become 0, as in the original. ``rounding="onnx"`` computes what ONNX
+    ``QuantizeLinear``/``DequantizeLinear`` to ``float8e4m3fn`` compute with ``scale = amax / 448``:
+    ``e4m3(x / scale) * scale`` (the original multiplies by ``448 / amax`` and divides; the two can differ
+    in the last bit, which can move a value across an E4M3 rounding boundary). An amax at or below 2**-24
+    quantizes everything to 0 there, as the integer path does.
     """
 
     @staticmethod
-    def forward(ctx, inputs, amax=None, E=4, M=3):
+    def forward(ctx, inputs, amax=None, E=4, M=3, rounding="pytorch_quantization"):
         if (E, M) != E4M3:
             raise NotImplementedError(f"Only E=4, M=3 (FP8 E4M3) is supported, got E={E}, M={M}.")
         ctx.save_for_backward(inputs)
         ctx.amax = amax
         x = inputs.float()
+        if amax is not None and rounding == "onnx":
+            amax_t = _as_amax_tensor(amax, inputs).to(inputs.device).float()
+            tiny = amax_t <= kernels.TINY_AMAX
+            scale = torch.where(tiny, torch.ones_like(amax_t), amax_t / E4M3_MAX)
+            outputs = torch.where(tiny, torch.zeros((), device=x.device), _round_to_e4m3(x / scale) * scale)
+            return outputs.to(inputs.dtype)
         if amax is None:
             outputs = _round_to_e4m3(x)
         else:
@@ -538,7 +584,7 @@ class ScaledE4M3Function(Function):
         (inputs,) = ctx.saved_tensors
         amax = ctx.amax if ctx.amax is not None else E4M3_MAX
         amax_t = _as_amax_tensor(amax, inputs).to(inputs.device)
-        return _ste_grad(inputs, amax_t, grad_outputs), None, None, None
+        return _ste_grad(inputs, amax_t, grad_outputs), None, None, None, None
 
 
 def _round_to_e4m3(x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""What TensorRT's explicit (Q/DQ) INT8 quantization can build, as rules on a quantizer's descriptor.
+"""What TensorRT's explicit (Q/DQ) quantization can build, as rules on a quantizer's descriptor.
 
 One place for these rules: the session checks a descriptor against them when it is set (CLI ``set``
 and the GUI's descriptor editor), and the QDQ export checks every quantizer against them again.
@@ -7,8 +7,9 @@ and the GUI's descriptor editor), and the QDQ export checks every quantizer agai
   axis 1 for ConvTranspose (its weight is ``[in, out / groups, *kernel]``) and Hugging Face's Conv1D
   (``[in, out]``).
 * Activations (inputs of layers and functional operations): per-tensor.
-* 8 bits for INT8 QDQ export. Other widths (4-bit weights, fp8 tuples) still simulate, calibrate and
-  fine-tune: they are accepted, marked "sim only", and refused only by the export.
+* Formats: INT8, FP8 E4M3 (``num_bits=(4, 3)``), and INT4 weights in blocks along the input dimension
+  (``block_size``; weight-only GEMMs). Other widths (say 4-bit per-channel weights) still simulate,
+  calibrate and fine-tune: they are accepted, marked "sim only", and refused only by the export.
 """
 from __future__ import annotations
 
@@ -56,17 +57,30 @@ def _weight_layout(kind: str) -> str:
     return _OUT_ON_AXIS_1.get(kind, "[in, out, *kernel]")
 
 
-def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str) -> TensorRTCheck:
+def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str, *,
+                   block_size: int | None = None) -> TensorRTCheck:
     """Check one quantizer of a ``module_type`` layer (``Conv2d`` or ``QuantConv2d``) in ``role`` ("input"
-    or "weight") with ``num_bits`` and ``axis`` (None: per-tensor) against what TensorRT builds.
+    or "weight") with ``num_bits``, ``axis`` (None: per-tensor) and ``block_size`` against what TensorRT
+    builds: INT8 and FP8 E4M3 (``(4, 3)``) activations per-tensor and weights per-tensor or per output
+    channel; INT4 weights blockwise (weight-only GEMMs).
 
     The error and the sim-only note are whole sentences that say why, for the user.
     """
     if isinstance(axis, (list, tuple)) and len(axis) == 1:
         axis = axis[0]
+    if isinstance(num_bits, list):
+        num_bits = tuple(num_bits)
     kind = module_type.removeprefix("Quant")
+    if block_size is not None:
+        if role != "weight":
+            return TensorRTCheck(error=f"TensorRT takes blockwise scales for weights only, not for the {kind} input.")
+        if num_bits != 4:
+            return TensorRTCheck(sim_only=(
+                f"blockwise {num_bits}-bit weights are for simulation only ({SIM_ONLY}): TensorRT builds "
+                "blockwise scales for INT4 weights (weight-only GEMMs)."))
+        return TensorRTCheck()
     if role == "weight":
-        wanted = output_channel_axis(module_type)
+        wanted = 1 if kind == "Conv1D" else output_channel_axis(module_type)
         if axis is not None and axis != wanted:
             return TensorRTCheck(error=(
                 f"TensorRT takes {kind} weights per-tensor (axis=none) or per output channel (axis={wanted}), "
@@ -76,11 +90,11 @@ def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str) -> Ten
         return TensorRTCheck(error=(
             f"TensorRT takes activations (the {kind} input) per-tensor only (axis=none), not axis={axis!r}: "
             "a per-channel activation scale cannot be built into an INT8 engine."))
-    if num_bits != 8:
+    if num_bits not in (8, (4, 3)):
         what = f"{num_bits}-bit" if isinstance(num_bits, int) else f"num_bits={tuple(num_bits)!r}"
         return TensorRTCheck(sim_only=(
-            f"{what} {role}s are for simulation and fine-tuning only ({SIM_ONLY}): INT8 QDQ export for "
-            "TensorRT needs 8 bits and will refuse this layer."))
+            f"{what} {role}s are for simulation and fine-tuning only ({SIM_ONLY}): QDQ export for TensorRT "
+            "needs INT8, FP8 E4M3 (4, 3), or INT4 weights in blocks (block_size), and will refuse this layer."))
     return TensorRTCheck()
 
 

@@ -97,6 +97,12 @@ def apply_fallback(session: Session, result: Any) -> list[str]:
         names += session.layers_of(unit)
     names = list(dict.fromkeys(names))
     session.set_quantize(names, False)
+    latest = session.project.fallbacks[-1] if session.project.fallbacks else None
+    chosen = getattr(result, "chosen", None)
+    if latest is not None and chosen is not None and [getattr(u, "name", u) for u in chosen] == \
+            [unit.get("name") if isinstance(unit, dict) else unit for unit in latest.data.get("chosen") or []]:
+        latest.applied = True  # reopened, the search shows as applied (its Apply is done)
+        session._changed(SessionEvent.FALLBACK, applied=True)
     return names
 
 
@@ -113,7 +119,12 @@ def latest_fallback(session: Session):
 
     if not session.project.fallbacks:
         return None
-    return FallbackResult.from_dict(session.project.fallbacks[-1].data)
+    record = session.project.fallbacks[-1]
+    result = FallbackResult.from_dict(record.data)
+    # applied, and still so: every layer it chose is in float now (a later edit may have quantized one again)
+    layers = [name for unit in result.chosen for name in layers_of(session, unit)]
+    result.applied = record.applied and all(not session.project.layers[name].quantize for name in layers)
+    return result
 
 
 def evaluate(session: Session, metric: Any = None, num_batches: int | None = None, *,

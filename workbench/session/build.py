@@ -78,6 +78,10 @@ def descriptor_of(quantizer: TensorQuantizer) -> dict[str, Any]:
         fields["narrow_range"] = True
     if calib_method != "max":
         fields["calib_method"] = calib_method
+    if quantizer.block_size is not None:
+        fields["block_size"] = quantizer.block_size
+    if not quantizer.enabled_by_descriptor:
+        fields["enabled"] = False
     return jsonable(fields)
 
 

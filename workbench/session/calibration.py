@@ -14,13 +14,16 @@ import numpy as np
 from workbench.project import CalibrationRecord, QuantizerRecord
 from workbench.project.model import now_iso
 from workbench.quant import TensorQuantizer
+from workbench.quant.blocks import BLOCK_METHODS
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback, calibrate as run_calibration
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
+from workbench.quant.calibrate import calibrate as run_calibration
 from workbench.quant.distributed import DistContext
 from workbench.quant.snapshot import quantizer_names
 from workbench.session.build import descriptor_of, layer_of
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
+from workbench.session.state import state_digest
 
 if TYPE_CHECKING:
     from workbench.session.core import Session
@@ -30,10 +33,18 @@ __all__ = ["calibrate", "recompute_amax"]
 
 def calibrate(session: Session, *, method: str | None = None, num_batches: int | None = None,
               percentile: float | None = None, progress: ProgressCallback | None = None,
-              cancel: CancelToken | None = None, context: DistContext | None = None) -> CalibrationResult:
-    """Calibrate on the calibration data and append the result (amax, histograms) to the project's records."""
+              cancel: CancelToken | None = None, context: DistContext | None = None,
+              block_method: str | None = None) -> CalibrationResult:
+    """Calibrate on the calibration data and append the result (amax, histograms) to the project's records.
+
+    ``block_method`` (default: the project's ``calibration.block_method``) chooses the amax of INT4 weight
+    blocks: their max, or an mse search per block (:func:`workbench.quant.blocks.refine_block_amax`).
+    """
     context = session._join(context)
     options = session.settings.calibration
+    block_method = block_method or options.block_method
+    if block_method not in BLOCK_METHODS:
+        raise SessionError(f"block method must be one of {', '.join(BLOCK_METHODS)}, got {block_method!r}.")
     method = method or options.method.value
     num_batches = num_batches if num_batches is not None else options.num_batches
     percentile = percentile if percentile is not None else options.percentile
@@ -43,7 +54,7 @@ def calibrate(session: Session, *, method: str | None = None, num_batches: int |
         num_batches = available if num_batches is None else min(num_batches, available)
     result = run_calibration(model, session.data("calibration").batches(), num_batches=num_batches, method=method,
                              percentile=percentile, device=session.device, progress=progress, cancel=cancel,
-                             context=context)
+                             context=context, block_method=block_method)
     quantizers = quantizer_names(model)
     records: dict[str, QuantizerRecord] = {}
     for name, quantizer in quantizers.items():
@@ -53,9 +64,11 @@ def calibrate(session: Session, *, method: str | None = None, num_batches: int |
         state = quantizer._calibrator.state() if quantizer._calibrator is not None else None
         records[name] = QuantizerRecord.from_calibration(item, name=name, calibrator_state=state,
                                                          descriptor=descriptor_of(quantizer))
-    session.project.calibrations.append(CalibrationRecord.from_result(
+    record = CalibrationRecord.from_result(
         result, id=session.project.next_id(session.project.calibrations), created=now_iso(), quantizers=records,
-        folded=sorted(session.folded_layers())))
+        folded=sorted(session.folded_layers()))
+    session.project.calibrations.append(record)
+    record.state_digest = state_digest(session.project)  # what the run's output SQNR was measured on
     # what was stale (calibrated with another descriptor) is calibrated with its own now
     session.build_report.stale = [name for name in session.build_report.stale if name not in records]
     session._changed(SessionEvent.CALIBRATION)

@@ -34,16 +34,28 @@ from workbench.project import (
     save_project,
 )
 from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.batches import first_samples, to_device
+from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.distributed import DistContext
 from workbench.quant.gemm import float_by_default_reason
+from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.snapshot import quantizer_names
-from workbench.session import analysis, calibration, configure, data_sources, decisions, exports, finetuning
-from workbench.session import paths, tensorrt, views
+from workbench.session import (
+    analysis,
+    calibration,
+    configure,
+    data_sources,
+    decisions,
+    exports,
+    finetuning,
+    paths,
+    tensorrt,
+    views,
+)
 from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
+from workbench.session.state import state_digest
 from workbench.session.views import LayerView
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input
 from workbench.sources.errors import EntryPointError, TrustRequired
@@ -309,6 +321,34 @@ class Session:
         """
         return decisions.set_descriptor(self, names, role, **fields)
 
+    def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
+                      fp8_weight_per_channel: bool = True) -> list[str]:
+        """Run layers in ``precision`` (int8, fp8, int4w, float; :mod:`workbench.quant.precision`): their
+        descriptors and quantize flag become that precision's, in one edit. Returns the layers changed.
+
+        Raises:
+            SessionError: an unknown precision or layer, or one that does not apply to a layer (named).
+        """
+        plans = decisions.plan_precision(self, names, precision, block_size=block_size,
+                                         fp8_weight_per_channel=fp8_weight_per_channel)
+        for name, (quantize, input_desc, weight_desc) in plans.items():
+            decision = self.project.layers[name]
+            decision.quantize, decision.input_desc, decision.weight_desc = quantize, input_desc, weight_desc
+        self.notes = []
+        if plans:
+            self._invalidate()
+            self._changed(SessionEvent.LAYERS, names=list(plans))
+        return list(plans)
+
+    def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
+        """The precision each layer (all by default) runs in; None for custom descriptors."""
+        return decisions.precisions(self, names)
+
+    def weight_bytes(self, mix: dict[str, Precision | None] | None = None) -> int:
+        """Bytes of the model's weights (scales included) with the layers in ``mix``'s precisions (default:
+        their precisions now; a layer left out of ``mix`` counts as float)."""
+        return decisions.mix_weight_bytes(self, mix)
+
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
         return decisions.reset_descriptor(self, names, role)
@@ -423,15 +463,17 @@ class Session:
 
     def calibrate(self, *, method: str | None = None, num_batches: int | None = None,
                   percentile: float | None = None, progress: ProgressCallback | None = None,
-                  cancel: CancelToken | None = None, context: DistContext | None = None) -> CalibrationResult:
+                  cancel: CancelToken | None = None, context: DistContext | None = None,
+                  block_method: str | None = None) -> CalibrationResult:
         """Calibrate on the calibration data and store the result (amax and histograms) in the project.
+        ``block_method`` ("max" or "mse"; default: the project's setting) picks INT4 weight blocks' amax.
 
         With a distributed ``context`` (torchrun, ``--workers``) this process calibrates on its share
         of the batches and every rank ends with the merged, one-process result; only rank 0 should
         save the project (the session never saves on its own).
         """
         return calibration.calibrate(self, method=method, num_batches=num_batches, percentile=percentile,
-                                     progress=progress, cancel=cancel, context=context)
+                                     progress=progress, cancel=cancel, context=context, block_method=block_method)
 
     def recompute_amax(self, names: Iterable[str], method: str, percentile: float | None = None) -> dict[str, float]:
         """Switch quantizers to another amax method using their stored histograms (no pass over data).
@@ -514,8 +556,9 @@ class Session:
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
-               force: bool = False):
+               force: bool = False, fp8_ops: str | None = None):
         """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project.
+        ``fp8_ops`` ("standard" or "trt", default: the project's export setting) is how FP8 is written.
 
         ``path`` is taken from the working directory; the stored path is relative to the project's folder.
         An existing file is replaced only when this project wrote it and it is unchanged, or with ``force``
@@ -524,7 +567,7 @@ class Session:
         flag are not touched.
         """
         return exports.export(self, path, opset=opset, dynamic_batch=dynamic_batch, amax_json=amax_json,
-                              calibration_cache=calibration_cache, remember=remember, force=force)
+                              calibration_cache=calibration_cache, remember=remember, force=force, fp8_ops=fp8_ops)
 
     def default_export_path(self) -> Path:
         """Where ``export`` writes without a path: the project's export setting (relative to the project's
@@ -545,8 +588,18 @@ class Session:
     # ----- TensorRT: lint before building, the engine's report after -------------------------
 
     def lint(self):
-        """Fusion hazards TensorRT's Q/DQ rules predict for the project as it exports now."""
+        """Fusion hazards TensorRT's Q/DQ rules predict for the project as it exports now (the last lint's, while
+        the project is unchanged since; kept in the project)."""
         return tensorrt.lint(self)
+
+    def latest_lint(self):
+        """(warnings, changed since, what was linted) of the project's last lint; None when never linted."""
+        return tensorrt.latest_lint(self)
+
+    def state_digest(self) -> str:
+        """A digest of what the quantized model computes now (see :mod:`workbench.session.state`): a result that
+        kept the digest of its own state (output SQNR, lint, export) is current while the two are equal."""
+        return state_digest(self.project)
 
     def apply_fix(self, fix) -> list[str]:
         """Apply a lint warning's fix (a pin, quantize, leave in float, a placement rule)."""

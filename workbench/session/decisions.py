@@ -7,20 +7,30 @@ Functions of a :class:`~workbench.session.Session` (its methods call them), like
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from workbench.project.settings import jsonable, make_descriptor
+from workbench.quant.precision import (
+    DEFAULT_BLOCK_SIZE,
+    Precision,
+    descriptors_for,
+    parse_precision,
+    precision_of,
+    weight_bytes,
+)
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.tensorrt_rules import tensorrt_check
 from workbench.session.build import descriptor_of, role_quantizer
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
+from workbench.session.in_place import swap_descriptors
 
 if TYPE_CHECKING:
     from workbench.session.core import Session
 
-__all__ = ["select", "apply_ignore_policy", "set_quantize", "set_descriptor", "reset_descriptor", "descriptors"]
+__all__ = ["select", "apply_ignore_policy", "set_quantize", "set_descriptor", "reset_descriptor", "descriptors",
+           "plan_precision", "precisions", "mix_weight_bytes", "swap_in_place"]
 
 
 def select(session: Session, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
@@ -124,7 +134,8 @@ def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: 
             made = make_descriptor(updated)
         except (TypeError, ValueError) as error:
             raise SessionError(f"{name}: {error}") from error
-        verdict = tensorrt_check(role, made.num_bits, made.axis, session.project.layers[name].type)
+        verdict = tensorrt_check(role, made.num_bits, made.axis, session.project.layers[name].type,
+                                 block_size=made.block_size)
         if verdict.error:  # refused when set, not at export
             raise SessionError(f"{name}: {verdict.error}")
         if verdict.sim_only:
@@ -137,9 +148,21 @@ def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: 
     session.notes = [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
     changed = list(updates)
     if changed:
-        session._invalidate()
+        if swap_in_place(session, updates, role) is None:
+            session._invalidate()
         session._changed(SessionEvent.LAYERS, names=changed)
     return changed
+
+
+def swap_in_place(session: Session, updates: dict[str, dict[str, Any]], role: str) -> list[str] | None:
+    """Apply new descriptors to the live quantized model without rebuilding it (see
+    :mod:`workbench.session.in_place`); None when the model must be rebuilt instead (or is not built)."""
+    if session.needs_rebuild:
+        return None  # rebuilt on next use anyway
+    return swap_descriptors(session.quantized_model(), updates, role,
+                            calibration=session.project.current_calibration,
+                            finetune=session.project.current_finetune, report=session.build_report,
+                            device=session.device)
 
 
 def reset_descriptor(session: Session, names: Iterable[str], role: str | None = None) -> list[str]:
@@ -178,3 +201,113 @@ def descriptors(session: Session, names: Iterable[str], role: str) -> dict[str, 
         result[name] = None if quantizer is None else dict(override) if override is not None \
             else descriptor_of(quantizer)
     return result
+
+
+def _fields_or(descriptor: Any, fallback: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A project default descriptor's fields; ``fallback`` where the project has none (the type's own)."""
+    if fallback is None:
+        return None
+    if descriptor is None:  # the module's own default: what the precision decides is all there is
+        return {}
+    return jsonable(descriptor.dict())
+
+
+def _weight_ndim(module: Any) -> int | None:
+    weight = getattr(module, "weight", None)
+    return weight.dim() if weight is not None and hasattr(weight, "dim") else None
+
+
+LayerPlan = tuple[bool, "dict[str, Any] | None", "dict[str, Any] | None"]  # quantize, input_desc, weight_desc
+
+
+def plan_precision(session: Session, names: Iterable[str], precision: Precision | str, *,
+                   block_size: int = DEFAULT_BLOCK_SIZE, fp8_weight_per_channel: bool = True) -> dict[str, LayerPlan]:
+    """What running layers in ``precision`` (:class:`~workbench.quant.precision.Precision`) makes of each
+    one's decision, changing nothing: ``{name: (quantize, input_desc, weight_desc)}`` for the layers it
+    changes. The descriptors become the precision's (:func:`~workbench.quant.precision.descriptors_for`),
+    keeping the fields a precision does not decide (the calibration method); ``float`` only clears the
+    quantize flag, keeping the descriptors for when the layer is quantized again. Every layer is checked,
+    so the caller applies all or nothing.
+
+    Raises:
+        SessionError: an unknown precision or layer, or a precision that does not apply to a layer (int4w
+            on a convolution: the message names the layer and says why).
+    """
+    try:
+        precision = parse_precision(precision)
+    except ValueError as error:
+        raise SessionError(str(error)) from error
+    names = list(dict.fromkeys(names))
+    modules = dict(session.quantized_model().named_modules())
+    planned: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {}
+    for name in names:
+        decision = session.project.layers.get(name)
+        if decision is None:
+            raise SessionError(_not_a_layer(session, name))
+        if precision is Precision.FLOAT:
+            continue
+        module = modules.get(name)
+        input_q, weight_q = role_quantizer(module, "input"), role_quantizer(module, "weight")
+        current_input = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
+        current_weight = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
+        if precision_of(current_input, current_weight) is not precision:
+            # another format: start from the project's default descriptors (an FP8 layer made INT8 again gets
+            # the default histogram calibration back, not FP8's max)
+            defaults = session.settings.defaults
+            current_input = _fields_or(defaults.descriptor("input"), current_input)
+            current_weight = _fields_or(defaults.descriptor("weight"), current_weight)
+        try:
+            inputs, weight = descriptors_for(precision, decision.type, has_weight=weight_q is not None,
+                                             weight_ndim=_weight_ndim(module), block_size=block_size,
+                                             fp8_weight_per_channel=fp8_weight_per_channel,
+                                             base_input=current_input, base_weight=current_weight)
+            for role, fields in (("input", inputs), ("weight", weight)):
+                if fields is None:
+                    continue
+                made = make_descriptor(fields)
+                verdict = tensorrt_check(role, made.num_bits, made.axis, decision.type, block_size=made.block_size)
+                if verdict.error:
+                    raise ValueError(verdict.error)
+        except (TypeError, ValueError) as error:
+            raise SessionError(f"{name}: {error}") from error
+        planned[name] = (None if input_q is None else jsonable(inputs),
+                         None if weight_q is None else jsonable(weight))
+    plans: dict[str, LayerPlan] = {}
+    for name in names:
+        decision = session.project.layers[name]
+        before = (decision.quantize, decision.input_desc, decision.weight_desc)
+        after = (False, decision.input_desc, decision.weight_desc) if precision is Precision.FLOAT \
+            else (True, *planned[name])
+        if after != before:
+            plans[name] = after
+    return plans
+
+
+def precisions(session: Session, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
+    """The precision each layer runs in (None: custom descriptors that match no precision)."""
+    modules = dict(session.quantized_model().named_modules())
+    result: dict[str, Precision | None] = {}
+    for name in session.project.layers if names is None else names:
+        decision = session.project.layers.get(name)
+        if decision is None:
+            raise SessionError(_not_a_layer(session, name))
+        module = modules.get(name)
+        input_q, weight_q = role_quantizer(module, "input"), role_quantizer(module, "weight")
+        inputs = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
+        weight = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
+        result[name] = precision_of(inputs if input_q is not None else None,
+                                    weight if weight_q is not None else None, decision.quantize)
+    return result
+
+
+def mix_weight_bytes(session: Session, mix: Mapping[str, Precision | None] | None = None) -> int:
+    """Weight bytes of the model (scales included) with each layer in its precision (``mix``, default: the
+    layers' precisions now); int4w layers count their own block size. See
+    :func:`workbench.quant.precision.weight_bytes`."""
+    mix = dict(precisions(session) if mix is None else mix)
+    unknown = [name for name in mix if name not in session.project.layers]
+    if unknown:
+        raise SessionError(f"Not quantizable layers of this model: {', '.join(unknown[:10])}.")
+    blocks = {name: int((session.project.layers[name].weight_desc or {}).get("block_size") or DEFAULT_BLOCK_SIZE)
+              for name in mix}
+    return weight_bytes(session.quantized_model(), mix, block_size=blocks)

@@ -33,6 +33,7 @@ class SessionEvent(str, Enum):
     FALLBACK = "fallback"        # a fallback search was stored
     FINETUNE = "finetune"        # fine-tuned weights were stored or dropped
     EXPORT = "export"            # data: path (an export was recorded in the project)
+    LINT = "lint"                # a fusion lint was kept in the project
     SAVED = "saved"              # data: path (the project file was written)
 
 

@@ -29,6 +29,7 @@ from workbench.session import confirmed_targets
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
 from workbench.session.paths import project_code
+from workbench.session.state import state_digest
 from workbench.sources.model_source import sha256_of
 from workbench.sources.paths import absolute_path, relative_path
 
@@ -215,7 +216,7 @@ def overwrite_refusal(session: Session, path: str | Path | None = None) -> str |
 
 def export(session: Session, path: str | Path | None = None, *, opset: int | None = None,
            dynamic_batch: bool | None = None, amax_json: bool | None = None, calibration_cache: bool | None = None,
-           remember: bool = True, force: bool = False):
+           remember: bool = True, force: bool = False, fp8_ops: str | None = None):
     """Write validated QDQ ONNX; with ``remember`` the export settings and history are updated.
 
     Raises:
@@ -229,6 +230,7 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     dynamic_batch = settings.dynamic_batch if dynamic_batch is None else dynamic_batch
     amax_json = settings.amax_json if amax_json is None else amax_json
     calibration_cache = settings.calibration_cache if calibration_cache is None else calibration_cache
+    fp8_ops = fp8_ops or settings.fp8_ops
     target = Path(path).expanduser().resolve() if path is not None else session.default_export_path()
     project_dir = session._project_dir()
     files = planned_files(target, amax_json, calibration_cache)
@@ -245,7 +247,7 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
         report = export_qdq_onnx(model, session.sample_inputs(batch=1), target, opset=opset,
                                  dynamic_batch=dynamic_batch, output=session.settings.output,
                                  amax_json_path=sides.get("amax_json"),
-                                 calibration_cache_path=sides.get("calibration_cache"))
+                                 calibration_cache_path=sides.get("calibration_cache"), fp8_ops=fp8_ops)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
         where = error.filename or target
         raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
@@ -259,12 +261,14 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
         report.warnings.append(problem)
     stored = stored_export_path(target, project_dir)
     session.project.settings["export"] = replace(settings, path=stored, opset=opset, dynamic_batch=dynamic_batch,
-                                                 amax_json=amax_json, calibration_cache=calibration_cache).to_stored()
+                                                 amax_json=amax_json, calibration_cache=calibration_cache,
+                                                 fp8_ops=fp8_ops).to_stored()
     # the graph's node names in order: an engine report names a Myelin region by its first and last node only
     nodes = [node.name for node in onnx.load(str(target), load_external_data=False).graph.node]
     session.project.exports.append(ExportRecord(session.project.next_id(session.project.exports), now_iso(), stored,
                                                 {"opset": opset, "dynamic_batch": dynamic_batch,
                                                  "sha256": export_digest(target), "nodes": nodes,
+                                                 "state_digest": state_digest(session.project),
                                                  # so that a later export may replace them, and only them
                                                  "side_files": {stored_export_path(file, project_dir):
                                                                 export_digest(file) for file, kind in files.items()

@@ -15,15 +15,18 @@ import onnx
 from workbench.engine import EngineReport, EngineReportError
 from workbench.engine.report import EngineMismatchError, import_engine_report
 from workbench.export.lint import FIX_ACTIONS, LintFix, LintWarning, lint_qdq_graph
-from workbench.project.model import EngineReportRecord, now_iso
+from workbench.project.model import EngineReportRecord, LintRecord, now_iso
 from workbench.project.settings import RULES
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul
 from workbench.session.errors import EngineNotThisModel, SessionError
+from workbench.session.events import SessionEvent
+from workbench.session.exports import export_digest
+from workbench.session.state import state_digest
 
 if TYPE_CHECKING:
     from workbench.session.core import Session
 
-__all__ = ["lint", "apply_fix", "import_engine", "latest_engine_report"]
+__all__ = ["lint", "latest_lint", "apply_fix", "import_engine", "latest_engine_report", "REUSED", "PREVIEW"]
 
 
 # the project layer type of a functional operation, by the ONNX op it exports to
@@ -31,13 +34,65 @@ _FUNCTIONAL_LAYER_OF_OP = {"Add": QuantAdd.__name__, "Concat": QuantConcat.__nam
 
 
 def lint(session: Session) -> list[LintWarning]:
-    """Fusion hazards of the project as it would export now (a preview export; the project is unchanged)."""
-    with tempfile.TemporaryDirectory(prefix="workbench-lint-") as folder:
-        path = Path(folder) / "lint.onnx"
-        session.export(path, remember=False)
-        # the graph and its small tensors (scales): a big model's weights stay in their external data file
-        warnings = lint_qdq_graph(onnx.load(str(path), load_external_data=False))
-    return [_with_layer_targets(session, warning) for warning in warnings]
+    """Fusion hazards of the project as it would export now; kept in the project (:attr:`Project.lints`).
+
+    The same state is never exported twice for it: while the project is as it was at the last lint, that lint's
+    warnings come back; an export of this very state (the file unchanged since) is read instead of a new preview
+    export. The project's layers, settings and calibration are unchanged either way.
+    """
+    project = session.project
+    digest = state_digest(project)
+    last = project.lints[-1] if project.lints else None
+    if last is not None and last.digest == digest:
+        if last.source != REUSED:
+            project.lints[-1] = replace(last, source=REUSED)
+        return [LintWarning.from_dict(item) for item in last.warnings]
+    exported = _export_of_state(session, digest)
+    if exported is not None:
+        warnings, source = _lint_file(exported), exported.name
+    else:
+        with tempfile.TemporaryDirectory(prefix="workbench-lint-") as folder:
+            path = Path(folder) / "lint.onnx"
+            session.export(path, remember=False)
+            warnings, source = _lint_file(path), PREVIEW
+    warnings = [_with_layer_targets(session, warning) for warning in warnings]
+    project.lints = [LintRecord(project.next_id(project.lints), now_iso(), digest,
+                                [warning.to_dict() for warning in warnings], source)]
+    session._changed(SessionEvent.LINT)  # a result the project keeps, like a sensitivity run
+    return warnings
+
+
+REUSED = "the last lint (the project is unchanged since)"
+PREVIEW = "a preview export"
+
+
+def _lint_file(path: Path) -> list[LintWarning]:
+    # the graph and its small tensors (scales): a big model's weights stay in their external data file
+    return lint_qdq_graph(onnx.load(str(path), load_external_data=False))
+
+
+def _export_of_state(session: Session, digest: str) -> Path | None:
+    """The project's latest export when it was written from the state ``digest`` and is still the file written."""
+    if not session.project.exports:
+        return None
+    record = session.project.exports[-1]
+    settings = record.settings or {}
+    if settings.get("state_digest") != digest:
+        return None
+    path = Path(session.export_path(record))
+    try:
+        return path if path.is_file() and export_digest(path) == settings.get("sha256") else None
+    except OSError:
+        return None
+
+
+def latest_lint(session: Session) -> tuple[list[LintWarning], bool, str] | None:
+    """The project's last lint: (warnings, whether the project changed since, what was linted); None: never linted."""
+    if not session.project.lints:
+        return None
+    last = session.project.lints[-1]
+    return ([LintWarning.from_dict(item) for item in last.warnings], last.digest != state_digest(session.project),
+            last.source)
 
 
 def _with_layer_targets(session: Session, warning: LintWarning) -> LintWarning:

@@ -17,6 +17,7 @@ from workbench.quant import TensorQuantizer
 from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
 from workbench.quant.gemm import float_by_default_reason
+from workbench.quant.precision import grid_levels, precision_label, precision_of
 from workbench.quant.snapshot import owned_quantizers, quantizer_names
 from workbench.quant.tensorrt_rules import SIM_ONLY
 from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
@@ -45,6 +46,8 @@ class LayerView:
     role: str = ""  # an attention quantizer's role, e.g. "query x key" (see workbench.graph.tree.module_role)
     amax_reason: str = ""  # how the input quantizer's amax method was chosen ("auto": the measured reason)
     warnings: list[str] = field(default_factory=list)  # calibration warnings naming the layer's quantizers
+    # int8, fp8, int4w, float, or custom (descriptors matching none): workbench.quant.precision
+    precision: str = ""
 
     @property
     def display_type(self) -> str:
@@ -62,8 +65,13 @@ def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None)
     calib = "hist" if fields.get("calib_method") == "histogram" else "max"
     if calib == "hist" and method and method != "max":
         calib += f"/{method}"
+    if fields.get("block_size") is not None:
+        granularity = f"block {fields['block_size']}"
+    if not fields.get("enabled", True):
+        return "float (off)"
     extras = " narrow" if fields.get("narrow_range") else ""
-    if bits != 8:  # simulates, but INT8 QDQ export refuses it (workbench.quant.tensorrt_rules)
+    exportable = bits == 8 or isinstance(bits, (list, tuple)) or (bits == 4 and fields.get("block_size"))
+    if not exportable:  # simulates, but the QDQ export refuses it (workbench.quant.tensorrt_rules)
         extras += f", {SIM_ONLY}"
     return f"{kind} {granularity} {calib}{extras}"
 
@@ -102,9 +110,13 @@ def layer_views(session: Session) -> list[LayerView]:
         input_fields = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
         weight_fields = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
         amax = "-"
-        if decision.quantize and input_q is not None:
-            amax = input_q._short_amax(".4g") if hasattr(input_q, "_amax") else "uncalibrated"
+        # weight-only (int4w) layers: the weight's block amax is the one there is to show
+        shown = weight_q if input_q is None or not input_q.enabled_by_descriptor else input_q
+        if decision.quantize and shown is not None:
+            amax = shown._short_amax(".4g") if hasattr(shown, "_amax") else "uncalibrated"
         params = sum(p.numel() for p in module.parameters(recurse=False)) if module is not None else 0
+        precision = precision_of(input_fields if input_q is not None else None,
+                                 weight_fields if weight_q is not None else None, decision.quantize)
         record = record_of.get(id(input_q)) if input_q is not None else None
         layer_method = method
         reason = ""
@@ -119,7 +131,8 @@ def layer_views(session: Session) -> list[LayerView]:
                                descriptor_summary(weight_fields) if decision.quantize and weight_fields else "-",
                                amax, ranks.get(name), params,
                                list(module_notes(module)) if module is not None else [],
-                               module_role(module) if module is not None else "", reason, layer_warnings))
+                               module_role(module) if module is not None else "", reason, layer_warnings,
+                               precision=precision_label(precision)))
     return views
 
 
@@ -267,12 +280,16 @@ def histogram_of(quantizer: TensorQuantizer, record: QuantizerRecord | None) -> 
     calibrator = quantizer._calibrator
     if not isinstance(calibrator, HistogramCalibrator) or calibrator.calib_hist is None:
         return None
+    current = None if not hasattr(quantizer, "_amax") else float(quantizer._amax.max())
+    bits = quantizer.num_bits
     return {"counts": calibrator.calib_hist.cpu().numpy(), "edges": calibrator.calib_bin_edges.numpy(),
-            "amax": calibrator.compute_all(), "current": None if not hasattr(quantizer, "_amax") else
-            float(quantizer._amax.max()), "method": record.method if record else None,
+            "amax": calibrator.compute_all(), "current": current, "method": record.method if record else None,
             "auto": bool(record and record.choice and not record.choice.get("overridden")),
             "reason": record.reason if record else "",
-            "warnings": [w["message"] for w in record.warnings] if record else []}
+            "warnings": [w["message"] for w in record.warnings] if record else [],
+            # the values the layer's format can output with the amax in use (E4M3's uneven grid for FP8)
+            "format": "fp8" if isinstance(bits, tuple) else f"{'uint' if quantizer.unsigned else 'int'}{bits}",
+            "grid": None if not current else grid_levels(bits, current, unsigned=quantizer.unsigned)}
 
 
 def weight_ranges(module: nn.Module | None) -> np.ndarray | None:

@@ -24,9 +24,11 @@ from torch import nn
 
 from workbench.quant.calib.amax_search import amax_entropy, amax_mse, amax_percentile
 from workbench.quant.calib.calibrator import _Calibrator
+from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.methods import PERCENTILE, SINGLE_METHODS, AmaxMethod, UnknownMethodError
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
+from workbench.quant.tensor_quant import E4M3
 from workbench.quant.utils import reduce_amax
 
 logger = logging.getLogger(__name__)
@@ -165,29 +167,33 @@ class HistogramCalibrator(_Calibrator):
             x = x.detach()
             if x.numel() == 0:
                 return
-            batch_max_value = self._batch_max(x)
+            if _cpu_kernels is not None and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
+                batch_max_value, nonfinite = self._collect_cpu(x)
+            else:
+                batch_max_value = self._batch_max(x)
+                self._widen_to(batch_max_value, x.device)
+                nonfinite = self._collect_torch(x)
             self._batches_seen += 1
             self._values_seen += x.numel()
             if self._max is None or batch_max_value > self._max_value:  # a tensor only when the max grows
                 self._max = torch.tensor(batch_max_value, dtype=torch.float32, device=x.device)
                 self._max_value = batch_max_value
-
-            stored_bins = 2 * self._num_bins
-            needed = width_exponent(batch_max_value, stored_bins)
-            if self._counts is None:
-                self._width_exp = needed
-                self._counts = torch.zeros(stored_bins, dtype=torch.int64, device=x.device)
-            elif needed > self._width_exp:
-                self._counts = merge_bins(self._counts, 1 << (needed - self._width_exp))
-                self._width_exp = needed
-            if _cpu_kernels is not None and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
-                nonfinite = self._collect_cpu(x)
-            else:
-                nonfinite = self._collect_torch(x)
             if nonfinite:
                 if not self._nonfinite_count:  # once per calibrator; the run's result has the totals
                     logger.warning("Histogram calibrator saw %d NaN/Inf values; they are left out.", nonfinite)
                 self._nonfinite_count += nonfinite
+
+    def _widen_to(self, max_value: float, device: torch.device) -> None:
+        """Make the bins cover ``max_value``: the first time, the narrowest width that does; later, the
+        width doubles as often as needed and the old counts merge pairwise (exact: widths are powers of 2)."""
+        stored_bins = 2 * self._num_bins
+        needed = width_exponent(max_value, stored_bins)
+        if self._counts is None:
+            self._width_exp = needed
+            self._counts = torch.zeros(stored_bins, dtype=torch.int64, device=device)
+        elif needed > self._width_exp:
+            self._counts = merge_bins(self._counts, 1 << (needed - self._width_exp))
+            self._width_exp = needed
 
     def _batch_max(self, x: torch.Tensor) -> float:
         """Largest finite |x| (float32-rounded, as the running max keeps it): two reductions read back as two
@@ -203,18 +209,33 @@ class HistogramCalibrator(_Calibrator):
         finite_values = x[torch.isfinite(x)]
         return float(finite_values.abs().max().float()) if finite_values.numel() else 0.0
 
-    def _collect_cpu(self, x: torch.Tensor) -> int:
-        """One fused pass in C (threads, no temporary tensors); returns the NaN/Inf count.
+    def _collect_cpu(self, x: torch.Tensor) -> tuple[float, int]:
+        """Fused passes in C (threads, no temporary tensors); returns the batch's largest finite |x| and
+        its NaN/Inf count.
 
-        The count does not depend on the order of the values, so a tensor whose elements fill one block of
+        The kernel bins and tracks the max in the same pass, so a batch within the current range costs one
+        pass. Only when the range grows (the max lies beyond the bins; the kernel then adds nothing) are
+        the bins widened and the batch binned again, and the first batch, which has no range yet, takes
+        its max first. The results are those of taking the max first every time: same width, same counts.
+
+        The counts do not depend on the order of the values, so a tensor whose elements fill one block of
         memory in another order (a transposed attention tensor) is read in place, not copied first."""
         if not (x.is_contiguous() or dense_block(x)):
             x = x.contiguous()
-        if self._counts.device.type != "cpu":
+        if self._counts is None:
+            self._widen_to(self._batch_max(x), torch.device("cpu"))
+        elif self._counts.device.type != "cpu":
             self._counts = self._counts.cpu()
-        return _cpu_kernels.histogram(x.data_ptr(), _KERNEL_DTYPES[x.dtype], x.numel(), self._width_exp,
-                                      self._counts.numel(), self._skip_zeros, self._counts.data_ptr(),
-                                      torch.get_num_threads())
+        while True:
+            added, nonfinite, max_value = _cpu_kernels.histogram(
+                x.data_ptr(), _KERNEL_DTYPES[x.dtype], x.numel(), self._width_exp, self._counts.numel(),
+                self._skip_zeros, self._counts.data_ptr(), torch.get_num_threads())
+            if added:
+                return max_value, nonfinite
+            before = self._width_exp
+            self._widen_to(max_value, torch.device("cpu"))
+            if self._width_exp == before:  # cannot happen (the new width covers max_value); never loop forever
+                raise RuntimeError(f"histogram kernel refused a batch with max {max_value} at bin width 2**{before}")
 
     def _collect_torch(self, x: torch.Tensor) -> int:
         """The same counts with torch operations, on the tensor's own device (CUDA, float64, ...)."""
@@ -274,7 +295,10 @@ class HistogramCalibrator(_Calibrator):
             return torch.tensor(0.0)  # only zeros seen: amax 0 quantizes everything to 0, which is exact
         hist = self.calib_hist.cpu().numpy()
         edges = np.arange(hist.size + 1, dtype=np.float64) * self.bin_width
-        if method is AmaxMethod.ENTROPY:
+        if self._num_bits == E4M3 and method in (AmaxMethod.ENTROPY, AmaxMethod.MSE):  # FP8: the E4M3 grid
+            search = amax_entropy_e4m3 if method is AmaxMethod.ENTROPY else amax_mse_e4m3
+            value = search(hist, edges, stride, start_bin)
+        elif method is AmaxMethod.ENTROPY:
             value = amax_entropy(hist, edges, self._num_bits, self._unsigned, stride, start_bin)
         elif method is AmaxMethod.MSE:
             value = amax_mse(hist, edges, self._num_bits, self._unsigned, stride, start_bin)

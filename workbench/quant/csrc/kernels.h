@@ -40,6 +40,10 @@ int wb_fake_quant(const void *x, void *y, int dtype, int64_t outer, int64_t chan
  * (NaN ignored; +inf when there is none) so that the caller can refuse a negative one. */
 float wb_quant_params(const float *amax, int64_t n, float max_bound, int mode, wb_qparam_t *out);
 
+/* ste_grad.c: grad_in = |x| <= thresholds[channel] ? grad_out : 0 (x, grad_out, grad_in of one dtype) */
+void wb_ste_grad(const void *x, const void *grad_out, void *grad_in, int dtype, int64_t outer, int64_t channels,
+                 int64_t inner, const float *thresholds, int nthreads);
+
 /* amax_search.c: one value per candidate, written to out[0 .. count) */
 int64_t wb_candidate_count(int64_t first, int64_t last_inclusive, int64_t stride);
 void wb_entropy_divergences(const double *bins, int64_t n, int64_t groups, int64_t start, int64_t stride,
@@ -49,8 +53,10 @@ void wb_mse_errors(const double *counts, const double *centers, int64_t n, doubl
                    int64_t stride, int uniform, double *out, int nthreads);
 
 /* histogram.c: adds |x| counts into counts[0 .. bins) (bins of width 2**width_exponent from 0) and the
- * number of NaN/Inf values into *nonfinite. Returns 0, or -1 when memory ran out. */
+ * number of NaN/Inf values into *nonfinite, and writes the largest finite |x| (0 if none) to *max_abs.
+ * Returns 0; 1 when *max_abs lies beyond the bins (nothing added: re-bin wider and call again); -1 when
+ * memory ran out. */
 int wb_histogram(const void *x, int dtype, int64_t n, int width_exponent, int64_t bins, int skip_zeros,
-                 int64_t *counts, int64_t *nonfinite, int nthreads);
+                 int64_t *counts, int64_t *nonfinite, float *max_abs, int nthreads);
 
 #endif

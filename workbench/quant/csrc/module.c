@@ -35,6 +35,29 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
     return PyBool_FromLong(negative);
 }
 
+static PyObject *py_ste_grad(PyObject *self, PyObject *args) {
+    unsigned long long x_ptr, g_ptr, y_ptr, thresholds_ptr;
+    long long outer, channels, inner;
+    int dtype, nthreads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKiLLLKi", &x_ptr, &g_ptr, &y_ptr, &dtype, &outer, &channels, &inner,
+                          &thresholds_ptr, &nthreads))
+        return NULL;
+    if (dtype != WB_DT_F32 && dtype != WB_DT_F16 && dtype != WB_DT_BF16) {
+        PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
+        return NULL;
+    }
+    if (outer < 0 || channels < 1 || inner < 1) {
+        PyErr_SetString(PyExc_ValueError, "shape must have outer >= 0, channels >= 1, inner >= 1");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    wb_ste_grad((const void *)(uintptr_t)x_ptr, (const void *)(uintptr_t)g_ptr, (void *)(uintptr_t)y_ptr, dtype, outer,
+                channels, inner, (const float *)(uintptr_t)thresholds_ptr, nthreads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_quant_params(PyObject *self, PyObject *args) {
     unsigned long long amax_ptr, out_ptr;
     long long n;
@@ -109,13 +132,15 @@ static PyObject *py_histogram(PyObject *self, PyObject *args) {
         return NULL;
     }
     int64_t nonfinite = 0;
+    float max_abs = 0.0f;
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = wb_histogram((const void *)(uintptr_t)x_ptr, dtype, n, width_exponent, bins, skip_zeros,
-                          (int64_t *)(uintptr_t)counts_ptr, &nonfinite, nthreads);
+                          (int64_t *)(uintptr_t)counts_ptr, &nonfinite, &max_abs, nthreads);
     Py_END_ALLOW_THREADS
-    if (status != 0) return PyErr_NoMemory();
-    return PyLong_FromLongLong(nonfinite);
+    if (status < 0) return PyErr_NoMemory();
+    /* (added, NaN/Inf count, largest finite |x|): added is False when the max lies beyond the bins */
+    return Py_BuildValue("(OLd)", status == 0 ? Py_True : Py_False, (long long)nonfinite, (double)max_abs);
 }
 
 static PyObject *py_isa(PyObject *self, PyObject *args) {
@@ -135,10 +160,11 @@ static PyObject *py_force_portable(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"quantize", py_quantize, METH_VARARGS, "Fused (fake) quantization of a contiguous CPU buffer."},
+    {"ste_grad", py_ste_grad, METH_VARARGS, "Straight-through-estimator gradient of a contiguous CPU buffer."},
     {"quant_params", py_quant_params, METH_VARARGS, "Scale pairs of float32 amax values; returns the smallest."},
     {"entropy_divergences", py_entropy_divergences, METH_VARARGS, "KL divergence of every entropy candidate."},
     {"mse_errors", py_mse_errors, METH_VARARGS, "Squared error of every mse candidate."},
-    {"histogram", py_histogram, METH_VARARGS, "Add |x| to a histogram with power-of-two bins; returns NaN/Inf count."},
+    {"histogram", py_histogram, METH_VARARGS, "Add |x| to a histogram with power-of-two bins; returns (added, NaN/Inf count, max |x|)."},
     {"isa", py_isa, METH_NOARGS, "Instruction set the kernels use on this CPU."},
     {"force_portable", py_force_portable, METH_O, "Use the portable loops even where AVX2 is available."},
     {NULL, NULL, 0, NULL},

@@ -11,6 +11,7 @@ from torch import nn
 
 from workbench.quant import calib, kernels
 from workbench.quant import utils as quant_utils
+from workbench.quant.blocks import block_kept_axes, block_view, unblock
 from workbench.quant.kernels import ROUNDINGS, Rounding
 from workbench.quant.nn.modules.clip import Clip
 from workbench.quant.tensor_quant import (
@@ -75,6 +76,10 @@ class TensorQuantizer(nn.Module):
         self._learn_amax = quant_desc.learn_amax
         self._unsigned = quant_desc.unsigned
         self._narrow_range = quant_desc.narrow_range
+        self._block_size = quant_desc.block_size
+        # what the descriptor says (kept apart from _disabled, which calibration and rules switch)
+        self._enabled_by_desc = quant_desc.enabled
+        disabled = disabled or not quant_desc.enabled
         self._rounding: Rounding = type(self).default_rounding
 
         self._scale = None
@@ -94,11 +99,13 @@ class TensorQuantizer(nn.Module):
             self.enable_clip()
 
         self._calibrator: calib.Calibrator | None
+        # a blockwise quantizer's calibrator sees the blocked view of the weight (see blocks.block_view)
+        calib_axis = block_kept_axes(self._axis) if self._block_size is not None else self._axis
         if quant_desc.calib_method == "histogram":
-            self._calibrator = calib.HistogramCalibrator(num_bits=self._num_bits, axis=self._axis,
+            self._calibrator = calib.HistogramCalibrator(num_bits=self._num_bits, axis=calib_axis,
                                                          unsigned=self._unsigned)
         else:
-            self._calibrator = calib.MaxCalibrator(num_bits=self._num_bits, axis=self._axis,
+            self._calibrator = calib.MaxCalibrator(num_bits=self._num_bits, axis=calib_axis,
                                                    unsigned=self._unsigned)
 
     # ----- properties -------------------------------------------------------------------------
@@ -137,6 +144,16 @@ class TensorQuantizer(nn.Module):
     @property
     def axis(self):
         return self._axis
+
+    @property
+    def block_size(self) -> int | None:
+        """Elements per amax along the weight's input dimension (blockwise INT4); None: not blockwise."""
+        return self._block_size
+
+    @property
+    def enabled_by_descriptor(self) -> bool:
+        """False when the descriptor itself leaves this tensor in float (INT4 weight-only's activations)."""
+        return self._enabled_by_desc
 
     @property
     def fake_quant(self) -> bool:
@@ -315,6 +332,8 @@ class TensorQuantizer(nn.Module):
         if self._axis is None:
             return None
         axes = self._axis if isinstance(self._axis, (list, tuple)) else [self._axis]
+        if self._block_size is not None:  # inputs are the blocked view here
+            axes = list(block_kept_axes(self._axis))
         keep = {a % inputs.dim() for a in axes}
         return [i for i in range(inputs.dim()) if i not in keep]
 
@@ -368,10 +387,15 @@ class TensorQuantizer(nn.Module):
                                "calibrated: calibrate and load amax before exporting to ONNX.")
         if self._if_calib:
             logger.warning("Quantizer is in calibration mode; finish calibration before exporting to ONNX.")
-        if isinstance(self._num_bits, tuple) and self._get_amax(inputs).numel() != 1:
-            raise RuntimeError("E4M3 supports ONNX export only for per-tensor quantization.")
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self._block_size is not None and not self._disabled:
+            # blockwise: calibrate and quantize the [out, blocks, block] view, then give the weight its shape back
+            blocked = block_view(inputs, self._axis, self._block_size)
+            return unblock(self._forward(blocked), inputs.shape, self._axis)
+        return self._forward(inputs)
+
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self._enable_onnx_export:
             self._check_onnx_readiness(inputs)
         # the buffer itself, not the property: its hasattr() raises and catches an AttributeError per call
@@ -393,7 +417,7 @@ class TensorQuantizer(nn.Module):
         if self._if_quant:
             if isinstance(self._num_bits, tuple):
                 exponent, mantissa = self._num_bits
-                outputs = scaled_e4m3(inputs, self._get_amax(inputs), exponent, mantissa)
+                outputs = scaled_e4m3(inputs, self._get_amax(inputs), exponent, mantissa, self._rounding)
             else:
                 outputs = self._quant_forward(inputs)
         return outputs
@@ -419,6 +443,7 @@ class TensorQuantizer(nn.Module):
         s += f" axis={self._axis}" if self._axis is not None else " per-tensor"
         s += f" amax={self._short_amax()}"
         s += f" *{self._scale_amax}" if self._scale_amax else ""
+        s += f" block={self._block_size}" if self._block_size is not None else ""
         s += " pre_quant_scale" if self.pre_quant_scale is not None else ""
         s += " learned" if self._learn_amax else ""
         s += f" calibrator={type(self._calibrator).__name__}" if self._calibrator is not None else ""
@@ -474,7 +499,7 @@ class TensorQuantizer(nn.Module):
         return fallback
 
     def _follow_amax_axis(self, amax: torch.Tensor) -> None:
-        if amax.numel() <= 1:
+        if amax.numel() <= 1 or self._block_size is not None:  # a block amax keeps the descriptor's axis
             return
         axes = tuple(i for i, size in enumerate(amax.shape) if size != 1)
         if len(axes) == 1:

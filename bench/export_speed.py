@@ -1,0 +1,173 @@
+"""Export time and peak memory, as ratios measured in one run.
+
+1. Time: ``export_qdq_onnx`` (capture, Q/DQ, checker, onnxruntime parity with dynamic-batch, sequence and
+   range checks) over the proxy for Model Optimizer's export of the same fake-quant model. Model
+   Optimizer cannot be installed here, so the proxy is what its ``export_onnx`` does: plain
+   ``torch.onnx.export`` of the model with torch's native fake-quant operators (which export as
+   QuantizeLinear/DequantizeLinear), then ``onnx.checker`` and one onnxruntime run. Target <= 1.5x.
+   Both are timed interleaved; each row is the median.
+2. Memory: peak resident memory of one export in a fresh process, over the fp32 model's size, for
+   models of several sizes (a stack of quantized Linear layers). Peak minus the process's memory
+   before the model was built (after a warm-up export of a tiny model, so that imports and the
+   exporter's caches are not counted); the model itself is part of it. Target <= 3x at every size.
+
+    python bench/export_speed.py [--repeats 3] [--sizes 40,160] [--skip-memory] [--device cpu|cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from workbench.export import export_qdq_onnx
+from workbench.quant import replace_to_quantization_module
+from workbench.quant.calibrate import calibrate
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.sources.demo import resnet18_like
+
+
+def quantized_resnet(device: torch.device) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = resnet18_like(num_classes=100).to(device).eval()
+    replace_to_quantization_module(model)
+    batches = [torch.randn(4, 3, 64, 64, device=device) for _ in range(2)]
+    calibrate(model, batches, num_batches=None, method="max", report_sqnr=False)
+    return model, batches[0]
+
+
+def proxy_export(model: nn.Module, sample: torch.Tensor, path: str) -> None:
+    """Model Optimizer's way: torch's fake-quant operators exported as Q/DQ, then check and run the file."""
+    import onnx
+    import onnxruntime
+
+    TensorQuantizer.use_fb_fake_quant = True
+    try:
+        with torch.no_grad():
+            torch.onnx.export(model, (sample,), path, opset_version=17, input_names=["input"], output_names=["output"],
+                              dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}}, dynamo=False)
+    finally:
+        TensorQuantizer.use_fb_fake_quant = False
+    onnx.checker.check_model(path, full_check=True)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    session.run(None, {"input": sample.cpu().numpy()})
+
+
+def export_time(repeats: int, device: torch.device) -> dict:
+    model, sample = quantized_resnet(device)
+    with tempfile.TemporaryDirectory() as folder:
+        ours_path, proxy_path = str(Path(folder) / "ours.onnx"), str(Path(folder) / "proxy.onnx")
+        report = export_qdq_onnx(copy.deepcopy(model), sample, ours_path)  # warm up both (imports, registries)
+        proxy_export(copy.deepcopy(model), sample, proxy_path)
+        ours, proxy = [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            report = export_qdq_onnx(model, sample, ours_path)
+            ours.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            proxy_export(model, sample, proxy_path)
+            proxy.append(time.perf_counter() - start)
+    ours_s, proxy_s = statistics.median(ours), statistics.median(proxy)
+    return {"ours_s": ours_s, "proxy_s": proxy_s, "ratio": ours_s / proxy_s, "exporter": report.exporter,
+            "export_s": report.export_time_s, "validation_s": report.validation_time_s}
+
+
+class Stack(nn.Module):
+    """Linear layers of one width: parameters grow with depth, activations stay tiny."""
+
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_child(megabytes: int) -> dict:
+    """Runs in a fresh process: build a model of about ``megabytes`` MB, export it, report the peak."""
+    torch.manual_seed(0)
+    width = 2048
+    with tempfile.TemporaryDirectory() as folder:  # imports and the exporter's own caches: not the model's cost
+        warm = Stack(64, 1).eval()
+        replace_to_quantization_module(warm)
+        calibrate(warm, [torch.randn(2, 64)], num_batches=None, method="max", report_sqnr=False)
+        export_qdq_onnx(warm, torch.randn(2, 64), Path(folder) / "warm.onnx")
+    before = rss_bytes()
+    depth = max(1, round(megabytes * 2**20 / (4 * width * (width + 1))))
+    with torch.no_grad():
+        model = Stack(width, depth).eval()
+        replace_to_quantization_module(model)
+        sample = torch.randn(2, width)
+    calibrate(model, [sample], num_batches=None, method="max", report_sqnr=False)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        report = export_qdq_onnx(model, sample, Path(folder) / "model.onnx")
+        seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    return {"size": size, "peak_over_before": peak - before, "ratio": (peak - before) / size, "seconds": seconds,
+            "exporter": report.exporter, "external": report.external_data_path is not None}
+
+
+def export_memory(sizes_mb: list[int]) -> list[dict]:
+    rows = []
+    for megabytes in sizes_mb:
+        out = subprocess.run([sys.executable, __file__, "--memory-child", str(megabytes)], capture_output=True,
+                             text=True, check=False)
+        if out.returncode != 0:
+            rows.append({"mb": megabytes, "error": (out.stderr.strip().splitlines() or ["failed"])[-1][:120]})
+            continue
+        rows.append({"mb": megabytes, **json.loads(out.stdout.strip().splitlines()[-1])})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", default="40,160", help="model sizes in MB for the memory table")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-time", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        print(json.dumps(memory_child(args.memory_child)))
+        return
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
+    if not args.skip_time:
+        row = export_time(args.repeats, torch.device(args.device))
+        print("\n| export time (ResNet-18-like, 4x3x64x64, " + args.device + ") | value |")
+        print("|---|---|")
+        print(f"| export_qdq_onnx (exporter: {row['exporter']}) | {row['ours_s']:.2f} s "
+              f"(capture {row['export_s']:.2f} s, validation {row['validation_s']:.2f} s) |")
+        print(f"| proxy: torch.onnx.export + onnx.checker + onnxruntime run | {row['proxy_s']:.2f} s |")
+        print(f"| **ours / proxy** (target <= 1.5) | **{row['ratio']:.2f}** |")
+    if not args.skip_memory:
+        print("\n| model size | export peak memory | peak / size (target <= 3) | exporter | external data | time |")
+        print("|---|---|---|---|---|---|")
+        for row in export_memory([int(s) for s in args.sizes.split(",")]):
+            if "error" in row:
+                print(f"| {row['mb']} MB | failed: {row['error']} | | | | |")
+                continue
+            print(f"| {row['size'] / 2**20:.0f} MB | {row['peak_over_before'] / 2**20:.0f} MB | "
+                  f"**{row['ratio']:.2f}** | "
+                  f"{row['exporter']} | {row['external']} | {row['seconds']:.1f} s |")
+
+
+if __name__ == "__main__":
+    main()
