@@ -56,7 +56,6 @@ from workbench.export.formats import (
     to_trt_fp8_ops,
 )
 from workbench.export.gemms import weight_gemms
-from workbench.export.provenance import WRITER
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
     external_data_file,
@@ -65,6 +64,7 @@ from workbench.export.onnx_file import (
     write_onnx,
 )
 from workbench.export.opset import default_opset
+from workbench.export.provenance import WRITER
 from workbench.export.qdq import FORMAT_OPSET
 from workbench.export.reference import (
     ExportCall,
