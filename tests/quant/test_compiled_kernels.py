@@ -21,13 +21,15 @@ def fresh_kernels(monkeypatch):
     monkeypatch.setattr(ste, "_why_not", {})
 
 
-def _fq_divide_by_reciprocal(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
-    # what a compiler may turn x / a into: one reciprocal per step, then a multiply
-    return (torch.clamp(torch.round(x.to(a.dtype) * torch.reciprocal(a)), lo, hi) * b).to(out_dtype)
+def _divide_by_reciprocal(x, amax, lo: float, hi: float, max_bound: float, divide: bool, dequantize: bool,
+                          out_dtype: torch.dtype):
+    # what a compiler may turn x / step into: one reciprocal per step, then a multiply
+    step = amax.float() / max_bound
+    return (torch.clamp(torch.round(x.float() * torch.reciprocal(step)), lo, hi) * step).to(out_dtype)
 
 
 def test_probe_finds_a_kernel_that_multiplies_by_the_reciprocal(fresh_kernels, monkeypatch, caplog):
-    monkeypatch.setitem(kernels._VARIANTS, (True, True), _fq_divide_by_reciprocal)
+    monkeypatch.setattr(kernels, "_fused_formula", _divide_by_reciprocal)
     with caplog.at_level(logging.WARNING):
         assert not kernels.fused_matches_reference(torch.device("cpu"), torch.float32, "onnx", True)
     message = kernels._why_not[("cpu", torch.float32, "onnx", True, -127.0, 127.0)]

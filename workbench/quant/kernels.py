@@ -233,24 +233,14 @@ def quantize_reference(
 # with parameters shaped [1, channels, 1], so each compiled function sees at most four shape variants.
 
 
-def _fq_divide(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
-    return (torch.clamp(torch.round(x.to(a.dtype) / a), lo, hi) * b).to(out_dtype)
+def _fused_formula(x, amax, lo: float, hi: float, max_bound: float, divide: bool, dequantize: bool,
+                   out_dtype: torch.dtype):
+    # quant_params inside the kernel: Inductor folds the per-channel parameters into the one elementwise
+    # loop, instead of ~8 tiny kernel launches per call before it
+    a, b = quant_params(amax, max_bound, "onnx" if divide else "pytorch_quantization")
+    return elementwise(x, a.float(), b.float(), lo, hi, divide, dequantize, out_dtype)
 
 
-def _fq_multiply(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
-    return (torch.clamp(torch.round(x.to(a.dtype) * a), lo, hi) / b).to(out_dtype)
-
-
-def _q_divide(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
-    return torch.clamp(torch.round(x.to(a.dtype) / a), lo, hi).to(out_dtype)
-
-
-def _q_multiply(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
-    return torch.clamp(torch.round(x.to(a.dtype) * a), lo, hi).to(out_dtype)
-
-
-_VARIANTS = {(True, True): _fq_divide, (False, True): _fq_multiply, (True, False): _q_divide,
-             (False, False): _q_multiply}
 _kernels_lock = threading.Lock()
 _kernels: dict[tuple, ElementwiseKernel] = {}
 _verified: dict[tuple, bool] = {}
@@ -263,44 +253,50 @@ def fused_enabled() -> bool:
 
 
 def compiled_variant(divide: bool, dequantize: bool, dtype: torch.dtype = torch.float32, min_bound: float = -127.0,
-                     max_bound: float = 127.0, per_tensor: bool = True) -> ElementwiseKernel | None:
-    """The formula for one rounding convention, output kind, dtype, integer range and layout, compiled by
-    torch.compile into one fused kernel (None when ``WORKBENCH_FUSED_CUDA=0``)."""
+                     max_bound: float = 127.0, per_tensor: bool = True,
+                     amax_dtype: torch.dtype = torch.float32) -> ElementwiseKernel | None:
+    """The formula for one rounding convention, output kind, dtype, integer range, layout and amax dtype,
+    compiled by torch.compile into one fused kernel (None when ``WORKBENCH_FUSED_CUDA=0``)."""
     if not fused_enabled():
         return None
-    key = (divide, dequantize, dtype, float(min_bound), float(max_bound), per_tensor)
+    key = (divide, dequantize, dtype, float(min_bound), float(max_bound), per_tensor, amax_dtype)
     with _kernels_lock:
         if key not in _kernels:
             tag = "_".join(["div" if divide else "mul", "fq" if dequantize else "q", str(dtype).split(".")[-1],
                             "tensor" if per_tensor else "channel", str(len(_kernels))])
-            _kernels[key] = ElementwiseKernel(_VARIANTS[(divide, dequantize)], tag)
+            _kernels[key] = ElementwiseKernel(_fused_formula, tag)
     return _kernels[key]
 
 
 def compiled_kernels() -> dict[tuple, ElementwiseKernel]:
-    """Every compiled forward kernel made so far, by (divide, dequantize, dtype, lo, hi, per_tensor)."""
+    """Every compiled forward kernel made so far, by (divide, dequantize, dtype, lo, hi, per_tensor, amax dtype)."""
     with _kernels_lock:
         return dict(_kernels)
 
 
-def _as_rows(inputs: torch.Tensor, a: torch.Tensor, b: torch.Tensor, layout: ChannelLayout):
+def _as_rows(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout) -> tuple[torch.Tensor, torch.Tensor]:
     x = inputs.contiguous()
     if layout.channels == 1:
-        return x.view(-1), a.reshape(1), b.reshape(1)
-    return (x.view(layout.outer, layout.channels, layout.inner), a.reshape(1, layout.channels, 1),
-            b.reshape(1, layout.channels, 1))
+        return x.view(-1), amax.reshape(1)
+    return x.view(layout.outer, layout.channels, layout.inner), amax.reshape(1, layout.channels, 1)
 
 
 def _run_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout, max_bound: float, min_bound: float,
                rounding: Rounding, dequantize: bool) -> torch.Tensor | None:
-    kernel = compiled_variant(rounding == "onnx", dequantize, inputs.dtype, min_bound, max_bound,
-                              layout.channels == 1)
+    kernel = _kernel_for(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
     if kernel is None:
         return None
-    a, b, out_dtype = _prepared(inputs, amax, max_bound, rounding)
-    x3, a3, b3 = _as_rows(inputs, a, b, layout)
-    out = kernel(x3, a3, b3, float(min_bound), float(max_bound), out_dtype)
+    x, amax = _as_rows(inputs, amax.to(inputs.device), layout)
+    out = kernel(x, amax, float(min_bound), float(max_bound), float(max_bound), rounding == "onnx", dequantize,
+                 inputs.dtype)
     return None if out is None else out.view(inputs.shape)
+
+
+def _kernel_for(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout, max_bound: float, min_bound: float,
+                rounding: Rounding, dequantize: bool) -> ElementwiseKernel | None:
+    amax_dtype = torch.float64 if amax.dtype == torch.float64 else torch.float32
+    return compiled_variant(rounding == "onnx", dequantize, inputs.dtype, min_bound, max_bound, layout.channels == 1,
+                            amax_dtype)
 
 
 def probe_tensors(channels: int = 37, per_channel: int = 2052) -> tuple[torch.Tensor, torch.Tensor]:
@@ -363,7 +359,7 @@ def fused_matches_reference(device: torch.device, dtype: torch.dtype, rounding: 
         expected, _ = quantize(probe, amax, max_bound, min_bound, rounding, dequantize)
         layout = channel_layout(probe.shape, amax.shape)
         fused = _run_fused(probe.to(device), amax.to(device), layout, max_bound, min_bound, rounding, dequantize)
-        kernel = compiled_variant(rounding == "onnx", dequantize, dtype, min_bound, max_bound, layout.channels == 1)
+        kernel = _kernel_for(probe, amax, layout, max_bound, min_bound, rounding, dequantize)
         if fused is None:
             _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'no kernel'}"
             logger.info("fused fake quantization unavailable on %s (%s): %s", device, dtype, _why_not[key])
@@ -401,8 +397,7 @@ def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLay
     out = _run_fused(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
     if out is None:  # compiling this layout failed after all: the reference from now on (logged once)
         _verified[key] = False
-        kernel = compiled_variant(rounding == "onnx", dequantize, inputs.dtype, min_bound, max_bound,
-                                  layout.channels == 1)
+        kernel = _kernel_for(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
         _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'switched off'}"
     return out
 
