@@ -70,16 +70,21 @@ def test_compile_failure_falls_back_and_is_reported(fresh_kernels, monkeypatch, 
     assert caplog.text.count("failed (RuntimeError: no Triton for this GPU)") == 2  # once per kernel
 
 
-def test_recompile_limit_hit_returns_none_instead_of_raising():
-    """The H200 failure: FailOnRecompileLimitHit from fullgraph=True must not reach the caller."""
+def test_recompile_limit_raised_for_our_kernel_then_never_raises(monkeypatch):
+    """The H200 failure: FailOnRecompileLimitHit from fullgraph=True must not reach the caller. Past dynamo's
+    limit the kernel compiles under its own higher one; past that, it returns None (the caller's reference)."""
     import torch._dynamo
 
+    monkeypatch.setattr(compiled, "RECOMPILE_LIMIT", 2)
     kernel = compiled.ElementwiseKernel(ste._ste_elementwise, "limit_test")
     x = torch.randn(64)
     with torch._dynamo.config.patch(recompile_limit=1):
         first = kernel(x, x, torch.ones(1))
         assert torch.equal(first, ste.ste_grad_reference(x, torch.tensor(1.0), x))
-        assert kernel(x.half(), x.half(), torch.ones(1)) is None  # a second dtype: recompile over the limit
+        half = kernel(x.half(), x.half(), torch.ones(1))  # a second graph: over dynamo's limit, within ours
+        assert torch.equal(half, ste.ste_grad_reference(x.half(), torch.tensor(1.0), x.half()))
+        assert kernel.error is None
+        assert kernel(x.bfloat16(), x.bfloat16(), torch.ones(1)) is None  # a third: over ours too
     assert "recompile" in kernel.error.lower(), kernel.error
     assert kernel(x, x, torch.ones(1)) is None  # switched off for good: the caller's reference runs
 

@@ -10,7 +10,8 @@ Three things the first GPU run (H200, torch 2.11) showed, and what this module d
   and sizes of 1 (which dynamic shapes still specialise) together went past it and, with
   ``fullgraph=True``, raised ``FailOnRecompileLimitHit`` into training. Each :class:`ElementwiseKernel`
   compiles its own copy of the code object, so each (formula, dtype, bounds, layout) has its own small
-  cache (at most 4 shape variants).
+  cache (a few shape variants), and a kernel that still reaches the limit gets a higher one
+  (:data:`RECOMPILE_LIMIT`) for itself only.
 * **Errors reaching users.** Any exception from compiling or running the kernel is caught here: the
   kernel is switched off for the rest of the process, logged once, and the caller runs its torch
   reference (which computes the same bits).
@@ -26,6 +27,14 @@ from typing import Any
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+# graphs one kernel may hold: dynamo's default limit (8) is raised to this for our kernels only, on demand
+RECOMPILE_LIMIT = 32
+
+
+def _is_recompile_limit(error: BaseException) -> bool:
+    return "recompilelimit" in type(error).__name__.lower() or "recompile limit" in str(error).lower()
 
 
 def precise_options() -> dict[str, Any]:
@@ -55,6 +64,7 @@ class ElementwiseKernel:
         self.name = name
         self.error: str | None = None
         self._compiled: Any = None
+        self._raised_limit_calls = 0
         self._lock = threading.Lock()
 
     def _get(self) -> Any:
@@ -70,6 +80,18 @@ class ElementwiseKernel:
         try:
             return self._get()(*args)
         except Exception as error:  # noqa: BLE001 - any compiler failure: the caller's reference takes over
+            if _is_recompile_limit(error) and self._raised_limit_calls < RECOMPILE_LIMIT:
+                # a model with many distinct shapes (sizes of 1, equal sizes that dynamo's duck shaping ties
+                # together): compile this one too, under a higher limit for this kernel only. The limit is
+                # checked only on a cache miss, so calls that hit a compiled graph never pay for the patch.
+                self._raised_limit_calls += 1
+                try:
+                    import torch._dynamo
+
+                    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                        return self._compiled(*args)
+                except Exception as retry_error:  # noqa: BLE001
+                    error = retry_error
             self.error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
             logger.warning("compiled kernel %s failed (%s); using torch operations from now on", self.name,
                            self.error)
