@@ -454,7 +454,7 @@ class TestKernelBackends:
         x = torch.randn(64, 3, 8, 8, device="cuda")
         amax = x.abs().amax(dim=(1, 2, 3), keepdim=True)
         out = tq.fake_tensor_quant(x, amax, 8, False, True, "onnx")
-        assert kernels._verified[(str(x.device), torch.float32, "onnx", True)]
+        assert kernels.fused_status(x.device, torch.float32, "onnx", True, -127.0, 127.0)[0] is True
         assert torch.equal(out.cpu(), tq.fake_tensor_quant(x.cpu(), amax.cpu(), 8, False, True, "onnx"))
 
     @pytest.mark.cuda
