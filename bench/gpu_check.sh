@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU check: builds the C kernels in place, runs the CUDA-marked tests and the GPU benchmarks
+# One GPU check: builds the C kernels in place, reports what the fused CUDA kernels do (bench/cuda_diag.py), runs
+# the CUDA-marked tests and the GPU benchmarks
 # (fake-quant forward and forward+backward, calibration, sensitivity, export), and prints one table
 # (also written to $OUT/gpu_table.txt when OUT is set). Every step has its own timeout, capped by what
 # is left of an overall budget (CHECK_BUDGET_S, default 470 s), so one hang cannot eat the others' time.
@@ -88,9 +89,11 @@ cuda_tests() {
 # GPU_CHECK_DEVICE=cpu runs the benchmark steps on the CPU: a dry run of this script on a machine without a GPU
 device="${GPU_CHECK_DEVICE:-cuda}"
 if [[ -z "$gpu" && "$device" == "cuda" ]]; then
-    for name in "CUDA tests" "fake-quant" "calibration" "sensitivity" "export"; do add_row "$name" "-" "no GPU: skipped" ""; done
+    for name in "cuda diag" "CUDA tests" "fake-quant" "calibration" "sensitivity" "export"; do add_row "$name" "-" "no GPU: skipped" ""; done
 else
     export -f cuda_tests && export PY LOGS
+    # first: which path each fused kernel takes, its bits against the CPU, its speed (warms Inductor's cache)
+    run_step "cuda diag" 100 "$PY" bench/cuda_diag.py --device "$device" --budget-s 80
     run_step "CUDA tests" 150 bash -c cuda_tests
     run_step "fake-quant" 60 "$PY" bench/gpu_bench.py fake-quant --device "$device" --repeats 7
     run_step "calibration" 50 "$PY" bench/gpu_bench.py calibration --device "$device" --repeats 3

@@ -10,9 +10,8 @@ if [ "${1:-}" = "--gui" ]; then
     source "$(dirname "${BASH_SOURCE[0]}")/setup-env.sh"
     # the Debian libraries Qt needs for a window and QtWebEngine (the graph tab); if a window still does not
     # open, QT_DEBUG_PLUGINS=1 names the library really missing (Qt's "xcb-cursor0 is needed" can mislead)
-    install_debs libglib2.0-0 libgl1 libxkbcommon0 libegl1 libfontconfig1 libdbus-1-3 \
-        libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0 \
-        libnspr4 libnss3 libxcomposite1 libxdamage1 libxrandr2 libxtst6 libasound2 libxkbfile1
+    # shellcheck disable=SC2086
+    install_debs $QT_OFFSCREEN_DEBS $QT_WINDOW_DEBS $QT_WEBENGINE_DEBS
     if [ -z "${DISPLAY:-}" ] && [ -z "${WAYLAND_DISPLAY:-}" ] && [ -z "${QT_QPA_PLATFORM:-}" ]; then
         echo "error: no display to open a window on (DISPLAY is not set)." >&2
         echo "Run it on a desktop, under a virtual one (xvfb-run -a bash scripts/demo.sh --gui)," >&2

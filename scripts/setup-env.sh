@@ -21,6 +21,9 @@ missing_debs() {
     done
 }
 
+# shellcheck source=debian-packages.sh
+source "$ROOT/scripts/debian-packages.sh"
+
 apt_updated=0
 install_debs() {
     local missing

@@ -4,8 +4,10 @@
 set -euo pipefail
 export WORKBENCH_EXTRAS="test"
 source "$(dirname "${BASH_SOURCE[0]}")/setup-env.sh"
-# the Debian libraries Qt needs for offscreen widgets and pyqtgraph
-install_debs libglib2.0-0 libgl1 libxkbcommon0 libegl1 libfontconfig1 libdbus-1-3
+# the Debian libraries Qt needs for offscreen widgets and pyqtgraph, and QtWebEngine's for the graph tab's
+# tests (without them those tests skip: a fresh machine would pass without testing the graph tab)
+# shellcheck disable=SC2086
+install_debs $QT_OFFSCREEN_DEBS $QT_WEBENGINE_DEBS
 export QT_QPA_PLATFORM="${QT_QPA_PLATFORM:-offscreen}"
 cd "$ROOT"
 exec python -m pytest "$@"

@@ -29,6 +29,7 @@ logger = logging.getLogger("workbench")
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 EXIT_NOT_REACHED = 3  # a search ran and was saved, but did not reach its goal (sensitivity --target/--tolerance)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, as shells and CI expect
 
 
 class UsageError(Exception):
@@ -49,7 +50,10 @@ class _Progress:
         self._previous_handler = None
 
     def __enter__(self) -> _Progress:
-        if threading.current_thread() is threading.main_thread():
+        from workbench.launcher import in_launched_worker
+
+        # in a --workers process Ctrl-C belongs to the launcher (it stops every worker and says so once)
+        if threading.current_thread() is threading.main_thread() and not in_launched_worker():
             self._previous_handler = signal.signal(signal.SIGINT, self._interrupt)
         return self
 
@@ -57,7 +61,8 @@ class _Progress:
         if self.cancel.is_set():
             raise KeyboardInterrupt
         self.cancel.set()
-        print("\nworkbench: cancelling after the current step (Ctrl-C again to abort)", file=sys.stderr)
+        if sys.stderr.isatty():  # feedback while the step ends; the result is the one line a script reads
+            print("\nworkbench: cancelling after the current step (Ctrl-C again to abort)", file=sys.stderr)
 
     def __call__(self, done: int, total: int, message: str) -> None:
         if not self.enabled:
@@ -213,13 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _launch_workers(args: argparse.Namespace, argv: list[str]) -> int:
     """``--workers N``: the same command in N processes; rank 0 prints the result and writes the project."""
-    from workbench.launcher import WorkerFailed, launch
+    from workbench.launcher import JobInterrupted, WorkerFailed, launch
 
     if args.workers < 1:
         print(f"workbench: error: --workers must be at least 1, got {args.workers}.", file=sys.stderr)
         return EXIT_USAGE
     try:
         return launch(_worker_main, (argv,), nprocs=args.workers)
+    except JobInterrupted as error:  # Ctrl-C: one line and 130, not the agent's traceback
+        print(f"workbench: {error}; the project was not changed.", file=sys.stderr)
+        return 128 + error.signum
     except WorkerFailed as error:
         print(f"workbench: error: {error} The project was not changed.", file=sys.stderr)
         return EXIT_INTERNAL
@@ -233,12 +241,24 @@ def _worker_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(message)s")
     code, message = _run(args)
+    if code == EXIT_INTERRUPTED:  # the launcher reports the interrupt once, for the whole job
+        raise SystemExit(code)
     if code != EXIT_OK:
         raise WorkerError((message or f"exit code {code}").removeprefix("error: "))
     return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``workbench`` command: its exit code (0 success, 1 internal error, 2 bad input, 3 a search that
+    did not reach its goal, 130 interrupted by Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (while starting, say): one line
+        print("workbench: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -291,14 +311,14 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
             raise
         return EXIT_USAGE, (f"error: user code called sys.exit({exit_.code!r}) during '{args.command}'; nothing "
                             "was saved.")
-    except cancelled as error:
-        return EXIT_INTERNAL, f"cancelled: {error}"
+    except cancelled as error:  # on the command line only Ctrl-C cancels
+        return EXIT_INTERRUPTED, f"cancelled: {error}"
     except user_errors as error:
         if args.debug:
             raise
         return EXIT_USAGE, f"error: {error}"
     except KeyboardInterrupt:
-        return EXIT_INTERNAL, "interrupted"
+        return EXIT_INTERRUPTED, "interrupted"
     except BrokenPipeError:  # output piped into `head` and friends: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK, None

@@ -107,6 +107,7 @@ def _new_notes(summary: dict[str, Any]) -> list[str]:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    from workbench.session.exports import suspicious_exports
     from workbench.sources.errors import TrustRequired
 
     try:
@@ -154,6 +155,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
             lines.append(f"  warning: {tuned['status']}")
     for message in summary["file_changes"] + [f"recalibrate: {n}" for n in summary["stale_quantizers"][:5]]:
         lines.append(f"  warning: {message}")
+    # a project received from someone else may carry a crafted export history: say what looks wrong in it
+    summary["suspicious_exports"] = suspicious_exports(session.project, session.path, session.base_dir)
+    lines += [f"  warning: suspicious export history: {note} (an export never overwrites it without --force)"
+              for note in summary["suspicious_exports"]]
     lines.append(f"  layers: {summary['quantized_layers']} of {summary['layers']} quantized")
     lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["not_quantizable"]]
     lines += [f"    {item['name']} ({item['type']}): {item['reason']}" for item in summary["float_by_default"]]

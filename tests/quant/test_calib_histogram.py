@@ -110,9 +110,12 @@ class TestCollection:
         assert int(calibrator.calib_hist.sum()) == 2
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-    def test_compiled_collection_equals_torch_collection(self, dtype, monkeypatch):
+    @pytest.mark.parametrize("with_nan", [True, False])  # False: the torch path's no-filtering branch
+    def test_compiled_collection_equals_torch_collection(self, dtype, with_nan, monkeypatch):
         x = torch.relu(torch.randn(20000) * 4).to(dtype)
-        x[7] = float("nan")
+        if with_nan:
+            x[7] = float("nan")
+        x[8] = -0.0  # a skipped zero too
         fast = HistogramCalibrator(8, None, False, skip_zeros=True)
         fast.collect(x)
         fast.collect(x * 3)
@@ -121,7 +124,8 @@ class TestCollection:
         slow.collect(x)
         slow.collect(x * 3)
         assert torch.equal(fast.calib_hist, slow.calib_hist)
-        assert fast.nonfinite_count == slow.nonfinite_count == 2
+        assert int(slow.calib_hist.sum()) == 2 * int((x != 0).sum()) - 2 * with_nan  # NaN != 0 is True
+        assert fast.nonfinite_count == slow.nonfinite_count == 2 * with_nan
 
     @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -20,12 +20,13 @@ from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric
 from workbench.analysis.units import Unit
 from workbench.quant.batches import model_device, model_inputs, select_output, to_device
 from workbench.quant.calibrate import CancelToken, ProgressCallback
+from workbench.quant.distributed import Digest, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import all_quantizers, is_quantizing
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Evaluator", "materialise_batches", "same_output", "report_progress"]
+__all__ = ["Evaluator", "materialise_batches", "same_output", "report_progress", "check_ranks_agree"]
 
 
 def report_progress(progress: ProgressCallback | None, done: int, total: int, message: str) -> None:
@@ -55,6 +56,20 @@ def materialise_batches(batches: Iterable, num_batches: int | None) -> list:
     if not materialised:
         raise ValueError("No batches: the data source yielded nothing.")
     return materialised
+
+
+def check_ranks_agree(context: DistContext, batches: Sequence[Any], model: nn.Module, job: str, settings: Any) -> None:
+    """Before ranks share work: every rank must hold the same batches, settings and model (weights and
+    calibration), or their results would be merged across two different jobs.
+
+    Raises:
+        RanksDisagree: which part differs, with the ranks grouped by what they hold.
+    """
+    if not context.distributed:
+        return
+    context.check_same({"data": Digest().update(list(batches)).hexdigest(),
+                        "settings": Digest().update(settings).hexdigest(),
+                        "model and calibration": Digest().update(dict(model.state_dict())).hexdigest()}, job)
 
 
 class Evaluator:
@@ -137,7 +152,8 @@ class Evaluator:
         if isinstance(self.metric, ModelMetric):
             self.check_cancel(describe_stage(stage, unit))
             try:
-                value = self.metric.evaluate(self.model, self.batches)
+                # the user's metric runs the model itself: on its own copy of the batches, as each pass does
+                value = self.metric.evaluate(self.model, [to_device(b, None, copy=True) for b in self.batches])
             except Exception as error:  # the user's metric (and model inside it): report where
                 raise MetricError(self.metric.name, unit=unit, stage=stage, original=error) from error
             return self._checked(value, stage, unit)
@@ -189,8 +205,18 @@ class Evaluator:
                                     original=error) from error
         return found
 
-    def _call_model(self, i: int) -> Any:
+    def fresh_inputs(self, i: int) -> tuple[tuple, dict]:
+        """A copy of batch ``i``'s inputs (args, kwargs) for one pass.
+
+        Every pass gets its own copy: a model that edits its input in place would otherwise feed the next
+        configuration (INT8 after FP32, each sensitivity pass) an already-changed batch. One memory copy of
+        the inputs per call: bench/input_copy.py measures what it costs against the pass itself.
+        """
         args, kwargs = self.inputs[i]
+        return to_device(args, self.device, copy=True), to_device(kwargs, self.device, copy=True)
+
+    def _call_model(self, i: int) -> Any:
+        args, kwargs = self.fresh_inputs(i)
         return self.model(*args, **kwargs)
 
     def measure_fp32(self) -> float:

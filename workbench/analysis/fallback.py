@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled
-from workbench.analysis.evaluator import Evaluator, materialise_batches, report_progress
+from workbench.analysis.evaluator import Evaluator, check_ranks_agree, materialise_batches, report_progress
 from workbench.analysis.metrics import Direction, Metric, SqnrMetric, get_metric
 from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, SensitivityResult
 from workbench.analysis.sensitivity import measure_baselines, run_profile
@@ -117,6 +117,9 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
     order = None if ranking is None else _ranking_units(model, ranking)
     profile_units = resolve_units(model, units) if order is None else []
     batch_list = materialise_batches(batches, num_batches)
+    check_ranks_agree(context, batch_list, model, "fallback search",
+                      [scheme, chosen_metric.to_dict(), tolerance, target, max_units, output,
+                       [u.name for u in order or profile_units]])
     started = time.perf_counter()
     candidates = len(order) if order is not None else len(profile_units)
     limit = candidates if max_units is None else min(max_units, candidates)

@@ -22,7 +22,13 @@ import torch
 from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled, AnalysisError, describe_stage
-from workbench.analysis.evaluator import Evaluator, materialise_batches, report_progress, same_output
+from workbench.analysis.evaluator import (
+    Evaluator,
+    check_ranks_agree,
+    materialise_batches,
+    report_progress,
+    same_output,
+)
 from workbench.analysis.metrics import Direction, Metric, ModelMetric, OutputMetric, get_metric
 from workbench.analysis.prefix_cache import PrefixPlan, build_plan
 from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
@@ -88,6 +94,8 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
     total = len(unit_list) + 2
     context = context or SINGLE
     progress = context.main_only(progress)
+    check_ranks_agree(context, batch_list, model, "sensitivity analysis",
+                      [scheme, chosen_metric.to_dict(), [u.name for u in unit_list], output, cache])
     with ModelSnapshot(model), torch.no_grad():
         evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         fp32, quantized = measure_baselines(evaluator, progress, total, context)
@@ -139,7 +147,7 @@ def _plan_for(evaluator: Evaluator, units: list[Unit], base: str,
     # trace specialised to other inputs (a branch on an argument, say). Quantizer flags cannot be baked
     # in: every module holding quantizers is an opaque call in the graph.
     evaluator.configure(base)
-    args, kwargs = evaluator.inputs[0]
+    args, kwargs = evaluator.fresh_inputs(0)
     try:
         output = plan.run(args, kwargs)
     except Exception as error:  # a trace that cannot run is a trace we do not use
@@ -227,7 +235,7 @@ def run_profile(evaluator: Evaluator, units: list[Unit], scheme: str, *, fp32: f
                 report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
         else:
             # units in execution order, so that each batch's cached state only ever moves forward
-            states = [plan.start(args, kwargs) for args, kwargs in evaluator.inputs]
+            states = [plan.start(*evaluator.fresh_inputs(b)) for b in range(len(evaluator.inputs))]
             for i in sorted(range(len(units)), key=lambda k: cuts[k]):
                 unit = units[i]
                 evaluator.configure(base)

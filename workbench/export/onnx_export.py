@@ -44,6 +44,7 @@ import onnx
 import torch
 from torch import nn
 
+from workbench import __version__
 from workbench.export.errors import ExportValidationError, SampleInputError
 from workbench.export.exporters import Exporter, first_line, quiet, run_exporter, token_inputs
 from workbench.export.formats import (
@@ -63,6 +64,7 @@ from workbench.export.onnx_file import (
     write_onnx,
 )
 from workbench.export.opset import default_opset
+from workbench.export.provenance import WRITER
 from workbench.export.qdq import FORMAT_OPSET
 from workbench.export.reference import (
     ExportCall,
@@ -433,7 +435,8 @@ def export_qdq_onnx(model: nn.Module,
             report.file_size = path.stat().st_size
 
         if amax_json_path is not None:
-            table = {"model": type(model).__name__, "onnx": path.name, "quantizers": amax_table_of(model, params)}
+            table = {"writer": f"{WRITER} {__version__}", "model": type(model).__name__, "onnx": path.name,
+                     "quantizers": amax_table_of(model, params)}
             report.amax_json_path = str(write_json_atomic(amax_json_path, table))
         if calibration_cache_path is not None or float_onnx_path is not None:
             amax_by_scale = {f"{s.quantizer_name}.scale": amax_of(s) for s in swapped.values()

@@ -303,8 +303,8 @@ def run_reference(model: nn.Module, inputs: tuple[torch.Tensor, ...], input_name
     inner = model.model if isinstance(model, ExportCall) else model
     tracker = _LayerTracker(inner)
     try:
-        with torch.no_grad():
-            output = model(*inputs)
+        with torch.no_grad():  # a copy: a model that edits its input in place must not change the sample
+            output = model(*(t.clone() for t in inputs))  # that onnxruntime runs next
     except ExportError:
         raise
     except Exception as error:

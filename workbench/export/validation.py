@@ -12,6 +12,7 @@ from torch import nn
 
 from workbench.export.errors import ExportValidationError
 from workbench.export.naming import name_nodes_by_module
+from workbench.export.provenance import mark_onnx
 from workbench.export.qdq import ExportParams, QDQStandIn, export_params
 from workbench.export.report import OutputParity
 from workbench.quant.snapshot import all_quantizers, quantizer_names
@@ -29,6 +30,7 @@ def post_process(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]) -> 
     name_qdq_nodes(proto, scale_to_quantizer)
     name_nodes_by_module(proto)  # engine layer names then read "stem.0/Conv + stem.2/Relu"
     drop_stack_traces(proto)
+    mark_onnx(proto)  # so a later export can tell this file from one it must not replace
 
 
 # the exporter records each node's Python stack: paths and source lines of the user's machine, in a file

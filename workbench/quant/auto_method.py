@@ -134,11 +134,17 @@ class _Accumulator:
         noise = 0.0
         for r, t in zip(ref, out):
             if r.is_floating_point() and r.shape == t.shape:
-                noise += float((r.double() - t.double()).pow(2).sum())
+                # NaN/Inf elements are left out, as the calibrators leave them out: one bad batch must not
+                # turn every candidate's SQNR into NaN
+                diff = (r.double() - t.double()).pow(2)
+                noise += float(diff[torch.isfinite(diff)].sum())
         self.noise[method] += noise
 
     def add_signal(self, reference: Any) -> None:
-        self.signal += sum(float(r.double().pow(2).sum()) for r in flat_tensors(reference) if r.is_floating_point())
+        for r in flat_tensors(reference):
+            if r.is_floating_point():
+                power = r.double().pow(2)
+                self.signal += float(power[torch.isfinite(power)].sum())
 
 
 def choose_methods(model: nn.Module, quantizers: dict[str, TensorQuantizer], candidates: dict[str, dict[str, float]],

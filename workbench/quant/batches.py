@@ -63,21 +63,27 @@ def batch_targets(batch: Any) -> Any:
     return None
 
 
-def to_device(value: Any, device: torch.device) -> Any:
-    """``value`` with every tensor in it (nested tuples, lists, dicts) moved to ``device``."""
+def to_device(value: Any, device: torch.device | None, copy: bool = False) -> Any:
+    """``value`` with every tensor in it (nested tuples, lists, dicts) moved to ``device`` (None: where it
+    is); with ``copy``, every tensor is a new one even where it is on ``device`` already (one copy either way)."""
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
+        return value.to(device, non_blocking=True, copy=copy)
     if isinstance(value, (tuple, list)):
-        return type(value)(to_device(v, device) for v in value)
+        return type(value)(to_device(v, device, copy) for v in value)
     if isinstance(value, Mapping):
-        return {k: to_device(v, device) for k, v in value.items()}
+        return {k: to_device(v, device, copy) for k, v in value.items()}
     return value
 
 
 def run_model(model: nn.Module, batch: Any, device: torch.device) -> Any:
-    """Call the model on one batch (see :func:`model_inputs`) on ``device``."""
+    """Call the model on one batch (see :func:`model_inputs`) on ``device``.
+
+    The model gets its own copy of the inputs: a model that changes its input in place (``x.mul_(...)``,
+    ``relu_`` on the input) must not change the batch that the next pass (INT8 after FP32, the next epoch, a
+    cached data source) reads. The copy costs one memory copy of the inputs per call (bench/input_copy.py).
+    """
     args, kwargs = model_inputs(batch)
-    return model(*to_device(args, device), **to_device(kwargs, device))
+    return model(*to_device(args, device, copy=True), **to_device(kwargs, device, copy=True))
 
 
 def first_samples(inputs: Any, count: int) -> Any:

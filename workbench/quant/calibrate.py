@@ -6,7 +6,6 @@ model's quantizers are left exactly as they were (state_dict, enable flags, coll
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
@@ -24,14 +23,14 @@ from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, M
 from workbench.quant.calib.checks import CalibrationWarning, histogram_warnings
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.merge import merge_calibrators
-from workbench.quant.distributed import SINGLE, DistContext
+from workbench.quant.distributed import SINGLE, Digest, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import ModelSnapshot
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["calibrate", "CalibrationResult", "QuantizerCalibration", "CalibrationCancelled", "CalibrationError",
-           "NonFiniteCalibrationError", "AmaxError", "AUTO_BATCHES", "REPLAY_BYTES",
+           "NonFiniteCalibrationError", "NothingReachedError", "AmaxError", "AUTO_BATCHES", "REPLAY_BYTES",
            "CancelToken", "ProgressCallback", "model_inputs", "run_model", "sqnr_db", "model_device"]
 
 ProgressCallback = Callable[[int, int, str], None]
@@ -60,6 +59,26 @@ class CalibrationError(RuntimeError):
         self.original = original
         super().__init__(f"The model failed on calibration batch {batch_index}: "
                          f"{type(original).__name__}: {original}")
+
+
+class NothingReachedError(ValueError):
+    """The model ran on the calibration data without calling any quantizer that calibrates: nothing can be
+    learned, and an empty result must not replace a good calibration. The model is unchanged.
+
+    Attributes:
+        names: the quantizers that were waiting for data.
+        batches: how many batches ran.
+    """
+
+    def __init__(self, names: list[str], batches: int) -> None:
+        self.names, self.batches = list(names), batches
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        super().__init__(f"Calibration reached no quantizer: the model ran on {batches} batch"
+                         f"{'es' if batches != 1 else ''} without calling any of its {len(names)} quantizers "
+                         f"({shown}). Nothing was changed (the previous calibration, if any, is kept). Check that "
+                         "the model's forward goes through its quantized layers for this data (a fused fast path, a "
+                         "branch on the input, or a different model than the one the layers were chosen on skips "
+                         "them).")
 
 
 class NonFiniteCalibrationError(ValueError):
@@ -236,9 +255,11 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
     total = num_batches if num_batches is not None else _length_or_zero(batches)
     started = time.perf_counter()
     local_progress = progress
+    data_digest = Digest()
     if context.distributed:
-        # this rank's share: the same batches in all as one process, dealt round robin
-        batches = itertools.islice(batches, context.rank, num_batches, context.world_size)
+        # this rank's share: the same batches in all as one process, dealt round robin; every batch is
+        # read (and digested) on every rank, so that ranks with different data refuse to merge
+        batches = _dealt(batches, num_batches, context, data_digest)
         num_batches = None
         local_progress = context.progress(context.main_only(progress), total, "calibration")
 
@@ -288,6 +309,9 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                     local_progress(done, total, f"calibration batch {done}" + (f" of {total}" if total else ""))
         if context.distributed:
             context.wait_for_peers(local_progress, "calibration batches")
+            context.check_same({"calibration data": data_digest.hexdigest(),
+                                "calibration settings": _settings_digest(calibrating, method, percentile, total),
+                                "model weights": _weights_digest(model)}, "calibration")
             merge_calibrators({name: q._calibrator for name, q in calibrating.items()}, context)
             counts_and_flags = context.all_gather((done, mostly_nonfinite))
             done = sum(count for count, _ in counts_and_flags)
@@ -336,6 +360,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                 max_value=None if max_value is None else float(max_value.max()))
         if blind:
             raise NonFiniteCalibrationError(blind)
+        if calibrating and not results:
+            raise NothingReachedError(list(calibrating), done)
         for name, amax in refine_block_amax(model, block_method).items():  # weights: the same on every rank
             if name in results:
                 results[name].amax = amax.cpu().clone()
@@ -476,6 +502,31 @@ def _zero_warnings(results: dict[str, QuantizerCalibration]) -> list[str]:
             "use calibration data that reaches this layer with non-zero values, or leave the layer in float."
             for item in results.values() if item.max_value is not None and item.max_value == 0
             and float(item.amax.abs().max()) == 0]
+
+
+def _dealt(batches: Iterable, num_batches: int | None, context: DistContext, digest: Digest) -> Iterable:
+    """This rank's batches (round robin over the ranks); every batch up to ``num_batches`` goes into ``digest``."""
+    for index, batch in enumerate(batches):
+        if num_batches is not None and index >= num_batches:
+            return
+        digest.update(batch)
+        if index % context.world_size == context.rank:
+            yield batch
+
+
+def _settings_digest(calibrating: dict[str, TensorQuantizer], method: str, percentile: float, total: int) -> str:
+    """What decides a calibration besides the data and weights: method, batches, and each quantizer's setup."""
+    digest = Digest().update([method, percentile, total])
+    for name, q in calibrating.items():
+        calibrator = q._calibrator
+        digest.update([name, q.num_bits, q.axis, q.unsigned, q.narrow_range, type(calibrator).__name__,
+                       getattr(calibrator, "num_bins", None)])
+    return digest.hexdigest()
+
+
+def _weights_digest(model: nn.Module) -> str:
+    """The model's parameters (not the quantizers' buffers, which calibration is about to set)."""
+    return Digest().update({name: p for name, p in model.named_parameters()}).hexdigest()
 
 
 def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batches: list, device: torch.device,

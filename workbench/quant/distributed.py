@@ -12,8 +12,10 @@ fastest wait for the slowest at every batch.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 __all__ = ["DistContext", "SINGLE", "init_from_env", "launched_by_torchrun", "shard", "deal", "DEFAULT_TIMEOUT_S",
-           "TIMEOUT_ENV", "DistributedError"]
+           "TIMEOUT_ENV", "DistributedError", "RanksDisagree", "RankNotAnswering", "Digest"]
 
 T = TypeVar("T")
 
@@ -38,6 +40,66 @@ ProgressCallback = Callable[[int, int, str], None]
 
 class DistributedError(RuntimeError):
     """A distributed job cannot start or a collective failed (a peer died, or it timed out)."""
+
+
+class RankNotAnswering(DistributedError):
+    """A collective timed out and these ranks never reached it (hung or lost); the message names them.
+
+    Attributes:
+        ranks: the ranks that did not answer.
+    """
+
+    def __init__(self, message: str, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+
+class RanksDisagree(DistributedError, ValueError):
+    """The ranks of a job do not hold the same data or settings: merging their results would mix two jobs.
+    A ValueError too: it is the user's set-up to fix (exit code 2), not an internal error.
+
+    Attributes:
+        part: what differs ("data", "settings", "model").
+        groups: the ranks grouped by the digest they hold, largest group first.
+    """
+
+    def __init__(self, job: str, part: str, groups: list[list[int]], digests: list[str]) -> None:
+        self.part, self.groups = part, groups
+        described = "; ".join(f"rank{'s' if len(g) > 1 else ''} {', '.join(map(str, g))}: {d[:12]}"
+                              for g, d in zip(groups, digests))
+        super().__init__(f"The ranks of this {job} do not have the same {part} ({described}); nothing was merged "
+                         "and the project was not changed. Give every rank (every node) the same project, model "
+                         "and data files.")
+
+
+class Digest:
+    """A running digest of what a rank works on: tensors (dtype, shape and bytes), numbers, strings,
+    and tuples, lists and dicts of them. Ranks compare digests before they merge (:meth:`DistContext.check_same`)."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=20)
+
+    def update(self, value: Any) -> Digest:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().to("cpu").contiguous()
+            self._hash.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+            self._hash.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        elif isinstance(value, dict):
+            self._hash.update(b"{")
+            for key in sorted(value, key=str):
+                self.update(str(key)).update(value[key])
+            self._hash.update(b"}")
+        elif isinstance(value, (tuple, list)):
+            self._hash.update(b"[")
+            for item in value:
+                self.update(item)
+            self._hash.update(b"]")
+        else:
+            self._hash.update(f"{type(value).__name__}:{value!r};".encode())
+        return self
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
 
 
 @dataclass
@@ -62,6 +124,7 @@ class DistContext:
     timeout_s: float = DEFAULT_TIMEOUT_S
     store: Any = None
     _progress_keys: int = 0
+    _collectives: int = 0  # every rank calls the same collectives in the same order: the count names each one
 
     @property
     def distributed(self) -> bool:
@@ -77,9 +140,11 @@ class DistContext:
         if not self.distributed:
             return [value]
         gathered: list[Any] = [None] * self.world_size
+        arrival = self._arrive()
         try:
             dist.all_gather_object(gathered, value)
         except Exception as error:  # a peer died or the timeout passed: say so in our terms
+            self._raise_absent(arrival, "gathering results", error)
             raise DistributedError(f"rank {self.rank}: gathering results from the other ranks failed "
                                    f"({type(error).__name__}: {error})") from error
         return gathered
@@ -90,14 +155,68 @@ class DistContext:
             return tensor
         reduce_op = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op]
         work = tensor.to(self.collective_device)
+        arrival = self._arrive()
         try:
             dist.all_reduce(work, op=reduce_op)
         except Exception as error:
+            self._raise_absent(arrival, f"the all-reduce ({op})", error)
             raise DistributedError(f"rank {self.rank}: all-reduce ({op}) with the other ranks failed "
                                    f"({type(error).__name__}: {error})") from error
         if work is not tensor:
             tensor.copy_(work)
         return tensor
+
+    def check_same(self, parts: dict[str, str], job: str) -> None:
+        """Compare every rank's digests of its data, settings and model (``{part: digest}``) before a merge.
+
+        Raises:
+            RanksDisagree: some rank holds another digest for a part; the message groups the ranks by digest.
+        """
+        if not self.distributed:
+            return
+        gathered = self.all_gather(dict(parts))
+        for part in parts:
+            by_digest: dict[str, list[int]] = {}
+            for rank, theirs in enumerate(gathered):
+                by_digest.setdefault(str(theirs.get(part)), []).append(rank)
+            if len(by_digest) > 1:
+                ordered = sorted(by_digest.items(), key=lambda item: (-len(item[1]), item[1]))
+                raise RanksDisagree(job, part, [ranks for _, ranks in ordered], [d for d, _ in ordered])
+
+    # ----- which rank did not answer -------------------------------------------------------------
+
+    def _arrive(self) -> str | None:
+        """Mark in the store that this rank reached the next collective; the key's prefix, or None."""
+        self._collectives += 1
+        if self.store is None:
+            return None
+        prefix = f"workbench/arrived/{self._collectives}"
+        try:
+            self.store.set(f"{prefix}/{self.rank}", socket.gethostname())
+        except Exception:  # the store is gone (its host died): the collective's own error says enough
+            return None
+        return prefix
+
+    def _raise_absent(self, prefix: str | None, step: str, error: BaseException) -> None:
+        """After a failed collective: raise :class:`RankNotAnswering` naming the ranks that never reached it."""
+        text = f"{error} {error.__cause__ or ''}".lower()
+        if prefix is None or self.store is None or not ("timed out" in text or "timeout" in text):
+            return  # a peer that died closes its connections at once: the launcher reports its death
+        try:
+            absent = [r for r in range(self.world_size) if not self.store.check([f"{prefix}/{r}"])]
+            hosts = {r: self.store.get(f"workbench/hosts/{r}").decode() for r in absent
+                     if self.store.check([f"workbench/hosts/{r}"])}
+        except Exception:  # the store is unreachable too: nothing more can be learned
+            return
+        if not absent:
+            return
+        here = socket.gethostname()
+        named = ", ".join(f"{r}" + (f" (on {hosts[r]})" if hosts.get(r, here) != here else "") for r in absent)
+        many = len(absent) > 1
+        raise RankNotAnswering(
+            f"rank{'s' if many else ''} {named} did not answer within {self.timeout_s:g} s: "
+            f"{'they' if many else 'it'} never reached {step} (hung, or lost with {'their' if many else 'its'} "
+            f"node); rank {self.rank} stopped waiting ({type(error).__name__})", absent) from error
 
     @property
     def collective_device(self) -> torch.device:
@@ -266,5 +385,10 @@ def init_from_env(device: str | None = None, timeout_s: float | None = None) -> 
         raise DistributedError(f"rank {rank}: could not join the {world_size}-process job "
                                f"({type(error).__name__}: {error})") from error
     logger.info("rank %d of %d on %s (%s)", rank, world_size, run_device, backend)
+    jobs_store = dist.PrefixStore("workbench/jobs", store)
+    try:  # so that a rank that stops answering can be named with its machine (multi-node jobs)
+        jobs_store.set(f"workbench/hosts/{rank}", socket.gethostname())
+    except Exception:  # noqa: BLE001 - a name in a later message only
+        pass
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=run_device, backend=backend,
-                       timeout_s=timeout_s, store=dist.PrefixStore("workbench/jobs", store))
+                       timeout_s=timeout_s, store=jobs_store)

@@ -28,10 +28,12 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
+
+from workbench.quant.compiled import ElementwiseKernel
 
 logger = logging.getLogger(__name__)
 
@@ -225,103 +227,179 @@ def quantize_reference(
 
 # ----- CUDA: one fused kernel from torch.compile (Inductor/Triton), checked before first use -------------
 #
-# The four variants (divide or multiply, dequantize or not) are separate functions, and tensors reach
-# them as [outer, channels, inner] with parameters shaped [1, channels, 1], so that each compiled
-# function only ever sees a few dtypes: a handful of graphs, far below torch.compile's recompile limit.
+# The four variants (divide or multiply, dequantize or not) are compiled separately per dtype, bounds and
+# layout (workbench.quant.compiled gives each its own dynamo cache, exact division and a fallback on any
+# error). Tensors reach them flattened to 1-D with one (a, b) per tensor, or as [outer, channels, inner]
+# with parameters shaped [1, channels, 1], so each compiled function sees at most four shape variants.
 
 
-def _fq_divide(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
-    return (torch.clamp(torch.round(x.to(a.dtype) / a), lo, hi) * b).to(out_dtype)
+def _fused_formula(x, amax, lo: float, hi: float, max_bound: float, divide: bool, dequantize: bool,
+                   out_dtype: torch.dtype):
+    # quant_params inside the kernel: Inductor folds the per-channel parameters into the one elementwise
+    # loop, instead of ~8 tiny kernel launches per call before it
+    a, b = quant_params(amax, max_bound, "onnx" if divide else "pytorch_quantization")
+    return elementwise(x, a.float(), b.float(), lo, hi, divide, dequantize, out_dtype)
 
 
-def _fq_multiply(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
-    return (torch.clamp(torch.round(x.to(a.dtype) * a), lo, hi) / b).to(out_dtype)
-
-
-def _q_divide(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
-    return torch.clamp(torch.round(x.to(a.dtype) / a), lo, hi).to(out_dtype)
-
-
-def _q_multiply(x, a, b, lo: float, hi: float, out_dtype: torch.dtype):
-    return torch.clamp(torch.round(x.to(a.dtype) * a), lo, hi).to(out_dtype)
-
-
-_VARIANTS = {(True, True): _fq_divide, (False, True): _fq_multiply, (True, False): _q_divide,
-             (False, False): _q_multiply}
-_compile_lock = threading.Lock()
-_compiled: dict[tuple[bool, bool], Any] = {}
-_compile_failed = False
+_kernels_lock = threading.Lock()
+_kernels: dict[tuple, ElementwiseKernel] = {}
 _verified: dict[tuple, bool] = {}
+_why_not: dict[tuple, str] = {}
 
 
-def compiled_variant(divide: bool, dequantize: bool) -> Any:
-    """The formula for one rounding convention and output kind, compiled by torch.compile into one fused
-    kernel (None if compiling is unavailable). ``WORKBENCH_FUSED_CUDA=0`` turns it off."""
-    global _compile_failed
-    if _compile_failed or os.environ.get("WORKBENCH_FUSED_CUDA", "1") == "0":
+def fused_enabled() -> bool:
+    """False when ``WORKBENCH_FUSED_CUDA=0`` switches the compiled CUDA kernels off (forward and STE)."""
+    return os.environ.get("WORKBENCH_FUSED_CUDA", "1") != "0"
+
+
+def compiled_variant(divide: bool, dequantize: bool, dtype: torch.dtype = torch.float32, min_bound: float = -127.0,
+                     max_bound: float = 127.0, per_tensor: bool = True,
+                     amax_dtype: torch.dtype = torch.float32) -> ElementwiseKernel | None:
+    """The formula for one rounding convention, output kind, dtype, integer range, layout and amax dtype,
+    compiled by torch.compile into one fused kernel (None when ``WORKBENCH_FUSED_CUDA=0``)."""
+    if not fused_enabled():
         return None
-    with _compile_lock:
-        if (divide, dequantize) not in _compiled:
-            try:
-                _compiled[(divide, dequantize)] = torch.compile(_VARIANTS[(divide, dequantize)], dynamic=True,
-                                                                fullgraph=True)
-            except Exception as error:  # noqa: BLE001 - no compiler, old torch: use torch operations
-                logger.info("torch.compile unavailable for fused fake quantization: %s", error)
-                _compile_failed = True
-                return None
-    return _compiled[(divide, dequantize)]
+    key = (divide, dequantize, dtype, float(min_bound), float(max_bound), per_tensor, amax_dtype)
+    with _kernels_lock:
+        if key not in _kernels:
+            tag = "_".join(["div" if divide else "mul", "fq" if dequantize else "q", str(dtype).split(".")[-1],
+                            "tensor" if per_tensor else "channel", str(len(_kernels))])
+            _kernels[key] = ElementwiseKernel(_fused_formula, tag)
+    return _kernels[key]
 
 
-def _as_rows(inputs: torch.Tensor, a: torch.Tensor, b: torch.Tensor, layout: ChannelLayout):
-    x = inputs.contiguous().view(layout.outer, layout.channels, layout.inner)
-    return x, a.reshape(1, layout.channels, 1), b.reshape(1, layout.channels, 1)
+def compiled_kernels() -> dict[tuple, ElementwiseKernel]:
+    """Every compiled forward kernel made so far, by (divide, dequantize, dtype, lo, hi, per_tensor, amax dtype)."""
+    with _kernels_lock:
+        return dict(_kernels)
 
 
-def fused_matches_reference(device: torch.device, dtype: torch.dtype, rounding: Rounding, dequantize: bool) -> bool:
-    """Run the compiled kernel once on values that exercise ties, clipping, NaN and Inf, per tensor and per
-    channel, and compare it bit for bit with the reference; it is used only if it agrees (a compiler
-    may round differently)."""
-    fn = compiled_variant(rounding == "onnx", dequantize)
-    if fn is None:
-        return False
+def _as_rows(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    x = inputs.contiguous()
+    if layout.channels == 1:
+        return x.view(-1), amax.reshape(1)
+    return x.view(layout.outer, layout.channels, layout.inner), amax.reshape(1, layout.channels, 1)
+
+
+def _run_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout, max_bound: float, min_bound: float,
+               rounding: Rounding, dequantize: bool) -> torch.Tensor | None:
+    kernel = _kernel_for(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
+    if kernel is None:
+        return None
+    x, amax = _as_rows(inputs, amax.to(inputs.device), layout)
+    out = kernel(x, amax, float(min_bound), float(max_bound), float(max_bound), rounding == "onnx", dequantize,
+                 inputs.dtype)
+    return None if out is None else out.view(inputs.shape)
+
+
+def _kernel_for(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout, max_bound: float, min_bound: float,
+                rounding: Rounding, dequantize: bool) -> ElementwiseKernel | None:
+    amax_dtype = torch.float64 if amax.dtype == torch.float64 else torch.float32
+    return compiled_variant(rounding == "onnx", dequantize, inputs.dtype, min_bound, max_bound, layout.channels == 1,
+                            amax_dtype)
+
+
+def probe_tensors(channels: int = 37, per_channel: int = 2052) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs (``[4, channels, per_channel // 4]``) and per-channel amax (``[1, channels, 1]``) that find an
+    inexact kernel: for every channel, values at and 1-2 float32 steps either side of each rounding boundary
+    ``(k + 1/2) * amax / 127`` (where an approximate division or reciprocal flips the integer), plus random
+    values, clipping, NaN, +-Inf, -0, subnormals; amax ranges over decades and includes 0 and a tiny value."""
     generator = torch.Generator().manual_seed(0)
-    probe = torch.randn(3, 4099, generator=generator) * 3
-    probe[0, :64] = torch.arange(64) / 8 - 4  # exact multiples of a step of 1/8: rounding ties
-    probe[1, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
-    probe = probe.to(device=device, dtype=dtype)
-    try:
-        for amax in (torch.tensor(2.0), torch.tensor([[2.0], [1.0], [0.0]])):
-            amax = amax.to(device)
-            layout = channel_layout(probe.shape, amax.shape)
-            a, b, out_dtype = _prepared(probe, amax, 127.0, rounding)
-            x3, a3, b3 = _as_rows(probe, a, b, layout)
-            fused = fn(x3, a3, b3, -127.0, 127.0, out_dtype).view(probe.shape)
-            reference = elementwise(probe, a, b, -127.0, 127.0, rounding == "onnx", dequantize, out_dtype)
-            if not (torch.equal(fused.float().nan_to_num(), reference.float().nan_to_num())
-                    and torch.equal(fused.isnan(), reference.isnan())):
-                logger.warning("fused fake quantization differs from the reference on %s (%s, %s); using torch "
-                               "operations instead", device, dtype, rounding)
-                return False
-    except Exception as error:  # noqa: BLE001 - e.g. no Triton for this GPU: fall back quietly
-        logger.info("fused fake quantization unavailable on %s: %s", device, error)
+    amax = torch.exp(torch.empty(channels).uniform_(-4.0, 3.0, generator=generator))
+    amax[-2:] = torch.tensor([0.0, TINY_AMAX / 2])
+    rows = torch.randn(channels, per_channel, generator=generator) * amax[:, None] * 0.7
+    k = torch.arange(-130, 130, dtype=torch.float32) + 0.5
+    for c in range(channels - 2):
+        ties = k * (amax[c] / 127.0)
+        near = [ties]
+        for direction in (float("inf"), -float("inf")):
+            step = ties
+            for _ in range(2):
+                step = torch.nextafter(step, torch.full_like(step, direction))
+                near.append(step)
+        values = torch.cat(near)[: per_channel - 8]
+        rows[c, : values.numel()] = values
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, -1e-40, 3.0e38, -3.0e38])
+    rows[:, -8:] = specials
+    inner = per_channel // 4
+    inputs = rows[:, : 4 * inner].reshape(channels, 4, inner).permute(1, 0, 2).contiguous()
+    return inputs, amax.reshape(1, channels, 1)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Bit patterns (NaNs all alike: their payloads are not part of the promise)."""
+    t = t.masked_fill(t.isnan(), float("nan"))
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def count_differences(result: torch.Tensor, expected: torch.Tensor) -> tuple[int, float]:
+    """(elements whose bits differ, largest |difference| among finite values) of two same-shaped tensors."""
+    result, expected = result.cpu(), expected.cpu()
+    differ = _bits(result) != _bits(expected)
+    count = int(differ.sum())
+    if not count:
+        return 0, 0.0
+    delta = (result.double() - expected.double()).abs()
+    delta = delta[differ & delta.isfinite()]
+    return count, float(delta.max()) if delta.numel() else float("inf")
+
+
+def fused_matches_reference(device: torch.device, dtype: torch.dtype, rounding: Rounding, dequantize: bool,
+                            min_bound: float = -127.0, max_bound: float = 127.0) -> bool:
+    """Run the compiled kernels (per tensor and per channel) on :func:`probe_tensors` and compare every bit
+    with the CPU path (the C kernel or the reference, which agree); they are used only if they agree.
+    The reason for a refusal is kept for :func:`fused_status`."""
+    key = (str(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
+    if not fused_enabled():
+        _why_not[key] = "switched off (WORKBENCH_FUSED_CUDA=0)"
         return False
+    inputs, channel_amax = probe_tensors()
+    for amax in (channel_amax[0, 0, 0].clone(), channel_amax, channel_amax[0, 1, 0].clone()):
+        probe = inputs.to(dtype)
+        expected, _ = quantize(probe, amax, max_bound, min_bound, rounding, dequantize)
+        layout = channel_layout(probe.shape, amax.shape)
+        fused = _run_fused(probe.to(device), amax.to(device), layout, max_bound, min_bound, rounding, dequantize)
+        kernel = _kernel_for(probe, amax, layout, max_bound, min_bound, rounding, dequantize)
+        if fused is None:
+            _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'no kernel'}"
+            logger.info("fused fake quantization unavailable on %s (%s): %s", device, dtype, _why_not[key])
+            return False
+        count, largest = count_differences(fused, expected)
+        if count:
+            _why_not[key] = (f"{count} of {fused.numel()} elements differ from the CPU formula (max |diff| "
+                             f"{largest:.3g}, {'per tensor' if layout.channels == 1 else 'per channel'})")
+            logger.warning("fused fake quantization differs on %s (%s, %s): %s; using torch operations instead",
+                           device, dtype, rounding, _why_not[key])
+            return False
     return True
+
+
+def fused_status(device: torch.device | str, dtype: torch.dtype, rounding: Rounding, dequantize: bool,
+                 min_bound: float = -127.0, max_bound: float = 127.0) -> tuple[bool | None, str]:
+    """Whether the fused CUDA kernel is in use for this case (None: not tried yet) and, if not, why."""
+    key = (str(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
+    if key not in _verified:
+        return None, "not tried yet"
+    return _verified[key], _why_not.get(key, "verified bit for bit against the CPU formula")
 
 
 def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout | None, max_bound: float,
                     min_bound: float, rounding: Rounding, dequantize: bool) -> torch.Tensor | None:
-    """The compiled single-kernel path for CUDA tensors, or None when it is unavailable or unverified."""
-    if layout is None:
+    """The compiled single-kernel path for CUDA tensors, or None when it is unavailable, unverified or failed."""
+    if layout is None or layout.outer == 0:
         return None
-    key = (str(inputs.device), inputs.dtype, rounding, dequantize)
+    key = (str(inputs.device), inputs.dtype, rounding, dequantize, float(min_bound), float(max_bound))
     if key not in _verified:
-        _verified[key] = fused_matches_reference(inputs.device, inputs.dtype, rounding, dequantize)
+        _verified[key] = fused_matches_reference(inputs.device, inputs.dtype, rounding, dequantize, min_bound,
+                                                 max_bound)
     if not _verified[key]:
         return None
-    a, b, out_dtype = _prepared(inputs, amax, max_bound, rounding)
-    x3, a3, b3 = _as_rows(inputs, a, b, layout)
-    out = compiled_variant(rounding == "onnx", dequantize)(x3, a3, b3, min_bound, max_bound, out_dtype)
-    return out.view(inputs.shape)
+    out = _run_fused(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
+    if out is None:  # compiling this layout failed after all: the reference from now on (logged once)
+        _verified[key] = False
+        kernel = _kernel_for(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
+        _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'switched off'}"
+    return out
 
 
 def _kernel_supports(inputs: torch.Tensor, layout: ChannelLayout | None) -> bool:

@@ -15,13 +15,12 @@ compare in float32 and still agree with torch on every element.
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from typing import Any
 
 import torch
 
-from workbench.quant.kernels import ChannelLayout, channel_layout, cpu_extension
+from workbench.quant.compiled import ElementwiseKernel
+from workbench.quant.kernels import ChannelLayout, channel_layout, count_differences, cpu_extension, fused_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -80,77 +79,109 @@ def _ste_grad_cpu(inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor
 
 
 # ----- CUDA: one kernel from torch.compile, verified against the reference before first use ----------
+#
+# One compiled function per dtype and layout (each with its own dynamo cache: see workbench.quant.compiled),
+# fed 1-D tensors with a 1-element threshold per tensor, or [outer, channels, inner] with [1, channels, 1]
+# thresholds per channel: a few shape variants each, never the recompile limit.
 
 def _ste_elementwise(x, g, t):
     return torch.where(x.abs() <= t, g, torch.zeros((), dtype=g.dtype, device=g.device))
 
 
-_compile_lock = threading.Lock()
-_compiled: list[Any] = []
-_compile_failed = False
+_kernels_lock = threading.Lock()
+_kernels: dict[tuple, ElementwiseKernel] = {}
 _verified: dict[tuple, bool] = {}
+_why_not: dict[tuple, str] = {}
 
 
-def compiled_ste() -> Any:
-    """The STE formula compiled into one fused kernel, or None (no compiler, or
-    ``WORKBENCH_FUSED_CUDA=0``, the same switch as the forward)."""
-    global _compile_failed
-    if _compile_failed or os.environ.get("WORKBENCH_FUSED_CUDA", "1") == "0":
+def compiled_ste(dtype: torch.dtype = torch.float32, per_tensor: bool = True) -> ElementwiseKernel | None:
+    """The STE formula compiled into one fused kernel for one dtype and layout, or None when
+    ``WORKBENCH_FUSED_CUDA=0`` (the same switch as the forward)."""
+    if not fused_enabled():
         return None
-    with _compile_lock:
-        if not _compiled:
-            try:
-                _compiled.append(torch.compile(_ste_elementwise, dynamic=True, fullgraph=True))
-            except Exception as error:  # noqa: BLE001 - no compiler, old torch: use torch operations
-                logger.info("torch.compile unavailable for the fused STE backward: %s", error)
-                _compile_failed = True
-                return None
-    return _compiled[0]
+    key = (dtype, per_tensor)
+    with _kernels_lock:
+        if key not in _kernels:
+            tag = f"{str(dtype).split('.')[-1]}_{'tensor' if per_tensor else 'channel'}"
+            _kernels[key] = ElementwiseKernel(_ste_elementwise, tag)
+    return _kernels[key]
 
 
-def _run_compiled(fn, inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor,
-                  layout: ChannelLayout) -> torch.Tensor:
-    x3 = inputs.contiguous().view(layout.outer, layout.channels, layout.inner)
-    g3 = grad.contiguous().view(layout.outer, layout.channels, layout.inner)
-    t3 = limits.to(inputs.device).reshape(1, layout.channels, 1)
-    return fn(x3, g3, t3).view(inputs.shape)
+def compiled_kernels() -> dict[tuple, ElementwiseKernel]:
+    """Every compiled STE kernel made so far, by (dtype, per_tensor)."""
+    with _kernels_lock:
+        return dict(_kernels)
+
+
+def _run_compiled(inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor,
+                  layout: ChannelLayout) -> torch.Tensor | None:
+    kernel = compiled_ste(inputs.dtype, layout.channels == 1)
+    if kernel is None:
+        return None
+    limits = limits.to(inputs.device)
+    if layout.channels == 1:
+        out = kernel(inputs.contiguous().view(-1), grad.contiguous().view(-1), limits.reshape(1))
+    else:
+        shape = (layout.outer, layout.channels, layout.inner)
+        out = kernel(inputs.contiguous().view(shape), grad.contiguous().view(shape),
+                     limits.reshape(1, layout.channels, 1))
+    return None if out is None else out.view(inputs.shape)
 
 
 def fused_matches_reference(device: torch.device, dtype: torch.dtype) -> bool:
-    """Run the compiled kernel on values at and around the threshold (in float16 rounding too), NaN,
-    Inf and -0 gradients, per tensor and per channel, and compare its bits with the reference."""
-    fn = compiled_ste()
-    if fn is None:
+    """Run the compiled kernels on values at and around the threshold (in float16 rounding too), NaN,
+    Inf and -0 gradients, per tensor and per channel, and compare their bits with the CPU result."""
+    key = (str(device), dtype)
+    if not fused_enabled():
+        _why_not[key] = "switched off (WORKBENCH_FUSED_CUDA=0)"
         return False
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 4099, generator=generator) * 2
-    x[0, :5] = torch.tensor([1.0, -1.0, 1.0009766, float("nan"), float("inf")])
-    g = torch.randn(3, 4099, generator=generator)
-    g[1, :3] = torch.tensor([float("nan"), -0.0, float("inf")])
-    x, g = x.to(device=device, dtype=dtype), g.to(device=device, dtype=dtype)
-    try:
-        for amax in (torch.tensor(1.0006), torch.tensor([[2.0], [1.0006], [0.0]])):
-            amax = amax.to(device)
-            limits = thresholds(x, amax)
-            layout = channel_layout(x.shape, amax.shape)
-            fused = _run_compiled(fn, x, g, limits, layout)
-            reference = ste_grad_reference(x, amax, g)
-            if not torch.equal(fused.view(torch.int16 if dtype != torch.float32 else torch.int32),
-                               reference.view(torch.int16 if dtype != torch.float32 else torch.int32)):
-                logger.warning("fused STE backward differs from the reference on %s (%s); using torch operations",
-                               device, dtype)
-                return False
-    except Exception as error:  # noqa: BLE001 - e.g. no Triton for this GPU: fall back quietly
-        logger.info("fused STE backward unavailable on %s: %s", device, error)
-        return False
+    x = torch.randn(4, 3, 1031, generator=generator) * 2
+    x[0, 0, :5] = torch.tensor([1.0, -1.0, 1.0009766, float("nan"), float("inf")])
+    x[1, 1, :4] = torch.nextafter(torch.tensor([1.0006] * 4), torch.tensor([0.0, 9.0, -9.0, 0.0]))
+    g = torch.randn(4, 3, 1031, generator=generator)
+    g[1, :, :3] = torch.tensor([float("nan"), -0.0, float("inf")])
+    x, g = x.to(dtype), g.to(dtype)
+    for amax in (torch.tensor(1.0006), torch.tensor([2.0, 1.0006, 0.0]).reshape(1, 3, 1)):
+        expected = ste_grad_reference(x, amax, g)
+        limits = thresholds(x, amax)
+        layout = channel_layout(x.shape, amax.shape)
+        fused = _run_compiled(x.to(device), g.to(device), limits, layout)
+        if fused is None:
+            kernel = compiled_ste(dtype, layout.channels == 1)
+            _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'no kernel'}"
+            logger.info("fused STE backward unavailable on %s (%s): %s", device, dtype, _why_not[key])
+            return False
+        count, largest = count_differences(fused, expected)
+        if count:
+            _why_not[key] = f"{count} of {fused.numel()} elements differ from the CPU result (max |diff| {largest:.3g})"
+            logger.warning("fused STE backward differs on %s (%s): %s; using torch operations", device, dtype,
+                           _why_not[key])
+            return False
     return True
 
 
-def _cuda_ready(inputs: torch.Tensor) -> bool:
+def fused_status(device: torch.device | str, dtype: torch.dtype) -> tuple[bool | None, str]:
+    """Whether the fused CUDA STE kernel is in use for this dtype (None: not tried yet) and, if not, why."""
+    key = (str(device), dtype)
+    if key not in _verified:
+        return None, "not tried yet"
+    return _verified[key], _why_not.get(key, "verified bit for bit against the CPU result")
+
+
+def _cuda_fused(inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor,
+                layout: ChannelLayout) -> torch.Tensor | None:
     key = (str(inputs.device), inputs.dtype)
     if key not in _verified:
         _verified[key] = fused_matches_reference(inputs.device, inputs.dtype)
-    return _verified[key]
+    if not _verified[key]:
+        return None
+    out = _run_compiled(inputs, grad, limits, layout)
+    if out is None:  # this layout failed to compile after all: the reference from now on (logged once)
+        _verified[key] = False
+        kernel = compiled_ste(inputs.dtype, layout.channels == 1)
+        _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'switched off'}"
+    return out
 
 
 def ste_grad(inputs: torch.Tensor, amax: torch.Tensor, grad_outputs: torch.Tensor) -> torch.Tensor:
@@ -173,6 +204,8 @@ def ste_grad(inputs: torch.Tensor, amax: torch.Tensor, grad_outputs: torch.Tenso
         return ste_grad_reference(inputs, amax, grad_outputs)
     if inputs.device.type == "cpu" and cpu_extension is not None:
         return _ste_grad_cpu(inputs, grad_outputs, limits, layout)
-    if inputs.is_cuda and _cuda_ready(inputs):
-        return _run_compiled(compiled_ste(), inputs, grad_outputs, limits, layout)
+    if inputs.is_cuda and layout.outer > 0:
+        out = _cuda_fused(inputs, grad_outputs, limits, layout)
+        if out is not None:
+            return out
     return ste_grad_reference(inputs, amax, grad_outputs)

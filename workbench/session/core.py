@@ -66,7 +66,15 @@ from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check
 from workbench.sources.errors import EntryPointError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
 from workbench.sources.paths import absolute_path
-from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, remember_trust, trust_status
+from workbench.sources.trust import (
+    CHANGED,
+    TRUSTED,
+    UNKNOWN,
+    CodeReference,
+    changed_code_files,
+    remember_trust,
+    trust_status,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +166,9 @@ class Session:
         except TrustRequired as error:
             if status != CHANGED:
                 raise
-            files = ", ".join(Path(f).name for r in references for f in r.files) or "its references"
+            changed = changed_code_files(path, references)
+            files = ", ".join(Path(f).name for f in changed) if changed else \
+                (", ".join(Path(f).name for r in references for f in r.files) or "its references")
             raise TrustRequired(f"{error} It was trusted before, but its code changed since ({files}): check it "
                                 "before trusting it again.") from None
         if trust_code and references:

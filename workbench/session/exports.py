@@ -3,8 +3,12 @@
 Export paths are stored relative to the project's folder (absolute where they lie outside it), so an
 ``export`` from any working directory writes the same file. A path typed by the user is taken from
 where it was typed. An existing file is only replaced when the project's export history says that
-this project wrote it and it is unchanged since (same path, same sha256); anything else needs
-``force``: an export must not silently overwrite another project's ONNX or a file the user edited.
+this project wrote it and it is unchanged since (same path, same sha256) and the file carries the mark
+Quant Workbench leaves in what it writes (a history can be edited; the file's content cannot be forged by
+the project alone); anything else needs ``force``: an export must not silently overwrite another
+project's ONNX or a file the user edited. The same holds for the side files (amax table, calibration
+cache). A stored export path (not one the user typed) must lie in the project's folder, and no export,
+forced or not, writes over the project file, its model, data or code.
 
 The export job itself is a function of a :class:`~workbench.session.Session` (its methods call it),
 like :mod:`workbench.session.tensorrt`.
@@ -17,11 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from workbench.project import ExportRecord
+from workbench.export.provenance import written_here
+from workbench.project import ExportRecord, Project
 from workbench.project.model import now_iso
 from workbench.project.settings import jsonable
+from workbench.session import confirmed_targets
 from workbench.session.errors import SessionError
 from workbench.session.events import SessionEvent
+from workbench.session.paths import project_code
 from workbench.session.state import state_digest
 from workbench.sources.model_source import sha256_of
 from workbench.sources.paths import absolute_path, relative_path
@@ -30,7 +37,8 @@ if TYPE_CHECKING:
     from workbench.session.core import Session
 
 __all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest", "export",
-           "overwrite_refusal", "default_export_path"]
+           "overwrite_refusal", "default_export_path", "planned_files", "protected_files", "check_not_protected",
+           "check_confined", "suspicious_exports", "SIDE_FILES"]
 
 
 def resolve_export_path(typed: str | Path | None, configured: str | None, project_dir: Path, default_name: str) -> Path:
@@ -53,23 +61,138 @@ def export_digest(target: Path) -> str:
     return sha256_of(target).sha256
 
 
-def check_overwrite(target: Path, history: list[ExportRecord], project_dir: Path, force: bool) -> None:
+# the side files an export can write beside its .onnx: (setting, suffix, what provenance calls the kind)
+SIDE_FILES = (("amax_json", ".amax.json"), ("calibration_cache", ".calib.cache"))
+_KIND_WORDS = {"onnx": "an ONNX file", "amax_json": "an amax table", "calibration_cache": "a calibration cache"}
+
+
+def planned_files(target: Path, amax_json: bool, calibration_cache: bool) -> dict[Path, str]:
+    """Every file an export to ``target`` writes, with its kind ("onnx", "amax_json", "calibration_cache")."""
+    files = {target: "onnx"}
+    wanted = {"amax_json": amax_json, "calibration_cache": calibration_cache}
+    for kind, suffix in SIDE_FILES:
+        if wanted[kind]:
+            files[target.with_suffix(suffix)] = kind
+    return files
+
+
+def _recorded_digest(path: Path, kind: str, history: list[ExportRecord], project_dir: Path) -> str | None:
+    """The sha256 the newest export of ``history`` recorded for ``path`` (as its .onnx or a side file)."""
+    for record in reversed(history):
+        settings = record.settings or {}
+        if kind == "onnx":
+            if Path(absolute_path(record.path, project_dir) or record.path).resolve() == path:
+                return settings.get("sha256")
+            continue
+        for stored, digest in (settings.get("side_files") or {}).items():
+            if Path(absolute_path(stored, project_dir) or stored).resolve() == path:
+                return digest
+    return None
+
+
+def check_overwrite(target: Path, history: list[ExportRecord], project_dir: Path, force: bool,
+                    kind: str = "onnx") -> None:
     """Refuse to replace ``target`` unless this project wrote it and it is unchanged since (or ``force``).
 
+    "This project wrote it" needs two things, because the history is part of the project file and anyone
+    can edit that: the history records ``target`` with the sha256 it has now, *and* the file is one Quant
+    Workbench writes, with the mark it leaves (:mod:`workbench.export.provenance`). A crafted history that
+    lists someone else's file (with that file's sha256) is not enough.
+
     Raises:
-        SessionError: ``target`` exists and the history does not show it as this project's, unchanged.
+        SessionError: ``target`` exists and is not this project's unchanged export (``kind`` says which
+            of the export's files it is: "onnx", "amax_json", "calibration_cache").
     """
     if force or not target.exists():
         return
-    ours = [record for record in history
-            if Path(absolute_path(record.path, project_dir) or record.path).resolve() == target]
-    if not ours:
-        raise SessionError(f"{target} exists and this project did not write it; nothing was exported. Choose another "
-                           "path, or overwrite it with --force.")
-    recorded = (ours[-1].settings or {}).get("sha256")
-    if recorded is not None and recorded != export_digest(target):
-        raise SessionError(f"{target} changed since this project exported it (its sha256 differs); nothing was "
-                           "exported. Choose another path, or overwrite it with --force.")
+    what = "" if kind == "onnx" else f" ({_KIND_WORDS[kind]} beside the export)"
+    advice = "Choose another path, or overwrite it with --force."
+    recorded = _recorded_digest(target, kind, history, project_dir)
+    if recorded is None:
+        raise SessionError(f"{target}{what} exists and this project did not write it; nothing was exported. {advice}")
+    if recorded != export_digest(target):
+        raise SessionError(f"{target}{what} changed since this project exported it (its sha256 differs); nothing "
+                           f"was exported. {advice}")
+    if not written_here(target, kind):
+        raise SessionError(f"{target}{what} is not {_KIND_WORDS[kind]} Quant Workbench wrote, although the "
+                           "project's export history lists it (a history alone cannot vouch for a file: it may "
+                           f"have been edited); nothing was exported. {advice}")
+
+
+def protected_files(project: Project, project_path: Path | None, base_dir: Path) -> dict[Path, str]:
+    """Files an export must never replace, ``--force`` or not: the project file (and SQLite's journal files
+    beside it), the model's files and the data it reads, and the code it runs; {path: what it is}."""
+    protected: dict[Path, str] = {}
+    if project_path is not None:
+        project_file = Path(project_path).expanduser().resolve()
+        protected[project_file] = "the project file itself"
+        for suffix in ("-journal", "-wal", "-shm"):
+            protected[project_file.with_name(project_file.name + suffix)] = "the project file's SQLite journal"
+    model = project.model
+    files = [(model.weights, "the model's weights")]
+    if model.kind in ("pickle", "hf"):  # a pickle file, or a local Hugging Face folder (its files are the model)
+        files.append((model.target, "the model"))
+    for value, what in files:
+        if value:
+            protected[Path(absolute_path(value, base_dir) or value).resolve()] = what
+    for role, spec in project.data.items():
+        if spec.path and ":" not in spec.path:
+            protected[Path(absolute_path(spec.path, base_dir) or spec.path).resolve()] = f"the {role} data"
+    for reference in project_code(project, base_dir):
+        for name in reference.files:
+            protected[Path(name).resolve()] = f"code the project runs ({reference.role})"
+    return protected
+
+
+def check_not_protected(files: dict[Path, str], protected: dict[Path, str]) -> None:
+    """Refuse an export whose files would replace one of ``protected`` (see :func:`protected_files`).
+
+    Raises:
+        SessionError: which file, and what it is to the project; ``--force`` does not change this.
+    """
+    folders = [(folder, what) for folder, what in protected.items() if folder.is_dir()]
+    for path in files:
+        inside = next((f"in {folder}, {what}" for folder, what in folders if path.is_relative_to(folder)), None)
+        if path in protected or inside:
+            raise SessionError(f"{path} is {protected.get(path) or inside}: an export never writes over it (not "
+                               "even with --force); nothing was exported. Choose another output path.")
+
+
+def check_confined(target: Path, project_dir: Path, stored: str | None, project_path: Path | None = None) -> None:
+    """A path the project stores (not one the user typed) must lie in the project's folder, or be one the
+    user named for this project file on this machine before (:mod:`workbench.session.confirmed_targets`): a
+    project file received from someone else must not be able to send an export anywhere on this machine.
+
+    Raises:
+        SessionError: the stored export path lies outside the project's folder and was never confirmed.
+    """
+    if target.is_relative_to(project_dir.resolve()):
+        return
+    if project_path is not None and confirmed_targets.confirmed(project_path, target):
+        return
+    raise SessionError(f"The project's export path {stored} leads to {target}, outside the project's folder "
+                       f"({project_dir}): a project file alone cannot send an export there; nothing was exported. "
+                       f"Give the path yourself (-o {target}) to export there.")
+
+
+def suspicious_exports(project: Project, project_path: Path | None, base_dir: Path) -> list[str]:
+    """What in the export history no export of this project in this place would have written: paths outside
+    the project's folder, over the project's own files, or at a file Quant Workbench did not write. For
+    ``show``: a project received from someone else may carry a crafted history."""
+    project_dir = base_dir.resolve()
+    protected = protected_files(project, project_path, base_dir)
+    notes: list[str] = []
+    for record in project.exports:
+        stored = [(record.path, "onnx")] + [(p, "side") for p in ((record.settings or {}).get("side_files") or {})]
+        for value, kind in stored:
+            path = Path(absolute_path(value, base_dir) or value).resolve()
+            if path in protected:
+                notes.append(f"export {record.id} names {path}, which is {protected[path]}")
+            elif not path.is_relative_to(project_dir):
+                notes.append(f"export {record.id} names {path}, outside the project's folder")
+            elif kind == "onnx" and path.is_file() and not written_here(path, "onnx"):
+                notes.append(f"export {record.id} names {path}, which is not an ONNX file Quant Workbench wrote")
+    return notes
 
 
 def default_export_path(session: Session) -> Path:
@@ -82,8 +205,10 @@ def default_export_path(session: Session) -> Path:
 def overwrite_refusal(session: Session, path: str | Path | None = None) -> str | None:
     """Why an export to ``path`` (default: the project's) would refuse without ``force``; None if it would not."""
     target = Path(path).expanduser().resolve() if path is not None else session.default_export_path()
+    settings = session.settings.export
     try:
-        check_overwrite(target, session.project.exports, session._project_dir(), force=False)
+        for file, kind in planned_files(target, settings.amax_json, settings.calibration_cache).items():
+            check_overwrite(file, session.project.exports, session._project_dir(), force=False, kind=kind)
     except SessionError as error:
         return str(error)
     return None
@@ -108,21 +233,29 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     fp8_ops = fp8_ops or settings.fp8_ops
     target = Path(path).expanduser().resolve() if path is not None else session.default_export_path()
     project_dir = session._project_dir()
+    files = planned_files(target, amax_json, calibration_cache)
+    check_not_protected(files, protected_files(session.project, session.path, session.base_dir))
     if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
-        check_overwrite(target, session.project.exports, project_dir, force)
+        if path is None and settings.path is not None and session.path is not None:
+            # an unsaved project's settings were all made here; a saved one may have come from elsewhere
+            check_confined(target, project_dir, settings.path, session.path)
+        for file, kind in files.items():
+            check_overwrite(file, session.project.exports, project_dir, force, kind)
     model = session._require_calibrated()
+    sides = {kind: file for file, kind in files.items()}
     try:
         report = export_qdq_onnx(model, session.sample_inputs(batch=1), target, opset=opset,
                                  dynamic_batch=dynamic_batch, output=session.settings.output,
-                                 amax_json_path=target.with_suffix(".amax.json") if amax_json else None,
-                                 calibration_cache_path=target.with_suffix(".calib.cache") if calibration_cache
-                                 else None, fp8_ops=fp8_ops)
+                                 amax_json_path=sides.get("amax_json"),
+                                 calibration_cache_path=sides.get("calibration_cache"), fp8_ops=fp8_ops)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
         where = error.filename or target
         raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
                            f"to {target}.") from error
     if not remember:
         return report
+    if path is not None and session.path is not None and not target.is_relative_to(project_dir.resolve()):
+        confirmed_targets.remember(session.path, target)  # the user named it: later plain exports may go there
     report.int8_vs_fp32, problem = _int8_vs_fp32(session)
     if problem:
         report.warnings.append(problem)
@@ -135,7 +268,11 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     session.project.exports.append(ExportRecord(session.project.next_id(session.project.exports), now_iso(), stored,
                                                 {"opset": opset, "dynamic_batch": dynamic_batch,
                                                  "sha256": export_digest(target), "nodes": nodes,
-                                                 "state_digest": state_digest(session.project)},
+                                                 "state_digest": state_digest(session.project),
+                                                 # so that a later export may replace them, and only them
+                                                 "side_files": {stored_export_path(file, project_dir):
+                                                                export_digest(file) for file, kind in files.items()
+                                                                if kind != "onnx" and file.is_file()}},
                                                 jsonable(report.to_dict())))
     session._changed(SessionEvent.EXPORT, path=str(target))
     return report

@@ -120,7 +120,8 @@ def layer_views(session: Session) -> list[LayerView]:
         precision = precision_of(input_fields if input_q is not None else None,
                                  weight_fields if weight_q is not None else None, decision.quantize)
         record = record_of.get(id(input_q)) if input_q is not None else None
-        layer_method = method
+        # a quantizer switched to another amax method (a histogram line picked) says so, not the run's method
+        layer_method = record.method if record is not None else method
         reason = ""
         if record is not None and record.choice:  # auto picked this layer's method: show it, and why
             layer_method = f"{record.method} (auto)" if not record.choice.get("overridden") else record.method

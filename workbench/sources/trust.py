@@ -4,7 +4,8 @@ A project can name code that runs when it is used: a model factory or a pickled 
 point, a metric or a loss function in a file. Running it needs the user's trust. Once given
 (``--trust-code``, ``workbench trust``, or the GUI's question), the trust is recorded in the user's
 config folder (``$XDG_CONFIG_HOME/quant-workbench/trust.json``, default ``~/.config/...``), keyed by
-the project file's absolute path, with a sha256 over the code references and the files they run. A
+the project file's absolute path, with a sha256 over the code references and the files they run (an entry
+point's file and, transitively, the local modules it imports: :mod:`workbench.sources.closure`). A
 later command on the same file with the same code runs without asking; a change to any of that code,
 or the project copied elsewhere, asks again. Reading the references runs nothing.
 """
@@ -20,13 +21,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from workbench.sources.closure import module_closure
 from workbench.sources.data_source import DataSpec
 from workbench.sources.entrypoints import is_file_target, split_entrypoint
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import ModelSpec
 
 __all__ = ["CodeReference", "code_references", "code_fingerprint", "trust_store_path", "trust_status",
-           "remember_trust", "forget_trust", "TRUSTED", "CHANGED", "UNKNOWN"]
+           "remember_trust", "forget_trust", "changed_code_files", "TRUSTED", "CHANGED", "UNKNOWN"]
 
 TRUSTED, CHANGED, UNKNOWN = "trusted", "changed", "unknown"
 _STORE_VERSION = 1
@@ -41,9 +43,13 @@ class CodeReference:
     spec: str                # as the project names it (an entry point, a pickle file)
     files: tuple[str, ...]   # the files it runs, absolute (those that exist)
     why: str
+    # what the trust does not cover: imports with computed names, code run with exec/runpy (see closure.py);
+    # installed packages are never covered (they are not the project's code)
+    not_covered: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "spec": self.spec, "files": list(self.files), "why": self.why}
+        return {"role": self.role, "spec": self.spec, "files": list(self.files), "why": self.why,
+                "not_covered": list(self.not_covered)}
 
 
 def _resolve(value: str, base_dir: Path) -> Path:
@@ -51,23 +57,33 @@ def _resolve(value: str, base_dir: Path) -> Path:
     return (path if path.is_absolute() else base_dir / path).resolve()
 
 
-def _entrypoint_files(spec: str, base_dir: Path) -> tuple[str, ...]:
-    """The file an entry point runs: its ``.py`` file, or a module's source found under ``base_dir`` (a module
-    installed elsewhere is named by the reference alone: finding it would import its package)."""
+def _entrypoint_file(spec: str, base_dir: Path) -> tuple[Path | None, Path]:
+    """The file an entry point imports (its ``.py`` file, or a module's source found under ``base_dir``; None
+    for a module installed elsewhere: finding it would import its package) and the folder it is imported from."""
     target, _ = split_entrypoint(spec)
     if is_file_target(target):
-        return (str(_resolve(target, base_dir)),)
+        path = _resolve(target, base_dir)
+        return path, path.parent
     relative = Path(*target.split("."))
     for candidate in (base_dir / relative.with_suffix(".py"), base_dir / relative / "__init__.py"):
         if candidate.is_file():
-            return (str(candidate.resolve()),)
-    return ()
+            return candidate.resolve(), base_dir
+    return None, base_dir
 
 
 def _entrypoint_reference(role: str, spec: str, base_dir: Path) -> CodeReference:
-    files = _entrypoint_files(spec, base_dir)
-    where = Path(files[0]).name if files else spec.rpartition(":")[0]
-    return CodeReference(role, spec, files, f"importing {where} runs its code")
+    """The entry point's file and every local module it imports (hashed with it: an edit to a helper the
+    trusted file imports asks again), with what reading the imports could not follow."""
+    entry, folder = _entrypoint_file(spec, base_dir)
+    if entry is None:
+        return CodeReference(role, spec, (), f"importing {spec.rpartition(':')[0]} runs its code")
+    closure = module_closure(entry, [folder, base_dir])
+    files = tuple(str(f) for f in closure.files if f == entry or f.is_file())
+    helpers = [Path(f).name for f in files[1:]]
+    why = f"importing {entry.name} runs its code"
+    if helpers:
+        why += f" and the local modules it imports ({', '.join(helpers[:5])}{', ...' if len(helpers) > 5 else ''})"
+    return CodeReference(role, spec, files, why, tuple(closure.not_covered))
 
 
 def code_references(model: ModelSpec, data: Mapping[str, DataSpec], settings: Mapping[str, Any],
@@ -99,6 +115,26 @@ def code_references(model: ModelSpec, data: Mapping[str, DataSpec], settings: Ma
             except SourceError:  # not an entry point's form: nothing runs
                 continue
     return references
+
+
+def _file_digest(path: Path) -> str:
+    if not path.is_file():
+        return "missing"
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def changed_code_files(project_path: str | os.PathLike, references: list[CodeReference]) -> list[str]:
+    """The files (of ``references``) that differ from when the project's trust was recorded: new ones
+    (a module a trusted file imports since) and changed ones. [] when nothing is recorded per file."""
+    record = _read_store().get(_key(project_path))
+    recorded = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(recorded, dict):
+        return []
+    return [name for r in references for name in r.files if recorded.get(name) != _file_digest(Path(name))]
 
 
 def code_fingerprint(references: list[CodeReference]) -> str:
@@ -171,7 +207,9 @@ def remember_trust(project_path: str | os.PathLike, references: list[CodeReferen
     projects = _read_store()
     projects[_key(project_path)] = {"sha256": code_fingerprint(references),
                                     "trusted": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                    "references": [r.to_dict() for r in references]}
+                                    "references": [r.to_dict() for r in references],
+                                    # per file, so that a later refusal can name the file that changed
+                                    "files": {name: _file_digest(Path(name)) for r in references for name in r.files}}
     _write_store(projects)
     return trust_store_path()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -170,9 +171,9 @@ class HistogramCalibrator(_Calibrator):
             if _cpu_kernels is not None and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
                 batch_max_value, nonfinite = self._collect_cpu(x)
             else:
-                batch_max_value = self._batch_max(x)
+                batch_max_value, all_finite = self._batch_max(x, with_finite=True)
                 self._widen_to(batch_max_value, x.device)
-                nonfinite = self._collect_torch(x)
+                nonfinite = self._collect_torch(x, all_finite)
             self._batches_seen += 1
             self._values_seen += x.numel()
             if self._max is None or batch_max_value > self._max_value:  # a tensor only when the max grows
@@ -195,19 +196,21 @@ class HistogramCalibrator(_Calibrator):
             self._counts = merge_bins(self._counts, 1 << (needed - self._width_exp))
             self._width_exp = needed
 
-    def _batch_max(self, x: torch.Tensor) -> float:
+    def _batch_max(self, x: torch.Tensor, with_finite: bool = False) -> Any:
         """Largest finite |x| (float32-rounded, as the running max keeps it): two reductions read back as two
         numbers (:func:`~workbench.quant.calib.max.extremes`); NaN/Inf in them send ``x`` to a pass that
-        leaves non-finite values out."""
+        leaves non-finite values out. With ``with_finite``, also whether every value was finite."""
         if x.is_floating_point():
             high, low = extremes(x)
         else:
             low_tensor, high_tensor = torch.aminmax(x)
             high, low = float(high_tensor), float(low_tensor)
         if math.isfinite(high) and math.isfinite(low):
-            return float(np.float32(max(abs(high), abs(low))))
+            value = float(np.float32(max(abs(high), abs(low))))
+            return (value, True) if with_finite else value
         finite_values = x[torch.isfinite(x)]
-        return float(finite_values.abs().max().float()) if finite_values.numel() else 0.0
+        value = float(finite_values.abs().max().float()) if finite_values.numel() else 0.0
+        return (value, False) if with_finite else value
 
     def _collect_cpu(self, x: torch.Tensor) -> tuple[float, int]:
         """Fused passes in C (threads, no temporary tensors); returns the batch's largest finite |x| and
@@ -237,21 +240,26 @@ class HistogramCalibrator(_Calibrator):
             if self._width_exp == before:  # cannot happen (the new width covers max_value); never loop forever
                 raise RuntimeError(f"histogram kernel refused a batch with max {max_value} at bin width 2**{before}")
 
-    def _collect_torch(self, x: torch.Tensor) -> int:
-        """The same counts with torch operations, on the tensor's own device (CUDA, float64, ...)."""
+    def _collect_torch(self, x: torch.Tensor, all_finite: bool = False) -> int:
+        """The same counts with torch operations, on the tensor's own device (CUDA, float64, ...).
+
+        When the batch's max and min were finite (``all_finite``, the usual case) no value needs filtering,
+        and skipped zeros are taken off bin 0 afterwards: no boolean indexing, so no wait for the GPU."""
         values = x.float().reshape(-1).abs()
-        finite = torch.isfinite(values)
-        nonfinite = int(values.numel() - int(finite.sum()))
-        if nonfinite:
-            values = values[finite]
-        if self._skip_zeros:
-            values = values[values != 0]
+        nonfinite = 0
+        if not all_finite:
+            finite = torch.isfinite(values)
+            nonfinite = int(values.numel() - int(finite.sum()))
+            if nonfinite:
+                values = values[finite]
         if values.numel() == 0:
             return nonfinite
         # multiplying by a power of two is exact, so floor() gives the true bin of every value
         index = torch.mul(values, math.ldexp(1.0, -self._width_exp)).floor_()
         index = index.to(torch.int64).clamp_(max=self._counts.numel() - 1)
         counts = torch.bincount(index, minlength=self._counts.numel())
+        if self._skip_zeros:  # zeros all land in bin 0 (floor(0) = 0)
+            counts[0] -= (values == 0).sum()
         self._counts += counts.to(self._counts.device)
         return nonfinite
 

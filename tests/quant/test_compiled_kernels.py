@@ -1,0 +1,102 @@
+"""The torch.compile kernels CUDA uses, exercised with Inductor's CPU backend: their verification is
+strict enough to refuse an inexact kernel, and a compiler failure falls back instead of raising."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from workbench.quant import compiled, kernels, ste
+
+
+@pytest.fixture
+def fresh_kernels(monkeypatch):
+    """Empty kernel caches, so a test compiles its own (and leaves the process's caches alone)."""
+    monkeypatch.setattr(kernels, "_kernels", {})
+    monkeypatch.setattr(kernels, "_verified", {})
+    monkeypatch.setattr(kernels, "_why_not", {})
+    monkeypatch.setattr(ste, "_kernels", {})
+    monkeypatch.setattr(ste, "_verified", {})
+    monkeypatch.setattr(ste, "_why_not", {})
+
+
+def _divide_by_reciprocal(x, amax, lo: float, hi: float, max_bound: float, divide: bool, dequantize: bool,
+                          out_dtype: torch.dtype):
+    # what a compiler may turn x / step into: one reciprocal per step, then a multiply
+    step = amax.float() / max_bound
+    return (torch.clamp(torch.round(x.float() * torch.reciprocal(step)), lo, hi) * step).to(out_dtype)
+
+
+def test_probe_finds_a_kernel_that_multiplies_by_the_reciprocal(fresh_kernels, monkeypatch, caplog):
+    monkeypatch.setattr(kernels, "_fused_formula", _divide_by_reciprocal)
+    with caplog.at_level(logging.WARNING):
+        assert not kernels.fused_matches_reference(torch.device("cpu"), torch.float32, "onnx", True)
+    message = kernels._why_not[("cpu", torch.float32, "onnx", True, -127.0, 127.0)]
+    assert "elements differ from the CPU formula" in message
+    assert "differs" in caplog.text
+
+
+def test_exact_kernels_pass_and_status_says_so(fresh_kernels):
+    for rounding in ("pytorch_quantization", "onnx"):
+        assert kernels.fused_matches_reference(torch.device("cpu"), torch.bfloat16, rounding, True, -128.0, 127.0)
+    kernels._verified[("cpu", torch.bfloat16, "onnx", True, -128.0, 127.0)] = True
+    assert kernels.fused_status("cpu", torch.bfloat16, "onnx", True, -128.0, 127.0) == (
+        True, "verified bit for bit against the CPU formula")
+    assert kernels.fused_status("cpu", torch.float16, "onnx", True) == (None, "not tried yet")
+
+
+def test_probe_covers_every_rounding_boundary():
+    inputs, amax = kernels.probe_tensors()
+    assert inputs.shape[1] == amax.shape[1] and amax.min() == 0
+    step = amax[0, 0, 0] / 127
+    channel0 = inputs[:, 0, :].reshape(-1)
+    ties = (torch.arange(-130, 130) + 0.5) * step
+    assert torch.isin(ties, channel0).all()  # the exact boundaries themselves
+    assert torch.isin(torch.nextafter(ties, torch.full_like(ties, 9e9)), channel0).all()
+
+
+def test_compile_failure_falls_back_and_is_reported(fresh_kernels, monkeypatch, caplog):
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no Triton for this GPU")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    with caplog.at_level(logging.WARNING):
+        assert not kernels.fused_matches_reference(torch.device("cpu"), torch.float32, "pytorch_quantization", True)
+        assert not ste.fused_matches_reference(torch.device("cpu"), torch.float16)
+    assert "no Triton for this GPU" in kernels._why_not[("cpu", torch.float32, "pytorch_quantization", True, -127.0,
+                                                         127.0)]
+    assert "no Triton for this GPU" in ste._why_not[("cpu", torch.float16)]
+    assert caplog.text.count("failed (RuntimeError: no Triton for this GPU)") == 2  # once per kernel
+
+
+def test_recompile_limit_raised_for_our_kernel_then_never_raises(monkeypatch):
+    """The H200 failure: FailOnRecompileLimitHit from fullgraph=True must not reach the caller. Past dynamo's
+    limit the kernel compiles under its own higher one; past that, it returns None (the caller's reference)."""
+    import torch._dynamo
+
+    monkeypatch.setattr(compiled, "RECOMPILE_LIMIT", 2)
+    kernel = compiled.ElementwiseKernel(ste._ste_elementwise, "limit_test")
+    x = torch.randn(64)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        first = kernel(x, x, torch.ones(1))
+        assert torch.equal(first, ste.ste_grad_reference(x, torch.tensor(1.0), x))
+        half = kernel(x.half(), x.half(), torch.ones(1))  # a second graph: over dynamo's limit, within ours
+        assert torch.equal(half, ste.ste_grad_reference(x.half(), torch.tensor(1.0), x.half()))
+        assert kernel.error is None
+        assert kernel(x.bfloat16(), x.bfloat16(), torch.ones(1)) is None  # a third: over ours too
+    assert "recompile" in kernel.error.lower(), kernel.error
+    assert kernel(x, x, torch.ones(1)) is None  # switched off for good: the caller's reference runs
+
+
+def test_kernels_have_their_own_recompile_budget(fresh_kernels):
+    """Per dtype and layout one kernel, each with its own dynamo cache: no dtype or layout churn."""
+    for dtype in (torch.float32, torch.float16):
+        for shape, amax in (((6, 5), torch.tensor(1.0)), ((6, 5), torch.rand(6, 1) + 0.5),
+                            ((1, 5, 3), torch.rand(1, 5, 1) + 0.5)):
+            x, g = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+            limits = ste.thresholds(x, amax)
+            out = ste._run_compiled(x, g, limits, kernels.channel_layout(x.shape, amax.shape))
+            assert torch.equal(out, ste.ste_grad_reference(x, amax, g))
+    entries = {key: kernel.cache_entries() for key, kernel in ste.compiled_kernels().items()}
+    assert len(entries) == 4 and all(count is None or count <= 4 for count in entries.values()), entries
