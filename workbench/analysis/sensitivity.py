@@ -15,7 +15,7 @@ plain loop, which is used when the model cannot be traced or the metric runs the
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from workbench.analysis.metrics import Direction, Metric, ModelMetric, OutputMet
 from workbench.analysis.prefix_cache import PrefixPlan, build_plan
 from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
 from workbench.analysis.units import Unit, UnitsSpec, resolve_units
+from workbench.analysis.weight_cache import WeightQuantCache
 from workbench.quant.batches import to_device
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.distributed import SINGLE, DistContext, deal, shard
@@ -226,33 +227,43 @@ def run_profile(evaluator: Evaluator, units: list[Unit], scheme: str, *, fp32: f
         else:
             evaluator.configure(base, on=quantizers)
 
+    # with the cache on, a weight quantizer left on gives the same output in every pass: computed once
+    weights = WeightQuantCache(evaluator.quantizers if cache else ())
     try:
-        if plan is None:
-            for i, unit in enumerate(units):
-                toggle(unit)
-                values[i] = evaluator.measure(scheme, unit.name)
-                done += 1
-                report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
-        else:
-            # units in execution order, so that each batch's cached state only ever moves forward
-            states = [plan.start(*evaluator.fresh_inputs(b)) for b in range(len(evaluator.inputs))]
-            for i in sorted(range(len(units)), key=lambda k: cuts[k]):
-                unit = units[i]
-                evaluator.configure(base)
-                for b, state in enumerate(states):
-                    evaluator.check_cancel(f"before {unit.name}")
-                    try:
-                        plan.advance(state, cuts[i])
-                    except Exception as error:  # the user's model, in the baseline configuration
-                        raise AnalysisError(f"The model failed on batch {b} {describe_stage(base, None)}: "
-                                            f"{type(error).__name__}: {error}", unit=None, stage=base,
-                                            batch_index=b, original=error) from error
-                toggle(unit)
-                values[i] = evaluator.measure(scheme, unit.name, run_batch=lambda b: plan.finish(states[b]))
-                done += 1
-                report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
+        with weights:
+            _measure_units(evaluator, units, scheme, base, plan, cuts, values, toggle, progress, done, total)
     except AnalysisCancelled as cancelled:
         cancelled.partial = result(complete=False)
         raise
     return result(complete=True)
+
+
+def _measure_units(evaluator: Evaluator, units: list[Unit], scheme: str, base: str, plan: PrefixPlan | None,
+                   cuts: list[int], values: dict[int, float], toggle: Callable[[Unit], None], progress: ProgressCallback | None,
+                   done: int, total: int) -> None:
+    """Measure each unit into ``values`` (by index into ``units``): the plain loop, or from cached prefixes."""
+    if plan is None:
+        for i, unit in enumerate(units):
+            toggle(unit)
+            values[i] = evaluator.measure(scheme, unit.name)
+            done += 1
+            report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
+    else:
+        # units in execution order, so that each batch's cached state only ever moves forward
+        states = [plan.start(*evaluator.fresh_inputs(b)) for b in range(len(evaluator.inputs))]
+        for i in sorted(range(len(units)), key=lambda k: cuts[k]):
+            unit = units[i]
+            evaluator.configure(base)
+            for b, state in enumerate(states):
+                evaluator.check_cancel(f"before {unit.name}")
+                try:
+                    plan.advance(state, cuts[i])
+                except Exception as error:  # the user's model, in the baseline configuration
+                    raise AnalysisError(f"The model failed on batch {b} {describe_stage(base, None)}: "
+                                        f"{type(error).__name__}: {error}", unit=None, stage=base,
+                                        batch_index=b, original=error) from error
+            toggle(unit)
+            values[i] = evaluator.measure(scheme, unit.name, run_batch=lambda b: plan.finish(states[b]))
+            done += 1
+            report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
 
