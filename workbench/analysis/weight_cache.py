@@ -5,12 +5,14 @@ quantizers are switched off; a weight quantizer that stays on quantizes the same
 same amax in every pass, and per-channel weight fake-quant is a noticeable share of a cached pass.
 :class:`WeightQuantCache` remembers each weight quantizer's last output and returns it while nothing
 it depends on has changed: the same parameter object with the same storage and version counter, the
-same amax / pre-quant-scale buffers (object, storage and version), the same flags. Anything else
+same amax / pre-quant-scale values, the same flags. Anything else
 (a disabled quantizer, an activation, a changed amax) runs the quantizer as usual, so the outputs are
 the ones the plain model computes, bit for bit.
 
 Costs one extra copy of the quantized weights while it is active. Only for passes under
 ``torch.no_grad()`` with calibration off (the analyses run that way): the cached output carries no graph.
+A weight edited through ``.data`` (behind autograd's version counter) is not noticed: nothing does that
+during an analysis, whose model is held by a snapshot.
 """
 from __future__ import annotations
 
@@ -31,6 +33,16 @@ def _tensor_key(tensor: torch.Tensor | None) -> tuple | None:
     return (id(tensor), tensor.data_ptr(), tensor._version, tensor.dtype, tuple(tensor.shape), tensor.stride())
 
 
+def _values(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach().clone()
+
+
+def _same_values(tensor: torch.Tensor | None, saved: torch.Tensor | None) -> bool:
+    if tensor is None or saved is None:
+        return tensor is None and saved is None
+    return tensor.shape == saved.shape and tensor.dtype == saved.dtype and bool(torch.equal(tensor, saved))
+
+
 def _state_key(quantizer: TensorQuantizer) -> tuple:
     """Everything of the quantizer's own state that its forward reads."""
     buffers = quantizer._buffers
@@ -41,15 +53,20 @@ def _state_key(quantizer: TensorQuantizer) -> tuple:
             _tensor_key(buffers.get("_amax")), _tensor_key(buffers.get("_pre_quant_scale")))
 
 
+def _scales(quantizer: TensorQuantizer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return quantizer._buffers.get("_amax"), quantizer._buffers.get("_pre_quant_scale")
+
+
 class _Memo:
     """One quantizer's forward, remembering its output for a parameter."""
 
-    __slots__ = ("quantizer", "forward", "key", "output", "output_version", "hits")
+    __slots__ = ("quantizer", "forward", "key", "scales", "output", "output_version", "hits")
 
     def __init__(self, quantizer: TensorQuantizer) -> None:
         self.quantizer = quantizer
         self.forward = quantizer.forward  # the bound class method
         self.key: tuple | None = None
+        self.scales: tuple = (None, None)
         self.output: torch.Tensor | None = None
         self.output_version = -1
         self.hits = 0
@@ -61,12 +78,16 @@ class _Memo:
             return self.forward(inputs, *args, **kwargs)
         key = (_tensor_key(inputs), _state_key(quantizer))
         output = self.output
-        if key == self.key and output is not None and output._version == self.output_version:
+        scales = _scales(quantizer)
+        # amax is compared by value: writes through ``.data`` (the amax setter) leave its version as it was
+        if (key == self.key and output is not None and output._version == self.output_version
+                and all(_same_values(now, saved) for now, saved in zip(scales, self.scales))):
             self.hits += 1
             return output
         output = self.forward(inputs)
         if isinstance(output, torch.Tensor) and output is not inputs:
             self.key, self.output, self.output_version = key, output, output._version
+            self.scales = tuple(_values(t) for t in scales)
         else:
             self.key, self.output = None, None
         return output
