@@ -10,7 +10,9 @@ The two schemes of NVIDIA's yolov5/BEVFusion scripts (``reference/004``, "敏感
 With an output metric, each pass can start at the unit instead of at the model's inputs: what comes
 before is computed in the scheme's baseline configuration and is the same in every pass, so it is run
 once per batch and cached (:mod:`workbench.analysis.prefix_cache`); results are identical to the
-plain loop, which is used when the model cannot be traced or the metric runs the model itself.
+plain loop, which is used when the model cannot be traced or the metric runs the model itself. With the
+cache on, a weight quantizer's fake-quantized weight is also computed once and reused while the quantizer
+stays on (:mod:`workbench.analysis.weight_cache`).
 """
 from __future__ import annotations
 
@@ -68,8 +70,10 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
         direction: ``"higher"`` or ``"lower"`` is better; required for entry points and functions.
         num_batches: use only the first batches.
         cache: let passes start from cached activations where the model allows it (see
-            ``result.cache`` and ``result.cache_note`` for what was done). Costs memory: the values
-            crossing the current cut point are kept for every batch at once.
+            ``result.cache`` and ``result.cache_note`` for what was done), and weight quantizers that
+            stay on reuse their fake-quantized weight from pass to pass. Costs memory: the values
+            crossing the current cut point are kept for every batch at once, and one copy of the
+            fake-quantized weights.
         output: the output entry to compare (``logits``, a tuple index); default: see
             :func:`~workbench.quant.batches.select_output`.
         context: the process's place in a distributed job (None: one process). Every rank computes
