@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from workbench.quant.compiled import ElementwiseKernel
+from workbench.quant.compiled import ElementwiseKernel, device_key
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +132,14 @@ def check_amax_on_host(amax: torch.Tensor) -> None:
         refuse_negative_amax(amax)
 
 
-def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_params(amax: torch.Tensor, max_bound: float | torch.Tensor,
+                 rounding: Rounding) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-element (a, b) so that ``q = round(x op1 a)`` and output ``q op2 b`` (see module doc).
+
+    ``max_bound`` may be a 0-d tensor on amax's device (the compiled kernels pass one). The division
+    ``amax / max_bound`` is always tensor by tensor: on CUDA both torch (a CPU-scalar divisor) and Inductor
+    (a constant divisor) replace ``t / c`` with ``t * (1 / c)``, one ulp off the CPU's quotient for some
+    amax; that shifted every element of those channels on the H200 (498905 of 16M in the diag).
 
     A tiny amax gets parameters that send every finite input to 0, as pytorch-quantization does.
     A negative amax (only reachable on CUDA, where it is not checked per call) gets NaN parameters,
@@ -144,12 +150,13 @@ def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tu
     # one op: NaN compares false below and carries through the divisions
     amax = amax.masked_fill(amax < 0, float("nan"))
     tiny = amax <= TINY_AMAX
+    bound = max_bound.to(amax.dtype) if isinstance(max_bound, torch.Tensor) else torch.full_like(amax, max_bound)
     if rounding == "pytorch_quantization":
-        scale = torch.full_like(amax, max_bound) / amax
+        scale = bound / amax
         a = torch.where(tiny, torch.zeros_like(scale), scale)
         b = torch.where(tiny, torch.ones_like(scale), scale)
     else:
-        step = amax / max_bound
+        step = amax / bound  # a tensor divisor: correctly rounded on every device (see above)
         # x / inf is 0 for finite x, so a tiny amax quantizes to 0 without a special case in the loop
         a = torch.where(tiny, torch.full_like(step, float("inf")), step)
         b = torch.where(tiny, torch.zeros_like(step), step)
@@ -233,16 +240,18 @@ def quantize_reference(
 # with parameters shaped [1, channels, 1], so each compiled function sees at most four shape variants.
 
 
-def _fused_formula(x, amax, lo: float, hi: float, max_bound: float, divide: bool, dequantize: bool,
+def _fused_formula(x, amax, lo: float, hi: float, max_bound: torch.Tensor, divide: bool, dequantize: bool,
                    out_dtype: torch.dtype):
     # quant_params inside the kernel: Inductor folds the per-channel parameters into the one elementwise
-    # loop, instead of ~8 tiny kernel launches per call before it
+    # loop, instead of ~8 tiny kernel launches per call before it. max_bound is a 0-d tensor input, not a
+    # number: Inductor turns division by a constant into multiplication by its reciprocal (not exact)
     a, b = quant_params(amax, max_bound, "onnx" if divide else "pytorch_quantization")
     return elementwise(x, a.float(), b.float(), lo, hi, divide, dequantize, out_dtype)
 
 
 _kernels_lock = threading.Lock()
 _kernels: dict[tuple, ElementwiseKernel] = {}
+_bounds: dict[tuple, torch.Tensor] = {}
 _verified: dict[tuple, bool] = {}
 _why_not: dict[tuple, str] = {}
 
@@ -287,9 +296,19 @@ def _run_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout, 
     if kernel is None:
         return None
     x, amax = _as_rows(inputs, amax.to(inputs.device), layout)
-    out = kernel(x, amax, float(min_bound), float(max_bound), float(max_bound), rounding == "onnx", dequantize,
-                 inputs.dtype)
+    bound = bound_tensor(max_bound, x.device, torch.float64 if amax.dtype == torch.float64 else torch.float32)
+    out = kernel(x, amax, float(min_bound), float(max_bound), bound, rounding == "onnx", dequantize, inputs.dtype)
     return None if out is None else out.view(inputs.shape)
+
+
+def bound_tensor(value: float, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``value`` as a 0-d tensor on ``device``, made once per (value, device, dtype): the compiled kernels'
+    divisor, so that it stays a runtime operand (exact division) without a host-to-device copy per call."""
+    key = (float(value), device_key(device), dtype)
+    tensor = _bounds.get(key)
+    if tensor is None:
+        tensor = _bounds[key] = torch.tensor(float(value), dtype=dtype, device=device)
+    return tensor
 
 
 def _kernel_for(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout, max_bound: float, min_bound: float,
@@ -349,7 +368,7 @@ def fused_matches_reference(device: torch.device, dtype: torch.dtype, rounding: 
     """Run the compiled kernels (per tensor and per channel) on :func:`probe_tensors` and compare every bit
     with the CPU path (the C kernel or the reference, which agree); they are used only if they agree.
     The reason for a refusal is kept for :func:`fused_status`."""
-    key = (str(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
+    key = (device_key(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
     if not fused_enabled():
         _why_not[key] = "switched off (WORKBENCH_FUSED_CUDA=0)"
         return False
@@ -377,7 +396,7 @@ def fused_matches_reference(device: torch.device, dtype: torch.dtype, rounding: 
 def fused_status(device: torch.device | str, dtype: torch.dtype, rounding: Rounding, dequantize: bool,
                  min_bound: float = -127.0, max_bound: float = 127.0) -> tuple[bool | None, str]:
     """Whether the fused CUDA kernel is in use for this case (None: not tried yet) and, if not, why."""
-    key = (str(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
+    key = (device_key(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
     if key not in _verified:
         return None, "not tried yet"
     return _verified[key], _why_not.get(key, "verified bit for bit against the CPU formula")
@@ -388,7 +407,7 @@ def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLay
     """The compiled single-kernel path for CUDA tensors, or None when it is unavailable, unverified or failed."""
     if layout is None or layout.outer == 0:
         return None
-    key = (str(inputs.device), inputs.dtype, rounding, dequantize, float(min_bound), float(max_bound))
+    key = (device_key(inputs.device), inputs.dtype, rounding, dequantize, float(min_bound), float(max_bound))
     if key not in _verified:
         _verified[key] = fused_matches_reference(inputs.device, inputs.dtype, rounding, dequantize, min_bound,
                                                  max_bound)

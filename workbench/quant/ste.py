@@ -19,7 +19,7 @@ import threading
 
 import torch
 
-from workbench.quant.compiled import ElementwiseKernel
+from workbench.quant.compiled import ElementwiseKernel, device_key
 from workbench.quant.kernels import ChannelLayout, channel_layout, count_differences, cpu_extension, fused_enabled
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ def _run_compiled(inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor
 def fused_matches_reference(device: torch.device, dtype: torch.dtype) -> bool:
     """Run the compiled kernels on values at and around the threshold (in float16 rounding too), NaN,
     Inf and -0 gradients, per tensor and per channel, and compare their bits with the CPU result."""
-    key = (str(device), dtype)
+    key = (device_key(device), dtype)
     if not fused_enabled():
         _why_not[key] = "switched off (WORKBENCH_FUSED_CUDA=0)"
         return False
@@ -163,7 +163,7 @@ def fused_matches_reference(device: torch.device, dtype: torch.dtype) -> bool:
 
 def fused_status(device: torch.device | str, dtype: torch.dtype) -> tuple[bool | None, str]:
     """Whether the fused CUDA STE kernel is in use for this dtype (None: not tried yet) and, if not, why."""
-    key = (str(device), dtype)
+    key = (device_key(device), dtype)
     if key not in _verified:
         return None, "not tried yet"
     return _verified[key], _why_not.get(key, "verified bit for bit against the CPU result")
@@ -171,7 +171,7 @@ def fused_status(device: torch.device | str, dtype: torch.dtype) -> tuple[bool |
 
 def _cuda_fused(inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor,
                 layout: ChannelLayout) -> torch.Tensor | None:
-    key = (str(inputs.device), inputs.dtype)
+    key = (device_key(inputs.device), inputs.dtype)
     if key not in _verified:
         _verified[key] = fused_matches_reference(inputs.device, inputs.dtype)
     if not _verified[key]:
