@@ -124,8 +124,33 @@ def overhead_row(device: torch.device) -> None:
     reference = per_call_ms(lambda: kernels.quantize_reference(x, amax, 127.0, -127.0, "pytorch_quantization", True),
                             device, calls=500) * 1e3
     clone = per_call_ms(lambda: x.clone(), device, calls=500) * 1e3
-    row("fwd fp32 per-tensor pq (64x64): fixed cost", f"{ours:.1f} us per call, ref {reference:.1f} us, clone "
-        f"{clone:.1f} us", "")
+    path = path_of(kernels.fused_status(device, torch.float32, "pytorch_quantization", True), device)
+    # the compiled kernel called directly (dynamo guards + Inductor wrapper + launch), to split the fixed cost
+    kernel = kernels.compiled_variant(False, True, torch.float32, -127.0, 127.0, True, torch.float32)
+    alone = ""
+    if kernel is not None and path == "compiled":
+        flat, bound = x.view(-1), kernels.bound_tensor(127.0, x.device)
+        call = lambda: kernel(flat, amax.reshape(1), -127.0, 127.0, bound, False, True, torch.float32)  # noqa: E731
+        alone = f" (compiled kernel alone {per_call_ms(call, device, calls=500) * 1e3:.1f} us)"
+        profile_calls(lambda: kernels.quantize(x, amax, 127.0, -127.0))
+    row("fwd fp32 per-tensor pq (64x64): fixed cost", f"{path}: {ours:.1f} us per call{alone}, ref {reference:.1f} us, "
+        f"clone {clone:.1f} us", "")
+
+
+def profile_calls(fn, calls: int = 300) -> None:
+    """Where a call's fixed cost goes (Python functions by own time), into the log for the next round."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
+    print(f"profile of {calls} calls (64x64 fp32 per-tensor pq):\n{text.getvalue()}", file=sys.stderr)
 
 
 def main() -> None:
