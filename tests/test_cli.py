@@ -8,13 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from workbench import cli
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.cli_run import run
 
 
 @pytest.fixture

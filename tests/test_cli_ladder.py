@@ -5,15 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from tests.cli_run import run
 from tests.test_cli_smoothing import MODEL
-from workbench import cli
 from workbench.session import Session
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -7,15 +7,10 @@ import numpy as np
 import onnx
 import pytest
 
+from tests.cli_run import run
 from workbench import cli
 from workbench.session import Session
 from workbench.sources import outliers
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench import cli
+from tests.cli_run import run
 from workbench.session import Session
 
 MODEL = textwrap.dedent("""
@@ -30,12 +30,6 @@ MODEL = textwrap.dedent("""
             model.fc.weight[:, [3, 17, 40]] *= 0.1
         return model
 """)
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

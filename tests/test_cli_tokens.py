@@ -9,15 +9,9 @@ import onnx
 import pytest
 import torch
 
-from workbench import cli
+from tests.cli_run import run
 from workbench.sources.data_source import DataSpec
 from workbench.sources.model_source import ModelSpec
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_tokens(path, samples=8, length=12, vocab=40):

@@ -5,7 +5,7 @@ import textwrap
 
 import numpy as np
 
-from workbench import cli
+from tests.cli_run import run
 from workbench.engine.formats import format_hazards
 from workbench.engine.layers import precision_of_format
 from workbench.engine.report import EngineReport, ModuleOutcome
@@ -27,12 +27,6 @@ CHAIN = textwrap.dedent("""
         torch.manual_seed(0)
         return Chain()
 """)
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_lint_names_the_fp8_and_int4_layers_what_they_need_and_an_fp8_layer_between_int8_ones(tmp_path, capsys):

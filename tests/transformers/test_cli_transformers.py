@@ -8,15 +8,10 @@ import numpy as np
 import onnx
 import pytest
 
+from tests.cli_run import run
 from workbench import cli
 
 HERE = Path(__file__).resolve().parent
-
-
-def run(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

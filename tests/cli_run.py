@@ -1,0 +1,9 @@
+"""Running the command line in-process, as the CLI tests do: the exit code and what it printed."""
+from workbench import cli
+
+
+def run(capsys, *args):
+    """``workbench ARGS...`` in this process; returns (exit code, stdout, stderr)."""
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
