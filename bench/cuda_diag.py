@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.quant import kernels, ste  # noqa: E402
+from workbench.quant import kernels, ste, triton_kernels  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -68,7 +68,7 @@ def path_of(fused: tuple, device: torch.device) -> str:
     if device.type != "cuda":
         return f"CPU {kernels.backend_name()} kernel"
     ok, why = fused
-    return "compiled" if ok else f"reference ({why})"
+    return f"fused ({why.split(',')[0]})" if ok else f"reference ({why})"
 
 
 def settled(first: tuple, after: tuple) -> tuple:
@@ -128,10 +128,15 @@ def overhead_row(device: torch.device) -> None:
     # the compiled kernel called directly (dynamo guards + Inductor wrapper + launch), to split the fixed cost
     kernel = kernels.compiled_variant(False, True, torch.float32, -127.0, 127.0, True, torch.float32)
     alone = ""
-    if kernel is not None and path == "compiled":
+    if kernel is not None and path.startswith("fused"):
         flat, bound = x.view(-1), kernels.bound_tensor(127.0, x.device)
         call = lambda: kernel(flat, amax.reshape(1), -127.0, 127.0, bound, False, True, torch.float32)  # noqa: E731
-        alone = f" (compiled kernel alone {per_call_ms(call, device, calls=500) * 1e3:.1f} us)"
+        alone = f" (torch.compile kernel alone {per_call_ms(call, device, calls=500) * 1e3:.1f} us"
+        if triton_kernels.available():
+            direct = lambda: triton_kernels.fake_quant(flat, amax.reshape(1), 1, flat.numel(), -127.0,  # noqa: E731
+                                                       127.0, kernels.TINY_AMAX, False, True)
+            alone += f", triton kernel alone {per_call_ms(direct, device, calls=500) * 1e3:.1f} us"
+        alone += ")"
         profile_calls(lambda: kernels.quantize(x, amax, 127.0, -127.0))
     row("fwd fp32 per-tensor pq (64x64): fixed cost", f"{path}: {ours:.1f} us per call{alone}, ref {reference:.1f} us, "
         f"clone {clone:.1f} us", "")

@@ -17,6 +17,7 @@ def fresh_kernels(monkeypatch):
     monkeypatch.setattr(kernels, "_kernels", {})
     monkeypatch.setattr(kernels, "_verified", {})
     monkeypatch.setattr(kernels, "_why_not", {})
+    monkeypatch.setattr(kernels, "_engines", {})
     monkeypatch.setattr(ste, "_kernels", {})
     monkeypatch.setattr(ste, "_verified", {})
     monkeypatch.setattr(ste, "_why_not", {})
@@ -43,7 +44,7 @@ def test_exact_kernels_pass_and_status_says_so(fresh_kernels):
         assert kernels.fused_matches_reference(torch.device("cpu"), torch.bfloat16, rounding, True, -128.0, 127.0)
     kernels._verified[("cpu", torch.bfloat16, "onnx", True, -128.0, 127.0)] = True
     assert kernels.fused_status("cpu", torch.bfloat16, "onnx", True, -128.0, 127.0) == (
-        True, "verified bit for bit against the CPU formula")
+        True, "compiled kernel, verified bit for bit against the CPU formula")  # no Triton engine on CPU
     assert kernels.fused_status("cpu", torch.float16, "onnx", True) == (None, "not tried yet")
 
 

@@ -33,6 +33,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from workbench.quant import triton_kernels
 from workbench.quant.compiled import ElementwiseKernel, device_key
 
 logger = logging.getLogger(__name__)
@@ -254,6 +255,8 @@ _kernels: dict[tuple, ElementwiseKernel] = {}
 _bounds: dict[tuple, torch.Tensor] = {}
 _verified: dict[tuple, bool] = {}
 _why_not: dict[tuple, str] = {}
+# which verified kernel runs each case: "triton" (hand-written, one launcher call) or "compiled" (torch.compile)
+_engines: dict[tuple, str] = {}
 
 
 def fused_enabled() -> bool:
@@ -291,7 +294,12 @@ def _as_rows(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout) ->
 
 
 def _run_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout, max_bound: float, min_bound: float,
-               rounding: Rounding, dequantize: bool) -> torch.Tensor | None:
+               rounding: Rounding, dequantize: bool, engine: str = "compiled") -> torch.Tensor | None:
+    if engine == "triton" and amax.dtype != torch.float64:  # a float64 amax: the compiled variant made for it
+        flat_amax = amax.to(device=inputs.device, dtype=torch.float32).reshape(-1)
+        out = triton_kernels.fake_quant(inputs.contiguous(), flat_amax.contiguous(), layout.channels, layout.inner,
+                                        min_bound, max_bound, TINY_AMAX, rounding == "onnx", dequantize)
+        return None if out is None else out.view(inputs.shape)
     kernel = _kernel_for(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
     if kernel is None:
         return None
@@ -372,25 +380,42 @@ def fused_matches_reference(device: torch.device, dtype: torch.dtype, rounding: 
     if not fused_enabled():
         _why_not[key] = "switched off (WORKBENCH_FUSED_CUDA=0)"
         return False
+    engines = ["triton", "compiled"] if torch.device(device).type == "cuda" and triton_kernels.available() \
+        else ["compiled"]
+    for engine in engines:
+        problem = _probe_engine(engine, device, dtype, rounding, dequantize, min_bound, max_bound)
+        if problem is None:
+            _engines[key] = engine
+            _why_not.pop(key, None)
+            return True
+        _why_not[key] = problem
+        if engine != engines[-1]:  # one line, then the next kernel gets its own check
+            logger.info("%s fake-quant kernel not used on %s (%s, %s): %s", engine, device, dtype, rounding, problem)
+    logger.warning("fused fake quantization differs or fails on %s (%s, %s): %s; using torch operations instead",
+                   device, dtype, rounding, _why_not[key])
+    return False
+
+
+def _probe_engine(engine: str, device: torch.device, dtype: torch.dtype, rounding: Rounding, dequantize: bool,
+                  min_bound: float, max_bound: float) -> str | None:
+    """Why ``engine``'s kernel must not be used for this case (None: it matched every bit of the CPU path)."""
     inputs, channel_amax = probe_tensors()
     for amax in (channel_amax[0, 0, 0].clone(), channel_amax, channel_amax[0, 1, 0].clone()):
         probe = inputs.to(dtype)
         expected, _ = quantize(probe, amax, max_bound, min_bound, rounding, dequantize)
         layout = channel_layout(probe.shape, amax.shape)
-        fused = _run_fused(probe.to(device), amax.to(device), layout, max_bound, min_bound, rounding, dequantize)
-        kernel = _kernel_for(probe, amax, layout, max_bound, min_bound, rounding, dequantize)
+        fused = _run_fused(probe.to(device), amax.to(device), layout, max_bound, min_bound, rounding, dequantize,
+                           engine)
         if fused is None:
-            _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'no kernel'}"
-            logger.info("fused fake quantization unavailable on %s (%s): %s", device, dtype, _why_not[key])
-            return False
+            if engine == "triton":
+                return f"compile or run failed: {triton_kernels.error()}"
+            kernel = _kernel_for(probe, amax, layout, max_bound, min_bound, rounding, dequantize)
+            return f"compile or run failed: {kernel.error if kernel else 'no kernel'}"
         count, largest = count_differences(fused, expected)
         if count:
-            _why_not[key] = (f"{count} of {fused.numel()} elements differ from the CPU formula (max |diff| "
-                             f"{largest:.3g}, {'per tensor' if layout.channels == 1 else 'per channel'})")
-            logger.warning("fused fake quantization differs on %s (%s, %s): %s; using torch operations instead",
-                           device, dtype, rounding, _why_not[key])
-            return False
-    return True
+            return (f"{engine} kernel: {count} of {fused.numel()} elements differ from the CPU formula (max |diff| "
+                    f"{largest:.3g}, {'per tensor' if layout.channels == 1 else 'per channel'})")
+    return None
 
 
 def fused_status(device: torch.device | str, dtype: torch.dtype, rounding: Rounding, dequantize: bool,
@@ -399,7 +424,9 @@ def fused_status(device: torch.device | str, dtype: torch.dtype, rounding: Round
     key = (device_key(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
     if key not in _verified:
         return None, "not tried yet"
-    return _verified[key], _why_not.get(key, "verified bit for bit against the CPU formula")
+    if _verified[key]:
+        return True, f"{_engines.get(key, 'compiled')} kernel, verified bit for bit against the CPU formula"
+    return False, _why_not.get(key, "unavailable")
 
 
 def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout | None, max_bound: float,
@@ -413,11 +440,14 @@ def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLay
                                                  max_bound)
     if not _verified[key]:
         return None
-    out = _run_fused(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
+    engine = _engines.get(key, "compiled")
+    out = _run_fused(inputs, amax, layout, max_bound, min_bound, rounding, dequantize, engine)
     if out is None:  # compiling this layout failed after all: the reference from now on (logged once)
         _verified[key] = False
         kernel = _kernel_for(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
-        _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'switched off'}"
+        _why_not[key] = (f"compile or run failed: {triton_kernels.error()}" if engine == "triton" and
+                         amax.dtype != torch.float64 else
+                         f"compile or run failed: {kernel.error if kernel else 'switched off'}")
     return out
 
 
