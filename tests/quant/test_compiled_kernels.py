@@ -21,6 +21,7 @@ def fresh_kernels(monkeypatch):
     monkeypatch.setattr(ste, "_kernels", {})
     monkeypatch.setattr(ste, "_verified", {})
     monkeypatch.setattr(ste, "_why_not", {})
+    monkeypatch.setattr(ste, "_engines", {})
 
 
 def _divide_by_reciprocal(x, amax, lo: float, hi: float, max_bound: float, divide: bool, dequantize: bool,

@@ -67,6 +67,22 @@ def _build() -> Any:
                 q = tl.div_rn(q, b)
         tl.store(out_ptr + offsets, q.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def ste_kernel(x_ptr, g_ptr, t_ptr, out_ptr, n, channels, inner, PER_CHANNEL: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr):
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offsets < n
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+        g = tl.load(g_ptr + offsets, mask=mask, other=0.0)
+        if PER_CHANNEL:
+            t = tl.load(t_ptr + (offsets // inner) % channels, mask=mask, other=0.0)
+        else:
+            t = tl.load(t_ptr) + tl.zeros_like(x.to(tl.float32))
+        # |x| in x's dtype widened to float32 exactly, as torch compares; NaN compares false: gradient 0
+        keep = tl.abs(x).to(tl.float32) <= t
+        tl.store(out_ptr + offsets, tl.where(keep, g, tl.zeros_like(g)), mask=mask)
+
+    _state["ste"] = ste_kernel
     return fake_quant_kernel
 
 
@@ -107,6 +123,30 @@ def fake_quant(x: torch.Tensor, amax: torch.Tensor, channels: int, inner: int, m
         _state["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
         logger.warning("Triton fake-quant kernel failed (%s); using the compiled kernel from now on", _state["error"])
         return None
+
+
+def ste_grad(x: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor, channels: int,
+             inner: int) -> torch.Tensor | None:
+    """``where(|x| <= limits, grad, 0)`` over contiguous ``x`` and ``grad`` of one dtype, with float32 ``limits``
+    (``channels`` values); None when the kernel is unavailable or fails (then switched off, logged once)."""
+    if not available() or _state.get("ste") is None:
+        return None
+    try:
+        out = torch.empty_like(grad)
+        n = x.numel()
+        _state["ste"][(triton_cdiv(n, BLOCK),)](x, grad, limits, out, n, channels, inner,
+                                                  PER_CHANNEL=channels > 1, BLOCK_SIZE=BLOCK)
+        return out
+    except Exception as error:  # noqa: BLE001 - any launch or compile failure: the caller falls back
+        _state["ste"] = None
+        _state["ste_error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        logger.warning("Triton STE kernel failed (%s); using the compiled kernel from now on", _state["ste_error"])
+        return None
+
+
+def ste_error() -> str | None:
+    """Why the Triton STE kernel is not in use (None when it is, or has not been tried)."""
+    return _state.get("ste_error") or _state["error"]
 
 
 def triton_cdiv(n: int, block: int) -> int:
