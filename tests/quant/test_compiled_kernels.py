@@ -156,3 +156,35 @@ def test_status_is_found_under_either_spelling_of_the_device(fresh_kernels):
     kernels._verified[(compiled.device_key("cpu"), torch.float32, "onnx", True, -127.0, 127.0)] = True
     assert kernels.fused_status(torch.device("cpu"), torch.float32, "onnx", True)[0] is True
     assert kernels.fused_status("cpu", torch.float16, "onnx", True)[0] is None
+
+
+def test_triton_engine_is_checked_like_the_compiled_one(monkeypatch):
+    """A Triton kernel that is one ulp off, or fails to launch, is refused with the reason (the GPU then
+    tries the compiled kernel); a correct one passes the same probe."""
+    def exact(x, amax, channels, inner, lo, hi, tiny, divide, dequantize):
+        shape = (-1, channels, inner) if channels > 1 else (-1,)
+        params = amax.reshape(1, channels, 1) if channels > 1 else amax.reshape(())
+        rounding = "onnx" if divide else "pytorch_quantization"
+        return kernels.quantize_reference(x.view(shape), params, hi, lo, rounding, dequantize).view(x.shape)
+
+    monkeypatch.setattr(kernels.triton_kernels, "fake_quant", exact)
+    assert kernels._probe_engine("triton", torch.device("cpu"), torch.float32, "onnx", True, -127.0, 127.0) is None
+    monkeypatch.setattr(kernels.triton_kernels, "fake_quant",
+                        lambda *args: torch.nextafter(exact(*args), torch.tensor(float("inf"))))
+    problem = kernels._probe_engine("triton", torch.device("cpu"), torch.float32, "onnx", True, -127.0, 127.0)
+    assert problem.startswith("triton kernel:") and "elements differ from the CPU formula" in problem
+    monkeypatch.setattr(kernels.triton_kernels, "fake_quant", lambda *args: None)
+    problem = kernels._probe_engine("triton", torch.device("cpu"), torch.float32, "onnx", True, -127.0, 127.0)
+    assert problem.startswith("compile or run failed")
+
+
+def test_triton_missing_means_no_triton_engine_and_no_error():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        assert not kernels.triton_kernels.available() and not kernels.triton_kernels.ste_available()
+        assert "triton" in (kernels.triton_kernels.error() or "").lower()
+        assert kernels.triton_kernels.fake_quant(torch.ones(3), torch.ones(1), 1, 3, -127.0, 127.0, 1e-7, True,
+                                                 True) is None
+    else:
+        pytest.skip("Triton is installed here: the GPU tests cover its kernels")

@@ -148,7 +148,7 @@ def fused_matches_reference(device: torch.device, dtype: torch.dtype) -> bool:
     g = torch.randn(4, 3, 1031, generator=generator)
     g[1, :, :3] = torch.tensor([float("nan"), -0.0, float("inf")])
     x, g = x.to(dtype), g.to(dtype)
-    engines = ["triton", "compiled"] if torch.device(device).type == "cuda" and triton_kernels.available() \
+    engines = ["triton", "compiled"] if torch.device(device).type == "cuda" and triton_kernels.ste_available() \
         else ["compiled"]
     for engine in engines:
         problem = _probe_engine(engine, device, x, g, dtype)

@@ -87,7 +87,18 @@ def _build() -> Any:
 
 
 def available() -> bool:
-    """Whether the Triton kernel can be used (Triton imports and the kernel has not failed before)."""
+    """Whether the Triton fake-quant kernel can be used (Triton imports and the kernel has not failed before)."""
+    _ensure_built()
+    return _state["kernel"] is not None
+
+
+def ste_available() -> bool:
+    """Whether the Triton STE kernel can be used (independent of the fake-quant kernel's failures)."""
+    _ensure_built()
+    return _state.get("ste") is not None
+
+
+def _ensure_built() -> None:
     if not _state["tried"]:
         _state["tried"] = True
         try:
@@ -95,7 +106,6 @@ def available() -> bool:
         except Exception as error:  # noqa: BLE001 - no Triton, or one this code does not fit: fall back
             _state["error"] = f"{type(error).__name__}: {error}"[:300]
             logger.info("Triton fake-quant kernel unavailable (%s); using the compiled kernel", _state["error"])
-    return _state["kernel"] is not None
 
 
 def error() -> str | None:
@@ -129,7 +139,7 @@ def ste_grad(x: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor, channels
              inner: int) -> torch.Tensor | None:
     """``where(|x| <= limits, grad, 0)`` over contiguous ``x`` and ``grad`` of one dtype, with float32 ``limits``
     (``channels`` values); None when the kernel is unavailable or fails (then switched off, logged once)."""
-    if not available() or _state.get("ste") is None:
+    if not ste_available():
         return None
     try:
         out = torch.empty_like(grad)
