@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.quant import kernels, ste  # noqa: E402
+from workbench.quant import kernels, ste, triton_kernels  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -68,7 +68,15 @@ def path_of(fused: tuple, device: torch.device) -> str:
     if device.type != "cuda":
         return f"CPU {kernels.backend_name()} kernel"
     ok, why = fused
-    return "compiled" if ok else f"reference ({why})"
+    return f"fused ({why.split(',')[0]})" if ok else f"reference ({why})"
+
+
+def settled(first: tuple, after: tuple) -> tuple:
+    """The status of the timed calls: the first call's, unless the kernel was switched off while timing
+    (a later layout failed to compile), which the row must say since the times are then the reference's."""
+    if first[0] is True and after[0] is not True:
+        return False, f"compiled for the first call, then {after[1]}"
+    return after
 
 
 def forward_row(name: str, dtype: torch.dtype, layout: str, rounding: str, numel: int, device: torch.device) -> None:
@@ -78,6 +86,7 @@ def forward_row(name: str, dtype: torch.dtype, layout: str, rounding: str, numel
     expected = kernels.quantize(x_cpu, amax_cpu, 127.0, -127.0, rounding)[0]
     count, largest = kernels.count_differences(out, expected)
     ours = per_call_ms(lambda: kernels.quantize(x, amax, 127.0, -127.0, rounding), device)
+    status = settled(status, kernels.fused_status(device, dtype, rounding, True, -127.0, 127.0))
     reference = per_call_ms(lambda: kernels.quantize_reference(x, amax, 127.0, -127.0, rounding, True), device)
     clone = per_call_ms(lambda: x.clone(), device)
     per_tensor = layout == "per-tensor"
@@ -97,6 +106,7 @@ def ste_row(name: str, dtype: torch.dtype, layout: str, numel: int, device: torc
     status = ste.fused_status(device, dtype)
     count, largest = kernels.count_differences(out, ste.ste_grad_reference(x_cpu, amax_cpu, g_cpu))
     ours = per_call_ms(lambda: ste.ste_grad(x, amax, g), device)
+    status = settled(status, ste.fused_status(device, dtype))
     reference = per_call_ms(lambda: ste.ste_grad_reference(x, amax, g), device)
     clone = per_call_ms(lambda: x.clone(), device)
     per_tensor = layout == "per-tensor"
@@ -114,8 +124,38 @@ def overhead_row(device: torch.device) -> None:
     reference = per_call_ms(lambda: kernels.quantize_reference(x, amax, 127.0, -127.0, "pytorch_quantization", True),
                             device, calls=500) * 1e3
     clone = per_call_ms(lambda: x.clone(), device, calls=500) * 1e3
-    row("fwd fp32 per-tensor pq (64x64): fixed cost", f"{ours:.1f} us per call, ref {reference:.1f} us, clone "
-        f"{clone:.1f} us", "")
+    path = path_of(kernels.fused_status(device, torch.float32, "pytorch_quantization", True), device)
+    # the compiled kernel called directly (dynamo guards + Inductor wrapper + launch), to split the fixed cost
+    kernel = kernels.compiled_variant(False, True, torch.float32, -127.0, 127.0, True, torch.float32)
+    alone = ""
+    if kernel is not None and path.startswith("fused"):
+        flat, bound = x.view(-1), kernels.bound_tensor(127.0, x.device)
+        call = lambda: kernel(flat, amax.reshape(1), -127.0, 127.0, bound, False, True, torch.float32)  # noqa: E731
+        alone = f" (torch.compile kernel alone {per_call_ms(call, device, calls=500) * 1e3:.1f} us"
+        if triton_kernels.available():
+            direct = lambda: triton_kernels.fake_quant(flat, amax.reshape(1), 1, flat.numel(), -127.0,  # noqa: E731
+                                                       127.0, kernels.TINY_AMAX, False, True)
+            alone += f", triton kernel alone {per_call_ms(direct, device, calls=500) * 1e3:.1f} us"
+        alone += ")"
+        profile_calls(lambda: kernels.quantize(x, amax, 127.0, -127.0))
+    row("fwd fp32 per-tensor pq (64x64): fixed cost", f"{path}: {ours:.1f} us per call{alone}, ref {reference:.1f} us, "
+        f"clone {clone:.1f} us", "")
+
+
+def profile_calls(fn, calls: int = 300) -> None:
+    """Where a call's fixed cost goes (Python functions by own time), into the log for the next round."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
+    print(f"profile of {calls} calls (64x64 fp32 per-tensor pq):\n{text.getvalue()}", file=sys.stderr)
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from workbench.quant import compiled, kernels, ste
 
@@ -16,9 +17,11 @@ def fresh_kernels(monkeypatch):
     monkeypatch.setattr(kernels, "_kernels", {})
     monkeypatch.setattr(kernels, "_verified", {})
     monkeypatch.setattr(kernels, "_why_not", {})
+    monkeypatch.setattr(kernels, "_engines", {})
     monkeypatch.setattr(ste, "_kernels", {})
     monkeypatch.setattr(ste, "_verified", {})
     monkeypatch.setattr(ste, "_why_not", {})
+    monkeypatch.setattr(ste, "_engines", {})
 
 
 def _divide_by_reciprocal(x, amax, lo: float, hi: float, max_bound: float, divide: bool, dequantize: bool,
@@ -42,7 +45,7 @@ def test_exact_kernels_pass_and_status_says_so(fresh_kernels):
         assert kernels.fused_matches_reference(torch.device("cpu"), torch.bfloat16, rounding, True, -128.0, 127.0)
     kernels._verified[("cpu", torch.bfloat16, "onnx", True, -128.0, 127.0)] = True
     assert kernels.fused_status("cpu", torch.bfloat16, "onnx", True, -128.0, 127.0) == (
-        True, "verified bit for bit against the CPU formula")
+        True, "compiled kernel, verified bit for bit against the CPU formula")  # no Triton engine on CPU
     assert kernels.fused_status("cpu", torch.float16, "onnx", True) == (None, "not tried yet")
 
 
@@ -100,3 +103,88 @@ def test_kernels_have_their_own_recompile_budget(fresh_kernels):
             assert torch.equal(out, ste.ste_grad_reference(x, amax, g))
     entries = {key: kernel.cache_entries() for key, kernel in ste.compiled_kernels().items()}
     assert len(entries) == 4 and all(count is None or count <= 4 for count in entries.values()), entries
+
+
+class _DivisionRecorder(TorchDispatchMode):
+    """Records the operand types of every aten.div call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.divisions: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten.div:
+            self.divisions.append((type(args[0]).__name__, type(args[1]).__name__))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rounding", kernels.ROUNDINGS)
+def test_parameters_divide_by_a_tensor_never_by_a_number(rounding):
+    """On CUDA torch computes ``t / number`` as ``t * (1 / number)`` (one ulp off for some amax: the H200
+    run's onnx step differed from the CPU's in 3% of the elements), so every division is tensor by tensor."""
+    amax = torch.rand(7) + 0.1
+    with _DivisionRecorder() as recorder:
+        kernels.quant_params(amax, 127.0, rounding)
+    assert recorder.divisions and all(divisor == "Tensor" for _, divisor in recorder.divisions), recorder.divisions
+
+
+def test_compiled_formula_divides_by_graph_inputs_not_constants():
+    """Inductor replaces division by a constant with a multiplication by its reciprocal on GPUs (not exact);
+    the compiled formula gets max_bound as a tensor input, so every division in its graph has a runtime divisor."""
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    formula = torch.compile(kernels._fused_formula, backend=capture, dynamic=True, fullgraph=True)
+    x = torch.randn(4, 3, 8)
+    amax = x.abs().amax(dim=(0, 2), keepdim=True)
+    for divide in (True, False):
+        out = formula(x, amax, -127.0, 127.0, kernels.bound_tensor(127.0, x.device), divide, True, torch.float32)
+        assert torch.equal(out, kernels.quantize_reference(x, amax, 127.0, -127.0,
+                                                           "onnx" if divide else "pytorch_quantization", True))
+    divisors = [node.args[1] for graph in graphs for node in graph.graph.nodes
+                if node.op == "call_function" and "div" in str(node.target)]
+    assert len(divisors) >= 4 and all(isinstance(d, torch.fx.Node) for d in divisors), divisors
+
+
+def test_status_is_found_under_either_spelling_of_the_device(fresh_kernels):
+    """fused_status(torch.device("cuda")) must find what a call on a cuda:0 tensor recorded."""
+    assert compiled.device_key("cpu") == "cpu"
+    assert compiled.device_key(torch.device("cpu")) == "cpu"
+    kernels._verified[(compiled.device_key("cpu"), torch.float32, "onnx", True, -127.0, 127.0)] = True
+    assert kernels.fused_status(torch.device("cpu"), torch.float32, "onnx", True)[0] is True
+    assert kernels.fused_status("cpu", torch.float16, "onnx", True)[0] is None
+
+
+def test_triton_engine_is_checked_like_the_compiled_one(monkeypatch):
+    """A Triton kernel that is one ulp off, or fails to launch, is refused with the reason (the GPU then
+    tries the compiled kernel); a correct one passes the same probe."""
+    def exact(x, amax, channels, inner, lo, hi, tiny, divide, dequantize):
+        shape = (-1, channels, inner) if channels > 1 else (-1,)
+        params = amax.reshape(1, channels, 1) if channels > 1 else amax.reshape(())
+        rounding = "onnx" if divide else "pytorch_quantization"
+        return kernels.quantize_reference(x.view(shape), params, hi, lo, rounding, dequantize).view(x.shape)
+
+    monkeypatch.setattr(kernels.triton_kernels, "fake_quant", exact)
+    assert kernels._probe_engine("triton", torch.device("cpu"), torch.float32, "onnx", True, -127.0, 127.0) is None
+    monkeypatch.setattr(kernels.triton_kernels, "fake_quant",
+                        lambda *args: torch.nextafter(exact(*args), torch.tensor(float("inf"))))
+    problem = kernels._probe_engine("triton", torch.device("cpu"), torch.float32, "onnx", True, -127.0, 127.0)
+    assert problem.startswith("triton kernel:") and "elements differ from the CPU formula" in problem
+    monkeypatch.setattr(kernels.triton_kernels, "fake_quant", lambda *args: None)
+    problem = kernels._probe_engine("triton", torch.device("cpu"), torch.float32, "onnx", True, -127.0, 127.0)
+    assert problem.startswith("compile or run failed")
+
+
+def test_triton_missing_means_no_triton_engine_and_no_error():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        assert not kernels.triton_kernels.available() and not kernels.triton_kernels.ste_available()
+        assert "triton" in (kernels.triton_kernels.error() or "").lower()
+        assert kernels.triton_kernels.fake_quant(torch.ones(3), torch.ones(1), 1, 3, -127.0, 127.0, 1e-7, True,
+                                                 True) is None
+    else:
+        pytest.skip("Triton is installed here: the GPU tests cover its kernels")

@@ -33,6 +33,19 @@ logger = logging.getLogger(__name__)
 RECOMPILE_LIMIT = 32
 
 
+def device_key(device: torch.device | str) -> str:
+    """One spelling per device for the verification caches: ``"cuda"`` and ``"cuda:0"`` name the same GPU
+    when 0 is the current one (the diag asked with ``"cuda"`` while tensors report ``"cuda:0"``, so every
+    status read "not tried yet")."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        try:
+            return f"cuda:{torch.cuda.current_device()}"
+        except Exception:  # noqa: BLE001 - no CUDA here: the plain name is as good as any
+            return "cuda"
+    return str(device)
+
+
 def _is_recompile_limit(error: BaseException) -> bool:
     return "recompilelimit" in type(error).__name__.lower() or "recompile limit" in str(error).lower()
 

@@ -33,7 +33,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from workbench.quant.compiled import ElementwiseKernel
+from workbench.quant import triton_kernels
+from workbench.quant.compiled import ElementwiseKernel, device_key
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +133,14 @@ def check_amax_on_host(amax: torch.Tensor) -> None:
         refuse_negative_amax(amax)
 
 
-def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_params(amax: torch.Tensor, max_bound: float | torch.Tensor,
+                 rounding: Rounding) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-element (a, b) so that ``q = round(x op1 a)`` and output ``q op2 b`` (see module doc).
+
+    ``max_bound`` may be a 0-d tensor on amax's device (the compiled kernels pass one). The division
+    ``amax / max_bound`` is always tensor by tensor: on CUDA both torch (a CPU-scalar divisor) and Inductor
+    (a constant divisor) replace ``t / c`` with ``t * (1 / c)``, one ulp off the CPU's quotient for some
+    amax; that shifted every element of those channels on the H200 (498905 of 16M in the diag).
 
     A tiny amax gets parameters that send every finite input to 0, as pytorch-quantization does.
     A negative amax (only reachable on CUDA, where it is not checked per call) gets NaN parameters,
@@ -144,12 +151,13 @@ def quant_params(amax: torch.Tensor, max_bound: float, rounding: Rounding) -> tu
     # one op: NaN compares false below and carries through the divisions
     amax = amax.masked_fill(amax < 0, float("nan"))
     tiny = amax <= TINY_AMAX
+    bound = max_bound.to(amax.dtype) if isinstance(max_bound, torch.Tensor) else torch.full_like(amax, max_bound)
     if rounding == "pytorch_quantization":
-        scale = torch.full_like(amax, max_bound) / amax
+        scale = bound / amax
         a = torch.where(tiny, torch.zeros_like(scale), scale)
         b = torch.where(tiny, torch.ones_like(scale), scale)
     else:
-        step = amax / max_bound
+        step = amax / bound  # a tensor divisor: correctly rounded on every device (see above)
         # x / inf is 0 for finite x, so a tiny amax quantizes to 0 without a special case in the loop
         a = torch.where(tiny, torch.full_like(step, float("inf")), step)
         b = torch.where(tiny, torch.zeros_like(step), step)
@@ -233,18 +241,22 @@ def quantize_reference(
 # with parameters shaped [1, channels, 1], so each compiled function sees at most four shape variants.
 
 
-def _fused_formula(x, amax, lo: float, hi: float, max_bound: float, divide: bool, dequantize: bool,
+def _fused_formula(x, amax, lo: float, hi: float, max_bound: torch.Tensor, divide: bool, dequantize: bool,
                    out_dtype: torch.dtype):
     # quant_params inside the kernel: Inductor folds the per-channel parameters into the one elementwise
-    # loop, instead of ~8 tiny kernel launches per call before it
+    # loop, instead of ~8 tiny kernel launches per call before it. max_bound is a 0-d tensor input, not a
+    # number: Inductor turns division by a constant into multiplication by its reciprocal (not exact)
     a, b = quant_params(amax, max_bound, "onnx" if divide else "pytorch_quantization")
     return elementwise(x, a.float(), b.float(), lo, hi, divide, dequantize, out_dtype)
 
 
 _kernels_lock = threading.Lock()
 _kernels: dict[tuple, ElementwiseKernel] = {}
+_bounds: dict[tuple, torch.Tensor] = {}
 _verified: dict[tuple, bool] = {}
 _why_not: dict[tuple, str] = {}
+# which verified kernel runs each case: "triton" (hand-written, one launcher call) or "compiled" (torch.compile)
+_engines: dict[tuple, str] = {}
 
 
 def fused_enabled() -> bool:
@@ -282,14 +294,29 @@ def _as_rows(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout) ->
 
 
 def _run_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout, max_bound: float, min_bound: float,
-               rounding: Rounding, dequantize: bool) -> torch.Tensor | None:
+               rounding: Rounding, dequantize: bool, engine: str = "compiled") -> torch.Tensor | None:
+    if engine == "triton" and amax.dtype != torch.float64:  # a float64 amax: the compiled variant made for it
+        flat_amax = amax.to(device=inputs.device, dtype=torch.float32).reshape(-1)
+        out = triton_kernels.fake_quant(inputs.contiguous(), flat_amax.contiguous(), layout.channels, layout.inner,
+                                        min_bound, max_bound, TINY_AMAX, rounding == "onnx", dequantize)
+        return None if out is None else out.view(inputs.shape)
     kernel = _kernel_for(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
     if kernel is None:
         return None
     x, amax = _as_rows(inputs, amax.to(inputs.device), layout)
-    out = kernel(x, amax, float(min_bound), float(max_bound), float(max_bound), rounding == "onnx", dequantize,
-                 inputs.dtype)
+    bound = bound_tensor(max_bound, x.device, torch.float64 if amax.dtype == torch.float64 else torch.float32)
+    out = kernel(x, amax, float(min_bound), float(max_bound), bound, rounding == "onnx", dequantize, inputs.dtype)
     return None if out is None else out.view(inputs.shape)
+
+
+def bound_tensor(value: float, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``value`` as a 0-d tensor on ``device``, made once per (value, device, dtype): the compiled kernels'
+    divisor, so that it stays a runtime operand (exact division) without a host-to-device copy per call."""
+    key = (float(value), device_key(device), dtype)
+    tensor = _bounds.get(key)
+    if tensor is None:
+        tensor = _bounds[key] = torch.tensor(float(value), dtype=dtype, device=device)
+    return tensor
 
 
 def _kernel_for(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout, max_bound: float, min_bound: float,
@@ -349,38 +376,57 @@ def fused_matches_reference(device: torch.device, dtype: torch.dtype, rounding: 
     """Run the compiled kernels (per tensor and per channel) on :func:`probe_tensors` and compare every bit
     with the CPU path (the C kernel or the reference, which agree); they are used only if they agree.
     The reason for a refusal is kept for :func:`fused_status`."""
-    key = (str(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
+    key = (device_key(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
     if not fused_enabled():
         _why_not[key] = "switched off (WORKBENCH_FUSED_CUDA=0)"
         return False
+    engines = ["triton", "compiled"] if torch.device(device).type == "cuda" and triton_kernels.available() \
+        else ["compiled"]
+    for engine in engines:
+        problem = _probe_engine(engine, device, dtype, rounding, dequantize, min_bound, max_bound)
+        if problem is None:
+            _engines[key] = engine
+            _why_not.pop(key, None)
+            return True
+        _why_not[key] = problem
+        if engine != engines[-1]:  # one line, then the next kernel gets its own check
+            logger.info("%s fake-quant kernel not used on %s (%s, %s): %s", engine, device, dtype, rounding, problem)
+    logger.warning("fused fake quantization differs or fails on %s (%s, %s): %s; using torch operations instead",
+                   device, dtype, rounding, _why_not[key])
+    return False
+
+
+def _probe_engine(engine: str, device: torch.device, dtype: torch.dtype, rounding: Rounding, dequantize: bool,
+                  min_bound: float, max_bound: float) -> str | None:
+    """Why ``engine``'s kernel must not be used for this case (None: it matched every bit of the CPU path)."""
     inputs, channel_amax = probe_tensors()
     for amax in (channel_amax[0, 0, 0].clone(), channel_amax, channel_amax[0, 1, 0].clone()):
         probe = inputs.to(dtype)
         expected, _ = quantize(probe, amax, max_bound, min_bound, rounding, dequantize)
         layout = channel_layout(probe.shape, amax.shape)
-        fused = _run_fused(probe.to(device), amax.to(device), layout, max_bound, min_bound, rounding, dequantize)
-        kernel = _kernel_for(probe, amax, layout, max_bound, min_bound, rounding, dequantize)
+        fused = _run_fused(probe.to(device), amax.to(device), layout, max_bound, min_bound, rounding, dequantize,
+                           engine)
         if fused is None:
-            _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'no kernel'}"
-            logger.info("fused fake quantization unavailable on %s (%s): %s", device, dtype, _why_not[key])
-            return False
+            if engine == "triton":
+                return f"compile or run failed: {triton_kernels.error()}"
+            kernel = _kernel_for(probe, amax, layout, max_bound, min_bound, rounding, dequantize)
+            return f"compile or run failed: {kernel.error if kernel else 'no kernel'}"
         count, largest = count_differences(fused, expected)
         if count:
-            _why_not[key] = (f"{count} of {fused.numel()} elements differ from the CPU formula (max |diff| "
-                             f"{largest:.3g}, {'per tensor' if layout.channels == 1 else 'per channel'})")
-            logger.warning("fused fake quantization differs on %s (%s, %s): %s; using torch operations instead",
-                           device, dtype, rounding, _why_not[key])
-            return False
-    return True
+            return (f"{engine} kernel: {count} of {fused.numel()} elements differ from the CPU formula (max |diff| "
+                    f"{largest:.3g}, {'per tensor' if layout.channels == 1 else 'per channel'})")
+    return None
 
 
 def fused_status(device: torch.device | str, dtype: torch.dtype, rounding: Rounding, dequantize: bool,
                  min_bound: float = -127.0, max_bound: float = 127.0) -> tuple[bool | None, str]:
     """Whether the fused CUDA kernel is in use for this case (None: not tried yet) and, if not, why."""
-    key = (str(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
+    key = (device_key(device), dtype, rounding, dequantize, float(min_bound), float(max_bound))
     if key not in _verified:
         return None, "not tried yet"
-    return _verified[key], _why_not.get(key, "verified bit for bit against the CPU formula")
+    if _verified[key]:
+        return True, f"{_engines.get(key, 'compiled')} kernel, verified bit for bit against the CPU formula"
+    return False, _why_not.get(key, "unavailable")
 
 
 def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLayout | None, max_bound: float,
@@ -388,17 +434,20 @@ def _quantize_fused(inputs: torch.Tensor, amax: torch.Tensor, layout: ChannelLay
     """The compiled single-kernel path for CUDA tensors, or None when it is unavailable, unverified or failed."""
     if layout is None or layout.outer == 0:
         return None
-    key = (str(inputs.device), inputs.dtype, rounding, dequantize, float(min_bound), float(max_bound))
+    key = (device_key(inputs.device), inputs.dtype, rounding, dequantize, float(min_bound), float(max_bound))
     if key not in _verified:
         _verified[key] = fused_matches_reference(inputs.device, inputs.dtype, rounding, dequantize, min_bound,
                                                  max_bound)
     if not _verified[key]:
         return None
-    out = _run_fused(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
+    engine = _engines.get(key, "compiled")
+    out = _run_fused(inputs, amax, layout, max_bound, min_bound, rounding, dequantize, engine)
     if out is None:  # compiling this layout failed after all: the reference from now on (logged once)
         _verified[key] = False
         kernel = _kernel_for(inputs, amax, layout, max_bound, min_bound, rounding, dequantize)
-        _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'switched off'}"
+        _why_not[key] = (f"compile or run failed: {triton_kernels.error()}" if engine == "triton" and
+                         amax.dtype != torch.float64 else
+                         f"compile or run failed: {kernel.error if kernel else 'switched off'}")
     return out
 
 

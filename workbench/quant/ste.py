@@ -19,7 +19,8 @@ import threading
 
 import torch
 
-from workbench.quant.compiled import ElementwiseKernel
+from workbench.quant import triton_kernels
+from workbench.quant.compiled import ElementwiseKernel, device_key
 from workbench.quant.kernels import ChannelLayout, channel_layout, count_differences, cpu_extension, fused_enabled
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ _kernels_lock = threading.Lock()
 _kernels: dict[tuple, ElementwiseKernel] = {}
 _verified: dict[tuple, bool] = {}
 _why_not: dict[tuple, str] = {}
+_engines: dict[tuple, str] = {}  # "triton" or "compiled", per verified (device, dtype)
 
 
 def compiled_ste(dtype: torch.dtype = torch.float32, per_tensor: bool = True) -> ElementwiseKernel | None:
@@ -114,7 +116,11 @@ def compiled_kernels() -> dict[tuple, ElementwiseKernel]:
 
 
 def _run_compiled(inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor,
-                  layout: ChannelLayout) -> torch.Tensor | None:
+                  layout: ChannelLayout, engine: str = "compiled") -> torch.Tensor | None:
+    if engine == "triton":
+        flat = limits.to(device=inputs.device, dtype=torch.float32).reshape(-1).contiguous()
+        out = triton_kernels.ste_grad(inputs.contiguous(), grad.contiguous(), flat, layout.channels, layout.inner)
+        return None if out is None else out.view(inputs.shape)
     kernel = compiled_ste(inputs.dtype, layout.channels == 1)
     if kernel is None:
         return None
@@ -131,7 +137,7 @@ def _run_compiled(inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor
 def fused_matches_reference(device: torch.device, dtype: torch.dtype) -> bool:
     """Run the compiled kernels on values at and around the threshold (in float16 rounding too), NaN,
     Inf and -0 gradients, per tensor and per channel, and compare their bits with the CPU result."""
-    key = (str(device), dtype)
+    key = (device_key(device), dtype)
     if not fused_enabled():
         _why_not[key] = "switched off (WORKBENCH_FUSED_CUDA=0)"
         return False
@@ -142,45 +148,66 @@ def fused_matches_reference(device: torch.device, dtype: torch.dtype) -> bool:
     g = torch.randn(4, 3, 1031, generator=generator)
     g[1, :, :3] = torch.tensor([float("nan"), -0.0, float("inf")])
     x, g = x.to(dtype), g.to(dtype)
+    engines = ["triton", "compiled"] if torch.device(device).type == "cuda" and triton_kernels.ste_available() \
+        else ["compiled"]
+    for engine in engines:
+        problem = _probe_engine(engine, device, x, g, dtype)
+        if problem is None:
+            _engines[key] = engine
+            _why_not.pop(key, None)
+            return True
+        _why_not[key] = problem
+        if engine != engines[-1]:
+            logger.info("%s STE kernel not used on %s (%s): %s", engine, device, dtype, problem)
+    logger.warning("fused STE backward differs or fails on %s (%s): %s; using torch operations", device, dtype,
+                   _why_not[key])
+    return False
+
+
+def _probe_engine(engine: str, device: torch.device, x: torch.Tensor, g: torch.Tensor,
+                  dtype: torch.dtype) -> str | None:
+    """Why ``engine``'s STE kernel must not be used (None: every bit matched the CPU result)."""
     for amax in (torch.tensor(1.0006), torch.tensor([2.0, 1.0006, 0.0]).reshape(1, 3, 1)):
         expected = ste_grad_reference(x, amax, g)
         limits = thresholds(x, amax)
         layout = channel_layout(x.shape, amax.shape)
-        fused = _run_compiled(x.to(device), g.to(device), limits, layout)
+        fused = _run_compiled(x.to(device), g.to(device), limits, layout, engine)
         if fused is None:
+            if engine == "triton":
+                return f"compile or run failed: {triton_kernels.ste_error()}"
             kernel = compiled_ste(dtype, layout.channels == 1)
-            _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'no kernel'}"
-            logger.info("fused STE backward unavailable on %s (%s): %s", device, dtype, _why_not[key])
-            return False
+            return f"compile or run failed: {kernel.error if kernel else 'no kernel'}"
         count, largest = count_differences(fused, expected)
         if count:
-            _why_not[key] = f"{count} of {fused.numel()} elements differ from the CPU result (max |diff| {largest:.3g})"
-            logger.warning("fused STE backward differs on %s (%s): %s; using torch operations", device, dtype,
-                           _why_not[key])
-            return False
-    return True
+            return f"{engine} kernel: {count} of {fused.numel()} elements differ from the CPU result (max |diff| " \
+                f"{largest:.3g})"
+    return None
 
 
 def fused_status(device: torch.device | str, dtype: torch.dtype) -> tuple[bool | None, str]:
     """Whether the fused CUDA STE kernel is in use for this dtype (None: not tried yet) and, if not, why."""
-    key = (str(device), dtype)
+    key = (device_key(device), dtype)
     if key not in _verified:
         return None, "not tried yet"
-    return _verified[key], _why_not.get(key, "verified bit for bit against the CPU result")
+    if _verified[key]:
+        return True, f"{_engines.get(key, 'compiled')} kernel, verified bit for bit against the CPU result"
+    return False, _why_not.get(key, "unavailable")
 
 
 def _cuda_fused(inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor,
                 layout: ChannelLayout) -> torch.Tensor | None:
-    key = (str(inputs.device), inputs.dtype)
+    key = (device_key(inputs.device), inputs.dtype)
     if key not in _verified:
         _verified[key] = fused_matches_reference(inputs.device, inputs.dtype)
     if not _verified[key]:
         return None
-    out = _run_compiled(inputs, grad, limits, layout)
+    engine = _engines.get(key, "compiled")
+    out = _run_compiled(inputs, grad, limits, layout, engine)
     if out is None:  # this layout failed to compile after all: the reference from now on (logged once)
         _verified[key] = False
         kernel = compiled_ste(inputs.dtype, layout.channels == 1)
-        _why_not[key] = f"compile or run failed: {kernel.error if kernel else 'switched off'}"
+        _why_not[key] = (f"compile or run failed: {triton_kernels.ste_error()}" if engine == "triton" else
+                         f"compile or run failed: {kernel.error if kernel else 'switched off'}")
     return out
 
 
