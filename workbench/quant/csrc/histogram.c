@@ -22,9 +22,8 @@
  * into SUB interleaved copies. NaN and infinities go to an extra slot. */
 #define BLOCK 512
 #define SUB 4
-/* Below this, a second thread's start-up (~30 us) and its private histograms cost more than they save;
- * a ViT's activations (100K-400K values per call) are above it. */
-#define PARALLEL_MIN_VALUES (1 << 17)
+/* Below this, a second thread's start-up and its private histograms cost more than they save. */
+#define PARALLEL_MIN_VALUES (1 << 20)
 
 typedef struct {
     const void *x;
