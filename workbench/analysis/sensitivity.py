@@ -243,7 +243,8 @@ def run_profile(evaluator: Evaluator, units: list[Unit], scheme: str, *, fp32: f
 
 
 def _measure_units(evaluator: Evaluator, units: list[Unit], scheme: str, base: str, plan: PrefixPlan | None,
-                   cuts: list[int], values: dict[int, float], toggle: Callable[[Unit], None], progress: ProgressCallback | None,
+                   cuts: list[int], values: dict[int, float], toggle: Callable[[Unit], None],
+                   progress: ProgressCallback | None,
                    done: int, total: int) -> None:
     """Measure each unit into ``values`` (by index into ``units``): the plain loop, or from cached prefixes."""
     if plan is None:
