@@ -15,7 +15,7 @@ Each finding names the modules (through :mod:`workbench.export.naming`) and carr
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -165,6 +165,10 @@ class _Graph:
     def forward(self, tensor: str, through: frozenset[str] = COMMUTING_OPS) -> Iterator[onnx.NodeProto]:
         """The readers of ``tensor``, looking through operations of the ``through`` types (by default those a
         Dequantize commutes with)."""
+        return self.walk(tensor, lambda reader: reader.op_type in through)
+
+    def walk(self, tensor: str, passes: Callable[[onnx.NodeProto], bool]) -> Iterator[onnx.NodeProto]:
+        """The readers of ``tensor``, looking through every reader for which ``passes`` is true."""
         seen: set[str] = set()
         stack = [tensor]
         while stack:
@@ -173,7 +177,7 @@ class _Graph:
                 continue
             seen.add(name)
             for reader in self.consumers.get(name, []):
-                if reader.op_type in through:
+                if passes(reader):
                     stack.extend(reader.output)
                 else:
                     yield reader
@@ -319,20 +323,11 @@ def _pool_passes(g: _Graph, pool: onnx.NodeProto) -> bool:
 def _reaches_quantize(g: _Graph, tensor: str) -> bool:
     """Whether ``tensor`` reaches a Quantize through epilogue and data-movement ops only, and through the pools
     TensorRT propagates a Quantize across (:data:`PROPAGATION_OPS`)."""
-    seen: set[str] = set()
-    stack = [tensor]
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for reader in g.consumers.get(name, []):
-            if reader.op_type == "QuantizeLinear":
-                return True
-            if reader.op_type in _EPILOGUE_OPS or reader.op_type in COMMUTING_OPS or (
-                    reader.op_type in PROPAGATION_OPS and _pool_passes(g, reader)):
-                stack.extend(reader.output)
-    return False
+    def passes(reader: onnx.NodeProto) -> bool:
+        return reader.op_type in _EPILOGUE_OPS or reader.op_type in COMMUTING_OPS or (
+            reader.op_type in PROPAGATION_OPS and _pool_passes(g, reader))
+
+    return any(reader.op_type == "QuantizeLinear" for reader in g.walk(tensor, passes))
 
 
 def _input_is_int8(g: _Graph, tensor: str) -> bool:
