@@ -41,7 +41,7 @@ from workbench.project.tables import (  # noqa: F401 - encode_array/decode_array
 from workbench.sources.errors import SourceError
 
 __all__ = ["ProjectError", "ProjectChangedError", "save_project", "load_project", "SCHEMA_VERSION", "APPLICATION_ID",
-           "MIGRATIONS", "PROJECT_SUFFIX", "SaveReport", "file_revision"]
+           "MIGRATIONS", "migrate", "PROJECT_SUFFIX", "SaveReport", "file_revision"]
 
 APPLICATION_ID = 0x51574231  # "QWB1"
 PROJECT_SUFFIX = ".qwb"
@@ -205,11 +205,8 @@ def load_project(path: str | os.PathLike) -> Project:
             raise ProjectError(f"{path}: the file is damaged ({check[0] if check else 'no check result'}).")
         version = _schema_version(db, path)
         current = version == SCHEMA_VERSION  # older formats were saved without checksums
-        while version < SCHEMA_VERSION:
-            if version not in MIGRATIONS:
-                raise ProjectError(f"{path}: project format {version} cannot be upgraded by this version.")
-            MIGRATIONS[version](db)
-            version += 1
+        if version < SCHEMA_VERSION and not migrate(db, version):
+            raise ProjectError(f"{path}: project format {version} cannot be upgraded by this version.")
         project = read_project(db, path)
         if current:
             check_content(db, path)
@@ -255,8 +252,6 @@ def _migrate_1_to_2(db: sqlite_utils.Database) -> None:
     create_finetune_tables(db)
     if "settings" in tables and not list(db["settings"].rows_where("key = ?", ["fold_bn"])):
         db["settings"].insert({"key": "fold_bn", "value": "false"})
-    if "meta" in tables:
-        db["meta"].upsert({"key": "schema_version", "value": "2"}, pk="key")
 
 
 MIGRATIONS[1] = _migrate_1_to_2
@@ -265,8 +260,6 @@ MIGRATIONS[1] = _migrate_1_to_2
 def _migrate_2_to_3(db: sqlite_utils.Database) -> None:
     """Version 3 adds imported TensorRT engine reports (``engine_reports``); nothing else changes."""
     create_engine_tables(db)
-    if "meta" in db.table_names():
-        db["meta"].upsert({"key": "schema_version", "value": "3"}, pk="key")
 
 
 MIGRATIONS[2] = _migrate_2_to_3
@@ -279,8 +272,6 @@ def _migrate_3_to_4(db: sqlite_utils.Database) -> None:
     if "calibration_runs" in tables and "state_digest" not in db["calibration_runs"].columns_dict:
         db["calibration_runs"].add_column("state_digest", str)
     create_lint_tables(db)
-    if "meta" in tables:
-        db["meta"].upsert({"key": "schema_version", "value": "4"}, pk="key")
 
 
 MIGRATIONS[3] = _migrate_3_to_4
@@ -289,8 +280,6 @@ MIGRATIONS[3] = _migrate_3_to_4
 def _migrate_4_to_5(db: sqlite_utils.Database) -> None:
     """Version 5 adds per-layer smoothing (``smoothing``: SmoothQuant and AWQ scales); nothing else changes."""
     create_smoothing_tables(db)
-    if "meta" in db.table_names():
-        db["meta"].upsert({"key": "schema_version", "value": "5"}, pk="key")
 
 
 MIGRATIONS[4] = _migrate_4_to_5
@@ -305,6 +294,17 @@ def _upgrade_existing(db: sqlite_utils.Database) -> None:
         version = int(row["value"]) if row is not None else SCHEMA_VERSION
     except (TypeError, ValueError):
         return
-    while version < SCHEMA_VERSION and version in MIGRATIONS:
+    migrate(db, version)
+
+
+def migrate(db: sqlite_utils.Database, version: int) -> bool:
+    """Upgrade ``db`` from format ``version`` to :data:`SCHEMA_VERSION`, one step at a time, stamping the
+    format after each step. False (with the steps that exist applied) when a step is missing."""
+    while version < SCHEMA_VERSION:
+        if version not in MIGRATIONS:
+            return False
         MIGRATIONS[version](db)
         version += 1
+        if "meta" in db.table_names():
+            db["meta"].upsert({"key": "schema_version", "value": str(version)}, pk="key")
+    return True
