@@ -129,9 +129,7 @@ def fake_quant(x: torch.Tensor, amax: torch.Tensor, channels: int, inner: int, m
                                PER_CHANNEL=channels > 1, BLOCK_SIZE=BLOCK)
         return out
     except Exception as error:  # noqa: BLE001 - any launch or compile failure: the caller falls back
-        _state["kernel"] = None
-        _state["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-        logger.warning("Triton fake-quant kernel failed (%s); using the compiled kernel from now on", _state["error"])
+        _switch_off("kernel", "error", "fake-quant", error)
         return None
 
 
@@ -148,10 +146,15 @@ def ste_grad(x: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor, channels
                                                   PER_CHANNEL=channels > 1, BLOCK_SIZE=BLOCK)
         return out
     except Exception as error:  # noqa: BLE001 - any launch or compile failure: the caller falls back
-        _state["ste"] = None
-        _state["ste_error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-        logger.warning("Triton STE kernel failed (%s); using the compiled kernel from now on", _state["ste_error"])
+        _switch_off("ste", "ste_error", "STE", error)
         return None
+
+
+def _switch_off(kernel: str, error_key: str, what: str, error: Exception) -> None:
+    """A kernel that failed to compile or launch is not tried again; why is kept and logged once."""
+    _state[kernel] = None
+    _state[error_key] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    logger.warning("Triton %s kernel failed (%s); using the compiled kernel from now on", what, _state[error_key])
 
 
 def ste_error() -> str | None:
