@@ -57,6 +57,7 @@ from workbench.export.formats import (
     to_trt_fp8_ops,
 )
 from workbench.export.gemms import WeightGemms, weight_gemms
+from workbench.export.notes import ReportLog
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
     StagedFile,
@@ -82,7 +83,7 @@ from workbench.export.reference import (
     traced_module_scopes,
     without_cache,
 )
-from workbench.export.report import ExportReport, OutputParity, report_json
+from workbench.export.report import ExportReport, OutputParity, ParityCheck, report_json
 from workbench.export.tensorrt import (
     DEFAULT_TRT_VERSION,
     activation_scales,
@@ -192,13 +193,13 @@ def export_qdq_onnx(model: nn.Module,
     if job.unreached:
         for quantizer in job.unreached:  # back on when entry_state is restored
             quantizer.disable()
-        job.warnings.append(f"{len(job.unreached)} enabled quantizer(s) without amax (never reached during "
-                            "calibration) exported in float, without Q/DQ: "
-                            + ", ".join(job.names[id(q)] for q in job.unreached))
+        job.log.add("unreached_quantizers", f"{len(job.unreached)} enabled quantizer(s) without amax (never reached "
+                    "during calibration) exported in float, without Q/DQ: "
+                    + ", ".join(job.names[id(q)] for q in job.unreached))
     try:
         with without_cache(model) as cache_note:
             if cache_note:
-                job.warnings.append(cache_note)
+                job.log.add("use_cache_off", cache_note)
             with rounding(list(job.active.values()), "onnx"):
                 _run_references(job)
             _name_outputs(job)
@@ -246,7 +247,7 @@ class _Export:
     unreached: list[TensorQuantizer]
     formats: set[str]
     opset_notes: list[str]
-    warnings: list[str]
+    log: ReportLog
     # the fake-quant reference run (:func:`_run_references`)
     reference: list[torch.Tensor] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)
@@ -273,7 +274,8 @@ class _Export:
 
 @dataclass
 class _Checks:
-    """onnxruntime against the fake-quant model (:func:`_validate`)."""
+    """onnxruntime against the fake-quant model (:func:`_validate`): the named checks, and every row of the
+    report's parity table (each check that contributes to the headline, one row each)."""
 
     parity: list[OutputParity]
     dynamic_check: OutputParity | None
@@ -281,11 +283,12 @@ class _Checks:
     range_check: OutputParity | None
     optimized_check: OutputParity | None
     started: float
+    rows: list[ParityCheck] = field(default_factory=list)
 
     @property
-    def counted(self) -> list[OutputParity]:
-        """The checks the parity thresholds and the headline numbers cover."""
-        return self.parity + [c for c in (self.dynamic_check, self.sequence_check, self.range_check) if c is not None]
+    def counted(self) -> list[ParityCheck]:
+        """The rows the parity thresholds and the headline numbers cover."""
+        return [row for row in self.rows if row.in_headline]
 
 
 def _plan(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset: int,
@@ -333,12 +336,14 @@ def _plan(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset: in
                              "writes it) takes one scale per tensor; per-channel FP8: "
                              + ", ".join(per_channel_fp8[:5]) + " (set them with --fp8-weights per-tensor, or "
                              "export the standard form)")
+    log = ReportLog()
+    log.extend("opset_for_format", opset_notes)
     return _Export(model=model, path=path, call=call, inputs=inputs, input_names=input_names,
                    output_names=None if output_names is None else list(output_names), opset=opset,
                    requested_opset=requested_opset, dynamic_batch=dynamic_batch, exporter=exporter,
                    external_data_threshold=external_data_threshold, fp8_ops=fp8_ops, names=names, active=active,
                    params=params, unreached=unreached, formats=formats, opset_notes=opset_notes,
-                   warnings=list(opset_notes))
+                   log=log)
 
 
 def _reference(job: _Export, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
@@ -358,8 +363,8 @@ def _run_references(job: _Export) -> None:
         try:
             job.grown_reference = _reference(job, job.grown)
         except SampleInputError as error:
-            job.warnings.append(f"dynamic batch turned off: the model fails at batch size "
-                                f"{job.grown[0].shape[0]} ({error.original})")
+            job.log.add("dynamic_batch_off", f"dynamic batch turned off: the model fails at batch size "
+                                                 f"{job.grown[0].shape[0]} ({error.original})")
             job.dynamic_batch, job.grown = False, None
     if job.dynamic_batch and token_inputs(inputs):
         job.longer = grow_sequence(inputs, token_inputs(inputs))
@@ -372,8 +377,8 @@ def _run_references(job: _Export) -> None:
         try:
             job.ranged_reference = _reference(job, job.ranged)
         except SampleInputError as error:
-            job.warnings.append(f"no parity check on random inputs in the sample's range: the "
-                                f"model fails on them ({error.original})")
+            job.log.add("no_range_check", f"no parity check on random inputs in the sample's range: the "
+                                              f"model fails on them ({error.original})")
 
 
 def _name_outputs(job: _Export) -> None:
@@ -393,12 +398,10 @@ def _capture(job: _Export) -> None:
         job.swapped = swapped
         job.proto, job.used_exporter, job.exporter_note, job.dynamic_batch = run_exporter(
             job.call, job.inputs, job.input_names, job.output_names, job.opset, job.dynamic_batch, job.exporter,
-            job.warnings, job.path, job.external_data_threshold)
+            job.log, job.path, job.external_data_threshold)
         job.exported_data = external_data_file(job.proto, job.path.parent)
         fold_int4_casts(job.proto, str(job.path.parent))
-    for message in quiet_warnings:
-        if message not in job.warnings:
-            job.warnings.append(message)
+    job.log.extend("tracer", quiet_warnings)
     job.export_time_s = time.perf_counter() - export_started
     if not job.dynamic_batch:
         job.grown = None
@@ -419,21 +422,21 @@ def _post_process_graph(job: _Export) -> None:
                                                f"nodes for {blocked} INT4 weights")
     gemms = job.gemms = weight_gemms(proto)
     if gemms.float_nodes:
-        job.warnings.append(f"{len(gemms.float_nodes)} of {gemms.total} weight GEMMs keep a float weight (no "
-                            "Q/DQ; TensorRT runs them in floating point): " + ", ".join(gemms.float_nodes[:10])
-                            + (" ..." if len(gemms.float_nodes) > 10 else ""))
+        job.log.add("float_gemms", f"{len(gemms.float_nodes)} of {gemms.total} weight GEMMs keep a float weight (no "
+                    "Q/DQ; TensorRT runs them in floating point): " + ", ".join(gemms.float_nodes[:10])
+                    + (" ..." if len(gemms.float_nodes) > 10 else ""))
     per_channel_acts = per_channel_activations(proto, scale_to_quantizer)
     if per_channel_acts:
-        job.warnings.append("per-channel quantizers on activations (TensorRT expects activations per "
-                            "tensor): " + ", ".join(per_channel_acts))
+        job.log.add("per_channel_activations", "per-channel quantizers on activations (TensorRT expects "
+                    "activations per tensor): " + ", ".join(per_channel_acts))
     tiny = [s.quantizer_name for s in swapped.values() if s.params.tiny_channels]
     if tiny:
-        job.warnings.append("amax <= 2**-24 (quantizes every input to 0, in PyTorch and in the export): "
-                            + ", ".join(tiny))
+        job.log.add("tiny_amax", "amax <= 2**-24 (quantizes every input to 0, in PyTorch and in the export): "
+                    + ", ".join(tiny))
     for name, module in job.model.named_modules():
         if isinstance(module, QuantLSTM) and any(id(q) in job.active for q in module._input_quantizers):
-            job.warnings.append(f"quantized LSTM '{name}' is unrolled step by step: the graph takes only the "
-                                "sample's sequence length (leave the LSTM unquantized for an ONNX LSTM node)")
+            job.log.add("lstm_unrolled", f"quantized LSTM '{name}' is unrolled step by step: the graph takes only the "
+                        "sample's sequence length (leave the LSTM unquantized for an ONNX LSTM node)")
 
 
 def _run_ort(session, inputs: tuple[torch.Tensor, ...], what: str) -> list:
@@ -452,8 +455,8 @@ def _validate(job: _Export) -> _Checks:
     job.staged = stage(proto, job.path, job.external_data_threshold)
     tmp_path = str(job.staged.path)
     if job.staged.external_data_path is not None:
-        job.warnings.append(f"the graph is over {job.external_data_threshold / 1024 ** 3:.3g} GB: its weights are "
-                            f"in {job.staged.external_data_path.name} beside it (keep the two files together)")
+        job.log.add("external_data", f"the graph is over {job.external_data_threshold / 1024 ** 3:.3g} GB: its "
+                    f"weights are in {job.staged.external_data_path.name} beside it (keep the two files together)")
     try:
         onnx.checker.check_model(tmp_path, full_check=True)
     except Exception as error:
@@ -467,37 +470,47 @@ def _validate(job: _Export) -> _Checks:
         raise ExportValidationError("onnxruntime", f"onnxruntime could not run the exported graph: "
                                                    f"{first_line(error)}") from error
     parity = compare(output_names, job.reference, ort_outputs, dict(zip(job.input_names, inputs)))
+    rows = [ParityCheck.of("sample inputs", p) for p in parity]
     dynamic_check = None
     if job.grown is not None:
-        grown_outputs = _run_ort(session, job.grown, f"batch size {job.grown[0].shape[0]}")
+        what = f"batch size {job.grown[0].shape[0]}"
+        grown_outputs = _run_ort(session, job.grown, what)
         dynamic_check = min(compare(output_names, job.grown_reference, grown_outputs), key=lambda p: p.cosine)
+        rows.append(ParityCheck.of(what, dynamic_check))
     sequence_check = None
     if job.longer is not None and _has_sequence_axis(proto):
-        sequence_check = _sequence_check(job, session)
+        sequence_rows = _sequence_checks(job, session)
+        sequence_check = min((p for _, p in sequence_rows), key=lambda p: p.cosine)
+        rows += [ParityCheck.of(what, p) for what, p in sequence_rows]
     range_check = None
     if job.ranged_reference is not None:  # the sample alone can hide a difference (a quantizer it leaves at 0)
         range_check = min(compare(output_names, job.ranged_reference, session.run(None, feeds(session, job.ranged)),
                                   dict(zip(job.input_names, job.ranged))), key=lambda p: p.cosine)
+        rows.append(ParityCheck.of("random inputs in the sample's range", range_check))
     # the session maps the weights: let them go before the files are committed and a float graph is written
     del session
     # a second session costs the weights again: big graphs (weights beside the file) skip it
     optimized_check = None if job.staged.data_path is not None else optimized_parity(
-        tmp_path, inputs, output_names, job.reference, job.warnings)
+        tmp_path, inputs, output_names, job.reference, job.log)
     if "fp8" in job.formats and optimized_check is not None and optimized_check.max_abs_diff > 1e-5:
         # more than rounding: onnxruntime 1.32's CPU QDQ fusions change what FP8 Q/DQ computes (checked)
-        job.warnings.append("FP8: onnxruntime's extended graph optimizations (its QDQ fusions) do not keep "
-                            "FP8 E4M3 semantics on the CPU; run FP8 files with ORT_ENABLE_BASIC or lower to "
-                            "check them (TensorRT builds the graph as written)")
-    return _Checks(parity, dynamic_check, sequence_check, range_check, optimized_check, validation_started)
+        job.log.add("fp8_ort_optimizations", "FP8: onnxruntime's extended graph optimizations (its QDQ fusions) "
+                    "do not keep FP8 E4M3 semantics on the CPU; run FP8 files with ORT_ENABLE_BASIC or lower to "
+                    "check them (TensorRT builds the graph as written)")
+    if optimized_check is not None:
+        rows.append(ParityCheck.of("onnxruntime's default graph optimizations (information)", optimized_check,
+                                   in_headline=False))
+    return _Checks(parity, dynamic_check, sequence_check, range_check, optimized_check, validation_started, rows)
 
 
-def _sequence_check(job: _Export, session) -> OutputParity:
+def _sequence_checks(job: _Export, session) -> list[tuple[str, OutputParity]]:
     """The graph at a longer sequence; where it keeps lengths independent (encoder, decoder), also at unequal
-    lengths. The worst of those comparisons."""
+    lengths. Each comparison's worst output, with what was checked."""
     inputs, output_names = job.inputs, job.output_names
     length = max(t.shape[1] for i, t in enumerate(job.longer) if i in token_inputs(inputs))
-    longer_outputs = _run_ort(session, job.longer, f"sequence length {length}")
-    sequence_check = min(compare(output_names, job.longer_reference, longer_outputs), key=lambda p: p.cosine)
+    what = f"sequence length {length}"
+    longer_outputs = _run_ort(session, job.longer, what)
+    found = [(what, min(compare(output_names, job.longer_reference, longer_outputs), key=lambda p: p.cosine))]
     groups = sequence_groups(job.proto)
     if len(groups) > 1:  # lengths the graph keeps independent (encoder, decoder) checked at unequal values
         apart = grow_sequence_apart(inputs, list(groups.values()))
@@ -506,14 +519,14 @@ def _sequence_check(job: _Export, session) -> OutputParity:
                 apart_reference = _reference(job, apart)
             except SampleInputError as error:
                 apart = None
-                job.warnings.append(f"the graph declares {', '.join(groups)} independent, but the model "
-                                    f"fails when they differ ({error.original})")
+                job.log.add("sequences_apart_fail", f"the graph declares {', '.join(groups)} independent, but the "
+                            f"model fails when they differ ({error.original})")
         if apart is not None:
             lengths = ", ".join(f"{name} {apart[indices[0]].shape[1]}" for name, indices in groups.items())
             apart_outputs = _run_ort(session, apart, f"sequence lengths {lengths}")
-            apart_check = min(compare(output_names, apart_reference, apart_outputs), key=lambda p: p.cosine)
-            sequence_check = min(sequence_check, apart_check, key=lambda p: p.cosine)
-    return sequence_check
+            found.append((f"sequence lengths {lengths}",
+                          min(compare(output_names, apart_reference, apart_outputs), key=lambda p: p.cosine)))
+    return found
 
 
 def _build_report(job: _Export, checks: _Checks) -> ExportReport:
@@ -537,10 +550,11 @@ def _build_report(job: _Export, checks: _Checks) -> ExportReport:
         weight_gemms=job.gemms.total, float_weight_gemms=list(job.gemms.float_nodes),
         file_size=job.staged.size, export_time_s=job.export_time_s,
         validation_time_s=time.perf_counter() - checks.started, total_time_s=0.0,
-        quantizer_calls=dict(job.calls), warnings=job.warnings, range_check=checks.range_check,
+        quantizer_calls=dict(job.calls), warnings=job.log.warnings, notes=job.log.notes,
+        entry_kinds=job.log.kinds, range_check=checks.range_check,
         formats={f: sum(1 for s in swapped.values() if s.params.format == f) for f in sorted(job.formats)},
         qdq_by_format=job.by_format, fp8_ops=job.fp8_ops if "fp8" in job.formats else None,
-        format_notes=list(job.opset_notes))
+        format_notes=list(job.opset_notes), checks=list(checks.rows))
 
 
 def _enforce_parity(report: ExportReport, checks: _Checks, min_cosine: float, max_abs_diff: float | None) -> None:
@@ -568,12 +582,12 @@ def _commit(job: _Export, report: ExportReport) -> None:
         # FP8 in this form needs no opset 19; the other formats keep what they need
         trt_opset = max([job.requested_opset] + [FORMAT_OPSET[f] for f in formats if f != "fp8"])
         trt_proto, trt_notes = to_trt_fp8_ops(job.proto, trt_opset)
-        report.warnings.extend(trt_notes)
+        job.log.extend("fp8_trt_form", trt_notes)
         report.format_notes.extend(trt_notes)
         onnx.checker.check_model(trt_proto)
         report.opset = default_opset(trt_proto)
         if report.opset < job.opset:  # the opset raised for float8 types did not last: no note about it
-            report.warnings = [w for w in report.warnings if w not in opset_notes]
+            job.log.remove(opset_notes)
             report.format_notes = [w for w in report.format_notes if w not in opset_notes]
         job.staged = stage(trt_proto, job.path, job.external_data_threshold)
         report.file_size = job.staged.size
@@ -619,7 +633,7 @@ def _write_side_files(job: _Export, report: ExportReport, *, amax_json_path: str
 
 
 def optimized_parity(path: str, inputs: tuple[torch.Tensor, ...], output_names: list[str],
-                     reference: list[torch.Tensor], warnings_out: list[str]) -> OutputParity | None:
+                     reference: list[torch.Tensor], log: ReportLog) -> OutputParity | None:
     """The sample's parity when onnxruntime runs the file with its default graph optimizations, as a user's
     script or a deployment does (the checks above run the graph as written, optimizations off).
 
@@ -634,13 +648,14 @@ def optimized_parity(path: str, inputs: tuple[torch.Tensor, ...], output_names: 
         session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         outputs = session.run(None, feeds(session, inputs))
     except Exception as error:  # the unoptimized run passed: an optimizer's own problem is only reported
-        warnings_out.append(f"onnxruntime with its default graph optimizations could not run the file: "
+        log.add("optimized_failed", f"onnxruntime with its default graph optimizations could not run the file: "
                             f"{first_line(error)}")
         return None
     del session
     worst = min(compare(output_names, reference, outputs), key=lambda p: p.cosine)
     if worst.max_abs_diff > 1e-5:
-        warnings_out.append(
+        log.add(
+            "optimized_differs",
             f"onnxruntime with its default graph optimizations differs from the project's model by up to "
             f"{worst.max_abs_diff:.3g} (cosine {worst.cosine:.6f}) on output {worst.name!r}, while the graph as "
             "written matches it: optimized kernels round differently, so values near a quantization step boundary "

@@ -259,6 +259,7 @@ def export(session: Session, path: str | Path | None = None, *, opset: int | Non
     report.int8_vs_fp32, problem = _int8_vs_fp32(session)
     if problem:
         report.warnings.append(problem)
+        report.entry_kinds[problem] = "int8_vs_fp32"  # a warning kind of workbench.export.notes
     stored = stored_export_path(target, project_dir)
     session.project.settings["export"] = replace(settings, path=stored, opset=opset, dynamic_batch=dynamic_batch,
                                                  amax_json=amax_json, calibration_cache=calibration_cache,
