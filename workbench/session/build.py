@@ -94,7 +94,7 @@ def role_quantizer(module: nn.Module | None, role: str) -> TensorQuantizer | Non
     if module is None:
         return None
     if role == "weight":
-        return getattr(module, "_weight_quantizer", None)
+        return getattr(module, "weight_quantizer", None)
     candidates = [getattr(module, attr, None) for attr in ("_input_quantizer", "_input0_quantizer",
                                                            "_input1_quantizer", "_q_quantizer")]
     candidates = [q for q in candidates if q is not None]

@@ -108,7 +108,7 @@ def layer_views(session: Session) -> list[LayerView]:
     for name, decision in session.project.layers.items():
         module = modules.get(name)
         input_q = role_quantizer(module, "input")
-        weight_q = getattr(module, "_weight_quantizer", None)
+        weight_q = getattr(module, "weight_quantizer", None)
         input_fields = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
         weight_fields = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
         amax = "-"
@@ -304,7 +304,7 @@ def weight_ranges(module: nn.Module | None) -> np.ndarray | None:
     weight = getattr(module, "weight", None)
     if not isinstance(weight, torch.Tensor):
         return None
-    quantizer = getattr(module, "_weight_quantizer", None)
+    quantizer = getattr(module, "weight_quantizer", None)
     axis = quantizer.axis if quantizer is not None and isinstance(quantizer.axis, int) else 0
     dims = [d for d in range(weight.dim()) if d != axis]
     return weight.detach().abs().amax(dim=dims).cpu().numpy() if dims else weight.detach().abs().cpu().numpy()
