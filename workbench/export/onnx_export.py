@@ -434,7 +434,7 @@ def _post_process_graph(job: _Export) -> None:
         job.log.add("tiny_amax", "amax <= 2**-24 (quantizes every input to 0, in PyTorch and in the export): "
                     + ", ".join(tiny))
     for name, module in job.model.named_modules():
-        if isinstance(module, QuantLSTM) and any(id(q) in job.active for q in module._input_quantizers):
+        if isinstance(module, QuantLSTM) and any(id(q) in job.active for q in module.input_quantizers):
             job.log.add("lstm_unrolled", f"quantized LSTM '{name}' is unrolled step by step: the graph takes only the "
                         "sample's sequence length (leave the LSTM unquantized for an ONNX LSTM node)")
 
