@@ -4,118 +4,39 @@ Exit codes: 0 success, 2 bad input or usage (one clear line on stderr), 1 intern
 search that ran but did not reach its goal. Tracebacks
 only with ``--debug``. ``--json`` prints machine-readable results on stdout.
 
-This module is the entry point (:func:`main`), the parser's skeleton and the helpers every command
-shares; the commands live in modules by idea: :mod:`workbench.cli_project` (new, show, set),
-:mod:`workbench.cli_jobs` (calibrate, evaluate, sensitivity, export, finetune),
-:mod:`workbench.cli_engine` (lint, engine-report, diff) and :mod:`workbench.cli_trust` (trust, untrust).
+This module is the entry point (:func:`main`), the parser's skeleton and the commands about the program
+itself (version, demo, gui); the helpers every command shares are in :mod:`workbench.cli.common`, the
+commands in modules by idea: :mod:`workbench.cli.project` (new, show, set), :mod:`workbench.cli.jobs`
+(calibrate, evaluate, sensitivity, export, finetune), :mod:`workbench.cli.engine` (lint, engine-report, diff)
+and :mod:`workbench.cli.trust` (trust, untrust). Each command's options are added only when it is chosen
+(see :class:`_Commands`), and each handler imports what it runs: ``workbench --help`` loads neither torch
+nor the session.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import logging
-import math
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from workbench import __version__
+from workbench.cli import engine, jobs, project, trust
+from workbench.cli.common import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Command,
+    Progress,
+    UsageError,
+    emit,
+)
 
 logger = logging.getLogger("workbench")
-
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
-EXIT_NOT_REACHED = 3  # a search ran and was saved, but did not reach its goal (sensitivity --target/--tolerance)
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, as shells and CI expect
-
-
-class UsageError(Exception):
-    """Bad input from the user: reported as one line, exit code 2."""
-
-
-# ----- helpers -----------------------------------------------------------------------------------
-
-
-class _Progress:
-    """A tqdm bar for one job (silent with --json or when stderr is not a terminal) and Ctrl-C as cancel."""
-
-    def __init__(self, args: argparse.Namespace, description: str, shown: bool = True) -> None:
-        self.cancel = threading.Event()
-        self.bar = None
-        self.description = description
-        self.enabled = shown and not args.json and sys.stderr.isatty()
-        self._previous_handler = None
-
-    def __enter__(self) -> _Progress:
-        from workbench.launcher import in_launched_worker
-
-        # in a --workers process Ctrl-C belongs to the launcher (it stops every worker and says so once)
-        if threading.current_thread() is threading.main_thread() and not in_launched_worker():
-            self._previous_handler = signal.signal(signal.SIGINT, self._interrupt)
-        return self
-
-    def _interrupt(self, signum, frame) -> None:
-        if self.cancel.is_set():
-            raise KeyboardInterrupt
-        self.cancel.set()
-        if sys.stderr.isatty():  # feedback while the step ends; the result is the one line a script reads
-            print("\nworkbench: cancelling after the current step (Ctrl-C again to abort)", file=sys.stderr)
-
-    def __call__(self, done: int, total: int, message: str) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total or None, desc=self.description, unit="step", leave=False)
-        self.bar.update(done - self.bar.n)
-        self.bar.set_postfix_str(message[-40:])
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGINT, self._previous_handler)
-
-
-def _open(args: argparse.Namespace):
-    from workbench.session import Session
-    from workbench.sources.errors import TrustRequired
-
-    try:
-        return Session.open(args.project, trust_code=args.trust_code, remembered=not args.no_trust)
-    except TrustRequired as error:
-        raise TrustRequired(f"{error} To trust it once and for later commands: workbench trust {args.project} "
-                            f"(or --trust-code); 'workbench show {args.project}' says what it runs.") from None
-
-
-def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
-    # with --json, stdout is the JSON alone: user code printed to stderr meanwhile (see main)
-    out = getattr(args, "stdout", None) or sys.stdout
-    if getattr(args, "json", False):
-        from workbench.strict_json import dumps
-
-        print(dumps(data, indent=2), file=out)  # strict: NaN/Inf as text, never a bare NaN
-    else:
-        print(text, file=out)
-
-
-def _fmt(value: float | None, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    return f"{value:.4g}{unit}"
-
-
-def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
-    """The data spec ``--data``-like options describe (see :func:`workbench.cli_project._data_spec`)."""
-    from workbench.cli_project import _data_spec as data_spec  # the project commands' own; imported late: no cycle
-
-    return data_spec(text, args, batch_size)
 
 
 # ----- commands ----------------------------------------------------------------------------------
@@ -133,10 +54,10 @@ def _cmd_version(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from workbench.demo_run import run_demo
 
-    with _Progress(args, "demo") as progress:
+    with Progress(args, "demo") as progress:
         report = run_demo(Path(args.out), calib_batches=args.calib_batches, method=args.method, progress=progress,
                           cancel=progress.cancel)
-    _emit(args, report, report["text"])
+    emit(args, report, report["text"])
     return EXIT_OK
 
 
@@ -166,41 +87,9 @@ def _cmd_gui(args: argparse.Namespace) -> int:
     return run_gui(project=args.project, demo=args.demo, trust_code=args.trust_code)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``workbench`` parser; each group of commands adds its own (``cli_project``, ``cli_jobs``,
-    ``cli_engine``, ``cli_trust``), in the order ``--help`` lists them."""
-    from workbench.cli_engine import add_commands as add_engine_commands  # lint, engine-report, diff
-    from workbench.cli_jobs import add_commands as add_job_commands  # calibrate ... finetune
-    from workbench.cli_project import add_commands as add_project_commands  # new, show, set
-    from workbench.cli_trust import add_commands as add_trust_commands  # trust, untrust
-    from workbench.quant.calib.methods import AMAX_METHODS, AmaxMethod
+def _demo_options(demo: argparse.ArgumentParser) -> None:
+    from workbench.quant.calib.methods import AMAX_METHODS, AmaxMethod  # the registry; drags torch in (quant's face)
 
-    parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
-                                     "PyTorch models for TensorRT.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
-    def project_command(name: str, help_text: str) -> argparse.ArgumentParser:
-        command = sub.add_parser(name, help=help_text)
-        command.add_argument("project", help="the project file (.qwb)")
-        command.add_argument("--trust-code", action="store_true",
-                             help="allow running the project's model/data/metric code (entry points, pickles), "
-                                  "and remember it for this project until that code changes")
-        command.add_argument("--no-trust", action="store_true",
-                             help="ignore the trust remembered for this project (its code does not run)")
-        command.add_argument("--json", action="store_true", help="print the result as JSON")
-        return command
-
-    version = sub.add_parser("version", help="print versions")
-    version.set_defaults(func=_cmd_version)
-
-    add_project_commands(sub, project_command)
-    add_job_commands(sub, project_command)
-    add_engine_commands(sub, project_command)
-    add_trust_commands(sub)
-
-    demo = sub.add_parser("demo", help="the whole job on the built-in digits CNN, without a screen")
     demo.add_argument("--out", default="workbench-demo", help="folder for the project and ONNX (default: "
                                                               "./workbench-demo)")
     demo.add_argument("--method", choices=AMAX_METHODS, default=AmaxMethod.MSE.value)
@@ -208,11 +97,85 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(func=_cmd_demo)
 
-    gui = sub.add_parser("gui", help="open the desktop app")
+
+def _gui_options(gui: argparse.ArgumentParser) -> None:
     gui.add_argument("project", nargs="?", help="a project to open")
     gui.add_argument("--demo", action="store_true", help="open the demo project, ready to calibrate")
     gui.add_argument("--trust-code", action="store_true")
     gui.set_defaults(func=_cmd_gui)
+
+
+def _version_options(version: argparse.ArgumentParser) -> None:
+    version.set_defaults(func=_cmd_version)
+
+
+# every command, in the order ``--help`` lists them
+COMMANDS: tuple[Command, ...] = (
+    Command("version", "print versions", _version_options, on_project=False),
+    *project.COMMANDS,  # new, show, set
+    *jobs.COMMANDS,  # calibrate ... finetune
+    *engine.COMMANDS,  # lint, engine-report, diff
+    *trust.COMMANDS,  # trust, untrust
+    Command("demo", "the whole job on the built-in digits CNN, without a screen", _demo_options, on_project=False),
+    Command("gui", "open the desktop app", _gui_options, on_project=False),
+)
+
+
+def _project_options(command: argparse.ArgumentParser) -> None:
+    """What every command on a project file takes: the file, the trust options and ``--json``."""
+    command.add_argument("project", help="the project file (.qwb)")
+    command.add_argument("--trust-code", action="store_true",
+                         help="allow running the project's model/data/metric code (entry points, pickles), "
+                              "and remember it for this project until that code changes")
+    command.add_argument("--no-trust", action="store_true",
+                         help="ignore the trust remembered for this project (its code does not run)")
+    command.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+class _Commands(argparse._SubParsersAction):
+    """The sub-commands, each parser left bare until argparse picks it: only then are its options added (and
+    the registries their choices and help texts come from imported). ``workbench --help`` lists names and
+    help texts only, so it loads none of them; ``workbench calibrate --help`` loads calibrate's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bare: dict[str, Command] = {}
+
+    def add_command(self, command: Command) -> None:
+        self.add_parser(command.name, help=command.help)
+        self.bare[command.name] = command
+
+    def complete(self, name: str) -> None:
+        """Give command ``name`` its options, once."""
+        command = self.bare.pop(name, None)
+        if command is None:
+            return
+        parser = self.choices[name]
+        if command.on_project:
+            _project_options(parser)
+        command.add_options(parser)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Sequence[str],
+                 option_string: str | None = None) -> None:
+        if values and values[0] in self.choices:
+            self.complete(values[0])
+        super().__call__(parser, namespace, values, option_string)
+
+
+def build_parser(complete: bool = True) -> argparse.ArgumentParser:
+    """The ``workbench`` parser, its commands in the order ``--help`` lists them. ``complete=False`` leaves
+    each command's options to be added when the command is parsed (what :func:`main` does: a fast start);
+    the default adds them all now, for code that inspects the parser."""
+    parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
+                                     "PyTorch models for TensorRT.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", action=_Commands)
+    sub.required = True
+    for command in COMMANDS:
+        sub.add_command(command)
+    if complete:
+        for command in COMMANDS:
+            sub.complete(command.name)
     return parser
 
 
@@ -238,7 +201,7 @@ def _worker_main(argv: list[str]) -> int:
     stops the other workers and reports this rank's error."""
     from workbench.launcher import WorkerError
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(complete=False).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(message)s")
     code, message = _run(args)
     if code == EXIT_INTERRUPTED:  # the launcher reports the interrupt once, for the whole job
@@ -259,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(complete=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
@@ -282,24 +245,51 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _error_kinds() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """The errors that mean "cancelled" (exit 130) and those that are the user's (one line, exit 2).
+
+    Asked once a command failed, and only of the parts already loaded: an error class whose package was never
+    imported cannot be what was raised, and importing the exporter or the trainer here would undo the lazy
+    start of the commands that do not use them."""
+    loaded = sys.modules
+    user_errors: list[type[BaseException]] = [UsageError, ValueError, TypeError, FileNotFoundError]
+    cancelled: list[type[BaseException]] = []
+    with contextlib.suppress(ImportError):  # pragma: no cover - a part that failed to load raised nothing
+        if "workbench.project" in loaded:
+            from workbench.project import ProjectError
+
+            user_errors.append(ProjectError)
+        if "workbench.session" in loaded:
+            from workbench.session import SessionError
+
+            user_errors.append(SessionError)
+        if "workbench.sources" in loaded:
+            from workbench.sources.errors import SourceError
+
+            user_errors.append(SourceError)
+        if "workbench.export" in loaded:
+            from workbench.export import ExportError
+
+            user_errors.append(ExportError)
+        if "workbench.analysis" in loaded:
+            from workbench.analysis import AnalysisCancelled, AnalysisError, MetricError
+
+            user_errors += [AnalysisError, MetricError]
+            cancelled.append(AnalysisCancelled)
+        if "workbench.quant.calibrate" in loaded:
+            from workbench.quant.calibrate import CalibrationCancelled, CalibrationError
+
+            user_errors.append(CalibrationError)
+            cancelled.append(CalibrationCancelled)
+        if "workbench.training" in loaded:
+            from workbench.training import FinetuneError
+
+            user_errors.append(FinetuneError)
+    return tuple(cancelled), tuple(user_errors)
+
+
 def _run(args: argparse.Namespace) -> tuple[int, str | None]:
     """Run the command; its exit code and, on failure, the one line to show (tracebacks only with --debug)."""
-    from workbench.project import ProjectError
-    from workbench.session import SessionError
-    from workbench.sources.errors import SourceError
-
-    user_errors: tuple[type[BaseException], ...] = (UsageError, ProjectError, SessionError, SourceError,
-                                                    ValueError, TypeError, FileNotFoundError)
-    try:
-        from workbench.analysis import AnalysisCancelled, AnalysisError, MetricError
-        from workbench.export import ExportError
-        from workbench.quant.calibrate import CalibrationCancelled, CalibrationError
-        from workbench.training import FinetuneError
-
-        user_errors += (ExportError, AnalysisError, MetricError, CalibrationError, FinetuneError)
-        cancelled: tuple[type[BaseException], ...] = (CalibrationCancelled, AnalysisCancelled)
-    except ImportError:  # pragma: no cover - optional parts missing
-        cancelled = ()
     try:
         if not getattr(args, "json", False):
             return args.func(args), None
@@ -311,21 +301,21 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
             raise
         return EXIT_USAGE, (f"error: user code called sys.exit({exit_.code!r}) during '{args.command}'; nothing "
                             "was saved.")
-    except cancelled as error:  # on the command line only Ctrl-C cancels
-        return EXIT_INTERRUPTED, f"cancelled: {error}"
-    except user_errors as error:
-        if args.debug:
-            raise
-        return EXIT_USAGE, f"error: {error}"
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED, "interrupted"
     except BrokenPipeError:  # output piped into `head` and friends: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK, None
-    except Exception as error:  # noqa: BLE001 - last resort: one line, not a traceback
+    except Exception as error:  # noqa: BLE001 - sorted below; the last resort is one line, not a traceback
+        cancelled, user_errors = _error_kinds()
+        if isinstance(error, cancelled):  # on the command line only Ctrl-C cancels
+            return EXIT_INTERRUPTED, f"cancelled: {error}"
         if args.debug:
             raise
+        if isinstance(error, user_errors):
+            return EXIT_USAGE, f"error: {error}"
         return EXIT_INTERNAL, f"internal error: {type(error).__name__}: {error} (run with --debug for details)"
+
 
 if __name__ == "__main__":
     sys.exit(main())
