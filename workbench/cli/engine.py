@@ -30,7 +30,8 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         session.save()
     lines = [count_text(warnings) if warnings else "No fusion warnings: the Q/DQ placement suits TensorRT."]
     for number, warning in enumerate(warnings, start=1):
-        lines.append(f"  {number}. [{warning.severity}] {warning.kind} ({', '.join(warning.modules)}): {warning.message}")
+        lines.append(f"  {number}. [{warning.severity}] {warning.kind} ({', '.join(warning.modules)}): "
+                     f"{warning.message}")
         if warning.fix is not None:
             lines.append(f"     fix: {warning.fix.description} (--apply {number})")
     for entry in applied:

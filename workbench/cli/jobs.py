@@ -352,8 +352,8 @@ def _calibrate_options(cal: argparse.ArgumentParser) -> None:
     cal.add_argument("--num-batches", type=int, help="calibration batches to use (default: the project's; new "
                                                      f"projects: {calib_defaults.num_batches})")
     cal.add_argument("--percentile", type=float,
-                     help=f"for --method percentile: {PERCENTILE.help.replace('%', '%%')}, {PERCENTILE.describe()}, e.g. "
-                          f"99.9 (default: the project's; new projects: {calib_defaults.percentile:g})")
+                     help=f"for --method percentile: {PERCENTILE.help.replace('%', '%%')}, {PERCENTILE.describe()}, "
+                          f"e.g. 99.9 (default: the project's; new projects: {calib_defaults.percentile:g})")
     cal.add_argument("--block-method", choices=BLOCK_METHODS,
                      help="amax of INT4 weight blocks (int4w layers): max, or mse (per block, the max shrunk to the "
                           f"least squared error) (default: the project's; new projects: {calib_defaults.block_method})")

@@ -237,7 +237,8 @@ def _cmd_set(args: argparse.Namespace) -> int:
         if value not in ("on", "off", "true", "false"):
             raise UsageError(f"--functional {name} takes on or off, got {value!r}.")
         session.update_setting("functional", **{name: value in ("on", "true")})
-        changed.setdefault("functional", []).append(f"{name}={'on' if getattr(session.settings.functional, name) else 'off'}")
+        state = "on" if getattr(session.settings.functional, name) else "off"
+        changed.setdefault("functional", []).append(f"{name}={state}")
     if args.output_key is not None:
         session.set_setting("output", args.output_key or None)
         changed["output"] = [args.output_key or "first tensor"]
