@@ -27,20 +27,15 @@ from workbench.graph import ModelTree, describe_model
 from workbench.graph.fold import FoldReport
 from workbench.project import (
     ExportRecord,
-    FallbackRecord,
-    LayerDecision,
     Project,
     file_revision,
     load_project,
     save_project,
 )
-from workbench.project.model import now_iso
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, ProjectSettings
 from workbench.quant.batches import first_samples, to_device
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.distributed import DistContext
-from workbench.quant.format_rules import mix_notes
-from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import (
@@ -73,7 +68,6 @@ from workbench.sources.trust import (
     TRUSTED,
     UNKNOWN,
     CodeReference,
-    changed_code_files,
     remember_trust,
     trust_status,
 )
@@ -168,11 +162,7 @@ class Session:
         except TrustRequired as error:
             if status != CHANGED:
                 raise
-            changed = changed_code_files(path, references)
-            files = ", ".join(Path(f).name for f in changed) if changed else \
-                (", ".join(Path(f).name for r in references for f in r.files) or "its references")
-            raise TrustRequired(f"{error} It was trusted before, but its code changed since ({files}): check it "
-                                "before trusting it again.") from None
+            raise TrustRequired(f"{error} {paths.trust_changed_hint(path, references)}") from None
         if trust_code and references:
             remember_trust(path, references)
         if session.file_changes or not project.layers:
@@ -275,16 +265,7 @@ class Session:
         base, folding = self._fold_base()
         model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False,
                                 example_inputs=self._example_inputs(), settings=self.settings).model
-        known = dict(self.project.layers)
-        layers: dict[str, LayerDecision] = {}
-        for name, module_type, _ in quantizable(model):
-            # LSTMs start float (workbench.quant.gemm.FLOAT_BY_DEFAULT says why); the user may quantize them
-            starts_quantized = float_by_default_reason(module_type) is None
-            layers[name] = known.get(name) or LayerDecision(name, module_type, starts_quantized)
-        dropped = [name for name in known if name not in layers]
-        if dropped:
-            logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
-        self.project.layers = layers
+        self.project.layers = decisions.synced_layers(self.project.layers, model)
         self._quant_model = None
 
     def layers(self) -> list[LayerView]:
@@ -385,7 +366,7 @@ class Session:
         return decisions.precisions(self.project, self.quantized_model(), names)
 
     def _plan_precision(self, names: Iterable[str], precision: Precision | str,
-                        **options: Any) -> dict[str, ladder_job.LayerPlan]:
+                        **options: Any) -> dict[str, decisions.LayerPlan]:
         return decisions.plan_precision(self.project, self.quantized_model(), self.settings.defaults, names,
                                         precision, **options)
 
@@ -604,12 +585,9 @@ class Session:
         if alpha is None:
             self._changed(SessionEvent.LAYERS)
             return []
-        layers = smoothing.smoothing_layers(self.quantized_model(), self.precisions(), method)
-        layers = [name for name in layers if name not in self.project.smoothing]  # one smoothing per layer
+        layers, blocks = smoothing.layers_to_smooth(self.project, self.quantized_model(), self.precisions(), method)
         count = num_batches if num_batches is not None else self.settings.calibration.num_batches
         base, _ = self._fold_base()
-        blocks = {name: (self.project.layers[name].weight_desc or {}).get("block_size", DEFAULT_BLOCK_SIZE)
-                  for name in layers}
         records = smoothing.compute_smoothing(base, layers, list(self.data("calibration").batches(count)),
                                               method=method, alpha=alpha, device=self.device, block_sizes=blocks)
         self.project.smoothing.update(records)
@@ -706,47 +684,21 @@ class Session:
 
         Each rung the layers do not run in yet gets a model calibrated in it (one calibration pass per rung).
         """
-        from workbench.analysis.ladder import ladder_search, parse_ladder
-
-        try:
-            rungs = parse_ladder(ladder)
-        except ValueError as error:
-            raise SessionError(str(error)) from error
+        rungs = ladder_job.parse_rungs(ladder)
         model = self._require_calibrated()
         own = self.precisions()
-        plans: dict[Precision, dict[str, ladder_job.LayerPlan]] = {}
-        for precision in rungs:
-            if precision is Precision.FLOAT:
-                continue
-            plans[precision] = {}
-            for name, current in own.items():
-                if current in (None, Precision.FLOAT) or current is precision:
-                    continue
-                try:
-                    plans[precision].update(self._plan_precision([name], precision))
-                except SessionError:  # the precision does not apply to this layer (int4w on a convolution)
-                    continue
+        plans = ladder_job.rung_plans(self.project, model, self.settings.defaults, own, rungs)
         if progress is not None:
             progress(0, 1, f"calibrating a model per rung ({', '.join(p.value for p in plans if plans[p])})")
         count = self.settings.calibration.num_batches
         base, folding = self._fold_base()
         models = ladder_job.rung_models(self.project, base, folding, self.device, self.settings, plans,
                                         self.data("calibration").batches(count), example_inputs=self._example_inputs())
-        in_rung = {precision: {name: precision for name in plan} | {n: p for n, p in own.items() if p is precision}
-                   for precision, plan in plans.items()}
-        blocks = {name: (d.weight_desc or {}).get("block_size", DEFAULT_BLOCK_SIZE)
-                  for name, d in self.project.layers.items()}
-        for precision, plan in plans.items():
-            for name, (_, _, weight_desc) in plan.items():
-                if precision is Precision.INT4W and weight_desc:
-                    blocks[name] = weight_desc.get("block_size", DEFAULT_BLOCK_SIZE)
-        result = ladder_search(model, self._analysis_batches(), metric if metric is not None else self.metric(),
-                               ladder=rungs, rung_of=ladder_job.rung_source(models, in_rung), precisions=own,
-                               target=target, tolerance=tolerance, budget_bytes=budget_bytes,
-                               ranking=self.latest_sensitivity() if use_ranking else None, progress=progress,
-                               cancel=cancel, output=self.settings.output, block_sizes=blocks)
-        result.notes += mix_notes(list(self.project.layers), result.precisions)
-        record = FallbackRecord(self.project.next_id(self.project.fallbacks), now_iso(), result.to_dict())
+        result, record = ladder_job.search(
+            model, self._analysis_batches(), metric if metric is not None else self.metric(), self.project,
+            rungs=rungs, own=own, plans=plans, models=models,
+            ranking=self.latest_sensitivity() if use_ranking else None, target=target, tolerance=tolerance,
+            budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel)
         self.project.fallbacks.append(record)
         if apply:
             self.apply_precisions(result.precisions)

@@ -8,13 +8,15 @@ ends. Nothing here touches the session.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch import nn
 
-from workbench.project import Project
+from workbench.project import LayerDecision, Project
 from workbench.project.settings import DefaultDescriptors, jsonable, make_descriptor
+from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.precision import (
     DEFAULT_BLOCK_SIZE,
     Precision,
@@ -25,11 +27,13 @@ from workbench.quant.precision import (
 )
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.tensorrt_rules import tensorrt_check
-from workbench.session.build import descriptor_of, role_quantizer
+from workbench.session.build import descriptor_of, quantizable, role_quantizer
 from workbench.session.errors import SessionError
 
-__all__ = ["select", "ignore_preview", "ignored_layers", "set_quantize", "plan_descriptor", "reset_descriptor",
-           "descriptors", "plan_precision", "precisions", "mix_weight_bytes"]
+logger = logging.getLogger("workbench.session.core")  # the logger this warning always came from
+
+__all__ = ["synced_layers", "select", "ignore_preview", "ignored_layers", "set_quantize", "plan_descriptor",
+           "reset_descriptor", "descriptors", "plan_precision", "precisions", "mix_weight_bytes"]
 
 
 def select(project: Project, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
@@ -78,6 +82,20 @@ def ignored_layers(project: Project, patterns: Iterable[str]) -> list[str]:
         raise SessionError(f"No quantizable layer matches {', '.join(map(repr, unmatched))}; the names are as in "
                            "the model tree, matched from their start.")
     return ignore_preview(project, patterns)
+
+
+def synced_layers(known: Mapping[str, LayerDecision], model: nn.Module) -> dict[str, LayerDecision]:
+    """A decision for every quantizable layer of ``model`` (built without decisions): the ``known`` one, else a
+    new one (quantize, but LSTMs start float); decisions of layers no longer in the model are dropped (logged)."""
+    layers: dict[str, LayerDecision] = {}
+    for name, module_type, _ in quantizable(model):
+        # LSTMs start float (workbench.quant.gemm.FLOAT_BY_DEFAULT says why); the user may quantize them
+        starts_quantized = float_by_default_reason(module_type) is None
+        layers[name] = known.get(name) or LayerDecision(name, module_type, starts_quantized)
+    dropped = [name for name in known if name not in layers]
+    if dropped:
+        logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
+    return layers
 
 
 def _not_a_layer(project: Project, name: str) -> str:

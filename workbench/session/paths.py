@@ -14,11 +14,11 @@ from workbench.project import Project
 from workbench.project.settings import ProjectSettings
 from workbench.sources.model_source import FileDigest
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
-from workbench.sources.trust import CodeReference, code_references
+from workbench.sources.trust import CodeReference, changed_code_files, code_references
 
 logger = logging.getLogger("workbench.session.core")  # the logger these messages always came from
 
-__all__ = ["rebase", "changed_files", "moved_hint", "project_code"]
+__all__ = ["rebase", "changed_files", "trust_changed_hint", "moved_hint", "project_code"]
 
 
 def rebase(project: Project, settings: ProjectSettings, old_base: Path, new_base: Path) -> None:
@@ -52,6 +52,14 @@ def changed_files(project: Project, digests: list[FileDigest]) -> list[str]:
     for message in changes:
         logger.warning(message)
     return changes
+
+
+def trust_changed_hint(path: Path, references: list[CodeReference]) -> str:
+    """For a project whose code was trusted before and changed since: which files changed, to check them first."""
+    changed = changed_code_files(path, references)
+    files = ", ".join(Path(f).name for f in changed) if changed else \
+        (", ".join(Path(f).name for r in references for f in r.files) or "its references")
+    return f"It was trusted before, but its code changed since ({files}): check it before trusting it again."
 
 
 def moved_hint(project: Project, base_dir: Path) -> str:
