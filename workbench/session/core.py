@@ -47,6 +47,7 @@ from workbench.session import (
     decisions,
     exports,
     finetuning,
+    in_place,
     paths,
     smoothing,
     tensorrt,
@@ -56,7 +57,6 @@ from workbench.session import ladder as ladder_job
 from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
-from workbench.session.in_place import swap_descriptors
 from workbench.session.state import state_digest
 from workbench.session.views import LayerView
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input
@@ -336,9 +336,10 @@ class Session:
         if self.needs_rebuild:
             self.dirty = True
             return  # rebuilt on next use anyway
-        swapped = swap_descriptors(self._quant_model, updates, role, calibration=self.project.current_calibration,
-                                   finetune=self.project.current_finetune, report=self.build_report,
-                                   device=self.device)
+        swapped = in_place.swap_descriptors(self._quant_model, updates, role,
+                                            calibration=self.project.current_calibration,
+                                            finetune=self.project.current_finetune, report=self.build_report,
+                                            device=self.device)
         if swapped is None:
             self._invalidate()
 
@@ -352,14 +353,33 @@ class Session:
         """
         plans = self._plan_precision(names, precision, block_size=block_size,
                                      fp8_weight_per_channel=fp8_weight_per_channel)
+        before = {name: self._layer_state(name) for name in plans}
         for name, (quantize, input_desc, weight_desc) in plans.items():
             decision = self.project.layers[name]
             decision.quantize, decision.input_desc, decision.weight_desc = quantize, input_desc, weight_desc
         self.notes = []
         if plans:
-            self._invalidate()
+            self._edit_layers_in_place(before)
             self._changed(SessionEvent.LAYERS, names=list(plans))
         return list(plans)
+
+    def _layer_state(self, name: str) -> in_place.LayerState:
+        decision = self.project.layers[name]
+        return decision.quantize, decision.input_desc, decision.weight_desc
+
+    def _edit_layers_in_place(self, before: dict[str, in_place.LayerState]) -> None:
+        """The layers' decisions changed from ``before``: their new descriptors go into the live quantized model
+        without a rebuild where that gives the same model (see :mod:`workbench.session.in_place`: a change to or
+        from float is rebuilt), else the model is rebuilt when next used."""
+        if self.needs_rebuild:
+            self.dirty = True
+            return  # rebuilt on next use anyway
+        after = {name: self._layer_state(name) for name in before}
+        changes = in_place.layer_changes(self._quant_model, before, after, self.settings.defaults)
+        if changes is None or in_place.swap_layers(
+                self._quant_model, changes, calibration=self.project.current_calibration,
+                finetune=self.project.current_finetune, report=self.build_report, device=self.device) is None:
+            self._invalidate()
 
     def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
         """The precision each layer (all by default) runs in; None for custom descriptors."""
@@ -377,9 +397,11 @@ class Session:
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
+        names = list(names)
+        before = {name: self._layer_state(name) for name in names if name in self.project.layers}
         changed = decisions.reset_descriptor(self.project, names, role)
         if changed:
-            self._invalidate()
+            self._edit_layers_in_place({name: before[name] for name in changed})
             self._changed(SessionEvent.LAYERS, names=changed)
         return changed
 
