@@ -12,6 +12,7 @@ through :mod:`workbench.session.views`.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -42,7 +43,6 @@ from workbench.session import (
     analysis,
     calibration,
     configure,
-    confirmed_targets,
     data_sources,
     decisions,
     exports,
@@ -321,27 +321,15 @@ class Session:
         if role not in ("input", "weight"):
             raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
         updates, notes = decisions.plan_descriptor(self.project, self.quantized_model(), names, role, fields)
+        before = {name: self._layer_state(name) for name in updates}
         # applied only once every layer validated: an error leaves all of them as they were
         for name, updated in updates.items():
             setattr(self.project.layers[name], f"{role}_desc", updated)
         self.notes = notes
         if updates:
-            self._edit_in_place(updates, role)
+            self._edit_layers_in_place(before)
             self._changed(SessionEvent.LAYERS, names=list(updates))
         return list(updates)
-
-    def _edit_in_place(self, updates: dict[str, dict[str, Any]], role: str) -> None:
-        """Apply new stored descriptors of ``role`` to the live quantized model without rebuilding it (see
-        :mod:`workbench.session.in_place`); where that cannot be done, the model is rebuilt when next used."""
-        if self.needs_rebuild:
-            self.dirty = True
-            return  # rebuilt on next use anyway
-        swapped = in_place.swap_descriptors(self._quant_model, updates, role,
-                                            calibration=self.project.current_calibration,
-                                            finetune=self.project.current_finetune, report=self.build_report,
-                                            device=self.device)
-        if swapped is None:
-            self._invalidate()
 
     def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
                       fp8_weight_per_channel: bool = True) -> list[str]:
@@ -797,24 +785,18 @@ class Session:
         flag are not touched.
         """
         target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
-        project_dir = self.project_dir
         plan = exports.plan_export(self.project, self.settings.export, target, typed=path is not None,
-                                   project_path=self.path, base_dir=self.base_dir, project_dir=project_dir,
+                                   project_path=self.path, base_dir=self.base_dir, project_dir=self.project_dir,
                                    remember=remember, force=force, opset=opset, dynamic_batch=dynamic_batch,
                                    amax_json=amax_json, calibration_cache=calibration_cache, fp8_ops=fp8_ops)
         model = self._require_calibrated()
         report = exports.write_export(plan, model, self.sample_inputs(batch=1), output=self.settings.output)
-        if not remember:
-            return report
-        if path is not None and self.path is not None and not target.is_relative_to(project_dir.resolve()):
-            confirmed_targets.remember(self.path, target)  # the user named it: later plain exports may go there
-        report.int8_vs_fp32, problem = exports.headline(
-            lambda: self.evaluate(num_batches=exports.HEADLINE_BATCHES), self.project)
-        if problem:
-            report.warnings.append(problem)
-        self.project.settings["export"] = exports.remembered_settings(plan, project_dir)
-        self.project.exports.append(exports.export_record(plan, self.project, report, project_dir))
-        self._changed(SessionEvent.EXPORT, path=str(target))
+        if remember:
+            measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
+            record = exports.remember(plan, self.project, report, measure, project_path=self.path,
+                                      project_dir=self.project_dir)
+            self.project.exports.append(record)
+            self._changed(SessionEvent.EXPORT, path=str(target))
         return report
 
     def default_export_path(self) -> Path:

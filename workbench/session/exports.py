@@ -38,7 +38,7 @@ from workbench.sources.paths import absolute_path, relative_path
 __all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest",
            "overwrite_refusal", "default_export_path", "planned_files", "protected_files", "check_not_protected",
            "check_confined", "suspicious_exports", "SIDE_FILES", "ExportPlan", "plan_export", "write_export",
-           "remembered_settings", "export_record", "headline", "HEADLINE_BATCHES"]
+           "remember", "remembered_settings", "export_record", "headline", "HEADLINE_BATCHES"]
 
 
 def resolve_export_path(typed: str | Path | None, configured: str | None, project_dir: Path, default_name: str) -> Path:
@@ -279,6 +279,21 @@ def write_export(plan: ExportPlan, model: nn.Module, sample: Any, output: Any = 
         where = error.filename or plan.target
         raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
                            f"to {plan.target}.") from error
+
+
+def remember(plan: ExportPlan, project: Project, report: Any, evaluate: Callable[[], Any], *,
+             project_path: Path | None, project_dir: Path) -> ExportRecord:
+    """What ``project`` keeps of ``plan`` written with ``report``: a target the user named outside the project's
+    folder is remembered for it (:mod:`workbench.session.confirmed_targets`), the report gets the INT8-vs-FP32
+    headline (:func:`headline` of ``evaluate``), the export setting becomes ``plan``'s; returns the record for
+    the export history (the project's state digest taken with that setting)."""
+    if plan.typed and project_path is not None and not plan.target.is_relative_to(project_dir.resolve()):
+        confirmed_targets.remember(project_path, plan.target)  # the user named it: later plain exports may go there
+    report.int8_vs_fp32, problem = headline(evaluate, project)
+    if problem:
+        report.warnings.append(problem)
+    project.settings["export"] = remembered_settings(plan, project_dir)
+    return export_record(plan, project, report, project_dir)
 
 
 def remembered_settings(plan: ExportPlan, project_dir: Path) -> dict[str, Any]:
