@@ -27,7 +27,7 @@ from workbench.session.build import descriptor_of, layer_of
 from workbench.session.errors import SessionError
 from workbench.sources.data_source import DataSource
 
-__all__ = ["calibrate", "checked_block_method", "recompute_amax"]
+__all__ = ["calibrate", "check_calibrated", "checked_block_method", "recompute_amax"]
 
 
 def calibrate(model: nn.Module, data: DataSource, project: Project, options: CalibrationSettings, *,
@@ -66,6 +66,23 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
         result, id=project.next_id(project.calibrations), created=now_iso(), quantizers=records,
         folded=sorted(folded))
     return result, record
+
+
+def check_calibrated(model: nn.Module, run: CalibrationRecord | None) -> None:
+    """Refuse a ``model`` with a quantizer that has no amax (never calibrated, or stale after its descriptor
+    changed), but those ``run`` (the project's current calibration) never reached: no data flowed through them,
+    and export leaves them in float and says so.
+
+    Raises:
+        SessionError: naming (the first five of) the quantizers not calibrated.
+    """
+    unreached = set(run.unused) if run is not None else set()
+    missing = [name for name, q in quantizer_names(model).items()
+               if q.is_enabled and q.is_quant_enabled and not q.learn_amax and not q.has_amax
+               and name not in unreached]  # stale after a descriptor change, or never calibrated
+    if missing:
+        raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"
+                           f"{'...' if len(missing) > 5 else ''}): calibrate first.")
 
 
 def checked_block_method(block_method: str) -> str:

@@ -917,14 +917,7 @@ class Session:
         through them) keep no amax: export leaves them in float and says so. Any other quantizer without amax
         (never calibrated, or stale after its descriptor changed) is refused: calibrate first."""
         model = self.quantized_model()
-        run = self.project.current_calibration
-        unreached = set(run.unused) if run is not None else set()
-        missing = [name for name, q in quantizer_names(model).items()
-                   if q.is_enabled and q.is_quant_enabled and not q.learn_amax and not q.has_amax
-                   and name not in unreached]  # stale after a descriptor change, or never calibrated
-        if missing:
-            raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"
-                               f"{'...' if len(missing) > 5 else ''}): calibrate first.")
+        calibration.check_calibrated(model, self.project.current_calibration)
         return model
 
     # ----- summary ----------------------------------------------------------------------------
