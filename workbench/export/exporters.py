@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportError, UnsupportedOperationError
+from workbench.export.notes import ReportLog
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
     SMALL_TENSOR,
@@ -120,7 +121,7 @@ def _layers_calling(program, ops: list[str]) -> list[str]:
 
 
 def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
-                   opset: int, dynamic_batch: bool, warnings_out: list[str], target_path: Path | None = None,
+                   opset: int, dynamic_batch: bool, log: ReportLog, target_path: Path | None = None,
                    threshold: int = EXTERNAL_DATA_THRESHOLD) -> tuple[onnx.ModelProto, bool, str]:
     trace_inputs = inputs
     dynamic_shapes = None
@@ -145,13 +146,10 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
         except Exception as static_error:
             raise _CaptureError(_capture_reason(static_error)) from static_error
         dynamic_batch = False
-        warnings_out.append(f"dynamic batch turned off: the model fixes its batch size ({first_line(error)})")
+        log.add("dynamic_batch_off", f"dynamic batch turned off: the model fixes its batch size ({first_line(error)})")
     target = max(opset, DYNAMO_MIN_OPSET)
     try:
-        onnx_program = torch.onnx.export(
-            program, (), None, dynamo=True, opset_version=target, input_names=input_names,
-            output_names=output_names, custom_translation_table=translation_table(),
-            optimize=True, verbose=False, external_data=False)
+        onnx_program = _to_onnx(program, target, input_names, output_names)
     except Exception as error:
         ops = [op for op in _unsupported_ops(error) if not op.startswith("workbench")]
         layers = _layers_calling(program, ops)
@@ -181,17 +179,61 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
                 # keep the graph the exporter wrote, at its own opset: the TorchScript fallback would record
                 # another graph (the sample's path only) and often cannot write it at the lower opset either
                 written = default_opset(proto)
-                warnings_out.append(f"opset {written} instead of the requested {opset} (TensorRT 10 reads it; "
-                                    f"TensorRT 8.6 reads up to 17): {error}")
+                log.add("opset_kept", f"opset {written} instead of the requested {opset} (TensorRT 10 reads it; "
+                                      f"TensorRT 8.6 reads up to 17): {error}")
                 note += f", at opset {written}: converting it down to {opset} failed"
             else:
                 note += f", converted from opset {target} to {opset} with onnx.version_converter"
-                warnings_out.extend(notes)
+                log.extend("opset_conversion", notes)
     except BaseException:
         if large:
             _discard_data(proto, target_path)
         raise
     return proto, dynamic_batch, note
+
+
+# torch.onnx.export builds its registry of ONNX translations from torchlib on every call (it walks ~1,500
+# onnxscript functions and their signatures: about 0.5 s of a ResNet-18-like's export here). The registry
+# depends only on the opset: built once per opset here, with the workbench operators, and copied per export
+# (the exporter may add to it).
+_REGISTRIES: dict[int, object] = {}
+
+
+def _registry(opset: int):
+    """A copy of the ONNX translation registry for ``opset`` with the workbench operators, or None where this
+    torch's exporter has no such registry (then torch.onnx.export builds its own)."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+        registry_class = _registration.ONNXRegistry
+    except (ImportError, AttributeError):
+        return None
+    base = _REGISTRIES.get(opset)
+    if base is None:
+        base = registry_class.from_torchlib(opset_version=opset)
+        for torch_op, onnx_op in translation_table().items():
+            base.register_op(torch_op, onnx_op, is_complex=False)
+        _REGISTRIES[opset] = base
+    registry = registry_class()
+    registry.__dict__.update(base.__dict__)
+    registry.functions = {target: list(metas) for target, metas in base.functions.items()}
+    return registry
+
+
+def _to_onnx(program, opset: int, input_names: list[str], output_names: list[str]):
+    """``torch.onnx.export(program, dynamo=True, optimize=True)`` with the translation registry built once
+    per process: what torch.onnx.export does for an ExportedProgram, without rebuilding the registry."""
+    registry = _registry(opset)
+    if registry is not None:
+        try:
+            from torch.onnx._internal.exporter import _core
+        except ImportError:
+            registry = None
+    if registry is None:
+        return torch.onnx.export(program, (), None, dynamo=True, opset_version=opset, input_names=input_names,
+                                 output_names=output_names, custom_translation_table=translation_table(),
+                                 optimize=True, verbose=False, external_data=False)
+    return _core.export(program, (), {}, registry=registry, dynamic_shapes={}, input_names=input_names,
+                        output_names=output_names, verbose=False, optimize=True, opset_version=opset)
 
 
 def _graph_only(model, target_path: Path) -> onnx.ModelProto:
@@ -387,7 +429,7 @@ def first_line(error: BaseException) -> str:
 
 
 def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
-                 dynamic_batch: bool, exporter: Exporter, report_warnings: list[str], target_path: Path | None = None,
+                 dynamic_batch: bool, exporter: Exporter, log: ReportLog, target_path: Path | None = None,
                  threshold: int = EXTERNAL_DATA_THRESHOLD):
     """Run the chosen exporter; with "auto", fall back to TorchScript and say why.
 
@@ -409,7 +451,7 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
         return proto, "torchscript", "TorchScript exporter (requested)", dynamic_batch
     try:
         proto, dynamic_batch, note = _export_dynamo(model, inputs, input_names, output_names, opset, dynamic_batch,
-                                                    report_warnings, target_path, threshold)
+                                                    log, target_path, threshold)
         return proto, "dynamo", note, dynamic_batch
     except _CaptureError as error:
         if exporter == "dynamo":
