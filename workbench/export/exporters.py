@@ -149,7 +149,10 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
         log.add("dynamic_batch_off", f"dynamic batch turned off: the model fixes its batch size ({first_line(error)})")
     target = max(opset, DYNAMO_MIN_OPSET)
     try:
-        onnx_program = _to_onnx(program, target, input_names, output_names)
+        onnx_program = torch.onnx.export(
+            program, (), None, dynamo=True, opset_version=target, input_names=input_names,
+            output_names=output_names, custom_translation_table=translation_table(),
+            optimize=True, verbose=False, external_data=False)
     except Exception as error:
         ops = [op for op in _unsupported_ops(error) if not op.startswith("workbench")]
         layers = _layers_calling(program, ops)
@@ -190,50 +193,6 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
             _discard_data(proto, target_path)
         raise
     return proto, dynamic_batch, note
-
-
-# torch.onnx.export builds its registry of ONNX translations from torchlib on every call (it walks ~1,500
-# onnxscript functions and their signatures: about 0.5 s of a ResNet-18-like's export here). The registry
-# depends only on the opset: built once per opset here, with the workbench operators, and copied per export
-# (the exporter may add to it).
-_REGISTRIES: dict[int, object] = {}
-
-
-def _registry(opset: int):
-    """A copy of the ONNX translation registry for ``opset`` with the workbench operators, or None where this
-    torch's exporter has no such registry (then torch.onnx.export builds its own)."""
-    try:
-        from torch.onnx._internal.exporter import _registration
-        registry_class = _registration.ONNXRegistry
-    except (ImportError, AttributeError):
-        return None
-    base = _REGISTRIES.get(opset)
-    if base is None:
-        base = registry_class.from_torchlib(opset_version=opset)
-        for torch_op, onnx_op in translation_table().items():
-            base.register_op(torch_op, onnx_op, is_complex=False)
-        _REGISTRIES[opset] = base
-    registry = registry_class()
-    registry.__dict__.update(base.__dict__)
-    registry.functions = {target: list(metas) for target, metas in base.functions.items()}
-    return registry
-
-
-def _to_onnx(program, opset: int, input_names: list[str], output_names: list[str]):
-    """``torch.onnx.export(program, dynamo=True, optimize=True)`` with the translation registry built once
-    per process: what torch.onnx.export does for an ExportedProgram, without rebuilding the registry."""
-    registry = _registry(opset)
-    if registry is not None:
-        try:
-            from torch.onnx._internal.exporter import _core
-        except ImportError:
-            registry = None
-    if registry is None:
-        return torch.onnx.export(program, (), None, dynamo=True, opset_version=opset, input_names=input_names,
-                                 output_names=output_names, custom_translation_table=translation_table(),
-                                 optimize=True, verbose=False, external_data=False)
-    return _core.export(program, (), {}, registry=registry, dynamic_shapes={}, input_names=input_names,
-                        output_names=output_names, verbose=False, optimize=True, opset_version=opset)
 
 
 def _graph_only(model, target_path: Path) -> onnx.ModelProto:
