@@ -151,13 +151,12 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
                                          units=None if args.units == "layers" else args.units,
                                          progress=progress, cancel=progress.cancel, context=context)
             fallback = None
-            tolerance, target, goal_note = args.tolerance, args.target, None
-            if tolerance is not None and target is None and not math.isfinite(result.fp32):
-                # no gap to an infinite FP32 value (SQNR) can close: the tolerance counts from the INT8 start
-                target = result.quantized + (tolerance if result.higher_is_better else -tolerance)
-                goal_note = (f"FP32 {result.metric_name} is {result.fp32}: --tolerance {tolerance:g} counts from "
-                             f"the all-INT8 value {result.quantized:.4g}, so the target is {target:.4g}")
-                tolerance = None
+            from workbench.analysis.goals import resolve_goal  # the rule the GUI's searches follow too
+
+            goal = resolve_goal(tolerance=args.tolerance, target=args.target, fp32=result.fp32,
+                                quantized=result.quantized, higher_is_better=result.higher_is_better,
+                                metric_name=result.metric_name)
+            tolerance, target, goal_note = goal.tolerance, goal.target, goal.note or None
             ladder = _ladder_option(args, context)
             budget = _budget_option(args, session)
             if ladder is not None or budget is not None:
