@@ -339,6 +339,7 @@ def add_commands(sub: argparse._SubParsersAction,
     from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
     from workbench.analysis.results import SCHEMES
     from workbench.analysis.units import UNIT_SCHEMES
+    from workbench.export.opset import FORMAT_OPSET
     from workbench.project.settings import DEFAULTS
     from workbench.quant.blocks import BLOCK_METHODS
     from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
@@ -404,8 +405,9 @@ def add_commands(sub: argparse._SubParsersAction,
 
     export = project_command("export", "write validated QDQ ONNX")
     export.add_argument("-o", "--output", help="the .onnx file (default: next to the project)")
-    export.add_argument("--opset", type=int, help="ONNX opset (default: the project's, 17 for new projects); raised "
-                                                  "to what the formats in use need: FP8 19, INT4 weights 21")
+    export.add_argument("--opset", type=int, help=f"ONNX opset (default: the project's, {DEFAULTS.export.opset} for new "
+                                                  f"projects); raised to what the formats in use need: FP8 "
+                                                  f"{FORMAT_OPSET['fp8']}, INT4 weights {FORMAT_OPSET['int4']}")
     export.add_argument("--fp8-ops", choices=FP8_OPS,
                         help="how FP8 layers are written: standard QuantizeLinear to float8e4m3fn (opset 19, "
                              "TensorRT 10+), or trt: pytorch-quantization's TRT_FP8QuantizeLinear custom ops for "

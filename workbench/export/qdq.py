@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from workbench.export.opset import FORMAT_OPSET  # noqa: F401 - re-exported; its home is the opset module
 from workbench.quant.blocks import block_amax_to_scales, block_view, unblock
 from workbench.quant.kernels import TINY_AMAX
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
@@ -44,8 +45,6 @@ __all__ = ["QDQStandIn", "qdq_reference", "onnx_translation", "register_torchscr
 OP_NAME = "workbench::qdq"
 FP8_OP_NAME = "workbench::qdq_fp8"
 DQ_BLOCKED_OP_NAME = "workbench::dq_blocked"
-# the lowest opset that carries each format's Q/DQ (INT8: 13 for per-channel; TensorRT 8.6 reads 17)
-FORMAT_OPSET = {"int8": 13, "fp8": 19, "int4": 21}
 
 
 def qdq_reference(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, qmin: int,
