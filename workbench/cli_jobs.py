@@ -344,6 +344,7 @@ def add_commands(sub: argparse._SubParsersAction,
     from workbench.quant.blocks import BLOCK_METHODS
     from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
     from workbench.quant.precision import FP8_OPS, Precision
+    from workbench.sources.data_source import DataSpec
 
     precision_names = "precisions: " + ", ".join(p.value for p in Precision)
 
@@ -405,8 +406,8 @@ def add_commands(sub: argparse._SubParsersAction,
 
     export = project_command("export", "write validated QDQ ONNX")
     export.add_argument("-o", "--output", help="the .onnx file (default: next to the project)")
-    export.add_argument("--opset", type=int, help=f"ONNX opset (default: the project's, {DEFAULTS.export.opset} for new "
-                                                  f"projects); raised to what the formats in use need: FP8 "
+    export.add_argument("--opset", type=int, help=f"ONNX opset (default: the project's, {DEFAULTS.export.opset} for "
+                                                  f"new projects); raised to what the formats in use need: FP8 "
                                                   f"{FORMAT_OPSET['fp8']}, INT4 weights {FORMAT_OPSET['int4']}")
     export.add_argument("--fp8-ops", choices=FP8_OPS,
                         help="how FP8 layers are written: standard QuantizeLinear to float8e4m3fn (opset 19, "
@@ -446,10 +447,10 @@ def add_commands(sub: argparse._SubParsersAction,
     tune.add_argument("--metric-direction", choices=DIRECTIONS)
     tune.add_argument("--train-data", help="data to train on, stored in the project (same forms as --data of "
                                            "'new'; default: all of the calibration data)")
-    tune.add_argument("--batch-size", type=int, default=32, help="for --train-data")
+    tune.add_argument("--batch-size", type=int, default=DataSpec.batch_size, help="for --train-data")
     tune.add_argument("--num-batches", type=int, help="for --train-data: batches per pass (default: all)")
     tune.add_argument("--shuffle", action="store_true", help="for --train-data")
-    tune.add_argument("--seed", type=int, default=0, help="for --train-data")
+    tune.add_argument("--seed", type=int, default=DataSpec.seed, help="for --train-data")
     tune.add_argument("--resize", type=int, help="for --train-data images")
     tune.add_argument("--crop", type=int, help="for --train-data images")
     tune.add_argument("--mean", type=float, nargs="+", help="for --train-data images")

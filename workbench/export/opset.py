@@ -14,8 +14,8 @@ from typing import Any
 import onnx
 from onnx import defs, helper, version_converter
 
-__all__ = ["MIN_OPSET", "DEFAULT_OPSET", "TENSORRT_8_MAX_OPSET", "FORMAT_OPSET", "newest_opset", "opset_bounds_text", "check_opset",
-           "default_opset", "convert_opset"]
+__all__ = ["MIN_OPSET", "DEFAULT_OPSET", "TENSORRT_8_MAX_OPSET", "FORMAT_OPSET", "newest_opset", "opset_bounds_text",
+           "check_opset", "default_opset", "convert_opset"]
 
 # The one home of the opset bounds: the project's settings, the exporter, the export dialog and --help read these.
 MIN_OPSET = 13             # per-channel QuantizeLinear (its axis attribute) needs 13: nothing older carries INT8 Q/DQ

@@ -271,7 +271,8 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
     scale = torch.where(tiny, torch.full_like(step, ZERO_AMAX_SCALE), step)
     scale = scale.reshape(-1) if amax.numel() > 1 else scale.reshape(())
     if fp8:  # the zero point is a float8e4m3fn constant the translation writes; this one only has the shape
-        return ExportParams(scale, torch.zeros(scale.shape, dtype=torch.float32), amax_shape, -448, 448, clip,
+        return ExportParams(scale, torch.zeros(scale.shape, dtype=torch.float32), amax_shape, -int(E4M3_MAX),
+                            int(E4M3_MAX), clip,
                             int(tiny.sum()), format="fp8")
     dtype = torch.uint8 if q._unsigned else torch.int8
     zero_point = torch.zeros(scale.shape, dtype=dtype, device=scale.device)

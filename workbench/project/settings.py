@@ -20,7 +20,7 @@ import torch
 
 from workbench.export.opset import DEFAULT_OPSET, MIN_OPSET, newest_opset, opset_bounds_text
 from workbench.quant import QuantDescriptor
-from workbench.quant.blocks import BLOCK_METHODS
+from workbench.quant.blocks import BLOCK_METHODS, DEFAULT_BLOCK_METHOD
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, percentile_mistake
 from workbench.quant.precision import FP8_OPS
 from workbench.quant.tensorrt_rules import tensorrt_check
@@ -198,7 +198,7 @@ class CalibrationSettings(_Section):
     num_batches: int | None = 16
     percentile: float = PERCENTILE.default
     # INT4 blockwise weights: each block's amax is its max, or the least-squared-error shrink of it
-    block_method: str = "max"
+    block_method: str = DEFAULT_BLOCK_METHOD
     STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("block_method",)
 
     def __post_init__(self) -> None:
