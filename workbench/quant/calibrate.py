@@ -231,6 +231,10 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             rank ends with the amax one process would have found; rank 0 reports progress summed
             over the ranks; the output SQNR and auto's measurements are summed over the ranks.
 
+    Returns:
+        A :class:`CalibrationResult`: per quantizer its amax (and histogram), the method, batches and device
+        used, the quantizers no batch reached, the output SQNR and warnings about amax values that look wrong.
+
     Raises:
         ValueError: bad arguments, no quantizers, or no batches.
         CalibrationCancelled: ``cancel`` was set; the model is unchanged.
