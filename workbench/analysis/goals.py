@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Goal", "resolve_goal", "tolerance_meaning"]
+__all__ = ["Goal", "resolve_goal", "tolerance_meaning", "SUGGESTED_SQNR_GAIN_DB"]
+
+# the goal a front end suggests under SQNR: 6 dB better than all-INT8, a quarter of the quantization noise's power
+SUGGESTED_SQNR_GAIN_DB = 6.0
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from workbench.analysis.goals import tolerance_meaning
+from workbench.analysis.goals import SUGGESTED_SQNR_GAIN_DB, tolerance_meaning
 from workbench.analysis.ladder import DEFAULT_LADDER, LADDER_PRESETS, LadderResult, ladder_text, parse_ladder
 from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_name
 from workbench.analysis.results import FallbackResult, SensitivityResult
@@ -277,7 +277,7 @@ class FallbackPanel(QGroupBox):
         if self.goal_box.currentData() == "target":
             self.goal_label.setText("Target")
             if metric == "sqnr":
-                value = round(quantized + 6.0) if quantized is not None else 40.0  # a quarter of the noise
+                value = round(quantized + SUGGESTED_SQNR_GAIN_DB) if quantized is not None else 40.0
                 self.goal_spin.setDecimals(1)
                 self.goal_spin.setSingleStep(1.0)
             else:
@@ -288,7 +288,7 @@ class FallbackPanel(QGroupBox):
             # FP32 SQNR is infinite: the tolerance is a gain in dB over all-INT8 (resolve_goal)
             self.goal_label.setText("Gain over INT8 (dB)" if metric == "sqnr" else "Tolerance")
             self.goal_label.setToolTip(tolerance_meaning(metric == "sqnr"))
-            defaults = {"top1": 0.01, "cosine": 0.001, "sqnr": 6.0}
+            defaults = {"top1": 0.01, "cosine": 0.001, "sqnr": SUGGESTED_SQNR_GAIN_DB}
             value = defaults.get(metric or "", 0.01)
             if metric == "mse" and quantized:
                 value = quantized / 2
