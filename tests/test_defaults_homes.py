@@ -22,6 +22,7 @@ from workbench.quant.calib.methods import PERCENTILE
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE
 from workbench.quant.tensor_quant import E4M3_MAX
 from workbench.sources.data_source import DataSpec
+from workbench.sources.demo import DEMO_CALIB_BATCHES, DEMO_METHOD
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 
@@ -82,6 +83,8 @@ def test_the_command_line_s_defaults_are_the_homes():
         command = _subcommand(parser, name)
         assert _default(command, "batch_size") == DataSpec.batch_size
         assert _default(command, "seed") == DataSpec.seed
+    demo = _subcommand(parser, "demo")
+    assert (_default(demo, "calib_batches"), _default(demo, "method")) == (DEMO_CALIB_BATCHES, DEMO_METHOD)
     export_help = _subcommand(parser, "export").format_help()
     assert f"{DEFAULT_OPSET} for new projects" in " ".join(export_help.split())
     assert f"FP8 {FORMAT_OPSET['fp8']}, INT4 weights {FORMAT_OPSET['int4']}" in " ".join(export_help.split())
@@ -96,6 +99,7 @@ _CONCEPTS = {
     "start_bin": "workbench/quant/calib/amax_search.py",
     "block_size": "workbench/quant/precision.py",
     "block_method": "workbench/quant/blocks.py",
+    "calib_batches": "workbench/sources/demo.py",
 }
 # literals that mean one thing wherever they stand (FP8 E4M3's largest value, the percentile's default)
 _VALUES = {448: "workbench/quant/tensor_quant.py", 448.0: "workbench/quant/tensor_quant.py",

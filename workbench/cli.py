@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.cli_jobs import add_commands as add_job_commands  # calibrate ... finetune
     from workbench.cli_project import add_commands as add_project_commands  # new, show, set
     from workbench.cli_trust import add_commands as add_trust_commands  # trust, untrust
-    from workbench.quant.calib.methods import AMAX_METHODS, AmaxMethod
+    from workbench.quant.calib.methods import AMAX_METHODS
+    from workbench.sources.demo import DEMO_CALIB_BATCHES, DEMO_METHOD
 
     parser = argparse.ArgumentParser(prog="workbench", description="Quant Workbench: INT8 quantization of "
                                      "PyTorch models for TensorRT.")
@@ -203,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the whole job on the built-in digits CNN, without a screen")
     demo.add_argument("--out", default="workbench-demo", help="folder for the project and ONNX (default: "
                                                               "./workbench-demo)")
-    demo.add_argument("--method", choices=AMAX_METHODS, default=AmaxMethod.MSE.value)
-    demo.add_argument("--calib-batches", type=int, default=8)
+    demo.add_argument("--method", choices=AMAX_METHODS, default=DEMO_METHOD)
+    demo.add_argument("--calib-batches", type=int, default=DEMO_CALIB_BATCHES)
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(func=_cmd_demo)
 
