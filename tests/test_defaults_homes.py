@@ -102,8 +102,8 @@ _CONCEPTS = {
     "calib_batches": "workbench/sources/demo.py",
 }
 # literals that mean one thing wherever they stand (FP8 E4M3's largest value, the percentile's default)
-_VALUES = {448: "workbench/quant/tensor_quant.py", 448.0: "workbench/quant/tensor_quant.py",
-           99.99: "workbench/quant/calib/methods.py"}
+# (448 and 448.0 are one key: the scan's `in` matches either spelling)
+_VALUES = {448: "workbench/quant/tensor_quant.py", 99.99: "workbench/quant/calib/methods.py"}
 
 
 def _literal_defaults(tree: ast.AST):
