@@ -58,6 +58,11 @@ def test_every_reader_takes_its_default_from_the_home():
     assert DEFAULTS.calibration.block_method == default(calibrate, "block_method") == DEFAULT_BLOCK_METHOD
     assert default(int4_blockwise_fake_quant, "block_size") == default(plan_smoothing, "block_size") \
         == DEFAULT_BLOCK_SIZE
+    from workbench.project.settings import FinetuneSettings
+    from workbench.training import finetune
+
+    for name in ("loss", "schedule", "optimizer", "momentum", "weight_decay"):
+        assert default(finetune, name) == getattr(FinetuneSettings(), name), name
 
 
 def _parser():

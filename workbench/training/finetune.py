@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric, get_metric
+from workbench.project.settings import FinetuneSettings
 from workbench.quant.batches import model_device, model_inputs, run_model, to_device
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.snapshot import ModelSnapshot, all_quantizers
@@ -48,6 +49,8 @@ __all__ = ["finetune", "recipe", "FinetuneResult", "EpochRecord", "StepInfo", "F
 SCHEDULES = ("cosine", "constant")
 OPTIMIZERS = ("sgd", "adam")
 FINAL_LR_RATIO = 0.01  # cosine annealing ends at 1% of the fine-tuning start rate (the reference recipe)
+# the defaults a project starts with are the library's too: one home, the project's typed settings
+_DEFAULTS = FinetuneSettings()
 
 
 class FinetuneError(RuntimeError):
@@ -221,9 +224,10 @@ def _check_positive(name: str, value: Any, integer: bool = False) -> None:
         raise ValueError(f"{name} must be a positive {'integer' if integer else 'number'}, got {value!r}.")
 
 
-def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction | None = "cross_entropy", *,
-             epochs: int, lr: float, schedule: str = "cosine", optimizer: str = "sgd", momentum: float = 0.9,
-             weight_decay: float = 0.0, final_lr_ratio: float = FINAL_LR_RATIO,
+def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction | None = _DEFAULTS.loss, *,
+             epochs: int, lr: float, schedule: str = _DEFAULTS.schedule, optimizer: str = _DEFAULTS.optimizer,
+             momentum: float = _DEFAULTS.momentum, weight_decay: float = _DEFAULTS.weight_decay,
+             final_lr_ratio: float = FINAL_LR_RATIO,
              eval_batches: Iterable | None = None, metric: Metric | str | None = None,
              steps_per_epoch: int | None = None, shuffle: bool = True, seed: int = 0,
              progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
