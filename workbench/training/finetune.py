@@ -398,7 +398,7 @@ def _set_up(model: nn.Module, learn_amax: str | Iterable[str] | None, target: to
     """Snapshot the modes, start learning amax, give the trained parameters their own tensors on ``target``,
     build the optimizer, and checkpoint the starting model (what a cancel before the first epoch restores)."""
     quantizers = all_quantizers(model)
-    if not any("_amax" in q._buffers for q in quantizers):
+    if not any(q.has_amax for q in quantizers):
         logger.warning("No quantizer of the model has an amax: fine-tune a calibrated model.")
     own_params = {id(p) for q in quantizers for p in q.parameters()}
     if not any(p.requires_grad and id(p) not in own_params for p in model.parameters()):
@@ -487,7 +487,7 @@ def _train_epoch(trainer: _Trainer, setup: _Setup, plan: _Schedule, train_batche
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.eval()  # frozen statistics: what calibration saw, what TensorRT folds
     for q in setup.quantizers:
-        q._if_calib = False
+        q.disable_calib()
     losses: list[float] = []
     current_lr = plan.lr
     for step, batch in enumerate(_epoch_batches(train_batches, shuffle, generator), start=1):
