@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.export.opset import (
+from workbench.opsets import (
     DEFAULT_OPSET,
     FORMAT_OPSET,
     MIN_OPSET,
@@ -98,7 +98,7 @@ def test_the_command_line_s_defaults_are_the_homes():
 # a default's literal written again where a function, dataclass field or option takes it: the concept's name and
 # the module that is its home (the only place the literal may stand)
 _CONCEPTS = {
-    "opset": "workbench/export/opset.py",
+    "opset": "workbench/opsets.py",
     "percentile": "workbench/quant/calib/methods.py",
     "num_bins": "workbench/quant/calib/histogram.py",
     "start_bin": "workbench/quant/calib/amax_search.py",

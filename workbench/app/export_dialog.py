@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 
 from workbench.app.controller import Controller
 from workbench.app.formatting import format_number, format_size
-from workbench.export.opset import DEFAULT_OPSET, MIN_OPSET, TENSORRT_8_MAX_OPSET, newest_opset, opset_bounds_text
+from workbench.opsets import DEFAULT_OPSET, MIN_OPSET, TENSORRT_8_MAX_OPSET, newest_opset, opset_bounds_text
 from workbench.project.settings import ExportSettings
 from workbench.session import jsonable
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from workbench.export.opset import FORMAT_OPSET  # noqa: F401 - re-exported; its home is the opset module
+from workbench.opsets import FORMAT_OPSET  # noqa: F401 - re-exported; its home is workbench.opsets
 from workbench.quant.blocks import block_amax_to_scales, block_view, unblock
 from workbench.quant.kernels import TINY_AMAX
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer

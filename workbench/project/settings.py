@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Self
 
 import torch
 
-from workbench.export.opset import DEFAULT_OPSET, MIN_OPSET, newest_opset, opset_bounds_text
+from workbench.opsets import DEFAULT_OPSET, MIN_OPSET, newest_opset, opset_bounds_text
 from workbench.quant import QuantDescriptor
 from workbench.quant.blocks import BLOCK_METHODS, DEFAULT_BLOCK_METHOD
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, percentile_mistake
@@ -255,7 +255,8 @@ class ExportSettings(_Section):
             self._set("opset", type(self).opset)
         # below MIN_OPSET no exporter anywhere can write the file; the upper bound is this machine's onnx, checked
         # when the setting is edited (checked_setting), so a project from a newer onnx still opens
-        self._require("opset", _is_int(self.opset) and self.opset >= MIN_OPSET, opset_bounds_text())
+        if not (_is_int(self.opset) and self.opset >= MIN_OPSET):  # the text asks onnx: only on a refusal
+            raise _refused("export.opset", opset_bounds_text(), self.opset)
         for name in ("dynamic_batch", "amax_json", "calibration_cache"):
             self._require(name, isinstance(getattr(self, name), bool), "true or false")
 
