@@ -82,6 +82,30 @@ def dense_block(x: torch.Tensor) -> bool:
     return True
 
 
+# Rows shorter than this are copied out first: the kernel works on at most a row at a time.
+_MIN_ROW = 64
+
+
+def memory_rows(x: torch.Tensor) -> tuple[int, int] | None:
+    """``(row_length, row_step)`` when the elements of ``x`` are rows of ``row_length`` consecutive storage
+    slots whose starts are ``row_step`` slots apart, the first at ``x.data_ptr()``, in any order of
+    dimensions: a dense block is one row; a slice of a wider tensor (the keys or values cut out of a fused
+    qkv projection, a token taken from every sequence) is several. None for other layouts (or rows too
+    short to be worth reading in place): those are copied first."""
+    pairs = sorted((pair for pair in zip(x.shape, x.stride()) if pair[0] != 1), key=lambda p: p[1])
+    length = 1
+    while pairs and pairs[0][1] == length:
+        length *= pairs.pop(0)[0]
+    if not pairs:
+        return length, length
+    step = expected = pairs[0][1]
+    for size, stride in pairs:
+        if stride != expected:
+            return None
+        expected *= size
+    return (length, step) if length >= _MIN_ROW and step >= length else None
+
+
 class HistogramCalibrator(_Calibrator):
     """Per-tensor histogram of |x|; ``compute_amax(method)`` picks amax by entropy, mse or percentile.
 
@@ -213,32 +237,33 @@ class HistogramCalibrator(_Calibrator):
         return (value, False) if with_finite else value
 
     def _collect_cpu(self, x: torch.Tensor) -> tuple[float, int]:
-        """Fused passes in C (threads, no temporary tensors); returns the batch's largest finite |x| and
-        its NaN/Inf count.
+        """One pass in C (no temporary tensors; threads for large batches); returns the batch's largest finite
+        |x| and its NaN/Inf count.
 
-        The kernel bins and tracks the max in the same pass, so a batch within the current range costs one
-        pass. Only when the range grows (the max lies beyond the bins; the kernel then adds nothing) are
-        the bins widened and the batch binned again, and the first batch, which has no range yet, takes
-        its max first. The results are those of taking the max first every time: same width, same counts.
+        The kernel bins and tracks the max in the same pass. When a value lies beyond the bins (the first
+        batch, which starts from the narrowest width, or a batch whose range grew), it widens them to the
+        narrowest power of two that holds it and merges what it counted so far, which is exact for
+        power-of-two widths: the histogram is the one that taking the max first would give, without a
+        second pass over the data.
 
         The counts do not depend on the order of the values, so a tensor whose elements fill one block of
-        memory in another order (a transposed attention tensor) is read in place, not copied first."""
-        if not (x.is_contiguous() or dense_block(x)):
+        memory in another order (a transposed attention tensor), or evenly spaced rows of it (keys sliced
+        out of a fused qkv projection), is read in place, not copied first."""
+        n = x.numel()
+        rows = (n, n) if x.is_contiguous() else memory_rows(x)
+        if rows is None:
             x = x.contiguous()
-        if self._counts is None:
-            self._widen_to(self._batch_max(x), torch.device("cpu"))
-        elif self._counts.device.type != "cpu":
-            self._counts = self._counts.cpu()
-        while True:
-            added, nonfinite, max_value = _cpu_kernels.histogram(
-                x.data_ptr(), _KERNEL_DTYPES[x.dtype], x.numel(), self._width_exp, self._counts.numel(),
-                self._skip_zeros, self._counts.data_ptr(), torch.get_num_threads())
-            if added:
-                return max_value, nonfinite
-            before = self._width_exp
-            self._widen_to(max_value, torch.device("cpu"))
-            if self._width_exp == before:  # cannot happen (the new width covers max_value); never loop forever
-                raise RuntimeError(f"histogram kernel refused a batch with max {max_value} at bin width 2**{before}")
+            rows = (n, n)
+        counts = self._counts
+        if counts is None:
+            counts = self._counts = torch.zeros(2 * self._num_bins, dtype=torch.int64)
+            self._width_exp = _MIN_WIDTH_EXPONENT
+        elif counts.device.type != "cpu":
+            counts = self._counts = counts.cpu()
+        self._width_exp, nonfinite, max_value = _cpu_kernels.histogram(
+            x.data_ptr(), _KERNEL_DTYPES[x.dtype], n, rows[0], rows[1], self._width_exp, _MIN_WIDTH_EXPONENT,
+            counts.numel(), self._skip_zeros, counts.data_ptr(), torch.get_num_threads())
+        return max_value, nonfinite
 
     def _collect_torch(self, x: torch.Tensor, all_finite: bool = False) -> int:
         """The same counts with torch operations, on the tensor's own device (CUDA, float64, ...).
