@@ -106,9 +106,9 @@ def vit_histogram_overhead(num_batches: int, repeats: int) -> dict:
                                         quant_desc_input=QuantDescriptor(calib_method="histogram"))
     one_pass = HistogramCalibrator._collect_cpu
 
-    def max_first(self, x):  # the previous collection: every batch's max in a pass of its own, then the bins
+    def max_first(self, x, *rest):  # the previous collection: every batch's max in a pass of its own, then the bins
         self._widen_to(self._batch_max(x), torch.device("cpu"))
-        return one_pass(self, x)
+        return one_pass(self, x, *rest)
 
     def forward() -> None:
         with torch.no_grad():
@@ -173,7 +173,7 @@ def memory_of_calibrators(count: int = 200) -> dict:
         calibrators.append(calibrator)
     tensor_bytes = 0
     for calibrator in calibrators:
-        for tensor in (calibrator._counts, calibrator._max):
+        for tensor in (calibrator._counts, calibrator.max_value):
             tensor_bytes += tensor.untyped_storage().nbytes()
     # Python objects around the tensors: a generous fixed allowance per calibrator
     overhead = count * 2048

@@ -15,6 +15,7 @@ their parameters are :mod:`workbench.quant.calib.methods`.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any
@@ -92,7 +93,12 @@ def memory_rows(x: torch.Tensor) -> tuple[int, int] | None:
     dimensions: a dense block is one row; a slice of a wider tensor (the keys or values cut out of a fused
     qkv projection, a token taken from every sequence) is several. None for other layouts (or rows too
     short to be worth reading in place): those are copied first."""
-    pairs = sorted((pair for pair in zip(x.shape, x.stride()) if pair[0] != 1), key=lambda p: p[1])
+    return _rows_of_layout(x.shape, x.stride())
+
+
+@functools.lru_cache(maxsize=256)  # a model shows the same few layouts on every batch
+def _rows_of_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int] | None:
+    pairs = sorted((pair for pair in zip(shape, strides) if pair[0] != 1), key=lambda p: p[1])
     length = 1
     while pairs and pairs[0][1] == length:
         length *= pairs.pop(0)[0]
@@ -137,8 +143,11 @@ class HistogramCalibrator(_Calibrator):
         self._torch_hist = torch_hist
         self._counts: torch.Tensor | None = None  # 2 * num_bins counts of width 2**_width_exp
         self._width_exp: int | None = None
-        self._max: torch.Tensor | None = None
-        self._max_value = 0.0  # float(self._max), kept by every writer of _max so that collect reads no tensor
+        # the largest finite |x| as a float (None before any data); its tensor is made when asked for, so that
+        # a batch that raises the max costs no tensor creation (on the ViT, every other batch of a quantizer)
+        self._max_value: float | None = None
+        self._max_device = torch.device("cpu")
+        self._max_tensor: torch.Tensor | None = None
 
     # ----- inspection -------------------------------------------------------------------------
 
@@ -158,7 +167,7 @@ class HistogramCalibrator(_Calibrator):
         """Bins up to and including the one that holds the largest value."""
         if self._counts is None:
             return 0
-        top = int(math.floor(float(self._max) / self.bin_width)) + 1
+        top = int(math.floor(self._max_value / self.bin_width)) + 1
         return min(max(top, 1), self._counts.numel())
 
     @property
@@ -181,32 +190,43 @@ class HistogramCalibrator(_Calibrator):
 
     @property
     def max_value(self) -> torch.Tensor | None:
-        """Largest finite |x| seen (what the 'max' method returns)."""
-        return self._max
+        """Largest finite |x| seen (what the 'max' method returns): a 0-d float32 tensor on the device of the
+        collected tensors, or None before any data."""
+        if self._max_value is None:
+            return None
+        if self._max_tensor is None:
+            self._max_tensor = torch.tensor(self._max_value, dtype=torch.float32, device=self._max_device)
+        return self._max_tensor
+
+    def _set_max(self, value: float | None, device: torch.device | None = None) -> None:
+        self._max_value = value
+        self._max_tensor = None
+        if device is not None:
+            self._max_device = device
 
     # ----- collection -------------------------------------------------------------------------
 
     def collect(self, x: torch.Tensor) -> None:
         """Add |x| to the histogram, widening the bins if ``x`` exceeds the current range."""
-        with torch.no_grad():
-            x = x.detach()
-            if x.numel() == 0:
-                return
-            if _cpu_kernels is not None and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
-                batch_max_value, nonfinite = self._collect_cpu(x)
-            else:
+        n = x.numel()
+        if n == 0:
+            return
+        if _cpu_kernels is not None and x.dtype in _KERNEL_DTYPES and x.device.type == "cpu":
+            batch_max_value, nonfinite = self._collect_cpu(x, n)  # reads the memory: no autograd involved
+        else:
+            with torch.no_grad():
+                x = x.detach()
                 batch_max_value, all_finite = self._batch_max(x, with_finite=True)
                 self._widen_to(batch_max_value, x.device)
                 nonfinite = self._collect_torch(x, all_finite)
-            self._batches_seen += 1
-            self._values_seen += x.numel()
-            if self._max is None or batch_max_value > self._max_value:  # a tensor only when the max grows
-                self._max = torch.tensor(batch_max_value, dtype=torch.float32, device=x.device)
-                self._max_value = batch_max_value
-            if nonfinite:
-                if not self._nonfinite_count:  # once per calibrator; the run's result has the totals
-                    logger.warning("Histogram calibrator saw %d NaN/Inf values; they are left out.", nonfinite)
-                self._nonfinite_count += nonfinite
+        self._batches_seen += 1
+        self._values_seen += n
+        if self._max_value is None or batch_max_value > self._max_value:
+            self._set_max(batch_max_value, x.device)
+        if nonfinite:
+            if not self._nonfinite_count:  # once per calibrator; the run's result has the totals
+                logger.warning("Histogram calibrator saw %d NaN/Inf values; they are left out.", nonfinite)
+            self._nonfinite_count += nonfinite
 
     def _widen_to(self, max_value: float, device: torch.device) -> None:
         """Make the bins cover ``max_value``: the first time, the narrowest width that does; later, the
@@ -236,7 +256,7 @@ class HistogramCalibrator(_Calibrator):
         value = float(finite_values.abs().max().float()) if finite_values.numel() else 0.0
         return (value, False) if with_finite else value
 
-    def _collect_cpu(self, x: torch.Tensor) -> tuple[float, int]:
+    def _collect_cpu(self, x: torch.Tensor, n: int) -> tuple[float, int]:
         """One pass in C (no temporary tensors; threads for large batches); returns the batch's largest finite
         |x| and its NaN/Inf count.
 
@@ -249,10 +269,9 @@ class HistogramCalibrator(_Calibrator):
         The counts do not depend on the order of the values, so a tensor whose elements fill one block of
         memory in another order (a transposed attention tensor), or evenly spaced rows of it (keys sliced
         out of a fused qkv projection), is read in place, not copied first."""
-        n = x.numel()
-        rows = (n, n) if x.is_contiguous() else memory_rows(x)
+        rows = (n, n) if x.is_contiguous() else _rows_of_layout(x.shape, x.stride())
         if rows is None:
-            x = x.contiguous()
+            x = x.detach().contiguous()
             rows = (n, n)
         counts = self._counts
         if counts is None:
@@ -292,8 +311,7 @@ class HistogramCalibrator(_Calibrator):
         """Forget the histogram."""
         self._counts = None
         self._width_exp = None
-        self._max = None
-        self._max_value = 0.0
+        self._set_max(None)
         self._reset_counters()
 
     # ----- amax -------------------------------------------------------------------------------
@@ -320,11 +338,11 @@ class HistogramCalibrator(_Calibrator):
         if isinstance(start_bin, bool) or not isinstance(start_bin, int) or start_bin < 0:
             raise ValueError(f"start_bin must be a non-negative integer, got {start_bin!r}.")
         percentile = PERCENTILE.check(percentile)
-        if self._max is None:
+        if self._max_value is None:
             return None
         if method is AmaxMethod.MAX:
-            return self._max.detach().float().cpu().reshape(())
-        if self._counts is None or float(self._max) == 0.0:
+            return torch.tensor(self._max_value, dtype=torch.float32)
+        if self._counts is None or self._max_value == 0.0:
             return torch.tensor(0.0)  # only zeros seen: amax 0 quantizes everything to 0, which is exact
         hist = self.calib_hist.cpu().numpy()
         edges = np.arange(hist.size + 1, dtype=np.float64) * self.bin_width
@@ -360,7 +378,7 @@ class HistogramCalibrator(_Calibrator):
             "num_bins": self._num_bins,
             "width_exponent": self._width_exp,
             "counts": None if self._counts is None else self._counts.cpu().numpy(),
-            "max_value": None if self._max is None else float(self._max),
+            "max_value": self._max_value,
             "skip_zeros": self._skip_zeros,
             "batches_seen": self._batches_seen,
             "values_seen": self._values_seen,
@@ -385,13 +403,14 @@ class HistogramCalibrator(_Calibrator):
         self._width_exp = None if state.get("width_exponent") is None else int(state["width_exponent"])
         self._counts = None if hist is None else torch.as_tensor(hist.astype(np.int64))
         max_value = state.get("max_value")
-        self._max = None if max_value is None else torch.tensor(float(max_value))
-        self._max_value = 0.0 if self._max is None else float(self._max)
+        # through float32, as collection keeps it
+        self._set_max(None if max_value is None else float(np.float32(max_value)), torch.device("cpu"))
         self._skip_zeros = bool(state.get("skip_zeros", self._skip_zeros))
         self._batches_seen = int(state.get("batches_seen", 0))
         self._values_seen = int(state.get("values_seen", 0))
         self._nonfinite_count = int(state.get("nonfinite_count", 0))
-        if (self._counts is None) != (self._width_exp is None) or (self._counts is not None and self._max is None):
+        if (self._counts is None) != (self._width_exp is None) or (
+                self._counts is not None and self._max_value is None):
             raise ValueError("histogram counts and width exponent must be saved together.")
 
     def __str__(self) -> str:
@@ -401,7 +420,7 @@ class HistogramCalibrator(_Calibrator):
 
     def __repr__(self) -> str:
         return (f"HistogramCalibrator({super().__repr__()} num_bins={self._num_bins} "
-                f"bin_width={self.bin_width} max={None if self._max is None else float(self._max)})")
+                f"bin_width={self.bin_width} max={self._max_value})")
 
 
 def calibrate_weights(model: torch.nn.Module, method: str = AmaxMethod.PERCENTILE, perchannel: bool = True,
