@@ -28,7 +28,7 @@
  * ReLU zeros all go to bin 0), so values are counted into SUB interleaved copies. NaN and infinities go
  * to an extra slot after the bins. */
 #define BLOCK 512
-#define SUB 4
+#define SUB 4 /* the counting loop and the final sum are written out for 4 */
 /* Below this, a second thread's start-up and its private histograms cost more than they save. */
 #define PARALLEL_MIN_VALUES (1 << 20)
 #define FINITE_LIMIT_BITS 0x7f800000u /* bits of +inf: finite |x| have smaller bit patterns */
@@ -206,7 +206,8 @@ static void hist_range(void *ctx, int64_t begin, int64_t end, int worker) {
             float top_value;
             memcpy(&top_value, &block_top, sizeof top_value);
             int wider = covering_exponent(top_value, job->bins, e, job->min_exponent);
-            for (int s = 0; s < SUB; ++s) merge_u32(counts + s * stride, job->bins, wider - e);
+            if (start > begin + m) /* counts to merge (not in the range's first block: the usual first batch) */
+                for (int s = 0; s < SUB; ++s) merge_u32(counts + s * stride, job->bins, wider - e);
             e = wider;
             limit = limit_bits(job->bins, e);
             block_top = top;
@@ -309,14 +310,16 @@ int wb_histogram(const void *x, int dtype, int64_t n, int64_t row_length, int64_
         int64_t used = (int64_t)((double)top_value * ldexp(1.0, -e)) + 1;
         used = used < bins ? used : bins;
         for (int t = 0; t < nthreads; ++t) {
+            uint32_t *sub[SUB];
             for (int s = 0; s < SUB; ++s) {
-                uint32_t *sub = local + ((size_t)t * SUB + (size_t)s) * (size_t)stride;
-                merge_u32(sub, bins, e - job.exponent[t]);
-                for (int64_t b = 0; b < used; ++b) counts[b] += sub[b];
-                memset(sub, 0, (size_t)used * sizeof(uint32_t));
-                *nonfinite += sub[bins];
-                sub[bins] = 0;
+                sub[s] = local + ((size_t)t * SUB + (size_t)s) * (size_t)stride;
+                merge_u32(sub[s], bins, e - job.exponent[t]);
+                *nonfinite += sub[s][bins];
+                sub[s][bins] = 0;
             }
+            for (int64_t b = 0; b < used; ++b) /* one pass over the totals (SUB = 4) */
+                counts[b] += (int64_t)sub[0][b] + (int64_t)sub[1][b] + (int64_t)sub[2][b] + (int64_t)sub[3][b];
+            for (int s = 0; s < SUB; ++s) memset(sub[s], 0, (size_t)used * sizeof(uint32_t));
         }
     }
     if (owned) free(local);
