@@ -15,7 +15,6 @@ their parameters are :mod:`workbench.quant.calib.methods`.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from typing import Any
@@ -28,6 +27,7 @@ from workbench.quant.calib.amax_search import amax_entropy, amax_mse, amax_perce
 from workbench.quant.calib.calibrator import _Calibrator
 from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.max import extremes
+from workbench.quant.calib.memory import KERNEL_DTYPES, dense_block, memory_rows, rows_of_layout
 from workbench.quant.calib.methods import PERCENTILE, SINGLE_METHODS, AmaxMethod, UnknownMethodError
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.tensor_quant import E4M3
@@ -36,12 +36,11 @@ from workbench.quant.utils import reduce_amax
 logger = logging.getLogger(__name__)
 
 __all__ = ["HistogramCalibrator", "calibrate_weights", "HISTOGRAM_METHODS", "UnknownMethodError", "amax_entropy",
-           "amax_mse", "amax_percentile"]
+           "amax_mse", "amax_percentile", "dense_block", "memory_rows"]
 
 HISTOGRAM_METHODS = SINGLE_METHODS  # what a histogram alone decides ("auto" needs the layer: calibrate())
 # Smallest width exponent: a range of 2**-24 * num_bins covers anything that does not quantize to 0 anyway.
 _MIN_WIDTH_EXPONENT = -24 - 11
-_KERNEL_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 def width_exponent(max_value: float, num_bins: int) -> int:
     """Smallest ``e`` with ``num_bins * 2**e > max_value`` (bins of width ``2**e`` cover it)."""
     if not max_value > 0:
@@ -69,47 +68,6 @@ def merge_bins(hist: torch.Tensor, factor: int) -> torch.Tensor:
     merged = torch.zeros_like(hist)
     merged[:coarse.numel()] = coarse
     return merged
-
-
-def dense_block(x: torch.Tensor) -> bool:
-    """Whether the elements of ``x`` are exactly the ``numel`` consecutive storage slots from ``x.data_ptr()``,
-    in any order of dimensions (contiguous, or a permutation of a contiguous tensor); expanded or sliced
-    views are not."""
-    expected = 1
-    for size, stride in sorted((pair for pair in zip(x.shape, x.stride()) if pair[0] != 1), key=lambda p: p[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-# Rows shorter than this are copied out first: the kernel works on at most a row at a time.
-_MIN_ROW = 64
-
-
-def memory_rows(x: torch.Tensor) -> tuple[int, int] | None:
-    """``(row_length, row_step)`` when the elements of ``x`` are rows of ``row_length`` consecutive storage
-    slots whose starts are ``row_step`` slots apart, the first at ``x.data_ptr()``, in any order of
-    dimensions: a dense block is one row; a slice of a wider tensor (the keys or values cut out of a fused
-    qkv projection, a token taken from every sequence) is several. None for other layouts (or rows too
-    short to be worth reading in place): those are copied first."""
-    return _rows_of_layout(x.shape, x.stride())
-
-
-@functools.lru_cache(maxsize=256)  # a model shows the same few layouts on every batch
-def _rows_of_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int] | None:
-    pairs = sorted((pair for pair in zip(shape, strides) if pair[0] != 1), key=lambda p: p[1])
-    length = 1
-    while pairs and pairs[0][1] == length:
-        length *= pairs.pop(0)[0]
-    if not pairs:
-        return length, length
-    step = expected = pairs[0][1]
-    for size, stride in pairs:
-        if stride != expected:
-            return None
-        expected *= size
-    return (length, step) if length >= _MIN_ROW and step >= length else None
 
 
 class HistogramCalibrator(_Calibrator):
@@ -211,7 +169,7 @@ class HistogramCalibrator(_Calibrator):
         n = x.numel()
         if n == 0:
             return
-        if _cpu_kernels is not None and x.dtype in _KERNEL_DTYPES and x.device.type == "cpu":
+        if _cpu_kernels is not None and x.dtype in KERNEL_DTYPES and x.device.type == "cpu":
             batch_max_value, nonfinite = self._collect_cpu(x, n)  # reads the memory: no autograd involved
         else:
             with torch.no_grad():
@@ -269,7 +227,7 @@ class HistogramCalibrator(_Calibrator):
         The counts do not depend on the order of the values, so a tensor whose elements fill one block of
         memory in another order (a transposed attention tensor), or evenly spaced rows of it (keys sliced
         out of a fused qkv projection), is read in place, not copied first."""
-        rows = (n, n) if x.is_contiguous() else _rows_of_layout(x.shape, x.stride())
+        rows = (n, n) if x.is_contiguous() else rows_of_layout(x.shape, x.stride())
         if rows is None:
             x = x.detach().contiguous()
             rows = (n, n)
@@ -280,7 +238,7 @@ class HistogramCalibrator(_Calibrator):
         elif counts.device.type != "cpu":
             counts = self._counts = counts.cpu()
         self._width_exp, nonfinite, max_value = _cpu_kernels.histogram(
-            x.data_ptr(), _KERNEL_DTYPES[x.dtype], n, rows[0], rows[1], self._width_exp, _MIN_WIDTH_EXPONENT,
+            x.data_ptr(), KERNEL_DTYPES[x.dtype], n, rows[0], rows[1], self._width_exp, _MIN_WIDTH_EXPONENT,
             counts.numel(), self._skip_zeros, counts.data_ptr(), torch.get_num_threads())
         return max_value, nonfinite
 

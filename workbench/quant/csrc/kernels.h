@@ -63,4 +63,9 @@ int wb_histogram(const void *x, int dtype, int64_t n, int64_t row_length, int64_
                  int min_exponent, int64_t bins, int skip_zeros, int64_t *counts, int64_t *nonfinite, float *max_abs,
                  int nthreads);
 
+/* abs_max.c: the largest finite |x| (0 if none) and the number of NaN/Inf values, in one pass over n values
+ * laid out as for wb_histogram. */
+void wb_abs_max(const void *x, int dtype, int64_t n, int64_t row_length, int64_t row_step, float *max_abs,
+                int64_t *nonfinite, int nthreads);
+
 #endif

@@ -145,6 +145,30 @@ static PyObject *py_histogram(PyObject *self, PyObject *args) {
     return Py_BuildValue("(iLd)", width_exponent, (long long)nonfinite, (double)max_abs);
 }
 
+static PyObject *py_abs_max(PyObject *self, PyObject *args) {
+    unsigned long long x_ptr;
+    long long n, row_length, row_step;
+    int dtype, nthreads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KiLLLi", &x_ptr, &dtype, &n, &row_length, &row_step, &nthreads)) return NULL;
+    if (dtype != WB_DT_F32 && dtype != WB_DT_F16 && dtype != WB_DT_BF16) {
+        PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
+        return NULL;
+    }
+    if (n < 0 || row_length < 1 || (n > 0 && n % row_length != 0) || row_step < row_length) {
+        PyErr_SetString(PyExc_ValueError, "abs_max needs n >= 0, rows of row_length >= 1 values dividing n, and "
+                                          "row_step >= row_length");
+        return NULL;
+    }
+    float max_abs = 0.0f;
+    int64_t nonfinite = 0;
+    Py_BEGIN_ALLOW_THREADS
+    wb_abs_max((const void *)(uintptr_t)x_ptr, dtype, n, row_length, row_step, &max_abs, &nonfinite, nthreads);
+    Py_END_ALLOW_THREADS
+    /* (largest finite |x|, NaN/Inf count) */
+    return Py_BuildValue("(dL)", (double)max_abs, (long long)nonfinite);
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -168,6 +192,7 @@ static PyMethodDef methods[] = {
     {"mse_errors", py_mse_errors, METH_VARARGS, "Squared error of every mse candidate."},
     {"histogram", py_histogram, METH_VARARGS,
      "Add |x| to a histogram with power-of-two bins, widened as needed; returns (width exponent, NaN/Inf, max |x|)."},
+    {"abs_max", py_abs_max, METH_VARARGS, "Largest finite |x| and the NaN/Inf count of a CPU buffer, in one pass."},
     {"isa", py_isa, METH_NOARGS, "Instruction set the kernels use on this CPU."},
     {"force_portable", py_force_portable, METH_O, "Use the portable loops even where AVX2 is available."},
     {NULL, NULL, 0, NULL},
