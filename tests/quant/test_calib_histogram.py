@@ -163,7 +163,8 @@ class TestCollection:
         """Values that grow along a batch make the kernel widen its bins block after block inside one pass (and
         in each thread differently); its histogram, width, max and NaN/Inf count equal those of the torch
         reference, which takes the max first. Both the AVX2 and the portable loops, tails shorter than a
-        vector included; tiny, huge (bins that overflow float32 at the top) and negative zero values too."""
+        vector included; tiny, huge (bins that overflow float32 at the top) and negative zero values too, and
+        a bin that receives more than its 16-bit private counts hold."""
         from workbench.quant import _cpu_kernels
 
         generator = torch.Generator().manual_seed(11)
@@ -171,7 +172,9 @@ class TestCollection:
         threaded = torch.randn(1_200_001, generator=generator) * torch.linspace(0, 1e4, 1_200_001)  # > 2**20: threads
         threaded[[17, 800_000]] = torch.tensor([float("nan"), float("inf")])
         extremes = torch.tensor([0.0, -0.0, 1e-30, -1e-38, 3.0e38, -3.3e38, 1.0] * 3)
-        batches = [b.to(dtype) for b in (ramp, threaded, ramp.flip(0) * 7, extremes)]
+        # one thread, far more than a 16-bit count per bin (0.5 then 3.0, a widening after several flushes)
+        plateau = torch.cat([torch.full((600_000,), -0.5), torch.full((400_000,), 3.0)])
+        batches = [b.to(dtype) for b in (ramp, threaded, ramp.flip(0) * 7, extremes, plateau)]
         _cpu_kernels.force_portable(portable)
         try:
             fast = [HistogramCalibrator(8, None, False, skip_zeros=True) for _ in batches]
