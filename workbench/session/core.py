@@ -550,14 +550,20 @@ class Session:
                   block_method: str | None = None, smoothquant: float | str | None = None,
                   awq: bool | None = None) -> CalibrationResult:
         """Calibrate on the calibration data and store the result (amax and histograms) in the project.
-        ``block_method`` ("max" or "mse"; default: the project's setting) picks INT4 weight blocks' amax.
 
-        With a distributed ``context`` (torchrun, ``--workers``) this process calibrates on its share
-        of the batches and every rank ends with the merged, one-process result; only rank 0 should
-        save the project (the session never saves on its own).
-
-        ``smoothquant`` (an alpha in [0, 1], or ``"off"``) and ``awq`` (True/False) first compute (or clear)
-        that smoothing (see :meth:`smooth`); None leaves it as it is.
+        Args:
+            method, num_batches, percentile, block_method: as :func:`workbench.quant.calibrate.calibrate` takes
+                them; None: the project's ``calibration`` setting.
+            progress, cancel: ``progress(done, total, message)`` after each batch; a set ``cancel`` stops the
+                run and leaves the project as it was.
+            context: with a distributed ``context`` (torchrun, ``--workers``) this process calibrates on its
+                share of the batches and every rank ends with the merged, one-process result; only rank 0
+                should save the project (the session never saves on its own).
+            smoothquant, awq: ``smoothquant`` (an alpha in [0, 1], or ``"off"``) and ``awq`` (True/False) first
+                compute (or clear) that smoothing (see :meth:`smooth`); None leaves it as it is.
+        Returns:
+            The :class:`~workbench.quant.calibrate.CalibrationResult`, also stored as the project's current
+            calibration.
         """
         if (smoothquant is not None or awq is not None) and context is not None and context.distributed:
             raise SessionError("SmoothQuant and AWQ scales are computed in one process (every rank must use the same "
@@ -644,7 +650,12 @@ class Session:
                     cancel: CancelToken | None = None, context: DistContext | None = None):
         """Rank layers by how much quantizing them costs; the result is stored in the project.
 
-        With a distributed ``context`` the units are shared among the ranks (see :meth:`calibrate`).
+        Args:
+            scheme, units, num_batches, progress, cancel: as :func:`workbench.analysis.sensitivity` takes them.
+            metric: a metric or its name; None: the project's metric.
+            context: with a distributed ``context`` the units are shared among the ranks (see :meth:`calibrate`).
+        Returns:
+            The :class:`~workbench.analysis.SensitivityResult`, appended to the project's sensitivity runs.
         """
         context = self._join(context)
         model = self._require_calibrated()
@@ -667,7 +678,16 @@ class Session:
                  context: DistContext | None = None):
         """Search which layers to leave in float to get within ``tolerance`` of FP32 (or reach ``target``).
 
-        With a distributed ``context`` the ranks measure candidate sets in parallel (see :meth:`calibrate`).
+        Args:
+            tolerance, target, max_units: the goal, as :func:`workbench.analysis.fallback_search` takes it; a
+                tolerance where FP32 is infinite (SQNR) counts from the all-INT8 value
+                (:func:`workbench.analysis.goals.resolve_goal`, the rule the CLI follows too).
+            metric: a metric or its name; None: the project's metric.
+            apply: leave the chosen layers in float in the project.
+            use_ranking: follow the latest sensitivity ranking (else one is computed first).
+            progress, cancel, context: as for :meth:`sensitivity`.
+        Returns:
+            The :class:`~workbench.analysis.FallbackResult`, appended to the project's fallback searches.
         """
         context = self._join(context)
         model = self._require_calibrated()
