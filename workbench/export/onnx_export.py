@@ -352,6 +352,7 @@ def _plan(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset: in
 
 def _reference(job: _Export, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     """The fake-quant model's outputs on ``inputs`` (SampleInputError names the failing layer)."""
+    release_freed_memory()  # the previous run's fake-quant weights
     outputs, _, _ = run_reference(job.call, inputs, job.input_names, job.active, job.names, job.params)
     return outputs
 
