@@ -47,7 +47,7 @@ from workbench.session import (
     decisions,
     exports,
     finetuning,
-    in_place,
+    layer_edits,
     paths,
     smoothing,
     tensorrt,
@@ -320,16 +320,7 @@ class Session:
         """
         if role not in ("input", "weight"):
             raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
-        updates, notes = decisions.plan_descriptor(self.project, self.quantized_model(), names, role, fields)
-        before = {name: self._layer_state(name) for name in updates}
-        # applied only once every layer validated: an error leaves all of them as they were
-        for name, updated in updates.items():
-            setattr(self.project.layers[name], f"{role}_desc", updated)
-        self.notes = notes
-        if updates:
-            self._edit_layers_in_place(before)
-            self._changed(SessionEvent.LAYERS, names=list(updates))
-        return list(updates)
+        return self._edited(layer_edits.edit_descriptor(self.project, self.quantized_model(), names, role, fields))
 
     def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
                       fp8_weight_per_channel: bool = True) -> list[str]:
@@ -339,44 +330,27 @@ class Session:
         Raises:
             SessionError: an unknown precision or layer, or one that does not apply to a layer (named).
         """
-        plans = self._plan_precision(names, precision, block_size=block_size,
-                                     fp8_weight_per_channel=fp8_weight_per_channel)
-        before = {name: self._layer_state(name) for name in plans}
-        for name, (quantize, input_desc, weight_desc) in plans.items():
-            decision = self.project.layers[name]
-            decision.quantize, decision.input_desc, decision.weight_desc = quantize, input_desc, weight_desc
-        self.notes = []
-        if plans:
-            self._edit_layers_in_place(before)
-            self._changed(SessionEvent.LAYERS, names=list(plans))
-        return list(plans)
+        return self._edited(layer_edits.edit_precision(
+            self.project, self.quantized_model(), self.settings.defaults, names, precision, block_size=block_size,
+            fp8_weight_per_channel=fp8_weight_per_channel))
 
-    def _layer_state(self, name: str) -> in_place.LayerState:
-        decision = self.project.layers[name]
-        return decision.quantize, decision.input_desc, decision.weight_desc
-
-    def _edit_layers_in_place(self, before: dict[str, in_place.LayerState]) -> None:
-        """The layers' decisions changed from ``before``: their new descriptors go into the live quantized model
-        without a rebuild where that gives the same model (see :mod:`workbench.session.in_place`: a change to or
-        from float is rebuilt), else the model is rebuilt when next used."""
-        if self.needs_rebuild:
-            self.dirty = True
-            return  # rebuilt on next use anyway
-        after = {name: self._layer_state(name) for name in before}
-        changes = in_place.layer_changes(self._quant_model, before, after, self.settings.defaults)
-        if changes is None or in_place.swap_layers(
-                self._quant_model, changes, calibration=self.project.current_calibration,
-                finetune=self.project.current_finetune, report=self.build_report, device=self.device) is None:
-            self._invalidate()
+    def _edited(self, edit: layer_edits.LayerEdit) -> list[str]:
+        """An edit of layers' decisions is done: its new descriptors go into the live quantized model in place
+        where a rebuild would give the same model (:func:`layer_edits.apply_in_place`), else the model is rebuilt
+        when next used; listeners hear of the layers changed."""
+        if edit.notes is not None:
+            self.notes = edit.notes
+        if edit.changed:
+            if self.needs_rebuild or not layer_edits.apply_in_place(
+                    self._quant_model, self.project, edit, defaults=self.settings.defaults, report=self.build_report,
+                    device=self.device):
+                self._invalidate()
+            self._changed(SessionEvent.LAYERS, names=edit.changed)
+        return edit.changed
 
     def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
         """The precision each layer (all by default) runs in; None for custom descriptors."""
         return decisions.precisions(self.project, self.quantized_model(), names)
-
-    def _plan_precision(self, names: Iterable[str], precision: Precision | str,
-                        **options: Any) -> dict[str, decisions.LayerPlan]:
-        return decisions.plan_precision(self.project, self.quantized_model(), self.settings.defaults, names,
-                                        precision, **options)
 
     def weight_bytes(self, mix: dict[str, Precision | None] | None = None) -> int:
         """Bytes of the model's weights (scales included) with the layers in ``mix``'s precisions (default:
@@ -385,13 +359,7 @@ class Session:
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
-        names = list(names)
-        before = {name: self._layer_state(name) for name in names if name in self.project.layers}
-        changed = decisions.reset_descriptor(self.project, names, role)
-        if changed:
-            self._edit_layers_in_place({name: before[name] for name in changed})
-            self._changed(SessionEvent.LAYERS, names=changed)
-        return changed
+        return self._edited(layer_edits.reset_descriptor(self.project, names, role))
 
     def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
         """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
