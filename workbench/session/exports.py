@@ -291,6 +291,7 @@ def remember(plan: ExportPlan, project: Project, report: Any, evaluate: Callable
     report.int8_vs_fp32, problem = headline(evaluate, project)
     if problem:
         report.warnings.append(problem)
+        report.entry_kinds[problem] = "int8_vs_fp32"  # a warning kind of workbench.export.notes
     project.settings["export"] = remembered_settings(plan, project_dir)
     return export_record(plan, project, report, project_dir)
 
