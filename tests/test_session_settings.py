@@ -37,7 +37,11 @@ def session(saved):
     ("defaults", {"input": {"num_bits": 99}, "weight": None}, "default input descriptor"),
     ("calibration", {"method": "guess", "num_batches": 4, "percentile": 99.9}, "calibration.method is one of"),
     ("calibration", {"method": "max", "num_batches": 0, "percentile": 99.9}, "positive number"),
-    ("export", {"path": None, "opset": "17"}, "opset is a positive integer"),
+    ("export", {"path": None, "opset": "17"}, "opset is an integer from 13"),
+    # the exporter needs 13 (per-channel QuantizeLinear): the settings say so, naming both bounds
+    ("export", {"path": None, "opset": 1}, r"export.opset is an integer from 13 \(per-channel QuantizeLinear needs "
+                                           r"it\) to \d+ \(the newest the installed onnx writes\), got 1"),
+    ("export", {"path": None, "opset": 999}, "the newest the installed onnx writes"),
     ("colour", "blue", "Unknown setting 'colour'"),
 ])
 def test_a_refused_value_leaves_the_project_unchanged(session, key, value, message):

@@ -13,21 +13,23 @@ from typing import Any
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.session import Session
 from workbench.sources.data_source import DataSpec
+from workbench.sources.demo import DEMO_BATCH_SIZE, DEMO_CALIB_BATCHES, DEMO_EVAL_BATCH_SIZE, DEMO_METHOD
 from workbench.sources.model_source import ModelSpec
 
 DEMO_PROJECT = "digits-demo.qwb"
 
 
-def demo_project_specs(calib_batches: int = 8, batch_size: int = 64) -> dict[str, Any]:
+def demo_project_specs(calib_batches: int = DEMO_CALIB_BATCHES, batch_size: int = DEMO_BATCH_SIZE) -> dict[str, Any]:
     """``Session.create`` arguments of the demo project (the GUI's ``--demo`` creates the same one)."""
     return {"model": ModelSpec("demo", "digits"),
             "calibration": DataSpec("demo", "digits", split="train", batch_size=batch_size,
                                     num_batches=calib_batches),
-            "evaluation": DataSpec("demo", "digits", split="test", batch_size=256), "name": "digits-demo",
+            "evaluation": DataSpec("demo", "digits", split="test", batch_size=DEMO_EVAL_BATCH_SIZE),
+            "name": "digits-demo",
             "settings": {"metric": {"name": "sqnr", "direction": None}}}
 
 
-def create_demo_session(calib_batches: int = 8, batch_size: int = 64) -> Session:
+def create_demo_session(calib_batches: int = DEMO_CALIB_BATCHES, batch_size: int = DEMO_BATCH_SIZE) -> Session:
     """A new, unsaved session on the demo digits CNN with its train (calibration) and test splits."""
     return Session.create(**demo_project_specs(calib_batches, batch_size))
 
@@ -38,7 +40,8 @@ def _stage(progress: ProgressCallback | None, name: str) -> ProgressCallback | N
     return lambda done, total, message: progress(done, total, f"{name}: {message}")
 
 
-def run_demo(out: Path, *, calib_batches: int = 8, method: str = "mse", progress: ProgressCallback | None = None,
+def run_demo(out: Path, *, calib_batches: int = DEMO_CALIB_BATCHES, method: str = DEMO_METHOD,
+             progress: ProgressCallback | None = None,
              cancel: CancelToken | None = None) -> dict[str, Any]:
     """Run the demo into folder ``out``; returns a report with a ``text`` rendering."""
     if calib_batches < 1:

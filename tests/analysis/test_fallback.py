@@ -54,8 +54,10 @@ def test_already_within_tolerance_needs_no_fallback(sensitive_model, batches):
 
 
 def test_sqnr_takes_a_target_in_db(sensitive_model, batches):
-    with pytest.raises(ValueError, match="target"):
-        fallback_search(sensitive_model, batches, "sqnr", tolerance=1.0)
+    # FP32 SQNR is infinite: a tolerance counts from the all-quantized value (workbench.analysis.goals)
+    gain = fallback_search(sensitive_model, batches, "sqnr", tolerance=1.0, scheme="one-on")
+    assert gain.tolerance is None and gain.target == pytest.approx(gain.quantized + 1.0)
+    assert any("counts from the all-INT8 value" in note for note in gain.notes)
     result = fallback_search(sensitive_model, batches, "sqnr", target=50.0, scheme="one-on")
     assert result.reached and result.chosen_names == [SENSITIVE] and result.curve[-1].value >= 50.0
 

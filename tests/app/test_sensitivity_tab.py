@@ -125,8 +125,9 @@ def test_fallback_search_plots_the_curve_and_applies(controller, qtbot):
     profile = run_sensitivity(tab, controller, qtbot)
     panel = tab.fallback_panel
 
-    # SQNR: FP32 is infinite, so the goal is a target in dB (a tolerance is not offered)
-    assert panel.goal_box.currentData() == "target" and not panel.goal_box.model().item(0).isEnabled()
+    # SQNR: FP32 is infinite, so the goal starts as a target in dB; a tolerance reads as a gain over all-INT8
+    assert panel.goal_box.currentData() == "target" and panel.goal_box.model().item(0).isEnabled()
+    assert "counts from the all-INT8 value" in panel.goal_box.itemData(0, Qt.ItemDataRole.ToolTipRole)
     # the search with the project's own metric (sqnr there too): a target above the current value, not it
     metric = panel._metric
     panel._metric = lambda: None
@@ -183,9 +184,10 @@ def test_top1_tolerance_band_and_errors(controller, qtbot):
         tab.scheme_box.setCurrentIndex(0)
         tab.batches_spin.setValue(0)
         tab.metric_box.setCurrentIndex(tab.metric_box.findData("sqnr"))
-        panel.goal_box.setCurrentIndex(0)  # a tolerance with SQNR: refused by the analysis
+        panel.goal_box.setCurrentIndex(0)
+        panel.goal_spin.setValue(-1.0)  # a negative tolerance: refused by the analysis
         panel.run_fallback()
-    assert "target" in blocker.args[1]
+    assert "tolerance must be a finite number >= 0" in blocker.args[1]
     qtbot.waitUntil(lambda: tab.run_button.isEnabled())
 
 

@@ -16,7 +16,8 @@ from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled
 from workbench.analysis.evaluator import Evaluator, check_ranks_agree, materialise_batches, report_progress
-from workbench.analysis.metrics import Direction, Metric, SqnrMetric, get_metric
+from workbench.analysis.goals import resolve_goal
+from workbench.analysis.metrics import Direction, Metric, get_metric
 from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, SensitivityResult
 from workbench.analysis.sensitivity import measure_baselines, run_profile
 from workbench.analysis.units import Unit, UnitsSpec, find_units, quantizers_of, resolve_units
@@ -75,6 +76,8 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
         model, batches, metric, direction, num_batches, progress, cancel, cache, output: as for
             :func:`~workbench.analysis.sensitivity`.
         tolerance: the largest acceptable gap to FP32 (e.g. ``0.01`` for one point of top-1 accuracy).
+            Where FP32 is infinite (SQNR) it counts from the all-quantized value and becomes a target
+            (:func:`workbench.analysis.goals.resolve_goal`; the result's notes say so).
         max_units: the most units to leave in float (None: as many as needed).
         ranking: the order to try units in: a :class:`SensitivityResult` or names, most sensitive
             first. None: a ``scheme`` sensitivity profile over ``units`` is computed first.
@@ -92,8 +95,8 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
         A :class:`FallbackResult` with the chosen units and the curve of metric against units in float.
 
     Raises:
-        ValueError: neither or both of tolerance and target, a negative tolerance, a tolerance with an
-            infinite FP32 metric, bad units or ranking.
+        ValueError: neither or both of tolerance and target, a negative tolerance, a tolerance where
+            neither FP32 nor the quantized model scores a finite value, bad units or ranking.
         AnalysisCancelled, AnalysisError, MetricError: as for :func:`~workbench.analysis.sensitivity`;
             the model is unchanged.
     """
@@ -107,9 +110,6 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}.")
     if target is not None and not math.isfinite(target):
         raise ValueError(f"target must be a finite number, got {target!r}.")
-    if tolerance is not None and isinstance(chosen_metric, SqnrMetric):
-        raise ValueError("The FP32 model's SQNR is infinite, so no tolerance to it can be met: give a target "
-                         "in dB instead (target=30, for example).")
     if max_units is not None and (isinstance(max_units, bool) or not isinstance(max_units, int) or max_units < 0):
         raise ValueError(f"max_units must be a non-negative integer or None, got {max_units!r}.")
     if scheme not in SCHEMES:
@@ -148,9 +148,9 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
         try:
             fp32, quantized = measure_baselines(evaluator, progress, total, context)
             done += 2
-            if tolerance is not None and not math.isfinite(fp32):
-                raise ValueError(f"The FP32 model's {chosen_metric.name} is {fp32}, so no tolerance to it can be "
-                                 f"met: give a target instead.")
+            goal = resolve_goal(tolerance=tolerance, target=target, fp32=fp32, quantized=quantized,
+                                higher_is_better=chosen_metric.higher_is_better, metric_name=chosen_metric.name)
+            tolerance, target = goal.tolerance, goal.target  # FP32 infinite (SQNR): a tolerance is a target
             if order is None:
                 profile = run_profile(evaluator, profile_units, scheme, fp32=fp32, quantized=quantized, cache=cache,
                                       progress=progress, done=done, total=total, started=started,
@@ -181,6 +181,8 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
             cancelled.partial = result(complete=False) if curve or profile is not None else None
             raise
     outcome = result(complete=True)
+    if goal.note:
+        outcome.notes.append(goal.note)
     if not outcome.reached:
         outcome.notes.append(f"stopped after {len(chosen)} of {candidates} units"
                              + (f" (max_units={max_units})" if max_units is not None and limit < candidates else "")

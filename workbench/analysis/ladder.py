@@ -31,7 +31,8 @@ from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled
 from workbench.analysis.evaluator import Evaluator, materialise_batches, report_progress
-from workbench.analysis.metrics import Metric, SqnrMetric, get_metric
+from workbench.analysis.goals import resolve_goal
+from workbench.analysis.metrics import Metric, get_metric
 from workbench.analysis.results import SensitivityResult, encode_number
 from workbench.analysis.sensitivity import measure_baselines, run_profile
 from workbench.analysis.units import Unit, resolve_units
@@ -246,7 +247,8 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
                   output: str | None = None, block_sizes: Mapping[str, int] | None = None) -> LadderResult:
     """Choose a precision per unit from ``ladder`` (cheapest first) for a goal: ``target``/``tolerance``
     (the cheapest mix that reaches it) or ``budget_bytes`` (the best metric whose weights fit; with a
-    ``target`` too, the search stops once it is reached).
+    ``target`` too, the search stops once it is reached). A tolerance where FP32 is infinite (SQNR) counts
+    from the all-quantized value (:func:`workbench.analysis.goals.resolve_goal`).
 
     Args:
         model: the calibrated quantized model (each layer in ``precisions``).
@@ -256,8 +258,12 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
         units: as for :func:`~workbench.analysis.sensitivity` (layers by default).
         block_sizes: each int4w layer's block size, for the weight bytes.
 
+    Returns:
+        A :class:`LadderResult`: the mix chosen, its value and weight bytes, and every step tried.
+
     Raises:
-        ValueError: no goal or two goals, a bad ladder, a budget below zero, a tolerance on SQNR.
+        ValueError: no goal or two goals, a bad ladder, a budget below zero, a tolerance with nothing finite to
+            count from.
         AnalysisCancelled, AnalysisError, MetricError: as for the sensitivity analysis; the model is unchanged.
     """
     chosen_metric = get_metric(metric)
@@ -270,9 +276,6 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
     if budget_bytes is not None and (isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int)
                                      or budget_bytes < 0):
         raise ValueError(f"budget_bytes must be a non-negative integer, got {budget_bytes!r}.")
-    if tolerance is not None and isinstance(chosen_metric, SqnrMetric):
-        raise ValueError("The FP32 model's SQNR is infinite, so no tolerance to it can be met: give a target "
-                         "in dB instead (target=30, for example).")
     batch_list = materialise_batches(batches, num_batches)
     started = time.perf_counter()
     candidates = resolve_units(model, units) if ranking is None else []
@@ -336,9 +339,9 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
         try:
             fp32, quantized = measure_baselines(evaluator, progress, total, SINGLE)
             done = 2
-            if tolerance is not None and not math.isfinite(fp32):
-                raise ValueError(f"The FP32 model's {chosen_metric.name} is {fp32}, so no tolerance to it can be "
-                                 "met: give a target instead.")
+            goal = resolve_goal(tolerance=tolerance, target=target, fp32=fp32, quantized=quantized,
+                                higher_is_better=chosen_metric.higher_is_better, metric_name=chosen_metric.name)
+            tolerance, target = goal.tolerance, goal.target  # FP32 infinite (SQNR): a tolerance is a target
             if ranking is None:
                 profile = run_profile(evaluator, candidates, "one-off", fp32=fp32, quantized=quantized, cache=True,
                                       progress=progress, done=done, total=total, started=started)
@@ -374,6 +377,8 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
         finally:
             if state is not None:
                 state.restore()
+    if goal.note:
+        outcome.notes.append(goal.note)
     if skipped:
         outcome.notes.append(f"not searched (custom descriptors, or no rung of {'/'.join(p.value for p in rungs)} "
                              f"applies): "

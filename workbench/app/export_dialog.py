@@ -33,31 +33,19 @@ from PySide6.QtWidgets import (
 
 from workbench.app.controller import Controller
 from workbench.app.formatting import format_number, format_size
+from workbench.opsets import DEFAULT_OPSET, MIN_OPSET, TENSORRT_8_MAX_OPSET, newest_opset, opset_bounds_text
 from workbench.project.settings import ExportSettings
 from workbench.session import jsonable
 
-__all__ = ["ExportSettingsDialog", "ExportReportDialog", "report_dict", "opset_spin_box",
-           "MIN_OPSET", "TENSORRT_MAX_OPSET"]
-
-MIN_OPSET = 13           # per-channel QuantizeLinear (the axis attribute) needs 13
-TENSORRT_MAX_OPSET = 17  # TensorRT 8.6's ONNX parser stops at 17
-
-
-def _max_opset() -> int:
-    try:
-        import onnx
-        return int(onnx.defs.onnx_opset_version())
-    except Exception:  # noqa: BLE001 - without onnx the export fails anyway, with its own message
-        return 21
+__all__ = ["ExportSettingsDialog", "ExportReportDialog", "report_dict", "opset_spin_box"]
 
 
 def opset_spin_box(value: int | None = None) -> QSpinBox:
-    """The ONNX opset, from the lowest that per-channel Q/DQ needs to the newest the installed onnx knows."""
+    """The ONNX opset, within the bounds the exporter writes (:mod:`workbench.export.opset`)."""
     box = QSpinBox()
-    box.setRange(MIN_OPSET, max(_max_opset(), MIN_OPSET))
-    box.setValue(int(value or ExportSettings.opset))
-    box.setToolTip(f"ONNX opset: at least {MIN_OPSET} for per-channel Q/DQ; TensorRT 8.6 reads up to "
-                   f"{TENSORRT_MAX_OPSET}")
+    box.setRange(MIN_OPSET, newest_opset())
+    box.setValue(int(value or DEFAULT_OPSET))
+    box.setToolTip(f"ONNX opset: {opset_bounds_text()}; TensorRT 8.6 reads up to {TENSORRT_8_MAX_OPSET}")
     return box
 
 
@@ -146,8 +134,8 @@ class ExportSettingsDialog(QDialog):
         if self.cache_check.isChecked():
             lines.append(f"and {html.escape(target.with_suffix('.calib.cache').name)}")
         note = ""
-        if self.opset_spin.value() > TENSORRT_MAX_OPSET:
-            note = (f"<br><span style='color:#a05000'>TensorRT 8.6 reads opset {TENSORRT_MAX_OPSET} at most; "
+        if self.opset_spin.value() > TENSORRT_8_MAX_OPSET:
+            note = (f"<br><span style='color:#a05000'>TensorRT 8.6 reads opset {TENSORRT_8_MAX_OPSET} at most; "
                     "newer TensorRT versions read more.</span>")
         self.hint.setText(", ".join(lines) + "." + note)
 

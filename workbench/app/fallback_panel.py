@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from workbench.analysis.goals import SUGGESTED_SQNR_GAIN_DB, tolerance_meaning
 from workbench.analysis.ladder import DEFAULT_LADDER, LADDER_PRESETS, LadderResult, ladder_text, parse_ladder
 from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_name
 from workbench.analysis.results import FallbackResult, SensitivityResult
@@ -238,11 +239,10 @@ class FallbackPanel(QGroupBox):
     # ----- metric and goal ----------------------------------------------------------------------
 
     def metric_changed(self) -> None:
-        """The tab's metric changed: FP32 SQNR is infinite, so with SQNR only a target is offered."""
+        """The tab's metric changed: FP32 SQNR is infinite, so with SQNR the goal starts as a target in dB, and a
+        tolerance counts from the all-INT8 value (the rule the CLI follows: workbench.analysis.goals)."""
         is_sqnr = self._builtin_metric() == "sqnr"
-        # FP32 SQNR is infinite: no tolerance to it exists, only a target in dB
-        model = self.goal_box.model()
-        model.item(0).setEnabled(not is_sqnr)
+        self.goal_box.setItemData(0, tolerance_meaning(is_sqnr), Qt.ItemDataRole.ToolTipRole)
         self.goal_box.setCurrentIndex(1 if is_sqnr else 0)
         self._goal_changed()
         result = self.result
@@ -265,6 +265,7 @@ class FallbackPanel(QGroupBox):
         sensitivity = self._sensitivity()
         quantized = sensitivity.quantized if sensitivity is not None and math.isfinite(sensitivity.quantized) \
             else None
+        self.goal_label.setToolTip("")
         if self.goal_box.currentData() == "budget_bytes":
             self.goal_label.setText("Budget (bytes)")
             session = self.controller.session
@@ -276,7 +277,7 @@ class FallbackPanel(QGroupBox):
         if self.goal_box.currentData() == "target":
             self.goal_label.setText("Target")
             if metric == "sqnr":
-                value = round(quantized + 6.0) if quantized is not None else 40.0  # a quarter of the noise
+                value = round(quantized + SUGGESTED_SQNR_GAIN_DB) if quantized is not None else 40.0
                 self.goal_spin.setDecimals(1)
                 self.goal_spin.setSingleStep(1.0)
             else:
@@ -284,8 +285,10 @@ class FallbackPanel(QGroupBox):
                 self.goal_spin.setDecimals(4)
                 self.goal_spin.setSingleStep(0.01)
         else:
-            self.goal_label.setText("Tolerance")
-            defaults = {"top1": 0.01, "cosine": 0.001}
+            # FP32 SQNR is infinite: the tolerance is a gain in dB over all-INT8 (resolve_goal)
+            self.goal_label.setText("Gain over INT8 (dB)" if metric == "sqnr" else "Tolerance")
+            self.goal_label.setToolTip(tolerance_meaning(metric == "sqnr"))
+            defaults = {"top1": 0.01, "cosine": 0.001, "sqnr": SUGGESTED_SQNR_GAIN_DB}
             value = defaults.get(metric or "", 0.01)
             if metric == "mse" and quantized:
                 value = quantized / 2

@@ -8,18 +8,44 @@ current. Applying a fix lints again once the edit is done.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Signal, SignalInstance
 
-if TYPE_CHECKING:
-    from workbench.app.controller import Controller
+from workbench.app.jobs import JobRunner
+from workbench.session import Session
 
-__all__ = ["LintState", "NOT_CALIBRATED", "LINT_JOB"]
+__all__ = ["LintState", "LintHost", "NOT_CALIBRATED", "LINT_JOB"]
 
 LINT_JOB = "Linting for TensorRT"  # the controller's job name (its failures are this state's too)
 NOT_CALIBRATED = ("Lint predicts TensorRT's fusions from the exported graph, and the project exports only once "
                   "it is calibrated: calibrate first.")
+
+
+class LintHost(Protocol):
+    """What the lint state needs of its owner (the :class:`~workbench.app.controller.Controller`).
+
+    Named here, below the controller, so that the controller's modules import this one and not the other way
+    round: the state knows a shape, not the class that has it.
+    """
+
+    session: Session | None
+    reloaded: bool
+    jobs: JobRunner
+    session_changed: SignalInstance
+    layers_changed: SignalInstance
+    settings_changed: SignalInstance
+    calibration_changed: SignalInstance
+
+    @property
+    def busy(self) -> bool: ...
+
+    def lint(self, on_done: Callable[[list[Any]], None]) -> bool: ...
+
+    def calibrate(self, **options: Any) -> bool: ...
+
+    def apply_fix(self, fix: Any) -> list[str] | None: ...
 
 
 class LintState(QObject):
@@ -31,8 +57,8 @@ class LintState(QObject):
 
     changed = Signal()
 
-    def __init__(self, controller: Controller) -> None:
-        super().__init__(controller)
+    def __init__(self, controller: LintHost) -> None:
+        super().__init__(controller if isinstance(controller, QObject) else None)
         self._controller = controller
         self.warnings: list[Any] | None = None  # workbench.export.lint.LintWarning
         self.stale = False      # the project changed since the warnings were computed

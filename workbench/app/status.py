@@ -11,7 +11,7 @@ import time
 import traceback
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtGui import QFont, QTextCursor
@@ -29,9 +29,6 @@ from PySide6.QtWidgets import (
 from workbench.app.controller import Controller
 from workbench.app.formatting import format_seconds
 from workbench.app.jobs import JobProgress
-
-if TYPE_CHECKING:
-    from workbench.app.main_window import MainWindow
 
 logger = logging.getLogger(__name__)
 
@@ -166,15 +163,28 @@ class JobStatus(QWidget):
             self.setVisible(False)
 
 
+class ShowsErrors(Protocol):
+    """Where the hook reports: the main window (typed by shape, so that this module need not import it)."""
+
+    def show_error(self, title: str, message: str, details: str = "") -> Any: ...
+
+
 class _ExceptionBridge(QObject):
     """Carries an exception from any thread to the GUI thread (a queued signal)."""
 
     raised = Signal(str, str, str)
 
 
-def install_excepthook(window: MainWindow) -> Callable[[], None]:
-    """Route uncaught exceptions (GUI slots, other threads) to an error dialog; returns an undo function."""
-    bridge = _ExceptionBridge(window)
+def install_excepthook(window: ShowsErrors) -> Callable[[], None]:
+    """Route uncaught exceptions (GUI slots, other threads) to an error dialog; returns an undo function.
+
+    Args:
+        window: shows the dialog (``window.show_error(title, message, details)``, called on the GUI thread); when
+            it is a QObject it owns the bridge, so the hook stops reporting once the window is gone.
+    Returns:
+        A function that puts the previous ``sys.excepthook`` and ``threading.excepthook`` back.
+    """
+    bridge = _ExceptionBridge(window if isinstance(window, QObject) else None)
     bridge.raised.connect(window.show_error)
     previous_sys, previous_thread = sys.excepthook, threading.excepthook
 

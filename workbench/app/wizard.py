@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.analysis.metrics import BUILTIN_METRICS, DEFAULT_METRIC, builtin_metric_labels
+from workbench.project.settings import DEFAULTS
 from workbench.session.new_project import DEFAULT_IMAGE_OPTIONS, factory_arguments, image_options, new_project_settings
 from workbench.sources.data_source import TENSOR_SUFFIXES, DataSpec, InputSpec
 from workbench.sources.errors import SourceError
@@ -191,7 +192,8 @@ class DataSourceForm(QWidget):
                                                                              ".safetensors)"),
              ("entrypoint", "Python entry point (returns batches)"))
 
-    def __init__(self, split: str, batch_size: int = 32, num_batches: int = 0, parent: QWidget | None = None) -> None:
+    def __init__(self, split: str, batch_size: int = DataSpec.batch_size, num_batches: int = 0,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.split = split
         self.kind = QComboBox()
@@ -334,7 +336,9 @@ class CalibrationDataPage(QWizardPage):
         super().__init__(parent)
         self.setTitle("Calibration data")
         self.setSubTitle("Sample inputs the quantizers see while calibrating (a few hundred are usually enough).")
-        self.form = DataSourceForm("train", batch_size=64, num_batches=8)
+        # what `workbench new` uses too: the data's default batch size, the calibration's default batch count
+        self.form = DataSourceForm("train", batch_size=DataSpec.batch_size,
+                                   num_batches=DEFAULTS.calibration.num_batches or 0)
         QVBoxLayout(self).addWidget(self.form)
 
     def initializePage(self) -> None:

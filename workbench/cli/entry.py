@@ -88,12 +88,13 @@ def _cmd_gui(args: argparse.Namespace) -> int:
 
 
 def _demo_options(demo: argparse.ArgumentParser) -> None:
-    from workbench.quant.calib.methods import AMAX_METHODS, AmaxMethod  # the registry; drags torch in (quant's face)
+    from workbench.quant.calib.methods import AMAX_METHODS  # the registry; drags torch in (quant's face)
+    from workbench.sources.demo import DEMO_CALIB_BATCHES, DEMO_METHOD
 
     demo.add_argument("--out", default="workbench-demo", help="folder for the project and ONNX (default: "
                                                               "./workbench-demo)")
-    demo.add_argument("--method", choices=AMAX_METHODS, default=AmaxMethod.MSE.value)
-    demo.add_argument("--calib-batches", type=int, default=8)
+    demo.add_argument("--method", choices=AMAX_METHODS, default=DEMO_METHOD)
+    demo.add_argument("--calib-batches", type=int, default=DEMO_CALIB_BATCHES)
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(func=_cmd_demo)
 

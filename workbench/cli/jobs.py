@@ -152,13 +152,12 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
                                          units=None if args.units == "layers" else args.units,
                                          progress=progress, cancel=progress.cancel, context=context)
             fallback = None
-            tolerance, target, goal_note = args.tolerance, args.target, None
-            if tolerance is not None and target is None and not math.isfinite(result.fp32):
-                # no gap to an infinite FP32 value (SQNR) can close: the tolerance counts from the INT8 start
-                target = result.quantized + (tolerance if result.higher_is_better else -tolerance)
-                goal_note = (f"FP32 {result.metric_name} is {result.fp32}: --tolerance {tolerance:g} counts from "
-                             f"the all-INT8 value {result.quantized:.4g}, so the target is {target:.4g}")
-                tolerance = None
+            from workbench.analysis.goals import resolve_goal  # the rule the GUI's searches follow too
+
+            goal = resolve_goal(tolerance=args.tolerance, target=args.target, fp32=result.fp32,
+                                quantized=result.quantized, higher_is_better=result.higher_is_better,
+                                metric_name=result.metric_name)
+            tolerance, target, goal_note = goal.tolerance, goal.target, goal.note or None
             ladder = _ladder_option(args, context)
             budget = _budget_option(args, session)
             if ladder is not None or budget is not None:
@@ -413,11 +412,14 @@ def _sensitivity_options(sens: argparse.ArgumentParser) -> None:
 
 
 def _export_options(export: argparse.ArgumentParser) -> None:
+    from workbench.opsets import FORMAT_OPSET
+    from workbench.project.settings import DEFAULTS
     from workbench.quant.precision import FP8_OPS
 
     export.add_argument("-o", "--output", help="the .onnx file (default: next to the project)")
-    export.add_argument("--opset", type=int, help="ONNX opset (default: the project's, 17 for new projects); raised "
-                                                  "to what the formats in use need: FP8 19, INT4 weights 21")
+    export.add_argument("--opset", type=int, help=f"ONNX opset (default: the project's, {DEFAULTS.export.opset} for "
+                                                  f"new projects); raised to what the formats in use need: FP8 "
+                                                  f"{FORMAT_OPSET['fp8']}, INT4 weights {FORMAT_OPSET['int4']}")
     export.add_argument("--fp8-ops", choices=FP8_OPS,
                         help="how FP8 layers are written: standard QuantizeLinear to float8e4m3fn (opset 19, "
                              "TensorRT 10+), or trt: pytorch-quantization's TRT_FP8QuantizeLinear custom ops for "
@@ -435,6 +437,7 @@ def _export_options(export: argparse.ArgumentParser) -> None:
 def _finetune_options(tune: argparse.ArgumentParser) -> None:
     from workbench.analysis.metrics import DIRECTIONS
     from workbench.project.settings import DEFAULTS
+    from workbench.sources.data_source import DataSpec
 
     tune_defaults = DEFAULTS.finetune
     tune.add_argument("--epochs", type=int, help="passes over the training data (recipe: ~10%% of the original; "
@@ -461,10 +464,10 @@ def _finetune_options(tune: argparse.ArgumentParser) -> None:
     tune.add_argument("--metric-direction", choices=DIRECTIONS)
     tune.add_argument("--train-data", help="data to train on, stored in the project (same forms as --data of "
                                            "'new'; default: all of the calibration data)")
-    tune.add_argument("--batch-size", type=int, default=32, help="for --train-data")
+    tune.add_argument("--batch-size", type=int, default=DataSpec.batch_size, help="for --train-data")
     tune.add_argument("--num-batches", type=int, help="for --train-data: batches per pass (default: all)")
     tune.add_argument("--shuffle", action="store_true", help="for --train-data")
-    tune.add_argument("--seed", type=int, default=0, help="for --train-data")
+    tune.add_argument("--seed", type=int, default=DataSpec.seed, help="for --train-data")
     tune.add_argument("--resize", type=int, help="for --train-data images")
     tune.add_argument("--crop", type=int, help="for --train-data images")
     tune.add_argument("--mean", type=float, nargs="+", help="for --train-data images")

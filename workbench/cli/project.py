@@ -270,15 +270,18 @@ def _cmd_set(args: argparse.Namespace) -> int:
 
 def _data_options(command: argparse.ArgumentParser, default_batches: int, *, required: bool) -> None:
     """The data options of ``new`` and of ``set`` (which changes a project's data with the same checks)."""
+    from workbench.sources.data_source import DataSpec  # its defaults are the options' defaults
+
     command.add_argument("--data", required=required, help="calibration data: a folder of images, a folder of "
                          ".npy files, a tensor file (.npy/.npz/.safetensors/.pt), file.py:function, or demo:digits")
     command.add_argument("--eval-data", help="evaluation data (same forms; default: the calibration data)")
-    command.add_argument("--batch-size", type=int, default=32 if required else None,
-                         help="samples per batch (default: 32" + ("" if required else "; set: as the data had") + ")")
+    command.add_argument("--batch-size", type=int, default=DataSpec.batch_size if required else None,
+                         help=f"samples per batch (default: {DataSpec.batch_size}"
+                              + ("" if required else "; set: as the data had") + ")")
     command.add_argument("--num-batches", type=int, help=f"calibration batches to use (default: {default_batches}, "
                                                           "or all the data has if fewer)")
     command.add_argument("--shuffle", action="store_true")
-    command.add_argument("--seed", type=int, default=0)
+    command.add_argument("--seed", type=int, default=DataSpec.seed)
     command.add_argument("--resize", type=int, help="images: resize the shorter side to this")
     command.add_argument("--crop", type=int, help="images: center crop to this size")
     command.add_argument("--mean", type=float, nargs="+", help="images: per-channel mean to subtract")

@@ -25,7 +25,7 @@ from workbench.export.onnx_file import (
     external_data_file,
     temporary_name,
 )
-from workbench.export.opset import convert_opset, default_opset
+from workbench.export.opset import MIN_OPSET, convert_opset, default_opset
 from workbench.export.qdq import register_torchscript_symbolic, translation_table
 from workbench.export.reference import grow_batch
 
@@ -245,8 +245,8 @@ def _torchscript_too_large(model: nn.Module) -> str | None:
 
 def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
                         opset: int, dynamic_batch: bool) -> onnx.ModelProto:
-    if opset < 13:
-        raise ExportError(f"opset {opset} is too old for per-channel Q/DQ; use opset 13 or newer.")
+    if opset < MIN_OPSET:
+        raise ExportError(f"opset {opset} is too old for per-channel Q/DQ; use opset {MIN_OPSET} or newer.")
     too_large = _torchscript_too_large(model)
     if too_large is not None:  # refused before minutes of tracing and a second copy of the weights
         raise _TooLargeForTorchScript(too_large[0].upper() + too_large[1:] + ".")

@@ -66,9 +66,9 @@ from workbench.export.onnx_file import (
     stage,
     write_onnx,
 )
-from workbench.export.opset import default_opset
+from workbench.export.opset import DEFAULT_OPSET, FORMAT_OPSET, check_opset, default_opset
 from workbench.export.provenance import WRITER
-from workbench.export.qdq import FORMAT_OPSET, ExportParams
+from workbench.export.qdq import ExportParams
 from workbench.export.reference import (
     ExportCall,
     check_quantizers,
@@ -119,7 +119,7 @@ __all__ = ["export_qdq_onnx", "ExportReport", "OutputParity", "Exporter", "amax_
 
 def export_qdq_onnx(model: nn.Module,
                     sample_inputs: torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
-                    path: str | os.PathLike, *, opset: int = 17, input_names: Sequence[str] | None = None,
+                    path: str | os.PathLike, *, opset: int = DEFAULT_OPSET, input_names: Sequence[str] | None = None,
                     output_names: Sequence[str] | None = None, output: str | None = None, dynamic_batch: bool = True,
                     exporter: Exporter = "auto", min_cosine: float = 0.999, max_abs_diff: float | None = None,
                     amax_json_path: str | os.PathLike | None = None,
@@ -141,7 +141,8 @@ def export_qdq_onnx(model: nn.Module,
             tensors passed by keyword (``input_ids``, ``attention_mask``). They are traced, run through
             onnxruntime and compared with PyTorch.
         path: where the ``.onnx`` file goes. Nothing is written there unless validation passes.
-        opset: ONNX opset of the file (>= 13 for per-channel Q/DQ; 17 suits TensorRT 8.6).
+        opset: ONNX opset of the file (:func:`~workbench.opsets.check_opset`: from 13, which per-channel Q/DQ
+            needs, to the installed onnx's newest; the default, 17, suits TensorRT 8.6).
         input_names: graph input names (default: the forward's argument names, ``x`` as ``input``).
         output_names: graph output names (default: after the ``ModelOutput``/dict key they come from, else
             ``output``/``output_N``).
@@ -299,8 +300,7 @@ def _plan(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset: in
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}.")
     if exporter not in ("auto", "dynamo", "torchscript"):
         raise ValueError(f"exporter must be 'auto', 'dynamo' or 'torchscript', got {exporter!r}.")
-    if not isinstance(opset, int) or opset < 13:
-        raise ValueError(f"opset must be an integer >= 13 (per-channel QuantizeLinear needs 13), got {opset!r}.")
+    check_opset(opset)
     path = Path(path)
     if not path.parent.exists():
         raise ValueError(f"The folder {path.parent} does not exist.")

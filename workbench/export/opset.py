@@ -12,7 +12,19 @@ from __future__ import annotations
 import onnx
 from onnx import defs, helper, version_converter
 
-__all__ = ["default_opset", "convert_opset"]
+# the bounds live in workbench.opsets (below the settings, which check them without loading the exporter)
+from workbench.opsets import (  # noqa: F401 - re-exported for the exporter's modules
+    DEFAULT_OPSET,
+    FORMAT_OPSET,
+    MIN_OPSET,
+    TENSORRT_8_MAX_OPSET,
+    check_opset,
+    newest_opset,
+    opset_bounds_text,
+)
+
+__all__ = ["MIN_OPSET", "DEFAULT_OPSET", "TENSORRT_8_MAX_OPSET", "FORMAT_OPSET", "newest_opset", "opset_bounds_text",
+           "check_opset", "default_opset", "convert_opset"]
 
 
 def default_opset(model: onnx.ModelProto) -> int:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from workbench.opsets import FORMAT_OPSET  # noqa: F401 - re-exported; its home is workbench.opsets
 from workbench.quant.blocks import block_amax_to_scales, block_view, unblock
 from workbench.quant.kernels import TINY_AMAX
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
@@ -44,8 +45,6 @@ __all__ = ["QDQStandIn", "qdq_reference", "onnx_translation", "register_torchscr
 OP_NAME = "workbench::qdq"
 FP8_OP_NAME = "workbench::qdq_fp8"
 DQ_BLOCKED_OP_NAME = "workbench::dq_blocked"
-# the lowest opset that carries each format's Q/DQ (INT8: 13 for per-channel; TensorRT 8.6 reads 17)
-FORMAT_OPSET = {"int8": 13, "fp8": 19, "int4": 21}
 
 
 def qdq_reference(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, qmin: int,
@@ -272,7 +271,8 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
     scale = torch.where(tiny, torch.full_like(step, ZERO_AMAX_SCALE), step)
     scale = scale.reshape(-1) if amax.numel() > 1 else scale.reshape(())
     if fp8:  # the zero point is a float8e4m3fn constant the translation writes; this one only has the shape
-        return ExportParams(scale, torch.zeros(scale.shape, dtype=torch.float32), amax_shape, -448, 448, clip,
+        return ExportParams(scale, torch.zeros(scale.shape, dtype=torch.float32), amax_shape, -int(E4M3_MAX),
+                            int(E4M3_MAX), clip,
                             int(tiny.sum()), format="fp8")
     dtype = torch.uint8 if q.unsigned else torch.int8
     zero_point = torch.zeros(scale.shape, dtype=dtype, device=scale.device)

@@ -18,8 +18,9 @@ from typing import Any, ClassVar, Self
 
 import torch
 
+from workbench.opsets import DEFAULT_OPSET, MIN_OPSET, newest_opset, opset_bounds_text
 from workbench.quant import QuantDescriptor
-from workbench.quant.blocks import BLOCK_METHODS
+from workbench.quant.blocks import BLOCK_METHODS, DEFAULT_BLOCK_METHOD
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, percentile_mistake
 from workbench.quant.precision import FP8_OPS
 from workbench.quant.tensorrt_rules import tensorrt_check
@@ -197,7 +198,7 @@ class CalibrationSettings(_Section):
     num_batches: int | None = 16
     percentile: float = PERCENTILE.default
     # INT4 blockwise weights: each block's amax is its max, or the least-squared-error shrink of it
-    block_method: str = "max"
+    block_method: str = DEFAULT_BLOCK_METHOD
     STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("block_method",)
 
     def __post_init__(self) -> None:
@@ -240,7 +241,7 @@ class ExportSettings(_Section):
 
     KEY: ClassVar[str] = "export"
     path: str | None = None
-    opset: int = 17
+    opset: int = DEFAULT_OPSET
     dynamic_batch: bool = True
     amax_json: bool = False
     calibration_cache: bool = False
@@ -252,7 +253,10 @@ class ExportSettings(_Section):
         self._require("fp8_ops", self.fp8_ops in FP8_OPS, f"one of {', '.join(FP8_OPS)}")
         if self.opset is None:  # stored none: the default opset
             self._set("opset", type(self).opset)
-        self._require("opset", _is_int(self.opset) and self.opset >= 1, "a positive integer")
+        # below MIN_OPSET no exporter anywhere can write the file; the upper bound is this machine's onnx, checked
+        # when the setting is edited (checked_setting), so a project from a newer onnx still opens
+        if not (_is_int(self.opset) and self.opset >= MIN_OPSET):  # the text asks onnx: only on a refusal
+            raise _refused("export.opset", opset_bounds_text(), self.opset)
         for name in ("dynamic_batch", "amax_json", "calibration_cache"):
             self._require(name, isinstance(getattr(self, name), bool), "true or false")
 
@@ -415,10 +419,13 @@ REBUILD_SETTINGS = frozenset({"defaults", "functional", "rules", "pins", "fold_b
 
 def checked_setting(key: str, value: Any) -> Any:
     """``value`` as the project file stores setting ``key`` (every field of a mapping, defaults for those not
-    given), if it is valid and, for the device, present on this machine; else a :class:`SettingsError`.
+    given), if it is valid and, for the device and the ONNX opset, usable on this machine; else a
+    :class:`SettingsError`.
 
     A metric's name is checked for its form here; whether such a metric exists is the analysis layer's
     to say (the session asks it).
     """
     checked = ProjectSettings.from_stored({key: value})
+    if key == "export" and checked.export.opset > newest_opset():
+        raise _refused("export.opset", opset_bounds_text(), checked.export.opset)
     return available_device(value) if key == "device" else checked.stored(key)

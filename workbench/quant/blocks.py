@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["block_kept_axes", "block_view", "unblock", "blocks_of", "block_amax_to_scales", "BLOCK_METHODS",
+           "DEFAULT_BLOCK_METHOD",
            "block_mse_amax"]
 
 
@@ -73,6 +74,7 @@ def block_amax_to_scales(amax: torch.Tensor, axis: int) -> torch.Tensor:
 
 
 BLOCK_METHODS = ("max", "mse")  # how a block's amax is chosen: its max, or the max shrunk to the least squared error
+DEFAULT_BLOCK_METHOD = "max"    # the one pytorch-quantization and Model Optimizer use; mse costs a search per block
 
 
 def block_mse_amax(blocked: torch.Tensor, amax: torch.Tensor, num_bits: int, *, narrow_range: bool = False,

@@ -18,7 +18,7 @@ from torch import nn
 
 from workbench.quant.auto_method import MethodChoice, choose_methods
 from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db, sqnr_powers  # noqa: F401
-from workbench.quant.blocks import refine_block_amax
+from workbench.quant.blocks import DEFAULT_BLOCK_METHOD, refine_block_amax
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.checks import CalibrationWarning, histogram_warnings
 from workbench.quant.calib.max import extremes
@@ -196,10 +196,10 @@ REPLAY_BYTES = 1 << 30
 
 
 def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, method: str,
-              percentile: float = 99.99, device: torch.device | str | None = None,
+              percentile: float = PERCENTILE.default, device: torch.device | str | None = None,
               progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
               report_sqnr: bool = True, context: DistContext | None = None,
-              block_method: str = "max") -> CalibrationResult:
+              block_method: str = DEFAULT_BLOCK_METHOD) -> CalibrationResult:
     """Calibrate every enabled quantizer of ``model`` on ``batches``.
 
     Quantizers with a calibrator collect statistics with quantization off; the others are bypassed

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from workbench.quant.blocks import blocks_of
+from workbench.quant.tensor_quant import E4M3_MAX
 from workbench.quant.tensorrt_rules import output_channel_axis
 
 __all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "parse_precision",
@@ -217,7 +218,7 @@ def grid_levels(num_bits: Any, amax: float, *, unsigned: bool = False) -> np.nda
         if tuple(num_bits) != E4M3_BITS:
             raise ValueError(f"no grid for num_bits={num_bits!r}")
         values = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
-        return values * (amax / 448.0)
+        return values * (amax / E4M3_MAX)
     max_bound = 2 ** (int(num_bits) - 1 + int(unsigned)) - 1
     return np.arange(max_bound + 1, dtype=np.float64) * (amax / max_bound)
 

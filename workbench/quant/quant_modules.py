@@ -92,6 +92,10 @@ def initialize(float_module_list=None, custom_quant_modules=None) -> None:
     Args:
         float_module_list: names of classes to leave alone, e.g. ``["Linear"]``.
         custom_quant_modules: extra ``(module, class_name, quantized_class)`` entries.
+
+    Returns:
+        Nothing: models built from now on get quantized layers (models built before are unchanged; use
+        :func:`workbench.quant.replace.replace_to_quantization_module` for those).
     """
     _quant_module_helper_object.prepare_state(float_module_list, custom_quant_modules)
     _quant_module_helper_object.apply_quant_modules()

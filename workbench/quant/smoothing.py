@@ -29,6 +29,7 @@ from torch import nn
 from workbench.quant.batches import flat_tensors, model_inputs, to_device
 from workbench.quant.blocks import block_view, unblock
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.precision import DEFAULT_BLOCK_SIZE
 
 __all__ = ["SMOOTHING_METHODS", "LayerSmoothing", "SmoothingError", "smoothquant_scales", "plan_smoothing",
            "apply_smoothing", "int4_blockwise_fake_quant", "smoothing_summary", "describe_smoothing"]
@@ -94,7 +95,7 @@ def smoothquant_scales(act_amax: torch.Tensor, weight_amax: torch.Tensor, alpha:
     return torch.where(dead, torch.ones_like(scales), scales.clamp(min=_MIN_SCALE))
 
 
-def int4_blockwise_fake_quant(weight: torch.Tensor, block_size: int = 128) -> torch.Tensor:
+def int4_blockwise_fake_quant(weight: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
     """Symmetric INT4 fake quantization of a ``[out, in]`` weight in blocks of ``block_size`` along ``in``,
     each block scaled by its own max |w| (7 steps each side), as the int4w precision's max calibration does."""
     blocked = block_view(weight.float(), 0, block_size)
@@ -269,7 +270,7 @@ def _fold_keeps_output(model: nn.Module, items: list[LayerSmoothing], batch: Any
 
 
 def plan_smoothing(model: nn.Module, layers: Sequence[str], batches: Iterable, *, method: str = "smoothquant",
-                   alpha: float = 0.5, device: torch.device | str = "cpu", block_size: int = 128,
+                   alpha: float = 0.5, device: torch.device | str = "cpu", block_size: int = DEFAULT_BLOCK_SIZE,
                    weight_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[LayerSmoothing]:
     """Compute smoothing scales for the Linear ``layers`` of the float ``model`` on calibration ``batches``.
 

@@ -34,7 +34,6 @@ from workbench.project import (
     save_project,
 )
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, ProjectSettings
-from workbench.quant.batches import first_samples, to_device
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.distributed import DistContext
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
@@ -59,7 +58,7 @@ from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
 from workbench.session.state import state_digest
 from workbench.session.views import LayerView
-from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input
+from workbench.sources.data_source import DataSource, DataSpec
 from workbench.sources.errors import EntryPointError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
 from workbench.sources.paths import absolute_path
@@ -132,14 +131,7 @@ class Session:
         project.settings.update(settings)
         session = cls(project, base_dir=base, trust_code=trust_code)
         project.model_digests = session._loaded.digests
-        data_spec = session.data("calibration").input_spec()
-        if input_shape is not None:
-            declared = InputSpec(tuple(int(s) for s in input_shape))
-            check_input(declared, data_spec, calibration.label)
-        project.input_spec = data_spec
-        for role, spec in project.data.items():  # every data set now, not as an error in a later job
-            if role != "calibration":
-                check_input(data_spec, session.data(role).input_spec(), spec.label)
+        project.input_spec = data_sources.checked_input_spec(project, session.data, input_shape)
         session.check_forward()
         session._init_layers()
         session.dirty = True
@@ -238,16 +230,11 @@ class Session:
     def sample_inputs(self, batch: int = 1) -> Any:
         """The first ``batch`` samples of the calibration data, on the session's device: a tensor, or a dict
         of keyword inputs (``input_ids``, ``attention_mask``...)."""
-        inputs, _ = next(iter(self.data("calibration").batches(limit=1)))
-        return first_samples(to_device(inputs, self.device), batch)
+        return data_sources.sample_inputs(self.data("calibration"), self.device, batch)
 
     def _example_inputs(self):
         """One sample, for the functional rewrite's check of traced modules; None without usable data."""
-        try:
-            return self.sample_inputs(batch=1)
-        except Exception as error:  # no data yet, or data the model cannot take: build without the check
-            logger.info("No sample input to check traced modules with: %s", error)
-            return None
+        return data_sources.example_inputs(self.sample_inputs)
 
     def check_forward(self) -> None:
         """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
@@ -518,14 +505,20 @@ class Session:
                   block_method: str | None = None, smoothquant: float | str | None = None,
                   awq: bool | None = None) -> CalibrationResult:
         """Calibrate on the calibration data and store the result (amax and histograms) in the project.
-        ``block_method`` ("max" or "mse"; default: the project's setting) picks INT4 weight blocks' amax.
 
-        With a distributed ``context`` (torchrun, ``--workers``) this process calibrates on its share
-        of the batches and every rank ends with the merged, one-process result; only rank 0 should
-        save the project (the session never saves on its own).
-
-        ``smoothquant`` (an alpha in [0, 1], or ``"off"``) and ``awq`` (True/False) first compute (or clear)
-        that smoothing (see :meth:`smooth`); None leaves it as it is.
+        Args:
+            method, num_batches, percentile, block_method: as :func:`workbench.quant.calibrate.calibrate` takes
+                them; None: the project's ``calibration`` setting.
+            progress, cancel: ``progress(done, total, message)`` after each batch; a set ``cancel`` stops the
+                run and leaves the project as it was.
+            context: with a distributed ``context`` (torchrun, ``--workers``) this process calibrates on its
+                share of the batches and every rank ends with the merged, one-process result; only rank 0
+                should save the project (the session never saves on its own).
+            smoothquant, awq: ``smoothquant`` (an alpha in [0, 1], or ``"off"``) and ``awq`` (True/False) first
+                compute (or clear) that smoothing (see :meth:`smooth`); None leaves it as it is.
+        Returns:
+            The :class:`~workbench.quant.calibrate.CalibrationResult`, also stored as the project's current
+            calibration.
         """
         if (smoothquant is not None or awq is not None) and context is not None and context.distributed:
             raise SessionError("SmoothQuant and AWQ scales are computed in one process (every rank must use the same "
@@ -612,7 +605,12 @@ class Session:
                     cancel: CancelToken | None = None, context: DistContext | None = None):
         """Rank layers by how much quantizing them costs; the result is stored in the project.
 
-        With a distributed ``context`` the units are shared among the ranks (see :meth:`calibrate`).
+        Args:
+            scheme, units, num_batches, progress, cancel: as :func:`workbench.analysis.sensitivity` takes them.
+            metric: a metric or its name; None: the project's metric.
+            context: with a distributed ``context`` the units are shared among the ranks (see :meth:`calibrate`).
+        Returns:
+            The :class:`~workbench.analysis.SensitivityResult`, appended to the project's sensitivity runs.
         """
         context = self._join(context)
         model = self._require_calibrated()
@@ -635,7 +633,16 @@ class Session:
                  context: DistContext | None = None):
         """Search which layers to leave in float to get within ``tolerance`` of FP32 (or reach ``target``).
 
-        With a distributed ``context`` the ranks measure candidate sets in parallel (see :meth:`calibrate`).
+        Args:
+            tolerance, target, max_units: the goal, as :func:`workbench.analysis.fallback_search` takes it; a
+                tolerance where FP32 is infinite (SQNR) counts from the all-INT8 value
+                (:func:`workbench.analysis.goals.resolve_goal`, the rule the CLI follows too).
+            metric: a metric or its name; None: the project's metric.
+            apply: leave the chosen layers in float in the project.
+            use_ranking: follow the latest sensitivity ranking (else one is computed first).
+            progress, cancel, context: as for :meth:`sensitivity`.
+        Returns:
+            The :class:`~workbench.analysis.FallbackResult`, appended to the project's fallback searches.
         """
         context = self._join(context)
         model = self._require_calibrated()
@@ -690,14 +697,8 @@ class Session:
     def apply_precisions(self, precisions: dict[str, str]) -> list[str]:
         """Set each layer to its precision (a ladder's mix), one :meth:`set_precision` per precision; layers
         marked ``custom`` keep their descriptors. Returns the layers changed."""
-        changed: list[str] = []
-        groups: dict[str, list[str]] = {}
-        for name, precision in precisions.items():
-            if precision != "custom" and name in self.project.layers:
-                groups.setdefault(precision, []).append(name)
-        for precision, names in groups.items():
-            changed += self.set_precision(names, precision)
-        return changed
+        groups = decisions.precision_groups(self.project, precisions)
+        return [name for precision, names in groups.items() for name in self.set_precision(names, precision)]
 
     def latest_ladder(self):
         """The last ladder search stored in the project (None if there was none)."""

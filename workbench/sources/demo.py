@@ -20,6 +20,12 @@ DIGITS_WEIGHTS = DEMO_DIR / "digits_cnn.safetensors"
 DIGITS_DATA = DEMO_DIR / "digits.npz"
 DIGITS_CLASSES = 10
 DIGITS_INPUT_SHAPE = (1, 8, 8)
+# the demo project's choices (`workbench demo`, the GUI's demo): 8 calibration batches of 64 train images, the test
+# split in batches of 256, mse calibration
+DEMO_CALIB_BATCHES = 8
+DEMO_BATCH_SIZE = 64
+DEMO_EVAL_BATCH_SIZE = 256
+DEMO_METHOD = "mse"
 
 
 class ResidualBlock(nn.Module):

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric, get_metric
+from workbench.project.settings import FinetuneSettings
 from workbench.quant.batches import model_device, model_inputs, run_model, to_device
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.snapshot import ModelSnapshot, all_quantizers
@@ -48,6 +49,8 @@ __all__ = ["finetune", "recipe", "FinetuneResult", "EpochRecord", "StepInfo", "F
 SCHEDULES = ("cosine", "constant")
 OPTIMIZERS = ("sgd", "adam")
 FINAL_LR_RATIO = 0.01  # cosine annealing ends at 1% of the fine-tuning start rate (the reference recipe)
+# the defaults a project starts with are the library's too: one home, the project's typed settings
+_DEFAULTS = FinetuneSettings()
 
 
 class FinetuneError(RuntimeError):
@@ -221,9 +224,10 @@ def _check_positive(name: str, value: Any, integer: bool = False) -> None:
         raise ValueError(f"{name} must be a positive {'integer' if integer else 'number'}, got {value!r}.")
 
 
-def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction | None = "cross_entropy", *,
-             epochs: int, lr: float, schedule: str = "cosine", optimizer: str = "sgd", momentum: float = 0.9,
-             weight_decay: float = 0.0, final_lr_ratio: float = FINAL_LR_RATIO,
+def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction | None = _DEFAULTS.loss, *,
+             epochs: int, lr: float, schedule: str = _DEFAULTS.schedule, optimizer: str = _DEFAULTS.optimizer,
+             momentum: float = _DEFAULTS.momentum, weight_decay: float = _DEFAULTS.weight_decay,
+             final_lr_ratio: float = FINAL_LR_RATIO,
              eval_batches: Iterable | None = None, metric: Metric | str | None = None,
              steps_per_epoch: int | None = None, shuffle: bool = True, seed: int = 0,
              progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
@@ -232,6 +236,11 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
              device: torch.device | str | None = None, amp: bool | None = None,
              learn_amax: str | Iterable[str] | None = None, trust_code: bool = False) -> FinetuneResult:
     """Fine-tune a calibrated fake-quant ``model`` in place and return what happened.
+
+    The steps: the arguments are checked (nothing changes before that), the optimizer and the checkpoint of
+    the starting model are set up, the starting model is measured, then each epoch trains and is validated
+    (the best epoch's parameters are kept), and at the end the best checkpoint is put back and the modules and
+    quantizers return to the modes they came in.
 
     Args:
         model: a model with calibrated TensorQuantizers (amax set).
@@ -244,12 +253,15 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
         lr: the starting learning rate (the recipe: 1% of the original one; see :func:`recipe`).
         schedule: ``"cosine"`` (down to ``final_lr_ratio * lr`` at the last step) or ``"constant"``.
         optimizer: ``"sgd"`` (with ``momentum``) or ``"adam"``.
+        momentum, weight_decay: the optimizer's (``momentum`` for SGD only; learned amax has no decay).
+        final_lr_ratio: where the cosine schedule ends, as a fraction of ``lr``, in (0, 1].
         eval_batches, metric: measured before training and after every epoch to keep the best
             checkpoint; ``metric`` is a :class:`~workbench.analysis.Metric` or a name (``"top1"``,
             ``"sqnr"``..., whose FP32 reference is the starting model with quantization off). Without
             a metric the evaluation loss decides; without evaluation batches the epoch's mean training
             loss (and the starting model is no candidate).
         steps_per_epoch: stop each epoch after this many steps (default: every batch).
+        shuffle, seed: visit a list of batches in a new order every epoch, from this seed.
         progress: ``progress(done, total, message)`` after every step (total 0 when unknown).
         cancel: checked between steps (and between evaluation batches).
         on_step, on_epoch: called with a :class:`StepInfo` after every step and an
@@ -259,12 +271,85 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
         learn_amax: regexes of quantizer names whose (per-tensor) amax is learned; default none.
         trust_code: allow a loss given as an entry point.
 
+    Returns:
+        A :class:`FinetuneResult`: the settings used, the starting model's record and one per epoch, the
+        best epoch (0: the starting model was never beaten) and what chose it, the learned amax values,
+        whether it was cancelled. ``model`` holds the best epoch's parameters.
+
     Raises:
         ValueError, TypeError: bad arguments (checked before anything changes).
         TrustRequired: an entry-point loss without ``trust_code``.
         FinetuneError: the model raised during training or the loss became NaN/inf; the model holds
             the best parameters so far.
     """
+    checked = _check_arguments(model, train_batches, loss, epochs=epochs, lr=lr, schedule=schedule,
+                               optimizer=optimizer, steps_per_epoch=steps_per_epoch, final_lr_ratio=final_lr_ratio,
+                               eval_batches=eval_batches, metric=metric, device=device, amp=amp,
+                               trust_code=trust_code)
+    setup = _set_up(model, learn_amax, checked.device, checked.amp, optimizer=optimizer, lr=lr, momentum=momentum,
+                    weight_decay=weight_decay)
+    plan = _Schedule.of(train_batches, steps_per_epoch, epochs, lr, schedule, final_lr_ratio)
+    learn = setup.learned
+    settings = {"epochs": epochs, "lr": lr, "schedule": schedule, "optimizer": optimizer, "momentum": momentum,
+                "weight_decay": weight_decay, "final_lr_ratio": final_lr_ratio, "loss": checked.loss_name,
+                "steps_per_epoch": steps_per_epoch, "device": str(checked.device), "amp": checked.amp,
+                "learn_amax": [learn_amax] if isinstance(learn_amax, str) else list(learn_amax or [])}
+    metric_obj = checked.metric
+    result = FinetuneResult(settings=settings, baseline=EpochRecord(0, None, None, None, None), model=model,
+                            metric_name=metric_obj.name if metric_obj else None,
+                            metric_direction=metric_obj.direction if metric_obj else None,
+                            learn_amax_skipped=dict(learn.skipped))
+    trainer = _Trainer(model, checked.loss_fn, metric_obj, checked.eval_batches, checked.device, checked.amp, cancel)
+    try:
+        best_value = _measure_start(trainer, result, on_epoch)
+        generator = torch.Generator().manual_seed(seed)
+        for epoch in range(1, 1 + (0 if result.cancelled else epochs)):
+            started = time.monotonic()
+            losses, current_lr = _train_epoch(trainer, setup, plan, train_batches, epoch, result,
+                                              shuffle=shuffle, generator=generator, cancel=cancel,
+                                              progress=progress, on_step=on_step)
+            if result.cancelled or not losses:
+                if not losses and not result.cancelled:
+                    raise ValueError("train_batches yielded no batch.")
+                break
+            best_value = _validate_epoch(trainer, setup, result, epoch, losses, current_lr, started, best_value,
+                                         on_epoch)
+            if result.cancelled:
+                break
+    except BaseException as error:
+        setup.best_state.restore()
+        _finish(model, setup.entry_state, learn, result)
+        if isinstance(error, FinetuneError) or not isinstance(error, Exception):
+            raise
+        raise FinetuneError(f"Fine-tuning failed: {type(error).__name__}: {error}; the model keeps the best "
+                            f"parameters so far (epoch {result.best_epoch}).") from error
+    # commit: the best checkpoint (or the starting model) unless the last epoch was the best
+    if result.cancelled or result.best_epoch != len(result.history):
+        setup.best_state.restore()
+    _finish(model, setup.entry_state, learn, result)
+    logger.info("%s", result.summary())
+    return result
+
+
+# ----- the steps of finetune() ---------------------------------------------------------------------------------
+
+@dataclass
+class _Checked:
+    """finetune()'s arguments once checked and resolved (nothing has changed on the model yet)."""
+
+    loss_fn: LossFunction
+    loss_name: str
+    metric: Metric | None
+    device: torch.device
+    amp: bool
+    eval_batches: list | None
+
+
+def _check_arguments(model: nn.Module, train_batches: Iterable, loss: str | LossFunction | None, *, epochs: int,
+                     lr: float, schedule: str, optimizer: str, steps_per_epoch: int | None, final_lr_ratio: float,
+                     eval_batches: Iterable | None, metric: Metric | str | None, device: torch.device | str | None,
+                     amp: bool | None, trust_code: bool) -> _Checked:
+    """Every argument checked before anything changes; the loss and metric resolved, the device and amp chosen."""
     _check_positive("epochs", epochs, integer=True)
     _check_positive("lr", lr)
     if schedule not in SCHEDULES:
@@ -292,7 +377,26 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
         raise ValueError("eval_batches is empty.")
     if metric_obj is not None and eval_list is None:
         raise ValueError("A metric needs eval_batches to be measured on.")
+    return _Checked(loss_fn, loss_name, metric_obj, target, bool(amp), eval_list)
 
+
+@dataclass
+class _Setup:
+    """What training changes and what puts it back: the quantizers, the modes the model came in, the learned
+    ranges, the optimizer and the checkpoint of the best parameters so far."""
+
+    quantizers: list
+    entry_state: ModelSnapshot
+    learned: LearnedAmax
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    best_state: _Checkpoint
+
+
+def _set_up(model: nn.Module, learn_amax: str | Iterable[str] | None, target: torch.device, amp: bool, *,
+            optimizer: str, lr: float, momentum: float, weight_decay: float) -> _Setup:
+    """Snapshot the modes, start learning amax, give the trained parameters their own tensors on ``target``,
+    build the optimizer, and checkpoint the starting model (what a cancel before the first epoch restores)."""
     quantizers = all_quantizers(model)
     if not any(q.has_amax for q in quantizers):
         logger.warning("No quantizer of the model has an amax: fine-tune a calibrated model.")
@@ -324,94 +428,107 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
             for key, buffer in module._buffers.items():
                 if buffer is not None and buffer.is_floating_point():
                     tracked[f"{name}.{key}"] = buffer
-    best_state = _Checkpoint(tracked)  # the starting model: what a cancel before the first epoch restores
+    return _Setup(quantizers, entry_state, learned, opt, scaler, _Checkpoint(tracked))
 
-    length = _length(train_batches)
-    per_epoch = min(length, steps_per_epoch) if length is not None and steps_per_epoch else (length or steps_per_epoch)
-    total_steps = per_epoch * epochs if per_epoch else None
-    settings = {"epochs": epochs, "lr": lr, "schedule": schedule, "optimizer": optimizer, "momentum": momentum,
-                "weight_decay": weight_decay, "final_lr_ratio": final_lr_ratio, "loss": loss_name,
-                "steps_per_epoch": steps_per_epoch, "device": str(target), "amp": bool(amp),
-                "learn_amax": [learn_amax] if isinstance(learn_amax, str) else list(learn_amax or [])}
-    result = FinetuneResult(settings=settings, baseline=EpochRecord(0, None, None, None, None), model=model,
-                            metric_name=metric_obj.name if metric_obj else None,
-                            metric_direction=metric_obj.direction if metric_obj else None,
-                            learn_amax_skipped=dict(learned.skipped))
-    trainer = _Trainer(model, loss_fn, metric_obj, eval_list, target, bool(amp), cancel)
-    try:
-        result.baseline = trainer.evaluate(0)
-        if result.baseline is None:  # cancelled while measuring the starting model: no epoch runs
-            result.baseline = EpochRecord(0, None, None, None, None)
+
+@dataclass
+class _Schedule:
+    """The learning rate at each step: steps per epoch and in all (None when the data's length is unknown)."""
+
+    epochs: int
+    lr: float
+    schedule: str
+    final_lr_ratio: float
+    per_epoch: int | None
+    total_steps: int | None
+
+    @classmethod
+    def of(cls, batches: Iterable, steps_per_epoch: int | None, epochs: int, lr: float, schedule: str,
+           final_lr_ratio: float) -> _Schedule:
+        length = _length(batches)
+        per_epoch = min(length, steps_per_epoch) if length is not None and steps_per_epoch else (
+            length or steps_per_epoch)
+        return cls(epochs, lr, schedule, final_lr_ratio, per_epoch, per_epoch * epochs if per_epoch else None)
+
+    def lr_at(self, steps_done: int, epoch: int) -> float:
+        """The rate of the next step, after ``steps_done`` steps of the run, in (1-based) ``epoch``."""
+        if self.total_steps and self.total_steps > 1:
+            fraction = steps_done / (self.total_steps - 1)
+        else:  # unknown length: anneal per epoch
+            fraction = (epoch - 1) / max(self.epochs - 1, 1)
+        return _lr_at(self.lr, self.schedule, fraction, self.final_lr_ratio)
+
+
+def _measure_start(trainer: _Trainer, result: FinetuneResult,
+                   on_epoch: Callable[[EpochRecord], None] | None) -> float | None:
+    """Measure the starting model (epoch 0) and choose what decides the best epoch; its value (None: the
+    starting model is no candidate)."""
+    result.baseline = trainer.evaluate(0)
+    if result.baseline is None:  # cancelled while measuring the starting model: no epoch runs
+        result.baseline = EpochRecord(0, None, None, None, None)
+        result.cancelled = True
+    result.criterion = ("metric" if result.baseline.metric is not None else
+                        "eval_loss" if result.baseline.eval_loss is not None else "train_loss")
+    best_value = _value(result.baseline, result.criterion)
+    result.baseline.best = best_value is not None
+    if on_epoch is not None:
+        on_epoch(result.baseline)
+    return best_value
+
+
+def _train_epoch(trainer: _Trainer, setup: _Setup, plan: _Schedule, train_batches: Iterable, epoch: int,
+                 result: FinetuneResult, *, shuffle: bool, generator: torch.Generator, cancel: CancelToken | None,
+                 progress: ProgressCallback | None,
+                 on_step: Callable[[StepInfo], None] | None) -> tuple[list[float], float]:
+    """One pass over the training batches (BatchNorm frozen, calibration off); the step losses and the last
+    rate. A cancel sets ``result.cancelled`` and ends the pass."""
+    for module in trainer.model.modules():
+        module.train()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.eval()  # frozen statistics: what calibration saw, what TensorRT folds
+    for q in setup.quantizers:
+        q.disable_calib()
+    losses: list[float] = []
+    current_lr = plan.lr
+    for step, batch in enumerate(_epoch_batches(train_batches, shuffle, generator), start=1):
+        if plan.per_epoch is not None and step > plan.per_epoch:
+            break
+        if cancel is not None and cancel.is_set():
             result.cancelled = True
-        result.criterion = ("metric" if result.baseline.metric is not None else
-                            "eval_loss" if result.baseline.eval_loss is not None else "train_loss")
-        best_value = _value(result.baseline, result.criterion)
-        result.baseline.best = best_value is not None
-        if on_epoch is not None:
-            on_epoch(result.baseline)
-        step_fraction_total = (total_steps - 1) if total_steps and total_steps > 1 else None
-        generator = torch.Generator().manual_seed(seed)
-        for epoch in range(1, 1 + (0 if result.cancelled else epochs)):
-            started = time.monotonic()
-            for module in model.modules():
-                module.train()
-                if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    module.eval()  # frozen statistics: what calibration saw, what TensorRT folds
-            for q in quantizers:
-                q.disable_calib()
-            losses: list[float] = []
-            current_lr = lr
-            for step, batch in enumerate(_epoch_batches(train_batches, shuffle, generator), start=1):
-                if per_epoch is not None and step > per_epoch:
-                    break
-                if cancel is not None and cancel.is_set():
-                    result.cancelled = True
-                    break
-                if step_fraction_total is not None:
-                    fraction = result.steps / step_fraction_total
-                else:  # unknown length: anneal per epoch
-                    fraction = (epoch - 1) / max(epochs - 1, 1)
-                current_lr = _lr_at(lr, schedule, fraction, final_lr_ratio)
-                for group in opt.param_groups:
-                    group["lr"] = current_lr
-                value = trainer.step(batch, opt, scaler, epoch, step)
-                learned.symmetrize()
-                losses.append(value)
-                result.steps += 1
-                if progress is not None:
-                    progress(result.steps, total_steps or 0,
-                             f"epoch {epoch}/{epochs}, step {step}: loss {value:.4g}")
-                if on_step is not None:
-                    on_step(StepInfo(epoch, step, result.steps, total_steps, value, current_lr))
-            if result.cancelled or not losses:
-                if not losses and not result.cancelled:
-                    raise ValueError("train_batches yielded no batch.")
-                break
-            record = trainer.evaluate(epoch)
-            if record is None:  # cancelled while measuring: the epoch does not count
-                result.cancelled = True
-                break
-            record.train_loss = sum(losses) / len(losses)
-            record.lr, record.steps, record.seconds = current_lr, len(losses), time.monotonic() - started
-            value = _value(record, result.criterion)
-            if best_value is None or _better(value, best_value, result.criterion, result.metric_direction):
-                best_value, result.best_epoch, record.best = value, epoch, True
-                best_state.update()
-            result.history.append(record)
-            if on_epoch is not None:
-                on_epoch(record)
-    except BaseException as error:
-        best_state.restore()
-        _finish(model, entry_state, learned, result)
-        if isinstance(error, FinetuneError) or not isinstance(error, Exception):
-            raise
-        raise FinetuneError(f"Fine-tuning failed: {type(error).__name__}: {error}; the model keeps the best "
-                            f"parameters so far (epoch {result.best_epoch}).") from error
-    if result.cancelled or result.best_epoch != len(result.history):
-        best_state.restore()  # the best checkpoint, or the starting model
-    _finish(model, entry_state, learned, result)
-    logger.info("%s", result.summary())
-    return result
+            break
+        current_lr = plan.lr_at(result.steps, epoch)
+        for group in setup.opt.param_groups:
+            group["lr"] = current_lr
+        value = trainer.step(batch, setup.opt, setup.scaler, epoch, step)
+        setup.learned.symmetrize()
+        losses.append(value)
+        result.steps += 1
+        if progress is not None:
+            progress(result.steps, plan.total_steps or 0, f"epoch {epoch}/{plan.epochs}, step {step}: loss {value:.4g}")
+        if on_step is not None:
+            on_step(StepInfo(epoch, step, result.steps, plan.total_steps, value, current_lr))
+    return losses, current_lr
+
+
+def _validate_epoch(trainer: _Trainer, setup: _Setup, result: FinetuneResult, epoch: int, losses: list[float],
+                    current_lr: float, started: float, best_value: float | None,
+                    on_epoch: Callable[[EpochRecord], None] | None) -> float | None:
+    """Measure the epoch, checkpoint it when it is the best so far, and record it; the best value after it. A
+    cancel while measuring sets ``result.cancelled`` and the epoch does not count."""
+    record = trainer.evaluate(epoch)
+    if record is None:  # cancelled while measuring: the epoch does not count
+        result.cancelled = True
+        return best_value
+    record.train_loss = sum(losses) / len(losses)
+    record.lr, record.steps, record.seconds = current_lr, len(losses), time.monotonic() - started
+    value = _value(record, result.criterion)
+    if best_value is None or _better(value, best_value, result.criterion, result.metric_direction):
+        best_value, result.best_epoch, record.best = value, epoch, True
+        setup.best_state.update()
+    result.history.append(record)
+    if on_epoch is not None:
+        on_epoch(record)
+    return best_value
 
 
 def _finish(model: nn.Module, entry_state: ModelSnapshot, learned: LearnedAmax, result: FinetuneResult) -> None:

@@ -15,7 +15,11 @@ from workbench.quant.calib.methods import PERCENTILE, AmaxMethod
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.tensor_quant import max_bound_of
 
-__all__ = ["amax_entropy", "amax_mse", "amax_percentile", "entropy_divergences", "mse_errors"]
+__all__ = ["amax_entropy", "amax_mse", "amax_percentile", "entropy_divergences", "mse_errors", "DEFAULT_START_BIN"]
+
+# The first candidate bin of the entropy and mse searches (pytorch-quantization's): amax is never searched below
+# start_bin / num_bins of the histogram's range.
+DEFAULT_START_BIN = 128
 
 # Relative tolerance under which two candidates' divergences or errors count as equal; the search then
 # picks the candidate pytorch-quantization picks among exact ties (the last for entropy, the first for mse).
@@ -82,7 +86,7 @@ def entropy_divergences(bins: np.ndarray, groups: int, candidates: np.ndarray) -
 
 
 def amax_entropy(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
-                 start_bin: int = 128) -> float:
+                 start_bin: int = DEFAULT_START_BIN) -> float:
     """amax minimising the KL divergence between the histogram and its quantized version (TensorRT).
 
     Candidates are ``i = start_bin, start_bin + stride, ... <= len(hist)``; amax is ``edges[i]`` of the
@@ -129,7 +133,7 @@ def mse_errors(counts: np.ndarray, centers: np.ndarray, max_bound: float, candid
 
 
 def amax_mse(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
-             start_bin: int = 128) -> float:
+             start_bin: int = DEFAULT_START_BIN) -> float:
     """amax (a bin center) minimising the count-weighted squared error of fake-quantizing the bin centers.
 
     Candidates are the centers ``start_bin, start_bin + stride, ... < len(hist)``; the smallest among

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from workbench.quant.calib.amax_search import DEFAULT_START_BIN
 from workbench.quant.tensor_quant import E4M3_MAX
 
 __all__ = ["e4m3_fake_quant", "amax_mse_e4m3", "amax_entropy_e4m3"]
@@ -39,7 +40,7 @@ def _candidates(count: int, start_bin: int, stride: int, what: str) -> np.ndarra
     return candidates
 
 
-def amax_mse_e4m3(hist: np.ndarray, edges: np.ndarray, stride: int = 1, start_bin: int = 128) -> float:
+def amax_mse_e4m3(hist: np.ndarray, edges: np.ndarray, stride: int = 1, start_bin: int = DEFAULT_START_BIN) -> float:
     """amax (a bin center) minimising the count-weighted squared error of E4M3 fake quantization of the
     bin centers; the smallest amax among ties wins."""
     counts = torch.as_tensor(np.asarray(hist, dtype=np.float64))
@@ -57,7 +58,8 @@ def amax_mse_e4m3(hist: np.ndarray, edges: np.ndarray, stride: int = 1, start_bi
     return best_amax
 
 
-def amax_entropy_e4m3(hist: np.ndarray, edges: np.ndarray, stride: int = 1, start_bin: int = 128) -> float:
+def amax_entropy_e4m3(hist: np.ndarray, edges: np.ndarray, stride: int = 1,
+                      start_bin: int = DEFAULT_START_BIN) -> float:
     """amax (a bin edge) minimising the KL divergence between the histogram clipped at it and its E4M3
     quantized version; the largest among ties, as the integer search."""
     bins = np.asarray(hist, dtype=np.float64).copy()

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.quant.calib.amax_search import amax_entropy, amax_mse, amax_percentile
+from workbench.quant.calib.amax_search import DEFAULT_START_BIN, amax_entropy, amax_mse, amax_percentile
 from workbench.quant.calib.calibrator import _Calibrator
 from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.max import extremes
@@ -35,9 +35,10 @@ from workbench.quant.utils import reduce_amax
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HistogramCalibrator", "calibrate_weights", "HISTOGRAM_METHODS", "UnknownMethodError", "amax_entropy",
-           "amax_mse", "amax_percentile", "dense_block", "memory_rows"]
+__all__ = ["HistogramCalibrator", "calibrate_weights", "HISTOGRAM_METHODS", "DEFAULT_NUM_BINS", "UnknownMethodError",
+           "amax_entropy", "amax_mse", "amax_percentile", "dense_block", "memory_rows"]
 
+DEFAULT_NUM_BINS = 2048  # pytorch-quantization's: fine enough for entropy's 128 start bins, cheap to search
 HISTOGRAM_METHODS = SINGLE_METHODS  # what a histogram alone decides ("auto" needs the layer: calibrate())
 # Smallest width exponent: a range of 2**-24 * num_bins covers anything that does not quantize to 0 anyway.
 _MIN_WIDTH_EXPONENT = -24 - 11
@@ -86,7 +87,8 @@ class HistogramCalibrator(_Calibrator):
         torch_hist: accepted for compatibility; collection always uses torch on the tensor's device.
     """
 
-    def __init__(self, num_bits, axis, unsigned, num_bins: int = 2048, grow_method=None, skip_zeros: bool = False,
+    def __init__(self, num_bits, axis, unsigned, num_bins: int = DEFAULT_NUM_BINS, grow_method=None,
+                 skip_zeros: bool = False,
                  torch_hist: bool = True) -> None:
         super().__init__(num_bits, axis, unsigned)
         if axis is not None:
@@ -274,8 +276,8 @@ class HistogramCalibrator(_Calibrator):
 
     # ----- amax -------------------------------------------------------------------------------
 
-    def compute_amax(self, method: str, *, stride: int = 1, start_bin: int = 128,
-                     percentile: float = 99.99) -> torch.Tensor | None:
+    def compute_amax(self, method: str, *, stride: int = 1, start_bin: int = DEFAULT_START_BIN,
+                     percentile: float = PERCENTILE.default) -> torch.Tensor | None:
         """amax from the histogram: ``"entropy"`` (TensorRT's KL divergence), ``"mse"``, ``"percentile"`` or ``"max"``.
 
         Keyword Arguments:
@@ -315,7 +317,7 @@ class HistogramCalibrator(_Calibrator):
             value = amax_percentile(hist, edges, percentile)
         return torch.tensor(value, dtype=torch.float32)
 
-    def compute_all(self, percentile: float = 99.99, **kwargs) -> dict[str, float | None]:
+    def compute_all(self, percentile: float = PERCENTILE.default, **kwargs) -> dict[str, float | None]:
         """amax of every method at once (for plotting one line per method); None where a method fails."""
         amaxes: dict[str, float | None] = {}
         for method in AmaxMethod.singles():
@@ -382,7 +384,7 @@ class HistogramCalibrator(_Calibrator):
 
 
 def calibrate_weights(model: torch.nn.Module, method: str = AmaxMethod.PERCENTILE, perchannel: bool = True,
-                      percentile: float = 99.99, num_bins: int = 2048) -> None:
+                      percentile: float = PERCENTILE.default, num_bins: int = DEFAULT_NUM_BINS) -> None:
     """Set the weight amax of every quantized module from its weights, without running the model.
 
     Uses ``method`` ("max", "mse" or "percentile"), not the method of the weight quantizer's

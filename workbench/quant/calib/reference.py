@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from workbench.quant.calib.amax_search import DEFAULT_START_BIN
 from workbench.quant.tensor_quant import max_bound_of
 
 
 def entropy_reference(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
-                      start_bin: int = 128) -> float:
+                      start_bin: int = DEFAULT_START_BIN) -> float:
     """amax minimising KL(reference || quantized), evaluating each candidate bin on its own."""
     bins = np.asarray(hist, dtype=np.float64).copy()
     if bins.size > 1:
@@ -53,7 +54,7 @@ def entropy_reference(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsign
 
 
 def mse_reference(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool, stride: int = 1,
-                  start_bin: int = 128) -> float:
+                  start_bin: int = DEFAULT_START_BIN) -> float:
     """amax (a bin center) minimising the count-weighted squared error of fake-quantized centers."""
     counts = np.asarray(hist, dtype=np.float64)
     edges = np.asarray(edges, dtype=np.float64)
