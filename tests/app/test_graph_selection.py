@@ -111,7 +111,8 @@ def test_tree_and_graph_select_each_other_and_the_graph_is_drawn_before_the_tab_
     monkeypatch.setattr(graph_module, "PRELOAD", True)
     monkeypatch.setattr(graph_module, "PRELOAD_DELAY_MS", 0)
     # closing the window would ask about the unsaved demo project in a modal box (and wait for ever)
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.Discard))
+    discard = QMessageBox.StandardButton.Discard
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: discard))
     window = MainWindow(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
     qtbot.addWidget(window)
     controller = window.controller
