@@ -8,7 +8,7 @@ pytest.importorskip("pyqtgraph")
 from demo_project import open_demo, shown  # noqa: E402
 from PySide6.QtCore import QPointF, Qt  # noqa: E402
 
-from workbench.app.formatting import format_delta, format_number  # noqa: E402
+from workbench.app.formatting import format_delta, format_number, job_times_text  # noqa: E402
 from workbench.app.sensitivity_bars import sensitivity_scores  # noqa: E402
 from workbench.app.sensitivity_tab import SensitivityTab  # noqa: E402
 
@@ -197,3 +197,38 @@ def test_without_a_project_or_calibration(controller, qtbot):
     with qtbot.waitSignal(controller.error, timeout=30000) as blocker:
         tab.run_sensitivity()
     assert "calibrate first" in blocker.args[1]
+
+
+def test_one_count_and_one_clock_for_the_sensitivity_job(controller, qtbot):
+    from workbench.app.status import JobStatus
+
+    open_demo(controller, qtbot, method="max")
+    tab = make_tab(controller, qtbot)
+    status = JobStatus(controller)
+    qtbot.addWidget(status)
+    seen = []
+
+    def report(progress):  # connected after both displays: they have shown this report
+        seen.append((progress.done, progress.total, progress.message, tab.progress.format(), status.bar.format(),
+                     status.eta.text()))
+
+    controller.jobs.progress.connect(report)
+    run_sensitivity(tab, controller, qtbot)
+    controller.jobs.progress.disconnect(report)
+    counted = [s for s in seen if s[1] > 1]
+    assert counted and counted[-1][0] == counted[-1][1]  # it counts up to its total
+    for done, total, message, tab_text, bar_text, times in counted:
+        # the tab and the status bar read the same count (the status bar's), with a clock ...
+        assert tab_text.startswith(f"{done}/{total} · ") and bar_text == f"{done}/{total}"
+        assert "elapsed" in tab_text and "elapsed" in times
+        # ... and the message names the step without a second, different counter
+        assert "/" not in message.split(":")[-1], message
+    assert not tab.progress.isVisible()  # gone with the job
+
+
+def test_the_job_clock_counts_up_and_the_eta_down_between_reports():
+    assert job_times_text(3.0, None, 0.0) == "3.0 s elapsed"
+    assert job_times_text(12.0, 30.0, 0.0) == "12 s elapsed · ETA 30 s"
+    # 5 s after that report: 5 s more elapsed, 5 s less to go; never below zero
+    assert job_times_text(17.0, 30.0, 5.0) == "17 s elapsed · ETA 25 s"
+    assert job_times_text(60.0, 30.0, 48.0).endswith("ETA 0.0 s")

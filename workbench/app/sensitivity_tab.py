@@ -12,11 +12,12 @@ top) beside a sortable table; "leave the worst N in float"; below them the fallb
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QItemSelection, QItemSelectionModel, QPointF, Qt, Slot
+from PySide6.QtCore import QItemSelection, QItemSelectionModel, QPointF, Qt, QTimer, Slot
 from PySide6.QtGui import QCursor, QFontMetrics, QPalette, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -38,7 +39,7 @@ from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_labels
 from workbench.analysis.results import SensitivityResult, UnitResult
 from workbench.app.controller import Controller
 from workbench.app.fallback_panel import FallbackPanel
-from workbench.app.formatting import elide_name, format_delta, format_number
+from workbench.app.formatting import elide_name, format_delta, format_number, job_count_text, job_times_text
 from workbench.app.plot_style import style_plot
 from workbench.app.sensitivity_bars import (
     FLOAT,
@@ -88,6 +89,7 @@ class SensitivityTab(QWidget):
         controller.selection_changed.connect(self._follow_selection)
         controller.layers_changed.connect(self._decisions_changed)
         controller.busy_changed.connect(self._busy_changed)
+        controller.jobs.started.connect(self._job_started)
         controller.jobs.progress.connect(self._job_progress)
         self._on_session_changed()
 
@@ -117,10 +119,17 @@ class SensitivityTab(QWidget):
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.clicked.connect(self.controller.cancel_job)
         self.cancel_button.setEnabled(False)
+        # the job's one count and clock, as the status bar shows them (one formula, one reading)
         self.progress = QProgressBar()
-        self.progress.setMaximumWidth(180)
+        self.progress.setMinimumWidth(QFontMetrics(self.font()).horizontalAdvance(
+            "888/888 · 88 min 88 s elapsed · ETA 88 min 88 s") + 24)
         self.progress.setTextVisible(True)
         self.progress.hide()
+        self._job_clock = QTimer(self)
+        self._job_clock.setInterval(500)
+        self._job_clock.timeout.connect(self._show_job_progress)
+        self._job_started_at = time.monotonic()
+        self._last_progress: Any = None
         for label, widget in (("Scheme", self.scheme_box), ("Metric", self.metric_box),
                               ("Batches", self.batches_spin)):
             controls.addWidget(QLabel(label))
@@ -490,14 +499,41 @@ class SensitivityTab(QWidget):
         self.cancel_button.setEnabled(ours)
         self.progress.setVisible(ours)
         if not busy:
+            self._job_clock.stop()
             self.progress.reset()
+
+    def _job_started(self, name: str) -> None:
+        if name not in JOB_NAMES:
+            return
+        self._job_started_at = time.monotonic()
+        self._last_progress = None
+        self.progress.setRange(0, 0)  # a moving busy bar until the first report gives the count
+        self._job_clock.start()
+        self._show_job_progress()
 
     def _job_progress(self, progress: Any) -> None:
         if progress.name not in JOB_NAMES:
             return
+        self._last_progress = progress
         self.progress.setVisible(True)
-        self.progress.setRange(0, max(progress.total, 0))
-        self.progress.setValue(progress.done)
-        eta = f" · {progress.eta_s:.0f} s left" if progress.eta_s is not None else ""
-        self.progress.setFormat(f"%v/%m{eta}")
+        if progress.total > 1:
+            self.progress.setRange(0, progress.total)
+            self.progress.setValue(min(progress.done, progress.total))
+        else:
+            self.progress.setRange(0, 0)
         self.progress.setToolTip(progress.message)
+        self._show_job_progress()
+
+    def _show_job_progress(self) -> None:
+        """The count of the last report and the moving clock, in the words of the status bar."""
+        if not self.controller.busy or self.controller.jobs.job_name not in JOB_NAMES:
+            self._job_clock.stop()
+            return
+        progress = self._last_progress
+        elapsed = time.monotonic() - self._job_started_at
+        if progress is None:
+            count, times = "", job_times_text(elapsed, None, 0.0)
+        else:
+            count = job_count_text(progress.done, progress.total)
+            times = job_times_text(elapsed, progress.eta_s, elapsed - progress.elapsed_s)
+        self.progress.setFormat(f"{count} · {times}" if count else times)
