@@ -116,7 +116,8 @@ def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: 
         raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
     model = session.quantized_model()
     modules = dict(model.named_modules())
-    updates: dict[str, dict[str, Any]] = {}
+    updates: dict[str, dict[str, Any]] = {}  # the descriptors the live quantizers take
+    stored: dict[str, dict[str, Any] | None] = {}  # the layers' overrides (None: the default)
     for name in list(names):
         if name not in session.project.layers:
             raise SessionError(f"{name!r} is not a quantizable layer of this model.")
@@ -140,11 +141,24 @@ def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: 
             raise SessionError(f"{name}: {verdict.error}")
         if verdict.sim_only:
             sim_only.setdefault(verdict.sim_only, []).append(name)
-        if updated != current:
+        override = getattr(session.project.layers[name], f"{role}_desc")
+        default = descriptor_of(role_quantizer(module, role)) if override is None else \
+            _class_default(session, module, role)
+        # back at the layer's default: no override at all, so that it reads (and digests) as unchanged; else
+        # the fields that differ from a descriptor's defaults, as a precision stores its own (an fp8 layer edited
+        # back to fp8's descriptor is the same override as set_precision wrote)
+        if default is not None and _same_fields(updated, default):
+            keep = None
+        elif override is not None and _same_fields(updated, override):
+            keep = override
+        else:
+            keep = _normal_fields(updated)
+        if keep != override:
             updates[name] = jsonable(updated)
+            stored[name] = keep
     # applied only once every layer validated: an error leaves all of them as they were
-    for name, updated in updates.items():
-        setattr(session.project.layers[name], f"{role}_desc", updated)
+    for name, kept in stored.items():
+        setattr(session.project.layers[name], f"{role}_desc", kept)
     session.notes = [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
     changed = list(updates)
     if changed:
@@ -152,6 +166,27 @@ def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: 
             session._invalidate()
         session._changed(SessionEvent.LAYERS, names=changed)
     return changed
+
+
+def _normal_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A descriptor's fields without those at QuantDescriptor's defaults, and without the name."""
+    made = jsonable(make_descriptor({k: v for k, v in fields.items() if k != "name"}).dict())
+    made.pop("name", None)
+    return made
+
+
+def _same_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two descriptors' fields make the same quantizer (defaults and the name do not count)."""
+    return _normal_fields(a) == _normal_fields(b)
+
+
+def _class_default(session: Session, module: Any, role: str) -> dict[str, Any] | None:
+    """The descriptor a layer's ``role`` quantizer is built with when it has no override, as
+    :func:`~workbench.quant.replace.replace_to_quantization_module` picks it: the project's default, else
+    the quantized class's own. None where neither says (a functional layer): its default is not known then."""
+    descriptor = session.settings.defaults.descriptor(role) or \
+        getattr(type(module), f"default_quant_desc_{role}", None)
+    return None if descriptor is None else jsonable(descriptor.dict())
 
 
 def swap_in_place(session: Session, updates: dict[str, dict[str, Any]], role: str) -> list[str] | None:
