@@ -1,5 +1,7 @@
 """The sensitivity tab on the real demo session: bars and table, clicking, ignoring, the fallback search."""
 
+import math
+
 import pytest
 
 pytest.importorskip("PySide6")
@@ -232,3 +234,37 @@ def test_the_job_clock_counts_up_and_the_eta_down_between_reports():
     # 5 s after that report: 5 s more elapsed, 5 s less to go; never below zero
     assert job_times_text(17.0, 30.0, 5.0) == "17 s elapsed · ETA 25 s"
     assert job_times_text(60.0, 30.0, 48.0).endswith("ETA 0.0 s")
+
+
+def test_the_unit_column_fits_its_names_beside_the_chart(controller, qtbot):
+    from PySide6.QtCore import Qt as QtNames
+
+    from workbench.analysis.results import SensitivityResult, UnitResult
+    from workbench.app.sensitivity_tab import UNIT_COLUMN_MAX_PX
+
+    names = ["bert.encoder.layer.10.attention.self.query", "bert.encoder.layer.1.attention.output.dense",
+             "classifier"]
+    units = [UnitResult(name, [f"{name}._input_quantizer"], 30.0 - i, 1.0 - i, -5.0, rank=i + 1)
+             for i, name in enumerate(names)]
+    result = SensitivityResult("one-off", {"name": "sqnr", "direction": "higher"}, math.inf, 25.0, units, 1, 0.1)
+    tab = make_tab(controller, qtbot)
+    tab.show_result(result)
+    metrics = tab.table.fontMetrics()
+    widest = max(metrics.horizontalAdvance(name) for name in names)
+    # the names read whole: the column is as wide as the longest one, not what the number columns leave over
+    assert tab.table.columnWidth(0) >= widest
+    header = tab.table.horizontalHeader()
+    shown = sum(header.sectionSize(c) for c in range(5) if not header.isSectionHidden(c))
+    assert shown <= tab.table.viewport().width() + 1  # and every column fits beside the chart
+    assert tab.chart.width() > 200
+    assert tab.table_model.item(0, 0).toolTip().startswith(names[0] + "\n")  # the full path in the tooltip
+
+    # a name longer than the limit: the column stops there and the name is elided at its front
+    long_name = ".".join(["very_long_module_name"] * 12 + ["query"])
+    units.append(UnitResult(long_name, [], 1.0, 0.0, -9.0, rank=4))
+    tab.show_result(SensitivityResult("one-off", {"name": "sqnr", "direction": "higher"}, math.inf, 25.0, units,
+                                      1, 0.1))
+    assert tab.table.columnWidth(0) == UNIT_COLUMN_MAX_PX
+    assert tab.table.textElideMode() == QtNames.TextElideMode.ElideLeft
+    row = next(r for r in range(4) if tab.table_model.item(r, 0).data(QtNames.ItemDataRole.UserRole) == long_name)
+    assert tab.table_model.item(row, 0).toolTip().startswith(long_name + "\n")

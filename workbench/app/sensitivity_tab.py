@@ -63,6 +63,8 @@ JOB_NAMES = ("Sensitivity analysis", "Fallback search")
 VISIBLE_BARS = 30          # rows the chart shows at once; the wheel scrolls through the rest
 VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay readable
 LABEL_WIDTH_PX = 220       # unit names longer than this are elided at the front, keeping the block index
+UNIT_COLUMN_MAX_PX = 460   # the table's Unit column: sized to its names up to this, then elided at the front
+TABLE_SHARE_MAX = 0.6      # the table takes the room its columns need beside the chart, up to this share
 
 class SensitivityTab(QWidget):
     """Sensitivity analysis and fallback search over the controller.
@@ -176,12 +178,17 @@ class SensitivityTab(QWidget):
         self.table.setAlternatingRowColors(True)
         self.table.setTextElideMode(Qt.TextElideMode.ElideLeft)  # a narrow Unit column keeps the layer's end
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        # the Unit column sized to its names (_fit_table), not squeezed to what the number columns leave over
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
         for column in range(1, len(self.COLUMNS)):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
         self.table.selectionModel().selectionChanged.connect(self._table_selection_changed)
         top.addWidget(self.table)
+        top.setStretchFactor(0, 1)  # a wider tab widens the chart; the table keeps what its columns need
+        top.setStretchFactor(1, 0)
         top.setSizes([600, 500])
+        self.chart_table_splitter = top
 
         chart_panel = QWidget()
         chart_layout = QVBoxLayout(chart_panel)
@@ -355,7 +362,35 @@ class SensitivityTab(QWidget):
             self.table_model.appendRow(table_row(unit, self._layers.get(unit.name, []), self._is_float(unit)))
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(column, order)
-        self.table.resizeColumnToContents(0)  # a few hundred units at most: the names read whole
+        self._fit_table()
+
+    def unit_column_width(self) -> int:
+        """The Unit column's width for the names shown: the widest, up to :data:`UNIT_COLUMN_MAX_PX` (longer
+        ones are elided at the front, keeping the layer's end; the tooltip has the full path)."""
+        metrics = self.table.fontMetrics()
+        padding = 2 * self.table.style().pixelMetric(self.table.style().PixelMetric.PM_FocusFrameHMargin) + 16
+        widest = max((metrics.horizontalAdvance(self.table_model.item(row, 0).text())
+                      for row in range(self.table_model.rowCount())), default=0)
+        least = self.table.horizontalHeader().fontMetrics().horizontalAdvance("Unit") + 24
+        return min(UNIT_COLUMN_MAX_PX, max(least, widest + padding))
+
+    def _fit_table(self) -> None:
+        """Size the Unit column to its names and give the table the room its columns need beside the chart."""
+        self.table.setColumnWidth(0, self.unit_column_width())
+        for column in range(1, len(self.COLUMNS)):
+            self.table.resizeColumnToContents(column)
+        header = self.table.horizontalHeader()
+        columns = sum(header.sectionSize(c) for c in range(len(self.COLUMNS)) if not header.isSectionHidden(c))
+        need = columns + self.table.verticalScrollBar().sizeHint().width() + 2 * self.table.frameWidth() + 2
+        sizes = self.chart_table_splitter.sizes()
+        total = sum(sizes)
+        if total > 0:
+            table = min(need, int(total * TABLE_SHARE_MAX))
+            self.chart_table_splitter.setSizes([total - table, table])
+
+    def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        self._fit_table()  # the splitter has its real width only now
 
     # ----- selection ----------------------------------------------------------------------------
 
