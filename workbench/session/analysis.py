@@ -80,7 +80,11 @@ def fallback(session: Session, *, tolerance: float | None = None, target: float 
     result = fallback_search(model, analysis_batches(session), metric if metric is not None else session.metric(),
                              tolerance=tolerance, target=target, max_units=max_units, ranking=ranking,
                              apply=False, progress=progress, cancel=cancel,
-                             output=session.settings.output, context=context)
+                             output=session.settings.output, context=context,
+                             # fusion-aware: no INT8 layer left alone between float ones (lint would flag it)
+                             layer_order=list(session.project.layers),
+                             precisions={name: precision.value if precision is not None else "custom"
+                                         for name, precision in session.precisions().items()})
     record = FallbackRecord(session.project.next_id(session.project.fallbacks), now_iso(), result.to_dict())
     session.project.fallbacks.append(record)
     if apply:
