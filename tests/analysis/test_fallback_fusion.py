@@ -68,3 +68,36 @@ def test_the_users_float_layers_are_float_neighbours(session):
                              precisions=precisions)
     assert [u.name for u in result.chosen] == ["block.conv1", "block.conv2"] and result.reached
     assert any("block.conv2" in note and "block.add" in note for note in result.notes)
+
+
+def test_the_ladder_moves_an_isolated_layer_to_float_when_the_goal_holds(session):
+    import math
+
+    from workbench.analysis.ladder import ladder_search
+    from workbench.analysis.results import SensitivityResult, UnitResult
+    from workbench.analysis.units import find_units
+    from workbench.quant.precision import Precision
+
+    model = session.quantized_model()
+    batches = analysis_batches(session)
+    order = list(session.project.layers)
+    units = {u.name: u for u in find_units(model)}
+    ranked = RANKING + ["block.conv1"]
+    ranking = SensitivityResult("one-off", {"name": "sqnr", "direction": "higher"}, math.inf, 30.0,
+                                [UnitResult(name, list(units[name].quantizers), 40.0 - i, 1.0, -1.0, rank=i + 1)
+                                 for i, name in enumerate(ranked)], 1, 0.0)
+    curve = fallback_search(model, batches, "sqnr", target=1e9, ranking=RANKING).curve
+    target = (curve[1].value + curve[2].value) / 2
+    own = {name: Precision.INT8 for name in order}
+
+    def search(**fusion):
+        return ladder_search(model, batches, "sqnr", ladder=["int8", "float"], rung_of=lambda name, precision: None,
+                             precisions=own, target=target, ranking=ranking, **fusion)
+
+    plain = search()
+    assert plain.reached and [found[0] for found in isolated_layers(order, plain.precisions)] == ["block.conv1"]
+    aware = search(layer_order=order)
+    assert aware.reached and aware.value >= target
+    assert isolated_layers(order, aware.precisions) == []
+    assert aware.precisions["block.conv1"] == "float" and aware.steps[-1].unit == "block.conv1"
+    assert any(note.startswith("moved to float: block.conv1") for note in aware.notes)

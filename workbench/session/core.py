@@ -616,7 +616,8 @@ class Session:
                                ladder=rungs, rung_of=ladder_job.rung_source(models, in_rung), precisions=own,
                                target=target, tolerance=tolerance, budget_bytes=budget_bytes,
                                ranking=self.latest_sensitivity() if use_ranking else None, progress=progress,
-                               cancel=cancel, output=self.settings.output, block_sizes=blocks)
+                               cancel=cancel, output=self.settings.output, block_sizes=blocks,
+                               layer_order=list(self.project.layers))  # fusion-aware (the lint's rules)
         result.notes += mix_notes(list(self.project.layers), result.precisions)
         record = FallbackRecord(self.project.next_id(self.project.fallbacks), now_iso(), result.to_dict())
         self.project.fallbacks.append(record)
