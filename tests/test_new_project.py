@@ -39,6 +39,7 @@ def test_the_wizard_asks_for_what_the_cli_would_create(qtbot, tmp_path):
     pytest.importorskip("PySide6")
     from workbench import cli
     from workbench.app.wizard import DataSourceForm, NewProjectWizard
+    from workbench.cli.common import data_spec
 
     form = DataSourceForm("train")
     qtbot.addWidget(form)
@@ -46,7 +47,7 @@ def test_the_wizard_asks_for_what_the_cli_would_create(qtbot, tmp_path):
     form.path.setText(str(tmp_path))
     args = cli.build_parser().parse_args(["new", "p.qwb", "--model", "demo:digits", "--data", str(tmp_path),
                                           "--mean", "0", "0", "0"])
-    assert form.spec().image == cli._data_spec(str(tmp_path), args, 32).image == DEFAULT_IMAGE_OPTIONS
+    assert form.spec().image == data_spec(str(tmp_path), args, 32).image == DEFAULT_IMAGE_OPTIONS
 
     wizard = NewProjectWizard()
     qtbot.addWidget(wizard)

@@ -90,17 +90,17 @@ class Evaluator:
         self.device = model_device(model)
         self.inputs = [tuple(to_device(part, self.device) for part in model_inputs(b)) for b in self.batches]
         self.quantizers = all_quantizers(model)
-        self._was_disabled = {q: q._disabled for q in self.quantizers}
+        self._was_disabled = {q: not q.is_enabled for q in self.quantizers}
         self.reference: list[Any] | None = None
         self.first_output: dict[str, Any] = {}  # batch 0's output per baseline, to check a prefix plan
-        uncalibrated = [q for q in self.quantizers if is_quantizing(q) and "_amax" not in q._buffers
-                        and not q._learn_amax]
+        uncalibrated = [q for q in self.quantizers if is_quantizing(q) and not q.has_amax
+                        and not q.learn_amax]
         if uncalibrated:
             logger.warning("%d quantizers have no amax and quantize with each tensor's own range: calibrate "
                            "the model first for a meaningful analysis.", len(uncalibrated))
         model.eval()
         for q in self.quantizers:  # a model left calibrating would collect statistics on every pass
-            q._if_calib = False
+            q.disable_calib()
         if isinstance(metric, ModelMetric):
             metric.load()  # a bad entry point fails before any pass (EntryPointError)
 
@@ -113,11 +113,11 @@ class Evaluator:
         """Every quantizer off (``base="fp32"``) or as the caller had it (``"quantized"``), then ``off``
         switched off and ``on`` switched on."""
         for q in self.quantizers:
-            q._disabled = True if base == "fp32" else self._was_disabled[q]
+            q.set_enabled(False if base == "fp32" else not self._was_disabled[q])
         for q in off:
-            q._disabled = True
+            q.disable()
         for q in on:
-            q._disabled = False
+            q.enable()
 
     # ----- measuring --------------------------------------------------------------------------
 

@@ -45,16 +45,11 @@ def _same_values(tensor: torch.Tensor | None, saved: torch.Tensor | None) -> boo
 
 def _state_key(quantizer: TensorQuantizer) -> tuple:
     """Everything of the quantizer's own state that its forward reads."""
-    buffers = quantizer._buffers
-    return (quantizer._disabled, quantizer._if_quant, quantizer._if_clip, quantizer._if_calib,
-            quantizer._fake_quant, quantizer._num_bits, quantizer._unsigned, quantizer._narrow_range,
-            quantizer._axis, quantizer._block_size, quantizer._scale_amax, quantizer._rounding,
-            quantizer._enable_onnx_export, TensorQuantizer.use_fb_fake_quant,
-            _tensor_key(buffers.get("_amax")), _tensor_key(buffers.get("_pre_quant_scale")))
+    return (quantizer.config_key(), _tensor_key(quantizer.amax), _tensor_key(quantizer.pre_quant_scale))
 
 
 def _scales(quantizer: TensorQuantizer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    return quantizer._buffers.get("_amax"), quantizer._buffers.get("_pre_quant_scale")
+    return quantizer.amax, quantizer.pre_quant_scale
 
 
 class _Memo:
@@ -73,8 +68,8 @@ class _Memo:
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         quantizer = self.quantizer
-        if (args or kwargs or not isinstance(inputs, nn.Parameter) or quantizer._disabled
-                or torch.is_grad_enabled() or quantizer._learn_amax or not quantizer._fake_quant):
+        if (args or kwargs or not isinstance(inputs, nn.Parameter) or not quantizer.is_enabled
+                or torch.is_grad_enabled() or quantizer.learn_amax or not quantizer.fake_quant):
             return self.forward(inputs, *args, **kwargs)
         key = (_tensor_key(inputs), _state_key(quantizer))
         output = self.output

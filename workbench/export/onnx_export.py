@@ -302,7 +302,7 @@ def export_qdq_onnx(model: nn.Module,
                                    + ", ".join(tiny))
 
         for name, module in model.named_modules():
-            if isinstance(module, QuantLSTM) and any(id(q) in active for q in module._input_quantizers):
+            if isinstance(module, QuantLSTM) and any(id(q) in active for q in module.input_quantizers):
                 report_warnings.append(f"quantized LSTM '{name}' is unrolled step by step: the graph takes only the "
                                        "sample's sequence length (leave the LSTM unquantized for an ONNX LSTM node)")
         validation_started = time.perf_counter()

@@ -239,33 +239,33 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
         if weight is None:
             raise ValueError("blockwise quantizer without its weight: blocks export only for a layer's weight")
         return _blocked_params(q, weight)
-    if isinstance(q._num_bits, tuple):
-        if q._num_bits != E4M3:
-            raise ValueError(f"num_bits={q._num_bits!r}: QDQ export takes 8-bit (INT8), (4, 3) (FP8 E4M3), or "
+    if isinstance(q.num_bits, tuple):
+        if q.num_bits != E4M3:
+            raise ValueError(f"num_bits={q.num_bits!r}: QDQ export takes 8-bit (INT8), (4, 3) (FP8 E4M3), or "
                              "4-bit weights in blocks")
-    elif q._num_bits != 8:
-        raise ValueError(f"num_bits={q._num_bits!r}: QDQ export takes 8-bit (INT8), (4, 3) (FP8 E4M3), or 4-bit "
+    elif q.num_bits != 8:
+        raise ValueError(f"num_bits={q.num_bits!r}: QDQ export takes 8-bit (INT8), (4, 3) (FP8 E4M3), or 4-bit "
                          "weights in blocks (block_size; precision int4w)")
-    if not q._fake_quant:
+    if not q.fake_quant:
         raise ValueError("fake_quant=False (returns integers): only fake quantizers export to Q/DQ")
-    if q._learn_amax:
+    if q.learn_amax:
         low, high = float(q.clip.clip_value_min), float(q.clip.clip_value_max)
         amax = torch.tensor(max(-low, high), dtype=torch.float32)
         clip = (low, high)
     else:
-        if "_amax" not in q._buffers:
+        if not q.has_amax:
             raise LookupError("not calibrated (no amax)")
-        amax = q._buffers["_amax"].detach().to(torch.float32)
+        amax = q.amax.detach().to(torch.float32)
         clip = None
-    if q._scale_amax is not None:
-        amax = amax * q._scale_amax
+    if q.scale_amax is not None:
+        amax = amax * q.scale_amax
     if torch.isnan(amax).any() or torch.isinf(amax).any():
         raise LookupError("amax is NaN or infinite (calibration saw no data?)")
     amax_shape = tuple(amax.shape)
     if amax.numel() > 1 and sum(1 for s in amax_shape if s != 1) != 1:
         raise ValueError(f"amax of shape {amax_shape} varies along several axes; ONNX Q/DQ takes one axis")
-    fp8 = isinstance(q._num_bits, tuple)
-    max_bound = E4M3_MAX if fp8 else float(2 ** (8 - 1 + int(q._unsigned)) - 1)
+    fp8 = isinstance(q.num_bits, tuple)
+    max_bound = E4M3_MAX if fp8 else float(2 ** (8 - 1 + int(q.unsigned)) - 1)
     step = amax / max_bound  # the same float32 division as the fake-quant kernel
     tiny = amax <= TINY_AMAX
     # fake quant sends every finite input of a tiny amax to 0; a scale this large does the same in ONNX
@@ -274,27 +274,27 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
     if fp8:  # the zero point is a float8e4m3fn constant the translation writes; this one only has the shape
         return ExportParams(scale, torch.zeros(scale.shape, dtype=torch.float32), amax_shape, -448, 448, clip,
                             int(tiny.sum()), format="fp8")
-    dtype = torch.uint8 if q._unsigned else torch.int8
+    dtype = torch.uint8 if q.unsigned else torch.int8
     zero_point = torch.zeros(scale.shape, dtype=dtype, device=scale.device)
-    if q._unsigned:
+    if q.unsigned:
         qmin, qmax = 0, 255
     else:
-        qmin, qmax = (-127 if q._narrow_range else -128), 127
+        qmin, qmax = (-127 if q.narrow_range else -128), 127
     return ExportParams(scale, zero_point, amax_shape, qmin, qmax, clip, int(tiny.sum()))
 
 
 def _blocked_params(q: TensorQuantizer, weight: torch.Tensor) -> ExportParams:
     """INT4 (or other integer) blockwise weight: the quantized values and per-block scales, computed as the
     fake-quant kernel does (``round(w / step)``, ``step = amax / max_bound`` in float32)."""
-    if isinstance(q._num_bits, tuple) or q._num_bits != 4:
-        raise ValueError(f"num_bits={q._num_bits!r} in blocks: blockwise export takes INT4 weights only")
-    if q._learn_amax or not q._fake_quant:
+    if isinstance(q.num_bits, tuple) or q.num_bits != 4:
+        raise ValueError(f"num_bits={q.num_bits!r} in blocks: blockwise export takes INT4 weights only")
+    if q.learn_amax or not q.fake_quant:
         raise ValueError("blockwise weights export from fixed (calibrated) amax and fake quantization only")
-    if "_amax" not in q._buffers:
+    if not q.has_amax:
         raise LookupError("not calibrated (no amax)")
-    amax = q._buffers["_amax"].detach().to(torch.float32)
-    if q._scale_amax is not None:
-        amax = amax * q._scale_amax
+    amax = q.amax.detach().to(torch.float32)
+    if q.scale_amax is not None:
+        amax = amax * q.scale_amax
     if torch.isnan(amax).any() or torch.isinf(amax).any():
         raise LookupError("amax is NaN or infinite (calibration saw no data?)")
     blocked = block_view(weight.detach().to(torch.float32), q.axis, q.block_size)
@@ -302,7 +302,7 @@ def _blocked_params(q: TensorQuantizer, weight: torch.Tensor) -> ExportParams:
         raise ValueError(f"block amax of shape {tuple(amax.shape)} does not fit the weight {tuple(weight.shape)} in "
                          f"blocks of {q.block_size} (recalibrate)")
     max_bound = max_bound_of(4, False)
-    low = min_bound_of(4, False, q._narrow_range)
+    low = min_bound_of(4, False, q.narrow_range)
     step = amax / max_bound
     tiny = amax <= TINY_AMAX
     safe = torch.where(tiny, torch.ones_like(step), step)
@@ -317,10 +317,10 @@ def _blocked_params(q: TensorQuantizer, weight: torch.Tensor) -> ExportParams:
 class QDQStandIn(nn.Module):
     """Stands in for a TensorQuantizer while a model is exported; see the module docstring.
 
-    Carries ``_disabled = False`` because quantized RNN modules look at their quantizers' flags.
+    Carries ``is_enabled = True`` because quantized RNN modules look at their quantizers' flags.
     """
 
-    _disabled = False
+    is_enabled = True
 
     def __init__(self, name: str, quantizer: TensorQuantizer, params: ExportParams | None = None) -> None:
         super().__init__()

@@ -157,16 +157,16 @@ def check_quantizers(model: nn.Module, names: dict[int, str],
     for module in all_quantizers(model):
         name = names[id(module)]
         role, layer_type = roles.get(id(module), ("input", "layer"))
-        verdict = tensorrt_check(role, module._num_bits, module.axis, layer_type, block_size=module.block_size)
+        verdict = tensorrt_check(role, module.num_bits, module.axis, layer_type, block_size=module.block_size)
         if verdict.error and is_quantizing(module):
             problems[name] = verdict.error
             continue
-        if module._if_calib and not module._disabled:
+        if module.is_calib_enabled and module.is_enabled:
             problems[name] = "still collecting calibration statistics (calibration did not finish)"
             continue
         if not is_quantizing(module):
             continue
-        if "_amax" not in module._buffers and not module._learn_amax:
+        if not module.has_amax and not module.learn_amax:
             unreached.setdefault(name, module)
             continue
         try:

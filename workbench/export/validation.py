@@ -188,16 +188,16 @@ def amax_table_of(model: nn.Module, known: dict[int, ExportParams]) -> dict[str,
     for q in all_quantizers(model):
         name = paths[id(q)][0]
         entry: dict[str, Any] = {
-            "enabled": not q._disabled, "quant": bool(q._if_quant), "num_bits": q._num_bits, "axis": q._axis,
-            "unsigned": bool(q._unsigned), "narrow_range": bool(q._narrow_range),
+            "enabled": q.is_enabled, "quant": bool(q.is_quant_enabled), "num_bits": q.num_bits, "axis": q.axis,
+            "unsigned": bool(q.unsigned), "narrow_range": bool(q.narrow_range),
             "shared_with": [p for p in paths[id(q)] if p != name]}
-        amax = q._buffers.get("_amax")
+        amax = q.amax
         entry["amax"] = None if amax is None else amax.detach().cpu().float().reshape(-1).tolist()
         entry["amax_shape"] = None if amax is None else list(amax.shape)
         try:
             params = known[id(q)] if id(q) in known else export_params(q)
             entry["scale"] = params.scale.detach().cpu().reshape(-1).tolist()
-            entry["zero_point_type"] = "uint8" if q._unsigned else "int8"
+            entry["zero_point_type"] = "uint8" if q.unsigned else "int8"
         except (LookupError, ValueError):
             entry["scale"] = None
         table[name] = entry

@@ -362,7 +362,7 @@ def fold_batchnorm(model: nn.Module, *, inplace: bool = False, example_inputs: S
 
 def _calibrated(module: nn.Module) -> bool:
     """Whether a quantizer of ``module`` holds an amax (from calibration or set by hand)."""
-    return any(q._buffers.get("_amax") is not None for _, q in owned_quantizers(module))
+    return any(q.has_amax for _, q in owned_quantizers(module))
 
 
 def _drop_note(module: nn.Module) -> None:

@@ -457,7 +457,7 @@ def _complete_state(gm: fx.GraphModule, original: nn.Module) -> None:
     for name, param in original._parameters.items():
         gm._parameters[name] = param
     for name, buffer in original._buffers.items():
-        gm._buffers[name] = buffer
+        gm.register_buffer(name, buffer)  # persistence follows from the set copied below
     gm._non_persistent_buffers_set |= set(original._non_persistent_buffers_set)
     gm.training = original.training
     # plain attributes the user's code may read (flags such as YOLOv5's ``Bottleneck.add``)

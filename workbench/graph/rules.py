@@ -268,17 +268,17 @@ def _resolve_pin(model: nn.Module, name: str) -> list[_QRef]:
 def _compatible(quantizers: list[TensorQuantizer]) -> str | None:
     first = quantizers[0]
     for q in quantizers:
-        if q._axis is not None:
+        if q.axis is not None:
             return "a member is per-channel"
-        if (q._num_bits, q._unsigned, q._narrow_range) != (first._num_bits, first._unsigned, first._narrow_range):
+        if (q.num_bits, q.unsigned, q.narrow_range) != (first.num_bits, first.unsigned, first.narrow_range):
             return "members differ in bits, signedness or range"
-        if q._learn_amax:
+        if q.learn_amax:
             return "a member learns its amax"
     return None
 
 
 def _merged_amax(quantizers: list[TensorQuantizer]) -> torch.Tensor | None:
-    amaxes = [q._buffers["_amax"] for q in quantizers if q._buffers.get("_amax") is not None]
+    amaxes = [q.amax for q in quantizers if q.has_amax]
     amaxes = [a for a in amaxes if a.numel() == 1 and not torch.isnan(a).any()]
     if not amaxes:
         return None
@@ -291,7 +291,7 @@ def share_quantizers(major: TensorQuantizer, refs: list[tuple[nn.Module, str]]) 
     members = [major] + [getattr(owner, attr) for owner, attr in refs]
     amax = _merged_amax(members)
     if amax is not None:
-        current = major._buffers.get("_amax")
+        current = major.amax
         if current is not None:
             current.data.copy_(amax.reshape(current.shape).to(current.device))
         else:
@@ -399,7 +399,7 @@ def _residual_rule(graph: _Graph, references: dict[int, int], report: PlacementR
         if references.get(id(quantizer), 1) > 1:
             report.notes.append(f"residual {name}: {quantizer_name} is shared with other layers; left on")
             continue
-        if quantizer._disabled:
+        if not quantizer.is_enabled:
             report.applications.append(RuleApplication("residual", name, disabled=(quantizer_name,), kept=(other,),
                                                        note=f"already off; operand {index} comes from {conv_name}"))
             continue
@@ -427,6 +427,6 @@ def _materialize(groups: _UnionFind, report: PlacementReport) -> None:
             report.conflicts.append(f"{', '.join(names)}: {problem}")
             continue
         share_quantizers(major, [(r.owner, r.attr) for r in refs if r.quantizer is not major])
-        amax = major._buffers.get("_amax")
+        amax = major.amax
         report.groups.append(SharedGroup(major_ref.name, tuple(names),
                                          None if amax is None else float(amax.reshape(-1)[0]), rules))

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 from torch import nn
 
+from workbench.quant.gemm import unknown_weight_gemm
 from workbench.quant.nn.modules._utils import QuantInputMixin, QuantMixin
 from workbench.quant.nn.modules.quant_attention import ATTENTION_QUANTIZER_ROLES, QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.gemm import unknown_weight_gemm
 from workbench.quant.replace import default_quant_map, quantized_class_for
 from workbench.quant.snapshot import holds_quantizers, owned_quantizers
 
@@ -147,7 +147,7 @@ def is_quantized_module(module: nn.Module) -> bool:
 
 def quantizer_summary(q: TensorQuantizer) -> str:
     """'dynamic', the per-tensor amax, or '[min, max](channels)'."""
-    amax = q._buffers.get("_amax")
+    amax = q.amax
     if amax is None:
         return "dynamic"
     if amax.numel() == 1:
@@ -208,7 +208,7 @@ def describe_model(model: nn.Module) -> ModelTree:
     for name, module, _parent, _depth, _children in rows:
         params = [p for p in module._parameters.values() if p is not None]
         for _attr, q in own_quantizers[name]:
-            if q._learn_amax:  # a learned range is a parameter of the quantizer's Clip stage
+            if q.learn_amax:  # a learned range is a parameter of the quantizer's Clip stage
                 params.extend(q.parameters())
         own_params[name] = params
         for p in params:
@@ -277,10 +277,10 @@ def quantizer_role(module: nn.Module, attr: str) -> str:
 
 def _quantizer_info(name: str, owner: str, attr: str, q: TensorQuantizer, paths: list[str],
                     role: str = "") -> QuantizerInfo:
-    calibrator = q._calibrator
+    calibrator = q.calibrator
     return QuantizerInfo(
-        name=name, owner=owner, attr=attr, enabled=not q._disabled, quant=bool(q._if_quant),
-        calib=bool(q._if_calib), num_bits=q._num_bits, axis=q._axis, unsigned=bool(q._unsigned),
-        narrow_range=bool(q._narrow_range), calibrator=type(calibrator).__name__ if calibrator is not None else None,
-        has_amax="_amax" in q._buffers, amax=quantizer_summary(q),
+        name=name, owner=owner, attr=attr, enabled=q.is_enabled, quant=bool(q.is_quant_enabled),
+        calib=bool(q.is_calib_enabled), num_bits=q.num_bits, axis=q.axis, unsigned=bool(q.unsigned),
+        narrow_range=bool(q.narrow_range), calibrator=type(calibrator).__name__ if calibrator is not None else None,
+        has_amax=q.has_amax, amax=quantizer_summary(q),
         shared_with=tuple(p for p in paths if p != name), role=role)

@@ -115,14 +115,14 @@ def _difference(a: Any, b: Any, where: str = "output") -> str | None:
 
 @contextlib.contextmanager
 def _bypassed(quantizers: Iterable[TensorQuantizer]):
-    saved = [(q, q._disabled) for q in quantizers]
+    saved = [(q, q.is_enabled) for q in quantizers]
     try:
         for q, _ in saved:
-            q._disabled = True
+            q.disable()
         yield
     finally:
-        for q, disabled in saved:
-            q._disabled = disabled
+        for q, enabled in saved:
+            q.set_enabled(enabled)
 
 
 def traced_differs(traced: nn.Module, original: nn.Module, call: ModuleCall,

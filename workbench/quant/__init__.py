@@ -41,8 +41,15 @@ from workbench.quant.replace import (  # noqa: F401
     replace_to_quantization_module,
 )
 from workbench.quant.switches import (  # noqa: F401
+    bypass_quantization,
+    disable_fake_quant,
+    disable_observer,
     disable_quantization,
+    disable_quantizer,
+    enable_fake_quant,
+    enable_observer,
     enable_quantization,
+    enable_quantizer,
     quantizer_state,
     restore_quantizer_state,
 )

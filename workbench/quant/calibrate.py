@@ -231,23 +231,20 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             rank ends with the amax one process would have found; rank 0 reports progress summed
             over the ranks; the output SQNR and auto's measurements are summed over the ranks.
 
+    Returns:
+        A :class:`CalibrationResult`: each calibrated quantizer's amax, method and statistics, the quantizers
+        no batch reached (left unchanged), the output SQNR, the warnings, and the time of each step.
+
     Raises:
         ValueError: bad arguments, no quantizers, or no batches.
         CalibrationCancelled: ``cancel`` was set; the model is unchanged.
         CalibrationError: the model raised on a batch (its index and the original error are kept);
             the model is unchanged.
         AmaxError: a method cannot compute a quantizer's amax (the quantizer is named); the model is unchanged.
+        NonFiniteCalibrationError: some quantizers saw only NaN/Inf; the model is unchanged.
+        NothingReachedError: the batches reached no calibrating quantizer; the model is unchanged.
     """
-    method = AmaxMethod.parse(method).value
-    percentile = PERCENTILE.check(percentile)
-    if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
-                                    or num_batches < 1):
-        raise ValueError(f"num_batches must be a positive integer or None, got {num_batches!r}.")
-    quantizers = {name: m for name, m in model.named_modules() if isinstance(m, TensorQuantizer)}
-    if not quantizers:
-        raise ValueError("The model has no TensorQuantizer to calibrate: quantize it first "
-                         "(replace_to_quantization_module or quant_modules.initialize).")
-
+    method, percentile, quantizers = _checked_arguments(model, method, percentile, num_batches)
     context = context or SINGLE
     original_device = model_device(model)
     run_device = torch.device(device) if device is not None else original_device
@@ -263,152 +260,286 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         num_batches = None
         local_progress = context.progress(context.main_only(progress), total, "calibration")
 
-    calibrating: dict[str, TensorQuantizer] = {}
     try:
         if run_device != original_device:
             model.to(run_device)
         model.eval()
-        for name, q in quantizers.items():
-            if q._disabled:
-                continue
-            if q._calibrator is not None:
-                q._calibrator.reset()
-                q.disable_quant()
-                q.enable_calib()
-                calibrating[name] = q
-            else:
-                q.disable()
-
-        # the batches to run again (auto, output SQNR), within REPLAY_BYTES, with their index among all batches
-        kept: list[tuple[int, Any]] = []
-        kept_bytes = 0
-        keep = report_sqnr or method == AmaxMethod.AUTO.value
-        done = 0
-        mostly_nonfinite: list[int] = []  # batches whose inputs are more NaN/Inf than finite
-        with torch.no_grad():
-            for local_index, batch in enumerate(batches):
-                if num_batches is not None and local_index >= num_batches:
-                    break
-                # the batch's place among all the batches, whichever rank runs it (errors and warnings name it)
-                index = context.rank + local_index * context.world_size
-                if cancel is not None and cancel.is_set():
-                    raise CalibrationCancelled(f"Calibration cancelled after {done} of {total or '?'} batches.")
-                try:
-                    run_model(model, batch, run_device)
-                except Exception as error:  # the user's model: report which batch, keep the cause
-                    raise CalibrationError(index, error) from error
-                if keep and kept_bytes <= REPLAY_BYTES:
-                    size = _batch_bytes(batch)
-                    if kept_bytes + size <= REPLAY_BYTES:
-                        kept.append((index, batch))
-                    kept_bytes += size
-                if _nonfinite_share(batch) > _MOSTLY:
-                    mostly_nonfinite.append(index)
-                done += 1
-                if local_progress is not None:
-                    local_progress(done, total, f"calibration batch {done}" + (f" of {total}" if total else ""))
+        calibrating = _start_collecting(quantizers)
+        collection = _collect(model, batches, num_batches, run_device, context, total, cancel, local_progress,
+                              keep=report_sqnr or method == AmaxMethod.AUTO.value)
         if context.distributed:
-            context.wait_for_peers(local_progress, "calibration batches")
-            context.check_same({"calibration data": data_digest.hexdigest(),
-                                "calibration settings": _settings_digest(calibrating, method, percentile, total),
-                                "model weights": _weights_digest(model)}, "calibration")
-            merge_calibrators({name: q._calibrator for name, q in calibrating.items()}, context)
-            counts_and_flags = context.all_gather((done, mostly_nonfinite))
-            done = sum(count for count, _ in counts_and_flags)
-            mostly_nonfinite = sorted(index for _, flagged in counts_and_flags for index in flagged)
-        if done == 0:
+            _merge_ranks(model, calibrating, collection, context, local_progress, data_digest, method, percentile,
+                         total)
+        if collection.done == 0:
             raise ValueError("No calibration batches: the data source yielded nothing.")
         collected = time.perf_counter()
 
-        results: dict[str, QuantizerCalibration] = {}
-        candidates: dict[str, dict[str, float]] = {}  # auto: each quantizer's amax by method
-        unused = []
-        blind: list[str] = []  # quantizers that saw only NaN/Inf
-        thin: list[str] = []  # histogram quantizers that saw too few values for the method: max instead
-        for name, q in calibrating.items():
-            calibrator = q._calibrator
-            if calibrator.batches_seen == 0:
-                unused.append(name)
-                continue
-            if calibrator.values_seen <= calibrator.nonfinite_count:
-                blind.append(name)
-                continue
-            used_method = "max" if isinstance(calibrator, MaxCalibrator) else method
-            if isinstance(calibrator, HistogramCalibrator) and _too_thin_for(calibrator, used_method):
-                # a histogram search on a few hundred values (a squeeze-excite or classifier input) picks
-                # an amax from noise: the largest |x| seen is the honest answer there
-                thin.append(f"{name}: only {calibrator.values_seen - calibrator.nonfinite_count} values for a "
-                            f"{calibrator.num_bins}-bin histogram, too few for {used_method}: amax is the largest "
-                            f"|x| seen (max) instead; calibrate on more batches to use {used_method} here.")
-                used_method = AmaxMethod.MAX.value
-            try:
-                if isinstance(calibrator, HistogramCalibrator) and used_method == AmaxMethod.AUTO.value:
-                    candidates[name] = _candidates(name, calibrator, percentile)
-                    q.load_calib_amax(AmaxMethod.MAX.value)  # until auto has measured the candidates
-                elif isinstance(calibrator, HistogramCalibrator):
-                    q.load_calib_amax(used_method, percentile=percentile)
-                else:
-                    q.load_calib_amax()
-            except ValueError as error:  # a search that cannot run on this histogram: say which quantizer
-                raise AmaxError(name, used_method, error) from error
-            q._buffers["_amax"] = q._buffers["_amax"].to(run_device)
-            max_value = calibrator.max_value if isinstance(calibrator, HistogramCalibrator) else calibrator.calib_amax
-            results[name] = QuantizerCalibration(
-                name=name, amax=q._amax.detach().cpu().clone(), method=used_method,
-                calibrator=type(calibrator).__name__, batches=calibrator.batches_seen,
-                num_samples=calibrator.values_seen, nonfinite_count=calibrator.nonfinite_count,
-                max_value=None if max_value is None else float(max_value.max()))
-        if blind:
-            raise NonFiniteCalibrationError(blind)
-        if calibrating and not results:
-            raise NothingReachedError(list(calibrating), done)
-        for name, amax in refine_block_amax(model, block_method).items():  # weights: the same on every rank
-            if name in results:
-                results[name].amax = amax.cpu().clone()
-                results[name].method = f"block {block_method}"
+        amaxes = _compute_amax(calibrating, method, percentile, run_device, collection.done)
+        results = amaxes.results
+        _refine_blocks(model, results, block_method)
         amax_done = time.perf_counter()
-        if candidates:
-            # the first AUTO_BATCHES of all the batches, wherever they ran: N processes measure what one does
-            measured = [batch for index, batch in kept if index < AUTO_BATCHES]
-            choices = choose_methods(model, calibrating, candidates, measured, run_device, context=context,
-                                     cancel=None if cancel is None else cancel.is_set)
-            if cancel is not None and cancel.is_set():
-                raise CalibrationCancelled("Calibration cancelled while measuring the methods of 'auto'.")
-            for name, choice in choices.items():
-                calibrating[name].amax = torch.tensor(candidates[name][choice.method], dtype=torch.float32)
-                results[name].amax = calibrating[name]._amax.detach().cpu().clone()
-                results[name].method = choice.method
-                results[name].choice = choice
+        if amaxes.candidates:
+            _pick_auto_methods(model, calibrating, amaxes.candidates, results, collection.kept, run_device, context,
+                               cancel)
         auto_done = time.perf_counter()
-        for name, item in results.items():
-            calibrator = calibrating[name]._calibrator
-            if isinstance(calibrator, HistogramCalibrator) and calibrator.calib_hist is not None \
-                    and isinstance(calibrator._num_bits, int):  # the INT grid: what the checks reason about
-                item.warnings = histogram_warnings(
-                    name, calibrator.calib_hist.cpu().numpy(), calibrator.bin_width, float(item.amax.max()),
-                    item.max_value or 0.0, num_bits=calibrator._num_bits, unsigned=calibrator._unsigned,
-                    method=item.method)
+        _check_histograms(calibrating, results)
     except BaseException:
         if run_device != original_device:
             model.to(original_device)
         snapshot.restore()
         raise
 
+    return _commit(model, snapshot, quantizers, amaxes, collection, method, percentile, run_device, context,
+                   report_sqnr, timings=(started, collected, amax_done, auto_done))
+
+
+def _checked_arguments(model: nn.Module, method: str, percentile: float,
+                       num_batches: int | None) -> tuple[str, float, dict[str, TensorQuantizer]]:
+    """Step 0, before anything changes: the method's and percentile's canonical values and the model's quantizers.
+
+    Returns:
+        ``(method, percentile, quantizers by qualified name)``.
+
+    Raises:
+        ValueError: a bad argument, or a model without TensorQuantizer.
+    """
+    method = AmaxMethod.parse(method).value
+    percentile = PERCENTILE.check(percentile)
+    if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
+                                    or num_batches < 1):
+        raise ValueError(f"num_batches must be a positive integer or None, got {num_batches!r}.")
+    quantizers = {name: m for name, m in model.named_modules() if isinstance(m, TensorQuantizer)}
+    if not quantizers:
+        raise ValueError("The model has no TensorQuantizer to calibrate: quantize it first "
+                         "(replace_to_quantization_module or quant_modules.initialize).")
+    return method, percentile, quantizers
+
+
+def _start_collecting(quantizers: dict[str, TensorQuantizer]) -> dict[str, TensorQuantizer]:
+    """Step 1: empty calibrators collecting with quantization off; enabled quantizers without one are bypassed.
+
+    Returns:
+        The quantizers that collect, by name (disabled quantizers are left alone and not listed).
+    """
+    calibrating: dict[str, TensorQuantizer] = {}
+    for name, q in quantizers.items():
+        if not q.is_enabled:
+            continue
+        if q.calibrator is not None:
+            q.calibrator.reset()
+            q.disable_quant()
+            q.enable_calib()
+            calibrating[name] = q
+        else:
+            q.disable()
+    return calibrating
+
+
+@dataclass
+class _Collection:
+    """What the passes over the data left: how many batches ran, and the batches to run again."""
+
+    done: int = 0
+    # the batches to run again (auto, output SQNR), within REPLAY_BYTES, with their index among all batches
+    kept: list[tuple[int, Any]] = field(default_factory=list)
+    mostly_nonfinite: list[int] = field(default_factory=list)  # batches whose inputs are more NaN/Inf than finite
+
+
+def _collect(model: nn.Module, batches: Iterable, num_batches: int | None, run_device: torch.device,
+             context: DistContext, total: int, cancel: CancelToken | None, progress: ProgressCallback | None,
+             keep: bool) -> _Collection:
+    """Step 2: run the batches (this rank's share) so that the calibrators collect their statistics.
+
+    Args:
+        keep: keep the batches (within :data:`REPLAY_BYTES`) for auto's measurement and the output SQNR.
+
+    Returns:
+        The batches run on this rank, those kept, and those mostly NaN/Inf.
+
+    Raises:
+        CalibrationCancelled: ``cancel`` was set before a batch.
+        CalibrationError: the model raised on a batch.
+    """
+    collection = _Collection()
+    kept_bytes = 0
+    with torch.no_grad():
+        for local_index, batch in enumerate(batches):
+            if num_batches is not None and local_index >= num_batches:
+                break
+            # the batch's place among all the batches, whichever rank runs it (errors and warnings name it)
+            index = context.rank + local_index * context.world_size
+            if cancel is not None and cancel.is_set():
+                raise CalibrationCancelled(f"Calibration cancelled after {collection.done} of {total or '?'} "
+                                           "batches.")
+            try:
+                run_model(model, batch, run_device)
+            except Exception as error:  # the user's model: report which batch, keep the cause
+                raise CalibrationError(index, error) from error
+            if keep and kept_bytes <= REPLAY_BYTES:
+                size = _batch_bytes(batch)
+                if kept_bytes + size <= REPLAY_BYTES:
+                    collection.kept.append((index, batch))
+                kept_bytes += size
+            if _nonfinite_share(batch) > _MOSTLY:
+                collection.mostly_nonfinite.append(index)
+            collection.done += 1
+            if progress is not None:
+                progress(collection.done, total, f"calibration batch {collection.done}"
+                         + (f" of {total}" if total else ""))
+    return collection
+
+
+def _merge_ranks(model: nn.Module, calibrating: dict[str, TensorQuantizer], collection: _Collection,
+                 context: DistContext, progress: ProgressCallback | None, data_digest: Digest, method: str,
+                 percentile: float, total: int) -> None:
+    """Step 2b (distributed): check the ranks ran the same job, merge their statistics and batch counts.
+
+    ``collection`` ends with the counts summed over the ranks.
+    """
+    context.wait_for_peers(progress, "calibration batches")
+    context.check_same({"calibration data": data_digest.hexdigest(),
+                        "calibration settings": _settings_digest(calibrating, method, percentile, total),
+                        "model weights": _weights_digest(model)}, "calibration")
+    merge_calibrators({name: q.calibrator for name, q in calibrating.items()}, context)
+    counts_and_flags = context.all_gather((collection.done, collection.mostly_nonfinite))
+    collection.done = sum(count for count, _ in counts_and_flags)
+    collection.mostly_nonfinite = sorted(index for _, flagged in counts_and_flags for index in flagged)
+
+
+@dataclass
+class _Amaxes:
+    """Step 3's outcome."""
+
+    results: dict[str, QuantizerCalibration]
+    candidates: dict[str, dict[str, float]]  # auto: each quantizer's amax by method
+    unused: list[str]  # quantizers no batch reached
+    thin: list[str]  # warnings: histogram quantizers that saw too few values for the method (max instead)
+
+
+def _compute_amax(calibrating: dict[str, TensorQuantizer], method: str, percentile: float,
+                  run_device: torch.device, done: int) -> _Amaxes:
+    """Step 3: load each reached quantizer's amax from its statistics (max for a thin histogram).
+
+    Returns:
+        The results by quantizer, auto's candidates, the quantizers never reached, the thin-histogram warnings.
+
+    Raises:
+        AmaxError: the method cannot run on a quantizer's histogram.
+        NonFiniteCalibrationError: some quantizers saw only NaN/Inf.
+        NothingReachedError: no calibrating quantizer saw a batch.
+    """
+    amaxes = _Amaxes(results={}, candidates={}, unused=[], thin=[])
+    blind: list[str] = []  # quantizers that saw only NaN/Inf
+    for name, q in calibrating.items():
+        calibrator = q.calibrator
+        if calibrator.batches_seen == 0:
+            amaxes.unused.append(name)
+            continue
+        if calibrator.values_seen <= calibrator.nonfinite_count:
+            blind.append(name)
+            continue
+        used_method = "max" if isinstance(calibrator, MaxCalibrator) else method
+        if isinstance(calibrator, HistogramCalibrator) and _too_thin_for(calibrator, used_method):
+            # a histogram search on a few hundred values (a squeeze-excite or classifier input) picks
+            # an amax from noise: the largest |x| seen is the honest answer there
+            amaxes.thin.append(f"{name}: only {calibrator.values_seen - calibrator.nonfinite_count} values for a "
+                               f"{calibrator.num_bins}-bin histogram, too few for {used_method}: amax is the "
+                               f"largest |x| seen (max) instead; calibrate on more batches to use {used_method} "
+                               "here.")
+            used_method = AmaxMethod.MAX.value
+        try:
+            if isinstance(calibrator, HistogramCalibrator) and used_method == AmaxMethod.AUTO.value:
+                amaxes.candidates[name] = _candidates(name, calibrator, percentile)
+                q.load_calib_amax(AmaxMethod.MAX.value)  # until auto has measured the candidates
+            elif isinstance(calibrator, HistogramCalibrator):
+                q.load_calib_amax(used_method, percentile=percentile)
+            else:
+                q.load_calib_amax()
+        except ValueError as error:  # a search that cannot run on this histogram: say which quantizer
+            raise AmaxError(name, used_method, error) from error
+        q.move_amax_to(run_device)
+        max_value = calibrator.max_value if isinstance(calibrator, HistogramCalibrator) else calibrator.calib_amax
+        amaxes.results[name] = QuantizerCalibration(
+            name=name, amax=q.amax.detach().cpu().clone(), method=used_method,
+            calibrator=type(calibrator).__name__, batches=calibrator.batches_seen,
+            num_samples=calibrator.values_seen, nonfinite_count=calibrator.nonfinite_count,
+            max_value=None if max_value is None else float(max_value.max()))
+    if blind:
+        raise NonFiniteCalibrationError(blind)
+    if calibrating and not amaxes.results:
+        raise NothingReachedError(list(calibrating), done)
+    return amaxes
+
+
+def _refine_blocks(model: nn.Module, results: dict[str, QuantizerCalibration], block_method: str) -> None:
+    """Step 3b: blockwise (INT4) weight amax by ``block_method``; the same on every rank (weights)."""
+    for name, amax in refine_block_amax(model, block_method).items():
+        if name in results:
+            results[name].amax = amax.cpu().clone()
+            results[name].method = f"block {block_method}"
+
+
+def _pick_auto_methods(model: nn.Module, calibrating: dict[str, TensorQuantizer],
+                       candidates: dict[str, dict[str, float]], results: dict[str, QuantizerCalibration],
+                       kept: list[tuple[int, Any]], run_device: torch.device, context: DistContext,
+                       cancel: CancelToken | None) -> None:
+    """Step 4 (``method="auto"``): measure each quantizer's candidates and load the chosen amax.
+
+    Raises:
+        CalibrationCancelled: ``cancel`` was set while measuring.
+    """
+    # the first AUTO_BATCHES of all the batches, wherever they ran: N processes measure what one does
+    measured = [batch for index, batch in kept if index < AUTO_BATCHES]
+    choices = choose_methods(model, calibrating, candidates, measured, run_device, context=context,
+                             cancel=None if cancel is None else cancel.is_set)
+    if cancel is not None and cancel.is_set():
+        raise CalibrationCancelled("Calibration cancelled while measuring the methods of 'auto'.")
+    for name, choice in choices.items():
+        calibrating[name].amax = torch.tensor(candidates[name][choice.method], dtype=torch.float32)
+        results[name].amax = calibrating[name].amax.detach().cpu().clone()
+        results[name].method = choice.method
+        results[name].choice = choice
+
+
+def _check_histograms(calibrating: dict[str, TensorQuantizer], results: dict[str, QuantizerCalibration]) -> None:
+    """Step 5: each INT histogram quantizer's warnings about its amax (clipping, a thin or lopsided histogram)."""
+    for name, item in results.items():
+        calibrator = calibrating[name].calibrator
+        if isinstance(calibrator, HistogramCalibrator) and calibrator.calib_hist is not None \
+                and isinstance(calibrator.num_bits, int):  # the INT grid: what the checks reason about
+            item.warnings = histogram_warnings(
+                name, calibrator.calib_hist.cpu().numpy(), calibrator.bin_width, float(item.amax.max()),
+                item.max_value or 0.0, num_bits=calibrator.num_bits, unsigned=calibrator.unsigned,
+                method=item.method)
+
+
+def _commit(model: nn.Module, snapshot: ModelSnapshot, quantizers: dict[str, TensorQuantizer], amaxes: _Amaxes,
+            collection: _Collection, method: str, percentile: float, run_device: torch.device,
+            context: DistContext, report_sqnr: bool, timings: tuple[float, float, float, float]) -> CalibrationResult:
+    """Step 6: give the quantizers their flags back (unreached ones their whole state), measure the output
+    SQNR, and gather the result and its warnings.
+
+    Args:
+        timings: ``perf_counter`` at the start, after collecting, after the amax, after auto.
+    """
+    started, collected, amax_done, auto_done = timings
+    results = amaxes.results
     snapshot.restore_flags()
-    for name in unused:  # nothing was learned about these: keep what they had
+    for name in amaxes.unused:  # nothing was learned about these: keep what they had
         snapshot.restore(quantizers[name])
         logger.warning("Quantizer %s saw no data during calibration; left unchanged.", name)
 
     output_sqnr, sqnr_batches = None, 0
     if report_sqnr:
-        output_sqnr, sqnr_batches = _output_sqnr(model, quantizers, [batch for _, batch in kept], run_device,
-                                                 context)
+        output_sqnr, sqnr_batches = _output_sqnr(model, quantizers, [batch for _, batch in collection.kept],
+                                                 run_device, context)
     snapshot.restore_modes()
+    done = collection.done
     result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
-                               wall_time_s=time.perf_counter() - started, device=str(run_device), unused=unused,
-                               output_sqnr_db=output_sqnr, sqnr_batches=sqnr_batches,
-                               warnings=_nonfinite_warnings(results, mostly_nonfinite, done)
-                               + _zero_warnings(results) + thin + _suspicious(results, quantizers)
+                               wall_time_s=time.perf_counter() - started, device=str(run_device),
+                               unused=amaxes.unused, output_sqnr_db=output_sqnr, sqnr_batches=sqnr_batches,
+                               warnings=_nonfinite_warnings(results, collection.mostly_nonfinite, done)
+                               + _zero_warnings(results) + amaxes.thin + _suspicious(results, quantizers)
                                + [str(w) for item in results.values() for w in item.warnings],
                                collect_time_s=collected - started, amax_time_s=amax_done - collected,
                                auto_time_s=auto_done - amax_done)
@@ -457,7 +588,7 @@ def _suspicious(results: dict[str, QuantizerCalibration], quantizers: dict[str, 
     for name, item in results.items():
         if item.calibrator != "HistogramCalibrator" or item.method == "max" or not item.max_value:
             continue
-        bins = quantizers[name]._calibrator.num_bins
+        bins = quantizers[name].calibrator.num_bins
         if item.num_samples < _MIN_VALUES_PER_BIN * bins:
             warnings.append(f"{name}: only {item.num_samples} values for a {bins}-bin histogram; {item.method} is "
                             "unreliable on so few (use more batches, or max/percentile for this quantizer).")
@@ -518,7 +649,7 @@ def _settings_digest(calibrating: dict[str, TensorQuantizer], method: str, perce
     """What decides a calibration besides the data and weights: method, batches, and each quantizer's setup."""
     digest = Digest().update([method, percentile, total])
     for name, q in calibrating.items():
-        calibrator = q._calibrator
+        calibrator = q.calibrator
         digest.update([name, q.num_bits, q.axis, q.unsigned, q.narrow_range, type(calibrator).__name__,
                        getattr(calibrator, "num_bins", None)])
     return digest.hexdigest()
@@ -533,7 +664,7 @@ def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batch
                  context: DistContext) -> tuple[float | None, int]:
     """The model output's SQNR, INT8 vs FP32, with signal and noise summed over ``batches`` (and the ranks),
     and how many batches that was."""
-    flags = {name: q._disabled for name, q in quantizers.items()}
+    enabled = {name: q.is_enabled for name, q in quantizers.items()}
     signal = noise = 0.0
     counted = 0
     try:
@@ -541,10 +672,10 @@ def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batch
             for batch in batches:
                 quantized = run_model(model, batch, device)
                 for q in quantizers.values():
-                    q._disabled = True
+                    q.disable()
                 reference = run_model(model, batch, device)
                 for name, q in quantizers.items():
-                    q._disabled = flags[name]
+                    q.set_enabled(enabled[name])
                 powers = sqnr_powers(reference, quantized)
                 if powers is not None:
                     signal += powers[0]
@@ -552,7 +683,7 @@ def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batch
                     counted += 1
     finally:
         for name, q in quantizers.items():
-            q._disabled = flags[name]
+            q.set_enabled(enabled[name])
     if context.distributed:
         parts = context.all_gather((signal, noise, counted))
         signal, noise, counted = (sum(part[i] for part in parts) for i in range(3))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.quant import tensor_quant
+import workbench.quant.tensor_quant as tensor_quant
 
 __all__ = ["fake_tensor_quant", "fake_tensor_quant_", "fake_tensor_quant_with_axis", "fake_e4m3fy"]
 

@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from workbench.quant import triton_kernels
+import workbench.quant.triton_kernels as triton_kernels
 from workbench.quant.compiled import ElementwiseKernel, device_key
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ _MODE_CODES = {"pytorch_quantization": 0, "onnx": 1}
 # The compiled module (workbench.quant._cpu_kernels) or None: imported here once for every user
 # (the histogram calibrator's collection and searches use it too).
 try:  # the extension is optional: without a C compiler the package installs and runs on torch ops
-    from workbench.quant import _cpu_kernels as cpu_extension
+    import workbench.quant._cpu_kernels as cpu_extension
 except ImportError:  # pragma: no cover - exercised on machines without a compiler
     cpu_extension = None
     logger.debug("CPU fake-quant kernel not built; using torch operations")

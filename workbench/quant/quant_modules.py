@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
-from workbench.quant import nn as quant_nn
+import workbench.quant.nn as quant_nn
 
 __all__ = ["initialize", "deactivate", "enable_onnx_export", "QuantModuleReplacementHelper"]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from workbench.quant import quant_modules
+import workbench.quant.quant_modules as quant_modules
 from workbench.quant.gemm import known_linear_like, unknown_weight_gemm
 from workbench.quant.nn.modules.quant_linear import QuantLinear
 from workbench.quant.tensor_quant import QuantDescriptor

@@ -19,7 +19,7 @@ import threading
 
 import torch
 
-from workbench.quant import triton_kernels
+import workbench.quant.triton_kernels as triton_kernels
 from workbench.quant.compiled import ElementwiseKernel, device_key
 from workbench.quant.kernels import ChannelLayout, channel_layout, count_differences, cpu_extension, fused_enabled
 

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch.autograd import Function
 
-from workbench.quant import kernels, ste
+import workbench.quant.kernels as kernels
+import workbench.quant.ste as ste
 from workbench.quant.kernels import ROUNDINGS, Rounding
 
 logger = logging.getLogger(__name__)

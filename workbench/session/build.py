@@ -66,7 +66,7 @@ class Built:
 
 def descriptor_of(quantizer: TensorQuantizer) -> dict[str, Any]:
     """The descriptor fields of a live quantizer (what it was built from), as QuantDescriptor.dict()."""
-    calib_method = "histogram" if isinstance(quantizer._calibrator, HistogramCalibrator) else "max"
+    calib_method = "histogram" if isinstance(quantizer.calibrator, HistogramCalibrator) else "max"
     fields = {"num_bits": quantizer.num_bits, "name": None}
     if not quantizer.fake_quant:
         fields["fake_quant"] = False
@@ -94,12 +94,12 @@ def role_quantizer(module: nn.Module | None, role: str) -> TensorQuantizer | Non
     if module is None:
         return None
     if role == "weight":
-        return getattr(module, "_weight_quantizer", None)
+        return getattr(module, "weight_quantizer", None)
     candidates = [getattr(module, attr, None) for attr in ("_input_quantizer", "_input0_quantizer",
                                                            "_input1_quantizer", "_q_quantizer")]
     candidates = [q for q in candidates if q is not None]
     # a placement rule may bypass one input of an add (the identity branch): show the one in use
-    return next((q for q in candidates if not q._disabled), candidates[0] if candidates else None)
+    return next((q for q in candidates if q.is_enabled), candidates[0] if candidates else None)
 
 
 def layer_of(quantizer_name: str) -> tuple[str, str]:
@@ -292,7 +292,7 @@ def restore_finetune(model: nn.Module, record: FinetuneRecord | None, run: Calib
         quantizers = quantizer_names(model)
         for name, array in record.amax.items():
             quantizer = quantizers.get(name)
-            amax = quantizer._buffers.get("_amax") if quantizer is not None else None
+            amax = quantizer.amax if quantizer is not None else None
             if amax is not None and amax.numel() == array.size and name not in report.stale:
                 amax.copy_(torch.from_numpy(np.asarray(array, dtype=np.float32)).reshape(amax.shape))
                 learned += 1
@@ -303,11 +303,9 @@ def restore_finetune(model: nn.Module, record: FinetuneRecord | None, run: Calib
 def load_record(quantizer: TensorQuantizer, record: QuantizerRecord, device: torch.device) -> None:
     """Load a stored calibration outcome (amax and calibrator statistics) into ``quantizer``."""
     amax = torch.from_numpy(np.asarray(record.amax, dtype=np.float32).copy()).to(device)
-    if "_amax" in quantizer._buffers:
-        del quantizer._buffers["_amax"]
-    quantizer.register_buffer("_amax", amax)
+    quantizer.replace_amax(amax)
     state = record.calibrator_state
-    calibrator = quantizer._calibrator
+    calibrator = quantizer.calibrator
     if state and calibrator is not None:
         expected = "histogram" if isinstance(calibrator, HistogramCalibrator) else "max"
         if state.get("kind") == expected:

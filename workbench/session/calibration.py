@@ -61,7 +61,7 @@ def calibrate(session: Session, *, method: str | None = None, num_batches: int |
         item = result.quantizers.get(name) or _shared_result(result, quantizers, quantizer)
         if item is None:
             continue
-        state = quantizer._calibrator.state() if quantizer._calibrator is not None else None
+        state = quantizer.calibrator.state() if quantizer.calibrator is not None else None
         records[name] = QuantizerRecord.from_calibration(item, name=name, calibrator_state=state,
                                                          descriptor=descriptor_of(quantizer))
     record = CalibrationRecord.from_result(
@@ -104,7 +104,7 @@ def recompute_amax(session: Session, names: Iterable[str], method: str,
     updated = {}
     auto = method == AmaxMethod.AUTO.value
     if auto:
-        unmeasured = [name for name in targets if isinstance(quantizers[name]._calibrator, HistogramCalibrator)
+        unmeasured = [name for name in targets if isinstance(quantizers[name].calibrator, HistogramCalibrator)
                       and (run.quantizers.get(name) is None or not run.quantizers[name].choice)]
         if unmeasured:
             raise SessionError(f"{', '.join(unmeasured[:5])}: 'auto' was not measured for "
@@ -113,25 +113,25 @@ def recompute_amax(session: Session, names: Iterable[str], method: str,
                                "method auto, or pick a method.")
     for name in targets:
         quantizer = quantizers[name]
-        if not isinstance(quantizer._calibrator, HistogramCalibrator):
+        if not isinstance(quantizer.calibrator, HistogramCalibrator):
             continue
-        if quantizer._calibrator.calib_hist is None:
+        if quantizer.calibrator.calib_hist is None:
             raise SessionError(f"{name} has no histogram (it was not calibrated): calibrate first.")
         picked = run.quantizers[name].choice["method"] if auto else method
         try:
             quantizer.load_calib_amax(picked, percentile=percentile)
         except ValueError as error:  # e.g. entropy on a histogram with fewer bins than its start bin
             raise SessionError(f"{name}: the {picked} amax cannot be computed: {error}") from None
-        quantizer._buffers["_amax"] = quantizer._amax.to(session.device)
+        quantizer.move_amax_to(session.device)
         record = run.quantizers.get(name)
         if record is not None:
-            record.amax = quantizer._amax.detach().cpu().numpy().astype(np.float32)
+            record.amax = quantizer.amax.detach().cpu().numpy().astype(np.float32)
             record.method = picked
             if not auto and record.choice:  # the user's pick replaces auto's: the reason no longer applies
                 record.choice = {**record.choice, "overridden": method}
             elif auto and record.choice:
                 record.choice = {key: value for key, value in record.choice.items() if key != "overridden"}
-        updated[name] = float(quantizer._amax.max())
+        updated[name] = float(quantizer.amax.max())
         if session.project.current_finetune is not None:  # a range learned while fine-tuning gives way
             session.project.current_finetune.amax.pop(name, None)
     if not updated:

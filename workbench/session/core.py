@@ -773,7 +773,7 @@ class Session:
         run = self.project.current_calibration
         unreached = set(run.unused) if run is not None else set()
         missing = [name for name, q in quantizer_names(model).items()
-                   if not q._disabled and q._if_quant and not q._learn_amax and not hasattr(q, "_amax")
+                   if q.is_enabled and q.is_quant_enabled and not q.learn_amax and not q.has_amax
                    and name not in unreached]  # stale after a descriptor change, or never calibrated
         if missing:
             raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"

@@ -71,7 +71,7 @@ def finetune(session: Session, *, epochs: int | None = None, lr: float | None = 
     amax: dict[str, np.ndarray] = {}
     for name, quantizer in quantizers.items():  # ranges that differ from the calibration: learned ones
         record = run.quantizers.get(name) if run is not None else None
-        current = quantizer._buffers.get("_amax")
+        current = quantizer.amax
         if record is not None and current is not None and not np.array_equal(
                 to_numpy(current), np.asarray(record.amax, dtype=np.float32)):
             amax[name] = to_numpy(current)

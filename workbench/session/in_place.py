@@ -58,7 +58,7 @@ def swap_descriptors(model: nn.Module, descriptors: Mapping[str, dict[str, Any]]
         name = f"{layer}.{attribute}"
         if not isinstance(old, TensorQuantizer) or uses.get(id(old)) != 1 or names.get(name) is not old:
             return None  # not this module's own quantizer: shared by a placement rule, or none
-        if (old._disabled and old.enabled_by_descriptor) or set(old._buffers) - {"_amax"} or name in learned:
+        if (not old.is_enabled and old.enabled_by_descriptor) or old.pre_quant_scale is not None or name in learned:
             return None  # switched off by a rule, scaled by a smoothing pass, or a range learned in fine-tuning
         try:
             descriptor = make_descriptor(fields)

@@ -108,14 +108,14 @@ def layer_views(session: Session) -> list[LayerView]:
     for name, decision in session.project.layers.items():
         module = modules.get(name)
         input_q = role_quantizer(module, "input")
-        weight_q = getattr(module, "_weight_quantizer", None)
+        weight_q = getattr(module, "weight_quantizer", None)
         input_fields = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
         weight_fields = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
         amax = "-"
         # weight-only (int4w) layers: the weight's block amax is the one there is to show
         shown = weight_q if input_q is None or not input_q.enabled_by_descriptor else input_q
         if decision.quantize and shown is not None:
-            amax = shown._short_amax(".4g") if hasattr(shown, "_amax") else "uncalibrated"
+            amax = shown.amax_summary(".4g") if shown.has_amax else "uncalibrated"
         params = sum(p.numel() for p in module.parameters(recurse=False)) if module is not None else 0
         precision = precision_of(input_fields if input_q is not None else None,
                                  weight_fields if weight_q is not None else None, decision.quantize)
@@ -223,7 +223,7 @@ def _stale_reasons(session: Session, run: Any) -> list[str]:
     reasons = []
     report = session.build_report
     live = quantizer_names(session.quantized_model())
-    active = {name for name, quantizer in live.items() if not quantizer._disabled and quantizer._if_quant}
+    active = {name for name, quantizer in live.items() if quantizer.is_enabled and quantizer.is_quant_enabled}
     if report.stale:
         reasons.append(f"{len(report.stale)} quantizer(s) have other descriptors than they were calibrated with")
     off = sorted(name for name in run.quantizers if name not in active)
@@ -284,10 +284,10 @@ def layer_shapes(model: nn.Module, sample: Any) -> dict[str, dict[str, Any]]:
 
 def histogram_of(quantizer: TensorQuantizer, record: QuantizerRecord | None) -> dict[str, Any] | None:
     """Histogram counts, bin edges and the amax every method gives, for plotting; None without one."""
-    calibrator = quantizer._calibrator
+    calibrator = quantizer.calibrator
     if not isinstance(calibrator, HistogramCalibrator) or calibrator.calib_hist is None:
         return None
-    current = None if not hasattr(quantizer, "_amax") else float(quantizer._amax.max())
+    current = None if not quantizer.has_amax else float(quantizer.amax.max())
     bits = quantizer.num_bits
     return {"counts": calibrator.calib_hist.cpu().numpy(), "edges": calibrator.calib_bin_edges.numpy(),
             "amax": calibrator.compute_all(), "current": current, "method": record.method if record else None,
@@ -304,7 +304,7 @@ def weight_ranges(module: nn.Module | None) -> np.ndarray | None:
     weight = getattr(module, "weight", None)
     if not isinstance(weight, torch.Tensor):
         return None
-    quantizer = getattr(module, "_weight_quantizer", None)
+    quantizer = getattr(module, "weight_quantizer", None)
     axis = quantizer.axis if quantizer is not None and isinstance(quantizer.axis, int) else 0
     dims = [d for d in range(weight.dim()) if d != axis]
     return weight.detach().abs().amax(dim=dims).cpu().numpy() if dims else weight.detach().abs().cpu().numpy()

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from workbench.quant.nn.modules.clip import Clip
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import is_quantizing, quantizer_names
 
@@ -76,7 +75,7 @@ def start_learning_amax(model: nn.Module, patterns: str | Iterable[str] | None) 
         if id(q) in by_object:  # shared: learned once, under its first name
             learned.names[by_object[id(q)]].append(name)
             continue
-        amax = q._buffers.get("_amax")
+        amax = q.amax
         reason = None
         if not is_quantizing(q):
             reason = "the quantizer is off"
@@ -84,17 +83,15 @@ def start_learning_amax(model: nn.Module, patterns: str | Iterable[str] | None) 
             reason = "not calibrated"
         elif amax.numel() != 1:
             reason = "per-channel amax: only a per-tensor range can be learned"
-        elif q._learn_amax:
+        elif q.learn_amax:
             reason = "it learns its amax already"
-        elif isinstance(q._num_bits, tuple):
+        elif isinstance(q.num_bits, tuple):
             reason = "FP8 quantizers keep their amax"
         if reason is not None:
             learned.skipped[name] = reason
             continue
         value = float(amax.detach().reshape(()))
-        q._learn_amax = True  # the core's learnable range, started from the calibrated value
-        q.clip = Clip(-value, value, learn_min=True, learn_max=True).to(amax.device)
-        q.enable_clip()
+        q.start_learning_amax(value)  # the core's learnable range, started from the calibrated value
         by_object[id(q)] = name
         learned.quantizers[name] = q
         learned.names[name] = [name]
@@ -113,10 +110,8 @@ def finish_learning_amax(learned: LearnedAmax) -> dict[str, float]:
     values = learned.current()
     for name, q in learned.quantizers.items():
         value = max(values[name], _SMALLEST_AMAX)
-        amax = q._buffers["_amax"]
+        amax = q.amax
         amax.copy_(torch.full_like(amax, value))
-        q.disable_clip()
-        q._learn_amax = False
-        del q.clip
+        q.stop_learning_amax()
         values[name] = value
     return values

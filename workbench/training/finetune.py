@@ -294,7 +294,7 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
         raise ValueError("A metric needs eval_batches to be measured on.")
 
     quantizers = all_quantizers(model)
-    if not any("_amax" in q._buffers for q in quantizers):
+    if not any(q.has_amax for q in quantizers):
         logger.warning("No quantizer of the model has an amax: fine-tune a calibrated model.")
     own_params = {id(p) for q in quantizers for p in q.parameters()}
     if not any(p.requires_grad and id(p) not in own_params for p in model.parameters()):
@@ -358,7 +358,7 @@ def finetune(model: nn.Module, train_batches: Iterable, loss: str | LossFunction
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()  # frozen statistics: what calibration saw, what TensorRT folds
             for q in quantizers:
-                q._if_calib = False
+                q.disable_calib()
             losses: list[float] = []
             current_lr = lr
             for step, batch in enumerate(_epoch_batches(train_batches, shuffle, generator), start=1):

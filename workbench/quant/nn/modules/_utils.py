@@ -68,6 +68,16 @@ class QuantMixin:
     def weight_quantizer(self) -> TensorQuantizer:
         return self._weight_quantizer
 
+    @property
+    def input_quantizers(self) -> nn.ModuleList:
+        """One input quantizer per layer and direction (multi-layer RNNs; see :meth:`init_quantizer`)."""
+        return self._input_quantizers
+
+    @property
+    def weight_quantizers(self) -> nn.ModuleList:
+        """One weight quantizer per layer and direction (multi-layer RNNs)."""
+        return self._weight_quantizers
+
     @classmethod
     def from_float(cls, module: nn.Module, quant_desc_input: QuantDescriptor | None = None,
                    quant_desc_weight: QuantDescriptor | None = None) -> nn.Module:

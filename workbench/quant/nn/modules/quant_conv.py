@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.quant import tensor_quant
+import workbench.quant.tensor_quant as tensor_quant
 from workbench.quant.nn.modules import _utils
 
 __all__ = [

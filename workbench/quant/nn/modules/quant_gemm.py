@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.quant import tensor_quant
+import workbench.quant.tensor_quant as tensor_quant
 from workbench.quant.nn.modules import _utils
 
 __all__ = ["QuantConv1D", "QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_COLUMN"]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from workbench.quant import tensor_quant
+import workbench.quant.tensor_quant as tensor_quant
 from workbench.quant.nn.modules import _utils
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
@@ -41,7 +41,7 @@ def _quantized_weights(w_ih: torch.Tensor, w_hh: torch.Tensor,
 
 
 def _all_disabled(quantizers) -> bool:
-    return all(q._disabled for q in quantizers)
+    return all(not q.is_enabled for q in quantizers)
 
 
 class QuantLSTM(_utils.QuantMixin, nn.LSTM):
@@ -159,7 +159,7 @@ class QuantLSTMCell(_utils.QuantMixin, nn.LSTMCell):
         self.init_quantizer(quant_desc_input, quant_desc_weight)
 
     def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
-        if self._input_quantizer._disabled and self._weight_quantizer._disabled:
+        if not self._input_quantizer.is_enabled and not self._weight_quantizer.is_enabled:
             return super().forward(input, hx)
         unbatched = input.dim() == 1
         x = input.unsqueeze(0) if unbatched else input

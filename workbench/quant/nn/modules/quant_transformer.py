@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.quant import tensor_quant
+import workbench.quant.tensor_quant as tensor_quant
 from workbench.quant.nn.modules._utils import QuantMixin
 from workbench.quant.nn.modules.quant_attention import QuantSDPA, attention_quantizers_active
 from workbench.quant.nn.modules.quant_linear import QuantLinear

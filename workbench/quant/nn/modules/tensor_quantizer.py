@@ -9,8 +9,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.quant import calib, kernels
-from workbench.quant import utils as quant_utils
+import workbench.quant.calib as calib
+import workbench.quant.kernels as kernels
+import workbench.quant.utils as quant_utils
 from workbench.quant.blocks import block_kept_axes, block_view, unblock
 from workbench.quant.kernels import ROUNDINGS, Rounding
 from workbench.quant.nn.modules.clip import Clip
@@ -187,30 +188,81 @@ class TensorQuantizer(nn.Module):
 
     @property
     def amax(self) -> torch.Tensor | None:
-        if not hasattr(self, "_amax"):
-            return None
-        return self._amax
+        """The fixed range (the ``_amax`` buffer), or None while the quantizer uses each input's own range."""
+        return self._buffers.get("_amax")
 
     @amax.setter
     def amax(self, value) -> None:
+        self.set_amax(value)
+
+    @property
+    def has_amax(self) -> bool:
+        """Whether a fixed amax is set (by calibration, :meth:`set_amax` or a loaded state_dict)."""
+        return self._buffers.get("_amax") is not None
+
+    def set_amax(self, value: torch.Tensor | np.ndarray | float | list) -> None:
+        """Set the fixed range amax, creating the buffer if the quantizer has none yet.
+
+        Args:
+            value: a scalar (per tensor) or a tensor/array of the shape of the current amax (per channel
+                or per block); values must be finite and non-negative.
+
+        Raises:
+            ValueError: ``value`` is None, not numeric, negative, NaN or infinite.
+            RuntimeError: the quantizer has an amax of another shape (reshaping would silently change the
+                quantizer's granularity; use :meth:`reset_amax` first to change it on purpose).
+        """
         if value is None:
             raise ValueError("amax cannot be set to None; use reset_amax() to return to dynamic range.")
-        tensor = torch.as_tensor(np.asarray(value, dtype=np.float32) if not isinstance(value, torch.Tensor)
-                                 else value.detach().float())
-        if (tensor < 0).any() or torch.isnan(tensor).any():
-            raise ValueError(f"amax must be non-negative and not NaN, got {value!r}.")
-        if not hasattr(self, "_amax"):
+        try:
+            tensor = torch.as_tensor(np.asarray(value, dtype=np.float32) if not isinstance(value, torch.Tensor)
+                                     else value.detach().float())
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"amax must be a number or an array of numbers, got {type(value).__name__} "
+                             f"({error}).") from None
+        if not bool(torch.isfinite(tensor).all()) or bool((tensor < 0).any()):
+            raise ValueError(f"amax must be finite and non-negative, got {value!r}.")
+        current = self._buffers.get("_amax")
+        if current is None:
             self.register_buffer("_amax", tensor.clone())
         else:
-            if self._amax.shape != tensor.shape:
+            if current.shape != tensor.shape:
                 raise RuntimeError(f"Changing shape when setting amax is not allowed: the quantizer has amax of "
-                                   f"shape {tuple(self._amax.shape)}, got {tuple(tensor.shape)}.")
-            self._amax.data.copy_(tensor.to(self._amax.device))
+                                   f"shape {tuple(current.shape)}, got {tuple(tensor.shape)}.")
+            current.data.copy_(tensor.to(current.device))
+
+    def replace_amax(self, value: torch.Tensor) -> None:
+        """Install ``value`` as the amax buffer as it is (any shape, dtype and device), e.g. a stored calibration.
+
+        Unlike :meth:`set_amax`, the shape may change and a NaN is kept: it marks a quantizer the
+        calibration never reached (``load_calib_amax(strict=False)``).
+
+        Args:
+            value: the new amax tensor; it becomes the buffer itself (not a copy).
+
+        Raises:
+            TypeError: ``value`` is not a tensor.
+        """
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"amax must be a tensor, got {type(value).__name__}.")
+        self.reset_amax()
+        self.register_buffer("_amax", value)
+
+    def move_amax_to(self, device: torch.device | str) -> None:
+        """Move the amax buffer to ``device`` (no-op without amax), e.g. after calibrating on another device."""
+        current = self._buffers.get("_amax")
+        if current is not None:
+            self._buffers["_amax"] = current.to(device)
 
     def reset_amax(self) -> None:
         """Forget amax: the quantizer goes back to the input's dynamic range until calibrated again."""
         if hasattr(self, "_amax"):
             delattr(self, "_amax")
+
+    @property
+    def calibrator(self) -> calib.Calibrator | None:
+        """The calibrator that collects statistics while calibration is on (read-only; None if not created)."""
+        return self._calibrator
 
     @property
     def step_size(self):
@@ -251,6 +303,27 @@ class TensorQuantizer(nn.Module):
     def is_calib_enabled(self) -> bool:
         return self._if_calib
 
+    @property
+    def is_clip_enabled(self) -> bool:
+        """Whether the (learned-range) clip stage runs."""
+        return self._if_clip
+
+    @property
+    def is_onnx_export_enabled(self) -> bool:
+        """Whether the quantizer checks it is ready for ONNX export on each call (see quant_modules)."""
+        return self._enable_onnx_export
+
+    def config_key(self) -> tuple:
+        """Every switch and setting that :meth:`forward` reads, except the amax / pre_quant_scale tensors.
+
+        Returns:
+            A hashable tuple: equal keys (and equal amax / pre_quant_scale tensors) give equal outputs for
+            the same input. Used to memoise a quantized weight.
+        """
+        return (self._disabled, self._if_quant, self._if_clip, self._if_calib, self._fake_quant, self._num_bits,
+                self._unsigned, self._narrow_range, self._axis, self._block_size, self._scale_amax, self._rounding,
+                self._enable_onnx_export, TensorQuantizer.use_fb_fake_quant)
+
     # ----- switches ---------------------------------------------------------------------------
 
     def disable(self) -> None:
@@ -258,7 +331,16 @@ class TensorQuantizer(nn.Module):
         self._disabled = True
 
     def enable(self) -> None:
+        """Stop bypassing the module: it quantizes and/or calibrates as its other switches say."""
         self._disabled = False
+
+    def set_enabled(self, enabled: bool) -> None:
+        """:meth:`enable` when ``enabled`` is true, else :meth:`disable`.
+
+        Args:
+            enabled: whether the quantizer runs (False: inputs pass through unchanged).
+        """
+        self._disabled = not enabled
 
     def disable_clip(self) -> None:
         """Disable the clip stage."""
@@ -276,18 +358,51 @@ class TensorQuantizer(nn.Module):
         self._if_clip = True
 
     def disable_calib(self) -> None:
+        """Stop feeding inputs to the calibrator."""
         self._if_calib = False
 
     def enable_calib(self) -> None:
+        """Feed every input to the calibrator (ValueError without one)."""
         if self._calibrator is None:
             raise ValueError("Calibrator was not created, cannot enable calibration.")
         self._if_calib = True
 
     def disable_quant(self) -> None:
+        """Skip the quantization step (inputs still reach the calibrator if calibration is on)."""
         self._if_quant = False
 
     def enable_quant(self) -> None:
+        """Run the quantization step."""
         self._if_quant = True
+
+    def start_learning_amax(self, init_amax: float) -> None:
+        """Give a fixed-range quantizer a learnable range (a :class:`Clip` stage started at ``+-init_amax``).
+
+        Args:
+            init_amax: the starting range, usually the calibrated per-tensor amax.
+
+        Raises:
+            ValueError: the quantizer learns its range already.
+        """
+        if self._learn_amax:
+            raise ValueError("The quantizer learns its amax already.")
+        clip = Clip(-init_amax, init_amax, learn_min=True, learn_max=True)
+        amax = self._buffers.get("_amax")
+        self._learn_amax = True
+        self.clip = clip.to(amax.device) if amax is not None else clip
+        self.enable_clip()
+
+    def stop_learning_amax(self) -> None:
+        """Remove the learnable range added by :meth:`start_learning_amax`: the quantizer keeps its amax buffer.
+
+        Raises:
+            ValueError: the quantizer does not learn its range.
+        """
+        if not self._learn_amax:
+            raise ValueError("The quantizer does not learn its amax.")
+        self.disable_clip()
+        self._learn_amax = False
+        del self.clip
 
     # ----- calibration ------------------------------------------------------------------------
 
@@ -424,8 +539,15 @@ class TensorQuantizer(nn.Module):
 
     # ----- description ------------------------------------------------------------------------
 
-    def _short_amax(self, fmt: str = ".4f") -> str:
-        """'dynamic' without amax, the value per tensor, '[min, max](count)' per channel."""
+    def amax_summary(self, fmt: str = ".4f") -> str:
+        """The amax in a few characters, for tables and ``repr``.
+
+        Args:
+            fmt: format spec of each number.
+
+        Returns:
+            ``"dynamic"`` without amax, the value per tensor, ``"[min, max](count)"`` per channel or block.
+        """
         if not hasattr(self, "_amax"):
             return "dynamic"
         if self._amax is None:
@@ -441,7 +563,7 @@ class TensorQuantizer(nn.Module):
         s += " narrow" if self._narrow_range else ""
         s += " fake" if self._fake_quant else ""
         s += f" axis={self._axis}" if self._axis is not None else " per-tensor"
-        s += f" amax={self._short_amax()}"
+        s += f" amax={self.amax_summary()}"
         s += f" *{self._scale_amax}" if self._scale_amax else ""
         s += f" block={self._block_size}" if self._block_size is not None else ""
         s += " pre_quant_scale" if self.pre_quant_scale is not None else ""

@@ -2,7 +2,7 @@
 not trusted (what it would run and why, running none of it).
 
 Trust itself is remembered by :mod:`workbench.sources.trust`; the session applies it when it opens a
-project. Registered by :func:`workbench.cli.build_parser` through :func:`add_commands`.
+project. Listed in :data:`COMMANDS` for :func:`workbench.cli.build_parser`.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from workbench.cli import EXIT_OK, _emit
+from workbench.cli.common import EXIT_OK, Command, emit
 
-__all__ = ["add_commands", "untrusted_summary"]
+__all__ = ["COMMANDS", "untrusted_summary"]
 
 
 def untrusted_summary(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -51,7 +51,7 @@ def _cmd_trust(args: argparse.Namespace) -> int:
 
     references = Session.code_references(args.project)  # reads the file, runs nothing
     if not references:
-        _emit(args, {"trusted": True, "code": []}, f"{args.project} runs no code of its own: nothing to trust.")
+        emit(args, {"trusted": True, "code": []}, f"{args.project} runs no code of its own: nothing to trust.")
         return EXIT_OK
     store = remember_trust(args.project, references)
     lines = [f"trusted {args.project}: later commands and the GUI run its code without --trust-code, until it "
@@ -60,7 +60,7 @@ def _cmd_trust(args: argparse.Namespace) -> int:
         lines.append(f"  {r.role}: {r.spec} ({', '.join(r.files) or 'no file found'})")
         lines += [f"    not covered (a change there is not noticed): {note}" for note in r.not_covered]
     lines.append("  (installed packages are not covered: only the files listed)")
-    _emit(args, {"trusted": True, "store": str(store), "code": [r.to_dict() for r in references]}, "\n".join(lines))
+    emit(args, {"trusted": True, "store": str(store), "code": [r.to_dict() for r in references]}, "\n".join(lines))
     return EXIT_OK
 
 
@@ -68,20 +68,26 @@ def _cmd_untrust(args: argparse.Namespace) -> int:
     from workbench.sources.trust import forget_trust
 
     forgotten = forget_trust(args.project)
-    _emit(args, {"forgotten": forgotten}, f"{args.project}: trust forgotten; its code runs again only with "
+    emit(args, {"forgotten": forgotten}, f"{args.project}: trust forgotten; its code runs again only with "
                                           "--trust-code or 'workbench trust'" if forgotten
           else f"{args.project}: no trust was recorded for it")
     return EXIT_OK
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Add ``trust`` and ``untrust`` to the ``workbench`` parser."""
-    trust = sub.add_parser("trust", help="trust a project's code (model, data, metric, loss) from now on, until it "
-                                         "changes; 'workbench show' lists it first")
+def _trust_options(trust: argparse.ArgumentParser) -> None:
     trust.add_argument("project", help="the project file (.qwb)")
     trust.add_argument("--json", action="store_true", help="print the result as JSON")
     trust.set_defaults(func=_cmd_trust)
-    untrust = sub.add_parser("untrust", help="forget the trust given to a project's code")
+
+
+def _untrust_options(untrust: argparse.ArgumentParser) -> None:
     untrust.add_argument("project", help="the project file (.qwb)")
     untrust.add_argument("--json", action="store_true", help="print the result as JSON")
     untrust.set_defaults(func=_cmd_untrust)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("trust", "trust a project's code (model, data, metric, loss) from now on, until it changes; "
+                     "'workbench show' lists it first", _trust_options, on_project=False),
+    Command("untrust", "forget the trust given to a project's code", _untrust_options, on_project=False),
+)

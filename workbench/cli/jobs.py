@@ -1,9 +1,9 @@
 """The CLI commands that run the project's jobs: ``calibrate``, ``evaluate``, ``sensitivity`` (and its
 fallback search), ``export`` and ``finetune``, with the ``--workers`` option of the distributed ones.
 
-Registered by :func:`workbench.cli.build_parser` through :func:`add_commands`, like
-:mod:`workbench.cli_engine`; they use the CLI's own helpers, so errors, ``--json``, progress bars,
-Ctrl-C and exit codes behave as for every other command.
+Listed in :data:`COMMANDS` for :func:`workbench.cli.build_parser`, like :mod:`workbench.cli.engine`; they use
+the helpers of :mod:`workbench.cli.common`, so errors, ``--json``, progress bars, Ctrl-C and exit codes behave
+as for every other command.
 """
 from __future__ import annotations
 
@@ -11,24 +11,25 @@ import argparse
 import logging
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.cli import (
+from workbench.cli.common import (
     EXIT_INTERNAL,
     EXIT_NOT_REACHED,
     EXIT_OK,
     EXIT_USAGE,
+    Command,
+    Progress,
     UsageError,
-    _emit,
-    _fmt,
-    _open,
-    _Progress,
+    data_spec,
+    emit,
+    fmt,
+    open_project,
+    typed_entrypoint,
 )
-from workbench.cli_project import _data_spec, _typed_entrypoint
 
-__all__ = ["add_commands"]
+__all__ = ["COMMANDS"]
 
 
 class _HeldWarnings(logging.Filter):
@@ -66,8 +67,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if mistake:
         raise UsageError(f"{mistake} (--force calibrates with {args.percentile:g} anyway)")
     with job_context() as context:
-        session = _open(args)
-        with _Progress(args, "calibrating", context.is_main) as progress, _HeldWarnings() as held:
+        session = open_project(args)
+        with Progress(args, "calibrating", context.is_main) as progress, _HeldWarnings() as held:
             result = session.calibrate(method=args.method, num_batches=args.num_batches,
                                        percentile=args.percentile, progress=progress, cancel=progress.cancel,
                                        context=context, block_method=args.block_method,
@@ -108,7 +109,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                         f"{len(smoothed) - folded} as a Mul)" if smoothed else "smoothing: none (original weights)")
     if args.evaluate and failed is None:
         lines.append(f"evaluation: {evaluation.summary()}")
-    _emit(args, data, "\n".join(lines))
+    emit(args, data, "\n".join(lines))
     if failed is not None:
         print(f"workbench: error: the calibration was saved to {session.path}, but the evaluation failed and was "
               f"not done: {data['evaluation_error']}", file=sys.stderr)
@@ -127,16 +128,16 @@ def _metric_option(args: argparse.Namespace) -> Any:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    session = _open(args)
+    session = open_project(args)
     metric = _metric_option(args)
-    with _Progress(args, "evaluating") as progress:
+    with Progress(args, "evaluating") as progress:
         evaluation = session.evaluate(metric, num_batches=args.num_batches, progress=progress,
                                       cancel=progress.cancel)
     lines = [f"  {'':<22} {'FP32':>10} {'INT8':>10} {'delta':>10}",
-             f"  {evaluation.name:<22} {_fmt(evaluation.fp32):>10} {_fmt(evaluation.int8):>10} "
-             f"{_fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better)",
-             f"  output SQNR INT8 vs FP32: {_fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} batches)"]
-    _emit(args, evaluation.to_dict(), "\n".join(lines))
+             f"  {evaluation.name:<22} {fmt(evaluation.fp32):>10} {fmt(evaluation.int8):>10} "
+             f"{fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better)",
+             f"  output SQNR INT8 vs FP32: {fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} batches)"]
+    emit(args, evaluation.to_dict(), "\n".join(lines))
     return EXIT_OK
 
 
@@ -144,9 +145,9 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
     from workbench.launcher import job_context
 
     with job_context() as context:
-        session = _open(args)
+        session = open_project(args)
         metric = _metric_option(args)
-        with _Progress(args, "sensitivity", context.is_main) as progress:
+        with Progress(args, "sensitivity", context.is_main) as progress:
             result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
                                          units=None if args.units == "layers" else args.units,
                                          progress=progress, cancel=progress.cancel, context=context)
@@ -179,7 +180,7 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
         versus = f"vs all quantized {unit.delta_vs_quantized:+.4g}"
         if vs_fp32:
             versus += f", vs FP32 {unit.delta_vs_fp32:+.4g}"
-        lines.append(f"  {unit.rank:>3}. {unit.name:<36} {_fmt(unit.value)}  ({versus})")
+        lines.append(f"  {unit.rank:>3}. {unit.name:<36} {fmt(unit.value)}  ({versus})")
     if fallback is not None and hasattr(fallback, "ladder"):
         data["ladder"] = fallback.to_dict()
         data.update(precisions=fallback.precisions, value=fallback.value, weight_bytes=fallback.weight_bytes,
@@ -201,7 +202,7 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
         lines.append(fallback.summary())
         if args.apply:
             lines.append("applied: the chosen layers are left in float in the project")
-    _emit(args, data, "\n".join(lines))
+    emit(args, data, "\n".join(lines))
     if fallback is not None and not fallback.reached:  # scripts can tell: the ranking and the curve are saved
         print(f"workbench: the fallback search did not reach its goal (exit {EXIT_NOT_REACHED}); "
               "the ranking and the search are saved in the project", file=sys.stderr)
@@ -261,7 +262,7 @@ def _fallback_mix(session: Any, fallback: Any) -> dict[str, Any]:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    session = _open(args)
+    session = open_project(args)
     folder = Path(args.output).parent if args.output else None
     made = folder is not None and not folder.exists()
     if made:  # `-o out/x.onnx` into a folder that is not there yet: make it (and take it back if nothing lands)
@@ -277,7 +278,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     session.save()
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
-    _emit(args, {**report.to_dict(), "files": written},
+    emit(args, {**report.to_dict(), "files": written},
           report.summary() + "".join(f"\nnote: {note}" for note in report.format_notes)
           + "\nwrote: " + ", ".join(written))
     return EXIT_OK
@@ -286,14 +287,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_finetune(args: argparse.Namespace) -> int:
     from workbench.training import recipe
 
-    session = _open(args)
+    session = open_project(args)
     if args.reset:
         reset = session.reset_finetune()
         session.save()
-        _emit(args, {"reset": reset}, "back to the calibrated weights" if reset else "no fine-tuned weights in use")
+        emit(args, {"reset": reset}, "back to the calibrated weights" if reset else "no fine-tuned weights in use")
         return EXIT_OK
     if args.train_data:
-        typed = _data_spec(args.train_data, args, args.batch_size)  # relative to where it was typed
+        typed = data_spec(args.train_data, args, args.batch_size)  # relative to where it was typed
         session.set_data("training", typed.absolute(Path.cwd()).relative_to(session.base_dir))
     options: dict[str, Any] = {}
     if args.original_lr is not None:
@@ -301,12 +302,12 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     elif args.original_epochs is not None:
         raise UsageError("--original-epochs goes with --original-lr (the recipe needs both).")
     given = {"epochs": args.epochs, "lr": args.lr, "optimizer": args.optimizer, "schedule": args.schedule,
-             "loss": _typed_entrypoint(args.loss, session), "momentum": args.momentum,
+             "loss": typed_entrypoint(args.loss, session), "momentum": args.momentum,
              "weight_decay": args.weight_decay,
              "steps_per_epoch": args.steps_per_epoch, "amp": args.amp, "learn_amax": args.learn_amax}
     options.update({key: value for key, value in given.items() if value is not None})
     metric = _metric_option(args)
-    with _Progress(args, "fine-tuning") as progress:
+    with Progress(args, "fine-tuning") as progress:
         result = session.finetune(metric=metric, progress=progress, cancel=progress.cancel, **options)
     session.save()
     data = result.to_dict()
@@ -314,8 +315,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     lines = [result.summary(), f"  {'epoch':>5} {'train loss':>11} {'eval loss':>10} {'metric':>9} {'lr':>9}"]
     for record in [result.baseline] + result.history:
         best = "  best" if record.epoch == result.best_epoch else ""
-        lines.append(f"  {record.epoch:>5} {_fmt(record.train_loss):>11} {_fmt(record.eval_loss):>10} "
-                     f"{_fmt(record.metric):>9} {_fmt(record.lr):>9}{best}")
+        lines.append(f"  {record.epoch:>5} {fmt(record.train_loss):>11} {fmt(record.eval_loss):>10} "
+                     f"{fmt(record.metric):>9} {fmt(record.lr):>9}{best}")
     for name, change in result.learned_amax.items():
         lines.append(f"  learned amax {name}: {change['before']:.4g} -> {change['after']:.4g}")
     for name, reason in result.learn_amax_skipped.items():
@@ -323,7 +324,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     if result.cancelled:
         lines.append("cancelled: the model has the best weights so far" if result.epochs_completed
                      else "cancelled before the first epoch ended: nothing changed")
-    _emit(args, data, "\n".join(lines))
+    emit(args, data, "\n".join(lines))
     return EXIT_OK
 
 
@@ -334,30 +335,25 @@ def _workers_option(command: argparse.ArgumentParser) -> None:
                               "N GPUs), with the same result as one process; under torchrun, torchrun decides")
 
 
-def add_commands(sub: argparse._SubParsersAction,
-                 project_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Add ``calibrate``, ``evaluate``, ``sensitivity``, ``export`` and ``finetune`` to the ``workbench`` parser."""
-    from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
-    from workbench.analysis.results import SCHEMES
-    from workbench.analysis.units import UNIT_SCHEMES
+# The options of each command, added when it is chosen (workbench.cli.entry): the registries their choices and
+# help texts come from are imported here, not for `workbench --help`. Every default a help text names is read
+# from the project settings' defaults: one source of truth.
+
+
+def _calibrate_options(cal: argparse.ArgumentParser) -> None:
     from workbench.project.settings import DEFAULTS
     from workbench.quant.blocks import BLOCK_METHODS
     from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
-    from workbench.quant.precision import FP8_OPS, Precision
 
-    precision_names = "precisions: " + ", ".join(p.value for p in Precision)
-
-    # every default a help text names is read from the project settings' defaults: one source of truth
-    calib_defaults, tune_defaults = DEFAULTS.calibration, DEFAULTS.finetune
-    cal = project_command("calibrate", "calibrate on the project's calibration data")
+    calib_defaults = DEFAULTS.calibration
     cal.add_argument("--method", choices=AMAX_METHODS,
                      help=f"amax method of histogram quantizers (default: the project's; new projects: "
                           f"{calib_defaults.method}): {AmaxMethod.help_text()}")
     cal.add_argument("--num-batches", type=int, help="calibration batches to use (default: the project's; new "
                                                      f"projects: {calib_defaults.num_batches})")
     cal.add_argument("--percentile", type=float,
-                     help=f"for --method percentile: {PERCENTILE.help.replace('%', '%%')}, {PERCENTILE.describe()}, e.g. "
-                          f"99.9 (default: the project's; new projects: {calib_defaults.percentile:g})")
+                     help=f"for --method percentile: {PERCENTILE.help.replace('%', '%%')}, {PERCENTILE.describe()}, "
+                          f"e.g. 99.9 (default: the project's; new projects: {calib_defaults.percentile:g})")
     cal.add_argument("--block-method", choices=BLOCK_METHODS,
                      help="amax of INT4 weight blocks (int4w layers): max, or mse (per block, the max shrunk to the "
                           f"least squared error) (default: the project's; new projects: {calib_defaults.block_method})")
@@ -372,13 +368,24 @@ def add_commands(sub: argparse._SubParsersAction,
     _workers_option(cal)
     cal.set_defaults(func=_cmd_calibrate)
 
-    evaluate = project_command("evaluate", "a metric on the FP32 and the INT8 model, and the output SQNR")
+
+def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:
+    from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
+
     evaluate.add_argument("--metric", help=f"{metric_choices_text()} (default: the project's metric)")
     evaluate.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
     evaluate.add_argument("--num-batches", type=int, help="evaluation batches to use (default: all)")
     evaluate.set_defaults(func=_cmd_evaluate)
 
-    sens = project_command("sensitivity", "rank layers by sensitivity; optionally search a fallback set")
+
+def _sensitivity_options(sens: argparse.ArgumentParser) -> None:
+    from workbench.analysis.metrics import DIRECTIONS
+    from workbench.analysis.results import SCHEMES
+    from workbench.analysis.units import UNIT_SCHEMES
+    from workbench.project.settings import DEFAULTS
+    from workbench.quant.precision import Precision
+
+    precision_names = "precisions: " + ", ".join(p.value for p in Precision)
     sens.add_argument("--scheme", choices=SCHEMES, default=SCHEMES[0])
     sens.add_argument("--units", choices=UNIT_SCHEMES, default="layers",
                       help="what is switched together: each quantized layer (an attention's products together), "
@@ -403,7 +410,10 @@ def add_commands(sub: argparse._SubParsersAction,
     _workers_option(sens)
     sens.set_defaults(func=_cmd_sensitivity)
 
-    export = project_command("export", "write validated QDQ ONNX")
+
+def _export_options(export: argparse.ArgumentParser) -> None:
+    from workbench.quant.precision import FP8_OPS
+
     export.add_argument("-o", "--output", help="the .onnx file (default: next to the project)")
     export.add_argument("--opset", type=int, help="ONNX opset (default: the project's, 17 for new projects); raised "
                                                   "to what the formats in use need: FP8 19, INT4 weights 21")
@@ -420,7 +430,12 @@ def add_commands(sub: argparse._SubParsersAction,
                         help="also write a TensorRT calibration cache (implicit quantization)")
     export.set_defaults(func=_cmd_export)
 
-    tune = project_command("finetune", "quantization-aware fine-tuning of the calibrated model (amax fixed)")
+
+def _finetune_options(tune: argparse.ArgumentParser) -> None:
+    from workbench.analysis.metrics import DIRECTIONS
+    from workbench.project.settings import DEFAULTS
+
+    tune_defaults = DEFAULTS.finetune
     tune.add_argument("--epochs", type=int, help="passes over the training data (recipe: ~10%% of the original; "
                                                  f"default: {tune_defaults.epochs})")
     tune.add_argument("--lr", type=float, help="starting learning rate (recipe: 1%% of the original; default: "
@@ -457,3 +472,12 @@ def add_commands(sub: argparse._SubParsersAction,
     tune.add_argument("--reset", action="store_true", help="drop the fine-tuned weights: back to the calibrated "
                                                            "model's own")
     tune.set_defaults(func=_cmd_finetune)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("calibrate", "calibrate on the project's calibration data", _calibrate_options),
+    Command("evaluate", "a metric on the FP32 and the INT8 model, and the output SQNR", _evaluate_options),
+    Command("sensitivity", "rank layers by sensitivity; optionally search a fallback set", _sensitivity_options),
+    Command("export", "write validated QDQ ONNX", _export_options),
+    Command("finetune", "quantization-aware fine-tuning of the calibrated model (amax fixed)", _finetune_options),
+)

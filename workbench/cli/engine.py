@@ -1,22 +1,21 @@
 """The CLI commands that close the loop with TensorRT: ``lint``, ``engine-report`` and ``diff``.
 
-Registered by :func:`workbench.cli.build_parser` through :func:`add_commands`; they use the CLI's own
-helpers, so errors, ``--json`` and exit codes behave as for every other command.
+Listed in :data:`COMMANDS` for :func:`workbench.cli.build_parser`; they use the helpers of
+:mod:`workbench.cli.common`, so errors, ``--json`` and exit codes behave as for every other command.
 """
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
-from workbench.cli import EXIT_OK, UsageError, _emit, _open
+from workbench.cli.common import EXIT_OK, Command, UsageError, emit, open_project
 
-__all__ = ["add_commands"]
+__all__ = ["COMMANDS"]
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
     from workbench.export.lint import LINT_KINDS, count_text
 
-    session = _open(args)
+    session = open_project(args)
     warnings = session.lint()
     reused = session.latest_lint()
     applied: list[dict] = []
@@ -31,7 +30,8 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         session.save()
     lines = [count_text(warnings) if warnings else "No fusion warnings: the Q/DQ placement suits TensorRT."]
     for number, warning in enumerate(warnings, start=1):
-        lines.append(f"  {number}. [{warning.severity}] {warning.kind} ({', '.join(warning.modules)}): {warning.message}")
+        lines.append(f"  {number}. [{warning.severity}] {warning.kind} ({', '.join(warning.modules)}): "
+                     f"{warning.message}")
         if warning.fix is not None:
             lines.append(f"     fix: {warning.fix.description} (--apply {number})")
     for entry in applied:
@@ -43,7 +43,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         lines.append(f"(linted: {reused[2]})")
     data = {"warnings": [w.to_dict() for w in warnings], "kinds": LINT_KINDS, "applied": applied,
             "linted": reused[2] if reused is not None else ""}
-    _emit(args, data, "\n".join(lines))
+    emit(args, data, "\n".join(lines))
     return EXIT_OK
 
 
@@ -62,12 +62,12 @@ def _numbers(values: list[str], count: int) -> list[int]:
 
 
 def _cmd_engine_report(args: argparse.Namespace) -> int:
-    session = _open(args)
+    session = open_project(args)
     report = session.import_engine_report(args.layer_info, args.profile, remember=not args.no_save,
                                           onnx_file=args.onnx, force=args.force)
     if not args.no_save:
         session.save()
-    _emit(args, report.to_dict(), report.text())
+    emit(args, report.to_dict(), report.text())
     return EXIT_OK
 
 
@@ -76,19 +76,17 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     from workbench.project.diff import diff_projects
 
     diff = diff_projects(load_project(args.a), load_project(args.b), name_a=args.a, name_b=args.b)
-    _emit(args, diff.to_dict(), diff.text())
+    emit(args, diff.to_dict(), diff.text())
     return EXIT_OK
 
 
-def add_commands(sub: argparse._SubParsersAction,
-                 project_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Add ``lint``, ``engine-report`` and ``diff`` to the ``workbench`` parser."""
-    lint = project_command("lint", "predict where TensorRT will not fuse the Q/DQ placement, with fixes")
+def _lint_options(lint: argparse.ArgumentParser) -> None:
     lint.add_argument("--apply", action="append", metavar="N",
                       help="apply warning N's fix to the project (repeatable, or 'all')")
     lint.set_defaults(func=_cmd_lint)
 
-    engine = project_command("engine-report", "map a TensorRT engine's layers and profile back to the model")
+
+def _engine_report_options(engine: argparse.ArgumentParser) -> None:
     engine.add_argument("layer_info", help="trtexec --exportLayerInfo=FILE output (best with "
                                            "--profilingVerbosity=detailed)")
     engine.add_argument("--profile", help="trtexec --exportProfile=FILE output: per-layer times")
@@ -101,8 +99,16 @@ def add_commands(sub: argparse._SubParsersAction,
     engine.add_argument("--no-save", action="store_true", help="show the report without keeping it in the project")
     engine.set_defaults(func=_cmd_engine_report)
 
-    diff = sub.add_parser("diff", help="what changed between two projects")
+
+def _diff_options(diff: argparse.ArgumentParser) -> None:
     diff.add_argument("a", help="the earlier project (.qwb)")
     diff.add_argument("b", help="the later project (.qwb)")
     diff.add_argument("--json", action="store_true", help="print the result as JSON")
     diff.set_defaults(func=_cmd_diff)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("lint", "predict where TensorRT will not fuse the Q/DQ placement, with fixes", _lint_options),
+    Command("engine-report", "map a TensorRT engine's layers and profile back to the model", _engine_report_options),
+    Command("diff", "what changed between two projects", _diff_options, on_project=False),
+)

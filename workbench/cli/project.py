@@ -1,21 +1,19 @@
 """The CLI commands about the project itself: ``new`` (create one), ``show`` (what it holds) and ``set``
 (layers, descriptors, rules and settings), with the data options and parsing they share.
 
-Registered by :func:`workbench.cli.build_parser` through :func:`add_commands`, like
-:mod:`workbench.cli_engine`; they use the CLI's own helpers, so errors, ``--json`` and exit codes
-behave as for every other command.
+Listed in :data:`COMMANDS` for :func:`workbench.cli.build_parser`, like :mod:`workbench.cli.engine`; they use
+the helpers of :mod:`workbench.cli.common`, so errors, ``--json`` and exit codes behave as for every other
+command.
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.cli import EXIT_OK, UsageError, _emit, _fmt, _open
+from workbench.cli.common import EXIT_OK, Command, UsageError, data_spec, emit, fmt, open_project, typed_entrypoint
 
-__all__ = ["add_commands"]
+__all__ = ["COMMANDS"]
 
 
 def _parse_value(text: str) -> Any:
@@ -35,31 +33,6 @@ def _parse_fields(text: str) -> dict[str, Any]:
     return fields
 
 
-def _data_spec(text: str, args: argparse.Namespace, batch_size: int):
-    from workbench.session.new_project import image_options
-    from workbench.sources.data_source import DataSpec
-
-    spec = DataSpec.parse(text, batch_size=batch_size, num_batches=args.num_batches, shuffle=args.shuffle,
-                          seed=args.seed)
-    given = [f"--{name}" for name in ("resize", "crop", "mean", "std") if getattr(args, name) is not None]
-    given += ["--grayscale"] if args.grayscale else []
-    if given and spec.kind != "images":  # said, not silently dropped: tensors are used as they are
-        print(f"workbench: note: {', '.join(given)} apply to folders of images; {text} is {spec.kind} data, used "
-              "as it is: ignored", file=sys.stderr)
-    elif given:
-        spec.image = image_options(resize=args.resize, crop=args.crop, mean=args.mean, std=args.std,
-                                   grayscale=args.grayscale)
-    return spec
-
-
-def _typed_entrypoint(spec: str | None, session: Any) -> str | None:
-    """A ``file.py:function`` typed on the command line names a file relative to where it was typed; the
-    project keeps it relative to its own folder (which may be elsewhere)."""
-    from workbench.sources.paths import absolute_entrypoint, relative_entrypoint
-
-    return None if spec is None else relative_entrypoint(absolute_entrypoint(spec, Path.cwd()), session.base_dir)
-
-
 def _cmd_new(args: argparse.Namespace) -> int:
     from workbench.session import Session
     from workbench.session.new_project import factory_arguments, new_project_settings
@@ -71,8 +44,8 @@ def _cmd_new(args: argparse.Namespace) -> int:
         raise UsageError(f"{project} exists; use --force to overwrite it.")
     model = ModelSpec.parse(args.model, weights=args.weights, kwargs=factory_arguments(args.model_kwargs),
                             code_dir=args.code_dir)
-    calibration = _data_spec(args.data, args, args.batch_size)
-    evaluation = _data_spec(args.eval_data, args, args.batch_size) if args.eval_data else None
+    calibration = data_spec(args.data, args, args.batch_size)
+    evaluation = data_spec(args.eval_data, args, args.batch_size) if args.eval_data else None
     if evaluation is not None:
         evaluation.num_batches = None
     settings = new_project_settings(metric=args.metric, direction=args.metric_direction)
@@ -87,7 +60,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
     summary = session.summary()
     text = (f"Created {path}: {summary['model_description']}, input {summary['input']}, "
             f"{summary['layers']} quantizable layers.")
-    _emit(args, summary, "\n".join([text] + _new_notes(summary)))
+    emit(args, summary, "\n".join([text] + _new_notes(summary)))
     return EXIT_OK
 
 
@@ -111,12 +84,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from workbench.sources.errors import TrustRequired
 
     try:
-        session = _open(args)
+        session = open_project(args)
     except TrustRequired:
-        from workbench.cli_trust import untrusted_summary
+        from workbench.cli.trust import untrusted_summary
 
         data, text = untrusted_summary(args)
-        _emit(args, data, text)
+        emit(args, data, text)
         return EXIT_OK
     layers = session.layers()  # the summary counts them too: listed once
     summary = session.summary(layers)
@@ -133,7 +106,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         stale = run["output_sqnr_stale"]
         over = f" over {run['sqnr_batches']} batches" if run["sqnr_batches"] else " (first batch)"
         lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR INT8 vs "
-                     f"FP32 {_fmt(run['output_sqnr_db'], ' dB')}{over}" + (f" (stale: {'; '.join(stale)}; recalibrate "
+                     f"FP32 {fmt(run['output_sqnr_db'], ' dB')}{over}" + (f" (stale: {'; '.join(stale)}; recalibrate "
                                                                   "for a current figure)" if stale else ""))
         if run["picked"]:
             lines.append("    auto picked " + ", ".join(f"{m} for {n}" for m, n in run["picked"].items()))
@@ -168,7 +141,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         lines.append(f"    {layer.name:<32} {layer.display_type:<20} {layer.precision:<9} {layer.input_summary:<36} "
                      f"{layer.weight_summary:<24} "
                      f"{layer.amax_summary:<22} {layer.sensitivity_rank or '-'}{notes}")
-    _emit(args, summary, "\n".join(lines))
+    emit(args, summary, "\n".join(lines))
     return EXIT_OK
 
 
@@ -197,7 +170,7 @@ def _folding_lines(folding: dict[str, Any]) -> list[str]:
 
 
 def _cmd_set(args: argparse.Namespace) -> int:
-    session = _open(args)
+    session = open_project(args)
     changed: dict[str, list[str]] = {}
 
     def pick(values: list[str] | None, by: str) -> list[str]:
@@ -246,7 +219,7 @@ def _cmd_set(args: argparse.Namespace) -> int:
         session.add_pins([(first.strip(), second.strip())])
         changed.setdefault("pins", []).append(pin)
     if args.metric:
-        session.set_setting("metric", {"name": _typed_entrypoint(args.metric, session),
+        session.set_setting("metric", {"name": typed_entrypoint(args.metric, session),
                                        "direction": args.metric_direction})
         changed["metric"] = [args.metric]
     if args.device:
@@ -264,7 +237,8 @@ def _cmd_set(args: argparse.Namespace) -> int:
         if value not in ("on", "off", "true", "false"):
             raise UsageError(f"--functional {name} takes on or off, got {value!r}.")
         session.update_setting("functional", **{name: value in ("on", "true")})
-        changed.setdefault("functional", []).append(f"{name}={'on' if getattr(session.settings.functional, name) else 'off'}")
+        state = "on" if getattr(session.settings.functional, name) else "off"
+        changed.setdefault("functional", []).append(f"{name}={state}")
     if args.output_key is not None:
         session.set_setting("output", args.output_key or None)
         changed["output"] = [args.output_key or "first tensor"]
@@ -272,7 +246,7 @@ def _cmd_set(args: argparse.Namespace) -> int:
         if text:  # checked as `new` checks it: the inputs must fit the model
             batch_size = args.batch_size or (session.project.data[role].batch_size if role in session.project.data
                                               else session.project.data["calibration"].batch_size)
-            typed = _data_spec(text, args, batch_size)  # relative to where it was typed
+            typed = data_spec(text, args, batch_size)  # relative to where it was typed
             if role == "evaluation":
                 typed.num_batches = None
             session.set_data(role, typed.absolute(Path.cwd()).relative_to(session.base_dir))
@@ -290,7 +264,7 @@ def _cmd_set(args: argparse.Namespace) -> int:
     session.save()
     text = "\n".join([f"{what}: {', '.join(names) if names else 'no change'}" for what, names in changed.items()]
                      + [f"note: {note}" for note in notes])
-    _emit(args, {**changed, "notes": notes} if notes else changed, text)
+    emit(args, {**changed, "notes": notes} if notes else changed, text)
     return EXIT_OK
 
 
@@ -312,15 +286,15 @@ def _data_options(command: argparse.ArgumentParser, default_batches: int, *, req
     command.add_argument("--grayscale", action="store_true", help="images: one channel")
 
 
-def add_commands(sub: argparse._SubParsersAction,
-                 project_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Add ``new``, ``show`` and ``set`` to the ``workbench`` parser."""
-    from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
-    from workbench.project.settings import DEFAULTS, FUNCTIONAL_SWITCHES, RULES  # one definition of each
-    from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision, precision_choices_text
+# The options of each command, added when it is chosen (workbench.cli.entry): the registries their choices and
+# help texts come from are imported here, not for `workbench --help`. Every default a help text names is read
+# from the project settings' defaults: one source of truth.
 
-    # every default a help text names is read from the project settings' defaults: one source of truth
-    new = project_command("new", "create a project on a model and data")
+
+def _new_options(new: argparse.ArgumentParser) -> None:
+    from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
+    from workbench.project.settings import DEFAULTS
+
     new.add_argument("--model", required=True, help="file.py:factory, package.module:factory, model.pt (a pickled "
                                                     "model), demo:digits / demo:resnet18 / demo:resnet50, hf:DIR (a "
                                                     "local Hugging Face folder) or timm:NAME[@weights.safetensors]")
@@ -339,11 +313,16 @@ def add_commands(sub: argparse._SubParsersAction,
     new.add_argument("--force", action="store_true", help="overwrite an existing project file")
     new.set_defaults(func=_cmd_new)
 
-    show = project_command("show", "print a project's model, data, layers and results (untrusted: the code it "
-                                   "would run)")
+
+def _show_options(show: argparse.ArgumentParser) -> None:
     show.set_defaults(func=_cmd_show)
 
-    set_ = project_command("set", "quantize or ignore layers, set descriptors, rules and settings")
+
+def _set_options(set_: argparse.ArgumentParser) -> None:
+    from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
+    from workbench.project.settings import DEFAULTS, FUNCTIONAL_SWITCHES, RULES  # one definition of each
+    from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision, precision_choices_text
+
     set_.add_argument("--layer", action="append", help="a layer name (repeatable)")
     set_.add_argument("--pattern", action="append", help="layers whose name matches this regex (repeatable)")
     set_.add_argument("--type", action="append", help="layers of this type, e.g. Conv2d (repeatable)")
@@ -380,3 +359,11 @@ def add_commands(sub: argparse._SubParsersAction,
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("new", "create a project on a model and data", _new_options),
+    Command("show", "print a project's model, data, layers and results (untrusted: the code it would run)",
+            _show_options),
+    Command("set", "quantize or ignore layers, set descriptors, rules and settings", _set_options),
+)
