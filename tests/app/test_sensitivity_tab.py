@@ -264,7 +264,20 @@ def test_the_unit_column_fits_its_names_beside_the_chart(controller, qtbot):
     units.append(UnitResult(long_name, [], 1.0, 0.0, -9.0, rank=4))
     tab.show_result(SensitivityResult("one-off", {"name": "sqnr", "direction": "higher"}, math.inf, 25.0, units,
                                       1, 0.1))
-    assert tab.table.columnWidth(0) == UNIT_COLUMN_MAX_PX
+    assert tab.table.columnWidth(0) <= UNIT_COLUMN_MAX_PX < metrics.horizontalAdvance(long_name)
+    shown = sum(header.sectionSize(c) for c in range(5) if not header.isSectionHidden(c))
+    assert shown <= tab.table.viewport().width() + 1
     assert tab.table.textElideMode() == QtNames.TextElideMode.ElideLeft
+
+    # a narrow tab (a wide Model dock beside it): the table takes its share, every column still fits (no
+    # horizontal scroll that would hide the names when a row is selected), the names elided at the front
+    tab.resize(700, 800)
+    qtbot.waitUntil(lambda: tab.width() == 700)
+    shown = sum(header.sectionSize(c) for c in range(5) if not header.isSectionHidden(c))
+    assert shown <= tab.table.viewport().width() + 1
+    qtbot.waitUntil(lambda: tab.table.horizontalScrollBar().maximum() == 0, timeout=3000)  # once laid out
+    assert 120 <= tab.table.columnWidth(0) < UNIT_COLUMN_MAX_PX
+    tab.table.selectRow(3)
+    assert tab.table.horizontalScrollBar().value() == 0
     row = next(r for r in range(4) if tab.table_model.item(r, 0).data(QtNames.ItemDataRole.UserRole) == long_name)
     assert tab.table_model.item(row, 0).toolTip().startswith(long_name + "\n")

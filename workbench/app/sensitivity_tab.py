@@ -64,6 +64,7 @@ VISIBLE_BARS = 30          # rows the chart shows at once; the wheel scrolls thr
 VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay readable
 LABEL_WIDTH_PX = 220       # unit names longer than this are elided at the front, keeping the block index
 UNIT_COLUMN_MAX_PX = 460   # the table's Unit column: sized to its names up to this, then elided at the front
+UNIT_COLUMN_MIN_PX = 120   # ... and never narrower than this in a narrow tab
 TABLE_SHARE_MAX = 0.6      # the table takes the room its columns need beside the chart, up to this share
 
 class SensitivityTab(QWidget):
@@ -180,8 +181,10 @@ class SensitivityTab(QWidget):
         header = self.table.horizontalHeader()
         # the Unit column sized to its names (_fit_table), not squeezed to what the number columns leave over
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
-        for column in range(1, len(self.COLUMNS)):
+        for column in range(1, len(self.COLUMNS) - 1):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        # the last (Rank) fills what is left: sized to its contents by _fit_table, stretched by the header
+        header.setSectionResizeMode(len(self.COLUMNS) - 1, QHeaderView.ResizeMode.Interactive)
         header.setStretchLastSection(True)
         self.table.selectionModel().selectionChanged.connect(self._table_selection_changed)
         top.addWidget(self.table)
@@ -189,6 +192,8 @@ class SensitivityTab(QWidget):
         top.setStretchFactor(1, 0)
         top.setSizes([600, 500])
         self.chart_table_splitter = top
+        self._table_sized_by_user = False  # a splitter the user dragged stays where it was put
+        top.splitterMoved.connect(self._table_resized_by_user)
 
         chart_panel = QWidget()
         chart_layout = QVBoxLayout(chart_panel)
@@ -375,18 +380,33 @@ class SensitivityTab(QWidget):
         return min(UNIT_COLUMN_MAX_PX, max(least, widest + padding))
 
     def _fit_table(self) -> None:
-        """Size the Unit column to its names and give the table the room its columns need beside the chart."""
-        self.table.setColumnWidth(0, self.unit_column_width())
+        """Give the table the room its columns need beside the chart (up to :data:`TABLE_SHARE_MAX` of the tab),
+        and the Unit column its names' width, or what is left in a narrow tab (never a horizontal scroll that
+        hides the names when a row is selected); the names are elided at the front."""
         for column in range(1, len(self.COLUMNS)):
             self.table.resizeColumnToContents(column)
         header = self.table.horizontalHeader()
-        columns = sum(header.sectionSize(c) for c in range(len(self.COLUMNS)) if not header.isSectionHidden(c))
-        need = columns + self.table.verticalScrollBar().sizeHint().width() + 2 * self.table.frameWidth() + 2
-        sizes = self.chart_table_splitter.sizes()
-        total = sum(sizes)
-        if total > 0:
-            table = min(need, int(total * TABLE_SHARE_MAX))
+        others = sum(header.sectionSize(c) for c in range(1, len(self.COLUMNS)) if not header.isSectionHidden(c))
+        chrome = self.table.verticalScrollBar().sizeHint().width() + 2 * self.table.frameWidth() + 6  # + grid
+        wanted = self.unit_column_width()
+        total = sum(self.chart_table_splitter.sizes())
+        if total <= 0:  # not laid out yet: showEvent fits it again
+            self.table.setColumnWidth(0, wanted)
+            return
+        table = min(wanted + others + chrome, int(total * TABLE_SHARE_MAX))
+        if not self._table_sized_by_user:
             self.chart_table_splitter.setSizes([total - table, table])
+        else:
+            table = self.chart_table_splitter.sizes()[1]
+        self.table.setColumnWidth(0, max(UNIT_COLUMN_MIN_PX, min(wanted, table - others - chrome)))
+
+    def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        self._fit_table()  # a dock widened or narrowed beside the tab
+
+    def _table_resized_by_user(self, *_args: Any) -> None:
+        self._table_sized_by_user = True
+        self._fit_table()
 
     def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)
