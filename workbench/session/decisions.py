@@ -144,15 +144,17 @@ def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: 
         override = getattr(session.project.layers[name], f"{role}_desc")
         default = descriptor_of(role_quantizer(module, role)) if override is None else \
             _class_default(session, module, role)
-        # back at the layer's default: no override at all, so that it reads (and digests) as unchanged; else
-        # the fields that differ from a descriptor's defaults, as a precision stores its own (an fp8 layer edited
-        # back to fp8's descriptor is the same override as set_precision wrote)
+        # back at the layer's default: no override at all, so that it reads (and digests) as unchanged; back at
+        # its precision's default (an fp8 layer edited and edited back): the override set_precision writes
+        precision_default = _precision_default(session, name, module, role, updated)
         if default is not None and _same_fields(updated, default):
             keep = None
         elif override is not None and _same_fields(updated, override):
             keep = override
+        elif precision_default is not None and _same_fields(updated, precision_default):
+            keep = precision_default  # as set_precision writes it
         else:
-            keep = _normal_fields(updated)
+            keep = jsonable(updated)
         if keep != override:
             updates[name] = jsonable(updated)
             stored[name] = keep
@@ -178,6 +180,32 @@ def _normal_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
 def _same_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two descriptors' fields make the same quantizer (defaults and the name do not count)."""
     return _normal_fields(a) == _normal_fields(b)
+
+
+def _precision_default(session: Session, name: str, module: Any, role: str,
+                       fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``role`` descriptor :func:`plan_precision` gives the layer in the precision ``fields`` make (with its
+    other role as it is), from the project's defaults; None for float, custom descriptors or a precision that
+    does not apply."""
+    decision = session.project.layers[name]
+    quantizers = {r: role_quantizer(module, r) for r in ("input", "weight")}
+    pair = {r: (fields if r == role else getattr(decision, f"{r}_desc")
+                or (descriptor_of(q) if q is not None else None)) for r, q in quantizers.items()}
+    precision = precision_of(pair["input"] if quantizers["input"] is not None else None,
+                             pair["weight"] if quantizers["weight"] is not None else None, decision.quantize)
+    if precision is None or precision is Precision.FLOAT:
+        return None
+    defaults = session.settings.defaults
+    try:
+        made = descriptors_for(precision, decision.type, has_weight=quantizers["weight"] is not None,
+                               weight_ndim=_weight_ndim(module),
+                               block_size=int((pair["weight"] or {}).get("block_size") or DEFAULT_BLOCK_SIZE),
+                               base_input=_fields_or(defaults.descriptor("input"), pair["input"]),
+                               base_weight=_fields_or(defaults.descriptor("weight"), pair["weight"]))
+    except (TypeError, ValueError):
+        return None
+    chosen = made[0] if role == "input" else made[1]
+    return None if chosen is None else jsonable(chosen)
 
 
 def _class_default(session: Session, module: Any, role: str) -> dict[str, Any] | None:
