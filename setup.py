@@ -21,7 +21,8 @@ setup(
         Extension(
             "workbench.quant._cpu_kernels",
             sources=[f"workbench/quant/csrc/{name}.c"
-                     for name in ("module", "parallel", "cpu", "fake_quant", "ste_grad", "amax_search", "histogram")],
+                     for name in ("module", "parallel", "cpu", "fake_quant", "ste_grad", "amax_search", "histogram",
+                                      "abs_max")],
             depends=["workbench/quant/csrc/kernels.h", "workbench/quant/csrc/half.h"],
             extra_compile_args=compile_args,
             extra_link_args=link_args,

@@ -12,7 +12,11 @@
    same run also times the previous "max first" collection (a max pass, then the histogram pass, for
    every batch) and checks that both give the same histograms.
 
-    python bench/calibration.py [--batches 8] [--repeats 5]
+    python bench/calibration.py [--batches 8] [--repeats 5] [--threads N] [--only vit ...]
+
+``--threads 1`` measures both sides on one thread: on a loaded machine a second thread makes the FP32
+pass (and so every ratio) swing by several times. ``--clock cpu`` (with ``--threads 1``) times with the
+process's CPU time instead of the wall clock, which other jobs on a shared machine do not inflate.
 """
 from __future__ import annotations
 
@@ -26,19 +30,30 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import workbench.quant.calibrate as calibrate_module
 from workbench.quant import QuantDescriptor, replace_to_quantization_module
 from workbench.quant.calib import HistogramCalibrator, histogram, reference
 from workbench.quant.calibrate import calibrate
 from workbench.sources.demo import resnet18_like
+
+clock = time.perf_counter  # --clock cpu: time.process_time, here and in calibrate()'s own timings
+
+
+class _CalibrateClock:
+    """Stands in for the time module inside calibrate(), so that its collect_time_s uses the bench's clock."""
+
+    @staticmethod
+    def perf_counter() -> float:
+        return clock()
 
 
 def median_time(fn, repeats: int) -> float:
     fn()
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        samples.append(time.perf_counter() - start)
+        samples.append(clock() - start)
     return statistics.median(samples)
 
 
@@ -61,12 +76,12 @@ def collection_overhead(num_batches: int, repeats: int) -> dict:
     calibration()
     forward_times, collect_times, calib_times = [], [], []
     for _ in range(repeats):  # interleaved, so that machine noise hits both alike
-        start = time.perf_counter()
+        start = clock()
         forward()
-        forward_times.append(time.perf_counter() - start)
-        start = time.perf_counter()
+        forward_times.append(clock() - start)
+        start = clock()
         result = calibration()
-        calib_times.append(time.perf_counter() - start)
+        calib_times.append(clock() - start)
         collect_times.append(result.collect_time_s)
     fp32 = statistics.median(forward_times)
     collect, calib = statistics.median(collect_times), statistics.median(calib_times)
@@ -91,9 +106,9 @@ def vit_histogram_overhead(num_batches: int, repeats: int) -> dict:
                                         quant_desc_input=QuantDescriptor(calib_method="histogram"))
     one_pass = HistogramCalibrator._collect_cpu
 
-    def max_first(self, x):  # the previous collection: every batch's max in a pass of its own, then the bins
+    def max_first(self, x, *rest):  # the previous collection: every batch's max in a pass of its own, then the bins
         self._widen_to(self._batch_max(x), torch.device("cpu"))
-        return one_pass(self, x)
+        return one_pass(self, x, *rest)
 
     def forward() -> None:
         with torch.no_grad():
@@ -116,9 +131,9 @@ def vit_histogram_overhead(num_batches: int, repeats: int) -> dict:
     same = len(new_hists) == len(old_hists) and all(torch.equal(a, b) for a, b in zip(new_hists, old_hists))
     fp32_times, new_times, old_times = [], [], []
     for _ in range(repeats):  # interleaved, so that machine noise hits all three alike
-        start = time.perf_counter()
+        start = clock()
         forward()
-        fp32_times.append(time.perf_counter() - start)
+        fp32_times.append(clock() - start)
         new_times.append(collect(False)[0])
         old_times.append(collect(True)[0])
     fp32, new, old = (statistics.median(t) for t in (fp32_times, new_times, old_times))
@@ -158,25 +173,18 @@ def memory_of_calibrators(count: int = 200) -> dict:
         calibrators.append(calibrator)
     tensor_bytes = 0
     for calibrator in calibrators:
-        for tensor in (calibrator._counts, calibrator._max):
+        for tensor in (calibrator._counts, calibrator.max_value):
             tensor_bytes += tensor.untyped_storage().nbytes()
     # Python objects around the tensors: a generous fixed allowance per calibrator
     overhead = count * 2048
     return {"calibrators": count, "tensor_mb": tensor_bytes / 2**20, "total_mb": (tensor_bytes + overhead) / 2**20}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
-          f"C kernels: {histogram._cpu_kernels is not None}")
-
-    overhead = collection_overhead(args.batches, args.repeats)
+def print_collection(batches: int, repeats: int) -> None:
+    overhead = collection_overhead(batches, repeats)
     print("\n| collection (ResNet-18-like, 16x3x64x64) | value |")
     print("|---|---|")
-    print(f"| batches | {args.batches} |")
+    print(f"| batches | {batches} |")
     print(f"| quantizers | {overhead['quantizers']} |")
     print(f"| FP32 forward over the batches | {overhead['fp32_s'] * 1e3:.0f} ms |")
     print(f"| histogram collection pass | {overhead['collect_s'] * 1e3:.0f} ms |")
@@ -184,13 +192,17 @@ def main() -> None:
     print(f"| whole calibrate() (collection + entropy amax for every quantizer) | {overhead['calib_s'] * 1e3:.0f} ms |")
     print(f"| whole calibrate() / FP32 forward | {overhead['total_ratio']:.2f} |")
 
+
+def print_amax(repeats: int) -> None:
     print("\n| amax method (one 2048-bin histogram) | fast ms | reference ms | speed-up (target >= 50) | same amax |")
     print("|---|---|---|---|---|")
-    for row in amax_speed(args.repeats):
+    for row in amax_speed(repeats):
         print(f"| {row['method']} ({row['bins']} bins) | {row['fast_ms']:.2f} | {row['reference_ms']:.1f} | "
               f"**{row['speedup']:.0f}x** | {row['same']} |")
 
-    vit = vit_histogram_overhead(args.batches, args.repeats)
+
+def print_vit(batches: int, repeats: int) -> None:
+    vit = vit_histogram_overhead(batches, repeats)
     print("\n| histogram collection (ViT-like, 192d, 4 blocks, 8x3x64x64) | value |")
     print("|---|---|")
     print(f"| histogram calibrators | {vit['histograms']} |")
@@ -199,11 +211,43 @@ def main() -> None:
     print(f"| previous max-first collection / FP32 forward | {vit['previous_ratio']:.2f} |")
     print(f"| same histograms both ways | {vit['same']} |")
 
+
+def print_memory() -> None:
     memory = memory_of_calibrators()
     print("\n| memory | value |")
     print("|---|---|")
     print(f"| {memory['calibrators']} histogram calibrators, tensors | {memory['tensor_mb']:.1f} MB |")
     print(f"| with a 2 KB per-object allowance (target < 50 MB) | **{memory['total_mb']:.1f} MB** |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--only", nargs="+", choices=("collection", "amax", "vit", "memory"),
+                        default=("collection", "amax", "vit", "memory"), help="the tables to measure")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: the process's CPU time (use with --threads 1 on a shared machine)")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu":
+        global clock
+        clock = time.process_time
+        calibrate_module.time = _CalibrateClock
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+          f"C kernels: {histogram._cpu_kernels is not None}, {args.clock} clock, code from "
+          f"{Path(histogram.__file__).parents[3]}")
+
+    if "collection" in args.only:
+        print_collection(args.batches, args.repeats)
+    if "amax" in args.only:
+        print_amax(args.repeats)
+    if "vit" in args.only:
+        print_vit(args.batches, args.repeats)
+    if "memory" in args.only:
+        print_memory()
 
 
 if __name__ == "__main__":

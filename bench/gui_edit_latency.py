@@ -3,12 +3,14 @@
 Run: ``python bench/gui_edit_latency.py [--repeat N] [--hidden 128 --layers 2 --vocab 24000]``. Uses the
 offscreen platform unless ``QT_QPA_PLATFORM`` says otherwise; needs ``transformers`` for the BERT row.
 
-For each model the real main window opens a calibrated project; then the time is taken from the Apply of a
-descriptor edit (the weight bits of one Linear/Conv, through the controller as the layer panel does) until
-the window is ready again: no job running, the tree and the layer panel refreshed. Two paths are measured
-in the same run: the edit as it is applied now (the edited quantizer swapped in place) and the edit followed
-by a full rebuild of the quantized model (what every edit cost before: tracing, placement rules, restoring
-calibration). Prints the medians and their ratio; nothing is asserted.
+For each model the real main window opens a calibrated project; then the time is taken from the Apply of an
+edit of one Linear/Conv, through the controller as the layer panel and the tree's menus do, until the window
+is ready again: no job running, the tree and the layer panel refreshed. Three edits: a descriptor edit (the
+weight bits), a reset to the default descriptor (after an untimed descriptor edit) and a precision change
+(fp8 and int8 in turn). Two paths are measured for each in the same run: the edit as it is applied now (the
+edited quantizers swapped in place) and the edit followed by a full rebuild of the quantized model (what
+the edit cost before: tracing, placement rules, restoring calibration). Prints the medians and their ratio;
+nothing is asserted.
 """
 from __future__ import annotations
 
@@ -59,17 +61,29 @@ def bert_folder(folder: Path, hidden: int, layers: int, vocab: int) -> tuple[Pat
     return folder / "bert", folder / "tokens.npz", sum(p.numel() for p in model.parameters())
 
 
-def measure(app, window, layer: str, repeat: int) -> tuple[list[float], list[float]]:
-    """(in-place times, edit + rebuild times) in seconds, alternating the bits so that every edit changes something."""
+# the edits timed: (row label, the edit through the controller for the n-th run, an untimed step before it)
+EDITS = {
+    "descriptor": lambda c, layer, n: c.set_descriptor([layer], "weight", {"num_bits": (6, 8)[n % 2]}),
+    "reset": lambda c, layer, n: c.reset_descriptor([layer]),
+    "precision": lambda c, layer, n: c.set_precision([layer], ("fp8", "int8")[n % 2]),
+}
+BEFORE = {"reset": lambda c, layer, n: c.set_descriptor([layer], "weight", {"num_bits": 6})}
+
+
+def measure(app, window, layer: str, repeat: int, edit: str = "descriptor") -> tuple[list[float], list[float]]:
+    """(in-place times, edit + rebuild times) in seconds of ``edit``, each run changing something."""
     controller = window.controller
     in_place, rebuilt = [], []
-    bits = [6, 8]
     for i in range(repeat):
         for mode in ("in place", "rebuild"):
             session = controller.session
+            run = 2 * i + (mode == "rebuild")
+            if edit in BEFORE:
+                assert BEFORE[edit](controller, layer, run) is not None, "the step before the edit was refused"
+                wait(app, lambda: ready(window))
+                session.quantized_model()  # the step's own rebuild (if any) is not the edit's
             started = time.perf_counter()
-            value = bits[(2 * i + (mode == "rebuild")) % 2]
-            changed = controller.set_descriptor([layer], "weight", {"num_bits": value})
+            changed = EDITS[edit](controller, layer, run)
             if mode == "rebuild":
                 session._invalidate()  # what an edit did before: the quantized model built again
                 controller._forget_views()
@@ -124,17 +138,18 @@ def main() -> None:
                 open_project(app, window, model, data)
                 window.controller.select([layer])
                 wait(app, lambda w=window: ready(w))
-                in_place, rebuilt = measure(app, window, layer, args.repeat)
+                for edit in EDITS:
+                    in_place, rebuilt = measure(app, window, layer, args.repeat, edit)
+                    rows.append((label, edit, statistics.median(in_place), statistics.median(rebuilt)))
             finally:
                 if window.controller.session is not None:
                     window.controller.session.dirty = False  # closing would ask about unsaved changes
                 window.shutdown()
                 window.close()
-            rows.append((label, statistics.median(in_place), statistics.median(rebuilt)))
-    print(f"descriptor edit to a ready window (median of {args.repeat}; load: {os.getloadavg()[0]:.2f})")
-    print(f"{'model':<28} {'in place':>10} {'edit + rebuild':>15} {'ratio':>7}")
-    for label, fast, slow in rows:
-        print(f"{label:<28} {fast * 1000:>8.0f} ms {slow * 1000:>12.0f} ms {slow / fast:>6.1f}x")
+    print(f"edit to a ready window (median of {args.repeat}; load: {os.getloadavg()[0]:.2f})")
+    print(f"{'model':<28} {'edit':<11} {'in place':>10} {'edit + rebuild':>15} {'ratio':>7}")
+    for label, edit, fast, slow in rows:
+        print(f"{label:<28} {edit:<11} {fast * 1000:>8.0f} ms {slow * 1000:>12.0f} ms {slow / fast:>6.1f}x")
 
 
 if __name__ == "__main__":

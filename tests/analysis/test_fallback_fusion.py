@@ -31,7 +31,7 @@ def mix_of(session, result):
 
 def test_an_isolated_int8_layer_is_left_in_float_too_and_lint_agrees(session):
     model = session.quantized_model()
-    batches = analysis_batches(session)
+    batches = analysis_batches(session.data("evaluation"))
     order = list(session.project.layers)
     # a target the first two units of the ranking reach, and the first alone does not
     curve = fallback_search(model, batches, "sqnr", target=1e9, ranking=RANKING).curve
@@ -58,7 +58,7 @@ def test_an_isolated_int8_layer_is_left_in_float_too_and_lint_agrees(session):
 
 def test_the_users_float_layers_are_float_neighbours(session):
     model = session.quantized_model()
-    batches = analysis_batches(session)
+    batches = analysis_batches(session.data("evaluation"))
     order = list(session.project.layers)
     # block.add already runs in float (the user's choice): floating block.conv1 leaves block.conv2 alone between them
     precisions = {name: "int8" for name in order} | {"block.add": "float"}
@@ -79,7 +79,7 @@ def test_the_ladder_moves_an_isolated_layer_to_float_when_the_goal_holds(session
     from workbench.quant.precision import Precision
 
     model = session.quantized_model()
-    batches = analysis_batches(session)
+    batches = analysis_batches(session.data("evaluation"))
     order = list(session.project.layers)
     units = {u.name: u for u in find_units(model)}
     ranked = RANKING + ["block.conv1"]

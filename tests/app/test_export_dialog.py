@@ -69,6 +69,8 @@ def test_settings_round_trip_and_the_report(controller, qtbot, tmp_path):
     assert "static" in text  # no dynamic batch asked for
     for warning in report.warnings:
         assert warning in text
+    for note in report.notes:  # shown apart, after the warnings
+        assert note in text[text.index("Notes ("):]
     copied = json.loads(shown.copy_json())
     assert copied == json.loads(QApplication.clipboard().text())
     assert copied["quantize_nodes"] == report.quantize_nodes and copied["path"] == report.path
@@ -77,3 +79,34 @@ def test_settings_round_trip_and_the_report(controller, qtbot, tmp_path):
     stored = ExportReportDialog(session.project.exports[-1].report)
     qtbot.addWidget(stored)
     assert stored.plain_text() == text
+
+
+def test_report_shows_notes_apart_and_the_headline_in_the_checks_table(qtbot):
+    # a BERT export's report as the project stores it: its headline comes from the dynamic-sequence check
+    note = "ReduceMean: removed noop_with_empty_axes (default value, unknown to opset 17)"
+    warning = "1 of 7 weight GEMMs keep a float weight (no Q/DQ; TensorRT runs them in floating point): pooler/Gemm"
+
+    def check(name, diff, cosine, counted=True):
+        return {"check": name, "output": "logits", "shape": [2, 3], "max_abs_diff": diff, "cosine": cosine,
+                "in_headline": counted}
+
+    report = {"path": "/tmp/bert.onnx", "exporter": "dynamo", "exporter_note": "torch.export-based exporter",
+              "opset": 17, "requested_opset": 17, "input_names": ["input_ids"], "output_names": ["logits"],
+              "dynamic_batch": True, "quantize_nodes": 10, "dequantize_nodes": 10, "expected_qdq": 10,
+              "outputs": [{"name": "logits", "shape": [2, 3], "max_abs_diff": 2e-5, "cosine": 0.9999999}],
+              "max_abs_diff": 0.00141, "cosine": 0.9999,
+              "dynamic_batch_check": {"name": "logits", "shape": [3, 3], "max_abs_diff": 3e-5, "cosine": 0.9999998},
+              "checks": [check("sample inputs", 2e-5, 0.9999999), check("batch size 3", 3e-5, 0.9999998),
+                         check("sequence length 9", 0.00141, 0.9999),
+                         check("onnxruntime's default graph optimizations (information)", 0.02, 0.99, False)],
+              "warnings": [warning], "notes": [note], "entry_kinds": {warning: "float_gemms", note: "opset_conversion"}}
+    dialog = ExportReportDialog(report)
+    qtbot.addWidget(dialog)
+    text = dialog.plain_text()
+    warnings_part = text[text.index("Warnings (1)"):text.index("Notes (1)")]
+    assert warning in warnings_part and note not in warnings_part
+    assert note in text[text.index("Notes (1)"):]
+    table = text[text.index("checks"):text.index("Warnings (1)")]
+    assert "sequence length 9" in table and "0.00141" in table  # the headline's number has its row
+    assert "matches PyTorch to 0.00141" in text
+    assert "batch size 3" in table and "optimizations (information)" in table

@@ -149,15 +149,13 @@ def test_a_region_whose_two_nodes_tensorrt_listed_itself_is_not_widened(vit_expo
 
 def test_a_lint_fix_for_an_add_in_the_models_own_forward_names_its_layer():
     """The graph names an add of the top-level forward "/Add" (module ""); the layer to quantize is "add"."""
-    from types import SimpleNamespace
 
     from workbench.export.lint import LintFix, LintWarning
     from workbench.project.model import LayerDecision
     from workbench.session.tensorrt import _with_layer_targets
 
     layers = {"conv": LayerDecision("conv", "Conv2d"), "add": LayerDecision("add", "QuantAdd", False)}
-    session = SimpleNamespace(project=SimpleNamespace(layers=layers))
     warning = LintWarning("residual_not_fusable", ["", "conv"], "neither operand of /Add is quantized",
                           LintFix("quantize", ("",), "quantize the identity branch ()"), nodes=["/Add"])
-    fixed = _with_layer_targets(session, warning)
+    fixed = _with_layer_targets(layers, warning)
     assert fixed.fix.targets == ("add",) and fixed.fix.description == "quantize the identity branch (add)"

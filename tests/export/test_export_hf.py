@@ -40,7 +40,7 @@ def test_llama_with_its_default_config_exports_logits_without_the_cache(tmp_path
     assert len(report.replaced) >= 2 * 7 + 1  # q/k/v/o, gate/up/down per layer, and lm_head
     exported = export_qdq_onnx(model, batches[0], tmp_path / "llama.onnx")
     assert exported.input_names == ["input_ids", "attention_mask"] and exported.output_names == ["logits"]
-    assert any("use_cache=False" in w for w in exported.warnings)
+    assert any("use_cache=False" in n for n in exported.notes)
     assert model.config.use_cache is True
     assert exported.outputs[0].shape == (2, 8, 64) and exported.cosine > 0.999
 

@@ -60,7 +60,7 @@ def test_int8_only_keeps_opset_17(tmp_path):
     model, x = quantized({})
     report = export_qdq_onnx(model, x, tmp_path / "m.onnx")
     assert report.opset == 17 and report.formats == {"int8": 6}
-    assert not any("instead of the requested" in w for w in report.warnings)
+    assert not any("instead of the requested" in w for w in report.warnings + report.notes)
 
 
 @pytest.mark.parametrize("per_channel", [True, False])
@@ -69,7 +69,7 @@ def test_fp8_exports_as_float8_qdq_at_opset_19_with_parity(tmp_path, per_channel
     path = tmp_path / "m.onnx"
     report = export_qdq_onnx(model, x, path)
     assert report.opset == 19 and report.requested_opset == 17
-    assert "opset 19 instead of the requested 17: FP8 E4M3 Q/DQ needs 19" in report.warnings
+    assert "opset 19 instead of the requested 17: FP8 E4M3 Q/DQ needs 19" in report.notes
     proto = onnx.load(str(path))
     counts = format_counts(proto)
     assert counts["fp8"] == 6 and counts["int8"] == 0
@@ -138,7 +138,7 @@ def test_trt_custom_ops_form_of_fp8_validated_in_the_standard_form(tmp_path):
     assert all(len(n.input) == 2 for n in proto.graph.node if n.domain == "trt")
     # without float8 types the rest of the graph goes back to the requested opset (TensorRT 8.6 reads 17)
     assert report.opset == 17 and {e.domain: e.version for e in proto.opset_import}["trt"] == 1
-    assert any("onnxruntime cannot run them: the standard form" in w for w in report.warnings)
+    assert any("onnxruntime cannot run them: the standard form" in n for n in report.notes)
     assert report.cosine > 0.99999  # measured on the standard form
     assert not any(i.data_type == TensorProto.FLOAT8E4M3FN for i in proto.graph.initializer)
 

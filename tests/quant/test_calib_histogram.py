@@ -156,20 +156,103 @@ class TestCollection:
         for method in ("entropy", "mse", "percentile"):
             assert torch.equal(fast.compute_amax(method), slow.compute_amax(method)), method
 
+    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+    @pytest.mark.parametrize("portable", [False, True])
+    def test_kernel_widening_within_a_batch_equals_the_reference(self, dtype, portable, monkeypatch):
+        """Values that grow along a batch make the kernel widen its bins block after block inside one pass (and
+        in each thread differently); its histogram, width, max and NaN/Inf count equal those of the torch
+        reference, which takes the max first. Both the AVX2 and the portable loops, tails shorter than a
+        vector included; tiny, huge (bins that overflow float32 at the top) and negative zero values too, and
+        a bin that receives more than its 16-bit private counts hold."""
+        from workbench.quant import _cpu_kernels
+
+        generator = torch.Generator().manual_seed(11)
+        ramp = torch.randn(50_003, generator=generator) * torch.logspace(-6, 6, 50_003)  # grows ~40 doublings
+        threaded = torch.randn(1_200_001, generator=generator) * torch.linspace(0, 1e4, 1_200_001)  # > 2**20: threads
+        threaded[[17, 800_000]] = torch.tensor([float("nan"), float("inf")])
+        extremes = torch.tensor([0.0, -0.0, 1e-30, -1e-38, 3.0e38, -3.3e38, 1.0] * 3)
+        # one thread, far more than a 16-bit count per bin (0.5 then 3.0, a widening after several flushes)
+        plateau = torch.cat([torch.full((600_000,), -0.5), torch.full((400_000,), 3.0)])
+        batches = [b.to(dtype) for b in (ramp, threaded, ramp.flip(0) * 7, extremes, plateau)]
+        _cpu_kernels.force_portable(portable)
+        try:
+            fast = [HistogramCalibrator(8, None, False, skip_zeros=True) for _ in batches]
+            for calibrator, batch in zip(fast, batches):
+                calibrator.collect(batch[: batch.numel() // 3])
+                calibrator.collect(batch)
+        finally:
+            _cpu_kernels.force_portable(False)
+        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        for calibrator, batch in zip(fast, batches):
+            slow = HistogramCalibrator(8, None, False, skip_zeros=True)
+            slow.collect(batch[: batch.numel() // 3])
+            slow.collect(batch)
+            assert torch.equal(calibrator._counts, slow._counts) and calibrator.bin_width == slow.bin_width
+            assert torch.equal(calibrator.max_value, slow.max_value)
+            assert calibrator.nonfinite_count == slow.nonfinite_count
+
+    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    def test_calibrators_of_different_sizes_in_turn_equal_the_reference(self, monkeypatch):
+        """The kernel keeps its per-thread counting buffer between calls: calibrators with other numbers of
+        bins (a larger buffer, then smaller ones, then more than the buffer keeps) see nothing of each other."""
+        generator = torch.Generator().manual_seed(3)
+        data = [torch.randn(9000, generator=generator) * scale for scale in (1.0, 50.0, 0.01)]
+        sizes = (2048, 100, 5, 2048, 40_000)
+
+        def run():
+            calibrators = [HistogramCalibrator(8, None, False, num_bins=size) for size in sizes]
+            for batch in data:
+                for calibrator in calibrators:
+                    calibrator.collect(batch)
+            return [(c._counts.clone(), c.bin_width) for c in calibrators]
+
+        fast = run()
+        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        for (fast_counts, fast_width), (slow_counts, slow_width) in zip(fast, run()):
+            assert torch.equal(fast_counts, slow_counts) and fast_width == slow_width
+
+    def test_memory_rows_of_views(self):
+        qkv = torch.zeros(2, 65, 3 * 192)
+        keys = qkv[..., 192:384].reshape(2, 65, 3, 64).permute(0, 2, 3, 1)  # a slice of the fused projection
+        assert histogram.memory_rows(keys) == (192, 576)
+        assert histogram.memory_rows(qkv[:, 0]) == (576, 65 * 576)  # the class token of every sequence
+        assert histogram.memory_rows(qkv.transpose(0, 1)) == (qkv.numel(), qkv.numel())  # a dense block: one row
+        assert histogram.memory_rows(qkv[:, :, :8]) is None  # rows too short to read in place
+        assert histogram.memory_rows(qkv[:, ::2, :]) is None  # rows not evenly spaced in both dims
+        assert histogram.memory_rows(torch.zeros(1, 200).expand(4, 200)) is None  # overlapping rows
+        assert histogram.memory_rows(torch.zeros(4, 100)[:, :64]) == (64, 100)
+
+    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    def test_kernel_refuses_rows_that_do_not_fit(self):
+        x = torch.zeros(10)
+        counts = torch.zeros(8, dtype=torch.int64)
+        with pytest.raises(ValueError, match="row_length"):
+            histogram._cpu_kernels.histogram(x.data_ptr(), 0, 10, 3, 3, 0, -35, 8, False, counts.data_ptr(), 1)
+        with pytest.raises(ValueError, match="row_step"):
+            histogram._cpu_kernels.histogram(x.data_ptr(), 0, 10, 5, 4, 0, -35, 8, False, counts.data_ptr(), 1)
+
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
     @pytest.mark.parametrize("nonfinite", [False, True])
     def test_attention_views_give_the_histogram_of_their_values_copied_out(self, dtype, nonfinite):
-        """Permuted, transposed and unbound views (read in place when they fill one block of memory) count
-        exactly what a contiguous copy of the same values counts; NaN/Inf are left out either way."""
+        """Permuted, transposed, unbound and sliced views (read in place when they fill one block of memory or
+        evenly spaced rows of it) count exactly what a contiguous copy of the same values counts; NaN/Inf are
+        left out either way."""
         generator = torch.Generator().manual_seed(5)
         qkv = (torch.randn(2, 17, 3, 4, 16, generator=generator) * 2).to(dtype)
         if nonfinite:
             qkv.view(-1)[[5, 900, 3000]] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         probs = torch.softmax(q.float() @ k.float().transpose(-2, -1), dim=-1).to(dtype)
-        views = [qkv.permute(2, 0, 3, 1, 4), (q * 0.5).transpose(1, 2), k.transpose(-2, -1), v, probs.transpose(-2, -1)]
+        fused = (torch.randn(2, 17, 3 * 4 * 16, generator=generator) * 3).to(dtype)  # one qkv projection output
+        if nonfinite:
+            fused.view(-1)[[70, 1000]] = torch.tensor([float("nan"), -float("inf")], dtype=dtype)
+        keys = fused[..., 64:128].reshape(2, 17, 4, 16).permute(0, 2, 3, 1)  # rows of 64 values, 192 apart
+        views = [qkv.permute(2, 0, 3, 1, 4), (q * 0.5).transpose(1, 2), k.transpose(-2, -1), v, probs.transpose(-2, -1),
+                 keys, fused[:, 0], fused[..., :4]]
         assert histogram.dense_block(views[0]) and histogram.dense_block(views[1])
         assert not histogram.dense_block(views[2]) and not histogram.dense_block(qkv[:, :, :1])
+        assert histogram.memory_rows(keys) == (64, 192) and histogram.memory_rows(fused[..., :4]) is None
         in_place, copied = HistogramCalibrator(8, None, False), HistogramCalibrator(8, None, False)
         for view in views:
             in_place.collect(view)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.quant.calib import MaxCalibrator
+from workbench.quant.calib import MaxCalibrator, memory
 
 
 def test_per_tensor_running_max():
@@ -210,3 +210,52 @@ def test_extremes_show_a_nan_or_inf_wherever_it_is():
                     x[position] = value
                     high, low = extremes(x)
                     assert not (np.isfinite(high) and np.isfinite(low)), (dtype, size, position, value)
+
+
+@pytest.mark.skipif(memory.cpu_extension is None, reason="C kernel not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("portable", [False, True])
+def test_one_pass_abs_max_equals_torch_reductions(dtype, portable):
+    """The C kernel's largest finite |x| and NaN/Inf count (AVX2 and portable loops, tails shorter than a
+    vector, rows of a sliced view read in place) equal torch's on the same values."""
+    generator = torch.Generator().manual_seed(2)
+    fused = torch.randn(3, 37, 3 * 70, generator=generator) * 5
+    fused[1, 2, 75] = -300.0  # the largest |x| is negative, inside the keys
+    cases = [fused, fused[..., 70:140], fused[:, 0], torch.randn(1_100_003, generator=generator),
+             torch.tensor([0.0, -0.0]), torch.tensor([float("nan"), float("inf"), -2.5] * 5),
+             torch.full((9,), -float("inf"))]
+    from workbench.quant import _cpu_kernels
+
+    _cpu_kernels.force_portable(portable)
+    try:
+        for x in cases:
+            x = x.to(dtype)
+            found = memory.abs_max_in_place(x)
+            assert found is not None
+            finite = x[torch.isfinite(x)].float().abs()
+            assert found == (float(finite.max()) if finite.numel() else 0.0, int((~torch.isfinite(x)).sum()))
+    finally:
+        _cpu_kernels.force_portable(False)
+    assert memory.abs_max_in_place(fused[..., :5]) is None  # rows too short: torch's reductions instead
+    assert memory.abs_max_in_place(fused.double()) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_tensor_max_with_and_without_the_kernel(dtype, monkeypatch):
+    """The per-tensor calibrator's amax, NaN/Inf count and counters are the same whether the kernel or torch
+    reads the batches (a transposed attention tensor, a batch with NaN that goes to the general path)."""
+    generator = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(2, 3, 33, 33, generator=generator), -1).to(dtype)
+    batches = [probs.transpose(-2, -1), probs * 3, torch.tensor([1.0, float("nan"), -7.0]).to(dtype), probs]
+
+    def run():
+        calibrator = MaxCalibrator(8, None, False)
+        for batch in batches:
+            calibrator.collect(batch)
+        return calibrator.compute_amax(), calibrator.nonfinite_count, calibrator.batches_seen, calibrator.values_seen
+
+    fast = run()
+    monkeypatch.setattr(memory, "cpu_extension", None)
+    slow = run()
+    assert torch.equal(fast[0], slow[0]) and fast[1:] == slow[1:]
+    assert float(fast[0]) == 7.0 and fast[1] == 1

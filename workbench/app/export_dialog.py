@@ -246,18 +246,28 @@ class ExportReportDialog(QDialog):
         cosine, max_diff = r.get("cosine"), r.get("max_abs_diff")
         row(_OK, "onnxruntime vs PyTorch", f"max abs diff <b>{format_number(max_diff, 3)}</b>, "
                                            f"lowest cosine <b>{format_number(cosine, spec='.6f')}</b>")
-        if outputs:
+        checks = [c if isinstance(c, dict) else getattr(c, "__dict__", {}) for c in r.get("checks") or []]
+        if not checks:  # a report stored before the checks were listed: the sample's rows only
+            checks = [{**(o if isinstance(o, dict) else getattr(o, "__dict__", {})), "check": "sample inputs"}
+                      for o in outputs]
+        if checks:
+            # every check behind the headline, one row each: the headline's number is always in this table
             table = ["<table cellspacing='0' cellpadding='3' style='border-collapse:collapse'>"
-                     "<tr style='background:#eef1f5'><th align='left'>output</th><th align='left'>shape</th>"
-                     "<th align='right'>max abs diff</th><th align='right'>cosine</th></tr>"]
-            for output in outputs:
-                out = output if isinstance(output, dict) else getattr(output, "__dict__", {})
-                shape = "×".join(str(s) for s in out.get("shape", ()))
-                table.append(f"<tr><td>{esc(str(out.get('name', '')))}</td><td>{esc(shape)}</td>"
-                             f"<td align='right'>{format_number(out.get('max_abs_diff'), 3)}</td>"
-                             f"<td align='right'>{format_number(out.get('cosine'), spec='.6f')}</td></tr>")
+                     "<tr style='background:#eef1f5'><th align='left'>check</th><th align='left'>output</th>"
+                     "<th align='left'>shape</th><th align='right'>max abs diff</th><th align='right'>cosine</th>"
+                     "</tr>"]
+            for check in checks:
+                shape = "×".join(str(s) for s in check.get("shape", ()))
+                counted = check.get("in_headline", True)
+                headline = counted and check.get("max_abs_diff") == max_diff
+                style = "" if counted else " style='color:#777'"
+                diff = format_number(check.get("max_abs_diff"), 3)
+                table.append(f"<tr{style}><td>{esc(str(check.get('check', '')))}</td>"
+                             f"<td>{esc(str(check.get('output', check.get('name', ''))))}</td><td>{esc(shape)}</td>"
+                             f"<td align='right'>{f'<b>{diff}</b>' if headline else diff}</td>"
+                             f"<td align='right'>{format_number(check.get('cosine'), spec='.6f')}</td></tr>")
             table.append("</table>")
-            row("", "per output", "".join(table))
+            row("", "checks", "".join(table))
         dynamic = r.get("dynamic_batch_check")
         if r.get("dynamic_batch"):
             if isinstance(dynamic, dict):
@@ -314,6 +324,11 @@ class ExportReportDialog(QDialog):
                 row(_WARN, "", esc(str(warning)))
         else:
             row(_OK, "", "none")
+        notes = r.get("notes") or []
+        if notes:  # what the exporter did on its own: for the curious, nothing to act on
+            section(f"Notes ({len(notes)})")
+            for note in notes:
+                row("", "", f"<span style='color:#666'>{esc(str(note))}</span>")
 
         head = (f"<h3 style='margin-bottom:2px'>{_OK} {esc(path.name)} written and validated</h3>"
                 f"<div style='color:#555'>{min(q or 0, dq or 0)} Q/DQ pairs · opset {opset} · "

@@ -279,8 +279,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
     emit(args, {**report.to_dict(), "files": written},
-          report.summary() + "".join(f"\nnote: {note}" for note in report.format_notes)
-          + "\nwrote: " + ", ".join(written))
+         report.summary() + "".join(f"\nwarning: {warning}" for warning in report.warnings)
+         + "".join(f"\nnote: {note}" for note in report.format_notes)
+         + "\nwrote: " + ", ".join(written))
     return EXIT_OK
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportError, UnsupportedOperationError
+from workbench.export.notes import ReportLog
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
     SMALL_TENSOR,
@@ -120,7 +121,7 @@ def _layers_calling(program, ops: list[str]) -> list[str]:
 
 
 def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
-                   opset: int, dynamic_batch: bool, warnings_out: list[str], target_path: Path | None = None,
+                   opset: int, dynamic_batch: bool, log: ReportLog, target_path: Path | None = None,
                    threshold: int = EXTERNAL_DATA_THRESHOLD) -> tuple[onnx.ModelProto, bool, str]:
     trace_inputs = inputs
     dynamic_shapes = None
@@ -145,7 +146,7 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
         except Exception as static_error:
             raise _CaptureError(_capture_reason(static_error)) from static_error
         dynamic_batch = False
-        warnings_out.append(f"dynamic batch turned off: the model fixes its batch size ({first_line(error)})")
+        log.add("dynamic_batch_off", f"dynamic batch turned off: the model fixes its batch size ({first_line(error)})")
     target = max(opset, DYNAMO_MIN_OPSET)
     try:
         onnx_program = torch.onnx.export(
@@ -181,12 +182,12 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
                 # keep the graph the exporter wrote, at its own opset: the TorchScript fallback would record
                 # another graph (the sample's path only) and often cannot write it at the lower opset either
                 written = default_opset(proto)
-                warnings_out.append(f"opset {written} instead of the requested {opset} (TensorRT 10 reads it; "
-                                    f"TensorRT 8.6 reads up to 17): {error}")
+                log.add("opset_kept", f"opset {written} instead of the requested {opset} (TensorRT 10 reads it; "
+                                      f"TensorRT 8.6 reads up to 17): {error}")
                 note += f", at opset {written}: converting it down to {opset} failed"
             else:
                 note += f", converted from opset {target} to {opset} with onnx.version_converter"
-                warnings_out.extend(notes)
+                log.extend("opset_conversion", notes)
     except BaseException:
         if large:
             _discard_data(proto, target_path)
@@ -387,7 +388,7 @@ def first_line(error: BaseException) -> str:
 
 
 def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
-                 dynamic_batch: bool, exporter: Exporter, report_warnings: list[str], target_path: Path | None = None,
+                 dynamic_batch: bool, exporter: Exporter, log: ReportLog, target_path: Path | None = None,
                  threshold: int = EXTERNAL_DATA_THRESHOLD):
     """Run the chosen exporter; with "auto", fall back to TorchScript and say why.
 
@@ -409,7 +410,7 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
         return proto, "torchscript", "TorchScript exporter (requested)", dynamic_batch
     try:
         proto, dynamic_batch, note = _export_dynamo(model, inputs, input_names, output_names, opset, dynamic_batch,
-                                                    report_warnings, target_path, threshold)
+                                                    log, target_path, threshold)
         return proto, "dynamo", note, dynamic_batch
     except _CaptureError as error:
         if exporter == "dynamo":

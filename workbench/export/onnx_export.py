@@ -38,6 +38,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -55,9 +56,11 @@ from workbench.export.formats import (
     name_int4_weights,
     to_trt_fp8_ops,
 )
-from workbench.export.gemms import weight_gemms
+from workbench.export.gemms import WeightGemms, weight_gemms
+from workbench.export.notes import ReportLog
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
+    StagedFile,
     external_data_file,
     relocate_external_data,
     stage,
@@ -65,7 +68,7 @@ from workbench.export.onnx_file import (
 )
 from workbench.export.opset import default_opset
 from workbench.export.provenance import WRITER
-from workbench.export.qdq import FORMAT_OPSET
+from workbench.export.qdq import FORMAT_OPSET, ExportParams
 from workbench.export.reference import (
     ExportCall,
     check_quantizers,
@@ -80,7 +83,7 @@ from workbench.export.reference import (
     traced_module_scopes,
     without_cache,
 )
-from workbench.export.report import ExportReport, OutputParity, report_json
+from workbench.export.report import ExportReport, OutputParity, ParityCheck, report_json
 from workbench.export.tensorrt import (
     DEFAULT_TRT_VERSION,
     activation_scales,
@@ -103,6 +106,7 @@ from workbench.export.validation import (
 )
 from workbench.quant.batches import model_device
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.snapshot import ModelSnapshot
 
 logger = logging.getLogger(__name__)
@@ -126,6 +130,11 @@ def export_qdq_onnx(model: nn.Module,
                     fp8_ops: str = "standard") -> ExportReport:
     """Export a fake-quant model to a QDQ ONNX file and validate it before it appears at ``path``.
 
+    The steps, each a function of this module: :func:`_plan` (arguments, quantizers, opset),
+    :func:`_run_references` (the fake-quant outputs onnxruntime must match), :func:`_capture` (the ONNX
+    exporter), :func:`_post_process_graph` (names, counts, structural warnings), :func:`_validate`
+    (checker, onnxruntime parity), :func:`_build_report`, :func:`_commit` and :func:`_write_side_files`.
+
     Args:
         model: the quantized, calibrated model (quantized modules, QuantAdd/QuantConcat, placement rules).
         sample_inputs: a tensor or a tuple of tensors (the model's positional inputs), or a dict of
@@ -133,8 +142,8 @@ def export_qdq_onnx(model: nn.Module,
             onnxruntime and compared with PyTorch.
         path: where the ``.onnx`` file goes. Nothing is written there unless validation passes.
         opset: ONNX opset of the file (>= 13 for per-channel Q/DQ; 17 suits TensorRT 8.6).
-        input_names, output_names: graph input/output names (default: the forward's argument names,
-            ``x`` as ``input``; outputs after the ``ModelOutput``/dict key they come from, else
+        input_names: graph input names (default: the forward's argument names, ``x`` as ``input``).
+        output_names: graph output names (default: after the ``ModelOutput``/dict key they come from, else
             ``output``/``output_N``).
         output: which part of the model's output to export (a ``ModelOutput``/dict key such as
             ``logits``, or a tuple index); default: see :func:`~workbench.quant.batches.select_output`
@@ -155,6 +164,8 @@ def export_qdq_onnx(model: nn.Module,
         trt_version: the TensorRT version in the cache header (8601 for 8.6.1).
         external_data_threshold: a graph larger than this many bytes (default: protobuf's 2 GB limit)
             keeps its weights in ``<path>.data`` beside the file, validated the same way.
+        fp8_ops: how FP8 Q/DQ is written: ``"standard"`` (opset 19 QuantizeLinear to float8e4m3fn) or
+            ``"trt"`` (TensorRT's custom ops, validated in the standard form first).
 
     Returns:
         An :class:`ExportReport` with the exporter used, Q/DQ counts, opset, file size, times and the
@@ -173,6 +184,117 @@ def export_qdq_onnx(model: nn.Module,
         ExportError: any other export failure. In every case no file is left at ``path``.
     """
     started = time.perf_counter()
+    job = _plan(model, sample_inputs, path, opset=opset, input_names=input_names, output_names=output_names,
+                output=output, dynamic_batch=dynamic_batch, exporter=exporter,
+                external_data_threshold=external_data_threshold, fp8_ops=fp8_ops)
+    # train/eval modes (one by one: some layers may be frozen) and quantizer state go back afterwards
+    entry_state = ModelSnapshot(model)
+    model.eval()
+    if job.unreached:
+        for quantizer in job.unreached:  # back on when entry_state is restored
+            quantizer.disable()
+        job.log.add("unreached_quantizers", f"{len(job.unreached)} enabled quantizer(s) without amax (never reached "
+                    "during calibration) exported in float, without Q/DQ: "
+                    + ", ".join(job.names[id(q)] for q in job.unreached))
+    try:
+        with without_cache(model) as cache_note:
+            if cache_note:
+                job.log.add("use_cache_off", cache_note)
+            with rounding(list(job.active.values()), "onnx"):
+                _run_references(job)
+            _name_outputs(job)
+            _capture(job)
+        _post_process_graph(job)
+        checks = _validate(job)
+        report = _build_report(job, checks)
+        _enforce_parity(report, checks, min_cosine, max_abs_diff)
+        _commit(job, report)
+        _write_side_files(job, report, amax_json_path=amax_json_path, calibration_cache_path=calibration_cache_path,
+                          float_onnx_path=float_onnx_path, trt_version=trt_version)
+        report.total_time_s = time.perf_counter() - started
+        logger.info("QDQ export: %s", report.summary())
+        return report
+    finally:
+        if job.staged is not None:
+            job.staged.discard()
+        elif job.exported_data is not None:
+            job.exported_data.unlink(missing_ok=True)
+        entry_state.restore()
+
+
+# ----- the steps --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Export:
+    """What one export carries from step to step (filled in as the steps run)."""
+
+    model: nn.Module
+    path: Path
+    call: ExportCall
+    inputs: tuple[torch.Tensor, ...]
+    input_names: list[str]
+    output_names: list[str] | None
+    opset: int
+    requested_opset: int
+    dynamic_batch: bool
+    exporter: Exporter
+    external_data_threshold: int
+    fp8_ops: str
+    names: dict[int, str]
+    active: dict[int, TensorQuantizer]
+    params: dict[int, ExportParams]
+    unreached: list[TensorQuantizer]
+    formats: set[str]
+    opset_notes: list[str]
+    log: ReportLog
+    # the fake-quant reference run (:func:`_run_references`)
+    reference: list[torch.Tensor] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)
+    distinct: int = 0
+    grown: tuple[torch.Tensor, ...] | None = None  # one more sample, for the dynamic-batch check
+    grown_reference: list[torch.Tensor] | None = None
+    longer: tuple[torch.Tensor, ...] | None = None  # token inputs one position longer
+    longer_reference: list[torch.Tensor] | None = None
+    ranged: tuple[torch.Tensor, ...] | None = None  # random inputs in the sample's range
+    ranged_reference: list[torch.Tensor] | None = None
+    # the capture (:func:`_capture`) and the graph's figures (:func:`_post_process_graph`)
+    proto: onnx.ModelProto | None = None
+    used_exporter: str = ""
+    exporter_note: str = ""
+    swapped: dict = field(default_factory=dict)
+    export_time_s: float = 0.0
+    exported_data: Path | None = None  # a large graph's weights, in a temporary file until committed
+    counts: dict[str, int] = field(default_factory=dict)
+    by_format: dict[str, int] = field(default_factory=dict)
+    gemms: WeightGemms | None = None
+    staged: StagedFile | None = None  # the validated file beside ``path``, until committed
+    folded: bool = False  # a streamed graph's weights folded into the committed file
+
+
+@dataclass
+class _Checks:
+    """onnxruntime against the fake-quant model (:func:`_validate`): the named checks, and every row of the
+    report's parity table (each check that contributes to the headline, one row each)."""
+
+    parity: list[OutputParity]
+    dynamic_check: OutputParity | None
+    sequence_check: OutputParity | None
+    range_check: OutputParity | None
+    optimized_check: OutputParity | None
+    started: float
+    rows: list[ParityCheck] = field(default_factory=list)
+
+    @property
+    def counted(self) -> list[ParityCheck]:
+        """The rows the parity thresholds and the headline numbers cover."""
+        return [row for row in self.rows if row.in_headline]
+
+
+def _plan(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset: int,
+          input_names: Sequence[str] | None, output_names: Sequence[str] | None, output: str | None,
+          dynamic_batch: bool, exporter: Exporter, external_data_threshold: int, fp8_ops: str) -> _Export:
+    """Check the arguments and the quantizers; pick the opset the formats in use need."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}.")
     if exporter not in ("auto", "dynamo", "torchscript"):
@@ -214,258 +336,304 @@ def export_qdq_onnx(model: nn.Module,
                              "writes it) takes one scale per tensor; per-channel FP8: "
                              + ", ".join(per_channel_fp8[:5]) + " (set them with --fp8-weights per-tensor, or "
                              "export the standard form)")
-    # train/eval modes (one by one: some layers may be frozen) and quantizer state go back afterwards
-    entry_state = ModelSnapshot(model)
-    model.eval()
-    report_warnings: list[str] = list(opset_notes)
-    if unreached:
-        for quantizer in unreached:  # back on when entry_state is restored
-            quantizer.disable()
-        report_warnings.append(f"{len(unreached)} enabled quantizer(s) without amax (never reached during "
-                               "calibration) exported in float, without Q/DQ: "
-                               + ", ".join(names[id(q)] for q in unreached))
-    staged = None
-    exported_data = None  # a large graph's weights, in a temporary file until committed
-    try:
-        with without_cache(model) as cache_note:
-            if cache_note:
-                report_warnings.append(cache_note)
-            with rounding(list(active.values()), "onnx"):
-                reference, calls, distinct = run_reference(call, inputs, input_names, active, names, params)
-                grown = None
-                if dynamic_batch and inputs[0].dim() > 0:
-                    grown = grow_batch(inputs)
-                    try:
-                        grown_reference, _, _ = run_reference(call, grown, input_names, active, names, params)
-                    except SampleInputError as error:
-                        report_warnings.append(f"dynamic batch turned off: the model fails at batch size "
-                                               f"{grown[0].shape[0]} ({error.original})")
-                        dynamic_batch, grown = False, None
-                longer = None  # token inputs one position longer, to check a dynamic sequence axis
-                if dynamic_batch and token_inputs(inputs):
-                    longer = grow_sequence(inputs, token_inputs(inputs))
-                    try:
-                        longer_reference, _, _ = run_reference(call, longer, input_names, active, names, params)
-                    except SampleInputError:
-                        longer = None  # the model takes only this length: the exporter keeps it static
-                ranged, ranged_reference = range_inputs(inputs), None
-                if ranged is not None:
-                    try:
-                        ranged_reference, _, _ = run_reference(call, ranged, input_names, active, names, params)
-                    except SampleInputError as error:
-                        report_warnings.append(f"no parity check on random inputs in the sample's range: the "
-                                               f"model fails on them ({error.original})")
-            if output_names is None:
-                output_names = list(call.labels)
-            output_names = list(output_names)
-            if len(output_names) != len(reference) or len(set(output_names)) != len(output_names):
-                raise ValueError(f"output_names must name each of the model's {len(reference)} output tensors "
-                                 f"once, got {output_names}.")
+    log = ReportLog()
+    log.extend("opset_for_format", opset_notes)
+    return _Export(model=model, path=path, call=call, inputs=inputs, input_names=input_names,
+                   output_names=None if output_names is None else list(output_names), opset=opset,
+                   requested_opset=requested_opset, dynamic_batch=dynamic_batch, exporter=exporter,
+                   external_data_threshold=external_data_threshold, fp8_ops=fp8_ops, names=names, active=active,
+                   params=params, unreached=unreached, formats=formats, opset_notes=opset_notes,
+                   log=log)
 
-            export_started = time.perf_counter()
-            with stand_ins(model, active, names, params) as swapped, traced_module_scopes(call), \
-                    quiet() as quiet_warnings:
-                proto, used_exporter, note, dynamic_batch = run_exporter(
-                    call, inputs, input_names, output_names, opset, dynamic_batch, exporter, report_warnings,
-                    path, external_data_threshold)
-                exported_data = external_data_file(proto, path.parent)
-                fold_int4_casts(proto, str(path.parent))
-        for message in quiet_warnings:
-            if message not in report_warnings:
-                report_warnings.append(message)
-        export_time = time.perf_counter() - export_started
-        if not dynamic_batch:
-            grown = None
 
-        scale_to_quantizer = {f"{s.quantizer_name}.scale": s.quantizer_name for s in swapped.values()}
-        post_process(proto, scale_to_quantizer)
-        name_int4_weights(proto)
-        counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
+def _reference(job: _Export, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """The fake-quant model's outputs on ``inputs`` (SampleInputError names the failing layer)."""
+    outputs, _, _ = run_reference(job.call, inputs, job.input_names, job.active, job.names, job.params)
+    return outputs
+
+
+def _run_references(job: _Export) -> None:
+    """The outputs onnxruntime must match: the sample's, and those of the inputs the dynamic axes and the
+    range check use (a model that fails on them keeps those axes static, or skips that check)."""
+    job.reference, job.calls, job.distinct = run_reference(job.call, job.inputs, job.input_names, job.active,
+                                                           job.names, job.params)
+    inputs = job.inputs
+    if job.dynamic_batch and inputs[0].dim() > 0:
+        job.grown = grow_batch(inputs)
+        try:
+            job.grown_reference = _reference(job, job.grown)
+        except SampleInputError as error:
+            job.log.add("dynamic_batch_off", f"dynamic batch turned off: the model fails at batch size "
+                                                 f"{job.grown[0].shape[0]} ({error.original})")
+            job.dynamic_batch, job.grown = False, None
+    if job.dynamic_batch and token_inputs(inputs):
+        job.longer = grow_sequence(inputs, token_inputs(inputs))
+        try:
+            job.longer_reference = _reference(job, job.longer)
+        except SampleInputError:
+            job.longer = None  # the model takes only this length: the exporter keeps it static
+    job.ranged = range_inputs(inputs)
+    if job.ranged is not None:
+        try:
+            job.ranged_reference = _reference(job, job.ranged)
+        except SampleInputError as error:
+            job.log.add("no_range_check", f"no parity check on random inputs in the sample's range: the "
+                                              f"model fails on them ({error.original})")
+
+
+def _name_outputs(job: _Export) -> None:
+    """The graph's output names: given, or after the model's output (known once the reference ran)."""
+    if job.output_names is None:
+        job.output_names = list(job.call.labels)
+    if len(job.output_names) != len(job.reference) or len(set(job.output_names)) != len(job.output_names):
+        raise ValueError(f"output_names must name each of the model's {len(job.reference)} output tensors "
+                         f"once, got {job.output_names}.")
+
+
+def _capture(job: _Export) -> None:
+    """Run the ONNX exporter with the quantizers standing in as Q/DQ (see :mod:`workbench.export.exporters`)."""
+    export_started = time.perf_counter()
+    with stand_ins(job.model, job.active, job.names, job.params) as swapped, traced_module_scopes(job.call), \
+            quiet() as quiet_warnings:
+        job.swapped = swapped
+        job.proto, job.used_exporter, job.exporter_note, job.dynamic_batch = run_exporter(
+            job.call, job.inputs, job.input_names, job.output_names, job.opset, job.dynamic_batch, job.exporter,
+            job.log, job.path, job.external_data_threshold)
+        job.exported_data = external_data_file(job.proto, job.path.parent)
+        fold_int4_casts(job.proto, str(job.path.parent))
+    job.log.extend("tracer", quiet_warnings)
+    job.export_time_s = time.perf_counter() - export_started
+    if not job.dynamic_batch:
+        job.grown = None
+
+
+def _post_process_graph(job: _Export) -> None:
+    """Name the Q/DQ nodes after their quantizers, count them, and warn about what TensorRT will not like."""
+    proto, swapped = job.proto, job.swapped
+    scale_to_quantizer = {f"{s.quantizer_name}.scale": s.quantizer_name for s in swapped.values()}
+    post_process(proto, scale_to_quantizer)
+    name_int4_weights(proto)
+    job.counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
-        by_format = format_counts(proto)
-        blocked = sum(1 for s in swapped.values() if s.params.format == "int4")
-        if by_format["int4"] != blocked:  # each INT4 weight is one DequantizeLinear on an INT4 initializer
-            raise ExportValidationError("checker", f"the graph has {by_format['int4']} INT4 weight DequantizeLinear "
-                                                   f"nodes for {blocked} INT4 weights")
-        gemms = weight_gemms(proto)
-        if gemms.float_nodes:
-            report_warnings.append(f"{len(gemms.float_nodes)} of {gemms.total} weight GEMMs keep a float weight (no "
-                                   "Q/DQ; TensorRT runs them in floating point): " + ", ".join(gemms.float_nodes[:10])
-                                   + (" ..." if len(gemms.float_nodes) > 10 else ""))
-        per_channel_acts = per_channel_activations(proto, scale_to_quantizer)
-        if per_channel_acts:
-            report_warnings.append("per-channel quantizers on activations (TensorRT expects activations per "
-                                   "tensor): " + ", ".join(per_channel_acts))
-        tiny = [s.quantizer_name for s in swapped.values() if s.params.tiny_channels]
-        if tiny:
-            report_warnings.append("amax <= 2**-24 (quantizes every input to 0, in PyTorch and in the export): "
-                                   + ", ".join(tiny))
+    job.by_format = format_counts(proto)
+    blocked = sum(1 for s in swapped.values() if s.params.format == "int4")
+    if job.by_format["int4"] != blocked:  # each INT4 weight is one DequantizeLinear on an INT4 initializer
+        raise ExportValidationError("checker", f"the graph has {job.by_format['int4']} INT4 weight DequantizeLinear "
+                                               f"nodes for {blocked} INT4 weights")
+    gemms = job.gemms = weight_gemms(proto)
+    if gemms.float_nodes:
+        job.log.add("float_gemms", f"{len(gemms.float_nodes)} of {gemms.total} weight GEMMs keep a float weight (no "
+                    "Q/DQ; TensorRT runs them in floating point): " + ", ".join(gemms.float_nodes[:10])
+                    + (" ..." if len(gemms.float_nodes) > 10 else ""))
+    per_channel_acts = per_channel_activations(proto, scale_to_quantizer)
+    if per_channel_acts:
+        job.log.add("per_channel_activations", "per-channel quantizers on activations (TensorRT expects "
+                    "activations per tensor): " + ", ".join(per_channel_acts))
+    tiny = [s.quantizer_name for s in swapped.values() if s.params.tiny_channels]
+    if tiny:
+        job.log.add("tiny_amax", "amax <= 2**-24 (quantizes every input to 0, in PyTorch and in the export): "
+                    + ", ".join(tiny))
+    for name, module in job.model.named_modules():
+        if isinstance(module, QuantLSTM) and any(id(q) in job.active for q in module.input_quantizers):
+            job.log.add("lstm_unrolled", f"quantized LSTM '{name}' is unrolled step by step: the graph takes only the "
+                        "sample's sequence length (leave the LSTM unquantized for an ONNX LSTM node)")
 
-        for name, module in model.named_modules():
-            if isinstance(module, QuantLSTM) and any(id(q) in active for q in module.input_quantizers):
-                report_warnings.append(f"quantized LSTM '{name}' is unrolled step by step: the graph takes only the "
-                                       "sample's sequence length (leave the LSTM unquantized for an ONNX LSTM node)")
-        validation_started = time.perf_counter()
-        staged = stage(proto, path, external_data_threshold)
-        tmp_path = str(staged.path)
-        if staged.external_data_path is not None:
-            report_warnings.append(f"the graph is over {external_data_threshold / 1024 ** 3:.3g} GB: its weights are "
-                                   f"in {staged.external_data_path.name} beside it (keep the two files together)")
-        try:
-            onnx.checker.check_model(tmp_path, full_check=True)
-        except Exception as error:
-            raise ExportValidationError("checker", f"onnx.checker rejected the exported graph: {error}") from error
-        try:
-            session = ort_session(tmp_path)
-            ort_outputs = session.run(None, feeds(session, inputs))
-        except ExportValidationError:
-            raise
-        except Exception as error:
-            raise ExportValidationError("onnxruntime", f"onnxruntime could not run the exported graph: "
-                                                       f"{first_line(error)}") from error
-        parity = compare(output_names, reference, ort_outputs, dict(zip(input_names, inputs)))
-        dynamic_check = None
-        if grown is not None:
-            try:
-                grown_outputs = session.run(None, feeds(session, grown))
-            except Exception as error:
-                raise ExportValidationError("onnxruntime", f"the graph does not run at batch size "
-                                                           f"{grown[0].shape[0]}: {first_line(error)}") from error
-            grown_parity = compare(output_names, grown_reference, grown_outputs)
-            dynamic_check = min(grown_parity, key=lambda p: p.cosine)
-        sequence_check = None
-        if longer is not None and _has_sequence_axis(proto):
-            length = max(t.shape[1] for i, t in enumerate(longer) if i in token_inputs(inputs))
-            try:
-                longer_outputs = session.run(None, feeds(session, longer))
-            except Exception as error:
-                raise ExportValidationError("onnxruntime", f"the graph does not run at sequence length {length}: "
-                                                           f"{first_line(error)}") from error
-            sequence_check = min(compare(output_names, longer_reference, longer_outputs), key=lambda p: p.cosine)
-            groups = sequence_groups(proto)
-            if len(groups) > 1:  # lengths the graph keeps independent (encoder, decoder) checked at unequal values
-                apart = grow_sequence_apart(inputs, list(groups.values()))
-                with without_cache(model), rounding(list(active.values()), "onnx"):
-                    try:
-                        apart_reference, _, _ = run_reference(call, apart, input_names, active, names, params)
-                    except SampleInputError as error:
-                        apart = None
-                        report_warnings.append(f"the graph declares {', '.join(groups)} independent, but the model "
-                                               f"fails when they differ ({error.original})")
-                if apart is not None:
-                    lengths = ", ".join(f"{name} {apart[indices[0]].shape[1]}" for name, indices in groups.items())
-                    try:
-                        apart_outputs = session.run(None, feeds(session, apart))
-                    except Exception as error:
-                        raise ExportValidationError("onnxruntime", f"the graph does not run at sequence lengths "
-                                                                   f"{lengths}: {first_line(error)}") from error
-                    apart_check = min(compare(output_names, apart_reference, apart_outputs), key=lambda p: p.cosine)
-                    sequence_check = min(sequence_check, apart_check, key=lambda p: p.cosine)
-        range_check = None
-        if ranged_reference is not None:  # the sample alone can hide a difference (a quantizer it leaves at 0)
-            range_check = min(compare(output_names, ranged_reference, session.run(None, feeds(session, ranged)),
-                                      dict(zip(input_names, ranged))), key=lambda p: p.cosine)
-        # the session maps the weights: let them go before the files are committed and a float graph is written
-        del session
-        # a second session costs the weights again: big graphs (weights beside the file) skip it
-        optimized_check = None if staged.data_path is not None else optimized_parity(
-            tmp_path, inputs, output_names, reference, report_warnings)
-        if "fp8" in formats and optimized_check is not None and optimized_check.max_abs_diff > 1e-5:
-            # more than rounding: onnxruntime 1.32's CPU QDQ fusions change what FP8 Q/DQ computes (checked)
-            report_warnings.append("FP8: onnxruntime's extended graph optimizations (its QDQ fusions) do not keep "
-                                   "FP8 E4M3 semantics on the CPU; run FP8 files with ORT_ENABLE_BASIC or lower to "
-                                   "check them (TensorRT builds the graph as written)")
-        checks = parity + [c for c in (dynamic_check, sequence_check, range_check) if c is not None]
-        worst, largest = min(p.cosine for p in checks), max(p.max_abs_diff for p in checks)
-        report = ExportReport(
-            path=str(path), exporter=used_exporter, exporter_note=note, opset=default_opset(proto),
-            requested_opset=requested_opset, input_names=input_names, output_names=output_names,
-            dynamic_batch=dynamic_batch,
-            quantize_nodes=counts["QuantizeLinear"], dequantize_nodes=counts["DequantizeLinear"],
-            clip_nodes=qdq_clips(proto),
-            expected_qdq=distinct, quantizer_calls_total=sum(calls.values()), quantizers=len(swapped),
-            per_channel=sum(1 for s in swapped.values() if s.params.per_channel),
-            per_tensor=sum(1 for s in swapped.values() if not s.params.per_channel),
-            unsigned=sum(1 for s in swapped.values() if s.params.qmin == 0),
-            narrow_range=sum(1 for s in swapped.values() if s.params.qmin == -127),
-            outputs=parity, max_abs_diff=largest, cosine=worst, dynamic_batch_check=dynamic_check,
-            sequence_check=sequence_check, optimized_check=optimized_check, weight_gemms=gemms.total,
-            float_weight_gemms=list(gemms.float_nodes),
-            file_size=staged.size, export_time_s=export_time,
-            validation_time_s=time.perf_counter() - validation_started, total_time_s=0.0,
-            quantizer_calls=dict(calls), warnings=report_warnings, range_check=range_check,
-            formats={f: sum(1 for s in swapped.values() if s.params.format == f) for f in sorted(formats)},
-            qdq_by_format=by_format, fp8_ops=fp8_ops if "fp8" in formats else None,
-            format_notes=list(opset_notes))
-        where = " on random inputs in the sample's range" if range_check is not None and \
-            (range_check.cosine == worst or range_check.max_abs_diff == largest) else ""
-        if not worst >= min_cosine:
-            raise ExportValidationError("parity", f"onnxruntime and the fake-quant PyTorch model disagree{where}: "
-                                                  f"cosine {worst:.6f} < {min_cosine} (max abs diff {largest:.4g}).",
-                                        report)
-        if max_abs_diff is not None and largest > max_abs_diff:
-            raise ExportValidationError("parity", f"onnxruntime and the fake-quant PyTorch model disagree{where}: max "
-                                                  f"abs diff {largest:.4g} > {max_abs_diff}.", report)
-        if fp8_ops == "trt" and "fp8" in formats:
-            # validated in the standard form (onnxruntime cannot run TensorRT's custom ops); written in TensorRT's
-            staged.discard()
-            staged = None
-            # FP8 in this form needs no opset 19; the other formats keep what they need
-            trt_opset = max([requested_opset] + [FORMAT_OPSET[f] for f in formats if f != "fp8"])
-            trt_proto, trt_notes = to_trt_fp8_ops(proto, trt_opset)
-            report.warnings.extend(trt_notes)
-            report.format_notes.extend(trt_notes)
-            onnx.checker.check_model(trt_proto)
-            report.opset = default_opset(trt_proto)
-            if report.opset < opset:  # the opset raised for float8 types did not last: no note about it
-                report.warnings = [w for w in report.warnings if w not in opset_notes]
-                report.format_notes = [w for w in report.format_notes if w not in opset_notes]
-            staged = stage(trt_proto, path, external_data_threshold)
-            report.file_size = staged.size
-        external = staged.external_data_path
-        folded = staged.fold and staged.data_path is not None  # streamed during export, one file now
-        staged.commit()
-        staged = exported_data = None
-        if external is not None:  # the graph in memory names the data file as the one on disk does
-            relocate_external_data(proto, external.name)
-        report.external_data_path = None if external is None else str(external)
-        if external is not None:  # the graph now names the data file by its final (shorter) name
-            report.file_size = path.stat().st_size + external.stat().st_size
-        elif folded:
-            report.file_size = path.stat().st_size
 
-        if amax_json_path is not None:
-            table = {"writer": f"{WRITER} {__version__}", "model": type(model).__name__, "onnx": path.name,
-                     "quantizers": amax_table_of(model, params)}
-            report.amax_json_path = str(write_json_atomic(amax_json_path, table))
-        if calibration_cache_path is not None or float_onnx_path is not None:
-            amax_by_scale = {f"{s.quantizer_name}.scale": amax_of(s) for s in swapped.values()
-                             if not s.params.per_channel and s.params.format == "int8"}  # INT8 ranges only
-            if calibration_cache_path is not None:
-                scales = activation_scales(proto, amax_by_scale)
-                report.calibration_cache_path = str(write_text_atomic(
-                    calibration_cache_path, calibration_cache_text(scales, trt_version)))
-            if float_onnx_path is not None:
-                # a folded graph's weights are in the committed file now, no longer in the temporary data file
-                float_graph = strip_qdq(onnx.load(str(path)) if folded else proto)
-                if external_data_file(float_graph, path.parent) is not None:
-                    # its own data file: the weights are read in (never serialised in the proto) and written out
-                    onnx.external_data_helper.load_external_data_for_model(float_graph, str(path.parent))
-                report.float_onnx_path = str(write_onnx(float_graph, Path(float_onnx_path), external_data_threshold,
-                                                        keep_proto=False))
-        report.total_time_s = time.perf_counter() - started
-        logger.info("QDQ export: %s", report.summary())
-        return report
-    finally:
-        if staged is not None:
-            staged.discard()
-        elif exported_data is not None:
-            exported_data.unlink(missing_ok=True)
-        entry_state.restore()
+def _run_ort(session, inputs: tuple[torch.Tensor, ...], what: str) -> list:
+    """One onnxruntime run; an error says at which shape (``what``) the graph failed."""
+    try:
+        return session.run(None, feeds(session, inputs))
+    except Exception as error:
+        raise ExportValidationError("onnxruntime", f"the graph does not run at {what}: "
+                                                   f"{first_line(error)}") from error
+
+
+def _validate(job: _Export) -> _Checks:
+    """Stage the file beside ``path``; run onnx.checker and onnxruntime on it and compare with the references."""
+    validation_started = time.perf_counter()
+    proto, inputs, output_names = job.proto, job.inputs, job.output_names
+    job.staged = stage(proto, job.path, job.external_data_threshold)
+    tmp_path = str(job.staged.path)
+    if job.staged.external_data_path is not None:
+        job.log.add("external_data", f"the graph is over {job.external_data_threshold / 1024 ** 3:.3g} GB: its "
+                    f"weights are in {job.staged.external_data_path.name} beside it (keep the two files together)")
+    try:
+        onnx.checker.check_model(tmp_path, full_check=True)
+    except Exception as error:
+        raise ExportValidationError("checker", f"onnx.checker rejected the exported graph: {error}") from error
+    try:
+        session = ort_session(tmp_path)
+        ort_outputs = session.run(None, feeds(session, inputs))
+    except ExportValidationError:
+        raise
+    except Exception as error:
+        raise ExportValidationError("onnxruntime", f"onnxruntime could not run the exported graph: "
+                                                   f"{first_line(error)}") from error
+    parity = compare(output_names, job.reference, ort_outputs, dict(zip(job.input_names, inputs)))
+    rows = [ParityCheck.of("sample inputs", p) for p in parity]
+    dynamic_check = None
+    if job.grown is not None:
+        what = f"batch size {job.grown[0].shape[0]}"
+        grown_outputs = _run_ort(session, job.grown, what)
+        dynamic_check = min(compare(output_names, job.grown_reference, grown_outputs), key=lambda p: p.cosine)
+        rows.append(ParityCheck.of(what, dynamic_check))
+    sequence_check = None
+    if job.longer is not None and _has_sequence_axis(proto):
+        sequence_rows = _sequence_checks(job, session)
+        sequence_check = min((p for _, p in sequence_rows), key=lambda p: p.cosine)
+        rows += [ParityCheck.of(what, p) for what, p in sequence_rows]
+    range_check = None
+    if job.ranged_reference is not None:  # the sample alone can hide a difference (a quantizer it leaves at 0)
+        range_check = min(compare(output_names, job.ranged_reference, session.run(None, feeds(session, job.ranged)),
+                                  dict(zip(job.input_names, job.ranged))), key=lambda p: p.cosine)
+        rows.append(ParityCheck.of("random inputs in the sample's range", range_check))
+    # the session maps the weights: let them go before the files are committed and a float graph is written
+    del session
+    # a second session costs the weights again: big graphs (weights beside the file) skip it
+    optimized_check = None if job.staged.data_path is not None else optimized_parity(
+        tmp_path, inputs, output_names, job.reference, job.log)
+    if "fp8" in job.formats and optimized_check is not None and optimized_check.max_abs_diff > 1e-5:
+        # more than rounding: onnxruntime 1.32's CPU QDQ fusions change what FP8 Q/DQ computes (checked)
+        job.log.add("fp8_ort_optimizations", "FP8: onnxruntime's extended graph optimizations (its QDQ fusions) "
+                    "do not keep FP8 E4M3 semantics on the CPU; run FP8 files with ORT_ENABLE_BASIC or lower to "
+                    "check them (TensorRT builds the graph as written)")
+    if optimized_check is not None:
+        rows.append(ParityCheck.of("onnxruntime's default graph optimizations (information)", optimized_check,
+                                   in_headline=False))
+    return _Checks(parity, dynamic_check, sequence_check, range_check, optimized_check, validation_started, rows)
+
+
+def _sequence_checks(job: _Export, session) -> list[tuple[str, OutputParity]]:
+    """The graph at a longer sequence; where it keeps lengths independent (encoder, decoder), also at unequal
+    lengths. Each comparison's worst output, with what was checked."""
+    inputs, output_names = job.inputs, job.output_names
+    length = max(t.shape[1] for i, t in enumerate(job.longer) if i in token_inputs(inputs))
+    what = f"sequence length {length}"
+    longer_outputs = _run_ort(session, job.longer, what)
+    found = [(what, min(compare(output_names, job.longer_reference, longer_outputs), key=lambda p: p.cosine))]
+    groups = sequence_groups(job.proto)
+    if len(groups) > 1:  # lengths the graph keeps independent (encoder, decoder) checked at unequal values
+        apart = grow_sequence_apart(inputs, list(groups.values()))
+        with without_cache(job.model), rounding(list(job.active.values()), "onnx"):
+            try:
+                apart_reference = _reference(job, apart)
+            except SampleInputError as error:
+                apart = None
+                job.log.add("sequences_apart_fail", f"the graph declares {', '.join(groups)} independent, but the "
+                            f"model fails when they differ ({error.original})")
+        if apart is not None:
+            lengths = ", ".join(f"{name} {apart[indices[0]].shape[1]}" for name, indices in groups.items())
+            apart_outputs = _run_ort(session, apart, f"sequence lengths {lengths}")
+            found.append((f"sequence lengths {lengths}",
+                          min(compare(output_names, apart_reference, apart_outputs), key=lambda p: p.cosine)))
+    return found
+
+
+def _build_report(job: _Export, checks: _Checks) -> ExportReport:
+    """The report of the validated file (its figures from the graph, the stand-ins and the checks)."""
+    counted = checks.counted
+    worst, largest = min(p.cosine for p in counted), max(p.max_abs_diff for p in counted)
+    swapped, proto = job.swapped, job.proto
+    return ExportReport(
+        path=str(job.path), exporter=job.used_exporter, exporter_note=job.exporter_note, opset=default_opset(proto),
+        requested_opset=job.requested_opset, input_names=job.input_names, output_names=job.output_names,
+        dynamic_batch=job.dynamic_batch,
+        quantize_nodes=job.counts["QuantizeLinear"], dequantize_nodes=job.counts["DequantizeLinear"],
+        clip_nodes=qdq_clips(proto),
+        expected_qdq=job.distinct, quantizer_calls_total=sum(job.calls.values()), quantizers=len(swapped),
+        per_channel=sum(1 for s in swapped.values() if s.params.per_channel),
+        per_tensor=sum(1 for s in swapped.values() if not s.params.per_channel),
+        unsigned=sum(1 for s in swapped.values() if s.params.qmin == 0),
+        narrow_range=sum(1 for s in swapped.values() if s.params.qmin == -127),
+        outputs=checks.parity, max_abs_diff=largest, cosine=worst, dynamic_batch_check=checks.dynamic_check,
+        sequence_check=checks.sequence_check, optimized_check=checks.optimized_check,
+        weight_gemms=job.gemms.total, float_weight_gemms=list(job.gemms.float_nodes),
+        file_size=job.staged.size, export_time_s=job.export_time_s,
+        validation_time_s=time.perf_counter() - checks.started, total_time_s=0.0,
+        quantizer_calls=dict(job.calls), warnings=job.log.warnings, notes=job.log.notes,
+        entry_kinds=job.log.kinds, range_check=checks.range_check,
+        formats={f: sum(1 for s in swapped.values() if s.params.format == f) for f in sorted(job.formats)},
+        qdq_by_format=job.by_format, fp8_ops=job.fp8_ops if "fp8" in job.formats else None,
+        format_notes=list(job.opset_notes), checks=list(checks.rows))
+
+
+def _enforce_parity(report: ExportReport, checks: _Checks, min_cosine: float, max_abs_diff: float | None) -> None:
+    """Refuse the file (ExportValidationError with the report) when onnxruntime and PyTorch disagree."""
+    worst, largest, range_check = report.cosine, report.max_abs_diff, checks.range_check
+    where = " on random inputs in the sample's range" if range_check is not None and \
+        (range_check.cosine == worst or range_check.max_abs_diff == largest) else ""
+    if not worst >= min_cosine:
+        raise ExportValidationError("parity", f"onnxruntime and the fake-quant PyTorch model disagree{where}: "
+                                              f"cosine {worst:.6f} < {min_cosine} (max abs diff {largest:.4g}).",
+                                    report)
+    if max_abs_diff is not None and largest > max_abs_diff:
+        raise ExportValidationError("parity", f"onnxruntime and the fake-quant PyTorch model disagree{where}: max "
+                                              f"abs diff {largest:.4g} > {max_abs_diff}.", report)
+
+
+def _commit(job: _Export, report: ExportReport) -> None:
+    """Rename the validated file (and its weights' file) into place; FP8 in TensorRT's custom-op form is
+    written now, from the graph validated in the standard form."""
+    formats, opset_notes = job.formats, job.opset_notes
+    if job.fp8_ops == "trt" and "fp8" in formats:
+        # validated in the standard form (onnxruntime cannot run TensorRT's custom ops); written in TensorRT's
+        job.staged.discard()
+        job.staged = None
+        # FP8 in this form needs no opset 19; the other formats keep what they need
+        trt_opset = max([job.requested_opset] + [FORMAT_OPSET[f] for f in formats if f != "fp8"])
+        trt_proto, trt_notes = to_trt_fp8_ops(job.proto, trt_opset)
+        job.log.extend("fp8_trt_form", trt_notes)
+        report.format_notes.extend(trt_notes)
+        onnx.checker.check_model(trt_proto)
+        report.opset = default_opset(trt_proto)
+        if report.opset < job.opset:  # the opset raised for float8 types did not last: no note about it
+            job.log.remove(opset_notes)
+            report.format_notes = [w for w in report.format_notes if w not in opset_notes]
+        job.staged = stage(trt_proto, job.path, job.external_data_threshold)
+        report.file_size = job.staged.size
+    staged, path = job.staged, job.path
+    external = staged.external_data_path
+    folded = staged.fold and staged.data_path is not None  # streamed during export, one file now
+    staged.commit()
+    job.staged = job.exported_data = None
+    job.folded = folded
+    if external is not None:  # the graph in memory names the data file as the one on disk does
+        relocate_external_data(job.proto, external.name)
+    report.external_data_path = None if external is None else str(external)
+    if external is not None:  # the graph now names the data file by its final (shorter) name
+        report.file_size = path.stat().st_size + external.stat().st_size
+    elif folded:
+        report.file_size = path.stat().st_size
+
+
+def _write_side_files(job: _Export, report: ExportReport, *, amax_json_path: str | os.PathLike | None,
+                      calibration_cache_path: str | os.PathLike | None, float_onnx_path: str | os.PathLike | None,
+                      trt_version: int) -> None:
+    """The amax JSON, the TensorRT calibration cache and the float graph, each written atomically."""
+    path, proto, swapped = job.path, job.proto, job.swapped
+    if amax_json_path is not None:
+        table = {"writer": f"{WRITER} {__version__}", "model": type(job.model).__name__, "onnx": path.name,
+                 "quantizers": amax_table_of(job.model, job.params)}
+        report.amax_json_path = str(write_json_atomic(amax_json_path, table))
+    if calibration_cache_path is not None or float_onnx_path is not None:
+        amax_by_scale = {f"{s.quantizer_name}.scale": amax_of(s) for s in swapped.values()
+                         if not s.params.per_channel and s.params.format == "int8"}  # INT8 ranges only
+        if calibration_cache_path is not None:
+            scales = activation_scales(proto, amax_by_scale)
+            report.calibration_cache_path = str(write_text_atomic(
+                calibration_cache_path, calibration_cache_text(scales, trt_version)))
+        if float_onnx_path is not None:
+            # a folded graph's weights are in the committed file now, no longer in the temporary data file
+            float_graph = strip_qdq(onnx.load(str(path)) if job.folded else proto)
+            if external_data_file(float_graph, path.parent) is not None:
+                # its own data file: the weights are read in (never serialised in the proto) and written out
+                onnx.external_data_helper.load_external_data_for_model(float_graph, str(path.parent))
+            report.float_onnx_path = str(write_onnx(float_graph, Path(float_onnx_path), job.external_data_threshold,
+                                                    keep_proto=False))
 
 
 def optimized_parity(path: str, inputs: tuple[torch.Tensor, ...], output_names: list[str],
-                     reference: list[torch.Tensor], warnings_out: list[str]) -> OutputParity | None:
+                     reference: list[torch.Tensor], log: ReportLog) -> OutputParity | None:
     """The sample's parity when onnxruntime runs the file with its default graph optimizations, as a user's
     script or a deployment does (the checks above run the graph as written, optimizations off).
 
@@ -480,13 +648,14 @@ def optimized_parity(path: str, inputs: tuple[torch.Tensor, ...], output_names: 
         session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         outputs = session.run(None, feeds(session, inputs))
     except Exception as error:  # the unoptimized run passed: an optimizer's own problem is only reported
-        warnings_out.append(f"onnxruntime with its default graph optimizations could not run the file: "
+        log.add("optimized_failed", f"onnxruntime with its default graph optimizations could not run the file: "
                             f"{first_line(error)}")
         return None
     del session
     worst = min(compare(output_names, reference, outputs), key=lambda p: p.cosine)
     if worst.max_abs_diff > 1e-5:
-        warnings_out.append(
+        log.add(
+            "optimized_differs",
             f"onnxruntime with its default graph optimizations differs from the project's model by up to "
             f"{worst.max_abs_diff:.3g} (cosine {worst.cosine:.6f}) on output {worst.name!r}, while the graph as "
             "written matches it: optimized kernels round differently, so values near a quantization step boundary "

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OutputParity", "ExportReport", "report_json"]
+__all__ = ["OutputParity", "ParityCheck", "ExportReport", "report_json"]
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,27 @@ class OutputParity:
     shape: tuple[int, ...]
     max_abs_diff: float
     cosine: float
+
+
+@dataclass(frozen=True)
+class ParityCheck:
+    """One row of the report's parity table: one check (the sample, another batch size, another sequence
+    length, random inputs in the sample's range, onnxruntime's optimized graph) on one output.
+
+    ``in_headline``: the report's ``max_abs_diff`` and ``cosine`` (and the parity thresholds) cover this
+    row; the headline is always the worst of these rows. The optimized-graph row is for information: the
+    file is checked as written."""
+
+    check: str
+    output: str
+    shape: tuple[int, ...]
+    max_abs_diff: float
+    cosine: float
+    in_headline: bool = True
+
+    @classmethod
+    def of(cls, check: str, parity: OutputParity, in_headline: bool = True) -> ParityCheck:
+        return cls(check, parity.name, tuple(parity.shape), parity.max_abs_diff, parity.cosine, in_headline)
 
 
 @dataclass
@@ -50,7 +71,11 @@ class ExportReport:
     validation_time_s: float
     total_time_s: float
     quantizer_calls: dict[str, int] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the user should act on (kinds: workbench.export.notes)
+    notes: list[str] = field(default_factory=list)  # what the exporter did on its own (an opset conversion, ...)
+    entry_kinds: dict[str, str] = field(default_factory=dict)  # each warning's and note's kind
+    # every check behind the headline, one row each (with the optimized-graph row, outside the headline)
+    checks: list[ParityCheck] = field(default_factory=list)
     amax_json_path: str | None = None
     calibration_cache_path: str | None = None
     float_onnx_path: str | None = None

@@ -1,18 +1,21 @@
 """Calibration as session jobs: a pass over the calibration data, and switching amax methods from the
 stored histograms, each kept in the project's calibration records.
 
-Functions of a :class:`~workbench.session.Session` (its methods call them), like
-:mod:`workbench.session.tensorrt`.
+Functions of the quantized model, its data and project, returning the records the
+:class:`~workbench.session.Session` keeps (its methods call them, apply what they return and tell the
+front ends); nothing here touches the session.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+from torch import nn
 
-from workbench.project import CalibrationRecord, QuantizerRecord
+from workbench.project import CalibrationRecord, Project, QuantizerRecord
 from workbench.project.model import now_iso
+from workbench.project.settings import CalibrationSettings
 from workbench.quant import TensorQuantizer
 from workbench.quant.blocks import BLOCK_METHODS
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator
@@ -22,38 +25,33 @@ from workbench.quant.distributed import DistContext
 from workbench.quant.snapshot import quantizer_names
 from workbench.session.build import descriptor_of, layer_of
 from workbench.session.errors import SessionError
-from workbench.session.events import SessionEvent
-from workbench.session.state import state_digest
+from workbench.sources.data_source import DataSource
 
-if TYPE_CHECKING:
-    from workbench.session.core import Session
-
-__all__ = ["calibrate", "recompute_amax"]
+__all__ = ["calibrate", "check_calibrated", "checked_block_method", "recompute_amax"]
 
 
-def calibrate(session: Session, *, method: str | None = None, num_batches: int | None = None,
-              percentile: float | None = None, progress: ProgressCallback | None = None,
-              cancel: CancelToken | None = None, context: DistContext | None = None,
-              block_method: str | None = None) -> CalibrationResult:
-    """Calibrate on the calibration data and append the result (amax, histograms) to the project's records.
+def calibrate(model: nn.Module, data: DataSource, project: Project, options: CalibrationSettings, *,
+              device: torch.device, folded: Iterable[str], method: str | None = None,
+              num_batches: int | None = None, percentile: float | None = None,
+              progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
+              context: DistContext | None = None,
+              block_method: str | None = None) -> tuple[CalibrationResult, CalibrationRecord]:
+    """Calibrate ``model`` on ``data`` (the calibration data); returns the result and its record (amax,
+    histograms) for the project's calibrations. Options not given are ``options``' (the project's
+    ``calibration`` setting); ``folded``: the layers a BatchNorm is folded into.
 
     ``block_method`` (default: the project's ``calibration.block_method``) chooses the amax of INT4 weight
     blocks: their max, or an mse search per block (:func:`workbench.quant.blocks.refine_block_amax`).
     """
-    context = session._join(context)
-    options = session.settings.calibration
-    block_method = block_method or options.block_method
-    if block_method not in BLOCK_METHODS:
-        raise SessionError(f"block method must be one of {', '.join(BLOCK_METHODS)}, got {block_method!r}.")
+    block_method = checked_block_method(block_method or options.block_method)
     method = method or options.method.value
     num_batches = num_batches if num_batches is not None else options.num_batches
     percentile = percentile if percentile is not None else options.percentile
-    model = session.quantized_model()
-    available = session.data("calibration").num_batches
+    available = data.num_batches
     if available is not None:  # progress totals count the batches that really run
         num_batches = available if num_batches is None else min(num_batches, available)
-    result = run_calibration(model, session.data("calibration").batches(), num_batches=num_batches, method=method,
-                             percentile=percentile, device=session.device, progress=progress, cancel=cancel,
+    result = run_calibration(model, data.batches(), num_batches=num_batches, method=method,
+                             percentile=percentile, device=device, progress=progress, cancel=cancel,
                              context=context, block_method=block_method)
     quantizers = quantizer_names(model)
     records: dict[str, QuantizerRecord] = {}
@@ -65,19 +63,39 @@ def calibrate(session: Session, *, method: str | None = None, num_batches: int |
         records[name] = QuantizerRecord.from_calibration(item, name=name, calibrator_state=state,
                                                          descriptor=descriptor_of(quantizer))
     record = CalibrationRecord.from_result(
-        result, id=session.project.next_id(session.project.calibrations), created=now_iso(), quantizers=records,
-        folded=sorted(session.folded_layers()))
-    session.project.calibrations.append(record)
-    record.state_digest = state_digest(session.project)  # what the run's output SQNR was measured on
-    # what was stale (calibrated with another descriptor) is calibrated with its own now
-    session.build_report.stale = [name for name in session.build_report.stale if name not in records]
-    session._changed(SessionEvent.CALIBRATION)
-    return result
+        result, id=project.next_id(project.calibrations), created=now_iso(), quantizers=records,
+        folded=sorted(folded))
+    return result, record
 
 
-def recompute_amax(session: Session, names: Iterable[str], method: str,
-                   percentile: float | None = None) -> dict[str, float]:
-    """New amax from the stored histograms of ``names`` (quantizers or layers); the current record is updated.
+def check_calibrated(model: nn.Module, run: CalibrationRecord | None) -> None:
+    """Refuse a ``model`` with a quantizer that has no amax (never calibrated, or stale after its descriptor
+    changed), but those ``run`` (the project's current calibration) never reached: no data flowed through them,
+    and export leaves them in float and says so.
+
+    Raises:
+        SessionError: naming (the first five of) the quantizers not calibrated.
+    """
+    unreached = set(run.unused) if run is not None else set()
+    missing = [name for name, q in quantizer_names(model).items()
+               if q.is_enabled and q.is_quant_enabled and not q.learn_amax and not q.has_amax
+               and name not in unreached]  # stale after a descriptor change, or never calibrated
+    if missing:
+        raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"
+                           f"{'...' if len(missing) > 5 else ''}): calibrate first.")
+
+
+def checked_block_method(block_method: str) -> str:
+    """``block_method`` if it is one of :data:`~workbench.quant.blocks.BLOCK_METHODS`; SessionError if not."""
+    if block_method not in BLOCK_METHODS:
+        raise SessionError(f"block method must be one of {', '.join(BLOCK_METHODS)}, got {block_method!r}.")
+    return block_method
+
+
+def recompute_amax(model: nn.Module, project: Project, names: Iterable[str], method: str,
+                   percentile: float | None = None, *, device: torch.device) -> dict[str, float]:
+    """New amax from the stored histograms of ``names`` (quantizers or layers) of ``model``; the project's
+    current calibration record is updated (and a range learned while fine-tuning gives way).
 
     ``method="auto"`` puts back the method "auto" picked for each quantizer when the run measured it (its
     record keeps the choice); a quantizer it did not measure is refused, since measuring needs the data.
@@ -86,7 +104,7 @@ def recompute_amax(session: Session, names: Iterable[str], method: str,
         SessionError: nothing calibrated, an unknown method or percentile, a quantizer without its
             histogram, or none of the names with a histogram calibrator.
     """
-    run = session.project.current_calibration
+    run = project.current_calibration
     if run is None:
         raise SessionError("Nothing is calibrated yet: calibrate first.")
     try:  # one check of the method and its parameter, before any quantizer changes
@@ -94,7 +112,7 @@ def recompute_amax(session: Session, names: Iterable[str], method: str,
         percentile = PERCENTILE.check(percentile if percentile is not None else run.percentile)
     except ValueError as error:
         raise SessionError(str(error)) from None
-    quantizers = quantizer_names(session.quantized_model())
+    quantizers = quantizer_names(model)
     targets = []
     for name in names:
         if name in quantizers:
@@ -122,7 +140,7 @@ def recompute_amax(session: Session, names: Iterable[str], method: str,
             quantizer.load_calib_amax(picked, percentile=percentile)
         except ValueError as error:  # e.g. entropy on a histogram with fewer bins than its start bin
             raise SessionError(f"{name}: the {picked} amax cannot be computed: {error}") from None
-        quantizer.move_amax_to(session.device)
+        quantizer.move_amax_to(device)
         record = run.quantizers.get(name)
         if record is not None:
             record.amax = quantizer.amax.detach().cpu().numpy().astype(np.float32)
@@ -132,11 +150,10 @@ def recompute_amax(session: Session, names: Iterable[str], method: str,
             elif auto and record.choice:
                 record.choice = {key: value for key, value in record.choice.items() if key != "overridden"}
         updated[name] = float(quantizer.amax.max())
-        if session.project.current_finetune is not None:  # a range learned while fine-tuning gives way
-            session.project.current_finetune.amax.pop(name, None)
+        if project.current_finetune is not None:  # a range learned while fine-tuning gives way
+            project.current_finetune.amax.pop(name, None)
     if not updated:
         raise SessionError("None of these quantizers has a histogram calibrator; use calib_method 'histogram'.")
-    session._changed(SessionEvent.CALIBRATION, quantizers=list(updated))
     return updated
 
 

@@ -12,6 +12,7 @@ through :mod:`workbench.session.views`.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -27,20 +28,15 @@ from workbench.graph import ModelTree, describe_model
 from workbench.graph.fold import FoldReport
 from workbench.project import (
     ExportRecord,
-    FallbackRecord,
-    LayerDecision,
     Project,
     file_revision,
     load_project,
     save_project,
 )
-from workbench.project.model import now_iso
-from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
+from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, ProjectSettings
 from workbench.quant.batches import first_samples, to_device
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.distributed import DistContext
-from workbench.quant.format_rules import mix_notes
-from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.snapshot import quantizer_names
 from workbench.session import (
@@ -51,6 +47,7 @@ from workbench.session import (
     decisions,
     exports,
     finetuning,
+    in_place,
     paths,
     smoothing,
     tensorrt,
@@ -71,7 +68,6 @@ from workbench.sources.trust import (
     TRUSTED,
     UNKNOWN,
     CodeReference,
-    changed_code_files,
     remember_trust,
     trust_status,
 )
@@ -106,13 +102,13 @@ class Session:
         except EntryPointError as error:
             raise EntryPointError(f"{error}{paths.moved_hint(project, self.base_dir)}") from error
         self.float_model: nn.Module = self._loaded.model
-        self._data: dict[str, DataSource] = {}
+        self._data = data_sources.DataSources()
         self._quant_model: nn.Module | None = None
         self.last_build_s = 0.0
         self._folded: tuple[nn.Module, FoldReport] | None = None  # the float model with BatchNorm folded
         self.build_report = BuildReport()
         self._layer_shapes: dict[str, dict[str, Any]] | None = None
-        paths.check_digests(self)
+        self.file_changes += paths.changed_files(project, self._loaded.digests)
         self.device = torch.device(self.settings.device)
         self.float_model.to(self.device)
 
@@ -166,11 +162,7 @@ class Session:
         except TrustRequired as error:
             if status != CHANGED:
                 raise
-            changed = changed_code_files(path, references)
-            files = ", ".join(Path(f).name for f in changed) if changed else \
-                (", ".join(Path(f).name for r in references for f in r.files) or "its references")
-            raise TrustRequired(f"{error} It was trusted before, but its code changed since ({files}): check it "
-                                "before trusting it again.") from None
+            raise TrustRequired(f"{error} {paths.trust_changed_hint(path, references)}") from None
         if trust_code and references:
             remember_trust(path, references)
         if session.file_changes or not project.layers:
@@ -189,11 +181,14 @@ class Session:
             target = target.with_suffix(".qwb")
         target = target.resolve()
         if self.path is None or target.parent != self.base_dir.resolve():
-            paths.rebase(self, target.parent)
+            paths.rebase(self.project, self.settings, self.base_dir, target.parent)
+            self.base_dir = target.parent
+            self._data.clear()
         self.project.name = self.project.name or target.stem
         report = save_project(self.project, target, who=self.who)
         if report.merged:  # another process's changes are in the project now: build from them
-            self._quant_model, self._data = None, {}
+            self._quant_model = None
+            self._data.clear()
             logger.info("%s: kept what another process saved meanwhile: %s", target, ", ".join(report.merged))
         self.merged_on_save = report.merged
         if self.trust_code:  # the user trusts this code (and may have added some, a metric): remember it here
@@ -231,12 +226,14 @@ class Session:
     def data(self, role: str = "calibration") -> DataSource:
         """The opened data source for ``role`` (evaluation falls back to calibration data; training data to
         all of the calibration data, shuffled)."""
-        return data_sources.data(self, role)
+        return self._data.get(self.project, role, trust_code=self.trust_code, base_dir=self.base_dir)
 
     def set_data(self, role: str, spec: DataSpec) -> None:
         """Replace a data source; the new inputs must fit the model (new calibration data is run through it
         once, as :meth:`create` does). A refused source leaves the project's data as it was."""
-        return data_sources.set_data(self, role, spec)
+        self._data.replace(self.project, role, spec, trust_code=self.trust_code, base_dir=self.base_dir,
+                           check=self.check_forward)
+        self._changed(SessionEvent.DATA, role=role)
 
     def sample_inputs(self, batch: int = 1) -> Any:
         """The first ``batch`` samples of the calibration data, on the session's device: a tensor, or a dict
@@ -254,7 +251,7 @@ class Session:
 
     def check_forward(self) -> None:
         """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
-        return data_sources.check_forward(self)
+        data_sources.check_forward(self.float_model, self.sample_inputs(batch=2), self.device, self.project)
 
     # ----- layers -----------------------------------------------------------------------------
 
@@ -268,21 +265,12 @@ class Session:
         base, folding = self._fold_base()
         model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False,
                                 example_inputs=self._example_inputs(), settings=self.settings).model
-        known = dict(self.project.layers)
-        layers: dict[str, LayerDecision] = {}
-        for name, module_type, _ in quantizable(model):
-            # LSTMs start float (workbench.quant.gemm.FLOAT_BY_DEFAULT says why); the user may quantize them
-            starts_quantized = float_by_default_reason(module_type) is None
-            layers[name] = known.get(name) or LayerDecision(name, module_type, starts_quantized)
-        dropped = [name for name in known if name not in layers]
-        if dropped:
-            logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
-        self.project.layers = layers
+        self.project.layers = decisions.synced_layers(self.project.layers, model)
         self._quant_model = None
 
     def layers(self) -> list[LayerView]:
         """Every quantizable layer with its decision, descriptors, amax and sensitivity rank."""
-        return views.layer_views(self)
+        return views.layer_views(self.project, self.quantized_model())
 
     def tree(self) -> ModelTree:
         """The module tree of the quantized model (names, types, parameters, quantizer states)."""
@@ -291,14 +279,11 @@ class Session:
     def select(self, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
                types: Iterable[str] | None = None, subtree: str | None = None) -> list[str]:
         """Quantizable layers matching any of the criteria (regex patterns match like the ignore policy)."""
-        return decisions.select(self, names=names, patterns=patterns, types=types, subtree=subtree)
+        return decisions.select(self.project, names=names, patterns=patterns, types=types, subtree=subtree)
 
     def ignore_preview(self, patterns: Iterable[str]) -> list[str]:
         """The layers an ignore policy (list of regexes) would leave in float, without changing anything."""
-        try:
-            return self.select(patterns=[p for p in patterns if p])
-        except (ValueError, TypeError) as error:
-            raise SessionError(str(error)) from error
+        return decisions.ignore_preview(self.project, patterns)
 
     def apply_ignore_policy(self, patterns: Iterable[str], quantize_others: bool) -> list[str]:
         """Leave the layers matching any of ``patterns`` in float (the matching of :meth:`ignore_preview`);
@@ -309,11 +294,20 @@ class Session:
             SessionError: no pattern, an invalid regex, or a pattern that matches no layer (named); the
                 layers are then as they were.
         """
-        return decisions.apply_ignore_policy(self, patterns, quantize_others)
+        ignored = decisions.ignored_layers(self.project, patterns)
+        self.set_quantize(ignored, False)
+        if quantize_others:
+            left_in_float = set(ignored)
+            self.set_quantize([name for name in self.project.layers if name not in left_in_float], True)
+        return ignored
 
     def set_quantize(self, names: Iterable[str], quantize: bool) -> list[str]:
         """Quantize or leave in float; returns the layers whose decision changed."""
-        return decisions.set_quantize(self, names, quantize)
+        changed = decisions.set_quantize(self.project, names, quantize)
+        if changed:
+            self._invalidate()
+            self._changed(SessionEvent.LAYERS, names=changed)
+        return changed
 
     def set_descriptor(self, names: Iterable[str], role: str, **fields: Any) -> list[str]:
         """Change descriptor fields of the ``role`` ("input" or "weight") quantizer of layers.
@@ -324,7 +318,19 @@ class Session:
         The layer's current descriptor (override or default) is the starting point, so one call can
         change just ``num_bits``.
         """
-        return decisions.set_descriptor(self, names, role, **fields)
+        if role not in ("input", "weight"):
+            raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
+        updates, notes = decisions.plan_descriptor(self.project, self.quantized_model(), names, role, fields,
+                                                   self.settings.defaults)
+        before = {name: self._layer_state(name) for name in updates}
+        # applied only once every layer validated: an error leaves all of them as they were
+        for name, updated in updates.items():
+            setattr(self.project.layers[name], f"{role}_desc", updated)
+        self.notes = notes
+        if updates:
+            self._edit_layers_in_place(before)
+            self._changed(SessionEvent.LAYERS, names=list(updates))
+        return list(updates)
 
     def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
                       fp8_weight_per_channel: bool = True) -> list[str]:
@@ -334,36 +340,68 @@ class Session:
         Raises:
             SessionError: an unknown precision or layer, or one that does not apply to a layer (named).
         """
-        plans = decisions.plan_precision(self, names, precision, block_size=block_size,
-                                         fp8_weight_per_channel=fp8_weight_per_channel)
+        plans = self._plan_precision(names, precision, block_size=block_size,
+                                     fp8_weight_per_channel=fp8_weight_per_channel)
+        before = {name: self._layer_state(name) for name in plans}
         for name, (quantize, input_desc, weight_desc) in plans.items():
             decision = self.project.layers[name]
             decision.quantize, decision.input_desc, decision.weight_desc = quantize, input_desc, weight_desc
         self.notes = []
         if plans:
-            self._invalidate()
+            self._edit_layers_in_place(before)
             self._changed(SessionEvent.LAYERS, names=list(plans))
         return list(plans)
 
+    def _layer_state(self, name: str) -> in_place.LayerState:
+        decision = self.project.layers[name]
+        return decision.quantize, decision.input_desc, decision.weight_desc
+
+    def _edit_layers_in_place(self, before: dict[str, in_place.LayerState]) -> None:
+        """The layers' decisions changed from ``before``: their new descriptors go into the live quantized model
+        without a rebuild where that gives the same model (see :mod:`workbench.session.in_place`: a change to or
+        from float is rebuilt), else the model is rebuilt when next used."""
+        if self.needs_rebuild:
+            self.dirty = True
+            return  # rebuilt on next use anyway
+        after = {name: self._layer_state(name) for name in before}
+        changes = in_place.layer_changes(self._quant_model, before, after, self.settings.defaults)
+        if changes is None or in_place.swap_layers(
+                self._quant_model, changes, calibration=self.project.current_calibration,
+                finetune=self.project.current_finetune, report=self.build_report, device=self.device) is None:
+            self._invalidate()
+
     def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
         """The precision each layer (all by default) runs in; None for custom descriptors."""
-        return decisions.precisions(self, names)
+        return decisions.precisions(self.project, self.quantized_model(), names)
+
+    def _plan_precision(self, names: Iterable[str], precision: Precision | str,
+                        **options: Any) -> dict[str, decisions.LayerPlan]:
+        return decisions.plan_precision(self.project, self.quantized_model(), self.settings.defaults, names,
+                                        precision, **options)
 
     def weight_bytes(self, mix: dict[str, Precision | None] | None = None) -> int:
         """Bytes of the model's weights (scales included) with the layers in ``mix``'s precisions (default:
         their precisions now; a layer left out of ``mix`` counts as float)."""
-        return decisions.mix_weight_bytes(self, mix)
+        return decisions.mix_weight_bytes(self.project, self.quantized_model(), mix)
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
-        return decisions.reset_descriptor(self, names, role)
+        names = list(names)
+        before = {name: self._layer_state(name) for name in names if name in self.project.layers}
+        changed = decisions.reset_descriptor(self.project, names, role)
+        if changed:
+            self._edit_layers_in_place({name: before[name] for name in changed})
+            self._changed(SessionEvent.LAYERS, names=changed)
+        return changed
 
     def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
         """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
 
         None for a layer without a quantizer for that role (a pooling layer has no weight quantizer).
         """
-        return decisions.descriptors(self, names, role)
+        if role not in ("input", "weight"):
+            raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
+        return decisions.descriptors(self.project, self.quantized_model(), names, role)
 
     def layer_shapes(self) -> dict[str, dict[str, Any]]:
         """Input, output and weight shapes of the float model's modules, from one sample input (computed once).
@@ -384,7 +422,8 @@ class Session:
         Made from the stored settings (``project.settings``, the file's JSON) when they changed since the
         last read, so it never disagrees with what a save writes.
         """
-        return configure.typed_settings(self)
+        self._settings = configure.typed_settings(self.project.settings, self._settings)
+        return self._settings[1]
 
     def set_setting(self, key: str, value: Any) -> None:
         """Change one project setting (see :meth:`set_settings`)."""
@@ -398,12 +437,34 @@ class Session:
         and leaves the project as it was. Then all are applied, with one rebuild of the quantized model
         (when a setting it is built from changed). Values equal to the current ones change nothing.
         """
-        return configure.set_settings(self, changes)
+        checked = configure.changed_settings(self.settings, changes)
+        if not checked:
+            return
+        previous = {key: copy.deepcopy(self.project.settings.get(key)) for key in checked}
+        previous_device = self.device
+        try:
+            if "device" in checked:
+                self.set_device(checked["device"])
+            self.project.settings.update(checked)
+            if "functional" in checked:  # functional quantizers add or remove layers
+                self._sync_layers()
+        except Exception:
+            # checked values can still fail to build (a pin naming no quantizer): back to how it was
+            self.project.settings.update(previous)
+            if self.device != previous_device:
+                self.set_device(str(previous_device))
+            self._quant_model = None
+            raise
+        if checked.keys() & REBUILD_SETTINGS:
+            self._invalidate()
+        self._changed(SessionEvent.SETTINGS, keys=sorted(checked))
+        if checked.keys() & REBUILD_SETTINGS:
+            self._changed(SessionEvent.LAYERS, names=list(self.project.layers))
 
     def update_setting(self, key: str, **fields: Any) -> None:
         """Change some fields of a mapping setting (rules, functional, calibration, export, metric, finetune),
         keeping the others: ``update_setting("rules", maxpool=False)``. Checked as :meth:`set_settings`."""
-        return configure.update_setting(self, key, **fields)
+        self.set_settings({key: configure.updated_section(self.settings, key, fields)})
 
     def add_pins(self, pairs: Iterable[Sequence[str]]) -> None:
         """Share one quantizer between each pair of quantizers or layers (TensorRT scale sharing).
@@ -411,15 +472,33 @@ class Session:
         The names are checked by building the model: a pin naming no quantizer raises SessionError and
         leaves the pins as they were.
         """
-        return configure.add_pins(self, pairs)
+        previous = self.settings.stored("pins")
+        self.set_setting("pins", previous + [list(pair) for pair in pairs])
+        try:
+            self.quantized_model()
+        except Exception as error:
+            self.project.settings["pins"] = previous
+            self._quant_model = None
+            raise SessionError(f"pins: {error}") from error
 
     def set_device(self, device: str) -> None:
         """Move the models to ``device`` (``cpu``, ``cuda``, ``cuda:N``); SessionError if there is none such."""
-        configure.set_device(self, device)
+        target = torch.device(configure.checked_value("device", device))
+        self.device = target
+        self.project.settings["device"] = str(target)
+        self.float_model.to(target)
+        self._folded = None  # its folded weights are its own tensors, on the old device
+        if self._quant_model is not None:
+            self._quant_model.to(target)
 
     def _join(self, context: DistContext | None) -> DistContext:
         """The job's context; on nccl the models move to this rank's GPU (the project keeps its device setting)."""
-        return configure.join(self, context)
+        context, device = configure.job_device(context, self.device)
+        if device is not None:
+            setting = self.settings.device
+            self.set_device(str(device))
+            self.project.settings["device"] = setting
+        return context
 
     def _invalidate(self) -> None:
         self._quant_model = None
@@ -488,8 +567,20 @@ class Session:
             self.smooth("smoothquant", smoothing.parse_alpha(smoothquant), num_batches=num_batches)
         if awq is not None:
             self.smooth("awq", 1.0 if awq else None, num_batches=num_batches)
-        return calibration.calibrate(self, method=method, num_batches=num_batches, percentile=percentile,
-                                     progress=progress, cancel=cancel, context=context, block_method=block_method)
+        context = self._join(context)
+        options = self.settings.calibration
+        block_method = calibration.checked_block_method(block_method or options.block_method)
+        model = self.quantized_model()
+        result, record = calibration.calibrate(
+            model, self.data("calibration"), self.project, options, device=self.device, folded=self.folded_layers(),
+            method=method, num_batches=num_batches, percentile=percentile, progress=progress, cancel=cancel,
+            context=context, block_method=block_method)
+        self.project.calibrations.append(record)
+        record.state_digest = state_digest(self.project)  # what the run's output SQNR was measured on
+        # what was stale (calibrated with another descriptor) is calibrated with its own now
+        self.build_report.stale = [name for name in self.build_report.stale if name not in record.quantizers]
+        self._changed(SessionEvent.CALIBRATION)
+        return result
 
     def smooth(self, method: str, alpha: float | None, *, num_batches: int | None = None) -> list[str]:
         """Compute ``method``'s smoothing ("smoothquant" with strength ``alpha``, or "awq", which searches its
@@ -505,12 +596,9 @@ class Session:
         if alpha is None:
             self._changed(SessionEvent.LAYERS)
             return []
-        layers = smoothing.smoothing_layers(self.quantized_model(), self.precisions(), method)
-        layers = [name for name in layers if name not in self.project.smoothing]  # one smoothing per layer
+        layers, blocks = smoothing.layers_to_smooth(self.project, self.quantized_model(), self.precisions(), method)
         count = num_batches if num_batches is not None else self.settings.calibration.num_batches
         base, _ = self._fold_base()
-        blocks = {name: (self.project.layers[name].weight_desc or {}).get("block_size", DEFAULT_BLOCK_SIZE)
-                  for name in layers}
         records = smoothing.compute_smoothing(base, layers, list(self.data("calibration").batches(count)),
                                               method=method, alpha=alpha, device=self.device, block_sizes=blocks)
         self.project.smoothing.update(records)
@@ -524,7 +612,10 @@ class Session:
         ``names`` are quantizer names (``layer._input_quantizer``) or layer names (their histogram
         quantizers). Returns the new amax per quantizer; the current calibration record is updated.
         """
-        return calibration.recompute_amax(self, names, method, percentile)
+        updated = calibration.recompute_amax(self.quantized_model(), self.project, names, method, percentile,
+                                             device=self.device)
+        self._changed(SessionEvent.CALIBRATION, quantizers=list(updated))
+        return updated
 
     def histogram(self, quantizer_name: str) -> dict[str, Any] | None:
         """Histogram counts, bin edges and the amax every method gives, for plotting; None without one."""
@@ -540,7 +631,14 @@ class Session:
 
     def metric(self):
         """The project's metric as a workbench.analysis Metric (entry points need trust)."""
-        return analysis.project_metric(self)
+        setting = self.settings.metric
+        return self._resolve_metric(setting.name, setting.direction)
+
+    def _resolve_metric(self, metric: Any, direction: str | None = None):
+        return analysis.resolve_metric(metric, direction, trust_code=self.trust_code, base_dir=self.base_dir)
+
+    def _analysis_batches(self) -> list:
+        return analysis.analysis_batches(self.data("evaluation"))
 
     def sensitivity(self, *, scheme: str = "one-off", metric: Any = None, units: Any = None,
                     num_batches: int | None = None, progress: ProgressCallback | None = None,
@@ -549,12 +647,20 @@ class Session:
 
         With a distributed ``context`` the units are shared among the ranks (see :meth:`calibrate`).
         """
-        return analysis.sensitivity(self, scheme=scheme, metric=metric, units=units, num_batches=num_batches,
-                                    progress=progress, cancel=cancel, context=context)
+        context = self._join(context)
+        model = self._require_calibrated()
+        batches = self._analysis_batches()
+        result, record = analysis.sensitivity(model, batches, metric if metric is not None else self.metric(),
+                                              self.project, scheme=scheme, units=units, num_batches=num_batches,
+                                              output=self.settings.output, progress=progress, cancel=cancel,
+                                              context=context)
+        self.project.sensitivity.append(record)
+        self._changed(SessionEvent.SENSITIVITY)
+        return result
 
     def latest_sensitivity(self):
         """The last sensitivity ranking stored in the project (None if there was none)."""
-        return analysis.latest_sensitivity(self)
+        return analysis.latest_sensitivity(self.project)
 
     def fallback(self, *, tolerance: float | None = None, target: float | None = None, max_units: int | None = None,
                  metric: Any = None, apply: bool = False, use_ranking: bool = True,
@@ -564,9 +670,20 @@ class Session:
 
         With a distributed ``context`` the ranks measure candidate sets in parallel (see :meth:`calibrate`).
         """
-        return analysis.fallback(self, tolerance=tolerance, target=target, max_units=max_units, metric=metric,
-                                 apply=apply, use_ranking=use_ranking, progress=progress, cancel=cancel,
-                                 context=context)
+        context = self._join(context)
+        model = self._require_calibrated()
+        ranking = self.latest_sensitivity() if use_ranking else None
+        batches = self._analysis_batches()
+        result, record = analysis.fallback(model, batches, metric if metric is not None else self.metric(),
+                                           self.project, tolerance=tolerance, target=target, max_units=max_units,
+                                           ranking=ranking, output=self.settings.output, progress=progress,
+                                           cancel=cancel, context=context)
+        self.project.fallbacks.append(record)
+        if apply:
+            self.apply_fallback(result)
+            record.applied = True
+        self._changed(SessionEvent.FALLBACK, applied=apply)
+        return result
 
     def ladder(self, ladder: Any, *, target: float | None = None, tolerance: float | None = None,
                budget_bytes: int | None = None, metric: Any = None, apply: bool = False, use_ranking: bool = True,
@@ -578,48 +695,21 @@ class Session:
 
         Each rung the layers do not run in yet gets a model calibrated in it (one calibration pass per rung).
         """
-        from workbench.analysis.ladder import ladder_search, parse_ladder
-
-        try:
-            rungs = parse_ladder(ladder)
-        except ValueError as error:
-            raise SessionError(str(error)) from error
+        rungs = ladder_job.parse_rungs(ladder)
         model = self._require_calibrated()
         own = self.precisions()
-        plans: dict[Precision, dict[str, ladder_job.LayerPlan]] = {}
-        for precision in rungs:
-            if precision is Precision.FLOAT:
-                continue
-            plans[precision] = {}
-            for name, current in own.items():
-                if current in (None, Precision.FLOAT) or current is precision:
-                    continue
-                try:
-                    plans[precision].update(decisions.plan_precision(self, [name], precision))
-                except SessionError:  # the precision does not apply to this layer (int4w on a convolution)
-                    continue
+        plans = ladder_job.rung_plans(self.project, model, self.settings.defaults, own, rungs)
         if progress is not None:
             progress(0, 1, f"calibrating a model per rung ({', '.join(p.value for p in plans if plans[p])})")
         count = self.settings.calibration.num_batches
         base, folding = self._fold_base()
         models = ladder_job.rung_models(self.project, base, folding, self.device, self.settings, plans,
                                         self.data("calibration").batches(count), example_inputs=self._example_inputs())
-        in_rung = {precision: {name: precision for name in plan} | {n: p for n, p in own.items() if p is precision}
-                   for precision, plan in plans.items()}
-        blocks = {name: (d.weight_desc or {}).get("block_size", DEFAULT_BLOCK_SIZE)
-                  for name, d in self.project.layers.items()}
-        for precision, plan in plans.items():
-            for name, (_, _, weight_desc) in plan.items():
-                if precision is Precision.INT4W and weight_desc:
-                    blocks[name] = weight_desc.get("block_size", DEFAULT_BLOCK_SIZE)
-        result = ladder_search(model, analysis.analysis_batches(self), metric if metric is not None else self.metric(),
-                               ladder=rungs, rung_of=ladder_job.rung_source(models, in_rung), precisions=own,
-                               target=target, tolerance=tolerance, budget_bytes=budget_bytes,
-                               ranking=self.latest_sensitivity() if use_ranking else None, progress=progress,
-                               cancel=cancel, output=self.settings.output, block_sizes=blocks,
-                               layer_order=list(self.project.layers))  # fusion-aware (the lint's rules)
-        result.notes += mix_notes(list(self.project.layers), result.precisions)
-        record = FallbackRecord(self.project.next_id(self.project.fallbacks), now_iso(), result.to_dict())
+        result, record = ladder_job.search(
+            model, self._analysis_batches(), metric if metric is not None else self.metric(), self.project,
+            rungs=rungs, own=own, plans=plans, models=models,
+            ranking=self.latest_sensitivity() if use_ranking else None, target=target, tolerance=tolerance,
+            budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel)
         self.project.fallbacks.append(record)
         if apply:
             self.apply_precisions(result.precisions)
@@ -644,14 +734,19 @@ class Session:
 
     def latest_ladder(self):
         """The last ladder search stored in the project (None if there was none)."""
-        return analysis.latest_ladder(self)
+        return analysis.latest_ladder(self.project)
 
     def apply_fallback(self, result: Any) -> list[str]:
         """Leave the layers a fallback search chose in float (a layer decision, saved with the project).
 
         ``result`` is a FallbackResult, or units / layer names.
         """
-        return analysis.apply_fallback(self, result)
+        names = analysis.fallback_layers(self.project, result)
+        self.set_quantize(names, False)
+        if analysis.is_latest_fallback(self.project, result):
+            self.project.fallbacks[-1].applied = True  # reopened, the search shows as applied (its Apply is done)
+            self._changed(SessionEvent.FALLBACK, applied=True)
+        return names
 
     def layers_of(self, unit: Any) -> list[str]:
         """The quantizable layers a sensitivity or fallback unit switches (a Unit, a UnitResult or a name).
@@ -659,11 +754,11 @@ class Session:
         A unit is named by its quantizers (``block.add._input1_quantizer``); the views select and
         ignore layers, so they map units to layers through here.
         """
-        return analysis.layers_of(self, unit)
+        return analysis.layers_of(self.project, unit)
 
     def latest_fallback(self):
         """The last fallback search stored in the project (None if there was none)."""
-        return analysis.latest_fallback(self)
+        return analysis.latest_fallback(self.project)
 
     def evaluate(self, metric: Any = None, num_batches: int | None = None, *,
                  progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
@@ -673,7 +768,10 @@ class Session:
         is found next to the project); default the project's. FP32 is the float model as loaded, INT8 the
         calibrated quantized model. Returns a :class:`workbench.analysis.Evaluation`; the project is not changed.
         """
-        return analysis.evaluate(self, metric, num_batches, progress=progress, cancel=cancel)
+        model = self._require_calibrated()
+        chosen = self.metric() if metric is None else self._resolve_metric(metric)
+        return analysis.evaluate(self.float_model, model, self._analysis_batches(), chosen, num_batches=num_batches,
+                                 output=self.settings.output, progress=progress, cancel=cancel)
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
@@ -687,23 +785,40 @@ class Session:
         leaves the project as it was: the export settings, the export history and the unsaved-changes
         flag are not touched.
         """
-        return exports.export(self, path, opset=opset, dynamic_batch=dynamic_batch, amax_json=amax_json,
-                              calibration_cache=calibration_cache, remember=remember, force=force, fp8_ops=fp8_ops)
+        target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
+        plan = exports.plan_export(self.project, self.settings.export, target, typed=path is not None,
+                                   project_path=self.path, base_dir=self.base_dir, project_dir=self.project_dir,
+                                   remember=remember, force=force, opset=opset, dynamic_batch=dynamic_batch,
+                                   amax_json=amax_json, calibration_cache=calibration_cache, fp8_ops=fp8_ops)
+        model = self._require_calibrated()
+        report = exports.write_export(plan, model, self.sample_inputs(batch=1), output=self.settings.output)
+        if remember:
+            measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
+            record = exports.remember(plan, self.project, report, measure, project_path=self.path,
+                                      project_dir=self.project_dir)
+            self.project.exports.append(record)
+            self._changed(SessionEvent.EXPORT, path=str(target))
+        return report
 
     def default_export_path(self) -> Path:
         """Where ``export`` writes without a path: the project's export setting (relative to the project's
         folder), else ``<project>.qdq.onnx`` next to it."""
-        return exports.default_export_path(self)
+        return exports.default_export_path(self.project, self.settings.export, self.path, self.project_dir)
 
     def overwrite_refusal(self, path: str | Path | None = None) -> str | None:
-        """Why :meth:`export` to ``path`` (default: the project's) would refuse without ``force``; None if it would not."""
-        return exports.overwrite_refusal(self, path)
+        """Why :meth:`export` to ``path`` (default: the project's) would refuse without ``force``; None if it
+        would not."""
+        target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
+        return exports.overwrite_refusal(self.project, self.settings.export, target, self.project_dir)
 
     def export_path(self, record: ExportRecord) -> str:
         """Where an export of the history lies (its stored path is relative to the project's folder)."""
-        return absolute_path(record.path, self._project_dir()) or record.path
+        return absolute_path(record.path, self.project_dir) or record.path
 
-    def _project_dir(self) -> Path:
+    @property
+    def project_dir(self) -> Path:
+        """The folder the project's relative paths (exports, data, code) are taken from: the project file's,
+        or before the first save the folder it was created in."""
         return self.path.parent if self.path is not None else self.base_dir
 
     # ----- TensorRT: lint before building, the engine's report after -------------------------
@@ -711,11 +826,15 @@ class Session:
     def lint(self):
         """Fusion hazards TensorRT's Q/DQ rules predict for the project as it exports now (the last lint's, while
         the project is unchanged since; kept in the project)."""
-        return tensorrt.lint(self)
+        warnings, stored = tensorrt.lint(self.project, export_path=self.export_path,
+                                         preview=lambda path: self.export(path, remember=False))
+        if stored:
+            self._changed(SessionEvent.LINT)  # a result the project keeps, like a sensitivity run
+        return warnings
 
     def latest_lint(self):
         """(warnings, changed since, what was linted) of the project's last lint; None when never linted."""
-        return tensorrt.latest_lint(self)
+        return tensorrt.latest_lint(self.project)
 
     def state_digest(self) -> str:
         """A digest of what the quantized model computes now (see :mod:`workbench.session.state`): a result that
@@ -724,17 +843,27 @@ class Session:
 
     def apply_fix(self, fix) -> list[str]:
         """Apply a lint warning's fix (a pin, quantize, leave in float, a placement rule)."""
-        return tensorrt.apply_fix(self, fix)
+        plan = tensorrt.plan_fix(fix, self.settings)
+        if plan.quantize is not None:
+            return self.set_quantize(plan.layers, plan.quantize)
+        if plan.settings:
+            self.set_settings(plan.settings)
+        return plan.changed
 
     def import_engine_report(self, layer_info: str | Path, profile: str | Path | None = None, *,
                              remember: bool = True, onnx_file: str | Path | None = None, force: bool = False):
         """trtexec's layer information (and profile) mapped onto the layers; kept in the project.
         ``onnx_file``: the ONNX the engine was built from (to read its node names); ``force``: report an
         engine that does not look like this model's."""
-        return tensorrt.import_engine(self, layer_info, profile, remember=remember, onnx_file=onnx_file, force=force)
+        report, record = tensorrt.import_engine(self.project, layer_info, profile, float_model=self.float_model,
+                                                precisions=self.precisions(), onnx_file=onnx_file, force=force)
+        if remember:
+            self.project.engine_reports.append(record)
+            self.dirty = True
+        return report
 
     def latest_engine_report(self):
-        return tensorrt.latest_engine_report(self)
+        return tensorrt.latest_engine_report(self.project)
 
     def finetune(self, *, epochs: int | None = None, lr: float | None = None, optimizer: str | None = None,
                  schedule: str | None = None, loss: str | None = None, learn_amax: Sequence[str] | str | None = None,
@@ -752,36 +881,52 @@ class Session:
         copies. The result (history and the resulting weights) is stored in the project, and export uses
         the fine-tuned weights; a run cancelled before its first epoch changes nothing and is not stored.
         """
-        return finetuning.finetune(
-            self, epochs=epochs, lr=lr, optimizer=optimizer, schedule=schedule, loss=loss, learn_amax=learn_amax,
-            momentum=momentum, weight_decay=weight_decay, steps_per_epoch=steps_per_epoch, amp=amp, metric=metric,
-            progress=progress, cancel=cancel, on_step=on_step, on_epoch=on_epoch)
+        given = {"epochs": epochs, "lr": lr, "optimizer": optimizer, "schedule": schedule, "loss": loss,
+                 "momentum": momentum, "weight_decay": weight_decay, "steps_per_epoch": steps_per_epoch, "amp": amp,
+                 "learn_amax": learn_amax}
+        options, loss_spec = finetuning.finetune_options(self.settings.finetune, given, trust_code=self.trust_code,
+                                                         base_dir=self.base_dir)
+        model = self._require_calibrated()
+        training, batches = self.data("training"), self._analysis_batches()
+        result = finetuning.finetune(model, training, batches, metric if metric is not None else self.metric(),
+                                     options, loss_spec, device=self.device, trust_code=self.trust_code,
+                                     progress=progress, cancel=cancel, on_step=on_step, on_epoch=on_epoch)
+        self.project.settings["finetune"] = options.to_stored()
+        self._changed(SessionEvent.SETTINGS, keys=["finetune"])
+        if result.epochs_completed == 0 and not result.changed:
+            return result  # cancelled before an epoch finished: the model is as it was
+        record = finetuning.finetune_record(model, self.project, result, self.folded_layers())
+        finetuning.activate(self.project, record)
+        self.build_report.finetune = f"fine-tuned weights of run {record.id} in use"
+        self._changed(SessionEvent.FINETUNE, run=record.id)
+        return result
 
     def finetune_history(self) -> list[Any]:
         """Every stored fine-tune as a :class:`workbench.training.FinetuneResult` (no model), oldest first."""
-        return finetuning.finetune_history(self)
+        return finetuning.finetune_history(self.project)
 
     def reset_finetune(self) -> bool:
         """Back to the calibrated model's own weights (the fine-tune history stays); False if none was in use."""
-        return finetuning.reset_finetune(self)
+        if not finetuning.reset_finetune(self.project):
+            return False
+        self._invalidate()
+        self._changed(SessionEvent.FINETUNE, run=None)
+        return True
 
     def _require_calibrated(self) -> nn.Module:
         """The quantized model, once calibrated. Quantizers the last calibration never reached (no data flowed
         through them) keep no amax: export leaves them in float and says so. Any other quantizer without amax
         (never calibrated, or stale after its descriptor changed) is refused: calibrate first."""
         model = self.quantized_model()
-        run = self.project.current_calibration
-        unreached = set(run.unused) if run is not None else set()
-        missing = [name for name, q in quantizer_names(model).items()
-                   if q.is_enabled and q.is_quant_enabled and not q.learn_amax and not q.has_amax
-                   and name not in unreached]  # stale after a descriptor change, or never calibrated
-        if missing:
-            raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"
-                               f"{'...' if len(missing) > 5 else ''}): calibrate first.")
+        calibration.check_calibrated(model, self.project.current_calibration)
         return model
 
     # ----- summary ----------------------------------------------------------------------------
 
     def summary(self, layers: list[LayerView] | None = None) -> dict[str, Any]:
         """A JSON-able overview for ``workbench show`` (``layers``: :meth:`layers`, when the caller has them)."""
-        return views.summary(self, layers)
+        model = self.quantized_model()
+        return views.summary(self.project, model, self.build_report, self.settings, path=self.path,
+                             model_description=self._loaded.describe(),
+                             export_paths=[self.export_path(record) for record in self.project.exports],
+                             file_changes=self.file_changes, layers=layers)

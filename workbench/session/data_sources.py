@@ -1,77 +1,86 @@
-"""A session's data as session jobs: the opened data sources by role (evaluation falls back to the
-calibration data, training data to all of it, shuffled), replacing one, and the check that the
-model takes their inputs.
+"""A session's data: the opened data sources by role (evaluation falls back to the calibration data,
+training data to all of it, shuffled), replacing one, and the check that the model takes their inputs.
 
-Functions of a :class:`~workbench.session.Session` (its methods call them), like
-:mod:`workbench.session.tensorrt`.
+:class:`DataSources` is the cache of opened sources the :class:`~workbench.session.Session` owns; it is
+given the project and the trust it opens them with, and knows nothing of the session.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
+from workbench.project import Project
 from workbench.quant.batches import input_shapes, model_inputs, run_model
 from workbench.session.errors import SessionError
-from workbench.session.events import SessionEvent
 from workbench.sources.data_source import DataSource, DataSpec, check_input, open_data
 from workbench.sources.errors import SourceError
 
-if TYPE_CHECKING:
-    from workbench.session.core import Session
-
-__all__ = ["data", "set_data", "check_forward"]
+__all__ = ["DataSources", "check_forward"]
 
 
-def data(session: Session, role: str = "calibration") -> DataSource:
-    """The opened data source for ``role`` (evaluation falls back to calibration data; training data to
-    all of the calibration data, shuffled)."""
-    if role == "evaluation" and "evaluation" not in session.project.data:
-        role = "calibration"
-    if role == "training" and "training" not in session.project.data and "calibration" in session.project.data:
-        spec = DataSpec.from_dict({**session.project.data["calibration"].to_dict(), "num_batches": None,
-                                   "shuffle": True})
-        cached = session._data.get("training")
-        if cached is None or cached.spec != spec:  # follows a change of the calibration data
-            session._data["training"] = open_data(spec, trust_code=session.trust_code, base_dir=session.base_dir)
-        return session._data["training"]
-    if role not in session.project.data:
-        raise SessionError(f"The project has no {role} data.")
-    if role not in session._data:
-        session._data[role] = open_data(session.project.data[role], trust_code=session.trust_code,
-                                        base_dir=session.base_dir)
-    return session._data[role]
+class DataSources:
+    """The data sources opened for a project, by role, each opened once (until :meth:`clear`)."""
 
+    def __init__(self) -> None:
+        self._opened: dict[str, DataSource] = {}
 
-def set_data(session: Session, role: str, spec: DataSpec) -> None:
-    """Replace a data source; the new inputs must fit the model (new calibration data is run through it
-    once, as :meth:`create` does). A refused source leaves the project's data as it was."""
-    source = open_data(spec, trust_code=session.trust_code, base_dir=session.base_dir)
-    if session.project.input_spec is not None:
-        check_input(session.project.input_spec, source.input_spec(), spec.label)
-    previous = session.project.data.get(role), session._data.get(role)
-    session.project.data[role] = spec
-    session._data[role] = source
-    if role == "calibration":
+    def clear(self) -> None:
+        """Forget every opened source (the project's paths moved, or another process changed its data)."""
+        self._opened.clear()
+
+    def get(self, project: Project, role: str, *, trust_code: bool, base_dir: Path) -> DataSource:
+        """The opened data source for ``role`` of ``project`` (evaluation falls back to calibration data;
+        training data to all of the calibration data, shuffled)."""
+        if role == "evaluation" and "evaluation" not in project.data:
+            role = "calibration"
+        if role == "training" and "training" not in project.data and "calibration" in project.data:
+            spec = DataSpec.from_dict({**project.data["calibration"].to_dict(), "num_batches": None,
+                                       "shuffle": True})
+            cached = self._opened.get("training")
+            if cached is None or cached.spec != spec:  # follows a change of the calibration data
+                self._opened["training"] = open_data(spec, trust_code=trust_code, base_dir=base_dir)
+            return self._opened["training"]
+        if role not in project.data:
+            raise SessionError(f"The project has no {role} data.")
+        if role not in self._opened:
+            self._opened[role] = open_data(project.data[role], trust_code=trust_code, base_dir=base_dir)
+        return self._opened[role]
+
+    def replace(self, project: Project, role: str, spec: DataSpec, *, trust_code: bool, base_dir: Path,
+                check: Callable[[], None]) -> None:
+        """Make ``spec`` the project's ``role`` data; its inputs must fit the project's input, and for the
+        calibration data ``check`` (a forward pass through the model) must pass. A refused source leaves the
+        project's data (and these sources) as they were."""
+        source = open_data(spec, trust_code=trust_code, base_dir=base_dir)
+        if project.input_spec is not None:
+            check_input(project.input_spec, source.input_spec(), spec.label)
+        previous = project.data.get(role), self._opened.get(role)
+        project.data[role] = spec
+        self._opened[role] = source
+        if role != "calibration":
+            return
         try:
-            session.check_forward()
+            check()
         except SourceError:
-            for store, old in ((session.project.data, previous[0]), (session._data, previous[1])):
+            for store, old in ((project.data, previous[0]), (self._opened, previous[1])):
                 if old is None:
                     store.pop(role, None)
                 else:
                     store[role] = old
             raise
-    session._changed(SessionEvent.DATA, role=role)
 
 
-def check_forward(session: Session) -> None:
-    """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
-    sample = session.sample_inputs(batch=2)
+def check_forward(model: nn.Module, sample: Any, device: torch.device, project: Project) -> None:
+    """Run the float ``model`` on ``sample`` (a batch of the project's calibration data); its error names the
+    inputs' shapes and dtypes."""
     try:
         with torch.no_grad():
-            run_model(session.float_model, (sample, None), session.device)
+            run_model(model, (sample, None), device)
     except Exception as error:
-        raise SourceError(f"The model ({session.project.model.label}) failed on a sample input of shape "
+        raise SourceError(f"The model ({project.model.label}) failed on a sample input of shape "
                           f"{input_shapes(*model_inputs((sample, None)))} from "
-                          f"{session.project.data['calibration'].label}: {type(error).__name__}: {error}") from error
+                          f"{project.data['calibration'].label}: {type(error).__name__}: {error}") from error

@@ -2,15 +2,21 @@
 ignore policy) and the descriptors of their quantizers. Decisions are plain data in the project; a
 change invalidates the quantized model, which is rebuilt when next used.
 
-Functions of a :class:`~workbench.session.Session` (its methods call them), like
-:mod:`workbench.session.tensorrt`.
+Functions of the project's decisions and the quantized model they are read from; the
+:class:`~workbench.session.Session`'s methods call them, then rebuild (or edit in place) and tell the front
+ends. Nothing here touches the session.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from workbench.project.settings import jsonable, make_descriptor
+from torch import nn
+
+from workbench.project import LayerDecision, Project
+from workbench.project.settings import DefaultDescriptors, jsonable, make_descriptor
+from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.precision import (
     DEFAULT_BLOCK_SIZE,
     Precision,
@@ -21,25 +27,22 @@ from workbench.quant.precision import (
 )
 from workbench.quant.replace import ignore_matcher
 from workbench.quant.tensorrt_rules import tensorrt_check
-from workbench.session.build import descriptor_of, role_quantizer
+from workbench.session.build import descriptor_of, quantizable, role_quantizer
 from workbench.session.errors import SessionError
-from workbench.session.events import SessionEvent
-from workbench.session.in_place import swap_descriptors
 
-if TYPE_CHECKING:
-    from workbench.session.core import Session
+logger = logging.getLogger("workbench.session.core")  # the logger this warning always came from
 
-__all__ = ["select", "apply_ignore_policy", "set_quantize", "set_descriptor", "reset_descriptor", "descriptors",
-           "plan_precision", "precisions", "mix_weight_bytes", "swap_in_place"]
+__all__ = ["synced_layers", "select", "ignore_preview", "ignored_layers", "set_quantize", "plan_descriptor",
+           "reset_descriptor", "descriptors", "plan_precision", "precisions", "mix_weight_bytes"]
 
 
-def select(session: Session, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
+def select(project: Project, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
            types: Iterable[str] | None = None, subtree: str | None = None) -> list[str]:
     """Quantizable layers matching any of the criteria (regex patterns match like the ignore policy)."""
     chosen: list[str] = []
-    all_names = list(session.project.layers)
+    all_names = list(project.layers)
     if names is not None:
-        unknown = [n for n in names if n not in session.project.layers]
+        unknown = [n for n in names if n not in project.layers]
         if unknown:
             raise SessionError(f"Not quantizable layers of this model: {', '.join(unknown[:10])}.")
         chosen += list(names)
@@ -48,81 +51,98 @@ def select(session: Session, *, names: Iterable[str] | None = None, patterns: It
         chosen += [n for n in all_names if matcher(n) is not None]
     if types is not None:
         wanted = {t.removeprefix("Quant") for t in types}
-        chosen += [n for n, d in session.project.layers.items() if d.type.removeprefix("Quant") in wanted]
+        chosen += [n for n, d in project.layers.items() if d.type.removeprefix("Quant") in wanted]
     if subtree is not None:
         prefix = subtree.rstrip(".")
         chosen += [n for n in all_names if n == prefix or n.startswith(prefix + ".")]
     return list(dict.fromkeys(chosen))
 
 
-def apply_ignore_policy(session: Session, patterns: Iterable[str], quantize_others: bool) -> list[str]:
-    """Leave the layers matching any of ``patterns`` in float (the matching of :meth:`ignore_preview`);
-    with ``quantize_others``, quantize every other layer. One edit (the model is rebuilt once, when next
-    used); returns the ignored layers.
+def ignore_preview(project: Project, patterns: Iterable[str]) -> list[str]:
+    """The layers an ignore policy (list of regexes) would leave in float, without changing anything."""
+    try:
+        return select(project, patterns=[p for p in patterns if p])
+    except (ValueError, TypeError) as error:
+        raise SessionError(str(error)) from error
+
+
+def ignored_layers(project: Project, patterns: Iterable[str]) -> list[str]:
+    """The layers matching any of ``patterns`` (the matching of :func:`ignore_preview`), each pattern
+    checked to match some layer.
 
     Raises:
-        SessionError: no pattern, an invalid regex, or a pattern that matches no layer (named); the
-            layers are then as they were.
+        SessionError: no pattern, an invalid regex, or a pattern that matches no layer (named).
     """
     patterns = [p for p in patterns if p]
     if not patterns:
         raise SessionError("Give at least one pattern of layers to leave in float.")
-    matches = {pattern: session.ignore_preview([pattern]) for pattern in patterns}
+    matches = {pattern: ignore_preview(project, [pattern]) for pattern in patterns}
     unmatched = [pattern for pattern, names in matches.items() if not names]
     if unmatched:
         raise SessionError(f"No quantizable layer matches {', '.join(map(repr, unmatched))}; the names are as in "
                            "the model tree, matched from their start.")
-    ignored = session.ignore_preview(patterns)
-    session.set_quantize(ignored, False)
-    if quantize_others:
-        left_in_float = set(ignored)
-        session.set_quantize([name for name in session.project.layers if name not in left_in_float], True)
-    return ignored
+    return ignore_preview(project, patterns)
 
 
-def _not_a_layer(session: Session, name: str) -> str:
-    inside = [layer for layer in session.project.layers if layer.startswith(f"{name}.")]
+def synced_layers(known: Mapping[str, LayerDecision], model: nn.Module) -> dict[str, LayerDecision]:
+    """A decision for every quantizable layer of ``model`` (built without decisions): the ``known`` one, else a
+    new one (quantize, but LSTMs start float); decisions of layers no longer in the model are dropped (logged)."""
+    layers: dict[str, LayerDecision] = {}
+    for name, module_type, _ in quantizable(model):
+        # LSTMs start float (workbench.quant.gemm.FLOAT_BY_DEFAULT says why); the user may quantize them
+        starts_quantized = float_by_default_reason(module_type) is None
+        layers[name] = known.get(name) or LayerDecision(name, module_type, starts_quantized)
+    dropped = [name for name in known if name not in layers]
+    if dropped:
+        logger.warning("Layers no longer in the model, their settings dropped: %s", ", ".join(dropped[:10]))
+    return layers
+
+
+def _not_a_layer(project: Project, name: str) -> str:
+    inside = [layer for layer in project.layers if layer.startswith(f"{name}.")]
     hint = f"; the quantizable layers inside it are {', '.join(inside[:8])}" if inside else ""
     return f"{name!r} is not a quantizable layer of this model{hint}."
 
 
-def set_quantize(session: Session, names: Iterable[str], quantize: bool) -> list[str]:
-    """Quantize or leave in float; returns the layers whose decision changed."""
+def set_quantize(project: Project, names: Iterable[str], quantize: bool) -> list[str]:
+    """Quantize or leave in float (the project's decisions); returns the layers whose decision changed."""
     changed = []
     for name in names:
-        if name not in session.project.layers:
-            raise SessionError(_not_a_layer(session, name))
-        decision = session.project.layers[name]
+        if name not in project.layers:
+            raise SessionError(_not_a_layer(project, name))
+        decision = project.layers[name]
         if decision.quantize != quantize:
             decision.quantize = quantize
             changed.append(name)
-    if changed:
-        session._invalidate()
-        session._changed(SessionEvent.LAYERS, names=changed)
     return changed
 
 
-def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: Any) -> list[str]:
-    """Change descriptor fields of the ``role`` ("input" or "weight") quantizer of layers.
+def plan_descriptor(project: Project, model: nn.Module, names: Iterable[str], role: str,
+                    fields: dict[str, Any], defaults: DefaultDescriptors | None = None
+                    ) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
+    """What changing descriptor fields of the ``role`` ("input" or "weight") quantizer of layers makes of their
+    stored descriptors, changing nothing: ``({layer: new descriptor}, notes)`` for the layers it changes, the
+    notes saying which of them only simulate in TensorRT.
 
     Fields are validated like :class:`QuantDescriptor`'s and against what TensorRT builds
     (:func:`~workbench.quant.tensorrt_rules.tensorrt_check`): a descriptor it cannot use raises
-    SessionError with the reason; one that only simulates (4-bit) is set and explained in :attr:`notes`.
-    The layer's current descriptor (override or default) is the starting point, so one call can
-    change just ``num_bits``.
+    SessionError with the reason. The layer's current descriptor (override, else the default ``model``
+    was built with) is the starting point, so one call can change just ``num_bits``.
+
+    A descriptor edited back to the layer's default becomes None (no override: it reads and digests as
+    untouched); one edited back to its precision's default (``defaults``: the project's default descriptors)
+    becomes the override :func:`plan_precision` writes; setting the values a layer has is no change.
     """
     sim_only: dict[str, list[str]] = {}  # note -> layers
     if role not in ("input", "weight"):
         raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
-    model = session.quantized_model()
     modules = dict(model.named_modules())
-    updates: dict[str, dict[str, Any]] = {}  # the descriptors the live quantizers take
-    stored: dict[str, dict[str, Any] | None] = {}  # the layers' overrides (None: the default)
+    updates: dict[str, dict[str, Any]] = {}
     for name in list(names):
-        if name not in session.project.layers:
+        if name not in project.layers:
             raise SessionError(f"{name!r} is not a quantizable layer of this model.")
         module = modules.get(name)
-        current = getattr(session.project.layers[name], f"{role}_desc")
+        current = getattr(project.layers[name], f"{role}_desc")
         if current is None:
             quantizer = role_quantizer(module, role)
             if quantizer is None:
@@ -135,18 +155,17 @@ def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: 
             made = make_descriptor(updated)
         except (TypeError, ValueError) as error:
             raise SessionError(f"{name}: {error}") from error
-        verdict = tensorrt_check(role, made.num_bits, made.axis, session.project.layers[name].type,
+        verdict = tensorrt_check(role, made.num_bits, made.axis, project.layers[name].type,
                                  block_size=made.block_size)
         if verdict.error:  # refused when set, not at export
             raise SessionError(f"{name}: {verdict.error}")
         if verdict.sim_only:
             sim_only.setdefault(verdict.sim_only, []).append(name)
-        override = getattr(session.project.layers[name], f"{role}_desc")
+        override = getattr(project.layers[name], f"{role}_desc")
         default = descriptor_of(role_quantizer(module, role)) if override is None else \
-            _class_default(session, module, role)
-        # back at the layer's default: no override at all, so that it reads (and digests) as unchanged; back at
-        # its precision's default (an fp8 layer edited and edited back): the override set_precision writes
-        precision_default = _precision_default(session, name, module, role, updated)
+            _class_default(defaults, module, role)
+        precision_default = _precision_default(project, defaults, name, module, role, updated) \
+            if defaults is not None else None
         if default is not None and _same_fields(updated, default):
             keep = None
         elif override is not None and _same_fields(updated, override):
@@ -156,18 +175,8 @@ def set_descriptor(session: Session, names: Iterable[str], role: str, **fields: 
         else:
             keep = jsonable(updated)
         if keep != override:
-            updates[name] = jsonable(updated)
-            stored[name] = keep
-    # applied only once every layer validated: an error leaves all of them as they were
-    for name, kept in stored.items():
-        setattr(session.project.layers[name], f"{role}_desc", kept)
-    session.notes = [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
-    changed = list(updates)
-    if changed:
-        if swap_in_place(session, updates, role) is None:
-            session._invalidate()
-        session._changed(SessionEvent.LAYERS, names=changed)
-    return changed
+            updates[name] = keep
+    return updates, [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
 
 
 def _normal_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -182,12 +191,21 @@ def _same_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return _normal_fields(a) == _normal_fields(b)
 
 
-def _precision_default(session: Session, name: str, module: Any, role: str,
+def _class_default(defaults: DefaultDescriptors | None, module: Any, role: str) -> dict[str, Any] | None:
+    """The descriptor a layer's ``role`` quantizer is built with when it has no override, as
+    :func:`~workbench.quant.replace.replace_to_quantization_module` picks it: the project's default, else
+    the quantized class's own. None where neither says (a functional layer): its default is not known then."""
+    descriptor = (defaults.descriptor(role) if defaults is not None else None) or \
+        getattr(type(module), f"default_quant_desc_{role}", None)
+    return None if descriptor is None else jsonable(descriptor.dict())
+
+
+def _precision_default(project: Project, defaults: DefaultDescriptors, name: str, module: Any, role: str,
                        fields: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``role`` descriptor :func:`plan_precision` gives the layer in the precision ``fields`` make (with its
+    """The ``role`` descriptor :func:`plan_precision` gives the layer in the precision ``fields`` make (its
     other role as it is), from the project's defaults; None for float, custom descriptors or a precision that
     does not apply."""
-    decision = session.project.layers[name]
+    decision = project.layers[name]
     quantizers = {r: role_quantizer(module, r) for r in ("input", "weight")}
     pair = {r: (fields if r == role else getattr(decision, f"{r}_desc")
                 or (descriptor_of(q) if q is not None else None)) for r, q in quantizers.items()}
@@ -195,7 +213,6 @@ def _precision_default(session: Session, name: str, module: Any, role: str,
                              pair["weight"] if quantizers["weight"] is not None else None, decision.quantize)
     if precision is None or precision is Precision.FLOAT:
         return None
-    defaults = session.settings.defaults
     try:
         made = descriptors_for(precision, decision.type, has_weight=quantizers["weight"] is not None,
                                weight_ndim=_weight_ndim(module),
@@ -208,55 +225,34 @@ def _precision_default(session: Session, name: str, module: Any, role: str,
     return None if chosen is None else jsonable(chosen)
 
 
-def _class_default(session: Session, module: Any, role: str) -> dict[str, Any] | None:
-    """The descriptor a layer's ``role`` quantizer is built with when it has no override, as
-    :func:`~workbench.quant.replace.replace_to_quantization_module` picks it: the project's default, else
-    the quantized class's own. None where neither says (a functional layer): its default is not known then."""
-    descriptor = session.settings.defaults.descriptor(role) or \
-        getattr(type(module), f"default_quant_desc_{role}", None)
-    return None if descriptor is None else jsonable(descriptor.dict())
-
-
-def swap_in_place(session: Session, updates: dict[str, dict[str, Any]], role: str) -> list[str] | None:
-    """Apply new descriptors to the live quantized model without rebuilding it (see
-    :mod:`workbench.session.in_place`); None when the model must be rebuilt instead (or is not built)."""
-    if session.needs_rebuild:
-        return None  # rebuilt on next use anyway
-    return swap_descriptors(session.quantized_model(), updates, role,
-                            calibration=session.project.current_calibration,
-                            finetune=session.project.current_finetune, report=session.build_report,
-                            device=session.device)
-
-
-def reset_descriptor(session: Session, names: Iterable[str], role: str | None = None) -> list[str]:
-    """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
+def reset_descriptor(project: Project, names: Iterable[str], role: str | None = None) -> list[str]:
+    """Back to the layer type's default descriptor (both roles unless ``role`` is given); returns the layers
+    whose decision changed."""
     changed = []
     for name in names:
-        decision = session.project.layers.get(name)
+        decision = project.layers.get(name)
         if decision is None:
             raise SessionError(f"{name!r} is not a quantizable layer of this model.")
         for which in ("input", "weight") if role is None else (role,):
             if getattr(decision, f"{which}_desc") is not None:
                 setattr(decision, f"{which}_desc", None)
                 changed.append(name)
-    changed = list(dict.fromkeys(changed))
-    if changed:
-        session._invalidate()
-        session._changed(SessionEvent.LAYERS, names=changed)
-    return changed
+    return list(dict.fromkeys(changed))
 
 
-def descriptors(session: Session, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
-    """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
+def descriptors(project: Project, model: nn.Module, names: Iterable[str],
+                role: str) -> dict[str, dict[str, Any] | None]:
+    """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default ``model`` was
+    built with.
 
     None for a layer without a quantizer for that role (a pooling layer has no weight quantizer).
     """
     if role not in ("input", "weight"):
         raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
-    modules = dict(session.quantized_model().named_modules())
+    modules = dict(model.named_modules())
     result: dict[str, dict[str, Any] | None] = {}
     for name in names:
-        decision = session.project.layers.get(name)
+        decision = project.layers.get(name)
         if decision is None:
             raise SessionError(f"{name!r} is not a quantizable layer of this model.")
         quantizer = role_quantizer(modules.get(name), role)
@@ -283,14 +279,16 @@ def _weight_ndim(module: Any) -> int | None:
 LayerPlan = tuple[bool, "dict[str, Any] | None", "dict[str, Any] | None"]  # quantize, input_desc, weight_desc
 
 
-def plan_precision(session: Session, names: Iterable[str], precision: Precision | str, *,
-                   block_size: int = DEFAULT_BLOCK_SIZE, fp8_weight_per_channel: bool = True) -> dict[str, LayerPlan]:
+def plan_precision(project: Project, model: nn.Module, defaults: DefaultDescriptors, names: Iterable[str],
+                   precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
+                   fp8_weight_per_channel: bool = True) -> dict[str, LayerPlan]:
     """What running layers in ``precision`` (:class:`~workbench.quant.precision.Precision`) makes of each
     one's decision, changing nothing: ``{name: (quantize, input_desc, weight_desc)}`` for the layers it
     changes. The descriptors become the precision's (:func:`~workbench.quant.precision.descriptors_for`),
     keeping the fields a precision does not decide (the calibration method); ``float`` only clears the
     quantize flag, keeping the descriptors for when the layer is quantized again. Every layer is checked,
-    so the caller applies all or nothing.
+    so the caller applies all or nothing. ``model``: the project's quantized model (the descriptors it was
+    built with); ``defaults``: the project's default descriptors.
 
     Raises:
         SessionError: an unknown precision or layer, or a precision that does not apply to a layer (int4w
@@ -301,12 +299,12 @@ def plan_precision(session: Session, names: Iterable[str], precision: Precision 
     except ValueError as error:
         raise SessionError(str(error)) from error
     names = list(dict.fromkeys(names))
-    modules = dict(session.quantized_model().named_modules())
+    modules = dict(model.named_modules())
     planned: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {}
     for name in names:
-        decision = session.project.layers.get(name)
+        decision = project.layers.get(name)
         if decision is None:
-            raise SessionError(_not_a_layer(session, name))
+            raise SessionError(_not_a_layer(project, name))
         if precision is Precision.FLOAT:
             continue
         module = modules.get(name)
@@ -316,7 +314,6 @@ def plan_precision(session: Session, names: Iterable[str], precision: Precision 
         if precision_of(current_input, current_weight) is not precision:
             # another format: start from the project's default descriptors (an FP8 layer made INT8 again gets
             # the default histogram calibration back, not FP8's max)
-            defaults = session.settings.defaults
             current_input = _fields_or(defaults.descriptor("input"), current_input)
             current_weight = _fields_or(defaults.descriptor("weight"), current_weight)
         try:
@@ -337,7 +334,7 @@ def plan_precision(session: Session, names: Iterable[str], precision: Precision 
                          None if weight_q is None else jsonable(weight))
     plans: dict[str, LayerPlan] = {}
     for name in names:
-        decision = session.project.layers[name]
+        decision = project.layers[name]
         before = (decision.quantize, decision.input_desc, decision.weight_desc)
         after = (False, decision.input_desc, decision.weight_desc) if precision is Precision.FLOAT \
             else (True, *planned[name])
@@ -346,14 +343,14 @@ def plan_precision(session: Session, names: Iterable[str], precision: Precision 
     return plans
 
 
-def precisions(session: Session, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
+def precisions(project: Project, model: nn.Module, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
     """The precision each layer runs in (None: custom descriptors that match no precision)."""
-    modules = dict(session.quantized_model().named_modules())
+    modules = dict(model.named_modules())
     result: dict[str, Precision | None] = {}
-    for name in session.project.layers if names is None else names:
-        decision = session.project.layers.get(name)
+    for name in project.layers if names is None else names:
+        decision = project.layers.get(name)
         if decision is None:
-            raise SessionError(_not_a_layer(session, name))
+            raise SessionError(_not_a_layer(project, name))
         module = modules.get(name)
         input_q, weight_q = role_quantizer(module, "input"), role_quantizer(module, "weight")
         inputs = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
@@ -363,14 +360,14 @@ def precisions(session: Session, names: Iterable[str] | None = None) -> dict[str
     return result
 
 
-def mix_weight_bytes(session: Session, mix: Mapping[str, Precision | None] | None = None) -> int:
+def mix_weight_bytes(project: Project, model: nn.Module, mix: Mapping[str, Precision | None] | None = None) -> int:
     """Weight bytes of the model (scales included) with each layer in its precision (``mix``, default: the
     layers' precisions now); int4w layers count their own block size. See
     :func:`workbench.quant.precision.weight_bytes`."""
-    mix = dict(precisions(session) if mix is None else mix)
-    unknown = [name for name in mix if name not in session.project.layers]
+    mix = dict(precisions(project, model) if mix is None else mix)
+    unknown = [name for name in mix if name not in project.layers]
     if unknown:
         raise SessionError(f"Not quantizable layers of this model: {', '.join(unknown[:10])}.")
-    blocks = {name: int((session.project.layers[name].weight_desc or {}).get("block_size") or DEFAULT_BLOCK_SIZE)
+    blocks = {name: int((project.layers[name].weight_desc or {}).get("block_size") or DEFAULT_BLOCK_SIZE)
               for name in mix}
-    return weight_bytes(session.quantized_model(), mix, block_size=blocks)
+    return weight_bytes(model, mix, block_size=blocks)

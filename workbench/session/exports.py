@@ -10,35 +10,35 @@ project's ONNX or a file the user edited. The same holds for the side files (ama
 cache). A stored export path (not one the user typed) must lie in the project's folder, and no export,
 forced or not, writes over the project file, its model, data or code.
 
-The export job itself is a function of a :class:`~workbench.session.Session` (its methods call it),
-like :mod:`workbench.session.tensorrt`.
+The export job is planned (:func:`plan_export`), written (:func:`write_export`) and recorded
+(:func:`export_record`) from the values it is given; the :class:`~workbench.session.Session`'s ``export``
+runs the three and keeps the record.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx
+from torch import nn
 
 from workbench.export.provenance import written_here
 from workbench.project import ExportRecord, Project
 from workbench.project.model import now_iso
-from workbench.project.settings import jsonable
+from workbench.project.settings import ExportSettings, jsonable
 from workbench.session import confirmed_targets
 from workbench.session.errors import SessionError
-from workbench.session.events import SessionEvent
 from workbench.session.paths import project_code
 from workbench.session.state import state_digest
 from workbench.sources.model_source import sha256_of
 from workbench.sources.paths import absolute_path, relative_path
 
-if TYPE_CHECKING:
-    from workbench.session.core import Session
-
-__all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest", "export",
+__all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest",
            "overwrite_refusal", "default_export_path", "planned_files", "protected_files", "check_not_protected",
-           "check_confined", "suspicious_exports", "SIDE_FILES"]
+           "check_confined", "suspicious_exports", "SIDE_FILES", "ExportPlan", "plan_export", "write_export",
+           "remember", "remembered_settings", "export_record", "headline", "HEADLINE_BATCHES"]
 
 
 def resolve_export_path(typed: str | Path | None, configured: str | None, project_dir: Path, default_name: str) -> Path:
@@ -195,101 +195,142 @@ def suspicious_exports(project: Project, project_path: Path | None, base_dir: Pa
     return notes
 
 
-def default_export_path(session: Session) -> Path:
+def default_export_path(project: Project, settings: ExportSettings, project_path: Path | None,
+                        project_dir: Path) -> Path:
     """The project's export setting (from the project's folder), else ``<project>.qdq.onnx`` next to it."""
-    stem = session.path.stem if session.path is not None else (session.project.name or "model")
-    return resolve_export_path(None, session.settings.export.path, session._project_dir(),
-                               f"{stem}.qdq.onnx")
+    stem = project_path.stem if project_path is not None else (project.name or "model")
+    return resolve_export_path(None, settings.path, project_dir, f"{stem}.qdq.onnx")
 
 
-def overwrite_refusal(session: Session, path: str | Path | None = None) -> str | None:
-    """Why an export to ``path`` (default: the project's) would refuse without ``force``; None if it would not."""
-    target = Path(path).expanduser().resolve() if path is not None else session.default_export_path()
-    settings = session.settings.export
+def overwrite_refusal(project: Project, settings: ExportSettings, target: Path, project_dir: Path) -> str | None:
+    """Why an export to ``target`` with the project's export ``settings`` would refuse without ``force``; None
+    if it would not."""
     try:
         for file, kind in planned_files(target, settings.amax_json, settings.calibration_cache).items():
-            check_overwrite(file, session.project.exports, session._project_dir(), force=False, kind=kind)
+            check_overwrite(file, project.exports, project_dir, force=False, kind=kind)
     except SessionError as error:
         return str(error)
     return None
 
 
-def export(session: Session, path: str | Path | None = None, *, opset: int | None = None,
-           dynamic_batch: bool | None = None, amax_json: bool | None = None, calibration_cache: bool | None = None,
-           remember: bool = True, force: bool = False, fp8_ops: str | None = None):
-    """Write validated QDQ ONNX; with ``remember`` the export settings and history are updated.
+@dataclass
+class ExportPlan:
+    """An export's target, the files it writes and its options, checked before anything is written.
+
+    Attributes:
+        target: the .onnx file; ``files``: every file it writes, with its kind (see :func:`planned_files`).
+        typed: the user named the target (else it is the project's setting or the default).
+        settings: the project's export settings the options not given came from.
+    """
+
+    target: Path
+    files: dict[Path, str]
+    typed: bool
+    settings: ExportSettings
+    opset: int
+    dynamic_batch: bool
+    amax_json: bool
+    calibration_cache: bool
+    fp8_ops: str
+
+
+def plan_export(project: Project, settings: ExportSettings, target: Path, *, typed: bool, project_path: Path | None,
+                base_dir: Path, project_dir: Path, remember: bool, force: bool, opset: int | None = None,
+                dynamic_batch: bool | None = None, amax_json: bool | None = None,
+                calibration_cache: bool | None = None, fp8_ops: str | None = None) -> ExportPlan:
+    """The export to ``target`` with the options given (the others from ``settings``), checked: it writes over
+    none of the project's own files, and with ``remember`` over no file it may not replace.
 
     Raises:
-        SessionError: the target may not be replaced (see :func:`check_overwrite`), the model is not
-            calibrated, or a file cannot be written (nothing is left half-written).
+        SessionError: the target may not be replaced (see :func:`check_overwrite`, :func:`check_not_protected`,
+            :func:`check_confined`).
+    """
+    plan = ExportPlan(target, {}, typed, settings, opset or settings.opset,
+                      settings.dynamic_batch if dynamic_batch is None else dynamic_batch,
+                      settings.amax_json if amax_json is None else amax_json,
+                      settings.calibration_cache if calibration_cache is None else calibration_cache,
+                      fp8_ops or settings.fp8_ops)
+    plan.files = planned_files(target, plan.amax_json, plan.calibration_cache)
+    check_not_protected(plan.files, protected_files(project, project_path, base_dir))
+    if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
+        if not typed and settings.path is not None and project_path is not None:
+            # an unsaved project's settings were all made here; a saved one may have come from elsewhere
+            check_confined(target, project_dir, settings.path, project_path)
+        for file, kind in plan.files.items():
+            check_overwrite(file, project.exports, project_dir, force, kind)
+    return plan
+
+
+def write_export(plan: ExportPlan, model: nn.Module, sample: Any, output: Any = None):
+    """Write validated QDQ ONNX of the calibrated ``model`` (traced on ``sample``) as ``plan`` says; the export's
+    report.
+
+    Raises:
+        SessionError: a file cannot be written (nothing is left half-written).
     """
     from workbench.export import export_qdq_onnx
 
-    settings = session.settings.export
-    opset = opset or settings.opset
-    dynamic_batch = settings.dynamic_batch if dynamic_batch is None else dynamic_batch
-    amax_json = settings.amax_json if amax_json is None else amax_json
-    calibration_cache = settings.calibration_cache if calibration_cache is None else calibration_cache
-    fp8_ops = fp8_ops or settings.fp8_ops
-    target = Path(path).expanduser().resolve() if path is not None else session.default_export_path()
-    project_dir = session._project_dir()
-    files = planned_files(target, amax_json, calibration_cache)
-    check_not_protected(files, protected_files(session.project, session.path, session.base_dir))
-    if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
-        if path is None and settings.path is not None and session.path is not None:
-            # an unsaved project's settings were all made here; a saved one may have come from elsewhere
-            check_confined(target, project_dir, settings.path, session.path)
-        for file, kind in files.items():
-            check_overwrite(file, session.project.exports, project_dir, force, kind)
-    model = session._require_calibrated()
-    sides = {kind: file for file, kind in files.items()}
+    sides = {kind: file for file, kind in plan.files.items()}
     try:
-        report = export_qdq_onnx(model, session.sample_inputs(batch=1), target, opset=opset,
-                                 dynamic_batch=dynamic_batch, output=session.settings.output,
-                                 amax_json_path=sides.get("amax_json"),
-                                 calibration_cache_path=sides.get("calibration_cache"), fp8_ops=fp8_ops)
+        return export_qdq_onnx(model, sample, plan.target, opset=plan.opset, dynamic_batch=plan.dynamic_batch,
+                               output=output, amax_json_path=sides.get("amax_json"),
+                               calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
-        where = error.filename or target
+        where = error.filename or plan.target
         raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
-                           f"to {target}.") from error
-    if not remember:
-        return report
-    if path is not None and session.path is not None and not target.is_relative_to(project_dir.resolve()):
-        confirmed_targets.remember(session.path, target)  # the user named it: later plain exports may go there
-    report.int8_vs_fp32, problem = _int8_vs_fp32(session)
+                           f"to {plan.target}.") from error
+
+
+def remember(plan: ExportPlan, project: Project, report: Any, evaluate: Callable[[], Any], *,
+             project_path: Path | None, project_dir: Path) -> ExportRecord:
+    """What ``project`` keeps of ``plan`` written with ``report``: a target the user named outside the project's
+    folder is remembered for it (:mod:`workbench.session.confirmed_targets`), the report gets the INT8-vs-FP32
+    headline (:func:`headline` of ``evaluate``), the export setting becomes ``plan``'s; returns the record for
+    the export history (the project's state digest taken with that setting)."""
+    if plan.typed and project_path is not None and not plan.target.is_relative_to(project_dir.resolve()):
+        confirmed_targets.remember(project_path, plan.target)  # the user named it: later plain exports may go there
+    report.int8_vs_fp32, problem = headline(evaluate, project)
     if problem:
         report.warnings.append(problem)
-    stored = stored_export_path(target, project_dir)
-    session.project.settings["export"] = replace(settings, path=stored, opset=opset, dynamic_batch=dynamic_batch,
-                                                 amax_json=amax_json, calibration_cache=calibration_cache,
-                                                 fp8_ops=fp8_ops).to_stored()
+        report.entry_kinds[problem] = "int8_vs_fp32"  # a warning kind of workbench.export.notes
+    project.settings["export"] = remembered_settings(plan, project_dir)
+    return export_record(plan, project, report, project_dir)
+
+
+def remembered_settings(plan: ExportPlan, project_dir: Path) -> dict[str, Any]:
+    """The project's export setting after ``plan`` was written: its target (relative to the project's folder)
+    and options, so that a plain ``export`` repeats it."""
+    return replace(plan.settings, path=stored_export_path(plan.target, project_dir), opset=plan.opset,
+                   dynamic_batch=plan.dynamic_batch, amax_json=plan.amax_json,
+                   calibration_cache=plan.calibration_cache, fp8_ops=plan.fp8_ops).to_stored()
+
+
+def export_record(plan: ExportPlan, project: Project, report: Any, project_dir: Path) -> ExportRecord:
+    """The export history's record of ``plan`` written with ``report``: where, the written files' sha256 (so that
+    a later export may replace them, and only them), the graph's node names and the project's state digest."""
+    stored = stored_export_path(plan.target, project_dir)
     # the graph's node names in order: an engine report names a Myelin region by its first and last node only
-    nodes = [node.name for node in onnx.load(str(target), load_external_data=False).graph.node]
-    session.project.exports.append(ExportRecord(session.project.next_id(session.project.exports), now_iso(), stored,
-                                                {"opset": opset, "dynamic_batch": dynamic_batch,
-                                                 "sha256": export_digest(target), "nodes": nodes,
-                                                 "state_digest": state_digest(session.project),
-                                                 # so that a later export may replace them, and only them
-                                                 "side_files": {stored_export_path(file, project_dir):
-                                                                export_digest(file) for file, kind in files.items()
-                                                                if kind != "onnx" and file.is_file()}},
-                                                jsonable(report.to_dict())))
-    session._changed(SessionEvent.EXPORT, path=str(target))
-    return report
+    nodes = [node.name for node in onnx.load(str(plan.target), load_external_data=False).graph.node]
+    return ExportRecord(project.next_id(project.exports), now_iso(), stored,
+                        {"opset": plan.opset, "dynamic_batch": plan.dynamic_batch,
+                         "sha256": export_digest(plan.target), "nodes": nodes,
+                         "state_digest": state_digest(project),
+                         "side_files": {stored_export_path(file, project_dir): export_digest(file)
+                                        for file, kind in plan.files.items() if kind != "onnx" and file.is_file()}},
+                        jsonable(report.to_dict()))
 
 
 # The INT8-vs-FP32 headline of an export is measured on at most this many evaluation batches.
 HEADLINE_BATCHES = 8
 
 
-def _int8_vs_fp32(session: Session) -> tuple[dict[str, Any] | None, str]:
-    """The project's metric and output SQNR, FP32 vs the exported (fake-quant) model, on the evaluation data;
-    (None, why) when it cannot be measured: the file is written and valid either way."""
-    from workbench.session.analysis import evaluate
-
+def headline(evaluate: Callable[[], Any], project: Project) -> tuple[dict[str, Any] | None, str]:
+    """The INT8-vs-FP32 headline of an export: ``evaluate()`` (the project's metric and output SQNR, FP32 vs the
+    exported fake-quant model, on :data:`HEADLINE_BATCHES` of the evaluation data) with the data it used; (None,
+    why) when it cannot be measured: the file is written and valid either way."""
     try:
-        evaluation = evaluate(session, num_batches=HEADLINE_BATCHES)
+        evaluation = evaluate()
     except Exception as error:  # noqa: BLE001 - a user's metric or data: the export stands, the gap is not known
         return None, f"INT8 vs FP32 not measured: {type(error).__name__}: {error}"
-    role = "evaluation" if "evaluation" in session.project.data else "calibration"
+    role = "evaluation" if "evaluation" in project.data else "calibration"
     return {**jsonable(evaluation.to_dict()), "data": role}, ""

@@ -8,6 +8,13 @@ project's calibration restored onto it exactly as a rebuild would (its amax wher
 calibrated with is the new one, stale otherwise). Anything else (functional layers such as attention
 products, shared scales, learned ranges of a fine-tune) is left to the rebuild, which is always right.
 
+The same holds for a reset to the default descriptor (the default is what a rebuild would give the layer:
+the project's default descriptor for the role, else the module class's own) and for a change of precision
+that keeps the layer quantized (new descriptors for both roles at once). A change of the quantize flag
+(a layer to or from float) is always rebuilt: a float layer is the original module, not a quantized one with
+its quantizers off, and the placement rules (residual, concat) decide other layers' quantizers from which
+layers are quantized, so one layer's flag can change quantizers elsewhere.
+
 Pure functions: they get the model and what they need, and return what they did.
 """
 from __future__ import annotations
@@ -19,15 +26,19 @@ import torch
 from torch import nn
 
 from workbench.project import CalibrationRecord, FinetuneRecord
-from workbench.project.settings import make_descriptor
-from workbench.quant import TensorQuantizer
-from workbench.quant.snapshot import quantizer_names
+from workbench.project.settings import DefaultDescriptors, jsonable, make_descriptor
+from workbench.quant import QuantDescriptor, TensorQuantizer
+from workbench.quant.snapshot import holds_quantizers, quantizer_names
 from workbench.session.build import FUNCTIONAL_MODULES, BuildReport, descriptor_of, layer_of, load_record
 
-__all__ = ["ROLE_ATTRIBUTES", "swap_descriptors"]
+__all__ = ["ROLE_ATTRIBUTES", "LayerState", "swap_descriptors", "default_fields", "layer_changes", "swap_layers"]
 
 # the quantizer a plain quantized module uses for each role (functional layers have others: not swapped here)
 ROLE_ATTRIBUTES = {"input": "_input_quantizer", "weight": "_weight_quantizer"}
+
+_Swap = tuple[nn.Module, str, str, TensorQuantizer]  # module, attribute, quantizer name, its new quantizer
+# a layer's decision as the project stores it: quantize, input descriptor, weight descriptor (None: the default)
+LayerState = tuple[bool, "dict[str, Any] | None", "dict[str, Any] | None"]
 
 
 def swap_descriptors(model: nn.Module, descriptors: Mapping[str, dict[str, Any]], role: str, *,
@@ -40,6 +51,73 @@ def swap_descriptors(model: nn.Module, descriptors: Mapping[str, dict[str, Any]]
     All or nothing: returns the swapped quantizer names, or None (and ``model`` untouched) when one of the
     layers cannot be edited in place, so that the caller rebuilds the model instead.
     """
+    planned = _plan(model, descriptors, role, finetune=finetune, device=device)
+    return None if planned is None else _apply(model, planned, calibration, report, device)
+
+
+def swap_layers(model: nn.Module, changes: Mapping[str, Mapping[str, dict[str, Any]]], *,
+                calibration: CalibrationRecord | None, finetune: FinetuneRecord | None, report: BuildReport,
+                device: torch.device) -> list[str] | None:
+    """:func:`swap_descriptors` for several roles at once (``changes``: layer -> role -> descriptor fields), all
+    or nothing across the roles: returns the swapped quantizer names, or None with ``model`` untouched."""
+    by_role: dict[str, dict[str, dict[str, Any]]] = {}
+    for layer, roles in changes.items():
+        for role, fields in roles.items():
+            by_role.setdefault(role, {})[layer] = fields
+    planned: list[_Swap] = []
+    for role, descriptors in by_role.items():
+        part = _plan(model, descriptors, role, finetune=finetune, device=device)
+        if part is None:
+            return None
+        planned += part
+    return _apply(model, planned, calibration, report, device)
+
+
+def default_fields(module: nn.Module | None, role: str, default: QuantDescriptor | None) -> dict[str, Any] | None:
+    """The stored descriptor fields a rebuild gives ``module``'s ``role`` quantizer when its layer has no override:
+    ``default`` (the project's default descriptor for the role) or else the module class's own default, as
+    :func:`workbench.quant.replace.replace_modules` chooses; None when the module has no such default."""
+    if default is None:
+        default = getattr(type(module), f"default_quant_desc_{role}", None) if module is not None else None
+    return None if default is None else jsonable(default.dict())
+
+
+def layer_changes(model: nn.Module, before: Mapping[str, LayerState], after: Mapping[str, LayerState],
+                  defaults: DefaultDescriptors) -> dict[str, dict[str, dict[str, Any]]] | None:
+    """What going from the decisions ``before`` to ``after`` (layer -> :data:`LayerState`) changes in ``model``
+    built from ``before``: layer -> role -> the descriptor fields its quantizer must get (a reset role gets
+    its default, :func:`default_fields` with the project's ``defaults``), for :func:`swap_layers`.
+
+    None when only a rebuild gives the right model: a layer's quantize flag changed (see the module's
+    docstring), or a float layer is still a module with quantizers (a functional one). A layer float before
+    and after, built as the original float module, changes nothing: its stored descriptors wait for it to be
+    quantized again.
+    """
+    modules = dict(model.named_modules())
+    changes: dict[str, dict[str, dict[str, Any]]] = {}
+    for layer, (quantize, *descriptors) in after.items():
+        was_quantized, *old_descriptors = before[layer]
+        module = modules.get(layer)
+        if quantize != was_quantized:
+            return None
+        if not quantize:
+            if module is not None and holds_quantizers(module):
+                return None
+            continue
+        for role, old, new in zip(("input", "weight"), old_descriptors, descriptors):
+            if old == new:
+                continue
+            fields = new if new is not None else default_fields(module, role, defaults.descriptor(role))
+            if fields is None:
+                return None
+            changes.setdefault(layer, {})[role] = fields
+    return changes
+
+
+def _plan(model: nn.Module, descriptors: Mapping[str, dict[str, Any]], role: str, *,
+          finetune: FinetuneRecord | None, device: torch.device) -> list[_Swap] | None:
+    """(module, attribute, quantizer name, new quantizer) for each layer of ``descriptors``; None when one of them
+    cannot be swapped in place (nothing is changed either way)."""
     attribute = ROLE_ATTRIBUTES.get(role)
     if attribute is None:
         return None
@@ -49,7 +127,7 @@ def swap_descriptors(model: nn.Module, descriptors: Mapping[str, dict[str, Any]]
     for quantizer in names.values():
         uses[id(quantizer)] = uses.get(id(quantizer), 0) + 1
     learned = finetune.amax if finetune is not None and finetune.amax else {}
-    planned: list[tuple[nn.Module, str, TensorQuantizer]] = []
+    planned: list[_Swap] = []
     for layer, fields in descriptors.items():
         module = modules.get(layer)
         if module is None or isinstance(module, FUNCTIONAL_MODULES):
@@ -67,12 +145,21 @@ def swap_descriptors(model: nn.Module, descriptors: Mapping[str, dict[str, Any]]
         new = TensorQuantizer(descriptor)
         new.rounding = old.rounding
         new.train(old.training)
-        planned.append((module, name, new.to(device)))
+        planned.append((module, attribute, name, new.to(device)))
+    return planned
+
+
+def _apply(model: nn.Module, planned: list[_Swap], calibration: CalibrationRecord | None,
+           report: BuildReport, device: torch.device) -> list[str]:
     swapped = []
-    for module, name, new in planned:
+    for module, attribute, name, new in planned:
         module._modules[attribute] = new
         _restore(new, name, calibration, report, device)
         swapped.append(name)
+    # in model order, as a rebuild lists them (``workbench show`` prints the stale ones in this order)
+    order = {name: index for index, name in enumerate(quantizer_names(model))}
+    report.restored.sort(key=lambda name: order.get(name, len(order)))
+    report.stale.sort(key=lambda name: order.get(name, len(order)))
     return swapped
 
 

@@ -11,11 +11,12 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 from torch import nn
 
+from workbench.project import Project
 from workbench.project.model import SmoothingRecord
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.smoothing import SMOOTHING_METHODS, SmoothingError, plan_smoothing
 
-__all__ = ["smoothing_layers", "compute_smoothing", "parse_alpha", "OFF"]
+__all__ = ["smoothing_layers", "layers_to_smooth", "compute_smoothing", "parse_alpha", "OFF"]
 
 OFF = "off"
 
@@ -41,6 +42,15 @@ def smoothing_layers(quantized: nn.Module, precisions: Mapping[str, Precision | 
     wanted = {Precision.INT4W} if method == "awq" else {Precision.INT8, Precision.FP8}
     return [name for name, module in quantized.named_modules()
             if isinstance(module, nn.Linear) and precisions.get(name) in wanted]
+
+
+def layers_to_smooth(project: Project, quantized: nn.Module, precisions: Mapping[str, Precision | None],
+                     method: str) -> tuple[list[str], dict[str, int]]:
+    """The layers ``method`` smooths now (:func:`smoothing_layers`, less those another method smooths already:
+    one smoothing per layer) and each one's INT4 block size."""
+    layers = [name for name in smoothing_layers(quantized, precisions, method) if name not in project.smoothing]
+    blocks = {name: (project.layers[name].weight_desc or {}).get("block_size", DEFAULT_BLOCK_SIZE) for name in layers}
+    return layers, blocks
 
 
 def compute_smoothing(base: nn.Module, layers: list[str], batches: Iterable, *, method: str, alpha: float,

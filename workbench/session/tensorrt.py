@@ -1,66 +1,68 @@
 """Closing the loop with TensorRT: fusion lint before building, the engine's report after, as session jobs.
 
-Functions of a :class:`~workbench.session.Session` (its methods call them), so that the session's core
-stays about the project's own jobs.
+Functions of the project and the values they need (an export to lint, the float model, the precisions
+asked), returning what the :class:`~workbench.session.Session` keeps; its methods call them, apply what they
+return and tell the front ends.
 """
 from __future__ import annotations
 
 import tempfile
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import onnx
+from torch import nn
 
 from workbench.engine import EngineReport, EngineReportError
 from workbench.engine.formats import format_hazards
 from workbench.engine.report import EngineMismatchError, import_engine_report
 from workbench.export.lint import FIX_ACTIONS, LintFix, LintWarning, lint_qdq_graph
-from workbench.project.model import EngineReportRecord, LintRecord, now_iso
-from workbench.project.settings import RULES
+from workbench.project import ExportRecord, Project
+from workbench.project.model import EngineReportRecord, LayerDecision, LintRecord, now_iso
+from workbench.project.settings import RULES, ProjectSettings
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul
 from workbench.session.errors import EngineNotThisModel, SessionError
-from workbench.session.events import SessionEvent
 from workbench.session.exports import export_digest
 from workbench.session.state import state_digest
 
-if TYPE_CHECKING:
-    from workbench.session.core import Session
-
-__all__ = ["lint", "latest_lint", "apply_fix", "import_engine", "latest_engine_report", "REUSED", "PREVIEW"]
+__all__ = ["lint", "latest_lint", "FixPlan", "plan_fix", "import_engine", "latest_engine_report", "REUSED",
+           "PREVIEW"]
 
 
 # the project layer type of a functional operation, by the ONNX op it exports to
 _FUNCTIONAL_LAYER_OF_OP = {"Add": QuantAdd.__name__, "Concat": QuantConcat.__name__, "MatMul": QuantMatMul.__name__}
 
 
-def lint(session: Session) -> list[LintWarning]:
-    """Fusion hazards of the project as it would export now; kept in the project (:attr:`Project.lints`).
+def lint(project: Project, *, export_path: Callable[[ExportRecord], str],
+         preview: Callable[[Path], object]) -> tuple[list[LintWarning], bool]:
+    """Fusion hazards of the project as it would export now, and whether a new lint was stored in the project
+    (:attr:`Project.lints`; the caller tells the front ends).
 
     The same state is never exported twice for it: while the project is as it was at the last lint, that lint's
-    warnings come back; an export of this very state (the file unchanged since) is read instead of a new preview
-    export. The project's layers, settings and calibration are unchanged either way.
+    warnings come back; an export of this very state (the file unchanged since; ``export_path`` says where an
+    export of the history lies) is read instead of a new ``preview`` export (which writes the project as it is
+    now to the path it is given, changing nothing). The project's layers, settings and calibration are
+    unchanged either way.
     """
-    project = session.project
     digest = state_digest(project)
     last = project.lints[-1] if project.lints else None
     if last is not None and last.digest == digest:
         if last.source != REUSED:
             project.lints[-1] = replace(last, source=REUSED)
-        return [LintWarning.from_dict(item) for item in last.warnings]
-    exported = _export_of_state(session, digest)
+        return [LintWarning.from_dict(item) for item in last.warnings], False
+    exported = _export_of_state(project, digest, export_path)
     if exported is not None:
         warnings, source = _lint_file(exported), exported.name
     else:
         with tempfile.TemporaryDirectory(prefix="workbench-lint-") as folder:
             path = Path(folder) / "lint.onnx"
-            session.export(path, remember=False)
+            preview(path)
             warnings, source = _lint_file(path), PREVIEW
-    warnings = [_with_layer_targets(session, warning) for warning in warnings]
+    warnings = [_with_layer_targets(project.layers, warning) for warning in warnings]
     project.lints = [LintRecord(project.next_id(project.lints), now_iso(), digest,
                                 [warning.to_dict() for warning in warnings], source)]
-    session._changed(SessionEvent.LINT)  # a result the project keeps, like a sensitivity run
-    return warnings
+    return warnings, True
 
 
 REUSED = "the last lint (the project is unchanged since)"
@@ -72,31 +74,31 @@ def _lint_file(path: Path) -> list[LintWarning]:
     return lint_qdq_graph(onnx.load(str(path), load_external_data=False))
 
 
-def _export_of_state(session: Session, digest: str) -> Path | None:
+def _export_of_state(project: Project, digest: str, export_path: Callable[[ExportRecord], str]) -> Path | None:
     """The project's latest export when it was written from the state ``digest`` and is still the file written."""
-    if not session.project.exports:
+    if not project.exports:
         return None
-    record = session.project.exports[-1]
+    record = project.exports[-1]
     settings = record.settings or {}
     if settings.get("state_digest") != digest:
         return None
-    path = Path(session.export_path(record))
+    path = Path(export_path(record))
     try:
         return path if path.is_file() and export_digest(path) == settings.get("sha256") else None
     except OSError:
         return None
 
 
-def latest_lint(session: Session) -> tuple[list[LintWarning], bool, str] | None:
+def latest_lint(project: Project) -> tuple[list[LintWarning], bool, str] | None:
     """The project's last lint: (warnings, whether the project changed since, what was linted); None: never linted."""
-    if not session.project.lints:
+    if not project.lints:
         return None
-    last = session.project.lints[-1]
-    return ([LintWarning.from_dict(item) for item in last.warnings], last.digest != state_digest(session.project),
+    last = project.lints[-1]
+    return ([LintWarning.from_dict(item) for item in last.warnings], last.digest != state_digest(project),
             last.source)
 
 
-def _with_layer_targets(session: Session, warning: LintWarning) -> LintWarning:
+def _with_layer_targets(layers: Mapping[str, LayerDecision], warning: LintWarning) -> LintWarning:
     """``warning`` with its fix aimed at the project's layers.
 
     A functional operation the project leaves in float exports as a plain op of the module whose forward
@@ -106,7 +108,6 @@ def _with_layer_targets(session: Session, warning: LintWarning) -> LintWarning:
     fix = warning.fix
     if fix is None or fix.action not in ("quantize", "leave_float"):
         return warning
-    layers = session.project.layers
     ops = {_FUNCTIONAL_LAYER_OF_OP.get(node.rsplit("/", 1)[-1].split("_")[0]) for node in warning.nodes}
     targets = []
     for target in fix.targets:
@@ -121,40 +122,55 @@ def _with_layer_targets(session: Session, warning: LintWarning) -> LintWarning:
     return replace(warning, fix=replace(fix, targets=tuple(targets), description=description))
 
 
-def apply_fix(session: Session, fix: LintFix) -> list[str]:
-    """Apply a lint warning's fix through the session; returns what changed (layers, pins or rules).
+@dataclass
+class FixPlan:
+    """What applying a lint fix changes, for the session to apply.
+
+    Attributes:
+        quantize: the layers' new quantize flag (``layers``), or None for a fix of the settings.
+        layers: the layers to quantize or leave in float.
+        settings: settings to change (``pins`` or ``rules``), empty when nothing changes.
+        changed: what a settings fix changes, as the fix reports it (``a = b`` per pin, or rule names).
+    """
+
+    quantize: bool | None = None
+    layers: list[str] = field(default_factory=list)
+    settings: dict[str, object] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+
+
+def plan_fix(fix: LintFix, settings: ProjectSettings) -> FixPlan:
+    """What a lint warning's fix changes (layers, pins or rules), given the project's ``settings``.
 
     Raises:
-        SessionError: an unknown action, or targets the project does not have.
+        SessionError: an unknown action, a pin of fewer than two names, or an unknown placement rule.
     """
     if fix.action not in FIX_ACTIONS:
         raise SessionError(f"Unknown fix {fix.action!r}; the fixes are: {', '.join(FIX_ACTIONS)}.")
     targets = list(fix.targets)
-    if fix.action == "quantize":
-        return session.set_quantize(targets, True)
-    if fix.action == "leave_float":
-        return session.set_quantize(targets, False)
+    if fix.action in ("quantize", "leave_float"):
+        return FixPlan(quantize=fix.action == "quantize", layers=targets)
     if fix.action == "pin":
         if len(targets) < 2:
             raise SessionError(f"A pin shares one quantizer between at least two names, got {targets}.")
-        pins = [list(pair) for pair in session.settings.pins]
+        pins = [list(pair) for pair in settings.pins]
         added = [[targets[0], other] for other in targets[1:] if [targets[0], other] not in pins]
-        if added:
-            session.set_setting("pins", pins + added)
-        return [f"{a} = {b}" for a, b in added]
-    rules = session.settings.rules
+        return FixPlan(settings={"pins": pins + added} if added else {}, changed=[f"{a} = {b}" for a, b in added])
+    rules = settings.rules
     unknown = [name for name in targets if name not in RULES]
     if unknown:
         raise SessionError(f"No placement rule named {', '.join(unknown)}; the rules are: {', '.join(RULES)}.")
     changed = [name for name in targets if not getattr(rules, name)]
-    if changed:
-        session.update_setting("rules", **{name: True for name in changed})
-    return changed
+    stored = {**rules.to_stored(), **{name: True for name in changed}}
+    return FixPlan(settings={"rules": stored} if changed else {}, changed=changed)
 
 
-def import_engine(session: Session, layer_info: str | Path, profile: str | Path | None = None, *,
-                  remember: bool = True, onnx_file: str | Path | None = None, force: bool = False) -> EngineReport:
-    """Read trtexec's layer information (and profile) against the project's layers; kept in the project.
+def import_engine(project: Project, layer_info: str | Path, profile: str | Path | None = None, *,
+                  float_model: nn.Module, precisions: Mapping[str, object], onnx_file: str | Path | None = None,
+                  force: bool = False) -> tuple[EngineReport, EngineReportRecord]:
+    """Read trtexec's layer information (and profile) against the project's layers; the report and the record
+    the project keeps of it. ``float_model``: the project's float model (its module types); ``precisions``: the
+    precision each layer asks for (None for custom descriptors).
 
     ``onnx_file``: the ONNX file the engine was built from, to look node names up in (an engine of an ONNX
     file the workbench did not write). ``force``: report an engine in which fewer than half of the project's
@@ -164,38 +180,36 @@ def import_engine(session: Session, layer_info: str | Path, profile: str | Path 
         SessionError: a file is not the trtexec report it should be, or the engine is not this model's
             (the message names the file and how to map it); nothing is stored then.
     """
-    layers = {name: decision.quantize for name, decision in session.project.layers.items()}
+    layers = {name: decision.quantize for name, decision in project.layers.items()}
     try:
         report = import_engine_report(str(layer_info), str(profile) if profile is not None else None, layers,
-                                      _exported_node_orders(session), module_types=_module_types(session),
+                                      _exported_node_orders(project),
+                                      module_types=_module_types(project, float_model),
                                       onnx=str(onnx_file) if onnx_file is not None else None, force=force)
     except EngineMismatchError as error:
         raise EngineNotThisModel(str(error)) from error
     except EngineReportError as error:
         raise SessionError(str(error)) from error
-    asked = {name: (p.value if p is not None else "custom") for name, p in session.precisions().items()}
+    asked = {name: (p.value if p is not None else "custom") for name, p in precisions.items()}
     report.hazards += format_hazards(report, asked)  # FP8 asked, another precision built: what FP8 needs
-    if remember:
-        records = session.project.engine_reports
-        records.append(EngineReportRecord(session.project.next_id(records), now_iso(), report.to_dict()))
-        session.dirty = True
-    return report
+    return report, EngineReportRecord(project.next_id(project.engine_reports), now_iso(), report.to_dict())
 
 
-def _module_types(session: Session) -> dict[str, str]:
+def _module_types(project: Project, float_model: nn.Module) -> dict[str, str]:
     """Every module of the float model and every layer of the project (functional ones such as ``block.add``
     included) -> its type, so engine names map only onto what this model has."""
-    types = {name: type(module).__name__ for name, module in session.float_model.named_modules() if name}
-    types.update({name: decision.type for name, decision in session.project.layers.items()})
+    types = {name: type(module).__name__ for name, module in float_model.named_modules() if name}
+    types.update({name: decision.type for name, decision in project.layers.items()})
     return types
 
 
-def _exported_node_orders(session: Session) -> list[list[str]]:
+def _exported_node_orders(project: Project) -> list[list[str]]:
     """The node names of the project's exports, newest first, as each export recorded them: the engine was
     built from one of them, and a Myelin region names only its first and last node."""
-    return [list(record.settings.get("nodes") or []) for record in reversed(session.project.exports)]
+    return [list(record.settings.get("nodes") or []) for record in reversed(project.exports)]
 
 
-def latest_engine_report(session: Session) -> EngineReport | None:
-    records = session.project.engine_reports
+def latest_engine_report(project: Project) -> EngineReport | None:
+    """The project's last engine report (None if there was none)."""
+    records = project.engine_reports
     return EngineReport.from_dict(records[-1].data) if records else None

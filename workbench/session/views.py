@@ -1,18 +1,20 @@
 """Read-only views of an open session for the front ends: the layer rows of the model tree, the project
-summary of ``workbench show``, descriptor and histogram read-outs. Nothing here changes the session.
+summary of ``workbench show``, descriptor and histogram read-outs. Functions of the project, the quantized
+model and the values they show, passed in by the :class:`~workbench.session.Session`; nothing here changes it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from workbench.graph.tree import module_notes, module_role
-from workbench.project import QuantizerRecord
-from workbench.project.settings import jsonable
+from workbench.project import Project, QuantizerRecord
+from workbench.project.settings import ProjectSettings, jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
@@ -21,10 +23,7 @@ from workbench.quant.precision import grid_levels, precision_label, precision_of
 from workbench.quant.smoothing import describe_smoothing
 from workbench.quant.snapshot import owned_quantizers, quantizer_names
 from workbench.quant.tensorrt_rules import SIM_ONLY
-from workbench.session.build import descriptor_of, layer_of, quantizable, role_quantizer
-
-if TYPE_CHECKING:
-    from workbench.session.core import Session
+from workbench.session.build import BuildReport, descriptor_of, layer_of, quantizable, role_quantizer
 
 __all__ = ["LayerView", "layer_views", "summary", "descriptor_summary", "jsonable", "sensitivity_ranks",
            "layer_shapes", "histogram_of", "weight_ranges"]
@@ -78,12 +77,12 @@ def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None)
     return f"{kind} {granularity} {calib}{extras}"
 
 
-def sensitivity_ranks(session: Session) -> dict[str, int]:
-    """Rank per layer from the latest sensitivity run (a group's rank goes to every layer in it)."""
-    if not session.project.sensitivity:
+def sensitivity_ranks(project: Project) -> dict[str, int]:
+    """Rank per layer from the project's latest sensitivity run (a group's rank goes to every layer in it)."""
+    if not project.sensitivity:
         return {}
     ranks: dict[str, int] = {}
-    for item in session.project.sensitivity[-1].data.get("units") or []:
+    for item in project.sensitivity[-1].data.get("units") or []:
         if not isinstance(item, dict) or "rank" not in item:
             continue
         layers = {layer_of(q)[0] for q in item.get("quantizers") or []} or {str(item.get("name"))}
@@ -92,11 +91,11 @@ def sensitivity_ranks(session: Session) -> dict[str, int]:
     return ranks
 
 
-def layer_views(session: Session) -> list[LayerView]:
-    """Every quantizable layer with its decision, descriptors, amax and sensitivity rank."""
-    model = session.quantized_model()
-    ranks = sensitivity_ranks(session)
-    calibration = session.project.current_calibration
+def layer_views(project: Project, model: nn.Module) -> list[LayerView]:
+    """Every quantizable layer of ``project`` with its decision, descriptors, amax (in ``model``, its quantized
+    model) and sensitivity rank."""
+    ranks = sensitivity_ranks(project)
+    calibration = project.current_calibration
     method = calibration.method if calibration else None
     kinds = {name: kind for name, _, kind in quantizable(model)}
     record_of = {}  # quantizer object -> its record in the current calibration
@@ -105,7 +104,7 @@ def layer_views(session: Session) -> list[LayerView]:
         record_of = {id(live[name]): record for name, record in calibration.quantizers.items() if name in live}
     views = []
     modules = dict(model.named_modules())
-    for name, decision in session.project.layers.items():
+    for name, decision in project.layers.items():
         module = modules.get(name)
         input_q = role_quantizer(module, "input")
         weight_q = getattr(module, "weight_quantizer", None)
@@ -136,24 +135,34 @@ def layer_views(session: Session) -> list[LayerView]:
                                list(module_notes(module)) if module is not None else [],
                                module_role(module) if module is not None else "", reason, layer_warnings,
                                precision=precision_label(precision)))
-        record = session.project.smoothing.get(name)
+        record = project.smoothing.get(name)
         if record is not None:
             views[-1].smoothing = describe_smoothing(record.method, record.alpha, float(record.scales.min()),
                                                      float(record.scales.max()), record.folded_into)
     return views
 
 
-def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str, Any]:
-    """A JSON-able overview for ``workbench show`` (``layers``: :func:`layer_views`, when the caller has them)."""
-    layers = layer_views(session) if layers is None else layers
-    project = session.project
+def summary(project: Project, model: nn.Module, report: BuildReport, settings: ProjectSettings, *,
+            path: Path | None, model_description: str, export_paths: list[str], file_changes: list[str],
+            layers: list[LayerView] | None = None) -> dict[str, Any]:
+    """A JSON-able overview of ``project`` for ``workbench show``.
+
+    Args:
+        model: the project's quantized model as built now; ``report``: its build report.
+        settings: the project's typed settings.
+        path: the project's file (None before the first save).
+        model_description: what the model source loaded, in words.
+        export_paths: where each export of the history lies.
+        file_changes: model files that changed since the project was saved.
+        layers: :func:`layer_views`, when the caller has them.
+    """
+    layers = layer_views(project, model) if layers is None else layers
     run = project.current_calibration
-    report = session.build_report
     return {
         "name": project.name,
-        "path": None if session.path is None else str(session.path),
+        "path": None if path is None else str(path),
         "model": project.model.label,
-        "model_description": session._loaded.describe(),
+        "model_description": model_description,
         "input": None if project.input_spec is None else project.input_spec.describe(),
         "data": {role: spec.label for role, spec in project.data.items()},
         "layers": len(layers),
@@ -166,8 +175,8 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
         "float_by_default": [{"name": layer.name, "type": layer.type, "reason": float_by_default_reason(layer.type)}
                              for layer in layers if not layer.quantize and float_by_default_reason(layer.type)],
         "calibration": None if run is None else {
-            "method": run.method, "batches": run.num_batches, **_calibrated_counts(session, run),
-            "output_sqnr_db": run.output_sqnr_db, "output_sqnr_stale": _stale_reasons(session, run),
+            "method": run.method, "batches": run.num_batches, **_calibrated_counts(model, run),
+            "output_sqnr_db": run.output_sqnr_db, "output_sqnr_stale": _stale_reasons(project, model, report, run),
             "created": run.created, "warnings": run.warnings, "sqnr_batches": run.sqnr_batches,
             "picked": _picked(run), "choices": {name: {"method": record.method, "reason": record.reason,
                                                        "warnings": [w["message"] for w in record.warnings]}
@@ -175,15 +184,15 @@ def summary(session: Session, layers: list[LayerView] | None = None) -> dict[str
                                                 if record.choice or record.warnings}},
         "stale_quantizers": list(report.stale),
         "sensitivity_runs": len(project.sensitivity),
-        "exports": [session.export_path(record) for record in project.exports],
-        "file_changes": list(session.file_changes),
-        "folding": {"enabled": session.settings.fold_bn,
+        "exports": list(export_paths),
+        "file_changes": list(file_changes),
+        "folding": {"enabled": settings.fold_bn,
                     **(report.folding.to_dict() if report.folding is not None
                        else {"folded": [], "skipped": [], "failures": [], "max_relative_error": None})},
         "functional": _functional_summary(report.functional),
-        "finetune": _finetune_summary(session),
+        "finetune": _finetune_summary(project, report),
         "finetune_runs": len(project.finetunes),
-        "settings": session.settings.to_stored(),
+        "settings": settings.to_stored(),
     }
 
 
@@ -209,20 +218,19 @@ def _picked(run: Any) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda pair: -pair[1]))
 
 
-def _calibrated_counts(session: Session, run: Any) -> dict[str, int]:
+def _calibrated_counts(model: nn.Module, run: Any) -> dict[str, int]:
     """``quantizers``: the quantizers calibrated, as calibration's own summary counts them (a quantizer two
     layers share by a placement rule counts once); ``quantizer_names``: the names they are stored under
     (a shared one under each of its names)."""
-    live = quantizer_names(session.quantized_model())
+    live = quantizer_names(model)
     distinct = {id(live[name]) if name in live else name for name in run.quantizers}
     return {"quantizers": len(distinct), "quantizer_names": len(run.quantizers)}
 
 
-def _stale_reasons(session: Session, run: Any) -> list[str]:
+def _stale_reasons(project: Project, model: nn.Module, report: BuildReport, run: Any) -> list[str]:
     """Why the last calibration's output SQNR no longer describes the model as it is now (empty: it does)."""
     reasons = []
-    report = session.build_report
-    live = quantizer_names(session.quantized_model())
+    live = quantizer_names(model)
     active = {name for name, quantizer in live.items() if quantizer.is_enabled and quantizer.is_quant_enabled}
     if report.stale:
         reasons.append(f"{len(report.stale)} quantizer(s) have other descriptors than they were calibrated with")
@@ -232,20 +240,20 @@ def _stale_reasons(session: Session, run: Any) -> list[str]:
     new = sorted(name for name in active if name not in run.quantizers)
     if new:
         reasons.append(f"{len(new)} quantizer(s) are new since (not calibrated)")
-    if session.project.current_finetune is not None:
+    if project.current_finetune is not None:
         reasons.append("the weights were fine-tuned since")
     return reasons
 
 
-def _finetune_summary(session: Session) -> dict[str, Any] | None:
-    record = session.project.current_finetune
+def _finetune_summary(project: Project, report: BuildReport) -> dict[str, Any] | None:
+    record = project.current_finetune
     if record is None:
         return None
     from workbench.training import FinetuneResult
 
     result = FinetuneResult.from_dict(record.data)
     return {"id": record.id, "created": record.created, "summary": result.summary(),
-            "status": session.build_report.finetune, "best_epoch": result.best_epoch,
+            "status": report.finetune, "best_epoch": result.best_epoch,
             "epochs_completed": result.epochs_completed, "cancelled": result.cancelled,
             "metric": result.metric_name, "baseline_metric": result.baseline.metric,
             "best_metric": result.best.metric, "history": [e.to_dict() for e in result.history]}

@@ -22,12 +22,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from workbench.analysis import AnalysisCancelled
 from workbench.launcher import WorkerFailed, job_context, launch
 from workbench.quant.calibrate import CalibrationCancelled, CancelToken, ProgressCallback
-from workbench.session.core import Session
 from workbench.session.errors import SessionError
 
 __all__ = ["WORKER_JOBS", "WorkersResult", "run_in_workers", "PROGRESS_FILE", "CANCEL_FILE"]
@@ -37,6 +36,21 @@ WORKER_JOBS = ("calibrate", "sensitivity", "fallback")
 PROGRESS_FILE = "progress.json"
 CANCEL_FILE = "cancel"
 _WRITE_EVERY_S = 0.1  # rank 0 rewrites the progress file at most this often (and always at the end)
+
+
+class SavedSession(Protocol):
+    """What running a job in workers needs of a :class:`~workbench.session.Session` (this module sits above the
+    session's core and is handed its session, so it imports none): its file, whether it has unsaved changes,
+    its trust, saving, and its class's ``open`` (each worker, and the caller afterwards, opens the file)."""
+
+    path: Path | None
+    dirty: bool
+    trust_code: bool
+
+    def save(self, path: str | Path | None = None) -> Path: ...
+
+    @classmethod
+    def open(cls, path: str | Path, *, trust_code: bool = False, remembered: bool = True) -> SavedSession: ...
 
 
 @dataclass
@@ -55,7 +69,7 @@ class WorkersResult:
     world_size: int
     summary: str
     warnings: list[str] = field(default_factory=list)
-    session: Session | None = None
+    session: SavedSession | None = None
 
 
 class _ProgressWriter:
@@ -94,9 +108,11 @@ class _CancelFile:
         return self.path.exists()
 
 
-def _worker(path: str, job: str, options: dict[str, Any], trust_code: bool, folder: str) -> dict[str, Any] | None:
-    """One worker process: open the saved project, run its share of ``job``; rank 0 saves and reports."""
-    session = Session.open(path, trust_code=trust_code)
+def _worker(kind: type[SavedSession], path: str, job: str, options: dict[str, Any], trust_code: bool,
+            folder: str) -> dict[str, Any] | None:
+    """One worker process: open the saved project (a session of class ``kind``), run its share of ``job``;
+    rank 0 saves and reports."""
+    session = kind.open(path, trust_code=trust_code)
     with job_context(str(session.device)) as context:
         report = _ProgressWriter(folder) if context.is_main else None
         result = getattr(session, job)(progress=report, cancel=_CancelFile(folder), context=context, **options)
@@ -118,7 +134,7 @@ def _read_progress(folder: Path) -> tuple[int, int, str] | None:
     return int(data["done"]), int(data["total"]), str(data["message"])
 
 
-def run_in_workers(session: Session, job: str, nprocs: int, options: dict[str, Any] | None = None, *,
+def run_in_workers(session: SavedSession, job: str, nprocs: int, options: dict[str, Any] | None = None, *,
                    save: bool = False, progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
                    poll_s: float = 0.2) -> WorkersResult:
     """Run ``session.<job>(**options)`` in ``nprocs`` local processes on the session's project file.
@@ -160,8 +176,8 @@ def run_in_workers(session: Session, job: str, nprocs: int, options: dict[str, A
 
         def run() -> None:
             try:
-                outcome["value"] = launch(_worker, (str(path), job, dict(options or {}), session.trust_code, folder),
-                                          nprocs=nprocs)
+                outcome["value"] = launch(_worker, (type(session), str(path), job, dict(options or {}),
+                                                    session.trust_code, folder), nprocs=nprocs)
             except BaseException as error:  # noqa: BLE001 - handed to the caller's thread below
                 outcome["error"] = error
 
@@ -188,6 +204,6 @@ def run_in_workers(session: Session, job: str, nprocs: int, options: dict[str, A
     if error is not None:
         raise error
     value = outcome["value"]
-    reopened = Session.open(path, trust_code=session.trust_code)
+    reopened = type(session).open(path, trust_code=session.trust_code)
     return WorkersResult(job=job, world_size=int(value["world_size"]), summary=str(value["summary"]),
                          warnings=list(value["warnings"]), session=reopened)

@@ -27,6 +27,7 @@ from workbench.quant.calib.amax_search import amax_entropy, amax_mse, amax_perce
 from workbench.quant.calib.calibrator import _Calibrator
 from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.max import extremes
+from workbench.quant.calib.memory import KERNEL_DTYPES, dense_block, memory_rows, rows_of_layout
 from workbench.quant.calib.methods import PERCENTILE, SINGLE_METHODS, AmaxMethod, UnknownMethodError
 from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.tensor_quant import E4M3
@@ -35,12 +36,11 @@ from workbench.quant.utils import reduce_amax
 logger = logging.getLogger(__name__)
 
 __all__ = ["HistogramCalibrator", "calibrate_weights", "HISTOGRAM_METHODS", "UnknownMethodError", "amax_entropy",
-           "amax_mse", "amax_percentile"]
+           "amax_mse", "amax_percentile", "dense_block", "memory_rows"]
 
 HISTOGRAM_METHODS = SINGLE_METHODS  # what a histogram alone decides ("auto" needs the layer: calibrate())
 # Smallest width exponent: a range of 2**-24 * num_bins covers anything that does not quantize to 0 anyway.
 _MIN_WIDTH_EXPONENT = -24 - 11
-_KERNEL_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 def width_exponent(max_value: float, num_bins: int) -> int:
     """Smallest ``e`` with ``num_bins * 2**e > max_value`` (bins of width ``2**e`` cover it)."""
     if not max_value > 0:
@@ -68,18 +68,6 @@ def merge_bins(hist: torch.Tensor, factor: int) -> torch.Tensor:
     merged = torch.zeros_like(hist)
     merged[:coarse.numel()] = coarse
     return merged
-
-
-def dense_block(x: torch.Tensor) -> bool:
-    """Whether the elements of ``x`` are exactly the ``numel`` consecutive storage slots from ``x.data_ptr()``,
-    in any order of dimensions (contiguous, or a permutation of a contiguous tensor); expanded or sliced
-    views are not."""
-    expected = 1
-    for size, stride in sorted((pair for pair in zip(x.shape, x.stride()) if pair[0] != 1), key=lambda p: p[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 class HistogramCalibrator(_Calibrator):
@@ -113,8 +101,11 @@ class HistogramCalibrator(_Calibrator):
         self._torch_hist = torch_hist
         self._counts: torch.Tensor | None = None  # 2 * num_bins counts of width 2**_width_exp
         self._width_exp: int | None = None
-        self._max: torch.Tensor | None = None
-        self._max_value = 0.0  # float(self._max), kept by every writer of _max so that collect reads no tensor
+        # the largest finite |x| as a float (None before any data); its tensor is made when asked for, so that
+        # a batch that raises the max costs no tensor creation (on the ViT, every other batch of a quantizer)
+        self._max_value: float | None = None
+        self._max_device = torch.device("cpu")
+        self._max_tensor: torch.Tensor | None = None
 
     # ----- inspection -------------------------------------------------------------------------
 
@@ -134,7 +125,7 @@ class HistogramCalibrator(_Calibrator):
         """Bins up to and including the one that holds the largest value."""
         if self._counts is None:
             return 0
-        top = int(math.floor(float(self._max) / self.bin_width)) + 1
+        top = int(math.floor(self._max_value / self.bin_width)) + 1
         return min(max(top, 1), self._counts.numel())
 
     @property
@@ -157,32 +148,43 @@ class HistogramCalibrator(_Calibrator):
 
     @property
     def max_value(self) -> torch.Tensor | None:
-        """Largest finite |x| seen (what the 'max' method returns)."""
-        return self._max
+        """Largest finite |x| seen (what the 'max' method returns): a 0-d float32 tensor on the device of the
+        collected tensors, or None before any data."""
+        if self._max_value is None:
+            return None
+        if self._max_tensor is None:
+            self._max_tensor = torch.tensor(self._max_value, dtype=torch.float32, device=self._max_device)
+        return self._max_tensor
+
+    def _set_max(self, value: float | None, device: torch.device | None = None) -> None:
+        self._max_value = value
+        self._max_tensor = None
+        if device is not None:
+            self._max_device = device
 
     # ----- collection -------------------------------------------------------------------------
 
     def collect(self, x: torch.Tensor) -> None:
         """Add |x| to the histogram, widening the bins if ``x`` exceeds the current range."""
-        with torch.no_grad():
-            x = x.detach()
-            if x.numel() == 0:
-                return
-            if _cpu_kernels is not None and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
-                batch_max_value, nonfinite = self._collect_cpu(x)
-            else:
+        n = x.numel()
+        if n == 0:
+            return
+        if _cpu_kernels is not None and x.dtype in KERNEL_DTYPES and x.device.type == "cpu":
+            batch_max_value, nonfinite = self._collect_cpu(x, n)  # reads the memory: no autograd involved
+        else:
+            with torch.no_grad():
+                x = x.detach()
                 batch_max_value, all_finite = self._batch_max(x, with_finite=True)
                 self._widen_to(batch_max_value, x.device)
                 nonfinite = self._collect_torch(x, all_finite)
-            self._batches_seen += 1
-            self._values_seen += x.numel()
-            if self._max is None or batch_max_value > self._max_value:  # a tensor only when the max grows
-                self._max = torch.tensor(batch_max_value, dtype=torch.float32, device=x.device)
-                self._max_value = batch_max_value
-            if nonfinite:
-                if not self._nonfinite_count:  # once per calibrator; the run's result has the totals
-                    logger.warning("Histogram calibrator saw %d NaN/Inf values; they are left out.", nonfinite)
-                self._nonfinite_count += nonfinite
+        self._batches_seen += 1
+        self._values_seen += n
+        if self._max_value is None or batch_max_value > self._max_value:
+            self._set_max(batch_max_value, x.device)
+        if nonfinite:
+            if not self._nonfinite_count:  # once per calibrator; the run's result has the totals
+                logger.warning("Histogram calibrator saw %d NaN/Inf values; they are left out.", nonfinite)
+            self._nonfinite_count += nonfinite
 
     def _widen_to(self, max_value: float, device: torch.device) -> None:
         """Make the bins cover ``max_value``: the first time, the narrowest width that does; later, the
@@ -212,33 +214,33 @@ class HistogramCalibrator(_Calibrator):
         value = float(finite_values.abs().max().float()) if finite_values.numel() else 0.0
         return (value, False) if with_finite else value
 
-    def _collect_cpu(self, x: torch.Tensor) -> tuple[float, int]:
-        """Fused passes in C (threads, no temporary tensors); returns the batch's largest finite |x| and
-        its NaN/Inf count.
+    def _collect_cpu(self, x: torch.Tensor, n: int) -> tuple[float, int]:
+        """One pass in C (no temporary tensors; threads for large batches); returns the batch's largest finite
+        |x| and its NaN/Inf count.
 
-        The kernel bins and tracks the max in the same pass, so a batch within the current range costs one
-        pass. Only when the range grows (the max lies beyond the bins; the kernel then adds nothing) are
-        the bins widened and the batch binned again, and the first batch, which has no range yet, takes
-        its max first. The results are those of taking the max first every time: same width, same counts.
+        The kernel bins and tracks the max in the same pass. When a value lies beyond the bins (the first
+        batch, which starts from the narrowest width, or a batch whose range grew), it widens them to the
+        narrowest power of two that holds it and merges what it counted so far, which is exact for
+        power-of-two widths: the histogram is the one that taking the max first would give, without a
+        second pass over the data.
 
         The counts do not depend on the order of the values, so a tensor whose elements fill one block of
-        memory in another order (a transposed attention tensor) is read in place, not copied first."""
-        if not (x.is_contiguous() or dense_block(x)):
-            x = x.contiguous()
-        if self._counts is None:
-            self._widen_to(self._batch_max(x), torch.device("cpu"))
-        elif self._counts.device.type != "cpu":
-            self._counts = self._counts.cpu()
-        while True:
-            added, nonfinite, max_value = _cpu_kernels.histogram(
-                x.data_ptr(), _KERNEL_DTYPES[x.dtype], x.numel(), self._width_exp, self._counts.numel(),
-                self._skip_zeros, self._counts.data_ptr(), torch.get_num_threads())
-            if added:
-                return max_value, nonfinite
-            before = self._width_exp
-            self._widen_to(max_value, torch.device("cpu"))
-            if self._width_exp == before:  # cannot happen (the new width covers max_value); never loop forever
-                raise RuntimeError(f"histogram kernel refused a batch with max {max_value} at bin width 2**{before}")
+        memory in another order (a transposed attention tensor), or evenly spaced rows of it (keys sliced
+        out of a fused qkv projection), is read in place, not copied first."""
+        rows = (n, n) if x.is_contiguous() else rows_of_layout(x.shape, x.stride())
+        if rows is None:
+            x = x.detach().contiguous()
+            rows = (n, n)
+        counts = self._counts
+        if counts is None:
+            counts = self._counts = torch.zeros(2 * self._num_bins, dtype=torch.int64)
+            self._width_exp = _MIN_WIDTH_EXPONENT
+        elif counts.device.type != "cpu":
+            counts = self._counts = counts.cpu()
+        self._width_exp, nonfinite, max_value = _cpu_kernels.histogram(
+            x.data_ptr(), KERNEL_DTYPES[x.dtype], n, rows[0], rows[1], self._width_exp, _MIN_WIDTH_EXPONENT,
+            counts.numel(), self._skip_zeros, counts.data_ptr(), torch.get_num_threads())
+        return max_value, nonfinite
 
     def _collect_torch(self, x: torch.Tensor, all_finite: bool = False) -> int:
         """The same counts with torch operations, on the tensor's own device (CUDA, float64, ...).
@@ -267,8 +269,7 @@ class HistogramCalibrator(_Calibrator):
         """Forget the histogram."""
         self._counts = None
         self._width_exp = None
-        self._max = None
-        self._max_value = 0.0
+        self._set_max(None)
         self._reset_counters()
 
     # ----- amax -------------------------------------------------------------------------------
@@ -295,11 +296,11 @@ class HistogramCalibrator(_Calibrator):
         if isinstance(start_bin, bool) or not isinstance(start_bin, int) or start_bin < 0:
             raise ValueError(f"start_bin must be a non-negative integer, got {start_bin!r}.")
         percentile = PERCENTILE.check(percentile)
-        if self._max is None:
+        if self._max_value is None:
             return None
         if method is AmaxMethod.MAX:
-            return self._max.detach().float().cpu().reshape(())
-        if self._counts is None or float(self._max) == 0.0:
+            return torch.tensor(self._max_value, dtype=torch.float32)
+        if self._counts is None or self._max_value == 0.0:
             return torch.tensor(0.0)  # only zeros seen: amax 0 quantizes everything to 0, which is exact
         hist = self.calib_hist.cpu().numpy()
         edges = np.arange(hist.size + 1, dtype=np.float64) * self.bin_width
@@ -335,7 +336,7 @@ class HistogramCalibrator(_Calibrator):
             "num_bins": self._num_bins,
             "width_exponent": self._width_exp,
             "counts": None if self._counts is None else self._counts.cpu().numpy(),
-            "max_value": None if self._max is None else float(self._max),
+            "max_value": self._max_value,
             "skip_zeros": self._skip_zeros,
             "batches_seen": self._batches_seen,
             "values_seen": self._values_seen,
@@ -360,13 +361,14 @@ class HistogramCalibrator(_Calibrator):
         self._width_exp = None if state.get("width_exponent") is None else int(state["width_exponent"])
         self._counts = None if hist is None else torch.as_tensor(hist.astype(np.int64))
         max_value = state.get("max_value")
-        self._max = None if max_value is None else torch.tensor(float(max_value))
-        self._max_value = 0.0 if self._max is None else float(self._max)
+        # through float32, as collection keeps it
+        self._set_max(None if max_value is None else float(np.float32(max_value)), torch.device("cpu"))
         self._skip_zeros = bool(state.get("skip_zeros", self._skip_zeros))
         self._batches_seen = int(state.get("batches_seen", 0))
         self._values_seen = int(state.get("values_seen", 0))
         self._nonfinite_count = int(state.get("nonfinite_count", 0))
-        if (self._counts is None) != (self._width_exp is None) or (self._counts is not None and self._max is None):
+        if (self._counts is None) != (self._width_exp is None) or (
+                self._counts is not None and self._max_value is None):
             raise ValueError("histogram counts and width exponent must be saved together.")
 
     def __str__(self) -> str:
@@ -376,7 +378,7 @@ class HistogramCalibrator(_Calibrator):
 
     def __repr__(self) -> str:
         return (f"HistogramCalibrator({super().__repr__()} num_bins={self._num_bins} "
-                f"bin_width={self.bin_width} max={None if self._max is None else float(self._max)})")
+                f"bin_width={self.bin_width} max={self._max_value})")
 
 
 def calibrate_weights(model: torch.nn.Module, method: str = AmaxMethod.PERCENTILE, perchannel: bool = True,

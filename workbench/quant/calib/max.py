@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from workbench.quant.calib.calibrator import _Calibrator
+from workbench.quant.calib.memory import abs_max_in_place
 
 logger = logging.getLogger(__name__)
 
@@ -130,12 +131,19 @@ class MaxCalibrator(_Calibrator):
         max updated in place. Returns False (nothing collected) when ``x`` holds NaN/Inf, for the general path.
 
         Any floating dtype is reduced as it is (the max of float16 values is exact in float32), so
-        half-precision activations are not copied to float32 first.
+        half-precision activations are not copied to float32 first. On the CPU one pass of the C kernel gives
+        both the max and whether anything was not finite (attention probabilities, read where they lie).
         """
-        high, low = extremes(x)
-        if not (math.isfinite(high) and math.isfinite(low)):
-            return False
-        value = float(np.float32(max(abs(high), abs(low))))  # float32 rounding of a float64 max, as .float() does
+        found = abs_max_in_place(x)
+        if found is not None:
+            value, nonfinite = found
+            if nonfinite:
+                return False
+        else:
+            high, low = extremes(x)
+            if not (math.isfinite(high) and math.isfinite(low)):
+                return False
+            value = float(np.float32(max(abs(high), abs(low))))  # float32 rounding of a float64 max, as .float() does
         if self._calib_amax is None:
             self._calib_amax = torch.tensor(value, dtype=torch.float32, device=x.device)
             self._running = value

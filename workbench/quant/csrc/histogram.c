@@ -1,13 +1,16 @@
 /*
  * Histogram of |x| with bins of width 2**e starting at 0 (see calib/histogram.py for why the width is
- * a power of two). One pass, threads count into private histograms that are summed at the end.
- * NaN and infinite values are counted and left out; zeros can be skipped.
+ * a power of two). One pass over the data, which also tracks the largest finite |x| and widens the bins
+ * when a value lies beyond them. NaN and infinite values are counted and left out; zeros can be skipped.
  *
- * The same pass tracks the largest finite |x|, so the caller needs no separate max pass: when that
- * max lies beyond the bins (the range grew), nothing is added and the caller widens the bins and
- * calls again; otherwise the counts are added. The max is kept as the bit pattern of a non-negative
- * float, which orders like the value itself: an integer max that compilers vectorise (a float max
- * reduction is not vectorised without -ffast-math).
+ * Why widening needs no second pass: with power-of-two widths, floor(|x| / 2**(e+k)) equals
+ * floor(floor(|x| / 2**e) / 2**k), so counts at width 2**e merged 2**k bins at a time are exactly the
+ * counts at width 2**(e+k). The data is read in blocks; a block's indices and max are computed first,
+ * and when the max lies beyond the bins, the counts so far are merged to the narrowest width that holds
+ * it and the block's indices are computed again at that width, before anything of it is counted.
+ * The result is the histogram that taking the max first would give, whatever the order of the values.
+ *
+ * The max is kept as the bit pattern of a non-negative float, which orders like the value itself.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -16,53 +19,113 @@
 #include "half.h"
 #include "kernels.h"
 
-/* Work in blocks: first the bin index of every value (a branch-free loop the compiler vectorises),
- * then the counting. Counting into one array stalls when consecutive values land in the same bin
- * (each increment waits for the previous one: ReLU zeros all go to bin 0), so values are counted
- * into SUB interleaved copies. NaN and infinities go to an extra slot. */
+#if WB_HAVE_X86_AVX2
+#include <immintrin.h>
+#endif
+
+/* Work in blocks: first the bin index of every value (vectorised), then the counting. Counting into one
+ * array stalls when consecutive values land in the same bin (each increment waits for the previous one:
+ * ReLU zeros all go to bin 0), so values are counted into SUB interleaved copies. NaN and infinities go
+ * to an extra slot after the bins. */
 #define BLOCK 512
-#define SUB 4
+#define SUB 4 /* the counting loop and the final sum are written out for 4 */
 /* Below this, a second thread's start-up and its private histograms cost more than they save. */
 #define PARALLEL_MIN_VALUES (1 << 20)
+#define FINITE_LIMIT_BITS 0x7f800000u /* bits of +inf: finite |x| have smaller bit patterns */
 
 typedef struct {
-    const void *x;
+    const char *x;
+    size_t item; /* bytes per value */
+    int64_t base;                 /* logical index of this segment's first value */
+    int64_t row_length, row_step; /* values are rows of row_length contiguous values, row_step apart */
     int dtype, use_avx2;
-    float scale; /* 2**-e: multiplying by it is exact */
+    int first_exponent, min_exponent;
     int64_t bins;
     uint32_t *local; /* per worker: SUB x (bins + 1) counts; the extra slot counts NaN/Inf */
     int64_t zeros[WB_MAX_THREADS];
-    uint32_t top_bits[WB_MAX_THREADS]; /* largest finite |x| per worker, as float bits */
+    uint32_t top_bits[WB_MAX_THREADS];  /* largest finite |x| per worker, as float bits */
+    int exponent[WB_MAX_THREADS];       /* each worker's width exponent at the end of its range */
 } hist_job_t;
 
-#define INDEX_LOOP(LOAD)                                                        \
-    for (int64_t i = 0; i < m; ++i) {                                           \
-        float v = fabsf(LOAD);                                                  \
-        float position = v * scale;                                             \
-        int32_t bin = position < limit ? (int32_t)position : (int32_t)last_bin; \
-        bin = v <= 3.402823466e38f ? bin : (int32_t)bins; /* NaN, infinity */    \
-        zeros += v == 0.0f;                                                     \
-        index[i] = bin;                                                         \
-        uint32_t v_bits;                                                        \
-        memcpy(&v_bits, &v, sizeof v_bits);                                     \
-        v_bits = v_bits < 0x7f800000u ? v_bits : 0u; /* finite values only */   \
-        top = v_bits > top ? v_bits : top;                                      \
+/* Bit pattern of bins * 2**e as a float (+inf bits when it overflows): |x| fits the bins iff its bits are
+ * below this. */
+static uint32_t limit_bits(int64_t bins, int e) {
+    double limit = ldexp((double)bins, e);
+    if (!(limit < 3.4028234663852886e38)) return FINITE_LIMIT_BITS;
+    float f = (float)limit; /* bins < 2**24 times a power of two: exact */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return bits;
+}
+
+/* The smallest e >= max(current, min_exponent) with bins * 2**e > value (value finite, >= 0). */
+static int covering_exponent(float value, int64_t bins, int current, int min_exponent) {
+    int e = current > min_exponent ? current : min_exponent;
+    if (!(value > 0.0f)) return e;
+    int exponent;
+    frexp((double)value / (double)bins, &exponent); /* value / bins < 2**exponent */
+    if (exponent > e) e = exponent;
+    while (e > current && e > min_exponent && ldexp((double)bins, e - 1) > (double)value) e--;
+    while (!(ldexp((double)bins, e) > (double)value)) e++;
+    return e;
+}
+
+/* Counts of h[0 .. bins) re-binned 2**shift bins at a time, in place (bin j reads bins >= j, so going up
+ * never reads a bin already written). The slot after the bins (NaN/Inf) is left alone. */
+#define MERGE_BINS(TYPE, NAME)                                                    \
+    static void NAME(TYPE *h, int64_t bins, int shift) {                          \
+        if (shift <= 0) return;                                                   \
+        if (shift >= 62 || ((int64_t)1 << shift) >= bins) {                       \
+            TYPE total = 0;                                                       \
+            for (int64_t b = 0; b < bins; ++b) total += h[b];                     \
+            memset(h, 0, (size_t)bins * sizeof(TYPE));                            \
+            h[0] = total;                                                         \
+            return;                                                               \
+        }                                                                         \
+        const int64_t factor = (int64_t)1 << shift;                               \
+        const int64_t coarse = (bins + factor - 1) / factor;                      \
+        for (int64_t j = 0; j < coarse; ++j) {                                    \
+            TYPE total = 0;                                                       \
+            int64_t end = (j + 1) * factor < bins ? (j + 1) * factor : bins;      \
+            for (int64_t b = j * factor; b < end; ++b) total += h[b];             \
+            h[j] = total;                                                         \
+        }                                                                         \
+        memset(h + coarse, 0, (size_t)(bins - coarse) * sizeof(TYPE));            \
+    }
+MERGE_BINS(uint32_t, merge_u32)
+MERGE_BINS(int64_t, merge_i64)
+
+/* Index of every value of a block at width 2**e: bins - 1 for values beyond the bins (the caller widens
+ * before counting them), bins for NaN/Inf. Adds the block's zeros and raises *top_bits. */
+#define INDEX_LOOP(LOAD)                                                                        \
+    for (int64_t i = 0; i < m; ++i) {                                                           \
+        float v = fabsf(LOAD);                                                                  \
+        uint32_t v_bits;                                                                        \
+        memcpy(&v_bits, &v, sizeof v_bits);                                                     \
+        float position = v * scale;                                                             \
+        position = position < last ? position : last; /* also NaN: its index is replaced */     \
+        int32_t bin = (int32_t)position;                                                        \
+        int finite = v_bits < FINITE_LIMIT_BITS;                                                \
+        index[i] = finite ? bin : (int32_t)bins;                                                \
+        zeros += v_bits == 0u;                                                                  \
+        v_bits = finite ? v_bits : 0u;                                                          \
+        top = v_bits > top ? v_bits : top;                                                      \
     }
 
-static int64_t block_index_portable(const hist_job_t *job, int64_t start, int64_t m, int32_t *index,
+static int64_t block_index_portable(const hist_job_t *job, const char *data, int64_t m, int e, int32_t *index,
                                     uint32_t *top_bits) {
-    const float scale = job->scale, limit = (float)job->bins;
-    const int64_t bins = job->bins, last_bin = bins - 1;
+    const float scale = ldexpf(1.0f, -e), last = (float)(job->bins - 1);
+    const int64_t bins = job->bins;
     int64_t zeros = 0;
     uint32_t top = *top_bits;
     if (job->dtype == WB_DT_F32) {
-        const float *x = (const float *)job->x + start;
+        const float *x = (const float *)data;
         INDEX_LOOP(x[i])
     } else if (job->dtype == WB_DT_F16) {
-        const uint16_t *x = (const uint16_t *)job->x + start;
+        const uint16_t *x = (const uint16_t *)data;
         INDEX_LOOP(f16_to_f32(x[i]))
     } else {
-        const uint16_t *x = (const uint16_t *)job->x + start;
+        const uint16_t *x = (const uint16_t *)data;
         INDEX_LOOP(bf16_to_f32(x[i]))
     }
     *top_bits = top;
@@ -70,19 +133,56 @@ static int64_t block_index_portable(const hist_job_t *job, int64_t start, int64_
 }
 
 #if WB_HAVE_X86_AVX2
-/* the same loop compiled for AVX2 (float32 inputs; the 16-bit types stay on the portable loop) */
-WB_AVX2_TARGET static int64_t block_index_avx2(const hist_job_t *job, int64_t start, int64_t m, int32_t *index,
-                                                uint32_t *top_bits) {
-    const float scale = job->scale, limit = (float)job->bins;
-    const int64_t bins = job->bins, last_bin = bins - 1;
-    int64_t zeros = 0;
-    uint32_t top = *top_bits;
-    const float *x = (const float *)job->x + start;
-    INDEX_LOOP(x[i])
-    *top_bits = top;
-    return zeros;
+/* The same, 8 values at a time (compilers do not vectorise the loop above: the float-to-int conversion
+ * and the bit casts stop them). float16 goes through F16C, bfloat16 is its float32's upper half. */
+WB_AVX2_TARGET static int64_t block_index_avx2(const hist_job_t *job, const char *data, int64_t m, int e,
+                                                int32_t *index, uint32_t *top_bits) {
+    const __m256 scale = _mm256_set1_ps(ldexpf(1.0f, -e)), last = _mm256_set1_ps((float)(job->bins - 1));
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf_bits = _mm256_set1_epi32((int)FINITE_LIMIT_BITS);
+    const __m256i nonfinite_bin = _mm256_set1_epi32((int)job->bins), zero = _mm256_setzero_si256();
+    __m256i zeros = zero, top = zero;
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+        __m256i raw;
+        if (job->dtype == WB_DT_F32) {
+            raw = _mm256_loadu_si256((const __m256i *)((const float *)data + i));
+        } else {
+            __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)data + i));
+            raw = job->dtype == WB_DT_F16 ? _mm256_castps_si256(_mm256_cvtph_ps(half))
+                                          : _mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16);
+        }
+        __m256i bits = _mm256_and_si256(raw, abs_mask);
+        __m256i finite = _mm256_cmpgt_epi32(inf_bits, bits); /* signed compare: the sign bit is clear */
+        /* min_ps returns its second operand when the first is NaN, so every lane converts in range */
+        __m256 position = _mm256_min_ps(_mm256_mul_ps(_mm256_castsi256_ps(bits), scale), last);
+        __m256i bin = _mm256_blendv_epi8(nonfinite_bin, _mm256_cvttps_epi32(position), finite);
+        _mm256_storeu_si256((__m256i *)(index + i), bin);
+        zeros = _mm256_sub_epi32(zeros, _mm256_cmpeq_epi32(bits, zero));
+        top = _mm256_max_epu32(top, _mm256_and_si256(bits, finite));
+    }
+    int32_t lane_zeros[8];
+    uint32_t lane_top[8];
+    _mm256_storeu_si256((__m256i *)lane_zeros, zeros);
+    _mm256_storeu_si256((__m256i *)lane_top, top);
+    int64_t total_zeros = 0;
+    uint32_t top_value = *top_bits;
+    for (int k = 0; k < 8; ++k) {
+        total_zeros += lane_zeros[k];
+        top_value = lane_top[k] > top_value ? lane_top[k] : top_value;
+    }
+    *top_bits = top_value;
+    if (i < m) total_zeros += block_index_portable(job, data + (size_t)i * job->item, m - i, e, index + i, top_bits);
+    return total_zeros;
 }
 #endif
+
+static int64_t block_index(const hist_job_t *job, const char *data, int64_t m, int e, int32_t *index,
+                           uint32_t *top_bits) {
+#if WB_HAVE_X86_AVX2
+    if (job->use_avx2) return block_index_avx2(job, data, m, e, index, top_bits);
+#endif
+    return block_index_portable(job, data, m, e, index, top_bits);
+}
 
 static void hist_range(void *ctx, int64_t begin, int64_t end, int worker) {
     hist_job_t *job = (hist_job_t *)ctx;
@@ -91,14 +191,30 @@ static void hist_range(void *ctx, int64_t begin, int64_t end, int worker) {
     int32_t index[BLOCK];
     int64_t zeros = 0;
     uint32_t top = 0;
-    for (int64_t start = begin; start < end; start += BLOCK) {
+    int e = job->first_exponent;
+    uint32_t limit = limit_bits(job->bins, e);
+    for (int64_t start = begin; start < end;) {
+        /* a block ends at BLOCK values, at the end of the range, or at the end of a row */
+        const int64_t logical = job->base + start, row = logical / job->row_length, column = logical % job->row_length;
         int64_t m = end - start < BLOCK ? end - start : BLOCK;
-#if WB_HAVE_X86_AVX2
-        if (job->use_avx2 && job->dtype == WB_DT_F32)
-            zeros += block_index_avx2(job, start, m, index, &top);
-        else
-#endif
-            zeros += block_index_portable(job, start, m, index, &top);
+        m = job->row_length - column < m ? job->row_length - column : m;
+        const char *data = job->x + (size_t)(row * job->row_step + column) * job->item;
+        start += m;
+        uint32_t block_top = top;
+        int64_t block_zeros = block_index(job, data, m, e, index, &block_top);
+        if (block_top >= limit) { /* the range grew: widen what is counted, index this block again */
+            float top_value;
+            memcpy(&top_value, &block_top, sizeof top_value);
+            int wider = covering_exponent(top_value, job->bins, e, job->min_exponent);
+            if (start > begin + m) /* counts to merge (not in the range's first block: the usual first batch) */
+                for (int s = 0; s < SUB; ++s) merge_u32(counts + s * stride, job->bins, wider - e);
+            e = wider;
+            limit = limit_bits(job->bins, e);
+            block_top = top;
+            block_zeros = block_index(job, data, m, e, index, &block_top);
+        }
+        top = block_top;
+        zeros += block_zeros;
         int64_t i = 0;
         for (; i + SUB <= m; i += SUB) {
             counts[index[i]]++;
@@ -110,60 +226,105 @@ static void hist_range(void *ctx, int64_t begin, int64_t end, int worker) {
     }
     job->zeros[worker] = zeros;
     job->top_bits[worker] = top;
+    job->exponent[worker] = e;
 }
 
-int wb_histogram(const void *x, int dtype, int64_t n, int width_exponent, int64_t bins, int skip_zeros,
-                 int64_t *counts, int64_t *nonfinite, float *max_abs, int nthreads) {
+/* The one-thread case's private counts live on between calls (one buffer per calling thread): a fresh
+ * 64 KB allocation per call costs more than counting a small tensor (page faults when the heap was
+ * trimmed in between). Every call leaves the buffer all zero again. */
+#if defined(_MSC_VER)
+#define WB_THREAD_LOCAL __declspec(thread)
+#else
+#define WB_THREAD_LOCAL _Thread_local
+#endif
+static WB_THREAD_LOCAL uint32_t *scratch = NULL;
+static WB_THREAD_LOCAL size_t scratch_count = 0;
+
+static uint32_t *zeroed_counts(size_t count, int *owned) {
+    *owned = 0;
+    if (count <= scratch_count) return scratch;
+    uint32_t *buffer = (uint32_t *)calloc(count, sizeof(uint32_t));
+    if (buffer == NULL) return NULL;
+    if (count <= (size_t)SUB * ((1u << 16) + 1)) { /* keep up to 65536 bins; larger ones are freed after use */
+        free(scratch);
+        scratch = buffer;
+        scratch_count = count;
+    } else {
+        *owned = 1;
+    }
+    return buffer;
+}
+
+int wb_histogram(const void *x, int dtype, int64_t n, int64_t row_length, int64_t row_step, int *width_exponent,
+                 int min_exponent, int64_t bins, int skip_zeros, int64_t *counts, int64_t *nonfinite, float *max_abs,
+                 int nthreads) {
     if (nthreads < 1 || n < PARALLEL_MIN_VALUES) nthreads = 1;
     if (nthreads > WB_MAX_THREADS) nthreads = WB_MAX_THREADS;
+    if (row_length < 1 || row_length > n) row_length = n > 0 ? n : 1; /* one row: contiguous */
     const int64_t stride = bins + 1;
     const size_t local_count = (size_t)nthreads * SUB * (size_t)stride;
-    /* 32-bit private counts: half the cache footprint of 64-bit ones (2048 bins x 4 copies = 64 KB, also
-     * below malloc's mmap threshold, so no page faults per call). A segment of at most 2**31 values cannot
-     * overflow them; segments are summed into 64-bit totals, which go into counts only if the range held. */
-    uint32_t *local = (uint32_t *)calloc(local_count, sizeof(uint32_t));
-    int64_t *total = (int64_t *)calloc((size_t)stride, sizeof(int64_t));
-    if (local == NULL || total == NULL) {
-        free(local);
-        free(total);
-        return -1;
-    }
+    /* 32-bit private counts: half the cache footprint of 64-bit ones (4096 bins x 4 copies = 64 KB). A
+     * segment of at most 2**31 values cannot overflow them; each segment's counts go into the 64-bit
+     * totals before the next. Several threads: fresh buffers (a large tensor, where this costs nothing). */
+    int owned = 1;
+    uint32_t *local = nthreads == 1 ? zeroed_counts(local_count, &owned)
+                                    : (uint32_t *)calloc(local_count, sizeof(uint32_t));
+    if (local == NULL) return -1;
     hist_job_t job;
     memset(&job, 0, sizeof job);
-    job.x = x;
+    job.x = (const char *)x;
+    job.item = dtype == WB_DT_F32 ? 4 : 2;
+    job.row_length = row_length;
+    job.row_step = row_step;
     job.dtype = dtype;
     job.use_avx2 = wb_use_avx2();
-    job.scale = ldexpf(1.0f, -width_exponent);
+    job.min_exponent = min_exponent;
     job.bins = bins;
     job.local = local;
-    const size_t width = dtype == WB_DT_F32 ? 4 : 2;
     const int64_t segment = (int64_t)1 << 31;
     int64_t zeros = 0;
     uint32_t top = 0;
+    int e = *width_exponent > min_exponent ? *width_exponent : min_exponent;
     for (int64_t first = 0; first < n; first += segment) {
         int64_t m = n - first < segment ? n - first : segment;
-        job.x = (const char *)x + (size_t)first * width;
-        if (first > 0) memset(local, 0, local_count * sizeof(uint32_t));
+        job.base = first;
+        job.first_exponent = e;
+        for (int t = 0; t < nthreads; ++t) { /* as left for workers that get no range */
+            job.exponent[t] = e;
+            job.zeros[t] = 0;
+            job.top_bits[t] = 0;
+        }
         wb_parallel_for(m, nthreads, PARALLEL_MIN_VALUES, BLOCK, hist_range, &job);
+        int widest = e;
         for (int t = 0; t < nthreads; ++t) {
             zeros += job.zeros[t];
             top = job.top_bits[t] > top ? job.top_bits[t] : top;
+            widest = job.exponent[t] > widest ? job.exponent[t] : widest;
         }
-        for (size_t part = 0; part < (size_t)nthreads * SUB; ++part) {
-            const uint32_t *sub = local + part * (size_t)stride;
-            for (int64_t b = 0; b <= bins; ++b) total[b] += sub[b];
+        /* every worker's counts, and the totals so far, at the widest width any worker reached */
+        merge_i64(counts, bins, widest - e);
+        e = widest;
+        float top_value;
+        memcpy(&top_value, &top, sizeof top_value);
+        /* no bin above the max's holds anything: add (and zero again) only up to it, and the NaN/Inf slot */
+        int64_t used = (int64_t)((double)top_value * ldexp(1.0, -e)) + 1;
+        used = used < bins ? used : bins;
+        for (int t = 0; t < nthreads; ++t) {
+            uint32_t *sub[SUB];
+            for (int s = 0; s < SUB; ++s) {
+                sub[s] = local + ((size_t)t * SUB + (size_t)s) * (size_t)stride;
+                merge_u32(sub[s], bins, e - job.exponent[t]);
+                *nonfinite += sub[s][bins];
+                sub[s][bins] = 0;
+            }
+            for (int64_t b = 0; b < used; ++b) /* one pass over the totals (SUB = 4) */
+                counts[b] += (int64_t)sub[0][b] + (int64_t)sub[1][b] + (int64_t)sub[2][b] + (int64_t)sub[3][b];
+            for (int s = 0; s < SUB; ++s) memset(sub[s], 0, (size_t)used * sizeof(uint32_t));
         }
     }
-    free(local);
+    if (owned) free(local);
     memcpy(max_abs, &top, sizeof top);
-    /* beyond the bins (clamped into the last one): add nothing, the caller re-bins at a wider width */
-    if (!(*max_abs * job.scale < (float)bins)) {
-        free(total);
-        return 1;
-    }
-    for (int64_t b = 0; b < bins; ++b) counts[b] += total[b];
-    *nonfinite += total[bins];
     if (skip_zeros) counts[0] -= zeros;
-    free(total);
+    *width_exponent = e;
     return 0;
 }

@@ -52,11 +52,20 @@ void wb_entropy_divergences(const double *bins, int64_t n, int64_t groups, int64
 void wb_mse_errors(const double *counts, const double *centers, int64_t n, double max_bound, int64_t start,
                    int64_t stride, int uniform, double *out, int nthreads);
 
-/* histogram.c: adds |x| counts into counts[0 .. bins) (bins of width 2**width_exponent from 0) and the
+/* histogram.c: adds |x| counts into counts[0 .. bins) (bins of width 2**(*width_exponent) from 0) and the
  * number of NaN/Inf values into *nonfinite, and writes the largest finite |x| (0 if none) to *max_abs.
- * Returns 0; 1 when *max_abs lies beyond the bins (nothing added: re-bin wider and call again); -1 when
- * memory ran out. */
-int wb_histogram(const void *x, int dtype, int64_t n, int width_exponent, int64_t bins, int skip_zeros,
-                 int64_t *counts, int64_t *nonfinite, float *max_abs, int nthreads);
+ * When values lie beyond the bins, the width grows to the narrowest power of two (exponent at least
+ * min_exponent) whose bins hold them, counts already there are merged to it, and *width_exponent is
+ * updated: one pass over x in every case. The n values are rows of row_length contiguous values whose
+ * starts are row_step values apart (row_length = n: one contiguous block). Returns 0, or -1 when memory
+ * ran out (counts untouched). */
+int wb_histogram(const void *x, int dtype, int64_t n, int64_t row_length, int64_t row_step, int *width_exponent,
+                 int min_exponent, int64_t bins, int skip_zeros, int64_t *counts, int64_t *nonfinite, float *max_abs,
+                 int nthreads);
+
+/* abs_max.c: the largest finite |x| (0 if none) and the number of NaN/Inf values, in one pass over n values
+ * laid out as for wb_histogram. */
+void wb_abs_max(const void *x, int dtype, int64_t n, int64_t row_length, int64_t row_step, float *max_abs,
+                int64_t *nonfinite, int nthreads);
 
 #endif

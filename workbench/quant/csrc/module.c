@@ -117,30 +117,56 @@ static PyObject *py_mse_errors(PyObject *self, PyObject *args) {
 
 static PyObject *py_histogram(PyObject *self, PyObject *args) {
     unsigned long long x_ptr, counts_ptr;
-    long long n, bins;
-    int dtype, width_exponent, skip_zeros, nthreads;
+    long long n, row_length, row_step, bins;
+    int dtype, width_exponent, min_exponent, skip_zeros, nthreads;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KiLiLpKi", &x_ptr, &dtype, &n, &width_exponent, &bins, &skip_zeros, &counts_ptr,
-                          &nthreads))
+    if (!PyArg_ParseTuple(args, "KiLLLiiLpKi", &x_ptr, &dtype, &n, &row_length, &row_step, &width_exponent,
+                          &min_exponent, &bins, &skip_zeros, &counts_ptr, &nthreads))
         return NULL;
     if (dtype != WB_DT_F32 && dtype != WB_DT_F16 && dtype != WB_DT_BF16) {
         PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
         return NULL;
     }
-    if (n < 0 || bins < 1) {
-        PyErr_SetString(PyExc_ValueError, "histogram needs n >= 0 and bins >= 1");
+    if (n < 0 || bins < 1 || bins >= (1LL << 24) || row_length < 1 || (n > 0 && n % row_length != 0) ||
+        row_step < row_length) {
+        PyErr_SetString(PyExc_ValueError, "histogram needs n >= 0, 1 <= bins < 2**24, rows of row_length >= 1 values "
+                                          "dividing n, and row_step >= row_length");
         return NULL;
     }
     int64_t nonfinite = 0;
     float max_abs = 0.0f;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = wb_histogram((const void *)(uintptr_t)x_ptr, dtype, n, width_exponent, bins, skip_zeros,
-                          (int64_t *)(uintptr_t)counts_ptr, &nonfinite, &max_abs, nthreads);
+    status = wb_histogram((const void *)(uintptr_t)x_ptr, dtype, n, row_length, row_step, &width_exponent, min_exponent,
+                          bins, skip_zeros, (int64_t *)(uintptr_t)counts_ptr, &nonfinite, &max_abs, nthreads);
     Py_END_ALLOW_THREADS
     if (status < 0) return PyErr_NoMemory();
-    /* (added, NaN/Inf count, largest finite |x|): added is False when the max lies beyond the bins */
-    return Py_BuildValue("(OLd)", status == 0 ? Py_True : Py_False, (long long)nonfinite, (double)max_abs);
+    /* (width exponent after the batch, NaN/Inf count, largest finite |x|) */
+    return Py_BuildValue("(iLd)", width_exponent, (long long)nonfinite, (double)max_abs);
+}
+
+static PyObject *py_abs_max(PyObject *self, PyObject *args) {
+    unsigned long long x_ptr;
+    long long n, row_length, row_step;
+    int dtype, nthreads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KiLLLi", &x_ptr, &dtype, &n, &row_length, &row_step, &nthreads)) return NULL;
+    if (dtype != WB_DT_F32 && dtype != WB_DT_F16 && dtype != WB_DT_BF16) {
+        PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
+        return NULL;
+    }
+    if (n < 0 || row_length < 1 || (n > 0 && n % row_length != 0) || row_step < row_length) {
+        PyErr_SetString(PyExc_ValueError, "abs_max needs n >= 0, rows of row_length >= 1 values dividing n, and "
+                                          "row_step >= row_length");
+        return NULL;
+    }
+    float max_abs = 0.0f;
+    int64_t nonfinite = 0;
+    Py_BEGIN_ALLOW_THREADS
+    wb_abs_max((const void *)(uintptr_t)x_ptr, dtype, n, row_length, row_step, &max_abs, &nonfinite, nthreads);
+    Py_END_ALLOW_THREADS
+    /* (largest finite |x|, NaN/Inf count) */
+    return Py_BuildValue("(dL)", (double)max_abs, (long long)nonfinite);
 }
 
 static PyObject *py_isa(PyObject *self, PyObject *args) {
@@ -164,7 +190,9 @@ static PyMethodDef methods[] = {
     {"quant_params", py_quant_params, METH_VARARGS, "Scale pairs of float32 amax values; returns the smallest."},
     {"entropy_divergences", py_entropy_divergences, METH_VARARGS, "KL divergence of every entropy candidate."},
     {"mse_errors", py_mse_errors, METH_VARARGS, "Squared error of every mse candidate."},
-    {"histogram", py_histogram, METH_VARARGS, "Add |x| to a histogram with power-of-two bins; returns (added, NaN/Inf count, max |x|)."},
+    {"histogram", py_histogram, METH_VARARGS,
+     "Add |x| to a histogram with power-of-two bins, widened as needed; returns (width exponent, NaN/Inf, max |x|)."},
+    {"abs_max", py_abs_max, METH_VARARGS, "Largest finite |x| and the NaN/Inf count of a CPU buffer, in one pass."},
     {"isa", py_isa, METH_NOARGS, "Instruction set the kernels use on this CPU."},
     {"force_portable", py_force_portable, METH_O, "Use the portable loops even where AVX2 is available."},
     {NULL, NULL, 0, NULL},
