@@ -320,7 +320,8 @@ class Session:
         """
         if role not in ("input", "weight"):
             raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
-        updates, notes = decisions.plan_descriptor(self.project, self.quantized_model(), names, role, fields)
+        updates, notes = decisions.plan_descriptor(self.project, self.quantized_model(), names, role, fields,
+                                                   self.settings.defaults)
         before = {name: self._layer_state(name) for name in updates}
         # applied only once every layer validated: an error leaves all of them as they were
         for name, updated in updates.items():
