@@ -307,7 +307,8 @@ class Session:
         """
         if role not in ("input", "weight"):
             raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
-        return self._edited(layer_edits.edit_descriptor(self.project, self.quantized_model(), names, role, fields))
+        return self._edited(layer_edits.edit_descriptor(self.project, self.quantized_model(), names, role, fields,
+                                                        self.settings.defaults))
 
     def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
                       fp8_weight_per_channel: bool = True) -> list[str]:

@@ -50,13 +50,15 @@ def layer_state(project: Project, name: str) -> in_place.LayerState:
     return decision.quantize, decision.input_desc, decision.weight_desc
 
 
-def edit_descriptor(project: Project, model: nn.Module, names: Iterable[str], role: str,
-                    fields: dict[str, Any]) -> LayerEdit:
+def edit_descriptor(project: Project, model: nn.Module, names: Iterable[str], role: str, fields: dict[str, Any],
+                    defaults: DefaultDescriptors | None = None) -> LayerEdit:
     """Change descriptor fields of the ``role`` ("input" or "weight") quantizer of layers (checked by
     :func:`~workbench.session.decisions.plan_descriptor` against ``model``, the quantized model now); every layer
     is validated before any changes, so an error (:class:`SessionError`, naming the layer) leaves all of them as
-    they were."""
-    updates, notes = decisions.plan_descriptor(project, model, names, role, fields)
+    they were. ``defaults`` (the project's default descriptors): a descriptor edited back to its default or its
+    precision's is stored as :func:`~workbench.session.decisions.plan_descriptor` says (no override, or the
+    precision's own)."""
+    updates, notes = decisions.plan_descriptor(project, model, names, role, fields, defaults)
     before = {name: layer_state(project, name) for name in updates}
     for name, updated in updates.items():
         setattr(project.layers[name], f"{role}_desc", updated)
