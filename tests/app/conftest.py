@@ -25,3 +25,14 @@ def controllers_are_shut_down():
     while main_thread_gc._users:  # give collection back, so that only the leaking test fails
         main_thread_gc.release()
     assert leaked == 0, "a Controller was not shut down (call shutdown() or use a fixture)"
+
+
+@pytest.fixture(autouse=True)
+def no_graph_preload(monkeypatch):
+    """A shown main window does not start Chromium to draw a graph in the background (only the test of that
+    preload turns it back on): most window tests never open the Graph tab."""
+    try:
+        from workbench.app import graph_tab
+    except ImportError:  # no Qt: those tests skip
+        return
+    monkeypatch.setattr(graph_tab, "PRELOAD", False)

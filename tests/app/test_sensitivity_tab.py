@@ -1,5 +1,7 @@
 """The sensitivity tab on the real demo session: bars and table, clicking, ignoring, the fallback search."""
 
+import math
+
 import pytest
 
 pytest.importorskip("PySide6")
@@ -8,7 +10,7 @@ pytest.importorskip("pyqtgraph")
 from demo_project import open_demo, shown  # noqa: E402
 from PySide6.QtCore import QPointF, Qt  # noqa: E402
 
-from workbench.app.formatting import format_delta, format_number  # noqa: E402
+from workbench.app.formatting import format_delta, format_number, job_times_text  # noqa: E402
 from workbench.app.sensitivity_bars import sensitivity_scores  # noqa: E402
 from workbench.app.sensitivity_tab import SensitivityTab  # noqa: E402
 
@@ -199,3 +201,85 @@ def test_without_a_project_or_calibration(controller, qtbot):
     with qtbot.waitSignal(controller.error, timeout=30000) as blocker:
         tab.run_sensitivity()
     assert "calibrate first" in blocker.args[1]
+
+
+def test_one_count_and_one_clock_for_the_sensitivity_job(controller, qtbot):
+    from workbench.app.status import JobStatus
+
+    open_demo(controller, qtbot, method="max")
+    tab = make_tab(controller, qtbot)
+    status = JobStatus(controller)
+    qtbot.addWidget(status)
+    seen = []
+
+    def report(progress):  # connected after both displays: they have shown this report
+        seen.append((progress.done, progress.total, progress.message, tab.progress.format(), status.bar.format(),
+                     status.eta.text()))
+
+    controller.jobs.progress.connect(report)
+    run_sensitivity(tab, controller, qtbot)
+    controller.jobs.progress.disconnect(report)
+    counted = [s for s in seen if s[1] > 1]
+    assert counted and counted[-1][0] == counted[-1][1]  # it counts up to its total
+    for done, total, message, tab_text, bar_text, times in counted:
+        # the tab and the status bar read the same count (the status bar's), with a clock ...
+        assert tab_text.startswith(f"{done}/{total} · ") and bar_text == f"{done}/{total}"
+        assert "elapsed" in tab_text and "elapsed" in times
+        # ... and the message names the step without a second, different counter
+        assert "/" not in message.split(":")[-1], message
+    assert not tab.progress.isVisible()  # gone with the job
+
+
+def test_the_job_clock_counts_up_and_the_eta_down_between_reports():
+    assert job_times_text(3.0, None, 0.0) == "3.0 s elapsed"
+    assert job_times_text(12.0, 30.0, 0.0) == "12 s elapsed · ETA 30 s"
+    # 5 s after that report: 5 s more elapsed, 5 s less to go; never below zero
+    assert job_times_text(17.0, 30.0, 5.0) == "17 s elapsed · ETA 25 s"
+    assert job_times_text(60.0, 30.0, 48.0).endswith("ETA 0.0 s")
+
+
+def test_the_unit_column_fits_its_names_beside_the_chart(controller, qtbot):
+    from PySide6.QtCore import Qt as QtNames
+
+    from workbench.analysis.results import SensitivityResult, UnitResult
+    from workbench.app.sensitivity_tab import UNIT_COLUMN_MAX_PX
+
+    names = ["bert.encoder.layer.10.attention.self.query", "bert.encoder.layer.1.attention.output.dense",
+             "classifier"]
+    units = [UnitResult(name, [f"{name}._input_quantizer"], 30.0 - i, 1.0 - i, -5.0, rank=i + 1)
+             for i, name in enumerate(names)]
+    result = SensitivityResult("one-off", {"name": "sqnr", "direction": "higher"}, math.inf, 25.0, units, 1, 0.1)
+    tab = make_tab(controller, qtbot)
+    tab.show_result(result)
+    metrics = tab.table.fontMetrics()
+    widest = max(metrics.horizontalAdvance(name) for name in names)
+    # the names read whole: the column is as wide as the longest one, not what the number columns leave over
+    assert tab.table.columnWidth(0) >= widest
+    header = tab.table.horizontalHeader()
+    shown = sum(header.sectionSize(c) for c in range(5) if not header.isSectionHidden(c))
+    assert shown <= tab.table.viewport().width() + 1  # and every column fits beside the chart
+    assert tab.chart.width() > 200
+    assert tab.table_model.item(0, 0).toolTip().startswith(names[0] + "\n")  # the full path in the tooltip
+
+    # a name longer than the limit: the column stops there and the name is elided at its front
+    long_name = ".".join(["very_long_module_name"] * 12 + ["query"])
+    units.append(UnitResult(long_name, [], 1.0, 0.0, -9.0, rank=4))
+    tab.show_result(SensitivityResult("one-off", {"name": "sqnr", "direction": "higher"}, math.inf, 25.0, units,
+                                      1, 0.1))
+    assert tab.table.columnWidth(0) <= UNIT_COLUMN_MAX_PX < metrics.horizontalAdvance(long_name)
+    shown = sum(header.sectionSize(c) for c in range(5) if not header.isSectionHidden(c))
+    assert shown <= tab.table.viewport().width() + 1
+    assert tab.table.textElideMode() == QtNames.TextElideMode.ElideLeft
+
+    # a narrow tab (a wide Model dock beside it): the table takes its share, every column still fits (no
+    # horizontal scroll that would hide the names when a row is selected), the names elided at the front
+    tab.resize(700, 800)
+    qtbot.waitUntil(lambda: tab.width() == 700)
+    shown = sum(header.sectionSize(c) for c in range(5) if not header.isSectionHidden(c))
+    assert shown <= tab.table.viewport().width() + 1
+    qtbot.waitUntil(lambda: tab.table.horizontalScrollBar().maximum() == 0, timeout=3000)  # once laid out
+    assert 120 <= tab.table.columnWidth(0) < UNIT_COLUMN_MAX_PX
+    tab.table.selectRow(3)
+    assert tab.table.horizontalScrollBar().value() == 0
+    row = next(r for r in range(4) if tab.table_model.item(r, 0).data(QtNames.ItemDataRole.UserRole) == long_name)
+    assert tab.table_model.item(row, 0).toolTip().startswith(long_name + "\n")

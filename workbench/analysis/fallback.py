@@ -4,12 +4,18 @@ Greedy, in sensitivity order, as a deployment engineer does by hand: starting fr
 quantized, leave the most sensitive unit in float, re-measure, then the next, until the metric is
 within a tolerance of FP32 (or reaches a target) or the budget of units is spent. Every step is
 measured, not predicted from the ranking, so interactions between layers are accounted for.
+
+Fusion-aware (given the layers' model order): a quantized layer left alone between two layers the search put
+in float runs INT8 between float kernels, and TensorRT pays a reformat on each side of it
+(:func:`~workbench.quant.format_rules.isolated_layers`, the lint's ``isolated_quantized_layer``). After the
+search each such layer is tried in float as well; it joins the chosen set when the goal is still met (measured),
+and a note says so, or why it stays.
 """
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -21,8 +27,10 @@ from workbench.analysis.metrics import Direction, Metric, get_metric
 from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, SensitivityResult
 from workbench.analysis.sensitivity import measure_baselines, run_profile
 from workbench.analysis.units import Unit, UnitsSpec, find_units, quantizers_of, resolve_units
+from workbench.export.naming import layer_of_quantizer
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.distributed import SINGLE, DistContext
+from workbench.quant.format_rules import isolated_layers
 from workbench.quant.snapshot import ModelSnapshot
 
 __all__ = ["fallback_search", "apply_fallback", "units_from_names"]
@@ -64,7 +72,9 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                     scheme: str = "one-off", units: UnitsSpec = None, direction: Direction | None = None,
                     apply: bool = False, num_batches: int | None = None, progress: ProgressCallback | None = None,
                     cancel: CancelToken | None = None, cache: bool = True,
-                    context: DistContext | None = None, output: str | None = None) -> FallbackResult:
+                    context: DistContext | None = None, output: str | None = None,
+                    layer_order: Sequence[str] | None = None,
+                    precisions: Mapping[str, str] | None = None) -> FallbackResult:
     """Find the most sensitive units to leave in float until the metric is within ``tolerance`` of FP32.
 
     Starting from the model as configured (all quantized), the units are left in float one at a time
@@ -90,6 +100,11 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
             candidate sets at once (the next 1, 2, ... units in float), one per rank; the first
             that meets the goal ends the search. The result equals the one-process result (the
             sets measured past the answer are dropped); every rank returns it.
+        layer_order: the quantizable layers in model order; given, the search is fusion-aware (see the
+            module's docstring): a layer the chosen set would leave quantized alone between float layers is
+            left in float too when the goal still holds. None: the plain greedy search.
+        precisions: each layer's precision now ("int8", "fp8", "float", ...; a layer missing counts as
+            int8), for the fusion check: a layer already in float is a float neighbour.
 
     Returns:
         A :class:`FallbackResult` with the chosen units and the curve of metric against units in float.
@@ -128,6 +143,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
 
     curve: list[FallbackPoint] = []
     chosen: list[Unit] = []
+    fused_notes: list[str] = []
     profile: SensitivityResult | None = None
     fp32 = quantized = math.nan
 
@@ -175,6 +191,9 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                     report_progress(progress, done, total, f"fallback: {size} in float, last {order[size - 1].name}")
                     if within(measured):  # the sets measured past this one are not needed
                         break
+            if layer_order is not None and within(curve[-1].value):
+                fused_notes = _float_isolated(evaluator, order, chosen, curve, within, layer_order,
+                                              precisions or {}, model)
         except AnalysisCancelled as cancelled:
             if cancelled.partial is not None and profile is None:
                 profile = cancelled.partial
@@ -183,6 +202,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
     outcome = result(complete=True)
     if goal.note:
         outcome.notes.append(goal.note)
+    outcome.notes += fused_notes
     if not outcome.reached:
         outcome.notes.append(f"stopped after {len(chosen)} of {candidates} units"
                              + (f" (max_units={max_units})" if max_units is not None and limit < candidates else "")
@@ -192,6 +212,41 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
         outcome.applied = True
     report_progress(progress, total, total, outcome.summary())
     return outcome
+
+
+def _layers_of(unit: Unit) -> list[str]:
+    return list(dict.fromkeys(layer_of_quantizer(q)[0] for q in unit.quantizers))
+
+
+def _float_isolated(evaluator: Evaluator, order: list[Unit], chosen: list[Unit], curve: list[FallbackPoint],
+                    within, layer_order: Sequence[str], precisions: Mapping[str, str], model: nn.Module) -> list[str]:
+    """Leave in float, too, each quantized layer that ``chosen`` leaves alone between float layers, where the goal
+    still holds with it in float (measured); ``chosen`` and ``curve`` grow. Returns the notes saying what was
+    done, or why a layer stays isolated."""
+    mix = {layer: precisions.get(layer, "int8") for layer in layer_order}
+    for unit in chosen:
+        mix.update({layer: "float" for layer in _layers_of(unit) if layer in mix})
+    units = {layer: unit for unit in order for layer in _layers_of(unit)}
+    notes = []
+    for layer, precision, before, after in isolated_layers(layer_order, mix):
+        unit = units.get(layer)
+        if unit is None:
+            try:
+                unit = units_from_names(model, [layer])[0]
+            except (ValueError, IndexError):
+                continue
+        evaluator.configure("quantized", off=[q for u in chosen + [unit] for q in evaluator.quantizer_objects(u)])
+        value = evaluator.measure("fallback", unit.name)
+        alone = (f"{layer} would run {precision} alone between float layers {before} and {after} (TensorRT adds a "
+                 "reformat on each side; the lint's isolated_quantized_layer)")
+        if within(value):
+            chosen.append(unit)
+            curve.append(FallbackPoint(len(chosen), unit.name, value))
+            mix.update({name: "float" for name in _layers_of(unit) if name in mix})
+            notes.append(f"also left in float: {alone}; the goal still holds ({value:.4g})")
+        else:
+            notes.append(f"{alone}: in float too the goal is missed ({value:.4g}), so it stays {precision}")
+    return notes
 
 
 def apply_fallback(model: nn.Module, units: FallbackResult | Iterable[str | Unit]) -> list[str]:

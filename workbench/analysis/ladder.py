@@ -17,6 +17,11 @@ grid suits); one that does not is undone and shows in the curve as not kept.
 A unit on a rung runs with the quantizers that rung gives it (``rung_of``: the model's own where the layer is
 in that precision already, else those of a model calibrated in it); on ``float`` its quantizers are off.
 The model is given back as it was.
+
+Fusion-aware (given the layers' model order): after the climb, a quantized layer left alone between float
+layers is tried in float, and a layer in a format other than both its neighbours' shared one (FP8 between two
+INT8 layers) is tried in theirs (:mod:`workbench.quant.format_rules`, the lint's rules): each move is measured
+and kept when the goal still holds, and the notes say what moved, or why a layer stays.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from workbench.analysis.units import Unit, resolve_units
 from workbench.export.naming import layer_of_quantizer
 from workbench.quant.calibrate import CancelToken, ProgressCallback
 from workbench.quant.distributed import SINGLE
+from workbench.quant.format_rules import isolated_layers, reformat_boundaries
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.precision import Precision, parse_precision, weight_bytes
 from workbench.quant.snapshot import ModelSnapshot
@@ -244,7 +250,8 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
                   tolerance: float | None = None, budget_bytes: int | None = None,
                   ranking: SensitivityResult | None = None, units: Any = None, num_batches: int | None = None,
                   progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-                  output: str | None = None, block_sizes: Mapping[str, int] | None = None) -> LadderResult:
+                  output: str | None = None, block_sizes: Mapping[str, int] | None = None,
+                  layer_order: Sequence[str] | None = None) -> LadderResult:
     """Choose a precision per unit from ``ladder`` (cheapest first) for a goal: ``target``/``tolerance``
     (the cheapest mix that reaches it) or ``budget_bytes`` (the best metric whose weights fit; with a
     ``target`` too, the search stops once it is reached). A tolerance where FP32 is infinite (SQNR) counts
@@ -257,6 +264,8 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
         ranking: the order to promote units in (most sensitive first); None: a one-off profile first.
         units: as for :func:`~workbench.analysis.sensitivity` (layers by default).
         block_sizes: each int4w layer's block size, for the weight bytes.
+        layer_order: the layers in model order; given, the mix found is made fusion-friendly where the goal
+            allows (see the module's docstring). None: no such pass.
 
     Returns:
         A :class:`LadderResult`: the mix chosen, its value and weight bytes, and every step tried.
@@ -292,6 +301,7 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
     order: list[Unit] = []
     state: _Mix | None = None
     skipped: list[str] = []
+    fusion_notes: list[str] = []
 
     def within(value: float) -> bool:
         if tolerance is not None:
@@ -370,7 +380,17 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
             report_progress(progress, done, total, f"all on the first rung: {start:.4g}")
             _climb(state, order, evaluator, steps, within, better, current_mix, mix_bytes, budget_bytes, progress,
                    done, total, stop=budget_bytes is None or target is not None or tolerance is not None)
+            if layer_order is not None:
+                kept = [s for s in steps if s.kept]
+
+                def holds(value: float, best: float = kept[-1].value) -> bool:
+                    # a goal to reach: still reached; a budget alone: no worse than the mix found
+                    return within(value) if target is not None or tolerance is not None else not better(best, value)
+
+                fusion_notes = _fusion_moves(state, order, evaluator, steps, holds, current_mix, mix_bytes,
+                                             budget_bytes, layer_order)
             outcome = result(complete=True)
+            outcome.notes += fusion_notes
         except AnalysisCancelled as cancelled:
             cancelled.partial = result(complete=False) if steps else None
             raise
@@ -390,6 +410,48 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
         outcome.notes.append("every unit reached the last rung without meeting the goal")
     report_progress(progress, total, total, outcome.summary())
     return outcome
+
+
+def _fusion_moves(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: list[LadderStep],
+                  holds: Callable[[float], bool], current_mix, mix_bytes, budget: int | None,
+                  layer_order: Sequence[str]) -> list[str]:
+    """Move each layer TensorRT would not fuse with its neighbours to their format where the goal still holds:
+    an isolated quantized layer to float, a format switch to the neighbours' format. Each move is measured
+    (a step of the curve); one that misses the goal or the budget is undone. Returns notes on every case."""
+    unit_of = {layer_of_quantizer(q)[0]: unit for unit in order for q in unit.quantizers}
+
+    def words() -> dict[str, str]:
+        return {k: (v.value if v is not None else "custom") for k, v in current_mix().items()}
+
+    cases = [(layer, Precision.FLOAT, f"{layer} would run {precision} alone between float layers {before} and "
+                                      f"{after} (a reformat on each side)")
+             for layer, precision, before, after in isolated_layers(layer_order, words())]
+    cases += [(layer, Precision(around), f"{layer} would run {precision} between two {around} layers ({where}), a "
+                                         "format switch TensorRT does not fuse")
+              for layer, precision, around, where in reformat_boundaries(layer_order, words())]
+    notes = []
+    for layer, precision, why in cases:
+        unit = unit_of.get(layer)
+        level = state.ladder.index(precision) if precision in state.ladder else None
+        if unit is None or level is None or not state.available(unit, level):
+            notes.append(f"{why}: {precision.value} is not a rung it can take here, so it stays")
+            continue
+        previous = state.level[unit.name]
+        state.set(unit, level)
+        size = mix_bytes(current_mix())
+        if budget is not None and size > budget:
+            state.set(unit, previous)
+            notes.append(f"{why}: in {precision.value} it would not fit the budget, so it stays")
+            continue
+        value = evaluator.measure("ladder", unit.name)
+        kept = holds(value)
+        steps.append(LadderStep(unit.name, precision.value, value, size, kept))
+        if kept:
+            notes.append(f"moved to {precision.value}: {why}; the goal still holds ({value:.4g})")
+        else:
+            state.set(unit, previous)
+            notes.append(f"{why}: in {precision.value} the goal is missed ({value:.4g}), so it stays")
+    return notes
 
 
 def _climb(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: list[LadderStep], within, better,

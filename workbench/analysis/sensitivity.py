@@ -252,7 +252,7 @@ def _measure_units(evaluator: Evaluator, units: list[Unit], scheme: str, base: s
             toggle(unit)
             values[i] = evaluator.measure(scheme, unit.name)
             done += 1
-            report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
+            report_progress(progress, done, total, f"{scheme}: {unit.name}")
     else:
         # units in execution order, so that each batch's cached state only ever moves forward
         states = [plan.start(*evaluator.fresh_inputs(b)) for b in range(len(evaluator.inputs))]
@@ -270,5 +270,5 @@ def _measure_units(evaluator: Evaluator, units: list[Unit], scheme: str, base: s
             toggle(unit)
             values[i] = evaluator.measure(scheme, unit.name, run_batch=lambda b: plan.finish(states[b]))
             done += 1
-            report_progress(progress, done, total, f"{scheme}: {unit.name} ({len(values)}/{len(units)})")
+            report_progress(progress, done, total, f"{scheme}: {unit.name}")
 

@@ -8,8 +8,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["format_number", "format_delta", "format_size", "format_seconds", "format_shape",
-           "elide_name"]
+__all__ = ["format_number", "format_delta", "format_size", "format_seconds", "job_count_text", "job_times_text",
+           "format_shape", "elide_name"]
 
 
 def format_number(value: Any, digits: int = 4, *, spec: str | None = None, missing: str = "n/a") -> str:
@@ -60,6 +60,25 @@ def format_seconds(seconds: float) -> str:
         return f"{minutes} min {seconds:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def job_count_text(done: int, total: int) -> str:
+    """A job's count as every progress display shows it: ``7/26``; empty for one step or an unknown count
+    (a moving busy bar then, never a ``0/1`` that looks stuck)."""
+    return f"{done}/{total}" if total > 1 else ""
+
+
+def job_times_text(elapsed_s: float, eta_at_report_s: float | None, since_report_s: float) -> str:
+    """A job's clock as every progress display shows it: ``12 s elapsed · ETA 30 s``.
+
+    ``eta_at_report_s`` is the ETA of the last progress report (None: not known yet), ``since_report_s`` the
+    time since that report: the ETA counts down between reports as the elapsed time counts up, so two
+    displays of the same job read the same numbers.
+    """
+    text = f"{format_seconds(elapsed_s)} elapsed"
+    if eta_at_report_s is not None:
+        text += f" · ETA {format_seconds(max(0.0, eta_at_report_s - since_report_s))}"
+    return text
 
 
 def format_shape(shape: Sequence[int] | None) -> str:

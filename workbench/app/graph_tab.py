@@ -17,6 +17,14 @@ a daemon thread in this process) and shown:
 QtWebEngine is imported lazily, so the app starts (and this tab works in browser mode) without it.
 The netron server (:mod:`workbench.app.netron_server`) is stopped when another file is shown and when
 the tab goes away; the local-only browser pieces are :mod:`workbench.app.webengine`.
+
+Selection is linked both ways (:mod:`workbench.app.graph_selection`): the controller's selection (the tree's)
+selects and reveals the layers' nodes in netron, and a click on a node emits ``node_clicked`` with the names
+netron selected (the main window selects their module in the tree).
+
+A file given while the tab is hidden is loaded at once in a view parked as a 1x1 child of the window: Chromium
+draws the graph in the background, and the window takes the GPU surface QtWebEngine needs then, rather than
+blacking out for a second on the first switch to the tab. The view moves into the tab when it is shown.
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
+from workbench.app.graph_selection import INSTALL_JS, NODES_JS, SELECTED_JS, clicked_names, nodes_of_layers, select_js
 from workbench.app.netron_server import (
     NETRON_MAX_AGE_DAYS,
     NetronServer,
@@ -68,6 +77,11 @@ __all__ = ["GraphTab", "NetronServer", "prepare_application", "webengine_status"
            "NETRON_MAX_AGE_DAYS"]
 
 LOAD_TIMEOUT_S = 30.0
+# A graph to show while the tab is hidden is drawn in the background this long after the window is up (the
+# window paints first, a project opens at full speed), so that the first switch to the tab finds it drawn.
+# Off (False) nothing starts Chromium before the tab is opened; the GUI tests turn it off but in the test of it.
+PRELOAD = True
+PRELOAD_DELAY_MS = 1000
 POLL_INTERVAL_MS = 300
 
 # What netron's page shows, read from its DOM: the body's class says which screen is up
@@ -104,6 +118,8 @@ class GraphTab(QWidget):
     """
 
     state_changed = Signal(str, str)
+    node_clicked = Signal(list)  # the ONNX node names selected by a click in netron
+    graph_selection_changed = Signal(list)  # the node names selected in netron, by the app or by a click
 
     def __init__(self, controller: Controller, parent: QWidget | None = None, *, embed: bool | None = None) -> None:
         super().__init__(parent)
@@ -124,6 +140,9 @@ class GraphTab(QWidget):
         self._load_started = 0.0
         self._pending_load = False
         self._preview_dir: Path | None = None
+        self.graph_nodes: list[str] = []  # the ONNX node names netron drew (once the graph is up)
+        self.graph_selection: list[str] = []  # the node names selected in netron, as last known
+        self._from_graph = False  # a click is being passed to the tree: its echo must not reselect
         self._poll = QTimer(self)
         self._poll.setInterval(POLL_INTERVAL_MS)
         self._poll.timeout.connect(self._check_page)
@@ -137,6 +156,7 @@ class GraphTab(QWidget):
         controller.session_changed.connect(self._on_session_changed)
         controller.export_finished.connect(self._on_export_finished)
         controller.busy_changed.connect(self._busy_changed)
+        controller.selection_changed.connect(self._selection_from_controller)
         for signal in (controller.layers_changed, controller.calibration_changed, controller.settings_changed):
             signal.connect(self.update_freshness)
         self._on_session_changed()
@@ -225,10 +245,10 @@ class GraphTab(QWidget):
                                                              "(the app stays offline; open it in a browser)"))
             self._page.loadFinished.connect(self._load_finished)
             self._page.renderProcessTerminated.connect(self._renderer_died)
+            self._page.console_message.connect(self._console_message)
             settings = self._page.settings()
             settings.setAttribute(QWebEngineSettings.WebAttribute.LocalContentCanAccessRemoteUrls, False)
             self.view.setPage(self._page)
-            self.stack.addWidget(self.view)
         except Exception as error:  # noqa: BLE001 - a broken QtWebEngine: fall back to the browser
             self._drop_view()
             self.embedded = False
@@ -263,11 +283,27 @@ class GraphTab(QWidget):
             self._show_browser_mode()
             return True
         self._pending_load = True
+        self.graph_nodes, self.graph_selection = [], []
         if self.isVisible():
             self._load()
         else:
-            self._set_state("loading", "")  # QtWebEngine starts when the tab is first shown
+            self._set_state("loading", "")  # QtWebEngine starts when the tab is first shown, or on preload
+            self.preload_soon()
         return True
+
+    def _window_shown(self) -> bool:
+        host = self.window()
+        return host is not self and host.isVisible()
+
+    def _parked(self) -> bool:
+        """Whether the view exists but sits outside the tab (drawn in the background, tab not opened yet)."""
+        return self.view is not None and self.stack.indexOf(self.view) < 0
+
+    def preload_soon(self) -> None:
+        """Draw the graph waiting to be shown in the background, :data:`PRELOAD_DELAY_MS` from now (see
+        :meth:`warm_up`); the main window calls it when shown, :meth:`show_file` when given a file."""
+        if PRELOAD and self._pending_load and self._window_shown() and (self.view is None or self._parked()):
+            QTimer.singleShot(PRELOAD_DELAY_MS, self, self.warm_up)
 
     def _load(self) -> None:
         self._pending_load = False
@@ -278,16 +314,44 @@ class GraphTab(QWidget):
             return
         origin = QUrl(self.url)
         self.profile.cookieStore().setCookie(consent_cookie(origin), origin)
-        self.stack.setCurrentWidget(self.view)
+        self._place_view()
         self._set_state("loading", "")
         self._load_started = time.monotonic()
         self._page.load(QUrl(self.url))
         self._poll.start()
 
+    def _place_view(self) -> None:
+        """The view in the tab when the tab is shown; else parked, 1x1 and behind everything, in the window."""
+        if self.view is None:
+            return
+        if self.isVisible():
+            if self.stack.indexOf(self.view) < 0:
+                self.stack.addWidget(self.view)
+            self.stack.setCurrentWidget(self.view)
+        elif self.stack.indexOf(self.view) < 0 and self.view.parentWidget() is not self.window():
+            self.view.setParent(self.window())
+            self.view.setGeometry(0, 0, 1, 1)
+            self.view.lower()
+            self.view.show()
+
     def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)
         if self._pending_load:
             QTimer.singleShot(0, self._load)
+        elif self.view is not None and self.stack.indexOf(self.view) < 0 and self.page_state != "empty":
+            self._place_view()  # a graph loaded in the background: shown now, already drawn
+
+    def warm_up(self) -> None:
+        """Start a pending load while the tab is hidden, in a view parked in the window, so that the graph is
+        drawn (and the window has the GPU surface QtWebEngine needs) before the tab is first opened.
+
+        Only before the tab was ever opened: afterwards the view lives in the tab and a hidden tab loads when
+        shown again. Nothing happens with :data:`PRELOAD` off, with no file to show, or with the window hidden.
+        """
+        if not (PRELOAD and self._pending_load and self._window_shown()):
+            return
+        if self.isVisible() or self.view is None or self._parked():
+            self._load()
 
     def reload(self) -> None:
         if self.path is not None:
@@ -299,6 +363,7 @@ class GraphTab(QWidget):
         self._load_id += 1
         self.server.stop()
         self._pending_load = False
+        self.graph_nodes, self.graph_selection = [], []
         if self._page is not None:
             self._page.setHtml("")
         self.file_label.setText("No ONNX file")
@@ -381,9 +446,92 @@ class GraphTab(QWidget):
         if state in ("graph", "expired", "error"):
             self._poll.stop()
             self._set_state(state, str(info.get("message", "")))
+            if state == "graph":
+                self._install_selection()
         elif state == "consent" and self.page_state != "consent":
             # the cookie did not take: the user may accept netron's banner; its analytics stay blocked
             self._set_state("consent", str(info.get("message", "")))
+
+    # ----- selection linked with the tree ------------------------------------------------------------
+
+    def _install_selection(self, attempt: int = 0) -> None:
+        """Hook netron's page (click reports, selecting by name), then show the controller's selection.
+
+        netron sets its view's target a moment after the page shows the graph: until the helper finds a drawn
+        node, it is tried again every poll interval, up to the load timeout.
+        """
+        if self._page is None:
+            return
+        load_id = self._load_id
+        tab = weakref.ref(self)
+
+        def installed(count: Any) -> None:
+            me = tab()
+            if me is None or me._page is None or me._load_id != load_id:
+                return
+            if isinstance(count, (int, float)) and count > 0:
+                me._page.runJavaScript(NODES_JS, 0, lambda result: me_nodes_read(result))
+            elif attempt * POLL_INTERVAL_MS < LOAD_TIMEOUT_S * 1000:
+                QTimer.singleShot(POLL_INTERVAL_MS, me, lambda: me_install(attempt + 1))
+
+        def me_nodes_read(result: Any) -> None:
+            me = tab()
+            if me is not None:
+                me._nodes_read(result, load_id)
+
+        def me_install(next_attempt: int) -> None:
+            me = tab()
+            if me is not None and me._load_id == load_id:
+                me._install_selection(next_attempt)
+
+        self._page.runJavaScript(INSTALL_JS, 0, installed)
+
+    def _nodes_read(self, result: Any, load_id: int) -> None:
+        if load_id != self._load_id:
+            return
+        try:
+            names = json.loads(result) if isinstance(result, str) else []
+        except ValueError:
+            names = []
+        self.graph_nodes = [str(name) for name in names]
+        if self.controller.selection:
+            self.select_layers(self.controller.selection)
+
+    def select_layers(self, layers: list[str]) -> list[str]:
+        """Select (and scroll to) the nodes of ``layers`` in netron; returns their names (none: selection cleared)."""
+        names = nodes_of_layers(self.graph_nodes, layers)
+        if self._page is not None and self.graph_nodes and self.page_state == "graph":
+            self._page.runJavaScript(select_js(names))
+            self._set_graph_selection(names)
+        return names
+
+    def _selection_from_controller(self, layers: list[str]) -> None:
+        if not self._from_graph:
+            self.select_layers(list(layers))
+
+    def _console_message(self, message: str) -> None:
+        names = clicked_names(message)
+        if names is None:
+            return
+        self._set_graph_selection(names)
+        self._from_graph = True
+        try:
+            self.node_clicked.emit(names)
+        finally:
+            self._from_graph = False
+
+    def _set_graph_selection(self, names: list[str]) -> None:
+        if names != self.graph_selection:
+            self.graph_selection = list(names)
+            self.graph_selection_changed.emit(list(names))
+
+    def read_graph_selection(self, callback: Any) -> None:
+        """Ask the page which nodes netron shows selected; ``callback(names)`` gets them (tests, screenshots)."""
+        if self._page is None:
+            callback([])
+            return
+        self._page.runJavaScript(SELECTED_JS, 0, lambda result: callback(json.loads(result) if
+                                                                          isinstance(result, str) else []))
 
     def _renderer_died(self, status: Any, code: int) -> None:
         if self._page is None:
@@ -508,11 +656,13 @@ class GraphTab(QWidget):
             try:
                 page.loadFinished.disconnect(self._load_finished)
                 page.renderProcessTerminated.disconnect(self._renderer_died)
+                page.console_message.disconnect(self._console_message)
             except (RuntimeError, TypeError):
                 pass
         if view is not None:
             import shiboken6
-            self.stack.removeWidget(view)
+            if self.stack.indexOf(view) >= 0:
+                self.stack.removeWidget(view)
             if page is not None and shiboken6.isValid(page):
                 shiboken6.delete(page)
             if shiboken6.isValid(view):

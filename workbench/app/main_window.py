@@ -25,6 +25,7 @@ from workbench.app.device_selector import DeviceSelector
 from workbench.app.dialogs import ErrorDialog
 from workbench.app.engine_panel import EnginePanel
 from workbench.app.finetune_tab import FinetuneTab
+from workbench.app.graph_selection import tree_row_of_node
 from workbench.app.graph_tab import GraphTab
 from workbench.app.layer_panel import LayerPanel
 from workbench.app.menus import APP_NAME, MAX_RECENT, RecentMenu, build_actions, build_menus, build_toolbar
@@ -139,6 +140,9 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         c.disk.changed.connect(self.offer_reload)
         c.jobs.finished.connect(self._job_finished)
         c.jobs.cancelled.connect(lambda name, _e: self.statusBar().showMessage(f"{name} cancelled", 5000))
+        graph = self.extra_tabs.get("Graph")
+        if isinstance(graph, GraphTab):
+            graph.node_clicked.connect(self._graph_node_clicked)
 
     def _restore_layout(self) -> None:
         geometry = self.settings.value("window/geometry")
@@ -154,6 +158,18 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             # first run: dock sizes only count once the window has its size (not in the constructor)
             self._sized = True
             QTimer.singleShot(0, self._default_dock_sizes)
+        graph = self.extra_tabs.get("Graph")
+        if isinstance(graph, GraphTab):
+            graph.preload_soon()  # a project's export is drawn in the background, not on the first switch
+
+    def _graph_node_clicked(self, node_names: list[str]) -> None:
+        """A node clicked in netron: its module (or the nearest one the tree shows) is selected in the tree."""
+        for node in node_names:
+            row = tree_row_of_node(node, self.tree.has_row)
+            if row is not None:
+                self.tree.select_row(row)
+                return
+        self.statusBar().showMessage(f"{node_names[0]} belongs to no module of the tree" if node_names else "", 5000)
 
     def _widen_tree_dock(self, width: int) -> None:
         """A model whose columns need more room widens the tree's dock, up to 60% of the window (the layer panel

@@ -12,11 +12,12 @@ top) beside a sortable table; "leave the worst N in float"; below them the fallb
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QItemSelection, QItemSelectionModel, QPointF, Qt, Slot
+from PySide6.QtCore import QItemSelection, QItemSelectionModel, QPointF, Qt, QTimer, Slot
 from PySide6.QtGui import QCursor, QFontMetrics, QPalette, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -38,7 +39,7 @@ from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_labels
 from workbench.analysis.results import SensitivityResult, UnitResult
 from workbench.app.controller import Controller
 from workbench.app.fallback_panel import FallbackPanel
-from workbench.app.formatting import elide_name, format_delta, format_number
+from workbench.app.formatting import elide_name, format_delta, format_number, job_count_text, job_times_text
 from workbench.app.plot_style import style_plot
 from workbench.app.sensitivity_bars import (
     FLOAT,
@@ -62,6 +63,9 @@ JOB_NAMES = ("Sensitivity analysis", "Fallback search")
 VISIBLE_BARS = 30          # rows the chart shows at once; the wheel scrolls through the rest
 VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay readable
 LABEL_WIDTH_PX = 220       # unit names longer than this are elided at the front, keeping the block index
+UNIT_COLUMN_MAX_PX = 460   # the table's Unit column: sized to its names up to this, then elided at the front
+UNIT_COLUMN_MIN_PX = 120   # ... and never narrower than this in a narrow tab
+TABLE_SHARE_MAX = 0.6      # the table takes the room its columns need beside the chart, up to this share
 
 class SensitivityTab(QWidget):
     """Sensitivity analysis and fallback search over the controller.
@@ -88,6 +92,7 @@ class SensitivityTab(QWidget):
         controller.selection_changed.connect(self._follow_selection)
         controller.layers_changed.connect(self._decisions_changed)
         controller.busy_changed.connect(self._busy_changed)
+        controller.jobs.started.connect(self._job_started)
         controller.jobs.progress.connect(self._job_progress)
         self._on_session_changed()
 
@@ -117,10 +122,17 @@ class SensitivityTab(QWidget):
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.clicked.connect(self.controller.cancel_job)
         self.cancel_button.setEnabled(False)
+        # the job's one count and clock, as the status bar shows them (one formula, one reading)
         self.progress = QProgressBar()
-        self.progress.setMaximumWidth(180)
+        self.progress.setMinimumWidth(QFontMetrics(self.font()).horizontalAdvance(
+            "888/888 · 88 min 88 s elapsed · ETA 88 min 88 s") + 24)
         self.progress.setTextVisible(True)
         self.progress.hide()
+        self._job_clock = QTimer(self)
+        self._job_clock.setInterval(500)
+        self._job_clock.timeout.connect(self._show_job_progress)
+        self._job_started_at = time.monotonic()
+        self._last_progress: Any = None
         for label, widget in (("Scheme", self.scheme_box), ("Metric", self.metric_box),
                               ("Batches", self.batches_spin)):
             controls.addWidget(QLabel(label))
@@ -167,12 +179,21 @@ class SensitivityTab(QWidget):
         self.table.setAlternatingRowColors(True)
         self.table.setTextElideMode(Qt.TextElideMode.ElideLeft)  # a narrow Unit column keeps the layer's end
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for column in range(1, len(self.COLUMNS)):
+        # the Unit column sized to its names (_fit_table), not squeezed to what the number columns leave over
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        for column in range(1, len(self.COLUMNS) - 1):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        # the last (Rank) fills what is left: sized to its contents by _fit_table, stretched by the header
+        header.setSectionResizeMode(len(self.COLUMNS) - 1, QHeaderView.ResizeMode.Interactive)
+        header.setStretchLastSection(True)
         self.table.selectionModel().selectionChanged.connect(self._table_selection_changed)
         top.addWidget(self.table)
+        top.setStretchFactor(0, 1)  # a wider tab widens the chart; the table keeps what its columns need
+        top.setStretchFactor(1, 0)
         top.setSizes([600, 500])
+        self.chart_table_splitter = top
+        self._table_sized_by_user = False  # a splitter the user dragged stays where it was put
+        top.splitterMoved.connect(self._table_resized_by_user)
 
         chart_panel = QWidget()
         chart_layout = QVBoxLayout(chart_panel)
@@ -346,7 +367,50 @@ class SensitivityTab(QWidget):
             self.table_model.appendRow(table_row(unit, self._layers.get(unit.name, []), self._is_float(unit)))
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(column, order)
-        self.table.resizeColumnToContents(0)  # a few hundred units at most: the names read whole
+        self._fit_table()
+
+    def unit_column_width(self) -> int:
+        """The Unit column's width for the names shown: the widest, up to :data:`UNIT_COLUMN_MAX_PX` (longer
+        ones are elided at the front, keeping the layer's end; the tooltip has the full path)."""
+        metrics = self.table.fontMetrics()
+        padding = 2 * self.table.style().pixelMetric(self.table.style().PixelMetric.PM_FocusFrameHMargin) + 16
+        widest = max((metrics.horizontalAdvance(self.table_model.item(row, 0).text())
+                      for row in range(self.table_model.rowCount())), default=0)
+        least = self.table.horizontalHeader().fontMetrics().horizontalAdvance("Unit") + 24
+        return min(UNIT_COLUMN_MAX_PX, max(least, widest + padding))
+
+    def _fit_table(self) -> None:
+        """Give the table the room its columns need beside the chart (up to :data:`TABLE_SHARE_MAX` of the tab),
+        and the Unit column its names' width, or what is left in a narrow tab (never a horizontal scroll that
+        hides the names when a row is selected); the names are elided at the front."""
+        for column in range(1, len(self.COLUMNS)):
+            self.table.resizeColumnToContents(column)
+        header = self.table.horizontalHeader()
+        others = sum(header.sectionSize(c) for c in range(1, len(self.COLUMNS)) if not header.isSectionHidden(c))
+        chrome = self.table.verticalScrollBar().sizeHint().width() + 2 * self.table.frameWidth() + 6  # + grid
+        wanted = self.unit_column_width()
+        total = sum(self.chart_table_splitter.sizes())
+        if total <= 0:  # not laid out yet: showEvent fits it again
+            self.table.setColumnWidth(0, wanted)
+            return
+        table = min(wanted + others + chrome, int(total * TABLE_SHARE_MAX))
+        if not self._table_sized_by_user:
+            self.chart_table_splitter.setSizes([total - table, table])
+        else:
+            table = self.chart_table_splitter.sizes()[1]
+        self.table.setColumnWidth(0, max(UNIT_COLUMN_MIN_PX, min(wanted, table - others - chrome)))
+
+    def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        self._fit_table()  # a dock widened or narrowed beside the tab
+
+    def _table_resized_by_user(self, *_args: Any) -> None:
+        self._table_sized_by_user = True
+        self._fit_table()
+
+    def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        self._fit_table()  # the splitter has its real width only now
 
     # ----- selection ----------------------------------------------------------------------------
 
@@ -490,14 +554,41 @@ class SensitivityTab(QWidget):
         self.cancel_button.setEnabled(ours)
         self.progress.setVisible(ours)
         if not busy:
+            self._job_clock.stop()
             self.progress.reset()
+
+    def _job_started(self, name: str) -> None:
+        if name not in JOB_NAMES:
+            return
+        self._job_started_at = time.monotonic()
+        self._last_progress = None
+        self.progress.setRange(0, 0)  # a moving busy bar until the first report gives the count
+        self._job_clock.start()
+        self._show_job_progress()
 
     def _job_progress(self, progress: Any) -> None:
         if progress.name not in JOB_NAMES:
             return
+        self._last_progress = progress
         self.progress.setVisible(True)
-        self.progress.setRange(0, max(progress.total, 0))
-        self.progress.setValue(progress.done)
-        eta = f" · {progress.eta_s:.0f} s left" if progress.eta_s is not None else ""
-        self.progress.setFormat(f"%v/%m{eta}")
+        if progress.total > 1:
+            self.progress.setRange(0, progress.total)
+            self.progress.setValue(min(progress.done, progress.total))
+        else:
+            self.progress.setRange(0, 0)
         self.progress.setToolTip(progress.message)
+        self._show_job_progress()
+
+    def _show_job_progress(self) -> None:
+        """The count of the last report and the moving clock, in the words of the status bar."""
+        if not self.controller.busy or self.controller.jobs.job_name not in JOB_NAMES:
+            self._job_clock.stop()
+            return
+        progress = self._last_progress
+        elapsed = time.monotonic() - self._job_started_at
+        if progress is None:
+            count, times = "", job_times_text(elapsed, None, 0.0)
+        else:
+            count = job_count_text(progress.done, progress.total)
+            times = job_times_text(elapsed, progress.eta_s, elapsed - progress.elapsed_s)
+        self.progress.setFormat(f"{count} · {times}" if count else times)

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
-from workbench.app.formatting import format_seconds
+from workbench.app.formatting import job_count_text, job_times_text
 from workbench.app.jobs import JobProgress
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class JobStatus(QWidget):
         self.label.setText(name + "…")
         self.bar.setRange(0, 0)  # busy indicator until the first report gives a total
         self.bar.setFormat("")
-        self.eta.setText(f"{format_seconds(0.0)} elapsed")
+        self.eta.setText(job_times_text(0.0, None, 0.0))
         self.cancel_button.setEnabled(True)
         self.cancel_button.setText("Cancel")
         self.setVisible(True)
@@ -132,7 +132,7 @@ class JobStatus(QWidget):
         if progress.total > 1:
             self.bar.setRange(0, progress.total)
             self.bar.setValue(min(progress.done, progress.total))
-            self.bar.setFormat(f"{progress.done}/{progress.total}")
+            self.bar.setFormat(job_count_text(progress.done, progress.total))
         else:  # one step (or an unknown count): a moving busy bar, never a "0/1" that looks stuck
             self.bar.setRange(0, 0)
             self.bar.setFormat("")
@@ -141,12 +141,10 @@ class JobStatus(QWidget):
     def _show_times(self) -> None:
         progress = self.last
         elapsed = time.monotonic() - self.started_at
-        eta = ""
-        if progress is not None and progress.eta_s is not None:
-            # the ETA counts down from the last report, as the elapsed time counts up
-            left = max(0.0, progress.eta_s - (elapsed - progress.elapsed_s))
-            eta = f" · ETA {format_seconds(left)}"
-        self.eta.setText(f"{format_seconds(elapsed)} elapsed{eta}")
+        if progress is None:
+            self.eta.setText(job_times_text(elapsed, None, 0.0))
+        else:
+            self.eta.setText(job_times_text(elapsed, progress.eta_s, elapsed - progress.elapsed_s))
 
     def _tick(self) -> None:
         if self.isVisible():

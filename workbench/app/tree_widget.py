@@ -292,6 +292,18 @@ class ModelTreeWidget(QWidget):
             self._syncing = False
         self._emitted = list(names)
 
+    def select_row(self, name: str) -> bool:
+        """Select and reveal the row of module ``name`` (a layer or a container) as a click on it would:
+        the controller's selection becomes its layers. False when the tree has no such row."""
+        if self.model.node_of(name) is None:
+            return False
+        self.select_layers([name])
+        self._selection_from_view()
+        return True
+
+    def has_row(self, name: str) -> bool:
+        return self.model.node_of(name) is not None
+
     # ----- context menu -------------------------------------------------------------------------------
 
     def _make_actions(self) -> None:

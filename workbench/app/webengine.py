@@ -99,12 +99,16 @@ def webengine_classes() -> dict[str, type]:
         """Stays on the local netron page: links to outside sites do not navigate (they would be blocked)."""
 
         blocked_navigation = Signal(str)
+        console_message = Signal(str)  # what the page logs (the graph tab's selection reports come this way)
 
         def acceptNavigationRequest(self, url: QUrl, navigation_type: Any, is_main_frame: bool) -> bool:  # noqa: N802
             if is_local_url(url):
                 return True
             self.blocked_navigation.emit(url.toString())
             return False
+
+        def javaScriptConsoleMessage(self, level: Any, message: str, line: int, source: str) -> None:  # noqa: N802
+            self.console_message.emit(message)
 
     _CLASSES.update(interceptor=LocalOnlyInterceptor, page=LocalOnlyPage)
     return _CLASSES

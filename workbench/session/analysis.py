@@ -65,10 +65,14 @@ def fallback(model: nn.Module, batches: list, metric: Any, project: Project, *, 
     """Search the layers to leave in float; returns the search and the record to append to ``project``'s
     fallback searches (the caller applies it when asked)."""
     from workbench.analysis import fallback_search
+    from workbench.session.decisions import precisions
 
+    # fusion-aware: no INT8 layer left alone between float ones (the lint would flag it)
+    mix = {name: precision.value if precision is not None else "custom"
+           for name, precision in precisions(project, model).items()}
     result = fallback_search(model, batches, metric, tolerance=tolerance, target=target, max_units=max_units,
                              ranking=ranking, apply=False, progress=progress, cancel=cancel, output=output,
-                             context=context)
+                             context=context, layer_order=list(project.layers), precisions=mix)
     return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
 
 

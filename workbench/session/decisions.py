@@ -33,7 +33,7 @@ from workbench.session.errors import SessionError
 logger = logging.getLogger("workbench.session.core")  # the logger this warning always came from
 
 __all__ = ["synced_layers", "select", "ignore_preview", "ignored_layers", "set_quantize", "plan_descriptor",
-           "reset_descriptor", "descriptors", "plan_precision", "precisions", "mix_weight_bytes"]
+           "precision_groups", "reset_descriptor", "descriptors", "plan_precision", "precisions", "mix_weight_bytes"]
 
 
 def select(project: Project, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
@@ -118,7 +118,8 @@ def set_quantize(project: Project, names: Iterable[str], quantize: bool) -> list
 
 
 def plan_descriptor(project: Project, model: nn.Module, names: Iterable[str], role: str,
-                    fields: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+                    fields: dict[str, Any], defaults: DefaultDescriptors | None = None
+                    ) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
     """What changing descriptor fields of the ``role`` ("input" or "weight") quantizer of layers makes of their
     stored descriptors, changing nothing: ``({layer: new descriptor}, notes)`` for the layers it changes, the
     notes saying which of them only simulate in TensorRT.
@@ -127,6 +128,10 @@ def plan_descriptor(project: Project, model: nn.Module, names: Iterable[str], ro
     (:func:`~workbench.quant.tensorrt_rules.tensorrt_check`): a descriptor it cannot use raises
     SessionError with the reason. The layer's current descriptor (override, else the default ``model``
     was built with) is the starting point, so one call can change just ``num_bits``.
+
+    A descriptor edited back to the layer's default becomes None (no override: it reads and digests as
+    untouched); one edited back to its precision's default (``defaults``: the project's default descriptors)
+    becomes the override :func:`plan_precision` writes; setting the values a layer has is no change.
     """
     sim_only: dict[str, list[str]] = {}  # note -> layers
     if role not in ("input", "weight"):
@@ -156,9 +161,68 @@ def plan_descriptor(project: Project, model: nn.Module, names: Iterable[str], ro
             raise SessionError(f"{name}: {verdict.error}")
         if verdict.sim_only:
             sim_only.setdefault(verdict.sim_only, []).append(name)
-        if updated != current:
-            updates[name] = jsonable(updated)
+        override = getattr(project.layers[name], f"{role}_desc")
+        default = descriptor_of(role_quantizer(module, role)) if override is None else \
+            _class_default(defaults, module, role)
+        precision_default = _precision_default(project, defaults, name, module, role, updated) \
+            if defaults is not None else None
+        if default is not None and _same_fields(updated, default):
+            keep = None
+        elif override is not None and _same_fields(updated, override):
+            keep = override
+        elif precision_default is not None and _same_fields(updated, precision_default):
+            keep = precision_default  # as set_precision writes it
+        else:
+            keep = jsonable(updated)
+        if keep != override:
+            updates[name] = keep
     return updates, [f"{', '.join(layers)}: {note}" for note, layers in sim_only.items()]
+
+
+def _normal_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A descriptor's fields without those at QuantDescriptor's defaults, and without the name."""
+    made = jsonable(make_descriptor({k: v for k, v in fields.items() if k != "name"}).dict())
+    made.pop("name", None)
+    return made
+
+
+def _same_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two descriptors' fields make the same quantizer (defaults and the name do not count)."""
+    return _normal_fields(a) == _normal_fields(b)
+
+
+def _class_default(defaults: DefaultDescriptors | None, module: Any, role: str) -> dict[str, Any] | None:
+    """The descriptor a layer's ``role`` quantizer is built with when it has no override, as
+    :func:`~workbench.quant.replace.replace_to_quantization_module` picks it: the project's default, else
+    the quantized class's own. None where neither says (a functional layer): its default is not known then."""
+    descriptor = (defaults.descriptor(role) if defaults is not None else None) or \
+        getattr(type(module), f"default_quant_desc_{role}", None)
+    return None if descriptor is None else jsonable(descriptor.dict())
+
+
+def _precision_default(project: Project, defaults: DefaultDescriptors, name: str, module: Any, role: str,
+                       fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``role`` descriptor :func:`plan_precision` gives the layer in the precision ``fields`` make (its
+    other role as it is), from the project's defaults; None for float, custom descriptors or a precision that
+    does not apply."""
+    decision = project.layers[name]
+    quantizers = {r: role_quantizer(module, r) for r in ("input", "weight")}
+    pair = {r: (fields if r == role else getattr(decision, f"{r}_desc")
+                or (descriptor_of(q) if q is not None else None)) for r, q in quantizers.items()}
+    precision = precision_of(pair["input"] if quantizers["input"] is not None else None,
+                             pair["weight"] if quantizers["weight"] is not None else None, decision.quantize)
+    if precision is None or precision is Precision.FLOAT:
+        return None
+    try:
+        made = descriptors_for(precision, decision.type, has_weight=quantizers["weight"] is not None,
+                               weight_ndim=_weight_ndim(module),
+                               block_size=int((pair["weight"] or {}).get("block_size") or DEFAULT_BLOCK_SIZE),
+                               base_input=_fields_or(defaults.descriptor("input"), pair["input"]),
+                               base_weight=_fields_or(defaults.descriptor("weight"), pair["weight"]))
+    except (TypeError, ValueError):
+        return None
+    chosen = made[0] if role == "input" else made[1]
+    return None if chosen is None else jsonable(chosen)
 
 
 def reset_descriptor(project: Project, names: Iterable[str], role: str | None = None) -> list[str]:
@@ -307,3 +371,13 @@ def mix_weight_bytes(project: Project, model: nn.Module, mix: Mapping[str, Preci
     blocks = {name: int((project.layers[name].weight_desc or {}).get("block_size") or DEFAULT_BLOCK_SIZE)
               for name in mix}
     return weight_bytes(model, mix, block_size=blocks)
+
+
+def precision_groups(project: Project, precisions: Mapping[str, str]) -> dict[str, list[str]]:
+    """A mix (layer -> precision, a ladder's) as precision -> the project's layers to set to it, in the mix's order;
+    layers marked ``custom`` (their own descriptors) and names that are no layer of the project are left out."""
+    groups: dict[str, list[str]] = {}
+    for name, precision in precisions.items():
+        if precision != "custom" and name in project.layers:
+            groups.setdefault(precision, []).append(name)
+    return groups

@@ -118,6 +118,7 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
                 blocks[name] = weight_desc.get("block_size", DEFAULT_BLOCK_SIZE)
     result = ladder_search(model, batches, metric, ladder=rungs, rung_of=rung_source(models, in_rung),
                            precisions=dict(own), target=target, tolerance=tolerance, budget_bytes=budget_bytes,
-                           ranking=ranking, progress=progress, cancel=cancel, output=output, block_sizes=blocks)
+                           ranking=ranking, progress=progress, cancel=cancel, output=output, block_sizes=blocks,
+                           layer_order=list(project.layers))  # fusion-aware (the lint's rules)
     result.notes += mix_notes(list(project.layers), result.precisions)
     return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
