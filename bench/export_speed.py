@@ -8,9 +8,11 @@
    QuantizeLinear/DequantizeLinear), then ``onnx.checker`` and one onnxruntime run. Target <= 1.5x.
    Both are timed interleaved; each row is the median.
 2. Memory: peak resident memory of one export in a fresh process, over the fp32 model's size, for
-   models of several sizes (a stack of quantized Linear layers). Peak minus the process's memory
-   before the model was built (after a warm-up export of a tiny model, so that imports and the
-   exporter's caches are not counted); the model itself is part of it. Target <= 3x at every size.
+   models of several sizes (a stack of quantized Linear layers). Peak (the kernel's VmHWM, reset before
+   the model is built) minus the process's memory before the model was built (after a warm-up export of
+   a tiny model, so that imports and the exporter's caches are not counted); the model itself is part of
+   it. Target <= 3x at every size. The fixed overhead of an export (a second tiny model's peak) is shown
+   too, with (peak - fixed) / size: the part that grows with the model.
 
     python bench/export_speed.py [--repeats 3] [--sizes 40,160] [--skip-memory] [--device cpu|cuda]
 """
@@ -31,11 +33,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workbench.export import export_qdq_onnx
-from workbench.quant import replace_to_quantization_module
-from workbench.quant.calibrate import calibrate
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.sources.demo import resnet18_like
+# this checkout's workbench (the script's folder is first on the path, not the repository's root)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workbench.export import export_qdq_onnx  # noqa: E402
+from workbench.quant import replace_to_quantization_module  # noqa: E402
+from workbench.quant.calibrate import calibrate  # noqa: E402
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer  # noqa: E402
+from workbench.sources.demo import resnet18_like  # noqa: E402
 
 
 def quantized_resnet(device: torch.device) -> tuple[nn.Module, torch.Tensor]:
@@ -110,16 +115,44 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def reset_peak() -> None:
+    """Start the kernel's peak-RSS record (VmHWM) afresh at the current RSS (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+
+
+def tiny_export(folder: str, name: str) -> None:
+    warm = Stack(64, 1).eval()
+    replace_to_quantization_module(warm)
+    calibrate(warm, [torch.randn(2, 64)], num_batches=None, method="max", report_sqnr=False)
+    export_qdq_onnx(warm, torch.randn(2, 64), Path(folder) / name)
+
+
 def memory_child(megabytes: int) -> dict:
-    """Runs in a fresh process: build a model of about ``megabytes`` MB, export it, report the peak."""
+    """Runs in a fresh process: build a model of about ``megabytes`` MB, export it, report the peak.
+
+    First a tiny model is exported twice: the first run pays the imports and the exporter's caches (not
+    counted); the second one's peak over the memory before it is the fixed overhead of an export (tracing,
+    onnxruntime's session, buffers that do not grow with the model), reported so that the part that grows
+    with the model can be read apart from it."""
     torch.manual_seed(0)
     width = 2048
-    with tempfile.TemporaryDirectory() as folder:  # imports and the exporter's own caches: not the model's cost
-        warm = Stack(64, 1).eval()
-        replace_to_quantization_module(warm)
-        calibrate(warm, [torch.randn(2, 64)], num_batches=None, method="max", report_sqnr=False)
-        export_qdq_onnx(warm, torch.randn(2, 64), Path(folder) / "warm.onnx")
+    with tempfile.TemporaryDirectory() as folder:
+        tiny_export(folder, "warm.onnx")
+        before = rss_bytes()
+        reset_peak()
+        tiny_export(folder, "tiny.onnx")
+        fixed = peak_bytes() - before
     before = rss_bytes()
+    reset_peak()
     depth = max(1, round(megabytes * 2**20 / (4 * width * (width + 1))))
     with torch.no_grad():
         model = Stack(width, depth).eval()
@@ -131,8 +164,9 @@ def memory_child(megabytes: int) -> dict:
         start = time.perf_counter()
         report = export_qdq_onnx(model, sample, Path(folder) / "model.onnx")
         seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    peak = peak_bytes()
     return {"size": size, "peak_over_before": peak - before, "ratio": (peak - before) / size, "seconds": seconds,
+            "fixed": fixed, "ratio_over_fixed": (peak - before - fixed) / size,
             "exporter": report.exporter, "external": report.external_data_path is not None}
 
 
@@ -173,14 +207,15 @@ def main() -> None:
                   f"| **{path['ratio']:.2f}** |")
         print(f"| proxy: torch.onnx.export + onnx.checker + onnxruntime run | {row['proxy_s']:.2f} s | | | 1 |")
     if not args.skip_memory:
-        print("\n| model size | export peak memory | peak / size (target <= 3) | exporter | external data | time |")
-        print("|---|---|---|---|---|---|")
+        print("\n| model size | export peak memory | peak / size (target <= 3) | fixed overhead (tiny model's export) "
+              "| (peak - fixed) / size | exporter | external data | time |")
+        print("|---|---|---|---|---|---|---|---|")
         for row in export_memory([int(s) for s in args.sizes.split(",")]):
             if "error" in row:
-                print(f"| {row['mb']} MB | failed: {row['error']} | | | | |")
+                print(f"| {row['mb']} MB | failed: {row['error']} | | | | | | |")
                 continue
             print(f"| {row['size'] / 2**20:.0f} MB | {row['peak_over_before'] / 2**20:.0f} MB | "
-                  f"**{row['ratio']:.2f}** | "
+                  f"**{row['ratio']:.2f}** | {row['fixed'] / 2**20:.0f} MB | {row['ratio_over_fixed']:.2f} | "
                   f"{row['exporter']} | {row['external']} | {row['seconds']:.1f} s |")
 
 

@@ -57,6 +57,7 @@ from workbench.export.formats import (
     to_trt_fp8_ops,
 )
 from workbench.export.gemms import WeightGemms, weight_gemms
+from workbench.export.memory import release_freed_memory
 from workbench.export.notes import ReportLog
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
@@ -203,10 +204,13 @@ def export_qdq_onnx(model: nn.Module,
                 job.log.add("use_cache_off", cache_note)
             with rounding(list(job.active.values()), "onnx"):
                 _run_references(job)
+            release_freed_memory()  # each step's freed weight-sized blocks go back before the next (see memory.py)
             _name_outputs(job)
             _capture(job)
         _post_process_graph(job)
+        release_freed_memory()
         checks = _validate(job)
+        release_freed_memory()
         report = _build_report(job, checks)
         _enforce_parity(report, checks, min_cosine, max_abs_diff)
         _commit(job, report)
@@ -348,6 +352,7 @@ def _plan(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset: in
 
 def _reference(job: _Export, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     """The fake-quant model's outputs on ``inputs`` (SampleInputError names the failing layer)."""
+    release_freed_memory()  # the previous run's fake-quant weights
     outputs, _, _ = run_reference(job.call, inputs, job.input_names, job.active, job.names, job.params)
     return outputs
 
@@ -441,6 +446,7 @@ def _post_process_graph(job: _Export) -> None:
 
 def _run_ort(session, inputs: tuple[torch.Tensor, ...], what: str) -> list:
     """One onnxruntime run; an error says at which shape (``what``) the graph failed."""
+    release_freed_memory()  # the previous run's Q/DQ outputs (a float copy of each weight, one at a time)
     try:
         return session.run(None, feeds(session, inputs))
     except Exception as error:
@@ -484,11 +490,13 @@ def _validate(job: _Export) -> _Checks:
         rows += [ParityCheck.of(what, p) for what, p in sequence_rows]
     range_check = None
     if job.ranged_reference is not None:  # the sample alone can hide a difference (a quantizer it leaves at 0)
+        release_freed_memory()
         range_check = min(compare(output_names, job.ranged_reference, session.run(None, feeds(session, job.ranged)),
                                   dict(zip(job.input_names, job.ranged))), key=lambda p: p.cosine)
         rows.append(ParityCheck.of("random inputs in the sample's range", range_check))
     # the session maps the weights: let them go before the files are committed and a float graph is written
     del session
+    release_freed_memory()
     # a second session costs the weights again: big graphs (weights beside the file) skip it
     optimized_check = None if job.staged.data_path is not None else optimized_parity(
         tmp_path, inputs, output_names, job.reference, job.log)

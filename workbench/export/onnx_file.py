@@ -165,7 +165,7 @@ def _weight_bytes(proto: onnx.ModelProto) -> int:
 
 def fold_external_data(graph_path: Path, data_path: Path, out_path: Path) -> None:
     """Write the graph at ``graph_path`` with its external tensors (in ``data_path``) inside, as one file at
-    ``out_path``, holding one tensor in memory at a time.
+    ``out_path``, holding no tensor's bytes in memory (they are copied in chunks).
 
     The graph without those tensors is written first; each tensor follows as a fragment
     ``ModelProto{graph{initializer: [tensor]}}``. Parsing concatenated fragments merges them (protobuf's
@@ -188,16 +188,56 @@ def fold_external_data(graph_path: Path, data_path: Path, out_path: Path) -> Non
             info = {entry.key: entry.value for entry in meta.external_data}
             if info.get("location") != data_path.name:
                 raise ValueError(f"weight {meta.name!r} is in {info.get('location')!r}, expected {data_path.name!r}")
-            data.seek(int(info.get("offset", 0)))
-            raw = data.read(int(info["length"])) if "length" in info else data.read()
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else os.fstat(data.fileno()).st_size - offset
             tensor = onnx.TensorProto()
             tensor.CopyFrom(meta)
             del tensor.external_data[:]
             tensor.data_location = onnx.TensorProto.DEFAULT
-            tensor.raw_data = raw
-            fragment = onnx.ModelProto()
-            fragment.graph.initializer.append(tensor)
-            out.write(fragment.SerializeToString())
+            _write_fragment(out, tensor.SerializeToString(), data, offset, length)
+
+
+# field numbers of onnx.proto: ModelProto.graph, GraphProto.initializer, TensorProto.raw_data
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+_COPY_CHUNK = 1024 ** 2
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _length_delimited(field_number: int, length: int) -> bytes:
+    """The key and length of a length-delimited protobuf field (wire type 2)."""
+    return _varint(field_number << 3 | 2) + _varint(length)
+
+
+def _write_fragment(out, tensor_head: bytes, data, offset: int, length: int) -> None:
+    """Write ``ModelProto{graph{initializer: [tensor]}}`` where the tensor is ``tensor_head`` (the tensor's
+    serialised fields without raw_data) plus ``length`` bytes of ``data`` at ``offset`` as its raw_data,
+    copied in chunks. Building the tensor in protobuf held its bytes three or four times (the read, the
+    field, the fragment, its serialisation): for a small model whose largest layer is half its weights,
+    that was twice the model's size on top of the rest (a field may follow the others: parsers take any
+    order)."""
+    raw_key = _length_delimited(_TENSOR_RAW_DATA, length)
+    tensor_size = len(tensor_head) + len(raw_key) + length
+    initializer_key = _length_delimited(_GRAPH_INITIALIZER, tensor_size)
+    graph_size = len(initializer_key) + tensor_size
+    out.write(_length_delimited(_MODEL_GRAPH, graph_size) + initializer_key + tensor_head + raw_key)
+    data.seek(offset)
+    left = length
+    while left:
+        chunk = data.read(min(left, _COPY_CHUNK))
+        if not chunk:
+            raise ValueError(f"the weights' file {data.name} ends {left} bytes before the tensor it should hold")
+        out.write(chunk)
+        left -= len(chunk)
 
 
 def write_onnx(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD, *,
