@@ -5,9 +5,10 @@ validated; a graph over protobuf's 2 GB limit goes with its weights in ONNX exte
 Peak memory: a graph whose weights exceed :data:`STREAM_THRESHOLD` is exported with its weights in a
 temporary data file too, even when it ends up as one file, so that no step holds a serialised copy of
 them (a ModelProto holding the weights, its bytes, the checker's copy). It is validated in that form and
-folded into one file on commit by writing the graph, then each weight as its own protobuf fragment,
-one tensor in memory at a time (protobuf merges a repeated embedded message field across fragments, so
-the file parses as the one ModelProto).
+folded into one file on commit, one tensor in memory at a time, with the framing protobuf itself would
+write: one ``graph`` field whose length counts the weights that follow. (Concatenated fragments, each its own
+``graph`` field, parse the same in protobuf, onnxruntime and TensorRT, which merge them, but netron's reader
+keeps only the last ``graph`` and drew an empty canvas for any model over the threshold.)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -167,11 +169,14 @@ def fold_external_data(graph_path: Path, data_path: Path, out_path: Path) -> Non
     """Write the graph at ``graph_path`` with its external tensors (in ``data_path``) inside, as one file at
     ``out_path``, holding one tensor in memory at a time.
 
-    The graph without those tensors is written first; each tensor follows as a fragment
-    ``ModelProto{graph{initializer: [tensor]}}``. Parsing concatenated fragments merges them (protobuf's
-    rule for a non-repeated embedded message: its repeated fields are appended), so the file is the one
-    model, its big initializers after the small ones. Tensors that are not top-level initializers
-    (in a subgraph or an attribute) are loaded the ordinary way.
+    The file is what ``onnx.save_model`` writes for the model with those tensors appended to its initializers,
+    byte for byte: the model's fields before ``graph``, one ``graph`` field (its length known beforehand from
+    each tensor's size), the graph's fields up to its initializers, the small initializers, then each external
+    tensor read and framed in turn, the graph's remaining fields and the model's remaining fields. Tensors that
+    are not top-level initializers (in a subgraph or an attribute) are loaded the ordinary way.
+
+    Raises:
+        ValueError: a tensor's data is in another file than ``data_path``, or shorter than its metadata says.
     """
     model = onnx.load(str(graph_path), load_external_data=False)
     external_inits = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
@@ -182,22 +187,92 @@ def fold_external_data(graph_path: Path, data_path: Path, out_path: Path) -> Non
     kept = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
+    places = []  # (offset, length) of each tensor's bytes in the data file
+    for meta in external_inits:
+        info = {entry.key: entry.value for entry in meta.external_data}
+        if info.get("location") != data_path.name:
+            raise ValueError(f"weight {meta.name!r} is in {info.get('location')!r}, expected {data_path.name!r}")
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else data_path.stat().st_size - offset
+        places.append((offset, length))
+    heads = [_inline_meta(meta) for meta in external_inits]  # each tensor without its data: a few bytes
+    sizes = [_message_size(len(head.SerializeToString()) + _field_size(_RAW_DATA, length))
+             for head, (_, length) in zip(heads, places)]
+    graph_head, graph_tail = _split_fields(model.graph, _GRAPH_INITIALIZER)
+    model.ClearField("graph")
+    model_head, model_tail = _split_fields(model, _MODEL_GRAPH)
+    graph_size = len(graph_head) + len(graph_tail) + sum(sizes)
     with open(out_path, "wb") as out, open(data_path, "rb") as data:
-        out.write(model.SerializeToString())
-        for meta in external_inits:
-            info = {entry.key: entry.value for entry in meta.external_data}
-            if info.get("location") != data_path.name:
-                raise ValueError(f"weight {meta.name!r} is in {info.get('location')!r}, expected {data_path.name!r}")
-            data.seek(int(info.get("offset", 0)))
-            raw = data.read(int(info["length"])) if "length" in info else data.read()
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(meta)
-            del tensor.external_data[:]
-            tensor.data_location = onnx.TensorProto.DEFAULT
-            tensor.raw_data = raw
-            fragment = onnx.ModelProto()
-            fragment.graph.initializer.append(tensor)
-            out.write(fragment.SerializeToString())
+        out.write(model_head)
+        out.write(_key(_MODEL_GRAPH) + _varint(graph_size))
+        out.write(graph_head)
+        for head, (offset, length), size in zip(heads, places, sizes):
+            data.seek(offset)
+            head.raw_data = data.read(length)
+            if len(head.raw_data) != length:
+                raise ValueError(f"weight {head.name!r}: {data_path} ends before its {length} bytes at {offset}")
+            framed = head.SerializeToString()
+            head.ClearField("raw_data")
+            if _message_size(len(framed)) != size:  # the length written above must count exactly these bytes
+                raise ValueError(f"weight {head.name!r}: serialised to {len(framed)} bytes, not as sized")
+            out.write(_key(_GRAPH_INITIALIZER) + _varint(len(framed)))
+            out.write(framed)
+        out.write(graph_tail)
+        out.write(model_tail)
+
+
+# field numbers of onnx.proto used by the fold (ModelProto.graph, GraphProto.initializer, TensorProto.raw_data)
+_MODEL_GRAPH = 7
+_GRAPH_INITIALIZER = 5
+_RAW_DATA = 9
+
+
+def _inline_meta(meta: onnx.TensorProto) -> onnx.TensorProto:
+    """``meta`` (an external tensor) as an inline one without data yet."""
+    tensor = onnx.TensorProto()
+    tensor.CopyFrom(meta)
+    del tensor.external_data[:]
+    tensor.ClearField("data_location")
+    tensor.ClearField("raw_data")
+    return tensor
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _key(number: int) -> bytes:
+    """The key of a length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2)
+
+
+def _field_size(number: int, length: int) -> int:
+    """Bytes a length-delimited field of ``length`` bytes takes, key and length included."""
+    return len(_key(number)) + len(_varint(length)) + length
+
+
+def _message_size(length: int) -> int:
+    """Bytes an initializer entry of ``length`` bytes takes in its graph."""
+    return _field_size(_GRAPH_INITIALIZER, length)
+
+
+def _split_fields(message: Any, number: int) -> tuple[bytes, bytes]:
+    """``message`` serialised as two parts: its fields numbered up to ``number`` and those after; protobuf
+    writes fields in number order, so what goes between the parts lands where its own serialiser puts it."""
+    head, tail = type(message)(), type(message)()
+    head.CopyFrom(message)
+    tail.CopyFrom(message)
+    for field, _ in message.ListFields():
+        (tail if field.number <= number else head).ClearField(field.name)
+    return head.SerializeToString(), tail.SerializeToString()
 
 
 def write_onnx(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD, *,
