@@ -129,3 +129,17 @@ def test_the_cli_modules_import_one_way():
         leaves = {name for name, targets in remaining.items() if not targets & set(remaining)}
         assert leaves, f"import circle among {sorted(remaining)}"
         remaining = {name: targets for name, targets in remaining.items() if name not in leaves}
+
+
+def test_show_loads_no_onnx(tmp_path, capsys):
+    """Showing a project opens the session; its export and lint modules load onnx only when they read or write
+    a file, and the session reaches the export package only for its light naming helpers."""
+    project = tmp_path / "p.qwb"
+    code, _, err = run(capsys, "new", project, "--model", "demo:digits", "--data", "demo:digits")
+    assert code == 0, err
+    result = probe(["show", str(project)])
+    assert result["code"] == 0 and "layers: " in result["out"]
+    loaded = set(result["loaded"])
+    assert "workbench.session" in loaded and "workbench.export.naming" in loaded  # what it needs did load
+    assert not {"onnx", "onnxscript", "onnxruntime", "workbench.export.onnx_export", "workbench.export.lint",
+                "workbench.engine"} & loaded

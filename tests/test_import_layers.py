@@ -28,7 +28,8 @@ LAYERS = (
     "sources", "quant",
 )
 # Leaf helpers at the package root that any layer may use (they import nothing of the package's layers).
-SHARED = {"workbench", "workbench.strict_json", "workbench.resources", "workbench.opsets"}
+SHARED = {"workbench", "workbench.strict_json", "workbench.resources", "workbench.opsets",
+          "workbench.lazy_imports"}
 # The other modules at the package root and the layer they belong to.
 ROOT_MODULES = {"workbench.__main__": "cli", "workbench.demo_run": "session", "workbench.launcher": "launcher"}
 

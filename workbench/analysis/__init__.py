@@ -6,45 +6,52 @@ few to leave in float so the INT8 model stays within tolerance of FP32. No Qt he
     for unit in profile.ranked()[:5]:
         print(unit.rank, unit.name, unit.value)
     search = fallback_search(model, batches, "top1", tolerance=0.01, ranking=profile)
-"""
-from workbench.analysis.entry_point import EntryPointError, load_entry_point
-from workbench.analysis.errors import AnalysisCancelled, AnalysisError, MetricError
-from workbench.analysis.evaluation import Evaluation, evaluate_models
-from workbench.analysis.fallback import apply_fallback, fallback_search, units_from_names
-from workbench.analysis.metrics import (
-    BUILTIN_METRICS,
-    DEFAULT_METRIC,
-    CosineMetric,
-    Direction,
-    EntryPointMetric,
-    Metric,
-    ModelMetric,
-    MseMetric,
-    OutputMetric,
-    SqnrMetric,
-    Top1Metric,
-    builtin_metric_labels,
-    get_metric,
-    metric_choices_text,
-    metric_from_dict,
-)
-from workbench.analysis.results import (
-    SCHEMES,
-    FallbackPoint,
-    FallbackResult,
-    SensitivityResult,
-    UnitResult,
-)
-from workbench.analysis.sensitivity import sensitivity
-from workbench.analysis.units import Unit, find_units, resolve_units
-from workbench.quant.snapshot import ModelSnapshot
 
-__all__ = [
-    "sensitivity", "fallback_search", "evaluate_models", "Evaluation", "apply_fallback", "units_from_names",
-    "Unit", "find_units", "resolve_units",
-    "Metric", "OutputMetric", "ModelMetric", "EntryPointMetric", "SqnrMetric", "CosineMetric", "MseMetric",
-    "Top1Metric", "Direction", "BUILTIN_METRICS", "DEFAULT_METRIC", "builtin_metric_labels", "metric_choices_text",
-    "get_metric", "metric_from_dict", "load_entry_point",
-    "SensitivityResult", "UnitResult", "FallbackResult", "FallbackPoint", "SCHEMES",
-    "AnalysisError", "MetricError", "AnalysisCancelled", "EntryPointError", "ModelSnapshot",
-]
+The face imports its modules on first use (:mod:`workbench.lazy_imports`): catching an analysis error or reading
+the metric registry does not load the sensitivity and fallback searches.
+"""
+from typing import TYPE_CHECKING
+
+from workbench.analysis.errors import AnalysisCancelled, AnalysisError, MetricError  # light: front ends catch them
+from workbench.lazy_imports import lazy_face
+
+__getattr__, __dir__, _lazy = lazy_face(__name__, {
+    "workbench.analysis.fallback": ("fallback_search", "apply_fallback", "units_from_names"),
+    "workbench.analysis.sensitivity": ("sensitivity",),
+    "workbench.analysis.evaluation": ("evaluate_models", "Evaluation"),
+    "workbench.analysis.units": ("Unit", "find_units", "resolve_units"),
+    "workbench.analysis.metrics": ("Metric", "OutputMetric", "ModelMetric", "EntryPointMetric", "SqnrMetric",
+                                   "CosineMetric", "MseMetric", "Top1Metric", "Direction", "BUILTIN_METRICS",
+                                   "DEFAULT_METRIC", "builtin_metric_labels", "metric_choices_text", "get_metric",
+                                   "metric_from_dict"),
+    "workbench.analysis.entry_point": ("load_entry_point", "EntryPointError"),
+    "workbench.analysis.results": ("SensitivityResult", "UnitResult", "FallbackResult", "FallbackPoint", "SCHEMES"),
+    "workbench.quant.snapshot": ("ModelSnapshot",),
+})
+__all__ = ["AnalysisError", "MetricError", "AnalysisCancelled", *_lazy]
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
+    from workbench.analysis.entry_point import EntryPointError, load_entry_point  # noqa: F401
+    from workbench.analysis.evaluation import Evaluation, evaluate_models  # noqa: F401
+    from workbench.analysis.fallback import apply_fallback, fallback_search, units_from_names  # noqa: F401
+    from workbench.analysis.metrics import (  # noqa: F401 - the public names of __all__
+        BUILTIN_METRICS,
+        DEFAULT_METRIC,
+        CosineMetric,
+        Direction,
+        EntryPointMetric,
+        Metric,
+        ModelMetric,
+        MseMetric,
+        OutputMetric,
+        SqnrMetric,
+        Top1Metric,
+        builtin_metric_labels,
+        get_metric,
+        metric_choices_text,
+        metric_from_dict,
+    )
+    from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, SensitivityResult, UnitResult  # noqa: F401
+    from workbench.analysis.sensitivity import sensitivity  # noqa: F401
+    from workbench.analysis.units import Unit, find_units, resolve_units  # noqa: F401
+    from workbench.quant.snapshot import ModelSnapshot  # noqa: F401

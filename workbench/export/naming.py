@@ -22,8 +22,10 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import onnx
+if TYPE_CHECKING:  # only in annotations: the session names layers from quantizers without loading onnx
+    import onnx
 
 __all__ = ["MODULE_KEY", "QUANTIZER_KEY", "QDQ_OPS", "name_nodes_by_module", "node_module", "module_of_node_name",
            "layer_of_quantizer", "split_engine_layer_name", "module_of_engine_part"]

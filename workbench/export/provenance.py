@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-
-import onnx
+from typing import TYPE_CHECKING
 
 from workbench import __version__
 
@@ -22,6 +21,9 @@ __all__ = ["WRITER_KEY", "WRITER", "mark_onnx", "onnx_written_here", "amax_json_
 
 WRITER_KEY = "workbench.writer"
 WRITER = "Quant Workbench"
+if TYPE_CHECKING:  # onnx is loaded when a file is read: asking whether a path is ours starts light
+    import onnx
+
 _CACHE_HEADER = re.compile(r"TRT-\d+-\w+Calibration\w*")
 
 
@@ -36,6 +38,8 @@ def mark_onnx(proto: onnx.ModelProto) -> None:
 
 def onnx_written_here(path: Path) -> bool:
     """True when ``path`` is an ONNX model that carries Quant Workbench's writer mark (weights not read)."""
+    import onnx
+
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # not ONNX at all (a text file, a truncated download): not ours

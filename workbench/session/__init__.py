@@ -3,8 +3,8 @@
 One idea a module: :mod:`~workbench.session.core` is the :class:`Session` (open, save, and every job a
 user can run; it owns the models, settings and results, and composes the modules named by idea:
 ``data_sources``, ``decisions``, ``configure``, ``calibration``, ``analysis``, ``ladder``, ``smoothing``,
-``finetuning``, ``exports``, ``tensorrt``, ``paths``, ``in_place``, which receive what they need and return
-results and records, never touching the Session or importing its module),
+``finetuning``, ``exports``, ``tensorrt``, ``paths``, ``in_place``, ``layer_edits``, which receive what they
+need and return results and records, never touching the Session or importing its module),
 :mod:`~workbench.session.build` builds the quantized model from a project,
 :mod:`~workbench.session.views` holds the read-only views the front ends show,
 :mod:`~workbench.session.events` tells them what changed, and the project's settings are

@@ -34,7 +34,6 @@ from workbench.project import (
     save_project,
 )
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, ProjectSettings
-from workbench.quant.batches import first_samples, to_device
 from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.distributed import DistContext
 from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
@@ -47,7 +46,7 @@ from workbench.session import (
     decisions,
     exports,
     finetuning,
-    in_place,
+    layer_edits,
     paths,
     smoothing,
     tensorrt,
@@ -59,7 +58,7 @@ from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
 from workbench.session.state import state_digest
 from workbench.session.views import LayerView
-from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input
+from workbench.sources.data_source import DataSource, DataSpec
 from workbench.sources.errors import EntryPointError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
 from workbench.sources.paths import absolute_path
@@ -132,14 +131,7 @@ class Session:
         project.settings.update(settings)
         session = cls(project, base_dir=base, trust_code=trust_code)
         project.model_digests = session._loaded.digests
-        data_spec = session.data("calibration").input_spec()
-        if input_shape is not None:
-            declared = InputSpec(tuple(int(s) for s in input_shape))
-            check_input(declared, data_spec, calibration.label)
-        project.input_spec = data_spec
-        for role, spec in project.data.items():  # every data set now, not as an error in a later job
-            if role != "calibration":
-                check_input(data_spec, session.data(role).input_spec(), spec.label)
+        project.input_spec = data_sources.checked_input_spec(project, session.data, input_shape)
         session.check_forward()
         session._init_layers()
         session.dirty = True
@@ -238,16 +230,11 @@ class Session:
     def sample_inputs(self, batch: int = 1) -> Any:
         """The first ``batch`` samples of the calibration data, on the session's device: a tensor, or a dict
         of keyword inputs (``input_ids``, ``attention_mask``...)."""
-        inputs, _ = next(iter(self.data("calibration").batches(limit=1)))
-        return first_samples(to_device(inputs, self.device), batch)
+        return data_sources.sample_inputs(self.data("calibration"), self.device, batch)
 
     def _example_inputs(self):
         """One sample, for the functional rewrite's check of traced modules; None without usable data."""
-        try:
-            return self.sample_inputs(batch=1)
-        except Exception as error:  # no data yet, or data the model cannot take: build without the check
-            logger.info("No sample input to check traced modules with: %s", error)
-            return None
+        return data_sources.example_inputs(self.sample_inputs)
 
     def check_forward(self) -> None:
         """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
@@ -320,17 +307,8 @@ class Session:
         """
         if role not in ("input", "weight"):
             raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
-        updates, notes = decisions.plan_descriptor(self.project, self.quantized_model(), names, role, fields,
-                                                   self.settings.defaults)
-        before = {name: self._layer_state(name) for name in updates}
-        # applied only once every layer validated: an error leaves all of them as they were
-        for name, updated in updates.items():
-            setattr(self.project.layers[name], f"{role}_desc", updated)
-        self.notes = notes
-        if updates:
-            self._edit_layers_in_place(before)
-            self._changed(SessionEvent.LAYERS, names=list(updates))
-        return list(updates)
+        return self._edited(layer_edits.edit_descriptor(self.project, self.quantized_model(), names, role, fields,
+                                                        self.settings.defaults))
 
     def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
                       fp8_weight_per_channel: bool = True) -> list[str]:
@@ -340,44 +318,27 @@ class Session:
         Raises:
             SessionError: an unknown precision or layer, or one that does not apply to a layer (named).
         """
-        plans = self._plan_precision(names, precision, block_size=block_size,
-                                     fp8_weight_per_channel=fp8_weight_per_channel)
-        before = {name: self._layer_state(name) for name in plans}
-        for name, (quantize, input_desc, weight_desc) in plans.items():
-            decision = self.project.layers[name]
-            decision.quantize, decision.input_desc, decision.weight_desc = quantize, input_desc, weight_desc
-        self.notes = []
-        if plans:
-            self._edit_layers_in_place(before)
-            self._changed(SessionEvent.LAYERS, names=list(plans))
-        return list(plans)
+        return self._edited(layer_edits.edit_precision(
+            self.project, self.quantized_model(), self.settings.defaults, names, precision, block_size=block_size,
+            fp8_weight_per_channel=fp8_weight_per_channel))
 
-    def _layer_state(self, name: str) -> in_place.LayerState:
-        decision = self.project.layers[name]
-        return decision.quantize, decision.input_desc, decision.weight_desc
-
-    def _edit_layers_in_place(self, before: dict[str, in_place.LayerState]) -> None:
-        """The layers' decisions changed from ``before``: their new descriptors go into the live quantized model
-        without a rebuild where that gives the same model (see :mod:`workbench.session.in_place`: a change to or
-        from float is rebuilt), else the model is rebuilt when next used."""
-        if self.needs_rebuild:
-            self.dirty = True
-            return  # rebuilt on next use anyway
-        after = {name: self._layer_state(name) for name in before}
-        changes = in_place.layer_changes(self._quant_model, before, after, self.settings.defaults)
-        if changes is None or in_place.swap_layers(
-                self._quant_model, changes, calibration=self.project.current_calibration,
-                finetune=self.project.current_finetune, report=self.build_report, device=self.device) is None:
-            self._invalidate()
+    def _edited(self, edit: layer_edits.LayerEdit) -> list[str]:
+        """An edit of layers' decisions is done: its new descriptors go into the live quantized model in place
+        where a rebuild would give the same model (:func:`layer_edits.apply_in_place`), else the model is rebuilt
+        when next used; listeners hear of the layers changed."""
+        if edit.notes is not None:
+            self.notes = edit.notes
+        if edit.changed:
+            if self.needs_rebuild or not layer_edits.apply_in_place(
+                    self._quant_model, self.project, edit, defaults=self.settings.defaults, report=self.build_report,
+                    device=self.device):
+                self._invalidate()
+            self._changed(SessionEvent.LAYERS, names=edit.changed)
+        return edit.changed
 
     def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
         """The precision each layer (all by default) runs in; None for custom descriptors."""
         return decisions.precisions(self.project, self.quantized_model(), names)
-
-    def _plan_precision(self, names: Iterable[str], precision: Precision | str,
-                        **options: Any) -> dict[str, decisions.LayerPlan]:
-        return decisions.plan_precision(self.project, self.quantized_model(), self.settings.defaults, names,
-                                        precision, **options)
 
     def weight_bytes(self, mix: dict[str, Precision | None] | None = None) -> int:
         """Bytes of the model's weights (scales included) with the layers in ``mix``'s precisions (default:
@@ -386,13 +347,7 @@ class Session:
 
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
-        names = list(names)
-        before = {name: self._layer_state(name) for name in names if name in self.project.layers}
-        changed = decisions.reset_descriptor(self.project, names, role)
-        if changed:
-            self._edit_layers_in_place({name: before[name] for name in changed})
-            self._changed(SessionEvent.LAYERS, names=changed)
-        return changed
+        return self._edited(layer_edits.reset_descriptor(self.project, names, role))
 
     def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
         """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
@@ -743,14 +698,8 @@ class Session:
     def apply_precisions(self, precisions: dict[str, str]) -> list[str]:
         """Set each layer to its precision (a ladder's mix), one :meth:`set_precision` per precision; layers
         marked ``custom`` keep their descriptors. Returns the layers changed."""
-        changed: list[str] = []
-        groups: dict[str, list[str]] = {}
-        for name, precision in precisions.items():
-            if precision != "custom" and name in self.project.layers:
-                groups.setdefault(precision, []).append(name)
-        for precision, names in groups.items():
-            changed += self.set_precision(names, precision)
-        return changed
+        groups = decisions.precision_groups(self.project, precisions)
+        return [name for precision, names in groups.items() for name in self.set_precision(names, precision)]
 
     def latest_ladder(self):
         """The last ladder search stored in the project (None if there was none)."""

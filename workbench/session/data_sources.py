@@ -6,7 +6,8 @@ given the project and the trust it opens them with, and knows nothing of the ses
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,14 @@ import torch
 from torch import nn
 
 from workbench.project import Project
-from workbench.quant.batches import input_shapes, model_inputs, run_model
+from workbench.quant.batches import first_samples, input_shapes, model_inputs, run_model, to_device
 from workbench.session.errors import SessionError
-from workbench.sources.data_source import DataSource, DataSpec, check_input, open_data
+from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
 from workbench.sources.errors import SourceError
 
-__all__ = ["DataSources", "check_forward"]
+__all__ = ["DataSources", "check_forward", "checked_input_spec", "sample_inputs", "example_inputs"]
+
+logger = logging.getLogger(__name__)
 
 
 class DataSources:
@@ -84,3 +87,33 @@ def check_forward(model: nn.Module, sample: Any, device: torch.device, project: 
         raise SourceError(f"The model ({project.model.label}) failed on a sample input of shape "
                           f"{input_shapes(*model_inputs((sample, None)))} from "
                           f"{project.data['calibration'].label}: {type(error).__name__}: {error}") from error
+
+
+def checked_input_spec(project: Project, source: Callable[[str], DataSource],
+                       declared: Sequence[int] | None = None) -> InputSpec:
+    """A new project's input, read from its calibration data (``source(role)``: the opened data source of a
+    role); ``declared`` (the shape a user gave) must agree with it, and every other data set must fit it now, not
+    as an error in a later job."""
+    data_spec = source("calibration").input_spec()
+    if declared is not None:
+        check_input(InputSpec(tuple(int(s) for s in declared)), data_spec, project.data["calibration"].label)
+    for role, spec in project.data.items():
+        if role != "calibration":
+            check_input(data_spec, source(role).input_spec(), spec.label)
+    return data_spec
+
+
+def sample_inputs(source: DataSource, device: torch.device, batch: int = 1) -> Any:
+    """The first ``batch`` samples of ``source`` on ``device``: a tensor, or a dict of keyword inputs."""
+    inputs, _ = next(iter(source.batches(limit=1)))
+    return first_samples(to_device(inputs, device), batch)
+
+
+def example_inputs(sample: Callable[..., Any]) -> Any:
+    """One sample (``sample(batch=1)``), for the functional rewrite's check of traced modules; None without usable
+    data."""
+    try:
+        return sample(batch=1)
+    except Exception as error:  # no data yet, or data the model cannot take: build without the check
+        logger.info("No sample input to check traced modules with: %s", error)
+        return None

@@ -33,7 +33,7 @@ from workbench.session.errors import SessionError
 logger = logging.getLogger("workbench.session.core")  # the logger this warning always came from
 
 __all__ = ["synced_layers", "select", "ignore_preview", "ignored_layers", "set_quantize", "plan_descriptor",
-           "reset_descriptor", "descriptors", "plan_precision", "precisions", "mix_weight_bytes"]
+           "precision_groups", "reset_descriptor", "descriptors", "plan_precision", "precisions", "mix_weight_bytes"]
 
 
 def select(project: Project, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
@@ -371,3 +371,13 @@ def mix_weight_bytes(project: Project, model: nn.Module, mix: Mapping[str, Preci
     blocks = {name: int((project.layers[name].weight_desc or {}).get("block_size") or DEFAULT_BLOCK_SIZE)
               for name in mix}
     return weight_bytes(model, mix, block_size=blocks)
+
+
+def precision_groups(project: Project, precisions: Mapping[str, str]) -> dict[str, list[str]]:
+    """A mix (layer -> precision, a ladder's) as precision -> the project's layers to set to it, in the mix's order;
+    layers marked ``custom`` (their own descriptors) and names that are no layer of the project are left out."""
+    groups: dict[str, list[str]] = {}
+    for name, precision in precisions.items():
+        if precision != "custom" and name in project.layers:
+            groups.setdefault(precision, []).append(name)
+    return groups

@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import onnx
 from torch import nn
 
 from workbench.export.provenance import written_here
@@ -308,6 +307,8 @@ def remembered_settings(plan: ExportPlan, project_dir: Path) -> dict[str, Any]:
 def export_record(plan: ExportPlan, project: Project, report: Any, project_dir: Path) -> ExportRecord:
     """The export history's record of ``plan`` written with ``report``: where, the written files' sha256 (so that
     a later export may replace them, and only them), the graph's node names and the project's state digest."""
+    import onnx  # here, not at the top: opening a project (the Session imports this module) loads no onnx
+
     stored = stored_export_path(plan.target, project_dir)
     # the graph's node names in order: an engine report names a Myelin region by its first and last node only
     nodes = [node.name for node in onnx.load(str(plan.target), load_external_data=False).graph.node]

@@ -10,14 +10,10 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
 from torch import nn
 
-from workbench.engine import EngineReport, EngineReportError
-from workbench.engine.formats import format_hazards
-from workbench.engine.report import EngineMismatchError, import_engine_report
-from workbench.export.lint import FIX_ACTIONS, LintFix, LintWarning, lint_qdq_graph
 from workbench.project import ExportRecord, Project
 from workbench.project.model import EngineReportRecord, LayerDecision, LintRecord, now_iso
 from workbench.project.settings import RULES, ProjectSettings
@@ -25,6 +21,12 @@ from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul
 from workbench.session.errors import EngineNotThisModel, SessionError
 from workbench.session.exports import export_digest
 from workbench.session.state import state_digest
+
+# the lint and the engine report read ONNX files: imported by the functions that use them, so that opening a
+# project (the Session imports this module) does not load onnx
+if TYPE_CHECKING:
+    from workbench.engine import EngineReport
+    from workbench.export.lint import LintFix, LintWarning
 
 __all__ = ["lint", "latest_lint", "FixPlan", "plan_fix", "import_engine", "latest_engine_report", "REUSED",
            "PREVIEW"]
@@ -45,6 +47,8 @@ def lint(project: Project, *, export_path: Callable[[ExportRecord], str],
     now to the path it is given, changing nothing). The project's layers, settings and calibration are
     unchanged either way.
     """
+    from workbench.export.lint import LintWarning
+
     digest = state_digest(project)
     last = project.lints[-1] if project.lints else None
     if last is not None and last.digest == digest:
@@ -70,6 +74,10 @@ PREVIEW = "a preview export"
 
 
 def _lint_file(path: Path) -> list[LintWarning]:
+    import onnx
+
+    from workbench.export.lint import lint_qdq_graph
+
     # the graph and its small tensors (scales): a big model's weights stay in their external data file
     return lint_qdq_graph(onnx.load(str(path), load_external_data=False))
 
@@ -91,6 +99,8 @@ def _export_of_state(project: Project, digest: str, export_path: Callable[[Expor
 
 def latest_lint(project: Project) -> tuple[list[LintWarning], bool, str] | None:
     """The project's last lint: (warnings, whether the project changed since, what was linted); None: never linted."""
+    from workbench.export.lint import LintWarning
+
     if not project.lints:
         return None
     last = project.lints[-1]
@@ -145,6 +155,8 @@ def plan_fix(fix: LintFix, settings: ProjectSettings) -> FixPlan:
     Raises:
         SessionError: an unknown action, a pin of fewer than two names, or an unknown placement rule.
     """
+    from workbench.export.lint import FIX_ACTIONS
+
     if fix.action not in FIX_ACTIONS:
         raise SessionError(f"Unknown fix {fix.action!r}; the fixes are: {', '.join(FIX_ACTIONS)}.")
     targets = list(fix.targets)
@@ -180,6 +192,10 @@ def import_engine(project: Project, layer_info: str | Path, profile: str | Path 
         SessionError: a file is not the trtexec report it should be, or the engine is not this model's
             (the message names the file and how to map it); nothing is stored then.
     """
+    from workbench.engine import EngineReportError
+    from workbench.engine.formats import format_hazards
+    from workbench.engine.report import EngineMismatchError, import_engine_report
+
     layers = {name: decision.quantize for name, decision in project.layers.items()}
     try:
         report = import_engine_report(str(layer_info), str(profile) if profile is not None else None, layers,
@@ -211,5 +227,7 @@ def _exported_node_orders(project: Project) -> list[list[str]]:
 
 def latest_engine_report(project: Project) -> EngineReport | None:
     """The project's last engine report (None if there was none)."""
+    from workbench.engine import EngineReport
+
     records = project.engine_reports
     return EngineReport.from_dict(records[-1].data) if records else None
