@@ -156,3 +156,56 @@ def test_tree_and_graph_select_each_other_and_the_graph_is_drawn_before_the_tab_
         assert "/Reshape" in window.statusBar().currentMessage()
     finally:
         window.shutdown()
+
+
+def test_a_token_models_streamed_export_is_drawn_with_its_nodes_and_linked_to_the_tree(qtbot, tmp_path, monkeypatch):
+    """A tiny Hugging Face BERT exported the way a model over STREAM_THRESHOLD is (weights streamed, folded into one
+    file): netron draws every node of the file (it drew an empty canvas when the fold wrote several graph fields),
+    and a tree row selects its nodes."""
+    pytest.importorskip("transformers")
+    onnx = pytest.importorskip("onnx")
+    if not webengine_status()[0]:
+        pytest.skip(webengine_status()[1])
+    if netron_expired():
+        pytest.skip("this netron refuses to draw graphs (it asks to be updated)")
+    from bert_project import bert_specs
+
+    from workbench.app.main_window import MainWindow
+    from workbench.export import exporters, onnx_file
+
+    folds = []
+    monkeypatch.setattr(exporters, "STREAM_THRESHOLD", 1000)  # the tiny BERT's weights: ~100 KB
+    monkeypatch.setattr(onnx_file, "fold_external_data",
+                        lambda *args, fold=onnx_file.fold_external_data: folds.append(args) or fold(*args))
+    discard = QMessageBox.StandardButton.Discard
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: discard))
+    window = MainWindow(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(window)
+    controller = window.controller
+    graph: GraphTab = window.extra_tabs["Graph"]
+    query = "bert.encoder.layer.0.attention.self.query"
+    try:
+        window.resize(1400, 900)
+        window.show()
+        model, data = bert_specs(tmp_path)
+        with qtbot.waitSignal(controller.session_changed, timeout=120000):
+            assert controller.new_project(model, data, base_dir=tmp_path)
+        qtbot.waitUntil(lambda: not controller.busy, timeout=60000)
+        with qtbot.waitSignal(controller.busy_changed, timeout=60000, check_params_cb=lambda busy: not busy):
+            assert controller.calibrate(method="max")
+        with qtbot.waitSignal(controller.export_finished, timeout=120000):
+            assert controller.export(tmp_path / "bert.onnx")
+        assert len(folds) == 1, "the export did not take the streamed path"
+        assert not window.error_dialogs, window.error_dialogs[-1].message
+        window.tabs.setCurrentWidget(graph)
+        qtbot.waitUntil(lambda: graph.page_state != "loading" and (graph.page_state != "graph" or
+                                                                   bool(graph.graph_nodes)), timeout=40000)
+        assert graph.page_state == "graph", graph.page_info
+        names = [node.name for node in onnx.load(str(tmp_path / "bert.onnx")).graph.node]
+        assert sorted(graph.graph_nodes) == sorted(names)
+        assert graph.page_info["nodes"] > 0
+        assert window.tree.select_row(query)
+        assert f"{query}/MatMul" in graph.graph_selection
+        assert f"{query}._input_quantizer/QuantizeLinear" in graph.graph_selection
+    finally:
+        window.shutdown()

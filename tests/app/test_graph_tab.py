@@ -199,3 +199,34 @@ def test_export_preview_keeps_the_project_settings_and_exports_are_followed(cont
     assert tab.path == target.resolve()
     tab.shutdown()
     assert not preview.exists()  # the preview folder goes with the tab
+
+
+def test_a_graph_netron_draws_without_nodes_is_explained_not_left_blank(controller, qtbot, tiny_onnx, tmp_path):
+    """A file whose graph is written in two parts (valid protobuf: onnx reads the node, netron keeps only the second
+    part and draws nothing, as it did for this app's exports over 8 MB): the tab says why the canvas is empty."""
+    if not webengine_status()[0]:
+        pytest.skip(webengine_status()[1])
+    if netron_expired():
+        pytest.skip("this netron refuses to draw graphs (it asks to be updated)")
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    part = onnx.ModelProto()
+    part.graph.initializer.append(numpy_helper.from_array(np.zeros(4, np.float32), "unused"))
+    split = tmp_path / "split.onnx"
+    split.write_bytes(tiny_onnx.read_bytes() + part.SerializeToString())
+    assert [n.op_type for n in onnx.load(str(split)).graph.node] == ["Relu"]  # protobuf merges the parts
+    tab = GraphTab(controller)
+    qtbot.addWidget(tab)
+    tab.resize(900, 600)
+    tab.show()
+    tab.show_file(split)
+    qtbot.waitUntil(lambda: tab.page_state not in ("loading", "consent"), timeout=40000)
+    assert tab.page_state == "blank", tab.page_info
+    assert tab.page_info["nodes"] == 0 and not tab.notice.isHidden()
+    assert "drew no nodes for split.onnx" in tab.notice_label.text()
+    tab.show_file(tiny_onnx)  # the same tab on a whole file: drawn, the notice gone
+    qtbot.waitUntil(lambda: tab.page_state not in ("loading", "consent"), timeout=40000)
+    assert tab.page_state == "graph" and tab.notice.isHidden()
+    tab.shutdown()

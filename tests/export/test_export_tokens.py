@@ -290,6 +290,8 @@ def test_a_graph_over_the_stream_threshold_is_streamed_then_folded_into_one_file
     assert report.external_data_path is None and not any(".data" in w for w in report.warnings + report.notes)
     assert report.file_size == (tmp_path / "m.onnx").stat().st_size
     streamed, ordinary = onnx.load(str(tmp_path / "m.onnx")), onnx.load(str(tmp_path / "plain.onnx"))
+    # the file protobuf itself writes (one graph field: netron keeps only the last of several)
+    assert (tmp_path / "m.onnx").read_bytes() == streamed.SerializeToString()
     assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in streamed.graph.initializer)
     onnx.checker.check_model(streamed, full_check=True)
 

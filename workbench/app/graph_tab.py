@@ -99,7 +99,9 @@ PAGE_STATE_JS = r"""
   if (showing && /please update/i.test(message)) { state = 'expired'; }
   else if (showing && /cookies/i.test(message)) { state = 'consent'; }
   else if (/\balert\b/.test(classes)) { state = 'error'; }
-  else if (nodes > 0 || /\bdefault\b/.test(classes)) { state = 'graph'; }
+  else if (nodes > 0) { state = 'graph'; }
+  // netron shows "default" once it has drawn: with no node drawn, it read a graph holding none
+  else if (/\bdefault\b/.test(classes)) { state = 'blank'; }
   return JSON.stringify({state: state, message: message, nodes: nodes, classes: classes,
                          cookie: document.cookie});
 })()
@@ -112,7 +114,8 @@ PAGE_STATE_JS = r"""
 class GraphTab(QWidget):
     """netron over the latest export, a preview, or any ONNX file.
 
-    ``page_state`` is what the user sees: "empty" (nothing to show), "loading", "graph", "expired"
+    ``page_state`` is what the user sees: "empty" (nothing to show), "loading", "graph", "blank" (netron drew
+    no node: an empty canvas, which the notice explains), "expired"
     (netron's "Please update"), "error", or "browser" (served for the system browser only).
     ``state_changed(state, message)`` follows it.
     """
@@ -400,6 +403,13 @@ class GraphTab(QWidget):
         elif state == "error" and message:
             notice = (f"<b>netron could not show the file:</b> {html.escape(message)} &nbsp; "
                       "<a href='browser'>Open in browser</a>")
+        elif state == "blank":
+            name = self.path.name if self.path else "the file"
+            notice = (f"<b>netron {netron_version()} drew no nodes for {html.escape(name)}:</b> the graph it read "
+                      "from the file is empty. ONNX files whose graph netron cannot read in full (such as exports "
+                      "of this app before its fix for models over 8 MB, whose graph was written in several parts) "
+                      "look like this: export again to redraw it. onnxruntime and TensorRT read such files as "
+                      "they are. &nbsp; <a href='browser'>Open in browser</a>")
         elif state == "timeout":
             notice = (f"netron did not finish drawing within {LOAD_TIMEOUT_S:.0f} s. "
                       "<a href='browser'>Open in browser</a>")
@@ -443,7 +453,7 @@ class GraphTab(QWidget):
             info = {}
         self.page_info = info
         state = info.get("state", "loading")
-        if state in ("graph", "expired", "error"):
+        if state in ("graph", "blank", "expired", "error"):
             self._poll.stop()
             self._set_state(state, str(info.get("message", "")))
             if state == "graph":

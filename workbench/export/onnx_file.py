@@ -5,9 +5,10 @@ validated; a graph over protobuf's 2 GB limit goes with its weights in ONNX exte
 Peak memory: a graph whose weights exceed :data:`STREAM_THRESHOLD` is exported with its weights in a
 temporary data file too, even when it ends up as one file, so that no step holds a serialised copy of
 them (a ModelProto holding the weights, its bytes, the checker's copy). It is validated in that form and
-folded into one file on commit by writing the graph, then each weight as its own protobuf fragment,
-one tensor in memory at a time (protobuf merges a repeated embedded message field across fragments, so
-the file parses as the one ModelProto).
+folded into one file on commit, each tensor's bytes copied in chunks, with the framing protobuf itself would
+write: one ``graph`` field whose length counts the weights that follow. (Concatenated fragments, each its own
+``graph`` field, parse the same in protobuf, onnxruntime and TensorRT, which merge them, but netron's reader
+keeps only the last ``graph`` and drew an empty canvas for any model over the threshold.)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -165,13 +167,16 @@ def _weight_bytes(proto: onnx.ModelProto) -> int:
 
 def fold_external_data(graph_path: Path, data_path: Path, out_path: Path) -> None:
     """Write the graph at ``graph_path`` with its external tensors (in ``data_path``) inside, as one file at
-    ``out_path``, holding no tensor's bytes in memory (they are copied in chunks).
+    ``out_path``, copying each tensor's bytes in chunks (none is held whole).
 
-    The graph without those tensors is written first; each tensor follows as a fragment
-    ``ModelProto{graph{initializer: [tensor]}}``. Parsing concatenated fragments merges them (protobuf's
-    rule for a non-repeated embedded message: its repeated fields are appended), so the file is the one
-    model, its big initializers after the small ones. Tensors that are not top-level initializers
-    (in a subgraph or an attribute) are loaded the ordinary way.
+    The file is what ``onnx.save_model`` writes for the model with those tensors appended to its initializers,
+    byte for byte: the model's fields before ``graph``, one ``graph`` field (its length known beforehand from
+    each tensor's size), the graph's fields up to its initializers, the small initializers, then each external
+    tensor read and framed in turn, the graph's remaining fields and the model's remaining fields. Tensors that
+    are not top-level initializers (in a subgraph or an attribute) are loaded the ordinary way.
+
+    Raises:
+        ValueError: a tensor's data is in another file than ``data_path``, or shorter than its metadata says.
     """
     model = onnx.load(str(graph_path), load_external_data=False)
     external_inits = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
@@ -182,62 +187,103 @@ def fold_external_data(graph_path: Path, data_path: Path, out_path: Path) -> Non
     kept = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
+    places = []  # (offset, length) of each tensor's bytes in the data file
+    for meta in external_inits:
+        info = {entry.key: entry.value for entry in meta.external_data}
+        if info.get("location") != data_path.name:
+            raise ValueError(f"weight {meta.name!r} is in {info.get('location')!r}, expected {data_path.name!r}")
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else data_path.stat().st_size - offset
+        places.append((offset, length))
+    # each tensor as protobuf would write it: its fields numbered below raw_data, raw_data (copied from the
+    # data file in chunks, never held whole: a small model's largest layer is half its weights), the rest
+    parts = [_split_fields(_inline_meta(meta), _RAW_DATA) for meta in external_inits]
+    lengths = [len(low) + _field_size(_RAW_DATA, length) + len(high) for (low, high), (_, length) in zip(parts, places)]
+    graph_head, graph_tail = _split_fields(model.graph, _GRAPH_INITIALIZER)
+    model.ClearField("graph")
+    model_head, model_tail = _split_fields(model, _MODEL_GRAPH)
+    graph_size = len(graph_head) + len(graph_tail) + sum(_message_size(n) for n in lengths)
     with open(out_path, "wb") as out, open(data_path, "rb") as data:
-        out.write(model.SerializeToString())
-        for meta in external_inits:
-            info = {entry.key: entry.value for entry in meta.external_data}
-            if info.get("location") != data_path.name:
-                raise ValueError(f"weight {meta.name!r} is in {info.get('location')!r}, expected {data_path.name!r}")
-            offset = int(info.get("offset", 0))
-            length = int(info["length"]) if "length" in info else os.fstat(data.fileno()).st_size - offset
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(meta)
-            del tensor.external_data[:]
-            tensor.data_location = onnx.TensorProto.DEFAULT
-            _write_fragment(out, tensor.SerializeToString(), data, offset, length)
+        out.write(model_head)
+        out.write(_key(_MODEL_GRAPH) + _varint(graph_size))
+        out.write(graph_head)
+        for meta, (low, high), (offset, length), tensor_length in zip(external_inits, parts, places, lengths):
+            out.write(_key(_GRAPH_INITIALIZER) + _varint(tensor_length) + low)
+            out.write(_key(_RAW_DATA) + _varint(length))
+            _copy(data, out, offset, length, meta.name, data_path)
+            out.write(high)
+        out.write(graph_tail)
+        out.write(model_tail)
 
 
-# field numbers of onnx.proto: ModelProto.graph, GraphProto.initializer, TensorProto.raw_data
-_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+# field numbers of onnx.proto used by the fold (ModelProto.graph, GraphProto.initializer, TensorProto.raw_data)
+_MODEL_GRAPH = 7
+_GRAPH_INITIALIZER = 5
+_RAW_DATA = 9
+
+
 _COPY_CHUNK = 1024 ** 2
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if value:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
-
-
-def _length_delimited(field_number: int, length: int) -> bytes:
-    """The key and length of a length-delimited protobuf field (wire type 2)."""
-    return _varint(field_number << 3 | 2) + _varint(length)
-
-
-def _write_fragment(out, tensor_head: bytes, data, offset: int, length: int) -> None:
-    """Write ``ModelProto{graph{initializer: [tensor]}}`` where the tensor is ``tensor_head`` (the tensor's
-    serialised fields without raw_data) plus ``length`` bytes of ``data`` at ``offset`` as its raw_data,
-    copied in chunks. Building the tensor in protobuf held its bytes three or four times (the read, the
-    field, the fragment, its serialisation): for a small model whose largest layer is half its weights,
-    that was twice the model's size on top of the rest (a field may follow the others: parsers take any
-    order)."""
-    raw_key = _length_delimited(_TENSOR_RAW_DATA, length)
-    tensor_size = len(tensor_head) + len(raw_key) + length
-    initializer_key = _length_delimited(_GRAPH_INITIALIZER, tensor_size)
-    graph_size = len(initializer_key) + tensor_size
-    out.write(_length_delimited(_MODEL_GRAPH, graph_size) + initializer_key + tensor_head + raw_key)
+def _copy(data, out, offset: int, length: int, name: str, data_path: Path) -> None:
+    """Copy ``length`` bytes at ``offset`` of ``data`` to ``out`` in chunks."""
     data.seek(offset)
     left = length
     while left:
         chunk = data.read(min(left, _COPY_CHUNK))
         if not chunk:
-            raise ValueError(f"the weights' file {data.name} ends {left} bytes before the tensor it should hold")
+            raise ValueError(f"weight {name!r}: {data_path} ends {left} bytes before the tensor it should hold "
+                             f"({length} bytes at {offset})")
         out.write(chunk)
         left -= len(chunk)
+
+
+def _inline_meta(meta: onnx.TensorProto) -> onnx.TensorProto:
+    """``meta`` (an external tensor) as an inline one without data yet."""
+    tensor = onnx.TensorProto()
+    tensor.CopyFrom(meta)
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT  # as onnx.load marks a tensor it read from external data
+    tensor.ClearField("raw_data")
+    return tensor
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _key(number: int) -> bytes:
+    """The key of a length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2)
+
+
+def _field_size(number: int, length: int) -> int:
+    """Bytes a length-delimited field of ``length`` bytes takes, key and length included."""
+    return len(_key(number)) + len(_varint(length)) + length
+
+
+def _message_size(length: int) -> int:
+    """Bytes an initializer entry of ``length`` bytes takes in its graph."""
+    return _field_size(_GRAPH_INITIALIZER, length)
+
+
+def _split_fields(message: Any, number: int) -> tuple[bytes, bytes]:
+    """``message`` serialised as two parts: its fields numbered up to ``number`` and those after; protobuf
+    writes fields in number order, so what goes between the parts lands where its own serialiser puts it."""
+    head, tail = type(message)(), type(message)()
+    head.CopyFrom(message)
+    tail.CopyFrom(message)
+    for field, _ in message.ListFields():
+        (tail if field.number <= number else head).ClearField(field.name)
+    return head.SerializeToString(), tail.SerializeToString()
 
 
 def write_onnx(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_THRESHOLD, *,
