@@ -62,14 +62,7 @@ from workbench.sources.data_source import DataSource, DataSpec
 from workbench.sources.errors import EntryPointError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
 from workbench.sources.paths import absolute_path
-from workbench.sources.trust import (
-    CHANGED,
-    TRUSTED,
-    UNKNOWN,
-    CodeReference,
-    remember_trust,
-    trust_status,
-)
+from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, remember_trust, trust_status
 
 logger = logging.getLogger(__name__)
 
