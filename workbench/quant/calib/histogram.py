@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from workbench.quant.calib.amax_search import DEFAULT_START_BIN, amax_entropy, amax_mse, amax_percentile
-from workbench.quant.calib.calibrator import _Calibrator
+from workbench.quant.calib.calibrator import Calibrator
 from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.memory import KERNEL_DTYPES, dense_block, memory_rows, rows_of_layout
@@ -71,7 +71,7 @@ def merge_bins(hist: torch.Tensor, factor: int) -> torch.Tensor:
     return merged
 
 
-class HistogramCalibrator(_Calibrator):
+class HistogramCalibrator(Calibrator):
     """Per-tensor histogram of |x|; ``compute_amax(method)`` picks amax by entropy, mse or percentile.
 
     The histogram is collected once; every method reuses it, so trying another method needs no new

@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 import torch
 
-from workbench.quant.calib.calibrator import _Calibrator
+from workbench.quant.calib.calibrator import Calibrator
 from workbench.quant.calib.memory import abs_max_in_place
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def abs_max(x: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, int]:
     return torch.amax(cleaned, dim=dims, keepdim=True), nonfinite
 
 
-class MaxCalibrator(_Calibrator):
+class MaxCalibrator(Calibrator):
     """Tracks the absolute maximum of everything it is shown.
 
     Args:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from workbench.quant.calib.calibrator import _Calibrator
+from workbench.quant.calib.calibrator import Calibrator
 from workbench.quant.calib.histogram import HistogramCalibrator, merge_bins
 from workbench.quant.calib.max import MaxCalibrator
 from workbench.quant.distributed import DistContext
@@ -40,7 +40,7 @@ class CalibratorMergeError(ValueError):
     """The ranks' calibrators cannot be merged (different models, calibrators or settings)."""
 
 
-def _describe(calibrator: _Calibrator) -> tuple:
+def _describe(calibrator: Calibrator) -> tuple:
     """What every rank must agree on about a calibrator, plus its counters (summed across ranks)."""
     counters = (calibrator.batches_seen, calibrator.values_seen, calibrator.nonfinite_count)
     if isinstance(calibrator, HistogramCalibrator):
@@ -53,7 +53,7 @@ def _describe(calibrator: _Calibrator) -> tuple:
                                "only MaxCalibrator and HistogramCalibrator can.")
 
 
-def merge_calibrators(calibrators: Mapping[str, _Calibrator], context: DistContext) -> None:
+def merge_calibrators(calibrators: Mapping[str, Calibrator], context: DistContext) -> None:
     """Merge the statistics of ``calibrators`` (by quantizer name) over all ranks of ``context``, in place.
 
     Every rank must call this with the same names (in the same order). Afterwards every rank's
