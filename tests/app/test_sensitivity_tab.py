@@ -283,3 +283,28 @@ def test_the_unit_column_fits_its_names_beside_the_chart(controller, qtbot):
     assert tab.table.horizontalScrollBar().value() == 0
     row = next(r for r in range(4) if tab.table_model.item(r, 0).data(QtNames.ItemDataRole.UserRole) == long_name)
     assert tab.table_model.item(row, 0).toolTip().startswith(long_name + "\n")
+
+
+def test_a_narrow_unit_column_keeps_each_layers_block_index(controller, qtbot):
+    """Two layers that differ only in their block index still read apart in a column too narrow for either."""
+    from PySide6.QtWidgets import QStyleOptionViewItem
+
+    from workbench.analysis.results import SensitivityResult, UnitResult
+
+    names = ["bert.encoder.layer.0.attention.output.dense", "bert.encoder.layer.1.attention.output.dense"]
+    units = [UnitResult(name, [], 30.0 - i, 1.0 - i, -5.0, rank=i + 1) for i, name in enumerate(names)]
+    tab = make_tab(controller, qtbot)
+    tab.show_result(SensitivityResult("one-off", {"name": "sqnr", "direction": "higher"}, math.inf, 25.0, units,
+                                      1, 0.1))
+    tab.table.setColumnWidth(0, 130)
+    delegate = tab.table.itemDelegateForColumn(0)
+    shown = []
+    for row in range(2):
+        option = QStyleOptionViewItem()
+        option.rect = tab.table.visualRect(tab.table_model.index(row, 0))
+        option.widget = tab.table
+        delegate.initStyleOption(option, tab.table_model.index(row, 0))
+        assert tab.table.fontMetrics().horizontalAdvance(option.text) <= option.rect.width()
+        shown.append(option.text)
+    assert shown[0] != shown[1] and "0." in shown[0] and "1." in shown[1]  # e.g. "…0.….output.dense"
+    assert all(text.endswith("dense") for text in shown)

@@ -50,6 +50,7 @@ from workbench.app.sensitivity_bars import (
     sensitivity_scores,
     table_row,
 )
+from workbench.app.tree_layout import FrontElidedDelegate
 
 __all__ = ["SensitivityTab", "BUILTIN_METRIC_LABELS"]
 
@@ -178,6 +179,7 @@ class SensitivityTab(QWidget):
         self.table.verticalHeader().hide()
         self.table.setAlternatingRowColors(True)
         self.table.setTextElideMode(Qt.TextElideMode.ElideLeft)  # a narrow Unit column keeps the layer's end
+        self.table.setItemDelegateForColumn(0, FrontElidedDelegate(self.table))  # ... and its block index
         header = self.table.horizontalHeader()
         # the Unit column sized to its names (_fit_table), not squeezed to what the number columns leave over
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)

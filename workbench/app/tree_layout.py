@@ -14,6 +14,7 @@ from PySide6.QtCore import QByteArray, QSettings, Qt
 from PySide6.QtGui import QFont, QFontMetrics
 from PySide6.QtWidgets import QStyledItemDelegate, QStyleOptionViewItem, QTreeView
 
+from workbench.app.formatting import elide_name
 from workbench.app.tree_model import COLUMN_WIDTHS, COLUMNS, NAME, LayerFilterProxy, ModuleTreeModel
 
 __all__ = ["fit_columns", "TreeLayoutMemory", "FrontElidedDelegate", "default_widths", "MAX_NAME_WIDTH",
@@ -120,12 +121,20 @@ class TreeLayoutMemory:
 
 
 class FrontElidedDelegate(QStyledItemDelegate):
-    """Cells elided at the front ("…self.query"): a name's end is what tells rows apart. Other columns keep
-    Qt's elision at the end (a descriptor summary starts with what matters: "int8 per-tensor…")."""
+    """Cells elided at the front, keeping a dotted name's block index (``…10.….self.query``, see
+    :func:`~workbench.app.formatting.elide_name`): a name's end and its index are what tell rows apart. Other
+    columns keep Qt's elision at the end (a descriptor summary starts with what matters: "int8 per-tensor…")."""
 
     def initStyleOption(self, option: QStyleOptionViewItem, index: Any) -> None:  # noqa: N802 - Qt's name
         super().initStyleOption(option, index)
-        option.textElideMode = Qt.TextElideMode.ElideLeft
+        option.textElideMode = Qt.TextElideMode.ElideLeft  # what still does not fit (a single long part)
+        widget = option.widget
+        style = widget.style() if widget is not None else None
+        margin = style.pixelMetric(style.PixelMetric.PM_FocusFrameHMargin, None, widget) + 1 if style else 4
+        room = option.rect.width() - 2 * margin - (option.decorationSize.width() + margin
+                                                   if option.features & option.ViewItemFeature.HasDecoration else 0)
+        metrics = option.fontMetrics
+        option.text = elide_name(option.text, lambda text: metrics.horizontalAdvance(text) <= room)
 
 
 def default_widths(view: QTreeView) -> None:
