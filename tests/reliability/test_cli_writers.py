@@ -46,7 +46,7 @@ def test_two_calibrations_at_once_both_land(project, tmp_path):
 def test_conflicting_edits_the_loser_exits_2_and_changes_nothing(project, tmp_path):
     ignoring, ready, go = start_held(tmp_path, "ign", "set", project, "--ignore", "^fc$", "--trust-code")
     wait_ready(ignoring, ready)
-    other = run_process(tmp_path, "set", project, "--layer", "fc", "--input-desc", "num_bits=8,calib_method=histogram",
+    other = run_process(tmp_path, "set", project, "--layer", "fc", "--input-desc", "num_bits=8,calib_method=max",
                         "--trust-code")
     assert other.returncode == 0, other.stderr
     before = project.read_bytes()
@@ -56,4 +56,4 @@ def test_conflicting_edits_the_loser_exits_2_and_changes_nothing(project, tmp_pa
     assert out == ""  # no success reported
     assert project.read_bytes() == before
     stored = load_project(project)
-    assert stored.layers["fc"].quantize is True and stored.layers["fc"].input_desc["calib_method"] == "histogram"
+    assert stored.layers["fc"].quantize is True and stored.layers["fc"].input_desc["calib_method"] == "max"

@@ -93,7 +93,8 @@ def test_conflicting_save_is_refused_and_named(window, qtbot, saved):
     errors = []
     window.controller.error.connect(lambda title, message, details: errors.append(message))
     other_process_ignores(saved, layer)
-    window.controller.set_descriptor([layer], "input", {"num_bits": 8, "calib_method": "histogram"})
+    # a real change: histogram is the input's default, and an edit back to a default is no edit
+    window.controller.set_descriptor([layer], "input", {"num_bits": 8, "calib_method": "max"})
     before = saved.read_bytes()
     assert window.controller.save() is None
     assert errors and "changed since this window opened it (by another process)" in errors[0]
