@@ -23,7 +23,7 @@ setup(
             sources=[f"workbench/quant/csrc/{name}.c"
                      for name in ("module", "parallel", "cpu", "fake_quant", "ste_grad", "amax_search", "histogram",
                                       "abs_max")],
-            depends=["workbench/quant/csrc/kernels.h", "workbench/quant/csrc/half.h"],
+            depends=[f"workbench/quant/csrc/{name}.h" for name in ("kernels", "half", "avx2_load")],
             extra_compile_args=compile_args,
             extra_link_args=link_args,
             optional=True,

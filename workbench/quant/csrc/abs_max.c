@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "half.h"
+#include "avx2_load.h"
 #include "kernels.h"
 
 #if WB_HAVE_X86_AVX2
@@ -63,15 +64,7 @@ WB_AVX2_TARGET static void run_avx2(const max_job_t *job, const char *data, int6
     int64_t i = 0;
     /* per-lane NaN/Inf counters are 32-bit: rows are cut into pieces of at most 2**30 values by the caller */
     for (; i + 8 <= m; i += 8) {
-        __m256i raw;
-        if (job->dtype == WB_DT_F32) {
-            raw = _mm256_loadu_si256((const __m256i *)((const float *)data + i));
-        } else {
-            __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)data + i));
-            raw = job->dtype == WB_DT_F16 ? _mm256_castps_si256(_mm256_cvtph_ps(half))
-                                          : _mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16);
-        }
-        __m256i bits = _mm256_and_si256(raw, abs_mask);
+        __m256i bits = _mm256_and_si256(wb_load8_f32_bits(job->dtype, data, i), abs_mask);
         __m256i finite = _mm256_cmpgt_epi32(inf_bits, bits); /* signed compare: the sign bit is clear */
         bad = _mm256_sub_epi32(bad, _mm256_cmpeq_epi32(finite, _mm256_setzero_si256()));
         top = _mm256_max_epu32(top, _mm256_and_si256(bits, finite));

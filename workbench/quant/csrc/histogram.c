@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "half.h"
+#include "avx2_load.h"
 #include "kernels.h"
 
 #if WB_HAVE_X86_AVX2
@@ -134,7 +135,7 @@ static int64_t block_index_portable(const hist_job_t *job, const char *data, int
 
 #if WB_HAVE_X86_AVX2
 /* The same, 8 values at a time (compilers do not vectorise the loop above: the float-to-int conversion
- * and the bit casts stop them). float16 goes through F16C, bfloat16 is its float32's upper half. */
+ * and the bit casts stop them); the values are read by wb_load8_f32_bits (avx2_load.h). */
 WB_AVX2_TARGET static int64_t block_index_avx2(const hist_job_t *job, const char *data, int64_t m, int e,
                                                 int32_t *index, uint32_t *top_bits) {
     const __m256 scale = _mm256_set1_ps(ldexpf(1.0f, -e)), last = _mm256_set1_ps((float)(job->bins - 1));
@@ -143,15 +144,7 @@ WB_AVX2_TARGET static int64_t block_index_avx2(const hist_job_t *job, const char
     __m256i zeros = zero, top = zero;
     int64_t i = 0;
     for (; i + 8 <= m; i += 8) {
-        __m256i raw;
-        if (job->dtype == WB_DT_F32) {
-            raw = _mm256_loadu_si256((const __m256i *)((const float *)data + i));
-        } else {
-            __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)data + i));
-            raw = job->dtype == WB_DT_F16 ? _mm256_castps_si256(_mm256_cvtph_ps(half))
-                                          : _mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16);
-        }
-        __m256i bits = _mm256_and_si256(raw, abs_mask);
+        __m256i bits = _mm256_and_si256(wb_load8_f32_bits(job->dtype, data, i), abs_mask);
         __m256i finite = _mm256_cmpgt_epi32(inf_bits, bits); /* signed compare: the sign bit is clear */
         /* min_ps returns its second operand when the first is NaN, so every lane converts in range */
         __m256 position = _mm256_min_ps(_mm256_mul_ps(_mm256_castsi256_ps(bits), scale), last);
