@@ -193,6 +193,65 @@ class TestCollection:
             assert calibrator.nonfinite_count == slow.nonfinite_count
 
     @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+    @pytest.mark.parametrize("portable", [False, True])
+    def test_blocks_with_nan_inf_zeros_and_growth_at_every_place_equal_the_reference(self, dtype, portable,
+                                                                                     monkeypatch):
+        """The kernel counts a block straight away only when its largest |x| lies within the bins; a block with
+        a value beyond them widens first, one with NaN/Inf takes the careful path. Each case is put at the
+        places where the loops change: a block's first and last value, the last full vector, the tail after
+        it, a row's end (rows of 67 values read in place), in the first block of a call and in a later
+        one, with skipped zeros around them. Counts, width, max, NaN/Inf and zero counts equal those of the
+        torch reference, in the AVX2 and the portable loops."""
+        from workbench.quant import _cpu_kernels
+
+        generator = torch.Generator().manual_seed(21)
+        places = (0, 7, 8, 503, 504, 510, 511, 512, 519, 1023, 1024 + 66, 2047)
+        cases = []
+        for kind in ("nan", "inf", "big", "nan+big", "zeros"):
+            for place in places:
+                x = torch.randn(2053, generator=generator)
+                x[::5] = 0.0  # skipped zeros in every block, NaN ones included
+                if kind in ("nan", "nan+big"):
+                    x[place] = float("nan")
+                if kind == "inf":
+                    x[place] = -float("inf")
+                if kind in ("big", "nan+big"):
+                    x[min(place + 3, x.numel() - 1)] = 1e4  # beyond the bins set by the first block
+                cases.append(x.to(dtype))
+        # rows of 67 values, 80 apart: blocks end at every row's end (tails of 3 after 8 vectors)
+        strided = torch.randn(40, 80, generator=generator)
+        strided[5, 66] = float("nan")
+        strided[30, 0] = 500.0
+        assert histogram.memory_rows(strided[:, :67]) == (67, 80)
+        pairs = [(x * 0.01, x) for x in cases + [strided[:, :67]]]  # a range, then a call that must grow it
+        # a value exactly at the top of the bins (4096 bins of 2**-11 after a max of 1.0) must widen them too
+        for place in places:
+            at_limit = torch.rand(2053, generator=generator).to(dtype)
+            at_limit[place] = 2.0
+            pairs.append((torch.tensor([1.0, 0.5], dtype=dtype), at_limit))
+
+        def run() -> list[HistogramCalibrator]:
+            calibrators = []
+            for first, second in pairs:
+                calibrator = HistogramCalibrator(8, None, False, skip_zeros=True)
+                calibrator.collect(first)
+                calibrator.collect(second)
+                calibrators.append(calibrator)
+            return calibrators
+
+        _cpu_kernels.force_portable(portable)
+        try:
+            fast = run()
+        finally:
+            _cpu_kernels.force_portable(False)
+        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        for index, (calibrator, slow) in enumerate(zip(fast, run())):
+            assert torch.equal(calibrator._counts, slow._counts), index
+            assert calibrator.bin_width == slow.bin_width, index
+            assert calibrator.max_value == slow.max_value and calibrator.nonfinite_count == slow.nonfinite_count, index
+
+    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
     def test_calibrators_of_different_sizes_in_turn_equal_the_reference(self, monkeypatch):
         """The kernel keeps its per-thread counting buffer between calls: calibrators with other numbers of
         bins (a larger buffer, then smaller ones, then more than the buffer keeps) see nothing of each other."""
