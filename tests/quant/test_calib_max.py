@@ -259,3 +259,48 @@ def test_per_tensor_max_with_and_without_the_kernel(dtype, monkeypatch):
     slow = run()
     assert torch.equal(fast[0], slow[0]) and fast[1:] == slow[1:]
     assert float(fast[0]) == 7.0 and fast[1] == 1
+
+
+@pytest.mark.skipif(memory.cpu_extension is None, reason="C kernel not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("portable", [False, True])
+def test_per_channel_weight_max_with_and_without_the_kernel(dtype, portable, monkeypatch):
+    """A weight's max per output channel (axis 0) from one pass of the C kernel equals torch's reductions: linear
+    and convolution weights, rows shorter than a vector and with a tail, a channel holding NaN/Inf, a channel of
+    nothing but NaN/Inf (amax 0), negative zeros, a weight large enough for threads, and a second batch that
+    raises some channels. Other layouts (axis 1, a transposed view, float64) keep torch's path."""
+    from workbench.quant import _cpu_kernels
+
+    generator = torch.Generator().manual_seed(8)
+    linear = torch.randn(37, 19, generator=generator) * torch.logspace(-3, 3, 37).unsqueeze(1)
+    linear[4, 18] = float("nan")  # the tail of a row
+    linear[5, 0] = -float("inf")
+    linear[6] = float("nan")  # a channel with no finite value
+    linear[7] = -0.0
+    conv = torch.randn(16, 3, 3, 3, generator=generator)
+    conv[2, 1, 1, 1] = -40.0
+    big = torch.randn(300, 4001, generator=generator)  # > 2**20 values: threads
+    cases = [(linear, linear * 2), (conv, conv.flip(0)), (big, big * 0.5), (torch.randn(5, 8), torch.randn(5, 8))]
+
+    def run():
+        results = []
+        for first, second in cases:
+            calibrator = MaxCalibrator(8, 0, False)
+            calibrator.collect(first.to(dtype))
+            calibrator.collect(second.to(dtype))
+            results.append((calibrator.compute_amax(), calibrator.nonfinite_count, calibrator.values_seen))
+        return results
+
+    _cpu_kernels.force_portable(portable)
+    try:
+        fast = run()
+        assert memory.abs_max_per_channel(linear.to(dtype)) is not None
+        assert memory.abs_max_per_channel(linear.t()) is None and memory.abs_max_per_channel(linear.double()) is None
+    finally:
+        _cpu_kernels.force_portable(False)
+    monkeypatch.setattr(memory, "cpu_extension", None)
+    slow = run()
+    for (fast_amax, *fast_counts), (slow_amax, *slow_counts) in zip(fast, slow):
+        assert fast_amax.dtype == slow_amax.dtype == torch.float32 and fast_amax.shape == slow_amax.shape
+        assert torch.equal(fast_amax, slow_amax) and fast_counts == slow_counts
+    assert float(fast[0][0][6, 0]) == 0.0 and fast[0][1] == 2 * (19 + 2)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from workbench.quant.calib.calibrator import Calibrator
-from workbench.quant.calib.memory import abs_max_in_place
+from workbench.quant.calib.memory import abs_max_in_place, abs_max_per_channel
 
 logger = logging.getLogger(__name__)
 
@@ -163,10 +163,16 @@ class MaxCalibrator(Calibrator):
     def _collect_general(self, x: torch.Tensor) -> None:
         """Per axis, NaN/Inf present, amax tracking, or non-floating inputs."""
         with torch.no_grad():
-            if x.dtype not in (torch.float32, torch.float64):
-                x = x.float()
             dims = reduce_dims(x.dim(), self._axis)
-            local_amax, nonfinite = abs_max(x, dims)
+            # a weight's max per output channel (axis 0): one pass of the C kernel where it can read x
+            found = abs_max_per_channel(x) if dims == list(range(1, x.dim())) else None
+            if found is not None:
+                local_amax, nonfinite = found
+                local_amax = local_amax.reshape([-1] + [1] * (x.dim() - 1))
+            else:
+                if x.dtype not in (torch.float32, torch.float64):
+                    x = x.float()
+                local_amax, nonfinite = abs_max(x, dims)
             if local_amax.numel() == 1:  # per tensor (or a single channel): a 0-d tensor, as in the original
                 local_amax = local_amax.reshape(())
             if self._calib_amax is not None and local_amax.shape != self._calib_amax.shape:

@@ -1,5 +1,6 @@
 """How the C kernels read a CPU tensor where it lies: its layout as evenly spaced rows of contiguous values,
-and the one-pass largest finite |x| that the per-tensor max calibrator uses.
+and the one-pass largest finite |x| that the max calibrator uses (per tensor, and per output channel of a
+weight).
 
 Calibration statistics do not depend on the order of the values, so a permuted or sliced activation (an
 attention tensor, the keys cut out of a fused qkv projection) can be read in place instead of copied.
@@ -12,7 +13,7 @@ import torch
 
 from workbench.quant.kernels import cpu_extension  # None without a C compiler
 
-__all__ = ["KERNEL_DTYPES", "dense_block", "memory_rows", "rows_of_layout", "abs_max_in_place"]
+__all__ = ["KERNEL_DTYPES", "dense_block", "memory_rows", "rows_of_layout", "abs_max_in_place", "abs_max_per_channel"]
 
 # dtype codes of the C kernels
 KERNEL_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -70,3 +71,18 @@ def abs_max_in_place(x: torch.Tensor) -> tuple[float, int] | None:
     if rows is None:
         return None
     return cpu_extension.abs_max(x.data_ptr(), KERNEL_DTYPES[x.dtype], n, rows[0], rows[1], torch.get_num_threads())
+
+
+def abs_max_per_channel(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """``(largest finite |x| of every slice along dim 0, NaN/Inf count)`` of a contiguous CPU tensor in one pass of
+    the C kernel (0 for a slice with no finite value); the maxima are a float32 tensor of ``x.shape[0]`` values
+    (exact: no arithmetic is involved). None when the kernel cannot read ``x``, for torch's reductions to do
+    instead. This is a weight's per-output-channel max, which torch needs about seven operations for."""
+    if (cpu_extension is None or x.dim() < 2 or not x.is_cpu or x.dtype not in KERNEL_DTYPES or not x.numel()
+            or not x.is_contiguous()):
+        return None
+    rows = x.shape[0]
+    maxima = torch.empty(rows, dtype=torch.float32)
+    nonfinite = cpu_extension.abs_max_rows(x.data_ptr(), KERNEL_DTYPES[x.dtype], rows, x.numel() // rows,
+                                           maxima.data_ptr(), torch.get_num_threads())
+    return maxima, nonfinite

@@ -1,6 +1,6 @@
 /*
  * Largest finite |x| and the number of NaN/Inf values in one pass (the per-tensor max calibrator's
- * statistic). torch needs two reductions for it (amax and amin, each read back) and a third pass when
+ * statistic), and the same per row of a contiguous matrix (a weight's output channels). torch needs two reductions for it (amax and amin, each read back) and a third pass when
  * either is not finite. The values are rows of row_length contiguous values, row_step apart, as for
  * the histogram kernel. The max is kept as the bit pattern of a non-negative float, which orders like
  * the value itself.
@@ -127,4 +127,55 @@ void wb_abs_max(const void *x, int dtype, int64_t n, int64_t row_length, int64_t
         *nonfinite += job.nonfinite[t];
     }
     memcpy(max_abs, &top, sizeof top);
+}
+
+/* Per row: rows are a contiguous weight's output channels (axis 0), each row_length values long. torch
+ * needs about seven operations for this (amax and amin per row, their absolute values, the larger, a
+ * finiteness check read back), each costing more than the pass itself on a layer's weight. */
+typedef struct {
+    max_job_t base;
+    float *max_abs;
+    int64_t nonfinite[WB_MAX_THREADS];
+} rows_job_t;
+
+static void rows_range(void *ctx, int64_t begin, int64_t end, int worker) {
+    rows_job_t *job = (rows_job_t *)ctx;
+    const max_job_t *base = &job->base;
+    const int64_t piece = (int64_t)1 << 30; /* the AVX2 loop's 32-bit NaN/Inf counters */
+    int64_t bad = 0;
+    for (int64_t r = begin; r < end; ++r) {
+        uint32_t top = 0;
+        const char *row = base->x + (size_t)(r * base->row_length) * base->item;
+        for (int64_t start = 0; start < base->row_length; start += piece) {
+            int64_t m = base->row_length - start < piece ? base->row_length - start : piece;
+            const char *data = row + (size_t)start * base->item;
+#if WB_HAVE_X86_AVX2
+            if (base->use_avx2) {
+                run_avx2(base, data, m, &top, &bad);
+                continue;
+            }
+#endif
+            run_portable(base, data, m, &top, &bad);
+        }
+        memcpy(job->max_abs + r, &top, sizeof top);
+    }
+    job->nonfinite[worker] = bad;
+}
+
+void wb_abs_max_rows(const void *x, int dtype, int64_t rows, int64_t row_length, float *max_abs,
+                     int64_t *nonfinite, int nthreads) {
+    if (nthreads > WB_MAX_THREADS) nthreads = WB_MAX_THREADS;
+    rows_job_t job;
+    memset(&job, 0, sizeof job);
+    job.base.x = (const char *)x;
+    job.base.item = dtype == WB_DT_F32 ? 4 : 2;
+    job.base.dtype = dtype;
+    job.base.use_avx2 = wb_use_avx2();
+    job.base.row_length = row_length > 0 ? row_length : 1;
+    job.max_abs = max_abs;
+    /* threads only when there are enough values: the threshold counted in rows */
+    int64_t min_rows = PARALLEL_MIN_VALUES / job.base.row_length + 1;
+    wb_parallel_for(rows, nthreads, min_rows, 1, rows_range, &job);
+    *nonfinite = 0;
+    for (int t = 0; t < WB_MAX_THREADS; ++t) *nonfinite += job.nonfinite[t];
 }

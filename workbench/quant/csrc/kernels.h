@@ -67,5 +67,8 @@ int wb_histogram(const void *x, int dtype, int64_t n, int64_t row_length, int64_
  * laid out as for wb_histogram. */
 void wb_abs_max(const void *x, int dtype, int64_t n, int64_t row_length, int64_t row_step, float *max_abs,
                 int64_t *nonfinite, int nthreads);
+/* The same per row of a contiguous rows x row_length matrix: max_abs[r] for each row, the NaN/Inf total. */
+void wb_abs_max_rows(const void *x, int dtype, int64_t rows, int64_t row_length, float *max_abs,
+                     int64_t *nonfinite, int nthreads);
 
 #endif

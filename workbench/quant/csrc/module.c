@@ -169,6 +169,28 @@ static PyObject *py_abs_max(PyObject *self, PyObject *args) {
     return Py_BuildValue("(dL)", (double)max_abs, (long long)nonfinite);
 }
 
+static PyObject *py_abs_max_rows(PyObject *self, PyObject *args) {
+    unsigned long long x_ptr, out_ptr;
+    long long rows, row_length;
+    int dtype, nthreads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KiLLKi", &x_ptr, &dtype, &rows, &row_length, &out_ptr, &nthreads)) return NULL;
+    if (dtype != WB_DT_F32 && dtype != WB_DT_F16 && dtype != WB_DT_BF16) {
+        PyErr_Format(PyExc_ValueError, "unsupported dtype code %d", dtype);
+        return NULL;
+    }
+    if (rows < 0 || row_length < 1) {
+        PyErr_SetString(PyExc_ValueError, "abs_max_rows needs rows >= 0 and row_length >= 1");
+        return NULL;
+    }
+    int64_t nonfinite = 0;
+    Py_BEGIN_ALLOW_THREADS
+    wb_abs_max_rows((const void *)(uintptr_t)x_ptr, dtype, rows, row_length, (float *)(uintptr_t)out_ptr, &nonfinite,
+                    nthreads);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong((long long)nonfinite); /* the maxima are in the float32 buffer at out_ptr */
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -193,6 +215,8 @@ static PyMethodDef methods[] = {
     {"histogram", py_histogram, METH_VARARGS,
      "Add |x| to a histogram with power-of-two bins, widened as needed; returns (width exponent, NaN/Inf, max |x|)."},
     {"abs_max", py_abs_max, METH_VARARGS, "Largest finite |x| and the NaN/Inf count of a CPU buffer, in one pass."},
+    {"abs_max_rows", py_abs_max_rows, METH_VARARGS,
+     "Largest finite |x| of every row of a contiguous CPU matrix into a float32 buffer; returns the NaN/Inf count."},
     {"isa", py_isa, METH_NOARGS, "Instruction set the kernels use on this CPU."},
     {"force_portable", py_force_portable, METH_O, "Use the portable loops even where AVX2 is available."},
     {NULL, NULL, 0, NULL},
