@@ -81,3 +81,40 @@ def test_a_quantizer_that_saw_only_zeros_is_warned_about():
     result = calibrate(model, batches(fill=0.0), num_batches=None, method="max", report_sqnr=False)
     zero = [w for w in result.warnings if "only zeros" in w]
     assert any(w.startswith("conv._input_quantizer") for w in zero), result.warnings
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kernel", [True, False])
+def test_mostly_nonfinite_is_decided_on_the_count_of_every_input(dtype, kernel, monkeypatch):
+    """A batch is mostly NaN/Inf when over half of its floating-point input values are, counted over all its
+    tensors (a channels-last input read in place, a second input of another dtype; the labels are no input),
+    whether the C kernel or torch's reductions count them."""
+    from workbench.quant.calib import memory
+
+    if not kernel:
+        monkeypatch.setattr(memory, "cpu_extension", None)
+
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = Net()
+
+        def forward(self, x, extra):
+            return self.net(x.float() + extra.float().mean())
+
+    model = TwoInputs().eval()
+    replace_to_quantization_module(model, quant_desc_input=QuantDescriptor(calib_method="max"))
+    generator = torch.Generator().manual_seed(3)
+
+    def batch(nonfinite: int):
+        x = torch.randn(3, 3, 6, 6, generator=generator).to(dtype).contiguous(memory_format=torch.channels_last)
+        extra = torch.randn(4, dtype=torch.float64, generator=generator)
+        flat = x.permute(0, 2, 3, 1).reshape(-1)  # x's memory, in order
+        flat[:nonfinite] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype).repeat(nonfinite)[
+            :nonfinite]
+        return {"x": x, "extra": extra, "labels": torch.zeros(3, dtype=torch.long)}
+
+    total = 3 * 3 * 6 * 6 + 4  # 328 floating-point values: 164 is half, not more
+    result = calibrate(model, [batch(164), batch(165), batch(0)], num_batches=None, method="max", report_sqnr=False)
+    mostly = [w for w in result.warnings if "mostly NaN/Inf" in w]
+    assert total == 328 and len(mostly) == 1 and "batches 1 (1 of 3)" in mostly[0], result.warnings

@@ -22,6 +22,7 @@ from workbench.quant.blocks import DEFAULT_BLOCK_METHOD, refine_block_amax
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.checks import CalibrationWarning, histogram_warnings
 from workbench.quant.calib.max import extremes
+from workbench.quant.calib.memory import abs_max_in_place
 from workbench.quant.calib.merge import merge_calibrators
 from workbench.quant.distributed import SINGLE, Digest, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
@@ -606,6 +607,10 @@ def _nonfinite_share(batch: Any) -> float:
     for tensor in flat_tensors((args, kwargs)):
         if tensor.is_floating_point() and tensor.numel():
             total += tensor.numel()
+            found = abs_max_in_place(tensor)  # on the CPU, one pass of the C kernel counts them
+            if found is not None:
+                bad += found[1]
+                continue
             high, low = extremes(tensor)  # NaN/Inf show in the extremes: a clean batch costs two reductions
             if not (math.isfinite(high) and math.isfinite(low)):
                 bad += int((~torch.isfinite(tensor)).sum())
