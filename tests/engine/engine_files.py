@@ -14,7 +14,7 @@ def tensor(name, dims, fmt):
 def engine_layers(names):
     """The detailed layer information TensorRT 8.6 writes for the demo export, with planted problems:
     block.conv2 (+ the residual add) in FP32, fc's input Quantize left as a standalone Scale layer, and an
-    INT8 -> FP32 Reformat in front of head_pool's ReduceMean (which then runs in FP32)."""
+    INT8 -> FP32 Reformat in front of head_pool's GlobalAveragePool (which then runs in FP32)."""
     def n(name):
         assert name in names, f"the export has no node {name!r}: {names}"
         return name
@@ -39,12 +39,12 @@ def engine_layers(names):
               [tensor("p", [1, 16, 4, 4], INT8)]),
         layer(["expand.0._weight_quantizer/QuantizeLinear", "expand.0/Conv", "expand.2/Relu"], "CaskConvolution",
               "Convolution", [tensor("p", [1, 16, 4, 4], INT8)], [tensor("e", [1, 32, 4, 4], INT8)]),
-        {"Name": f"Reformatting CopyNode for Input Tensor 0 to {n('head_pool/ReduceMean')}", "LayerType": "Reformat",
+        {"Name": f"Reformatting CopyNode for Input Tensor 0 to {n('head_pool/GlobalAveragePool')}", "LayerType": "Reformat",
          "ParameterType": "Reformat", "Inputs": [tensor("e", [1, 32, 4, 4], INT8)],
          "Outputs": [tensor("ef", [1, 32, 4, 4], FP32)], "Origin": "REFORMAT"},
-        layer(["head_pool/ReduceMean"], "CaskReduce", "Reduce", [tensor("ef", [1, 32, 4, 4], FP32)],
+        layer(["head_pool/GlobalAveragePool"], "CaskReduce", "Reduce", [tensor("ef", [1, 32, 4, 4], FP32)],
               [tensor("m", [1, 32, 1, 1], FP32)]),
-        layer(["/Reshape"], "NoOp", "Shuffle", [tensor("m", [1, 32, 1, 1], FP32)], [tensor("v", [1, 32], FP32)]),
+        layer(["/Flatten"], "NoOp", "Shuffle", [tensor("m", [1, 32, 1, 1], FP32)], [tensor("v", [1, 32], FP32)]),
         layer(["fc._input_quantizer/QuantizeLinear"], "Scale", "Scale", [tensor("v", [1, 32], FP32)],
               [tensor("vq", [1, 32], INT8)]),
         layer(["fc._weight_quantizer/QuantizeLinear", "fc/Gemm"], "CaskGemmMatrixMultiply", "MatrixMultiply",

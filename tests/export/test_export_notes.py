@@ -48,7 +48,7 @@ def test_demo_cnn_opset_conversion_is_a_note_and_every_check_has_a_row(tmp_path)
     torch.manual_seed(0)
     batches = [torch.rand(4, 1, 8, 8) for _ in range(2)]
     model = calibrated(DigitsCNN(), batches)
-    report = export_qdq_onnx(model, batches[0], tmp_path / "cnn.onnx")
+    report = export_qdq_onnx(model, batches[0], tmp_path / "cnn.onnx", exporter="dynamo")
     # torch.export writes opset 18; converted down to 17, whatever that needed is what the exporter did
     assert report.exporter == "dynamo" and report.opset == 17
     for note in report.notes:
@@ -60,8 +60,9 @@ def test_demo_cnn_opset_conversion_is_a_note_and_every_check_has_a_row(tmp_path)
     assert any("ReduceMean: removed noop_with_empty_axes" in n for n in report.notes)
     assert not any("noop_with_empty_axes" in w for w in report.warnings)
     checks = [row.check for row in report.checks]
-    assert checks[0] == "sample inputs" and "batch size 5" in checks
-    assert "random inputs in the sample's range" in checks
+    # one run covers another batch size and the sample's range: random values at batch size 5
+    assert checks[0] == "sample inputs" and "random inputs in the sample's range, batch size 5" in checks
+    assert report.range_check == report.dynamic_batch_check and report.range_check.shape[0] == 5
     assert_headline_in_table(report)
     optimized = [row for row in report.checks if not row.in_headline]
     assert len(optimized) == 1 and "optimizations" in optimized[0].check

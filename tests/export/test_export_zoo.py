@@ -10,6 +10,7 @@ from zoo import ZOO
 
 from workbench import quant
 from workbench.export import export_qdq_onnx
+from workbench.export.exporters import FAST_PATH_NOTE
 from workbench.graph import apply_placement_rules, insert_functional_quantizers
 from workbench.quant.calibrate import calibrate
 
@@ -82,8 +83,9 @@ def test_file_is_valid_and_matches_the_fake_quant_model(exported):
     assert report.cosine > 0.999, name
     assert report.max_abs_diff < 1e-3, name
     assert report.exporter in ("dynamo", "torchscript")
-    if report.exporter == "torchscript":  # only where the torch.export-based exporter could not do it
-        assert report.exporter_note.startswith("TorchScript exporter: ") and len(report.exporter_note) > 40
+    if report.exporter == "torchscript":  # the fast path, or where the torch.export-based exporter could not do it
+        assert report.exporter_note == FAST_PATH_NOTE or (
+            report.exporter_note.startswith("TorchScript exporter: ") and len(report.exporter_note) > 40)
     print(f"{name}: max abs diff {report.max_abs_diff:.3g}, cosine {report.cosine:.7f}, exporter {report.exporter}")
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from workbench.export.errors import ExportError, UnsupportedOperationError
+from workbench.export.naming import tag_torchscript_modules
 from workbench.export.notes import ReportLog
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
@@ -29,7 +30,8 @@ from workbench.export.opset import MIN_OPSET, convert_opset, default_opset
 from workbench.export.qdq import register_torchscript_symbolic, translation_table
 from workbench.export.reference import grow_batch
 
-__all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line", "token_inputs", "unwrap_names"]
+__all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line", "token_inputs", "unwrap_names",
+           "fast_path_refusal", "clean_torchscript_graph", "FAST_PATH_NOTE"]
 
 Exporter = Literal["auto", "dynamo", "torchscript"]
 DYNAMO_MIN_OPSET = 18
@@ -260,6 +262,9 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
                         for i, name in enumerate(input_names)}
         dynamic_axes.update({name: {0: "batch"} for name in output_names})
     buffer = io.BytesIO()
+    # the tracer runs the model on real tensors: a model that edits its input in place must not edit the
+    # sample that onnxruntime is given next
+    inputs = tuple(t.clone() for t in inputs)
     try:
         torch.onnx.export(model, inputs, buffer, dynamo=False, opset_version=opset, input_names=input_names,
                           output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True)
@@ -272,12 +277,45 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
         raise UnsupportedOperationError(f"The TorchScript ONNX exporter failed: {first_line(error)}", ops,
                                         []) from error
     proto = onnx.load_from_string(buffer.getvalue())
+    del buffer
+    # each node's module, from TorchScript's scopes and the wrapper's module paths (repeated calls resolved)
+    tag_torchscript_modules(proto, [name for name, _ in model.named_modules() if name], root="model")
     unwrap_names(proto)
-    # the same clean-up the torch.export-based exporter applies (constant folding, which keeps Q/DQ,
-    # and merging identical nodes), so both exporters give the same Q/DQ structure
-    import onnxscript.optimizer
+    return clean_torchscript_graph(proto)
 
-    return onnxscript.optimizer.optimize(proto)
+
+def clean_torchscript_graph(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Give a TorchScript graph the Q/DQ structure the torch.export-based exporter writes.
+
+    TorchScript shares equal constants (two quantizers' equal scales) through ``Identity`` nodes and leaves
+    identical Q/DQ pairs on one tensor (a block's conv and its downsample reading the same input with the same
+    amax) apart, and keeps small constants as ``Constant`` nodes; torch.export's optimiser reads the constants
+    directly, merges the pairs and keeps constants as initializers. These onnx_ir passes do just that (about
+    0.02 s on a ResNet-18, where onnxscript's whole optimiser takes 0.2-0.4 s and renames what its rewrite rules
+    touch, such as the final Flatten). Where they are missing (an older onnx_ir), onnxscript's optimiser does the
+    same and more.
+    """
+    try:
+        import onnx_ir
+        from onnx_ir.passes.common import (
+            CommonSubexpressionEliminationPass,
+            IdentityEliminationPass,
+            LiftConstantsToInitializersPass,
+            RemoveUnusedNodesPass,
+        )
+        from onnxscript.optimizer import fold_constants
+    except ImportError:
+        import onnxscript.optimizer
+
+        return onnxscript.optimizer.optimize(proto)
+    model = onnx_ir.from_proto(proto)
+    IdentityEliminationPass()(model)
+    fold_constants(model)
+    CommonSubexpressionEliminationPass()(model)
+    RemoveUnusedNodesPass()(model)
+    # torch.export's graph holds no Constant nodes: their values are initializers (a ReLU6's Clip bounds)
+    LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    return onnx_ir.to_proto(model)
 
 
 def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
@@ -288,6 +326,9 @@ def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
     used = {v for n in graph.node for v in list(n.input) + list(n.output)} | {i.name for i in graph.initializer}
     renamed = {name: name[len(dotted):] for name in used
                if name.startswith(dotted) and name[len(dotted):] not in used}
+    # TorchScript's value names carry the wrapper's scope too (/model/conv1/Conv_output_0)
+    renamed.update({name: "/" + name[len(scoped):] for name in used
+                    if name.startswith(scoped) and "/" + name[len(scoped):] not in used})
 
     def fix(values) -> None:
         for index, value in enumerate(values):
@@ -387,10 +428,67 @@ def first_line(error: BaseException) -> str:
 
 
 
+# "auto" tries the TorchScript exporter first where its graph is the one torch.export would record (see
+# fast_path_refusal): it traces the sample once and translates it directly, where torch.export traces twice
+# (capture, then decompositions) before the translation: 2-4x less time for a CNN. Its graph is held in memory
+# whole, so models above this size take the torch.export-based exporter, which streams the weights to a file.
+FAST_PATH_MAX_BYTES = 1024 ** 3
+# the newest opset torch's TorchScript exporter writes
+TORCHSCRIPT_MAX_OPSET = 20
+FAST_PATH_NOTE = ("TorchScript exporter (the fast path: float inputs, INT8 Q/DQ, and a trace without data-dependent "
+                  "Python values or run-time shapes, so its graph is the one torch.export records)")
+
+
+def fast_path_refusal(model: nn.Module, inputs: tuple, opset: int, formats: set[str]) -> str | None:
+    """Why ``"auto"`` cannot take the TorchScript fast path for this model, or None where it can.
+
+    The TorchScript trace and torch.export record the same graph for a model whose inputs are all floating
+    point (token ids and masks need torch.export's symbolic sequence length), whose quantizers are INT8 (FP8
+    and INT4 need opsets 19 and 21 and torch.export's translations), without recurrent layers (TorchScript writes
+    them with its own batch handling), and whose trace reads no tensor value into Python and computes no shape at
+    run time (checked on the trace: :func:`run_exporter` goes on to torch.export when the tracer warns or the
+    graph has a ``Shape`` node, as attention's head split gives).
+    """
+    if any(not t.is_floating_point() for t in inputs):
+        return "an input is not floating point (token ids, masks)"
+    if formats - {"int8"}:
+        return f"{', '.join(sorted(formats - {'int8'}))} quantizers"
+    if opset > TORCHSCRIPT_MAX_OPSET:
+        return f"opset {opset} is above the TorchScript exporter's {TORCHSCRIPT_MAX_OPSET}"
+    if any(isinstance(m, nn.RNNBase) or type(m).__name__ == "QuantLSTM" for m in model.modules()):
+        return "a recurrent layer"
+    size = _weight_bytes(model)
+    if size > FAST_PATH_MAX_BYTES:
+        return f"weights of {_gigabytes(size)} (the torch.export-based exporter streams them to a file)"
+    return None
+
+
+def _fast_path(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
+               dynamic_batch: bool) -> tuple[onnx.ModelProto | None, str]:
+    """The TorchScript graph when its trace is clean, else None and why (a tracer warning, an error)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
+        except Exception as error:  # torch.export may still capture it: its errors are the ones to report
+            return None, first_line(error)
+    traced = [str(w.message).splitlines()[0] for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    if traced:
+        return None, f"TorchScript tracer: {traced[0]}"
+    if any(node.op_type == "Shape" for node in proto.graph.node):
+        # shapes computed at run time (attention's head split, say), where torch.export's are symbolic or folded
+        return None, "the TorchScript graph computes shapes at run time"
+    return proto, ""
+
+
 def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
                  dynamic_batch: bool, exporter: Exporter, log: ReportLog, target_path: Path | None = None,
-                 threshold: int = EXTERNAL_DATA_THRESHOLD):
+                 threshold: int = EXTERNAL_DATA_THRESHOLD, formats: set[str] | None = None):
     """Run the chosen exporter; with "auto", fall back to TorchScript and say why.
+
+    With "auto" and the quantizers' ``formats``, a model :func:`fast_path_refusal` accepts goes through the
+    TorchScript exporter first (its trace checked for tracer warnings); the torch.export-based exporter takes
+    over when that trace is not clean.
 
     With ``target_path``, a torch.export-based graph whose weights exceed ``threshold`` bytes comes back
     without them: they are in a temporary data file beside ``target_path`` (see
@@ -401,6 +499,10 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
     whose weights are over :data:`TORCHSCRIPT_LIMIT` (protobuf's 2 GB) is never handed to TorchScript:
     the error gives the torch.export-based exporter's problem and says the fallback cannot write it.
     """
+    if exporter == "auto" and formats is not None and fast_path_refusal(model, inputs, opset, formats) is None:
+        proto, _ = _fast_path(model, inputs, input_names, output_names, opset, dynamic_batch)
+        if proto is not None:
+            return proto, "torchscript", FAST_PATH_NOTE, dynamic_batch
     if exporter == "torchscript":
         try:
             proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # only in annotations: the session names layers from quantize
     import onnx
 
 __all__ = ["MODULE_KEY", "QUANTIZER_KEY", "QDQ_OPS", "name_nodes_by_module", "node_module", "module_of_node_name",
+           "tag_torchscript_modules",
            "layer_of_quantizer", "split_engine_layer_name", "module_of_engine_part"]
 
 MODULE_KEY = "workbench.module"
@@ -95,7 +96,7 @@ def module_of_node_name(name: str) -> str | None:
     return head
 
 
-def _torchscript_module_path(scopes: list[str]) -> str:
+def _torchscript_module_path(scopes: list[str], modules: set[str] | None = None) -> str:
     """The module path TorchScript's scopes stand for.
 
     Each scope is the module's path from its last non-numeric part on (torch.onnx's unqualified name):
@@ -103,13 +104,51 @@ def _torchscript_module_path(scopes: list[str]) -> str:
     ``layer1.0.downsample.0``. A container that is never called (an ``nn.ModuleList``) has no scope of its
     own, so a scope's leading parts repeat the end of the path so far only where they overlap it:
     ``/encoder/layer.0/layer.0.0/Gemm`` is ``encoder.layer.0.0``.
+
+    TorchScript names the scope of a module's second call ``relu_1``: with ``modules`` (the model's module
+    paths), a scope whose path is no module but is one without that ``_N`` stands for that module.
     """
     path: list[str] = []
     for scope in scopes:
         atoms = scope.split(".")
-        overlap = next(j for j in range(len(atoms) - 1, -1, -1) if j == 0 or path[len(path) - j:] == atoms[:j])
-        path = path[:len(path) - overlap] + atoms
+        joined = _joined(path, atoms)
+        if modules is not None and ".".join(joined) not in modules and _SUFFIX.search(atoms[-1]):
+            called_again = _joined(path, atoms[:-1] + [_SUFFIX.sub("", atoms[-1])])
+            if ".".join(called_again) in modules:
+                joined = called_again
+        path = joined
     return ".".join(path)
+
+
+def _joined(path: list[str], atoms: list[str]) -> list[str]:
+    overlap = next(j for j in range(len(atoms) - 1, -1, -1) if j == 0 or path[len(path) - j:] == atoms[:j])
+    return path[:len(path) - overlap] + atoms
+
+
+def tag_torchscript_modules(model: onnx.ModelProto, modules: Iterable[str], root: str = "") -> None:
+    """Record in each compute node of a TorchScript graph the module it came from (:data:`MODULE_KEY`, which
+    :func:`name_nodes_by_module` reads first), resolving the scopes against the traced module's paths
+    (``modules``): a repeated call's scope (``relu_1``) is the module's, so both exporters name the second call
+    of ``layer1.0.relu`` ``layer1.0.relu/Relu_1``; and ``root``, the attribute that holds the user's model in
+    the traced wrapper, is taken off (``model.1`` of a wrapped ``nn.Sequential`` is its layer ``1``).
+
+    Run it on the graph as TorchScript named it, before the wrapper's scope leaves the node names."""
+    known = set(modules)
+    prefix = root + "." if root else ""
+    for node in model.graph.node:
+        name = node.name.strip()
+        if not name.startswith("/") or MODULE_KEY in _metadata(node) or QUANTIZER_KEY in _metadata(node):
+            continue
+        head = name.rsplit("/", 1)[0]
+        module = _torchscript_module_path([s for s in head.split("/") if s], known)
+        if _quantizer_of(node) is not None:
+            # the quantizer whose stand-in wrote this Q/DQ (its scale may be another's equal one, shared)
+            if module in known and module.startswith(prefix):
+                _set_metadata(node, QUANTIZER_KEY, module[len(prefix):])
+        elif module == root:
+            _set_metadata(node, MODULE_KEY, "")
+        elif module in known and module.startswith(prefix):
+            _set_metadata(node, MODULE_KEY, module[len(prefix):])
 
 
 def _scoped_module(node: onnx.NodeProto) -> str | None:
@@ -159,7 +198,7 @@ def name_nodes_by_module(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type in QDQ_OPS + ("Clip",) and quantizer is not None:
             # the scope is the quantizer the node came from; a name given through a scale initializer can be
             # another quantizer's when the optimiser merged equal scales
-            scoped = _scoped_module(node)
+            scoped = _metadata(node).get(QUANTIZER_KEY) or _scoped_module(node)
             if scoped is not None and _QUANTIZER.search(scoped) and scoped != quantizer:
                 qdq_plan.append((node, scoped))
                 quantizer = scoped
