@@ -29,6 +29,7 @@ from workbench.export.onnx_file import (
 from workbench.export.opset import MIN_OPSET, convert_opset, default_opset
 from workbench.export.qdq import register_torchscript_symbolic, translation_table
 from workbench.export.reference import grow_batch
+from workbench.export.torchscript_weights import attach_weights
 
 __all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line", "token_inputs", "unwrap_names",
            "fast_path_refusal", "clean_torchscript_graph", "FAST_PATH_NOTE"]
@@ -246,7 +247,10 @@ def _torchscript_too_large(model: nn.Module) -> str | None:
 
 
 def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
-                        opset: int, dynamic_batch: bool) -> onnx.ModelProto:
+                        opset: int, dynamic_batch: bool, target_path: Path | None = None) -> onnx.ModelProto:
+    """The TorchScript exporter's graph, its weights attached from the model's tensors (with ``target_path``, a
+    model over :data:`~workbench.export.onnx_file.STREAM_THRESHOLD` keeps them in a temporary data file beside
+    it, as the torch.export-based path does; see :mod:`workbench.export.torchscript_weights`)."""
     if opset < MIN_OPSET:
         raise ExportError(f"opset {opset} is too old for per-channel Q/DQ; use opset {MIN_OPSET} or newer.")
     too_large = _torchscript_too_large(model)
@@ -261,13 +265,32 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
                         else {0: "batch"}
                         for i, name in enumerate(input_names)}
         dynamic_axes.update({name: {0: "batch"} for name in output_names})
-    buffer = io.BytesIO()
     # the tracer runs the model on real tensors: a model that edits its input in place must not edit the
     # sample that onnxruntime is given next
     inputs = tuple(t.clone() for t in inputs)
+    stream = target_path is not None and _weight_bytes(model) > STREAM_THRESHOLD
+    proto = _torchscript_graph(model, inputs, input_names, output_names, opset, dynamic_axes, export_params=False)
+    if not attach_weights(proto, model, input_names, target_path, stream):
+        # an input that is no parameter or buffer (a constant the exporter folded): the weights come with the graph
+        proto = _torchscript_graph(model, inputs, input_names, output_names, opset, dynamic_axes, export_params=True)
+    try:
+        # each node's module, from TorchScript's scopes and the wrapper's module paths (repeated calls resolved)
+        tag_torchscript_modules(proto, [name for name, _ in model.named_modules() if name], root="model")
+        unwrap_names(proto)
+        return clean_torchscript_graph(proto)
+    except BaseException:
+        if target_path is not None:
+            _discard_data(proto, target_path)
+        raise
+
+
+def _torchscript_graph(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
+                       dynamic_axes: dict | None, export_params: bool) -> onnx.ModelProto:
+    buffer = io.BytesIO()
     try:
         torch.onnx.export(model, inputs, buffer, dynamo=False, opset_version=opset, input_names=input_names,
-                          output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True)
+                          output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True,
+                          export_params=export_params)
     except Exception as error:
         if any(text in str(error) for text in _PROTOBUF_LIMIT_MESSAGES):
             raise _TooLargeForTorchScript(
@@ -276,12 +299,7 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
         ops = _unsupported_ops(error)
         raise UnsupportedOperationError(f"The TorchScript ONNX exporter failed: {first_line(error)}", ops,
                                         []) from error
-    proto = onnx.load_from_string(buffer.getvalue())
-    del buffer
-    # each node's module, from TorchScript's scopes and the wrapper's module paths (repeated calls resolved)
-    tag_torchscript_modules(proto, [name for name, _ in model.named_modules() if name], root="model")
-    unwrap_names(proto)
-    return clean_torchscript_graph(proto)
+    return onnx.load_from_string(buffer.getvalue())
 
 
 def clean_torchscript_graph(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -464,20 +482,25 @@ def fast_path_refusal(model: nn.Module, inputs: tuple, opset: int, formats: set[
 
 
 def _fast_path(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
-               dynamic_batch: bool) -> tuple[onnx.ModelProto | None, str]:
+               dynamic_batch: bool, target_path: Path | None) -> tuple[onnx.ModelProto | None, str]:
     """The TorchScript graph when its trace is clean, else None and why (a tracer warning, an error)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
+            proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch, target_path)
         except Exception as error:  # torch.export may still capture it: its errors are the ones to report
             return None, first_line(error)
     traced = [str(w.message).splitlines()[0] for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    reason = ""
     if traced:
-        return None, f"TorchScript tracer: {traced[0]}"
-    if any(node.op_type == "Shape" for node in proto.graph.node):
+        reason = f"TorchScript tracer: {traced[0]}"
+    elif any(node.op_type == "Shape" for node in proto.graph.node):
         # shapes computed at run time (attention's head split, say), where torch.export's are symbolic or folded
-        return None, "the TorchScript graph computes shapes at run time"
+        reason = "the TorchScript graph computes shapes at run time"
+    if reason:
+        if target_path is not None:
+            _discard_data(proto, target_path)
+        return None, reason
     return proto, ""
 
 
@@ -500,12 +523,13 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
     the error gives the torch.export-based exporter's problem and says the fallback cannot write it.
     """
     if exporter == "auto" and formats is not None and fast_path_refusal(model, inputs, opset, formats) is None:
-        proto, _ = _fast_path(model, inputs, input_names, output_names, opset, dynamic_batch)
+        proto, _ = _fast_path(model, inputs, input_names, output_names, opset, dynamic_batch, target_path)
         if proto is not None:
             return proto, "torchscript", FAST_PATH_NOTE, dynamic_batch
     if exporter == "torchscript":
         try:
-            proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
+            proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch,
+                                        target_path)
         except _TooLargeForTorchScript as error:
             raise ExportError(f"{error} Export with the torch.export-based exporter ('auto' or 'dynamo'): it "
                               "writes the weights to ONNX external data beside the file.") from error
@@ -531,7 +555,8 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
         primary = error
         reason = f"the torch.export-based one failed ({error})"
     try:
-        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch)
+        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch,
+                                        target_path)
     except _TooLargeForTorchScript as fallback:
         # the fallback never had a chance: the torch.export-based exporter's problem is the one to fix
         message = (f"The torch.export-based exporter failed: {primary}\n"

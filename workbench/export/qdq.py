@@ -57,8 +57,14 @@ def qdq_reference(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor
         shape[axis] = -1
         s = s.reshape(shape)
         zp = zp.reshape(shape)
-    q = torch.clamp(torch.round(x.to(torch.float32) / s) + zp, qmin, qmax)
-    return ((q - zp) * s).to(x.dtype)
+    if torch.is_grad_enabled() and x.requires_grad:
+        q = torch.clamp(torch.round(x.to(torch.float32) / s) + zp, qmin, qmax)
+        return ((q - zp) * s).to(x.dtype)
+    # one temporary, not six: the TorchScript tracer keeps every tensor of the trace alive until it ends, and
+    # a weight-sized temporary per step held the weights five times over (the same operations, same bits)
+    q = x.to(torch.float32) / s
+    q.round_().add_(zp).clamp_(qmin, qmax).sub_(zp).mul_(s)
+    return q.to(x.dtype)
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=())
