@@ -12,9 +12,12 @@
    the model is built) minus the process's memory before the model was built (after a warm-up export of
    a tiny model, so that imports and the exporter's caches are not counted); the model itself is part of
    it. Target <= 3x at every size. The fixed overhead of an export (a second tiny model's peak) is shown
-   too, with (peak - fixed) / size: the part that grows with the model.
+   too, with (peak - fixed) / size: the part that grows with the model. ``--exporter dynamo,torchscript``
+   measures each size with each exporter (each in its own fresh process); the default, ``auto``, is what
+   ``export_qdq_onnx`` picks.
 
-    python bench/export_speed.py [--repeats 3] [--sizes 40,160] [--skip-memory] [--device cpu|cuda]
+    python bench/export_speed.py [--repeats 3] [--sizes 40,160] [--exporter auto|dynamo|torchscript,...]
+                                 [--skip-memory] [--skip-time] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -131,14 +134,14 @@ def peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
 
 
-def tiny_export(folder: str, name: str) -> None:
+def tiny_export(folder: str, name: str, exporter: str = "auto") -> None:
     warm = Stack(64, 1).eval()
     replace_to_quantization_module(warm)
     calibrate(warm, [torch.randn(2, 64)], num_batches=None, method="max", report_sqnr=False)
-    export_qdq_onnx(warm, torch.randn(2, 64), Path(folder) / name)
+    export_qdq_onnx(warm, torch.randn(2, 64), Path(folder) / name, exporter=exporter)
 
 
-def memory_child(megabytes: int) -> dict:
+def memory_child(megabytes: int, exporter: str = "auto") -> dict:
     """Runs in a fresh process: build a model of about ``megabytes`` MB, export it, report the peak.
 
     First a tiny model is exported twice: the first run pays the imports and the exporter's caches (not
@@ -148,10 +151,10 @@ def memory_child(megabytes: int) -> dict:
     torch.manual_seed(0)
     width = 2048
     with tempfile.TemporaryDirectory() as folder:
-        tiny_export(folder, "warm.onnx")
+        tiny_export(folder, "warm.onnx", exporter)
         before = rss_bytes()
         reset_peak()
-        tiny_export(folder, "tiny.onnx")
+        tiny_export(folder, "tiny.onnx", exporter)
         fixed = peak_bytes() - before
     before = rss_bytes()
     reset_peak()
@@ -164,7 +167,7 @@ def memory_child(megabytes: int) -> dict:
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
-        report = export_qdq_onnx(model, sample, Path(folder) / "model.onnx")
+        report = export_qdq_onnx(model, sample, Path(folder) / "model.onnx", exporter=exporter)
         seconds = time.perf_counter() - start
     peak = peak_bytes()
     return {"size": size, "peak_over_before": peak - before, "ratio": (peak - before) / size, "seconds": seconds,
@@ -172,15 +175,16 @@ def memory_child(megabytes: int) -> dict:
             "exporter": report.exporter, "external": report.external_data_path is not None}
 
 
-def export_memory(sizes_mb: list[int]) -> list[dict]:
+def export_memory(sizes_mb: list[int], exporter: str = "auto") -> list[dict]:
     rows = []
     for megabytes in sizes_mb:
-        out = subprocess.run([sys.executable, __file__, "--memory-child", str(megabytes)], capture_output=True,
-                             text=True, check=False)
+        out = subprocess.run([sys.executable, __file__, "--memory-child", str(megabytes), "--exporter", exporter],
+                             capture_output=True, text=True, check=False)
         if out.returncode != 0:
-            rows.append({"mb": megabytes, "error": (out.stderr.strip().splitlines() or ["failed"])[-1][:120]})
+            rows.append({"mb": megabytes, "requested": exporter,
+                         "error": (out.stderr.strip().splitlines() or ["failed"])[-1][:120]})
             continue
-        rows.append({"mb": megabytes, **json.loads(out.stdout.strip().splitlines()[-1])})
+        rows.append({"mb": megabytes, "requested": exporter, **json.loads(out.stdout.strip().splitlines()[-1])})
     return rows
 
 
@@ -191,10 +195,13 @@ def main() -> None:
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-time", action="store_true")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--exporter", default="auto",
+                        help="exporter(s) of the memory table, comma-separated: auto, dynamo, torchscript "
+                             "(e.g. dynamo,torchscript measures both, each size in a fresh process)")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
-        print(json.dumps(memory_child(args.memory_child)))
+        print(json.dumps(memory_child(args.memory_child, args.exporter)))
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, load average "
           + " / ".join(f"{v:.2f}" for v in os.getloadavg()))
@@ -212,17 +219,22 @@ def main() -> None:
                   f"| **{path['ratio']:.2f}** |")
         print(f"| proxy: torch.onnx.export + onnx.checker + onnxruntime run | {row['proxy_s']:.2f} s | | | 1 |")
     if not args.skip_memory:
-        print("\n| model size | export peak memory | peak / size (target <= 3) | fixed overhead (tiny model's export) "
-              "| (peak - fixed) / size | exporter | external data | time |")
-        print("|---|---|---|---|---|---|---|---|")
-        for row in export_memory([int(s) for s in args.sizes.split(",")]):
-            if "error" in row:
-                print(f"| {row['mb']} MB | failed: {row['error']} | | | | | | |")
-                continue
-            print(f"| {row['size'] / 2**20:.0f} MB | {row['peak_over_before'] / 2**20:.0f} MB | "
-                  f"**{row['ratio']:.2f}** | {row['fixed'] / 2**20:.0f} MB | {row['ratio_over_fixed']:.2f} | "
-                  f"{row['exporter']} | {row['external']} | {row['seconds']:.1f} s |")
-
+        exporters = [e.strip() for e in args.exporter.split(",") if e.strip()]
+        unknown = [e for e in exporters if e not in ("auto", "dynamo", "torchscript")]
+        if unknown:
+            parser.error(f"--exporter takes auto, dynamo or torchscript, got {', '.join(unknown)}")
+        print("\n| model size | requested exporter | export peak memory | peak / size (target <= 3) "
+              "| fixed overhead (tiny model's export) | (peak - fixed) / size | exporter used | external data | time |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for megabytes in [int(s) for s in args.sizes.split(",")]:
+            for exporter in exporters:
+                for row in export_memory([megabytes], exporter):
+                    if "error" in row:
+                        print(f"| {row['mb']} MB | {exporter} | failed: {row['error']} | | | | | | |")
+                        continue
+                    print(f"| {row['size'] / 2**20:.0f} MB | {exporter} | {row['peak_over_before'] / 2**20:.0f} MB | "
+                          f"**{row['ratio']:.2f}** | {row['fixed'] / 2**20:.0f} MB | {row['ratio_over_fixed']:.2f} | "
+                          f"{row['exporter']} | {row['external']} | {row['seconds']:.1f} s |", flush=True)
 
 if __name__ == "__main__":
     main()

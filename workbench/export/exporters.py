@@ -28,8 +28,8 @@ from workbench.export.onnx_file import (
 )
 from workbench.export.opset import MIN_OPSET, convert_opset, default_opset
 from workbench.export.qdq import register_torchscript_symbolic, translation_table
-from workbench.export.reference import grow_batch
-from workbench.export.torchscript_weights import attach_weights
+from workbench.export.reference import ExportCall, grow_batch
+from workbench.export.torchscript_weights import WEIGHT_PREFIX, attach_weights, weight_inputs
 
 __all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line", "token_inputs", "unwrap_names",
            "fast_path_refusal", "clean_torchscript_graph", "FAST_PATH_NOTE"]
@@ -269,15 +269,25 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
     # sample that onnxruntime is given next
     inputs = tuple(t.clone() for t in inputs)
     stream = target_path is not None and _weight_bytes(model) > STREAM_THRESHOLD
-    proto = _torchscript_graph(model, inputs, input_names, output_names, opset, dynamic_axes, export_params=False)
-    if not attach_weights(proto, model, input_names, target_path, stream):
-        # an input that is no parameter or buffer (a constant the exporter folded): the weights come with the graph
-        proto = _torchscript_graph(model, inputs, input_names, output_names, opset, dynamic_axes, export_params=True)
+    # the model's tensors go into the trace as inputs: torch holds them by reference, and they come back as
+    # initializers over the tensors' own memory (see workbench.export.torchscript_weights)
+    weights = weight_inputs(model.model) if isinstance(model, ExportCall) else {}
+    names = [WEIGHT_PREFIX + name for name in weights]
+    model_weight_names = getattr(model, "weight_names", None)
+    if weights:
+        model.weight_names = list(weights)
+    try:
+        proto = _torchscript_graph(model, inputs + tuple(weights.values()), input_names + names, output_names, opset,
+                                   dynamic_axes)
+    finally:
+        if weights:
+            model.weight_names = model_weight_names
+    attach_weights(proto, dict(zip(names, weights.values())), target_path, stream)
     try:
         # each node's module, from TorchScript's scopes and the wrapper's module paths (repeated calls resolved)
         tag_torchscript_modules(proto, [name for name, _ in model.named_modules() if name], root="model")
         unwrap_names(proto)
-        return clean_torchscript_graph(proto)
+        return clean_torchscript_graph(proto, None if target_path is None else target_path.parent)
     except BaseException:
         if target_path is not None:
             _discard_data(proto, target_path)
@@ -285,12 +295,11 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
 
 
 def _torchscript_graph(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
-                       dynamic_axes: dict | None, export_params: bool) -> onnx.ModelProto:
+                       dynamic_axes: dict | None) -> onnx.ModelProto:
     buffer = io.BytesIO()
     try:
         torch.onnx.export(model, inputs, buffer, dynamo=False, opset_version=opset, input_names=input_names,
-                          output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True,
-                          export_params=export_params)
+                          output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True)
     except Exception as error:
         if any(text in str(error) for text in _PROTOBUF_LIMIT_MESSAGES):
             raise _TooLargeForTorchScript(
@@ -302,21 +311,23 @@ def _torchscript_graph(model: nn.Module, inputs: tuple, input_names: list[str], 
     return onnx.load_from_string(buffer.getvalue())
 
 
-def clean_torchscript_graph(proto: onnx.ModelProto) -> onnx.ModelProto:
+def clean_torchscript_graph(proto: onnx.ModelProto, base_dir: Path | None = None) -> onnx.ModelProto:
     """Give a TorchScript graph the Q/DQ structure the torch.export-based exporter writes.
 
-    TorchScript shares equal constants (two quantizers' equal scales) through ``Identity`` nodes and leaves
-    identical Q/DQ pairs on one tensor (a block's conv and its downsample reading the same input with the same
-    amax) apart, and keeps small constants as ``Constant`` nodes; torch.export's optimiser reads the constants
-    directly, merges the pairs and keeps constants as initializers. These onnx_ir passes do just that (about
-    0.02 s on a ResNet-18, where onnxscript's whole optimiser takes 0.2-0.4 s and renames what its rewrite rules
-    touch, such as the final Flatten). Where they are missing (an older onnx_ir), onnxscript's optimiser does the
-    same and more.
+    TorchScript gives each quantizer its own scale and zero point (or shares equal constants through
+    ``Identity`` nodes), leaves identical Q/DQ pairs on one tensor (a block's conv and its downsample reading the
+    same input with the same amax) apart, and keeps small constants as ``Constant`` nodes; torch.export's graph
+    reads equal constants as one, merges the pairs and keeps constants as initializers. These onnx_ir passes do
+    just that (about 0.02 s on a ResNet-18, where onnxscript's whole optimiser takes 0.2-0.4 s and renames what
+    its rewrite rules touch, such as the final Flatten). Where they are missing (an older onnx_ir), onnxscript's
+    optimiser does the same and more. ``base_dir``: where the graph's external data files are (the passes read
+    the small ones' values).
     """
     try:
         import onnx_ir
         from onnx_ir.passes.common import (
             CommonSubexpressionEliminationPass,
+            DeduplicateInitializersPass,
             IdentityEliminationPass,
             LiftConstantsToInitializersPass,
             RemoveUnusedNodesPass,
@@ -327,8 +338,11 @@ def clean_torchscript_graph(proto: onnx.ModelProto) -> onnx.ModelProto:
 
         return onnxscript.optimizer.optimize(proto)
     model = onnx_ir.from_proto(proto)
+    if base_dir is not None:
+        onnx_ir.external_data.set_base_dir(model.graph, base_dir)
     IdentityEliminationPass()(model)
     fold_constants(model)
+    DeduplicateInitializersPass()(model)  # equal scales and zero points (small tensors only) read as one
     CommonSubexpressionEliminationPass()(model)
     RemoveUnusedNodesPass()(model)
     # torch.export's graph holds no Constant nodes: their values are initializers (a ReLU6's Clip bounds)
@@ -448,9 +462,9 @@ def first_line(error: BaseException) -> str:
 
 # "auto" tries the TorchScript exporter first where its graph is the one torch.export would record (see
 # fast_path_refusal): it traces the sample once and translates it directly, where torch.export traces twice
-# (capture, then decompositions) before the translation: 2-4x less time for a CNN. Its graph is held in memory
-# whole, so models above this size take the torch.export-based exporter, which streams the weights to a file.
-FAST_PATH_MAX_BYTES = 1024 ** 3
+# (capture, then decompositions) before the translation: 2-4x less time for a CNN. Both stream the weights
+# (see torchscript_weights); a model over TorchScript's own limit takes torch.export, which has none.
+FAST_PATH_MAX_BYTES = TORCHSCRIPT_LIMIT
 # the newest opset torch's TorchScript exporter writes
 TORCHSCRIPT_MAX_OPSET = 20
 FAST_PATH_NOTE = ("TorchScript exporter (the fast path: float inputs, INT8 Q/DQ, and a trace without data-dependent "
@@ -477,7 +491,7 @@ def fast_path_refusal(model: nn.Module, inputs: tuple, opset: int, formats: set[
         return "a recurrent layer"
     size = _weight_bytes(model)
     if size > FAST_PATH_MAX_BYTES:
-        return f"weights of {_gigabytes(size)} (the torch.export-based exporter streams them to a file)"
+        return f"weights of {_gigabytes(size)}, over the TorchScript exporter's {_gigabytes(FAST_PATH_MAX_BYTES)}"
     return None
 
 

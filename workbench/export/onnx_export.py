@@ -30,8 +30,11 @@ QuantizeLinear / DequantizeLinear pairs that TensorRT builds into an INT8 engine
   straight to a temporary data file beside ``path``; the naming passes, the opset conversion and the
   validation then work on the graph without its weights (checker and onnxruntime read the files), so
   no step serialises the whole model. Both files are renamed into place together, or removed.
-  onnxruntime maps the data file and runs each weight's Q/DQ next to the layer that reads it, so the
-  validation adds about one copy of the weights to the process (a 600M model: peak 2.3x its fp32 size).
+  onnxruntime takes the weights from the model's own tensors where their bytes equal the data file's
+  (:func:`~workbench.export.validation.shared_weights`) and runs each weight's Q/DQ next to the layer that
+  reads it, so the validation holds no second copy of the weights. The TorchScript exporter writes its graph
+  without the weights, which are attached from the model's tensors
+  (:mod:`~workbench.export.torchscript_weights`), streamed the same way over 8 MB.
   The TorchScript exporter cannot write a graph over 2 GB: such a model never falls back to it, and the
   error says why the torch.export-based exporter failed.
 
@@ -107,6 +110,7 @@ from workbench.export.validation import (
     amax_table_of,
     compare,
     feeds,
+    model_weights,
     ort_session,
     per_channel_activations,
     post_process,
@@ -520,7 +524,8 @@ def _validate(job: _Export) -> _Checks:
     except Exception as error:
         raise ExportValidationError("checker", f"onnx.checker rejected the exported graph: {error}") from error
     try:
-        session = ort_session(tmp_path)
+        # onnxruntime reads the weights the file holds from the model's own tensors (compared with the file)
+        session = ort_session(tmp_path, model_weights(job.model))
         ort_outputs = session.run(None, feeds(session, inputs))
     except ExportValidationError:
         raise

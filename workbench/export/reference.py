@@ -70,10 +70,20 @@ class ExportCall(nn.Module):
         self.keywords = list(keywords)
         self.output = output
         self.labels: list[str] = []
+        # set while the TorchScript exporter traces: the tensors after the model's inputs are the model's
+        # parameters and buffers of these names, passed in (see workbench.export.torchscript_weights)
+        self.weight_names: list[str] = []
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        result = self.model(*tensors[:self.num_positional],
-                            **dict(zip(self.keywords, tensors[self.num_positional:])))
+        weights = {}
+        if self.weight_names:
+            count = len(tensors) - len(self.weight_names)
+            weights = dict(zip(self.weight_names, tensors[count:]))
+            tensors = tensors[:count]
+        args = tensors[:self.num_positional]
+        kwargs = dict(zip(self.keywords, tensors[self.num_positional:]))
+        with _tensors_in_place_of(self.model, weights):
+            result = self.model(*args, **kwargs)
         try:
             picked = select_output(result, self.output)
         except ValueError as error:
@@ -81,6 +91,30 @@ class ExportCall(nn.Module):
         chosen = flat_tensors(picked)
         self.labels = _output_labels(result, self.output, len(chosen))
         return tuple(chosen)
+
+
+@contextlib.contextmanager
+def _tensors_in_place_of(model: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[None]:
+    """While inside, ``model``'s parameters and buffers named in ``tensors`` are those tensors (the traced inputs;
+    ``torch.func.functional_call`` does the same but refuses to run under the TorchScript tracer). A tied
+    tensor's other names follow it."""
+    if not tensors:
+        yield
+        return
+    by_identity = {id(t): name for name, t in list(model.named_parameters()) + list(model.named_buffers())}
+    swapped: list[tuple[dict, str, torch.Tensor]] = []
+    try:
+        for module in model.modules():
+            for store in (module._parameters, module._buffers):
+                for key, original in list(store.items()):
+                    name = by_identity.get(id(original)) if original is not None else None
+                    if name in tensors:
+                        swapped.append((store, key, original))
+                        store[key] = tensors[name]
+        yield
+    finally:
+        for store, key, original in reversed(swapped):
+            store[key] = original
 
 
 def _output_labels(output: Any, key: str | None, count: int) -> list[str]:
