@@ -207,7 +207,8 @@ def main() -> None:
           + " / ".join(f"{v:.2f}" for v in os.getloadavg()))
     if not args.skip_time:
         row = export_time(args.repeats, torch.device(args.device))
-        print("\n| export time (ResNet-18-like, 4x3x64x64, " + args.device + ") | time | capture | validation "
+        print("\n| export time (ResNet-18-like, 4x3x64x64, " + args.device + ") | time (median) | capture (last run) "
+              "| validation (last run) "
               "| / proxy (target <= 1.5) |")
         print("|---|---|---|---|---|")
         labels = {"auto": "export_qdq_onnx, the default (exporter='auto')",
