@@ -30,7 +30,7 @@ typedef struct {
 
 #define MAX_LOOP(LOAD)                                                     \
     for (int64_t i = 0; i < m; ++i) {                                      \
-        float v = fabsf(LOAD);                                             \
+        float v = fabsf(LOAD(i));                                          \
         uint32_t bits;                                                     \
         memcpy(&bits, &v, sizeof bits);                                    \
         int finite = bits < FINITE_LIMIT_BITS;                             \
@@ -42,16 +42,7 @@ typedef struct {
 static void run_portable(const max_job_t *job, const char *data, int64_t m, uint32_t *top_bits, int64_t *nonfinite) {
     uint32_t top = *top_bits;
     int64_t bad = 0;
-    if (job->dtype == WB_DT_F32) {
-        const float *x = (const float *)data;
-        MAX_LOOP(x[i])
-    } else if (job->dtype == WB_DT_F16) {
-        const uint16_t *x = (const uint16_t *)data;
-        MAX_LOOP(f16_to_f32(x[i]))
-    } else {
-        const uint16_t *x = (const uint16_t *)data;
-        MAX_LOOP(bf16_to_f32(x[i]))
-    }
+    WB_EACH_DTYPE(job->dtype, MAX_LOOP)
     *top_bits = top;
     *nonfinite += bad;
 }

@@ -69,4 +69,19 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
+/* Element k of `data` (the kernel's current pointer) as float, for each element type a kernel reads, and one
+ * loop body run for the type of `dtype` (WB_DT_* of kernels.h): WB_EACH_DTYPE(dtype, LOOP) expands LOOP(LOAD)
+ * three times, LOAD being one of these. */
+#define WB_LOAD_F32(k) (((const float *)data)[k])
+#define WB_LOAD_F16(k) f16_to_f32(((const uint16_t *)data)[k])
+#define WB_LOAD_BF16(k) bf16_to_f32(((const uint16_t *)data)[k])
+#define WB_EACH_DTYPE(dtype, LOOP)         \
+    if ((dtype) == WB_DT_F32) {            \
+        LOOP(WB_LOAD_F32)                  \
+    } else if ((dtype) == WB_DT_F16) {     \
+        LOOP(WB_LOAD_F16)                  \
+    } else {                               \
+        LOOP(WB_LOAD_BF16)                 \
+    }
+
 #endif

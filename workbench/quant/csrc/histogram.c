@@ -103,7 +103,7 @@ MERGE_BINS(int64_t, merge_i64)
 
 #define SCAN_LOOP(LOAD)                                           \
     for (int64_t i = 0; i < m; ++i) {                             \
-        float v = fabsf(LOAD);                                    \
+        float v = fabsf(LOAD(i));                                 \
         uint32_t v_bits;                                          \
         memcpy(&v_bits, &v, sizeof v_bits);                       \
         top = v_bits > top ? v_bits : top;                        \
@@ -113,16 +113,7 @@ MERGE_BINS(int64_t, merge_i64)
 static uint32_t block_scan_portable(const hist_job_t *job, const char *data, int64_t m, int64_t *block_zeros) {
     uint32_t top = 0;
     int64_t zeros = 0;
-    if (job->dtype == WB_DT_F32) {
-        const float *x = (const float *)data;
-        SCAN_LOOP(x[i])
-    } else if (job->dtype == WB_DT_F16) {
-        const uint16_t *x = (const uint16_t *)data;
-        SCAN_LOOP(f16_to_f32(x[i]))
-    } else {
-        const uint16_t *x = (const uint16_t *)data;
-        SCAN_LOOP(bf16_to_f32(x[i]))
-    }
+    WB_EACH_DTYPE(job->dtype, SCAN_LOOP)
     *block_zeros = zeros;
     return top;
 }
@@ -138,22 +129,13 @@ static uint32_t block_scan_portable(const hist_job_t *job, const char *data, int
     }                                                                             \
     for (; i < m; ++i) c0[(int32_t)(fabsf(LOAD(i)) * scale)]++;
 
-#define LOAD_F32(k) (((const float *)data)[k])
-#define LOAD_F16(k) f16_to_f32(((const uint16_t *)data)[k])
-#define LOAD_BF16(k) bf16_to_f32(((const uint16_t *)data)[k])
 
 /* |x| * 2**-e is exact (a power of two; no overflow, as |x| < bins * 2**e) and below bins, so truncating
  * it gives floor(|x| / 2**e): the bin. */
 static void block_count_portable(const hist_job_t *job, const char *data, int64_t i, int64_t m, float scale,
                                  uint32_t *counts, int64_t stride) {
     uint32_t *c0 = counts, *c1 = counts + stride, *c2 = counts + 2 * stride, *c3 = counts + 3 * stride;
-    if (job->dtype == WB_DT_F32) {
-        COUNT_LOOP(LOAD_F32)
-    } else if (job->dtype == WB_DT_F16) {
-        COUNT_LOOP(LOAD_F16)
-    } else {
-        COUNT_LOOP(LOAD_BF16)
-    }
+    WB_EACH_DTYPE(job->dtype, COUNT_LOOP)
 }
 
 #if WB_HAVE_X86_AVX2
@@ -215,13 +197,7 @@ WB_AVX2_TARGET static uint32_t block_index_avx2(const hist_job_t *job, const cha
     if (i < m) { /* the last few: their bins, clamped (converting a float beyond int32 is undefined in C) */
         top_value = block_scan_portable(job, data + (size_t)i * job->item, m - i, &total_zeros);
         const float last = (float)(job->bins - 1);
-        if (dtype == WB_DT_F32) {
-            TAIL_INDEX_LOOP(LOAD_F32)
-        } else if (dtype == WB_DT_F16) {
-            TAIL_INDEX_LOOP(LOAD_F16)
-        } else {
-            TAIL_INDEX_LOOP(LOAD_BF16)
-        }
+        WB_EACH_DTYPE(dtype, TAIL_INDEX_LOOP)
     }
     for (int k = 0; k < 8; ++k) {
         top_value = lane_top[k] > top_value ? lane_top[k] : top_value;
@@ -253,7 +229,7 @@ static void block_count(const hist_job_t *job, const char *data, int64_t m, floa
  * before counting them), bins for NaN/Inf. Raises *top_bits with the largest finite |x|. */
 #define INDEX_LOOP(LOAD)                                                                        \
     for (int64_t i = 0; i < m; ++i) {                                                           \
-        float v = fabsf(LOAD);                                                                  \
+        float v = fabsf(LOAD(i));                                                               \
         uint32_t v_bits;                                                                        \
         memcpy(&v_bits, &v, sizeof v_bits);                                                     \
         float position = v * scale;                                                             \
@@ -270,16 +246,7 @@ static void block_index(const hist_job_t *job, const char *data, int64_t m, int 
     const float scale = ldexpf(1.0f, -e), last = (float)(job->bins - 1);
     const int64_t bins = job->bins;
     uint32_t top = 0;
-    if (job->dtype == WB_DT_F32) {
-        const float *x = (const float *)data;
-        INDEX_LOOP(x[i])
-    } else if (job->dtype == WB_DT_F16) {
-        const uint16_t *x = (const uint16_t *)data;
-        INDEX_LOOP(f16_to_f32(x[i]))
-    } else {
-        const uint16_t *x = (const uint16_t *)data;
-        INDEX_LOOP(bf16_to_f32(x[i]))
-    }
+    WB_EACH_DTYPE(job->dtype, INDEX_LOOP)
     *top_bits = top;
 }
 
