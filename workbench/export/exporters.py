@@ -31,6 +31,8 @@ from workbench.export.qdq import register_torchscript_symbolic, translation_tabl
 from workbench.export.reference import ExportCall, grow_batch
 from workbench.export.torchscript_weights import WEIGHT_PREFIX, attach_weights, weight_inputs
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["Exporter", "DYNAMO_MIN_OPSET", "run_exporter", "quiet", "first_line", "token_inputs", "unwrap_names",
            "fast_path_refusal", "clean_torchscript_graph", "FAST_PATH_NOTE"]
 
@@ -536,10 +538,13 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
     whose weights are over :data:`TORCHSCRIPT_LIMIT` (protobuf's 2 GB) is never handed to TorchScript:
     the error gives the torch.export-based exporter's problem and says the fallback cannot write it.
     """
-    if exporter == "auto" and formats is not None and fast_path_refusal(model, inputs, opset, formats) is None:
-        proto, _ = _fast_path(model, inputs, input_names, output_names, opset, dynamic_batch, target_path)
-        if proto is not None:
-            return proto, "torchscript", FAST_PATH_NOTE, dynamic_batch
+    if exporter == "auto" and formats is not None:
+        refusal = fast_path_refusal(model, inputs, opset, formats)
+        if refusal is None:
+            proto, refusal = _fast_path(model, inputs, input_names, output_names, opset, dynamic_batch, target_path)
+            if proto is not None:
+                return proto, "torchscript", FAST_PATH_NOTE, dynamic_batch
+        logger.debug("export: the torch.export-based exporter, not the TorchScript fast path: %s", refusal)
     if exporter == "torchscript":
         try:
             proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch,
@@ -569,8 +574,7 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
         primary = error
         reason = f"the torch.export-based one failed ({error})"
     try:
-        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch,
-                                        target_path)
+        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch, target_path)
     except _TooLargeForTorchScript as fallback:
         # the fallback never had a chance: the torch.export-based exporter's problem is the one to fix
         message = (f"The torch.export-based exporter failed: {primary}\n"
