@@ -237,7 +237,7 @@ def main() -> None:
         clock = time.process_time
         calibrate_module.time = _CalibrateClock
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
-          f"C kernels: {histogram._cpu_kernels is not None}, {args.clock} clock, code from "
+          f"C kernels: {histogram.cpu_kernels is not None}, {args.clock} clock, code from "
           f"{Path(histogram.__file__).parents[3]}")
 
     if "collection" in args.only:

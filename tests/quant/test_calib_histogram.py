@@ -53,7 +53,7 @@ def test_vectorised_searches_equal_the_references(name, hist, edges, unsigned, s
 @pytest.mark.parametrize("name, hist, edges", ALL[:4], ids=[h[0] for h in ALL[:4]])
 def test_numpy_fallback_equals_compiled_search(name, hist, edges, monkeypatch):
     compiled = (amax_search.amax_entropy(hist, edges, 8, False), amax_search.amax_mse(hist, edges, 8, False))
-    monkeypatch.setattr(amax_search, "_cpu_kernels", None)
+    monkeypatch.setattr(amax_search, "cpu_kernels", None)
     assert (amax_search.amax_entropy(hist, edges, 8, False), amax_search.amax_mse(hist, edges, 8, False)) == compiled
 
 
@@ -119,7 +119,7 @@ class TestCollection:
         fast = HistogramCalibrator(8, None, False, skip_zeros=True)
         fast.collect(x)
         fast.collect(x * 3)
-        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        monkeypatch.setattr(histogram, "cpu_kernels", None)
         slow = HistogramCalibrator(8, None, False, skip_zeros=True)
         slow.collect(x)
         slow.collect(x * 3)
@@ -127,7 +127,7 @@ class TestCollection:
         assert int(slow.calib_hist.sum()) == 2 * int((x != 0).sum()) - 2 * with_nan  # NaN != 0 is True
         assert fast.nonfinite_count == slow.nonfinite_count == 2 * with_nan
 
-    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    @pytest.mark.skipif(histogram.cpu_kernels is None, reason="C kernel not built")
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
     @pytest.mark.parametrize("skip_zeros", [False, True])
     def test_one_pass_collection_equals_max_first_collection(self, dtype, skip_zeros, monkeypatch):
@@ -146,7 +146,7 @@ class TestCollection:
             fast.collect(batch)
             widths.append(fast.bin_width)
         assert len(set(widths)) >= 3  # the range really grew, more than once
-        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        monkeypatch.setattr(histogram, "cpu_kernels", None)
         slow = HistogramCalibrator(8, None, False, skip_zeros=skip_zeros)
         for batch in batches:
             slow.collect(batch)
@@ -156,7 +156,7 @@ class TestCollection:
         for method in ("entropy", "mse", "percentile"):
             assert torch.equal(fast.compute_amax(method), slow.compute_amax(method)), method
 
-    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    @pytest.mark.skipif(histogram.cpu_kernels is None, reason="C kernel not built")
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
     @pytest.mark.parametrize("portable", [False, True])
     def test_kernel_widening_within_a_batch_equals_the_reference(self, dtype, portable, monkeypatch):
@@ -183,7 +183,7 @@ class TestCollection:
                 calibrator.collect(batch)
         finally:
             _cpu_kernels.force_portable(False)
-        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        monkeypatch.setattr(histogram, "cpu_kernels", None)
         for calibrator, batch in zip(fast, batches):
             slow = HistogramCalibrator(8, None, False, skip_zeros=True)
             slow.collect(batch[: batch.numel() // 3])
@@ -192,7 +192,7 @@ class TestCollection:
             assert torch.equal(calibrator.max_value, slow.max_value)
             assert calibrator.nonfinite_count == slow.nonfinite_count
 
-    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    @pytest.mark.skipif(histogram.cpu_kernels is None, reason="C kernel not built")
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
     @pytest.mark.parametrize("portable", [False, True])
     def test_blocks_with_nan_inf_zeros_and_growth_at_every_place_equal_the_reference(self, dtype, portable,
@@ -245,13 +245,13 @@ class TestCollection:
             fast = run()
         finally:
             _cpu_kernels.force_portable(False)
-        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        monkeypatch.setattr(histogram, "cpu_kernels", None)
         for index, (calibrator, slow) in enumerate(zip(fast, run())):
             assert torch.equal(calibrator._counts, slow._counts), index
             assert calibrator.bin_width == slow.bin_width, index
             assert calibrator.max_value == slow.max_value and calibrator.nonfinite_count == slow.nonfinite_count, index
 
-    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    @pytest.mark.skipif(histogram.cpu_kernels is None, reason="C kernel not built")
     def test_calibrators_of_different_sizes_in_turn_equal_the_reference(self, monkeypatch):
         """The kernel keeps its per-thread counting buffer between calls: calibrators with other numbers of
         bins (a larger buffer, then smaller ones, then more than the buffer keeps) see nothing of each other."""
@@ -267,7 +267,7 @@ class TestCollection:
             return [(c._counts.clone(), c.bin_width) for c in calibrators]
 
         fast = run()
-        monkeypatch.setattr(histogram, "_cpu_kernels", None)
+        monkeypatch.setattr(histogram, "cpu_kernels", None)
         for (fast_counts, fast_width), (slow_counts, slow_width) in zip(fast, run()):
             assert torch.equal(fast_counts, slow_counts) and fast_width == slow_width
 
@@ -282,14 +282,14 @@ class TestCollection:
         assert histogram.memory_rows(torch.zeros(1, 200).expand(4, 200)) is None  # overlapping rows
         assert histogram.memory_rows(torch.zeros(4, 100)[:, :64]) == (64, 100)
 
-    @pytest.mark.skipif(histogram._cpu_kernels is None, reason="C kernel not built")
+    @pytest.mark.skipif(histogram.cpu_kernels is None, reason="C kernel not built")
     def test_kernel_refuses_rows_that_do_not_fit(self):
         x = torch.zeros(10)
         counts = torch.zeros(8, dtype=torch.int64)
         with pytest.raises(ValueError, match="row_length"):
-            histogram._cpu_kernels.histogram(x.data_ptr(), 0, 10, 3, 3, 0, -35, 8, False, counts.data_ptr(), 1)
+            histogram.cpu_kernels.histogram(x.data_ptr(), 0, 10, 3, 3, 0, -35, 8, False, counts.data_ptr(), 1)
         with pytest.raises(ValueError, match="row_step"):
-            histogram._cpu_kernels.histogram(x.data_ptr(), 0, 10, 5, 4, 0, -35, 8, False, counts.data_ptr(), 1)
+            histogram.cpu_kernels.histogram(x.data_ptr(), 0, 10, 5, 4, 0, -35, 8, False, counts.data_ptr(), 1)
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
     @pytest.mark.parametrize("nonfinite", [False, True])

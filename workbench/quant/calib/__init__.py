@@ -1,5 +1,5 @@
 """Calibrators: collect statistics of a tensor and propose its amax (``pytorch_quantization.calib``)."""
-from workbench.quant.calib.calibrator import Calibrator, _Calibrator  # noqa: F401
+from workbench.quant.calib.calibrator import Calibrator  # noqa: F401
 from workbench.quant.calib.histogram import (  # noqa: F401
     HISTOGRAM_METHODS,
     HistogramCalibrator,

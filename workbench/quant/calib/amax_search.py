@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from workbench.quant.calib.methods import PERCENTILE, AmaxMethod
-from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
+from workbench.quant.kernels import cpu_extension as cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.tensor_quant import max_bound_of
 
 __all__ = ["amax_entropy", "amax_mse", "amax_percentile", "entropy_divergences", "mse_errors", "DEFAULT_START_BIN"]
@@ -103,9 +103,9 @@ def amax_entropy(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: b
     _check_candidates(candidates.size, AmaxMethod.ENTROPY.value, n, start_bin)
     if bins.sum() <= 0:
         return float(edges[candidates[-1]])
-    if _cpu_kernels is not None:
+    if cpu_kernels is not None:
         divergences = np.empty(candidates.size, dtype=np.float64)
-        _cpu_kernels.entropy_divergences(bins.ctypes.data, n, groups, first, stride, divergences.ctypes.data,
+        cpu_kernels.entropy_divergences(bins.ctypes.data, n, groups, first, stride, divergences.ctypes.data,
                                          torch.get_num_threads())
     else:
         divergences = entropy_divergences(bins, groups, candidates)
@@ -146,11 +146,11 @@ def amax_mse(hist: np.ndarray, edges: np.ndarray, num_bits: int, unsigned: bool,
     candidates = np.arange(start_bin, n, stride, dtype=np.int64)
     _check_candidates(candidates.size, AmaxMethod.MSE.value, n, start_bin)
     max_bound = max_bound_of(num_bits, unsigned)
-    if _cpu_kernels is not None:
+    if cpu_kernels is not None:
         width = edges[1] - edges[0]
         uniform = bool(edges[0] == 0 and width > 0 and np.array_equal(edges, np.arange(n + 1) * width))
         errors = np.empty(candidates.size, dtype=np.float64)
-        _cpu_kernels.mse_errors(counts.ctypes.data, centers.ctypes.data, n, max_bound, start_bin, stride, uniform,
+        cpu_kernels.mse_errors(counts.ctypes.data, centers.ctypes.data, n, max_bound, start_bin, stride, uniform,
                                 errors.ctypes.data, torch.get_num_threads())
     else:
         errors = mse_errors(counts, centers, max_bound, candidates)

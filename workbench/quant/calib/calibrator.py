@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 
-class _Calibrator:
+class Calibrator:
     """Collects statistics of the tensors it is shown and computes an amax from them.
 
     Args:
@@ -74,4 +74,5 @@ class _Calibrator:
         return f"num_bits={self._num_bits} axis={self._axis} unsigned={self._unsigned}"
 
 
-Calibrator = _Calibrator
+# pytorch-quantization's name for this class (pytorch_quantization.calib.calibrator._Calibrator)
+_Calibrator = Calibrator

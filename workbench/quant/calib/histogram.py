@@ -29,7 +29,7 @@ from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.memory import KERNEL_DTYPES, dense_block, memory_rows, rows_of_layout
 from workbench.quant.calib.methods import PERCENTILE, SINGLE_METHODS, AmaxMethod, UnknownMethodError
-from workbench.quant.kernels import cpu_extension as _cpu_kernels  # None without a C compiler: numpy is used
+from workbench.quant.kernels import cpu_extension as cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.tensor_quant import E4M3
 from workbench.quant.utils import reduce_amax
 
@@ -176,7 +176,7 @@ class HistogramCalibrator(Calibrator):
             return
         # x.is_cpu, not x.device.type: building a device object (~0.3 us) was a fair part of what this wrapper
         # adds to every quantizer's call on every batch (~1 us; the kernel needs ~40 us for a ViT activation)
-        if _cpu_kernels is not None and x.is_cpu and x.dtype in KERNEL_DTYPES:
+        if cpu_kernels is not None and x.is_cpu and x.dtype in KERNEL_DTYPES:
             batch_max_value, nonfinite = self._collect_cpu(x, n)  # reads the memory: no autograd involved
             device = _CPU
         else:
@@ -246,7 +246,7 @@ class HistogramCalibrator(Calibrator):
             self._width_exp = _MIN_WIDTH_EXPONENT
         elif not counts.is_cpu:
             counts = self._counts = counts.cpu()
-        self._width_exp, nonfinite, max_value = _cpu_kernels.histogram(
+        self._width_exp, nonfinite, max_value = cpu_kernels.histogram(
             x.data_ptr(), KERNEL_DTYPES[x.dtype], n, rows[0], rows[1], self._width_exp, _MIN_WIDTH_EXPONENT,
             counts.numel(), self._skip_zeros, counts.data_ptr(), torch.get_num_threads())
         return max_value, nonfinite
