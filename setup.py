@@ -19,11 +19,11 @@ else:
 setup(
     ext_modules=[
         Extension(
-            "workbench.quant._cpu_kernels",
-            sources=[f"workbench/quant/csrc/{name}.c"
+            "workbench.quant.kernels._cpu_kernels",
+            sources=[f"workbench/quant/kernels/csrc/{name}.c"
                      for name in ("module", "parallel", "cpu", "fake_quant", "ste_grad", "amax_search", "histogram",
                                       "abs_max")],
-            depends=[f"workbench/quant/csrc/{name}.h" for name in ("kernels", "half", "avx2_load")],
+            depends=[f"workbench/quant/kernels/csrc/{name}.h" for name in ("kernels", "half", "avx2_load")],
             extra_compile_args=compile_args,
             extra_link_args=link_args,
             optional=True,

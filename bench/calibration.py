@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import workbench.quant.calibrate as calibrate_module
+import workbench.quant.algorithms.calibrate as calibrate_module
 from workbench.quant import QuantDescriptor, replace_to_quantization_module
 from workbench.quant.calib import HistogramCalibrator, histogram, reference
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.sources.demo import resnet18_like
 
 clock = time.perf_counter  # --clock cpu: time.process_time, here and in calibrate()'s own timings
@@ -97,7 +97,7 @@ def vit_histogram_overhead(num_batches: int, repeats: int) -> dict:
     import models as zoo
 
     from workbench.graph import prepare_for_tensorrt
-    from workbench.quant.snapshot import all_quantizers
+    from workbench.quant.algorithms.snapshot import all_quantizers
 
     torch.manual_seed(0)
     model = zoo.ViTLike(192, 4, 3, False, image=64, patch=8).eval()

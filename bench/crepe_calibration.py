@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from workbench.quant import QuantDescriptor, replace_to_quantization_module
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 
 SAMPLE_RATE = 16000
 WINDOW = 1024

@@ -38,8 +38,8 @@ from torch import nn
 from workbench import quant
 from workbench.analysis import sensitivity
 from workbench.launcher import launch
-from workbench.quant.calibrate import calibrate
-from workbench.quant.distributed import init_from_env
+from workbench.quant.algorithms.calibrate import calibrate
+from workbench.quant.algorithms.distributed import init_from_env
 from workbench.quant.tensor_quant import QuantDescriptor
 from workbench.sources.demo import resnet18_like
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.export import export_qdq_onnx  # noqa: E402
 from workbench.quant import replace_to_quantization_module  # noqa: E402
-from workbench.quant.calibrate import calibrate  # noqa: E402
+from workbench.quant.algorithms.calibrate import calibrate  # noqa: E402
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer  # noqa: E402
 from workbench.sources.demo import resnet18_like  # noqa: E402
 

@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from workbench.quant import kernels
-from workbench.quant.ste import ste_grad, ste_grad_reference
+from workbench.quant.kernels import fake_quant as kernels
+from workbench.quant.kernels.ste import ste_grad, ste_grad_reference
 from workbench.quant.tensor_quant import fake_tensor_quant
 
 

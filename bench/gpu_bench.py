@@ -37,7 +37,7 @@ def calibration(device: torch.device, repeats: int) -> None:
     import copy
 
     from workbench.quant import QuantDescriptor, replace_to_quantization_module
-    from workbench.quant.calibrate import calibrate
+    from workbench.quant.algorithms.calibrate import calibrate
     from workbench.sources.demo import resnet18_like
 
     torch.manual_seed(0)

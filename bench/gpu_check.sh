@@ -69,7 +69,7 @@ if timeout 90 bash -c "$(declare -f build_kernels); PY='$PY' build_kernels" > "$
 else
     build="FAILED: $(tail -1 "$LOGS/build.log" | cut -c1-50)"
 fi
-backend=$("$PY" -c 'import workbench.quant.kernels as k; print(k.backend_name())' 2>/dev/null || echo "import failed")
+backend=$("$PY" -c 'import workbench.quant.kernels.fake_quant as k; print(k.backend_name())' 2>/dev/null || echo "import failed")
 add_row "build" "C kernels (CPU)" "$build; backend $backend" "c-avx2"
 
 # 3. the machine

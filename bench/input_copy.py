@@ -24,8 +24,8 @@ from torch import nn
 from workbench import quant
 from workbench.analysis import get_metric
 from workbench.analysis.evaluator import Evaluator
-from workbench.quant.calibrate import calibrate
-from workbench.quant.snapshot import ModelSnapshot
+from workbench.quant.algorithms.calibrate import calibrate
+from workbench.quant.algorithms.snapshot import ModelSnapshot
 from workbench.sources.demo import resnet18_like
 
 

@@ -36,8 +36,8 @@ import models as zoo  # noqa: E402
 
 from workbench.export import export_qdq_onnx  # noqa: E402
 from workbench.graph import prepare_for_tensorrt  # noqa: E402
-from workbench.quant.calibrate import calibrate  # noqa: E402
-from workbench.quant.snapshot import all_quantizers  # noqa: E402
+from workbench.quant.algorithms.calibrate import calibrate  # noqa: E402
+from workbench.quant.algorithms.snapshot import all_quantizers  # noqa: E402
 from workbench.quant.tensor_quant import CALIB_METHODS, QuantDescriptor  # noqa: E402
 
 

@@ -41,7 +41,7 @@ def measure(name: str, folder: Path, prepare: Callable[[Session], str]) -> dict[
     started = time.perf_counter()
     report = session.export(folder / f"{name.replace(' ', '_').replace(',', '')}.onnx", force=True)
     export_s = time.perf_counter() - started
-    from workbench.quant.precision import weight_bytes
+    from workbench.quant.algorithms.precision import weight_bytes
 
     precisions = session.precisions()
     model = session.quantized_model()

@@ -1,7 +1,7 @@
 """Per precision, on the models of bench/model_zoo.py and the outlier block of issue 22: output SQNR against
 FP32, weight bytes (scales included), the time of one calibration and of one validated export.
 
-Each row quantizes a model one way, with the precision registry's descriptors (workbench.quant.precision):
+Each row quantizes a model one way, with the precision registry's descriptors (workbench.quant.algorithms.precision):
 
 * ``int8``: every quantizable layer INT8 (inputs per-tensor, histogram/entropy as a new project's default;
   weights per output channel);
@@ -36,9 +36,9 @@ import models as zoo  # noqa: E402
 from workbench.export import export_qdq_onnx  # noqa: E402
 from workbench.project.settings import make_descriptor  # noqa: E402
 from workbench.quant import replace_to_quantization_module  # noqa: E402
-from workbench.quant.batches import sqnr_db  # noqa: E402
-from workbench.quant.calibrate import calibrate  # noqa: E402
-from workbench.quant.precision import Precision, descriptors_for, weight_bytes  # noqa: E402
+from workbench.quant.algorithms.batches import sqnr_db  # noqa: E402
+from workbench.quant.algorithms.calibrate import calibrate  # noqa: E402
+from workbench.quant.algorithms.precision import Precision, descriptors_for, weight_bytes  # noqa: E402
 from workbench.sources.outliers import calibration_batches, outlier_block  # noqa: E402
 
 Mix = Callable[[str, nn.Module], Precision]

@@ -15,11 +15,11 @@ from workbench.opsets import (
     newest_opset,
 )
 from workbench.project.settings import DEFAULTS, ExportSettings, ProjectSettings, SettingsError
-from workbench.quant.blocks import DEFAULT_BLOCK_METHOD
+from workbench.quant.algorithms.blocks import DEFAULT_BLOCK_METHOD
 from workbench.quant.calib.amax_search import DEFAULT_START_BIN
 from workbench.quant.calib.histogram import DEFAULT_NUM_BINS, HistogramCalibrator, calibrate_weights
 from workbench.quant.calib.methods import PERCENTILE
-from workbench.quant.precision import DEFAULT_BLOCK_SIZE
+from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE
 from workbench.quant.tensor_quant import E4M3_MAX
 from workbench.sources.data_source import DataSpec
 from workbench.sources.demo import DEMO_CALIB_BATCHES, DEMO_METHOD
@@ -43,8 +43,8 @@ def test_the_settings_refuse_an_opset_the_exporter_cannot_write_naming_the_bound
 
 def test_every_reader_takes_its_default_from_the_home():
     from workbench.export.onnx_export import export_qdq_onnx
-    from workbench.quant.calibrate import calibrate
-    from workbench.quant.smoothing import int4_blockwise_fake_quant, plan_smoothing
+    from workbench.quant.algorithms.calibrate import calibrate
+    from workbench.quant.algorithms.smoothing import int4_blockwise_fake_quant, plan_smoothing
 
     def default(function, name):
         return inspect.signature(function).parameters[name].default
@@ -102,8 +102,8 @@ _CONCEPTS = {
     "percentile": "workbench/quant/calib/methods.py",
     "num_bins": "workbench/quant/calib/histogram.py",
     "start_bin": "workbench/quant/calib/amax_search.py",
-    "block_size": "workbench/quant/precision.py",
-    "block_method": "workbench/quant/blocks.py",
+    "block_size": "workbench/quant/algorithms/precision.py",
+    "block_method": "workbench/quant/algorithms/blocks.py",
     "calib_batches": "workbench/sources/demo.py",
 }
 # literals that mean one thing wherever they stand (FP8 E4M3's largest value, the percentile's default)

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from workbench.quant.calibrate import CancelToken, ProgressCallback
+from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.session import Session
 from workbench.sources.data_source import DataSpec
 from workbench.sources.demo import DEMO_BATCH_SIZE, DEMO_CALIB_BATCHES, DEMO_EVAL_BATCH_SIZE, DEMO_METHOD

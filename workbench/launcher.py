@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.quant.distributed import SINGLE, DistContext, init_from_env, launched_by_torchrun
+from workbench.quant.algorithms.distributed import SINGLE, DistContext, init_from_env, launched_by_torchrun
 
 __all__ = ["launch", "WorkerFailed", "WorkerError", "RankFailure", "worker_threads", "job_context", "JobInterrupted",
            "in_launched_worker", "INTERRUPTED_EXIT"]
@@ -61,7 +61,7 @@ def _exit_interrupted(signum, frame) -> None:  # pragma: no cover - runs in a wo
     os._exit(INTERRUPTED_EXIT)
 
 
-# what RankNotAnswering says (workbench.quant.distributed): "rank 1 did not answer within 60 s: it never
+# what RankNotAnswering says (workbench.quant.algorithms.distributed): "rank 1 did not answer within 60 s: it never
 # reached ...", "ranks 1, 3 (on node-b) did not answer ..."
 _NOT_ANSWERING = re.compile(r"ranks? ((?:\d+(?: \([^)]*\))?(?:, )?)+) did not answer within ([\d.e+]+ s)")
 
@@ -175,7 +175,7 @@ def launch(entrypoint: Callable[..., Any], args: tuple = (), *, nprocs: int, sta
     """Run ``entrypoint(*args)`` in ``nprocs`` local worker processes; return rank 0's return value.
 
     Each worker finds ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set
-    (:func:`workbench.quant.distributed.init_from_env` joins the job from them). ``entrypoint`` must
+    (:func:`workbench.quant.algorithms.distributed.init_from_env` joins the job from them). ``entrypoint`` must
     be importable by the workers (a module-level function) and its arguments picklable.
 
     Args:
@@ -234,7 +234,7 @@ def launch(entrypoint: Callable[..., Any], args: tuple = (), *, nprocs: int, sta
 @contextlib.contextmanager
 def job_context(device: str | None = None) -> Iterator[DistContext]:
     """This process's place in the job: joined from the environment under torchrun or ``--workers``, else
-    :data:`~workbench.quant.distributed.SINGLE`. Ranks other than 0 log errors only (rank 0 speaks for
+    :data:`~workbench.quant.algorithms.distributed.SINGLE`. Ranks other than 0 log errors only (rank 0 speaks for
     the job); the process group is left on exit."""
     if not launched_by_torchrun():
         yield SINGLE

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from workbench import quant
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.tensor_quant import QuantDescriptor
 

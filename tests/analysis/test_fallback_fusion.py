@@ -4,7 +4,7 @@ when the goal still holds, and says so."""
 import pytest
 
 from workbench.analysis import fallback_search
-from workbench.quant.format_rules import isolated_layers
+from workbench.quant.algorithms.format_rules import isolated_layers
 from workbench.session import Session
 from workbench.session.analysis import analysis_batches
 from workbench.sources.data_source import DataSpec
@@ -76,7 +76,7 @@ def test_the_ladder_moves_an_isolated_layer_to_float_when_the_goal_holds(session
     from workbench.analysis.ladder import ladder_search
     from workbench.analysis.results import SensitivityResult, UnitResult
     from workbench.analysis.units import find_units
-    from workbench.quant.precision import Precision
+    from workbench.quant.algorithms.precision import Precision
 
     model = session.quantized_model()
     batches = analysis_batches(session.data("evaluation"))

@@ -4,7 +4,7 @@ from analysis_models import make_batches, quantized
 from torch import nn
 
 from workbench.analysis.weight_cache import WeightQuantCache
-from workbench.quant.snapshot import all_quantizers
+from workbench.quant.algorithms.snapshot import all_quantizers
 
 
 def _weight_quantizers(model):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from bert_project import bert_specs
 
-from workbench.quant.snapshot import quantizer_names
+from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.session import Session
 from workbench.session.build import descriptor_of
 from workbench.sources.data_source import DataSpec

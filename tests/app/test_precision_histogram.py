@@ -10,7 +10,7 @@ pytest.importorskip("pyqtgraph")
 
 from test_main_window import _no_webengine, answers, calibrate, load_demo, window  # noqa: E402,F401
 
-from workbench.quant.precision import grid_levels  # noqa: E402
+from workbench.quant.algorithms.precision import grid_levels  # noqa: E402
 
 
 def test_histogram_draws_the_fp8_grid_of_an_fp8_layer(window, qtbot):  # noqa: F811

@@ -14,8 +14,8 @@ from torch import nn
 
 from workbench import quant
 from workbench.analysis import fallback_search, sensitivity
-from workbench.quant.calibrate import calibrate
-from workbench.quant.distributed import SINGLE, init_from_env
+from workbench.quant.algorithms.calibrate import calibrate
+from workbench.quant.algorithms.distributed import SINGLE, init_from_env
 from workbench.quant.tensor_quant import QuantDescriptor
 
 

@@ -14,7 +14,7 @@ import distributed_jobs as jobs
 import pytest
 
 from workbench.launcher import WorkerFailed, launch
-from workbench.quant.distributed import SINGLE, init_from_env
+from workbench.quant.algorithms.distributed import SINGLE, init_from_env
 
 pytestmark = pytest.mark.slow
 
@@ -130,7 +130,7 @@ def test_launch_refuses_a_bad_worker_count():
 def test_malformed_environment_is_explained(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "one")
-    from workbench.quant.distributed import DistributedError
+    from workbench.quant.algorithms.distributed import DistributedError
 
     with pytest.raises(DistributedError, match="RANK must be an integer"):
         init_from_env()

@@ -13,7 +13,7 @@ import torch
 
 from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.merge import CalibratorMergeError, merge_calibrators
-from workbench.quant.distributed import DistContext, deal, shard
+from workbench.quant.algorithms.distributed import DistContext, deal, shard
 
 
 class ThreadContext(DistContext):
@@ -205,7 +205,7 @@ def calibration_batches() -> list[torch.Tensor]:
 
 
 def test_calibrate_in_thread_ranks_equals_one_process():
-    from workbench.quant.calibrate import calibrate
+    from workbench.quant.algorithms.calibrate import calibrate
 
     expected = calibrate(quantized_model(), calibration_batches(), num_batches=None, method="percentile")
 
@@ -225,7 +225,7 @@ def test_calibrate_in_thread_ranks_equals_one_process():
 
 
 def test_a_failing_batch_is_named_by_its_global_index():
-    from workbench.quant.calibrate import CalibrationError, calibrate
+    from workbench.quant.algorithms.calibrate import CalibrationError, calibrate
 
     batches = calibration_batches()
     batches[3] = torch.full((8, 4), 1234.0)  # rank 1 runs it, as its second batch

@@ -14,7 +14,7 @@ import pytest
 from worker_code import write_worker_code
 
 from workbench import cli
-from workbench.quant.distributed import DistContext, RanksDisagree
+from workbench.quant.algorithms.distributed import DistContext, RanksDisagree
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_ranks_with_different_data_refuse_to_merge(project, tmp_path, command):
 HANG = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, os.environ["JOBS"])
-    from workbench.quant.distributed import init_from_env
+    from workbench.quant.algorithms.distributed import init_from_env
 
     context = init_from_env()
     if context.rank == 1:

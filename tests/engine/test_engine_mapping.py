@@ -12,8 +12,8 @@ from workbench.engine import EngineLayer, TensorInfo, analyse_engine, load_engin
 from workbench.engine.report import expand_regions
 from workbench.export import export_qdq_onnx
 from workbench.graph import prepare_for_tensorrt
-from workbench.quant.calibrate import calibrate
-from workbench.quant.tensorrt_rules import misaligned_channels
+from workbench.quant.algorithms.calibrate import calibrate
+from workbench.quant.algorithms.tensorrt_rules import misaligned_channels
 from workbench.session import Session, SessionError
 from workbench.session.build import quantizable
 

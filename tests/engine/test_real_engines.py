@@ -14,7 +14,7 @@ from resnet18_names import FP16, QAT, TRTEXEC
 
 from workbench.cli import main
 from workbench.project import load_project
-from workbench.quant.tensorrt_rules import misaligned_channels
+from workbench.quant.algorithms.tensorrt_rules import misaligned_channels
 from workbench.session import Session, SessionError
 from workbench.sources.data_source import DataSpec
 from workbench.sources.model_source import ModelSpec

@@ -25,7 +25,7 @@ from workbench.export import (
     scale_hex,
 )
 from workbench.quant import QuantDescriptor
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.quant.tensor_quant import fake_tensor_quant
 
 

@@ -5,7 +5,7 @@ import torch
 
 from workbench import quant
 from workbench.export import export_qdq_onnx
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 
 transformers = pytest.importorskip("transformers")
 

@@ -6,7 +6,7 @@ import torch
 from workbench import quant
 from workbench.export import export_qdq_onnx
 from workbench.export.notes import REPORT_KINDS, ReportLog, Severity
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.sources.demo import DigitsCNN
 
 

@@ -12,8 +12,8 @@ from workbench.export import export_qdq_onnx
 from workbench.export.formats import format_counts
 from workbench.export.validation import ort_session
 from workbench.project.settings import make_descriptor
-from workbench.quant.calibrate import calibrate
-from workbench.quant.precision import Precision, descriptors_for
+from workbench.quant.algorithms.calibrate import calibrate
+from workbench.quant.algorithms.precision import Precision, descriptors_for
 
 
 class Mixed(nn.Module):

@@ -11,7 +11,7 @@ from torch import nn
 
 from workbench import quant
 from workbench.export import ExportError, export_qdq_onnx
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 
 
 class Cache:

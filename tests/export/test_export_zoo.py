@@ -12,7 +12,7 @@ from workbench import quant
 from workbench.export import export_qdq_onnx
 from workbench.export.exporters import FAST_PATH_NOTE
 from workbench.graph import apply_placement_rules, insert_functional_quantizers
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 
 # Q/DQ pairs each model's graph must hold: one per distinct (tensor, scale) the model quantizes.
 # Where two quantizers read the same tensor with the same scale, the exporter's optimiser keeps one

@@ -16,7 +16,7 @@ from workbench import quant
 from workbench.export import export_qdq_onnx, exporters
 from workbench.export.exporters import FAST_PATH_NOTE, fast_path_refusal
 from workbench.export.naming import MODULE_KEY
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 
 QDQ = ("QuantizeLinear", "DequantizeLinear", "Clip")
 # the same computation, spelled differently by the two exporters

@@ -6,7 +6,7 @@ from torch import nn
 from workbench.export import export_qdq_onnx
 from workbench.export.lint import FIX_ACTIONS, LINT_KINDS, lint_qdq_graph
 from workbench.quant import QuantDescriptor
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.quant.nn import QuantConv2d, TensorQuantizer
 from workbench.quant.nn.modules.quant_instancenorm import QuantInstanceNorm2d
 from workbench.quant.nn.modules.quant_ops import QuantAdd

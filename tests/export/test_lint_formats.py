@@ -9,7 +9,7 @@ from tests.cli_run import run
 from workbench.engine.formats import format_hazards
 from workbench.engine.layers import precision_of_format
 from workbench.engine.report import EngineReport, ModuleOutcome
-from workbench.quant.format_rules import isolated_layers, mix_notes, reformat_boundaries, supports
+from workbench.quant.algorithms.format_rules import isolated_layers, mix_notes, reformat_boundaries, supports
 
 CHAIN = textwrap.dedent("""
     import torch

@@ -7,7 +7,7 @@ from torch import nn
 from workbench.export.lint import LINT_KINDS, PROPAGATION_OPS
 from workbench.quant.nn import QuantConv2d, QuantLinear
 from workbench.quant.nn.modules.quant_ops import QuantAdd
-from workbench.quant.tensorrt_rules import misaligned_channels
+from workbench.quant.algorithms.tensorrt_rules import misaligned_channels
 
 
 class ConvPoolConv(nn.Module):

@@ -17,7 +17,7 @@ from workbench.export.naming import (
     node_module,
     split_engine_layer_name,
 )
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 
 
 def calibrated_plain_cnn():

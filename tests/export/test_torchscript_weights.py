@@ -14,7 +14,7 @@ from workbench.export import export_qdq_onnx, exporters
 from workbench.export.qdq import qdq_reference
 from workbench.export.torchscript_weights import DATA_ALIGNMENT, attach_weights, weight_inputs
 from workbench.export.validation import feeds, model_weights, ort_session, shared_weights
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 
 
 def calibrated_stack():

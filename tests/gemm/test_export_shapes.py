@@ -12,8 +12,8 @@ from shapes import EncoderDecoder, UNetish
 from workbench import cli
 from workbench.export import export_qdq_onnx
 from workbench.graph.prepare import prepare_for_tensorrt
-from workbench.quant.calibrate import calibrate
-from workbench.quant.snapshot import quantizer_names
+from workbench.quant.algorithms.calibrate import calibrate
+from workbench.quant.algorithms.snapshot import quantizer_names
 
 
 def dims(value):

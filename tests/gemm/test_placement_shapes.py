@@ -9,7 +9,7 @@ from workbench.graph.fold import fold_batchnorm
 from workbench.graph.prepare import prepare_for_tensorrt
 from workbench.graph.trace import explain_trace_error
 from workbench.quant import quant_modules
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.quant.nn import QuantAdd
 
 

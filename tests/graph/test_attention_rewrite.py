@@ -9,7 +9,7 @@ from torch import nn
 from workbench import quant
 from workbench.analysis.units import find_units, resolve_units
 from workbench.graph import describe_model, insert_functional_quantizers, prepare_for_tensorrt
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.quant.nn import QuantAdd, QuantMatMul, QuantSDPA
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transformers"))

@@ -7,7 +7,7 @@ from torch import nn
 
 from workbench import quant
 from workbench.graph import insert_functional_quantizers
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.quant.nn import QuantAdd, QuantConcat
 from workbench.sources.demo import ResNetLike
 

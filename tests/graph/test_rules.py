@@ -6,7 +6,7 @@ from torch import nn
 from workbench import quant
 from workbench.graph import PlacementRules, apply_placement_rules, insert_functional_quantizers
 from workbench.quant import QuantDescriptor
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.sources.demo import ResNetLike
 
 

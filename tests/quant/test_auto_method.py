@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from workbench.quant import QuantDescriptor, replace_to_quantization_module
-from workbench.quant.auto_method import MethodChoice
+from workbench.quant.algorithms.auto_method import MethodChoice
 from workbench.quant.calib import HistogramCalibrator
 from workbench.quant.calib.checks import histogram_warnings
-from workbench.quant.calibrate import AmaxError, calibrate
+from workbench.quant.algorithms.calibrate import AmaxError, calibrate
 
 SINGLES = ("entropy", "mse", "percentile", "max")
 

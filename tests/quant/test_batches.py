@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from workbench.quant.batches import (
+from workbench.quant.algorithms.batches import (
     batch_targets,
     class_scores,
     first_samples,

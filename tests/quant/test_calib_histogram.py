@@ -165,7 +165,7 @@ class TestCollection:
         reference, which takes the max first. Both the AVX2 and the portable loops, tails shorter than a
         vector included; tiny, huge (bins that overflow float32 at the top) and negative zero values too, and
         a bin that receives more than its 16-bit private counts hold."""
-        from workbench.quant import _cpu_kernels
+        from workbench.quant.kernels import _cpu_kernels
 
         generator = torch.Generator().manual_seed(11)
         ramp = torch.randn(50_003, generator=generator) * torch.logspace(-6, 6, 50_003)  # grows ~40 doublings
@@ -203,7 +203,7 @@ class TestCollection:
         it, a row's end (rows of 67 values read in place), in the first block of a call and in a later
         one, with skipped zeros around them. Counts, width, max, NaN/Inf and zero counts equal those of the
         torch reference, in the AVX2 and the portable loops."""
-        from workbench.quant import _cpu_kernels
+        from workbench.quant.kernels import _cpu_kernels
 
         generator = torch.Generator().manual_seed(21)
         places = (0, 7, 8, 503, 504, 510, 511, 512, 519, 1023, 1024 + 66, 2047)

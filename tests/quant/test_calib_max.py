@@ -224,7 +224,7 @@ def test_one_pass_abs_max_equals_torch_reductions(dtype, portable):
     cases = [fused, fused[..., 70:140], fused[:, 0], torch.randn(1_100_003, generator=generator),
              torch.tensor([0.0, -0.0]), torch.tensor([float("nan"), float("inf"), -2.5] * 5),
              torch.full((9,), -float("inf"))]
-    from workbench.quant import _cpu_kernels
+    from workbench.quant.kernels import _cpu_kernels
 
     _cpu_kernels.force_portable(portable)
     try:
@@ -269,7 +269,7 @@ def test_per_channel_weight_max_with_and_without_the_kernel(dtype, portable, mon
     and convolution weights, rows shorter than a vector and with a tail, a channel holding NaN/Inf, a channel of
     nothing but NaN/Inf (amax 0), negative zeros, a weight large enough for threads, and a second batch that
     raises some channels. Other layouts (axis 1, a transposed view, float64) keep torch's path."""
-    from workbench.quant import _cpu_kernels
+    from workbench.quant.kernels import _cpu_kernels
 
     generator = torch.Generator().manual_seed(8)
     linear = torch.randn(37, 19, generator=generator) * torch.logspace(-3, 3, 37).unsqueeze(1)

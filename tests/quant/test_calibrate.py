@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from workbench.quant import QuantDescriptor, TensorQuantizer, quantizer_state, replace_to_quantization_module
-from workbench.quant.calibrate import CalibrationCancelled, CalibrationError, calibrate, sqnr_db
+from workbench.quant.algorithms.calibrate import CalibrationCancelled, CalibrationError, calibrate, sqnr_db
 
 
 class SmallCNN(nn.Module):

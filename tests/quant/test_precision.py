@@ -8,10 +8,10 @@ import torch
 from torch import nn
 
 from workbench.quant import TensorQuantizer
-from workbench.quant.blocks import block_mse_amax, block_view, refine_block_amax, unblock
+from workbench.quant.algorithms.blocks import block_mse_amax, block_view, refine_block_amax, unblock
 from workbench.quant.calib import HistogramCalibrator
 from workbench.quant.calib.e4m3_search import amax_mse_e4m3, e4m3_fake_quant
-from workbench.quant.precision import (
+from workbench.quant.algorithms.precision import (
     DEFAULT_BLOCK_SIZE,
     PRECISIONS,
     Precision,

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench import quant
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.quant.nn import (
     QuantLinear,
     QuantMatMul,
@@ -15,7 +15,7 @@ from workbench.quant.nn import (
     QuantTransformerEncoderLayer,
     TensorQuantizer,
 )
-from workbench.quant.snapshot import quantizer_names
+from workbench.quant.algorithms.snapshot import quantizer_names
 
 
 def _observe_only(module: nn.Module) -> None:

@@ -1,4 +1,4 @@
-"""SmoothQuant and AWQ scales (workbench.quant.smoothing): the formula, exactness in float, folding into the
+"""SmoothQuant and AWQ scales (workbench.quant.algorithms.smoothing): the formula, exactness in float, folding into the
 producer only where that keeps the output, and the accuracy they buy on a block with outlier channels."""
 import copy
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.quant.calibrate import calibrate, sqnr_db
+from workbench.quant.algorithms.calibrate import calibrate, sqnr_db
 from workbench.quant.replace import replace_to_quantization_module
-from workbench.quant.smoothing import (
+from workbench.quant.algorithms.smoothing import (
     SmoothingError,
     apply_smoothing,
     int4_blockwise_fake_quant,

@@ -1,10 +1,10 @@
-"""The quantizer enumeration helpers every package uses (workbench.quant.snapshot)."""
+"""The quantizer enumeration helpers every package uses (workbench.quant.algorithms.snapshot)."""
 from __future__ import annotations
 
 from torch import nn
 
 from workbench.quant import nn as quant_nn
-from workbench.quant.snapshot import (
+from workbench.quant.algorithms.snapshot import (
     all_quantizers,
     holds_quantizers,
     is_quantizing,

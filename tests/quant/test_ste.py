@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.quant import kernels, ste
+from workbench.quant.kernels import fake_quant as kernels
+from workbench.quant.kernels import ste
 from workbench.quant import tensor_quant as tq
 
 needs_kernel = pytest.mark.skipif(not kernels.kernel_available(), reason="C kernel not built")
@@ -35,7 +36,7 @@ def tricky(shape, dtype, scale=2.0):
     ((4, 6), (4, 1)),                   # rows shorter than a vector
 ])
 def test_c_kernel_gradient_equals_reference(dtype, portable, shape, amax_shape):
-    from workbench.quant import _cpu_kernels
+    from workbench.quant.kernels import _cpu_kernels
 
     x, g = tricky(shape, dtype)
     amaxes = [torch.full(amax_shape, 1.0), torch.full(amax_shape, 1.0006), torch.rand(amax_shape) * 3,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.quant import kernels
+from workbench.quant.kernels import fake_quant as kernels
 from workbench.quant import tensor_quant as tq
 from workbench.quant.tensor_quant import QuantDescriptor
 
@@ -364,7 +364,7 @@ class TestKernelBackends:
     @pytest.mark.parametrize("rounding", ["pytorch_quantization", "onnx"])
     @pytest.mark.parametrize("portable", [False, True])
     def test_c_kernel_equals_reference(self, dtype, rounding, portable):
-        from workbench.quant import _cpu_kernels
+        from workbench.quant.kernels import _cpu_kernels
 
         x = (torch.randn(300_017) * 3).to(dtype)  # odd size: vector body and scalar tail
         x[5] = float("nan")

@@ -10,7 +10,7 @@ from torch import nn
 
 from workbench.project import load_project
 from workbench.quant import replace_to_quantization_module
-from workbench.quant.calibrate import NothingReachedError, calibrate
+from workbench.quant.algorithms.calibrate import NothingReachedError, calibrate
 
 BRANCHY = textwrap.dedent("""
     import torch

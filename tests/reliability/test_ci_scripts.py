@@ -139,8 +139,8 @@ def _compiler() -> str | None:
 def test_the_c_kernel_is_built_where_a_compiler_exists():
     """Where a compiler exists the extension must have built: every other kernel test skips without it, so a
     broken build would leave CI green on the slow path. Build it with `python setup.py build_ext --inplace`."""
-    from workbench.quant import kernels
+    from workbench.quant.kernels import fake_quant as kernels
 
-    assert kernels.kernel_available(), ("a C compiler is on PATH but workbench.quant._cpu_kernels did not build "
+    assert kernels.kernel_available(), ("a C compiler is on PATH but workbench.quant.kernels._cpu_kernels did not build "
                                         "or import; run `python setup.py build_ext --inplace` and read its errors")
     assert kernels.backend_name() in ("c-avx2", "c-portable")

@@ -7,7 +7,7 @@ from torch import nn
 
 from workbench import quant
 from workbench.export import export_qdq_onnx
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 
 
 def model_with_zero_amax():

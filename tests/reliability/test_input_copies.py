@@ -10,7 +10,7 @@ from torch import nn
 from workbench import quant
 from workbench.analysis import evaluate_models, sensitivity
 from workbench.export import export_qdq_onnx
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 
 
 class Net(nn.Module):

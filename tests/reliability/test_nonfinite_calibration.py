@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from workbench.quant import QuantDescriptor, replace_to_quantization_module
-from workbench.quant.calibrate import NonFiniteCalibrationError, calibrate
+from workbench.quant.algorithms.calibrate import NonFiniteCalibrationError, calibrate
 
 
 class Net(nn.Module):

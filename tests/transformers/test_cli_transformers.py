@@ -62,7 +62,7 @@ def test_attention_quantizers_roles_switch_calibration_histograms_and_export(vit
     assert sorted(ranked) == ["blocks.0", "blocks.1", "head", "patch_embed"]
     from workbench.session import Session
 
-    from workbench.quant.snapshot import quantizer_names
+    from workbench.quant.algorithms.snapshot import quantizer_names
     from workbench.session import descriptor_of
 
     session = Session.open(vit_project, trust_code=True)

@@ -10,7 +10,7 @@ import models as zoo
 from workbench import quant
 from workbench.export import export_qdq_onnx
 from workbench.graph import describe_model, insert_functional_quantizers, prepare_for_tensorrt
-from workbench.quant.calibrate import calibrate
+from workbench.quant.algorithms.calibrate import calibrate
 from workbench.quant.nn import QuantMatMul, QuantSDPA
 
 

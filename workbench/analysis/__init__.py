@@ -26,7 +26,7 @@ __getattr__, __dir__, _lazy = lazy_face(__name__, {
                                    "metric_from_dict"),
     "workbench.analysis.entry_point": ("load_entry_point", "EntryPointError"),
     "workbench.analysis.results": ("SensitivityResult", "UnitResult", "FallbackResult", "FallbackPoint", "SCHEMES"),
-    "workbench.quant.snapshot": ("ModelSnapshot",),
+    "workbench.quant.algorithms.snapshot": ("ModelSnapshot",),
 })
 __all__ = ["AnalysisError", "MetricError", "AnalysisCancelled", *_lazy]
 
@@ -54,4 +54,4 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, SensitivityResult, UnitResult  # noqa: F401
     from workbench.analysis.sensitivity import sensitivity  # noqa: F401
     from workbench.analysis.units import Unit, find_units, resolve_units  # noqa: F401
-    from workbench.quant.snapshot import ModelSnapshot  # noqa: F401
+    from workbench.quant.algorithms.snapshot import ModelSnapshot  # noqa: F401

@@ -16,9 +16,9 @@ from torch import nn
 
 from workbench.analysis.evaluator import Evaluator, report_progress
 from workbench.analysis.metrics import Metric, OutputMetric, SqnrMetric, get_metric
-from workbench.quant.batches import select_output
-from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.snapshot import ModelSnapshot
+from workbench.quant.algorithms.batches import select_output
+from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
+from workbench.quant.algorithms.snapshot import ModelSnapshot
 
 __all__ = ["Evaluation", "evaluate_models"]
 
@@ -62,7 +62,7 @@ def evaluate_models(fp32_model: nn.Module, int8_model: nn.Module, batches: Seque
 
     Both models are left as they were (mode, quantizer states). ``metric`` is a :class:`Metric` or a
     built-in name; a user metric is resolved (and trusted) by the caller. ``output`` names the output entry
-    compared (see :func:`~workbench.quant.batches.select_output`).
+    compared (see :func:`~workbench.quant.algorithms.batches.select_output`).
 
     Raises:
         ValueError: no batches. AnalysisError, MetricError, AnalysisCancelled: as the analysis raises them.

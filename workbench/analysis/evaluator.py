@@ -18,11 +18,11 @@ from torch import nn
 from workbench.analysis.errors import AnalysisCancelled, AnalysisError, MetricError, describe_stage
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric
 from workbench.analysis.units import Unit
-from workbench.quant.batches import model_device, model_inputs, select_output, to_device
-from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.distributed import Digest, DistContext
+from workbench.quant.algorithms.batches import model_device, model_inputs, select_output, to_device
+from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
+from workbench.quant.algorithms.distributed import Digest, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import all_quantizers, is_quantizing
+from workbench.quant.algorithms.snapshot import all_quantizers, is_quantizing
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ def check_ranks_agree(context: DistContext, batches: Sequence[Any], model: nn.Mo
 class Evaluator:
     """Runs ``model`` over fixed batches in chosen quantizer configurations and measures ``metric``.
 
-    Call inside a :class:`~workbench.quant.snapshot.ModelSnapshot` and ``torch.no_grad()``: it switches
+    Call inside a :class:`~workbench.quant.algorithms.snapshot.ModelSnapshot` and ``torch.no_grad()``: it switches
     the model to eval mode and turns calibration off, and relies on the snapshot to undo that.
-    ``output`` names the output entry the metric compares (see :func:`~workbench.quant.batches.select_output`).
+    ``output`` names the output entry the metric compares (see :func:`~workbench.quant.algorithms.batches.select_output`).
     """
 
     def __init__(self, model: nn.Module, batches: Sequence[Any], metric: Metric,

@@ -7,7 +7,7 @@ measured, not predicted from the ranking, so interactions between layers are acc
 
 Fusion-aware (given the layers' model order): a quantized layer left alone between two layers the search put
 in float runs INT8 between float kernels, and TensorRT pays a reformat on each side of it
-(:func:`~workbench.quant.format_rules.isolated_layers`, the lint's ``isolated_quantized_layer``). After the
+(:func:`~workbench.quant.algorithms.format_rules.isolated_layers`, the lint's ``isolated_quantized_layer``). After the
 search each such layer is tried in float as well; it joins the chosen set when the goal is still met (measured),
 and a note says so, or why it stays.
 """
@@ -28,10 +28,10 @@ from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, S
 from workbench.analysis.sensitivity import measure_baselines, run_profile
 from workbench.analysis.units import Unit, UnitsSpec, find_units, quantizers_of, resolve_units
 from workbench.export.naming import layer_of_quantizer
-from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.distributed import SINGLE, DistContext
-from workbench.quant.format_rules import isolated_layers
-from workbench.quant.snapshot import ModelSnapshot
+from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
+from workbench.quant.algorithms.distributed import SINGLE, DistContext
+from workbench.quant.algorithms.format_rules import isolated_layers
+from workbench.quant.algorithms.snapshot import ModelSnapshot
 
 __all__ = ["fallback_search", "apply_fallback", "units_from_names"]
 

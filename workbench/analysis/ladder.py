@@ -20,7 +20,7 @@ The model is given back as it was.
 
 Fusion-aware (given the layers' model order): after the climb, a quantized layer left alone between float
 layers is tried in float, and a layer in a format other than both its neighbours' shared one (FP8 between two
-INT8 layers) is tried in theirs (:mod:`workbench.quant.format_rules`, the lint's rules): each move is measured
+INT8 layers) is tried in theirs (:mod:`workbench.quant.algorithms.format_rules`, the lint's rules): each move is measured
 and kept when the goal still holds, and the notes say what moved, or why a layer stays.
 """
 from __future__ import annotations
@@ -42,12 +42,12 @@ from workbench.analysis.results import SensitivityResult, encode_number
 from workbench.analysis.sensitivity import measure_baselines, run_profile
 from workbench.analysis.units import Unit, resolve_units
 from workbench.export.naming import layer_of_quantizer
-from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.distributed import SINGLE
-from workbench.quant.format_rules import isolated_layers, reformat_boundaries
+from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
+from workbench.quant.algorithms.distributed import SINGLE
+from workbench.quant.algorithms.format_rules import isolated_layers, reformat_boundaries
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.precision import Precision, parse_precision, weight_bytes
-from workbench.quant.snapshot import ModelSnapshot
+from workbench.quant.algorithms.precision import Precision, parse_precision, weight_bytes
+from workbench.quant.algorithms.snapshot import ModelSnapshot
 
 __all__ = ["LadderStep", "LadderResult", "ladder_search", "parse_ladder", "DEFAULT_LADDER", "LADDER_FORMAT",
            "RungSource", "LADDER_PRESETS", "ladder_text"]

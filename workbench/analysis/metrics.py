@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from workbench.analysis.entry_point import load_entry_point
-from workbench.quant.batches import batch_targets, class_scores, flat_tensors, select_output
+from workbench.quant.algorithms.batches import batch_targets, class_scores, flat_tensors, select_output
 from workbench.sources.entrypoints import split_entrypoint
 from workbench.sources.errors import TrustRequired
 from workbench.sources.metric_names import DEFAULT_METRIC, DIRECTIONS, Direction
@@ -134,7 +134,7 @@ class SqnrMetric(OutputMetric):
     """Signal-to-quantization-noise ratio of the outputs against FP32, in dB, over all batches.
 
     ``10 log10(sum(ref**2) / sum((ref - out)**2))`` summed over every output element of every batch
-    (what :func:`workbench.quant.calibrate.sqnr_db` gives for one batch). +inf when the outputs are
+    (what :func:`workbench.quant.algorithms.calibrate.sqnr_db` gives for one batch). +inf when the outputs are
     identical, so the FP32 model scores +inf: use a target rather than a tolerance with it.
     """
 

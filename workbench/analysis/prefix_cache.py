@@ -38,7 +38,7 @@ from torch import nn
 from torch.fx.node import map_arg
 
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import holds_quantizers
+from workbench.quant.algorithms.snapshot import holds_quantizers
 
 __all__ = ["PrefixPlan", "PassState", "build_plan"]
 

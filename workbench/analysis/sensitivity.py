@@ -36,10 +36,10 @@ from workbench.analysis.prefix_cache import PrefixPlan, build_plan
 from workbench.analysis.results import SCHEMES, SensitivityResult, UnitResult, difference, rank_units
 from workbench.analysis.units import Unit, UnitsSpec, resolve_units
 from workbench.analysis.weight_cache import WeightQuantCache
-from workbench.quant.batches import to_device
-from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.distributed import SINGLE, DistContext, deal, shard
-from workbench.quant.snapshot import ModelSnapshot
+from workbench.quant.algorithms.batches import to_device
+from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
+from workbench.quant.algorithms.distributed import SINGLE, DistContext, deal, shard
+from workbench.quant.algorithms.snapshot import ModelSnapshot
 
 __all__ = ["sensitivity"]
 
@@ -75,7 +75,7 @@ def sensitivity(model: nn.Module, batches: Iterable, metric: Metric | str, *, sc
             crossing the current cut point are kept for every batch at once, and one copy of the
             fake-quantized weights.
         output: the output entry to compare (``logits``, a tuple index); default: see
-            :func:`~workbench.quant.batches.select_output`.
+            :func:`~workbench.quant.algorithms.batches.select_output`.
         context: the process's place in a distributed job (None: one process). Every rank computes
             the FP32 reference and the all-quantized metric once, measures its share of the units
             (dealt back and forth in model order), and every rank returns the whole result, equal to the

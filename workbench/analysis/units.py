@@ -27,9 +27,9 @@ from torch import nn
 from workbench.graph.dataflow import in_transformer_block
 from workbench.quant.nn.modules.quant_attention import QuantMatMul
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import holds_quantizers, is_quantizing, owned_quantizers
+from workbench.quant.algorithms.snapshot import holds_quantizers, is_quantizing, owned_quantizers
 
-# is_quantizing and holds_quantizers live in workbench.quant.snapshot; kept in __all__ for callers
+# is_quantizing and holds_quantizers live in workbench.quant.algorithms.snapshot; kept in __all__ for callers
 # that import them from here
 
 __all__ = ["Unit", "UnitsSpec", "find_units", "resolve_units", "quantizers_of", "is_quantizing", "holds_quantizers",

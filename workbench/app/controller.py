@@ -28,7 +28,7 @@ from workbench.app.disk_watch import ProjectFileWatcher
 from workbench.app.jobs import JobRunner
 from workbench.app.lint_state import LintState
 from workbench.graph import ModelTree
-from workbench.quant.calibrate import CalibrationCancelled
+from workbench.quant.algorithms.calibrate import CalibrationCancelled
 from workbench.session import Event, Session, SessionEvent
 from workbench.sources.data_source import DataSpec
 from workbench.sources.model_source import ModelSpec

@@ -86,7 +86,7 @@ class EditsMixin:
         return self._edit("Set descriptor", lambda: self.session.set_descriptor(names, role, **fields))
 
     def set_precision(self, names: Iterable[str], precision: str) -> list[str] | None:
-        """Run layers in ``precision`` (a :class:`workbench.quant.precision.Precision` value) as one edit."""
+        """Run layers in ``precision`` (a :class:`workbench.quant.algorithms.precision.Precision` value) as one edit."""
         names = list(names)
         return self._edit("Set precision", lambda: self.session.set_precision(names, precision))
 

@@ -1,5 +1,5 @@
 """The tree's Precision column and menu: a layer's precision chosen from the one registry
-(:mod:`workbench.quant.precision`), per row with a combo box, or for many rows from the context menu.
+(:mod:`workbench.quant.algorithms.precision`), per row with a combo box, or for many rows from the context menu.
 
 Only the precisions that apply to a layer are offered (INT4 weight-only to GEMMs); changing one is the
 session's ``set_precision`` through the controller, one edit like any other.
@@ -13,7 +13,7 @@ from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPersistentModelInde
 from PySide6.QtWidgets import QComboBox, QMenu, QStyledItemDelegate, QStyleOptionViewItem, QWidget
 
 from workbench.app.controller import Controller
-from workbench.quant.precision import PRECISIONS, Precision, applies_to
+from workbench.quant.algorithms.precision import PRECISIONS, Precision, applies_to
 
 __all__ = ["precision_choices", "PrecisionDelegate", "precision_menu", "split_by_precision"]
 

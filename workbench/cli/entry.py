@@ -230,7 +230,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # argparse already printed the usage line
         return EXIT_USAGE if exit_.code else EXIT_OK
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(message)s")
-    from workbench.quant.distributed import launched_by_torchrun
+    from workbench.quant.algorithms.distributed import launched_by_torchrun
 
     if launched_by_torchrun() and not getattr(args, "distributed", False):
         # every rank would run it and write the same files
@@ -277,8 +277,8 @@ def _error_kinds() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExce
 
             user_errors += [AnalysisError, MetricError]
             cancelled.append(AnalysisCancelled)
-        if "workbench.quant.calibrate" in loaded:
-            from workbench.quant.calibrate import CalibrationCancelled, CalibrationError
+        if "workbench.quant.algorithms.calibrate" in loaded:
+            from workbench.quant.algorithms.calibrate import CalibrationCancelled, CalibrationError
 
             user_errors.append(CalibrationError)
             cancelled.append(CalibrationCancelled)

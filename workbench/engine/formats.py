@@ -2,14 +2,14 @@
 or INT4 weight-only that TensorRT ran in another precision, with what that format needs from the GPU.
 
 A separate pass over an :class:`~workbench.engine.report.EngineReport` (the report itself maps engine
-layers to modules); :mod:`workbench.quant.format_rules` holds the formats' needs.
+layers to modules); :mod:`workbench.quant.algorithms.format_rules` holds the formats' needs.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from workbench.engine.report import EngineHazard, EngineReport
-from workbench.quant.format_rules import gpu_requirement
+from workbench.quant.algorithms.format_rules import gpu_requirement
 
 __all__ = ["format_hazards", "EXPECTED_ENGINE_PRECISION"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from workbench.engine.costs import EngineCost
 from workbench.engine.graph import EngineGraph, MappedLayer
-from workbench.quant.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
+from workbench.quant.algorithms.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
 
 __all__ = ["HAZARD_KINDS", "FLOAT_PRECISIONS", "EngineHazard", "quantized_ran_float", "layer_hazards",
            "cost_hazards"]

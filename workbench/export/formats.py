@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from workbench.export.opset import convert_opset, default_opset
-from workbench.quant.precision import FP8_OPS
+from workbench.quant.algorithms.precision import FP8_OPS
 
 __all__ = ["FORMAT_NAMES", "FP8_OPS", "TRT_DOMAIN", "format_counts", "node_format", "to_trt_fp8_ops",
            "fold_int4_casts", "name_int4_weights"]

@@ -24,8 +24,8 @@ import onnx
 from onnx import numpy_helper
 
 from workbench.export.naming import QUANTIZER_KEY, layer_of_quantizer, node_module
-from workbench.quant.format_rules import gpu_requirement, reformat_boundaries
-from workbench.quant.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
+from workbench.quant.algorithms.format_rules import gpu_requirement, reformat_boundaries
+from workbench.quant.algorithms.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
 
 __all__ = ["LINT_KINDS", "FIX_ACTIONS", "LintFix", "LintWarning", "lint_qdq_graph", "INT8_OPS", "COMMUTING_OPS",
            "COMPUTE_OPS", "PROPAGATION_OPS", "AVERAGE_POOL_OPS", "count_text", "layer_formats", "format_findings"]

@@ -23,7 +23,7 @@ QuantizeLinear / DequantizeLinear pairs that TensorRT builds into an INT8 engine
 * Validation, on a temporary file next to the target: ``onnx.checker`` (full check), an onnxruntime
   CPU session on the sample inputs, and the outputs compared with the fake-quant PyTorch model (max
   abs diff, cosine). During that comparison the quantizers compute ONNX's rounding
-  (``round(x / scale)``; see :mod:`workbench.quant.kernels`) so a single layer matches to float
+  (``round(x / scale)``; see :mod:`workbench.quant.kernels.fake_quant`) so a single layer matches to float
   rounding; their rounding is restored afterwards. Only a valid file is renamed to ``path``.
 * A graph whose weights exceed ``external_data_threshold`` (protobuf cannot encode a message over
   2 GB) keeps them in ``<path>.data``. The torch.export-based exporter's graph is written from onnx_ir
@@ -117,10 +117,10 @@ from workbench.export.validation import (
     qdq_clips,
     range_inputs,
 )
-from workbench.quant.batches import model_device
+from workbench.quant.algorithms.batches import model_device
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import ModelSnapshot
+from workbench.quant.algorithms.snapshot import ModelSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def export_qdq_onnx(model: nn.Module,
         output_names: graph output names (default: after the ``ModelOutput``/dict key they come from, else
             ``output``/``output_N``).
         output: which part of the model's output to export (a ``ModelOutput``/dict key such as
-            ``logits``, or a tuple index); default: see :func:`~workbench.quant.batches.select_output`
+            ``logits``, or a tuple index); default: see :func:`~workbench.quant.algorithms.batches.select_output`
             (a tensor or tuple of tensors whole, else the first tensor: never a cache object). A Hugging
             Face model whose config has ``use_cache=True`` is exported with it off (the report says so).
         dynamic_batch: make dimension 0 of every input and output symbolic ("batch"), and axis 1 of

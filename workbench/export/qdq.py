@@ -16,7 +16,7 @@ No class is patched, the user's or ours. Narrow-range quantizers (``[-127, 127]`
 with ``scale = amax / 127`` the value -128 appears for inputs below ``-amax * 127.5 / 127``; the Clip
 makes the exported graph compute exactly what the fake-quant model computes.
 
-Two more formats (see :mod:`workbench.quant.precision`):
+Two more formats (see :mod:`workbench.quant.algorithms.precision`):
 
 * FP8 E4M3 (``num_bits=(4, 3)``): ``torch.ops.workbench.qdq_fp8`` exports as QuantizeLinear ->
   DequantizeLinear with a ``float8e4m3fn`` zero point (opset 19), ``scale = amax / 448``; per-tensor or
@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from workbench.opsets import FORMAT_OPSET  # noqa: F401 - re-exported; its home is workbench.opsets
-from workbench.quant.blocks import block_amax_to_scales, block_view, unblock
-from workbench.quant.kernels import TINY_AMAX
+from workbench.quant.algorithms.blocks import block_amax_to_scales, block_view, unblock
+from workbench.quant.kernels.fake_quant import TINY_AMAX
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.tensor_quant import E4M3, E4M3_MAX, max_bound_of, min_bound_of
 

@@ -13,10 +13,10 @@ from torch import nn
 
 from workbench.export.errors import ExportError, QuantizerStateError, SampleInputError
 from workbench.export.qdq import ExportParams, QDQStandIn, export_params
-from workbench.quant.batches import flat_tensors, select_output
+from workbench.quant.algorithms.batches import flat_tensors, select_output
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import all_quantizers, is_quantizing, quantizer_names
-from workbench.quant.tensorrt_rules import tensorrt_check
+from workbench.quant.algorithms.snapshot import all_quantizers, is_quantizing, quantizer_names
+from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
 
 __all__ = ["sample_call", "ExportCall", "default_input_names", "grow_batch", "grow_sequence", "first_quantizer_names",
            "check_quantizers", "rounding", "stand_ins", "traced_module_scopes", "run_reference", "without_cache"]
@@ -59,7 +59,7 @@ def default_input_names(model: nn.Module, args: tuple, kwargs: dict) -> list[str
 class ExportCall(nn.Module):
     """The model as both exporters see it: flat tensors in (the positional inputs, then the keyword
     inputs in order) and a tuple of the chosen output's tensors out (see
-    :func:`~workbench.quant.batches.select_output`), so dict inputs and outputs holding a cache or a
+    :func:`~workbench.quant.algorithms.batches.select_output`), so dict inputs and outputs holding a cache or a
     ``ModelOutput`` export like plain tensors. ``labels`` names those output tensors after the last call.
     """
 

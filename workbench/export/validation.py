@@ -18,7 +18,7 @@ from workbench.export.naming import name_nodes_by_module
 from workbench.export.provenance import mark_onnx
 from workbench.export.qdq import ExportParams, QDQStandIn, export_params
 from workbench.export.report import OutputParity
-from workbench.quant.snapshot import all_quantizers, quantizer_names
+from workbench.quant.algorithms.snapshot import all_quantizers, quantizer_names
 
 __all__ = ["post_process", "name_qdq_nodes", "compare", "range_inputs", "ort_session", "model_weights",
            "shared_weights", "feeds", "amax_table", "amax_table_of", "per_channel_activations", "qdq_clips", "amax_of"]

@@ -34,7 +34,7 @@ from torch.nn.utils import parametrize
 
 from workbench.graph.trace import TraceFailure, trace_pieces
 from workbench.graph.tree import add_note
-from workbench.quant.snapshot import ModelSnapshot, holds_quantizers, owned_quantizers
+from workbench.quant.algorithms.snapshot import ModelSnapshot, holds_quantizers, owned_quantizers
 from workbench.quant.switches import disable_quantization
 
 logger = logging.getLogger(__name__)
@@ -237,7 +237,7 @@ def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 
 def _relative_error(reference: Any, output: Any) -> float:
-    from workbench.quant.batches import flat_tensors
+    from workbench.quant.algorithms.batches import flat_tensors
 
     worst = 0.0
     for ref, out in zip(flat_tensors(reference), flat_tensors(output)):

@@ -18,7 +18,7 @@ from workbench.quant.replace import (
     ignore_matcher,
     replace_to_quantization_module,
 )
-from workbench.quant.snapshot import holds_quantizers, owned_quantizers
+from workbench.quant.algorithms.snapshot import holds_quantizers, owned_quantizers
 from workbench.quant.tensor_quant import QuantDescriptor
 
 logger = logging.getLogger(__name__)

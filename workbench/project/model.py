@@ -11,7 +11,7 @@ from workbench.sources.data_source import DataSpec, InputSpec
 from workbench.sources.model_source import FileDigest, ModelSpec
 
 if TYPE_CHECKING:
-    from workbench.quant.calibrate import CalibrationResult, QuantizerCalibration
+    from workbench.quant.algorithms.calibrate import CalibrationResult, QuantizerCalibration
 
 __all__ = ["LayerDecision", "QuantizerRecord", "CalibrationRecord", "SensitivityRecord", "FallbackRecord",
            "ExportRecord", "FinetuneRecord", "EngineReportRecord", "LintRecord", "SmoothingRecord", "Project",
@@ -66,7 +66,7 @@ class QuantizerRecord:
     @classmethod
     def from_calibration(cls, item: QuantizerCalibration, *, calibrator_state: dict[str, Any] | None,
                          descriptor: dict[str, Any] | None, name: str | None = None) -> QuantizerRecord:
-        """The record of one quantizer's calibration outcome (what :func:`workbench.quant.calibrate.calibrate`
+        """The record of one quantizer's calibration outcome (what :func:`workbench.quant.algorithms.calibrate.calibrate`
         measured), with the statistics and descriptor to keep beside it; ``name`` when the quantizer is
         recorded under another of its names (one shared by a placement rule)."""
         return cls(name or item.name, item.amax.numpy().astype(np.float32), item.method, item.calibrator,
@@ -175,7 +175,7 @@ class FinetuneRecord:
 
 @dataclass
 class SmoothingRecord:
-    """One layer's smoothing (SmoothQuant or AWQ, :mod:`workbench.quant.smoothing`): the weight's input
+    """One layer's smoothing (SmoothQuant or AWQ, :mod:`workbench.quant.algorithms.smoothing`): the weight's input
     columns are multiplied by ``scales`` in the quantized model, its input divided by them (folded into
     ``folded_into``'s weight and bias, or a Mul before the input quantizer when None)."""
 

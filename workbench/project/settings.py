@@ -20,10 +20,10 @@ import torch
 
 from workbench.opsets import DEFAULT_OPSET, MIN_OPSET, newest_opset, opset_bounds_text
 from workbench.quant import QuantDescriptor
-from workbench.quant.blocks import BLOCK_METHODS, DEFAULT_BLOCK_METHOD
+from workbench.quant.algorithms.blocks import BLOCK_METHODS, DEFAULT_BLOCK_METHOD
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, percentile_mistake
-from workbench.quant.precision import FP8_OPS
-from workbench.quant.tensorrt_rules import tensorrt_check
+from workbench.quant.algorithms.precision import FP8_OPS
+from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
 from workbench.sources.metric_names import DEFAULT_METRIC, DIRECTIONS, Direction
 from workbench.strict_json import strict
 
@@ -178,7 +178,7 @@ class FunctionalSettings(_Section):
 
 @dataclass(frozen=True)
 class RuleSettings(_Section):
-    """TensorRT's scale-sharing placement rules (:mod:`workbench.quant.tensorrt_rules`), each on or off."""
+    """TensorRT's scale-sharing placement rules (:mod:`workbench.quant.algorithms.tensorrt_rules`), each on or off."""
 
     KEY: ClassVar[str] = "rules"
     concat: bool = True
@@ -245,7 +245,7 @@ class ExportSettings(_Section):
     dynamic_batch: bool = True
     amax_json: bool = False
     calibration_cache: bool = False
-    fp8_ops: str = "standard"  # workbench.quant.precision.FP8_OPS: "trt" for TensorRT before 10
+    fp8_ops: str = "standard"  # workbench.quant.algorithms.precision.FP8_OPS: "trt" for TensorRT before 10
     STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops",)
 
     def __post_init__(self) -> None:

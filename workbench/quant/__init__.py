@@ -5,7 +5,7 @@ Mirrors NVIDIA pytorch-quantization's vocabulary and module layout (``tensor_qua
 file: everything else in Quant Workbench is built on top of this package.
 """
 from workbench.quant import calib, nn, quant_modules, tensor_quant, utils  # noqa: F401
-from workbench.quant.kernels import backend_name  # noqa: F401
+from workbench.quant.kernels.fake_quant import backend_name  # noqa: F401
 from workbench.quant.nn import (  # noqa: F401
     Clip,
     QuantAdaptiveAvgPool1d,

@@ -7,7 +7,7 @@ Same vocabulary, signatures and defaults as pytorch-quantization's ``tensor_quan
 2**-24 quantizes to 0. float16/bfloat16 inputs are computed in float32 and returned in their dtype.
 The backward pass is the straight-through estimator with clipping (zero gradient where |x| > amax).
 
-Unlike the original, every call is one fused pass over memory on CPU (see :mod:`workbench.quant.kernels`).
+Unlike the original, every call is one fused pass over memory on CPU (see :mod:`workbench.quant.kernels.fake_quant`).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch.autograd import Function
 
-import workbench.quant.kernels as kernels
-import workbench.quant.ste as ste
-from workbench.quant.kernels import ROUNDINGS, Rounding
+import workbench.quant.kernels.fake_quant as kernels
+import workbench.quant.kernels.ste as ste
+from workbench.quant.kernels.fake_quant import ROUNDINGS, Rounding
 
 logger = logging.getLogger(__name__)
 
@@ -403,7 +403,7 @@ def _broadcasts(amax_shape: torch.Size, shape: torch.Size) -> bool:
 def _check_args(inputs: torch.Tensor, amax: torch.Tensor, num_bits: Any) -> None:
     """Per-call checks that read no tensor values (so no device synchronisation on CUDA).
 
-    A negative amax is caught where its values are read anyway: :mod:`workbench.quant.kernels`
+    A negative amax is caught where its values are read anyway: :mod:`workbench.quant.kernels.fake_quant`
     (see :func:`kernels.check_amax_on_host`).
     """
     if not isinstance(inputs, torch.Tensor):
@@ -450,7 +450,7 @@ def _scale_of(amax: torch.Tensor, num_bits: int, unsigned: bool) -> torch.Tensor
 
 def _ste_grad(inputs: torch.Tensor, amax: torch.Tensor, grad_outputs: torch.Tensor) -> torch.Tensor:
     """Straight-through estimator with clipping: pass the gradient where |x| <= amax, else 0 (one fused
-    pass where a kernel applies; see :mod:`workbench.quant.ste`)."""
+    pass where a kernel applies; see :mod:`workbench.quant.kernels.ste`)."""
     return ste.ste_grad(inputs, amax, grad_outputs)
 
 
@@ -482,7 +482,7 @@ class TensorQuantFunction(Function):
 
 class FakeTensorQuantFunction(Function):
     """Quantize then dequantize in one fused pass; STE gradient. ``rounding`` picks the convention
-    (``"pytorch_quantization"``, the default, or ``"onnx"``; see :mod:`workbench.quant.kernels`)."""
+    (``"pytorch_quantization"``, the default, or ``"onnx"``; see :mod:`workbench.quant.kernels.fake_quant`)."""
 
     @staticmethod
     def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True, rounding="pytorch_quantization"):

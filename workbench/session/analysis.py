@@ -14,8 +14,8 @@ from torch import nn
 
 from workbench.project import FallbackRecord, Project, SensitivityRecord
 from workbench.project.model import now_iso
-from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.distributed import DistContext
+from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
+from workbench.quant.algorithms.distributed import DistContext
 from workbench.session.build import layer_of
 from workbench.sources.data_source import DataSource
 

@@ -30,8 +30,8 @@ from workbench.quant import TensorQuantizer
 from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul, QuantSDPA
 from workbench.quant.replace import ReplacementReport
-from workbench.quant.smoothing import LayerSmoothing, SmoothingError, apply_smoothing
-from workbench.quant.snapshot import holds_quantizers, quantizer_names
+from workbench.quant.algorithms.smoothing import LayerSmoothing, SmoothingError, apply_smoothing
+from workbench.quant.algorithms.snapshot import holds_quantizers, quantizer_names
 from workbench.sources.data_source import InputSpec
 
 logger = logging.getLogger(__name__)

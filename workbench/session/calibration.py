@@ -17,12 +17,12 @@ from workbench.project import CalibrationRecord, Project, QuantizerRecord
 from workbench.project.model import now_iso
 from workbench.project.settings import CalibrationSettings
 from workbench.quant import TensorQuantizer
-from workbench.quant.blocks import BLOCK_METHODS
+from workbench.quant.algorithms.blocks import BLOCK_METHODS
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
-from workbench.quant.calibrate import calibrate as run_calibration
-from workbench.quant.distributed import DistContext
-from workbench.quant.snapshot import quantizer_names
+from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken, ProgressCallback
+from workbench.quant.algorithms.calibrate import calibrate as run_calibration
+from workbench.quant.algorithms.distributed import DistContext
+from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.session.build import descriptor_of, layer_of
 from workbench.session.errors import SessionError
 from workbench.sources.data_source import DataSource
@@ -41,7 +41,7 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
     ``calibration`` setting); ``folded``: the layers a BatchNorm is folded into.
 
     ``block_method`` (default: the project's ``calibration.block_method``) chooses the amax of INT4 weight
-    blocks: their max, or an mse search per block (:func:`workbench.quant.blocks.refine_block_amax`).
+    blocks: their max, or an mse search per block (:func:`workbench.quant.algorithms.blocks.refine_block_amax`).
     """
     block_method = checked_block_method(block_method or options.block_method)
     method = method or options.method.value
@@ -86,7 +86,7 @@ def check_calibrated(model: nn.Module, run: CalibrationRecord | None) -> None:
 
 
 def checked_block_method(block_method: str) -> str:
-    """``block_method`` if it is one of :data:`~workbench.quant.blocks.BLOCK_METHODS`; SessionError if not."""
+    """``block_method`` if it is one of :data:`~workbench.quant.algorithms.blocks.BLOCK_METHODS`; SessionError if not."""
     if block_method not in BLOCK_METHODS:
         raise SessionError(f"block method must be one of {', '.join(BLOCK_METHODS)}, got {block_method!r}.")
     return block_method

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from workbench.project.settings import SECTIONS, ProjectSettings, SettingsError, checked_setting
-from workbench.quant.distributed import SINGLE, DistContext
+from workbench.quant.algorithms.distributed import SINGLE, DistContext
 from workbench.session.errors import SessionError
 
 __all__ = ["checked_value", "typed_settings", "changed_settings", "updated_section", "job_device"]

@@ -34,10 +34,10 @@ from workbench.project import (
     save_project,
 )
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, ProjectSettings
-from workbench.quant.calibrate import CalibrationResult, CancelToken, ProgressCallback
-from workbench.quant.distributed import DistContext
-from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
-from workbench.quant.snapshot import quantizer_names
+from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken, ProgressCallback
+from workbench.quant.algorithms.distributed import DistContext
+from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
+from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.session import (
     analysis,
     calibration,
@@ -293,7 +293,7 @@ class Session:
         """Change descriptor fields of the ``role`` ("input" or "weight") quantizer of layers.
 
         Fields are validated like :class:`QuantDescriptor`'s and against what TensorRT builds
-        (:func:`~workbench.quant.tensorrt_rules.tensorrt_check`): a descriptor it cannot use raises
+        (:func:`~workbench.quant.algorithms.tensorrt_rules.tensorrt_check`): a descriptor it cannot use raises
         SessionError with the reason; one that only simulates (4-bit) is set and explained in :attr:`notes`.
         The layer's current descriptor (override or default) is the starting point, so one call can
         change just ``num_bits``.
@@ -305,7 +305,7 @@ class Session:
 
     def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
                       fp8_weight_per_channel: bool = True) -> list[str]:
-        """Run layers in ``precision`` (int8, fp8, int4w, float; :mod:`workbench.quant.precision`): their
+        """Run layers in ``precision`` (int8, fp8, int4w, float; :mod:`workbench.quant.algorithms.precision`): their
         descriptors and quantize flag become that precision's, in one edit. Returns the layers changed.
 
         Raises:
@@ -501,7 +501,7 @@ class Session:
         """Calibrate on the calibration data and store the result (amax and histograms) in the project.
 
         Args:
-            method, num_batches, percentile, block_method: as :func:`workbench.quant.calibrate.calibrate` takes
+            method, num_batches, percentile, block_method: as :func:`workbench.quant.algorithms.calibrate.calibrate` takes
                 them; None: the project's ``calibration`` setting.
             progress, cancel: ``progress(done, total, message)`` after each batch; a set ``cancel`` stops the
                 run and leaves the project as it was.
@@ -511,7 +511,7 @@ class Session:
             smoothquant, awq: ``smoothquant`` (an alpha in [0, 1], or ``"off"``) and ``awq`` (True/False) first
                 compute (or clear) that smoothing (see :meth:`smooth`); None leaves it as it is.
         Returns:
-            The :class:`~workbench.quant.calibrate.CalibrationResult`, also stored as the project's current
+            The :class:`~workbench.quant.algorithms.calibrate.CalibrationResult`, also stored as the project's current
             calibration.
         """
         if (smoothquant is not None or awq is not None) and context is not None and context.distributed:

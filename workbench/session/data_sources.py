@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from workbench.project import Project
-from workbench.quant.batches import first_samples, input_shapes, model_inputs, run_model, to_device
+from workbench.quant.algorithms.batches import first_samples, input_shapes, model_inputs, run_model, to_device
 from workbench.session.errors import SessionError
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
 from workbench.sources.errors import SourceError

@@ -17,7 +17,7 @@ from torch import nn
 from workbench.project import LayerDecision, Project
 from workbench.project.settings import DefaultDescriptors, jsonable, make_descriptor
 from workbench.quant.gemm import float_by_default_reason
-from workbench.quant.precision import (
+from workbench.quant.algorithms.precision import (
     DEFAULT_BLOCK_SIZE,
     Precision,
     descriptors_for,
@@ -26,7 +26,7 @@ from workbench.quant.precision import (
     weight_bytes,
 )
 from workbench.quant.replace import ignore_matcher
-from workbench.quant.tensorrt_rules import tensorrt_check
+from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
 from workbench.session.build import descriptor_of, quantizable, role_quantizer
 from workbench.session.errors import SessionError
 
@@ -125,7 +125,7 @@ def plan_descriptor(project: Project, model: nn.Module, names: Iterable[str], ro
     notes saying which of them only simulate in TensorRT.
 
     Fields are validated like :class:`QuantDescriptor`'s and against what TensorRT builds
-    (:func:`~workbench.quant.tensorrt_rules.tensorrt_check`): a descriptor it cannot use raises
+    (:func:`~workbench.quant.algorithms.tensorrt_rules.tensorrt_check`): a descriptor it cannot use raises
     SessionError with the reason. The layer's current descriptor (override, else the default ``model``
     was built with) is the starting point, so one call can change just ``num_bits``.
 
@@ -282,9 +282,9 @@ LayerPlan = tuple[bool, "dict[str, Any] | None", "dict[str, Any] | None"]  # qua
 def plan_precision(project: Project, model: nn.Module, defaults: DefaultDescriptors, names: Iterable[str],
                    precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
                    fp8_weight_per_channel: bool = True) -> dict[str, LayerPlan]:
-    """What running layers in ``precision`` (:class:`~workbench.quant.precision.Precision`) makes of each
+    """What running layers in ``precision`` (:class:`~workbench.quant.algorithms.precision.Precision`) makes of each
     one's decision, changing nothing: ``{name: (quantize, input_desc, weight_desc)}`` for the layers it
-    changes. The descriptors become the precision's (:func:`~workbench.quant.precision.descriptors_for`),
+    changes. The descriptors become the precision's (:func:`~workbench.quant.algorithms.precision.descriptors_for`),
     keeping the fields a precision does not decide (the calibration method); ``float`` only clears the
     quantize flag, keeping the descriptors for when the layer is quantized again. Every layer is checked,
     so the caller applies all or nothing. ``model``: the project's quantized model (the descriptors it was
@@ -363,7 +363,7 @@ def precisions(project: Project, model: nn.Module, names: Iterable[str] | None =
 def mix_weight_bytes(project: Project, model: nn.Module, mix: Mapping[str, Precision | None] | None = None) -> int:
     """Weight bytes of the model (scales included) with each layer in its precision (``mix``, default: the
     layers' precisions now); int4w layers count their own block size. See
-    :func:`workbench.quant.precision.weight_bytes`."""
+    :func:`workbench.quant.algorithms.precision.weight_bytes`."""
     mix = dict(precisions(project, model) if mix is None else mix)
     unknown = [name for name in mix if name not in project.layers]
     if unknown:

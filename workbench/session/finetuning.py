@@ -19,8 +19,8 @@ from torch import nn
 from workbench.project import FinetuneRecord, Project
 from workbench.project.model import now_iso
 from workbench.project.settings import FinetuneSettings, SettingsError
-from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.snapshot import quantizer_names
+from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
+from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.session.build import to_numpy
 from workbench.session.errors import SessionError
 from workbench.sources.data_source import DataSource

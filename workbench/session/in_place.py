@@ -28,7 +28,7 @@ from torch import nn
 from workbench.project import CalibrationRecord, FinetuneRecord
 from workbench.project.settings import DefaultDescriptors, jsonable, make_descriptor
 from workbench.quant import QuantDescriptor, TensorQuantizer
-from workbench.quant.snapshot import holds_quantizers, quantizer_names
+from workbench.quant.algorithms.snapshot import holds_quantizers, quantizer_names
 from workbench.session.build import FUNCTIONAL_MODULES, BuildReport, descriptor_of, layer_of, load_record
 
 __all__ = ["ROLE_ATTRIBUTES", "LayerState", "swap_descriptors", "default_fields", "layer_changes", "swap_layers"]

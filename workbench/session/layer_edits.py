@@ -18,7 +18,7 @@ from torch import nn
 
 from workbench.project import Project
 from workbench.project.settings import DefaultDescriptors
-from workbench.quant.precision import Precision
+from workbench.quant.algorithms.precision import Precision
 from workbench.session import decisions, in_place
 from workbench.session.build import BuildReport
 

@@ -13,8 +13,8 @@ from torch import nn
 
 from workbench.project import Project
 from workbench.project.model import SmoothingRecord
-from workbench.quant.precision import DEFAULT_BLOCK_SIZE, Precision
-from workbench.quant.smoothing import SMOOTHING_METHODS, SmoothingError, plan_smoothing
+from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
+from workbench.quant.algorithms.smoothing import SMOOTHING_METHODS, SmoothingError, plan_smoothing
 
 __all__ = ["smoothing_layers", "layers_to_smooth", "compute_smoothing", "parse_alpha", "OFF"]
 

@@ -16,13 +16,13 @@ from workbench.graph.tree import module_notes, module_role
 from workbench.project import Project, QuantizerRecord
 from workbench.project.settings import ProjectSettings, jsonable
 from workbench.quant import TensorQuantizer
-from workbench.quant.batches import model_inputs
+from workbench.quant.algorithms.batches import model_inputs
 from workbench.quant.calib import HistogramCalibrator
 from workbench.quant.gemm import float_by_default_reason
-from workbench.quant.precision import grid_levels, precision_label, precision_of
-from workbench.quant.smoothing import describe_smoothing
-from workbench.quant.snapshot import owned_quantizers, quantizer_names
-from workbench.quant.tensorrt_rules import SIM_ONLY
+from workbench.quant.algorithms.precision import grid_levels, precision_label, precision_of
+from workbench.quant.algorithms.smoothing import describe_smoothing
+from workbench.quant.algorithms.snapshot import owned_quantizers, quantizer_names
+from workbench.quant.algorithms.tensorrt_rules import SIM_ONLY
 from workbench.session.build import BuildReport, descriptor_of, layer_of, quantizable, role_quantizer
 
 __all__ = ["LayerView", "layer_views", "summary", "descriptor_summary", "jsonable", "sensitivity_ranks",
@@ -46,7 +46,7 @@ class LayerView:
     role: str = ""  # an attention quantizer's role, e.g. "query x key" (see workbench.graph.tree.module_role)
     amax_reason: str = ""  # how the input quantizer's amax method was chosen ("auto": the measured reason)
     warnings: list[str] = field(default_factory=list)  # calibration warnings naming the layer's quantizers
-    # int8, fp8, int4w, float, or custom (descriptors matching none): workbench.quant.precision
+    # int8, fp8, int4w, float, or custom (descriptors matching none): workbench.quant.algorithms.precision
     precision: str = ""
     smoothing: str = ""  # the layer's SmoothQuant/AWQ scales, in words ("" without)
 
@@ -72,7 +72,7 @@ def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None)
         return "float (off)"
     extras = " narrow" if fields.get("narrow_range") else ""
     exportable = bits == 8 or isinstance(bits, (list, tuple)) or (bits == 4 and fields.get("block_size"))
-    if not exportable:  # simulates, but the QDQ export refuses it (workbench.quant.tensorrt_rules)
+    if not exportable:  # simulates, but the QDQ export refuses it (workbench.quant.algorithms.tensorrt_rules)
         extras += f", {SIM_ONLY}"
     return f"{kind} {granularity} {calib}{extras}"
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from workbench.analysis import AnalysisCancelled
 from workbench.launcher import WorkerFailed, job_context, launch
-from workbench.quant.calibrate import CalibrationCancelled, CancelToken, ProgressCallback
+from workbench.quant.algorithms.calibrate import CalibrationCancelled, CancelToken, ProgressCallback
 from workbench.session.errors import SessionError
 
 __all__ = ["WORKER_JOBS", "WorkersResult", "run_in_workers", "PROGRESS_FILE", "CANCEL_FILE"]

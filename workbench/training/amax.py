@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import is_quantizing, quantizer_names
+from workbench.quant.algorithms.snapshot import is_quantizing, quantizer_names
 
 __all__ = ["LearnedAmax", "start_learning_amax", "finish_learning_amax"]
 

@@ -34,9 +34,9 @@ from torch import nn
 
 from workbench.analysis.metrics import Metric, ModelMetric, OutputMetric, get_metric
 from workbench.project.settings import FinetuneSettings
-from workbench.quant.batches import model_device, model_inputs, run_model, to_device
-from workbench.quant.calibrate import CancelToken, ProgressCallback
-from workbench.quant.snapshot import ModelSnapshot, all_quantizers
+from workbench.quant.algorithms.batches import model_device, model_inputs, run_model, to_device
+from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
+from workbench.quant.algorithms.snapshot import ModelSnapshot, all_quantizers
 from workbench.quant.switches import disable_quantization
 from workbench.training.amax import LearnedAmax, finish_learning_amax, start_learning_amax
 from workbench.training.losses import LossFunction, batch_targets, resolve_loss

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.analysis.entry_point import load_entry_point
-from workbench.quant.batches import batch_targets, class_scores
+from workbench.quant.algorithms.batches import batch_targets, class_scores
 from workbench.sources.errors import TrustRequired
 
 __all__ = ["LossFunction", "resolve_loss", "cross_entropy", "batch_targets", "BUILTIN_LOSSES"]

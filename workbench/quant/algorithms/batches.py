@@ -1,6 +1,6 @@
 """Running a model on batches as data loaders yield them; comparing outputs.
 
-Shared by calibration (:mod:`workbench.quant.calibrate`), analysis and export, so that all of them
+Shared by calibration (:mod:`workbench.quant.algorithms.calibrate`), analysis and export, so that all of them
 agree on what a batch means and how an output is flattened.
 """
 from __future__ import annotations

@@ -16,17 +16,17 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from workbench.quant.auto_method import MethodChoice, choose_methods
-from workbench.quant.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db, sqnr_powers  # noqa: F401
-from workbench.quant.blocks import DEFAULT_BLOCK_METHOD, refine_block_amax
+from workbench.quant.algorithms.auto_method import MethodChoice, choose_methods
+from workbench.quant.algorithms.batches import flat_tensors, model_device, model_inputs, run_model, sqnr_db, sqnr_powers  # noqa: F401
+from workbench.quant.algorithms.blocks import DEFAULT_BLOCK_METHOD, refine_block_amax
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator, MaxCalibrator
 from workbench.quant.calib.checks import CalibrationWarning, histogram_warnings
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.memory import abs_max_in_place
 from workbench.quant.calib.merge import merge_calibrators
-from workbench.quant.distributed import SINGLE, Digest, DistContext
+from workbench.quant.algorithms.distributed import SINGLE, Digest, DistContext
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.snapshot import ModelSnapshot
+from workbench.quant.algorithms.snapshot import ModelSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -214,10 +214,10 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         num_batches: stop after this many batches (None: all of them).
         method: ``"entropy"``, ``"mse"``, ``"percentile"`` or ``"max"`` for histogram calibrators, or
             ``"auto"``: per quantizer, the one of those whose layer output is closest to FP32 on the first
-            :data:`AUTO_BATCHES` calibration batches (:mod:`workbench.quant.auto_method`).
+            :data:`AUTO_BATCHES` calibration batches (:mod:`workbench.quant.algorithms.auto_method`).
         percentile: for ``method="percentile"``.
         block_method: amax of blockwise (INT4) weight blocks: ``"max"`` or ``"mse"`` (a search per block,
-            :func:`workbench.quant.blocks.refine_block_amax`).
+            :func:`workbench.quant.algorithms.blocks.refine_block_amax`).
         device: where to run; the model is moved there (and back if the run fails). Default: the
             model's current device.
         progress: called as ``progress(done, total, message)`` after each batch (total is 0 when

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from workbench.quant.blocks import blocks_of
+from workbench.quant.algorithms.blocks import blocks_of
 from workbench.quant.tensor_quant import E4M3_MAX
-from workbench.quant.tensorrt_rules import output_channel_axis
+from workbench.quant.algorithms.tensorrt_rules import output_channel_axis
 
 __all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "parse_precision",
            "precision_choices_text", "applies_to", "descriptors_for", "precision_of", "precision_label",

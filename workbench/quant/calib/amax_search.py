@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from workbench.quant.calib.methods import PERCENTILE, AmaxMethod
-from workbench.quant.kernels import cpu_extension as cpu_kernels  # None without a C compiler: numpy is used
+from workbench.quant.kernels.fake_quant import cpu_extension as cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.tensor_quant import max_bound_of
 
 __all__ = ["amax_entropy", "amax_mse", "amax_percentile", "entropy_divergences", "mse_errors", "DEFAULT_START_BIN"]

@@ -29,7 +29,7 @@ from workbench.quant.calib.e4m3_search import amax_entropy_e4m3, amax_mse_e4m3
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.memory import KERNEL_DTYPES, dense_block, memory_rows, rows_of_layout
 from workbench.quant.calib.methods import PERCENTILE, SINGLE_METHODS, AmaxMethod, UnknownMethodError
-from workbench.quant.kernels import cpu_extension as cpu_kernels  # None without a C compiler: numpy is used
+from workbench.quant.kernels.fake_quant import cpu_extension as cpu_kernels  # None without a C compiler: numpy is used
 from workbench.quant.tensor_quant import E4M3
 from workbench.quant.utils import reduce_amax
 
@@ -298,7 +298,7 @@ class HistogramCalibrator(Calibrator):
         method = AmaxMethod.parse(method)
         if not method.is_single:
             raise ValueError("amax method 'auto' compares every method on the layer's output, which a histogram "
-                             "alone cannot: calibrate the model with method='auto' (workbench.quant.calibrate), or "
+                             "alone cannot: calibrate the model with method='auto' (workbench.quant.algorithms.calibrate), or "
                              f"pick one of {', '.join(SINGLE_METHODS)} here.")
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ValueError(f"stride must be a positive integer, got {stride!r}.")

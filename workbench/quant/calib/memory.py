@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from workbench.quant.kernels import cpu_extension  # None without a C compiler
+from workbench.quant.kernels.fake_quant import cpu_extension  # None without a C compiler
 
 __all__ = ["KERNEL_DTYPES", "dense_block", "memory_rows", "rows_of_layout", "abs_max_in_place", "abs_max_per_channel"]
 

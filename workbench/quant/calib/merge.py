@@ -31,7 +31,7 @@ import torch
 from workbench.quant.calib.calibrator import Calibrator
 from workbench.quant.calib.histogram import HistogramCalibrator, merge_bins
 from workbench.quant.calib.max import MaxCalibrator
-from workbench.quant.distributed import DistContext
+from workbench.quant.algorithms.distributed import DistContext
 
 __all__ = ["merge_calibrators", "CalibratorMergeError"]
 

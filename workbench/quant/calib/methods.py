@@ -72,7 +72,7 @@ class AmaxMethod(str, Enum):
     PERCENTILE = "percentile"
     MAX = "max"
     # not a search of its own: every method above is tried and the one whose layer output is closest to
-    # FP32 on the calibration batches wins, per quantizer (workbench.quant.auto_method)
+    # FP32 on the calibration batches wins, per quantizer (workbench.quant.algorithms.auto_method)
     AUTO = "auto"
 
     @property

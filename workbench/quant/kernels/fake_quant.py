@@ -33,8 +33,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-import workbench.quant.triton_kernels as triton_kernels
-from workbench.quant.compiled import ElementwiseKernel, device_key
+import workbench.quant.kernels.triton_kernels as triton_kernels
+from workbench.quant.kernels.compiled import ElementwiseKernel, device_key
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +47,10 @@ TINY_AMAX = 1.0 / (1 << 24)
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _MODE_CODES = {"pytorch_quantization": 0, "onnx": 1}
 
-# The compiled module (workbench.quant._cpu_kernels) or None: imported here once for every user
+# The compiled module (workbench.quant.kernels._cpu_kernels) or None: imported here once for every user
 # (the histogram calibrator's collection and searches use it too).
 try:  # the extension is optional: without a C compiler the package installs and runs on torch ops
-    import workbench.quant._cpu_kernels as cpu_extension
+    import workbench.quant.kernels._cpu_kernels as cpu_extension
 except ImportError:  # pragma: no cover - exercised on machines without a compiler
     cpu_extension = None
     logger.debug("CPU fake-quant kernel not built; using torch operations")
@@ -236,7 +236,7 @@ def quantize_reference(
 # ----- CUDA: one fused kernel from torch.compile (Inductor/Triton), checked before first use -------------
 #
 # The four variants (divide or multiply, dequantize or not) are compiled separately per dtype, bounds and
-# layout (workbench.quant.compiled gives each its own dynamo cache, exact division and a fallback on any
+# layout (workbench.quant.kernels.compiled gives each its own dynamo cache, exact division and a fallback on any
 # error). Tensors reach them flattened to 1-D with one (a, b) per tensor, or as [outer, channels, inner]
 # with parameters shaped [1, channels, 1], so each compiled function sees at most four shape variants.
 

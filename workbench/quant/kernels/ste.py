@@ -19,9 +19,9 @@ import threading
 
 import torch
 
-import workbench.quant.triton_kernels as triton_kernels
-from workbench.quant.compiled import ElementwiseKernel, device_key
-from workbench.quant.kernels import ChannelLayout, channel_layout, count_differences, cpu_extension, fused_enabled
+import workbench.quant.kernels.triton_kernels as triton_kernels
+from workbench.quant.kernels.compiled import ElementwiseKernel, device_key
+from workbench.quant.kernels.fake_quant import ChannelLayout, channel_layout, count_differences, cpu_extension, fused_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _ste_grad_cpu(inputs: torch.Tensor, grad: torch.Tensor, limits: torch.Tensor
 
 # ----- CUDA: one kernel from torch.compile, verified against the reference before first use ----------
 #
-# One compiled function per dtype and layout (each with its own dynamo cache: see workbench.quant.compiled),
+# One compiled function per dtype and layout (each with its own dynamo cache: see workbench.quant.kernels.compiled),
 # fed 1-D tensors with a 1-element threshold per tensor, or [outer, channels, inner] with [1, channels, 1]
 # thresholds per channel: a few shape variants each, never the recompile limit.
 

@@ -1,10 +1,10 @@
 """The fused fake-quantization formula as a hand-written Triton kernel: the CUDA fast path.
 
-Why not only torch.compile (:mod:`workbench.quant.compiled`): on the H200 run a call through dynamo's guards
+Why not only torch.compile (:mod:`workbench.quant.kernels.compiled`): on the H200 run a call through dynamo's guards
 and Inductor's wrapper cost about 185 us of host time (more than the ~14 eager operations of the reference),
 while the kernel itself reads and writes 16M float32 values in a few tens of microseconds. A Triton kernel
-launched directly costs one launcher call. It computes :func:`workbench.quant.kernels.elementwise` with the
-parameters of :func:`workbench.quant.kernels.quant_params` step by step, with correctly rounded division
+launched directly costs one launcher call. It computes :func:`workbench.quant.kernels.fake_quant.elementwise` with the
+parameters of :func:`workbench.quant.kernels.fake_quant.quant_params` step by step, with correctly rounded division
 (``div_rn``) and round-half-to-even (``rint``), and is used only after the same bit-for-bit check against the
 CPU as the compiled kernels. Triton is optional: without it (or on any error) the callers go on with the
 compiled kernel or the torch reference.

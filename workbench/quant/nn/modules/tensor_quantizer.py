@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 import workbench.quant.calib as calib
-import workbench.quant.kernels as kernels
+import workbench.quant.kernels.fake_quant as kernels
 import workbench.quant.utils as quant_utils
-from workbench.quant.blocks import block_kept_axes, block_view, unblock
-from workbench.quant.kernels import ROUNDINGS, Rounding
+from workbench.quant.algorithms.blocks import block_kept_axes, block_view, unblock
+from workbench.quant.kernels.fake_quant import ROUNDINGS, Rounding
 from workbench.quant.nn.modules.clip import Clip
 from workbench.quant.tensor_quant import (
     E4M3,
@@ -59,7 +59,7 @@ class TensorQuantizer(nn.Module):
     # (full int8 range) so that the TorchScript ONNX exporter emits QuantizeLinear/DequantizeLinear.
     use_fb_fake_quant = False
     _enable_onnx_export = False
-    # Rounding convention of new quantizers (see workbench.quant.kernels). The workbench sets
+    # Rounding convention of new quantizers (see workbench.quant.kernels.fake_quant). The workbench sets
     # "onnx" on the quantizers of models it exports so that PyTorch and the QDQ graph agree.
     default_rounding: Rounding = "pytorch_quantization"
 
@@ -170,7 +170,7 @@ class TensorQuantizer(nn.Module):
 
     @property
     def rounding(self) -> Rounding:
-        """Rounding convention: ``"pytorch_quantization"`` or ``"onnx"`` (see :mod:`workbench.quant.kernels`)."""
+        """Rounding convention: ``"pytorch_quantization"`` or ``"onnx"`` (see :mod:`workbench.quant.kernels.fake_quant`)."""
         return self._rounding
 
     @rounding.setter
