@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-FACES = ["workbench.export", "workbench.project", "workbench.analysis"]
+FACES = ["workbench.export", "workbench.project", "workbench.analysis", "workbench.quant", "workbench.quant.calib"]
 
 
 def loaded_after(code: str) -> set[str]:
@@ -30,6 +30,18 @@ def test_importing_a_face_or_its_errors_loads_no_heavy_module():
     assert {"workbench.export", "workbench.project", "workbench.analysis"} <= loaded
     assert not {"torch", "onnx", "sqlite_utils", "numpy", "workbench.export.onnx_export", "workbench.project.store",
                 "workbench.analysis.sensitivity", "workbench.analysis.fallback"} & loaded
+
+
+def test_the_quant_face_and_its_registries_load_no_torch():
+    """pytorch-quantization's import lines (``from workbench.quant import nn as quant_nn``) keep working, and a
+    registry of the core (methods, precisions, the descriptor) comes without the kernels and torch."""
+    loaded = loaded_after("import workbench.quant\nfrom workbench.quant.calib.methods import AmaxMethod\n"
+                          "from workbench.quant.algorithms.precision_registry import Precision\n"
+                          "from workbench.quant.descriptor import QuantDescriptor\nQuantDescriptor(num_bits=8, axis=0)")
+    assert "torch" not in loaded and "workbench.quant.kernels.fake_quant" not in loaded
+    loaded = loaded_after("from workbench.quant import nn as quant_nn, calib\n"
+                          "assert quant_nn.QuantConv2d and calib.HistogramCalibrator")
+    assert {"torch", "workbench.quant.nn.modules.quant_conv", "workbench.quant.calib.histogram"} <= loaded
 
 
 def test_a_light_module_of_the_export_package_loads_no_onnx():
@@ -55,7 +67,7 @@ def test_every_public_name_is_its_modules_object_and_listed(face):
         module = importlib.import_module(getattr(value, "__module__", None) or face)
         if hasattr(module, name):  # constants (SCHEMES, PROJECT_SUFFIX) have no __module__ of their own
             assert getattr(module, name) is value, f"{face}.{name}"
-    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+    with pytest.raises(AttributeError, match="no_such_name"):
         package.no_such_name  # noqa: B018
 
 

@@ -1,9 +1,11 @@
 """QDQ ONNX export with validation, and TensorRT side files (amax table, calibration cache).
 
-The face imports its modules on first use (:mod:`workbench.lazy_imports`): a module that needs one light part
-(``workbench.export.naming``, the errors) does not load onnx with it.
+The face imports its modules on first use (scientific-python's ``lazy_loader``, SPEC 1): a module that needs one
+light part (``workbench.export.naming``, the errors) does not load onnx with it.
 """
 from typing import TYPE_CHECKING
+
+import lazy_loader
 
 from workbench.export.errors import (  # light (no onnx): every caller catching export errors imports them
     ExportError,
@@ -12,15 +14,18 @@ from workbench.export.errors import (  # light (no onnx): every caller catching 
     SampleInputError,
     UnsupportedOperationError,
 )
-from workbench.lazy_imports import lazy_face
 
-__getattr__, __dir__, _lazy = lazy_face(__name__, {
-    "workbench.export.onnx_export": ("ExportReport", "OutputParity", "amax_table", "export_qdq_onnx", "report_json"),
-    "workbench.export.qdq": ("QDQStandIn", "export_params", "qdq_reference"),
-    "workbench.export.tensorrt": ("calibration_cache_text", "scale_hex", "strip_qdq"),
+__getattr__, _, _lazy = lazy_loader.attach(__name__, submod_attrs={
+    "onnx_export": ("ExportReport", "OutputParity", "amax_table", "export_qdq_onnx", "report_json"),
+    "qdq": ("QDQStandIn", "export_params", "qdq_reference"),
+    "tensorrt": ("calibration_cache_text", "scale_hex", "strip_qdq"),
 })
 __all__ = ["ExportError", "ExportValidationError", "QuantizerStateError", "SampleInputError",
            "UnsupportedOperationError", *_lazy]
+
+
+def __dir__() -> list[str]:  # the light names imported above, and the lazy ones
+    return sorted(__all__)
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
     from workbench.export.onnx_export import ExportReport, OutputParity, amax_table, export_qdq_onnx, report_json  # noqa: F401
