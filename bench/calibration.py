@@ -32,8 +32,8 @@ import torch
 
 import workbench.quant.algorithms.calibrate as calibrate_module
 from workbench.quant import QuantDescriptor, replace_to_quantization_module
-from workbench.quant.calib import HistogramCalibrator, histogram, reference
 from workbench.quant.algorithms.calibrate import calibrate
+from workbench.quant.calib import HistogramCalibrator, histogram, reference
 from workbench.sources.demo import resnet18_like
 
 clock = time.perf_counter  # --clock cpu: time.process_time, here and in calibrate()'s own timings

@@ -23,8 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.quant.kernels import fake_quant as kernels  # noqa: E402
-from workbench.quant.kernels import ste  # noqa: E402
-from workbench.quant.kernels import triton_kernels  # noqa: E402
+from workbench.quant.kernels import (
+    ste,  # noqa: E402
+    triton_kernels,  # noqa: E402
+)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -168,7 +168,7 @@ class _RssSampler:
                 self.peak = sample
             self._stop.wait(0.05)
 
-    def __enter__(self) -> "_RssSampler":
+    def __enter__(self) -> _RssSampler:
         self._thread.start()
         return self
 

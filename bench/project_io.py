@@ -91,7 +91,7 @@ def _integrity_overhead(session: Session, path: Path, repeats: int, save_s: floa
             bare_load.append(time.perf_counter() - start)
     finally:
         store.content_checksums, store.digests, store.check_content = checksums, digests, store_check
-    print(f"\n| with revision digests and checksum, over without (same run) | ratio |")
+    print("\n| with revision digests and checksum, over without (same run) | ratio |")
     print("|---|---|")
     print(f"| save | {save_s / statistics.median(bare_save):.2f}x |")
     print(f"| read | {load_s / statistics.median(bare_load):.2f}x |")

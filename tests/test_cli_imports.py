@@ -59,6 +59,11 @@ def test_a_command_help_loads_its_registries_but_not_the_session():
     loaded = set(result["loaded"])
     assert "workbench.quant.calib.methods" in loaded
     assert not {"workbench.session", "workbench.export", "workbench.training", "onnx"} & loaded
+    # the registries --help reads (methods, precisions, settings' defaults) are light: the core is not loaded
+    assert not {"torch", "workbench.quant.tensor_quant", "workbench.quant.calib.histogram"} & loaded
+    export_help = probe(["export", "--help"])
+    assert export_help["code"] == 0 and "--opset" in export_help["out"]
+    assert "torch" not in export_help["loaded"]
 
 
 def test_show_loads_no_more_than_opening_the_project_does(tmp_path, capsys):

@@ -16,10 +16,10 @@ from workbench.opsets import (
 )
 from workbench.project.settings import DEFAULTS, ExportSettings, ProjectSettings, SettingsError
 from workbench.quant.algorithms.blocks import DEFAULT_BLOCK_METHOD
+from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE
 from workbench.quant.calib.amax_search import DEFAULT_START_BIN
 from workbench.quant.calib.histogram import DEFAULT_NUM_BINS, HistogramCalibrator, calibrate_weights
 from workbench.quant.calib.methods import PERCENTILE
-from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE
 from workbench.quant.tensor_quant import E4M3_MAX
 from workbench.sources.data_source import DataSpec
 from workbench.sources.demo import DEMO_CALIB_BATCHES, DEMO_METHOD
@@ -102,13 +102,13 @@ _CONCEPTS = {
     "percentile": "workbench/quant/calib/methods.py",
     "num_bins": "workbench/quant/calib/histogram.py",
     "start_bin": "workbench/quant/calib/amax_search.py",
-    "block_size": "workbench/quant/algorithms/precision.py",
-    "block_method": "workbench/quant/algorithms/blocks.py",
+    "block_size": "workbench/quant/algorithms/precision_registry.py",
+    "block_method": "workbench/quant/algorithms/precision_registry.py",
     "calib_batches": "workbench/sources/demo.py",
 }
 # literals that mean one thing wherever they stand (FP8 E4M3's largest value, the percentile's default)
 # (448 and 448.0 are one key: the scan's `in` matches either spelling)
-_VALUES = {448: "workbench/quant/tensor_quant.py", 99.99: "workbench/quant/calib/methods.py"}
+_VALUES = {448: "workbench/quant/descriptor.py", 99.99: "workbench/quant/calib/methods.py"}
 
 
 def _literal_defaults(tree: ast.AST):

@@ -3,8 +3,8 @@ import pytest
 
 pytest.importorskip("PySide6")
 
-from workbench.app.dialogs import CalibrationOptions, percentile_spin_box  # noqa: E402
 from workbench.app.descriptor_editor import DescriptorEditor  # noqa: E402
+from workbench.app.dialogs import CalibrationOptions, percentile_spin_box  # noqa: E402
 from workbench.project.settings import CalibrationSettings  # noqa: E402
 from workbench.quant.calib import AMAX_METHODS, PERCENTILE  # noqa: E402
 

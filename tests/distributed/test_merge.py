@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
-from workbench.quant.calib.merge import CalibratorMergeError, merge_calibrators
 from workbench.quant.algorithms.distributed import DistContext, deal, shard
+from workbench.quant.algorithms.merge import CalibratorMergeError, merge_calibrators
+from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
 
 
 class ThreadContext(DistContext):

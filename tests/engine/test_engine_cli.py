@@ -6,8 +6,7 @@ import sqlite3
 import pytest
 
 from workbench.cli import main
-from workbench.project import load_project
-from workbench.project import store
+from workbench.project import load_project, store
 from workbench.session import Session, SessionError
 
 

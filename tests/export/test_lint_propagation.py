@@ -5,9 +5,9 @@ from test_lint import by_kind, lint
 from torch import nn
 
 from workbench.export.lint import LINT_KINDS, PROPAGATION_OPS
+from workbench.quant.algorithms.tensorrt_rules import misaligned_channels
 from workbench.quant.nn import QuantConv2d, QuantLinear
 from workbench.quant.nn.modules.quant_ops import QuantAdd
-from workbench.quant.algorithms.tensorrt_rules import misaligned_channels
 
 
 class ConvPoolConv(nn.Module):

@@ -10,8 +10,8 @@ from workbench.export.gemms import weight_gemms
 from workbench.graph import describe_model
 from workbench.graph.prepare import prepare_for_tensorrt
 from workbench.quant.algorithms.calibrate import calibrate
-from workbench.quant.nn import QuantConv1D
 from workbench.quant.algorithms.tensorrt_rules import output_channel_axis, tensorrt_check
+from workbench.quant.nn import QuantConv1D
 
 
 def calibrated(model, x):

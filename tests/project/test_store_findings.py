@@ -4,8 +4,8 @@ import json
 
 import pytest
 import sqlite_utils
-
 from test_store import sample_project  # noqa: E402 - tests/project is on sys.path
+
 from workbench.project import ProjectError, load_project, save_project
 from workbench.project.tables import content_checksums
 

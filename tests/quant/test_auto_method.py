@@ -8,9 +8,9 @@ from torch import nn
 
 from workbench.quant import QuantDescriptor, replace_to_quantization_module
 from workbench.quant.algorithms.auto_method import MethodChoice
+from workbench.quant.algorithms.calibrate import AmaxError, calibrate
 from workbench.quant.calib import HistogramCalibrator
 from workbench.quant.calib.checks import histogram_warnings
-from workbench.quant.algorithms.calibrate import AmaxError, calibrate
 
 SINGLES = ("entropy", "mse", "percentile", "max")
 

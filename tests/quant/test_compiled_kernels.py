@@ -8,9 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from workbench.quant.kernels import compiled
+from workbench.quant.kernels import compiled, ste
 from workbench.quant.kernels import fake_quant as kernels
-from workbench.quant.kernels import ste
 
 
 @pytest.fixture

@@ -8,9 +8,7 @@ import torch
 from torch import nn
 
 from workbench.quant import TensorQuantizer
-from workbench.quant.algorithms.blocks import block_mse_amax, block_view, refine_block_amax, unblock
-from workbench.quant.calib import HistogramCalibrator
-from workbench.quant.calib.e4m3_search import amax_mse_e4m3, e4m3_fake_quant
+from workbench.quant.algorithms.blocks import block_mse_amax, refine_block_amax
 from workbench.quant.algorithms.precision import (
     DEFAULT_BLOCK_SIZE,
     PRECISIONS,
@@ -21,6 +19,9 @@ from workbench.quant.algorithms.precision import (
     precision_of,
     weight_bytes,
 )
+from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.calib.e4m3_search import amax_mse_e4m3, e4m3_fake_quant
+from workbench.quant.kernels.blocks import block_view, unblock
 from workbench.quant.tensor_quant import QuantDescriptor, scaled_e4m3
 
 # every value E4M3 can hold, positive (from torch's own float8 type, not from our code)

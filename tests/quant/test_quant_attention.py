@@ -6,6 +6,7 @@ from torch import nn
 
 from workbench import quant
 from workbench.quant.algorithms.calibrate import calibrate
+from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.quant.nn import (
     QuantLinear,
     QuantMatMul,
@@ -15,7 +16,6 @@ from workbench.quant.nn import (
     QuantTransformerEncoderLayer,
     TensorQuantizer,
 )
-from workbench.quant.algorithms.snapshot import quantizer_names
 
 
 def _observe_only(module: nn.Module) -> None:

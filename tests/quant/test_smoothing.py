@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from workbench.quant.algorithms.calibrate import calibrate, sqnr_db
-from workbench.quant.replace import replace_to_quantization_module
 from workbench.quant.algorithms.smoothing import (
     SmoothingError,
     apply_smoothing,
@@ -15,6 +14,7 @@ from workbench.quant.algorithms.smoothing import (
     plan_smoothing,
     smoothquant_scales,
 )
+from workbench.quant.replace import replace_to_quantization_module
 
 OUTLIERS = [3, 17, 40]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workbench.quant import tensor_quant as tq
 from workbench.quant.kernels import fake_quant as kernels
 from workbench.quant.kernels import ste
-from workbench.quant import tensor_quant as tq
 
 needs_kernel = pytest.mark.skipif(not kernels.kernel_available(), reason="C kernel not built")
 

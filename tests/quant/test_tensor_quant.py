@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.quant.kernels import fake_quant as kernels
 from workbench.quant import tensor_quant as tq
+from workbench.quant.kernels import fake_quant as kernels
 from workbench.quant.tensor_quant import QuantDescriptor
 
 

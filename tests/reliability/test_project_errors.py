@@ -4,8 +4,16 @@ import sqlite3
 import numpy as np
 import pytest
 
-from workbench.project import CalibrationRecord, LayerDecision, Project, ProjectError, QuantizerRecord, load_project
-from workbench.project import FinetuneRecord, save_project
+from workbench.project import (
+    CalibrationRecord,
+    FinetuneRecord,
+    LayerDecision,
+    Project,
+    ProjectError,
+    QuantizerRecord,
+    load_project,
+    save_project,
+)
 from workbench.sources.model_source import ModelSpec
 
 

@@ -60,10 +60,8 @@ def test_attention_quantizers_roles_switch_calibration_histograms_and_export(vit
     assert code == 0, err
     ranked = [line.split()[1] for line in out.splitlines() if line.strip()[:2].rstrip(".").isdigit()]
     assert sorted(ranked) == ["blocks.0", "blocks.1", "head", "patch_embed"]
-    from workbench.session import Session
-
     from workbench.quant.algorithms.snapshot import quantizer_names
-    from workbench.session import descriptor_of
+    from workbench.session import Session, descriptor_of
 
     session = Session.open(vit_project, trust_code=True)
     assert session.project.settings["defaults"]["input"]["calib_method"] == "histogram"

@@ -1,12 +1,12 @@
 """Transformers end to end: prepare, calibrate, export; both inputs of both attention MatMuls come from
 DequantizeLinear, and onnxruntime agrees with the FP32 model."""
+import models as zoo
 import numpy as np
 import onnx
 import pytest
 import torch
 from torch import nn
 
-import models as zoo
 from workbench import quant
 from workbench.export import export_qdq_onnx
 from workbench.graph import describe_model, insert_functional_quantizers, prepare_for_tensorrt

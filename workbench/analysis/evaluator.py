@@ -21,8 +21,8 @@ from workbench.analysis.units import Unit
 from workbench.quant.algorithms.batches import model_device, model_inputs, select_output, to_device
 from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import Digest, DistContext
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.algorithms.snapshot import all_quantizers, is_quantizing
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 logger = logging.getLogger(__name__)
 

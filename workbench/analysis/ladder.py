@@ -45,9 +45,9 @@ from workbench.export.naming import layer_of_quantizer
 from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import SINGLE
 from workbench.quant.algorithms.format_rules import isolated_layers, reformat_boundaries
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.algorithms.precision import Precision, parse_precision, weight_bytes
 from workbench.quant.algorithms.snapshot import ModelSnapshot
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["LadderStep", "LadderResult", "ladder_search", "parse_ladder", "DEFAULT_LADDER", "LADDER_FORMAT",
            "RungSource", "LADDER_PRESETS", "ladder_text"]

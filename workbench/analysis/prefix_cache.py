@@ -37,8 +37,8 @@ import torch.fx as fx
 from torch import nn
 from torch.fx.node import map_arg
 
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.algorithms.snapshot import holds_quantizers
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["PrefixPlan", "PassState", "build_plan"]
 

@@ -25,9 +25,9 @@ from typing import Any
 from torch import nn
 
 from workbench.graph.dataflow import in_transformer_block
+from workbench.quant.algorithms.snapshot import holds_quantizers, is_quantizing, owned_quantizers
 from workbench.quant.nn.modules.quant_attention import QuantMatMul
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.algorithms.snapshot import holds_quantizers, is_quantizing, owned_quantizers
 
 # is_quantizing and holds_quantizers live in workbench.quant.algorithms.snapshot; kept in __all__ for callers
 # that import them from here

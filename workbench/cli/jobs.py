@@ -342,7 +342,7 @@ def _workers_option(command: argparse.ArgumentParser) -> None:
 
 def _calibrate_options(cal: argparse.ArgumentParser) -> None:
     from workbench.project.settings import DEFAULTS
-    from workbench.quant.algorithms.blocks import BLOCK_METHODS
+    from workbench.quant.algorithms.precision_registry import BLOCK_METHODS
     from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, PERCENTILE_FLOOR, AmaxMethod
 
     calib_defaults = DEFAULTS.calibration
@@ -383,7 +383,7 @@ def _sensitivity_options(sens: argparse.ArgumentParser) -> None:
     from workbench.analysis.results import SCHEMES
     from workbench.analysis.units import UNIT_SCHEMES
     from workbench.project.settings import DEFAULTS
-    from workbench.quant.algorithms.precision import Precision
+    from workbench.quant.algorithms.precision_registry import Precision
 
     precision_names = "precisions: " + ", ".join(p.value for p in Precision)
     sens.add_argument("--scheme", choices=SCHEMES, default=SCHEMES[0])
@@ -414,7 +414,7 @@ def _sensitivity_options(sens: argparse.ArgumentParser) -> None:
 def _export_options(export: argparse.ArgumentParser) -> None:
     from workbench.opsets import FORMAT_OPSET
     from workbench.project.settings import DEFAULTS
-    from workbench.quant.algorithms.precision import FP8_OPS
+    from workbench.quant.algorithms.precision_registry import FP8_OPS
 
     export.add_argument("-o", "--output", help="the .onnx file (default: next to the project)")
     export.add_argument("--opset", type=int, help=f"ONNX opset (default: the project's, {DEFAULTS.export.opset} for "

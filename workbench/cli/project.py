@@ -324,7 +324,7 @@ def _show_options(show: argparse.ArgumentParser) -> None:
 def _set_options(set_: argparse.ArgumentParser) -> None:
     from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
     from workbench.project.settings import DEFAULTS, FUNCTIONAL_SWITCHES, RULES  # one definition of each
-    from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision, precision_choices_text
+    from workbench.quant.algorithms.precision_registry import DEFAULT_BLOCK_SIZE, Precision, precision_choices_text
 
     set_.add_argument("--layer", action="append", help="a layer name (repeatable)")
     set_.add_argument("--pattern", action="append", help="layers whose name matches this regex (repeatable)")

@@ -118,9 +118,9 @@ from workbench.export.validation import (
     range_inputs,
 )
 from workbench.quant.algorithms.batches import model_device
+from workbench.quant.algorithms.snapshot import ModelSnapshot
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.algorithms.snapshot import ModelSnapshot
 
 logger = logging.getLogger(__name__)
 

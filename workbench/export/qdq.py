@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from workbench.opsets import FORMAT_OPSET  # noqa: F401 - re-exported; its home is workbench.opsets
-from workbench.quant.algorithms.blocks import block_amax_to_scales, block_view, unblock
+from workbench.quant.kernels.blocks import block_amax_to_scales, block_view, unblock
 from workbench.quant.kernels.fake_quant import TINY_AMAX
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.tensor_quant import E4M3, E4M3_MAX, max_bound_of, min_bound_of

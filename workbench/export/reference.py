@@ -14,9 +14,9 @@ from torch import nn
 from workbench.export.errors import ExportError, QuantizerStateError, SampleInputError
 from workbench.export.qdq import ExportParams, QDQStandIn, export_params
 from workbench.quant.algorithms.batches import flat_tensors, select_output
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.algorithms.snapshot import all_quantizers, is_quantizing, quantizer_names
 from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["sample_call", "ExportCall", "default_input_names", "grow_batch", "grow_sequence", "first_quantizer_names",
            "check_quantizers", "rounding", "stand_ins", "traced_module_scopes", "run_reference", "without_cache"]

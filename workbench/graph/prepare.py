@@ -9,6 +9,7 @@ from torch import nn
 
 from workbench.graph.functional import FunctionalQuantReport, insert_functional_quantizers
 from workbench.graph.rules import PlacementReport, PlacementRules, apply_placement_rules
+from workbench.quant.algorithms.snapshot import holds_quantizers, owned_quantizers
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.replace import (
     DescriptorChoice,
@@ -18,7 +19,6 @@ from workbench.quant.replace import (
     ignore_matcher,
     replace_to_quantization_module,
 )
-from workbench.quant.algorithms.snapshot import holds_quantizers, owned_quantizers
 from workbench.quant.tensor_quant import QuantDescriptor
 
 logger = logging.getLogger(__name__)

@@ -37,10 +37,10 @@ import torch.fx as fx
 from torch import nn
 
 from workbench.graph.trace import MAXPOOL_FUNCTIONS, TracedPiece, TraceFailure, trace_pieces
+from workbench.quant.algorithms.snapshot import is_quantizing, quantizer_names
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM, QuantLSTMCell
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.algorithms.snapshot import is_quantizing, quantizer_names
 
 logger = logging.getLogger(__name__)
 

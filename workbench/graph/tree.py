@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 from torch import nn
 
+from workbench.quant.algorithms.snapshot import holds_quantizers, owned_quantizers
 from workbench.quant.gemm import unknown_weight_gemm
 from workbench.quant.nn.modules._utils import QuantInputMixin, QuantMixin
 from workbench.quant.nn.modules.quant_attention import ATTENTION_QUANTIZER_ROLES, QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.replace import default_quant_map, quantized_class_for
-from workbench.quant.algorithms.snapshot import holds_quantizers, owned_quantizers
 
 __all__ = ["QuantizerInfo", "ModuleInfo", "ModelTree", "describe_model", "is_quantized_module",
            "quantizer_summary", "quantizer_role", "module_role", "add_note", "module_notes", "NOTES_ATTR"]

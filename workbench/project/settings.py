@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, ClassVar, Self
 
-import torch
-
 from workbench.opsets import DEFAULT_OPSET, MIN_OPSET, newest_opset, opset_bounds_text
-from workbench.quant import QuantDescriptor
-from workbench.quant.algorithms.blocks import BLOCK_METHODS, DEFAULT_BLOCK_METHOD
-from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, percentile_mistake
-from workbench.quant.algorithms.precision import FP8_OPS
+from workbench.quant.algorithms.precision_registry import BLOCK_METHODS, DEFAULT_BLOCK_METHOD, FP8_OPS
 from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
+from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod, percentile_mistake
+from workbench.quant.descriptor import QuantDescriptor
 from workbench.sources.metric_names import DEFAULT_METRIC, DIRECTIONS, Direction
 from workbench.strict_json import strict
 
@@ -308,19 +306,34 @@ RULES: tuple[str, ...] = RuleSettings.field_names()
 # ----- the plain settings -----------------------------------------------------------------------------
 
 def _device(value: Any) -> str:
-    """A device's name in torch's spelling (``cuda:0``); whether this machine has it is :func:`available_device`'s."""
-    try:
-        device = torch.device(value)
-    except (RuntimeError, TypeError) as error:
-        raise SettingsError(f"device: {value!r} is not a device: use cpu, cuda or cuda:N ({error}).") from None
-    if device.type not in ("cpu", "cuda"):
+    """A device's name in torch's spelling (``cuda:0``); whether this machine has it is :func:`available_device`'s.
+
+    Read by pattern rather than by ``torch.device``: ``--help`` builds these settings without loading torch.
+    """
+    text = str(value).strip() if isinstance(value, str) or type(value).__name__ == "device" else None
+    match = _DEVICE_NAME.fullmatch(text) if text is not None else None
+    if match is None:
+        raise SettingsError(f"device: {value!r} is not a device: use cpu, cuda or cuda:N.")
+    kind, index = match.group(1), match.group(2)
+    if kind not in _TORCH_DEVICE_TYPES:
+        raise SettingsError(f"device: {value!r} is not a device: use cpu, cuda or cuda:N.")
+    if kind not in ("cpu", "cuda"):
         raise SettingsError(f"device: {value!r} is not supported: use cpu, cuda or cuda:N.")
-    return str(device)
+    return kind if index is None else f"{kind}:{int(index)}"
+
+
+# torch's device spelling: a type, and an optional index; the types torch.device knows (it refuses others)
+_DEVICE_NAME = re.compile(r"([a-z_]+)(?::(\d+))?")
+_TORCH_DEVICE_TYPES = frozenset({"cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve",
+                                 "fpga", "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia",
+                                 "privateuseone"})
 
 
 def available_device(value: Any) -> str:
     """:func:`_device`, and this machine has it (checked when the setting is edited: a project saved on a GPU
     machine still opens on another)."""
+    import torch
+
     device = torch.device(_device(value))
     if device.type == "cuda":
         if not torch.cuda.is_available():

@@ -19,7 +19,7 @@ PYTORCH_QUANTIZATION_VERSION = "2.2.1"
 # pytorch_quantization submodule -> workbench module
 ALIASED_MODULES = {
     "tensor_quant": "workbench.quant.tensor_quant",
-    "cuda_ext": "workbench.quant.kernels.cuda_ext",
+    "cuda_ext": "workbench.quant.cuda_ext",
     "nn": "workbench.quant.nn",
     "nn.functional": "workbench.quant.nn.functional",
     "nn.modules": "workbench.quant.nn.modules",

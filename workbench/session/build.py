@@ -27,11 +27,11 @@ from workbench.graph.tree import add_note
 from workbench.project import CalibrationRecord, FinetuneRecord, Project, QuantizerRecord
 from workbench.project.settings import ProjectSettings, jsonable, make_descriptor
 from workbench.quant import TensorQuantizer
+from workbench.quant.algorithms.smoothing import LayerSmoothing, SmoothingError, apply_smoothing
+from workbench.quant.algorithms.snapshot import holds_quantizers, quantizer_names
 from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul, QuantSDPA
 from workbench.quant.replace import ReplacementReport
-from workbench.quant.algorithms.smoothing import LayerSmoothing, SmoothingError, apply_smoothing
-from workbench.quant.algorithms.snapshot import holds_quantizers, quantizer_names
 from workbench.sources.data_source import InputSpec
 
 logger = logging.getLogger(__name__)

@@ -17,12 +17,12 @@ from workbench.project import CalibrationRecord, Project, QuantizerRecord
 from workbench.project.model import now_iso
 from workbench.project.settings import CalibrationSettings
 from workbench.quant import TensorQuantizer
-from workbench.quant.algorithms.blocks import BLOCK_METHODS
-from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator
 from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.algorithms.calibrate import calibrate as run_calibration
 from workbench.quant.algorithms.distributed import DistContext
+from workbench.quant.algorithms.precision_registry import BLOCK_METHODS
 from workbench.quant.algorithms.snapshot import quantizer_names
+from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator
 from workbench.session.build import descriptor_of, layer_of
 from workbench.session.errors import SessionError
 from workbench.sources.data_source import DataSource

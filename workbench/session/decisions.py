@@ -16,7 +16,6 @@ from torch import nn
 
 from workbench.project import LayerDecision, Project
 from workbench.project.settings import DefaultDescriptors, jsonable, make_descriptor
-from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.algorithms.precision import (
     DEFAULT_BLOCK_SIZE,
     Precision,
@@ -25,8 +24,9 @@ from workbench.quant.algorithms.precision import (
     precision_of,
     weight_bytes,
 )
-from workbench.quant.replace import ignore_matcher
 from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
+from workbench.quant.gemm import float_by_default_reason
+from workbench.quant.replace import ignore_matcher
 from workbench.session.build import descriptor_of, quantizable, role_quantizer
 from workbench.session.errors import SessionError
 

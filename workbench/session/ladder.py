@@ -20,9 +20,9 @@ from workbench.project.settings import DefaultDescriptors, ProjectSettings
 from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.calibrate import calibrate as run_calibration
 from workbench.quant.algorithms.format_rules import mix_notes
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.algorithms.snapshot import quantizer_names
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.session.build import build_quantized
 from workbench.session.decisions import LayerPlan, plan_precision
 from workbench.session.errors import SessionError

@@ -17,12 +17,12 @@ from workbench.project import Project, QuantizerRecord
 from workbench.project.settings import ProjectSettings, jsonable
 from workbench.quant import TensorQuantizer
 from workbench.quant.algorithms.batches import model_inputs
-from workbench.quant.calib import HistogramCalibrator
-from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.algorithms.precision import grid_levels, precision_label, precision_of
 from workbench.quant.algorithms.smoothing import describe_smoothing
 from workbench.quant.algorithms.snapshot import owned_quantizers, quantizer_names
 from workbench.quant.algorithms.tensorrt_rules import SIM_ONLY
+from workbench.quant.calib import HistogramCalibrator
+from workbench.quant.gemm import float_by_default_reason
 from workbench.session.build import BuildReport, descriptor_of, layer_of, quantizable, role_quantizer
 
 __all__ = ["LayerView", "layer_views", "summary", "descriptor_summary", "jsonable", "sensitivity_ranks",

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.algorithms.snapshot import is_quantizing, quantizer_names
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["LearnedAmax", "start_learning_amax", "finish_learning_amax"]
 

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from workbench.quant.algorithms.batches import flat_tensors, run_model
-from workbench.quant.calib.methods import AmaxMethod
 from workbench.quant.algorithms.distributed import SINGLE, DistContext
+from workbench.quant.calib.methods import AmaxMethod
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["MethodChoice", "choose_methods", "CRITERIA"]

@@ -91,7 +91,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             visible.
         context: the process's place in a distributed job (None: one process). Rank ``r`` of ``N``
             runs batches ``r, r + N, ...`` of the same first ``num_batches``, the statistics are
-            merged across ranks (:func:`~workbench.quant.calib.merge.merge_calibrators`), and every
+            merged across ranks (:func:`~workbench.quant.algorithms.merge.merge_calibrators`), and every
             rank ends with the amax one process would have found; rank 0 reports progress summed
             over the ranks; the output SQNR and auto's measurements are summed over the ranks.
 

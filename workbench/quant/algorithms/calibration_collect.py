@@ -23,9 +23,9 @@ from workbench.quant.algorithms.calibration_results import (
     QuantizerCalibration,
 )
 from workbench.quant.algorithms.distributed import Digest, DistContext
+from workbench.quant.algorithms.merge import merge_calibrators
 from workbench.quant.calib.max import extremes
 from workbench.quant.calib.memory import abs_max_in_place
-from workbench.quant.calib.merge import merge_calibrators
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 # The batches a run keeps to run again (auto's measurement, the output SQNR) take at most this many bytes;

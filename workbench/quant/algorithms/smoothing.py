@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from workbench.quant.algorithms.batches import flat_tensors, model_inputs, to_device
-from workbench.quant.algorithms.blocks import block_view, unblock
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE
+from workbench.quant.kernels.blocks import block_view, unblock
+from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["SMOOTHING_METHODS", "LayerSmoothing", "SmoothingError", "smoothquant_scales", "plan_smoothing",
            "apply_smoothing", "int4_blockwise_fake_quant", "smoothing_summary", "describe_smoothing"]

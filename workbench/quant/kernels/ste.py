@@ -21,7 +21,13 @@ import torch
 
 import workbench.quant.kernels.triton_kernels as triton_kernels
 from workbench.quant.kernels.compiled import ElementwiseKernel, device_key
-from workbench.quant.kernels.fake_quant import ChannelLayout, channel_layout, count_differences, cpu_extension, fused_enabled
+from workbench.quant.kernels.fake_quant import (
+    ChannelLayout,
+    channel_layout,
+    count_differences,
+    cpu_extension,
+    fused_enabled,
+)
 
 logger = logging.getLogger(__name__)
 

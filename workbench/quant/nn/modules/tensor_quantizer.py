@@ -12,7 +12,7 @@ from torch import nn
 import workbench.quant.calib as calib
 import workbench.quant.kernels.fake_quant as kernels
 import workbench.quant.utils as quant_utils
-from workbench.quant.algorithms.blocks import block_kept_axes, block_view, unblock
+from workbench.quant.kernels.blocks import block_kept_axes, block_view, unblock
 from workbench.quant.kernels.fake_quant import ROUNDINGS, Rounding
 from workbench.quant.nn.modules.clip import Clip
 from workbench.quant.tensor_quant import (

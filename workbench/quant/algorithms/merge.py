@@ -28,10 +28,10 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from workbench.quant.algorithms.distributed import DistContext
 from workbench.quant.calib.calibrator import Calibrator
 from workbench.quant.calib.histogram import HistogramCalibrator, merge_bins
 from workbench.quant.calib.max import MaxCalibrator
-from workbench.quant.algorithms.distributed import DistContext
 
 __all__ = ["merge_calibrators", "CalibratorMergeError"]
 
