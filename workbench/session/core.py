@@ -6,30 +6,26 @@ models built from it: the float model from the project's model source and the qu
 save a project; choose data; select layers and edit their descriptors; change settings; calibrate,
 rank sensitivity, search a fallback, evaluate, fine-tune and export. Long jobs take a
 ``progress(done, total, message)`` callback and a ``cancel`` token with ``is_set()`` and never touch
-Qt: the GUI runs them in a worker thread, the CLI with a tqdm bar. What the front ends show is read
-through :mod:`workbench.session.views`.
+Qt: the GUI runs them in a worker thread, the CLI with a tqdm bar. What the front ends read of it (layers,
+settings, the live quantized model, the latest results) is its base class's, in :mod:`workbench.session.reading`,
+turned into rows by :mod:`workbench.session.views`.
 """
 from __future__ import annotations
 
 import copy
 import functools
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from workbench import __version__
-from workbench.graph import ModelTree, describe_model
 from workbench.graph.fold import FoldReport
 from workbench.project import (
-    ExportRecord,
     Project,
-    file_revision,
     load_project,
     save_project,
 )
@@ -37,7 +33,6 @@ from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, Proje
 from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import DistContext
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
-from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.session import (
     analysis,
     calibration,
@@ -50,27 +45,29 @@ from workbench.session import (
     paths,
     smoothing,
     tensorrt,
-    views,
 )
 from workbench.session import ladder as ladder_job
-from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
+from workbench.session.build import BuildReport, build_quantized, quantizable
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
+from workbench.session.reading import SessionReading
 from workbench.session.state import state_digest
-from workbench.session.views import LayerView
-from workbench.sources.data_source import DataSource, DataSpec
+from workbench.sources.data_source import DataSpec
 from workbench.sources.errors import EntryPointError, TrustRequired
 from workbench.sources.model_source import LoadedModel, ModelSpec, load_model
-from workbench.sources.paths import absolute_path
-from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, CodeReference, remember_trust, trust_status
+from workbench.sources.trust import CHANGED, TRUSTED, UNKNOWN, remember_trust, trust_status
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Session"]
 
 
-class Session:
-    """One open project and its live models. Not thread-safe: one job at a time."""
+class Session(SessionReading):
+    """One open project and its live models. Not thread-safe: one job at a time.
+
+    What a user can do with it is here; what the front ends read of it (layers, settings, the quantized model,
+    the latest results) is :class:`~workbench.session.reading.SessionReading`'s.
+    """
 
     def __init__(self, project: Project, *, path: Path | None = None, base_dir: Path | None = None,
                  trust_code: bool = False) -> None:
@@ -185,33 +182,7 @@ class Session:
         self.events.emit(SessionEvent.SAVED, path=str(target))
         return target
 
-    def changed_on_disk(self) -> bool:
-        """Whether another process saved the project file since this session opened or last saved it."""
-        origin = self.project.origin
-        if self.path is None or origin is None:
-            return False
-        return file_revision(self.path) != origin.revision
-
-    @staticmethod
-    def code_references(path: str | Path) -> list[CodeReference]:
-        """The code a project file would run (model, data, metric, loss) and why it needs trust, read
-        without running any of it; empty for a project that runs none."""
-        path = Path(path)
-        return paths.project_code(load_project(path), path.parent)
-
-    @staticmethod
-    def trust_status(path: str | Path) -> str:
-        """Whether the project's code is trusted as it is now: ``"trusted"``, ``"changed"`` (trusted before
-        the code changed) or ``"unknown"`` (never trusted, or a copy); ``"trusted"`` for one with no code."""
-        references = Session.code_references(path)
-        return trust_status(path, references) if references else TRUSTED
-
     # ----- data -------------------------------------------------------------------------------
-
-    def data(self, role: str = "calibration") -> DataSource:
-        """The opened data source for ``role`` (evaluation falls back to calibration data; training data to
-        all of the calibration data, shuffled)."""
-        return self._data.get(self.project, role, trust_code=self.trust_code, base_dir=self.base_dir)
 
     def set_data(self, role: str, spec: DataSpec) -> None:
         """Replace a data source; the new inputs must fit the model (new calibration data is run through it
@@ -219,15 +190,6 @@ class Session:
         self._data.replace(self.project, role, spec, trust_code=self.trust_code, base_dir=self.base_dir,
                            check=self.check_forward)
         self._changed(SessionEvent.DATA, role=role)
-
-    def sample_inputs(self, batch: int = 1) -> Any:
-        """The first ``batch`` samples of the calibration data, on the session's device: a tensor, or a dict
-        of keyword inputs (``input_ids``, ``attention_mask``...)."""
-        return data_sources.sample_inputs(self.data("calibration"), self.device, batch)
-
-    def _example_inputs(self):
-        """One sample, for the functional rewrite's check of traced modules; None without usable data."""
-        return data_sources.example_inputs(self.sample_inputs)
 
     def check_forward(self) -> None:
         """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
@@ -247,23 +209,6 @@ class Session:
                                 example_inputs=self._example_inputs(), settings=self.settings).model
         self.project.layers = decisions.synced_layers(self.project.layers, model)
         self._quant_model = None
-
-    def layers(self) -> list[LayerView]:
-        """Every quantizable layer with its decision, descriptors, amax and sensitivity rank."""
-        return views.layer_views(self.project, self.quantized_model())
-
-    def tree(self) -> ModelTree:
-        """The module tree of the quantized model (names, types, parameters, quantizer states)."""
-        return describe_model(self.quantized_model())
-
-    def select(self, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
-               types: Iterable[str] | None = None, subtree: str | None = None) -> list[str]:
-        """Quantizable layers matching any of the criteria (regex patterns match like the ignore policy)."""
-        return decisions.select(self.project, names=names, patterns=patterns, types=types, subtree=subtree)
-
-    def ignore_preview(self, patterns: Iterable[str]) -> list[str]:
-        """The layers an ignore policy (list of regexes) would leave in float, without changing anything."""
-        return decisions.ignore_preview(self.project, patterns)
 
     def apply_ignore_policy(self, patterns: Iterable[str], quantize_others: bool) -> list[str]:
         """Leave the layers matching any of ``patterns`` in float (the matching of :meth:`ignore_preview`);
@@ -329,49 +274,11 @@ class Session:
             self._changed(SessionEvent.LAYERS, names=edit.changed)
         return edit.changed
 
-    def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
-        """The precision each layer (all by default) runs in; None for custom descriptors."""
-        return decisions.precisions(self.project, self.quantized_model(), names)
-
-    def weight_bytes(self, mix: dict[str, Precision | None] | None = None) -> int:
-        """Bytes of the model's weights (scales included) with the layers in ``mix``'s precisions (default:
-        their precisions now; a layer left out of ``mix`` counts as float)."""
-        return decisions.mix_weight_bytes(self.project, self.quantized_model(), mix)
-
     def reset_descriptor(self, names: Iterable[str], role: str | None = None) -> list[str]:
         """Back to the layer type's default descriptor (both roles unless ``role`` is given)."""
         return self._edited(layer_edits.reset_descriptor(self.project, names, role))
 
-    def descriptors(self, names: Iterable[str], role: str) -> dict[str, dict[str, Any] | None]:
-        """The descriptor fields each layer's ``role`` quantizer uses: its override, else the default it was built with.
-
-        None for a layer without a quantizer for that role (a pooling layer has no weight quantizer).
-        """
-        if role not in ("input", "weight"):
-            raise SessionError(f"role must be 'input' or 'weight', got {role!r}.")
-        return decisions.descriptors(self.project, self.quantized_model(), names, role)
-
-    def layer_shapes(self) -> dict[str, dict[str, Any]]:
-        """Input, output and weight shapes of the float model's modules, from one sample input (computed once).
-
-        Keys are module names; values ``{"inputs": [shape, ...], "output": shape | None, "weight": shape | None}``.
-        Functional layers (an fx-inserted add) are not modules of the float model and have no entry.
-        """
-        if self._layer_shapes is None:
-            self._layer_shapes = views.layer_shapes(self.float_model, self.sample_inputs(batch=1))
-        return self._layer_shapes
-
     # ----- settings ---------------------------------------------------------------------------
-
-    @property
-    def settings(self) -> ProjectSettings:
-        """The project's settings, typed and checked: read them here, change them with :meth:`set_settings`.
-
-        Made from the stored settings (``project.settings``, the file's JSON) when they changed since the
-        last read, so it never disagrees with what a save writes.
-        """
-        self._settings = configure.typed_settings(self.project.settings, self._settings)
-        return self._settings[1]
 
     def set_setting(self, key: str, value: Any) -> None:
         """Change one project setting (see :meth:`set_settings`)."""
@@ -457,40 +364,6 @@ class Session:
         self.dirty = True
         self.events.emit(kind, **data)
 
-    # ----- building the quantized model -------------------------------------------------------
-
-    def quantized_model(self) -> nn.Module:
-        """The quantized model for the current decisions, calibrated as far as the project knows."""
-        if self._quant_model is None:
-            started = time.perf_counter()
-            base, folding = self._fold_base()
-            built = build_quantized(base, self.project, self.device, folding=folding,
-                                    example_inputs=self._example_inputs(), settings=self.settings)
-            self._quant_model, self.build_report = built.model, built.report
-            self.last_build_s = time.perf_counter() - started
-        return self._quant_model
-
-    @property
-    def needs_rebuild(self) -> bool:
-        """True after a decision changed: the next use rebuilds the quantized model (``last_build_s`` says
-        how long the last build took, so a front end can do it in the background when it is slow)."""
-        return self._quant_model is None
-
-    def _fold_base(self) -> tuple[nn.Module, FoldReport | None]:
-        """The model quantized models are built from: the float model, with BatchNorm folded when the
-        project says so (computed once; see :func:`fold_base`)."""
-        if not self.settings.fold_bn:
-            return self.float_model, None
-        if self._folded is None:
-            self._folded = fold_base(self.float_model, self.project.input_spec, self.device)
-        return self._folded
-
-    def folded_layers(self) -> dict[str, str]:
-        """layer -> the BatchNorm folded into it, in the quantized model (empty when folding is off)."""
-        self.quantized_model()
-        folding = self.build_report.folding
-        return dict(folding.folded_into) if folding is not None else {}
-
     # ----- jobs -------------------------------------------------------------------------------
 
     def calibrate(self, *, method: str | None = None, num_batches: int | None = None,
@@ -501,8 +374,9 @@ class Session:
         """Calibrate on the calibration data and store the result (amax and histograms) in the project.
 
         Args:
-            method, num_batches, percentile, block_method: as :func:`workbench.quant.algorithms.calibrate.calibrate` takes
-                them; None: the project's ``calibration`` setting.
+            method, num_batches, percentile, block_method: as
+                :func:`workbench.quant.algorithms.calibrate.calibrate` takes them; None: the project's ``calibration``
+                setting.
             progress, cancel: ``progress(done, total, message)`` after each batch; a set ``cancel`` stops the
                 run and leaves the project as it was.
             context: with a distributed ``context`` (torchrun, ``--workers``) this process calibrates on its
@@ -571,29 +445,6 @@ class Session:
         self._changed(SessionEvent.CALIBRATION, quantizers=list(updated))
         return updated
 
-    def histogram(self, quantizer_name: str) -> dict[str, Any] | None:
-        """Histogram counts, bin edges and the amax every method gives, for plotting; None without one."""
-        quantizer = quantizer_names(self.quantized_model()).get(quantizer_name)
-        if quantizer is None:
-            raise SessionError(f"{quantizer_name!r} is not a quantizer of this model.")
-        run = self.project.current_calibration
-        return views.histogram_of(quantizer, run.quantizers.get(quantizer_name) if run else None)
-
-    def weight_ranges(self, layer: str) -> np.ndarray | None:
-        """Per-output-channel max |w| of a layer's weight (for the bar plot), or None without weights."""
-        return views.weight_ranges(dict(self.quantized_model().named_modules()).get(layer))
-
-    def metric(self):
-        """The project's metric as a workbench.analysis Metric (entry points need trust)."""
-        setting = self.settings.metric
-        return self._resolve_metric(setting.name, setting.direction)
-
-    def _resolve_metric(self, metric: Any, direction: str | None = None):
-        return analysis.resolve_metric(metric, direction, trust_code=self.trust_code, base_dir=self.base_dir)
-
-    def _analysis_batches(self) -> list:
-        return analysis.analysis_batches(self.data("evaluation"))
-
     def sensitivity(self, *, scheme: str = "one-off", metric: Any = None, units: Any = None,
                     num_batches: int | None = None, progress: ProgressCallback | None = None,
                     cancel: CancelToken | None = None, context: DistContext | None = None):
@@ -616,10 +467,6 @@ class Session:
         self.project.sensitivity.append(record)
         self._changed(SessionEvent.SENSITIVITY)
         return result
-
-    def latest_sensitivity(self):
-        """The last sensitivity ranking stored in the project (None if there was none)."""
-        return analysis.latest_sensitivity(self.project)
 
     def fallback(self, *, tolerance: float | None = None, target: float | None = None, max_units: int | None = None,
                  metric: Any = None, apply: bool = False, use_ranking: bool = True,
@@ -694,10 +541,6 @@ class Session:
         groups = decisions.precision_groups(self.project, precisions)
         return [name for precision, names in groups.items() for name in self.set_precision(names, precision)]
 
-    def latest_ladder(self):
-        """The last ladder search stored in the project (None if there was none)."""
-        return analysis.latest_ladder(self.project)
-
     def apply_fallback(self, result: Any) -> list[str]:
         """Leave the layers a fallback search chose in float (a layer decision, saved with the project).
 
@@ -709,18 +552,6 @@ class Session:
             self.project.fallbacks[-1].applied = True  # reopened, the search shows as applied (its Apply is done)
             self._changed(SessionEvent.FALLBACK, applied=True)
         return names
-
-    def layers_of(self, unit: Any) -> list[str]:
-        """The quantizable layers a sensitivity or fallback unit switches (a Unit, a UnitResult or a name).
-
-        A unit is named by its quantizers (``block.add._input1_quantizer``); the views select and
-        ignore layers, so they map units to layers through here.
-        """
-        return analysis.layers_of(self.project, unit)
-
-    def latest_fallback(self):
-        """The last fallback search stored in the project (None if there was none)."""
-        return analysis.latest_fallback(self.project)
 
     def evaluate(self, metric: Any = None, num_batches: int | None = None, *,
                  progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
@@ -762,27 +593,6 @@ class Session:
             self._changed(SessionEvent.EXPORT, path=str(target))
         return report
 
-    def default_export_path(self) -> Path:
-        """Where ``export`` writes without a path: the project's export setting (relative to the project's
-        folder), else ``<project>.qdq.onnx`` next to it."""
-        return exports.default_export_path(self.project, self.settings.export, self.path, self.project_dir)
-
-    def overwrite_refusal(self, path: str | Path | None = None) -> str | None:
-        """Why :meth:`export` to ``path`` (default: the project's) would refuse without ``force``; None if it
-        would not."""
-        target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
-        return exports.overwrite_refusal(self.project, self.settings.export, target, self.project_dir)
-
-    def export_path(self, record: ExportRecord) -> str:
-        """Where an export of the history lies (its stored path is relative to the project's folder)."""
-        return absolute_path(record.path, self.project_dir) or record.path
-
-    @property
-    def project_dir(self) -> Path:
-        """The folder the project's relative paths (exports, data, code) are taken from: the project file's,
-        or before the first save the folder it was created in."""
-        return self.path.parent if self.path is not None else self.base_dir
-
     # ----- TensorRT: lint before building, the engine's report after -------------------------
 
     def lint(self):
@@ -793,15 +603,6 @@ class Session:
         if stored:
             self._changed(SessionEvent.LINT)  # a result the project keeps, like a sensitivity run
         return warnings
-
-    def latest_lint(self):
-        """(warnings, changed since, what was linted) of the project's last lint; None when never linted."""
-        return tensorrt.latest_lint(self.project)
-
-    def state_digest(self) -> str:
-        """A digest of what the quantized model computes now (see :mod:`workbench.session.state`): a result that
-        kept the digest of its own state (output SQNR, lint, export) is current while the two are equal."""
-        return state_digest(self.project)
 
     def apply_fix(self, fix) -> list[str]:
         """Apply a lint warning's fix (a pin, quantize, leave in float, a placement rule)."""
@@ -823,9 +624,6 @@ class Session:
             self.project.engine_reports.append(record)
             self.dirty = True
         return report
-
-    def latest_engine_report(self):
-        return tensorrt.latest_engine_report(self.project)
 
     def finetune(self, *, epochs: int | None = None, lr: float | None = None, optimizer: str | None = None,
                  schedule: str | None = None, loss: str | None = None, learn_amax: Sequence[str] | str | None = None,
@@ -863,10 +661,6 @@ class Session:
         self._changed(SessionEvent.FINETUNE, run=record.id)
         return result
 
-    def finetune_history(self) -> list[Any]:
-        """Every stored fine-tune as a :class:`workbench.training.FinetuneResult` (no model), oldest first."""
-        return finetuning.finetune_history(self.project)
-
     def reset_finetune(self) -> bool:
         """Back to the calibrated model's own weights (the fine-tune history stays); False if none was in use."""
         if not finetuning.reset_finetune(self.project):
@@ -874,21 +668,3 @@ class Session:
         self._invalidate()
         self._changed(SessionEvent.FINETUNE, run=None)
         return True
-
-    def _require_calibrated(self) -> nn.Module:
-        """The quantized model, once calibrated. Quantizers the last calibration never reached (no data flowed
-        through them) keep no amax: export leaves them in float and says so. Any other quantizer without amax
-        (never calibrated, or stale after its descriptor changed) is refused: calibrate first."""
-        model = self.quantized_model()
-        calibration.check_calibrated(model, self.project.current_calibration)
-        return model
-
-    # ----- summary ----------------------------------------------------------------------------
-
-    def summary(self, layers: list[LayerView] | None = None) -> dict[str, Any]:
-        """A JSON-able overview for ``workbench show`` (``layers``: :meth:`layers`, when the caller has them)."""
-        model = self.quantized_model()
-        return views.summary(self.project, model, self.build_report, self.settings, path=self.path,
-                             model_description=self._loaded.describe(),
-                             export_paths=[self.export_path(record) for record in self.project.exports],
-                             file_changes=self.file_changes, layers=layers)
