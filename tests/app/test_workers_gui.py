@@ -48,7 +48,8 @@ def project(tmp_path) -> Path:
     """A saved project whose model and data are entry points next to it (trusted)."""
     write_worker_code(tmp_path, batches=6)
     session = Session.create(ModelSpec("entrypoint", "net.py:make"), DataSpec("entrypoint", "data.py:batches"),
-                             trust_code=True, base_dir=tmp_path, settings={"metric": {"name": "mse", "direction": None}})
+                             trust_code=True, base_dir=tmp_path,
+                             settings={"metric": {"name": "mse", "direction": None}})
     return session.save(tmp_path / "tiny.qwb")
 
 

@@ -20,7 +20,8 @@ AMAX_QUANTIZER = "block.conv1._input_quantizer"
 @pytest.fixture(autouse=True)
 def _no_webengine(monkeypatch):
     monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.Discard))
+    monkeypatch.setattr(QMessageBox, "question",
+                        staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.Discard))
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ def _no_webengine(monkeypatch):
 @pytest.fixture(autouse=True)
 def _discard_on_close(monkeypatch):
     # closing a window with an unsaved report asks whether to discard it: answer, never block the run
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.Discard))
+    monkeypatch.setattr(QMessageBox, "question",
+                        staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.Discard))
     monkeypatch.setattr(QMessageBox, "warning", staticmethod(lambda *args, **kwargs: QMessageBox.StandardButton.No))
 
 

@@ -133,7 +133,8 @@ def test_a_scope_torch_export_adds_itself_is_not_taken_for_a_module():
 
     node = onnx.helper.make_node("Shape", ["x"], ["s"], name="node_Shape_0")
     entry = node.metadata_props.add()
-    entry.key, entry.value = "pkg.torch.onnx.name_scopes", "['', '_empty_nn_module_stack_from_metadata_hook', 'sym_size_int']"
+    entry.key = "pkg.torch.onnx.name_scopes"
+    entry.value = "['', '_empty_nn_module_stack_from_metadata_hook', 'sym_size_int']"
     assert node_module(node) == ""
 
 

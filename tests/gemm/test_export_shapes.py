@@ -62,13 +62,14 @@ def test_unet_export_reports_the_optimized_onnxruntime_gap_and_why(tmp_path):
 
 
 def test_lstm_is_left_float_by_default_with_a_reason_and_exports(tmp_path, capsys):
-    (tmp_path / "net.py").write_text(textwrap.dedent("""
+    here = str(__import__("pathlib").Path(__file__).resolve().parent)
+    (tmp_path / "net.py").write_text(textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, %r)
+        sys.path.insert(0, {here!r})
         from shapes import LSTMHead
         def make():
             return LSTMHead()
-    """ % str(__import__("pathlib").Path(__file__).resolve().parent)))
+    """))
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(8, 5, 6)).astype(np.float32))
     project = tmp_path / "lstm.qwb"
     code = cli.main(["new", str(project), "--model", f"{tmp_path}/net.py:make", "--data", str(tmp_path / "x.npy"),

@@ -62,7 +62,8 @@ def test_stored_descriptor_fields_make_the_descriptor():
 # the settings a new project stored before they were typed, byte for byte (the project file's JSON); since
 # issue 24 a new project's calibration method is "auto" (an older project keeps the method its file has)
 STORED_BEFORE_TYPING = (
-    '{"defaults": {"input": {"calib_method": "histogram"}, "weight": null}, "functional": {"add": true, "concat": true, '
+    '{"defaults": {"input": {"calib_method": "histogram"}, "weight": null}, '
+    '"functional": {"add": true, "concat": true, '
     '"matmul": true, "attention": true, "residual_adds_in_transformer_blocks": false}, "rules": {"concat": true, '
     '"maxpool": true, "residual": true}, "pins": [], "calibration": {"method": "auto", "num_batches": 16, '
     '"percentile": 99.99}, "metric": {"name": "sqnr", "direction": null}, "export": {"path": null, "opset": 17, '

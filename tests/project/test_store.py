@@ -187,7 +187,8 @@ def test_corrupt_tensor_is_a_clean_error(tmp_path):
     path = tmp_path / "p.qwb"
     save_project(sample_project(), path)
     tamper(path, "UPDATE quantizer_stats SET amax = x'0102' WHERE name = 'layer0._weight_quantizer'")
-    with pytest.raises(ProjectError, match="quantizer 'layer0._weight_quantizer': column amax: 2 bytes stored, 64 expected"):
+    with pytest.raises(ProjectError,
+                       match="quantizer 'layer0._weight_quantizer': column amax: 2 bytes stored, 64 expected"):
         load_project(path)
 
 

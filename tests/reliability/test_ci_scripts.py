@@ -141,6 +141,7 @@ def test_the_c_kernel_is_built_where_a_compiler_exists():
     broken build would leave CI green on the slow path. Build it with `python setup.py build_ext --inplace`."""
     from workbench.quant.kernels import fake_quant as kernels
 
-    assert kernels.kernel_available(), ("a C compiler is on PATH but workbench.quant.kernels._cpu_kernels did not build "
+    assert kernels.kernel_available(), ("a C compiler is on PATH but workbench.quant.kernels._cpu_kernels did not "
+                                        "build "
                                         "or import; run `python setup.py build_ext --inplace` and read its errors")
     assert kernels.backend_name() in ("c-avx2", "c-portable")

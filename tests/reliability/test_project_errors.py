@@ -26,7 +26,8 @@ def path(tmp_path):
     run.quantizers["fc._input_quantizer"] = QuantizerRecord("fc._input_quantizer", np.float32(1.5), "max",
                                                             "MaxCalibrator", descriptor={"num_bits": 8})
     project.calibrations.append(run)
-    project.finetunes.append(FinetuneRecord(1, "t", {"epochs": 1}, amax={"fc._input_quantizer": np.ones(1, np.float32)}))
+    project.finetunes.append(FinetuneRecord(1, "t", {"epochs": 1},
+                                            amax={"fc._input_quantizer": np.ones(1, np.float32)}))
     target = tmp_path / "p.qwb"
     save_project(project, target)
     return target

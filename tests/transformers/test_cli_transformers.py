@@ -69,7 +69,8 @@ def test_attention_quantizers_roles_switch_calibration_histograms_and_export(vit
     for block in (0, 1):  # the probabilities: QuantSDPA's probabilities descriptor (max), the value: the default
         probs = quantizers[f"blocks.{block}.attn.matmul_1._input0_quantizer"]
         assert descriptor_of(probs) == {"num_bits": 8, "name": None}
-        assert descriptor_of(quantizers[f"blocks.{block}.attn.matmul_1._input1_quantizer"])["calib_method"] == "histogram"
+        values = quantizers[f"blocks.{block}.attn.matmul_1._input1_quantizer"]
+        assert descriptor_of(values)["calib_method"] == "histogram"
         assert 0 < float(probs.amax) <= 1.0
     assert session.histogram("blocks.0.attn.matmul_1._input0_quantizer") is None  # max calibration: no histogram
     histogram = session.histogram("blocks.0.attn.matmul_1._input1_quantizer")  # the value

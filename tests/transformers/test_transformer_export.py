@@ -56,7 +56,8 @@ def run_pipeline(model: nn.Module, inputs: tuple, tmp_path, layers: int, export:
     with torch.no_grad():
         fp32 = _first(model(*inputs))
     model, report = prepare_for_tensorrt(model, example_inputs=inputs)
-    products = sum(2 if isinstance(m, QuantSDPA) else 1 for m in model.modules() if isinstance(m, (QuantSDPA, QuantMatMul)))
+    products = sum(2 if isinstance(m, QuantSDPA) else 1 for m in model.modules()
+                   if isinstance(m, (QuantSDPA, QuantMatMul)))
     assert products == 2 * layers, report.functional.summary()
     with quant.disable_quantization(model), torch.no_grad():
         assert torch.equal(_first(model(*inputs)), fp32)  # nothing changed while quantization is off

@@ -77,7 +77,8 @@ class Evaluator:
 
     Call inside a :class:`~workbench.quant.algorithms.snapshot.ModelSnapshot` and ``torch.no_grad()``: it switches
     the model to eval mode and turns calibration off, and relies on the snapshot to undo that.
-    ``output`` names the output entry the metric compares (see :func:`~workbench.quant.algorithms.batches.select_output`).
+    ``output`` names the output entry the metric compares (see
+    :func:`~workbench.quant.algorithms.batches.select_output`).
     """
 
     def __init__(self, model: nn.Module, batches: Sequence[Any], metric: Metric,

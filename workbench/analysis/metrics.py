@@ -38,7 +38,8 @@ __all__ = ["Direction", "Metric", "OutputMetric", "Accumulator", "ModelMetric", 
 
 def _check_direction(direction: Any) -> Direction:
     if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be {' or '.join(map(repr, DIRECTIONS))} (which is better), got {direction!r}.")
+        raise ValueError(f"direction must be {' or '.join(map(repr, DIRECTIONS))} (which is better), "
+                         f"got {direction!r}.")
     return str(direction)
 
 

@@ -206,8 +206,10 @@ class CompareDialog(QDialog):
             [(next(iter(lookup.in_unit(r.unit)), None),
               [r.unit, (show_value(r.a), r.a), (show_value(r.b), r.b)]) for r in diff.sensitivity])
         self.reports_table = _table(["Report field", diff.a, diff.b],
-                                    [(None, [f"export: {c.where}", show_value(c.a), show_value(c.b)]) for c in diff.export]
-                                    + [(None, [f"engine: {c.where}", show_value(c.a), show_value(c.b)]) for c in diff.engine])
+                                    [(None, [f"export: {c.where}", show_value(c.a), show_value(c.b)])
+                                     for c in diff.export]
+                                    + [(None, [f"engine: {c.where}", show_value(c.a), show_value(c.b)])
+                                       for c in diff.engine])
         self.tables = {"Layers": self.layers_table, "Settings": self.settings_table, "amax": self.amax_table,
                        "Sensitivity": self.sensitivity_table, "Export and engine reports": self.reports_table}
         self.tabs = QTabWidget()

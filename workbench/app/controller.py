@@ -300,7 +300,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
             return None
         self.log.emit("info", f"saved {saved}")
         if self.session.merged_on_save:  # another process's changes came in with the save
-            self.log.emit("info", "kept what another process saved meanwhile: " + ", ".join(self.session.merged_on_save))
+            self.log.emit("info", "kept what another process saved meanwhile: "
+                          + ", ".join(self.session.merged_on_save))
             self._forget_views()
             self.layers_changed.emit()
             self.calibration_changed.emit()

@@ -119,5 +119,6 @@ class EnginePanel(QWidget):
 
     def _select(self, item: QListWidgetItem) -> None:
         modules = item.data(Qt.ItemDataRole.UserRole) or []
-        layers = [m for m in modules if self.controller.session is not None and m in self.controller.session.project.layers]
+        session = self.controller.session
+        layers = [m for m in modules if session is not None and m in session.project.layers]
         self.controller.select(layers or modules)

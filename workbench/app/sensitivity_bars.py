@@ -14,7 +14,8 @@ from PySide6.QtGui import QColor, QStandardItem
 from workbench.analysis.results import SensitivityResult, UnitResult
 from workbench.app.formatting import format_delta, format_number
 
-__all__ = ["sensitivity_scores", "bar_colour", "finite_clip", "NumberItem", "table_row", "NEUTRAL", "FLOAT", "SELECTED_PEN"]
+__all__ = ["sensitivity_scores", "bar_colour", "finite_clip", "NumberItem", "table_row", "NEUTRAL", "FLOAT",
+           "SELECTED_PEN"]
 
 # sequential colours from "hardly matters" to "most sensitive" (ColorBrewer OrRd)
 _LOW, _MID, _HIGH = np.array([253, 212, 158]), np.array([252, 141, 89]), np.array([179, 0, 0])

@@ -509,7 +509,8 @@ def _lint_icon(warning: bool, stale: bool) -> QIcon:
     (a style needs the application)."""
     key = (warning, stale)
     if key not in _LINT_ICONS:
-        pixmap = QStyle.StandardPixmap.SP_MessageBoxWarning if warning else QStyle.StandardPixmap.SP_MessageBoxInformation
+        pixmap = (QStyle.StandardPixmap.SP_MessageBoxWarning if warning
+                  else QStyle.StandardPixmap.SP_MessageBoxInformation)
         icon = QApplication.style().standardIcon(pixmap)
         _LINT_ICONS[key] = QIcon(icon.pixmap(16, QIcon.Mode.Disabled)) if stale else icon
     return _LINT_ICONS[key]

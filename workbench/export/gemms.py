@@ -1,7 +1,7 @@
 """The weight GEMMs of an exported graph and which of them kept their weight in floating point.
 
-A Conv, ConvTranspose, Gemm or MatMul (or an ONNX LSTM/GRU/RNN) one of whose operands is a constant weight (an initializer or a
-Constant, through layout-only nodes such as Transpose or Reshape) is a weight GEMM. TensorRT runs it in
+A Conv, ConvTranspose, Gemm or MatMul (or an ONNX LSTM/GRU/RNN) one of whose operands is a constant weight (an
+initializer or a Constant, through layout-only nodes such as Transpose or Reshape) is a weight GEMM. TensorRT runs it in
 INT8 only when that weight comes through a DequantizeLinear; one that does not stays float in the engine.
 Counting them in the export report means a GEMM the quantizer never saw (a Linear-like of an unknown
 class) can no longer pass the Q/DQ count check silently.

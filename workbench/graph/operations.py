@@ -72,7 +72,8 @@ def product_roles(a: fx.Node, b: fx.Node) -> tuple[str, ...]:
     """("probabilities", "value") when ``a`` is a softmax (maybe through dropout or a module such as
     nn.Softmax/nn.Dropout), ("query", "key") when ``b`` is a transposed tensor, else ()."""
     def is_softmax(node: fx.Node, depth: int = 0) -> bool:
-        if node.op == "call_function" and node.target in _SOFTMAX or node.op == "call_method" and node.target == "softmax":
+        if (node.op == "call_function" and node.target in _SOFTMAX
+                or node.op == "call_method" and node.target == "softmax"):
             return True
         if node.op == "call_module" and "softmax" in str(node.target).lower():
             return True

@@ -66,9 +66,10 @@ class QuantizerRecord:
     @classmethod
     def from_calibration(cls, item: QuantizerCalibration, *, calibrator_state: dict[str, Any] | None,
                          descriptor: dict[str, Any] | None, name: str | None = None) -> QuantizerRecord:
-        """The record of one quantizer's calibration outcome (what :func:`workbench.quant.algorithms.calibrate.calibrate`
-        measured), with the statistics and descriptor to keep beside it; ``name`` when the quantizer is
-        recorded under another of its names (one shared by a placement rule)."""
+        """The record of one quantizer's calibration outcome (what
+        :func:`workbench.quant.algorithms.calibrate.calibrate` measured), with the statistics and descriptor to keep
+        beside it; ``name`` when the quantizer is recorded under another of its names (one shared by a placement
+        rule)."""
         return cls(name or item.name, item.amax.numpy().astype(np.float32), item.method, item.calibrator,
                    item.num_samples, item.nonfinite_count, item.max_value, calibrator_state, descriptor,
                    None if item.choice is None else item.choice.to_dict(), [w.to_dict() for w in item.warnings])

@@ -241,9 +241,9 @@ def replace_to_quantization_module(model: nn.Module, ignore_policy: IgnorePolicy
     is_ignored = ignore_matcher(ignore_policy)
     report = ReplacementReport()
     if quantized_class_for(model, mapping)[0] is not None:
+        replacement = quantized_class_for(model, mapping)[0].__name__
         raise ValueError(f"The model itself is a {type(model).__name__}; replace_to_quantization_module swaps "
-                         f"submodules in place. Use {quantized_class_for(model, mapping)[0].__name__}.from_float(model) "
-                         "instead.")
+                         f"submodules in place. Use {replacement}.from_float(model) instead.")
 
     def visit(module: nn.Module, prefix: str) -> None:
         for child_name, child in list(module._modules.items()):

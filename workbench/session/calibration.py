@@ -86,7 +86,8 @@ def check_calibrated(model: nn.Module, run: CalibrationRecord | None) -> None:
 
 
 def checked_block_method(block_method: str) -> str:
-    """``block_method`` if it is one of :data:`~workbench.quant.algorithms.blocks.BLOCK_METHODS`; SessionError if not."""
+    """``block_method`` if it is one of :data:`~workbench.quant.algorithms.precision_registry.BLOCK_METHODS`;
+    SessionError if not."""
     if block_method not in BLOCK_METHODS:
         raise SessionError(f"block method must be one of {', '.join(BLOCK_METHODS)}, got {block_method!r}.")
     return block_method

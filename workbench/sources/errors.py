@@ -26,7 +26,8 @@ _ZIP_MAGIC = b"PK\x03\x04"
 
 
 def unreadable_reason(path: Path, error: BaseException) -> tuple[str, bool]:
-    """Why ``path`` could not be read as plain tensors (by torch.load(weights_only=True) or np.load(allow_pickle=False)).
+    """Why ``path`` could not be read as plain tensors (by torch.load(weights_only=True) or
+    np.load(allow_pickle=False)).
 
     Returns (reason, holds_code): the reason in words that quote no advice to run untrusted code, and
     whether the file holds pickled Python objects (loading it would run code).

@@ -298,7 +298,8 @@ class HistogramCalibrator(Calibrator):
         method = AmaxMethod.parse(method)
         if not method.is_single:
             raise ValueError("amax method 'auto' compares every method on the layer's output, which a histogram "
-                             "alone cannot: calibrate the model with method='auto' (workbench.quant.algorithms.calibrate), or "
+                             "alone cannot: calibrate the model with method='auto' "
+                             "(workbench.quant.algorithms.calibrate), or "
                              f"pick one of {', '.join(SINGLE_METHODS)} here.")
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ValueError(f"stride must be a positive integer, got {stride!r}.")
