@@ -344,7 +344,11 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
     project = Project(name=str(meta.get("name", path.stem)), created=str(meta.get("created", "")),
                       modified=str(meta.get("modified", "")), app_version=str(meta.get("app_version", "")),
                       saved_in=str(meta.get("saved_in", "")))
-    for row in db["model_source"].rows:
+    model_rows = list(db["model_source"].rows)
+    if len(model_rows) > 1:  # the workbench writes one (or none, for a project not given its model yet)
+        raise ProjectError(f"{path}: table model_source holds {len(model_rows)} models, one expected: the file was "
+                           "changed outside Quant Workbench. It was not opened; use a backup or the last good copy.")
+    for row in model_rows:
         with _row(path, "model_source", "the model"):
             project.model = ModelSpec.from_dict(_json(row, "spec"))
             project.model_digests = [FileDigest(str(d["path"]), str(d["sha256"]), int(d["size"]))

@@ -140,6 +140,9 @@ class Session:
         """
         path = Path(path)
         project = load_project(path)
+        if project.model is None:  # a file whose model row was deleted: say so before anything reads it
+            raise SessionError(f"{path}: the project has no model (its table model_source is empty); it was not "
+                               "opened. Use a backup, or make a new project with `workbench new`.")
         references = paths.project_code(project, path.parent)
         status = trust_status(path, references) if references and remembered and not trust_code else UNKNOWN
         try:
