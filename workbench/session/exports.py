@@ -32,6 +32,7 @@ from workbench.session.errors import SessionError
 from workbench.session.paths import project_code
 from workbench.session.state import state_digest
 from workbench.sources.model_source import sha256_of
+from workbench.sources.demo import DIGITS_DATA
 from workbench.sources.paths import absolute_path, relative_path
 
 __all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest",
@@ -134,8 +135,13 @@ def protected_files(project: Project, project_path: Path | None, base_dir: Path)
     for value, what in files:
         if value:
             protected[Path(absolute_path(value, base_dir) or value).resolve()] = what
+    for digest in project.model_digests:  # every file the model was read from (a demo's weights, a factory's)
+        protected.setdefault(Path(absolute_path(digest.path, base_dir) or digest.path).resolve(),
+                             "one of the model's files (the project keeps its digest)")
     for role, spec in project.data.items():
-        if spec.path and ":" not in spec.path:
+        if spec.kind == "demo":  # the built-in data lives beside the demo weights
+            protected[DIGITS_DATA.resolve()] = f"the {role} data (the built-in digits)"
+        elif spec.path and ":" not in spec.path:
             protected[Path(absolute_path(spec.path, base_dir) or spec.path).resolve()] = f"the {role} data"
     for reference in project_code(project, base_dir):
         for name in reference.files:
