@@ -8,8 +8,8 @@ import sqlite3
 
 import pytest
 import sqlite_utils
-
 from cli_helpers import new_project, run
+
 from workbench.project import load_project, save_project
 from workbench.project.tables import content_checksums
 

@@ -109,8 +109,9 @@ def emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 
 def fmt(value: float | None, unit: str = "") -> str:
-    """A number as the tables print it: 4 significant digits, ``-`` for none, ``inf`` for infinity."""
-    if value is None:
+    """A number as the tables print it: 4 significant digits, ``-`` for none (or not a number), ``inf`` for
+    infinity: a table never shows ``nan``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float) and math.isinf(value):
         return "inf"

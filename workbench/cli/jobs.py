@@ -135,7 +135,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                                       cancel=progress.cancel)
     lines = [f"  {'':<22} {'FP32':>10} {'INT8':>10} {'delta':>10}",
              f"  {evaluation.name:<22} {fmt(evaluation.fp32):>10} {fmt(evaluation.int8):>10} "
-             f"{fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better)",
+             f"{fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better"
+             # SQNR against the FP32 output: FP32 scores +inf against itself, and no difference with it means anything
+             f"{'; FP32 is the reference, no delta' if math.isinf(evaluation.fp32) else ''})",
              f"  output SQNR INT8 vs FP32: {fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} batches)"]
     emit(args, evaluation.to_dict(), "\n".join(lines))
     return EXIT_OK

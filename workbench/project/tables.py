@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
+from workbench import bounded_json
 from workbench.project.errors import ProjectError
 from workbench.project.model import (
     CalibrationRecord,
@@ -60,7 +61,7 @@ def decode_array(data: bytes, dtype: str, shape_json: str, what: str) -> np.ndar
     """The array back, after checking that dtype, shape and byte count agree."""
     if dtype not in ARRAY_DTYPES:
         raise ProjectError(f"{what}: unknown array type {dtype!r}.")
-    shape = json.loads(shape_json)
+    shape = bounded_json.loads(shape_json)
     if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
         raise ProjectError(f"{what}: invalid array shape {shape_json!r}.")
     expected = math.prod(shape) * np.dtype(dtype).itemsize
@@ -166,7 +167,7 @@ def _findings(text: Any) -> dict[str, Any]:
     """A quantizer's stored auto choice and warnings (the ``findings`` column; absent in older files)."""
     if text is None:
         return {}
-    value = json.loads(text)
+    value = bounded_json.loads(text)
     if not isinstance(value, dict):
         raise ValueError(f"findings is not a mapping: {text!r}")
     choice, warnings = value.get("choice"), value.get("warnings") or []
@@ -289,7 +290,7 @@ def _json(row: dict[str, Any], column: str) -> Any:
     if not isinstance(text, str):
         raise _Damaged(f"column {column} holds {type(text).__name__}, not JSON text.")
     try:
-        return json.loads(text)
+        return bounded_json.loads(text)
     except json.JSONDecodeError as error:
         raise _Damaged(f"column {column} is not valid JSON ({error.msg} at character {error.pos}).") from error
 
@@ -507,7 +508,7 @@ def check_content(db: sqlite_utils.Database, path: Path) -> None:
     if row is None:
         return
     try:
-        saved = json.loads(row["value"])
+        saved = bounded_json.loads(row["value"])
         if not isinstance(saved, dict):
             raise ValueError("not a mapping")
     except (TypeError, ValueError) as error:

@@ -31,8 +31,8 @@ from workbench.session import confirmed_targets
 from workbench.session.errors import SessionError
 from workbench.session.paths import project_code
 from workbench.session.state import state_digest
-from workbench.sources.model_source import sha256_of
 from workbench.sources.demo import DIGITS_DATA
+from workbench.sources.model_source import sha256_of
 from workbench.sources.paths import absolute_path, relative_path
 
 __all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest",
