@@ -21,3 +21,12 @@ def test_the_rank_that_hangs_is_named_not_rank_0(monkeypatch, phase, step):
     rank0 = next(f for f in caught.value.failures if f.rank == 0)
     assert step in rank0.message and "DistStoreError" not in text
     assert new_children(before) == set()
+
+
+def test_a_rank_hung_after_its_work_is_stopped_and_the_result_stands(monkeypatch, caplog):
+    monkeypatch.setenv("WORKBENCH_DIST_TIMEOUT", "3")
+    before = set(live_children())
+    with caplog.at_level("WARNING", logger="workbench.launcher"):
+        assert launch(jobs.hangs_at, ("end",), nprocs=2) == 0  # rank 0's result (it was waited for forever)
+    assert "rank 1 did not finish within 3 s of rank 0 and was stopped" in caplog.text
+    assert new_children(before) == set()

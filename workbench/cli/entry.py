@@ -297,6 +297,10 @@ def _error_kinds() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExce
 
             user_errors.append(CalibrationError)
             cancelled.append(CalibrationCancelled)
+        if "workbench.quant.distributed" in loaded:  # a rank that hung or died: the job's fault, not a bug here
+            from workbench.quant.distributed import DistributedError
+
+            user_errors.append(DistributedError)
         if "workbench.training" in loaded:
             from workbench.training import FinetuneError
 
