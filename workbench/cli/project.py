@@ -8,10 +8,21 @@ command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from workbench.cli.common import EXIT_OK, Command, UsageError, data_spec, emit, fmt, open_project, typed_entrypoint
+from workbench.cli.common import (
+    EXIT_OK,
+    Command,
+    UsageError,
+    data_spec,
+    emit,
+    fmt,
+    open_project,
+    shown_name,
+    typed_entrypoint,
+)
 
 __all__ = ["COMMANDS"]
 
@@ -94,7 +105,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     layers = session.layers()  # the summary counts them too: listed once
     summary = session.summary(layers)
     summary["layer_table"] = [layer.__dict__ for layer in layers]
-    lines = [f"{summary['name']} ({summary['path']})", f"  model: {summary['model_description']}",
+    lines = [f"{shown_name(summary['name'])} ({summary['path']})", f"  model: {summary['model_description']}",
              f"  input: {summary['input']}", "  data: " + ", ".join(f"{k} {v}" for k, v in summary["data"].items())]
     run = summary["calibration"]
     if run is None:
@@ -251,8 +262,13 @@ def _cmd_set(args: argparse.Namespace) -> int:
                 typed.num_batches = None
             session.set_data(role, typed.absolute(Path.cwd()).relative_to(session.base_dir))
             changed[f"{role} data"] = [session.project.data[role].label]
-    if args.data and args.num_batches is not None:
+    if args.num_batches is not None:  # with or without new data: what --help promises
         session.update_setting("calibration", num_batches=args.num_batches)
+        changed["calibration batches"] = [str(session.settings.calibration.num_batches)]
+    if args.batch_size is not None and not args.data and not args.eval_data:  # the data kept, batched anew
+        for role, spec in list(session.project.data.items()):
+            session.set_data(role, dataclasses.replace(spec, batch_size=args.batch_size))
+        changed["batch size"] = [f"{role} {spec.batch_size}" for role, spec in session.project.data.items()]
     if args.fold_bn is not None:
         session.set_setting("fold_bn", args.fold_bn == "on")
         folded = session.folded_layers()

@@ -1,0 +1,46 @@
+"""Issue 38's "unclear, to settle" list, as settled: each test is the user's view of the decision."""
+from cli_helpers import new_project, run
+from test_crafted_schema import craft
+
+
+def test_set_num_batches_alone_changes_the_calibration_setting(tmp_path, capsys):
+    project = new_project(tmp_path, capsys)
+    code, out, err = run(capsys, "set", project, "--num-batches", "40", "--trust-code")
+    assert code == 0, err
+    assert "calibration batches: 40" in out
+    code, out, _ = run(capsys, "show", project, "--trust-code")
+    assert "calibration auto on 40 batches" in out
+
+
+def test_set_batch_size_alone_rebatches_the_data(tmp_path, capsys):
+    project = new_project(tmp_path, capsys)  # 8 samples in batches of 4
+    code, out, err = run(capsys, "set", project, "--batch-size", "2", "--trust-code")
+    assert code == 0, err
+    assert "batch size: calibration 2" in out
+    code, out, err = run(capsys, "calibrate", project, "--trust-code", "--method", "max")
+    assert code == 0, err
+    assert "on 4 batches" in out  # 8 samples, 2 a batch
+
+
+def test_more_batches_than_the_data_has_is_said(tmp_path, capsys):
+    project = new_project(tmp_path, capsys)  # 2 batches
+    code, out, err = run(capsys, "calibrate", project, "--trust-code", "--method", "max", "--num-batches", "40")
+    assert code == 0, err
+    assert "40 calibration batches asked for, the data has 2: calibrated on 2." in out + err
+
+
+def test_the_default_batch_count_on_small_data_is_not_a_warning(tmp_path, capsys):
+    project = new_project(tmp_path, capsys)
+    code, out, err = run(capsys, "calibrate", project, "--trust-code", "--method", "max")
+    assert code == 0, err
+    assert "asked for" not in out + err
+
+
+def test_show_caps_a_huge_project_name(tmp_path, capsys):
+    project = new_project(tmp_path, capsys)
+    craft(project, "UPDATE meta SET value = printf('%.*c', 2000000, 'x') WHERE key = 'name';")
+    for trust in ((), ("--trust-code",)):
+        code, out, err = run(capsys, "show", project, *trust)
+        assert code == 0, err
+        first = out.splitlines()[0]
+        assert len(first) < 400 and "... (2,000,000 characters)" in first
