@@ -6,6 +6,8 @@ from test_launch import live_children, new_children
 
 from workbench.launcher import WorkerFailed, launch
 
+pytestmark = pytest.mark.slow  # real processes: see the README's note on the test suite's length
+
 
 @pytest.mark.parametrize("phase, step", [("join", "never joined the 2-process job"),
                                          ("work", "never reached gathering results")])

@@ -10,9 +10,12 @@ import sys
 import textwrap
 import time
 
+import pytest
 from cli_helpers import ROOT, run, write_data
 
 from workbench.project.store import file_revision
+
+pytestmark = pytest.mark.slow  # real processes: see the README's note on the test suite's length
 
 LINGERS = textwrap.dedent("""
     import os, time

@@ -12,6 +12,8 @@ import sys
 import pytest
 from cli_helpers import ROOT
 
+pytestmark = pytest.mark.slow  # real processes: see the README's note on the test suite's length
+
 
 def workbench(folder, env, *args):
     return subprocess.run([sys.executable, "-m", "workbench", *map(str, args)], cwd=folder, env=env,

@@ -81,6 +81,7 @@ def test_half_weights_load_exactly_into_a_float_model(tmp_path):
     assert torch.equal(loaded.model.fc.weight, load_file(str(path))["fc.weight"].float())
 
 
+@pytest.mark.slow
 def test_the_demo_refuses_int_weights_in_its_resources(tmp_path):
     """The issue's own case: the demo's safetensors with fc.weight as int32 (a copy of the resources)."""
     shutil.copytree(ROOT / "resources" / "demo", tmp_path / "resources" / "demo")
