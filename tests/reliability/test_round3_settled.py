@@ -44,3 +44,37 @@ def test_show_caps_a_huge_project_name(tmp_path, capsys):
         assert code == 0, err
         first = out.splitlines()[0]
         assert len(first) < 400 and "... (2,000,000 characters)" in first
+
+
+RANDOM_FACTORY = """
+from torch import nn
+
+def make():  # no seed, no weights file: other weights at every command
+    return nn.Sequential(nn.Flatten(), nn.Linear(108, 4))
+"""
+
+
+def test_a_calibration_applied_to_other_weights_is_warned_about(tmp_path, capsys, caplog):
+    (tmp_path / "rnd.py").write_text(RANDOM_FACTORY)
+    data = tmp_path / "x.npy"
+    import numpy as np
+
+    np.save(data, np.random.default_rng(0).standard_normal((8, 3, 6, 6)).astype(np.float32))
+    project = tmp_path / "r.qwb"
+    assert run(capsys, "new", project, "--model", f"{tmp_path}/rnd.py:make", "--data", data, "--batch-size", "4",
+               "--trust-code")[0] == 0
+    assert run(capsys, "calibrate", project, "--trust-code", "--method", "max")[0] == 0
+    caplog.clear()
+    code, out, err = run(capsys, "evaluate", project, "--trust-code")
+    assert code == 0, err
+    assert "calibration 1 was computed on other weights than the model built now" in caplog.text
+    code, out, err = run(capsys, "show", project, "--trust-code")
+    assert "computed on other weights" in out
+
+
+def test_a_seeded_factory_keeps_its_calibration_without_a_warning(tmp_path, capsys, caplog):
+    project = new_project(tmp_path, capsys)  # its factory seeds torch: the same weights every time
+    assert run(capsys, "calibrate", project, "--trust-code", "--method", "max")[0] == 0
+    caplog.clear()
+    assert run(capsys, "evaluate", project, "--trust-code")[0] == 0
+    assert "other weights" not in caplog.text

@@ -113,7 +113,7 @@ def create_schema(db: sqlite_utils.Database) -> None:
     db["calibration_runs"].create({"id": int, "created": str, "method": str, "percentile": float,
                                    "num_batches": int, "wall_time_s": float, "device": str,
                                    "output_sqnr_db": float, "warnings": str, "unused": str, "folded": str,
-                                   "sqnr_batches": int, "state_digest": str},
+                                   "sqnr_batches": int, "state_digest": str, "weights_digest": str},
                                   pk="id", if_not_exists=True)
     db["quantizer_stats"].create({"run_id": int, "name": str, "amax": bytes, "amax_dtype": str, "amax_shape": str,
                                   "method": str, "calibrator": str, "num_samples": int, "nonfinite_count": int,
@@ -209,11 +209,14 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
     for run in project.calibrations:
         if "sqnr_batches" not in db["calibration_runs"].columns_dict:  # a file from before it was counted
             db["calibration_runs"].add_column("sqnr_batches", int)
+        if "weights_digest" not in db["calibration_runs"].columns_dict:  # a file from before it was kept
+            db["calibration_runs"].add_column("weights_digest", str)
         db["calibration_runs"].insert({
             "id": run.id, "created": run.created, "method": run.method, "percentile": run.percentile,
             "num_batches": run.num_batches, "wall_time_s": run.wall_time_s, "device": run.device,
             "output_sqnr_db": run.output_sqnr_db, "warnings": _dumps(run.warnings), "unused": _dumps(run.unused),
-            "folded": _dumps(run.folded), "sqnr_batches": run.sqnr_batches, "state_digest": run.state_digest})
+            "folded": _dumps(run.folded), "sqnr_batches": run.sqnr_batches, "state_digest": run.state_digest,
+            "weights_digest": run.weights_digest})
         rows = []
         for record in run.quantizers.values():
             owner = f"calibration:{run.id}:{record.name}"
@@ -385,7 +388,8 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
                 output_sqnr_db=None if row["output_sqnr_db"] is None else float(row["output_sqnr_db"]),
                 warnings=list(_json(row, "warnings") or []), unused=list(_json(row, "unused") or []),
                 folded=_names(_json(row, "folded"), "folded", True), sqnr_batches=int(row.get("sqnr_batches") or 0),
-                state_digest=None if row.get("state_digest") is None else str(row["state_digest"]))
+                state_digest=None if row.get("state_digest") is None else str(row["state_digest"]),
+                weights_digest=None if row.get("weights_digest") is None else str(row["weights_digest"]))
     for row in db["quantizer_stats"].rows_where(order_by="rowid"):
         with _row(path, "quantizer_stats", f"calibration run {row.get('run_id')}, quantizer {row.get('name')!r}"):
             run = runs.get(int(row["run_id"]))

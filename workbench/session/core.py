@@ -51,6 +51,7 @@ from workbench.session import (
     smoothing,
     tensorrt,
     views,
+    weights,
 )
 from workbench.session import ladder as ladder_job
 from workbench.session.build import BuildReport, build_quantized, fold_base, quantizable
@@ -101,6 +102,8 @@ class Session:
         self.build_report = BuildReport()
         self._layer_shapes: dict[str, dict[str, Any]] | None = None
         self.file_changes += paths.changed_files(project, self._loaded.digests)
+        self.weights_digest = weights.weights_digest(self.float_model)  # kept with each calibration run
+        self.file_changes += weights.other_weights_note(project, self.weights_digest)
         self.device = torch.device(self.settings.device)
         self.float_model.to(self.device)
 
@@ -534,6 +537,7 @@ class Session:
             context=context, block_method=block_method)
         self.project.calibrations.append(record)
         record.state_digest = state_digest(self.project)  # what the run's output SQNR was measured on
+        record.weights_digest = self.weights_digest
         # what was stale (calibrated with another descriptor) is calibrated with its own now
         self.build_report.stale = [name for name in self.build_report.stale if name not in record.quantizers]
         self._changed(SessionEvent.CALIBRATION)
