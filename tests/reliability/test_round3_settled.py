@@ -78,3 +78,15 @@ def test_a_seeded_factory_keeps_its_calibration_without_a_warning(tmp_path, caps
     caplog.clear()
     assert run(capsys, "evaluate", project, "--trust-code")[0] == 0
     assert "other weights" not in caplog.text
+
+
+def test_a_fine_tune_that_kept_the_starting_model_leaves_the_calibration_current(tmp_path, capsys):
+    project = new_project(tmp_path, capsys)
+    (tmp_path / "lossf.py").write_text("def sq(outputs, targets):\n    return outputs.pow(2).mean()\n")
+    assert run(capsys, "calibrate", project, "--trust-code", "--method", "max")[0] == 0
+    code, out, err = run(capsys, "finetune", project, "--trust-code", "--epochs", "1", "--lr", "1e-30",
+                         "--loss", f"{tmp_path}/lossf.py:sq")
+    assert code == 0, err
+    code, out, err = run(capsys, "show", project, "--trust-code")
+    assert "kept the starting model" in out
+    assert "stale" not in out, out
