@@ -90,3 +90,55 @@ def test_a_fine_tune_that_kept_the_starting_model_leaves_the_calibration_current
     code, out, err = run(capsys, "show", project, "--trust-code")
     assert "kept the starting model" in out
     assert "stale" not in out, out
+
+
+def test_int4_blocks_that_do_not_divide_the_inputs_are_noted(tmp_path, capsys):
+    project = new_project(tmp_path, capsys)  # fc: 4 inputs
+    code, out, err = run(capsys, "set", project, "--layer", "fc", "--precision", "int4w", "--block-size", "3",
+                         "--trust-code")
+    assert code == 0, err
+    assert "note: fc: 4 inputs in blocks of 3: 1 full blocks and a last one of 1" in out
+    code, out, err = run(capsys, "set", project, "--layer", "fc", "--precision", "int4w", "--block-size", "2",
+                         "--trust-code")
+    assert code == 0 and "last one" not in out
+
+
+def exported(folder):
+    return sorted(p.name for p in folder.iterdir() if ".onnx" in p.name or p.name.endswith((".json", ".cache")))
+
+
+def test_an_export_interrupted_before_it_is_recorded_leaves_no_file(tmp_path, capsys, monkeypatch):
+    import workbench.session.exports as exports
+
+    project = new_project(tmp_path, capsys)
+    assert run(capsys, "calibrate", project, "--trust-code", "--method", "max")[0] == 0
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C while the export's headline is measured: the files are complete
+
+    with monkeypatch.context() as patch:
+        patch.setattr(exports, "headline", interrupted)
+        code, out, err = run(capsys, "export", project, "-o", tmp_path / "m.onnx", "--amax-json", "--trust-code")
+    assert code == 130
+    assert exported(tmp_path) == []
+    code, out, err = run(capsys, "export", project, "-o", tmp_path / "m.onnx", "--amax-json", "--trust-code")
+    assert code == 0, err  # no --force needed: nothing unknown was left behind
+
+
+def test_an_export_whose_save_fails_removes_its_new_files(tmp_path, capsys, monkeypatch):
+    import workbench.session.core as core
+    from workbench.project import ProjectError
+
+    project = new_project(tmp_path, capsys)
+    assert run(capsys, "calibrate", project, "--trust-code", "--method", "max")[0] == 0
+    before = project.read_bytes()
+
+    def full_disk(project_, path, **kwargs):
+        raise ProjectError(f"{path}: saving failed (database or disk is full); the previous save is unchanged.")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(core, "save_project", full_disk)
+        code, out, err = run(capsys, "export", project, "-o", tmp_path / "m.onnx", "--trust-code")
+    assert code == 2 and "disk is full" in err and "new files were removed" in err
+    assert exported(tmp_path) == [] and project.read_bytes() == before
+    assert run(capsys, "export", project, "-o", tmp_path / "m.onnx", "--trust-code")[0] == 0

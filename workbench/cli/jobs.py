@@ -276,7 +276,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
         if made and not any(folder.iterdir()):
             folder.rmdir()
         raise
-    session.save()
+    try:
+        session.save()
+    except BaseException as error:  # a full disk, Ctrl-C: files the project does not record would block a re-export
+        from workbench.session import SessionError
+        from workbench.session.exports import discard
+
+        discard(session.unsaved_export_files)
+        if isinstance(error, Exception):
+            raise SessionError(f"{error} The export's new files were removed (the project could not record "
+                               "them); export again once the project can be saved.") from error
+        raise
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
     emit(args, {**report.to_dict(), "files": written},

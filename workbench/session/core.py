@@ -87,6 +87,7 @@ class Session:
         self.merged_on_save: list[str] = []  # what the last save kept of another process's changes
         self.file_changes: list[str] = []  # model/weights files that differ from when the project was made
         self.notes: list[str] = []  # what the last edit accepted but the user should know (4-bit: simulation only)
+        self.unsaved_export_files: list[Path] = []  # files the last export created, recorded by the next save
         for key, value in DEFAULT_SETTINGS.items():
             project.settings.setdefault(key, copy.deepcopy(value))
         self._settings: tuple[dict[str, Any], ProjectSettings] | None = None  # (stored, typed), see settings
@@ -760,13 +761,19 @@ class Session:
                                    remember=remember, force=force, opset=opset, dynamic_batch=dynamic_batch,
                                    amax_json=amax_json, calibration_cache=calibration_cache, fp8_ops=fp8_ops)
         model = self._require_calibrated()
-        report = exports.write_export(plan, model, self.sample_inputs(batch=1), output=self.settings.output)
-        if remember:
-            measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
-            record = exports.remember(plan, self.project, report, measure, project_path=self.path,
-                                      project_dir=self.project_dir)
-            self.project.exports.append(record)
-            self._changed(SessionEvent.EXPORT, path=str(target))
+        new = exports.planned_new_files(plan)
+        try:  # interrupted (its validation, its headline), an export leaves no file the project does not know
+            report = exports.write_export(plan, model, self.sample_inputs(batch=1), output=self.settings.output)
+            if remember:
+                measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
+                record = exports.remember(plan, self.project, report, measure, project_path=self.path,
+                                          project_dir=self.project_dir)
+                self.project.exports.append(record)
+                self._changed(SessionEvent.EXPORT, path=str(target))
+        except BaseException:
+            exports.discard(new)
+            raise
+        self.unsaved_export_files = new if remember else []  # the caller's save records them, or discards them
         return report
 
     def default_export_path(self) -> Path:

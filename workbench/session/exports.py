@@ -266,6 +266,19 @@ def plan_export(project: Project, settings: ExportSettings, target: Path, *, typ
     return plan
 
 
+def planned_new_files(plan: ExportPlan) -> list[Path]:
+    """The files ``plan`` writes (ONNX external data included) that do not exist yet: those an export that does
+    not finish (Ctrl-C during its validation, a failed save) removes, so that they block no later export."""
+    candidates = [*plan.files, plan.target.with_name(plan.target.name + ".data")]
+    return [file for file in dict.fromkeys(candidates) if not file.exists()]
+
+
+def discard(files: list[Path]) -> None:
+    """Remove the new files of an export the project did not record (see :func:`planned_new_files`)."""
+    for file in files:
+        file.unlink(missing_ok=True)
+
+
 def write_export(plan: ExportPlan, model: nn.Module, sample: Any, output: Any = None):
     """Write validated QDQ ONNX of the calibrated ``model`` (traced on ``sample``) as ``plan`` says; the export's
     report.
