@@ -8,6 +8,10 @@ import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # real processes: see the README's note on the test suite's length
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGING = ROOT / "packaging"
 

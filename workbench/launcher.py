@@ -14,15 +14,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import re
 import signal
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from workbench.quant.algorithms.distributed import SINGLE, DistContext, init_from_env, launched_by_torchrun
+from workbench.quant.algorithms.distributed import (
+    SINGLE,
+    DistContext,
+    init_from_env,
+    launched_by_torchrun,
+    timeout_from_env,
+)
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["launch", "WorkerFailed", "WorkerError", "RankFailure", "worker_threads", "job_context", "JobInterrupted",
            "in_launched_worker", "INTERRUPTED_EXIT"]
@@ -127,16 +139,54 @@ def worker_threads(nprocs: int) -> int:
     return max(1, cores // max(1, nprocs))
 
 
-def _worker(entrypoint: Callable[..., Any], threads: int | None, *args: Any) -> Any:
-    """What each worker process runs: set its thread share, run the job, record any error for the agent."""
+def _worker(entrypoint: Callable[..., Any], threads: int | None, folder: str, *args: Any) -> Any:
+    """What each worker process runs: set its thread share, run the job, record any error for the agent; in
+    ``folder``, its pid (so the launcher can stop it) and, once done, that it is (rank 0: with its result)."""
     import torch
     from torch.distributed.elastic.multiprocessing.errors import record
 
     os.environ[_WORKER_ENV] = "1"
     signal.signal(signal.SIGINT, _exit_interrupted)
+    rank = os.environ.get("RANK", "0")
+    Path(folder, f"pid-{rank}").write_text(str(os.getpid()))
     if threads is not None:
         torch.set_num_threads(threads)
-    return record(entrypoint)(*args)
+    result = record(entrypoint)(*args)
+    if rank == "0":
+        partial = Path(folder, "result-0.tmp")
+        partial.write_bytes(pickle.dumps(result))
+        os.replace(partial, Path(folder, "result-0.pkl"))
+    Path(folder, f"done-{rank}").touch()
+    return result
+
+
+class _Watchdog(threading.Thread):
+    """Once rank 0 has finished, give the other ranks the job's timeout to finish too, then stop (SIGKILL: it
+    also ends a stopped process) those that did not: a rank hung after its work must not hold the job forever
+    (the elastic agent waits for every worker without a limit)."""
+
+    def __init__(self, folder: str, nprocs: int, timeout_s: float, poll_s: float = 0.1) -> None:
+        super().__init__(name="workbench-watchdog", daemon=True)
+        self.folder, self.nprocs, self.timeout_s, self.poll_s = Path(folder), nprocs, timeout_s, poll_s
+        self.stopped: list[int] = []  # ranks killed after rank 0 finished
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        deadline = None
+        while not self.finished.wait(self.poll_s):
+            done = {r for r in range(self.nprocs) if (self.folder / f"done-{r}").exists()}
+            if len(done) == self.nprocs:
+                return
+            if 0 not in done:
+                continue
+            deadline = deadline or time.monotonic() + self.timeout_s
+            if time.monotonic() < deadline:
+                continue
+            for rank in sorted(set(range(self.nprocs)) - done):
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int((self.folder / f"pid-{rank}").read_text()), signal.SIGKILL)
+                    self.stopped.append(rank)
+            return
 
 
 def _failures(error: Any) -> list[RankFailure]:
@@ -206,28 +256,41 @@ def launch(entrypoint: Callable[..., Any], args: tuple = (), *, nprocs: int, sta
     # does not reach them, so each one is quieted ("Received 2 death signal, shutting down workers")
     quieted = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
                if name.startswith(prefixes)] + [logging.getLogger(name) for name in prefixes]
-    levels = [logger.level for logger in quieted]
+    levels = [quiet_logger.level for quiet_logger in quieted]
     if quiet:
-        for logger in quieted:
-            logger.setLevel(logging.CRITICAL)  # WorkerFailed says what went wrong, once
+        for quiet_logger in quieted:
+            quiet_logger.setLevel(logging.CRITICAL)  # WorkerFailed says what went wrong, once
     try:
-        with tempfile.TemporaryDirectory(prefix="workbench-launch-") as log_dir:
+        with tempfile.TemporaryDirectory(prefix="workbench-launch-") as log_dir, \
+                tempfile.TemporaryDirectory(prefix="workbench-ranks-") as ranks_dir:
             config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex,
                                   rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                                   monitor_interval=0.1, start_method=start_method,
                                   logs_specs=DefaultLogsSpecs(log_dir=log_dir))
+            watchdog = _Watchdog(ranks_dir, nprocs, timeout_from_env())
+            watchdog.start()
             try:
-                results = elastic_launch(config, _worker)(entrypoint, threads, *args)
+                results = elastic_launch(config, _worker)(entrypoint, threads, ranks_dir, *args)
             except SignalException as error:  # the agent stopped the workers and re-raised the signal
                 raise JobInterrupted(error.sigval) from None
             except ChildFailedError as error:
                 failures = _failures(error)
+                finished = Path(ranks_dir, "result-0.pkl")
+                if watchdog.stopped and finished.exists() and {f.rank for f in failures} <= set(watchdog.stopped):
+                    # the job's result was complete; only ranks that hung after it were stopped
+                    logger.warning("rank%s %s did not finish within %g s of rank 0 and %s stopped; the job's "
+                                   "result is complete.", "s" if len(watchdog.stopped) > 1 else "",
+                                   ", ".join(map(str, watchdog.stopped)), watchdog.timeout_s,
+                                   "were" if len(watchdog.stopped) > 1 else "was")
+                    return pickle.loads(finished.read_bytes())  # our own file, written by our rank 0
                 if failures and all(f.exitcode in (INTERRUPTED_EXIT, -signal.SIGINT) for f in failures):
                     raise JobInterrupted(signal.SIGINT) from None  # the workers saw Ctrl-C first
                 raise WorkerFailed(failures, nprocs) from None
+            finally:
+                watchdog.finished.set()
     finally:
-        for logger, level in zip(quieted, levels):
-            logger.setLevel(level)
+        for quiet_logger, level in zip(quieted, levels):
+            quiet_logger.setLevel(level)
     return results[0]
 
 

@@ -109,3 +109,18 @@ def failing_rank(how: str, bad_rank: int = 1) -> int:
     context.all_gather(context.rank)  # the healthy ranks wait here for the one that failed
     context.close()
     return 0
+
+
+def hangs_at(phase: str, bad_rank: int = 1) -> int:
+    """Rank ``bad_rank`` hangs (alive, stuck) at ``phase``: "join" before it joins the job, "work" before the
+    collective the others wait in, "end" after the last collective (its result already given)."""
+    if phase == "join" and int(os.environ["RANK"]) == bad_rank:
+        time.sleep(600)
+    context = init_from_env()
+    if phase == "work" and context.rank == bad_rank:
+        time.sleep(600)
+    context.all_gather(context.rank)
+    if phase == "end" and context.rank == bad_rank:
+        time.sleep(600)
+    context.close()
+    return context.rank

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real processes: see the README's note on the test suite's length
+
 ROOT = Path(__file__).resolve().parents[2]
 # QtWebEngine's libraries, as /work/shared/STACK-NOTES.md lists them for Debian 12
 WEBENGINE_DEBS = {"libnspr4", "libnss3", "libxcomposite1", "libxdamage1", "libxrandr2", "libxtst6", "libasound2",

@@ -5,6 +5,8 @@ from cli_helpers import new_project, run_process, start_held, wait_ready
 
 from workbench.project import load_project
 
+pytestmark = pytest.mark.slow  # real processes: see the README's note on the test suite's length
+
 
 @pytest.fixture
 def project(tmp_path, capsys):

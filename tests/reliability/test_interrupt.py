@@ -11,6 +11,8 @@ import time
 import pytest
 from cli_helpers import ROOT, run, write_data
 
+pytestmark = pytest.mark.slow  # real processes: see the README's note on the test suite's length
+
 SLOW = textwrap.dedent("""
     import os, time
     import torch

@@ -43,7 +43,7 @@ class Evaluation:
         return self.int8 - self.fp32 if math.isfinite(self.fp32) and math.isfinite(self.int8) else math.nan
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": dict(self.metric), "fp32": self.fp32, "int8": self.int8, "delta": self.delta,
+        return {"metric": dict(self.metric), "fp32": self.fp32, "int8": self.int8, "delta": self.delta if math.isfinite(self.delta) else None,
                 "output_sqnr_db": self.output_sqnr_db, "num_batches": self.num_batches}
 
     def summary(self) -> str:

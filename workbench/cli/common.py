@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_NOT_REACHED", "EXIT_OK", "EXIT_USAGE", "Command", "Progress",
-           "UsageError", "data_spec", "emit", "fmt", "open_project", "typed_entrypoint"]
+           "UsageError", "data_spec", "emit", "fmt", "open_project", "typed_entrypoint", "shown_name", "MAX_SHOWN_NAME"]
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 EXIT_NOT_REACHED = 3  # a search ran and was saved, but did not reach its goal (sensitivity --target/--tolerance)
@@ -108,9 +108,20 @@ def emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
         print(text, file=out)
 
 
+MAX_SHOWN_NAME = 200  # characters of a project's name a table prints (a crafted file may hold 200 MB of it)
+
+
+def shown_name(name: str) -> str:
+    """``name`` as ``show`` prints it: whole up to :data:`MAX_SHOWN_NAME` characters, else cut with its length."""
+    if len(name) <= MAX_SHOWN_NAME:
+        return name
+    return f"{name[:MAX_SHOWN_NAME]}... ({len(name):,} characters)"
+
+
 def fmt(value: float | None, unit: str = "") -> str:
-    """A number as the tables print it: 4 significant digits, ``-`` for none, ``inf`` for infinity."""
-    if value is None:
+    """A number as the tables print it: 4 significant digits, ``-`` for none (or not a number), ``inf`` for
+    infinity: a table never shows ``nan``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float) and math.isinf(value):
         return "inf"

@@ -187,14 +187,29 @@ def _launch_workers(args: argparse.Namespace, argv: list[str]) -> int:
     if args.workers < 1:
         print(f"workbench: error: --workers must be at least 1, got {args.workers}.", file=sys.stderr)
         return EXIT_USAGE
+    from workbench.project.store import file_revision
+
+    project = getattr(args, "project", None)
+    before = file_revision(project) if project else None
     try:
         return launch(_worker_main, (argv,), nprocs=args.workers)
     except JobInterrupted as error:  # Ctrl-C: one line and 130, not the agent's traceback
-        print(f"workbench: {error}; the project was not changed.", file=sys.stderr)
+        print(f"workbench: {error}; {_project_outcome(project, before)}", file=sys.stderr)
         return 128 + error.signum
     except WorkerFailed as error:
-        print(f"workbench: error: {error} The project was not changed.", file=sys.stderr)
+        print(f"workbench: error: {error} {_project_outcome(project, before).capitalize()}", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _project_outcome(project: str | None, before: int | None) -> str:
+    """What a stopped job did to the project file: rank 0 may have saved its result before the stop (Ctrl-C
+    after the save), and then saying "not changed" would be a lie."""
+    from workbench.project.store import file_revision
+
+    if project is None or file_revision(project) == before:
+        return "the project was not changed."
+    return (f"the job had finished: its result was saved to {project} (revision {file_revision(project)}) "
+            "before the stop, and stands.")
 
 
 def _worker_main(argv: list[str]) -> int:
@@ -282,6 +297,10 @@ def _error_kinds() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExce
 
             user_errors.append(CalibrationError)
             cancelled.append(CalibrationCancelled)
+        if "workbench.quant.algorithms.distributed" in loaded:  # a rank that hung or died: the job's fault, not a bug here
+            from workbench.quant.algorithms.distributed import DistributedError
+
+            user_errors.append(DistributedError)
         if "workbench.training" in loaded:
             from workbench.training import FinetuneError
 

@@ -135,7 +135,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                                       cancel=progress.cancel)
     lines = [f"  {'':<22} {'FP32':>10} {'INT8':>10} {'delta':>10}",
              f"  {evaluation.name:<22} {fmt(evaluation.fp32):>10} {fmt(evaluation.int8):>10} "
-             f"{fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better)",
+             f"{fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better"
+             # SQNR against the FP32 output: FP32 scores +inf against itself, and no difference with it means anything
+             f"{'; FP32 is the reference, no delta' if math.isinf(evaluation.fp32) else ''})",
              f"  output SQNR INT8 vs FP32: {fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} batches)"]
     emit(args, evaluation.to_dict(), "\n".join(lines))
     return EXIT_OK
@@ -274,7 +276,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
         if made and not any(folder.iterdir()):
             folder.rmdir()
         raise
-    session.save()
+    try:
+        session.save()
+    except BaseException as error:  # a full disk, Ctrl-C: files the project does not record would block a re-export
+        from workbench.session import SessionError
+        from workbench.session.exports import discard
+
+        discard(session.unsaved_export_files)
+        if isinstance(error, Exception):
+            raise SessionError(f"{error} The export's new files were removed (the project could not record "
+                               "them); export again once the project can be saved.") from error
+        raise
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
     emit(args, {**report.to_dict(), "files": written},

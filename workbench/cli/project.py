@@ -8,10 +8,21 @@ command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from workbench.cli.common import EXIT_OK, Command, UsageError, data_spec, emit, fmt, open_project, typed_entrypoint
+from workbench.cli.common import (
+    EXIT_OK,
+    Command,
+    UsageError,
+    data_spec,
+    emit,
+    fmt,
+    open_project,
+    shown_name,
+    typed_entrypoint,
+)
 
 __all__ = ["COMMANDS"]
 
@@ -94,7 +105,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     layers = session.layers()  # the summary counts them too: listed once
     summary = session.summary(layers)
     summary["layer_table"] = [layer.__dict__ for layer in layers]
-    lines = [f"{summary['name']} ({summary['path']})", f"  model: {summary['model_description']}",
+    lines = [f"{shown_name(summary['name'])} ({summary['path']})", f"  model: {summary['model_description']}",
              f"  input: {summary['input']}", "  data: " + ", ".join(f"{k} {v}" for k, v in summary["data"].items())]
     run = summary["calibration"]
     if run is None:
@@ -202,6 +213,8 @@ def _cmd_set(args: argparse.Namespace) -> int:
             targets, args.precision, **({} if args.block_size is None else {"block_size": args.block_size}),
             fp8_weight_per_channel=args.fp8_weights != "per-tensor")
     notes: list[str] = []  # accepted, but the user should know (4-bit: simulation only)
+    if args.precision == "int4w" and args.block_size is not None:
+        notes += _partial_blocks(session, changed[f"precision {args.precision}"], args.block_size)
     if args.input_desc:
         changed["input_descriptor"] = session.set_descriptor(targets, "input", **_parse_fields(args.input_desc))
         notes += session.notes
@@ -251,8 +264,13 @@ def _cmd_set(args: argparse.Namespace) -> int:
                 typed.num_batches = None
             session.set_data(role, typed.absolute(Path.cwd()).relative_to(session.base_dir))
             changed[f"{role} data"] = [session.project.data[role].label]
-    if args.data and args.num_batches is not None:
+    if args.num_batches is not None:  # with or without new data: what --help promises
         session.update_setting("calibration", num_batches=args.num_batches)
+        changed["calibration batches"] = [str(session.settings.calibration.num_batches)]
+    if args.batch_size is not None and not args.data and not args.eval_data:  # the data kept, batched anew
+        for role, spec in list(session.project.data.items()):
+            session.set_data(role, dataclasses.replace(spec, batch_size=args.batch_size))
+        changed["batch size"] = [f"{role} {spec.batch_size}" for role, spec in session.project.data.items()]
     if args.fold_bn is not None:
         session.set_setting("fold_bn", args.fold_bn == "on")
         folded = session.folded_layers()
@@ -266,6 +284,20 @@ def _cmd_set(args: argparse.Namespace) -> int:
                      + [f"note: {note}" for note in notes])
     emit(args, {**changed, "notes": notes} if notes else changed, text)
     return EXIT_OK
+
+
+def _partial_blocks(session: Any, layers: list[str], block_size: int) -> list[str]:
+    """A note per layer whose input dimension is not a multiple of ``block_size``: its last block is shorter
+    (it gets a scale of its own, over fewer values)."""
+    notes = []
+    for name in layers:
+        weight = getattr(session.float_model.get_submodule(name), "weight", None) if name else None
+        if weight is None or weight.ndim != 2 or weight.shape[1] % block_size == 0:
+            continue
+        inputs = int(weight.shape[1])
+        notes.append(f"{name}: {inputs} inputs in blocks of {block_size}: {inputs // block_size} full blocks and a "
+                     f"last one of {inputs % block_size}")
+    return notes
 
 
 def _data_options(command: argparse.ArgumentParser, default_batches: int, *, required: bool) -> None:

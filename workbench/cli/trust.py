@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from workbench.cli.common import EXIT_OK, Command, emit
+from workbench.cli.common import EXIT_OK, Command, emit, shown_name
 
 __all__ = ["COMMANDS", "untrusted_summary"]
 
@@ -30,7 +30,7 @@ def untrusted_summary(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             "code": [reference.to_dict() for reference in references]}
     why = ("its code changed since it was trusted" if status == "changed"
            else "it runs code that is not trusted on this machine yet")
-    lines = [f"{project.name} ({data['path']})", f"  model: {project.model.label} (not loaded: {why})",
+    lines = [f"{shown_name(project.name)} ({data['path']})", f"  model: {project.model.label} (not loaded: {why})",
              "  data: " + ", ".join(f"{k} {v}" for k, v in data["data"].items()),
              f"  layers: {len(project.layers)}, calibration runs: {len(project.calibrations)}",
              "  code it would run (each needs your trust):"]

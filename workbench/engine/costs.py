@@ -140,6 +140,7 @@ def _float_readers(graph: EngineGraph, index: int) -> list[str]:
 def boundary_costs(graph: EngineGraph, total_ms: float | None) -> list[EngineCost]:
     """The conversion layers of the engine grouped by kind and cause, most expensive first."""
     groups: dict[tuple[str, str], EngineCost] = {}
+    listed: dict[tuple[str, str], set[str]] = {}  # each group's modules as a set: a list test is quadratic
     for index, mapped in enumerate(graph.layers):
         layer = mapped.layer
         if mapped.quantizes:
@@ -155,7 +156,11 @@ def boundary_costs(graph: EngineGraph, total_ms: float | None) -> list[EngineCos
         share, time = _share(mapped, total_ms), layer.time_ms
         cost = groups.setdefault((kind, cause), EngineCost(kind, cause, None, None, [], [], fix))
         cost.layers.append(layer.name)
-        cost.modules.extend(m for m in modules if m and m not in cost.modules)
+        seen = listed.setdefault((kind, cause), set())
+        for module in modules:
+            if module and module not in seen:
+                seen.add(module)
+                cost.modules.append(module)
         if share is not None:
             cost.share = (cost.share or 0.0) + share
         if time is not None:

@@ -17,6 +17,7 @@ number of timed runs) and the rest ``{"name", "timeMs", "averageMs", "medianMs",
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench import bounded_json
 from workbench.export.naming import split_engine_layer_name
 
 __all__ = ["PRECISIONS", "EngineReportError", "TensorInfo", "EngineLayer", "ProfileEntry", "precision_of_format",
@@ -54,6 +56,7 @@ class EngineReportError(ValueError):
     """A file that is not the trtexec report it was given as; the message names the file and what was expected."""
 
 
+@functools.lru_cache(maxsize=1024)  # an engine has a handful of formats, read again for every tensor of every layer
 def precision_of_format(text: str | None) -> str | None:
     """``"Thirty-two wide channel vectorized row major Int8 format."`` -> ``"INT8"``; ``"Half"`` -> ``"FP16"``."""
     if not text:
@@ -158,11 +161,11 @@ def _load_json(path: Path, what: str, hint: str) -> Any:
     if not path.is_file():
         raise EngineReportError(f"{path}: no such file (expected {hint}).")
     try:
-        text = path.read_text(encoding="utf-8")
+        return bounded_json.read_json_file(path)
+    except bounded_json.JSONTooLargeError as error:
+        raise EngineReportError(f"{error}; nothing was read.") from error
     except (OSError, UnicodeDecodeError) as error:
         raise EngineReportError(f"{path} cannot be read as text ({error}); expected {hint}.") from error
-    try:
-        return json.loads(text)
     except json.JSONDecodeError as error:
         raise EngineReportError(f"{path} is not JSON (line {error.lineno}: {error.msg}); expected the {what}: "
                                 f"{hint}.") from error

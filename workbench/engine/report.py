@@ -302,7 +302,7 @@ def analyse_engine(layers: list[EngineLayer], detailed: bool, project_layers: Ma
     # Myelin region (whose inside is inferred)
     compute: dict[str, tuple[tuple[int, bool], MappedLayer]] = {}
     qdq_only: dict[str, MappedLayer] = {}    # module -> an engine layer holding only its Q/DQ
-    order: list[str] = []
+    order: dict[str, None] = {}  # modules in the order met (a dict: membership in O(1), thousands of layers)
     unmapped: list[str] = []
     why: dict[str, str] = {}
     ways: dict[str, int] = {how: 0 for how in MAPPED_BY}
@@ -313,9 +313,7 @@ def analyse_engine(layers: list[EngineLayer], detailed: bool, project_layers: Ma
             why[layer.name] = resolver.why_not(layer.onnx_nodes)
             continue
         ways[mapped.how or "engine graph"] += 1
-        for module in mapped.modules:
-            if module not in order:
-                order.append(module)
+        order.update(dict.fromkeys(mapped.modules))
         # a Reformat is named after the layer it feeds and computes nothing of it; a layer found through the
         # graph (a standalone Quantize) holds only the Q/DQ of the module it feeds
         for entry in mapped.parts:
@@ -351,7 +349,7 @@ def analyse_engine(layers: list[EngineLayer], detailed: bool, project_layers: Ma
         layer.time_ms is not None for layer in layers) else None
     costs = boundary_costs(graph, total) if detailed else []
     hazards.extend(cost_hazards(costs))
-    expected = [m for m, q in project_layers.items() if q] or list(project_layers)
+    expected = {m for m, q in project_layers.items() if q} or set(project_layers)
     found = sum(1 for o in outcomes if o.module in expected and o.in_engine)
     return EngineReport(source, profile, detailed, len(layers), total, outcomes, hazards, unmapped, why,
                         {how: n for how, n in ways.items() if n}, costs, found, len(expected),

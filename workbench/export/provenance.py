@@ -9,12 +9,11 @@ header line. An export replaces an existing file only when the history records i
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workbench import __version__
+from workbench import __version__, bounded_json
 
 __all__ = ["WRITER_KEY", "WRITER", "mark_onnx", "onnx_written_here", "amax_json_written_here",
            "calibration_cache_written_here", "written_here"]
@@ -50,7 +49,7 @@ def onnx_written_here(path: Path) -> bool:
 def amax_json_written_here(path: Path) -> bool:
     """True when ``path`` is an amax table as :func:`~workbench.export.export_qdq_onnx` writes it."""
     try:
-        table = json.loads(path.read_text(encoding="utf-8"))
+        table = bounded_json.read_json_file(path)
     except (OSError, ValueError):
         return False
     return isinstance(table, dict) and str(table.get("writer", "")).startswith(WRITER) and "quantizers" in table

@@ -95,6 +95,9 @@ class CalibrationRecord:
     # workbench.session.state.state_digest of the project right after the run: output_sqnr_db describes that
     # state only (a later edit, amax method or fallback makes it stale); None for runs saved before format 4
     state_digest: str | None = None
+    # workbench.session.weights.weights_digest of the float model this run calibrated: a factory with random
+    # initialisation builds other weights at every command, which the stored amax do not describe; None: unknown
+    weights_digest: str | None = None
 
     @classmethod
     def from_result(cls, result: CalibrationResult, *, id: int, created: str, quantizers: dict[str, QuantizerRecord],

@@ -23,6 +23,7 @@ from workbench import __version__
 from workbench.project.errors import ProjectChangedError, ProjectError
 from workbench.project.merge import digests, merge
 from workbench.project.model import Project, ProjectOrigin, now_iso
+from workbench.project.schema_guard import check_schema_objects
 from workbench.project.tables import (  # noqa: F401 - encode_array/decode_array: part of the store's API
     SCHEMA_VERSION,
     TABLES,
@@ -91,8 +92,10 @@ def save_project(project: Project, path: str | os.PathLike, *, who: str = "this 
         raise ProjectError(f"{path}: cannot be opened for writing ({error}).") from error
     try:
         db.execute("BEGIN IMMEDIATE")  # the write lock before reading the revision: two savers take turns
-        db.execute(f"PRAGMA application_id = {APPLICATION_ID}")  # inside: a refused save changes no byte
         try:
+            # before any row is deleted or inserted: a trigger the file carries must never run
+            check_schema_objects(db, path)
+            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")  # inside: a refused save changes no byte
             with db.atomic():
                 _upgrade_existing(db)  # saving over an older file: its tables get the new columns first
                 create_schema(db)
@@ -200,6 +203,7 @@ def load_project(path: str | os.PathLike) -> Project:
         finally:
             source.close()
         db = sqlite_utils.Database(memory)
+        check_schema_objects(db, path)
         check = db.execute("PRAGMA quick_check").fetchone()
         if check is None or check[0] != "ok":
             raise ProjectError(f"{path}: the file is damaged ({check[0] if check else 'no check result'}).")

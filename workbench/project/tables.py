@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
+from workbench import bounded_json
 from workbench.project.errors import ProjectError
 from workbench.project.model import (
     CalibrationRecord,
@@ -60,7 +61,7 @@ def decode_array(data: bytes, dtype: str, shape_json: str, what: str) -> np.ndar
     """The array back, after checking that dtype, shape and byte count agree."""
     if dtype not in ARRAY_DTYPES:
         raise ProjectError(f"{what}: unknown array type {dtype!r}.")
-    shape = json.loads(shape_json)
+    shape = bounded_json.loads(shape_json)
     if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
         raise ProjectError(f"{what}: invalid array shape {shape_json!r}.")
     expected = math.prod(shape) * np.dtype(dtype).itemsize
@@ -112,7 +113,7 @@ def create_schema(db: sqlite_utils.Database) -> None:
     db["calibration_runs"].create({"id": int, "created": str, "method": str, "percentile": float,
                                    "num_batches": int, "wall_time_s": float, "device": str,
                                    "output_sqnr_db": float, "warnings": str, "unused": str, "folded": str,
-                                   "sqnr_batches": int, "state_digest": str},
+                                   "sqnr_batches": int, "state_digest": str, "weights_digest": str},
                                   pk="id", if_not_exists=True)
     db["quantizer_stats"].create({"run_id": int, "name": str, "amax": bytes, "amax_dtype": str, "amax_shape": str,
                                   "method": str, "calibrator": str, "num_samples": int, "nonfinite_count": int,
@@ -166,7 +167,7 @@ def _findings(text: Any) -> dict[str, Any]:
     """A quantizer's stored auto choice and warnings (the ``findings`` column; absent in older files)."""
     if text is None:
         return {}
-    value = json.loads(text)
+    value = bounded_json.loads(text)
     if not isinstance(value, dict):
         raise ValueError(f"findings is not a mapping: {text!r}")
     choice, warnings = value.get("choice"), value.get("warnings") or []
@@ -208,11 +209,14 @@ def write_project(db: sqlite_utils.Database, project: Project, revision: int) ->
     for run in project.calibrations:
         if "sqnr_batches" not in db["calibration_runs"].columns_dict:  # a file from before it was counted
             db["calibration_runs"].add_column("sqnr_batches", int)
+        if "weights_digest" not in db["calibration_runs"].columns_dict:  # a file from before it was kept
+            db["calibration_runs"].add_column("weights_digest", str)
         db["calibration_runs"].insert({
             "id": run.id, "created": run.created, "method": run.method, "percentile": run.percentile,
             "num_batches": run.num_batches, "wall_time_s": run.wall_time_s, "device": run.device,
             "output_sqnr_db": run.output_sqnr_db, "warnings": _dumps(run.warnings), "unused": _dumps(run.unused),
-            "folded": _dumps(run.folded), "sqnr_batches": run.sqnr_batches, "state_digest": run.state_digest})
+            "folded": _dumps(run.folded), "sqnr_batches": run.sqnr_batches, "state_digest": run.state_digest,
+            "weights_digest": run.weights_digest})
         rows = []
         for record in run.quantizers.values():
             owner = f"calibration:{run.id}:{record.name}"
@@ -289,7 +293,7 @@ def _json(row: dict[str, Any], column: str) -> Any:
     if not isinstance(text, str):
         raise _Damaged(f"column {column} holds {type(text).__name__}, not JSON text.")
     try:
-        return json.loads(text)
+        return bounded_json.loads(text)
     except json.JSONDecodeError as error:
         raise _Damaged(f"column {column} is not valid JSON ({error.msg} at character {error.pos}).") from error
 
@@ -344,7 +348,11 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
     project = Project(name=str(meta.get("name", path.stem)), created=str(meta.get("created", "")),
                       modified=str(meta.get("modified", "")), app_version=str(meta.get("app_version", "")),
                       saved_in=str(meta.get("saved_in", "")))
-    for row in db["model_source"].rows:
+    model_rows = list(db["model_source"].rows)
+    if len(model_rows) > 1:  # the workbench writes one (or none, for a project not given its model yet)
+        raise ProjectError(f"{path}: table model_source holds {len(model_rows)} models, one expected: the file was "
+                           "changed outside Quant Workbench. It was not opened; use a backup or the last good copy.")
+    for row in model_rows:
         with _row(path, "model_source", "the model"):
             project.model = ModelSpec.from_dict(_json(row, "spec"))
             project.model_digests = [FileDigest(str(d["path"]), str(d["sha256"]), int(d["size"]))
@@ -380,7 +388,8 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
                 output_sqnr_db=None if row["output_sqnr_db"] is None else float(row["output_sqnr_db"]),
                 warnings=list(_json(row, "warnings") or []), unused=list(_json(row, "unused") or []),
                 folded=_names(_json(row, "folded"), "folded", True), sqnr_batches=int(row.get("sqnr_batches") or 0),
-                state_digest=None if row.get("state_digest") is None else str(row["state_digest"]))
+                state_digest=None if row.get("state_digest") is None else str(row["state_digest"]),
+                weights_digest=None if row.get("weights_digest") is None else str(row["weights_digest"]))
     for row in db["quantizer_stats"].rows_where(order_by="rowid"):
         with _row(path, "quantizer_stats", f"calibration run {row.get('run_id')}, quantizer {row.get('name')!r}"):
             run = runs.get(int(row["run_id"]))
@@ -503,7 +512,7 @@ def check_content(db: sqlite_utils.Database, path: Path) -> None:
     if row is None:
         return
     try:
-        saved = json.loads(row["value"])
+        saved = bounded_json.loads(row["value"])
         if not isinstance(saved, dict):
             raise ValueError("not a mapping")
     except (TypeError, ValueError) as error:

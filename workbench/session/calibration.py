@@ -45,14 +45,23 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
     """
     block_method = checked_block_method(block_method or options.block_method)
     method = method or options.method.value
+    # a count the user chose (here, or in the project's settings), not the default "up to 16"
+    asked = num_batches if num_batches is not None else (
+        options.num_batches if options.num_batches != type(options)().num_batches else None)
     num_batches = num_batches if num_batches is not None else options.num_batches
     percentile = percentile if percentile is not None else options.percentile
     available = data.num_batches
+    short = None
     if available is not None:  # progress totals count the batches that really run
+        if asked is not None and asked > available:  # asked for more than there is: say so
+            short = (f"{asked} calibration batches asked for, the data has {available}: calibrated on "
+                     f"{available}.")
         num_batches = available if num_batches is None else min(num_batches, available)
     result = run_calibration(model, data.batches(), num_batches=num_batches, method=method,
                              percentile=percentile, device=device, progress=progress, cancel=cancel,
                              context=context, block_method=block_method)
+    if short is not None:
+        result.warnings.insert(0, short)
     quantizers = quantizer_names(model)
     records: dict[str, QuantizerRecord] = {}
     for name, quantizer in quantizers.items():

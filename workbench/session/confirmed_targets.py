@@ -14,6 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from workbench import bounded_json
 from workbench.sources.trust import trust_store_path
 
 __all__ = ["targets_path", "confirmed", "remember"]
@@ -26,7 +27,7 @@ def targets_path() -> Path:
 
 def _read() -> dict[str, list[str]]:
     try:
-        data = json.loads(targets_path().read_text(encoding="utf-8"))
+        data = bounded_json.read_json_file(targets_path())
     except (OSError, ValueError):  # none yet, or damaged: nothing is confirmed
         return {}
     return {str(k): [str(p) for p in v] for k, v in data.items() if isinstance(v, list)} \

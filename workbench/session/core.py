@@ -45,6 +45,7 @@ from workbench.session import (
     paths,
     smoothing,
     tensorrt,
+    weights,
 )
 from workbench.session import ladder as ladder_job
 from workbench.session.build import BuildReport, build_quantized, quantizable
@@ -83,6 +84,7 @@ class Session(SessionReading):
         self.merged_on_save: list[str] = []  # what the last save kept of another process's changes
         self.file_changes: list[str] = []  # model/weights files that differ from when the project was made
         self.notes: list[str] = []  # what the last edit accepted but the user should know (4-bit: simulation only)
+        self.unsaved_export_files: list[Path] = []  # files the last export created, recorded by the next save
         for key, value in DEFAULT_SETTINGS.items():
             project.settings.setdefault(key, copy.deepcopy(value))
         self._settings: tuple[dict[str, Any], ProjectSettings] | None = None  # (stored, typed), see settings
@@ -98,6 +100,8 @@ class Session(SessionReading):
         self.build_report = BuildReport()
         self._layer_shapes: dict[str, dict[str, Any]] | None = None
         self.file_changes += paths.changed_files(project, self._loaded.digests)
+        self.weights_digest = weights.weights_digest(self.float_model)  # kept with each calibration run
+        self.file_changes += weights.other_weights_note(project, self.weights_digest)
         self.device = torch.device(self.settings.device)
         self.float_model.to(self.device)
 
@@ -137,6 +141,9 @@ class Session(SessionReading):
         """
         path = Path(path)
         project = load_project(path)
+        if project.model is None:  # a file whose model row was deleted: say so before anything reads it
+            raise SessionError(f"{path}: the project has no model (its table model_source is empty); it was not "
+                               "opened. Use a backup, or make a new project with `workbench new`.")
         references = paths.project_code(project, path.parent)
         status = trust_status(path, references) if references and remembered and not trust_code else UNKNOWN
         try:
@@ -405,6 +412,7 @@ class Session(SessionReading):
             context=context, block_method=block_method)
         self.project.calibrations.append(record)
         record.state_digest = state_digest(self.project)  # what the run's output SQNR was measured on
+        record.weights_digest = self.weights_digest
         # what was stale (calibrated with another descriptor) is calibrated with its own now
         self.build_report.stale = [name for name in self.build_report.stale if name not in record.quantizers]
         self._changed(SessionEvent.CALIBRATION)
@@ -584,13 +592,19 @@ class Session(SessionReading):
                                    remember=remember, force=force, opset=opset, dynamic_batch=dynamic_batch,
                                    amax_json=amax_json, calibration_cache=calibration_cache, fp8_ops=fp8_ops)
         model = self._require_calibrated()
-        report = exports.write_export(plan, model, self.sample_inputs(batch=1), output=self.settings.output)
-        if remember:
-            measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
-            record = exports.remember(plan, self.project, report, measure, project_path=self.path,
-                                      project_dir=self.project_dir)
-            self.project.exports.append(record)
-            self._changed(SessionEvent.EXPORT, path=str(target))
+        new = exports.planned_new_files(plan)
+        try:  # interrupted (its validation, its headline), an export leaves no file the project does not know
+            report = exports.write_export(plan, model, self.sample_inputs(batch=1), output=self.settings.output)
+            if remember:
+                measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
+                record = exports.remember(plan, self.project, report, measure, project_path=self.path,
+                                          project_dir=self.project_dir)
+                self.project.exports.append(record)
+                self._changed(SessionEvent.EXPORT, path=str(target))
+        except BaseException:
+            exports.discard(new)
+            raise
+        self.unsaved_export_files = new if remember else []  # the caller's save records them, or discards them
         return report
 
     # ----- TensorRT: lint before building, the engine's report after -------------------------

@@ -31,6 +31,7 @@ from workbench.session import confirmed_targets
 from workbench.session.errors import SessionError
 from workbench.session.paths import project_code
 from workbench.session.state import state_digest
+from workbench.sources.demo import DIGITS_DATA
 from workbench.sources.model_source import sha256_of
 from workbench.sources.paths import absolute_path, relative_path
 
@@ -134,8 +135,13 @@ def protected_files(project: Project, project_path: Path | None, base_dir: Path)
     for value, what in files:
         if value:
             protected[Path(absolute_path(value, base_dir) or value).resolve()] = what
+    for digest in project.model_digests:  # every file the model was read from (a demo's weights, a factory's)
+        protected.setdefault(Path(absolute_path(digest.path, base_dir) or digest.path).resolve(),
+                             "one of the model's files (the project keeps its digest)")
     for role, spec in project.data.items():
-        if spec.path and ":" not in spec.path:
+        if spec.kind == "demo":  # the built-in data lives beside the demo weights
+            protected[DIGITS_DATA.resolve()] = f"the {role} data (the built-in digits)"
+        elif spec.path and ":" not in spec.path:
             protected[Path(absolute_path(spec.path, base_dir) or spec.path).resolve()] = f"the {role} data"
     for reference in project_code(project, base_dir):
         for name in reference.files:
@@ -258,6 +264,19 @@ def plan_export(project: Project, settings: ExportSettings, target: Path, *, typ
         for file, kind in plan.files.items():
             check_overwrite(file, project.exports, project_dir, force, kind)
     return plan
+
+
+def planned_new_files(plan: ExportPlan) -> list[Path]:
+    """The files ``plan`` writes (ONNX external data included) that do not exist yet: those an export that does
+    not finish (Ctrl-C during its validation, a failed save) removes, so that they block no later export."""
+    candidates = [*plan.files, plan.target.with_name(plan.target.name + ".data")]
+    return [file for file in dict.fromkeys(candidates) if not file.exists()]
+
+
+def discard(files: list[Path]) -> None:
+    """Remove the new files of an export the project did not record (see :func:`planned_new_files`)."""
+    for file in files:
+        file.unlink(missing_ok=True)
 
 
 def write_export(plan: ExportPlan, model: nn.Module, sample: Any, output: Any = None):

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from workbench import bounded_json
 from workbench.project.settings import SettingsError, checked_setting
 from workbench.session.errors import SessionError
 from workbench.sources.data_source import ImageOptions
@@ -33,7 +34,7 @@ def parse_value(text: str) -> Any:
     if lowered in ("none", "null"):
         return None
     try:
-        return json.loads(text)
+        return bounded_json.loads(text)
     except json.JSONDecodeError:
         return text
 

@@ -240,9 +240,16 @@ def _stale_reasons(project: Project, model: nn.Module, report: BuildReport, run:
     new = sorted(name for name in active if name not in run.quantizers)
     if new:
         reasons.append(f"{len(new)} quantizer(s) are new since (not calibrated)")
-    if project.current_finetune is not None:
+    if project.current_finetune is not None and _finetune_changed(project.current_finetune):
         reasons.append("the weights were fine-tuned since")
     return reasons
+
+
+def _finetune_changed(record: Any) -> bool:
+    """Whether a stored fine-tune changed the model (one that "kept the starting model" did not)."""
+    from workbench.training import FinetuneResult
+
+    return FinetuneResult.from_dict(record.data).changed
 
 
 def _finetune_summary(project: Project, report: BuildReport) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from workbench import bounded_json
 from workbench.analysis import AnalysisCancelled
 from workbench.launcher import WorkerFailed, job_context, launch
 from workbench.quant.algorithms.calibrate import CalibrationCancelled, CancelToken, ProgressCallback
@@ -128,7 +129,7 @@ def _worker(kind: type[SavedSession], path: str, job: str, options: dict[str, An
 
 def _read_progress(folder: Path) -> tuple[int, int, str] | None:
     try:
-        data = json.loads((folder / PROGRESS_FILE).read_text())
+        data = bounded_json.read_json_file(folder / PROGRESS_FILE)
     except (OSError, ValueError):  # not written yet
         return None
     return int(data["done"]), int(data["total"]), str(data["message"])

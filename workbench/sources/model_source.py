@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench import bounded_json
 from workbench.sources import demo
 from workbench.sources.entrypoints import extra_import_path, is_file_target, load_entrypoint, split_entrypoint
 from workbench.sources.errors import TRUST_HINT, SourceError, TrustRequired, unreadable_reason
@@ -221,7 +221,7 @@ def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
         raise SourceError(f"{folder}: not a Hugging Face model folder (no config.json); save one with "
                           "model.save_pretrained(folder).")
     try:
-        config_data = json.loads(config_path.read_text())
+        config_data = bounded_json.read_json_file(config_path)
     except (OSError, ValueError) as error:
         raise SourceError(f"{config_path}: not a readable JSON config ({error}).") from error
     if not isinstance(config_data, dict):

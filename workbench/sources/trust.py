@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from workbench import bounded_json
 from workbench.sources.closure import module_closure
 from workbench.sources.data_source import DataSpec
 from workbench.sources.entrypoints import is_file_target, split_entrypoint
@@ -168,7 +169,7 @@ def _key(project_path: str | os.PathLike) -> str:
 def _read_store() -> dict[str, Any]:
     path = trust_store_path()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_json.read_json_file(path)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError):  # unreadable or damaged: trust nothing, ask again

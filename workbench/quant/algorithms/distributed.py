@@ -379,16 +379,59 @@ def init_from_env(device: str | None = None, timeout_s: float | None = None) -> 
     try:
         # our own rendezvous, so that the store it returns can also carry the progress counters
         store, rank, world_size = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+        jobs_store = dist.PrefixStore("workbench/jobs", store)
+        # so that a rank that stops answering can be named with its machine (multi-node jobs)
+        jobs_store.set(f"workbench/hosts/{rank}", socket.gethostname())
+        # every rank says it is here before the process group forms: one that hangs while starting is named,
+        # where the process group's own timeout only lists its internal store keys
+        _join_barrier(jobs_store, rank, world_size, timeout_s)
         dist.init_process_group(backend, store=dist.PrefixStore("workbench/pg", store), rank=rank,
                                 world_size=world_size, timeout=timeout)
+    except RankNotAnswering:
+        raise
     except Exception as error:
         raise DistributedError(f"rank {rank}: could not join the {world_size}-process job "
                                f"({type(error).__name__}: {error})") from error
     logger.info("rank %d of %d on %s (%s)", rank, world_size, run_device, backend)
-    jobs_store = dist.PrefixStore("workbench/jobs", store)
-    try:  # so that a rank that stops answering can be named with its machine (multi-node jobs)
-        jobs_store.set(f"workbench/hosts/{rank}", socket.gethostname())
-    except Exception:  # noqa: BLE001 - a name in a later message only
-        pass
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=run_device, backend=backend,
                        timeout_s=timeout_s, store=jobs_store)
+
+
+def _join_barrier(store: Any, rank: int, world_size: int, timeout_s: float) -> None:
+    """Mark this rank as joining and wait (``timeout_s`` at most) until every rank has.
+
+    Raises:
+        RankNotAnswering: the ranks that never joined, with their machine where it is known (a rank that
+            never reached the store has told nobody its host; its torchrun node index is given instead).
+    """
+    store.set(f"workbench/joining/{rank}", socket.gethostname())
+    keys = [f"workbench/joining/{r}" for r in range(world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+        return
+    except Exception as error:  # noqa: BLE001 - a timeout (DistStoreError), or the store's host went away
+        try:
+            absent = [r for r in range(world_size) if not store.check([keys[r]])]
+            hosts = {r: store.get(f"workbench/hosts/{r}").decode() for r in absent
+                     if store.check([f"workbench/hosts/{r}"])}
+        except Exception:  # noqa: BLE001 - the store is gone: the generic message says what is known
+            raise DistributedError(f"rank {rank}: could not join the {world_size}-process job (the rendezvous "
+                                   f"store stopped answering: {type(error).__name__}: {error})") from error
+        if not absent:
+            raise DistributedError(f"rank {rank}: could not join the {world_size}-process job "
+                                   f"({type(error).__name__}: {error})") from error
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    here = socket.gethostname()
+
+    def where(r: int) -> str:
+        if r in hosts:
+            return f" (on {hosts[r]})" if hosts[r] != here else ""
+        return f" (node {r // local} of {nodes})" if nodes > 1 and local > 0 else ""
+
+    named = ", ".join(f"{r}{where(r)}" for r in absent)
+    many = len(absent) > 1
+    raise RankNotAnswering(
+        f"rank{'s' if many else ''} {named} did not answer within {timeout_s:g} s: {'they' if many else 'it'} "
+        f"never joined the {world_size}-process job (hung or stopped while starting, or lost with "
+        f"{'their' if many else 'its'} node); rank {rank} stopped waiting", absent)
