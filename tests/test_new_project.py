@@ -54,7 +54,7 @@ def test_the_wizard_asks_for_what_the_cli_would_create(qtbot, tmp_path):
     wizard.model_page.kind.setCurrentIndex(wizard.model_page.kind.findData("entrypoint"))
     wizard.model_page.entrypoint.setText("net.py:make")
     wizard.model_page.kwargs.setText("width=8,bias=false")
-    wizard.finish_page.metric.setCurrentText("top1")
+    wizard.finish_page.metric_box.setCurrentText("top1")
     request = wizard.request()
     assert request["model"].kwargs == {"width": 8, "bias": False}
     assert request["settings"] == new_project_settings(metric="top1")
