@@ -495,6 +495,10 @@ class NewProjectWizard(QWizard):
         """``controller.new_project`` keyword arguments (plus ``save_to``, a path or None)."""
         finish = self.finish_page
         save_to = finish.file.text().strip() or None
+        settings = finish.settings()
+        # the batches chosen here are the project's calibration setting, as `workbench new --num-batches` makes
+        # them: calibration (and the Calibrate and Settings dialogs) read that setting, not the data source's cap
+        settings["calibration"] = {"num_batches": self.calibration_page.form.num_batches.value() or None}
         return {
             "model": self.model_page.spec(),
             "calibration": self.calibration_page.form.spec(),
@@ -502,6 +506,6 @@ class NewProjectWizard(QWizard):
             "trust_code": finish.trust.isChecked() and self.needs_trust(),
             "input_shape": InputSpec.parse_shape(finish.input_shape.text()),
             "name": finish.name.text().strip() or None,
-            "settings": finish.settings(),
+            "settings": settings,
             "save_to": save_to,
         }
