@@ -86,3 +86,29 @@ def test_an_int4_weight_only_layer_shows_its_input_off_and_its_weight_in_blocks(
     assert editor.num_bits.value() == 4 and "blocks of 128" in editor.axis.currentText()
     assert "128" in window.tree.model.text(INTERMEDIATE, WEIGHT)  # the tree and the editor agree
     assert not editor.export_note.isVisibleTo(editor)  # INT4 in blocks: export writes it
+
+
+def test_a_full_calibration_with_an_int4_layer_leaves_nothing_to_recalibrate(window, qtbot, tmp_path):
+    pytest.importorskip("transformers")
+    from bert_project import bert_specs
+
+    model, data = bert_specs(tmp_path)
+    with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
+        assert window.controller.new_project(model, data, base_dir=tmp_path)
+    settle(window, qtbot)
+    with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
+        window.controller.calibrate(method="max")
+    settle(window, qtbot)
+    assert window.controller.set_precision([INTERMEDIATE], "int4w")
+    settle(window, qtbot)
+    with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
+        window.calibrate_action.trigger()
+    settle(window, qtbot)
+    assert "recalibrating" not in window.summary_label.text()  # its input is off: it needs no amax
+    assert window.controller.session.build_report.stale == []
+    path = tmp_path / "int4.qwb"
+    assert window.controller.save(str(path)) is not None
+    with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
+        assert window.open_project(path, confirmed=True)
+    settle(window, qtbot)
+    assert "recalibrating" not in window.summary_label.text()  # nor after reopening

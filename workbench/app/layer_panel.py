@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSplitter,
     QStackedWidget,
     QTabBar,
@@ -92,6 +93,7 @@ class LayerPanel(QWidget):
         content = QWidget()
         self.title = QLabel()
         self.title.setObjectName("layerTitle")
+        self.title.setWordWrap(True)
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details = QLabel()
         self.details.setObjectName("layerDetails")
@@ -133,7 +135,10 @@ class LayerPanel(QWidget):
         # right: the plots
         self.quantizer_combo = QComboBox()
         self.quantizer_combo.setToolTip("Which quantizer of the layer to plot")
-        self.quantizer_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        # a long quantizer name or title must not widen the panel: the window would take that width from the
+        # model tree's dock after every job that changes them (the tree narrowed, its columns cut)
+        self.quantizer_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.quantizer_combo.setMinimumContentsLength(18)
         self.log_box = QCheckBox("Log scale")
         self.log_box.setChecked(True)
         self.log_box.setToolTip("Logarithmic counts: the tail, where amax is chosen, is visible")
@@ -150,6 +155,7 @@ class LayerPanel(QWidget):
         plot_bar = QHBoxLayout()
         self.histogram_title = QLabel("Calibration histogram")
         self.histogram_title.setObjectName("plotTitle")
+        self.histogram_title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         plot_bar.addWidget(self.histogram_title)
         plot_bar.addStretch(1)
         plot_bar.addWidget(QLabel("Quantizer:"))
