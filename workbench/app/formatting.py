@@ -8,8 +8,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["format_number", "format_delta", "format_size", "format_seconds", "job_count_text", "job_times_text", "WIDEST_JOB_TIMES",
-           "format_shape", "elide_name"]
+__all__ = ["format_number", "format_delta", "format_size", "format_seconds", "job_count_text", "job_times_text",
+           "WIDEST_JOB_TIMES", "format_shape", "elide_name"]
 
 
 def format_number(value: Any, digits: int = 4, *, spec: str | None = None, missing: str = "n/a") -> str:
