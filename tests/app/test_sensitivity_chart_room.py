@@ -35,3 +35,17 @@ def test_a_fallback_result_leaves_the_bar_chart_its_room(controller, qtbot):
     # the ladder chart says what its points are
     names = [label.text for _item, label in panel.ladder_legend.items]
     assert names == ["mixes kept", "steps undone (worse)", "mix chosen"]
+
+
+def test_a_running_job_does_not_widen_the_tab(controller, qtbot):
+    """The progress shown while a sensitivity job runs must not widen the tab: the main window would take that
+    width from the model tree's dock (the tree narrowed after every run)."""
+    open_demo(controller, qtbot, method="max")
+    tab = shown(SensitivityTab(controller), qtbot, 700, 480)
+    idle = tab.minimumSizeHint().width()
+    tab.batches_spin.setValue(1)
+    widths = []
+    controller.jobs.progress.connect(lambda _p: widths.append(tab.minimumSizeHint().width()))
+    with qtbot.waitSignal(controller.sensitivity_changed, timeout=60000):
+        qtbot.mouseClick(tab.run_button, Qt.MouseButton.LeftButton)
+    assert widths and max(widths) <= idle

@@ -118,7 +118,7 @@ class DescriptorEditor(QWidget):
             self._labels[key] = label
             form.addRow(label, widget)
         self._labels["narrow_range"] = self._labels["unsigned"]
-        form.insertRow(1, self.export_note)  # right under Bits
+        form.insertRow(2, self.export_note)  # right under Bits (row 0: the state note, row 1: Bits)
 
         self._touched: set[str] = set()
         self._loading = False

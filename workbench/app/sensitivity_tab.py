@@ -143,9 +143,11 @@ class SensitivityTab(QWidget):
             controls.addWidget(widget)
         controls.addWidget(self.run_button)
         controls.addWidget(self.cancel_button)
-        controls.addWidget(self.progress)
         controls.addStretch(1)
         layout.addLayout(controls)
+        # the job's progress on a row of its own: in the controls' row its width (shown only while a job runs)
+        # widened the whole tab, and the window took that width from the model tree's dock after every run
+        layout.addWidget(self.progress)
         self.summary_label = QLabel()
         self.summary_label.setWordWrap(True)
         self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
