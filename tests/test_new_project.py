@@ -1,6 +1,7 @@
 """The CLI's 'new' and the GUI's wizard read a new project's choices the same way."""
 import pytest
 
+from workbench.project.settings import DEFAULTS
 from workbench.session import SessionError
 from workbench.session.new_project import DEFAULT_IMAGE_OPTIONS, factory_arguments, image_options, new_project_settings
 from workbench.sources.data_source import ImageOptions
@@ -54,7 +55,8 @@ def test_the_wizard_asks_for_what_the_cli_would_create(qtbot, tmp_path):
     wizard.model_page.kind.setCurrentIndex(wizard.model_page.kind.findData("entrypoint"))
     wizard.model_page.entrypoint.setText("net.py:make")
     wizard.model_page.kwargs.setText("width=8,bias=false")
-    wizard.finish_page.metric.setCurrentText("top1")
+    wizard.finish_page.metric_box.setCurrentText("top1")
     request = wizard.request()
     assert request["model"].kwargs == {"width": 8, "bias": False}
-    assert request["settings"] == new_project_settings(metric="top1")
+    assert request["settings"] == {**new_project_settings(metric="top1"),
+                                   "calibration": {"num_batches": DEFAULTS.calibration.num_batches}}

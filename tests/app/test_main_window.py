@@ -524,7 +524,7 @@ def test_settings_dialog_and_calibrate_dialog(window, qtbot):
     # a direction only for a user function, and none guessed for it
     dialog = window.settings_dialog()
     assert not dialog.direction.isEnabled() and dialog.direction.currentData() is None
-    dialog.metric.setCurrentText("metrics.py:score")
+    dialog.metric_box.setCurrentText("metrics.py:score")
     assert dialog.direction.isEnabled() and dialog.direction.currentData() is None
     assert dialog.direction.currentText() == "choose which way is better"
     dialog.rule_concat.setChecked(False)
@@ -533,7 +533,7 @@ def test_settings_dialog_and_calibrate_dialog(window, qtbot):
     assert session.project.settings["rules"]["concat"] is True
     dialog.direction.setCurrentIndex(dialog.direction.findData("lower"))
     assert dialog.changes()["metric"] == {"name": "metrics.py:score", "direction": "lower"}
-    dialog.metric.setCurrentText("top1")  # back to a built-in: its own direction
+    dialog.metric_box.setCurrentText("top1")  # back to a built-in: its own direction
     assert dialog.changes()["metric"] == {"name": "top1", "direction": None}
     dialog.reject()
     calibrate_dialog.method.setCurrentText("mse")

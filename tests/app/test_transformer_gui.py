@@ -225,7 +225,7 @@ def test_wizard_defaults_follow_the_model_source(window, qtbot, tmp_path):
     calibration.num_batches.setValue(2)
     wizard.next()
     evaluation = wizard.evaluation_page
-    assert not evaluation.enabled.isChecked() and not evaluation.form.isEnabled()
+    assert not evaluation.use_separate.isChecked() and not evaluation.form.isEnabled()
     assert evaluation.form.kind.currentData() == "tensors"
     wizard.next()
     request = wizard.request()
@@ -241,7 +241,7 @@ def test_wizard_defaults_follow_the_model_source(window, qtbot, tmp_path):
     wizard.next()
     assert wizard.calibration_page.form.kind.currentData() == "demo"
     wizard.next()
-    assert wizard.evaluation_page.enabled.isChecked() and wizard.evaluation_page.spec().split == "test"
+    assert wizard.evaluation_page.use_separate.isChecked() and wizard.evaluation_page.spec().split == "test"
     wizard.reject()
 
 

@@ -29,9 +29,9 @@ from PySide6.QtWidgets import (
 from workbench.app.controller import Controller
 from workbench.app.dialogs import percentile_spin_box
 from workbench.graph import ModelTree, QuantizerInfo
+from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
 from workbench.quant.tensor_quant import CALIB_METHODS
-from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
 
 __all__ = ["DescriptorEditor", "DescriptorDialog", "apply_editor", "role_of", "layer_quantizers", "METHODS",
            "DESCRIPTOR_FIELDS"]
@@ -118,7 +118,7 @@ class DescriptorEditor(QWidget):
             self._labels[key] = label
             form.addRow(label, widget)
         self._labels["narrow_range"] = self._labels["unsigned"]
-        form.insertRow(1, self.export_note)  # right under Bits
+        form.insertRow(2, self.export_note)  # right under Bits (row 0: the state note, row 1: Bits)
 
         self._touched: set[str] = set()
         self._loading = False
@@ -238,7 +238,8 @@ class DescriptorEditor(QWidget):
             widget.setEnabled(not off)
         histogram = self.calib_method.currentText() == "histogram"
         self.method.setEnabled(histogram and self._method_available and not off)
-        self.percentile.setEnabled(histogram and self._method_available and not off and PERCENTILE in AmaxMethod(self.method.currentText()).parameters)
+        takes_percentile = PERCENTILE in AmaxMethod(self.method.currentText()).parameters
+        self.percentile.setEnabled(histogram and self._method_available and not off and takes_percentile)
         if not self._method_available:
             self.method.setToolTip("Calibrate with a histogram calibrator first: the method picks amax from it")
 

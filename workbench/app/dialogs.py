@@ -209,10 +209,10 @@ class ProjectSettingsDialog(QDialog):
         calibration_box = QGroupBox("Calibration")
         QVBoxLayout(calibration_box).addWidget(self.calibration)
 
-        self.metric = QComboBox()
-        self.metric.setEditable(True)
-        self.metric.addItems(list(BUILTIN_METRICS))
-        self.metric.setCurrentText(settings.metric.name)
+        self.metric_box = QComboBox()
+        self.metric_box.setEditable(True)
+        self.metric_box.addItems(list(BUILTIN_METRICS))
+        self.metric_box.setCurrentText(settings.metric.name)
         self.direction = QComboBox()
         for text, value in (("set by the metric", None), ("higher is better", "higher"),
                             ("lower is better", "lower")):
@@ -220,14 +220,14 @@ class ProjectSettingsDialog(QDialog):
         direction = settings.metric.direction
         self.direction.setCurrentIndex(max(0, self.direction.findData(None if direction is None else direction.value)))
         self.direction.setToolTip("Only for a user metric (module:function): which way is better")
-        self.metric.currentTextChanged.connect(self._metric_changed)
-        self._metric_changed(self.metric.currentText())
+        self.metric_box.currentTextChanged.connect(self._metric_changed)
+        self._metric_changed(self.metric_box.currentText())
         self.export_path = QLineEdit(settings.export.path or "")
         self.export_path.setPlaceholderText("next to the project")
         self.opset = opset_spin_box(settings.export.opset)
         other_box = QGroupBox("Metric and export")
         other_form = QFormLayout(other_box)
-        other_form.addRow("Metric", self.metric)
+        other_form.addRow("Metric", self.metric_box)
         other_form.addRow("Direction", self.direction)
         other_form.addRow("Export path", self.export_path)
         other_form.addRow("Opset", self.opset)
@@ -261,7 +261,7 @@ class ProjectSettingsDialog(QDialog):
     def accept(self) -> None:
         """Close only with settings the session will take, so that no other change in the form is lost."""
         if self.direction.isEnabled() and self.direction.currentData() is None:
-            self.problem.setText(f"Say whether a higher or a lower value of {self.metric.currentText()} is better.")
+            self.problem.setText(f"Say whether a higher or a lower value of {self.metric_box.currentText()} is better.")
             self.problem.show()
             self.direction.setFocus()
             return
@@ -286,7 +286,7 @@ class ProjectSettingsDialog(QDialog):
         new["rules"] = {"concat": self.rule_concat.isChecked(), "maxpool": self.rule_maxpool.isChecked(),
                         "residual": self.rule_residual.isChecked()}
         new["calibration"] = self.calibration.options()
-        new["metric"] = {"name": self.metric.currentText().strip() or DEFAULT_METRIC,
+        new["metric"] = {"name": self.metric_box.currentText().strip() or DEFAULT_METRIC,
                          "direction": self.direction.currentData()}
         export = dict(original.get("export") or {})
         export["path"] = self.export_path.text().strip() or None

@@ -143,7 +143,8 @@ class FallbackPanel(QGroupBox):
         self.ladder_undone = pg.ScatterPlotItem(size=8, symbol="x", pen=pg.mkPen(QColor(150, 150, 150)),
                                                 brush=pg.mkBrush(150, 150, 150))
         self.ladder_target = pg.InfiniteLine(angle=0, pen=pg.mkPen(QColor(40, 140, 70), width=1.5,
-                                                                   style=Qt.PenStyle.DotLine))
+                                                                   style=Qt.PenStyle.DotLine),
+                                             label="target", labelOpts={"position": 0.05, "color": (40, 140, 70)})
         self.ladder_budget = pg.InfiniteLine(angle=90, pen=pg.mkPen(QColor(200, 120, 30), width=1.5,
                                                                     style=Qt.PenStyle.DotLine),
                                              label="budget", labelOpts={"position": 0.9})
@@ -151,6 +152,12 @@ class FallbackPanel(QGroupBox):
         for item in (self.ladder_curve, self.ladder_undone, self.ladder_target, self.ladder_budget,
                      self.ladder_marker):
             self.ladder_plot.addItem(item)
+        # what each kind of point is: a legend, not a guess (pyqtgraph lists the items given a name)
+        self.ladder_legend = self.ladder_plot.addLegend(offset=(-8, 8), labelTextSize="8pt")
+        # (the target and budget lines carry their own labels: a legend sample of an InfiniteLine crashes)
+        for item, name in ((self.ladder_curve, "mixes kept"), (self.ladder_undone, "steps undone (worse)"),
+                           (self.ladder_marker, "mix chosen")):
+            self.ladder_legend.addItem(item, name)
         group_layout.addWidget(self.ladder_plot, 1)
         self.ladder_plot.hide()
         self._clear_fallback_plot()

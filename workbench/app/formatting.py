@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["format_number", "format_delta", "format_size", "format_seconds", "job_count_text", "job_times_text",
-           "format_shape", "elide_name"]
+           "WIDEST_JOB_TIMES", "format_shape", "elide_name"]
 
 
 def format_number(value: Any, digits: int = 4, *, spec: str | None = None, missing: str = "n/a") -> str:
@@ -77,8 +77,15 @@ def job_times_text(elapsed_s: float, eta_at_report_s: float | None, since_report
     """
     text = f"{format_seconds(elapsed_s)} elapsed"
     if eta_at_report_s is not None:
-        text += f" · ETA {format_seconds(max(0.0, eta_at_report_s - since_report_s))}"
+        left = eta_at_report_s - since_report_s
+        # counted down and still running (a last step the count does not cover, such as measuring the amax
+        # methods after the last batch): say so, not a frozen "ETA 0.0 s"
+        text += f" · ETA {format_seconds(left)}" if left >= 0.5 else " · finishing"
     return text
+
+
+# the widest clock a job shows: progress displays size their label to it, so that no part is cut off
+WIDEST_JOB_TIMES = "88 h 88 min elapsed · ETA 88 h 88 min"
 
 
 def format_shape(shape: Sequence[int] | None) -> str:

@@ -18,13 +18,11 @@ QtWebEngine is imported lazily, so the app starts (and this tab works in browser
 The netron server (:mod:`workbench.app.netron_server`) is stopped when another file is shown and when
 the tab goes away; the local-only browser pieces are :mod:`workbench.app.webengine`.
 
-Selection is linked both ways (:mod:`workbench.app.graph_selection`): the controller's selection (the tree's)
-selects and reveals the layers' nodes in netron, and a click on a node emits ``node_clicked`` with the names
-netron selected (the main window selects their module in the tree).
+Selection is linked both ways (:mod:`workbench.app.graph_selection`): the tree's selection selects and reveals the
+layers' nodes in netron; a click on a node emits ``node_clicked`` with the names netron selected.
 
-A file given while the tab is hidden is loaded at once in a view parked as a 1x1 child of the window: Chromium
-draws the graph in the background, and the window takes the GPU surface QtWebEngine needs then, rather than
-blacking out for a second on the first switch to the tab. The view moves into the tab when it is shown.
+A file given while the tab is hidden loads at once in a view parked as a 1x1 child of the window (Chromium draws
+in the background; no blackout on the first switch); it moves into the tab, revealing the selection, when shown.
 """
 from __future__ import annotations
 
@@ -82,6 +80,7 @@ LOAD_TIMEOUT_S = 30.0
 # Off (False) nothing starts Chromium before the tab is opened; the GUI tests turn it off but in the test of it.
 PRELOAD = True
 PRELOAD_DELAY_MS = 1000
+REVEAL_DELAY_MS = 50  # ms after the tab shows, when the view has its size
 POLL_INTERVAL_MS = 300
 
 # What netron's page shows, read from its DOM: the body's class says which screen is up
@@ -343,6 +342,12 @@ class GraphTab(QWidget):
             QTimer.singleShot(0, self._load)
         elif self.view is not None and self.stack.indexOf(self.view) < 0 and self.page_state != "empty":
             self._place_view()  # a graph loaded in the background: shown now, already drawn
+        if self.view is not None and self.page_state == "graph":  # netron scrolled at the size it had (a parked
+            QTimer.singleShot(REVEAL_DELAY_MS, self._reveal_selection)  # 1x1 view, a hidden tab): again at this one
+
+    def _reveal_selection(self) -> None:
+        if self.isVisible() and self.controller.selection:
+            self.select_layers(list(self.controller.selection))
 
     def warm_up(self) -> None:
         """Start a pending load while the tab is hidden, in a view parked in the window, so that the graph is

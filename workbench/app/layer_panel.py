@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSplitter,
     QStackedWidget,
     QTabBar,
@@ -92,6 +93,7 @@ class LayerPanel(QWidget):
         content = QWidget()
         self.title = QLabel()
         self.title.setObjectName("layerTitle")
+        self.title.setWordWrap(True)
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details = QLabel()
         self.details.setObjectName("layerDetails")
@@ -133,7 +135,10 @@ class LayerPanel(QWidget):
         # right: the plots
         self.quantizer_combo = QComboBox()
         self.quantizer_combo.setToolTip("Which quantizer of the layer to plot")
-        self.quantizer_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        # a long quantizer name or title must not widen the panel: the window would take that width from the
+        # model tree's dock after every job that changes them (the tree narrowed, its columns cut)
+        self.quantizer_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.quantizer_combo.setMinimumContentsLength(18)
         self.log_box = QCheckBox("Log scale")
         self.log_box.setChecked(True)
         self.log_box.setToolTip("Logarithmic counts: the tail, where amax is chosen, is visible")
@@ -143,6 +148,9 @@ class LayerPanel(QWidget):
         self.amax_legend.setObjectName("amaxLegend")
         self.amax_legend.setWordWrap(True)
         self.amax_legend.setTextFormat(Qt.TextFormat.RichText)
+        # each method in the legend is a link: a line hidden under another (the same amax) is still chosen here
+        self.amax_legend.setTextInteractionFlags(Qt.TextInteractionFlag.LinksAccessibleByMouse)
+        self.amax_legend.linkActivated.connect(lambda link: self.choose_method(link.removeprefix("method:")))
         self.weight_plot = _plot_widget(160, "output channel", "max |w|", vertical_grid=False)
         self.weight_title = QLabel()
         self.weight_title.setObjectName("plotTitle")
@@ -150,6 +158,7 @@ class LayerPanel(QWidget):
         plot_bar = QHBoxLayout()
         self.histogram_title = QLabel("Calibration histogram")
         self.histogram_title.setObjectName("plotTitle")
+        self.histogram_title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         plot_bar.addWidget(self.histogram_title)
         plot_bar.addStretch(1)
         plot_bar.addWidget(QLabel("Quantizer:"))
@@ -419,20 +428,26 @@ class LayerPanel(QWidget):
         amaxes = data.get("amax") or {}
         top = float(max([float(data["edges"][-1])] + [v for v in amaxes.values() if v is not None]))
         # labels are staggered vertically: the methods often agree to three digits and would overlap
+        drawn: list[float] = []
         for position, method in enumerate(SINGLE_METHODS):  # one line per method a histogram decides
             value = amaxes.get(method)
             if value is None:
                 continue
             current = method == in_use
+            # a line on (or a pixel from) one drawn already would hide it: dotted, over it, so both show
+            covers = any(abs(float(value) - v) <= 0.004 * top for v in drawn)
+            drawn.append(float(value))
             # a label left of its line when the line is near the right edge, so that it is not cut off
             side = (1, 0.5) if value > 0.6 * top else (0, 0.5)
             line = pg.InfiniteLine(pos=float(value), angle=90, movable=False,
                                    pen=pg.mkPen(METHOD_COLORS[method], width=3.5 if current else 1.5,
-                                                style=Qt.PenStyle.SolidLine if current else Qt.PenStyle.DashLine),
+                                                style=Qt.PenStyle.SolidLine if current else
+                                                Qt.PenStyle.DotLine if covers else Qt.PenStyle.DashLine),
                                    hoverPen=pg.mkPen(METHOD_COLORS[method], width=4),
                                    label=f"{method}{' ✔' if current else ''}",
                                    labelOpts={"position": 0.93 - 0.12 * position, "color": METHOD_COLORS[method],
                                               "fill": (255, 255, 255, 210), "anchors": [side, side]})
+            line.setZValue(20 if current else 10 + position)  # the one in use on top, then later over earlier
             line.method = method  # type: ignore[attr-defined]
             line.setToolTip(f"{method}: amax {format_number(value, 6)}"
                             + (" (in use)" if current else " — click to use it"))
@@ -446,7 +461,8 @@ class LayerPanel(QWidget):
         for method in SINGLE_METHODS:
             text = f"{method} {format_number(amaxes.get(method))}"
             style = f"color:{METHOD_COLORS[method]};" + ("font-weight:bold;" if method == in_use else "")
-            legend.append(f"<span style='{style}'>{'▶ ' if method == in_use else ''}{text}</span>")
+            legend.append(f"<a href='method:{method}' style='{style} text-decoration:none'>"
+                          f"{'▶ ' if method == in_use else ''}{text}</a>")
         current = data.get("current")
         picked = (f"<br><b>auto</b> picked {html.escape(str(data.get('reason')), quote=False)}" if data.get("auto")
                   and data.get("reason") else "")
@@ -454,7 +470,7 @@ class LayerPanel(QWidget):
                          for w in data.get("warnings") or [])
         self.amax_legend.setText("amax by method: " + " &nbsp; ".join(legend)
                                  + (f" &nbsp; · in use: <b>{format_number(current)}</b>" if current is not None else "")
-                                 + " &nbsp; <span style='color:#808080'>(click a line to use it)</span>"
+                                 + " &nbsp; <span style='color:#808080'>(click a line or a name to use it)</span>"
                                  + picked + warned)
         self.histogram_title.setText("Calibration histogram" + (f" · auto: {data.get('method')}" if data.get("auto")
                                                                else ""))
@@ -501,6 +517,7 @@ class LayerPanel(QWidget):
         plot.showGrid(x=True, y=True, alpha=0.15)
 
     def _message(self, text: str) -> None:
+        self.histogram_title.setText("Calibration histogram")  # no histogram: its title names no method
         # axes stay (ticks hidden): showing them again after calibrating would cost a first, slow paint
         self.histogram_plot.showGrid(x=False, y=False)
         for axis in ("left", "bottom"):

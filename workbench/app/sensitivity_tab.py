@@ -22,11 +22,13 @@ from PySide6.QtGui import QCursor, QFontMetrics, QPalette, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
+    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QTableView,
@@ -66,6 +68,7 @@ VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay
 LABEL_WIDTH_PX = 220       # unit names longer than this are elided at the front, keeping the block index
 UNIT_COLUMN_MAX_PX = 460   # the table's Unit column: sized to its names up to this, then elided at the front
 UNIT_COLUMN_MIN_PX = 120   # ... and never narrower than this in a narrow tab
+CHART_MIN_HEIGHT = 240   # px: the bar chart (and its worst-units row) keeps room for a readable few bars
 TABLE_SHARE_MAX = 0.6      # the table takes the room its columns need beside the chart, up to this share
 
 class SensitivityTab(QWidget):
@@ -140,9 +143,11 @@ class SensitivityTab(QWidget):
             controls.addWidget(widget)
         controls.addWidget(self.run_button)
         controls.addWidget(self.cancel_button)
-        controls.addWidget(self.progress)
         controls.addStretch(1)
         layout.addLayout(controls)
+        # the job's progress on a row of its own: in the controls' row its width (shown only while a job runs)
+        # widened the whole tab, and the window took that width from the model tree's dock after every run
+        layout.addWidget(self.progress)
         self.summary_label = QLabel()
         self.summary_label.setWordWrap(True)
         self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -218,8 +223,20 @@ class SensitivityTab(QWidget):
         splitter.addWidget(chart_panel)
 
         self.fallback_panel = FallbackPanel(self.controller, self.current_metric, lambda: self.result)
-        splitter.addWidget(self.fallback_panel)
+        # a fallback or ladder result (its text, its plot) must not squeeze the bar chart to a few pixels: the
+        # panel scrolls within what the splitter gives it, and the chart keeps room for its labels
+        fallback_area = QScrollArea()
+        fallback_area.setWidget(self.fallback_panel)
+        fallback_area.setWidgetResizable(True)
+        fallback_area.setFrameShape(QFrame.Shape.NoFrame)
+        fallback_area.setMinimumHeight(160)
+        chart_panel.setMinimumHeight(CHART_MIN_HEIGHT)
+        splitter.addWidget(fallback_area)
+        splitter.setChildrenCollapsible(False)
+        splitter.setStretchFactor(0, 1)
+        splitter.setStretchFactor(1, 0)
         splitter.setSizes([520, 300])
+        self.chart_splitter = splitter
 
     # ----- session and results ------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
-from workbench.app.formatting import job_count_text, job_times_text
+from workbench.app.formatting import WIDEST_JOB_TIMES, job_count_text, job_times_text
 from workbench.app.jobs import JobProgress
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,8 @@ class JobStatus(QWidget):
         self.bar.setFixedWidth(220)
         self.bar.setTextVisible(True)
         self.eta = QLabel()
-        self.eta.setMinimumWidth(150)
+        # wide enough for the longest clock ("1 min 05 s elapsed · ETA 8 min 20 s" was cut to "ETA 8 min 2…")
+        self.eta.setMinimumWidth(self.eta.fontMetrics().horizontalAdvance(WIDEST_JOB_TIMES) + 8)
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setToolTip("Stop the job at its next batch (Esc)")
         self.cancel_button.clicked.connect(self.cancel)

@@ -26,8 +26,11 @@ _PADDING = 18           # px: cell margins (and the sort/resize handle in the he
 _DECORATION = 22        # px: the lint icon next to a name
 
 
-def fit_columns(view: QTreeView, model: ModuleTreeModel) -> list[int]:
+def fit_columns(view: QTreeView, model: ModuleTreeModel, *, keep_wider: bool = False) -> list[int]:
     """Set every column's width to its widest text (header included), within limits; returns the widths.
+
+    ``keep_wider``: a column the user (or a remembered layout) made wider stays so; none is left narrower than
+    its content, so a layout remembered from a narrow dock does not cut this project's columns.
 
     The Name column counts each row's indentation and the bold font of layers, so a layer ten levels deep
     reads "query", not "...". Texts are measured once each (types and summaries repeat a lot).
@@ -62,6 +65,8 @@ def fit_columns(view: QTreeView, model: ModuleTreeModel) -> list[int]:
             widest = max((metrics.horizontalAdvance(text) for text in texts if text), default=0)
             extra = 22 if column == 2 else 0  # the Quantize column's check box
             width = min(MAX_COLUMN_WIDTH, max(least, widest + _PADDING + extra, 40))
+        if keep_wider:
+            width = max(width, header.sectionSize(column))
         view.setColumnWidth(column, width)
         widths.append(width)
     return widths

@@ -30,7 +30,6 @@ from PySide6.QtWidgets import (
     QMenu,
     QPlainTextEdit,
     QSplitter,
-    QTreeView,
     QVBoxLayout,
     QWidget,
 )
@@ -38,6 +37,7 @@ from PySide6.QtWidgets import (
 from workbench.app.controller import Controller
 from workbench.app.deferred_refresh import DeferredRefresh
 from workbench.app.engine_panel import TimeBarDelegate
+from workbench.app.pinned_tree import PinnedNameTreeView
 from workbench.app.precision_menu import PrecisionDelegate, precision_menu
 from workbench.app.tree_layout import TreeLayoutMemory, default_widths, fit_columns
 from workbench.app.tree_model import (
@@ -83,7 +83,7 @@ class ModelTreeWidget(QWidget):
         self.status_label = QLabel()
         self.status_label.setObjectName("treeStatus")
 
-        self.view = QTreeView()
+        self.view = PinnedNameTreeView()  # the Name column stays when the others scroll sideways
         self.view.setModel(self.proxy)
         self.view.setUniformRowHeights(True)  # the view never measures 10,000 rows one by one
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
@@ -201,10 +201,13 @@ class ModelTreeWidget(QWidget):
         self.type_combo.blockSignals(False)
         session = self.controller.session
         self._layout_path = str(session.path) if session is not None and session.path is not None else None
-        if not self.layout_memory.restore(self._layout_path):
+        restored = self.layout_memory.restore(self._layout_path)
+        if not restored:
             self.default_expansion()
-            widths = fit_columns(self.view, self.model)
-            self.columns_fitted.emit(sum(widths) + 2 * self.view.frameWidth() + 24)
+        # every project, remembered or not: columns at least as wide as their content, and the dock as wide as
+        # they need (a narrow dock left by the last project does not carry over)
+        widths = fit_columns(self.view, self.model, keep_wider=restored)
+        self.columns_fitted.emit(sum(widths) + 2 * self.view.frameWidth() + 24)
 
     def default_expansion(self) -> None:
         """The model open; a small model entirely, a big one at its top level (deeper levels on demand)."""

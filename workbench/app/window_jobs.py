@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox, QWidget
 
 from workbench.app.compare_view import choose_and_compare
@@ -91,6 +91,18 @@ class JobCommandsMixin:
             return
         self.export_report_dialog = dialog
         dialog.open()
+        # in front, with the focus: the job's end re-activates the main window (its status bar, its actions), and
+        # without a window manager keeping a dialog over its parent the report opened behind it
+        QTimer.singleShot(0, lambda: self._bring_to_front(dialog))
+
+    @staticmethod
+    def _bring_to_front(dialog: QWidget) -> None:
+        try:
+            if dialog.isVisible():
+                dialog.raise_()
+                dialog.activateWindow()
+        except RuntimeError:  # closed (and deleted) before the event loop came back: nothing to raise
+            pass
 
     def import_engine_report(self, layer_info: str | None = None, profile: str | None = None,
                              ask_profile: bool = True) -> bool:

@@ -361,14 +361,14 @@ class EvaluationDataPage(QWizardPage):
         self.setTitle("Evaluation data (optional)")
         self.setSubTitle("Held-out inputs for sensitivity analysis and accuracy; without it the calibration data "
                          "is used.")
-        self.enabled = QCheckBox("Use separate evaluation data")
-        self.enabled.setChecked(True)
+        self.use_separate = QCheckBox("Use separate evaluation data")
+        self.use_separate.setChecked(True)
         self.form = DataSourceForm("test", batch_size=256, num_batches=0)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.enabled)
+        layout.addWidget(self.use_separate)
         layout.addWidget(self.form)
-        self.enabled.toggled.connect(self.form.setEnabled)
-        self.enabled.toggled.connect(lambda _on: setattr(self, "enabled_chosen", True))
+        self.use_separate.toggled.connect(self.form.setEnabled)
+        self.use_separate.toggled.connect(lambda _on: setattr(self, "enabled_chosen", True))
         self.enabled_chosen = False  # the user ticked or unticked it: a later model change keeps it
 
     def initializePage(self) -> None:
@@ -379,15 +379,15 @@ class EvaluationDataPage(QWizardPage):
             return
         model_kind = wizard.model_page.kind.currentData()
         if not self.enabled_chosen:
-            self.enabled.blockSignals(True)
-            self.enabled.setChecked(model_kind == "demo")
-            self.enabled.blockSignals(False)
-            self.form.setEnabled(self.enabled.isChecked())
+            self.use_separate.blockSignals(True)
+            self.use_separate.setChecked(model_kind == "demo")
+            self.use_separate.blockSignals(False)
+            self.form.setEnabled(self.use_separate.isChecked())
         # the same kind of source as the calibration data (a held-out part of it, usually)
         self.form.suit_model(model_kind, prefer=wizard.calibration_page.form.kind.currentData())
 
     def spec(self) -> DataSpec | None:
-        return self.form.spec() if self.enabled.isChecked() else None
+        return self.form.spec() if self.use_separate.isChecked() else None
 
     def validatePage(self) -> bool:
         try:
@@ -407,10 +407,10 @@ class FinishPage(QWizardPage):
         self.setSubTitle("One forward pass checks that the model and the data fit when you press Finish.")
         self.input_shape = QLineEdit()
         self.input_shape.setPlaceholderText("from the data, e.g. 3,224,224 (without the batch)")
-        self.metric = QComboBox()
-        self.metric.setEditable(True)
-        self.metric.addItems(list(BUILTIN_METRICS))
-        self.metric.setToolTip("; ".join(f"{key}: {label}" for key, label in builtin_metric_labels().items())
+        self.metric_box = QComboBox()
+        self.metric_box.setEditable(True)
+        self.metric_box.addItems(list(BUILTIN_METRICS))
+        self.metric_box.setToolTip("; ".join(f"{key}: {label}" for key, label in builtin_metric_labels().items())
                                + "; or a function 'metrics.py:score' (then say which way is better)")
         self.direction = QComboBox()
         self.direction.addItems(["higher is better", "lower is better"])
@@ -424,14 +424,14 @@ class FinishPage(QWizardPage):
         self.trust.setToolTip("Entry points and pickles execute code when loaded. Only trust files you know.")
         form = QFormLayout(self)
         form.addRow("Input shape", self.input_shape)
-        form.addRow("Metric", self.metric)
+        form.addRow("Metric", self.metric_box)
         form.addRow("Direction", self.direction)
         form.addRow("Project name", self.name)
         form.addRow("Project file", _browse_row(self.file, browse))
         form.addRow(self.trust)
         self._form = form
-        self.metric.currentTextChanged.connect(self._metric_changed)
-        self._metric_changed(self.metric.currentText())
+        self.metric_box.currentTextChanged.connect(self._metric_changed)
+        self._metric_changed(self.metric_box.currentText())
 
     def _metric_changed(self, text: str) -> None:
         self._form.setRowVisible(self.direction, ":" in text)
@@ -448,7 +448,7 @@ class FinishPage(QWizardPage):
 
     def settings(self) -> dict[str, Any]:
         """The new project's settings from this page's choices (SessionError when they are not valid)."""
-        return new_project_settings(metric=self.metric.currentText().strip() or DEFAULT_METRIC,
+        return new_project_settings(metric=self.metric_box.currentText().strip() or DEFAULT_METRIC,
                                     direction="higher" if self.direction.currentIndex() == 0 else "lower")
 
     def validatePage(self) -> bool:
@@ -495,6 +495,10 @@ class NewProjectWizard(QWizard):
         """``controller.new_project`` keyword arguments (plus ``save_to``, a path or None)."""
         finish = self.finish_page
         save_to = finish.file.text().strip() or None
+        settings = finish.settings()
+        # the batches chosen here are the project's calibration setting, as `workbench new --num-batches` makes
+        # them: calibration (and the Calibrate and Settings dialogs) read that setting, not the data source's cap
+        settings["calibration"] = {"num_batches": self.calibration_page.form.num_batches.value() or None}
         return {
             "model": self.model_page.spec(),
             "calibration": self.calibration_page.form.spec(),
@@ -502,6 +506,6 @@ class NewProjectWizard(QWizard):
             "trust_code": finish.trust.isChecked() and self.needs_trust(),
             "input_shape": InputSpec.parse_shape(finish.input_shape.text()),
             "name": finish.name.text().strip() or None,
-            "settings": finish.settings(),
+            "settings": settings,
             "save_to": save_to,
         }

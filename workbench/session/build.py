@@ -238,6 +238,8 @@ def restore_calibration(model: nn.Module, run: CalibrationRecord | None, report:
         record = run.quantizers.get(name)
         if record is None:
             continue
+        if not quantizer.is_enabled:  # switched off (an INT4 weight-only layer's input): needs no amax, never stale
+            continue
         if record.descriptor is not None and record.descriptor != descriptor_of(quantizer):
             report.stale.append(name)
             continue

@@ -169,7 +169,7 @@ def _restore(quantizer: TensorQuantizer, name: str, calibration: CalibrationReco
     report.restored = [n for n in report.restored if n != name]
     report.stale = [n for n in report.stale if n != name]
     record = calibration.quantizers.get(name) if calibration is not None else None
-    if record is None:
+    if record is None or not quantizer.is_enabled:  # a switched-off quantizer needs no amax: never stale
         return
     if record.descriptor is not None and record.descriptor != descriptor_of(quantizer):
         report.stale.append(name)
