@@ -64,7 +64,8 @@ def node_format(node: onnx.NodeProto, types: dict[str, int]) -> str | None:
 
 
 def format_counts(proto: onnx.ModelProto) -> dict[str, int]:
-    """DequantizeLinear nodes per format, plus TensorRT custom FP8 dequantize nodes under ``fp8``."""
+    """DequantizeLinear nodes per format, plus TensorRT custom FP8 dequantize nodes under ``fp8`` (``nvfp4`` only
+    when there are some: two per NVFP4 quantizer)."""
     types = _element_types(proto)
     counts = {"int8": 0, "fp8": 0, "int4": 0, "nvfp4": 0}
     for node in proto.graph.node:
@@ -72,6 +73,8 @@ def format_counts(proto: onnx.ModelProto) -> dict[str, int]:
             counts[node_format(node, types) or "int8"] += 1
         elif node.op_type == "TRT_FP8DequantizeLinear":
             counts["fp8"] += 1
+    if not counts["nvfp4"]:  # the newest format is listed where it is used
+        del counts["nvfp4"]
     return counts
 
 
