@@ -33,7 +33,7 @@ from workbench.quant.nvfp4 import NVFP4_BLOCK_SIZE, block_axis_of, nvfp4_blocks,
 __all__ = ["NVFP4_WEIGHT_OP", "NVFP4_ACTIVATION_OP", "TRT_DOMAIN", "FP4_DYNAMIC_QUANTIZE", "nvfp4_weight_tensors",
            "nvfp4_weight_reference", "nvfp4_activation_reference", "nvfp4_weight_translation",
            "nvfp4_activation_translation", "fp8_weight_reference", "fp8_weight_translation",
-           "fold_low_precision_casts", "pack_raw_data", "needs_reference_evaluator", "reference_session",
+           "fold_low_precision_casts", "pack_raw_data", "pack_fp4", "unpack_fp4", "needs_reference_evaluator", "reference_session",
            "fp4_dynamic_quantize_op", "fp4_dynamic_quantize_schema", "LOW_PRECISION_TYPES", "translations", "ReferenceSession"]
 
 NVFP4_WEIGHT_OP = "workbench::dq_nvfp4"
@@ -60,6 +60,30 @@ def nvfp4_weight_tensors(weight: torch.Tensor, amax: torch.Tensor, channel_axis:
     return values.contiguous(), scales.to(torch.float32).contiguous(), global_scale, axis
 
 
+def pack_fp4(values: torch.Tensor) -> torch.Tensor | None:
+    """E2M1 values (float32 on the grid) as ``torch.float4_e2m1fn_x2``, two a byte along the last axis (the first
+    in the low four bits, as ONNX packs FLOAT4E2M1), so the exporter writes a FLOAT4E2M1 initializer itself;
+    None for an odd last axis (the export then casts, see :func:`fold_low_precision_casts`)."""
+    if values.shape[-1] % 2:
+        return None
+    levels = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0))
+    magnitude = torch.searchsorted(levels, values.abs().contiguous()).to(torch.uint8)
+    codes = magnitude | (torch.signbit(values).to(torch.uint8) << 3)
+    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous().view(torch.float4_e2m1fn_x2)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_fp4`'s values back as float32 (a float tensor is returned as float32)."""
+    if packed.dtype != torch.float4_e2m1fn_x2:
+        return packed.to(torch.float32)
+    raw = packed.view(torch.uint8)
+    codes = torch.stack([raw & 0x0F, raw >> 4], dim=-1).reshape(*raw.shape[:-1], -1).to(torch.int64)
+    levels = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), device=packed.device)
+    magnitude = levels[codes & 7]
+    return torch.where((codes & 8) != 0, -magnitude, magnitude)
+
+
 def _expand(scales: torch.Tensor, axis: int, block_size: int, size: int) -> torch.Tensor:
     return torch.repeat_interleave(scales, block_size, dim=axis).narrow(axis, 0, size)
 
@@ -67,8 +91,9 @@ def _expand(scales: torch.Tensor, axis: int, block_size: int, size: int) -> torc
 def nvfp4_weight_reference(values: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, axis: int,
                            block_size: int) -> torch.Tensor:
     """What the two DequantizeLinear of a stored NVFP4 weight compute."""
+    values = unpack_fp4(values)
     block_scales = scales.to(torch.float32) * global_scale.to(torch.float32)
-    return values.to(torch.float32) * _expand(block_scales, axis, block_size, values.shape[axis])
+    return values * _expand(block_scales, axis, block_size, values.shape[axis])
 
 
 def nvfp4_activation_reference(x: torch.Tensor, global_scale: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -97,7 +122,10 @@ def _dq_nvfp4(values: torch.Tensor, scales: torch.Tensor, global_scale: torch.Te
 
 @_dq_nvfp4.register_fake
 def _dq_nvfp4_fake(values, scales, global_scale, axis, block_size):
-    return torch.empty(values.shape, dtype=torch.float32, device=values.device)
+    shape = list(values.shape)
+    if values.dtype == torch.float4_e2m1fn_x2:
+        shape[-1] *= 2
+    return torch.empty(shape, dtype=torch.float32, device=values.device)
 
 
 @torch.library.custom_op(NVFP4_ACTIVATION_OP, mutates_args=())
@@ -122,13 +150,19 @@ def _dq_fp8_weight_fake(values, scale, axis, channels):
 
 # ----- onnxscript translations (the torch.export-based exporter) --------------------------------------------
 
+def _is(value: Any, data_type: int) -> bool:
+    """Whether the exporter's symbolic ``value`` has the ONNX element type ``data_type`` already."""
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and int(dtype) == data_type
+
+
 def nvfp4_weight_translation(values, scales, global_scale, axis: int, block_size: int):
     """An NVFP4 weight: the values cast to FLOAT4E2M1 and the block scales to FLOAT8E4M3FN (folded into
     initializers by :func:`fold_low_precision_casts`), then the two-level DequantizeLinear (opset 23)."""
     from onnxscript import opset23 as op
 
-    values_fp4 = op.Cast(values, to=TensorProto.FLOAT4E2M1)
-    scales_fp8 = op.Cast(scales, to=TensorProto.FLOAT8E4M3FN)
+    values_fp4 = values if _is(values, TensorProto.FLOAT4E2M1) else op.Cast(values, to=TensorProto.FLOAT4E2M1)
+    scales_fp8 = scales if _is(scales, TensorProto.FLOAT8E4M3FN) else op.Cast(scales, to=TensorProto.FLOAT8E4M3FN)
     block_scales = op.DequantizeLinear(scales_fp8, global_scale)
     return op.DequantizeLinear(values_fp4, block_scales, axis=axis, block_size=block_size)
 
@@ -183,7 +217,7 @@ def fp8_weight_translation(values, scale, axis: int, channels: int):
     dims = [channels] if channels else []
     zero = op.Constant(value=onnx.helper.make_tensor("zero_point", TensorProto.FLOAT8E4M3FN, dims,
                                                      [0.0] * max(channels, 1)))
-    values_fp8 = op.Cast(values, to=TensorProto.FLOAT8E4M3FN)
+    values_fp8 = values if _is(values, TensorProto.FLOAT8E4M3FN) else op.Cast(values, to=TensorProto.FLOAT8E4M3FN)
     return op.DequantizeLinear(values_fp8, scale, zero, axis=axis)
 
 
@@ -222,14 +256,41 @@ def fold_low_precision_casts(proto: onnx.ModelProto, base_dir: str | None = None
             continue
         source = inits[node.input[0]]
         values = numpy_helper.to_array(source, base_dir or "")
-        proto.graph.initializer.append(_packed(node.output[0], values.astype(np.float32), to))
-        proto.graph.node.remove(node)
+        packed = _packed(node.output[0], values.astype(np.float32), to)
         readers[source.name] -= 1
+        if source.data_location == TensorProto.EXTERNAL and base_dir:
+            # the weights are in a data file: the packed bytes go there too, over the source's own bytes when
+            # nothing else reads them (the file does not grow), else at its end
+            _write_external(packed, source, base_dir, over_source=readers[source.name] <= 0)
+        proto.graph.initializer.append(packed)
+        proto.graph.node.remove(node)
         if readers[source.name] <= 0:
             proto.graph.initializer.remove(source)
             inits.pop(source.name)
         folded += 1
     return folded
+
+
+def _write_external(tensor: onnx.TensorProto, source: onnx.TensorProto, base_dir: str, *, over_source: bool) -> None:
+    """Move ``tensor``'s raw bytes into ``source``'s data file (at the source's offset, or appended)."""
+    import os
+
+    entries = {entry.key: entry.value for entry in source.external_data}
+    path = os.path.join(base_dir, entries["location"])
+    data = tensor.raw_data
+    with open(path, "r+b") as handle:
+        if over_source and len(data) <= int(entries.get("length", 0)):
+            offset = int(entries.get("offset", 0))
+        else:
+            handle.seek(0, os.SEEK_END)
+            offset = -(-handle.tell() // 4096) * 4096  # aligned, as onnx's external-data writer does
+        handle.seek(offset)
+        handle.write(data)
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", entries["location"]), ("offset", str(offset)), ("length", str(len(data)))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
 
 
 def pack_raw_data(proto: onnx.ModelProto) -> int:

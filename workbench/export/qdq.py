@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from workbench.export.fp4 import nvfp4_weight_tensors, translations
+from workbench.export.fp4 import nvfp4_weight_tensors, pack_fp4, translations
 from workbench.opsets import FORMAT_OPSET  # noqa: F401 - re-exported; its home is workbench.opsets
 from workbench.quant.algorithms.blocks import block_amax_to_scales, block_view, unblock
 from workbench.quant.kernels.fake_quant import TINY_AMAX
@@ -222,7 +222,7 @@ class ExportParams:
     format: str = "int8"  # "int8", "fp8", "int4" (blockwise weights, dequantize only) or "nvfp4"
     block_size: int | None = None
     block_axis: int = 0  # int4: the weight axis the blocks run along (ONNX DequantizeLinear's axis)
-    values: torch.Tensor | None = None  # int4, fp8 and nvfp4 weights: the quantized weight (int8 or float32 held)
+    values: torch.Tensor | None = None  # int4, fp8, nvfp4 weights: the quantized weight (int8, float8, packed float4)
     block_scales: torch.Tensor | None = None  # nvfp4 weights: the FP8 block scales (float32 held)
 
     @property
@@ -304,7 +304,8 @@ def fp8_reference_values(weight: torch.Tensor, scale: torch.Tensor, amax_shape: 
     """A weight's E4M3 values (float32 held) as QuantizeLinear to float8e4m3fn computes them with ``scale``."""
     s = scale.reshape(amax_shape) if scale.dim() == 1 else scale
     x = weight.detach().to(torch.float32) / s
-    return torch.clamp(x, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32).contiguous()
+    # held as float8: the exporter writes a FLOAT8E4M3FN initializer itself (into the data file of a large graph)
+    return torch.clamp(x, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).contiguous()
 
 
 def _nvfp4_params(q: TensorQuantizer, weight: torch.Tensor | None) -> ExportParams:
@@ -329,6 +330,10 @@ def _nvfp4_params(q: TensorQuantizer, weight: torch.Tensor | None) -> ExportPara
                             block_size=q.block_size, block_axis=-1)
     channel_axis = q.axis if isinstance(q.axis, int) else 0
     values, scales, global_scale, axis = nvfp4_weight_tensors(weight, amax, channel_axis, q.block_size)
+    # held as FP4 (two a byte) and FP8: the exporter writes the low-precision initializers itself
+    packed = pack_fp4(values)
+    values = packed if packed is not None else values
+    scales = scales.to(torch.float8_e4m3fn)
     scale = torch.where(global_scale > 0, global_scale, torch.tensor(ZERO_AMAX_SCALE)).reshape(())
     return ExportParams(scale, torch.zeros((), dtype=torch.float32), (), 0, 0, None, tiny, format="nvfp4",
                         block_size=q.block_size, block_axis=axis, values=values, block_scales=scales)
