@@ -111,8 +111,10 @@ def _fake_quant(x: torch.Tensor, amax: torch.Tensor, block_size: int, axis: int)
     g = nvfp4_global_scale(amax)
     values, scales = nvfp4_blocks(x, g, block_size, axis)
     axis = axis % x.dim()
-    expanded = torch.repeat_interleave(scales.to(torch.float32), block_size, dim=axis).narrow(axis, 0, x.shape[axis])
-    return (values * expanded * g).to(x.dtype)
+    # (scale * g) first, as DequantizeLinear(scales, g) then DequantizeLinear(values, block scales) compute it
+    block_scales = scales.to(torch.float32) * g
+    expanded = torch.repeat_interleave(block_scales, block_size, dim=axis).narrow(axis, 0, x.shape[axis])
+    return (values * expanded).to(x.dtype)
 
 
 class NVFP4FakeQuantFunction(Function):
