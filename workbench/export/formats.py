@@ -93,7 +93,7 @@ def _unfold_fp8_weights(proto: onnx.ModelProto) -> int:
     values are ``fp8 * scale``: QuantizeLinear gives the same FP8 values back."""
     inits = {init.name: init for init in proto.graph.initializer}
     unfolded = 0
-    for index, node in enumerate(list(proto.graph.node)):
+    for node in list(proto.graph.node):
         if node.op_type != _DQ or len(node.input) < 3 or node.input[0] not in inits \
                 or inits[node.input[0]].data_type != TensorProto.FLOAT8E4M3FN or node.input[1] not in inits:
             continue

@@ -30,11 +30,11 @@ from onnx import TensorProto, numpy_helper
 
 from workbench.quant.nvfp4 import NVFP4_BLOCK_SIZE, block_axis_of, nvfp4_blocks, nvfp4_global_scale
 
-__all__ = ["NVFP4_WEIGHT_OP", "NVFP4_ACTIVATION_OP", "TRT_DOMAIN", "FP4_DYNAMIC_QUANTIZE", "nvfp4_weight_tensors",
-           "nvfp4_weight_reference", "nvfp4_activation_reference", "nvfp4_weight_translation",
-           "nvfp4_activation_translation", "fp8_weight_reference", "fp8_weight_translation",
-           "fold_low_precision_casts", "pack_raw_data", "pack_fp4", "unpack_fp4", "needs_reference_evaluator", "reference_session",
-           "fp4_dynamic_quantize_op", "fp4_dynamic_quantize_schema", "LOW_PRECISION_TYPES", "translations", "ReferenceSession"]
+__all__ = ["NVFP4_WEIGHT_OP", "NVFP4_ACTIVATION_OP", "TRT_DOMAIN", "FP4_DYNAMIC_QUANTIZE", "LOW_PRECISION_TYPES",
+           "nvfp4_weight_tensors", "nvfp4_weight_reference", "nvfp4_activation_reference", "fp8_weight_reference",
+           "nvfp4_weight_translation", "nvfp4_activation_translation", "fp8_weight_translation", "translations",
+           "fp4_dynamic_quantize_schema", "fold_low_precision_casts", "pack_raw_data", "pack_fp4", "unpack_fp4",
+           "needs_reference_evaluator", "reference_session", "ReferenceSession", "fp4_dynamic_quantize_op"]
 
 NVFP4_WEIGHT_OP = "workbench::dq_nvfp4"
 NVFP4_ACTIVATION_OP = "workbench::qdq_nvfp4"

@@ -562,8 +562,8 @@ def _validate(job: _Export) -> _Checks:
     release_freed_memory()
     # a second session costs the weights again: big graphs (weights beside the file) skip it
     if why_reference:
-        job.log.add("reference_evaluator", f"validated with onnx's reference evaluator: onnxruntime has no CPU kernel for "
-                    f"{why_reference}")
+        job.log.add("reference_evaluator", "validated with onnx's reference evaluator: onnxruntime has no CPU kernel "
+                    f"for {why_reference}")
     optimized_check = None if job.staged.data_path is not None or why_reference else optimized_parity(
         tmp_path, inputs, output_names, job.reference, job.log)
     if "fp8" in job.formats and optimized_check is not None and optimized_check.max_abs_diff > 1e-5:

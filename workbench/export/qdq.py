@@ -39,8 +39,8 @@ from workbench.export.fp4 import nvfp4_weight_tensors, pack_fp4, translations
 from workbench.opsets import FORMAT_OPSET  # noqa: F401 - re-exported; its home is workbench.opsets
 from workbench.quant.algorithms.blocks import block_amax_to_scales, block_view, unblock
 from workbench.quant.kernels.fake_quant import TINY_AMAX
-from workbench.quant.nvfp4 import E2M1, nvfp4_global_scale
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.nvfp4 import E2M1, nvfp4_global_scale
 from workbench.quant.tensor_quant import E4M3, E4M3_MAX, max_bound_of, min_bound_of
 
 __all__ = ["QDQStandIn", "qdq_reference", "onnx_translation", "register_torchscript_symbolic", "ExportParams",
@@ -198,8 +198,15 @@ def register_torchscript_symbolic() -> None:
         q = g.op("QuantizeLinear", x, scale, zero, axis_i=axis_value)
         return g.op("DequantizeLinear", q, scale, zero, axis_i=axis_value)
 
+    def symbolic_fp8_weight(g, values, scale, axis, channels):  # an FP8 initializer into DequantizeLinear
+        axis_value = symbolic_helper._maybe_get_const(axis, "i")
+        count = symbolic_helper._maybe_get_const(channels, "i")
+        zero = g.op("Constant", value_t=torch.zeros([count] if count else [], dtype=torch.float8_e4m3fn))
+        return g.op("DequantizeLinear", values, scale, zero, axis_i=axis_value)
+
     register_custom_op_symbolic(OP_NAME, symbolic, 13)
     register_custom_op_symbolic(FP8_OP_NAME, symbolic_fp8, 19)
+    register_custom_op_symbolic("workbench::dq_fp8_weight", symbolic_fp8_weight, 19)
     _torchscript_registered = True
 
 

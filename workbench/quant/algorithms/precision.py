@@ -21,13 +21,14 @@ import torch
 from torch import nn
 
 from workbench.quant.algorithms.blocks import blocks_of
+from workbench.quant.algorithms.tensorrt_rules import output_channel_axis
 from workbench.quant.nvfp4 import E2M1, E2M1_LEVELS, E2M1_MAX, NVFP4_BLOCK_SIZE
 from workbench.quant.tensor_quant import E4M3_MAX
-from workbench.quant.algorithms.tensorrt_rules import output_channel_axis
 
-__all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "parse_precision",
-           "precision_choices_text", "applies_to", "E2M1_BITS", "NVFP4_BLOCK_SIZE", "descriptors_for", "precision_of", "precision_label",
-           "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS", "grid_levels"]
+__all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "E2M1_BITS",
+           "NVFP4_BLOCK_SIZE", "parse_precision", "precision_choices_text", "applies_to", "descriptors_for",
+           "precision_of", "precision_label", "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS",
+           "grid_levels"]
 
 # how FP8 Q/DQ is written: standard QuantizeLinear to float8e4m3fn (opset 19; TensorRT 10+), or TensorRT's
 # custom ops TRT_FP8QuantizeLinear/TRT_FP8DequantizeLinear (pytorch-quantization's form; TensorRT 8.6 and 9)
