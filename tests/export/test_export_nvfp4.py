@@ -175,3 +175,16 @@ def test_cli_set_precision_nvfp4_exports_fp4_weights_that_validate_and_lint_name
     needs = [w for w in json.loads(out)["warnings"] if w["kind"] == "format_needs"]
     (nvfp4,) = [w for w in needs if "NVFP4" in w["message"]]
     assert nvfp4["modules"] == ["a", "b"] and "10.8" in nvfp4["message"] and "Blackwell" in nvfp4["message"]
+
+
+def test_a_weight_pre_quantization_scale_is_in_the_stored_fp8_and_fp4_weights(tmp_path):
+    """SmoothQuant/AWQ-style per-input scales on a weight quantizer: the stored weight is the scaled one."""
+    model, x = quantized({"fc1": Precision.FP8, "fc2": Precision.NVFP4})
+    for name in ("fc1", "fc2"):
+        layer = getattr(model, name)
+        layer._weight_quantizer.pre_quant_scale = torch.linspace(0.5, 2, layer.weight.shape[1])
+    report = export_qdq_onnx(model, x, tmp_path / "m.onnx")
+    assert report.cosine > 0.99999 and report.max_abs_diff < 1e-5
+    types = initializer_types(onnx.load(str(tmp_path / "m.onnx")))
+    assert types["fc1._weight_quantizer.values"] == TensorProto.FLOAT8E4M3FN
+    assert types["fc2._weight_quantizer.values"] == TensorProto.FLOAT4E2M1

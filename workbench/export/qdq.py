@@ -293,8 +293,8 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
     scale = scale.reshape(-1) if amax.numel() > 1 else scale.reshape(())
     if fp8:  # the zero point is a float8e4m3fn constant the translation writes; this one only has the shape
         values = None
-        if weight is not None and clip is None and q.pre_quant_scale is None:  # stored as FP8, quantized once here
-            values = fp8_reference_values(weight, scale, amax_shape)
+        if weight is not None and clip is None:  # stored as FP8, quantized once here
+            values = fp8_reference_values(_scaled(q, weight), scale, amax_shape)
         return ExportParams(scale, torch.zeros(scale.shape, dtype=torch.float32), amax_shape, -int(E4M3_MAX),
                             int(E4M3_MAX), clip,
                             int(tiny.sum()), format="fp8", values=values)
@@ -305,6 +305,12 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
     else:
         qmin, qmax = (-127 if q.narrow_range else -128), 127
     return ExportParams(scale, zero_point, amax_shape, qmin, qmax, clip, int(tiny.sum()))
+
+
+def _scaled(q: TensorQuantizer, weight: torch.Tensor) -> torch.Tensor:
+    """The tensor the quantizer quantizes: the weight times its pre-quantization scale, where it has one."""
+    pre = q.pre_quant_scale
+    return weight.detach() * pre.detach() if pre is not None else weight.detach()
 
 
 def fp8_reference_values(weight: torch.Tensor, scale: torch.Tensor, amax_shape: tuple[int, ...]) -> torch.Tensor:
@@ -336,7 +342,7 @@ def _nvfp4_params(q: TensorQuantizer, weight: torch.Tensor | None) -> ExportPara
         return ExportParams(scale, torch.zeros((), dtype=torch.float32), (), 0, 0, None, tiny, format="nvfp4",
                             block_size=q.block_size, block_axis=-1)
     channel_axis = q.axis if isinstance(q.axis, int) else 0
-    values, scales, global_scale, axis = nvfp4_weight_tensors(weight, amax, channel_axis, q.block_size)
+    values, scales, global_scale, axis = nvfp4_weight_tensors(_scaled(q, weight), amax, channel_axis, q.block_size)
     # held as FP4 (two a byte) and FP8: the exporter writes the low-precision initializers itself
     packed = pack_fp4(values)
     values = packed if packed is not None else values
