@@ -17,7 +17,7 @@ TENSORRT_8_MAX_OPSET = 17  # TensorRT 8.6's ONNX parser stops at 17 (TensorRT 10
 DEFAULT_OPSET = TENSORRT_8_MAX_OPSET  # new projects export what every TensorRT since 8.6 reads
 # the lowest opset that carries each format's Q/DQ: FP8 needs float8e4m3fn (19), INT4 weights DequantizeLinear's
 # block_size (21); an export is raised to what its formats need
-FORMAT_OPSET = {"int8": MIN_OPSET, "fp8": 19, "int4": 21}
+FORMAT_OPSET = {"int8": MIN_OPSET, "fp8": 19, "int4": 21, "nvfp4": 23}  # NVFP4: float4e2m1 (23)
 
 
 def newest_opset() -> int:

@@ -327,7 +327,7 @@ def test_precision_column_per_row_and_for_many_rows(window, qtbot, tmp_path):
     tree.view.scrollTo(index)
     tree.view.edit(index)
     combo = tree.view.indexWidget(index) or next(w for w in tree.view.findChildren(QComboBox) if w.isVisible())
-    assert [combo.itemData(i) for i in range(combo.count())] == ["int8", "fp8", "int4w", "float"]
+    assert [combo.itemData(i) for i in range(combo.count())] == ["int8", "fp8", "int4w", "nvfp4", "float"]
     combo.setCurrentIndex(combo.findData("fp8"))
     combo.activated.emit(combo.currentIndex())
     settle(window, qtbot)

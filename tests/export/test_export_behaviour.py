@@ -385,9 +385,9 @@ def test_each_quantizer_s_onnx_parameters_are_computed_once_per_export(tmp_path,
     computed: list[int] = []
     original = qdq.export_params
 
-    def counting(q):
+    def counting(q, *weight):  # a weight's quantizer gets its weight (FP8, INT4 and NVFP4 store it quantized)
         computed.append(id(q))
-        return original(q)
+        return original(q, *weight)
 
     monkeypatch.setattr(reference, "export_params", counting)
     monkeypatch.setattr(validation, "export_params", counting)

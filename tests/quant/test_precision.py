@@ -42,12 +42,12 @@ def plain_e4m3(x: torch.Tensor, amax: float) -> torch.Tensor:
 
 
 def test_registry_lists_every_precision_with_its_bits_and_description():
-    assert [p.value for p in Precision] == ["int8", "fp8", "int4w", "float"]
+    assert [p.value for p in Precision] == ["int8", "fp8", "int4w", "nvfp4", "float"]
     assert {p: info.weight_bits for p, info in PRECISIONS.items()} == {
-        Precision.INT8: 8, Precision.FP8: 8, Precision.INT4W: 4, Precision.FLOAT: 32}
+        Precision.INT8: 8, Precision.FP8: 8, Precision.INT4W: 4, Precision.NVFP4: 4, Precision.FLOAT: 32}
     assert all(info.description for info in PRECISIONS.values())
     assert parse_precision("FP8") is Precision.FP8
-    with pytest.raises(ValueError, match="int8, fp8, int4w, float"):
+    with pytest.raises(ValueError, match="int8, fp8, int4w, nvfp4, float"):
         parse_precision("fp4")
 
 

@@ -55,7 +55,8 @@ __all__ = ["LadderStep", "LadderResult", "ladder_search", "parse_ladder", "DEFAU
 LADDER_FORMAT = "workbench.ladder/1"
 DEFAULT_LADDER = (Precision.INT8, Precision.FLOAT)  # today's fallback search
 # the ladders menus offer (any other list of precisions can be typed)
-LADDER_PRESETS = ("int8,float", "int8,fp8,float", "fp8,float", "int4w,int8,float", "int4w,fp8,float")
+LADDER_PRESETS = ("int8,float", "int8,fp8,float", "fp8,float", "int4w,int8,float", "int4w,fp8,float",
+                  "nvfp4,fp8,float")
 
 
 def ladder_text(ladder: Sequence[Precision | str]) -> str:

@@ -491,7 +491,7 @@ _HEADER_TIPS = (
     "Module name (the model itself on top)",
     "Module type (the float type for quantizable layers)",
     "Quantize the layer (ticked) or leave it in float; containers: quantized layers / layers inside",
-    "The precision the layer runs in (int8, fp8, int4w weight-only, float; custom: descriptors matching none): "
+    "The precision the layer runs in (int8, fp8, int4w weight-only, nvfp4, float; custom: descriptors matching none): "
     "double-click to change it, or choose one for many layers from the context menu",
     "Input quantizer: bits, per-tensor or per-channel, calibrator/method",
     "Weight quantizer: bits, per-tensor or per-channel, calibrator",

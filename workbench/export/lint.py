@@ -459,6 +459,9 @@ def _dq_format(g: _Graph, dq: onnx.NodeProto) -> str | None:
         return "fp8"
     values = g.initializers.get(dq.input[0]) if dq.input else None
     cast = g.producer.get(dq.input[0]) if dq.input else None
+    if (values is not None and values.data_type == onnx.TensorProto.FLOAT4E2M1) or (
+            cast is not None and cast.op_type == "TRT_FP4DynamicQuantize"):
+        return "nvfp4"
     if (values is not None and values.data_type == onnx.TensorProto.INT4) or (
             cast is not None and cast.op_type == "Cast"
             and any(a.name == "to" and a.i == onnx.TensorProto.INT4 for a in cast.attribute)):
@@ -480,7 +483,8 @@ def _dq_of(g: _Graph, tensor: str) -> onnx.NodeProto | None:
 
 def layer_formats(model_or_graph: onnx.ModelProto | _Graph) -> dict[str, str]:
     """The precision each compute operation (Conv, Gemm, MatMul) of a QDQ graph runs in, by module, in graph
-    order: ``int8`` / ``fp8`` (its input's Q/DQ), ``int4w`` (an INT4 blockwise weight, float input), ``float``."""
+    order: ``int8`` / ``fp8`` / ``nvfp4`` (its input's Q/DQ), ``int4w`` (an INT4 blockwise weight, float input),
+    ``float``."""
     g = model_or_graph if isinstance(model_or_graph, _Graph) else _Graph(model_or_graph)
     formats: dict[str, str] = {}
     for node in g.nodes:
@@ -504,7 +508,8 @@ def format_findings(g: _Graph) -> list[LintWarning]:
     and the layers whose format differs from both quantized neighbours (a conversion between formats)."""
     formats = layer_formats(g)
     found = []
-    for fmt, label in (("fp8", "FP8 (E4M3)"), ("int4w", "INT4 weight-only")):
+    for fmt, label in (("fp8", "FP8 (E4M3)"), ("int4w", "INT4 weight-only"),
+                       ("nvfp4", "NVFP4 (FP4 E2M1, FP8 block scales)")):
         modules = [m for m, f in formats.items() if f == fmt]
         if modules:
             shown = ", ".join(modules[:6]) + (f" and {len(modules) - 6} more" if len(modules) > 6 else "")

@@ -51,6 +51,8 @@ REPORT_KINDS: dict[str, EntryKind] = {kind.key: kind for kind in (
     EntryKind("external_data", _N, "the weights are in a data file beside the graph (over 2 GB)"),
     EntryKind("fp8_ort_optimizations", _N, "onnxruntime's CPU QDQ fusions do not keep FP8 semantics"),
     EntryKind("fp8_trt_form", _N, "FP8 written as TensorRT's custom ops, validated in the standard form"),
+    EntryKind("reference_evaluator", _N,
+              "validated with onnx's reference evaluator (no onnxruntime CPU kernel for NVFP4)"),
     EntryKind("fast_path_failed", _N, "the TorchScript fast path's graph failed validation: torch.export took over"),
 )}
 

@@ -58,6 +58,7 @@ from torch import nn
 
 from workbench import __version__
 from workbench.export.errors import ExportValidationError, SampleInputError
+from workbench.export.fp4 import needs_reference_evaluator, reference_session
 from workbench.export.exporters import FAST_PATH_NOTE, Exporter, first_line, quiet, run_exporter, token_inputs
 from workbench.export.formats import (
     FORMAT_NAMES,
@@ -525,7 +526,9 @@ def _validate(job: _Export) -> _Checks:
         raise ExportValidationError("checker", f"onnx.checker rejected the exported graph: {error}") from error
     try:
         # onnxruntime reads the weights the file holds from the model's own tensors (compared with the file)
-        session = ort_session(tmp_path, model_weights(job.model))
+        # NVFP4 (FP4 types, TensorRT's dynamic FP4 quantizer) has no onnxruntime CPU kernel: onnx's reference evaluator
+        why_reference = needs_reference_evaluator(proto)
+        session = reference_session(tmp_path) if why_reference else ort_session(tmp_path, model_weights(job.model))
         ort_outputs = session.run(None, feeds(session, inputs))
     except ExportValidationError:
         raise
@@ -558,7 +561,10 @@ def _validate(job: _Export) -> _Checks:
     del session
     release_freed_memory()
     # a second session costs the weights again: big graphs (weights beside the file) skip it
-    optimized_check = None if job.staged.data_path is not None else optimized_parity(
+    if why_reference:
+        job.log.add("reference_evaluator", "validated with onnx's reference evaluator: onnxruntime has no CPU kernel "
+                    f"for {why_reference}")
+    optimized_check = None if job.staged.data_path is not None or why_reference else optimized_parity(
         tmp_path, inputs, output_names, job.reference, job.log)
     if "fp8" in job.formats and optimized_check is not None and optimized_check.max_abs_diff > 1e-5:
         # more than rounding: onnxruntime 1.32's CPU QDQ fusions change what FP8 Q/DQ computes (checked)

@@ -24,6 +24,9 @@ Two more formats (see :mod:`workbench.quant.algorithms.precision`):
 * INT4 weights in blocks (``block_size``): the weight is quantized here, once, and
   ``torch.ops.workbench.dq_blocked`` exports as one DequantizeLinear(``block_size``, opset 21) reading an
   INT4 initializer (the float weight is no longer in the graph); no QuantizeLinear.
+* FP8 weights are stored the same way, as a FLOAT8E4M3FN initializer into DequantizeLinear (a quarter of the
+  float weight's bytes); NVFP4 (``num_bits=(2, 1)``) weights as FP4 + FP8-scale initializers and activations
+  through TensorRT's dynamic FP4 quantizer (see :mod:`workbench.export.fp4`).
 """
 from __future__ import annotations
 
@@ -32,10 +35,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from workbench.export.fp4 import nvfp4_weight_tensors, pack_fp4, translations
 from workbench.opsets import FORMAT_OPSET  # noqa: F401 - re-exported; its home is workbench.opsets
 from workbench.quant.kernels.blocks import block_amax_to_scales, block_view, unblock
 from workbench.quant.kernels.fake_quant import TINY_AMAX
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.quant.nvfp4 import E2M1, nvfp4_global_scale
 from workbench.quant.tensor_quant import E4M3, E4M3_MAX, max_bound_of, min_bound_of
 
 __all__ = ["QDQStandIn", "qdq_reference", "onnx_translation", "register_torchscript_symbolic", "ExportParams",
@@ -163,7 +168,7 @@ def translation_table() -> dict:
     """The ``custom_translation_table`` of the torch.export-based exporter: every workbench operator."""
     return {torch.ops.workbench.qdq.default: onnx_translation,
             torch.ops.workbench.qdq_fp8.default: fp8_translation,
-            torch.ops.workbench.dq_blocked.default: dq_blocked_translation}
+            torch.ops.workbench.dq_blocked.default: dq_blocked_translation, **translations()}
 
 
 _torchscript_registered = False
@@ -193,8 +198,15 @@ def register_torchscript_symbolic() -> None:
         q = g.op("QuantizeLinear", x, scale, zero, axis_i=axis_value)
         return g.op("DequantizeLinear", q, scale, zero, axis_i=axis_value)
 
+    def symbolic_fp8_weight(g, values, scale, axis, channels):  # an FP8 initializer into DequantizeLinear
+        axis_value = symbolic_helper._maybe_get_const(axis, "i")
+        count = symbolic_helper._maybe_get_const(channels, "i")
+        zero = g.op("Constant", value_t=torch.zeros([count] if count else [], dtype=torch.float8_e4m3fn))
+        return g.op("DequantizeLinear", values, scale, zero, axis_i=axis_value)
+
     register_custom_op_symbolic(OP_NAME, symbolic, 13)
     register_custom_op_symbolic(FP8_OP_NAME, symbolic_fp8, 19)
+    register_custom_op_symbolic("workbench::dq_fp8_weight", symbolic_fp8_weight, 19)
     _torchscript_registered = True
 
 
@@ -214,10 +226,11 @@ class ExportParams:
     qmax: int
     clip: tuple[float, float] | None
     tiny_channels: int
-    format: str = "int8"  # "int8", "fp8" or "int4" (blockwise weights, dequantize only)
+    format: str = "int8"  # "int8", "fp8", "int4" (blockwise weights, dequantize only) or "nvfp4"
     block_size: int | None = None
     block_axis: int = 0  # int4: the weight axis the blocks run along (ONNX DequantizeLinear's axis)
-    values: torch.Tensor | None = None  # int4: the quantized weight, integers held in int8
+    values: torch.Tensor | None = None  # int4, fp8, nvfp4 weights: the quantized weight (int8, float8, packed float4)
+    block_scales: torch.Tensor | None = None  # nvfp4 weights: the FP8 block scales (float32 held)
 
     @property
     def per_channel(self) -> bool:
@@ -240,6 +253,8 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
     every input below 2**99 to 0 as well (scale 1 would pass inputs above 0.5 through).
     Raises ValueError for what ONNX Q/DQ cannot express (the caller names the quantizer).
     """
+    if q.num_bits == E2M1:
+        return _nvfp4_params(q, weight)
     if q.block_size is not None:
         if weight is None:
             raise ValueError("blockwise quantizer without its weight: blocks export only for a layer's weight")
@@ -277,9 +292,12 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
     scale = torch.where(tiny, torch.full_like(step, ZERO_AMAX_SCALE), step)
     scale = scale.reshape(-1) if amax.numel() > 1 else scale.reshape(())
     if fp8:  # the zero point is a float8e4m3fn constant the translation writes; this one only has the shape
+        values = None
+        if weight is not None and clip is None:  # stored as FP8, quantized once here
+            values = fp8_reference_values(_scaled(q, weight), scale, amax_shape)
         return ExportParams(scale, torch.zeros(scale.shape, dtype=torch.float32), amax_shape, -int(E4M3_MAX),
                             int(E4M3_MAX), clip,
-                            int(tiny.sum()), format="fp8")
+                            int(tiny.sum()), format="fp8", values=values)
     dtype = torch.uint8 if q.unsigned else torch.int8
     zero_point = torch.zeros(scale.shape, dtype=dtype, device=scale.device)
     if q.unsigned:
@@ -287,6 +305,51 @@ def export_params(q: TensorQuantizer, weight: torch.Tensor | None = None) -> Exp
     else:
         qmin, qmax = (-127 if q.narrow_range else -128), 127
     return ExportParams(scale, zero_point, amax_shape, qmin, qmax, clip, int(tiny.sum()))
+
+
+def _scaled(q: TensorQuantizer, weight: torch.Tensor) -> torch.Tensor:
+    """The tensor the quantizer quantizes: the weight times its pre-quantization scale, where it has one."""
+    pre = q.pre_quant_scale
+    return weight.detach() * pre.detach() if pre is not None else weight.detach()
+
+
+def fp8_reference_values(weight: torch.Tensor, scale: torch.Tensor, amax_shape: tuple[int, ...]) -> torch.Tensor:
+    """A weight's E4M3 values (float32 held) as QuantizeLinear to float8e4m3fn computes them with ``scale``."""
+    s = scale.reshape(amax_shape) if scale.dim() == 1 else scale
+    x = weight.detach().to(torch.float32) / s
+    # held as float8: the exporter writes a FLOAT8E4M3FN initializer itself (into the data file of a large graph)
+    return torch.clamp(x, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).contiguous()
+
+
+def _nvfp4_params(q: TensorQuantizer, weight: torch.Tensor | None) -> ExportParams:
+    """NVFP4: the global scale; for a weight also its E2M1 values and FP8 block scales (quantized once, here)."""
+    if q.learn_amax or not q.fake_quant:
+        raise ValueError("NVFP4 exports from a fixed (calibrated) amax and fake quantization only")
+    if not q.has_amax:
+        raise LookupError("not calibrated (no amax)")
+    amax = q.amax.detach().to(torch.float32)
+    if q.scale_amax is not None:
+        amax = amax * q.scale_amax
+    if amax.numel() != 1:
+        raise ValueError(f"NVFP4 takes one global amax per tensor, got {amax.numel()} values (recalibrate)")
+    if torch.isnan(amax).any() or torch.isinf(amax).any():
+        raise LookupError("amax is NaN or infinite (calibration saw no data?)")
+    tiny = int(amax.reshape(()) <= TINY_AMAX)
+    if weight is None:
+        global_scale = nvfp4_global_scale(amax)
+        # a tiny amax quantizes to 0; a scale TensorRT takes (positive) whose block scales all round to 0 does too
+        scale = torch.where(global_scale > 0, global_scale, torch.tensor(ZERO_AMAX_SCALE)).reshape(())
+        return ExportParams(scale, torch.zeros((), dtype=torch.float32), (), 0, 0, None, tiny, format="nvfp4",
+                            block_size=q.block_size, block_axis=-1)
+    channel_axis = q.axis if isinstance(q.axis, int) else 0
+    values, scales, global_scale, axis = nvfp4_weight_tensors(_scaled(q, weight), amax, channel_axis, q.block_size)
+    # held as FP4 (two a byte) and FP8: the exporter writes the low-precision initializers itself
+    packed = pack_fp4(values)
+    values = packed if packed is not None else values
+    scales = scales.to(torch.float8_e4m3fn)
+    scale = torch.where(global_scale > 0, global_scale, torch.tensor(ZERO_AMAX_SCALE)).reshape(())
+    return ExportParams(scale, torch.zeros((), dtype=torch.float32), (), 0, 0, None, tiny, format="nvfp4",
+                        block_size=q.block_size, block_axis=axis, values=values, block_scales=scales)
 
 
 def _blocked_params(q: TensorQuantizer, weight: torch.Tensor) -> ExportParams:
@@ -336,8 +399,10 @@ class QDQStandIn(nn.Module):
         self.params = params
         self.register_buffer("scale", params.scale)
         self.register_buffer("zero_point", params.zero_point)
-        if params.values is not None:  # int4: the quantized weight replaces the float one in the graph
+        if params.values is not None:  # int4/fp8/nvfp4: the quantized weight replaces the float one in the graph
             self.register_buffer("values", params.values)
+        if params.block_scales is not None:
+            self.register_buffer("block_scales", params.block_scales)
         pre = quantizer.pre_quant_scale
         if pre is not None:
             self.register_buffer("pre_quant_scale", pre.detach().clone())
@@ -349,6 +414,17 @@ class QDQStandIn(nn.Module):
         if self.params.format == "int4":
             return torch.ops.workbench.dq_blocked(self.values, self.scale, self.params.block_axis,
                                                   self.params.block_size).to(inputs.dtype)
+        if self.params.format == "nvfp4":
+            if self.params.values is not None:
+                return torch.ops.workbench.dq_nvfp4(self.values, self.block_scales, self.scale, self.params.block_axis,
+                                                    self.params.block_size).to(inputs.dtype)
+            if self.pre_quant_scale is not None:
+                inputs = inputs * self.pre_quant_scale
+            return torch.ops.workbench.qdq_nvfp4(inputs, self.scale, self.params.block_size)
+        if self.params.format == "fp8" and self.params.values is not None:
+            channels = self.scale.numel() if self.scale.dim() == 1 else 0
+            return torch.ops.workbench.dq_fp8_weight(self.values, self.scale, self.params.axis_for(inputs.dim()),
+                                                     channels).to(inputs.dtype)
         if self.pre_quant_scale is not None:
             inputs = inputs * self.pre_quant_scale
         if self.clip_range is not None:
@@ -363,6 +439,9 @@ class QDQStandIn(nn.Module):
     def extra_repr(self) -> str:
         if self.params.format == "int4":
             return f"{self.quantizer_name}: int4 blocks of {self.params.block_size}, dequantize only"
+        if self.params.format == "nvfp4":
+            kind = "weight, dequantize only" if self.params.values is not None else "dynamic"
+            return f"{self.quantizer_name}: nvfp4 blocks of {self.params.block_size}, {kind}"
         if self.params.format == "fp8":
             kind = "per-channel" if self.params.per_channel else "per-tensor"
             return f"{self.quantizer_name}: float8e4m3fn {kind}"

@@ -183,7 +183,7 @@ def check_quantizers(model: nn.Module, names: dict[int, str],
              for layer in model.modules() if not isinstance(layer, nn.ModuleList)
              for attr, child in layer.named_children()
              for q in (child if isinstance(child, nn.ModuleList) else [child]) if isinstance(q, TensorQuantizer)}
-    # a blockwise (INT4) weight is quantized once, at export: its quantizer needs the layer's weight
+    # a blockwise (INT4), FP8 or NVFP4 weight is quantized once, at export: its quantizer needs the layer's weight
     weights = {id(child): layer.weight for layer in model.modules()
                for attr, child in layer.named_children()
                if attr == "_weight_quantizer" and isinstance(child, TensorQuantizer)
@@ -204,8 +204,8 @@ def check_quantizers(model: nn.Module, names: dict[int, str],
             unreached.setdefault(name, module)
             continue
         try:
-            params[id(module)] = export_params(module, weights.get(id(module))) if module.block_size is not None \
-                else export_params(module)
+            # a weight's quantizer gets the weight: INT4, FP8 and NVFP4 weights are stored quantized
+            params[id(module)] = export_params(module, weights.get(id(module)))
         except LookupError as error:
             problems[name] = f"enabled but {error}"
             continue

@@ -16,7 +16,8 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ScaledQuantDescriptor", "QuantDescriptor", "CALIB_METHODS", "E4M3", "E4M3_MAX", "MAX_NUM_BITS", "is_int",
+    "ScaledQuantDescriptor", "QuantDescriptor", "CALIB_METHODS", "E4M3", "E4M3_MAX", "E2M1", "NVFP4_BLOCK_SIZE",
+    "MAX_NUM_BITS", "is_int",
     "QUANT_DESC_8BIT_PER_TENSOR", "QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR",
     "QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL", "QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL",
     "QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL", "QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW",
@@ -27,6 +28,8 @@ __all__ = [
 CALIB_METHODS = ("max", "histogram")
 E4M3 = (4, 3)
 E4M3_MAX = 448.0
+E2M1 = (2, 1)  # FP4 E2M1: NVFP4 with block_size (see workbench.quant.nvfp4)
+NVFP4_BLOCK_SIZE = 16  # TensorRT's and Model Optimizer's NVFP4 block
 MAX_NUM_BITS = 32
 
 
@@ -45,8 +48,11 @@ def _validate_num_bits(num_bits: Any) -> int | tuple[int, int]:
         return num_bits
     if isinstance(num_bits, (tuple, list)) and tuple(num_bits) == E4M3:
         return E4M3
+    if isinstance(num_bits, (tuple, list)) and tuple(num_bits) == E2M1:
+        return E2M1
     raise TypeError(
-        f"num_bits must be a positive integer, or the tuple (4, 3) for FP8 E4M3, got {num_bits!r} "
+        f"num_bits must be a positive integer, the tuple (4, 3) for FP8 E4M3, or (2, 1) for FP4 E2M1 (NVFP4, "
+        f"with block_size), got {num_bits!r} "
         f"of type {type(num_bits).__name__}.")
 
 
@@ -83,12 +89,19 @@ def _validate_amax(amax: Any) -> np.ndarray | None:
     return array
 
 
-def _validate_block_size(block_size: Any, axis: Any, learn_amax: bool) -> int | None:
-    """Blocks run along the one weight dimension that ``axis`` does not keep: ``axis`` must be one int."""
+def _validate_block_size(block_size: Any, axis: Any, learn_amax: bool, num_bits: Any = None) -> int | None:
+    """Blocks run along the one weight dimension that ``axis`` does not keep: ``axis`` must be one int.
+
+    FP4 E2M1 (NVFP4) needs blocks; on an activation (``axis`` None) they run along its last dimension.
+    """
     if block_size is None:
+        if num_bits == E2M1:
+            raise ValueError("num_bits=(2, 1) (FP4 E2M1, NVFP4) needs block_size (16: an FP8 scale per 16 values).")
         return None
     if not is_int(block_size) or int(block_size) < 1:
         raise ValueError(f"block_size must be a positive integer (elements per scale) or None, got {block_size!r}.")
+    if num_bits == E2M1 and axis is None and not learn_amax:
+        return int(block_size)
     if not is_int(axis):
         raise ValueError(f"block_size needs axis set to the output-channel axis of a 2-D weight (the blocks run "
                          f"along the other, input, dimension), got axis={axis!r}.")
@@ -157,7 +170,8 @@ class ScaledQuantDescriptor:
         self._narrow_range = _validate_bool("narrow_range", kwargs.pop("narrow_range", False))
         # Not in pytorch-quantization (Model Optimizer has both ideas): blockwise scales and a quantizer that
         # the descriptor itself leaves off (INT4 weight-only keeps its activations in float).
-        self._block_size = _validate_block_size(kwargs.pop("block_size", None), self._axis, self._learn_amax)
+        self._block_size = _validate_block_size(kwargs.pop("block_size", None), self._axis, self._learn_amax,
+                                                self._num_bits)
         self._enabled = _validate_bool("enabled", kwargs.pop("enabled", True))
 
         if kwargs:

@@ -21,6 +21,7 @@ import workbench.quant.kernels.fake_quant as kernels
 import workbench.quant.kernels.ste as ste
 from workbench.quant.descriptor import (  # noqa: F401 - pytorch-quantization's tensor_quant offers them
     CALIB_METHODS,
+    E2M1,
     E4M3,
     E4M3_MAX,
     MAX_NUM_BITS,

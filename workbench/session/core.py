@@ -257,7 +257,7 @@ class Session(SessionReading):
 
     def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
                       fp8_weight_per_channel: bool = True) -> list[str]:
-        """Run layers in ``precision`` (int8, fp8, int4w, float; :mod:`workbench.quant.algorithms.precision`): their
+        """Run layers in ``precision`` (the precisions of :mod:`workbench.quant.algorithms.precision`): their
         descriptors and quantize flag become that precision's, in one edit. Returns the layers changed.
 
         Raises:

@@ -60,7 +60,8 @@ def descriptor_summary(fields: dict[str, Any] | None, method: str | None = None)
     if fields is None:
         return "-"
     bits = fields.get("num_bits", 8)
-    kind = "fp8" if isinstance(bits, (list, tuple)) else f"{'uint' if fields.get('unsigned') else 'int'}{bits}"
+    kind = ("fp4" if tuple(bits) == (2, 1) else "fp8") if isinstance(bits, (list, tuple)) \
+        else f"{'uint' if fields.get('unsigned') else 'int'}{bits}"
     axis = fields.get("axis")
     granularity = "per-tensor" if axis is None else f"per-channel({axis})"
     calib = "hist" if fields.get("calib_method") == "histogram" else "max"
@@ -310,7 +311,8 @@ def histogram_of(quantizer: TensorQuantizer, record: QuantizerRecord | None) -> 
             "reason": record.reason if record else "",
             "warnings": [w["message"] for w in record.warnings] if record else [],
             # the values the layer's format can output with the amax in use (E4M3's uneven grid for FP8)
-            "format": "fp8" if isinstance(bits, tuple) else f"{'uint' if quantizer.unsigned else 'int'}{bits}",
+            "format": ("fp4" if bits == (2, 1) else "fp8") if isinstance(bits, tuple)
+            else f"{'uint' if quantizer.unsigned else 'int'}{bits}",
             "grid": None if not current else grid_levels(bits, current, unsigned=quantizer.unsigned)}
 
 

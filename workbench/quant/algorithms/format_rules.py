@@ -8,6 +8,9 @@ support matrix: FP8 "Ada and later", INT4 weight-only W4A16 "Ampere and later"):
   TensorRT 8.6+ (TensorRT's custom FP8 ops) or 10+ (standard ONNX QuantizeLinear to float8e4m3fn).
 * INT4 weight-only (blockwise ``DequantizeLinear`` into a GEMM's weight) builds with TensorRT 10 and newer;
   its weight-only GEMM kernels need compute capability 8.0 and newer (Ampere onwards).
+* NVFP4 (FP4 E2M1 values in blocks of 16 with FP8 E4M3 block scales and an FP32 global scale; weights as FP4
+  initializers, activations through ``TRT_FP4DynamicQuantize``) builds with TensorRT 10.8 and newer on
+  compute capability 10.0 and newer (Blackwell: B200, GB200, RTX 50xx), for GEMMs.
 * INT8 builds on every GPU TensorRT supports.
 
 A layer whose precision differs from both neighbours runs alone: TensorRT cannot fuse a Q/DQ boundary into
@@ -38,6 +41,7 @@ FORMAT_NEEDS: dict[str, FormatNeeds] = {
     "fp8": FormatNeeds("fp8", (8, 9), "8.6 (TRT_FP8 custom ops) / 10.0 (standard Q/DQ)",
                        "compute capability 8.9+: Ada (L4, L40, RTX 40xx), Hopper (H100, H200), Blackwell"),
     "int4w": FormatNeeds("int4w", (8, 0), "10.0", "compute capability 8.0+: Ampere (A100, A10) and newer"),
+    "nvfp4": FormatNeeds("nvfp4", (10, 0), "10.8", "compute capability 10.0+: Blackwell (B200, GB200, RTX 50xx)"),
 }
 
 

@@ -1,5 +1,5 @@
-"""Precision per layer: the one registry of the formats a layer can run in (``int8``, ``fp8``, ``int4w``,
-``float``), what each means in descriptors, and what each costs in weight bytes.
+"""Precision per layer: what each format of the registry (:mod:`~workbench.quant.algorithms.precision_registry`:
+``int8``, ``fp8``, ``int4w``, ``nvfp4``, ``float``) means in descriptors, and what each costs in weight bytes.
 
 A precision is not stored on its own: it *is* the layer's descriptors (pytorch-quantization's vocabulary:
 ``num_bits=(4, 3)`` is FP8 E4M3) and its quantize flag, so the descriptor editor, ``workbench show``, the
@@ -20,9 +20,12 @@ from torch import nn
 
 from workbench.quant.algorithms.precision_registry import (
     DEFAULT_BLOCK_SIZE,
+    E2M1_BITS,
     E4M3_BITS,
     FP8_OPS,
+    FP8_SCALE_BYTES,
     GEMM_TYPES,
+    NVFP4_BLOCK_SIZE,
     PRECISIONS,
     SCALE_BYTES,
     Precision,
@@ -32,11 +35,13 @@ from workbench.quant.algorithms.precision_registry import (
 )
 from workbench.quant.algorithms.tensorrt_rules import output_channel_axis
 from workbench.quant.kernels.blocks import blocks_of
+from workbench.quant.nvfp4 import E2M1_LEVELS, E2M1_MAX
 from workbench.quant.tensor_quant import E4M3_MAX
 
-__all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "parse_precision",
-           "precision_choices_text", "applies_to", "descriptors_for", "precision_of", "precision_label",
-           "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS", "grid_levels"]
+__all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "E2M1_BITS",
+           "NVFP4_BLOCK_SIZE", "parse_precision", "precision_choices_text", "applies_to", "descriptors_for",
+           "precision_of", "precision_label", "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS",
+           "grid_levels"]
 
 def _kind(module_type: str) -> str:
     return module_type.removeprefix("Quant")
@@ -55,6 +60,12 @@ def applies_to(precision: Precision, module_type: str, *, has_weight: bool,
             return (f"int4w is INT4 weight-only for weight GEMMs (2-D weights: {', '.join(GEMM_TYPES)}): a "
                     f"{_kind(module_type)} layer {'has no weight quantizer' if not has_weight else 'is not a GEMM'}"
                     "; TensorRT builds INT4 only as weight-only GEMMs.")
+    if precision is Precision.NVFP4:
+        gemm = weight_ndim == 2 if weight_ndim is not None else _kind(module_type) in GEMM_TYPES
+        if not has_weight or not gemm:
+            return (f"nvfp4 is for weight GEMMs (2-D weights: {', '.join(GEMM_TYPES)}): a {_kind(module_type)} layer "
+                    f"{'has no weight quantizer' if not has_weight else 'is not a GEMM'}; TensorRT's FP4 kernels "
+                    "are GEMMs (Model Optimizer's NVFP4 recipes quantize Linear layers only).")
     return None
 
 
@@ -106,6 +117,14 @@ def descriptors_for(precision: Precision | str, module_type: str, *, has_weight:
             weight.update(num_bits=list(E4M3_BITS))
             if fp8_weight_per_channel:
                 weight["axis"] = channel_axis
+    elif precision is Precision.NVFP4:
+        # the amax calibrated is the global (per-tensor) one; block scales come from each block's max, of the
+        # weight at export and of the activation at run time: max calibration, as Model Optimizer's recipe
+        inputs.update(num_bits=list(E2M1_BITS), block_size=NVFP4_BLOCK_SIZE)
+        inputs.pop("calib_method", None)
+        if weight is not None:
+            weight.update(num_bits=list(E2M1_BITS), axis=channel_axis, block_size=NVFP4_BLOCK_SIZE)
+            weight.pop("calib_method", None)
     else:  # INT4W: weights blockwise by max (calibrated), inputs left in float by the descriptor itself
         inputs.update(num_bits=8, enabled=False)
         inputs.pop("calib_method", None)
@@ -143,6 +162,8 @@ def precision_of(input_desc: Mapping[str, Any] | None, weight_desc: Mapping[str,
             return Precision.INT4W
         return None
     no_weight = weight_desc is None  # a layer without a weight quantizer (pooling, an add) reads from its input
+    if in_bits == E2M1_BITS and not no_weight and w_bits == E2M1_BITS:
+        return Precision.NVFP4
     if in_bits == E4M3_BITS and (no_weight or w_bits == E4M3_BITS):
         return Precision.FP8
     if in_bits == 8 and (no_weight or (w_bits == 8 and weight_desc.get("block_size") is None)):  # type: ignore[union-attr]
@@ -154,6 +175,8 @@ def grid_levels(num_bits: Any, amax: float, *, unsigned: bool = False) -> np.nda
     """The non-negative values a quantizer of ``num_bits`` (8, 4, or ``(4, 3)`` for E4M3) can output with
     ``amax``: ``k * amax / max_bound`` on an integer grid, the E4M3 values scaled by ``amax / 448`` on FP8
     (dense near 0, coarse near amax). For drawing a format's grid under a histogram."""
+    if isinstance(num_bits, (list, tuple)) and tuple(num_bits) == E2M1_BITS:  # a block whose max is amax
+        return np.array(E2M1_LEVELS, dtype=np.float64) * (amax / E2M1_MAX)
     if isinstance(num_bits, (list, tuple)):
         if tuple(num_bits) != E4M3_BITS:
             raise ValueError(f"no grid for num_bits={num_bits!r}")
@@ -172,7 +195,8 @@ def layer_weight_bytes(precision: Precision | None, weight_shape: tuple[int, ...
                        channel_axis: int = 0, block_size: int = DEFAULT_BLOCK_SIZE,
                        per_channel: bool = True) -> int:
     """Bytes a layer's weight takes in ``precision``, scales included (float32 each): INT8/FP8 one byte per
-    element plus a scale per output channel (or one), INT4 half a byte per element plus a scale per block,
+    element plus a scale per output channel (or one), INT4 half a byte per element plus a scale per block, NVFP4
+    half a byte per element plus an FP8 scale per block of 16 and one float32 global scale,
     float four bytes per element. None (custom) counts as float. 0 without a weight."""
     if not weight_shape:
         return 0
@@ -184,6 +208,10 @@ def layer_weight_bytes(precision: Precision | None, weight_shape: tuple[int, ...
     channels = int(weight_shape[channel_axis]) if per_channel else 1
     if precision in (Precision.INT8, Precision.FP8):
         return numel + SCALE_BYTES * channels
+    if precision is Precision.NVFP4:  # FP4 values, an FP8 scale per block of 16 inputs, one FP32 global scale
+        inner = numel // int(weight_shape[channel_axis])
+        blocks = int(weight_shape[channel_axis]) * blocks_of(inner, NVFP4_BLOCK_SIZE)
+        return (numel + 1) // 2 + FP8_SCALE_BYTES * blocks + SCALE_BYTES
     # INT4W: two elements per byte (TensorRT and ONNX pack int4 so), a scale per (channel, block)
     inner = numel // int(weight_shape[channel_axis])
     scales = int(weight_shape[channel_axis]) * blocks_of(inner, block_size)

@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from workbench.quant.descriptor import E2M1, NVFP4_BLOCK_SIZE
+
 __all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "SCALE_BYTES", "GEMM_TYPES",
-           "FP8_OPS", "BLOCK_METHODS", "DEFAULT_BLOCK_METHOD", "parse_precision", "precision_choices_text"]
+           "FP8_OPS", "BLOCK_METHODS", "DEFAULT_BLOCK_METHOD", "parse_precision", "precision_choices_text", "E2M1_BITS",
+           "FP8_SCALE_BYTES", "NVFP4_BLOCK_SIZE"]
 
 # how FP8 Q/DQ is written: standard QuantizeLinear to float8e4m3fn (opset 19; TensorRT 10+), or TensorRT's
 # custom ops TRT_FP8QuantizeLinear/TRT_FP8DequantizeLinear (pytorch-quantization's form; TensorRT 8.6 and 9)
@@ -19,6 +22,8 @@ DEFAULT_BLOCK_SIZE = 128  # INT4 weight-only: elements per scale along the input
 BLOCK_METHODS = ("max", "mse")  # how a block's amax is chosen: its max, or the max shrunk to the least squared error
 DEFAULT_BLOCK_METHOD = "max"    # the one pytorch-quantization and Model Optimizer use; mse costs a search per block
 E4M3_BITS = (4, 3)  # pytorch-quantization's num_bits for FP8 E4M3
+E2M1_BITS = E2M1  # FP4 E2M1 values of NVFP4 (Model Optimizer's num_bits for it)
+FP8_SCALE_BYTES = 1  # NVFP4's block scales are FP8 E4M3
 SCALE_BYTES = 4  # a float32 scale per channel or block, as the exported ONNX initializers hold them
 
 # Layer types (without the Quant prefix) whose weight is a 2-D GEMM operand: INT4 weight-only applies to them.
@@ -33,6 +38,7 @@ class Precision(str, Enum):
     INT8 = "int8"
     FP8 = "fp8"
     INT4W = "int4w"
+    NVFP4 = "nvfp4"
     FLOAT = "float"
 
     def __str__(self) -> str:
@@ -63,6 +69,9 @@ PRECISIONS: dict[Precision, PrecisionInfo] = {
     Precision.INT4W: PrecisionInfo(Precision.INT4W, "INT4 W", f"INT4 weights only, blockwise along the input "
                                    f"(block {DEFAULT_BLOCK_SIZE}), inputs in float: GEMMs, TensorRT 10+", 4, False,
                                    True),
+    Precision.NVFP4: PrecisionInfo(Precision.NVFP4, "NVFP4", f"FP4 E2M1 inputs (scaled per block at run time) and "
+                                   f"weights, blocks of {NVFP4_BLOCK_SIZE} with FP8 scales and an FP32 global scale: "
+                                   "GEMMs, Blackwell, TensorRT 10.8+", 4, True, True),
     Precision.FLOAT: PrecisionInfo(Precision.FLOAT, "float", "not quantized: runs in the engine's float "
                                    "precision", 32, False, False),
 }

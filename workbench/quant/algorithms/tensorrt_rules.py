@@ -71,6 +71,8 @@ def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str, *,
     if isinstance(num_bits, list):
         num_bits = tuple(num_bits)
     kind = module_type.removeprefix("Quant")
+    if num_bits == (2, 1):  # NVFP4 (see workbench.quant.nvfp4)
+        return _nvfp4_check(role, axis, kind, block_size)
     if block_size is not None:
         if role != "weight":
             return TensorRTCheck(error=f"TensorRT takes blockwise scales for weights only, not for the {kind} input.")
@@ -95,6 +97,32 @@ def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str, *,
         return TensorRTCheck(sim_only=(
             f"{what} {role}s are for simulation and fine-tuning only ({SIM_ONLY}): QDQ export for TensorRT "
             "needs INT8, FP8 E4M3 (4, 3), or INT4 weights in blocks (block_size), and will refuse this layer."))
+    return TensorRTCheck()
+
+
+NVFP4_GEMM_KINDS = ("Linear", "Conv1D")  # TensorRT's FP4 kernels are GEMMs
+
+
+def _nvfp4_check(role: str, axis: Any, kind: str, block_size: int | None) -> TensorRTCheck:
+    """NVFP4: FP4 E2M1 in blocks of 16 along the input features of a GEMM (TensorRT 10.8+, Blackwell)."""
+    if kind not in NVFP4_GEMM_KINDS:
+        return TensorRTCheck(error=(
+            f"NVFP4 (FP4 E2M1) is built by TensorRT for GEMMs ({', '.join(NVFP4_GEMM_KINDS)}), not for a {kind} "
+            "layer: run it in int8 or fp8."))
+    if block_size != 16:
+        return TensorRTCheck(sim_only=(
+            f"FP4 E2M1 in blocks of {block_size} is for simulation only ({SIM_ONLY}): TensorRT's NVFP4 takes "
+            "blocks of 16 (an FP8 scale per 16 values)."))
+    if role == "weight":
+        wanted = 1 if kind == "Conv1D" else 0
+        if axis != wanted:
+            return TensorRTCheck(error=(
+                f"NVFP4 {kind} weights keep their output channels on axis {wanted} (blocks run along the input "
+                f"features), not axis={axis!r}."))
+    elif axis is not None:
+        return TensorRTCheck(error=(
+            f"NVFP4 activations (the {kind} input) are scaled per block of their last dimension at run time "
+            f"with one global scale (axis=none), not axis={axis!r}."))
     return TensorRTCheck()
 
 

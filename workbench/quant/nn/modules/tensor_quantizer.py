@@ -15,6 +15,7 @@ import workbench.quant.utils as quant_utils
 from workbench.quant.kernels.blocks import block_kept_axes, block_view, unblock
 from workbench.quant.kernels.fake_quant import ROUNDINGS, Rounding
 from workbench.quant.nn.modules.clip import Clip
+from workbench.quant.nvfp4 import E2M1, block_axis_of, nvfp4_fake_quant
 from workbench.quant.tensor_quant import (
     E4M3,
     E4M3_MAX,
@@ -101,7 +102,10 @@ class TensorQuantizer(nn.Module):
 
         self._calibrator: calib.Calibrator | None
         # a blockwise quantizer's calibrator sees the blocked view of the weight (see blocks.block_view)
-        calib_axis = block_kept_axes(self._axis) if self._block_size is not None else self._axis
+        if self._num_bits == E2M1:  # NVFP4 calibrates its global (per-tensor) amax; block scales are per call
+            calib_axis = None
+        else:
+            calib_axis = block_kept_axes(self._axis) if self._block_size is not None else self._axis
         if quant_desc.calib_method == "histogram":
             self._calibrator = calib.HistogramCalibrator(num_bits=self._num_bits, axis=calib_axis,
                                                          unsigned=self._unsigned)
@@ -504,6 +508,8 @@ class TensorQuantizer(nn.Module):
             logger.warning("Quantizer is in calibration mode; finish calibration before exporting to ONNX.")
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self._num_bits == E2M1:  # NVFP4 blocks its input itself (the calibrator sees the tensor whole)
+            return self._forward(inputs)
         if self._block_size is not None and not self._disabled:
             # blockwise: calibrate and quantize the [out, blocks, block] view, then give the weight its shape back
             blocked = block_view(inputs, self._axis, self._block_size)
@@ -530,12 +536,23 @@ class TensorQuantizer(nn.Module):
                 raise RuntimeError("Clip without learning amax is not implemented.")
             outputs = self.clip(inputs)
         if self._if_quant:
-            if isinstance(self._num_bits, tuple):
+            if self._num_bits == E2M1:
+                outputs = self._nvfp4_forward(inputs)
+            elif isinstance(self._num_bits, tuple):
                 exponent, mantissa = self._num_bits
                 outputs = scaled_e4m3(inputs, self._get_amax(inputs), exponent, mantissa, self._rounding)
             else:
                 outputs = self._quant_forward(inputs)
         return outputs
+
+    def _nvfp4_forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """NVFP4: the calibrated amax is the global one (the tensor's own max without one); blocks along the
+        input features, scaled per block at run time (see :mod:`workbench.quant.nvfp4`)."""
+        amax = self._amax if hasattr(self, "_amax") else inputs.detach().abs().amax()
+        if self._scale_amax is not None:
+            amax = amax * self._scale_amax
+        axis = block_axis_of(inputs.dim(), self._axis if isinstance(self._axis, int) else None)
+        return nvfp4_fake_quant(inputs, amax.detach().float().reshape(()), self._block_size, axis)
 
     # ----- description ------------------------------------------------------------------------
 
