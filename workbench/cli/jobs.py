@@ -260,6 +260,12 @@ def _fallback_mix(session: Any, fallback: Any) -> dict[str, Any]:
             "float_bytes": weight_bytes(model, {k: Precision.FLOAT for k in precisions})}
 
 
+def _names(text: str | None) -> tuple[str, ...] | None:
+    """``"logits, pred_boxes"`` as names; None when nothing was given."""
+    names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
+    return names or None
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     session = open_project(args)
     folder = Path(args.output).parent if args.output else None
@@ -269,7 +275,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     try:
         report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
                                 amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None,
-                                force=args.force, fp8_ops=args.fp8_ops)
+                                force=args.force, fp8_ops=args.fp8_ops, outputs=_names(args.outputs))
     except BaseException:
         if made and not any(folder.iterdir()):
             folder.rmdir()
@@ -426,6 +432,9 @@ def _export_options(export: argparse.ArgumentParser) -> None:
                              "TensorRT 8.6/9 (validated in the standard form: onnxruntime cannot run them) "
                              "(default: the project's; new projects: standard)")
     export.add_argument("--static-batch", action="store_true", help="keep the sample's batch size fixed")
+    export.add_argument("--outputs", help="the model's outputs the file returns, by name, comma-separated (logits,"
+                                          "pred_boxes; a name keeps every tensor under it) (default: the project's; "
+                                          "new projects: every tensor the model returns, named after its field)")
     export.add_argument("--force", action="store_true",
                         help="overwrite the .onnx file even if this project did not write it (or it changed since)")
     export.add_argument("--amax-json", action="store_true", help="also write the amax table as JSON")

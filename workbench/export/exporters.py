@@ -63,25 +63,81 @@ class _TooLargeForTorchScript(ExportError):
     """The graph is over protobuf's 2 GB limit, which the TorchScript exporter cannot write."""
 
 
+class _Collect(logging.Handler):
+    """Keeps every record torch's loggers emit while an exporter runs (for --debug and the report's JSON)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.extend(f"{record.name}: {line}" for line in record.getMessage().splitlines())
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted is not worth failing an export for
+            pass
+
+
+class _Lines(io.TextIOBase):
+    """A text stream that keeps what is written to it as lines (torch's print()s while it exports)."""
+
+    def __init__(self, lines: list[str], prefix: str) -> None:
+        self.lines, self.prefix = lines, prefix
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.lines.extend(f"{self.prefix}{line}" for line in text.splitlines() if line.strip())
+        return len(text)
+
+
+# the loggers whose records torch writes while exporting: their own handlers (torch._logging puts one on "torch")
+_TORCH_LOGGERS = ("torch", "onnxscript", "onnx_ir")
+# what the report's JSON keeps of the captured output (all of it goes to the debug log)
+CAPTURED_LINES = 400
+
+
 @contextlib.contextmanager
-def quiet() -> Iterator[list[str]]:
-    """Keep the exporters' progress and registry chatter out of the user's console; collect warnings."""
+def quiet(captured: list[str] | None = None) -> Iterator[list[str]]:
+    """Keep the exporters' output out of the user's console: torch's log records (torch.export's graph dump
+    before a fallback, ~2,700 lines for DETR), its print()s and its warnings. Yields the tracer warnings worth a
+    line in the report; everything else goes to ``captured`` (and to this module's debug log)."""
     collected: list[str] = []
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    with warnings.catch_warnings(record=True) as caught:
+    kept = captured if captured is not None else []
+    handler = _Collect(kept)
+    saved = []
+    chatty = [(logging.getLogger(name), logging.getLogger(name).level)
+              for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    # torch._logging gives some of its loggers (torch.fx.experimental.symbolic_shapes...) handlers of their own
+    names = [name for name in list(logging.root.manager.loggerDict)
+             if any(name == root or name.startswith(root + ".") for root in _TORCH_LOGGERS)
+             and isinstance(logging.root.manager.loggerDict[name], logging.Logger)
+             and (logging.getLogger(name).handlers or not logging.getLogger(name).propagate)]
+    for name in dict.fromkeys(list(_TORCH_LOGGERS) + names):
+        lg = logging.getLogger(name)
+        saved.append((lg, lg.handlers[:], lg.propagate, lg.level))
+        lg.handlers = [handler]
+        lg.propagate = False
+    # the exporters' progress at INFO, and torch's own noise below WARNING, are not worth keeping
+    for lg, _ in chatty:
+        lg.setLevel(logging.WARNING)
+    start = len(kept)
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(_Lines(kept, "stdout: ")), \
+            contextlib.redirect_stderr(_Lines(kept, "stderr: ")):
         warnings.simplefilter("always")
         try:
             yield collected
         finally:
-            for lg, level in zip(loggers, levels):
+            for lg, handlers, propagate, level in saved:
+                lg.handlers, lg.propagate = handlers, propagate
+            for lg, level in chatty:
                 lg.setLevel(level)
             for w in caught:
                 message = str(w.message).splitlines()[0] if str(w.message) else ""
                 if issubclass(w.category, torch.jit.TracerWarning):
                     collected.append(f"TorchScript tracer: {message}")
+            if len(kept) > start:
+                logger.debug("exporter output (kept out of the console):\n%s", "\n".join(kept[start:]))
 
 
 def _unsupported_ops(error: BaseException) -> list[str]:

@@ -246,11 +246,19 @@ class ExportSettings(_Section):
     amax_json: bool = False
     calibration_cache: bool = False
     fp8_ops: str = "standard"  # workbench.quant.algorithms.precision.FP8_OPS: "trt" for TensorRT before 10
-    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops",)
+    # the model's outputs the graph returns, by name (workbench.export.outputs); None: every one
+    outputs: tuple[str, ...] | None = None
+    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops", "outputs")
 
     def __post_init__(self) -> None:
         self._require("path", self.path is None or isinstance(self.path, str), "a file name or none")
         self._require("fp8_ops", self.fp8_ops in FP8_OPS, f"one of {', '.join(FP8_OPS)}")
+        self._require("outputs", self.outputs is None or (
+            isinstance(self.outputs, (list, tuple)) and bool(self.outputs)
+            and all(isinstance(name, str) and name.strip() for name in self.outputs)),
+            "a list of output names (logits, pred_boxes...) or none for every output")
+        if self.outputs is not None:
+            self._set("outputs", tuple(self.outputs))
         if self.opset is None:  # stored none: the default opset
             self._set("opset", type(self).opset)
         # below MIN_OPSET no exporter anywhere can write the file; the upper bound is this machine's onnx, checked
