@@ -284,7 +284,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
     emit(args, {**report.to_dict(), "files": written},
-         report.summary() + "".join(f"\nwarning: {warning}" for warning in report.warnings)
+         report.summary() + f"\nexporter: {report.exporter_note}"
+         + "".join(f"\nwarning: {warning}" for warning in report.warnings)
          + "".join(f"\nnote: {note}" for note in report.format_notes)
          + "\nwrote: " + ", ".join(written))
     return EXIT_OK

@@ -128,7 +128,7 @@ def quiet(captured: list[str] | None = None) -> Iterator[list[str]]:
         try:
             yield collected
         finally:
-            for lg, handlers, propagate, level in saved:
+            for lg, handlers, propagate, _ in saved:
                 lg.handlers, lg.propagate = handlers, propagate
             for lg, level in chatty:
                 lg.setLevel(level)

@@ -757,7 +757,7 @@ def optimized_parity(path: str, inputs: tuple[torch.Tensor, ...], output_names: 
     except Exception as error:
         # a user's script, and most deployments, open the file this way: a file they cannot run is no export
         raise ExportValidationError("onnxruntime", f"onnxruntime with its default graph optimizations "
-                                                   f"(ORT_ENABLE_ALL) cannot run the file: {first_line(error)}. "
+                                                   f"(ORT_ENABLE_ALL) cannot run the file: {first_line(error).rstrip('.')}. "
                                                    "The graph as written runs; this is an onnxruntime optimizer's "
                                                    "problem the export could not avoid.") from error
     del session

@@ -1,8 +1,8 @@
 """Passes over the exported graph's Q/DQ nodes: what the file must hold so that every runtime reads it as the
 fake-quant model computes it, and what the report says about the quantizers.
 
-* :func:`drop_constant_qdq`: a constant never gets a Q/DQ. A quantizer whose input is a ``ConstantOfShape``
-  (DETR's zero masks and query tensors, built at run time from an input's shape) saw one value during
+* :func:`drop_constant_qdq`: a constant never gets a Q/DQ. A quantizer whose input is a ``ConstantOfShape``, or
+  a constant expanded to a shape (DETR's zero queries, built at run time from an input's shape) saw one value during
   calibration; on zeros its amax is 0 and its scale ``2**100`` (1.27e30), a number TensorRT has to take as a
   dynamic range. Where Q/DQ gives back the constant itself (zero always does), the pair goes and the constant
   feeds its consumers directly: the same values, no scale.
@@ -49,11 +49,31 @@ def _rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:
             graph.node.append(helper.make_node("Identity", [new], [old], name=f"{old}/Identity"))
 
 
-def _constant_value(node: onnx.NodeProto) -> np.ndarray:
-    for attribute in node.attribute:
-        if attribute.name == "value":
-            return numpy_helper.to_array(attribute.t).reshape(-1)[:1]
-    return np.zeros(1, dtype=np.float32)  # ConstantOfShape's default: a float 0
+def _uniform_value(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto],
+                   producers: dict[str, onnx.NodeProto]) -> np.ndarray | None:
+    """The one value every element of ``node``'s output has, where the graph makes it from a constant whatever
+    the inputs (``ConstantOfShape``; ``Expand`` or ``Tile`` of a constant whose elements are all equal: torch's
+    ``zeros(x.shape[0], ...)``); else None."""
+    if node.op_type == "ConstantOfShape":
+        for attribute in node.attribute:
+            if attribute.name == "value":
+                return numpy_helper.to_array(attribute.t).reshape(-1)[:1]
+        return np.zeros(1, dtype=np.float32)  # ConstantOfShape's default: a float 0
+    if node.op_type not in ("Expand", "Tile") or not node.input:
+        return None
+    data: np.ndarray | None = None
+    if node.input[0] in initializers:
+        init = initializers[node.input[0]]
+        if init.data_location == TensorProto.EXTERNAL or int(np.prod(init.dims)) > 4096:
+            return None
+        data = numpy_helper.to_array(init)
+    elif node.input[0] in producers and producers[node.input[0]].op_type == "Constant":
+        attribute = next((a for a in producers[node.input[0]].attribute if a.name == "value"), None)
+        data = None if attribute is None else numpy_helper.to_array(attribute.t)
+    if data is None or data.size == 0 or not np.issubdtype(data.dtype, np.floating):
+        return None
+    flat = data.reshape(-1)
+    return flat[:1] if np.all(flat == flat[0]) else None
 
 
 def _int_qdq(value: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmin: int, qmax: int) -> np.ndarray:
@@ -74,7 +94,8 @@ def drop_constant_qdq(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]
         if q.op_type != "QuantizeLinear" or len(q.input) < 3:
             continue
         source = producers.get(q.input[0])
-        if source is None or source.op_type != "ConstantOfShape":
+        value = None if source is None else _uniform_value(source, initializers, producers)
+        if value is None:
             continue
         if q.input[1] not in initializers or q.input[2] not in initializers:
             continue
@@ -99,7 +120,6 @@ def drop_constant_qdq(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]
         if not chain:
             continue
         qmin, qmax = (0, 255) if zero_init.data_type == TensorProto.UINT8 else (-128, 127)
-        value = _constant_value(source)
         if not np.array_equal(_int_qdq(value, scale.reshape(-1)[0], zero.reshape(-1)[0], qmin, qmax),
                               value.astype(np.float32)):
             continue  # Q/DQ changes the constant: the graph keeps computing what the model does
@@ -107,7 +127,7 @@ def drop_constant_qdq(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str]
         _rename_input(graph, chain[-1].output[0], q.input[0])
         quantizer = scale_to_quantizer.get(q.input[1], q.input[1].removesuffix(".scale"))
         notes[quantizer] = (f"{quantizer}: no Q/DQ on its input, the constant {source.name or source.output[0]} "
-                            f"(ConstantOfShape {value.reshape(-1)[0]:g}): Q/DQ gives it back unchanged, and a "
+                            f"({source.op_type} of {value.reshape(-1)[0]:g}): Q/DQ gives it back unchanged, and a "
                             f"constant needs no scale (its calibrated one was {float(scale.reshape(-1)[0]):.3g})")
     if removed:
         ids = {id(node) for node in removed}
