@@ -200,3 +200,37 @@ def test_torch_s_graph_dump_stays_out_of_the_console_and_the_report_says_why_the
     assert "def forward(" not in out + err and "torch.ops.aten" not in out + err
     assert len((out + err).splitlines()) < 5
     assert report.exporter_log  # kept for --debug and the JSON
+
+
+class Scan(nn.Module):
+    """Mamba's torch path in small: a Python loop over the sequence, which a trace unrolls at the sample's length."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 8)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, input_ids):
+        x = self.fc(self.embed(input_ids))
+        state = torch.zeros_like(x[:, 0])
+        steps = []
+        for t in range(x.shape[1]):
+            state = 0.5 * state + x[:, t]
+            steps.append(state)
+        return torch.stack(steps, 1)
+
+
+def test_a_loop_over_the_sequence_is_refused_with_the_option_named_and_exports_at_a_static_length(tmp_path):
+    from workbench.export.errors import ExportValidationError
+
+    torch.manual_seed(0)
+    batches = [torch.randint(0, 20, (2, 6)) for _ in range(2)]
+    model = calibrated(Scan(), batches)
+    with pytest.raises(ExportValidationError, match=r"does not run at sequence length 7 .*static_sequence=True, "
+                                                    r"--static-sequence"):
+        export_qdq_onnx(model, batches[0], tmp_path / "scan.onnx", exporter="dynamo")
+    assert not (tmp_path / "scan.onnx").exists()
+    report = export_qdq_onnx(model, batches[0], tmp_path / "scan.onnx", exporter="dynamo", static_sequence=True)
+    dims = onnx.load(str(tmp_path / "scan.onnx")).graph.input[0].type.tensor_type.shape.dim
+    assert dims[1].dim_value == 6 and report.sequence_check is None
+    assert any("sequence length fixed at the sample's (6)" in note for note in report.notes)

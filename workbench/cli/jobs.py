@@ -275,7 +275,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     try:
         report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
                                 amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None,
-                                force=args.force, fp8_ops=args.fp8_ops, outputs=_names(args.outputs))
+                                force=args.force, fp8_ops=args.fp8_ops, outputs=_names(args.outputs),
+                                static_sequence=True if args.static_sequence else None)
     except BaseException:
         if made and not any(folder.iterdir()):
             folder.rmdir()
@@ -433,6 +434,9 @@ def _export_options(export: argparse.ArgumentParser) -> None:
                              "TensorRT 8.6/9 (validated in the standard form: onnxruntime cannot run them) "
                              "(default: the project's; new projects: standard)")
     export.add_argument("--static-batch", action="store_true", help="keep the sample's batch size fixed")
+    export.add_argument("--static-sequence", action="store_true",
+                        help="keep the sample's sequence length fixed (a model that loops over the sequence in "
+                             "Python, as Mamba's scan does; remembered for the project)")
     export.add_argument("--outputs", help="the model's outputs the file returns, by name, comma-separated (logits,"
                                           "pred_boxes; a name keeps every tensor under it) (default: the project's; "
                                           "new projects: every tensor the model returns, named after its field)")

@@ -183,7 +183,8 @@ def _layers_calling(program, ops: list[str]) -> list[str]:
 
 def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
                    opset: int, dynamic_batch: bool, log: ReportLog, target_path: Path | None = None,
-                   threshold: int = EXTERNAL_DATA_THRESHOLD) -> tuple[onnx.ModelProto, bool, str]:
+                   threshold: int = EXTERNAL_DATA_THRESHOLD, dynamic_sequence: bool = True,
+                   ) -> tuple[onnx.ModelProto, bool, str]:
     trace_inputs = inputs
     dynamic_shapes = None
     if dynamic_batch:
@@ -191,7 +192,7 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
         if any(t.dim() > 0 and t.shape[0] == 1 for t in inputs):
             trace_inputs = grow_batch(inputs)
         batch = torch.export.Dim("batch", min=1)
-        tokens = token_inputs(trace_inputs)
+        tokens = token_inputs(trace_inputs) if dynamic_sequence else set()
         # the sequence axis of token inputs is dynamic where the model allows it (AUTO: static otherwise)
         per_input = tuple(({0: batch, 1: torch.export.Dim.AUTO} if i in tokens else {0: batch}) if t.dim() > 0
                           else None for i, t in enumerate(trace_inputs))
@@ -232,7 +233,7 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
     try:
         unwrap_names(proto)
         if dynamic_batch:
-            _name_dynamic_axes(proto, token_inputs(inputs))
+            _name_dynamic_axes(proto, token_inputs(inputs) if dynamic_sequence else set())
         note = "torch.export-based exporter (torch's default)"
         if default_opset(proto) != opset:
             try:
@@ -305,7 +306,8 @@ def _torchscript_too_large(model: nn.Module) -> str | None:
 
 
 def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
-                        opset: int, dynamic_batch: bool, target_path: Path | None = None) -> onnx.ModelProto:
+                        opset: int, dynamic_batch: bool, target_path: Path | None = None,
+                        dynamic_sequence: bool = True) -> onnx.ModelProto:
     """The TorchScript exporter's graph, its weights attached from the model's tensors (with ``target_path``, a
     model over :data:`~workbench.export.onnx_file.STREAM_THRESHOLD` keeps them in a temporary data file beside
     it, as the torch.export-based path does; see :mod:`workbench.export.torchscript_weights`)."""
@@ -317,7 +319,7 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
     register_torchscript_symbolic()
     dynamic_axes = None
     if dynamic_batch:
-        tokens = token_inputs(inputs)
+        tokens = token_inputs(inputs) if dynamic_sequence else set()
         # TorchScript cannot tell which lengths are tied: the inputs' names say it (decoder_* apart)
         dynamic_axes = {name: {0: "batch", 1: sequence_axis_name(name)} if i in tokens
                         else {0: "batch"}
@@ -578,8 +580,10 @@ def _fast_path(model: nn.Module, inputs: tuple, input_names: list[str], output_n
 
 def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
                  dynamic_batch: bool, exporter: Exporter, log: ReportLog, target_path: Path | None = None,
-                 threshold: int = EXTERNAL_DATA_THRESHOLD, formats: set[str] | None = None):
-    """Run the chosen exporter; with "auto", fall back to TorchScript and say why.
+                 threshold: int = EXTERNAL_DATA_THRESHOLD, formats: set[str] | None = None,
+                 dynamic_sequence: bool = True):
+    """Run the chosen exporter; with "auto", fall back to TorchScript and say why. With ``dynamic_sequence``
+    False, axis 1 of token inputs keeps the sample's length (a loop the trace unrolls at that length).
 
     With "auto" and the quantizers' ``formats``, a model :func:`fast_path_refusal` accepts goes through the
     TorchScript exporter first (its trace checked for tracer warnings); the torch.export-based exporter takes
@@ -604,14 +608,14 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
     if exporter == "torchscript":
         try:
             proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch,
-                                        target_path)
+                                        target_path, dynamic_sequence)
         except _TooLargeForTorchScript as error:
             raise ExportError(f"{error} Export with the torch.export-based exporter ('auto' or 'dynamo'): it "
                               "writes the weights to ONNX external data beside the file.") from error
         return proto, "torchscript", "TorchScript exporter (requested)", dynamic_batch
     try:
         proto, dynamic_batch, note = _export_dynamo(model, inputs, input_names, output_names, opset, dynamic_batch,
-                                                    log, target_path, threshold)
+                                                    log, target_path, threshold, dynamic_sequence)
         return proto, "dynamo", note, dynamic_batch
     except _CaptureError as error:
         if exporter == "dynamo":
@@ -630,7 +634,8 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
         primary = error
         reason = f"the torch.export-based one failed ({error})"
     try:
-        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch, target_path)
+        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch, target_path,
+                                    dynamic_sequence)
     except _TooLargeForTorchScript as fallback:
         # the fallback never had a chance: the torch.export-based exporter's problem is the one to fix
         message = (f"The torch.export-based exporter failed: {primary}\n"

@@ -55,6 +55,7 @@ REPORT_KINDS: dict[str, EntryKind] = {kind.key: kind for kind in (
     EntryKind("output_renamed", _N, "an output named as an input, renamed (an ONNX graph names each value once)"),
     EntryKind("constant_qdq", _N, "a quantizer on a constant: its Q/DQ left out (it gives the constant back)"),
     EntryKind("pinned_qdq", _N, "Q/DQ repeated after data movement so onnxruntime's optimizer can open the file"),
+    EntryKind("static_sequence", _N, "the sequence length fixed at the sample's, as asked"),
     EntryKind("fast_path_failed", _N, "the TorchScript fast path's graph failed validation: torch.export took over"),
 )}
 

@@ -151,7 +151,7 @@ def export_qdq_onnx(model: nn.Module,
                     float_onnx_path: str | os.PathLike | None = None,
                     trt_version: int = DEFAULT_TRT_VERSION,
                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
-                    fp8_ops: str = "standard") -> ExportReport:
+                    fp8_ops: str = "standard", static_sequence: bool = False) -> ExportReport:
     """Export a fake-quant model to a QDQ ONNX file and validate it before it appears at ``path``.
 
     The steps, each a function of this module: :func:`_plan` (arguments, quantizers, opset),
@@ -194,6 +194,9 @@ def export_qdq_onnx(model: nn.Module,
             keeps its weights in ``<path>.data`` beside the file, validated the same way.
         fp8_ops: how FP8 Q/DQ is written: ``"standard"`` (opset 19 QuantizeLinear to float8e4m3fn) or
             ``"trt"`` (TensorRT's custom ops, validated in the standard form first).
+        static_sequence: keep the sample's sequence length (axis 1 of token inputs) fixed: for a model that
+            loops over the sequence in Python (a scan the trace unrolls at the sample's length). A graph that
+            declares the length dynamic and does not run at another is refused with this option named.
 
     Returns:
         An :class:`ExportReport` with the exporter used, Q/DQ counts, opset, file size, times and the
@@ -215,6 +218,7 @@ def export_qdq_onnx(model: nn.Module,
     job = _plan(model, sample_inputs, path, opset=opset, input_names=input_names, output_names=output_names,
                 output=output, outputs=outputs, dynamic_batch=dynamic_batch, exporter=exporter,
                 external_data_threshold=external_data_threshold, fp8_ops=fp8_ops)
+    job.static_sequence = static_sequence
     # train/eval modes (one by one: some layers may be frozen) and quantizer state go back afterwards
     entry_state = ModelSnapshot(model)
     model.eval()
@@ -327,6 +331,7 @@ class _Export:
     folded: bool = False  # a streamed graph's weights folded into the committed file
     fast_path: bool = True  # "auto" may try the TorchScript fast path (off again when its graph fails validation)
     without_qdq: list[str] = field(default_factory=list)  # quantizers that ran but have no Q/DQ in the graph
+    static_sequence: bool = False  # axis 1 of token inputs keeps the sample's length
     captured: list[str] = field(default_factory=list)  # what torch logged and printed while exporting
 
 
@@ -434,7 +439,10 @@ def _run_references(job: _Export) -> None:
                 job.log.add("dynamic_batch_off", f"dynamic batch turned off: the model fails at batch size "
                                                      f"{job.grown[0].shape[0]} ({error.original})")
                 job.dynamic_batch, job.grown = False, None
-    if job.dynamic_batch and token_inputs(inputs):
+    if job.static_sequence:
+        job.log.add("static_sequence", f"sequence length fixed at the sample's "
+                    f"({', '.join(str(inputs[i].shape[1]) for i in sorted(token_inputs(inputs)))}), as asked")
+    if job.dynamic_batch and token_inputs(inputs) and not job.static_sequence:
         job.longer = grow_sequence(inputs, token_inputs(inputs))
         try:
             job.longer_reference = _reference(job, job.longer)
@@ -476,7 +484,8 @@ def _capture(job: _Export) -> None:
         job.swapped = swapped
         job.proto, job.used_exporter, job.exporter_note, job.dynamic_batch = run_exporter(
             job.call, job.inputs, job.input_names, job.output_names, job.opset, job.dynamic_batch, job.exporter,
-            job.log, job.path, job.external_data_threshold, formats=job.formats if job.fast_path else None)
+            job.log, job.path, job.external_data_threshold, formats=job.formats if job.fast_path else None,
+            dynamic_sequence=not job.static_sequence)
         job.exported_data = external_data_file(job.proto, job.path.parent)
         fold_int4_casts(job.proto, str(job.path.parent))
     job.log.extend("tracer", quiet_warnings)
@@ -535,13 +544,20 @@ def _post_process_graph(job: _Export) -> None:
                         "sample's sequence length (leave the LSTM unquantized for an ONNX LSTM node)")
 
 
+_STATIC_SEQUENCE_HINT = (" (the graph declares the sequence length dynamic but holds the sample's: a loop over "
+                         "the sequence unrolled when traced, as Mamba's scan is; export with static_sequence=True, "
+                         "--static-sequence on the command line, to fix the length at the sample's)")
+
+
 def _run_ort(session, inputs: tuple[torch.Tensor, ...], what: str) -> list:
     """One onnxruntime run; an error says at which shape (``what``) the graph failed."""
     release_freed_memory()  # the previous run's Q/DQ outputs (a float copy of each weight, one at a time)
     try:
         return session.run(None, feeds(session, inputs))
     except Exception as error:
-        raise ExportValidationError("onnxruntime", f"the graph does not run at {what}: "
+        # a loop over the sequence, unrolled at the sample's length
+        hint = _STATIC_SEQUENCE_HINT if what.startswith("sequence length") else ""
+        raise ExportValidationError("onnxruntime", f"the graph does not run at {what}{hint}: "
                                                    f"{first_line(error)}") from error
 
 
@@ -613,7 +629,11 @@ def _sequence_checks(job: _Export, session) -> list[tuple[str, OutputParity]]:
     length = max(t.shape[1] for i, t in enumerate(job.longer) if i in token_inputs(inputs))
     what = f"sequence length {length}"
     longer_outputs = _run_ort(session, job.longer, what)
-    found = [(what, min(compare(output_names, job.longer_reference, longer_outputs), key=lambda p: p.cosine))]
+    try:
+        found = [(what, min(compare(output_names, job.longer_reference, longer_outputs), key=lambda p: p.cosine))]
+    except ExportValidationError as error:  # an output of the sample's length: a loop unrolled when traced
+        raise ExportValidationError(error.stage, f"the graph does not run at {what}{_STATIC_SEQUENCE_HINT}: "
+                                                 f"{error.args[0] if error.args else error}") from error
     groups = sequence_groups(job.proto)
     if len(groups) > 1:  # lengths the graph keeps independent (encoder, decoder) checked at unequal values
         apart = grow_sequence_apart(inputs, list(groups.values()))
@@ -756,8 +776,9 @@ def optimized_parity(path: str, inputs: tuple[torch.Tensor, ...], output_names: 
         outputs = session.run(None, feeds(session, inputs))
     except Exception as error:
         # a user's script, and most deployments, open the file this way: a file they cannot run is no export
+        reason = first_line(error).rstrip(".")
         raise ExportValidationError("onnxruntime", f"onnxruntime with its default graph optimizations "
-                                                   f"(ORT_ENABLE_ALL) cannot run the file: {first_line(error).rstrip('.')}. "
+                                                   f"(ORT_ENABLE_ALL) cannot run the file: {reason}. "
                                                    "The graph as written runs; this is an onnxruntime optimizer's "
                                                    "problem the export could not avoid.") from error
     del session

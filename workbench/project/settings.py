@@ -248,7 +248,9 @@ class ExportSettings(_Section):
     fp8_ops: str = "standard"  # workbench.quant.algorithms.precision.FP8_OPS: "trt" for TensorRT before 10
     # the model's outputs the graph returns, by name (workbench.export.outputs); None: every one
     outputs: tuple[str, ...] | None = None
-    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops", "outputs")
+    # the sample's sequence length kept fixed (a model that loops over the sequence in Python)
+    static_sequence: bool = False
+    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops", "outputs", "static_sequence")
 
     def __post_init__(self) -> None:
         self._require("path", self.path is None or isinstance(self.path, str), "a file name or none")
@@ -265,7 +267,7 @@ class ExportSettings(_Section):
         # when the setting is edited (checked_setting), so a project from a newer onnx still opens
         if not (_is_int(self.opset) and self.opset >= MIN_OPSET):  # the text asks onnx: only on a refusal
             raise _refused("export.opset", opset_bounds_text(), self.opset)
-        for name in ("dynamic_batch", "amax_json", "calibration_cache"):
+        for name in ("dynamic_batch", "amax_json", "calibration_cache", "static_sequence"):
             self._require(name, isinstance(getattr(self, name), bool), "true or false")
 
 

@@ -737,10 +737,12 @@ class Session:
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
-               force: bool = False, fp8_ops: str | None = None, outputs: Sequence[str] | None = None):
+               force: bool = False, fp8_ops: str | None = None, outputs: Sequence[str] | None = None,
+               static_sequence: bool | None = None):
         """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project.
         ``fp8_ops`` ("standard" or "trt", default: the project's export setting) is how FP8 is written; ``outputs``
-        the model's outputs the graph returns, by name (default: the project's setting, else every one).
+        the model's outputs the graph returns, by name (default: the project's setting, else every one);
+        ``static_sequence`` keeps the sample's sequence length fixed (default: the project's setting).
 
         ``path`` is taken from the working directory; the stored path is relative to the project's folder.
         An existing file is replaced only when this project wrote it and it is unchanged, or with ``force``
@@ -753,7 +755,7 @@ class Session:
                                    project_path=self.path, base_dir=self.base_dir, project_dir=self.project_dir,
                                    remember=remember, force=force, opset=opset, dynamic_batch=dynamic_batch,
                                    amax_json=amax_json, calibration_cache=calibration_cache, fp8_ops=fp8_ops,
-                                   outputs=tuple(outputs) if outputs else None)
+                                   outputs=tuple(outputs) if outputs else None, static_sequence=static_sequence)
         model = self._require_calibrated()
         report = exports.write_export(plan, model, self.sample_inputs(batch=1))
         if remember:

@@ -232,13 +232,14 @@ class ExportPlan:
     calibration_cache: bool
     fp8_ops: str
     outputs: tuple[str, ...] | None = None
+    static_sequence: bool = False
 
 
 def plan_export(project: Project, settings: ExportSettings, target: Path, *, typed: bool, project_path: Path | None,
                 base_dir: Path, project_dir: Path, remember: bool, force: bool, opset: int | None = None,
                 dynamic_batch: bool | None = None, amax_json: bool | None = None,
                 calibration_cache: bool | None = None, fp8_ops: str | None = None,
-                outputs: tuple[str, ...] | None = None) -> ExportPlan:
+                outputs: tuple[str, ...] | None = None, static_sequence: bool | None = None) -> ExportPlan:
     """The export to ``target`` with the options given (the others from ``settings``), checked: it writes over
     none of the project's own files, and with ``remember`` over no file it may not replace.
 
@@ -250,7 +251,8 @@ def plan_export(project: Project, settings: ExportSettings, target: Path, *, typ
                       settings.dynamic_batch if dynamic_batch is None else dynamic_batch,
                       settings.amax_json if amax_json is None else amax_json,
                       settings.calibration_cache if calibration_cache is None else calibration_cache,
-                      fp8_ops or settings.fp8_ops, outputs or settings.outputs)
+                      fp8_ops or settings.fp8_ops, outputs or settings.outputs,
+                      settings.static_sequence if static_sequence is None else static_sequence)
     plan.files = planned_files(target, plan.amax_json, plan.calibration_cache)
     check_not_protected(plan.files, protected_files(project, project_path, base_dir))
     if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
@@ -275,7 +277,8 @@ def write_export(plan: ExportPlan, model: nn.Module, sample: Any):
     sides = {kind: file for file, kind in plan.files.items()}
     try:
         return export_qdq_onnx(model, sample, plan.target, opset=plan.opset, dynamic_batch=plan.dynamic_batch,
-                               outputs=plan.outputs, amax_json_path=sides.get("amax_json"),
+                               outputs=plan.outputs, static_sequence=plan.static_sequence,
+                               amax_json_path=sides.get("amax_json"),
                                calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
         where = error.filename or plan.target
@@ -305,7 +308,7 @@ def remembered_settings(plan: ExportPlan, project_dir: Path) -> dict[str, Any]:
     return replace(plan.settings, path=stored_export_path(plan.target, project_dir), opset=plan.opset,
                    dynamic_batch=plan.dynamic_batch, amax_json=plan.amax_json,
                    calibration_cache=plan.calibration_cache, fp8_ops=plan.fp8_ops,
-                   outputs=plan.outputs).to_stored()
+                   outputs=plan.outputs, static_sequence=plan.static_sequence).to_stored()
 
 
 def export_record(plan: ExportPlan, project: Project, report: Any, project_dir: Path) -> ExportRecord:
