@@ -64,7 +64,7 @@ def test_keyword_token_inputs_are_named_after_the_forward_with_batch_and_sequenc
     assert [(i.name, dims(i)) for i in graph.input] == [("input_ids", ["batch", "sequence"]),
                                                        ("attention_mask", ["batch", "sequence"])]
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT64
-    assert [o.name for o in graph.output] == ["logits"] and dims(graph.output[0])[0] == "batch"
+    assert [o.name for o in graph.output] == ["logits", "hidden"] and dims(graph.output[0])[0] == "batch"
     assert report.quantize_nodes >= 4 and report.cosine > 0.999
     assert report.sequence_check is not None and report.sequence_check.shape == (3, 8, 5)  # one token longer
     # another batch size and sequence length run and match the fake-quant model
@@ -237,7 +237,10 @@ def protobuf_limit(monkeypatch):
 def test_a_graph_over_the_protobuf_limit_is_exported_without_serialising_its_weights(tmp_path, protobuf_limit,
                                                                                      opset):
     model, sample = calibrated_tokens()
-    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", opset=opset, exporter="dynamo",
+    # logits alone: with "hidden" a graph output too, onnxruntime's extended optimizations (the script below runs
+    # them) fuse the Mul before head's QuantizeLinear and return quantized values for both (0.5 off; the report
+    # says so, the graph as written matches)
+    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", opset=opset, exporter="dynamo", outputs=["logits"],
                              external_data_threshold=protobuf_limit, float_onnx_path=tmp_path / "float.onnx",
                              calibration_cache_path=tmp_path / "calib.cache")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.cache", "float.onnx", "float.onnx.data", "m.onnx",
