@@ -86,11 +86,11 @@ from workbench.export.onnx_file import (
     stage,
     write_onnx,
 )
-from workbench.export.outputs import distinct_from_inputs
 from workbench.export.opset import DEFAULT_OPSET, FORMAT_OPSET, check_opset, default_opset
+from workbench.export.outputs import distinct_from_inputs
 from workbench.export.provenance import WRITER
 from workbench.export.qdq import ExportParams
-from workbench.export.qdq_graph import drop_constant_qdq, pin_propagated_qdq, quantizers_without_qdq
+from workbench.export.qdq_graph import account_qdq, prepare_qdq
 from workbench.export.reference import (
     ExportCall,
     check_quantizers,
@@ -501,26 +501,13 @@ def _post_process_graph(job: _Export) -> None:
     """Name the Q/DQ nodes after their quantizers, count them, and warn about what TensorRT will not like."""
     proto, swapped = job.proto, job.swapped
     scale_to_quantizer = {f"{s.quantizer_name}.scale": s.quantizer_name for s in swapped.values()}
-    job.log.extend("constant_qdq", drop_constant_qdq(proto, scale_to_quantizer))
-    pinned = pin_propagated_qdq(proto)
-    if pinned:
-        job.log.add("pinned_qdq", f"{pinned} Q/DQ pair(s) repeated after the Transpose/Reshape/Squeeze/Unsqueeze/"
-                    "MaxPool they feed (same scale, same values): onnxruntime's default optimizations otherwise copy "
-                    "them there as opset 21 QuantizeLinear nodes with output_dtype INT8 and then give those a uint8 "
-                    "zero point, and cannot open the file")
+    prepare_qdq(proto, scale_to_quantizer, job.log)
     post_process(proto, scale_to_quantizer)
     name_int4_weights(proto)
     job.counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
     job.by_format = format_counts(proto)
-    scales = {s.quantizer_name: s.params.scale.detach().cpu().numpy().astype("float32") for s in swapped.values()}
-    job.without_qdq = quantizers_without_qdq(proto, scales, [name for name, calls in job.calls.items() if calls])
-    dropped = {entry.split(":", 1)[0] for entry in job.log.notes if job.log.kinds.get(entry) == "constant_qdq"}
-    unexplained = [name for name in job.without_qdq if name not in dropped]
-    if unexplained:
-        job.log.add("quantizers_without_qdq", f"{len(unexplained)} quantizer(s) ran in PyTorch but have no Q/DQ in "
-                    "the file (the exporter folded their input to a constant, or they share another's): "
-                    + ", ".join(unexplained[:10]) + (" ..." if len(unexplained) > 10 else ""))
+    job.without_qdq = account_qdq(proto, swapped.values(), job.calls, job.log)
     blocked = sum(1 for s in swapped.values() if s.params.format == "int4")
     if job.by_format["int4"] != blocked:  # each INT4 weight is one DequantizeLinear on an INT4 initializer
         raise ExportValidationError("checker", f"the graph has {job.by_format['int4']} INT4 weight DequantizeLinear "

@@ -17,13 +17,16 @@ fake-quant model computes it, and what the report says about the quantizers.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["drop_constant_qdq", "pin_propagated_qdq", "quantizers_without_qdq", "PROPAGATED_OPS"]
+from workbench.export.notes import ReportLog
+
+__all__ = ["drop_constant_qdq", "pin_propagated_qdq", "quantizers_without_qdq", "prepare_qdq", "account_qdq",
+           "PROPAGATED_OPS"]
 
 # the operations onnxruntime's QDQPropagationTransformer moves a DequantizeLinear past
 PROPAGATED_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "MaxPool")
@@ -216,4 +219,29 @@ def quantizers_without_qdq(proto: onnx.ModelProto, scales: dict[str, np.ndarray]
         if scale is not None and any(v.shape == scale.shape and np.array_equal(v, scale) for v in values):
             continue
         missing.append(name)
+    return missing
+
+
+def prepare_qdq(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str], log: ReportLog) -> None:
+    """The passes above that change the graph, before its nodes are named and counted; each says what it did."""
+    log.extend("constant_qdq", drop_constant_qdq(proto, scale_to_quantizer))
+    pinned = pin_propagated_qdq(proto)
+    if pinned:
+        log.add("pinned_qdq", f"{pinned} Q/DQ pair(s) repeated after the Transpose/Reshape/Squeeze/Unsqueeze/"
+                "MaxPool they feed (same scale, same values): onnxruntime's default optimizations otherwise copy "
+                "them there as opset 21 QuantizeLinear nodes with output_dtype INT8 and then give those a uint8 "
+                "zero point, and cannot open the file")
+
+
+def account_qdq(proto: onnx.ModelProto, stand_ins: Iterable, calls: Mapping[str, int], log: ReportLog) -> list[str]:
+    """The quantizers that ran (``calls``) and have no Q/DQ in the file (:func:`quantizers_without_qdq`); a warning
+    names those whose absence no note explains (a constant's is)."""
+    scales = {s.quantizer_name: s.params.scale.detach().cpu().numpy().astype(np.float32) for s in stand_ins}
+    missing = quantizers_without_qdq(proto, scales, [name for name, count in calls.items() if count])
+    explained = {entry.split(":", 1)[0] for entry in log.notes if log.kinds.get(entry) == "constant_qdq"}
+    unexplained = [name for name in missing if name not in explained]
+    if unexplained:
+        log.add("quantizers_without_qdq", f"{len(unexplained)} quantizer(s) ran in PyTorch but have no Q/DQ in the "
+                "file (the exporter folded their input to a constant, or they share another's): "
+                + ", ".join(unexplained[:10]) + (" ..." if len(unexplained) > 10 else ""))
     return missing
