@@ -89,3 +89,24 @@ def test_gpt2_with_int4_weights_opens_in_onnxruntime_with_default_optimizations(
     assert session.run(None, feeds)[0].shape == (2, 8, 64)
     assert report.quantize_nodes == sum(1 for n in onnx.load(str(tmp_path / "gpt2.onnx")).graph.node
                                         if n.op_type == "QuantizeLinear")
+
+
+def test_mamba_is_refused_with_the_static_sequence_option_named_and_exports_with_it(tmp_path):
+    from workbench.export.errors import ExportValidationError
+
+    config = transformers.MambaConfig(vocab_size=32, hidden_size=16, state_size=4, num_hidden_layers=1, expand=2,
+                                      conv_kernel=4, use_mambapy=False)
+    torch.manual_seed(0)
+    model = transformers.MambaForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    batches = [{"input_ids": torch.randint(0, 32, (2, 8), generator=generator)} for _ in range(2)]
+    model, _ = prepare_for_tensorrt(model, example_inputs=batches[0])
+    calibrate(model, batches, num_batches=2, method="max", report_sqnr=False)
+    # the torch path's scan is a Python loop: the trace holds 8 steps while the axis is declared dynamic
+    with pytest.raises(ExportValidationError, match="does not run at sequence length 9 .*--static-sequence"):
+        export_qdq_onnx(model, batches[0], tmp_path / "mamba.onnx")
+    assert not (tmp_path / "mamba.onnx").exists()
+    report = export_qdq_onnx(model, batches[0], tmp_path / "mamba.onnx", static_sequence=True)
+    assert report.output_names == ["logits"] and report.cosine > 0.999
+    dims = onnx.load(str(tmp_path / "mamba.onnx")).graph.input[0].type.tensor_type.shape.dim
+    assert dims[1].dim_value == 8
