@@ -323,6 +323,8 @@ def test_export_into_a_new_folder_under_umask_022_lists_every_file_it_wrote(proj
     assert [stat.S_IMODE(path.stat().st_mode) for path in files] == [0o644] * 3
     assert out.strip().splitlines()[-1] == "wrote: " + ", ".join(str(path) for path in files)
     assert onnx.load(str(target)).graph.node  # a whole model, not a stub
+    # which exporter wrote the file, and why, in the text (it was only in --json)
+    assert any(line.startswith("exporter: ") and len(line) > len("exporter: ") for line in out.splitlines())
 
     missing = tmp_path / "never" / "x.onnx"  # a failed export leaves no folder behind
     assert run(capsys, "export", project, "-o", missing, "--opset", "9")[0] == 2

@@ -48,10 +48,8 @@ def test_hf_folder_on_token_ids_new_calibrate_export(tmp_path, capsys, monkeypat
     graph = onnx.load(str(tmp_path / "bert.onnx")).graph
     assert [d.dim_param for d in graph.input[0].type.tensor_type.shape.dim] == ["batch", "sequence"]
 
-    code, out, err = run(capsys, "set", "bert.qwb", "--output-key", "scores")
-    assert code == 0, err
-    code, out, err = run(capsys, "export", "bert.qwb", "-o", "again.onnx")
-    assert code != 0 and "no tensor under 'scores'; it has: logits" in err
+    code, out, err = run(capsys, "export", "bert.qwb", "-o", "again.onnx", "--outputs", "scores")
+    assert code != 0 and "no output named 'scores'; its outputs are: logits" in err
     assert not (tmp_path / "again.onnx").exists()
 
 
@@ -94,11 +92,15 @@ def test_session_feeds_token_ids_by_keyword_to_every_job(tmp_path):
     assert {u.name for u in result.units} >= {"fc", "head"}
     # the compared output is "hidden": leaving the head in float changes nothing, leaving fc in float does
     assert result.unit("head").delta_vs_quantized == 0 and result.unit("fc").delta_vs_quantized > 0
+    # the file holds the whole model; the export picks outputs by name of its own (the output key is the metric's)
     report = session.export(tmp_path / "tagger.onnx")
-    assert report.output_names == ["hidden"] and report.input_names == ["input_ids", "attention_mask"]
+    assert report.output_names == ["logits", "hidden"] and report.input_names == ["input_ids", "attention_mask"]
+    report = session.export(tmp_path / "tagger.onnx", outputs=["hidden"])
+    assert report.output_names == ["hidden"] and session.settings.export.outputs == ("hidden",)
     path = session.save(tmp_path / "tagger.qwb")
     reopened = Session.open(path, trust_code=True)
     assert reopened.project.input_spec.named == (("input_ids", (12,), "int64"), ("attention_mask", (12,), "int64"))
+    assert reopened.settings.export.outputs == ("hidden",)  # a plain export repeats the choice
 
 
 SUBCLASSED = textwrap.dedent('''

@@ -60,8 +60,8 @@ def test_settings_round_trip_and_the_report(controller, qtbot, tmp_path):
     assert report.int8_vs_fp32 is not None and "INT8 vs FP32" in text
     assert f"{format_number(report.int8_vs_fp32['output_sqnr_db'])} dB on {report.int8_vs_fp32['num_batches']}" in text
     assert f"max abs diff {report.max_abs_diff:.3g}" in text and f"{report.cosine:.6f}" in text
-    assert f"{report.quantize_nodes} QuantizeLinear, {report.dequantize_nodes} DequantizeLinear; expected " \
-           f"{report.expected_qdq}" in text
+    assert f"{report.quantize_nodes} QuantizeLinear, {report.dequantize_nodes} DequantizeLinear in the file; " \
+           f"{report.expected_qdq} quantized tensors in the PyTorch pass" in text
     assert f"{report.per_channel} per-channel, {report.per_tensor} per-tensor" in text
     assert "opset" in text and "13" in text and report.exporter in text and report.exporter_note[:30] in text
     assert format_size(report.file_size) in text
@@ -110,3 +110,25 @@ def test_report_shows_notes_apart_and_the_headline_in_the_checks_table(qtbot):
     assert "sequence length 9" in table and "0.00141" in table  # the headline's number has its row
     assert "matches PyTorch to 0.00141" in text
     assert "batch size 3" in table and "optimizations (information)" in table
+    # a warning: no green tick in the headline, which says how many warnings there are
+    assert "bert.onnx written and validated, with 1 warning (below)" in text and "✔ bert.onnx" not in text
+
+
+def test_the_report_names_the_quantizers_without_q_dq_and_counts_the_file_s_nodes(qtbot):
+    missing = "2 quantizer(s) ran in PyTorch but have no Q/DQ in the file (...): a._input_quantizer, b._input_quantizer"
+    constant = "c._input_quantizer: no Q/DQ on its input, the constant /ConstantOfShape (ConstantOfShape 0): ..."
+    report = {"path": "/tmp/m.onnx", "exporter": "torchscript", "exporter_note": "TorchScript exporter: because",
+              "opset": 17, "requested_opset": 17, "input_names": ["x"], "output_names": ["logits", "pred_boxes"],
+              "dynamic_batch": False, "quantize_nodes": 48, "dequantize_nodes": 48, "expected_qdq": 51,
+              "outputs": [], "max_abs_diff": 0.0, "cosine": 1.0, "checks": [],
+              "quantizers_without_qdq": ["a._input_quantizer", "b._input_quantizer", "c._input_quantizer"],
+              "warnings": [missing], "notes": [constant],
+              "entry_kinds": {missing: "quantizers_without_qdq", constant: "constant_qdq"}}
+    dialog = ExportReportDialog(report)
+    qtbot.addWidget(dialog)
+    text = dialog.plain_text()
+    assert "48 QuantizeLinear, 48 DequantizeLinear in the file; 51 quantized tensors in the PyTorch pass" in text
+    assert "see the JSON" not in text
+    assert "3 quantizer(s): a._input_quantizer, b._input_quantizer, c._input_quantizer" in text
+    assert "logits, pred_boxes" in text and "TorchScript exporter: because" in text
+    assert "with 1 warning" in text

@@ -59,18 +59,18 @@ def dims(value):
 def test_keyword_token_inputs_are_named_after_the_forward_with_batch_and_sequence_axes(tmp_path, exporter):
     model, sample = calibrated_tokens()
     report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", exporter=exporter)
-    assert report.input_names == ["input_ids", "attention_mask"] and report.output_names == ["logits"]
+    assert report.input_names == ["input_ids", "attention_mask"] and report.output_names == ["logits", "hidden"]
     graph = onnx.load(str(tmp_path / "m.onnx")).graph
     assert [(i.name, dims(i)) for i in graph.input] == [("input_ids", ["batch", "sequence"]),
                                                        ("attention_mask", ["batch", "sequence"])]
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT64
-    assert [o.name for o in graph.output] == ["logits"] and dims(graph.output[0])[0] == "batch"
+    assert [o.name for o in graph.output] == ["logits", "hidden"] and dims(graph.output[0])[0] == "batch"
     assert report.quantize_nodes >= 4 and report.cosine > 0.999
     assert report.sequence_check is not None and report.sequence_check.shape == (3, 8, 5)  # one token longer
     # another batch size and sequence length run and match the fake-quant model
     longer = token_batches(1, batch=2, length=11)[0]
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(None, {k: v.numpy() for k, v in longer.items()})
+    logits = session.run(None, {k: v.numpy() for k, v in longer.items()})[0]
     for q in (m for m in model.modules() if isinstance(m, quant.TensorQuantizer)):
         q.rounding = "onnx"
     with torch.no_grad():
@@ -93,7 +93,7 @@ def test_a_config_with_use_cache_exports_without_the_cache_and_says_so(tmp_path)
     report = export_qdq_onnx(model, sample, tmp_path / "m.onnx")
     assert any("use_cache=False" in n for n in report.notes)  # what the exporter did: a note, not a warning
     assert not any("use_cache=False" in w for w in report.warnings)
-    assert report.output_names == ["logits"] and config.use_cache is True  # the model's setting comes back
+    assert report.output_names == ["logits", "hidden"] and config.use_cache is True  # the setting comes back
 
 
 class DataDependentFFT(nn.Module):
@@ -201,7 +201,7 @@ def test_a_large_graph_is_written_with_external_data_and_validated(tmp_path):
     assert weights and all(e.value == "m.onnx.data" for t in weights for e in t.external_data if e.key == "location")
     onnx.checker.check_model(str(tmp_path / "m.onnx"), full_check=True)
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(None, {k: v.numpy() for k, v in sample.items()})
+    logits = session.run(None, {k: v.numpy() for k, v in sample.items()})[0]
     assert logits.shape == (3, 7, 5)
     # a small graph stays one file
     export_qdq_onnx(model, sample, tmp_path / "small.onnx")
@@ -237,7 +237,10 @@ def protobuf_limit(monkeypatch):
 def test_a_graph_over_the_protobuf_limit_is_exported_without_serialising_its_weights(tmp_path, protobuf_limit,
                                                                                      opset):
     model, sample = calibrated_tokens()
-    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", opset=opset, exporter="dynamo",
+    # logits alone: with "hidden" a graph output too, onnxruntime's extended optimizations (the script below runs
+    # them) fuse the Mul before head's QuantizeLinear and return quantized values for both (0.5 off; the report
+    # says so, the graph as written matches)
+    report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", opset=opset, exporter="dynamo", outputs=["logits"],
                              external_data_threshold=protobuf_limit, float_onnx_path=tmp_path / "float.onnx",
                              calibration_cache_path=tmp_path / "calib.cache")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.cache", "float.onnx", "float.onnx.data", "m.onnx",
@@ -248,7 +251,7 @@ def test_a_graph_over_the_protobuf_limit_is_exported_without_serialising_its_wei
     assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
     assert any(n.name == "fc._input_quantizer/QuantizeLinear" for n in graph.node)  # the naming passes ran
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(None, {k: v.numpy() for k, v in sample.items()})
+    logits = session.run(None, {k: v.numpy() for k, v in sample.items()})[0]
     with torch.no_grad():
         expected = model(**sample)["logits"].numpy()
     assert np.abs(logits - expected).max() < 0.1
@@ -258,7 +261,7 @@ def test_a_graph_over_the_protobuf_limit_is_exported_without_serialising_its_wei
     assert {e.value for t in float_graph.initializer for e in t.external_data if e.key == "location"} == \
         {"float.onnx.data"}
     session = ort.InferenceSession(str(tmp_path / "float.onnx"), providers=["CPUExecutionProvider"])
-    (float_logits,) = session.run(None, {k: v.numpy() for k, v in sample.items()})
+    float_logits = session.run(None, {k: v.numpy() for k, v in sample.items()})[0]
     assert np.abs(float_logits - expected).max() < 0.5
 
 

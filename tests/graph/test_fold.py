@@ -253,3 +253,63 @@ def test_switching_folding_makes_weight_amax_stale(calibrated_pair, tmp_path):
     assert sorted(reopened.build_report.stale) == ["block.conv1._weight_quantizer", "block.conv2._weight_quantizer",
                                                    "expand.0._weight_quantizer", "stem.0._weight_quantizer"]
     assert reopened.folded_layers() == {}
+
+
+class FrozenBatchNorm2d(nn.Module):
+    """torchvision.ops.FrozenBatchNorm2d as it is written: fixed statistics in buffers, its own eps."""
+
+    def __init__(self, num_features, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("weight", torch.ones(num_features))
+        self.register_buffer("bias", torch.zeros(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+
+    def forward(self, x):
+        scale = self.weight.reshape(1, -1, 1, 1) * (self.running_var.reshape(1, -1, 1, 1) + self.eps).rsqrt()
+        bias = self.bias.reshape(1, -1, 1, 1) - self.running_mean.reshape(1, -1, 1, 1) * scale
+        return x * scale + bias
+
+
+def _randomised(bn):
+    torch.manual_seed(1)
+    for name in ("weight", "bias", "running_mean"):
+        getattr(bn, name).copy_(torch.randn_like(getattr(bn, name)))
+    bn.running_var.copy_(torch.rand_like(bn.running_var) + 0.5)
+    return bn
+
+
+def test_frozen_batchnorms_fold_into_the_conv_before_them():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), _randomised(FrozenBatchNorm2d(4, eps=1e-3)), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    expected = model(x)
+    folded, report = fold_batchnorm(model, example_inputs=(x,))
+    assert [(p.layer, p.bn) for p in report.folded] == [("0", "1")] and not report.skipped
+    assert isinstance(folded[1], nn.Identity)
+    torch.testing.assert_close(folded(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_hugging_face_detr_frozen_batchnorm_folds_with_its_fixed_epsilon():
+    detr = pytest.importorskip("transformers.models.detr.modeling_detr")
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), _randomised(detr.DetrFrozenBatchNorm2d(4))).eval()
+    x = torch.randn(2, 3, 8, 8)
+    expected = model(x)
+    folded, report = fold_batchnorm(model, example_inputs=(x,))
+    assert len(report.folded) == 1 and not report.skipped
+    torch.testing.assert_close(folded(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_frozen_batchnorm_that_cannot_fold_is_listed_with_its_reason():
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.bn = _randomised(FrozenBatchNorm2d(4))
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn(y) + y  # the conv's output is read twice: folding would change the second reader
+
+    _, report = fold_batchnorm(Shared().eval())
+    assert [(s.bn, s.reason) for s in report.skipped] == [("bn", "the output of conv is also read by add")]

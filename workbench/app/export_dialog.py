@@ -271,10 +271,21 @@ class ExportReportDialog(QDialog):
         section("Quantize / Dequantize")
         q, dq, expected = r.get("quantize_nodes"), r.get("dequantize_nodes"), r.get("expected_qdq")
         matches = q == expected and dq == expected
-        row(_OK if matches else _WARN, "Q / DQ nodes",
-            f"<b>{q}</b> QuantizeLinear, <b>{dq}</b> DequantizeLinear; expected <b>{expected}</b> "
-            + ("(one pair per quantized tensor)" if matches else
-               "<span style='color:#b35900'>(differs: shared or skipped quantizers; see the JSON)</span>"))
+        kinds = r.get("entry_kinds") or {}
+        # the counts are the file's own nodes; the quantizers that have none are named, each with its reason
+        missing = list(r.get("quantizers_without_qdq") or [])
+        unexplained = any(kind == "quantizers_without_qdq" for kind in kinds.values())
+        row(_OK if matches or not unexplained else _WARN, "Q / DQ nodes",
+            f"<b>{q}</b> QuantizeLinear, <b>{dq}</b> DequantizeLinear in the file; "
+            f"<b>{expected}</b> quantized tensors in the PyTorch pass"
+            + (" (one pair per quantized tensor)" if matches else ""))
+        if missing:
+            row(_WARN if unexplained else "", "without Q/DQ",
+                f"{len(missing)} quantizer(s): " + esc(", ".join(missing[:12])) + (" ..." if len(missing) > 12 else "")
+                + " (why: under Warnings or Notes)")
+        elif not matches:
+            row("", "", f"{esc(str(expected))} tensors quantized in PyTorch, the file's {q} Q / {dq} DQ: every "
+                        "quantizer has its Q/DQ; the difference is pairs shared or repeated (Notes)")
         row("", "quantizers", f"{r.get('quantizers')} exported: {r.get('per_channel')} per-channel, "
                               f"{r.get('per_tensor')} per-tensor"
                               + (f", {r.get('unsigned')} unsigned" if r.get("unsigned") else "")
@@ -318,7 +329,11 @@ class ExportReportDialog(QDialog):
             for note in notes:
                 row("", "", f"<span style='color:#666'>{esc(str(note))}</span>")
 
-        head = (f"<h3 style='margin-bottom:2px'>{_OK} {esc(path.name)} written and validated</h3>"
+        # the green tick only when every check passed and nothing needs the user's attention
+        verdict = (f"{_OK} {esc(path.name)} written and validated" if not warnings else
+                   f"{_WARN} {esc(path.name)} written and validated, with {len(warnings)} warning"
+                   f"{'s' if len(warnings) != 1 else ''} (below)")
+        head = (f"<h3 style='margin-bottom:2px'>{verdict}</h3>"
                 f"<div style='color:#555'>{min(q or 0, dq or 0)} Q/DQ pairs · opset {opset} · "
                 f"{format_size(r.get('file_size'))} · "
                 f"onnxruntime matches PyTorch to {format_number(max_diff, 3)}</div>")

@@ -262,6 +262,12 @@ def _fallback_mix(session: Any, fallback: Any) -> dict[str, Any]:
             "float_bytes": weight_bytes(model, {k: Precision.FLOAT for k in precisions})}
 
 
+def _names(text: str | None) -> tuple[str, ...] | None:
+    """``"logits, pred_boxes"`` as names; None when nothing was given."""
+    names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
+    return names or None
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     session = open_project(args)
     folder = Path(args.output).parent if args.output else None
@@ -271,7 +277,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     try:
         report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
                                 amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None,
-                                force=args.force, fp8_ops=args.fp8_ops)
+                                force=args.force, fp8_ops=args.fp8_ops, outputs=_names(args.outputs),
+                                static_sequence=True if args.static_sequence else None)
     except BaseException:
         if made and not any(folder.iterdir()):
             folder.rmdir()
@@ -290,7 +297,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
     emit(args, {**report.to_dict(), "files": written},
-         report.summary() + "".join(f"\nwarning: {warning}" for warning in report.warnings)
+         report.summary() + f"\nexporter: {report.exporter_note}"
+         + "".join(f"\nwarning: {warning}" for warning in report.warnings)
          + "".join(f"\nnote: {note}" for note in report.format_notes)
          + "\nwrote: " + ", ".join(written))
     return EXIT_OK
@@ -438,6 +446,12 @@ def _export_options(export: argparse.ArgumentParser) -> None:
                              "TensorRT 8.6/9 (validated in the standard form: onnxruntime cannot run them) "
                              "(default: the project's; new projects: standard)")
     export.add_argument("--static-batch", action="store_true", help="keep the sample's batch size fixed")
+    export.add_argument("--static-sequence", action="store_true",
+                        help="keep the sample's sequence length fixed (a model that loops over the sequence in "
+                             "Python, as Mamba's scan does; remembered for the project)")
+    export.add_argument("--outputs", help="the model's outputs the file returns, by name, comma-separated (logits,"
+                                          "pred_boxes; a name keeps every tensor under it) (default: the project's; "
+                                          "new projects: every tensor the model returns, named after its field)")
     export.add_argument("--force", action="store_true",
                         help="overwrite the .onnx file even if this project did not write it (or it changed since)")
     export.add_argument("--amax-json", action="store_true", help="also write the amax table as JSON")

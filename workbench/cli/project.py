@@ -340,9 +340,9 @@ def _new_options(new: argparse.ArgumentParser) -> None:
     new.add_argument("--input-shape", help="per-sample input shape to check the data against, e.g. 3,224,224 "
                                            "(optional: the data gives it)")
     _data_options(new, DEFAULTS.calibration.num_batches, required=True)
-    new.add_argument("--output-key", help="the model output entry that metrics, sensitivity and export compare: a "
-                                          "dict/ModelOutput key such as logits, or a tuple index (default: the first "
-                                          "tensor)")
+    new.add_argument("--output-key", help="the model output entry that metrics and sensitivity compare (export "
+                                          "keeps every output; pick them with export --outputs): a dict/ModelOutput "
+                                          "key such as logits, or a tuple index (default: the first tensor)")
     new.add_argument("--metric", help=f"{metric_choices_text()} (default: {DEFAULTS.metric.name})")
     new.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
     new.add_argument("--force", action="store_true", help="overwrite an existing project file")

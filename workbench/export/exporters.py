@@ -63,25 +63,81 @@ class _TooLargeForTorchScript(ExportError):
     """The graph is over protobuf's 2 GB limit, which the TorchScript exporter cannot write."""
 
 
+class _Collect(logging.Handler):
+    """Keeps every record torch's loggers emit while an exporter runs (for --debug and the report's JSON)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.extend(f"{record.name}: {line}" for line in record.getMessage().splitlines())
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted is not worth failing an export for
+            pass
+
+
+class _Lines(io.TextIOBase):
+    """A text stream that keeps what is written to it as lines (torch's print()s while it exports)."""
+
+    def __init__(self, lines: list[str], prefix: str) -> None:
+        self.lines, self.prefix = lines, prefix
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.lines.extend(f"{self.prefix}{line}" for line in text.splitlines() if line.strip())
+        return len(text)
+
+
+# the loggers whose records torch writes while exporting: their own handlers (torch._logging puts one on "torch")
+_TORCH_LOGGERS = ("torch", "onnxscript", "onnx_ir")
+# what the report's JSON keeps of the captured output (all of it goes to the debug log)
+CAPTURED_LINES = 400
+
+
 @contextlib.contextmanager
-def quiet() -> Iterator[list[str]]:
-    """Keep the exporters' progress and registry chatter out of the user's console; collect warnings."""
+def quiet(captured: list[str] | None = None) -> Iterator[list[str]]:
+    """Keep the exporters' output out of the user's console: torch's log records (torch.export's graph dump
+    before a fallback, ~2,700 lines for DETR), its print()s and its warnings. Yields the tracer warnings worth a
+    line in the report; everything else goes to ``captured`` (and to this module's debug log)."""
     collected: list[str] = []
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    with warnings.catch_warnings(record=True) as caught:
+    kept = captured if captured is not None else []
+    handler = _Collect(kept)
+    saved = []
+    chatty = [(logging.getLogger(name), logging.getLogger(name).level)
+              for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    # torch._logging gives some of its loggers (torch.fx.experimental.symbolic_shapes...) handlers of their own
+    names = [name for name in list(logging.root.manager.loggerDict)
+             if any(name == root or name.startswith(root + ".") for root in _TORCH_LOGGERS)
+             and isinstance(logging.root.manager.loggerDict[name], logging.Logger)
+             and (logging.getLogger(name).handlers or not logging.getLogger(name).propagate)]
+    for name in dict.fromkeys(list(_TORCH_LOGGERS) + names):
+        lg = logging.getLogger(name)
+        saved.append((lg, lg.handlers[:], lg.propagate, lg.level))
+        lg.handlers = [handler]
+        lg.propagate = False
+    # the exporters' progress at INFO, and torch's own noise below WARNING, are not worth keeping
+    for lg, _ in chatty:
+        lg.setLevel(logging.WARNING)
+    start = len(kept)
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(_Lines(kept, "stdout: ")), \
+            contextlib.redirect_stderr(_Lines(kept, "stderr: ")):
         warnings.simplefilter("always")
         try:
             yield collected
         finally:
-            for lg, level in zip(loggers, levels):
+            for lg, handlers, propagate, _ in saved:
+                lg.handlers, lg.propagate = handlers, propagate
+            for lg, level in chatty:
                 lg.setLevel(level)
             for w in caught:
                 message = str(w.message).splitlines()[0] if str(w.message) else ""
                 if issubclass(w.category, torch.jit.TracerWarning):
                     collected.append(f"TorchScript tracer: {message}")
+            if len(kept) > start:
+                logger.debug("exporter output (kept out of the console):\n%s", "\n".join(kept[start:]))
 
 
 def _unsupported_ops(error: BaseException) -> list[str]:
@@ -127,7 +183,8 @@ def _layers_calling(program, ops: list[str]) -> list[str]:
 
 def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
                    opset: int, dynamic_batch: bool, log: ReportLog, target_path: Path | None = None,
-                   threshold: int = EXTERNAL_DATA_THRESHOLD) -> tuple[onnx.ModelProto, bool, str]:
+                   threshold: int = EXTERNAL_DATA_THRESHOLD, dynamic_sequence: bool = True,
+                   ) -> tuple[onnx.ModelProto, bool, str]:
     trace_inputs = inputs
     dynamic_shapes = None
     if dynamic_batch:
@@ -135,7 +192,7 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
         if any(t.dim() > 0 and t.shape[0] == 1 for t in inputs):
             trace_inputs = grow_batch(inputs)
         batch = torch.export.Dim("batch", min=1)
-        tokens = token_inputs(trace_inputs)
+        tokens = token_inputs(trace_inputs) if dynamic_sequence else set()
         # the sequence axis of token inputs is dynamic where the model allows it (AUTO: static otherwise)
         per_input = tuple(({0: batch, 1: torch.export.Dim.AUTO} if i in tokens else {0: batch}) if t.dim() > 0
                           else None for i, t in enumerate(trace_inputs))
@@ -176,7 +233,7 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
     try:
         unwrap_names(proto)
         if dynamic_batch:
-            _name_dynamic_axes(proto, token_inputs(inputs))
+            _name_dynamic_axes(proto, token_inputs(inputs) if dynamic_sequence else set())
         note = "torch.export-based exporter (torch's default)"
         if default_opset(proto) != opset:
             try:
@@ -249,7 +306,8 @@ def _torchscript_too_large(model: nn.Module) -> str | None:
 
 
 def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str],
-                        opset: int, dynamic_batch: bool, target_path: Path | None = None) -> onnx.ModelProto:
+                        opset: int, dynamic_batch: bool, target_path: Path | None = None,
+                        dynamic_sequence: bool = True) -> onnx.ModelProto:
     """The TorchScript exporter's graph, its weights attached from the model's tensors (with ``target_path``, a
     model over :data:`~workbench.export.onnx_file.STREAM_THRESHOLD` keeps them in a temporary data file beside
     it, as the torch.export-based path does; see :mod:`workbench.export.torchscript_weights`)."""
@@ -261,7 +319,7 @@ def _export_torchscript(model: nn.Module, inputs: tuple, input_names: list[str],
     register_torchscript_symbolic()
     dynamic_axes = None
     if dynamic_batch:
-        tokens = token_inputs(inputs)
+        tokens = token_inputs(inputs) if dynamic_sequence else set()
         # TorchScript cannot tell which lengths are tied: the inputs' names say it (decoder_* apart)
         dynamic_axes = {name: {0: "batch", 1: sequence_axis_name(name)} if i in tokens
                         else {0: "batch"}
@@ -522,8 +580,10 @@ def _fast_path(model: nn.Module, inputs: tuple, input_names: list[str], output_n
 
 def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output_names: list[str], opset: int,
                  dynamic_batch: bool, exporter: Exporter, log: ReportLog, target_path: Path | None = None,
-                 threshold: int = EXTERNAL_DATA_THRESHOLD, formats: set[str] | None = None):
-    """Run the chosen exporter; with "auto", fall back to TorchScript and say why.
+                 threshold: int = EXTERNAL_DATA_THRESHOLD, formats: set[str] | None = None,
+                 dynamic_sequence: bool = True):
+    """Run the chosen exporter; with "auto", fall back to TorchScript and say why. With ``dynamic_sequence``
+    False, axis 1 of token inputs keeps the sample's length (a loop the trace unrolls at that length).
 
     With "auto" and the quantizers' ``formats``, a model :func:`fast_path_refusal` accepts goes through the
     TorchScript exporter first (its trace checked for tracer warnings); the torch.export-based exporter takes
@@ -548,14 +608,14 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
     if exporter == "torchscript":
         try:
             proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch,
-                                        target_path)
+                                        target_path, dynamic_sequence)
         except _TooLargeForTorchScript as error:
             raise ExportError(f"{error} Export with the torch.export-based exporter ('auto' or 'dynamo'): it "
                               "writes the weights to ONNX external data beside the file.") from error
         return proto, "torchscript", "TorchScript exporter (requested)", dynamic_batch
     try:
         proto, dynamic_batch, note = _export_dynamo(model, inputs, input_names, output_names, opset, dynamic_batch,
-                                                    log, target_path, threshold)
+                                                    log, target_path, threshold, dynamic_sequence)
         return proto, "dynamo", note, dynamic_batch
     except _CaptureError as error:
         if exporter == "dynamo":
@@ -574,7 +634,8 @@ def run_exporter(model: nn.Module, inputs: tuple, input_names: list[str], output
         primary = error
         reason = f"the torch.export-based one failed ({error})"
     try:
-        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch, target_path)
+        proto = _export_torchscript(model, inputs, input_names, output_names, opset, dynamic_batch, target_path,
+                                    dynamic_sequence)
     except _TooLargeForTorchScript as fallback:
         # the fallback never had a chance: the torch.export-based exporter's problem is the one to fix
         message = (f"The torch.export-based exporter failed: {primary}\n"

@@ -42,8 +42,8 @@ REPORT_KINDS: dict[str, EntryKind] = {kind.key: kind for kind in (
     EntryKind("tiny_amax", _W, "amax <= 2**-24: the quantizer maps every input to 0"),
     EntryKind("lstm_unrolled", _W, "a quantized LSTM unrolled step by step: the sequence length is fixed"),
     EntryKind("sequences_apart_fail", _W, "the graph declares lengths independent the model cannot take apart"),
-    EntryKind("optimized_failed", _W, "onnxruntime's default graph optimizations cannot run the file"),
     EntryKind("optimized_differs", _W, "onnxruntime's default graph optimizations move values by a quantization step"),
+    EntryKind("quantizers_without_qdq", _W, "quantizers that ran in PyTorch but have no Q/DQ node in the file"),
     EntryKind("int8_vs_fp32", _W, "the INT8-vs-FP32 comparison on the project's data could not be made"),
     EntryKind("use_cache_off", _N, "a Hugging Face model exported with use_cache=False (no cache output)"),
     EntryKind("opset_for_format", _N, "the opset raised to the one the precisions in use need"),
@@ -53,6 +53,11 @@ REPORT_KINDS: dict[str, EntryKind] = {kind.key: kind for kind in (
     EntryKind("fp8_trt_form", _N, "FP8 written as TensorRT's custom ops, validated in the standard form"),
     EntryKind("reference_evaluator", _N,
               "validated with onnx's reference evaluator (no onnxruntime CPU kernel for NVFP4)"),
+    EntryKind("outputs", _N, "which of the model's outputs the graph returns, and what was left out"),
+    EntryKind("output_renamed", _N, "an output named as an input, renamed (an ONNX graph names each value once)"),
+    EntryKind("constant_qdq", _N, "a quantizer on a constant: its Q/DQ left out (it gives the constant back)"),
+    EntryKind("pinned_qdq", _N, "Q/DQ repeated after data movement so onnxruntime's optimizer can open the file"),
+    EntryKind("static_sequence", _N, "the sequence length fixed at the sample's, as asked"),
     EntryKind("fast_path_failed", _N, "the TorchScript fast path's graph failed validation: torch.export took over"),
 )}
 

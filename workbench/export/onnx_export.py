@@ -58,8 +58,15 @@ from torch import nn
 
 from workbench import __version__
 from workbench.export.errors import ExportValidationError, SampleInputError
-from workbench.export.fp4 import needs_reference_evaluator, reference_session
-from workbench.export.exporters import FAST_PATH_NOTE, Exporter, first_line, quiet, run_exporter, token_inputs
+from workbench.export.exporters import (
+    CAPTURED_LINES,
+    FAST_PATH_NOTE,
+    Exporter,
+    first_line,
+    quiet,
+    run_exporter,
+    token_inputs,
+)
 from workbench.export.formats import (
     FORMAT_NAMES,
     FP8_OPS,
@@ -68,6 +75,7 @@ from workbench.export.formats import (
     name_int4_weights,
     to_trt_fp8_ops,
 )
+from workbench.export.fp4 import needs_reference_evaluator, reference_session
 from workbench.export.gemms import WeightGemms, weight_gemms
 from workbench.export.memory import release_freed_memory
 from workbench.export.notes import ReportLog
@@ -80,8 +88,10 @@ from workbench.export.onnx_file import (
     write_onnx,
 )
 from workbench.export.opset import DEFAULT_OPSET, FORMAT_OPSET, check_opset, default_opset
+from workbench.export.outputs import distinct_from_inputs
 from workbench.export.provenance import WRITER
 from workbench.export.qdq import ExportParams
+from workbench.export.qdq_graph import account_qdq, prepare_qdq
 from workbench.export.reference import (
     ExportCall,
     check_quantizers,
@@ -134,14 +144,15 @@ __all__ = ["export_qdq_onnx", "ExportReport", "OutputParity", "Exporter", "amax_
 def export_qdq_onnx(model: nn.Module,
                     sample_inputs: torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
                     path: str | os.PathLike, *, opset: int = DEFAULT_OPSET, input_names: Sequence[str] | None = None,
-                    output_names: Sequence[str] | None = None, output: str | None = None, dynamic_batch: bool = True,
+                    output_names: Sequence[str] | None = None, output: str | None = None,
+                    outputs: Sequence[str] | None = None, dynamic_batch: bool = True,
                     exporter: Exporter = "auto", min_cosine: float = 0.999, max_abs_diff: float | None = None,
                     amax_json_path: str | os.PathLike | None = None,
                     calibration_cache_path: str | os.PathLike | None = None,
                     float_onnx_path: str | os.PathLike | None = None,
                     trt_version: int = DEFAULT_TRT_VERSION,
                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
-                    fp8_ops: str = "standard") -> ExportReport:
+                    fp8_ops: str = "standard", static_sequence: bool = False) -> ExportReport:
     """Export a fake-quant model to a QDQ ONNX file and validate it before it appears at ``path``.
 
     The steps, each a function of this module: :func:`_plan` (arguments, quantizers, opset),
@@ -160,10 +171,13 @@ def export_qdq_onnx(model: nn.Module,
         input_names: graph input names (default: the forward's argument names, ``x`` as ``input``).
         output_names: graph output names (default: after the ``ModelOutput``/dict key they come from, else
             ``output``/``output_N``).
-        output: which part of the model's output to export (a ``ModelOutput``/dict key such as
-            ``logits``, or a tuple index); default: see :func:`~workbench.quant.algorithms.batches.select_output`
-            (a tensor or tuple of tensors whole, else the first tensor: never a cache object). A Hugging
-            Face model whose config has ``use_cache=True`` is exported with it off (the report says so).
+        output: one part of the model's output to export alone (a ``ModelOutput``/dict key such as
+            ``logits``, or a tuple index; see :func:`~workbench.quant.algorithms.batches.select_output`).
+        outputs: the outputs to export, by name (``["logits", "pred_boxes"]``; see
+            :mod:`workbench.export.outputs`). Default, without ``output``: every tensor the model returns, each
+            an ONNX output named after its field (never a cache object). A Hugging Face model whose config has
+            ``use_cache=True`` is exported with it off (the report says so). An output named as an input is
+            renamed (``sample`` -> ``sample_out``) and the report says so.
         dynamic_batch: make dimension 0 of every input and output symbolic ("batch"), and axis 1 of
             integer inputs (token ids, masks: "sequence"; an encoder-decoder's ``decoder_*`` inputs, or any
             length torch.export finds independent, get their own name) where the model allows it, and check in
@@ -181,6 +195,9 @@ def export_qdq_onnx(model: nn.Module,
             keeps its weights in ``<path>.data`` beside the file, validated the same way.
         fp8_ops: how FP8 Q/DQ is written: ``"standard"`` (opset 19 QuantizeLinear to float8e4m3fn) or
             ``"trt"`` (TensorRT's custom ops, validated in the standard form first).
+        static_sequence: keep the sample's sequence length (axis 1 of token inputs) fixed: for a model that
+            loops over the sequence in Python (a scan the trace unrolls at the sample's length). A graph that
+            declares the length dynamic and does not run at another is refused with this option named.
 
     Returns:
         An :class:`ExportReport` with the exporter used, Q/DQ counts, opset, file size, times and the
@@ -200,8 +217,9 @@ def export_qdq_onnx(model: nn.Module,
     """
     started = time.perf_counter()
     job = _plan(model, sample_inputs, path, opset=opset, input_names=input_names, output_names=output_names,
-                output=output, dynamic_batch=dynamic_batch, exporter=exporter,
+                output=output, outputs=outputs, dynamic_batch=dynamic_batch, exporter=exporter,
                 external_data_threshold=external_data_threshold, fp8_ops=fp8_ops)
+    job.static_sequence = static_sequence
     # train/eval modes (one by one: some layers may be frozen) and quantizer state go back afterwards
     entry_state = ModelSnapshot(model)
     model.eval()
@@ -313,6 +331,9 @@ class _Export:
     staged: StagedFile | None = None  # the validated file beside ``path``, until committed
     folded: bool = False  # a streamed graph's weights folded into the committed file
     fast_path: bool = True  # "auto" may try the TorchScript fast path (off again when its graph fails validation)
+    without_qdq: list[str] = field(default_factory=list)  # quantizers that ran but have no Q/DQ in the graph
+    static_sequence: bool = False  # axis 1 of token inputs keeps the sample's length
+    captured: list[str] = field(default_factory=list)  # what torch logged and printed while exporting
 
 
 @dataclass
@@ -336,7 +357,8 @@ class _Checks:
 
 def _plan(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset: int,
           input_names: Sequence[str] | None, output_names: Sequence[str] | None, output: str | None,
-          dynamic_batch: bool, exporter: Exporter, external_data_threshold: int, fp8_ops: str) -> _Export:
+          outputs: Sequence[str] | None, dynamic_batch: bool, exporter: Exporter, external_data_threshold: int,
+          fp8_ops: str) -> _Export:
     """Check the arguments and the quantizers; pick the opset the formats in use need."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}.")
@@ -355,7 +377,7 @@ def _plan(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset: in
     input_names = list(input_names)
     if len(input_names) != len(inputs) or len(set(input_names)) != len(input_names):
         raise ValueError(f"input_names must name each of the {len(inputs)} inputs once, got {input_names}.")
-    call = ExportCall(model, len(args), list(kwargs), output)
+    call = ExportCall(model, len(args), list(kwargs), output, outputs)
 
     if fp8_ops not in FP8_OPS:
         raise ValueError(f"fp8_ops must be one of {', '.join(FP8_OPS)}, got {fp8_ops!r}.")
@@ -418,7 +440,10 @@ def _run_references(job: _Export) -> None:
                 job.log.add("dynamic_batch_off", f"dynamic batch turned off: the model fails at batch size "
                                                      f"{job.grown[0].shape[0]} ({error.original})")
                 job.dynamic_batch, job.grown = False, None
-    if job.dynamic_batch and token_inputs(inputs):
+    if job.static_sequence:
+        job.log.add("static_sequence", f"sequence length fixed at the sample's "
+                    f"({', '.join(str(inputs[i].shape[1]) for i in sorted(token_inputs(inputs)))}), as asked")
+    if job.dynamic_batch and token_inputs(inputs) and not job.static_sequence:
         job.longer = grow_sequence(inputs, token_inputs(inputs))
         try:
             job.longer_reference = _reference(job, job.longer)
@@ -444,6 +469,9 @@ def _name_outputs(job: _Export) -> None:
     """The graph's output names: given, or after the model's output (known once the reference ran)."""
     if job.output_names is None:
         job.output_names = list(job.call.labels)
+        job.log.extend("outputs", job.call.output_notes)
+    job.output_names, renames = distinct_from_inputs(job.output_names, job.input_names)
+    job.log.extend("output_renamed", renames)
     if len(job.output_names) != len(job.reference) or len(set(job.output_names)) != len(job.output_names):
         raise ValueError(f"output_names must name each of the model's {len(job.reference)} output tensors "
                          f"once, got {job.output_names}.")
@@ -453,11 +481,12 @@ def _capture(job: _Export) -> None:
     """Run the ONNX exporter with the quantizers standing in as Q/DQ (see :mod:`workbench.export.exporters`)."""
     export_started = time.perf_counter()
     with stand_ins(job.model, job.active, job.names, job.params) as swapped, traced_module_scopes(job.call), \
-            quiet() as quiet_warnings:
+            quiet(job.captured) as quiet_warnings:
         job.swapped = swapped
         job.proto, job.used_exporter, job.exporter_note, job.dynamic_batch = run_exporter(
             job.call, job.inputs, job.input_names, job.output_names, job.opset, job.dynamic_batch, job.exporter,
-            job.log, job.path, job.external_data_threshold, formats=job.formats if job.fast_path else None)
+            job.log, job.path, job.external_data_threshold, formats=job.formats if job.fast_path else None,
+            dynamic_sequence=not job.static_sequence)
         job.exported_data = external_data_file(job.proto, job.path.parent)
         fold_int4_casts(job.proto, str(job.path.parent))
     job.log.extend("tracer", quiet_warnings)
@@ -473,11 +502,13 @@ def _post_process_graph(job: _Export) -> None:
     """Name the Q/DQ nodes after their quantizers, count them, and warn about what TensorRT will not like."""
     proto, swapped = job.proto, job.swapped
     scale_to_quantizer = {f"{s.quantizer_name}.scale": s.quantizer_name for s in swapped.values()}
+    prepare_qdq(proto, scale_to_quantizer, job.log)
     post_process(proto, scale_to_quantizer)
     name_int4_weights(proto)
     job.counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
     job.by_format = format_counts(proto)
+    job.without_qdq = account_qdq(proto, swapped.values(), job.calls, job.log)
     blocked = sum(1 for s in swapped.values() if s.params.format == "int4")
     if job.by_format["int4"] != blocked:  # each INT4 weight is one DequantizeLinear on an INT4 initializer
         raise ExportValidationError("checker", f"the graph has {job.by_format['int4']} INT4 weight DequantizeLinear "
@@ -501,13 +532,20 @@ def _post_process_graph(job: _Export) -> None:
                         "sample's sequence length (leave the LSTM unquantized for an ONNX LSTM node)")
 
 
+_STATIC_SEQUENCE_HINT = (" (the graph declares the sequence length dynamic but holds the sample's: a loop over "
+                         "the sequence unrolled when traced, as Mamba's scan is; export with static_sequence=True, "
+                         "--static-sequence on the command line, to fix the length at the sample's)")
+
+
 def _run_ort(session, inputs: tuple[torch.Tensor, ...], what: str) -> list:
     """One onnxruntime run; an error says at which shape (``what``) the graph failed."""
     release_freed_memory()  # the previous run's Q/DQ outputs (a float copy of each weight, one at a time)
     try:
         return session.run(None, feeds(session, inputs))
     except Exception as error:
-        raise ExportValidationError("onnxruntime", f"the graph does not run at {what}: "
+        # a loop over the sequence, unrolled at the sample's length
+        hint = _STATIC_SEQUENCE_HINT if what.startswith("sequence length") else ""
+        raise ExportValidationError("onnxruntime", f"the graph does not run at {what}{hint}: "
                                                    f"{first_line(error)}") from error
 
 
@@ -584,7 +622,11 @@ def _sequence_checks(job: _Export, session) -> list[tuple[str, OutputParity]]:
     length = max(t.shape[1] for i, t in enumerate(job.longer) if i in token_inputs(inputs))
     what = f"sequence length {length}"
     longer_outputs = _run_ort(session, job.longer, what)
-    found = [(what, min(compare(output_names, job.longer_reference, longer_outputs), key=lambda p: p.cosine))]
+    try:
+        found = [(what, min(compare(output_names, job.longer_reference, longer_outputs), key=lambda p: p.cosine))]
+    except ExportValidationError as error:  # an output of the sample's length: a loop unrolled when traced
+        raise ExportValidationError(error.stage, f"the graph does not run at {what}{_STATIC_SEQUENCE_HINT}: "
+                                                 f"{error.args[0] if error.args else error}") from error
     groups = sequence_groups(job.proto)
     if len(groups) > 1:  # lengths the graph keeps independent (encoder, decoder) checked at unequal values
         apart = grow_sequence_apart(inputs, list(groups.values()))
@@ -624,7 +666,8 @@ def _build_report(job: _Export, checks: _Checks) -> ExportReport:
         weight_gemms=job.gemms.total, float_weight_gemms=list(job.gemms.float_nodes),
         file_size=job.staged.size, export_time_s=job.export_time_s,
         validation_time_s=time.perf_counter() - checks.started, total_time_s=0.0,
-        quantizer_calls=dict(job.calls), warnings=job.log.warnings, notes=job.log.notes,
+        quantizer_calls=dict(job.calls), quantizers_without_qdq=list(job.without_qdq),
+        exporter_log=job.captured[:CAPTURED_LINES], warnings=job.log.warnings, notes=job.log.notes,
         entry_kinds=job.log.kinds, range_check=checks.range_check,
         formats={f: sum(1 for s in swapped.values() if s.params.format == f) for f in sorted(job.formats)},
         qdq_by_format=job.by_format, fp8_ops=job.fp8_ops if "fp8" in job.formats else None,
@@ -714,17 +757,23 @@ def optimized_parity(path: str, inputs: tuple[torch.Tensor, ...], output_names: 
     Optimized kernels accumulate in another order; a value that lands within float error of a rounding
     boundary then takes the next quantization step in a later quantizer, and that step travels to the
     output (a UNet's skip and ConvTranspose carry it far). The graph is still the project's model: the
-    report gives both numbers, and a warning says why they differ. None when the session cannot be made.
+    report gives both numbers, and a warning says why they differ.
+
+    Raises:
+        ExportValidationError: onnxruntime cannot open or run the file with those optimizations.
     """
     import onnxruntime as ort
 
     try:
         session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         outputs = session.run(None, feeds(session, inputs))
-    except Exception as error:  # the unoptimized run passed: an optimizer's own problem is only reported
-        log.add("optimized_failed", f"onnxruntime with its default graph optimizations could not run the file: "
-                            f"{first_line(error)}")
-        return None
+    except Exception as error:
+        # a user's script, and most deployments, open the file this way: a file they cannot run is no export
+        reason = first_line(error).rstrip(".")
+        raise ExportValidationError("onnxruntime", f"onnxruntime with its default graph optimizations "
+                                                   f"(ORT_ENABLE_ALL) cannot run the file: {reason}. "
+                                                   "The graph as written runs; this is an onnxruntime optimizer's "
+                                                   "problem the export could not avoid.") from error
     del session
     worst = min(compare(output_names, reference, outputs), key=lambda p: p.cosine)
     if worst.max_abs_diff > 1e-5:

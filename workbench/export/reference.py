@@ -12,6 +12,7 @@ import torch.fx as fx
 from torch import nn
 
 from workbench.export.errors import ExportError, QuantizerStateError, SampleInputError
+from workbench.export.outputs import named_tensors, pick_outputs
 from workbench.export.qdq import ExportParams, QDQStandIn, export_params
 from workbench.quant.algorithms.batches import flat_tensors, select_output
 from workbench.quant.algorithms.snapshot import all_quantizers, is_quantizing, quantizer_names
@@ -58,18 +59,23 @@ def default_input_names(model: nn.Module, args: tuple, kwargs: dict) -> list[str
 
 class ExportCall(nn.Module):
     """The model as both exporters see it: flat tensors in (the positional inputs, then the keyword
-    inputs in order) and a tuple of the chosen output's tensors out (see
-    :func:`~workbench.quant.algorithms.batches.select_output`), so dict inputs and outputs holding a cache or a
-    ``ModelOutput`` export like plain tensors. ``labels`` names those output tensors after the last call.
+    inputs in order) and a tuple of tensors out, so dict inputs and ``ModelOutput`` outputs export like plain
+    tensors. The tensors out are every tensor the model returns, or those ``outputs`` names
+    (:mod:`workbench.export.outputs`); with ``output`` (one key, as metrics pick it), that entry's
+    (:func:`~workbench.quant.algorithms.batches.select_output`). ``labels`` names the output tensors after the last
+    call, and ``output_notes`` says what was left out.
     """
 
-    def __init__(self, model: nn.Module, num_positional: int, keywords: Sequence[str], output: str | None) -> None:
+    def __init__(self, model: nn.Module, num_positional: int, keywords: Sequence[str], output: str | None,
+                 outputs: Sequence[str] | None = None) -> None:
         super().__init__()
         self.model = model
         self.num_positional = num_positional
         self.keywords = list(keywords)
         self.output = output
+        self.outputs = None if outputs is None else list(outputs)
         self.labels: list[str] = []
+        self.output_notes: list[str] = []
         # set while the TorchScript exporter traces: the tensors after the model's inputs are the model's
         # parameters and buffers of these names, passed in (see workbench.export.torchscript_weights)
         self.weight_names: list[str] = []
@@ -84,13 +90,20 @@ class ExportCall(nn.Module):
         kwargs = dict(zip(self.keywords, tensors[self.num_positional:]))
         with _tensors_in_place_of(self.model, weights):
             result = self.model(*args, **kwargs)
+        if self.output is not None and self.output != "":
+            try:
+                picked = select_output(result, self.output)
+            except ValueError as error:
+                raise ExportError(str(error)) from None
+            chosen = flat_tensors(picked)
+            self.labels = _output_labels(result, self.output, len(chosen))
+            return tuple(chosen)
         try:
-            picked = select_output(result, self.output)
+            named = pick_outputs(named_tensors(result), self.outputs)
         except ValueError as error:
             raise ExportError(str(error)) from None
-        chosen = flat_tensors(picked)
-        self.labels = _output_labels(result, self.output, len(chosen))
-        return tuple(chosen)
+        self.labels, self.output_notes = named.names, named.notes
+        return tuple(named.tensors)
 
 
 @contextlib.contextmanager

@@ -71,6 +71,10 @@ class ExportReport:
     validation_time_s: float
     total_time_s: float
     quantizer_calls: dict[str, int] = field(default_factory=dict)
+    # quantizers that ran in PyTorch and have no Q/DQ node in the file (a constant input, a folded one), by name
+    quantizers_without_qdq: list[str] = field(default_factory=list)
+    # what torch logged and printed while exporting (kept out of the console; the first lines; all in --debug)
+    exporter_log: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what the user should act on (kinds: workbench.export.notes)
     notes: list[str] = field(default_factory=list)  # what the exporter did on its own (an opset conversion, ...)
     entry_kinds: dict[str, str] = field(default_factory=dict)  # each warning's and note's kind

@@ -32,6 +32,7 @@ import torch.fx as fx
 from torch import nn
 from torch.nn.utils import parametrize
 
+from workbench.graph.batchnorm import batchnorm_eps, batchnorm_features, is_batchnorm
 from workbench.graph.trace import TraceFailure, trace_pieces
 from workbench.graph.tree import add_note
 from workbench.quant.algorithms.snapshot import ModelSnapshot, holds_quantizers, owned_quantizers
@@ -42,7 +43,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["FoldedPair", "SkippedBatchNorm", "FoldReport", "fold_batchnorm", "find_foldable", "folded_weights",
            "FOLD_TOLERANCE"]
 
-_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _TRANSPOSED = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _ACTIVATIONS = (nn.ReLU, nn.ReLU6)
@@ -134,7 +134,7 @@ def find_foldable(model: nn.Module) -> tuple[list[_Candidate], list[SkippedBatch
                 continue
             module = piece.graph_module.get_submodule(node.target)
             calls[id(module)] = calls.get(id(module), 0) + 1
-            if isinstance(module, _BATCHNORMS):
+            if is_batchnorm(module):
                 bn_sites.append((piece, node, module, piece.qualified(node.target)))
 
     candidates: list[_Candidate] = []
@@ -176,9 +176,9 @@ def find_foldable(model: nn.Module) -> tuple[list[_Candidate], list[SkippedBatch
                 reason = f"the output of {layer_name} is also read by {', '.join(others)}"
             elif calls.get(id(layer_module), 0) > 1 or len(names_of.get(id(layer_module), [])) > 1:
                 reason = f"{layer_name} is used more than once"
-            elif _out_channels(layer_module) != bn.num_features:
+            elif _out_channels(layer_module) != batchnorm_features(bn):
                 reason = (f"{layer_name} has {_out_channels(layer_module)} output channels, the BatchNorm "
-                          f"{bn.num_features}")
+                          f"{batchnorm_features(bn)}")
             elif isinstance(layer_module, nn.Linear) and not isinstance(bn, nn.BatchNorm1d):
                 reason = f"{type(bn).__name__} after a Linear layer normalises another dimension"
         if reason is not None:
@@ -194,7 +194,7 @@ def find_foldable(model: nn.Module) -> tuple[list[_Candidate], list[SkippedBatch
 
     # BatchNorms no traced graph calls: inside code that could not be traced, or not used at all
     for name, module in model.named_modules():
-        if isinstance(module, _BATCHNORMS) and id(module) not in seen_bns:
+        if is_batchnorm(module) and id(module) not in seen_bns:
             owner = next((f for f in failures if f.name == name.rpartition(".")[0]), None)
             reason = (f"its owner {owner.name or '<model>'} could not be traced ({owner.reason})" if owner is not None
                       else "it is not called in any traced forward")
@@ -214,7 +214,7 @@ def folded_weights(layer: nn.Module, bn: nn.modules.batchnorm._BatchNorm) -> tup
     var = bn.running_var.detach().double()
     gamma = bn.weight.detach().double() if bn.weight is not None else torch.ones_like(mean)
     beta = bn.bias.detach().double() if bn.bias is not None else torch.zeros_like(mean)
-    scale = gamma / torch.sqrt(var + bn.eps)
+    scale = gamma / torch.sqrt(var + batchnorm_eps(bn))
     bias = layer.bias.detach().double() if layer.bias is not None else torch.zeros_like(mean)
     w = weight.double()
     if isinstance(layer, _TRANSPOSED):

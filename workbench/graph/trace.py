@@ -17,6 +17,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.graph.batchnorm import is_frozen_batchnorm
 from workbench.graph.tree import is_quantized_module
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
@@ -37,8 +38,8 @@ def is_leaf(module: nn.Module) -> bool:
     Quantizers and quantized modules always are (their flags must stay switchable after tracing),
     and so are torch.nn's own layers (fx's default), except the containers.
     """
-    if isinstance(module, TensorQuantizer) or is_quantized_module(module):
-        return True
+    if isinstance(module, TensorQuantizer) or is_quantized_module(module) or is_frozen_batchnorm(module):
+        return True  # a frozen BatchNorm (torchvision's, DETR's) is one affine, as BatchNorm2d is
     if isinstance(module, _CONTAINERS) or isinstance(module, fx.GraphModule):
         return False
     module_name = type(module).__module__

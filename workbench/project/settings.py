@@ -244,18 +244,28 @@ class ExportSettings(_Section):
     amax_json: bool = False
     calibration_cache: bool = False
     fp8_ops: str = "standard"  # workbench.quant.algorithms.precision.FP8_OPS: "trt" for TensorRT before 10
-    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops",)
+    # the model's outputs the graph returns, by name (workbench.export.outputs); None: every one
+    outputs: tuple[str, ...] | None = None
+    # the sample's sequence length kept fixed (a model that loops over the sequence in Python)
+    static_sequence: bool = False
+    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops", "outputs", "static_sequence")
 
     def __post_init__(self) -> None:
         self._require("path", self.path is None or isinstance(self.path, str), "a file name or none")
         self._require("fp8_ops", self.fp8_ops in FP8_OPS, f"one of {', '.join(FP8_OPS)}")
+        self._require("outputs", self.outputs is None or (
+            isinstance(self.outputs, (list, tuple)) and bool(self.outputs)
+            and all(isinstance(name, str) and name.strip() for name in self.outputs)),
+            "a list of output names (logits, pred_boxes...) or none for every output")
+        if self.outputs is not None:
+            self._set("outputs", tuple(self.outputs))
         if self.opset is None:  # stored none: the default opset
             self._set("opset", type(self).opset)
         # below MIN_OPSET no exporter anywhere can write the file; the upper bound is this machine's onnx, checked
         # when the setting is edited (checked_setting), so a project from a newer onnx still opens
         if not (_is_int(self.opset) and self.opset >= MIN_OPSET):  # the text asks onnx: only on a refusal
             raise _refused("export.opset", opset_bounds_text(), self.opset)
-        for name in ("dynamic_batch", "amax_json", "calibration_cache"):
+        for name in ("dynamic_batch", "amax_json", "calibration_cache", "static_sequence"):
             self._require(name, isinstance(getattr(self, name), bool), "true or false")
 
 

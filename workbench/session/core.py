@@ -576,9 +576,12 @@ class Session(SessionReading):
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
-               force: bool = False, fp8_ops: str | None = None):
+               force: bool = False, fp8_ops: str | None = None, outputs: Sequence[str] | None = None,
+               static_sequence: bool | None = None):
         """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project.
-        ``fp8_ops`` ("standard" or "trt", default: the project's export setting) is how FP8 is written.
+        ``fp8_ops`` ("standard" or "trt", default: the project's export setting) is how FP8 is written; ``outputs``
+        the model's outputs the graph returns, by name (default: the project's setting, else every one);
+        ``static_sequence`` keeps the sample's sequence length fixed (default: the project's setting).
 
         ``path`` is taken from the working directory; the stored path is relative to the project's folder.
         An existing file is replaced only when this project wrote it and it is unchanged, or with ``force``
@@ -590,11 +593,12 @@ class Session(SessionReading):
         plan = exports.plan_export(self.project, self.settings.export, target, typed=path is not None,
                                    project_path=self.path, base_dir=self.base_dir, project_dir=self.project_dir,
                                    remember=remember, force=force, opset=opset, dynamic_batch=dynamic_batch,
-                                   amax_json=amax_json, calibration_cache=calibration_cache, fp8_ops=fp8_ops)
+                                   amax_json=amax_json, calibration_cache=calibration_cache, fp8_ops=fp8_ops,
+                                   outputs=tuple(outputs) if outputs else None, static_sequence=static_sequence)
         model = self._require_calibrated()
         new = exports.planned_new_files(plan)
         try:  # interrupted (its validation, its headline), an export leaves no file the project does not know
-            report = exports.write_export(plan, model, self.sample_inputs(batch=1), output=self.settings.output)
+            report = exports.write_export(plan, model, self.sample_inputs(batch=1))
             if remember:
                 measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
                 record = exports.remember(plan, self.project, report, measure, project_path=self.path,

@@ -237,12 +237,15 @@ class ExportPlan:
     amax_json: bool
     calibration_cache: bool
     fp8_ops: str
+    outputs: tuple[str, ...] | None = None
+    static_sequence: bool = False
 
 
 def plan_export(project: Project, settings: ExportSettings, target: Path, *, typed: bool, project_path: Path | None,
                 base_dir: Path, project_dir: Path, remember: bool, force: bool, opset: int | None = None,
                 dynamic_batch: bool | None = None, amax_json: bool | None = None,
-                calibration_cache: bool | None = None, fp8_ops: str | None = None) -> ExportPlan:
+                calibration_cache: bool | None = None, fp8_ops: str | None = None,
+                outputs: tuple[str, ...] | None = None, static_sequence: bool | None = None) -> ExportPlan:
     """The export to ``target`` with the options given (the others from ``settings``), checked: it writes over
     none of the project's own files, and with ``remember`` over no file it may not replace.
 
@@ -254,7 +257,8 @@ def plan_export(project: Project, settings: ExportSettings, target: Path, *, typ
                       settings.dynamic_batch if dynamic_batch is None else dynamic_batch,
                       settings.amax_json if amax_json is None else amax_json,
                       settings.calibration_cache if calibration_cache is None else calibration_cache,
-                      fp8_ops or settings.fp8_ops)
+                      fp8_ops or settings.fp8_ops, outputs or settings.outputs,
+                      settings.static_sequence if static_sequence is None else static_sequence)
     plan.files = planned_files(target, plan.amax_json, plan.calibration_cache)
     check_not_protected(plan.files, protected_files(project, project_path, base_dir))
     if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
@@ -279,9 +283,10 @@ def discard(files: list[Path]) -> None:
         file.unlink(missing_ok=True)
 
 
-def write_export(plan: ExportPlan, model: nn.Module, sample: Any, output: Any = None):
+def write_export(plan: ExportPlan, model: nn.Module, sample: Any):
     """Write validated QDQ ONNX of the calibrated ``model`` (traced on ``sample``) as ``plan`` says; the export's
-    report.
+    report. The graph returns every output of the model, or those ``plan.outputs`` names (the project's output
+    key picks what metrics compare, not what the file holds).
 
     Raises:
         SessionError: a file cannot be written (nothing is left half-written).
@@ -291,7 +296,8 @@ def write_export(plan: ExportPlan, model: nn.Module, sample: Any, output: Any = 
     sides = {kind: file for file, kind in plan.files.items()}
     try:
         return export_qdq_onnx(model, sample, plan.target, opset=plan.opset, dynamic_batch=plan.dynamic_batch,
-                               output=output, amax_json_path=sides.get("amax_json"),
+                               outputs=plan.outputs, static_sequence=plan.static_sequence,
+                               amax_json_path=sides.get("amax_json"),
                                calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
         where = error.filename or plan.target
@@ -320,7 +326,8 @@ def remembered_settings(plan: ExportPlan, project_dir: Path) -> dict[str, Any]:
     and options, so that a plain ``export`` repeats it."""
     return replace(plan.settings, path=stored_export_path(plan.target, project_dir), opset=plan.opset,
                    dynamic_batch=plan.dynamic_batch, amax_json=plan.amax_json,
-                   calibration_cache=plan.calibration_cache, fp8_ops=plan.fp8_ops).to_stored()
+                   calibration_cache=plan.calibration_cache, fp8_ops=plan.fp8_ops,
+                   outputs=plan.outputs, static_sequence=plan.static_sequence).to_stored()
 
 
 def export_record(plan: ExportPlan, project: Project, report: Any, project_dir: Path) -> ExportRecord:
