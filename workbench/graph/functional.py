@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_facts
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from workbench.graph.operations import (
     product_roles,
     takes_var_keyword,
 )
+from workbench.graph.placement import RESIDUAL_IN_BLOCK, OperationFacts, skip_reason
 from workbench.graph.trace import (
     CAT_FUNCTIONS,
     TraceFailure,
@@ -163,14 +165,6 @@ def _qualified(prefix: str, name: str) -> str:
 
 
 _NO_OWN_OPS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, QuantTransformerEncoder)
-_RESIDUAL_IN_BLOCK = ("add inside a transformer block (a module with a LayerNorm or an attention): left in floating "
-                      "point by default, TensorRT keeps it in its fused kernels; set "
-                      "residual_adds_in_transformer_blocks to quantize it")
-_IN_FORMULA = ("a step inside an elementwise formula (an activation such as GELU's tanh approximation, SiLU or "
-               "hard-swish written out): TensorRT fuses the whole formula into one pointwise kernel, a Q/DQ inside "
-               "it would break that fusion and add error for no INT8 kernel")
-_NOT_ACTIVATION = ("an operand is not a floating activation (a mask, position or index computation, or an integer "
-                   "tensor): TensorRT runs no INT8 kernel on it")
 
 
 class _Inserter:
@@ -328,26 +322,19 @@ class _Inserter:
                     if not (is_tensor_operand(a) and is_tensor_operand(b)):
                         continue  # x + 1, x.size(0) + 1: nothing to quantize
                     description = describe_node(node)
-                    reason = None
-                    if a.op == "get_attr" or b.op == "get_attr":
-                        reason = "one operand is a parameter or buffer of the model, not an activation"
-                    elif a not in activations or b not in activations:
-                        reason = _NOT_ACTIVATION
-                    elif has_out:
-                        reason = "writes into an out= tensor"
-                    elif alpha != 1:
-                        reason = f"scales the second operand (alpha={alpha!r})"
-                    elif pointwise_formula(a, b):
-                        reason = _IN_FORMULA
-                    elif inplace and any(order[user] > order[node] for user in a.users if user is not node):
-                        reason = "in-place add whose first operand is read again afterwards"
+                    parameter = a.op == "get_attr" or b.op == "get_attr"
+                    facts = OperationFacts(
+                        "add", parameter=parameter, activations=a in activations and b in activations,
+                        has_out=has_out, alpha=alpha, formula=not parameter and pointwise_formula(a, b),
+                        inplace_reread=inplace and any(order[user] > order[node] for user in a.users
+                                                       if user is not node))
+                    reason = skip_reason(facts)
                     if reason is None and not self.residual_in_blocks:
                         if not block:
                             block.append(in_transformer_block(original))
-                        if block[0]:
-                            reason = _RESIDUAL_IN_BLOCK
+                        reason = skip_reason(replace_facts(facts, in_block=block[0]))
                     # a residual add left float by default keeps its name, so the switch never renames others
-                    name, qualified, reason = (claim("add", reason) if reason in (None, _RESIDUAL_IN_BLOCK)
+                    name, qualified, reason = (claim("add", reason) if reason in (None, RESIDUAL_IN_BLOCK)
                                                else (None, None, reason))
                     if reason is not None:
                         self.report.skipped.append(SkippedOp(path, description, reason))
@@ -375,14 +362,11 @@ class _Inserter:
                     continue
                 if not isinstance(tensors, (list, tuple)) or not all(is_tensor_operand(t) for t in tensors):
                     reason = "its inputs are not a list of activations visible to the tracer"
-                elif any(t.op == "get_attr" for t in tensors):
-                    reason = "one input is a parameter or buffer of the model, not an activation"
-                elif not all(t in activations for t in tensors):
-                    reason = _NOT_ACTIVATION
-                elif not isinstance(dim, int):
-                    reason = "the concatenation dimension is computed at run time"
-                elif "out" in node.kwargs:
-                    reason = "writes into an out= tensor"
+                else:
+                    reason = skip_reason(OperationFacts(
+                        "concat", parameter=any(t.op == "get_attr" for t in tensors),
+                        activations=all(t in activations for t in tensors), dim_known=isinstance(dim, int),
+                        has_out="out" in node.kwargs))
                 name, qualified, reason = claim("cat", reason) if reason is None else (None, None, reason)
                 if reason is not None:
                     self.report.skipped.append(SkippedOp(path, description, reason))
@@ -397,12 +381,9 @@ class _Inserter:
                     if not (is_tensor_operand(a) and is_tensor_operand(b)):
                         continue
                     description = describe_node(node)
-                    reason = None
-                    if a.op == "get_attr" or b.op == "get_attr" or a not in activations or b not in activations:
-                        reason = ("not a product of two activations (an operand is a parameter, a mask, a position "
-                                  "or an integer tensor): a Linear-like or index computation")
-                    elif has_out:
-                        reason = "writes into an out= tensor"
+                    reason = skip_reason(OperationFacts(
+                        "matmul", parameter=a.op == "get_attr" or b.op == "get_attr",
+                        activations=a in activations and b in activations, has_out=has_out))
                     name, qualified, reason = claim("matmul", reason) if reason is None else (None, None, reason)
                     if reason is not None:
                         self.report.skipped.append(SkippedOp(path, description, reason))
@@ -422,9 +403,8 @@ class _Inserter:
                 bound.update(node.kwargs)
                 q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
                 description = describe_node(node)
-                reason = None
-                if not all(is_tensor_operand(t) and t in activations for t in (q, k, v)):
-                    reason = _NOT_ACTIVATION
+                reason = skip_reason(OperationFacts(
+                    "attention", activations=all(is_tensor_operand(t) and t in activations for t in (q, k, v))))
                 name, qualified, reason = claim("sdpa", reason) if reason is None else (None, None, reason)
                 if reason is not None:
                     self.report.skipped.append(SkippedOp(path, description, reason))

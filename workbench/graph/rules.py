@@ -37,10 +37,10 @@ import torch.fx as fx
 from torch import nn
 
 from workbench.graph.trace import MAXPOOL_FUNCTIONS, TracedPiece, TraceFailure, trace_pieces
+from workbench.quant.algorithms.snapshot import is_quantizing, quantizer_names
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM, QuantLSTMCell
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.quant.algorithms.snapshot import is_quantizing, quantizer_names
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +235,20 @@ def _is_conv_output(graph: _Graph, node: fx.Node) -> fx.Node | None:
     return None
 
 
+def _concat_operands(node: fx.Node) -> list[fx.Node]:
+    """The tensors a QuantConcat node concatenates, as nodes of this piece.
+
+    ``torch.cat(x, self.d)`` in a module whose ``forward(x)`` receives the list (YOLOv5/v8's ``Concat``,
+    traced as its own piece because the model's loop over layers cannot be) has one placeholder Node as
+    its first argument, not a list: the tensors are built by the caller, outside this graph, so only the
+    concatenation's readers are seen here.
+    """
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors", ())
+    if isinstance(tensors, fx.Node):
+        return []
+    return [t for t in tensors if isinstance(t, fx.Node)] if isinstance(tensors, (list, tuple)) else []
+
+
 def _is_maxpool(graph: _Graph, node: fx.Node) -> bool:
     if node.op == "call_module":
         return isinstance(graph.module(node), _MAXPOOLS)
@@ -357,7 +371,7 @@ def apply_placement_rules(model: nn.Module, rules: PlacementRules | None = None)
             module = graph.module(node)
             if rules.concat and isinstance(module, QuantConcat):
                 major = _QRef(f"{graph.name(node)}._input_quantizer", module, "_input_quantizer")
-                members = [ref for t in (node.args[0] if node.args else ()) if isinstance(t, fx.Node)
+                members = [ref for t in _concat_operands(node)
                            for reader, ref in graph.readers.get(t, []) if reader is not node]
                 members += [ref for _reader, ref in graph.readers.get(node, [])]
                 join("concat", graph.name(node), major, members, 0)
