@@ -45,6 +45,8 @@ from workbench.graph.operations import (
     takes_var_keyword,
 )
 from workbench.graph.placement import RESIDUAL_IN_BLOCK, OperationFacts, skip_reason
+from workbench.graph.runtime_insert import insert_runtime_quantizers
+from workbench.graph.runtime_ops import RuntimeRecord, record_functional_ops
 from workbench.graph.trace import (
     CAT_FUNCTIONS,
     TraceFailure,
@@ -54,7 +56,7 @@ from workbench.graph.trace import (
     scalar_nodes,
     trace_with_call,
 )
-from workbench.graph.tree import add_note, is_quantized_module
+from workbench.graph.tree import NOTES_ATTR, add_note, is_quantized_module, module_notes
 from workbench.graph.verify import ModuleCall, capture_calls, traced_differs, value_dtypes
 from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
@@ -102,6 +104,10 @@ class FunctionalQuantReport:
     # attention modules (Hugging Face, ...) quantized at the function level, or not, with the reason
     attention_modules: list[str] = field(default_factory=list)
     unquantized_attention: list[SkippedOp] = field(default_factory=list)
+    # modules torch.fx could not rewrite whose operations were found by running the model and are
+    # quantized at run time (workbench.graph.runtime_insert), and what that run recorded
+    runtime: list[str] = field(default_factory=list)
+    record: RuntimeRecord | None = None
 
     @property
     def adds(self) -> list[InsertedQuantizer]:
@@ -164,6 +170,7 @@ def _qualified(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+_NOT_QUANTIZED_NOTE = "functional operations not quantized"
 _NO_OWN_OPS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, QuantTransformerEncoder)
 
 
@@ -261,7 +268,7 @@ class _Inserter:
                 del self.report.inserted[marks[0]:]
                 del self.report.skipped[marks[1]:]
                 self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
-                add_note(module, f"functional operations not quantized: {reason}")
+                add_note(module, f"{_NOT_QUANTIZED_NOTE}: {reason}")
                 logger.info("Keeping %s (%s) untraced: %s", path or "<model>", type(module).__name__, reason)
                 return module
             self.report.verified.append(path)
@@ -454,6 +461,38 @@ def _complete_state(gm: fx.GraphModule, original: nn.Module) -> None:
             target.update(source)
 
 
+def _insert_at_run_time(model: nn.Module, record: RuntimeRecord, report: FunctionalQuantReport,
+                        inserter: _Inserter, residual: bool, switches: dict[str, bool]) -> None:
+    """Quantize, at run time, the recorded operations of the modules torch.fx could not rewrite."""
+    failed = {f.name: f for f in report.failures}
+    owners = [owner for owner in record.owners if owner in failed]
+    # a forward that ran without a single candidate operation has nothing left in float
+    empty = [name for name in failed if name in record.called and name not in owners]
+    report.failures = [f for f in report.failures if f.name not in empty]
+    if not owners:
+        return
+    results = insert_runtime_quantizers(
+        model, record, owners, enabled=lambda kind: switches.get(kind, True), descriptor=inserter.descriptor,
+        chosen=lambda name: inserter.descriptor_for(name) if inserter.descriptor_for is not None else None,
+        ignored=inserter.ignored, residual_adds_in_transformer_blocks=residual)
+    for item in results:
+        operation = f"{item.op.describe()}, found at run time"
+        if item.name is not None:
+            inputs = len(item.op.operands) + (1 if item.op.kind == "attention" else 0)
+            report.inserted.append(InsertedQuantizer(item.name, item.op.kind, item.owner, operation, inputs))
+        else:
+            report.skipped.append(SkippedOp(item.owner, operation, item.reason or ""))
+    # their operations were found and judged: they are no longer "not traced, left in float"
+    for owner in owners:
+        module = model.get_submodule(owner) if owner else model
+        kept = tuple(n for n in module_notes(module) if not n.startswith(_NOT_QUANTIZED_NOTE))
+        setattr(module, NOTES_ATTR, kept)
+        add_note(module, f"functional operations found at run time and quantized there (torch.fx: "
+                         f"{failed[owner].reason})")
+    report.failures = [f for f in report.failures if f.name not in owners]
+    report.runtime.extend(owners)
+
+
 def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDescriptor | None = None,
                                  ignore_policy: IgnorePolicy = None, add: bool = True, concat: bool = True,
                                  descriptor_for: Callable[[str], QuantDescriptor | None] | None = None,
@@ -521,7 +560,18 @@ def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDes
             else:
                 report.unquantized_attention.append(SkippedOp(result.owner, what, result.reason or ""))
                 add_note(module, f"attention not quantized: {result.reason}")
+    record = None
+    if example_inputs is not None:
+        try:  # after the attention functions are swapped: their products are the QuantHFAttention's own
+            record = record_functional_ops(model, example_inputs)
+        except Exception as error:
+            raise ValueError(f"The model fails on the sample input used to find its functional operations: "
+                             f"{type(error).__name__}: {error}") from error
+        report.record = record
     result = inserter.convert(model, "")
+    if record is not None:
+        _insert_at_run_time(result, record, report, inserter, residual_adds_in_transformer_blocks,
+                            {"add": add, "concat": concat, "matmul": matmul, "attention": attention})
     # one idea per line, each the same on every rebuild (the app shows a warning once); what is left in float
     # by design (residual adds in transformer blocks) is no warning: the full summary is at debug level
     if report.failures:

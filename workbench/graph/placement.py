@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["OperationFacts", "skip_reason", "KINDS", "RESIDUAL_IN_BLOCK", "IN_FORMULA", "NOT_ACTIVATION",
-           "PARAMETER_OPERAND", "NOT_A_PRODUCT"]
+           "PARAMETER_OPERAND", "NOT_A_PRODUCT", "IN_ATTENTION"]
 
 # the kinds of functional operation, as InsertedQuantizer.kind names them
 KINDS = ("add", "concat", "matmul", "attention")
@@ -28,6 +28,8 @@ NOT_ACTIVATION = ("an operand is not a floating activation (a mask, position or 
 PARAMETER_OPERAND = "one operand is a parameter or buffer of the model, not an activation"
 NOT_A_PRODUCT = ("not a product of two activations (an operand is a parameter, a mask, a position or an integer "
                  "tensor): a Linear-like or index computation")
+IN_ATTENTION = ("an add inside an attention's own forward (a relative-position bias or a mask added to the scores): "
+                "TensorRT's fused attention takes it in floating point, a Q/DQ there would break the fusion")
 _OUT = "writes into an out= tensor"
 _DIM = "the concatenation dimension is computed at run time"
 _INPLACE = "in-place add whose first operand is read again afterwards"
@@ -46,6 +48,7 @@ class OperationFacts:
     inplace_reread: bool = False     # an in-place add whose first operand is read again
     dim_known: bool = True           # a concatenation's dimension is a Python int
     in_block: bool = False           # the operation is in a transformer block's own forward
+    in_attention: bool = False       # an add in a forward that computes attention products (a bias or mask)
 
 
 def skip_reason(facts: OperationFacts, *, residual_adds_in_transformer_blocks: bool = False) -> str | None:
@@ -71,6 +74,8 @@ def skip_reason(facts: OperationFacts, *, residual_adds_in_transformer_blocks: b
         return f"scales the second operand (alpha={facts.alpha!r})"
     if facts.formula:
         return IN_FORMULA
+    if facts.in_attention:
+        return IN_ATTENTION
     if facts.inplace_reread:
         return _INPLACE
     if facts.in_block and not residual_adds_in_transformer_blocks:
