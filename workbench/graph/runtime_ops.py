@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,10 +217,26 @@ class _Frame:
     name: str | None            # None: not a module of the model, or a quantized module (its ops are its own)
     first_value: int
     counts: dict[str, int] = field(default_factory=dict)
+    children: int = 0           # layers called so far by this call of the module
+    sites: dict[tuple[str, int], int] = field(default_factory=dict)  # call site -> ``children`` when last seen
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _call_site() -> tuple[str, int]:
+    """The line of model code that made the current torch call (torch's own frames and this file skipped)."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
+                                 or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("", 0)
 
 
 _IN_PLACE = ("an in-place add (x += y, x.add_(y)) found at run time: a quantized add returns a new tensor and cannot "
              "write into its first operand")
+_IN_SCAN = ("inside a loop of tensor operations with no layer in it (a scan over the sequence, as a state-space "
+            "model's): the number of steps follows the input's length, and TensorRT runs no fused INT8 kernel there")
 _SHAPE_ONLY = {"view", "reshape", "squeeze", "unsqueeze", "transpose", "permute", "t", "contiguous", "flatten",
                "expand", "__getitem__", "narrow", "unflatten", "mT", "T", "detach", "clone", "to", "float", "type_as"}
 
@@ -228,6 +246,7 @@ class _Recorder(TorchFunctionMode):
         super().__init__()
         self.names = {id(m): n for n, m in model.named_modules()}
         self.modules = {id(m): m for m in model.modules()}
+        self.modules_by_name = dict(model.named_modules())
         self.parameters = {id(p): n for n, p in itertools.chain(model.named_parameters(), model.named_buffers())}
         self.owner_of_parameter = {}
         for name, module in model.named_modules():
@@ -239,6 +258,8 @@ class _Recorder(TorchFunctionMode):
         self.stack: list[_Frame] = []
         self.record = RuntimeRecord()
         self.busy = False
+        self.scans: set[tuple[int, tuple[str, int]]] = set()
+        self.sites: list[tuple[int, tuple[str, int]]] = []  # per recorded op: (owner call, call site)
 
     # ----- tags -----------------------------------------------------------------------------
 
@@ -278,7 +299,7 @@ class _Recorder(TorchFunctionMode):
             found = candidate(func, args, kwargs) if recording else None
             inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
             tags = [self.tag(t) for t in inputs]
-            if recording and func in _WEIGHT_USERS:
+            if recording and (func in _WEIGHT_USERS or found is not None):
                 self.note_direct_weights(frame, func, inputs, tags)
             self.busy = False
             result = func(*args, **kwargs)
@@ -308,7 +329,8 @@ class _Recorder(TorchFunctionMode):
             root = active[0].root if (name in POINTWISE_FUNCTIONS or name in _SHAPE_ONLY) and len(
                 {g.root for g in active}) == 1 else value
             parameter = tags[0].parameter if (len(tags) == 1 and name in _SHAPE_ONLY) else None
-            origin, source = (tags[0].origin, tags[0].name) if tags else ("constant", "")
+            first = active[0] if active else (tags[0] if tags else None)
+            origin, source = (first.origin, first.name) if first is not None else ("constant", "")
             if not out.is_floating_point():
                 origin = "integer"
             elif not activation and origin in ("input", "module", "op"):
@@ -321,6 +343,13 @@ class _Recorder(TorchFunctionMode):
         kind, layout, tensors, options = found
         index = frame.counts.get(kind, 0)
         frame.counts[kind] = index + 1
+        # the same line again with no layer called since: a loop of tensor operations (a scan over the sequence),
+        # whose number of steps follows the input's length
+        site = _call_site()
+        scan = frame.sites.get(site) == frame.children
+        frame.sites[site] = frame.children
+        if scan:
+            self.scans.add((frame.first_value, site))
         sources = tuple(self.operand(t) for t in tensors)
         qualified = f"{frame.name}.{NAME_BASES[kind]}#{index}" if frame.name else f"{NAME_BASES[kind]}#{index}"
         roles: tuple[str, ...] = ()
@@ -343,6 +372,7 @@ class _Recorder(TorchFunctionMode):
         kept = tuple((k, v) for k, v in options.items() if k not in ("out",) and not isinstance(v, torch.Tensor))
         self.record.ops.append(RecordedOp(frame.name or "", kind, layout, index, _func_name(func), sources, value,
                                           facts, kept, roles, blocked))
+        self.sites.append((frame.first_value, site))
 
     def note_direct_weights(self, frame: _Frame, func: Callable, inputs: list[torch.Tensor],
                             tags: list[_Tag]) -> None:
@@ -356,10 +386,6 @@ class _Recorder(TorchFunctionMode):
             use = DirectWeightUse(layer, pname, frame.name or "", _func_name(func))
             if use not in self.record.direct_weights:
                 self.record.direct_weights.append(use)
-
-    @property
-    def modules_by_name(self) -> dict[str, nn.Module]:
-        return {name: self.modules[key] for key, name in self.names.items()}
 
     # ----- module hooks -------------------------------------------------------------------------
 
@@ -377,6 +403,8 @@ class _Recorder(TorchFunctionMode):
                         self.record.reads.append(LayerRead(name, self.tag(first).value))
                     finally:
                         self.busy = False
+        if self.stack:
+            self.stack[-1].children += 1
         own = name is not None and not isinstance(module, TensorQuantizer) and not is_quantized_module(module)
         self.stack.append(_Frame(module, name if own else None, next(self.counter)))
 
@@ -402,11 +430,11 @@ class _Recorder(TorchFunctionMode):
 def _func_name(func: Callable) -> str:
     qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
     module = getattr(func, "__module__", "") or ""
-    if qualname.startswith("TensorBase.") or qualname.startswith("Tensor."):
+    if qualname.startswith(("TensorBase.", "Tensor.")):
         return "Tensor." + qualname.split(".", 1)[1]
     if module.startswith("torch.nn.functional"):
         return f"F.{qualname}"
-    return f"torch.{qualname}"
+    return f"torch.{qualname.rpartition('.')[2]}"  # torch._VariableFunctionsClass.cat is torch.cat
 
 
 def _call(model: nn.Module, example_inputs: Any) -> Any:
@@ -443,9 +471,13 @@ def record_functional_ops(model: nn.Module, example_inputs: Any) -> RuntimeRecor
         pre.remove()
         post.remove()
     record = recorder.record
+    # a layer that also ran as a layer is quantized there; one that never ran is only used through its weight
+    record.direct_weights = [use for use in record.direct_weights if use.layer not in record.called]
+    record.ops = [dataclasses.replace(op, blocked=op.blocked or _IN_SCAN) if site in recorder.scans else op
+                  for op, site in zip(record.ops, recorder.sites)]
     # an add in a forward that also multiplies activations (attention scores) is a bias or mask of the scores
-    attention = {op.owner for op in record.ops if op.kind == "attention" or (
-        op.kind == "matmul" and op.facts.activations and not op.facts.parameter)}
+    attention = {op.owner for op in record.ops if op.blocked is None and (op.kind == "attention" or (
+        op.kind == "matmul" and op.facts.activations and not op.facts.parameter))}
     record.ops = [dataclasses.replace(op, facts=dataclasses.replace(op.facts, in_attention=True))
                   if op.kind == "add" and op.owner in attention else op for op in record.ops]
     return record
