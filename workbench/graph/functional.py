@@ -45,7 +45,7 @@ from workbench.graph.operations import (
     takes_var_keyword,
 )
 from workbench.graph.placement import RESIDUAL_IN_BLOCK, OperationFacts, skip_reason
-from workbench.graph.runtime_insert import insert_runtime_quantizers
+from workbench.graph.runtime_insert import RuntimeInsertion, insert_runtime_quantizers
 from workbench.graph.runtime_ops import RuntimeRecord, record_functional_ops
 from workbench.graph.trace import (
     CAT_FUNCTIONS,
@@ -108,6 +108,7 @@ class FunctionalQuantReport:
     # quantized at run time (workbench.graph.runtime_insert), and what that run recorded
     runtime: list[str] = field(default_factory=list)
     record: RuntimeRecord | None = None
+    runtime_ops: list[RuntimeInsertion] = field(default_factory=list)  # each recorded op of those modules
 
     @property
     def adds(self) -> list[InsertedQuantizer]:
@@ -475,6 +476,7 @@ def _insert_at_run_time(model: nn.Module, record: RuntimeRecord, report: Functio
         model, record, owners, enabled=lambda kind: switches.get(kind, True), descriptor=inserter.descriptor,
         chosen=lambda name: inserter.descriptor_for(name) if inserter.descriptor_for is not None else None,
         ignored=inserter.ignored, residual_adds_in_transformer_blocks=residual)
+    report.runtime_ops.extend(results)
     for item in results:
         operation = f"{item.op.describe()}, found at run time"
         if item.name is not None:

@@ -117,7 +117,7 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
     if functional_report is not None and functional_report.record is not None:
         _float_direct_weight_layers(model, functional_report, replacement)
     _disable_ignored_inner(model, ignore_policy, replacement)
-    rules_report = apply_placement_rules(model, rules) if apply_rules else None
+    rules_report = apply_placement_rules(model, rules, runtime=functional_report) if apply_rules else None
     report = PreparationReport(replacement, functional_report, rules_report)
     if not any(isinstance(m, TensorQuantizer) for m in model.modules()):
         report.warnings.append("nothing was quantized: the model has no layer with a quantized counterpart and no "
