@@ -126,6 +126,7 @@ class Operand:
     name: str          # the module / operation / parameter, "" for constants and inputs
     activation: bool   # a floating activation (what TensorRT quantizes)
     value: int         # the tensor's id within the recording (equal ids: the same tensor)
+    root: int = 0      # the value it comes from through elementwise and shape steps only
 
     def describe(self) -> str:
         return {"module": f"output of {self.name}", "op": f"result of {self.name}", "input": "a model input",
@@ -148,6 +149,7 @@ class RecordedOp:
     options: tuple[tuple[str, Any], ...] = ()
     roles: tuple[str, ...] = ()      # ("probabilities", "value") for P @ V
     blocked: str | None = None       # a reason of this route to leave it float (an in-place add)
+    mask: int | None = None          # an attention's attn_mask: the value it comes from (its root)
 
     def reason(self, residual_adds_in_transformer_blocks: bool = False) -> str | None:
         """Why it stays in floating point (None: it gets a quantizer), by the one rule table."""
@@ -188,7 +190,7 @@ class RuntimeRecord:
 
     def by_owner(self, owner: str) -> list[RecordedOp]:
         """The owner's operations, each (kind, index) once (a module called twice records it twice)."""
-        seen: dict[tuple[str, int], RecordedOp] = {}
+        seen: dict[tuple[str, int, int], RecordedOp] = {}
         for op in self.ops:
             if op.owner == owner:
                 seen.setdefault((op.kind, op.index), op)
@@ -218,19 +220,20 @@ class _Frame:
     first_value: int
     counts: dict[str, int] = field(default_factory=dict)
     children: int = 0           # layers called so far by this call of the module
-    sites: dict[tuple[str, int], int] = field(default_factory=dict)  # call site -> ``children`` when last seen
+    sites: dict[tuple[str, int, int], int] = field(default_factory=dict)  # call site -> ``children`` when last seen
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
-def _call_site() -> tuple[str, int]:
-    """The line of model code that made the current torch call (torch's own frames and this file skipped)."""
+def _call_site() -> tuple[str, int, int]:
+    """The instruction of model code that made the current torch call (torch's own frames and this file
+    skipped): file, line and bytecode offset, so ``a + b + c`` on one line is two sites and a loop's step one."""
     frame = sys._getframe(2)
     while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
                                  or frame.f_code.co_filename == __file__):
         frame = frame.f_back
-    return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("", 0)
+    return (frame.f_code.co_filename, frame.f_lineno, frame.f_lasti) if frame is not None else ("", 0, 0)
 
 
 _IN_PLACE = ("an in-place add (x += y, x.add_(y)) found at run time: a quantized add returns a new tensor and cannot "
@@ -238,7 +241,8 @@ _IN_PLACE = ("an in-place add (x += y, x.add_(y)) found at run time: a quantized
 _IN_SCAN = ("inside a loop of tensor operations with no layer in it (a scan over the sequence, as a state-space "
             "model's): the number of steps follows the input's length, and TensorRT runs no fused INT8 kernel there")
 _SHAPE_ONLY = {"view", "reshape", "squeeze", "unsqueeze", "transpose", "permute", "t", "contiguous", "flatten",
-               "expand", "__getitem__", "narrow", "unflatten", "mT", "T", "detach", "clone", "to", "float", "type_as"}
+               "expand", "__getitem__", "narrow", "unflatten", "mT", "T", "detach", "clone", "to", "float", "type_as",
+               "reshape_as", "view_as", "expand_as", "movedim", "swapaxes", "select", "repeat", "dropout"}
 
 
 class _Recorder(TorchFunctionMode):
@@ -258,8 +262,8 @@ class _Recorder(TorchFunctionMode):
         self.stack: list[_Frame] = []
         self.record = RuntimeRecord()
         self.busy = False
-        self.scans: set[tuple[int, tuple[str, int]]] = set()
-        self.sites: list[tuple[int, tuple[str, int]]] = []  # per recorded op: (owner call, call site)
+        self.scans: set[tuple[int, tuple[str, int, int]]] = set()
+        self.sites: list[tuple[int, tuple[str, int, int]]] = []  # per recorded op: (owner call, call site)
 
     # ----- tags -----------------------------------------------------------------------------
 
@@ -284,7 +288,7 @@ class _Recorder(TorchFunctionMode):
         if not isinstance(tensor, torch.Tensor):
             return None
         tag = self.tag(tensor)
-        return Operand(tag.origin, tag.name, tag.activation and tensor.is_floating_point(), tag.value)
+        return Operand(tag.origin, tag.name, tag.activation and tensor.is_floating_point(), tag.value, tag.root)
 
     # ----- the mode ---------------------------------------------------------------------------
 
@@ -326,8 +330,12 @@ class _Recorder(TorchFunctionMode):
             if out in self.tags and any(out is t for t in inputs):
                 continue  # an in-place function returns its input: it keeps its tag
             value = next(self.counter)
-            root = active[0].root if (name in POINTWISE_FUNCTIONS or name in _SHAPE_ONLY) and len(
-                {g.root for g in active}) == 1 else value
+            if name in _SHAPE_ONLY and tags and tags[0].activation:  # x.reshape_as(y) is x's
+                root = tags[0].root
+            elif name in POINTWISE_FUNCTIONS and len({g.root for g in active}) == 1:
+                root = active[0].root
+            else:
+                root = value
             parameter = tags[0].parameter if (len(tags) == 1 and name in _SHAPE_ONLY) else None
             first = active[0] if active else (tags[0] if tags else None)
             origin, source = (first.origin, first.name) if first is not None else ("constant", "")
@@ -370,8 +378,10 @@ class _Recorder(TorchFunctionMode):
         for out in outputs:
             self.tags[out] = _Tag(value, "op", qualified, activation and out.is_floating_point(), True, value)
         kept = tuple((k, v) for k, v in options.items() if k not in ("out",) and not isinstance(v, torch.Tensor))
+        mask = options.get("attn_mask")
+        mask_root = self.tag(mask).root if isinstance(mask, torch.Tensor) else None
         self.record.ops.append(RecordedOp(frame.name or "", kind, layout, index, _func_name(func), sources, value,
-                                          facts, kept, roles, blocked))
+                                          facts, kept, roles, blocked, mask_root))
         self.sites.append((frame.first_value, site))
 
     def note_direct_weights(self, frame: _Frame, func: Callable, inputs: list[torch.Tensor],
@@ -475,9 +485,27 @@ def record_functional_ops(model: nn.Module, example_inputs: Any) -> RuntimeRecor
     record.direct_weights = [use for use in record.direct_weights if use.layer not in record.called]
     record.ops = [dataclasses.replace(op, blocked=op.blocked or _IN_SCAN) if site in recorder.scans else op
                   for op, site in zip(record.ops, recorder.sites)]
-    # an add in a forward that also multiplies activations (attention scores) is a bias or mask of the scores
-    attention = {op.owner for op in record.ops if op.blocked is None and (op.kind == "attention" or (
-        op.kind == "matmul" and op.facts.activations and not op.facts.parameter))}
+    inside = _attention_adds(record.ops)
     record.ops = [dataclasses.replace(op, facts=dataclasses.replace(op.facts, in_attention=True))
-                  if op.kind == "add" and op.owner in attention else op for op in record.ops]
+                  if i in inside else op for i, op in enumerate(record.ops)]
     return record
+
+
+def _attention_adds(ops: list[RecordedOp]) -> set[int]:
+    """Indices of the adds that belong to an attention's scores: an operand comes (through elementwise and
+    shape steps) from a product of two activations (``q @ k^T + bias``), or the result goes into such an add
+    or into an attention's ``attn_mask`` (a relative-position bias computed beforehand)."""
+    products = {op.output for op in ops if op.kind == "matmul" and op.blocked is None
+                and op.facts.activations and not op.facts.parameter}
+    sinks = {op.mask for op in ops if op.kind == "attention" and op.mask is not None}
+    inside: set[int] = set()
+    for i, op in enumerate(ops):
+        if op.kind == "add" and any(o.root in products for o in op.operands):
+            inside.add(i)
+            sinks.update(o.root for o in op.operands)
+    for i in range(len(ops) - 1, -1, -1):  # backwards: a bias feeds a later add of the scores
+        op = ops[i]
+        if op.kind == "add" and op.output in sinks:
+            inside.add(i)
+            sinks.update(o.root for o in op.operands)
+    return inside
