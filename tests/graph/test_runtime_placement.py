@@ -143,3 +143,31 @@ def test_hf_sam_vision_attention_products_are_quantized_and_exported(tmp_path, e
     exported, both = _exports(model, x, tmp_path, exporter)
     assert exported.exporter == exporter
     assert len(both) == 4  # both inputs of all 4 attention products come from DequantizeLinear
+
+
+class BiasedAttention(nn.Module):
+    """Scores plus a bias computed from the input (relative-position style), then softmax and P @ V."""
+
+    def __init__(self, guarded: bool):
+        super().__init__()
+        self.guarded = guarded
+        self.qkv = nn.Linear(8, 24)
+        self.pos = nn.Linear(8, 4)
+
+    def forward(self, x):
+        if self.guarded and float(x.abs().max()) > 1e6:  # a branch on a value: torch.fx cannot trace it
+            raise ValueError("input out of range")
+        q, k, v = self.qkv(x).chunk(3, -1)
+        b = self.pos(x)
+        scores = (q @ k.transpose(-2, -1)) * 0.35 + b @ b.transpose(-2, -1)
+        return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["traced", "run-time"])
+def test_one_rule_table_whichever_route_found_the_operations(guarded):
+    x = _x()
+    _, report = insert_functional_quantizers(BiasedAttention(guarded).eval(), example_inputs=(x,))
+    assert report.runtime == ([""] if guarded else [])
+    assert sorted(report.inserted_names) == ["matmul", "matmul_1", "matmul_2"]
+    (skipped,) = report.skipped
+    assert "attention's own forward" in skipped.reason  # the scores' bias: TensorRT's fused attention takes it

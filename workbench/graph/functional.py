@@ -288,6 +288,7 @@ class _Inserter:
         taken: set[str] = set()
         added: list[str] = []
         block: list[bool] = []  # computed once, on the first add
+        scores = _score_nodes(graph, activations)  # attention scores: an add of them is the scores' bias
 
         def new_name(base: str) -> str:
             index = 0
@@ -318,6 +319,8 @@ class _Inserter:
             replacement.meta = dict(node.meta)
             if node in activations:
                 activations.add(replacement)
+            if node in scores:
+                scores.add(replacement)
             node.replace_all_uses_with(replacement)
             graph.erase_node(node)
             added.append(name)
@@ -336,6 +339,7 @@ class _Inserter:
                         has_out=has_out, alpha=alpha, formula=not parameter and pointwise_formula(a, b),
                         inplace_reread=inplace and any(order[user] > order[node] for user in a.users
                                                        if user is not node))
+                    facts = replace_facts(facts, in_attention=any(_reaches(n, scores) for n in (a, b)))
                     reason = skip_reason(facts)
                     if reason is None and not self.residual_in_blocks:
                         if not block:
@@ -424,6 +428,34 @@ class _Inserter:
             graph.lint()
             gm.recompile()
         return added
+
+
+_SCORE_STEPS = frozenset({"mul", "truediv", "div", "to", "float", "type_as", "view", "reshape", "reshape_as",
+                          "transpose", "permute", "contiguous", "getitem", "add", "sub"})
+
+
+def _score_nodes(graph: fx.Graph, activations: set[fx.Node]) -> set[fx.Node]:
+    """Products of two activations in this forward (attention scores, ``q @ k^T``)."""
+    found = set()
+    for node in graph.nodes:
+        product = matmul_operands(node)
+        if product is not None:
+            a, b = product[1], product[2]
+            if isinstance(a, fx.Node) and isinstance(b, fx.Node) and a in activations and b in activations:
+                found.add(node)
+    return found
+
+
+def _reaches(node: fx.Node, scores: set[fx.Node], depth: int = 0) -> bool:
+    """Whether ``node`` is a product in ``scores`` or comes from one through scaling and shape steps (the
+    operand of ``scores * scale + bias``), as the run-time route's rule reads it."""
+    if node in scores:
+        return True
+    if depth > 6 or node.op not in ("call_function", "call_method"):
+        return False
+    name = getattr(node.target, "__name__", str(node.target)).strip("_")
+    return name in _SCORE_STEPS and bool(node.args) and isinstance(node.args[0], fx.Node) and \
+        _reaches(node.args[0], scores, depth + 1)
 
 
 class _OwnForwardTracer(fx.Tracer):
