@@ -111,7 +111,8 @@ def test_show_names_every_operation_left_in_float_and_layers_used_through_their_
     code, out, err = run(capsys, "new", path, "--model", f"{tmp_path}/net.py:make", "--data", tmp_path / "ids.npy",
                          "--batch-size", "4", "--trust-code")
     assert code == 0, err
-    assert "left in floating point: layers.0.mixer.dt_proj (Linear): its weight is used directly by layers.0.mixer" in out
+    assert ("left in floating point: layers.0.mixer.dt_proj (Linear): its weight is used directly by "
+            "layers.0.mixer") in out
     code, out, err = run(capsys, "show", path, "--trust-code")
     assert code == 0, err
     assert "found by running the model (torch.fx cannot trace their forward): 2 modules" in out

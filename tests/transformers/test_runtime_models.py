@@ -1,10 +1,10 @@
 """Real library code whose forwards torch.fx cannot trace (tiny configs, random weights): diffusers' UNet, HF
 Mamba, a mixture-of-experts decoder. Their functional operations are found by running them, quantized where
 TensorRT fuses them, and what stays float is named with its reason."""
+import models as zoo
 import pytest
 import torch
 
-import models as zoo
 from workbench import quant
 from workbench.graph import prepare_for_tensorrt
 from workbench.quant.algorithms.calibrate import calibrate
