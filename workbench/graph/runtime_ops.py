@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,6 +263,7 @@ class _Recorder(TorchFunctionMode):
         self.stack: list[_Frame] = []
         self.record = RuntimeRecord()
         self.busy = False
+        self.thread = threading.get_ident()
         self.scans: set[tuple[int, tuple[str, int, int]]] = set()
         self.sites: list[tuple[int, tuple[str, int, int]]] = []  # per recorded op: (owner call, call site)
 
@@ -400,7 +402,7 @@ class _Recorder(TorchFunctionMode):
     # ----- module hooks -------------------------------------------------------------------------
 
     def pre_hook(self, module: nn.Module, args: tuple) -> None:
-        if self.busy:
+        if self.busy or threading.get_ident() != self.thread:  # process-wide hooks: this run's thread only
             return
         name = self.names.get(id(module))
         if name is not None:
@@ -419,7 +421,7 @@ class _Recorder(TorchFunctionMode):
         self.stack.append(_Frame(module, name if own else None, next(self.counter)))
 
     def post_hook(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self.busy or not self.stack:
+        if self.busy or not self.stack or threading.get_ident() != self.thread:
             return
         frame = self.stack.pop()
         if frame.name is None and self.names.get(id(module)) is None:

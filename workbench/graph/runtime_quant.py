@@ -21,6 +21,7 @@ object held by the module, so ``copy.deepcopy`` and ``state_dict`` carry the qua
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,20 +53,24 @@ class _State:
         self.activator: nn.Module | None = None
         self.handles: list[Any] = []
         self.mode: _QuantizingMode | None = None
+        self.thread = 0
 
     def push(self, module: nn.Module) -> None:
         plan = getattr(module, _PLAN_ATTR, None)
         self.stack.append(_Frame(module, plan if isinstance(plan, RuntimePlan) else None, {}))
 
     def global_pre(self, module: nn.Module, args: tuple) -> None:
-        if self.mode is not None and self.mode.busy == 0:
+        # process-wide hooks: another thread's module calls are not this thread's
+        if self.mode is not None and self.mode.busy == 0 and threading.get_ident() == self.thread:
             self.push(module)
 
     def global_post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self.mode is not None and self.mode.busy == 0 and self.stack and self.stack[-1].module is module:
+        if self.mode is not None and self.mode.busy == 0 and threading.get_ident() == self.thread and \
+                self.stack and self.stack[-1].module is module:
             self.stack.pop()
 
     def activate(self, owner: nn.Module) -> None:
+        self.thread = threading.get_ident()
         self.activator = owner
         self.push(owner)  # the process-wide hooks are put in place after the owner's own call began
         self.mode = _QuantizingMode(self)
@@ -84,7 +89,15 @@ class _State:
             mode.__exit__(None, None, None)
 
 
-_STATE = _State()
+class _PerThread(threading.local):
+    """One state per thread: torch's mode stack is per thread, and a GUI worker may run a model while another
+    thread runs one too; the process-wide module hooks read the calling thread's state."""
+
+    def __init__(self) -> None:
+        self.state = _State()
+
+
+_LOCAL = _PerThread()
 
 
 class _QuantizingMode(TorchFunctionMode):
@@ -140,12 +153,14 @@ class RuntimePlan:
         self.children = dict(children)
 
     def pre_hook(self, module: nn.Module, args: tuple) -> None:
-        if _STATE.mode is None:
-            _STATE.activate(module)
+        state = _LOCAL.state
+        if state.mode is None:
+            state.activate(module)
 
     def post_hook(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if _STATE.activator is module:
-            _STATE.deactivate()
+        state = _LOCAL.state
+        if state.activator is module:
+            state.deactivate()
 
     def __repr__(self) -> str:
         return f"RuntimePlan({self.children})"
