@@ -247,7 +247,9 @@ def test_concat_of_a_list_built_by_the_caller_does_not_crash_the_concat_rule():
     quant.replace_to_quantization_module(model)
     model, functional = insert_functional_quantizers(model, example_inputs=(torch.randn(1, 3, 8, 8),))
     assert [i.name for i in functional.concats] == ["model.2.cat"]
-    report = apply_placement_rules(model)
+    report = apply_placement_rules(model, runtime=functional)
     assert "model.2" in report.pieces
+    # the recorded run sees across the pieces: the conv reading the concatenation shares its scale
+    assert model.model[3]._input_quantizer is model.model[2].cat._input_quantizer
     out = model(torch.randn(1, 3, 8, 8))
     assert out.shape == (1, 4, 8, 8)
