@@ -203,3 +203,53 @@ def test_prepare_for_tensorrt_in_one_call():
 
     _, report = prepare_for_tensorrt(nn.Sequential(nn.ReLU(), nn.Tanh()))
     assert report.warnings and "nothing was quantized" in report.warnings[0]
+
+
+class YoloConcat(nn.Module):
+    """ultralytics' Concat: ``forward(x)`` concatenates the list its caller builds."""
+
+    def __init__(self, dimension=1):
+        super().__init__()
+        self.d = dimension
+
+    def forward(self, x):
+        return torch.cat(x, self.d)
+
+
+class YoloLike(nn.Module):
+    """ultralytics' loop over ``self.model``: each layer reads ``m.f`` (-1: the previous output, or a list of
+    earlier outputs built at run time); the guard on the input keeps torch.fx from tracing the whole model,
+    so the Concat is traced as its own piece whose input is one placeholder, not a list."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = nn.ModuleList([nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), YoloConcat(1),
+                                    nn.Conv2d(16, 4, 1)])
+        for i, (m, f) in enumerate(zip(self.model, (-1, -1, [-1, 0], -1))):
+            m.f, m.i = f, i
+        self.save = {0}
+
+    def forward(self, x):
+        if bool(x.isnan().any()):
+            raise ValueError("NaN input")
+        y = []
+        for m in self.model:
+            if m.f != -1:
+                x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
+            x = m(x)
+            y.append(x if m.i in self.save else None)
+        return x
+
+
+def test_concat_of_a_list_built_by_the_caller_does_not_crash_the_concat_rule():
+    """YOLOv8 from its yaml crashed ``new`` with "'Node' object is not iterable" in the Concat rule."""
+    model = YoloLike().eval()
+    quant.replace_to_quantization_module(model)
+    model, functional = insert_functional_quantizers(model, example_inputs=(torch.randn(1, 3, 8, 8),))
+    assert [i.name for i in functional.concats] == ["model.2.cat"]
+    report = apply_placement_rules(model, runtime=functional)
+    assert "model.2" in report.pieces
+    # the recorded run sees across the pieces: the conv reading the concatenation shares its scale
+    assert model.model[3]._input_quantizer is model.model[2].cat._input_quantizer
+    out = model(torch.randn(1, 3, 8, 8))
+    assert out.shape == (1, 4, 8, 8)

@@ -210,6 +210,51 @@ def hf_t5(attn: str = "eager"):
     return T5ForConditionalGeneration(config).eval()
 
 
+def hf_sam_vision(attn: str = "eager"):
+    """HF SAM's vision encoder, 2 layers (one windowed, one global): its attention class is not fx-traceable."""
+    from transformers import SamVisionConfig, SamVisionModel
+
+    config = SamVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                             patch_size=8, output_channels=16, window_size=2, global_attn_indexes=[1], mlp_dim=64,
+                             num_pos_feats=8)
+    return SamVisionModel._from_config(config, attn_implementation=attn).eval()
+
+
+def hf_mamba():
+    """HF Mamba (torch path: conv1d and dt_proj are used through their weights, the scan is a loop)."""
+    from transformers import MambaConfig, MambaModel
+
+    config = MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=4,
+                         time_step_rank=4, use_cache=False)
+    return MambaModel(config).eval()
+
+
+def hf_mixtral():
+    """A Mixtral-style mixture-of-experts decoder (routing picks experts at run time)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+                           use_cache=False)
+    return MixtralForCausalLM(config).eval()
+
+
+def diffusers_unet():
+    """diffusers' UNet2DConditionModel, tiny: cross-attention down/up blocks, skip concatenations."""
+    from diffusers import UNet2DConditionModel
+
+    return UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8, 16),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=8, attention_head_dim=2, norm_num_groups=4).eval()
+
+
+def unet_inputs(batch: int = 1, seed: int = 0) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    return {"sample": torch.randn(batch, 4, 8, 8, generator=generator), "timestep": torch.tensor([3.0] * batch),
+            "encoder_hidden_states": torch.randn(batch, 5, 8, generator=generator)}
+
+
 def tokens(batch: int = 2, length: int = 8, vocab: int = 50, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 

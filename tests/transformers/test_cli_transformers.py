@@ -89,3 +89,39 @@ def test_set_help_lists_the_functional_switches(capsys):
         pass
     out = capsys.readouterr().out
     assert "--quantize-residual-adds" in out and "residual_adds_in_transformer_blocks" in out
+
+
+def test_show_names_every_operation_left_in_float_and_layers_used_through_their_weight(tmp_path, capsys):
+    """HF Mamba (torch path): its mixer's forward is not traceable; ``new`` and ``show`` name the layers used only
+    through their weight, and ``show`` lists each operation left in float with its module and reason."""
+    pytest.importorskip("transformers")
+    (tmp_path / "net.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        import models
+
+        def make():
+            import torch
+            torch.manual_seed(0)
+            return models.hf_mamba()
+    """))
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 7)).astype(np.int64))
+    path = tmp_path / "mamba.qwb"
+    code, out, err = run(capsys, "new", path, "--model", f"{tmp_path}/net.py:make", "--data", tmp_path / "ids.npy",
+                         "--batch-size", "4", "--trust-code")
+    assert code == 0, err
+    assert ("left in floating point: layers.0.mixer.dt_proj (Linear): its weight is used directly by "
+            "layers.0.mixer") in out
+    code, out, err = run(capsys, "show", path, "--trust-code")
+    assert code == 0, err
+    assert "found by running the model (torch.fx cannot trace their forward): 2 modules" in out
+    assert ("left in float: layers.0.mixer: Tensor.matmul(parameter layers.0.mixer.dt_proj.weight, output of "
+            "layers.0.mixer.x_proj), found at run time: not a product of two activations") in out
+    assert "(and 6 more like it): inside a loop of tensor operations" in out
+    code, out, err = run(capsys, "show", path, "--trust-code", "--json")
+    summary = json.loads(out)
+    rows = summary["functional"]["left_float_operations"]
+    assert sum(row["count"] for row in rows) == summary["functional"]["left_float"]
+    assert all(row["module"] and row["reason"] for row in rows)
+    table = {row["name"] for row in summary["layer_table"]}
+    assert "layers.0.mixer.in_proj" in table and "layers.0.mixer.dt_proj" not in table

@@ -135,9 +135,12 @@ def test_hugging_face_residual_adds_on_request_and_embeddings_kept_original(arch
                        "encoder.layer.1.attention.output", "encoder.layer.1.output"]}[arch]
     assert sorted({a.owner for a in report.adds}) == blocks  # **kwargs blocks traced as they were called
     assert len(report.adds) == 4
-    if arch == "bert":  # BertEmbeddings' `token_type_ids is None` branch: the traced copy fails, so it is kept
-        failure = next(f for f in report.failures if f.name == "embeddings")
-        assert "fails on the sample input" in failure.reason and "NoneType" in failure.reason
+    if arch == "bert":  # BertEmbeddings' `token_type_ids is None` branch: the traced copy fails, so it is kept,
+        # and its adds are found by running it: the token-type and position tables are looked up with indices
+        # that do not depend on the input (constants for TensorRT), so they stay float with that reason
+        assert "embeddings" in report.runtime and all(f.name != "embeddings" for f in report.failures)
+        kept = [s for s in report.skipped if s.owner == "embeddings"]
+        assert len(kept) == 2 and all("not a floating activation" in s.reason for s in kept)
     with quant.disable_quantization(model), torch.no_grad():
         assert torch.equal(_first(model(*inputs)), fp32)
     result = calibrate(model, [inputs], num_batches=None, method="max", report_sqnr=False)

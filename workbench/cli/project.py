@@ -161,6 +161,12 @@ def _functional_lines(functional: dict[str, Any]) -> list[str]:
     lines = [f"  functional: {functional['adds']} adds, {functional['concats']} concatenations, "
              f"{functional['matmuls']} matrix products, {functional['attentions']} attentions quantized; "
              f"{functional['left_float']} operations left in float"]
+    if functional.get("found_at_run_time"):
+        lines.append(f"    found by running the model (torch.fx cannot trace their forward): "
+                     f"{len(functional['found_at_run_time'])} modules")
+    for item in functional.get("left_float_operations", []):
+        times = f" (and {item['count'] - 1} more like it)" if item["count"] > 1 else ""
+        lines.append(f"    left in float: {item['module']}: {item['operation']}{times}: {item['reason']}")
     lines += [f"    attention not quantized: {item['module']}: {item['reason']}"
               for item in functional["unquantized_attention"]]
     lines += [f"    not traced: {item['module']} ({item['type']}): {item['reason']}"

@@ -31,7 +31,7 @@ from workbench.graph.trace import scalar_nodes
 from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 
 __all__ = ["inplace_alias_risk", "activation_nodes", "in_transformer_block", "NON_ACTIVATION_INPUT",
-           "pointwise_formula"]
+           "pointwise_formula", "POINTWISE_FUNCTIONS"]
 
 _AUGMENTED = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
               ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
@@ -185,6 +185,7 @@ _POINTWISE = frozenset({"add", "sub", "mul", "truediv", "div", "pow", "neg", "ta
                         "sqrt", "rsqrt", "erf", "abs", "clamp", "clip", "relu", "relu6", "hardtanh", "reciprocal",
                         "square", "minimum", "maximum", "where", "float", "to", "type_as", "contiguous",
                         "iadd", "imul", "isub", "itruediv", "softplus", "gelu", "silu", "hardsigmoid", "hardswish"})
+POINTWISE_FUNCTIONS = _POINTWISE  # the run-time recorder follows formulas through the same functions
 
 
 def _elementwise_sources(node: fx.Node, limit: int = 64) -> set[fx.Node]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_facts
 from typing import Any
 
 import torch
@@ -43,6 +44,9 @@ from workbench.graph.operations import (
     product_roles,
     takes_var_keyword,
 )
+from workbench.graph.placement import RESIDUAL_IN_BLOCK, OperationFacts, skip_reason
+from workbench.graph.runtime_insert import RuntimeInsertion, insert_runtime_quantizers
+from workbench.graph.runtime_ops import RuntimeRecord, record_functional_ops
 from workbench.graph.trace import (
     CAT_FUNCTIONS,
     TraceFailure,
@@ -52,7 +56,7 @@ from workbench.graph.trace import (
     scalar_nodes,
     trace_with_call,
 )
-from workbench.graph.tree import add_note, is_quantized_module
+from workbench.graph.tree import NOTES_ATTR, add_note, is_quantized_module, module_notes
 from workbench.graph.verify import ModuleCall, capture_calls, traced_differs, value_dtypes
 from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
@@ -100,6 +104,11 @@ class FunctionalQuantReport:
     # attention modules (Hugging Face, ...) quantized at the function level, or not, with the reason
     attention_modules: list[str] = field(default_factory=list)
     unquantized_attention: list[SkippedOp] = field(default_factory=list)
+    # modules torch.fx could not rewrite whose operations were found by running the model and are
+    # quantized at run time (workbench.graph.runtime_insert), and what that run recorded
+    runtime: list[str] = field(default_factory=list)
+    record: RuntimeRecord | None = None
+    runtime_ops: list[RuntimeInsertion] = field(default_factory=list)  # each recorded op of those modules
 
     @property
     def adds(self) -> list[InsertedQuantizer]:
@@ -162,15 +171,8 @@ def _qualified(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+_NOT_QUANTIZED_NOTE = "functional operations not quantized"
 _NO_OWN_OPS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, QuantTransformerEncoder)
-_RESIDUAL_IN_BLOCK = ("add inside a transformer block (a module with a LayerNorm or an attention): left in floating "
-                      "point by default, TensorRT keeps it in its fused kernels; set "
-                      "residual_adds_in_transformer_blocks to quantize it")
-_IN_FORMULA = ("a step inside an elementwise formula (an activation such as GELU's tanh approximation, SiLU or "
-               "hard-swish written out): TensorRT fuses the whole formula into one pointwise kernel, a Q/DQ inside "
-               "it would break that fusion and add error for no INT8 kernel")
-_NOT_ACTIVATION = ("an operand is not a floating activation (a mask, position or index computation, or an integer "
-                   "tensor): TensorRT runs no INT8 kernel on it")
 
 
 class _Inserter:
@@ -267,7 +269,7 @@ class _Inserter:
                 del self.report.inserted[marks[0]:]
                 del self.report.skipped[marks[1]:]
                 self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
-                add_note(module, f"functional operations not quantized: {reason}")
+                add_note(module, f"{_NOT_QUANTIZED_NOTE}: {reason}")
                 logger.info("Keeping %s (%s) untraced: %s", path or "<model>", type(module).__name__, reason)
                 return module
             self.report.verified.append(path)
@@ -286,6 +288,7 @@ class _Inserter:
         taken: set[str] = set()
         added: list[str] = []
         block: list[bool] = []  # computed once, on the first add
+        scores = _score_nodes(graph, activations)  # attention scores: an add of them is the scores' bias
 
         def new_name(base: str) -> str:
             index = 0
@@ -316,6 +319,8 @@ class _Inserter:
             replacement.meta = dict(node.meta)
             if node in activations:
                 activations.add(replacement)
+            if node in scores:
+                scores.add(replacement)
             node.replace_all_uses_with(replacement)
             graph.erase_node(node)
             added.append(name)
@@ -328,26 +333,20 @@ class _Inserter:
                     if not (is_tensor_operand(a) and is_tensor_operand(b)):
                         continue  # x + 1, x.size(0) + 1: nothing to quantize
                     description = describe_node(node)
-                    reason = None
-                    if a.op == "get_attr" or b.op == "get_attr":
-                        reason = "one operand is a parameter or buffer of the model, not an activation"
-                    elif a not in activations or b not in activations:
-                        reason = _NOT_ACTIVATION
-                    elif has_out:
-                        reason = "writes into an out= tensor"
-                    elif alpha != 1:
-                        reason = f"scales the second operand (alpha={alpha!r})"
-                    elif pointwise_formula(a, b):
-                        reason = _IN_FORMULA
-                    elif inplace and any(order[user] > order[node] for user in a.users if user is not node):
-                        reason = "in-place add whose first operand is read again afterwards"
+                    parameter = a.op == "get_attr" or b.op == "get_attr"
+                    facts = OperationFacts(
+                        "add", parameter=parameter, activations=a in activations and b in activations,
+                        has_out=has_out, alpha=alpha, formula=not parameter and pointwise_formula(a, b),
+                        inplace_reread=inplace and any(order[user] > order[node] for user in a.users
+                                                       if user is not node))
+                    facts = replace_facts(facts, in_attention=any(_reaches(n, scores) for n in (a, b)))
+                    reason = skip_reason(facts)
                     if reason is None and not self.residual_in_blocks:
                         if not block:
                             block.append(in_transformer_block(original))
-                        if block[0]:
-                            reason = _RESIDUAL_IN_BLOCK
+                        reason = skip_reason(replace_facts(facts, in_block=block[0]))
                     # a residual add left float by default keeps its name, so the switch never renames others
-                    name, qualified, reason = (claim("add", reason) if reason in (None, _RESIDUAL_IN_BLOCK)
+                    name, qualified, reason = (claim("add", reason) if reason in (None, RESIDUAL_IN_BLOCK)
                                                else (None, None, reason))
                     if reason is not None:
                         self.report.skipped.append(SkippedOp(path, description, reason))
@@ -375,14 +374,11 @@ class _Inserter:
                     continue
                 if not isinstance(tensors, (list, tuple)) or not all(is_tensor_operand(t) for t in tensors):
                     reason = "its inputs are not a list of activations visible to the tracer"
-                elif any(t.op == "get_attr" for t in tensors):
-                    reason = "one input is a parameter or buffer of the model, not an activation"
-                elif not all(t in activations for t in tensors):
-                    reason = _NOT_ACTIVATION
-                elif not isinstance(dim, int):
-                    reason = "the concatenation dimension is computed at run time"
-                elif "out" in node.kwargs:
-                    reason = "writes into an out= tensor"
+                else:
+                    reason = skip_reason(OperationFacts(
+                        "concat", parameter=any(t.op == "get_attr" for t in tensors),
+                        activations=all(t in activations for t in tensors), dim_known=isinstance(dim, int),
+                        has_out="out" in node.kwargs))
                 name, qualified, reason = claim("cat", reason) if reason is None else (None, None, reason)
                 if reason is not None:
                     self.report.skipped.append(SkippedOp(path, description, reason))
@@ -397,12 +393,9 @@ class _Inserter:
                     if not (is_tensor_operand(a) and is_tensor_operand(b)):
                         continue
                     description = describe_node(node)
-                    reason = None
-                    if a.op == "get_attr" or b.op == "get_attr" or a not in activations or b not in activations:
-                        reason = ("not a product of two activations (an operand is a parameter, a mask, a position "
-                                  "or an integer tensor): a Linear-like or index computation")
-                    elif has_out:
-                        reason = "writes into an out= tensor"
+                    reason = skip_reason(OperationFacts(
+                        "matmul", parameter=a.op == "get_attr" or b.op == "get_attr",
+                        activations=a in activations and b in activations, has_out=has_out))
                     name, qualified, reason = claim("matmul", reason) if reason is None else (None, None, reason)
                     if reason is not None:
                         self.report.skipped.append(SkippedOp(path, description, reason))
@@ -422,9 +415,8 @@ class _Inserter:
                 bound.update(node.kwargs)
                 q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
                 description = describe_node(node)
-                reason = None
-                if not all(is_tensor_operand(t) and t in activations for t in (q, k, v)):
-                    reason = _NOT_ACTIVATION
+                reason = skip_reason(OperationFacts(
+                    "attention", activations=all(is_tensor_operand(t) and t in activations for t in (q, k, v))))
                 name, qualified, reason = claim("sdpa", reason) if reason is None else (None, None, reason)
                 if reason is not None:
                     self.report.skipped.append(SkippedOp(path, description, reason))
@@ -436,6 +428,34 @@ class _Inserter:
             graph.lint()
             gm.recompile()
         return added
+
+
+_SCORE_STEPS = frozenset({"mul", "truediv", "div", "to", "float", "type_as", "view", "reshape", "reshape_as",
+                          "transpose", "permute", "contiguous", "getitem", "add", "sub"})
+
+
+def _score_nodes(graph: fx.Graph, activations: set[fx.Node]) -> set[fx.Node]:
+    """Products of two activations in this forward (attention scores, ``q @ k^T``)."""
+    found = set()
+    for node in graph.nodes:
+        product = matmul_operands(node)
+        if product is not None:
+            a, b = product[1], product[2]
+            if isinstance(a, fx.Node) and isinstance(b, fx.Node) and a in activations and b in activations:
+                found.add(node)
+    return found
+
+
+def _reaches(node: fx.Node, scores: set[fx.Node], depth: int = 0) -> bool:
+    """Whether ``node`` is a product in ``scores`` or comes from one through scaling and shape steps (the
+    operand of ``scores * scale + bias``), as the run-time route's rule reads it."""
+    if node in scores:
+        return True
+    if depth > 6 or node.op not in ("call_function", "call_method"):
+        return False
+    name = getattr(node.target, "__name__", str(node.target)).strip("_")
+    return name in _SCORE_STEPS and bool(node.args) and isinstance(node.args[0], fx.Node) and \
+        _reaches(node.args[0], scores, depth + 1)
 
 
 class _OwnForwardTracer(fx.Tracer):
@@ -472,6 +492,39 @@ def _complete_state(gm: fx.GraphModule, original: nn.Module) -> None:
         target = getattr(gm, hooks, None)
         if source and target is not None:
             target.update(source)
+
+
+def _insert_at_run_time(model: nn.Module, record: RuntimeRecord, report: FunctionalQuantReport,
+                        inserter: _Inserter, residual: bool, switches: dict[str, bool]) -> None:
+    """Quantize, at run time, the recorded operations of the modules torch.fx could not rewrite."""
+    failed = {f.name: f for f in report.failures}
+    owners = [owner for owner in record.owners if owner in failed]
+    # a forward that ran without a single candidate operation has nothing left in float
+    empty = [name for name in failed if name in record.called and name not in owners]
+    report.failures = [f for f in report.failures if f.name not in empty]
+    if not owners:
+        return
+    results = insert_runtime_quantizers(
+        model, record, owners, enabled=lambda kind: switches.get(kind, True), descriptor=inserter.descriptor,
+        chosen=lambda name: inserter.descriptor_for(name) if inserter.descriptor_for is not None else None,
+        ignored=inserter.ignored, residual_adds_in_transformer_blocks=residual)
+    report.runtime_ops.extend(results)
+    for item in results:
+        operation = f"{item.op.describe()}, found at run time"
+        if item.name is not None:
+            inputs = len(item.op.operands) + (1 if item.op.kind == "attention" else 0)
+            report.inserted.append(InsertedQuantizer(item.name, item.op.kind, item.owner, operation, inputs))
+        else:
+            report.skipped.append(SkippedOp(item.owner, operation, item.reason or ""))
+    # their operations were found and judged: they are no longer "not traced, left in float"
+    for owner in owners:
+        module = model.get_submodule(owner) if owner else model
+        kept = tuple(n for n in module_notes(module) if not n.startswith(_NOT_QUANTIZED_NOTE))
+        setattr(module, NOTES_ATTR, kept)
+        add_note(module, f"functional operations found at run time and quantized there (torch.fx: "
+                         f"{failed[owner].reason})")
+    report.failures = [f for f in report.failures if f.name not in owners]
+    report.runtime.extend(owners)
 
 
 def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDescriptor | None = None,
@@ -541,7 +594,18 @@ def insert_functional_quantizers(model: nn.Module, *, quant_desc_input: QuantDes
             else:
                 report.unquantized_attention.append(SkippedOp(result.owner, what, result.reason or ""))
                 add_note(module, f"attention not quantized: {result.reason}")
+    record = None
+    if example_inputs is not None:
+        try:  # after the attention functions are swapped: their products are the QuantHFAttention's own
+            record = record_functional_ops(model, example_inputs)
+        except Exception as error:
+            raise ValueError(f"The model fails on the sample input used to find its functional operations: "
+                             f"{type(error).__name__}: {error}") from error
+        report.record = record
     result = inserter.convert(model, "")
+    if record is not None:
+        _insert_at_run_time(result, record, report, inserter, residual_adds_in_transformer_blocks,
+                            {"add": add, "concat": concat, "matmul": matmul, "attention": attention})
     # one idea per line, each the same on every rebuild (the app shows a warning once); what is left in float
     # by design (residual adds in transformer blocks) is no warning: the full summary is at debug level
     if report.failures:

@@ -36,6 +36,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from workbench.graph.functional import FunctionalQuantReport
+from workbench.graph.runtime_ops import RecordedOp
 from workbench.graph.trace import MAXPOOL_FUNCTIONS, TracedPiece, TraceFailure, trace_pieces
 from workbench.quant.algorithms.snapshot import is_quantizing, quantizer_names
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
@@ -235,6 +237,20 @@ def _is_conv_output(graph: _Graph, node: fx.Node) -> fx.Node | None:
     return None
 
 
+def _concat_operands(node: fx.Node) -> list[fx.Node]:
+    """The tensors a QuantConcat node concatenates, as nodes of this piece.
+
+    ``torch.cat(x, self.d)`` in a module whose ``forward(x)`` receives the list (YOLOv5/v8's ``Concat``,
+    traced as its own piece because the model's loop over layers cannot be) has one placeholder Node as
+    its first argument, not a list: the tensors are built by the caller, outside this graph, so only the
+    concatenation's readers are seen here.
+    """
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors", ())
+    if isinstance(tensors, fx.Node):
+        return []
+    return [t for t in tensors if isinstance(t, fx.Node)] if isinstance(tensors, (list, tuple)) else []
+
+
 def _is_maxpool(graph: _Graph, node: fx.Node) -> bool:
     if node.op == "call_module":
         return isinstance(graph.module(node), _MAXPOOLS)
@@ -300,7 +316,8 @@ def share_quantizers(major: TensorQuantizer, refs: list[tuple[nn.Module, str]]) 
         setattr(owner, attr, major)
 
 
-def apply_placement_rules(model: nn.Module, rules: PlacementRules | None = None) -> PlacementReport:
+def apply_placement_rules(model: nn.Module, rules: PlacementRules | None = None, *,
+                          runtime: FunctionalQuantReport | None = None) -> PlacementReport:
     """Apply TensorRT placement rules to a quantized model, in place.
 
     Run it after :func:`workbench.quant.replace_to_quantization_module` and
@@ -311,6 +328,9 @@ def apply_placement_rules(model: nn.Module, rules: PlacementRules | None = None)
     Args:
         model: the quantized model.
         rules: which rules to apply (default: all) and the user's pinned pairs.
+        runtime: the functional rewrite's report; the concatenations it quantized at run time (in forwards
+            torch.fx cannot trace) share their scale with the layers its recorded run saw reading their
+            inputs and output, as the traced ones do.
 
     Returns:
         A :class:`PlacementReport` listing every application, every shared group and any conflict.
@@ -357,7 +377,7 @@ def apply_placement_rules(model: nn.Module, rules: PlacementRules | None = None)
             module = graph.module(node)
             if rules.concat and isinstance(module, QuantConcat):
                 major = _QRef(f"{graph.name(node)}._input_quantizer", module, "_input_quantizer")
-                members = [ref for t in (node.args[0] if node.args else ()) if isinstance(t, fx.Node)
+                members = [ref for t in _concat_operands(node)
                            for reader, ref in graph.readers.get(t, []) if reader is not node]
                 members += [ref for _reader, ref in graph.readers.get(node, [])]
                 join("concat", graph.name(node), major, members, 0)
@@ -370,12 +390,64 @@ def apply_placement_rules(model: nn.Module, rules: PlacementRules | None = None)
                     continue
                 join("maxpool", graph.name(node), candidates[0], candidates[1:], 1)
 
+    if rules.concat and runtime is not None and runtime.record is not None:
+        for anchor, major, members in _runtime_concats(model, runtime):
+            # a traced concatenation already shares with the readers in its piece: add the others only
+            known = {name for a in report.applications if a.anchor == anchor for name in a.members}
+            join("concat", anchor, major, [m for m in members if m.name not in known], 0)
+
     for (a_refs, b_refs), (a_name, b_name) in zip(pins, rules.pins):
         join("pin", f"{a_name} <-> {b_name}", a_refs[0], a_refs[1:] + b_refs, 1)
 
     _materialize(groups, report)
     logger.info("Placement rules: %s", report.summary())
     return report
+
+
+def _runtime_concats(model: nn.Module, functional: FunctionalQuantReport) -> list[tuple[str, _QRef, list[_QRef]]]:
+    """``(anchor, concat quantizer, readers' input quantizers)`` for each concatenation quantized at run time:
+    the layers the recorded run saw reading the concatenation's output, or one of its inputs."""
+    readers: dict[int, list[str]] = {}
+    for read in functional.record.reads:
+        readers.setdefault(read.value, []).append(read.layer)
+
+    def input_ref(layer: str) -> _QRef | None:
+        try:
+            module = model.get_submodule(layer)
+        except AttributeError:
+            return None
+        quantizer = module._modules.get("_input_quantizer")
+        return _QRef(f"{layer}._input_quantizer", module, "_input_quantizer") if isinstance(
+            quantizer, TensorQuantizer) else None
+
+    found = []
+    for name, op in _recorded_concats(functional):
+        module = model.get_submodule(name)
+        major = _QRef(f"{name}._input_quantizer", module, "_input_quantizer")
+        values = [operand.value for operand in op.operands] + [op.output]
+        members = [ref for value in values for layer in dict.fromkeys(readers.get(value, []))
+                   if (ref := input_ref(layer)) is not None]
+        found.append((name, major, members))
+    return found
+
+
+def _recorded_concats(functional: FunctionalQuantReport) -> list[tuple[str, RecordedOp]]:
+    """Each quantized concatenation with its recorded run: the run-time ones, and the traced ones whose
+    module's recorded concatenations match them one for one (same count, same number of inputs), so that a
+    concatenation traced in one piece still shares its scale with readers the trace of that piece cannot see."""
+    pairs = [(item.name, item.op) for item in functional.runtime_ops if item.op.kind == "concat" and item.name]
+    traced: dict[str, list] = {}
+    for item in functional.inserted:
+        if item.kind == "concat" and "found at run time" not in item.operation:
+            traced.setdefault(item.owner, []).append(item)
+    skipped = {s.owner for s in functional.skipped if s.operation.startswith("torch.cat")}
+    for owner, items in traced.items():
+        recorded = [op for op in functional.record.by_owner(owner) if op.kind == "concat"]
+        if owner in skipped or len(recorded) != len(items):
+            continue
+        if all(item.num_inputs in (0, len(op.operands)) for item, op in zip(items, recorded)):
+            pairs.extend((item.name, op) for item, op in zip(items, recorded))
+    return pairs
 
 
 def _residual_rule(graph: _Graph, references: dict[int, int], report: PlacementReport) -> None:

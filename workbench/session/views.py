@@ -201,13 +201,28 @@ def _functional_summary(report: Any) -> dict[str, Any]:
     """What the functional rewrite quantized, and every attention or module it could not, with why."""
     if report is None:
         return {"adds": 0, "concats": 0, "matmuls": 0, "attentions": 0, "unquantized_attention": [],
-                "not_traced": [], "left_float": 0}
+                "not_traced": [], "left_float": 0, "left_float_operations": [], "found_at_run_time": []}
     return {"adds": len(report.adds), "concats": len(report.concats), "matmuls": len(report.matmuls),
             "attentions": len(report.attentions),
             "unquantized_attention": [{"module": s.owner, "reason": s.reason} for s in report.unquantized_attention],
             "not_traced": [{"module": f.name or "<model>", "type": f.type_name, "reason": f.reason}
                            for f in report.failures],
-            "left_float": len(report.skipped)}
+            "left_float": len(report.skipped),
+            "left_float_operations": _left_float(report.skipped),
+            # modules torch.fx could not rewrite whose operations were found by running the model
+            "found_at_run_time": [name or "<model>" for name in report.runtime]}
+
+
+def _left_float(skipped: list[Any]) -> list[dict[str, Any]]:
+    """Every operation left in float as (module, operation, reason, count): the steps of one loop (a scan
+    over the sequence) are one line with their count."""
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for item in skipped:
+        key = (item.owner or "<model>", item.operation.split("(")[0], item.reason)
+        row = rows.setdefault(key, {"module": key[0], "operation": item.operation, "reason": item.reason,
+                                    "count": 0})
+        row["count"] += 1
+    return list(rows.values())
 
 
 def _picked(run: Any) -> dict[str, int]:
