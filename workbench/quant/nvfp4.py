@@ -25,15 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import Function
 
-from workbench.quant.descriptor import E2M1, NVFP4_BLOCK_SIZE
+from workbench.quant.descriptor import E2M1, E4M3_MAX, NVFP4_BLOCK_SIZE
+from workbench.quant.kernels.fake_quant import TINY_AMAX
 
 __all__ = ["E2M1", "E2M1_MAX", "E2M1_LEVELS", "NVFP4_BLOCK_SIZE", "NVFP4_SCALE_MAX", "round_to_e2m1",
            "nvfp4_global_scale", "nvfp4_blocks", "nvfp4_fake_quant", "NVFP4FakeQuantFunction", "block_axis_of"]
 
 E2M1_MAX = 6.0
 E2M1_LEVELS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # by code 0..7 (the sign is the fourth bit)
-NVFP4_SCALE_MAX = 448.0  # the block scales are FP8 E4M3
-TINY_AMAX = 2.0 ** -24
+NVFP4_SCALE_MAX = E4M3_MAX  # the block scales are FP8 E4M3
 
 
 def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
