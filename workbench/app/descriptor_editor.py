@@ -31,7 +31,6 @@ from workbench.app.dialogs import percentile_spin_box
 from workbench.graph import ModelTree, QuantizerInfo
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
 from workbench.quant.tensor_quant import CALIB_METHODS
-from workbench.quant.tensorrt_rules import tensorrt_check
 
 __all__ = ["DescriptorEditor", "DescriptorDialog", "apply_editor", "role_of", "layer_quantizers", "METHODS",
            "DESCRIPTOR_FIELDS"]
@@ -55,23 +54,7 @@ class DescriptorEditor(QWidget):
         self.num_bits = QSpinBox()
         self.num_bits.setRange(0, 16)
         self.num_bits.setSpecialValueText("fp8 E4M3")  # 0 stands for the FP8 (4, 3) format
-        self.num_bits.setToolTip("Bits of the integer grid (8 for INT8); the lowest step is FP8 E4M3 emulation. "
-                                 "Export writes INT8, FP8 E4M3 and INT4 weights in blocks; other widths simulate only")
-        # what export will make of the fields as they stand, said while the user edits (not first at Export)
-        self.export_note = QLabel()
-        self.export_note.setObjectName("exportNote")
-        self.export_note.setWordWrap(True)
-        self.export_note.setStyleSheet("color: #b00020")
-        self.export_note.hide()
-        # a quantizer its layer's precision switches off (an INT4 weight-only layer's input): no field applies
-        self.state_note = QLabel()
-        self.state_note.setObjectName("stateNote")
-        self.state_note.setWordWrap(True)
-        self.state_note.hide()
-        self._role: str | None = None
-        self._module_types: list[str] = []
-        self._block_size: int | None = None
-        self._off = False
+        self.num_bits.setToolTip("Bits of the integer grid (8 for INT8); the lowest step is FP8 E4M3 emulation")
         self.axis = QComboBox()
         self.axis.addItem("per-tensor", None)
         self.axis.addItem("per-channel, axis 0", 0)
@@ -102,7 +85,6 @@ class DescriptorEditor(QWidget):
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        form.addRow(self.state_note)
         checks = QWidget()
         checks_layout = QHBoxLayout(checks)
         checks_layout.setContentsMargins(0, 0, 0, 0)
@@ -118,7 +100,6 @@ class DescriptorEditor(QWidget):
             self._labels[key] = label
             form.addRow(label, widget)
         self._labels["narrow_range"] = self._labels["unsigned"]
-        form.insertRow(1, self.export_note)  # right under Bits
 
         self._touched: set[str] = set()
         self._loading = False
@@ -134,11 +115,6 @@ class DescriptorEditor(QWidget):
 
     # ----- loading ---------------------------------------------------------------------------------
 
-    def set_context(self, role: str | None, module_types: Sequence[str] = ()) -> None:
-        """The role ("input"/"weight") and layer types the next :meth:`load` edits: the export check needs them."""
-        self._role = role
-        self._module_types = list(dict.fromkeys(module_types))
-
     def load(self, fields: dict[str, Any] | None, mixed: set[str] = frozenset(), method: str | None = None,
              percentile: float | None = None, method_available: bool = False) -> None:
         """Show ``fields`` (a descriptor dict) without marking anything as touched.
@@ -148,18 +124,11 @@ class DescriptorEditor(QWidget):
         self._loading = True
         try:
             fields = fields or {}
-            self._off = fields.get("enabled", True) is False
-            self._block_size = fields.get("block_size")
             bits = fields.get("num_bits", 8)
             self.num_bits.setValue(0 if isinstance(bits, (list, tuple)) else int(bits))
             axis = fields.get("axis")
-            for index in range(self.axis.count() - 1, 2, -1):  # the items a previous load added
-                self.axis.removeItem(index)
             position = self.axis.findData(axis)
-            if self._block_size is not None:  # what the tree says: blocks, not per-channel
-                self.axis.addItem(f"blocks of {self._block_size} (one scale per block of a row)", axis)
-                position = self.axis.count() - 1
-            elif position < 0:
+            if position < 0:
                 self.axis.addItem(f"per-channel, axis {axis}", axis)
                 position = self.axis.count() - 1
             self.axis.setCurrentIndex(position)
@@ -187,7 +156,6 @@ class DescriptorEditor(QWidget):
             self._loading = False
         self._restyle()
         self._update_enabled()
-        self._update_export_note()
 
     def _touch(self, key: str) -> None:
         if self._loading:
@@ -195,7 +163,6 @@ class DescriptorEditor(QWidget):
         self._touched.add(key)
         self._restyle()
         self._update_enabled()
-        self._update_export_note()
         self.touched_changed.emit()
 
     def _restyle(self) -> None:
@@ -207,38 +174,10 @@ class DescriptorEditor(QWidget):
             font.setItalic(bool(label.property("mixed")))
             label.setFont(font)
 
-    def _update_export_note(self) -> None:
-        """Say at once when the fields as they stand are not what QDQ export writes (the one rule:
-        :func:`workbench.quant.tensorrt_rules.tensorrt_check`), before they are applied and calibrated."""
-        problems: list[str] = []
-        if self._role is not None and not self._off:
-            bits = self.num_bits.value()
-            num_bits = _FP8 if bits == 0 else bits
-            for module_type in self._module_types or ["Linear"]:
-                check = tensorrt_check(self._role, num_bits, self.axis.currentData(), module_type,
-                                       block_size=self._block_size)
-                problem = check.error or check.sim_only
-                if problem and problem not in problems:
-                    problems.append(problem)
-        self.export_note.setText(" ".join(f"Export will refuse this: {p}" for p in problems[:1]))
-        self.export_note.setVisible(bool(problems))
-        self.num_bits.setStyleSheet("QSpinBox { color: #b00020; }" if problems else "")
-
-    def export_problem(self) -> str:
-        """Why export would refuse the fields as they stand ("" when it writes them)."""
-        return self.export_note.text() if self.export_note.isVisibleTo(self) else ""
-
     def _update_enabled(self) -> None:
-        off = self._off
-        self.state_note.setText("Off: this layer's precision leaves this quantizer's tensor in float (INT4 "
-                                "weight-only layers quantize only their weight). Set the layer's precision to "
-                                "change it." if off else "")
-        self.state_note.setVisible(off)
-        for widget in (self.num_bits, self.axis, self.unsigned, self.narrow_range, self.calib_method, self.amax):
-            widget.setEnabled(not off)
         histogram = self.calib_method.currentText() == "histogram"
-        self.method.setEnabled(histogram and self._method_available and not off)
-        self.percentile.setEnabled(histogram and self._method_available and not off and PERCENTILE in AmaxMethod(self.method.currentText()).parameters)
+        self.method.setEnabled(histogram and self._method_available)
+        self.percentile.setEnabled(histogram and self._method_available and PERCENTILE in AmaxMethod(self.method.currentText()).parameters)
         if not self._method_available:
             self.method.setToolTip("Calibrate with a histogram calibrator first: the method picks amax from it")
 
@@ -344,8 +283,6 @@ class DescriptorDialog(QDialog):
         mixed = {key for key in DESCRIPTOR_FIELDS
                  if len({repr(d.get(key)) for d in descriptors.values()}) > 1}
         calibrated = session.project.current_calibration is not None
-        self.editor.set_context(self.current_role(), [session.project.layers[n].type for n in descriptors
-                                                      if n in session.project.layers])
         self.editor.load(first, mixed, method_available=calibrated)
         skipped = len(self.names) - len(descriptors)
         self.note.setText(f"{skipped} selected layer(s) have no {self.current_role()} quantizer and are skipped."

@@ -298,7 +298,6 @@ class LayerPanel(QWidget):
         first_name = next(iter(descriptors))
         mixed = {k for k in DESCRIPTOR_FIELDS if len({repr(d.get(k)) for d in descriptors.values()}) > 1}
         method, percentile, available = self._method_of(first_name, role)
-        self.editor.set_context(role, [session.project.layers[n].type for n in descriptors])
         self.editor.load(descriptors[first_name], mixed, method, percentile, available)
         notes = []
         if len(descriptors) < len(names):
