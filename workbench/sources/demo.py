@@ -89,12 +89,12 @@ def load_digits_split(split: str, path: Path = DIGITS_DATA) -> DigitsSplit:
 
 def load_digits_cnn(path: Path = DIGITS_WEIGHTS) -> DigitsCNN:
     """The trained demo CNN, in eval mode."""
-    from safetensors.torch import load_file
-
     if not path.is_file():
         raise FileNotFoundError(f"demo weights not found at {path}; run scripts/make_demo_assets.py to create them.")
+    from workbench.sources.model_source import load_weights  # the same checks as a user's weights file
+
     model = DigitsCNN()
-    model.load_state_dict(load_file(str(path)))
+    load_weights(model, path)
     return model.eval()
 
 

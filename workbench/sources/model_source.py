@@ -356,15 +356,30 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _dtype_kind(dtype: torch.dtype) -> str:
+    """float, complex, bool or int: a file may store another width of the same kind (fp16 weights for an fp32
+    model load exactly), never another kind."""
+    if dtype.is_floating_point:
+        return "float"
+    if dtype.is_complex:
+        return "complex"
+    return "bool" if dtype == torch.bool else "int"
+
+
 def load_weights(model: nn.Module, path: Path) -> None:
-    """Load a state_dict file into ``model``; every mismatch is listed in the error."""
+    """Load a state_dict file into ``model``; every mismatch of names, shapes or kinds of dtype is listed in the
+    error."""
     state = read_state_dict(path)
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
               for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
+    # load_state_dict casts silently: int32 weights would truncate a float model to zeros (and back)
+    dtypes = [f"{k}: file {str(state[k].dtype).removeprefix('torch.')} vs model "
+              f"{str(own[k].dtype).removeprefix('torch.')}"
+              for k in own if k in state and _dtype_kind(state[k].dtype) != _dtype_kind(own[k].dtype)]
+    if missing or unexpected or shapes or dtypes:
         parts = []
         if missing:
             parts.append(f"missing keys ({len(missing)}): {', '.join(missing[:10])}")
@@ -372,5 +387,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
             parts.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:10])}")
         if shapes:
             parts.append(f"shape mismatches ({len(shapes)}): {'; '.join(shapes[:10])}")
+        if dtypes:
+            parts.append(f"dtype mismatches ({len(dtypes)}): {'; '.join(dtypes[:10])}")
         raise SourceError(f"{path}: the weights do not fit the model: " + "; ".join(parts) + ".")
     model.load_state_dict(state)
