@@ -98,6 +98,10 @@ class ExportReport:
     # what the user cares about beside parity: the INT8 model against FP32 on the project's data (the metric's
     # values, the output SQNR, the batches and which data: Evaluation.to_dict() plus "data"); None when not measured
     int8_vs_fp32: dict[str, Any] | None = None
+    # False: the parity check failed and the file was written anyway (not --strict), marked "not validated";
+    # parity_diagnosis then says where and why (workbench.export.parity.ParityDiagnosis.to_dict())
+    validated: bool = True
+    parity_diagnosis: dict[str, Any] | None = None
 
     @property
     def qdq_pairs(self) -> int:
@@ -118,8 +122,17 @@ class ExportReport:
             text += f", {metric.get('name')} FP32 {_number(item.get('fp32'))} / INT8 {_number(item.get('int8'))}"
         return text
 
+    def verdict(self) -> str:
+        """``"validated"``, or ``"NOT VALIDATED: <the diagnosis>"`` when the file failed the parity check."""
+        if self.validated:
+            return "validated"
+        diagnosis = self.parity_diagnosis or {}
+        return "NOT VALIDATED: " + (diagnosis.get("text") or f"onnxruntime and PyTorch disagree (cosine "
+                                                             f"{self.cosine:.6f}); the diagnosis failed, see warnings")
+
     def summary(self) -> str:
-        text = (f"{Path(self.path).name}: {self.quantize_nodes} Q / {self.dequantize_nodes} DQ nodes "
+        text = "" if self.validated else self.verdict() + "\n"
+        text += (f"{Path(self.path).name}: {self.quantize_nodes} Q / {self.dequantize_nodes} DQ nodes "
                 f"({self.quantizers} quantizers: {self.per_channel} per-channel, {self.per_tensor} per-tensor"
                 + ("".join(f", {count} {name}" for name, count in self.formats.items())
                    if set(self.formats) - {"int8"} else "") + "), "
