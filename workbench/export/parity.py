@@ -106,7 +106,7 @@ class ParityDiagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with :meth:`text` under ``"text"`` (what the report's readers show)."""
-        return {**asdict(self), "text": self.text()}
+        return {**asdict(self), "label": VERDICTS.get(self.verdict, self.verdict), "text": self.text()}
 
 
 # ----- PyTorch's side --------------------------------------------------------------------------------------------

@@ -127,8 +127,12 @@ class ExportReport:
         if self.validated:
             return "validated"
         diagnosis = self.parity_diagnosis or {}
-        return "NOT VALIDATED: " + (diagnosis.get("text") or f"onnxruntime and PyTorch disagree (cosine "
-                                                             f"{self.cosine:.6f}); the diagnosis failed, see warnings")
+        text = f"NOT VALIDATED: onnxruntime and the fake-quant model disagree (cosine {self.cosine:.6f})"
+        if diagnosis:
+            where = diagnosis.get("module") or diagnosis.get("first")
+            text += f"; diagnosis: {diagnosis.get('label', diagnosis.get('verdict'))}" + (f" at {where}" if where
+                                                                                            else "")
+        return text + " (the warning below says where and why)"
 
     def summary(self) -> str:
         text = "" if self.validated else self.verdict() + "\n"

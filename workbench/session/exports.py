@@ -231,12 +231,16 @@ class ExportPlan:
     amax_json: bool
     calibration_cache: bool
     fp8_ops: str
+    min_cosine: float = 0.999  # the parity threshold (export.min_cosine unless given)
+    strict: bool = False  # refuse a file that fails parity (else it is written "not validated")
+    parity_batches: int = 0  # calibration batches parity is checked on besides the sample
 
 
 def plan_export(project: Project, settings: ExportSettings, target: Path, *, typed: bool, project_path: Path | None,
                 base_dir: Path, project_dir: Path, remember: bool, force: bool, opset: int | None = None,
                 dynamic_batch: bool | None = None, amax_json: bool | None = None,
-                calibration_cache: bool | None = None, fp8_ops: str | None = None) -> ExportPlan:
+                calibration_cache: bool | None = None, fp8_ops: str | None = None, min_cosine: float | None = None,
+                strict: bool = False) -> ExportPlan:
     """The export to ``target`` with the options given (the others from ``settings``), checked: it writes over
     none of the project's own files, and with ``remember`` over no file it may not replace.
 
@@ -248,7 +252,10 @@ def plan_export(project: Project, settings: ExportSettings, target: Path, *, typ
                       settings.dynamic_batch if dynamic_batch is None else dynamic_batch,
                       settings.amax_json if amax_json is None else amax_json,
                       settings.calibration_cache if calibration_cache is None else calibration_cache,
-                      fp8_ops or settings.fp8_ops)
+                      fp8_ops or settings.fp8_ops, settings.min_cosine if min_cosine is None else min_cosine, strict,
+                      settings.parity_batches)
+    if not (isinstance(plan.min_cosine, (int, float)) and -1.0 <= plan.min_cosine <= 1.0):
+        raise SessionError(f"min_cosine is a cosine similarity between -1 and 1, got {plan.min_cosine!r}.")
     plan.files = planned_files(target, plan.amax_json, plan.calibration_cache)
     check_not_protected(plan.files, protected_files(project, project_path, base_dir))
     if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
@@ -260,9 +267,11 @@ def plan_export(project: Project, settings: ExportSettings, target: Path, *, typ
     return plan
 
 
-def write_export(plan: ExportPlan, model: nn.Module, sample: Any, output: Any = None):
-    """Write validated QDQ ONNX of the calibrated ``model`` (traced on ``sample``) as ``plan`` says; the export's
-    report.
+def write_export(plan: ExportPlan, model: nn.Module, sample: Any, output: Any = None,
+                 parity_batches: list[Any] | None = None):
+    """Write validated QDQ ONNX of the calibrated ``model`` (traced on ``sample``; parity also checked on
+    ``parity_batches``) as ``plan`` says; the export's report (``validated`` False: written below the parity
+    threshold, with the diagnosis).
 
     Raises:
         SessionError: a file cannot be written (nothing is left half-written).
@@ -273,7 +282,8 @@ def write_export(plan: ExportPlan, model: nn.Module, sample: Any, output: Any = 
     try:
         return export_qdq_onnx(model, sample, plan.target, opset=plan.opset, dynamic_batch=plan.dynamic_batch,
                                output=output, amax_json_path=sides.get("amax_json"),
-                               calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops)
+                               calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops,
+                               min_cosine=plan.min_cosine, strict=plan.strict, parity_batches=parity_batches)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
         where = error.filename or plan.target
         raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
@@ -315,6 +325,7 @@ def export_record(plan: ExportPlan, project: Project, report: Any, project_dir: 
     return ExportRecord(project.next_id(project.exports), now_iso(), stored,
                         {"opset": plan.opset, "dynamic_batch": plan.dynamic_batch,
                          "sha256": export_digest(plan.target), "nodes": nodes,
+                         "validated": bool(getattr(report, "validated", True)), "min_cosine": plan.min_cosine,
                          "state_digest": state_digest(project),
                          "side_files": {stored_export_path(file, project_dir): export_digest(file)
                                         for file, kind in plan.files.items() if kind != "onnx" and file.is_file()}},
