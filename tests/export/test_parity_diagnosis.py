@@ -116,3 +116,37 @@ def test_the_one_ulp_spread_of_a_model_is_small_and_measured_on_float_inputs_onl
                                                            if isinstance(m, quant.TensorQuantizer)])
     assert 0.99 < cosine <= 1.0 and diff < 0.1
     assert one_ulp_spread(model, (torch.zeros(1, 3, dtype=torch.long),), reference, []) is None
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.SiLU()
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.act(self.bn(self.conv(x))))
+
+
+def test_batchnorm_keeps_its_statistics_through_the_export_and_every_batch_agrees(tmp_path):
+    """EfficientNet's cosine 0.28: torch.onnx.export put the export wrapper (a new module, in training mode) back
+    into training mode, recursively, so every reference after the first capture ran BatchNorm on batch statistics
+    and moved the running ones. The batches checked after the capture show it."""
+    torch.manual_seed(0)
+    model = BatchNormNet().train()
+    with torch.no_grad():  # statistics set on data unlike the batches below
+        for _ in range(5):
+            model(torch.randn(8, 3, 8, 8) * 2 + 1)
+    model.eval()
+    quant.replace_to_quantization_module(model)
+    batches = [torch.randn(4, 3, 8, 8) for _ in range(2)]
+    calibrate(model, batches, num_batches=2, method="max", report_sqnr=False)
+    running = model.bn.running_var.clone()
+    report = export_qdq_onnx(model, batches[0][:1], tmp_path / "m.onnx", exporter="torchscript",
+                             parity_batches=batches)
+    assert report.validated, report.warnings
+    assert all(row.cosine > 0.9999 for row in report.checks if row.check.startswith("parity batch"))
+    assert torch.equal(model.bn.running_var, running)  # the model's statistics are what they were
+    assert not model.training and not model.bn.training

@@ -479,6 +479,7 @@ def _capture(job: _Export) -> None:
         job.exported_data = external_data_file(job.proto, job.path.parent)
         fold_int4_casts(job.proto, str(job.path.parent))
     job.log.extend("tracer", quiet_warnings)
+    job.call.eval()  # an exporter puts back the modes it found: whatever it did, the references run in eval mode
     job.export_time_s = time.perf_counter() - export_started
     if not job.dynamic_batch:
         if job.grown is not None and job.ranged is job.grown:  # the exporter fixed the batch after all

@@ -100,7 +100,8 @@ class ParityDiagnosis:
             lines.append(self.reason)
         if self.sensitivity_cosine is not None:
             lines.append(f"The fake-quant model itself moves by up to {self.sensitivity_max_abs_diff:.3g} (cosine "
-                         f"{self.sensitivity_cosine:.6f}) when its input changes by 1 ulp; the file differs by "
+                         f"{self.sensitivity_cosine:.6f}) when its input and each quantizer's input change by 1 ulp; "
+                         "the file differs by "
                          f"{self.disagreement_max_abs_diff:.3g} (cosine {self.disagreement_cosine:.6f}).")
         return " ".join(lines)
 
@@ -165,30 +166,46 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy().copy()
 
 
+def _nudged(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``tensor`` with every value moved by one ulp, up or down at random."""
+    up = (torch.rand(tensor.shape, generator=generator) < 0.5).to(tensor.device)
+    target = torch.where(up, torch.full_like(tensor, math.inf), torch.full_like(tensor, -math.inf))
+    return torch.nextafter(tensor, target)
+
+
 def one_ulp_spread(model: nn.Module, inputs: tuple[torch.Tensor, ...], reference: Sequence[torch.Tensor],
                    quantizers: Sequence[nn.Module], tries: int = 2) -> tuple[float, float] | None:
     """The fake-quant model's own sensitivity: its outputs' worst (cosine, max abs diff) against ``reference`` when
-    every floating-point input moves by one ulp (up or down at random). None without a floating-point input."""
+    every floating-point input, and the input of every quantizer, moves by one ulp (up or down at random).
+
+    The quantizers' inputs are moved too because the first quantizer absorbs a 1-ulp change of the model's input
+    (no value crosses a rounding boundary: the outputs do not move at all), while another kernel's float
+    rounding (onnxruntime's) reaches every quantizer. None without a floating-point input."""
     if not any(t.is_floating_point() for t in inputs):
         return None
     generator = torch.Generator().manual_seed(0)
+
+    def nudge(module, args):
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() \
+                and not isinstance(args[0], nn.Parameter):
+            return (_nudged(args[0], generator),) + tuple(args[1:])
+        return None
+
     worst_cosine, worst_diff = 1.0, 0.0
-    for _ in range(tries):
-        moved = []
-        for t in inputs:
-            if not t.is_floating_point():
-                moved.append(t)
-                continue
-            up = torch.rand(t.shape, generator=generator) < 0.5
-            target = torch.where(up.to(t.device), torch.full_like(t, math.inf), torch.full_like(t, -math.inf))
-            moved.append(torch.nextafter(t, target))
-        with torch.no_grad(), _onnx_rounding(quantizers):
-            out = model(*moved)
-        for ref, got in zip(reference, out if isinstance(out, (tuple, list)) else (out,)):
-            if not (isinstance(got, torch.Tensor) and got.is_floating_point()):
-                continue
-            cosine, diff = _compare(_numpy(ref), _numpy(got))
-            worst_cosine, worst_diff = min(worst_cosine, cosine), max(worst_diff, diff)
+    handles = [q.register_forward_pre_hook(nudge) for q in quantizers]
+    try:
+        for _ in range(tries):
+            moved = tuple(_nudged(t, generator) if t.is_floating_point() else t for t in inputs)
+            with torch.no_grad(), _onnx_rounding(quantizers):
+                out = model(*moved)
+            for ref, got in zip(reference, out if isinstance(out, (tuple, list)) else (out,)):
+                if not (isinstance(got, torch.Tensor) and got.is_floating_point()):
+                    continue
+                cosine, diff = _compare(_numpy(ref), _numpy(got))
+                worst_cosine, worst_diff = min(worst_cosine, cosine), max(worst_diff, diff)
+    finally:
+        for handle in handles:
+            handle.remove()
     return worst_cosine, worst_diff
 
 
