@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_NOT_REACHED", "EXIT_NOT_VALIDATED", "EXIT_OK", "EXIT_USAGE", "Command", "Progress",
+__all__ = ["EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_NOT_REACHED", "EXIT_NOT_VALIDATED", "EXIT_OK", "EXIT_USAGE",
+           "Command", "Progress",
            "UsageError", "data_spec", "emit", "fmt", "open_project", "typed_entrypoint"]
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2

@@ -78,7 +78,7 @@ from workbench.export.onnx_file import (
     stage,
     write_onnx,
 )
-from workbench.export.parity_checks import batch_checks, inputs_of_row, not_validated
+from workbench.export.parity_checks import batch_checks, not_validated
 from workbench.export.opset import DEFAULT_OPSET, FORMAT_OPSET, check_opset, default_opset
 from workbench.export.provenance import WRITER
 from workbench.export.qdq import ExportParams
