@@ -35,7 +35,7 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from workbench.export.naming import MODULE_KEY, node_module
+from workbench.export.naming import node_module
 
 __all__ = ["VERDICTS", "Boundary", "ParityDiagnosis", "diagnose", "one_ulp_spread"]
 
@@ -592,12 +592,3 @@ def _explain_rounding(diagnosis: ParityDiagnosis, boundaries: list[Boundary], mo
                      "right; lower the parity threshold (export.min_cosine) or compare on more data.")
     diagnosis.reason = text
 
-
-def segment_modules(nodes: Sequence[onnx.NodeProto]) -> list[str]:
-    """The modules of ``nodes`` in order, each once (for messages)."""
-    seen: list[str] = []
-    for node in nodes:
-        module = next((e.value for e in node.metadata_props if e.key == MODULE_KEY), "")
-        if module and module not in seen:
-            seen.append(module)
-    return seen
