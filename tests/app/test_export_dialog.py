@@ -24,7 +24,7 @@ def test_settings_round_trip_and_the_report(controller, qtbot, tmp_path):
     dialog = ExportSettingsDialog(controller)
     qtbot.addWidget(dialog)
     assert dialog.settings() == {"path": session.default_export_path(), "opset": 17, "dynamic_batch": True,
-                                 "amax_json": False, "calibration_cache": False}
+                                 "amax_json": False, "calibration_cache": False, "strict": False}
     ok = dialog.buttons.button(QDialogButtonBox.StandardButton.Ok)
     dialog.path_edit.setText(str(tmp_path / "missing" / "x.onnx"))
     assert not ok.isEnabled() and "does not exist" in dialog.hint.text()
@@ -36,7 +36,7 @@ def test_settings_round_trip_and_the_report(controller, qtbot, tmp_path):
     assert ok.isEnabled() and "digits.amax.json" in dialog.hint.text() and "digits.calib.cache" in dialog.hint.text()
     settings = dialog.settings()
     assert settings == {"path": tmp_path / "digits.onnx", "opset": 13, "dynamic_batch": False, "amax_json": True,
-                        "calibration_cache": True}
+                        "calibration_cache": True, "strict": False}
 
     with qtbot.waitSignal(controller.calibration_changed, timeout=60000):
         controller.calibrate(method="max")
@@ -132,3 +132,15 @@ def test_the_report_names_the_quantizers_without_q_dq_and_counts_the_file_s_node
     assert "3 quantizer(s): a._input_quantizer, b._input_quantizer, c._input_quantizer" in text
     assert "logits, pred_boxes" in text and "TorchScript exporter: because" in text
     assert "with 1 warning" in text
+
+
+def test_a_report_that_failed_parity_says_not_validated_with_its_diagnosis(qtbot):
+    diagnosis = {"verdict": "operation", "module": "norm", "first": "conv2._input_quantizer",
+                 "text": "parity diagnosis (sample inputs): an operation computed differently: module 'norm' parts"}
+    shown = ExportReportDialog({"path": "/tmp/m.onnx", "validated": False, "cosine": 0.38, "max_abs_diff": 8.3,
+                                "quantize_nodes": 4, "dequantize_nodes": 4, "expected_qdq": 4,
+                                "parity_diagnosis": diagnosis, "warnings": []})
+    qtbot.addWidget(shown)
+    text = shown.plain_text()
+    assert "m.onnx written, NOT VALIDATED" in text and "written and validated" not in text
+    assert "module 'norm' parts" in text and "below the threshold" in text

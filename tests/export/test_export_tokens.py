@@ -268,7 +268,7 @@ def test_a_graph_over_the_protobuf_limit_is_exported_without_serialising_its_wei
 def test_a_large_export_that_fails_validation_leaves_no_file(tmp_path, protobuf_limit):
     model, sample = calibrated_tokens()
     with pytest.raises(ExportError):
-        export_qdq_onnx(model, sample, tmp_path / "m.onnx", exporter="dynamo", min_cosine=1.5,
+        export_qdq_onnx(model, sample, tmp_path / "m.onnx", exporter="dynamo", min_cosine=1.5, strict=True,
                         external_data_threshold=protobuf_limit)
     assert list(tmp_path.iterdir()) == []
 

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from workbench.analysis.metrics import BUILTIN_METRICS, DEFAULT_METRIC
 from workbench.app.export_dialog import opset_spin_box
-from workbench.project.settings import FUNCTIONAL_SWITCHES, CalibrationSettings, ProjectSettings
+from workbench.project.settings import EXPORT_CHECKS, FUNCTIONAL_SWITCHES, CalibrationSettings, ProjectSettings
 from workbench.quant.calib.methods import AMAX_METHODS, PERCENTILE, AmaxMethod
 
 __all__ = ["ErrorDialog", "CalibrateDialog", "CalibrationOptions", "ProjectSettingsDialog", "CALIBRATION_METHODS",
@@ -173,6 +173,7 @@ class ProjectSettingsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Project settings")
         self._original = settings.to_stored()
+        self._export = settings.export
 
         input_default = settings.defaults.input or {}
         self.input_calibrator = QComboBox()
@@ -231,6 +232,19 @@ class ProjectSettingsDialog(QDialog):
         other_form.addRow("Direction", self.direction)
         other_form.addRow("Export path", self.export_path)
         other_form.addRow("Opset", self.opset)
+        # the export's parity checks, from the settings' one definition of them (EXPORT_CHECKS)
+        self.min_cosine = QDoubleSpinBox()
+        self.min_cosine.setRange(-1.0, 1.0)
+        self.min_cosine.setDecimals(6)
+        self.min_cosine.setSingleStep(0.0001)
+        self.min_cosine.setValue(settings.export.min_cosine)
+        self.min_cosine.setToolTip(EXPORT_CHECKS["min_cosine"])
+        other_form.addRow("Parity: min cosine", self.min_cosine)
+        self.parity_batches = QSpinBox()
+        self.parity_batches.setRange(0, 1000)
+        self.parity_batches.setValue(settings.export.parity_batches)
+        self.parity_batches.setToolTip(EXPORT_CHECKS["parity_batches"])
+        other_form.addRow("Parity: batches", self.parity_batches)
 
         note = QLabel("Changing the default descriptor, functional quantizers or rules rebuilds the quantized model; "
                       "quantizers whose descriptor changed need calibrating again.")
@@ -291,5 +305,8 @@ class ProjectSettingsDialog(QDialog):
         export = dict(original.get("export") or {})
         export["path"] = self.export_path.text().strip() or None
         export["opset"] = self.opset.value()
+        for name, box in (("min_cosine", self.min_cosine), ("parity_batches", self.parity_batches)):
+            if box.value() != getattr(self._export, name):  # a file that never set it keeps its bytes
+                export[name] = box.value()
         new["export"] = export
         return {key: value for key, value in new.items() if value != original.get(key)}

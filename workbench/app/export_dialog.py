@@ -85,6 +85,9 @@ class ExportSettingsDialog(QDialog):
         self.cache_check.setChecked(stored.calibration_cache)
         self.cache_check.toggled.connect(self._validate)
         form.addRow("", self.cache_check)
+        self.strict_check = QCheckBox("Strict: refuse the file when onnxruntime and the model disagree (else it is "
+                                      "written marked not validated, with the diagnosis)")
+        form.addRow("", self.strict_check)
         layout.addLayout(form)
         self.hint = QLabel()
         self.hint.setWordWrap(True)
@@ -103,10 +106,11 @@ class ExportSettingsDialog(QDialog):
         return path if path.suffix else path.with_suffix(".onnx")
 
     def settings(self) -> dict[str, Any]:
-        """``{"path", "opset", "dynamic_batch", "amax_json", "calibration_cache"}``, as controller.export takes them."""
+        """``{"path", "opset", "dynamic_batch", "amax_json", "calibration_cache", "strict"}``, as controller.export
+        takes them."""
         return {"path": self.target(), "opset": self.opset_spin.value(),
                 "dynamic_batch": self.dynamic_check.isChecked(), "amax_json": self.amax_check.isChecked(),
-                "calibration_cache": self.cache_check.isChecked()}
+                "calibration_cache": self.cache_check.isChecked(), "strict": self.strict_check.isChecked()}
 
     def problem(self) -> str | None:
         """Why the settings cannot be used (None when they can)."""
@@ -232,8 +236,13 @@ class ExportReportDialog(QDialog):
         row(_OK, "onnx.checker", "passed (full check)")
         outputs = r.get("outputs") or []
         cosine, max_diff = r.get("cosine"), r.get("max_abs_diff")
-        row(_OK, "onnxruntime vs PyTorch", f"max abs diff <b>{format_number(max_diff, 3)}</b>, "
-                                           f"lowest cosine <b>{format_number(cosine, spec='.6f')}</b>")
+        validated = r.get("validated", True)
+        row(_OK if validated else _WARN, "onnxruntime vs PyTorch",
+            f"max abs diff <b>{format_number(max_diff, 3)}</b>, lowest cosine <b>{format_number(cosine, spec='.6f')}"
+            "</b>" + ("" if validated else " <b style='color:#b00020'>below the threshold: NOT VALIDATED</b>"))
+        diagnosis = r.get("parity_diagnosis")
+        if isinstance(diagnosis, dict):
+            row(_WARN, "diagnosis", esc(str(diagnosis.get("text", ""))))
         checks = [c if isinstance(c, dict) else getattr(c, "__dict__", {}) for c in r.get("checks") or []]
         if not checks:  # a report stored before the checks were listed: the sample's rows only
             checks = [{**(o if isinstance(o, dict) else getattr(o, "__dict__", {})), "check": "sample inputs"}
@@ -330,9 +339,13 @@ class ExportReportDialog(QDialog):
                 row("", "", f"<span style='color:#666'>{esc(str(note))}</span>")
 
         # the green tick only when every check passed and nothing needs the user's attention
-        verdict = (f"{_OK} {esc(path.name)} written and validated" if not warnings else
-                   f"{_WARN} {esc(path.name)} written and validated, with {len(warnings)} warning"
-                   f"{'s' if len(warnings) != 1 else ''} (below)")
+        if not r.get("validated", True):
+            verdict = f"{_WARN} {esc(path.name)} written, NOT VALIDATED: onnxruntime and the model disagree"
+        elif warnings:
+            verdict = (f"{_WARN} {esc(path.name)} written and validated, with {len(warnings)} warning"
+                       f"{'s' if len(warnings) != 1 else ''} (below)")
+        else:
+            verdict = f"{_OK} {esc(path.name)} written and validated"
         head = (f"<h3 style='margin-bottom:2px'>{verdict}</h3>"
                 f"<div style='color:#555'>{min(q or 0, dq or 0)} Q/DQ pairs · opset {opset} · "
                 f"{format_size(r.get('file_size'))} · "

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_NOT_REACHED", "EXIT_OK", "EXIT_USAGE", "Command", "Progress",
-           "UsageError", "data_spec", "emit", "fmt", "open_project", "typed_entrypoint", "shown_name", "MAX_SHOWN_NAME"]
+__all__ = ["EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_NOT_REACHED", "EXIT_NOT_VALIDATED", "EXIT_OK", "EXIT_USAGE",
+           "Command", "Progress", "UsageError", "data_spec", "emit", "fmt", "open_project", "typed_entrypoint",
+           "shown_name", "MAX_SHOWN_NAME"]
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 EXIT_NOT_REACHED = 3  # a search ran and was saved, but did not reach its goal (sensitivity --target/--tolerance)
+EXIT_NOT_VALIDATED = 4  # export: the file was written, but onnxruntime and the model disagree (see its diagnosis)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, as shells and CI expect
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from workbench.cli.common import (
     EXIT_INTERNAL,
     EXIT_NOT_REACHED,
+    EXIT_NOT_VALIDATED,
     EXIT_OK,
     EXIT_USAGE,
     Command,
@@ -278,7 +279,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         report = session.export(args.output, opset=args.opset, dynamic_batch=not args.static_batch,
                                 amax_json=args.amax_json or None, calibration_cache=args.calibration_cache or None,
                                 force=args.force, fp8_ops=args.fp8_ops, outputs=_names(args.outputs),
-                                static_sequence=True if args.static_sequence else None)
+                                static_sequence=True if args.static_sequence else None,
+                                min_cosine=args.min_cosine, strict=args.strict)
     except BaseException:
         if made and not any(folder.iterdir()):
             folder.rmdir()
@@ -300,8 +302,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
          report.summary() + f"\nexporter: {report.exporter_note}"
          + "".join(f"\nwarning: {warning}" for warning in report.warnings)
          + "".join(f"\nnote: {note}" for note in report.format_notes)
-         + "\nwrote: " + ", ".join(written))
-    return EXIT_OK
+         + "\nwrote: " + ", ".join(written) + ("" if report.validated else " (NOT VALIDATED)"))
+    return EXIT_OK if report.validated else EXIT_NOT_VALIDATED
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
@@ -457,6 +459,13 @@ def _export_options(export: argparse.ArgumentParser) -> None:
     export.add_argument("--amax-json", action="store_true", help="also write the amax table as JSON")
     export.add_argument("--calibration-cache", action="store_true",
                         help="also write a TensorRT calibration cache (implicit quantization)")
+    export.add_argument("--min-cosine", type=float,
+                        help="parity threshold for this export: the lowest cosine of onnxruntime's outputs with the "
+                             f"fake-quant model's (default: the project's export.min_cosine, "
+                             f"{DEFAULTS.export.min_cosine} for new projects; 'set --export min_cosine=...')")
+    export.add_argument("--strict", action="store_true",
+                        help="refuse a file that fails the parity check (default: write it marked 'not validated', "
+                             f"with the diagnosis of where and why, and exit with {EXIT_NOT_VALIDATED})")
     export.set_defaults(func=_cmd_export)
 
 

@@ -283,6 +283,14 @@ def _cmd_set(args: argparse.Namespace) -> int:
         changed["fold_bn"] = [f"{bn} -> {layer}" for layer, bn in folded.items()] if folded else [args.fold_bn]
         if session.build_report.stale:
             changed["recalibrate"] = list(session.build_report.stale)
+    from workbench.project.settings import EXPORT_CHECKS
+
+    for item in args.export or []:
+        name, _, value = item.partition("=")
+        if name not in EXPORT_CHECKS or not value:
+            raise UsageError(f"--export takes NAME=VALUE with NAME one of {', '.join(EXPORT_CHECKS)}, got {item!r}.")
+        session.update_setting("export", **{name: _parse_value(value)})
+        changed.setdefault("export", []).append(f"{name}={getattr(session.settings.export, name)}")
     if not changed:
         raise UsageError("nothing to change: see 'workbench set --help'.")
     session.save()
@@ -361,7 +369,12 @@ def _show_options(show: argparse.ArgumentParser) -> None:
 
 def _set_options(set_: argparse.ArgumentParser) -> None:
     from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
-    from workbench.project.settings import DEFAULTS, FUNCTIONAL_SWITCHES, RULES  # one definition of each
+    from workbench.project.settings import (  # one definition of each
+        DEFAULTS,
+        EXPORT_CHECKS,
+        FUNCTIONAL_SWITCHES,
+        RULES,
+    )
     from workbench.quant.algorithms.precision_registry import DEFAULT_BLOCK_SIZE, Precision, precision_choices_text
 
     set_.add_argument("--layer", action="append", help="a layer name (repeatable)")
@@ -397,6 +410,10 @@ def _set_options(set_: argparse.ArgumentParser) -> None:
     set_.add_argument("--output-key", help="the model output entry to compare and export (logits, 0...; empty: the "
                                            "first tensor)")
     _data_options(set_, DEFAULTS.calibration.num_batches, required=False)
+    set_.add_argument("--export", action="append", metavar="NAME=VALUE",
+                      help="an export setting (repeatable): " + "; ".join(
+                          f"{name}: {text} (default {getattr(DEFAULTS.export, name)})"
+                          for name, text in EXPORT_CHECKS.items()))
     set_.add_argument("--fold-bn", choices=["on", "off"],
                       help="fold BatchNorm into the layer before it (as TensorRT does); on by default")
     set_.set_defaults(func=_cmd_set)

@@ -45,6 +45,10 @@ REPORT_KINDS: dict[str, EntryKind] = {kind.key: kind for kind in (
     EntryKind("optimized_differs", _W, "onnxruntime's default graph optimizations move values by a quantization step"),
     EntryKind("quantizers_without_qdq", _W, "quantizers that ran in PyTorch but have no Q/DQ node in the file"),
     EntryKind("int8_vs_fp32", _W, "the INT8-vs-FP32 comparison on the project's data could not be made"),
+    EntryKind("not_validated", _W, "onnxruntime and the model disagree beyond the threshold: written not validated, "
+                                    "with the diagnosis"),
+    EntryKind("parity_not_diagnosed", _W, "the parity failure's diagnosis itself failed"),
+    EntryKind("parity_batch_skipped", _N, "an extra parity batch the graph or the model cannot take, not checked"),
     EntryKind("use_cache_off", _N, "a Hugging Face model exported with use_cache=False (no cache output)"),
     EntryKind("opset_for_format", _N, "the opset raised to the one the precisions in use need"),
     EntryKind("opset_conversion", _N, "what onnx.version_converter's graph needed for the older opset"),

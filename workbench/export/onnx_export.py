@@ -89,6 +89,7 @@ from workbench.export.onnx_file import (
 )
 from workbench.export.opset import DEFAULT_OPSET, FORMAT_OPSET, check_opset, default_opset
 from workbench.export.outputs import distinct_from_inputs
+from workbench.export.parity_checks import batch_checks, not_validated
 from workbench.export.provenance import WRITER
 from workbench.export.qdq import ExportParams
 from workbench.export.qdq_graph import account_qdq, prepare_qdq
@@ -152,7 +153,9 @@ def export_qdq_onnx(model: nn.Module,
                     float_onnx_path: str | os.PathLike | None = None,
                     trt_version: int = DEFAULT_TRT_VERSION,
                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
-                    fp8_ops: str = "standard", static_sequence: bool = False) -> ExportReport:
+                    fp8_ops: str = "standard", static_sequence: bool = False, strict: bool = False,
+                    parity_batches: Sequence[torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]]
+                    | None = None) -> ExportReport:
     """Export a fake-quant model to a QDQ ONNX file and validate it before it appears at ``path``.
 
     The steps, each a function of this module: :func:`_plan` (arguments, quantizers, opset),
@@ -198,6 +201,11 @@ def export_qdq_onnx(model: nn.Module,
         static_sequence: keep the sample's sequence length (axis 1 of token inputs) fixed: for a model that
             loops over the sequence in Python (a scan the trace unrolls at the sample's length). A graph that
             declares the length dynamic and does not run at another is refused with this option named.
+        strict: refuse the file when the parity check fails. Without it the file is written marked "not
+            validated" (``report.validated`` False) with the diagnosis of where and why onnxruntime and the
+            model part (:mod:`workbench.export.parity`) in ``report.parity_diagnosis`` and the warnings.
+        parity_batches: more inputs (each shaped like ``sample_inputs``, other batch sizes where the batch
+            is dynamic) whose outputs onnxruntime must match too, one parity row each ("batch 2", ...).
 
     Returns:
         An :class:`ExportReport` with the exporter used, Q/DQ counts, opset, file size, times and the
@@ -212,7 +220,8 @@ def export_qdq_onnx(model: nn.Module,
         QuantizerStateError: no quantizer is calibrated, or one is still calibrating or not INT8.
         SampleInputError: the model fails on the sample inputs (the message names the layer and inputs).
         UnsupportedOperationError: the exporter cannot translate an operation (named, with its layer).
-        ExportValidationError: the file failed onnx.checker, onnxruntime, or the parity check.
+        ExportValidationError: the file failed onnx.checker or onnxruntime, or (with ``strict``) the parity
+            check; its message then carries the diagnosis.
         ExportError: any other export failure. In every case no file is left at ``path``.
     """
     started = time.perf_counter()
@@ -220,6 +229,7 @@ def export_qdq_onnx(model: nn.Module,
                 output=output, outputs=outputs, dynamic_batch=dynamic_batch, exporter=exporter,
                 external_data_threshold=external_data_threshold, fp8_ops=fp8_ops)
     job.static_sequence = static_sequence
+    job.extra = [sample_call(batch) for batch in parity_batches or ()]
     # train/eval modes (one by one: some layers may be frozen) and quantizer state go back afterwards
     entry_state = ModelSnapshot(model)
     model.eval()
@@ -239,18 +249,24 @@ def export_qdq_onnx(model: nn.Module,
             _name_outputs(job)
             _capture(job)
         try:
-            report, checks = _check(job, min_cosine, max_abs_diff)
+            try:
+                report, checks = _check(job, min_cosine, max_abs_diff)
+            except ExportValidationError as error:
+                if job.exporter_note != FAST_PATH_NOTE:
+                    raise
+                # the trace looked clean but its graph is not the model's: torch.export records it instead
+                _discard_staged(job)
+                job.fast_path = False
+                job.log.add("fast_path_failed", f"the TorchScript fast path's graph failed validation "
+                                                f"({first_line(error)}); exported with the torch.export-based "
+                                                "exporter")
+                with without_cache(model):
+                    _capture(job)
+                report, checks = _check(job, min_cosine, max_abs_diff)
         except ExportValidationError as error:
-            if job.exporter_note != FAST_PATH_NOTE:
+            if error.stage != "parity" or error.report is None or job.staged is None:
                 raise
-            # the trace looked clean but its graph is not the model's: torch.export records it instead
-            _discard_staged(job)
-            job.fast_path = False
-            job.log.add("fast_path_failed", f"the TorchScript fast path's graph failed validation "
-                                            f"({first_line(error)}); exported with the torch.export-based exporter")
-            with without_cache(model):
-                _capture(job)
-            report, checks = _check(job, min_cosine, max_abs_diff)
+            report = not_validated(job, error, strict)
         _commit(job, report)
         _write_side_files(job, report, amax_json_path=amax_json_path, calibration_cache_path=calibration_cache_path,
                           float_onnx_path=float_onnx_path, trt_version=trt_version)
@@ -334,6 +350,9 @@ class _Export:
     without_qdq: list[str] = field(default_factory=list)  # quantizers that ran but have no Q/DQ in the graph
     static_sequence: bool = False  # axis 1 of token inputs keeps the sample's length
     captured: list[str] = field(default_factory=list)  # what torch logged and printed while exporting
+    # more inputs parity is checked on (positional, keyword), and their rows' inputs by label (for the diagnosis)
+    extra: list[tuple[tuple, dict]] = field(default_factory=list)
+    checked_inputs: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -490,6 +509,7 @@ def _capture(job: _Export) -> None:
         job.exported_data = external_data_file(job.proto, job.path.parent)
         fold_int4_casts(job.proto, str(job.path.parent))
     job.log.extend("tracer", quiet_warnings)
+    job.call.eval()  # an exporter puts back the modes it found: whatever it did, the references run in eval mode
     job.export_time_s = time.perf_counter() - export_started
     if not job.dynamic_batch:
         if job.grown is not None and job.ranged is job.grown:  # the exporter fixed the batch after all
@@ -595,6 +615,7 @@ def _validate(job: _Export) -> _Checks:
         range_check = min(compare(output_names, job.ranged_reference, session.run(None, feeds(session, job.ranged)),
                                   dict(zip(job.input_names, job.ranged))), key=lambda p: p.cosine)
         rows.append(ParityCheck.of("random inputs in the sample's range", range_check))
+    rows += batch_checks(job, session)  # the extra batches (parity_batches)
     # the session maps the weights: let them go before the files are committed and a float graph is written
     del session
     release_freed_memory()

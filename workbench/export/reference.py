@@ -79,6 +79,12 @@ class ExportCall(nn.Module):
         # set while the TorchScript exporter traces: the tensors after the model's inputs are the model's
         # parameters and buffers of these names, passed in (see workbench.export.torchscript_weights)
         self.weight_names: list[str] = []
+        # A new module is in training mode, and torch.onnx.export puts the module it exports back into the mode
+        # it found it in, recursively: a wrapper left in training mode switched the whole model to training after
+        # the first capture, and every later reference (another batch, the range check, a second exporter's
+        # capture) ran BatchNorm on batch statistics, updating the running ones (EfficientNet's cosine 0.28).
+        # The wrapper only exists to export, so it is made in eval mode (the model's own flag is untouched).
+        self.training = False
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         weights = {}

@@ -102,6 +102,10 @@ class ExportReport:
     # what the user cares about beside parity: the INT8 model against FP32 on the project's data (the metric's
     # values, the output SQNR, the batches and which data: Evaluation.to_dict() plus "data"); None when not measured
     int8_vs_fp32: dict[str, Any] | None = None
+    # False: the parity check failed and the file was written anyway (not --strict), marked "not validated";
+    # parity_diagnosis then says where and why (workbench.export.parity.ParityDiagnosis.to_dict())
+    validated: bool = True
+    parity_diagnosis: dict[str, Any] | None = None
 
     @property
     def qdq_pairs(self) -> int:
@@ -122,8 +126,21 @@ class ExportReport:
             text += f", {metric.get('name')} FP32 {_number(item.get('fp32'))} / INT8 {_number(item.get('int8'))}"
         return text
 
+    def verdict(self) -> str:
+        """``"validated"``, or ``"NOT VALIDATED: <the diagnosis>"`` when the file failed the parity check."""
+        if self.validated:
+            return "validated"
+        diagnosis = self.parity_diagnosis or {}
+        text = f"NOT VALIDATED: onnxruntime and the fake-quant model disagree (cosine {self.cosine:.6f})"
+        if diagnosis:
+            where = diagnosis.get("module") or diagnosis.get("first")
+            text += f"; diagnosis: {diagnosis.get('label', diagnosis.get('verdict'))}" + (f" at {where}" if where
+                                                                                            else "")
+        return text + " (the warning below says where and why)"
+
     def summary(self) -> str:
-        text = (f"{Path(self.path).name}: {self.quantize_nodes} Q / {self.dequantize_nodes} DQ nodes "
+        text = "" if self.validated else self.verdict() + "\n"
+        text += (f"{Path(self.path).name}: {self.quantize_nodes} Q / {self.dequantize_nodes} DQ nodes "
                 f"({self.quantizers} quantizers: {self.per_channel} per-channel, {self.per_tensor} per-tensor"
                 + ("".join(f", {count} {name}" for name, count in self.formats.items())
                    if set(self.formats) - {"int8"} else "") + "), "

@@ -27,7 +27,7 @@ from workbench.strict_json import strict
 
 __all__ = ["ProjectSettings", "DefaultDescriptors", "FunctionalSettings", "RuleSettings", "CalibrationSettings",
            "MetricSettings", "ExportSettings", "FinetuneSettings", "SECTIONS", "DEFAULTS", "DEFAULT_SETTINGS",
-           "REBUILD_SETTINGS", "FUNCTIONAL_SWITCHES", "RULES", "SettingsError", "checked_setting",
+           "REBUILD_SETTINGS", "FUNCTIONAL_SWITCHES", "RULES", "EXPORT_CHECKS", "SettingsError", "checked_setting",
            "available_device", "make_descriptor", "jsonable"]
 
 
@@ -248,7 +248,16 @@ class ExportSettings(_Section):
     outputs: tuple[str, ...] | None = None
     # the sample's sequence length kept fixed (a model that loops over the sequence in Python)
     static_sequence: bool = False
-    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops", "outputs", "static_sequence")
+    # parity: the lowest cosine of every output of onnxruntime with the fake-quant model before a file counts as
+    # validated (below it the file is written "not validated" with a diagnosis, or refused with --strict)
+    min_cosine: float = field(default=0.999, metadata={
+        "help": "the lowest cosine similarity of onnxruntime's outputs with the fake-quant model's for a file to "
+                "count as validated"})
+    # how many calibration batches parity is checked on besides the sample (0: the sample's checks only)
+    parity_batches: int = field(default=4, metadata={
+        "help": "calibration batches onnxruntime's outputs are compared on, besides the sample"})
+    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("fp8_ops", "outputs", "static_sequence", "min_cosine",
+                                                  "parity_batches")
 
     def __post_init__(self) -> None:
         self._require("path", self.path is None or isinstance(self.path, str), "a file name or none")
@@ -267,6 +276,10 @@ class ExportSettings(_Section):
             raise _refused("export.opset", opset_bounds_text(), self.opset)
         for name in ("dynamic_batch", "amax_json", "calibration_cache", "static_sequence"):
             self._require(name, isinstance(getattr(self, name), bool), "true or false")
+        self._require("min_cosine", _is_number(self.min_cosine) and -1.0 <= self.min_cosine <= 1.0,
+                      "a cosine similarity between -1 and 1 (0.999 by default)")
+        self._require("parity_batches", _is_int(self.parity_batches) and self.parity_batches >= 0,
+                      "a number of batches >= 0")
 
 
 @dataclass(frozen=True)
@@ -311,6 +324,8 @@ SECTIONS: dict[str, type[_Section]] = {section.KEY: section for section in (
 # what each functional switch quantizes (the CLI's --help and the GUI read it)
 FUNCTIONAL_SWITCHES: dict[str, str] = {f.name: f.metadata["help"] for f in fields(FunctionalSettings)}
 RULES: tuple[str, ...] = RuleSettings.field_names()
+# the export settings the CLI's `set --export NAME=VALUE` and the GUI's Settings dialog edit, with their help
+EXPORT_CHECKS: dict[str, str] = {f.name: f.metadata["help"] for f in fields(ExportSettings) if "help" in f.metadata}
 
 
 # ----- the plain settings -----------------------------------------------------------------------------

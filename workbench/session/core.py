@@ -577,11 +577,14 @@ class Session(SessionReading):
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,
                force: bool = False, fp8_ops: str | None = None, outputs: Sequence[str] | None = None,
-               static_sequence: bool | None = None):
+               static_sequence: bool | None = None, min_cosine: float | None = None, strict: bool = False):
         """Write QDQ ONNX (validated) next to the project or at ``path``; the report is stored in the project.
         ``fp8_ops`` ("standard" or "trt", default: the project's export setting) is how FP8 is written; ``outputs``
         the model's outputs the graph returns, by name (default: the project's setting, else every one);
         ``static_sequence`` keeps the sample's sequence length fixed (default: the project's setting).
+        ``min_cosine`` (default: the project's ``export.min_cosine``) is the parity threshold, checked on the
+        sample and on ``export.parity_batches`` calibration batches; a file below it is written "not validated"
+        with the diagnosis (``report.validated``), or refused with ``strict``.
 
         ``path`` is taken from the working directory; the stored path is relative to the project's folder.
         An existing file is replaced only when this project wrote it and it is unchanged, or with ``force``
@@ -594,11 +597,13 @@ class Session(SessionReading):
                                    project_path=self.path, base_dir=self.base_dir, project_dir=self.project_dir,
                                    remember=remember, force=force, opset=opset, dynamic_batch=dynamic_batch,
                                    amax_json=amax_json, calibration_cache=calibration_cache, fp8_ops=fp8_ops,
-                                   outputs=tuple(outputs) if outputs else None, static_sequence=static_sequence)
+                                   outputs=tuple(outputs) if outputs else None, static_sequence=static_sequence,
+                                   min_cosine=min_cosine, strict=strict)
         model = self._require_calibrated()
+        batches = data_sources.parity_batches(self.data("calibration"), self.device, plan.parity_batches)
         new = exports.planned_new_files(plan)
         try:  # interrupted (its validation, its headline), an export leaves no file the project does not know
-            report = exports.write_export(plan, model, self.sample_inputs(batch=1))
+            report = exports.write_export(plan, model, self.sample_inputs(batch=1), parity_batches=batches)
             if remember:
                 measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
                 record = exports.remember(plan, self.project, report, measure, project_path=self.path,

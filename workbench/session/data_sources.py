@@ -109,6 +109,13 @@ def sample_inputs(source: DataSource, device: torch.device, batch: int = 1) -> A
     return first_samples(to_device(inputs, device), batch)
 
 
+def parity_batches(source: DataSource, device: torch.device, count: int) -> list[Any]:
+    """The inputs of the first ``count`` batches of ``source`` on ``device`` (an export checks parity on them)."""
+    if count <= 0:
+        return []
+    return [to_device(inputs, device) for inputs, _ in source.batches(limit=count)]
+
+
 def example_inputs(sample: Callable[..., Any]) -> Any:
     """One sample (``sample(batch=1)``), for the functional rewrite's check of traced modules; None without usable
     data."""

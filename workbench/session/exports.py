@@ -239,13 +239,17 @@ class ExportPlan:
     fp8_ops: str
     outputs: tuple[str, ...] | None = None
     static_sequence: bool = False
+    min_cosine: float = 0.999  # the parity threshold (export.min_cosine unless given)
+    strict: bool = False  # refuse a file that fails parity (else it is written "not validated")
+    parity_batches: int = 0  # calibration batches parity is checked on besides the sample
 
 
 def plan_export(project: Project, settings: ExportSettings, target: Path, *, typed: bool, project_path: Path | None,
                 base_dir: Path, project_dir: Path, remember: bool, force: bool, opset: int | None = None,
                 dynamic_batch: bool | None = None, amax_json: bool | None = None,
                 calibration_cache: bool | None = None, fp8_ops: str | None = None,
-                outputs: tuple[str, ...] | None = None, static_sequence: bool | None = None) -> ExportPlan:
+                outputs: tuple[str, ...] | None = None, static_sequence: bool | None = None,
+                min_cosine: float | None = None, strict: bool = False) -> ExportPlan:
     """The export to ``target`` with the options given (the others from ``settings``), checked: it writes over
     none of the project's own files, and with ``remember`` over no file it may not replace.
 
@@ -258,7 +262,11 @@ def plan_export(project: Project, settings: ExportSettings, target: Path, *, typ
                       settings.amax_json if amax_json is None else amax_json,
                       settings.calibration_cache if calibration_cache is None else calibration_cache,
                       fp8_ops or settings.fp8_ops, outputs or settings.outputs,
-                      settings.static_sequence if static_sequence is None else static_sequence)
+                      settings.static_sequence if static_sequence is None else static_sequence,
+                      settings.min_cosine if min_cosine is None else min_cosine, strict,
+                      settings.parity_batches)
+    if not (isinstance(plan.min_cosine, (int, float)) and -1.0 <= plan.min_cosine <= 1.0):
+        raise SessionError(f"min_cosine is a cosine similarity between -1 and 1, got {plan.min_cosine!r}.")
     plan.files = planned_files(target, plan.amax_json, plan.calibration_cache)
     check_not_protected(plan.files, protected_files(project, project_path, base_dir))
     if remember:  # a preview writes where the app chose (a folder of its own), not over the user's files
@@ -283,10 +291,11 @@ def discard(files: list[Path]) -> None:
         file.unlink(missing_ok=True)
 
 
-def write_export(plan: ExportPlan, model: nn.Module, sample: Any):
-    """Write validated QDQ ONNX of the calibrated ``model`` (traced on ``sample``) as ``plan`` says; the export's
-    report. The graph returns every output of the model, or those ``plan.outputs`` names (the project's output
-    key picks what metrics compare, not what the file holds).
+def write_export(plan: ExportPlan, model: nn.Module, sample: Any, parity_batches: list[Any] | None = None):
+    """Write validated QDQ ONNX of the calibrated ``model`` (traced on ``sample``; parity also checked on
+    ``parity_batches``) as ``plan`` says; the export's report (``validated`` False: written below the parity
+    threshold, with the diagnosis). The graph returns every output of the model, or those ``plan.outputs``
+    names (the project's output key picks what metrics compare, not what the file holds).
 
     Raises:
         SessionError: a file cannot be written (nothing is left half-written).
@@ -298,7 +307,8 @@ def write_export(plan: ExportPlan, model: nn.Module, sample: Any):
         return export_qdq_onnx(model, sample, plan.target, opset=plan.opset, dynamic_batch=plan.dynamic_batch,
                                outputs=plan.outputs, static_sequence=plan.static_sequence,
                                amax_json_path=sides.get("amax_json"),
-                               calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops)
+                               calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops,
+                               min_cosine=plan.min_cosine, strict=plan.strict, parity_batches=parity_batches)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
         where = error.filename or plan.target
         raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
@@ -341,6 +351,7 @@ def export_record(plan: ExportPlan, project: Project, report: Any, project_dir: 
     return ExportRecord(project.next_id(project.exports), now_iso(), stored,
                         {"opset": plan.opset, "dynamic_batch": plan.dynamic_batch,
                          "sha256": export_digest(plan.target), "nodes": nodes,
+                         "validated": bool(getattr(report, "validated", True)), "min_cosine": plan.min_cosine,
                          "state_digest": state_digest(project),
                          "side_files": {stored_export_path(file, project_dir): export_digest(file)
                                         for file, kind in plan.files.items() if kind != "onnx" and file.is_file()}},
