@@ -36,7 +36,7 @@ from workbench.project import (
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, ProjectSettings
 from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import DistContext
-from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
+from workbench.quant.algorithms.precision import Precision
 from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.session import (
     analysis,
@@ -303,10 +303,11 @@ class Session:
         return self._edited(layer_edits.edit_descriptor(self.project, self.quantized_model(), names, role, fields,
                                                         self.settings.defaults))
 
-    def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
+    def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int | None = None,
                       fp8_weight_per_channel: bool = True) -> list[str]:
         """Run layers in ``precision`` (int8, fp8, int4w, float; :mod:`workbench.quant.algorithms.precision`): their
         descriptors and quantize flag become that precision's, in one edit. Returns the layers changed.
+        ``block_size`` (int4w): 64 or 128 dividing each layer's input features; None: the largest that does.
 
         Raises:
             SessionError: an unknown precision or layer, or one that does not apply to a layer (named).
