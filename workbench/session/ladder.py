@@ -95,10 +95,19 @@ def mix_changes(project: Project, own: Mapping[str, Precision | None], mix: Mapp
 
 
 def gemm_layers(model: nn.Module, layers: Iterable[str]) -> set[str]:
-    """The layers that are GEMMs: a weight quantizer (Linear, convolutions), or a product of activations."""
+    """The layers that are matrix GEMMs: a quantized 2-D weight (Linear, Hugging Face's Conv1D) or a product of
+    activations. Quantized with float neighbours they are the W8A8 pattern of transformers (the fusion clean-up
+    keeps them); a convolution alone among float layers stays a case for it (issue 27: the lint's
+    isolated_quantized_layer on CNNs)."""
     modules = dict(model.named_modules())
-    return {name for name in layers if getattr(modules.get(name), "_weight_quantizer", None) is not None
-            or isinstance(modules.get(name), (QuantMatMul, QuantSDPA))}
+
+    def is_gemm(module: nn.Module | None) -> bool:
+        weight = getattr(module, "weight", None)
+        return isinstance(module, (QuantMatMul, QuantSDPA)) or (
+            getattr(module, "_weight_quantizer", None) is not None and isinstance(weight, torch.Tensor)
+            and weight.dim() == 2)
+
+    return {name for name in layers if is_gemm(modules.get(name))}
 
 
 def data_flow(model: nn.Module, layers: Iterable[str], batch: Any, device: torch.device
