@@ -7,6 +7,7 @@ callables it is given, so the goal's defaults follow the metric and the last run
 """
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
@@ -98,6 +100,10 @@ class FallbackPanel(QGroupBox):
         form.addRow("Goal", self.goal_box)
         form.addRow(self.goal_label, self.goal_spin)
         form.addRow("Max units", self.max_units_spin)
+        self.revisit_box = QCheckBox("Search layers set by hand too")
+        self.revisit_box.setToolTip("A ladder keeps the layers whose precision or descriptors you set by hand "
+                                    "(pins); tick to let it search them too")
+        form.addRow(self.revisit_box)
         form.addRow(self.fallback_button)
         self.fallback_label = QLabel(NO_SEARCH_TEXT)
         self.fallback_label.setWordWrap(True)
@@ -217,6 +223,7 @@ class FallbackPanel(QGroupBox):
         if ladder == ladder_text(DEFAULT_LADDER) and "budget_bytes" not in options:
             return self.controller.fallback(**options)
         options.pop("max_units", None)
+        options["revisit_pins"] = self.revisit_box.isChecked()
         if "budget_bytes" in options:
             options["budget_bytes"] = int(options["budget_bytes"])
         return self.controller.ladder(ladder=ladder, **options)
@@ -502,7 +509,8 @@ class FallbackPanel(QGroupBox):
             hand = sum(c.hand_set for c in changes)
             text += (f"<br>Apply changes {len(changes)} layer{'s' if len(changes) != 1 else ''}"
                      f"{f' ({hand} set by hand: it asks first)' if hand else ''}: "
-                     + ", ".join(c.text() for c in changes[:6]) + ("..." if len(changes) > 6 else "") + ".")
+                     + html.escape(", ".join(c.text() for c in changes[:6])) + ("..." if len(changes) > 6 else "")
+                     + ".")
         self.fallback_label.setText(text)
         self.apply_button.setEnabled(bool(changes) and not result.applied and not self.controller.busy)
         self.apply_button.setText(f"Apply: set {len(changes)} layer{'s' if len(changes) != 1 else ''}" if changes
