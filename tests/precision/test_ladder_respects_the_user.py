@@ -11,7 +11,6 @@ import torch
 
 from tests.cli_run import run
 from tests.test_cli_smoothing import MODEL
-from workbench.quant.algorithms.format_rules import isolated_in_flow, isolated_layers, order_neighbours
 from workbench.session import Session
 
 
@@ -120,6 +119,8 @@ def _vit_flow():
 
 
 def test_value_is_a_sibling_of_key_in_the_data_flow_not_between_key_and_output():
+    from workbench.quant.algorithms.format_rules import isolated_in_flow, isolated_layers
+
     layers, flow = _vit_flow()
     attention = "layers.1.attention"  # transformers' ViT: q_proj, k_proj, v_proj, o_proj
     query, key, value, output = (f"{attention}.{n}_proj" for n in ("q", "k", "v", "o"))
@@ -134,6 +135,8 @@ def test_value_is_a_sibling_of_key_in_the_data_flow_not_between_key_and_output()
 
 
 def test_a_quantized_gemm_among_float_layers_is_normal_w8a8():
+    from workbench.quant.algorithms.format_rules import isolated_in_flow, order_neighbours
+
     flow = order_neighbours(["up", "mid", "down"])
     mix = {"up": "float", "mid": "int8", "down": "float"}
     assert [found[0] for found in isolated_in_flow(flow, mix)] == ["mid"]  # a lone quantized add or pool
