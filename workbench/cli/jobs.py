@@ -133,10 +133,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     with Progress(args, "evaluating") as progress:
         evaluation = session.evaluate(metric, num_batches=args.num_batches, progress=progress,
                                       cancel=progress.cancel)
-    lines = [f"  {'':<22} {'FP32':>10} {'INT8':>10} {'delta':>10}",
+    label = evaluation.quantized_as
+    lines = [f"  {'':<22} {'FP32':>10} {label:>10} {'delta':>10}",
              f"  {evaluation.name:<22} {fmt(evaluation.fp32):>10} {fmt(evaluation.int8):>10} "
              f"{fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better)",
-             f"  output SQNR INT8 vs FP32: {fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} batches)"]
+             f"  output SQNR {label} vs FP32: {fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} "
+             "batches)"]
     emit(args, evaluation.to_dict(), "\n".join(lines))
     return EXIT_OK
 

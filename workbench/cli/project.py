@@ -105,7 +105,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
                                                          if shared else "")
         stale = run["output_sqnr_stale"]
         over = f" over {run['sqnr_batches']} batches" if run["sqnr_batches"] else " (first batch)"
-        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR INT8 vs "
+        from workbench.quant.algorithms.precision import mix_label
+
+        label = mix_label(session.precisions().values())
+        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR {label} vs "
                      f"FP32 {fmt(run['output_sqnr_db'], ' dB')}{over}" + (f" (stale: {'; '.join(stale)}; recalibrate "
                                                                   "for a current figure)" if stale else ""))
         if run["picked"]:

@@ -53,6 +53,10 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
     result = run_calibration(model, data.batches(), num_batches=num_batches, method=method,
                              percentile=percentile, device=device, progress=progress, cancel=cancel,
                              context=context, block_method=block_method)
+    from workbench.quant.algorithms.precision import mix_label
+    from workbench.session.decisions import precisions
+
+    result.quantized_as = mix_label(precisions(project, model).values())
     quantizers = quantizer_names(model)
     records: dict[str, QuantizerRecord] = {}
     for name, quantizer in quantizers.items():

@@ -36,7 +36,7 @@ from workbench.project import (
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, ProjectSettings
 from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import DistContext
-from workbench.quant.algorithms.precision import Precision
+from workbench.quant.algorithms.precision import Precision, mix_label
 from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.session import (
     analysis,
@@ -785,8 +785,11 @@ class Session:
         """
         model = self._require_calibrated()
         chosen = self.metric() if metric is None else self._resolve_metric(metric)
-        return analysis.evaluate(self.float_model, model, self._analysis_batches(), chosen, num_batches=num_batches,
-                                 output=self.settings.output, progress=progress, cancel=cancel)
+        evaluation = analysis.evaluate(self.float_model, model, self._analysis_batches(), chosen,
+                                       num_batches=num_batches, output=self.settings.output, progress=progress,
+                                       cancel=cancel)
+        evaluation.quantized_as = mix_label(self.precisions().values())  # "FP8 vs FP32", not always "INT8"
+        return evaluation
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,

@@ -26,7 +26,7 @@ from workbench.quant.algorithms.tensorrt_rules import output_channel_axis
 
 __all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "parse_precision",
            "precision_choices_text", "applies_to", "descriptors_for", "precision_of", "precision_label",
-           "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS", "grid_levels"]
+           "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS", "grid_levels", "mix_label"]
 
 # how FP8 Q/DQ is written: standard QuantizeLinear to float8e4m3fn (opset 19; TensorRT 10+), or TensorRT's
 # custom ops TRT_FP8QuantizeLinear/TRT_FP8DequantizeLinear (pytorch-quantization's form; TensorRT 8.6 and 9)
@@ -208,6 +208,17 @@ def precision_of(input_desc: Mapping[str, Any] | None, weight_desc: Mapping[str,
     if in_bits == 8 and (no_weight or (w_bits == 8 and weight_desc.get("block_size") is None)):  # type: ignore[union-attr]
         return Precision.INT8
     return None
+
+
+def mix_label(precisions: Any) -> str:
+    """What a model's mix of precisions is called in "output SQNR <label> vs FP32": the quantized precisions' labels
+    in the registry's order, joined ("INT8", "FP8", "FP8+INT4 W", "INT8+custom"); "float" when nothing is
+    quantized. ``precisions``: the layers' precisions (None: custom descriptors)."""
+    present = set(precisions)
+    labels = [info.label for p, info in PRECISIONS.items() if p in present and p is not Precision.FLOAT]
+    if None in present:
+        labels.append("custom")
+    return "+".join(labels) or "float"
 
 
 def grid_levels(num_bits: Any, amax: float, *, unsigned: bool = False) -> np.ndarray:
