@@ -141,3 +141,17 @@ def test_a_quantized_gemm_among_float_layers_is_normal_w8a8():
     mix = {"up": "float", "mid": "int8", "down": "float"}
     assert [found[0] for found in isolated_in_flow(flow, mix)] == ["mid"]  # a lone quantized add or pool
     assert isolated_in_flow(flow, mix, gemms={"mid"}) == []  # a Linear: kept (the input Q runs on its own)
+
+
+def test_a_project_with_every_layer_in_float_is_not_stuck(project, capsys):
+    """After an all-float mix (the old ladder's "reached"): each command says what to do, and set brings it back."""
+    assert run(capsys, "set", project, "--pattern", ".*", "--precision", "float")[0] == 0
+    for command in (["sensitivity", project, "--metric", "sqnr"], ["calibrate", project, "--smoothquant", "0.5"]):
+        code, _, err = run(capsys, *command)
+        assert code != 0 and "every layer of this project is in float" in err, err
+        assert "--precision int8" in err and "TensorQuantizer" not in err and "replace_to_quantization" not in err
+    code, out, err = run(capsys, "set", project, "--pattern", ".*", "--precision", "int4w")
+    assert code == 0 and "precision int4w: fc, head" in out, err
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+    code, _, err = run(capsys, "sensitivity", project, "--metric", "sqnr")
+    assert code == 0, err

@@ -519,6 +519,7 @@ class Session:
         if (smoothquant is not None or awq is not None) and context is not None and context.distributed:
             raise SessionError("SmoothQuant and AWQ scales are computed in one process (every rank must use the same "
                                "ones): calibrate with --smoothquant/--awq without --workers, then with workers.")
+        decisions.require_quantized(self.project, "calibrate or smooth")
         if smoothquant is not None:
             self.smooth("smoothquant", smoothing.parse_alpha(smoothquant), num_batches=num_batches)
         if awq is not None:
@@ -609,6 +610,7 @@ class Session:
             The :class:`~workbench.analysis.SensitivityResult`, appended to the project's sensitivity runs.
         """
         context = self._join(context)
+        decisions.require_quantized(self.project, "rank")
         model = self._require_calibrated()
         batches = self._analysis_batches()
         result, record = analysis.sensitivity(model, batches, metric if metric is not None else self.metric(),

@@ -37,8 +37,8 @@ from workbench.session.errors import SessionError
 
 logger = logging.getLogger("workbench.session.core")  # the logger this warning always came from
 
-__all__ = ["synced_layers", "quantized_stand_in", "select", "ignore_preview", "ignored_layers", "set_quantize",
-           "plan_descriptor", "precision_groups", "reset_descriptor", "descriptors", "plan_precision",
+__all__ = ["synced_layers", "quantized_stand_in", "require_quantized", "select", "ignore_preview", "ignored_layers",
+           "set_quantize", "plan_descriptor", "precision_groups", "reset_descriptor", "descriptors", "plan_precision",
            "precisions", "mix_weight_bytes"]
 
 
@@ -126,6 +126,15 @@ def quantized_stand_in(module: nn.Module | None, defaults: DefaultDescriptors | 
     if hasattr(quant_cls, "default_quant_desc_weight"):
         kwargs["quant_desc_weight"] = defaults.descriptor("weight") if defaults is not None else None
     return quant_cls.from_float(module, **kwargs)
+
+
+def require_quantized(project: Project, what: str) -> None:
+    """SessionError when every layer of ``project`` is in float: there is nothing to ``what`` (calibrate, rank,
+    smooth), and the message says how to quantize layers again (rather than a library's "no TensorQuantizer")."""
+    if project.layers and not any(decision.quantize for decision in project.layers.values()):
+        raise SessionError(f"every layer of this project is in float ({len(project.layers)} layers), so there is "
+                           f"nothing to {what}. Quantize layers first: workbench set --pattern '.*' --precision int8 "
+                           "(or fp8, int4w), or choose a precision in the model tree.")
 
 
 def _not_a_layer(project: Project, name: str) -> str:
