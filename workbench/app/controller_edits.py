@@ -122,6 +122,12 @@ class EditsMixin:
         precisions = dict(precisions)
         return self._edit("Apply precisions", lambda: self.session.apply_precisions(precisions))
 
+    def precision_problems(self, names: Iterable[str], precision: str) -> dict[str, str]:
+        """Why ``precision`` does not fit each of ``names`` it cannot be set on; no edit."""
+        if self.session is None:
+            return {}
+        return self.session.precision_problems(list(names), precision)
+
     def ladder_changes(self, result: Any = None) -> list[Any]:
         """What applying a ladder's mix changes (layer, precision now and then, whether set by hand); no edit."""
         if self.session is None:

@@ -331,6 +331,11 @@ class Session:
             self._changed(SessionEvent.LAYERS, names=edit.changed)
         return edit.changed
 
+    def precision_problems(self, names: Iterable[str], precision: Precision | str) -> dict[str, str]:
+        """Why ``precision`` cannot be set on each of ``names`` it does not fit (nothing is changed)."""
+        return decisions.precision_problems(self.project, self.quantized_model(), self.settings.defaults, names,
+                                            precision)
+
     def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
         """The precision each layer (all by default) runs in; None for custom descriptors."""
         return decisions.precisions(self.project, self.quantized_model(), names)

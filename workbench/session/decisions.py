@@ -39,7 +39,7 @@ logger = logging.getLogger("workbench.session.core")  # the logger this warning 
 
 __all__ = ["synced_layers", "quantized_stand_in", "require_quantized", "select", "ignore_preview", "ignored_layers",
            "set_quantize", "plan_descriptor", "precision_groups", "reset_descriptor", "descriptors", "plan_precision",
-           "precisions", "mix_weight_bytes"]
+           "precisions", "mix_weight_bytes", "precision_problems"]
 
 
 def select(project: Project, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
@@ -408,6 +408,19 @@ def plan_precision(project: Project, model: nn.Module, defaults: DefaultDescript
         if after != before:
             plans[name] = after
     return plans
+
+
+def precision_problems(project: Project, model: nn.Module, defaults: DefaultDescriptors, names: Iterable[str],
+                       precision: Precision | str) -> dict[str, str]:
+    """Why ``precision`` cannot be set on each of ``names`` it does not fit (int4w on a convolution, or on a layer
+    whose input features take no INT4 block TensorRT builds); the layers it fits are not listed. Changes nothing."""
+    problems: dict[str, str] = {}
+    for name in names:
+        try:
+            plan_precision(project, model, defaults, [name], precision)
+        except SessionError as error:
+            problems[name] = str(error)
+    return problems
 
 
 def precisions(project: Project, model: nn.Module, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
