@@ -141,6 +141,9 @@ def test_a_quantized_gemm_among_float_layers_is_normal_w8a8():
     mix = {"up": "float", "mid": "int8", "down": "float"}
     assert [found[0] for found in isolated_in_flow(flow, mix)] == ["mid"]  # a lone quantized add or pool
     assert isolated_in_flow(flow, mix, gemms={"mid"}) == []  # a Linear: kept (the input Q runs on its own)
+    from workbench.quant.algorithms.format_rules import flow_notes
+
+    assert not any("mid runs" in note for note in flow_notes(flow, mix, {"mid"}))  # and the notes do not nag
 
 
 def test_a_project_with_every_layer_in_float_is_not_stuck(project, capsys):

@@ -21,7 +21,7 @@ from workbench.project.model import now_iso
 from workbench.project.settings import DefaultDescriptors, ProjectSettings
 from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.calibrate import calibrate as run_calibration
-from workbench.quant.algorithms.format_rules import mix_notes
+from workbench.quant.algorithms.format_rules import flow_notes, mix_notes
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.quant.gemm import float_by_default_reason
@@ -222,7 +222,9 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
                            ranking=ranking, progress=progress, cancel=cancel, output=output, block_sizes=blocks,
                            layer_order=list(project.layers), neighbours=flow,  # fusion-aware, in the data flow
                            gemms=gemm_layers(model, project.layers), pins=pins)
-    result.notes += mix_notes(list(project.layers), result.precisions)
+    # the mix's hazards in the data flow when it was recorded (module order calls siblings neighbours)
+    result.notes += flow_notes(flow, result.precisions, gemm_layers(model, project.layers)) if flow is not None \
+        else mix_notes(list(project.layers), result.precisions)
     return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
 
 

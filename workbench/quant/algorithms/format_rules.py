@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["FormatNeeds", "FORMAT_NEEDS", "gpu_requirement", "isolated_layers", "reformat_boundaries",
-           "mix_notes", "supports", "order_neighbours", "isolated_in_flow", "switches_in_flow"]
+           "mix_notes", "supports", "order_neighbours", "isolated_in_flow", "switches_in_flow", "flow_notes"]
 
 
 @dataclass(frozen=True)
@@ -156,3 +156,17 @@ def switches_in_flow(flow: Flow, precisions: Mapping[str, str]) -> list[tuple[st
             if _quantized(other) and other != here:
                 found.append((layer, str(here), other, around))
     return found
+
+
+def flow_notes(flow: Flow, precisions: Mapping[str, str], gemms: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """:func:`mix_notes` in the data flow: a quantized layer (not a GEMM) alone among float producers and
+    consumers, a format switch among one other format, and what the formats need."""
+    notes = [f"{layer} runs {precision} while every layer it reads from and writes to runs in float "
+             f"({', '.join(around[:3])}): TensorRT adds a reformat on each side; consider leaving it in float too"
+             for layer, precision, around in isolated_in_flow(flow, precisions, gemms)]
+    notes += [f"{layer} runs {precision} while every layer it reads from and writes to runs {other} "
+              f"({', '.join(around[:3])}): TensorRT converts {other} <-> {precision} there instead of fusing"
+              for layer, precision, other, around in switches_in_flow(flow, precisions)]
+    used = sorted({p for p in precisions.values() if p in FORMAT_NEEDS and p != "int8"})
+    notes += [text for text in (gpu_requirement(p) for p in used) if text]
+    return notes
