@@ -40,13 +40,13 @@ def test_set_precision_and_show_it(project, capsys):
     code, out, err = run(capsys, "set", project, "--layer", "fc2", "--precision", "fp8", "--trust-code")
     assert code == 0, err
     assert "precision fp8: fc2" in out
-    code, out, err = run(capsys, "set", project, "--pattern", "fc1", "--precision", "int4w", "--block-size", "32",
+    code, out, err = run(capsys, "set", project, "--pattern", "fc1", "--precision", "int4w", "--block-size", "64",
                          "--trust-code")
     assert code == 0, err
     rows = layer_rows(capsys, project)
     assert rows["fc2"]["precision"] == "fp8" and rows["fc2"]["input_summary"].startswith("fp8 per-tensor")
     assert rows["fc1"]["precision"] == "int4w"
-    assert rows["fc1"]["input_summary"] == "float (off)" and rows["fc1"]["weight_summary"] == "int4 block 32 max"
+    assert rows["fc1"]["input_summary"] == "float (off)" and rows["fc1"]["weight_summary"] == "int4 block 64 max"
     code, out, _ = run(capsys, "show", project, "--trust-code")
     assert "fc2                              Linear               fp8 " in out
     # the precision is the descriptors: a hand edit back to 8 bits reads as int8 again
@@ -92,7 +92,7 @@ def test_fp8_on_the_outlier_layer_recovers_the_block(project, capsys):
 
 
 def test_round_trip_keeps_precisions_amax_and_block_scales(project, capsys, tmp_path):
-    run(capsys, "set", project, "--layer", "fc1", "--precision", "int4w", "--block-size", "16", "--trust-code")
+    run(capsys, "set", project, "--layer", "fc1", "--precision", "int4w", "--block-size", "64", "--trust-code")
     run(capsys, "set", project, "--layer", "fc2", "--precision", "fp8", "--trust-code")
     code, _, err = run(capsys, "calibrate", project, "--block-method", "mse", "--trust-code")
     assert code == 0, err
@@ -100,23 +100,23 @@ def test_round_trip_keeps_precisions_amax_and_block_scales(project, capsys, tmp_
     model = first.quantized_model()
     block_amax = model.fc1._weight_quantizer.amax.clone()
     fp8_amax = float(model.fc2._input_quantizer.amax)
-    assert tuple(block_amax.shape) == (128, 4, 1)
+    assert tuple(block_amax.shape) == (128, 1, 1)
     record = first.project.current_calibration.quantizers["fc1._weight_quantizer"]
     assert record.method == "block mse"
     # reopened: the same precisions, and the same amax (no recalibration needed: nothing is stale)
     again = Session.open(project, trust_code=True)
     assert again.precisions() == first.precisions()
     assert {k: v.value for k, v in again.precisions().items()} == {"fc1": "int4w", "fc2": "fp8"}
-    # weight bytes of the mix: fc1 INT4 in 4 blocks per row, fc2 FP8 per channel, biases and the norm float
+    # weight bytes of the mix: fc1 INT4 in one block of 64 per row, fc2 FP8 per channel, biases and the norm float
     extra = 4 * (128 + 64 + 64 + 64)  # fc1.bias, fc2.bias, norm weight and bias
-    assert again.weight_bytes() == (128 * 64 // 2 + 4 * 128 * 4) + (64 * 128 + 4 * 64) + extra
+    assert again.weight_bytes() == (128 * 64 // 2 + 4 * 128 * 1) + (64 * 128 + 4 * 64) + extra
     assert again.weight_bytes({}) == 4 * sum(p.numel() for p in again.quantized_model().parameters())
     reopened = again.quantized_model()
     assert np.array_equal(reopened.fc1._weight_quantizer.amax.numpy(), block_amax.numpy())
     assert float(reopened.fc2._input_quantizer.amax) == fp8_amax
     assert again.build_report.stale == []
     # the mse search shrank some blocks below their max
-    blocked = reopened.fc1.weight.detach().reshape(128, 4, 16).abs().amax(-1, keepdim=True)
+    blocked = reopened.fc1.weight.detach().reshape(128, 1, 64).abs().amax(-1, keepdim=True)
     assert bool((block_amax < blocked - 1e-6).any()) and bool((block_amax <= blocked + 1e-6).all())
     # and the export carries both formats, validated
     target = tmp_path / "block.onnx"
@@ -126,4 +126,4 @@ def test_round_trip_keeps_precisions_amax_and_block_scales(project, capsys, tmp_
     assert report["opset"] == 21 and report["formats"] == {"fp8": 2, "int4": 1}
     assert report["cosine"] > 0.9999
     graph = onnx.load(str(target)).graph
-    assert any(a.name == "block_size" and a.i == 16 for n in graph.node for a in n.attribute)
+    assert any(a.name == "block_size" and a.i == 64 for n in graph.node for a in n.attribute)

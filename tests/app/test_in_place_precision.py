@@ -86,7 +86,10 @@ def test_bert_reset_descriptor_in_place(bert, builds):
 
 def test_bert_set_precision_in_place_through_the_formats(bert, builds):
     session = bert
-    layers = _linears(session)[:3]
+    # layers whose input features take INT4 blocks TensorRT builds (64 or 128): the tiny BERT's FFN outputs (64 in)
+    modules = dict(session.quantized_model().named_modules())
+    layers = [name for name in _linears(session) if modules[name].weight.shape[1] % 64 == 0][:3]
+    assert len(layers) >= 2
     batch = session.sample_inputs(batch=2)
     for precision in ("fp8", "int4w", "int8"):
         model = session.quantized_model()

@@ -18,7 +18,8 @@ CHAIN = textwrap.dedent("""
     class Chain(nn.Module):
         def __init__(self):
             super().__init__()
-            self.a, self.b, self.c, self.d = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+            # d reads 64 features: INT4 blocks of 64 (what TensorRT builds) fit it
+            self.a, self.b, self.c, self.d = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 64), nn.Linear(64, 8)
 
         def forward(self, x):
             return self.d(torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x)))))))

@@ -32,6 +32,7 @@ class Evaluation:
     int8: float
     output_sqnr_db: float
     num_batches: int
+    quantized_as: str = "INT8"  # what the quantized model runs in ("FP8", "FP8+INT4 W"): its column's name
 
     @property
     def name(self) -> str:
@@ -43,11 +44,14 @@ class Evaluation:
         return self.int8 - self.fp32 if math.isfinite(self.fp32) and math.isfinite(self.int8) else math.nan
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": dict(self.metric), "fp32": self.fp32, "int8": self.int8, "delta": self.delta if math.isfinite(self.delta) else None,
-                "output_sqnr_db": self.output_sqnr_db, "num_batches": self.num_batches}
+        return {"metric": dict(self.metric), "fp32": self.fp32, "int8": self.int8,
+                "delta": self.delta if math.isfinite(self.delta) else None,
+                "output_sqnr_db": self.output_sqnr_db, "num_batches": self.num_batches,
+                "quantized_as": self.quantized_as}
 
     def summary(self) -> str:
-        return (f"{self.name}: FP32 {_number(self.fp32)}, INT8 {_number(self.int8)} ({self.metric.get('direction')} "
+        return (f"{self.name}: FP32 {_number(self.fp32)}, {self.quantized_as} {_number(self.int8)} "
+                f"({self.metric.get('direction')} "
                 f"is better); output SQNR {_number(self.output_sqnr_db)} dB on {self.num_batches} batches")
 
 

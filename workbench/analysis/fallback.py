@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ from workbench.analysis.units import Unit, UnitsSpec, find_units, quantizers_of,
 from workbench.export.naming import layer_of_quantizer
 from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import SINGLE, DistContext
-from workbench.quant.algorithms.format_rules import isolated_layers
+from workbench.quant.algorithms.format_rules import isolated_in_flow, order_neighbours
 from workbench.quant.algorithms.snapshot import ModelSnapshot
 
 __all__ = ["fallback_search", "apply_fallback", "units_from_names"]
@@ -74,7 +74,9 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                     cancel: CancelToken | None = None, cache: bool = True,
                     context: DistContext | None = None, output: str | None = None,
                     layer_order: Sequence[str] | None = None,
-                    precisions: Mapping[str, str] | None = None) -> FallbackResult:
+                    precisions: Mapping[str, str] | None = None,
+                    neighbours: Mapping[str, tuple[set[str], set[str]]] | None = None,
+                    gemms: Collection[str] = ()) -> FallbackResult:
     """Find the most sensitive units to leave in float until the metric is within ``tolerance`` of FP32.
 
     Starting from the model as configured (all quantized), the units are left in float one at a time
@@ -105,6 +107,13 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
             left in float too when the goal still holds. None: the plain greedy search.
         precisions: each layer's precision now ("int8", "fp8", "float", ...; a layer missing counts as
             int8), for the fusion check: a layer already in float is a float neighbour.
+        neighbours: each layer's (producers, consumers) in the data flow
+            (:func:`workbench.analysis.layer_flow.record_layer_flow`); None: its neighbours in ``layer_order``.
+        gemms: the layers that are GEMMs: a quantized GEMM among float layers is TensorRT's normal W8A8 pattern,
+            never moved to float by the fusion check.
+
+    A search whose only mix meeting the goal leaves nothing quantized does not count as reached: it says so and
+    keeps the best mix that still quantizes something.
 
     Returns:
         A :class:`FallbackResult` with the chosen units and the curve of metric against units in float.
@@ -191,8 +200,9 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                     report_progress(progress, done, total, f"fallback: {size} in float, last {order[size - 1].name}")
                     if within(measured):  # the sets measured past this one are not needed
                         break
-            if layer_order is not None and within(curve[-1].value):
-                fused_notes = _float_isolated(evaluator, order, chosen, curve, within, layer_order,
+            if (layer_order is not None or neighbours is not None) and within(curve[-1].value):
+                flow = neighbours if neighbours is not None else order_neighbours(layer_order or [])
+                fused_notes = _float_isolated(evaluator, order, chosen, curve, within, flow, set(gemms),
                                               precisions or {}, model)
         except AnalysisCancelled as cancelled:
             if cancelled.partial is not None and profile is None:
@@ -203,6 +213,8 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
     if goal.note:
         outcome.notes.append(goal.note)
     outcome.notes += fused_notes
+    if outcome.reached and precisions is not None:
+        _keep_something_quantized(outcome, chosen, curve, precisions)
     if not outcome.reached:
         outcome.notes.append(f"stopped after {len(chosen)} of {candidates} units"
                              + (f" (max_units={max_units})" if max_units is not None and limit < candidates else "")
@@ -218,17 +230,51 @@ def _layers_of(unit: Unit) -> list[str]:
     return list(dict.fromkeys(layer_of_quantizer(q)[0] for q in unit.quantizers))
 
 
+def _keep_something_quantized(outcome: FallbackResult, chosen: list[Unit], curve: list[FallbackPoint],
+                              precisions: Mapping[str, str]) -> None:
+    """A "reached" that leaves every quantized layer in float is no quantization at all: say it was not reached,
+    and keep the best mix on the curve that still quantizes a layer (``outcome`` changes)."""
+    quantized = {layer for layer, precision in precisions.items() if precision not in ("float", "custom")}
+
+    def remaining(count: int) -> set[str]:
+        return quantized - {layer for unit in chosen[:count] for layer in _layers_of(unit)}
+
+    if not quantized or remaining(len(chosen)):
+        return
+    keep = [point for point in curve if remaining(point.num_float)]
+    outcome.reached = False
+    if not keep:
+        outcome.notes.append("not reached: only leaving every layer in float met the goal, which quantizes nothing")
+        return
+    higher = outcome.metric.get("direction", "higher") == "higher"
+    best = max(keep, key=lambda p: p.value) if higher else min(keep, key=lambda p: p.value)
+    del chosen[best.num_float:]
+    outcome.chosen = list(chosen)
+    outcome.curve.append(FallbackPoint(best.num_float, None, best.value))
+    outcome.notes.append(f"not reached: only leaving every quantized layer in float met the goal, which quantizes "
+                         f"nothing; kept the best mix that still quantizes: {best.num_float} unit"
+                         f"{'s' if best.num_float != 1 else ''} in float ({best.value:.4g})")
+
+
 def _float_isolated(evaluator: Evaluator, order: list[Unit], chosen: list[Unit], curve: list[FallbackPoint],
-                    within, layer_order: Sequence[str], precisions: Mapping[str, str], model: nn.Module) -> list[str]:
-    """Leave in float, too, each quantized layer that ``chosen`` leaves alone between float layers, where the goal
-    still holds with it in float (measured); ``chosen`` and ``curve`` grow. Returns the notes saying what was
-    done, or why a layer stays isolated."""
-    mix = {layer: precisions.get(layer, "int8") for layer in layer_order}
+                    within, flow: Mapping[str, tuple[set[str], set[str]]], gemms: set[str],
+                    precisions: Mapping[str, str], model: nn.Module) -> list[str]:
+    """Leave in float, too, each quantized layer other than a GEMM that ``chosen`` leaves alone among float layers
+    (its producers and consumers in ``flow``), where the goal still holds with it in float (measured); ``chosen``
+    and ``curve`` grow. The cases are found again after each move. Returns the notes saying what was done, or why
+    a layer stays isolated."""
+    mix = {layer: precisions.get(layer, "int8") for layer in flow}
     for unit in chosen:
         mix.update({layer: "float" for layer in _layers_of(unit) if layer in mix})
     units = {layer: unit for unit in order for layer in _layers_of(unit)}
     notes = []
-    for layer, precision, before, after in isolated_layers(layer_order, mix):
+    tried: set[str] = set()
+    while True:
+        pending = [case for case in isolated_in_flow(flow, mix, gemms) if case[0] not in tried]
+        if not pending:
+            return notes
+        layer, precision, around = pending[0]
+        tried.add(layer)
         unit = units.get(layer)
         if unit is None:
             try:
@@ -237,8 +283,9 @@ def _float_isolated(evaluator: Evaluator, order: list[Unit], chosen: list[Unit],
                 continue
         evaluator.configure("quantized", off=[q for u in chosen + [unit] for q in evaluator.quantizer_objects(u)])
         value = evaluator.measure("fallback", unit.name)
-        alone = (f"{layer} would run {precision} alone between float layers {before} and {after} (TensorRT adds a "
-                 "reformat on each side; the lint's isolated_quantized_layer)")
+        alone = (f"{layer} would run {precision} alone, every layer it reads from and writes to in float "
+                 f"({', '.join(around[:3])}): TensorRT adds a reformat on each side (the lint's "
+                 "isolated_quantized_layer)")
         if within(value):
             chosen.append(unit)
             curve.append(FallbackPoint(len(chosen), unit.name, value))
@@ -246,7 +293,6 @@ def _float_isolated(evaluator: Evaluator, order: list[Unit], chosen: list[Unit],
             notes.append(f"also left in float: {alone}; the goal still holds ({value:.4g})")
         else:
             notes.append(f"{alone}: in float too the goal is missed ({value:.4g}), so it stays {precision}")
-    return notes
 
 
 def apply_fallback(model: nn.Module, units: FallbackResult | Iterable[str | Unit]) -> list[str]:

@@ -18,16 +18,19 @@ A unit on a rung runs with the quantizers that rung gives it (``rung_of``: the m
 in that precision already, else those of a model calibrated in it); on ``float`` its quantizers are off.
 The model is given back as it was.
 
-Fusion-aware (given the layers' model order): after the climb, a quantized layer left alone between float
-layers is tried in float, and a layer in a format other than both its neighbours' shared one (FP8 between two
-INT8 layers) is tried in theirs (:mod:`workbench.quant.algorithms.format_rules`, the lint's rules): each move is measured
-and kept when the goal still holds, and the notes say what moved, or why a layer stays.
+Fusion-aware (given the layers' producers and consumers in the data flow, or else their model order): after the
+climb, a quantized layer that is not a GEMM left alone among float layers is tried in float (a quantized GEMM with
+float neighbours is TensorRT's normal W8A8 pattern and stays), and a layer in a format other than all its
+neighbours' one (FP8 between INT8 layers) is tried in theirs (:mod:`workbench.quant.algorithms.format_rules`): each
+move is measured and kept when the goal and the budget still hold, and the notes say what moved, or why a layer
+stays. Layers set by hand (pins) are not searched. A search never ends "reached" on a mix that quantizes nothing:
+it says it did not reach, and keeps the best mix that still quantizes.
 """
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +47,7 @@ from workbench.analysis.units import Unit, resolve_units
 from workbench.export.naming import layer_of_quantizer
 from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import SINGLE
-from workbench.quant.algorithms.format_rules import isolated_layers, reformat_boundaries
+from workbench.quant.algorithms.format_rules import isolated_in_flow, order_neighbours, switches_in_flow
 from workbench.quant.algorithms.precision import Precision, parse_precision, weight_bytes
 from workbench.quant.algorithms.snapshot import ModelSnapshot
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
@@ -252,7 +255,9 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
                   ranking: SensitivityResult | None = None, units: Any = None, num_batches: int | None = None,
                   progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
                   output: str | None = None, block_sizes: Mapping[str, int] | None = None,
-                  layer_order: Sequence[str] | None = None) -> LadderResult:
+                  layer_order: Sequence[str] | None = None,
+                  neighbours: Mapping[str, tuple[set[str], set[str]]] | None = None,
+                  gemms: Collection[str] = (), pins: Collection[str] = ()) -> LadderResult:
     """Choose a precision per unit from ``ladder`` (cheapest first) for a goal: ``target``/``tolerance``
     (the cheapest mix that reaches it) or ``budget_bytes`` (the best metric whose weights fit; with a
     ``target`` too, the search stops once it is reached). A tolerance where FP32 is infinite (SQNR) counts
@@ -267,6 +272,12 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
         block_sizes: each int4w layer's block size, for the weight bytes.
         layer_order: the layers in model order; given, the mix found is made fusion-friendly where the goal
             allows (see the module's docstring). None: no such pass.
+        neighbours: each layer's (producers, consumers) in the data flow
+            (:func:`workbench.analysis.layer_flow.record_layer_flow`); None: the layers before and after it in
+            ``layer_order``.
+        gemms: the layers that are GEMMs (weights, activation products): a quantized one alone among float
+            layers is the normal W8A8 pattern, not moved to float.
+        pins: layers set by hand: the units holding them are not searched, they keep their precision.
 
     Returns:
         A :class:`LadderResult`: the mix chosen, its value and weight bytes, and every step tried.
@@ -302,7 +313,20 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
     order: list[Unit] = []
     state: _Mix | None = None
     skipped: list[str] = []
+    held: list[str] = []  # units of pinned layers
+    pinned = set(pins)
     fusion_notes: list[str] = []
+    nothing = False  # the search ended on a mix that quantizes nothing
+    best_quantized: list[Any] = []  # [value, levels] of the best measured mix that quantizes something
+
+    def quantizes(mix: Mapping[str, Precision | None]) -> bool:
+        return any(p is not None and p is not Precision.FLOAT for p in mix.values())
+
+    def seen(value: float) -> None:
+        """A mix was measured (and is the state now): remember it when it is the best that quantizes anything."""
+        if state is not None and quantizes(current_mix()) and (
+                not best_quantized or better(value, best_quantized[0])):
+            best_quantized[:] = [value, dict(state.level)]
 
     def within(value: float) -> bool:
         if tolerance is not None:
@@ -368,30 +392,48 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
             for unit in order:  # every unit on its cheapest available rung
                 layers = {layer_of_quantizer(q)[0] for q in unit.quantizers}
                 level = state.first_level(unit)
-                # a layer with hand-made descriptors (no precision) keeps them: the ladder does not overwrite them
+                # a layer with hand-made descriptors (no precision) keeps them, and one set by hand (a pin) keeps its
+                # precision: the ladder does not overwrite them
+                if layers & pinned:
+                    held.append(unit.name)
+                    continue
                 if level is None or any(layer in precisions and precisions[layer] is None for layer in layers):
                     skipped.append(unit.name)
                     continue
                 state.set(unit, level)
-            order = [u for u in order if u.name not in skipped]
+            order = [u for u in order if u.name not in skipped and u.name not in held]
             start = evaluator.measure("ladder", None)
             steps.append(LadderStep(None, None, start, mix_bytes(current_mix())))
+            seen(start)
             total = done + 1 + sum(len(rungs) - 1 - state.level[u.name] for u in order)
             done += 1
             report_progress(progress, done, total, f"all on the first rung: {start:.4g}")
             _climb(state, order, evaluator, steps, within, better, current_mix, mix_bytes, budget_bytes, progress,
-                   done, total, stop=budget_bytes is None or target is not None or tolerance is not None)
-            if layer_order is not None:
+                   done, total, stop=budget_bytes is None or target is not None or tolerance is not None, seen=seen)
+            if layer_order is not None or neighbours is not None:
                 kept = [s for s in steps if s.kept]
 
                 def holds(value: float, best: float = kept[-1].value) -> bool:
                     # a goal to reach: still reached; a budget alone: no worse than the mix found
                     return within(value) if target is not None or tolerance is not None else not better(best, value)
 
+                around = neighbours if neighbours is not None else order_neighbours(layer_order or [])
                 fusion_notes = _fusion_moves(state, order, evaluator, steps, holds, current_mix, mix_bytes,
-                                             budget_bytes, layer_order)
+                                             budget_bytes, around, set(gemms), seen)
+            nothing = not quantizes(current_mix())
+            if nothing and best_quantized:  # never "reached" by quantizing nothing: the best mix that quantizes
+                for unit in order:
+                    state.set(unit, best_quantized[1][unit.name])
             outcome = result(complete=True)
             outcome.notes += fusion_notes
+            if nothing:
+                outcome.reached = False
+                if best_quantized:
+                    outcome.value = best_quantized[0]
+                outcome.notes.append(
+                    "not reached: only a mix with every layer in float met the goal, and that quantizes nothing"
+                    + (f"; the best mix that still quantizes is kept ({best_quantized[0]:.4g})" if best_quantized
+                       else ""))
         except AnalysisCancelled as cancelled:
             cancelled.partial = result(complete=False) if steps else None
             raise
@@ -400,6 +442,9 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
                 state.restore()
     if goal.note:
         outcome.notes.append(goal.note)
+    if held:
+        outcome.notes.append(f"kept as set by hand (pins; revisit them to search them too): "
+                             f"{', '.join(held[:5])}{'...' if len(held) > 5 else ''}")
     if skipped:
         outcome.notes.append(f"not searched (custom descriptors, or no rung of {'/'.join(p.value for p in rungs)} "
                              f"applies): "
@@ -407,7 +452,7 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
     if budget_bytes is not None and steps and steps[0].weight_bytes > budget_bytes:
         outcome.notes.append(f"even the first rung ({rungs[0].value}) needs {steps[0].weight_bytes} bytes, over the "
                              f"budget of {budget_bytes}")
-    elif not outcome.reached and budget_bytes is None:
+    elif not outcome.reached and budget_bytes is None and not nothing:
         outcome.notes.append("every unit reached the last rung without meeting the goal")
     report_progress(progress, total, total, outcome.summary())
     return outcome
@@ -415,23 +460,37 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
 
 def _fusion_moves(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: list[LadderStep],
                   holds: Callable[[float], bool], current_mix, mix_bytes, budget: int | None,
-                  layer_order: Sequence[str]) -> list[str]:
-    """Move each layer TensorRT would not fuse with its neighbours to their format where the goal still holds:
-    an isolated quantized layer to float, a format switch to the neighbours' format. Each move is measured
-    (a step of the curve); one that misses the goal or the budget is undone. Returns notes on every case."""
+                  neighbours: Mapping[str, tuple[set[str], set[str]]], gemms: set[str],
+                  seen: Callable[[float], None]) -> list[str]:
+    """Move each layer TensorRT would not fuse with its neighbours in the data flow (``neighbours``: producers and
+    consumers) to their format where the goal still holds: a quantized layer that is not a GEMM (``gemms``) alone
+    among float layers to float, a format switch to the neighbours' format. The cases are found again after each
+    move (one move changes the next layer's neighbours); each move is measured (a step of the curve), and one that
+    misses the goal or the budget is undone. Returns notes on every case."""
     unit_of = {layer_of_quantizer(q)[0]: unit for unit in order for q in unit.quantizers}
 
     def words() -> dict[str, str]:
         return {k: (v.value if v is not None else "custom") for k, v in current_mix().items()}
 
-    cases = [(layer, Precision.FLOAT, f"{layer} would run {precision} alone between float layers {before} and "
-                                      f"{after} (a reformat on each side)")
-             for layer, precision, before, after in isolated_layers(layer_order, words())]
-    cases += [(layer, Precision(around), f"{layer} would run {precision} between two {around} layers ({where}), a "
-                                         "format switch TensorRT does not fuse")
-              for layer, precision, around, where in reformat_boundaries(layer_order, words())]
+    def cases() -> list[tuple[str, Precision, str]]:
+        mix = words()
+        found = [(layer, Precision.FLOAT, f"{layer} would run {precision} alone, every layer it reads from and "
+                                          f"writes to in float ({', '.join(around[:3])}): a reformat on each side")
+                 for layer, precision, around in isolated_in_flow(neighbours, mix, gemms)]
+        found += [(layer, Precision(other), f"{layer} would run {precision} while every layer it reads from and "
+                                            f"writes to runs {other} ({', '.join(around[:3])}), a format switch "
+                                            "TensorRT does not fuse")
+                  for layer, precision, other, around in switches_in_flow(neighbours, mix)]
+        return found
+
     notes = []
-    for layer, precision, why in cases:
+    tried: set[str] = set()
+    while True:
+        pending = [case for case in cases() if case[0] not in tried]
+        if not pending:
+            return notes
+        layer, precision, why = pending[0]
+        tried.add(layer)
         unit = unit_of.get(layer)
         level = state.ladder.index(precision) if precision in state.ladder else None
         if unit is None or level is None or not state.available(unit, level):
@@ -448,15 +507,16 @@ def _fusion_moves(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: l
         kept = holds(value)
         steps.append(LadderStep(unit.name, precision.value, value, size, kept))
         if kept:
+            seen(value)
             notes.append(f"moved to {precision.value}: {why}; the goal still holds ({value:.4g})")
         else:
             state.set(unit, previous)
             notes.append(f"{why}: in {precision.value} the goal is missed ({value:.4g}), so it stays")
-    return notes
 
 
 def _climb(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: list[LadderStep], within, better,
-           current_mix, mix_bytes, budget: int | None, progress, done: int, total: int, *, stop: bool) -> None:
+           current_mix, mix_bytes, budget: int | None, progress, done: int, total: int, *, stop: bool,
+           seen: Callable[[float], None]) -> None:
     """One pass per rung above the first, cheapest first: in each, the units in ranking order (most sensitive
     first) try that rung; a promotion is kept only when it improves the metric (and fits ``budget``). With
     ``stop``, the search ends as soon as the goal is met."""
@@ -481,5 +541,6 @@ def _climb(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: list[Lad
                                                     f"{value:.4g}{'' if kept else ' (no better: undone)'}")
             if kept:
                 best = value
+                seen(value)
             else:
                 state.set(unit, previous)

@@ -122,6 +122,28 @@ class EditsMixin:
         precisions = dict(precisions)
         return self._edit("Apply precisions", lambda: self.session.apply_precisions(precisions))
 
+    def precision_problems(self, names: Iterable[str], precision: str) -> dict[str, str]:
+        """Why ``precision`` does not fit each of ``names`` it cannot be set on; no edit."""
+        if self.session is None:
+            return {}
+        return self.session.precision_problems(list(names), precision)
+
+    def ladder_changes(self, result: Any = None) -> list[Any]:
+        """What applying a ladder's mix changes (layer, precision now and then, whether set by hand); no edit."""
+        if self.session is None:
+            return []
+        return self.session.ladder_changes(result)
+
+    def apply_ladder(self, result: Any = None, *, keep_hand_edits: bool = False) -> list[Any] | None:
+        """Set the layers a ladder's mix changes, as one edit (``keep_hand_edits``: not those set by hand); the
+        search shows as applied; :meth:`undo_ladder_apply` puts them back. Calibrate afterwards."""
+        return self._edit("Apply precisions",
+                          lambda: self.session.apply_ladder(result, keep_hand_edits=keep_hand_edits))
+
+    def undo_ladder_apply(self) -> list[str] | None:
+        """Put back the layers' decisions from before the last ladder Apply."""
+        return self._edit("Undo apply", lambda: self.session.undo_ladder_apply())
+
     def reset_finetune(self) -> bool | None:
         """Drop the fine-tuned weights: the quantized model goes back to the calibrated weights."""
         return self._edit("Discard fine-tuning", lambda: self.session.reset_finetune())

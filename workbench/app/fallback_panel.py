@@ -7,6 +7,7 @@ callables it is given, so the goal's defaults follow the metric and the last run
 """
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Callable
 from typing import Any
@@ -16,12 +17,14 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QPushButton,
     QSizePolicy,
     QSpinBox,
@@ -97,6 +100,10 @@ class FallbackPanel(QGroupBox):
         form.addRow("Goal", self.goal_box)
         form.addRow(self.goal_label, self.goal_spin)
         form.addRow("Max units", self.max_units_spin)
+        self.revisit_box = QCheckBox("Search layers set by hand too")
+        self.revisit_box.setToolTip("A ladder keeps the layers whose precision or descriptors you set by hand "
+                                    "(pins); tick to let it search them too")
+        form.addRow(self.revisit_box)
         form.addRow(self.fallback_button)
         self.fallback_label = QLabel(NO_SEARCH_TEXT)
         self.fallback_label.setWordWrap(True)
@@ -107,8 +114,16 @@ class FallbackPanel(QGroupBox):
         self.apply_button = QPushButton("Apply")
         self.apply_button.setEnabled(False)
         self.apply_button.clicked.connect(self.apply_fallback)
+        # the ladder's Apply can be undone (the layers' decisions from before it come back)
+        self.undo_apply_button = QPushButton("Undo apply")
+        self.undo_apply_button.setEnabled(False)
+        self.undo_apply_button.setToolTip("Put the layers back as they were before the ladder's Apply")
+        self.undo_apply_button.clicked.connect(self.undo_apply)
+        # asked before an Apply overrides layers the user set by hand: "all", "keep" (their edits) or None (cancel)
+        self.ask_override: Callable[[list[Any], list[Any]], str | None] = self._ask_override
         form.addRow(self.fallback_label)
         form.addRow(self.apply_button)
+        form.addRow(self.undo_apply_button)
         left = QWidget()
         left.setLayout(form)
         left.setMaximumWidth(340)
@@ -166,6 +181,7 @@ class FallbackPanel(QGroupBox):
 
     @Slot()
     def _on_session_changed(self) -> None:
+        self.undo_apply_button.setEnabled(False)  # another project: the undo belonged to the one before
         latest = ladder = None
         session = self.controller.session
         if session is not None:
@@ -214,6 +230,7 @@ class FallbackPanel(QGroupBox):
         if ladder == ladder_text(DEFAULT_LADDER) and "budget_bytes" not in options:
             return self.controller.fallback(**options)
         options.pop("max_units", None)
+        options["revisit_pins"] = self.revisit_box.isChecked()
         if "budget_bytes" in options:
             options["budget_bytes"] = int(options["budget_bytes"])
         return self.controller.ladder(ladder=ladder, **options)
@@ -231,17 +248,56 @@ class FallbackPanel(QGroupBox):
         return changed
 
     def apply_ladder(self) -> list[str] | None:
-        """Every layer to the precision the ladder search chose, then calibrate the new precisions."""
+        """Set the layers whose precision the ladder's mix changes (listed on the button and in its tooltip), asking
+        first when that overrides layers set by hand; then calibrate the new precisions. Undo puts them back."""
         result = self.ladder_result
         if result is None or result.applied:
             return None
-        changed = self.controller.apply_precisions(result.precisions)
-        if changed is not None:
-            result.applied = True
-            if changed and any(p not in ("float", "custom") for p in result.precisions.values()):
-                self.controller.calibrate()  # the new precisions' ranges
+        changes = self.controller.ladder_changes(result)
+        hand = [c for c in changes if c.hand_set]
+        keep = False
+        if hand:
+            answer = self.ask_override(hand, changes)
+            if answer is None:
+                return None
+            keep = answer == "keep"
+        applied = self.controller.apply_ladder(result, keep_hand_edits=keep)
+        if applied is None:
+            return None
+        result.applied = True
+        self.undo_apply_button.setEnabled(True)
+        if applied and any(c.then not in ("float", "custom") for c in applied):
+            self.controller.calibrate()  # the new precisions' ranges
+        self._update_ladder_text()
+        return [c.layer for c in applied]
+
+    def undo_apply(self) -> list[str] | None:
+        """Undo the ladder's last Apply: the layers' decisions come back, and the search can be applied again."""
+        restored = self.controller.undo_ladder_apply()
+        if restored is None:
+            return None
+        self.undo_apply_button.setEnabled(False)
+        if self.ladder_result is not None:
+            self.ladder_result.applied = False
             self._update_ladder_text()
-        return changed
+        return restored
+
+    def _ask_override(self, hand: list[Any], changes: list[Any]) -> str | None:
+        """Ask whether Apply may override the layers set by hand: "all", "keep" (apply the rest) or None."""
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Icon.Question)
+        box.setWindowTitle("Apply the ladder's precisions")
+        shown = "\n".join(c.text() for c in hand[:12]) + (f"\n... and {len(hand) - 12} more" if len(hand) > 12 else "")
+        box.setText(f"Apply changes {len(changes)} layer{'s' if len(changes) != 1 else ''}; {len(hand)} of them "
+                    f"{'were' if len(hand) != 1 else 'was'} set by hand:\n{shown}")
+        box.setInformativeText("Override the hand edits too, or keep them and apply the rest? (Undo apply puts "
+                               "everything back.)")
+        override = box.addButton("Override", QMessageBox.ButtonRole.AcceptRole)
+        keep = box.addButton("Keep my edits", QMessageBox.ButtonRole.ActionRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.exec()
+        clicked = box.clickedButton()
+        return "all" if clicked is override else "keep" if clicked is keep else None
 
     # ----- metric and goal ----------------------------------------------------------------------
 
@@ -455,7 +511,16 @@ class FallbackPanel(QGroupBox):
             text += "<br>" + "<br>".join(f"<i>{note}</i>" for note in result.notes[:4])
         if result.applied:
             text += " <i>Applied: the layers run in these precisions.</i>"
+        changes = [] if result.applied else self.controller.ladder_changes(result)
+        if changes:  # what Apply does, before it is clicked
+            hand = sum(c.hand_set for c in changes)
+            text += (f"<br>Apply changes {len(changes)} layer{'s' if len(changes) != 1 else ''}"
+                     f"{f' ({hand} set by hand: it asks first)' if hand else ''}: "
+                     + html.escape(", ".join(c.text() for c in changes[:6])) + ("..." if len(changes) > 6 else "")
+                     + ".")
         self.fallback_label.setText(text)
-        self.apply_button.setEnabled(bool(promoted) and not result.applied and not self.controller.busy)
-        self.apply_button.setText("Apply: set these precisions" if promoted else "Apply")
-        self.apply_button.setToolTip(", ".join(f"{n}: {p}" for n, p in result.precisions.items()))
+        self.apply_button.setEnabled(bool(changes) and not result.applied and not self.controller.busy)
+        self.apply_button.setText(f"Apply: set {len(changes)} layer{'s' if len(changes) != 1 else ''}" if changes
+                                  else "Apply")
+        self.apply_button.setToolTip("\n".join(c.text() for c in changes) if changes
+                                     else "nothing to change: every layer runs in the chosen precision")

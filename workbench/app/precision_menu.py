@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QComboBox, QMenu, QStyledItemDelegate, QStyleOptio
 from workbench.app.controller import Controller
 from workbench.quant.algorithms.precision import PRECISIONS, Precision, applies_to
 
-__all__ = ["precision_choices", "PrecisionDelegate", "precision_menu", "split_by_precision"]
+__all__ = ["precision_choices", "PrecisionDelegate", "precision_menu", "split_by_precision", "busy_free"]
 
 
 def precision_choices(layer_type: str) -> list[Precision]:
@@ -69,6 +69,10 @@ def precision_menu(parent: QWidget, controller: Controller, layers: Sequence[tup
     menu.setToolTipsVisible(True)
     for precision, info in PRECISIONS.items():
         fits, skipped = split_by_precision(precision, layers)
+        # the session's own check too: an INT4 block TensorRT builds must divide the layer's input features
+        problems = controller.precision_problems(fits, precision.value) if fits and busy_free(controller) else {}
+        fits = [name for name in fits if name not in problems]
+        skipped += list(problems)
         action = menu.addAction(info.label + (f" ({len(fits)} of {len(layers)} layers)" if skipped and fits else ""))
         action.setToolTip(info.description)
         action.setEnabled(enabled and bool(fits))
@@ -76,6 +80,11 @@ def precision_menu(parent: QWidget, controller: Controller, layers: Sequence[tup
         action.triggered.connect(lambda _checked=False, p=precision, f=fits, s=skipped: _apply(controller, p, f, s))
     menu.setEnabled(enabled and bool(layers))
     return menu
+
+
+def busy_free(controller: Controller) -> bool:
+    """Whether the session may be asked now (a running job owns it)."""
+    return controller.session is not None and not controller.busy
 
 
 def _apply(controller: Controller, precision: Precision, fits: list[str], skipped: list[str]) -> None:

@@ -134,12 +134,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     with Progress(args, "evaluating") as progress:
         evaluation = session.evaluate(metric, num_batches=args.num_batches, progress=progress,
                                       cancel=progress.cancel)
-    lines = [f"  {'':<22} {'FP32':>10} {'INT8':>10} {'delta':>10}",
+    label = evaluation.quantized_as
+    lines = [f"  {'':<22} {'FP32':>10} {label:>10} {'delta':>10}",
              f"  {evaluation.name:<22} {fmt(evaluation.fp32):>10} {fmt(evaluation.int8):>10} "
              f"{fmt(evaluation.delta):>10}   ({evaluation.metric.get('direction')} is better"
              # SQNR against the FP32 output: FP32 scores +inf against itself, and no difference with it means anything
              f"{'; FP32 is the reference, no delta' if math.isinf(evaluation.fp32) else ''})",
-             f"  output SQNR INT8 vs FP32: {fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} batches)"]
+             f"  output SQNR {label} vs FP32: {fmt(evaluation.output_sqnr_db, ' dB')} ({evaluation.num_batches} "
+             "batches)"]
     emit(args, evaluation.to_dict(), "\n".join(lines))
     return EXIT_OK
 
@@ -150,23 +152,28 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
     with job_context() as context:
         session = open_project(args)
         metric = _metric_option(args)
+        ladder = _ladder_option(args, context)  # refused before the ranking's work, not after
         with Progress(args, "sensitivity", context.is_main) as progress:
             result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
                                          units=None if args.units == "layers" else args.units,
                                          progress=progress, cancel=progress.cancel, context=context)
             fallback = None
+            applied: list[Any] = []
             from workbench.analysis.goals import resolve_goal  # the rule the GUI's searches follow too
 
             goal = resolve_goal(tolerance=args.tolerance, target=args.target, fp32=result.fp32,
                                 quantized=result.quantized, higher_is_better=result.higher_is_better,
                                 metric_name=result.metric_name)
             tolerance, target, goal_note = goal.tolerance, goal.target, goal.note or None
-            ladder = _ladder_option(args, context)
             budget = _budget_option(args, session)
             if ladder is not None or budget is not None:
                 fallback = session.ladder(ladder or "int8,float", target=target, tolerance=tolerance,
-                                          budget_bytes=budget, metric=metric, apply=args.apply, progress=progress,
-                                          cancel=progress.cancel)
+                                          budget_bytes=budget, metric=metric, progress=progress,
+                                          cancel=progress.cancel, revisit_pins=args.revisit_pins)
+                if args.apply:
+                    applied = session.apply_ladder(fallback)
+                    if any(p not in ("float", "custom") for p in fallback.precisions.values()):
+                        session.calibrate()  # the new precisions' ranges
             elif tolerance is not None or target is not None:
                 fallback = session.fallback(tolerance=tolerance, target=target, max_units=args.max_units,
                                             metric=metric, apply=args.apply, progress=progress,
@@ -194,7 +201,10 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
         lines += [f"  {name:<36} {precision}" for name, precision in fallback.promoted.items()]
         lines += [f"note: {note}" for note in fallback.notes]
         if args.apply:
-            lines.append("applied: every layer runs in the precision chosen, calibrated")
+            data["applied_changes"] = [change.to_dict() for change in applied]
+            lines.append(f"applied: {len(applied)} layer{'s' if len(applied) != 1 else ''} changed precision, "
+                         "calibrated" + (":" if applied else " (every layer was in its chosen precision)"))
+            lines += [f"  {change.text()}" for change in applied]
     elif fallback is not None:
         data["fallback"] = fallback.to_dict()
         data.update(_fallback_mix(session, fallback))
@@ -227,7 +237,10 @@ def _ladder_option(args: argparse.Namespace, context: Any) -> str | None:
     if tuple(rungs) == DEFAULT_LADDER:
         return None
     if context.world_size > 1:
-        raise UsageError("the ladder search runs in one process; run it without --workers")
+        raise UsageError("--ladder runs in one process, so it does not take --workers: each step keeps or undoes one "
+                         "promotion from the measurement before it (nothing to share among processes), and it "
+                         "calibrates a model per rung first. Rank the layers with 'workbench sensitivity --workers N' "
+                         "(distributed), then run the ladder without --workers: it reuses that ranking.")
     return ",".join(p.value for p in rungs)
 
 
@@ -425,6 +438,9 @@ def _sensitivity_options(sens: argparse.ArgumentParser) -> None:
     sens.add_argument("--ladder", metavar="P1,P2,...",
                       help="mixed-precision search: precisions cheapest first, each unit promoted one rung at a time "
                            f"until the goal is met (default int8,float: the fallback search); {precision_names}")
+    sens.add_argument("--revisit-pins", action="store_true",
+                      help="ladder: search the layers set by hand too (by default a layer whose precision or "
+                           "descriptors were set by hand keeps them: a pin)")
     sens.add_argument("--budget-bytes", type=int, help="ladder goal: the best metric whose weights fit in this many "
                                                        "bytes (scales included)")
     sens.add_argument("--budget-bits", type=float, help="ladder goal: the best metric at this many bits per weight "

@@ -116,7 +116,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
                                                          if shared else "")
         stale = run["output_sqnr_stale"]
         over = f" over {run['sqnr_batches']} batches" if run["sqnr_batches"] else " (first batch)"
-        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR INT8 vs "
+        from workbench.quant.algorithms.precision import mix_label
+
+        label = mix_label(session.precisions().values())
+        lines.append(f"  calibration: {run['method']} on {run['batches']} batches, {counted}, output SQNR {label} vs "
                      f"FP32 {fmt(run['output_sqnr_db'], ' dB')}{over}" + (f" (stale: {'; '.join(stale)}; recalibrate "
                                                                   "for a current figure)" if stale else ""))
         if run["picked"]:
@@ -198,10 +201,19 @@ def _cmd_set(args: argparse.Namespace) -> int:
             raise UsageError(f"no quantizable layer matches {by} {values}; see 'workbench show'.")
         return names
 
-    targets = pick(args.layer, "names") + pick(args.pattern, "patterns") + pick(args.type, "types")
+    # --layer, --pattern and --subtree add up; --type narrows what they chose (alone: every layer of the type)
+    targets = pick(args.layer, "names") + pick(args.pattern, "patterns")
     if args.subtree:
         targets += session.select(subtree=args.subtree)
     targets = list(dict.fromkeys(targets))
+    if args.type:
+        of_type = set(pick(args.type, "types"))
+        chosen = bool(args.layer or args.pattern or args.subtree)
+        if chosen and not of_type & set(targets):
+            raise UsageError(f"none of the layers chosen by --layer/--pattern/--subtree is of type "
+                             f"{', '.join(args.type)}; see 'workbench show'.")
+        targets = [name for name in targets if name in of_type] if chosen else sorted(
+            of_type, key=list(session.project.layers).index)
     ignore = pick(args.ignore, "patterns")
     quantize = pick(args.quantize, "patterns")
     if ignore:
@@ -375,11 +387,15 @@ def _set_options(set_: argparse.ArgumentParser) -> None:
         FUNCTIONAL_SWITCHES,
         RULES,
     )
-    from workbench.quant.algorithms.precision_registry import DEFAULT_BLOCK_SIZE, Precision, precision_choices_text
+    from workbench.quant.algorithms.precision_registry import Precision, precision_choices_text
+    from workbench.quant.algorithms.tensorrt_rules import INT4_BLOCK_SIZES
 
-    set_.add_argument("--layer", action="append", help="a layer name (repeatable)")
+    set_.add_argument("--layer", action="append", help="a layer name, exactly (repeatable; for a regex use --pattern)")
     set_.add_argument("--pattern", action="append", help="layers whose name matches this regex (repeatable)")
-    set_.add_argument("--type", action="append", help="layers of this type, e.g. Conv2d (repeatable)")
+    set_.add_argument("--type", action="append",
+                      help="layers of this type, e.g. Conv2d (repeatable). With --layer/--pattern/--subtree it narrows "
+                           "their choice (--pattern attn --type Linear: the Linear layers matching attn); alone, "
+                           "every layer of the type. --layer, --pattern and --subtree add up")
     set_.add_argument("--subtree", help="every layer under this module, e.g. layer1")
     set_.add_argument("--ignore", action="append", help="leave layers matching this regex in float (repeatable)")
     set_.add_argument("--quantize", action="append", help="quantize layers matching this regex (repeatable)")
@@ -390,8 +406,10 @@ def _set_options(set_: argparse.ArgumentParser) -> None:
     set_.add_argument("--precision", choices=[p.value for p in Precision],
                       help="run the chosen layers in this precision (their descriptors become its): "
                            + precision_choices_text().replace("%", "%%"))
-    set_.add_argument("--block-size", type=int, help=f"int4w: weight elements per scale along the input dimension "
-                                                     f"(default {DEFAULT_BLOCK_SIZE})")
+    set_.add_argument("--block-size", type=int,
+                      help=f"int4w: weight elements per scale along the input features: "
+                           f"{' or '.join(map(str, sorted(INT4_BLOCK_SIZES)))} (what TensorRT builds), dividing each "
+                           "layer's input features (default: the largest that does)")
     set_.add_argument("--fp8-weights", choices=["per-channel", "per-tensor"], default="per-channel",
                       help="fp8: one weight scale per output channel (default) or one per tensor")
     set_.add_argument("--rule", action="append", metavar="RULE=true|false",

@@ -25,10 +25,11 @@ from onnx import numpy_helper
 
 from workbench.export.naming import QUANTIZER_KEY, layer_of_quantizer, node_module
 from workbench.quant.algorithms.format_rules import gpu_requirement, reformat_boundaries
-from workbench.quant.algorithms.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, misaligned_channels
+from workbench.quant.algorithms.tensorrt_rules import INT8_CHANNEL_ALIGNMENT, int4_block_problem, misaligned_channels
 
 __all__ = ["LINT_KINDS", "FIX_ACTIONS", "LintFix", "LintWarning", "lint_qdq_graph", "INT8_OPS", "COMMUTING_OPS",
-           "COMPUTE_OPS", "PROPAGATION_OPS", "AVERAGE_POOL_OPS", "count_text", "layer_formats", "format_findings"]
+           "COMPUTE_OPS", "PROPAGATION_OPS", "AVERAGE_POOL_OPS", "count_text", "layer_formats", "format_findings",
+           "MIXED_FORMAT_OPS", "mixed_formats", "int4_blocks"]
 
 # operations with INT8 kernels, into which TensorRT fuses a DequantizeLinear on their input
 INT8_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "AveragePool", "MaxPool", "GlobalAveragePool",
@@ -59,6 +60,10 @@ LINT_KINDS = {
     "float_pool_requantized": "an average pool left in float between INT8 layers: the layer before it writes float "
                               "and its output is quantized again",
     "format_needs": "layers TensorRT runs in FP8 or INT4, and the TensorRT version and GPUs those formats need",
+    "mixed_formats": "a product or elementwise operation whose quantized inputs are in different formats (INT8 x FP8): "
+                     "TensorRT has no kernel for it",
+    "int4_block_size": "an INT4 weight in blocks TensorRT does not build (it takes 64 or 128 elements, dividing the "
+                       "input features)",
     "format_switch": "a layer in another quantized format than both its neighbours (FP8 between INT8 layers): "
                      "TensorRT converts between the formats there instead of fusing",
 }
@@ -210,6 +215,8 @@ def lint_qdq_graph(model: onnx.ModelProto) -> list[LintWarning]:
     found += _float_pools(g)
     found += _misaligned(g)
     found += format_findings(g)
+    found += mixed_formats(g)
+    found += int4_blocks(g)
     unique: dict[tuple, LintWarning] = {}
     for warning in found:
         unique.setdefault((warning.kind, tuple(warning.modules)), warning)
@@ -523,4 +530,70 @@ def format_findings(g: _Graph) -> list[LintWarning]:
             "format_switch", [module], f"{module} runs {fmt} between two {around} layers ({where}): TensorRT converts "
             f"{around} to {fmt} and back around it instead of fusing. Run it in {around} too if its accuracy allows.",
             None, severity="info"))
+    return found
+
+
+# operations that combine their inputs' values (products, elementwise arithmetic): TensorRT runs them in one format,
+# so their dequantized inputs must agree (an INT8 x FP8 product has no kernel)
+MIXED_FORMAT_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Add", "Sub", "Mul", "Div"})
+
+
+def _dq_behind(g: _Graph, tensor: str) -> onnx.NodeProto | None:
+    """The DequantizeLinear whose output ``tensor`` is, looking back through data movement (a transposed key)."""
+    node = g.producer.get(tensor)
+    while node is not None and node.op_type in COMMUTING_OPS and node.op_type != "Concat" and node.input:
+        node = g.producer.get(node.input[0])
+    return node if node is not None and (node.op_type == "DequantizeLinear" or node.op_type.startswith(
+        "TRT_FP8Dequantize")) else None
+
+
+def mixed_formats(g: _Graph) -> list[LintWarning]:
+    """Products and elementwise operations (:data:`MIXED_FORMAT_OPS`) whose dequantized inputs are in different
+    formats, INT8 and FP8 (an INT4 weight is left out: TensorRT pairs it with FP8 or float activations)."""
+    found = []
+    for node in g.nodes:
+        if node.op_type not in MIXED_FORMAT_OPS:
+            continue
+        dqs = [dq for dq in (_dq_behind(g, tensor) for tensor in node.input if tensor) if dq is not None]
+        formats = {_quantizer(dq): _dq_format(g, dq) for dq in dqs}
+        kinds = sorted({fmt for fmt in formats.values() if fmt != "int4"})
+        if len(kinds) < 2:
+            continue
+        module = _module(node)
+        layers = list(dict.fromkeys(layer_of_quantizer(q)[0] for q in formats))
+        found.append(LintWarning(
+            "mixed_formats", list(dict.fromkeys([module, *layers])),
+            f"{node.op_type} {module} ({node.name}) takes inputs in different formats "
+            f"({', '.join(f'{q}: {fmt}' for q, fmt in formats.items())}): TensorRT has no kernel that mixes "
+            f"{' and '.join(k.upper() for k in kinds)}; it refuses the graph or inserts conversions. Set the layer's "
+            "precision as a whole (workbench set --precision) so that every input is in one format.",
+            None, nodes=[node.name]))
+    return found
+
+
+def int4_blocks(g: _Graph) -> list[LintWarning]:
+    """INT4 weights dequantized in blocks TensorRT does not build (:func:`int4_block_problem`: 64 or 128 elements
+    dividing the input features): a project set before the workbench checked them exports them as they are."""
+    found = []
+    for dq in g.nodes:
+        if dq.op_type != "DequantizeLinear" or _dq_format(g, dq) != "int4":
+            continue
+        attributes = {a.name: a.i for a in dq.attribute}
+        block = attributes.get("block_size")
+        values = g.initializers.get(dq.input[0])
+        if values is None:  # an INT4 Cast of a computed tensor: its shape is not in the file
+            cast = g.producer.get(dq.input[0])
+            values = g.initializers.get(cast.input[0]) if cast is not None and cast.input else None
+        if not block or values is None:
+            continue
+        axis = attributes.get("axis", 1) % max(len(values.dims), 1)
+        problem = int4_block_problem(int(block), int(values.dims[axis]) if values.dims else None)
+        if problem is None:
+            continue
+        layer = layer_of_quantizer(_quantizer(dq))[0]
+        readers = [_module(reader) for reader in g.forward(dq.output[0])]
+        module = readers[0] if readers else layer
+        found.append(LintWarning(
+            "int4_block_size", [module], f"{module}: {problem} Set it again with workbench set --layer {module} "
+            "--precision int4w (the block is chosen to fit) or --block-size.", None, nodes=[dq.name]))
     return found

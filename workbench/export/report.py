@@ -120,10 +120,11 @@ class ExportReport:
         if not item:
             return ""
         metric = dict(item.get("metric") or {})
-        text = (f"INT8 vs FP32 on {item.get('num_batches')} {item.get('data', 'evaluation')} batches: output SQNR "
+        label = item.get("quantized_as") or "INT8"  # the project's mix (FP8, FP8+INT4 W); older reports: INT8
+        text = (f"{label} vs FP32 on {item.get('num_batches')} {item.get('data', 'evaluation')} batches: output SQNR "
                 f"{_number(item.get('output_sqnr_db'))} dB")
         if metric.get("kind") != "sqnr" and metric.get("name") not in (None, "sqnr"):
-            text += f", {metric.get('name')} FP32 {_number(item.get('fp32'))} / INT8 {_number(item.get('int8'))}"
+            text += f", {metric.get('name')} FP32 {_number(item.get('fp32'))} / {label} {_number(item.get('int8'))}"
         return text
 
     def verdict(self) -> str:

@@ -120,8 +120,11 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
     rules_report = apply_placement_rules(model, rules, runtime=functional_report) if apply_rules else None
     report = PreparationReport(replacement, functional_report, rules_report)
     if not any(isinstance(m, TensorQuantizer) for m in model.modules()):
-        report.warnings.append("nothing was quantized: the model has no layer with a quantized counterpart and no "
-                               "functional add or concatenation that could be traced")
+        report.warnings.append(
+            f"nothing was quantized: every quantizable layer is left in float ({len(replacement.ignored)} by the "
+            "ignore policy or the layers' decisions)" if replacement.ignored else
+            "nothing was quantized: the model has no layer with a quantized counterpart and no functional add or "
+            "concatenation that could be traced")
     if functional_report is not None and functional_report.failures:
         report.warnings.append(f"{len(functional_report.failures)} modules could not be traced; functional "
                                "operations in their own forward stay in floating point")

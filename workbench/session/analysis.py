@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from workbench.project import FallbackRecord, Project, SensitivityRecord
@@ -58,6 +59,11 @@ def latest_sensitivity(project: Project):
     return SensitivityResult.from_dict(project.sensitivity[-1].data)
 
 
+def _device_of(model: nn.Module) -> torch.device:
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
 def fallback(model: nn.Module, batches: list, metric: Any, project: Project, *, tolerance: float | None = None,
              target: float | None = None, max_units: int | None = None, ranking: Any = None, output: Any = None,
              progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
@@ -70,9 +76,14 @@ def fallback(model: nn.Module, batches: list, metric: Any, project: Project, *, 
     # fusion-aware: no INT8 layer left alone between float ones (the lint would flag it)
     mix = {name: precision.value if precision is not None else "custom"
            for name, precision in precisions(project, model).items()}
+    from workbench.session.ladder import data_flow, gemm_layers
+
+    # producers and consumers from one recorded forward (module order is not the data flow)
+    flow = data_flow(model, project.layers, batches[0] if batches else None, _device_of(model))
     result = fallback_search(model, batches, metric, tolerance=tolerance, target=target, max_units=max_units,
                              ranking=ranking, apply=False, progress=progress, cancel=cancel, output=output,
-                             context=context, layer_order=list(project.layers), precisions=mix)
+                             context=context, layer_order=list(project.layers), precisions=mix, neighbours=flow,
+                             gemms=gemm_layers(model, project.layers))
     return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
 
 

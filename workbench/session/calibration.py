@@ -62,6 +62,10 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
                              context=context, block_method=block_method)
     if short is not None:
         result.warnings.insert(0, short)
+    from workbench.quant.algorithms.precision import mix_label
+    from workbench.session.decisions import precisions
+
+    result.quantized_as = mix_label(precisions(project, model).values())
     quantizers = quantizer_names(model)
     records: dict[str, QuantizerRecord] = {}
     for name, quantizer in quantizers.items():

@@ -32,7 +32,7 @@ from workbench.project import (
 from workbench.project.settings import DEFAULT_SETTINGS, REBUILD_SETTINGS, ProjectSettings
 from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import DistContext
-from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
+from workbench.quant.algorithms.precision import Precision, mix_label
 from workbench.session import (
     analysis,
     calibration,
@@ -99,6 +99,7 @@ class Session(SessionReading):
         self._folded: tuple[nn.Module, FoldReport] | None = None  # the float model with BatchNorm folded
         self.build_report = BuildReport()
         self._layer_shapes: dict[str, dict[str, Any]] | None = None
+        self._ladder_undo: dict[str, Any] | None = None  # the layers' decisions before the last ladder Apply
         self.file_changes += paths.changed_files(project, self._loaded.digests)
         self.weights_digest = weights.weights_digest(self.float_model)  # kept with each calibration run
         self.file_changes += weights.other_weights_note(project, self.weights_digest)
@@ -255,10 +256,11 @@ class Session(SessionReading):
         return self._edited(layer_edits.edit_descriptor(self.project, self.quantized_model(), names, role, fields,
                                                         self.settings.defaults))
 
-    def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
+    def set_precision(self, names: Iterable[str], precision: Precision | str, *, block_size: int | None = None,
                       fp8_weight_per_channel: bool = True) -> list[str]:
         """Run layers in ``precision`` (the precisions of :mod:`workbench.quant.algorithms.precision`): their
         descriptors and quantize flag become that precision's, in one edit. Returns the layers changed.
+        ``block_size`` (int4w): 64 or 128 dividing each layer's input features; None: the largest that does.
 
         Raises:
             SessionError: an unknown precision or layer, or one that does not apply to a layer (named).
@@ -398,6 +400,7 @@ class Session(SessionReading):
         if (smoothquant is not None or awq is not None) and context is not None and context.distributed:
             raise SessionError("SmoothQuant and AWQ scales are computed in one process (every rank must use the same "
                                "ones): calibrate with --smoothquant/--awq without --workers, then with workers.")
+        decisions.require_quantized(self.project, "calibrate or smooth")
         if smoothquant is not None:
             self.smooth("smoothquant", smoothing.parse_alpha(smoothquant), num_batches=num_batches)
         if awq is not None:
@@ -466,6 +469,7 @@ class Session(SessionReading):
             The :class:`~workbench.analysis.SensitivityResult`, appended to the project's sensitivity runs.
         """
         context = self._join(context)
+        decisions.require_quantized(self.project, "rank")
         model = self._require_calibrated()
         batches = self._analysis_batches()
         result, record = analysis.sensitivity(model, batches, metric if metric is not None else self.metric(),
@@ -510,44 +514,85 @@ class Session(SessionReading):
 
     def ladder(self, ladder: Any, *, target: float | None = None, tolerance: float | None = None,
                budget_bytes: int | None = None, metric: Any = None, apply: bool = False, use_ranking: bool = True,
-               progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
+               revisit_pins: bool = False, progress: ProgressCallback | None = None,
+               cancel: CancelToken | None = None):
         """Search a precision per layer from ``ladder`` (``"int8,fp8,float"``, cheapest first) for a goal:
         ``target``/``tolerance`` (the cheapest mix that reaches it) or ``budget_bytes`` (the best metric whose
         weights fit). The result (a :class:`~workbench.analysis.ladder.LadderResult`) is appended to the
-        project's fallback searches; ``apply`` sets the layers to the mix and calibrates them.
+        project's fallback searches; ``apply`` sets the layers to the mix (:meth:`apply_ladder`) and calibrates.
 
-        Each rung the layers do not run in yet gets a model calibrated in it (one calibration pass per rung).
+        Layers set by hand (:func:`~workbench.session.ladder.hand_set_layers`) are pins the search keeps as they
+        are, unless ``revisit_pins``. Each rung the layers do not run in yet gets a model calibrated in it (one
+        calibration pass per rung); the fusion clean-up reads the layers' data flow on one sample.
         """
         rungs = ladder_job.parse_rungs(ladder)
         model = self._require_calibrated()
         own = self.precisions()
-        plans = ladder_job.rung_plans(self.project, model, self.settings.defaults, own, rungs)
+        pins = set() if revisit_pins else ladder_job.hand_set_layers(self.project, own)
+        searched = {name: precision for name, precision in own.items() if name not in pins}
+        plans = ladder_job.rung_plans(self.project, model, self.settings.defaults, searched, rungs)
         if progress is not None:
             progress(0, 1, f"calibrating a model per rung ({', '.join(p.value for p in plans if plans[p])})")
         count = self.settings.calibration.num_batches
         base, folding = self._fold_base()
         models = ladder_job.rung_models(self.project, base, folding, self.device, self.settings, plans,
                                         self.data("calibration").batches(count), example_inputs=self._example_inputs())
+        flow = ladder_job.data_flow(model, self.project.layers, self._example_inputs(), self.device)
         result, record = ladder_job.search(
             model, self._analysis_batches(), metric if metric is not None else self.metric(), self.project,
             rungs=rungs, own=own, plans=plans, models=models,
             ranking=self.latest_sensitivity() if use_ranking else None, target=target, tolerance=tolerance,
-            budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel)
+            budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel, pins=pins,
+            flow=flow)
         self.project.fallbacks.append(record)
         if apply:
-            self.apply_precisions(result.precisions)
+            self.apply_ladder(result)
             if any(p not in ("float", "custom") for p in result.precisions.values()):
                 self.calibrate()  # the new precisions' ranges (an all-float mix has none to calibrate)
-            record.applied = result.applied = True
-            record.data = result.to_dict()
+            result.applied = True
         self._changed(SessionEvent.FALLBACK, applied=apply)
         return result
 
     def apply_precisions(self, precisions: dict[str, str]) -> list[str]:
         """Set each layer to its precision (a ladder's mix), one :meth:`set_precision` per precision; layers
-        marked ``custom`` keep their descriptors. Returns the layers changed."""
-        groups = decisions.precision_groups(self.project, precisions)
+        marked ``custom``, and layers already in their precision (their descriptors as they are, hand edits
+        included), keep their decisions. Returns the layers changed."""
+        own = {name: (p.value if p is not None else "custom") for name, p in self.precisions().items()}
+        changing = {name: p for name, p in precisions.items() if own.get(name) != p}
+        groups = decisions.precision_groups(self.project, changing)
         return [name for precision, names in groups.items() for name in self.set_precision(names, precision)]
+
+    def apply_ladder(self, result: Any = None, *, keep_hand_edits: bool = False) -> list[ladder_job.MixChange]:
+        """Set the layers to a ladder's mix (the last search's by default): only the layers whose precision changes
+        (:meth:`ladder_changes`; with ``keep_hand_edits``, not those set by hand). The search shows as applied,
+        also after a save and reopen; :meth:`undo_ladder_apply` puts the decisions back. Returns the changes."""
+        result = result if result is not None else self.latest_ladder()
+        if result is None:
+            raise SessionError("no ladder search to apply: run one first (workbench sensitivity --ladder).")
+        changes, edit = ladder_job.apply_mix(self.project, self.quantized_model(), self.settings.defaults,
+                                             result.precisions, self.precisions(), keep_hand_edits=keep_hand_edits)
+        self._edited(edit)
+        ladder_job.mark_applied(self.project, result.precisions, True)
+        result.applied = True
+        self._ladder_undo = edit.before
+        self._changed(SessionEvent.FALLBACK, applied=True)
+        return changes
+
+    def undo_ladder_apply(self) -> list[str]:
+        """Put back the layers' decisions from before the last :meth:`apply_ladder` of this session; the search
+        shows as not applied again. Returns the layers restored.
+
+        Raises:
+            SessionError: no ladder was applied since the project was opened (or it was undone already).
+        """
+        if not self._ladder_undo:
+            raise SessionError("nothing to undo: no ladder mix was applied since the project was opened.")
+        edit = ladder_job.restore_layers(self.project, self._ladder_undo)
+        self._ladder_undo = None
+        ladder_job.mark_applied(self.project, None, False)
+        self._edited(edit)
+        self._changed(SessionEvent.FALLBACK, applied=False)
+        return edit.changed
 
     def apply_fallback(self, result: Any) -> list[str]:
         """Leave the layers a fallback search chose in float (a layer decision, saved with the project).
@@ -571,8 +616,11 @@ class Session(SessionReading):
         """
         model = self._require_calibrated()
         chosen = self.metric() if metric is None else self._resolve_metric(metric)
-        return analysis.evaluate(self.float_model, model, self._analysis_batches(), chosen, num_batches=num_batches,
-                                 output=self.settings.output, progress=progress, cancel=cancel)
+        evaluation = analysis.evaluate(self.float_model, model, self._analysis_batches(), chosen,
+                                       num_batches=num_batches, output=self.settings.output, progress=progress,
+                                       cancel=cancel)
+        evaluation.quantized_as = mix_label(self.precisions().values())  # "FP8 vs FP32", not always "INT8"
+        return evaluation
 
     def export(self, path: str | Path | None = None, *, opset: int | None = None, dynamic_batch: bool | None = None,
                amax_json: bool | None = None, calibration_cache: bool | None = None, remember: bool = True,

@@ -24,16 +24,22 @@ from workbench.quant.algorithms.precision import (
     precision_of,
     weight_bytes,
 )
-from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
+from workbench.quant.algorithms.tensorrt_rules import (
+    INT4_BLOCK_SIZES,
+    gemm_input_features,
+    int4_block_for,
+    tensorrt_check,
+)
 from workbench.quant.gemm import float_by_default_reason
-from workbench.quant.replace import ignore_matcher
+from workbench.quant.replace import default_quant_map, ignore_matcher, quantized_class_for
 from workbench.session.build import descriptor_of, quantizable, role_quantizer
 from workbench.session.errors import SessionError
 
 logger = logging.getLogger("workbench.session.core")  # the logger this warning always came from
 
-__all__ = ["synced_layers", "select", "ignore_preview", "ignored_layers", "set_quantize", "plan_descriptor",
-           "precision_groups", "reset_descriptor", "descriptors", "plan_precision", "precisions", "mix_weight_bytes"]
+__all__ = ["synced_layers", "quantized_stand_in", "require_quantized", "select", "ignore_preview", "ignored_layers",
+           "set_quantize", "plan_descriptor", "precision_groups", "reset_descriptor", "descriptors", "plan_precision",
+           "precisions", "mix_weight_bytes", "precision_problems"]
 
 
 def select(project: Project, *, names: Iterable[str] | None = None, patterns: Iterable[str] | None = None,
@@ -44,7 +50,10 @@ def select(project: Project, *, names: Iterable[str] | None = None, patterns: It
     if names is not None:
         unknown = [n for n in names if n not in project.layers]
         if unknown:
-            raise SessionError(f"Not quantizable layers of this model: {', '.join(unknown[:10])}.")
+            regexes = [n for n in unknown if any(c in n for c in "*+?[]()|^$\\")]
+            hint = (f" Names are taken exactly; to choose layers by a regular expression use --pattern "
+                    f"{regexes[0]!r}." if regexes else "")
+            raise SessionError(f"Not quantizable layers of this model: {', '.join(unknown[:10])}.{hint}")
         chosen += list(names)
     if patterns is not None:
         matcher = ignore_matcher(list(patterns))
@@ -98,6 +107,36 @@ def synced_layers(known: Mapping[str, LayerDecision], model: nn.Module) -> dict[
     return layers
 
 
+def quantized_stand_in(module: nn.Module | None, defaults: DefaultDescriptors | None = None) -> nn.Module | None:
+    """``module`` as its layer is when quantized, for reading which quantizers it has and their default descriptors.
+
+    A layer left in float is the user's own module in the quantized model (no quantizers): its quantized class
+    built over it (sharing its parameters, default descriptors) stands in, so that a precision or a descriptor
+    set on a float layer means what it says (FP8 from float is FP8, not the default INT8; int4w sees the weight
+    quantizer the layer will have); it gets ``defaults`` (the project's default descriptors) as a build would. A
+    module that already holds quantizers (quantized, or a functional layer
+    whose quantizers are off) is returned as it is.
+    """
+    if module is None or role_quantizer(module, "input") is not None or role_quantizer(module, "weight") is not None:
+        return module
+    quant_cls, _ = quantized_class_for(module, default_quant_map())
+    if quant_cls is None:
+        return module
+    kwargs = {"quant_desc_input": defaults.descriptor("input") if defaults is not None else None}
+    if hasattr(quant_cls, "default_quant_desc_weight"):
+        kwargs["quant_desc_weight"] = defaults.descriptor("weight") if defaults is not None else None
+    return quant_cls.from_float(module, **kwargs)
+
+
+def require_quantized(project: Project, what: str) -> None:
+    """SessionError when every layer of ``project`` is in float: there is nothing to ``what`` (calibrate, rank,
+    smooth), and the message says how to quantize layers again (rather than a library's "no TensorQuantizer")."""
+    if project.layers and not any(decision.quantize for decision in project.layers.values()):
+        raise SessionError(f"every layer of this project is in float ({len(project.layers)} layers), so there is "
+                           f"nothing to {what}. Quantize layers first: workbench set --pattern '.*' --precision int8 "
+                           "(or fp8, int4w), or choose a precision in the model tree.")
+
+
 def _not_a_layer(project: Project, name: str) -> str:
     inside = [layer for layer in project.layers if layer.startswith(f"{name}.")]
     hint = f"; the quantizable layers inside it are {', '.join(inside[:8])}" if inside else ""
@@ -141,7 +180,7 @@ def plan_descriptor(project: Project, model: nn.Module, names: Iterable[str], ro
     for name in list(names):
         if name not in project.layers:
             raise SessionError(f"{name!r} is not a quantizable layer of this model.")
-        module = modules.get(name)
+        module = quantized_stand_in(modules.get(name), defaults)
         current = getattr(project.layers[name], f"{role}_desc")
         if current is None:
             quantizer = role_quantizer(module, role)
@@ -155,8 +194,9 @@ def plan_descriptor(project: Project, model: nn.Module, names: Iterable[str], ro
             made = make_descriptor(updated)
         except (TypeError, ValueError) as error:
             raise SessionError(f"{name}: {error}") from error
-        verdict = tensorrt_check(role, made.num_bits, made.axis, project.layers[name].type,
-                                 block_size=made.block_size)
+        layer_type = project.layers[name].type
+        verdict = tensorrt_check(role, made.num_bits, made.axis, layer_type, block_size=made.block_size,
+                                 in_features=_in_features(module, layer_type))
         if verdict.error:  # refused when set, not at export
             raise SessionError(f"{name}: {verdict.error}")
         if verdict.sim_only:
@@ -271,6 +311,28 @@ def _fields_or(descriptor: Any, fallback: dict[str, Any] | None) -> dict[str, An
     return jsonable(descriptor.dict())
 
 
+def _in_features(module: Any, module_type: str) -> int | None:
+    """A GEMM layer's input features (the INT4 blocks run along them); None for other layers."""
+    weight = getattr(module, "weight", None)
+    return gemm_input_features(tuple(weight.shape), module_type) if weight is not None and hasattr(weight, "shape") \
+        else None
+
+
+def _int4_block(name: str, module: Any, module_type: str, block_size: int | None) -> int:
+    """The INT4 block of an int4w layer: ``block_size`` as given (checked with the rest), else the largest block
+    TensorRT takes that divides the layer's input features."""
+    if block_size is not None:
+        return block_size
+    in_features = _in_features(module, module_type)
+    chosen = int4_block_for(in_features)
+    if chosen is None:
+        allowed = " or ".join(str(size) for size in sorted(INT4_BLOCK_SIZES))
+        raise SessionError(f"{name}: int4w needs INT4 blocks TensorRT builds ({allowed} elements) that divide the "
+                           f"layer's input features, and neither divides its {in_features}: run it in int8, fp8 or "
+                           "float.")
+    return chosen
+
+
 def _weight_ndim(module: Any) -> int | None:
     weight = getattr(module, "weight", None)
     return weight.dim() if weight is not None and hasattr(weight, "dim") else None
@@ -280,7 +342,7 @@ LayerPlan = tuple[bool, "dict[str, Any] | None", "dict[str, Any] | None"]  # qua
 
 
 def plan_precision(project: Project, model: nn.Module, defaults: DefaultDescriptors, names: Iterable[str],
-                   precision: Precision | str, *, block_size: int = DEFAULT_BLOCK_SIZE,
+                   precision: Precision | str, *, block_size: int | None = None,
                    fp8_weight_per_channel: bool = True) -> dict[str, LayerPlan]:
     """What running layers in ``precision`` (:class:`~workbench.quant.algorithms.precision.Precision`) makes of each
     one's decision, changing nothing: ``{name: (quantize, input_desc, weight_desc)}`` for the layers it
@@ -288,7 +350,9 @@ def plan_precision(project: Project, model: nn.Module, defaults: DefaultDescript
     keeping the fields a precision does not decide (the calibration method); ``float`` only clears the
     quantize flag, keeping the descriptors for when the layer is quantized again. Every layer is checked,
     so the caller applies all or nothing. ``model``: the project's quantized model (the descriptors it was
-    built with); ``defaults``: the project's default descriptors.
+    built with); ``defaults``: the project's default descriptors. ``block_size`` (int4w): elements per INT4
+    scale, one of the sizes TensorRT takes that divides each layer's input features; None picks the largest
+    that does, per layer.
 
     Raises:
         SessionError: an unknown precision or layer, or a precision that does not apply to a layer (int4w
@@ -307,7 +371,7 @@ def plan_precision(project: Project, model: nn.Module, defaults: DefaultDescript
             raise SessionError(_not_a_layer(project, name))
         if precision is Precision.FLOAT:
             continue
-        module = modules.get(name)
+        module = quantized_stand_in(modules.get(name), defaults)
         input_q, weight_q = role_quantizer(module, "input"), role_quantizer(module, "weight")
         current_input = decision.input_desc or (descriptor_of(input_q) if input_q is not None else None)
         current_weight = decision.weight_desc or (descriptor_of(weight_q) if weight_q is not None else None)
@@ -317,15 +381,18 @@ def plan_precision(project: Project, model: nn.Module, defaults: DefaultDescript
             current_input = _fields_or(defaults.descriptor("input"), current_input)
             current_weight = _fields_or(defaults.descriptor("weight"), current_weight)
         try:
+            block = _int4_block(name, module, decision.type, block_size) if precision is Precision.INT4W \
+                else DEFAULT_BLOCK_SIZE
             inputs, weight = descriptors_for(precision, decision.type, has_weight=weight_q is not None,
-                                             weight_ndim=_weight_ndim(module), block_size=block_size,
+                                             weight_ndim=_weight_ndim(module), block_size=block,
                                              fp8_weight_per_channel=fp8_weight_per_channel,
                                              base_input=current_input, base_weight=current_weight)
             for role, fields in (("input", inputs), ("weight", weight)):
                 if fields is None:
                     continue
                 made = make_descriptor(fields)
-                verdict = tensorrt_check(role, made.num_bits, made.axis, decision.type, block_size=made.block_size)
+                verdict = tensorrt_check(role, made.num_bits, made.axis, decision.type, block_size=made.block_size,
+                                         in_features=_in_features(module, decision.type))
                 if verdict.error:
                     raise ValueError(verdict.error)
         except (TypeError, ValueError) as error:
@@ -341,6 +408,19 @@ def plan_precision(project: Project, model: nn.Module, defaults: DefaultDescript
         if after != before:
             plans[name] = after
     return plans
+
+
+def precision_problems(project: Project, model: nn.Module, defaults: DefaultDescriptors, names: Iterable[str],
+                       precision: Precision | str) -> dict[str, str]:
+    """Why ``precision`` cannot be set on each of ``names`` it does not fit (int4w on a convolution, or on a layer
+    whose input features take no INT4 block TensorRT builds); the layers it fits are not listed. Changes nothing."""
+    problems: dict[str, str] = {}
+    for name in names:
+        try:
+            plan_precision(project, model, defaults, [name], precision)
+        except SessionError as error:
+            problems[name] = str(error)
+    return problems
 
 
 def precisions(project: Project, model: nn.Module, names: Iterable[str] | None = None) -> dict[str, Precision | None]:

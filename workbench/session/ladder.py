@@ -7,9 +7,11 @@ stores what they return.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from workbench.export.naming import layer_of_quantizer
@@ -19,15 +21,111 @@ from workbench.project.model import now_iso
 from workbench.project.settings import DefaultDescriptors, ProjectSettings
 from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.calibrate import calibrate as run_calibration
-from workbench.quant.algorithms.format_rules import mix_notes
+from workbench.quant.algorithms.format_rules import flow_notes, mix_notes
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
 from workbench.quant.algorithms.snapshot import quantizer_names
+from workbench.quant.gemm import float_by_default_reason
+from workbench.quant.nn import QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.session import layer_edits
 from workbench.session.build import build_quantized
 from workbench.session.decisions import LayerPlan, plan_precision
 from workbench.session.errors import SessionError
 
-__all__ = ["rung_models", "rung_source", "LayerPlan", "parse_rungs", "rung_plans", "search"]
+
+@dataclass(frozen=True)
+class MixChange:
+    """What applying a ladder's mix does to one layer: its precision ``now`` and ``then``; ``hand_set`` when the
+    user set it by hand (a precision or descriptors of their own), so that applying it overrides a hand edit."""
+
+    layer: str
+    now: str
+    then: str
+    hand_set: bool = False
+
+    def text(self) -> str:
+        return f"{self.layer}: {self.now} -> {self.then}" + (" (set by hand)" if self.hand_set else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _word(precision: Precision | None) -> str:
+    return "custom" if precision is None else precision.value
+
+
+def latest_ladder_record(project: Project, *, applied: bool | None = None) -> FallbackRecord | None:
+    """The project's last ladder search record (with ``applied``: the last one applied, or not)."""
+    from workbench.analysis.ladder import LADDER_FORMAT
+
+    return next((r for r in reversed(project.fallbacks) if r.data.get("format") == LADDER_FORMAT
+                 and (applied is None or bool(r.applied) == applied)), None)
+
+
+def hand_set_layers(project: Project, own: Mapping[str, Precision | None]) -> set[str]:
+    """The layers the user set by hand: a decision other than a new layer's (quantized with the default
+    descriptors, or float where the type starts float), except the layers still as the last applied ladder left
+    them (its mix is not a hand edit). The ladder keeps these as pins, and its Apply asks before overriding them."""
+    record = latest_ladder_record(project, applied=True)
+    applied = dict(record.data.get("precisions") or {}) if record is not None else {}
+    pins = set()
+    for name, decision in project.layers.items():
+        starts_quantized = float_by_default_reason(decision.type) is None
+        touched = decision.quantize != starts_quantized or (
+            decision.quantize and (decision.input_desc is not None or decision.weight_desc is not None))
+        word = _word(own.get(name))
+        if touched and not (word != "custom" and applied.get(name) == word):
+            pins.add(name)
+    return pins
+
+
+def mix_changes(project: Project, own: Mapping[str, Precision | None], mix: Mapping[str, str],
+                hand_set: Collection[str]) -> list[MixChange]:
+    """The layers whose precision applying ``mix`` (a ladder's) changes, in the project's order: a layer already in
+    its mix precision keeps its decision as it is (its hand-edited descriptors too), and ``custom`` layers keep
+    theirs."""
+    changes = []
+    for name in project.layers:
+        then = mix.get(name)
+        now = _word(own.get(name))
+        if then is None or then == "custom" or then == now:
+            continue
+        changes.append(MixChange(name, now, then, name in hand_set))
+    return changes
+
+
+def gemm_layers(model: nn.Module, layers: Iterable[str]) -> set[str]:
+    """The layers that are matrix GEMMs: a quantized 2-D weight (Linear, Hugging Face's Conv1D) or a product of
+    activations. Quantized with float neighbours they are the W8A8 pattern of transformers (the fusion clean-up
+    keeps them); a convolution alone among float layers stays a case for it (issue 27: the lint's
+    isolated_quantized_layer on CNNs)."""
+    modules = dict(model.named_modules())
+
+    def is_gemm(module: nn.Module | None) -> bool:
+        weight = getattr(module, "weight", None)
+        return isinstance(module, (QuantMatMul, QuantSDPA)) or (
+            getattr(module, "_weight_quantizer", None) is not None and isinstance(weight, torch.Tensor)
+            and weight.dim() == 2)
+
+    return {name for name in layers if is_gemm(modules.get(name))}
+
+
+def data_flow(model: nn.Module, layers: Iterable[str], batch: Any, device: torch.device
+              ) -> dict[str, tuple[set[str], set[str]]] | None:
+    """Each layer's (producers, consumers), recorded on one sample batch
+    (:func:`workbench.analysis.layer_flow.record_layer_flow`); None without a sample or when the forward fails."""
+    if batch is None:
+        return None
+    from workbench.analysis.layer_flow import record_layer_flow
+
+    flow = record_layer_flow(model, list(layers), batch, device)
+    if flow is None:
+        return None
+    return {name: (flow.producers.get(name, set()), flow.consumers.get(name, set())) for name in layers}
+
+__all__ = ["rung_models", "rung_source", "LayerPlan", "parse_rungs", "rung_plans", "search", "MixChange",
+           "hand_set_layers", "mix_changes", "data_flow", "gemm_layers", "latest_ladder_record", "apply_mix",
+           "restore_layers", "mark_applied"]
 
 
 def rung_models(project: Project, base: nn.Module, folding: FoldReport | None, device, settings: ProjectSettings,
@@ -103,10 +201,13 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
            own: Mapping[str, Precision | None], plans: Mapping[Precision, Mapping[str, LayerPlan]],
            models: Mapping[Precision, nn.Module], ranking: Any = None, target: float | None = None,
            tolerance: float | None = None, budget_bytes: int | None = None, output: Any = None,
-           progress: ProgressCallback | None = None, cancel: CancelToken | None = None) -> tuple[Any, FallbackRecord]:
+           progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
+           pins: Collection[str] = (), flow: Mapping[str, tuple[set[str], set[str]]] | None = None
+           ) -> tuple[Any, FallbackRecord]:
     """The ladder search (:func:`workbench.analysis.ladder.ladder_search`) from the calibrated ``model`` over the
     rung ``models`` (:func:`rung_models` of ``plans``); the result and the record to append to the project's
-    fallback searches."""
+    fallback searches. ``pins``: layers it keeps as they are (:func:`hand_set_layers`); ``flow``: the layers'
+    producers and consumers (:func:`data_flow`; None: model order) for the fusion clean-up."""
     from workbench.analysis.ladder import ladder_search
 
     in_rung = {precision: {name: precision for name in plan} | {n: p for n, p in own.items() if p is precision}
@@ -119,6 +220,48 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
     result = ladder_search(model, batches, metric, ladder=rungs, rung_of=rung_source(models, in_rung),
                            precisions=dict(own), target=target, tolerance=tolerance, budget_bytes=budget_bytes,
                            ranking=ranking, progress=progress, cancel=cancel, output=output, block_sizes=blocks,
-                           layer_order=list(project.layers))  # fusion-aware (the lint's rules)
-    result.notes += mix_notes(list(project.layers), result.precisions)
+                           layer_order=list(project.layers), neighbours=flow,  # fusion-aware, in the data flow
+                           gemms=gemm_layers(model, project.layers), pins=pins)
+    # the mix's hazards in the data flow when it was recorded (module order calls siblings neighbours)
+    result.notes += flow_notes(flow, result.precisions, gemm_layers(model, project.layers)) if flow is not None \
+        else mix_notes(list(project.layers), result.precisions)
     return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
+
+
+def apply_mix(project: Project, model: nn.Module, defaults: DefaultDescriptors, mix: Mapping[str, str],
+              own: Mapping[str, Precision | None], *, keep_hand_edits: bool = False
+              ) -> tuple[list[MixChange], layer_edits.LayerEdit]:
+    """Set the layers whose precision ``mix`` changes (:func:`mix_changes`; with ``keep_hand_edits``, not the ones set
+    by hand) to it, in the project's decisions: the changes, and the edit (its ``before`` undoes it) for the
+    Session to apply to its model. All or nothing: a precision that does not apply raises before any change."""
+    changes = [c for c in mix_changes(project, own, mix, hand_set_layers(project, own))
+               if not (keep_hand_edits and c.hand_set)]
+    groups: dict[str, list[str]] = {}
+    for change in changes:
+        groups.setdefault(change.then, []).append(change.layer)
+    plans: dict[str, LayerPlan] = {}
+    for precision, names in groups.items():
+        plans.update(plan_precision(project, model, defaults, names, precision))
+    before = {name: layer_edits.layer_state(project, name) for name in plans}
+    for name, (quantize, input_desc, weight_desc) in plans.items():
+        decision = project.layers[name]
+        decision.quantize, decision.input_desc, decision.weight_desc = quantize, input_desc, weight_desc
+    return changes, layer_edits.LayerEdit(before, [])
+
+
+def restore_layers(project: Project, before: Mapping[str, layer_edits.in_place.LayerState]) -> layer_edits.LayerEdit:
+    """Put the layers' decisions back to ``before`` (an Apply's undo); the edit that does it."""
+    now = {name: layer_edits.layer_state(project, name) for name in before if name in project.layers}
+    for name in now:
+        decision = project.layers[name]
+        decision.quantize, decision.input_desc, decision.weight_desc = before[name]
+    return layer_edits.LayerEdit(now, [])
+
+
+def mark_applied(project: Project, precisions: Mapping[str, str] | None, applied: bool) -> None:
+    """The last ladder record (the one with these ``precisions``, when given) shows as applied or not, also after a
+    save and reopen (the GUI's Apply stays disabled on an applied search)."""
+    record = latest_ladder_record(project)
+    if record is not None and (precisions is None or record.data.get("precisions") == dict(precisions)):
+        record.applied = applied
+        record.data = {**record.data, "applied": applied}

@@ -35,6 +35,7 @@ from workbench.session import (
     tensorrt,
     views,
 )
+from workbench.session import ladder as ladder_job
 from workbench.session.build import BuildReport, build_quantized, fold_base
 from workbench.session.errors import SessionError
 from workbench.session.state import state_digest
@@ -117,6 +118,11 @@ class SessionReading:
     def ignore_preview(self, patterns: Iterable[str]) -> list[str]:
         """The layers an ignore policy (list of regexes) would leave in float, without changing anything."""
         return decisions.ignore_preview(self.project, patterns)
+
+    def precision_problems(self, names: Iterable[str], precision: Precision | str) -> dict[str, str]:
+        """Why ``precision`` cannot be set on each of ``names`` it does not fit (nothing is changed)."""
+        return decisions.precision_problems(self.project, self.quantized_model(), self.settings.defaults, names,
+                                            precision)
 
     def precisions(self, names: Iterable[str] | None = None) -> dict[str, Precision | None]:
         """The precision each layer (all by default) runs in; None for custom descriptors."""
@@ -214,6 +220,16 @@ class SessionReading:
     def latest_sensitivity(self):
         """The last sensitivity ranking stored in the project (None if there was none)."""
         return analysis.latest_sensitivity(self.project)
+
+    def ladder_changes(self, result: Any = None) -> list[ladder_job.MixChange]:
+        """What applying a ladder's mix (the last search's by default) changes: one entry per layer whose precision
+        changes, marked ``hand_set`` where that overrides a precision or descriptors the user set by hand."""
+        result = result if result is not None else self.latest_ladder()
+        if result is None:
+            return []
+        own = self.precisions()
+        return ladder_job.mix_changes(self.project, own, result.precisions,
+                                      ladder_job.hand_set_layers(self.project, own))
 
     def latest_ladder(self):
         """The last ladder search stored in the project (None if there was none)."""

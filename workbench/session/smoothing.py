@@ -14,7 +14,7 @@ from torch import nn
 from workbench.project import Project
 from workbench.project.model import SmoothingRecord
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
-from workbench.quant.algorithms.smoothing import SMOOTHING_METHODS, SmoothingError, plan_smoothing
+from workbench.quant.algorithms.smoothing import SMOOTHING_METHODS, SmoothingError, is_linear_like, plan_smoothing
 
 __all__ = ["smoothing_layers", "layers_to_smooth", "compute_smoothing", "parse_alpha", "OFF"]
 
@@ -35,13 +35,14 @@ def parse_alpha(value: str | float | None) -> float | None:
 
 
 def smoothing_layers(quantized: nn.Module, precisions: Mapping[str, Precision | None], method: str) -> list[str]:
-    """The layers ``method`` applies to, in model order: Linear layers whose inputs are quantized (int8 or
-    fp8: SmoothQuant) or that run INT4 weight-only (int4w: AWQ). ``precisions`` are the layers' precisions."""
+    """The layers ``method`` applies to, in model order: Linear layers (Hugging Face's Conv1D too) whose inputs are
+    quantized (int8 or fp8: SmoothQuant) or that run INT4 weight-only (int4w: AWQ). ``precisions`` are the layers'
+    precisions."""
     if method not in SMOOTHING_METHODS:
         raise SmoothingError(f"Unknown smoothing method {method!r}; choose one of {', '.join(SMOOTHING_METHODS)}.")
     wanted = {Precision.INT4W} if method == "awq" else {Precision.INT8, Precision.FP8}
     return [name for name, module in quantized.named_modules()
-            if isinstance(module, nn.Linear) and precisions.get(name) in wanted]
+            if is_linear_like(module) and precisions.get(name) in wanted]
 
 
 def layers_to_smooth(project: Project, quantized: nn.Module, precisions: Mapping[str, Precision | None],

@@ -136,6 +136,8 @@ class CalibrationResult:
     amax_time_s: float = 0.0  # computing amax from the statistics
     sqnr_batches: int = 0  # the batches the output SQNR covers (all of them, unless too big to keep)
     auto_time_s: float = 0.0  # measuring the candidates of "auto"
+    # what the quantized model runs in, for "output SQNR <this> vs FP32" (a mix: FP8+INT4 W)
+    quantized_as: str = "INT8"
 
     @property
     def nonfinite_total(self) -> int:
@@ -147,7 +149,7 @@ class CalibrationResult:
         if self.output_sqnr_db is not None:
             over = (f"all {self.num_batches} batches" if self.sqnr_batches == self.num_batches
                     else f"{self.sqnr_batches} of {self.num_batches} batches")
-            parts.append(f"output SQNR INT8 vs FP32 {self.output_sqnr_db:.1f} dB over {over}")
+            parts.append(f"output SQNR {self.quantized_as} vs FP32 {self.output_sqnr_db:.1f} dB over {over}")
         picked = self.picked_methods()
         if picked:
             parts.append("auto picked " + ", ".join(f"{m} for {n}" for m, n in picked.items()))

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["FormatNeeds", "FORMAT_NEEDS", "gpu_requirement", "isolated_layers", "reformat_boundaries",
-           "mix_notes", "supports"]
+           "mix_notes", "supports", "order_neighbours", "isolated_in_flow", "switches_in_flow", "flow_notes"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,76 @@ def mix_notes(order: Sequence[str], precisions: Mapping[str, str]) -> list[str]:
     notes += [f"{layer} runs {precision} between two {around} layers ({where}): TensorRT converts {around} <-> "
               f"{precision} there instead of fusing" for layer, precision, around, where
               in reformat_boundaries(order, precisions)]
+    used = sorted({p for p in precisions.values() if p in FORMAT_NEEDS and p != "int8"})
+    notes += [text for text in (gpu_requirement(p) for p in used) if text]
+    return notes
+
+
+Flow = Mapping[str, "tuple[set[str], set[str]]"]  # layer -> (its producers, its consumers) in the data flow
+
+
+def order_neighbours(order: Sequence[str]) -> dict[str, tuple[set[str], set[str]]]:
+    """Each layer's producers and consumers when nothing better is known: the layers before and after it in
+    ``order``."""
+    names = list(order)
+    return {name: ({names[i - 1]} if i else set(), {names[i + 1]} if i + 1 < len(names) else set())
+            for i, name in enumerate(names)}
+
+
+def _sides(flow: Flow, layer: str, precisions: Mapping[str, str]) -> tuple[list[str], list[str]] | None:
+    """The producers and consumers of ``layer`` that have a precision; None unless both sides have some (a layer
+    at the start or the end of the network is not between anything)."""
+    producers, consumers = flow[layer]
+    before = sorted(n for n in producers if n in precisions)
+    after = sorted(n for n in consumers if n in precisions)
+    return (before, after) if before and after else None
+
+
+def isolated_in_flow(flow: Flow, precisions: Mapping[str, str],
+                     gemms: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str, list[str]]]:
+    """Quantized layers whose producers and consumers in the data flow (``flow``) all run in float:
+    ``(layer, its precision, the neighbours)``. A GEMM (``gemms``: a Linear, a convolution, an activation product)
+    is never listed: a quantized GEMM with float input and output is TensorRT's normal W8A8 pattern (the input Q
+    runs as its own kernel, the output is written in float), worth its Q/DQ; a lone quantized add or pool is not."""
+    found = []
+    for layer in flow:
+        here = precisions.get(layer)
+        sides = _sides(flow, layer, precisions)
+        if layer in gemms or not _quantized(here) or sides is None:
+            continue
+        around = sides[0] + sides[1]
+        if all(precisions[n] == "float" for n in around):
+            found.append((layer, str(here), around))
+    return found
+
+
+def switches_in_flow(flow: Flow, precisions: Mapping[str, str]) -> list[tuple[str, str, str, list[str]]]:
+    """Quantized layers whose producers and consumers in the data flow all run in one other quantized format (FP8
+    between INT8 layers): ``(layer, its precision, the neighbours' precision, the neighbours)``."""
+    found = []
+    for layer in flow:
+        here = precisions.get(layer)
+        sides = _sides(flow, layer, precisions)
+        if not _quantized(here) or sides is None:
+            continue
+        around = sides[0] + sides[1]
+        formats = {precisions[n] for n in around}
+        if len(formats) == 1:
+            (other,) = formats
+            if _quantized(other) and other != here:
+                found.append((layer, str(here), other, around))
+    return found
+
+
+def flow_notes(flow: Flow, precisions: Mapping[str, str], gemms: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """:func:`mix_notes` in the data flow: a quantized layer (not a GEMM) alone among float producers and
+    consumers, a format switch among one other format, and what the formats need."""
+    notes = [f"{layer} runs {precision} while every layer it reads from and writes to runs in float "
+             f"({', '.join(around[:3])}): TensorRT adds a reformat on each side; consider leaving it in float too"
+             for layer, precision, around in isolated_in_flow(flow, precisions, gemms)]
+    notes += [f"{layer} runs {precision} while every layer it reads from and writes to runs {other} "
+              f"({', '.join(around[:3])}): TensorRT converts {other} <-> {precision} there instead of fusing"
+              for layer, precision, other, around in switches_in_flow(flow, precisions)]
     used = sorted({p for p in precisions.values() if p in FORMAT_NEEDS and p != "int8"})
     notes += [text for text in (gpu_requirement(p) for p in used) if text]
     return notes

@@ -41,7 +41,7 @@ from workbench.quant.tensor_quant import E4M3_MAX
 __all__ = ["Precision", "PrecisionInfo", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "E4M3_BITS", "E2M1_BITS",
            "NVFP4_BLOCK_SIZE", "parse_precision", "precision_choices_text", "applies_to", "descriptors_for",
            "precision_of", "precision_label", "layer_weight_bytes", "weight_bytes", "GEMM_TYPES", "FP8_OPS",
-           "grid_levels"]
+           "grid_levels", "mix_label"]
 
 def _kind(module_type: str) -> str:
     return module_type.removeprefix("Quant")
@@ -169,6 +169,17 @@ def precision_of(input_desc: Mapping[str, Any] | None, weight_desc: Mapping[str,
     if in_bits == 8 and (no_weight or (w_bits == 8 and weight_desc.get("block_size") is None)):  # type: ignore[union-attr]
         return Precision.INT8
     return None
+
+
+def mix_label(precisions: Any) -> str:
+    """What a model's mix of precisions is called in "output SQNR <label> vs FP32": the quantized precisions' labels
+    in the registry's order, joined ("INT8", "FP8", "FP8+INT4 W", "INT8+custom"); "float" when nothing is
+    quantized. ``precisions``: the layers' precisions (None: custom descriptors)."""
+    present = set(precisions)
+    labels = [info.label for p, info in PRECISIONS.items() if p in present and p is not Precision.FLOAT]
+    if None in present:
+        labels.append("custom")
+    return "+".join(labels) or "float"
 
 
 def grid_levels(num_bits: Any, amax: float, *, unsigned: bool = False) -> np.ndarray:

@@ -29,9 +29,12 @@ from torch import nn
 from workbench.quant.algorithms.batches import flat_tensors, model_inputs, to_device
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE
 from workbench.quant.kernels.blocks import block_view, unblock
+from workbench.quant.gemm import known_linear_like
+from workbench.quant.nn.modules.quant_gemm import QuantConv1D
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
-__all__ = ["SMOOTHING_METHODS", "LayerSmoothing", "SmoothingError", "smoothquant_scales", "plan_smoothing",
+__all__ = ["transposed_weight", "is_linear_like",
+           "SMOOTHING_METHODS", "LayerSmoothing", "SmoothingError", "smoothquant_scales", "plan_smoothing",
            "apply_smoothing", "int4_blockwise_fake_quant", "smoothing_summary", "describe_smoothing"]
 
 SMOOTHING_METHODS = ("smoothquant", "awq")
@@ -116,6 +119,25 @@ class _Stats:
     kept: int = 0
 
 
+def transposed_weight(module: nn.Module) -> bool:
+    """Whether ``module`` is Hugging Face's ``Conv1D`` (GPT-2's projections) or its quantized class: a Linear whose
+    weight is stored ``[in, out]``."""
+    if isinstance(module, QuantConv1D):
+        return True
+    known = known_linear_like(type(module))
+    return known is not None and known[1] is QuantConv1D
+
+
+def is_linear_like(module: nn.Module) -> bool:
+    """A Linear, or a Linear with its weight transposed (Hugging Face's Conv1D): what smoothing applies to."""
+    return isinstance(module, nn.Linear) or transposed_weight(module)
+
+
+def _out_in(module: nn.Module) -> torch.Tensor:
+    """The layer's weight as ``[out, in]`` (a view: Conv1D stores it ``[in, out]``)."""
+    return module.weight.t() if transposed_weight(module) else module.weight
+
+
 def _linear_layers(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Linear]:
     modules = dict(model.named_modules())
     layers = {}
@@ -123,9 +145,9 @@ def _linear_layers(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Linea
         module = modules.get(name)
         if module is None:
             raise SmoothingError(f"{name!r} is not a module of the model.")
-        if not isinstance(module, nn.Linear):
-            raise SmoothingError(f"{name}: smoothing applies to Linear layers (a weight of [out, in] read by a "
-                                 f"GEMM); this is a {type(module).__name__}.")
+        if not is_linear_like(module):
+            raise SmoothingError(f"{name}: smoothing applies to Linear layers (nn.Linear, or Hugging Face's Conv1D: "
+                                 f"a weight read by a GEMM); this is a {type(module).__name__}.")
         layers[name] = module
     return layers
 
@@ -176,7 +198,7 @@ def _collect(model: nn.Module, layers: dict[str, nn.Linear], batches: Iterable, 
     for name, module in model.named_modules():
         if len(module._modules) == 0 or name in layers:  # leaves: every module that may read a tensor
             handles.append(module.register_forward_pre_hook(pre_hook(name)))
-        if isinstance(module, (nn.LayerNorm, nn.Linear)):
+        if isinstance(module, nn.LayerNorm) or is_linear_like(module):
             handles.append(module.register_forward_hook(out_hook(name)))
     try:
         with torch.no_grad():
@@ -230,7 +252,7 @@ def _awq_scales(layers: list[nn.Linear], stats: list[_Stats],
     error when the group's weights are quantized by ``weight_quant``. Returns (a, s, error at a=0, best error)."""
     x = torch.cat(stats[0].samples)[:AWQ_ROWS]
     mean_abs = sum(item.abs_sum for item in stats) / sum(item.rows for item in stats)
-    weight = torch.cat([layer.weight.detach().float().cpu() for layer in layers], dim=0)
+    weight = torch.cat([_out_in(layer).detach().float().cpu() for layer in layers], dim=0)
     reference = x @ weight.T
     best = (math.inf, 0.0, torch.ones_like(mean_abs))
     first_error = math.nan
@@ -299,7 +321,7 @@ def plan_smoothing(model: nn.Module, layers: Sequence[str], batches: Iterable, *
         modules = [found[m] for m in members]
         if method == "smoothquant":
             act = torch.stack([stats[m].amax for m in members]).amax(dim=0)
-            weight_amax = torch.stack([mod.weight.detach().abs().amax(dim=0).float().cpu() for mod in modules])
+            weight_amax = torch.stack([_out_in(mod).detach().abs().amax(dim=0).float().cpu() for mod in modules])
             scales = smoothquant_scales(act, weight_amax.amax(dim=0), float(alpha))
             chosen, before, after = float(alpha), None, None
         else:
@@ -320,7 +342,7 @@ def _foldable(model: nn.Module, producer: str, channels: int) -> bool:
     module = model.get_submodule(producer)
     if isinstance(module, nn.LayerNorm):
         return module.weight is not None and module.weight.numel() == channels
-    return isinstance(module, nn.Linear) and module.out_features == channels
+    return is_linear_like(module) and _out_in(module).shape[0] == channels
 
 
 # ----- applying ---------------------------------------------------------------------------------
@@ -338,7 +360,9 @@ def _scale_weights(model: nn.Module, items: Sequence[LayerSmoothing], *, fold: b
     for item in items:
         layer = model.get_submodule(item.layer)
         scales = item.scales.to(layer.weight.device, torch.float32)
-        _replace(layer, "weight", layer.weight.detach().float() * scales)
+        # the input channels are the weight's columns ([out, in]), or its rows for a Conv1D ([in, out])
+        _replace(layer, "weight", layer.weight.detach().float() * (scales[:, None] if transposed_weight(layer)
+                                                                   else scales))
         if fold and item.folded_into:
             previous = folded.setdefault(item.folded_into, item.scales)
             if previous is not item.scales and not torch.equal(previous, item.scales):
@@ -347,7 +371,9 @@ def _scale_weights(model: nn.Module, items: Sequence[LayerSmoothing], *, fold: b
     for name, scales in folded.items():
         producer = model.get_submodule(name)
         inverse = 1.0 / scales.to(producer.weight.device, torch.float32)
-        if isinstance(producer, nn.Linear):
+        if transposed_weight(producer):  # a Conv1D's output channels are its weight's columns
+            _replace(producer, "weight", producer.weight.detach().float() * inverse[None, :])
+        elif isinstance(producer, nn.Linear):
             _replace(producer, "weight", producer.weight.detach().float() * inverse[:, None])
         else:
             _replace(producer, "weight", producer.weight.detach().float() * inverse)
@@ -374,9 +400,9 @@ def apply_smoothing(model: nn.Module, items: Sequence[LayerSmoothing]) -> list[s
         if layer is None or not isinstance(getattr(layer, "weight", None), torch.Tensor) or layer.weight.dim() != 2:
             raise SmoothingError(f"{item.layer}: smoothing was recorded for a Linear layer of that name, but the "
                                  "model has none now; clear the smoothing (calibrate --smoothquant off).")
-        if layer.weight.shape[1] != item.scales.numel():
+        if _out_in(layer).shape[1] != item.scales.numel():
             raise SmoothingError(f"{item.layer}: {item.scales.numel()} smoothing scales recorded, the weight has "
-                                 f"{layer.weight.shape[1]} input channels; smooth again.")
+                                 f"{_out_in(layer).shape[1]} input channels; smooth again.")
         if item.folded_into and item.folded_into not in modules:
             raise SmoothingError(f"{item.layer}: smoothing was folded into {item.folded_into}, which the model no "
                                  "longer has; smooth again.")

@@ -16,13 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TensorRTCheck", "SIM_ONLY", "INT8_CHANNEL_ALIGNMENT", "output_channel_axis", "tensorrt_check",
-           "misaligned_channels"]
+__all__ = ["TensorRTCheck", "SIM_ONLY", "INT8_CHANNEL_ALIGNMENT", "INT4_BLOCK_SIZES", "output_channel_axis",
+           "tensorrt_check", "misaligned_channels", "int4_block_problem", "int4_block_for", "gemm_input_features"]
 
 SIM_ONLY = "sim only"  # the mark a model tree and ``workbench show`` put on a non-8-bit quantizer
 
 # INT8 tensor-core convolutions work on channel vectors of this many; other counts are padded (wasted work)
 INT8_CHANNEL_ALIGNMENT = 16
+# INT4 weight-only block quantization: the block sizes NVIDIA's TensorRT documentation lists ("block size 64 or
+# 128" for INT4 weight-only quantization, the blocks along the GEMM's input dimension, K), largest first; a block
+# must divide the layer's input features
+INT4_BLOCK_SIZES = (128, 64)
 # an image's channels (grey, RGB, RGBA): TensorRT runs such a first layer with kernels made for a few input
 # channels (padded to 4), so its input side costs little and is no hazard to report
 _IMAGE_CHANNELS = 4
@@ -57,12 +61,46 @@ def _weight_layout(kind: str) -> str:
     return _OUT_ON_AXIS_1.get(kind, "[in, out, *kernel]")
 
 
+def gemm_input_features(weight_shape: tuple[int, ...] | None, module_type: str) -> int | None:
+    """The input features (K) of a 2-D GEMM weight: ``[out, in]`` for Linear, ``[in, out]`` for Hugging Face's
+    Conv1D; None for any other weight."""
+    if weight_shape is None or len(weight_shape) != 2:
+        return None
+    return int(weight_shape[0] if output_channel_axis(module_type) == 1 else weight_shape[1])
+
+
+def int4_block_problem(block_size: int, in_features: int | None = None) -> str | None:
+    """Why TensorRT cannot build INT4 weight-only blocks of ``block_size`` on a GEMM of ``in_features`` inputs
+    (a sentence naming the sizes it takes), or None."""
+    allowed = " or ".join(str(size) for size in sorted(INT4_BLOCK_SIZES))
+    if block_size not in INT4_BLOCK_SIZES:
+        return (f"TensorRT builds INT4 weight-only blocks of {allowed} elements, not {block_size}.")
+    if in_features is not None and in_features % block_size:
+        fits = [str(size) for size in sorted(INT4_BLOCK_SIZES) if in_features % size == 0]
+        fix = (f"use a block of {' or '.join(fits)}" if fits else
+               f"no block size it takes ({allowed}) divides them: run the layer in int8, fp8 or float")
+        return (f"a block of {block_size} does not divide the layer's {in_features} input features, and TensorRT "
+                f"needs whole blocks: {fix}.")
+    return None
+
+
+def int4_block_for(in_features: int | None) -> int | None:
+    """The largest INT4 block TensorRT takes (:data:`INT4_BLOCK_SIZES`) that divides ``in_features`` (unknown:
+    the largest); None when none does."""
+    if in_features is None:
+        return INT4_BLOCK_SIZES[0]
+    return next((size for size in INT4_BLOCK_SIZES if in_features % size == 0), None)
+
+
 def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str, *,
-                   block_size: int | None = None) -> TensorRTCheck:
+                   block_size: int | None = None, in_features: int | None = None,
+                   block_sizes: bool = True) -> TensorRTCheck:
     """Check one quantizer of a ``module_type`` layer (``Conv2d`` or ``QuantConv2d``) in ``role`` ("input"
     or "weight") with ``num_bits``, ``axis`` (None: per-tensor) and ``block_size`` against what TensorRT
     builds: INT8 and FP8 E4M3 (``(4, 3)``) activations per-tensor and weights per-tensor or per output
-    channel; INT4 weights blockwise (weight-only GEMMs).
+    channel; INT4 weights blockwise (weight-only GEMMs) in blocks of :data:`INT4_BLOCK_SIZES` that divide the
+    layer's ``in_features`` (when given; ``block_sizes=False`` leaves the block size to the lint, for an export of
+    a project that has one already).
 
     The error and the sim-only note are whole sentences that say why, for the user.
     """
@@ -80,7 +118,8 @@ def tensorrt_check(role: str, num_bits: Any, axis: Any, module_type: str, *,
             return TensorRTCheck(sim_only=(
                 f"blockwise {num_bits}-bit weights are for simulation only ({SIM_ONLY}): TensorRT builds "
                 "blockwise scales for INT4 weights (weight-only GEMMs)."))
-        return TensorRTCheck()
+        problem = int4_block_problem(int(block_size), in_features) if block_sizes else None
+        return TensorRTCheck(error=problem) if problem else TensorRTCheck()
     if role == "weight":
         wanted = 1 if kind == "Conv1D" else output_channel_axis(module_type)
         if axis is not None and axis != wanted:

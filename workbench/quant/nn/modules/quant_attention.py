@@ -31,7 +31,8 @@ from torch import nn
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.tensor_quant import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
 
-__all__ = ["QuantMatMul", "QuantSDPA", "QUANT_DESC_8BIT_ATTENTION_PROBS", "attention_quantizers_active",
+__all__ = ["QuantMatMul", "QuantSDPA", "QUANT_DESC_8BIT_ATTENTION_PROBS", "probabilities_descriptor",
+           "attention_quantizers_active",
            "ATTENTION_QUANTIZER_ROLES"]
 
 QUANT_DESC_8BIT_ATTENTION_PROBS = QuantDescriptor(num_bits=8, calib_method="max")
@@ -55,6 +56,19 @@ def _activation_descriptor(value: QuantDescriptor | None, default: QuantDescript
     if value.axis is not None:
         raise ValueError(f"Attention quantizers are per tensor (TensorRT's fused attention); got axis={value.axis!r}.")
     return value
+
+
+def probabilities_descriptor(quant_desc_input: QuantDescriptor | None, default: QuantDescriptor) -> QuantDescriptor:
+    """The descriptor of an attention's probabilities quantizer when none is given: the format of its query/key/value
+    quantizers (``quant_desc_input``) with max calibration (the probabilities lie in [0, 1]), so that an FP8
+    attention is FP8 in all four quantizers; ``default`` (INT8) for integer inputs or none.
+
+    TensorRT has no kernel for a product of an INT8 and an FP8 operand: P @ V must take the probabilities in the
+    format V is in.
+    """
+    if quant_desc_input is None or not isinstance(quant_desc_input.num_bits, tuple):
+        return default
+    return QuantDescriptor(num_bits=quant_desc_input.num_bits, calib_method="max")
 
 
 def attention_quantizers_active(quantizers: list[nn.Module]) -> bool:
@@ -96,7 +110,8 @@ class QuantMatMul(nn.Module):
         desc = _activation_descriptor(quant_desc_input, type(self).default_quant_desc_input)
         first = desc
         if self.roles[:1] == ("probabilities",):  # P @ V: the softmax output, in [0, 1]
-            first = _activation_descriptor(quant_desc_probs, type(self).default_quant_desc_probs)
+            first = _activation_descriptor(quant_desc_probs, probabilities_descriptor(
+                quant_desc_input, type(self).default_quant_desc_probs))
         self._input0_quantizer = TensorQuantizer(first)
         self._input1_quantizer = TensorQuantizer(desc)
 
@@ -135,7 +150,8 @@ class QuantSDPA(nn.Module):
                  quant_desc_probs: QuantDescriptor | None = None) -> None:
         super().__init__()
         desc = _activation_descriptor(quant_desc_input, type(self).default_quant_desc_input)
-        probs = _activation_descriptor(quant_desc_probs, type(self).default_quant_desc_probs)
+        probs = _activation_descriptor(quant_desc_probs, probabilities_descriptor(
+            quant_desc_input, type(self).default_quant_desc_probs))
         self._q_quantizer = TensorQuantizer(desc)
         self._k_quantizer = TensorQuantizer(desc)
         self._v_quantizer = TensorQuantizer(desc)
