@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from workbench.resources import RESOURCES
+from workbench.sources.weights_file import load_weights  # the same checks as a user's weights file
 
 DEMO_DIR = RESOURCES / "demo"
 DIGITS_WEIGHTS = DEMO_DIR / "digits_cnn.safetensors"
@@ -91,8 +92,6 @@ def load_digits_cnn(path: Path = DIGITS_WEIGHTS) -> DigitsCNN:
     """The trained demo CNN, in eval mode."""
     if not path.is_file():
         raise FileNotFoundError(f"demo weights not found at {path}; run scripts/make_demo_assets.py to create them.")
-    from workbench.sources.model_source import load_weights  # the same checks as a user's weights file
-
     model = DigitsCNN()
     load_weights(model, path)
     return model.eval()

@@ -28,8 +28,8 @@ from torch import nn
 
 from workbench.quant.algorithms.batches import flat_tensors, model_inputs, to_device
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE
-from workbench.quant.kernels.blocks import block_view, unblock
 from workbench.quant.gemm import known_linear_like
+from workbench.quant.kernels.blocks import block_view, unblock
 from workbench.quant.nn.modules.quant_gemm import QuantConv1D
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
