@@ -285,7 +285,8 @@ def _residual_adds(g: _Graph) -> list[LintWarning]:
                 found.append(LintWarning(
                     "residual_not_fusable", modules,
                     f"in {add.name} the convolution's branch is quantized and the identity branch is float, the "
-                    "reverse of what TensorRT fuses. Quantize the identity branch and leave the convolution's in float.",
+                    "reverse of what TensorRT fuses. Quantize the identity branch and leave the convolution's in "
+                    "float.",
                     LintFix("enable_rule", ("residual",), "switch on the residual placement rule"), nodes=[add.name]))
     return found
 
