@@ -162,14 +162,14 @@ def _large_stack(width: int = 1100, depth: int = 2) -> tuple[nn.Module, torch.Te
 def test_a_streamed_export_validates_with_the_weights_read_from_the_model(exporter, tmp_path, monkeypatch):
     model, sample = _large_stack()
     sessions = []
-    from workbench.export import onnx_export
+    from workbench.export import file_checks
 
     def spy(path, weights=None):
         session = ort_session(path, weights)
         sessions.append(session)
         return session
 
-    monkeypatch.setattr(onnx_export, "ort_session", spy)
+    monkeypatch.setattr(file_checks, "ort_session", spy)
     report = export_qdq_onnx(model, sample, tmp_path / "m.onnx", exporter=exporter)
     assert report.exporter == exporter and report.cosine > 0.999 and report.external_data_path is None
     shared = sessions[0].workbench_shared_weights
