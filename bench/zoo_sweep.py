@@ -50,8 +50,8 @@ def versions() -> dict[str, str]:
     out = {}
     for package in ("torch", "torchvision", "timm", "transformers", "diffusers", "ultralytics", "onnx",
                     "onnxruntime"):
-        try:
-            out[package] = metadata.version(package)
+        try:  # an imported module's own version says which build (torch 2.13.0+cu130)
+            out[package] = getattr(sys.modules.get(package), "__version__", None) or metadata.version(package)
         except metadata.PackageNotFoundError:
             out[package] = "absent"
     return out
@@ -154,6 +154,50 @@ def header(rows: list[dict], env: dict[str, str] | None = None) -> str:
     return text
 
 
+# where a failure belongs (issue 34's points), read off the row: (pattern in the failure, area)
+AREAS = (
+    ("weight GEMMs quantized", "placement (point 1): weights used without calling their module"),
+    ("attention products quantized", "placement (point 1): functional operations of untraceable forwards"),
+    ("outputs kept", "export (point 2): outputs dropped"),
+    ("disagree", "parity (point 3)"),
+    ("cosine", "parity (point 3)"),
+    ("calibrate:", "placement (point 1): graph rules crash"),
+    ("new:", "placement or loading (new)"),
+    ("export:", "export (point 2)"),
+    ("build:", "the sweep's model builds"),
+    ("timeout", "time limit"),
+    ("crashed", "process crash"),
+)
+
+
+def category(row: dict) -> tuple[str, str]:
+    """(the failure with its numbers and names taken out, the area it belongs to) for a row not accepted."""
+    import re
+
+    failure = row.get("failure") or "; ".join(row.get("shortfalls") or []) or "not accepted"
+    key = failure.split(" (float:")[0]
+    key = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", key)  # counts and values
+    key = re.sub(r"'[^']*'", "'X'", key)  # names of nodes, tensors, modules
+    key = re.sub(r"\b[\w.]+\.(onnx|qwb|py)\b", "FILE", key)
+    if ";" in key and ":" not in key.split(";")[0]:  # several shortfalls: the first one names the category
+        key = key.split(";")[0]
+    area = next((area for pattern, area in AREAS if pattern in failure), "other")
+    return key[:150], area
+
+
+def categories(rows: list[dict]) -> list[dict]:
+    """Failures grouped: how many models, an example model and its first error line, and the area."""
+    groups: dict[str, dict] = {}
+    for row in rows:
+        if accepted(row):
+            continue
+        key, area = category(row)
+        group = groups.setdefault(key, {"category": key, "area": area, "models": [],
+                                        "example": row["model"], "first_line": (row.get("failure") or "")[:200]})
+        group["models"].append(row["model"])
+    return sorted(groups.values(), key=lambda g: -len(g["models"]))
+
+
 def markdown(rows: list[dict]) -> str:
     """The README's table: a row per family with counts, then the failures with their reason."""
     families: dict[str, list[dict]] = {}
@@ -163,7 +207,9 @@ def markdown(rows: list[dict]) -> str:
     dates = sorted(row.get("date", "") for row in rows if row.get("date"))
     lines = [f"Accept rate **{good}/{len(rows)} ({100.0 * good / max(len(rows), 1):.0f}%)**"
              f"{', swept ' + dates[-1][:10] if dates else ''} (`python bench/zoo_sweep.py`; "
-             "INT8 with the defaults, tiny configs, random weights).", "",
+             "INT8 with the defaults, tiny configs, random weights; "
+             + ", ".join(f"{k} {v}" for k, v in ((rows[-1].get("versions") or {}) if rows else {}).items())
+             + ").", "",
              "| family | accepted | GEMMs all quantized | attention both inputs | outputs kept | file written |",
              "|---|---|---|---|---|---|"]
     for family, members in families.items():
@@ -175,6 +221,10 @@ def markdown(rows: list[dict]) -> str:
             f"{count(lambda r: isinstance(r.get('attention'), list) and r['attention'][0] == r['attention'][1])} | "
             f"{count(lambda r: isinstance(r.get('outputs'), list) and r['outputs'][0] == r['outputs'][1])} | "
             f"{count(lambda r: bool(r.get('export_ok')))} |")
+    groups = categories(rows)
+    if groups:
+        lines += ["", "| failure | models | example | area |", "|---|---|---|---|"]
+        lines += [f"| {g['category'][:90]} | {len(g['models'])} | `{g['example']}` | {g['area']} |" for g in groups]
     failed = [row for row in rows if not accepted(row)]
     if failed:
         lines += ["", "Not accepted:", ""]
@@ -193,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSONL file rows are appended to")
     parser.add_argument("--markdown", action="store_true", help="print the README's table from the rows and exit")
     parser.add_argument("--list", action="store_true", help="list the architectures and exit")
+    parser.add_argument("--categories", action="store_true", help="print the failures grouped by cause and exit")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--row", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -202,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.markdown:
         print(markdown(list(read_rows(args.out).values())))
+        return 0
+    if args.categories:
+        for group in categories(list(read_rows(args.out).values())):
+            print(f"{len(group['models']):3d}  {group['area']}\n     {group['category']}\n     e.g. "
+                  f"{group['example']}: {group['first_line']}\n     {', '.join(group['models'])}")
         return 0
     chosen = [e for e in entries if (not args.only or any(o == e.name or o in e.name for o in args.only))
               and (not args.family or e.family in args.family)]
