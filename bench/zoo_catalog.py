@@ -342,7 +342,8 @@ def factory_entries() -> list[Entry]:
 
 # issue 34's table first, then the families in turn, so that a partial run already covers every family
 FIRST = ("ultralytics/yolov8n", "torchvision/efficientnet_b0", "hf/detr", "hf/sam_vision_model",
-         "diffusers/unet2d_condition", "hf/mamba", "hf/gpt2", "hf/llama", "hf/whisper", "torchvision/convnext_tiny")
+         "diffusers/unet2d_condition", "hf/mamba", "hf/gpt2", "hf/llama", "hf/whisper", "torchvision/convnext_tiny",
+         "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin", "timm/resnet18")
 
 
 def all_entries() -> list[Entry]:

@@ -205,7 +205,9 @@ def markdown(rows: list[dict]) -> str:
         families.setdefault(row["family"], []).append(row)
     good = sum(accepted(row) for row in rows)
     dates = sorted(row.get("date", "") for row in rows if row.get("date"))
-    lines = [f"Accept rate **{good}/{len(rows)} ({100.0 * good / max(len(rows), 1):.0f}%)**"
+    total = len(zoo_catalog.all_entries())
+    swept = f" ({len(rows)} of the {total} architectures swept)" if len(rows) < total else ""
+    lines = [f"Accept rate **{good}/{len(rows)} ({100.0 * good / max(len(rows), 1):.0f}%)**{swept}"
              f"{', swept ' + dates[-1][:10] if dates else ''} (`python bench/zoo_sweep.py`; "
              "INT8 with the defaults, tiny configs, random weights; "
              + ", ".join(f"{k} {v}" for k, v in ((rows[-1].get("versions") or {}) if rows else {}).items())
@@ -234,6 +236,18 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+START, END = "<!-- zoo-sweep:start -->", "<!-- zoo-sweep:end -->"
+
+
+def write_readme(path: Path, table: str) -> None:
+    """Replace what lies between the README's zoo-sweep markers with ``table``."""
+    text = path.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{path}: no {START} ... {END} markers to write the table between.")
+    head, rest = text.split(START, 1)
+    path.write_text(f"{head}{START}\n{table}\n{END}{rest.split(END, 1)[1]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", default=[], help="model names (or substrings of them)")
@@ -242,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None, help="seconds per model (default: per entry)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSONL file rows are appended to")
     parser.add_argument("--markdown", action="store_true", help="print the README's table from the rows and exit")
+    parser.add_argument("--readme", type=Path, help="write the table into this README, between its zoo-sweep markers")
     parser.add_argument("--list", action="store_true", help="list the architectures and exit")
     parser.add_argument("--categories", action="store_true", help="print the failures grouped by cause and exit")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -251,8 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:  # one model in this process (debugging a row: python bench/zoo_sweep.py --worker NAME --row F)
         _worker(args.worker, str(args.row))
         return 0
-    if args.markdown:
-        print(markdown(list(read_rows(args.out).values())))
+    if args.markdown or args.readme:
+        table = markdown(list(read_rows(args.out).values()))
+        if args.readme:
+            write_readme(args.readme, table)
+        else:
+            print(table)
         return 0
     if args.categories:
         for group in categories(list(read_rows(args.out).values())):
