@@ -69,8 +69,27 @@ def tensor_leaves(output: Any) -> int:
     return 0
 
 
-def build_source(entry, folder: Path, root: Path):
-    """The ModelSpec a user would give for ``entry`` (an hf: folder saved here from the tiny config)."""
+def revive_degenerate_weights(model) -> list[str]:
+    """Give weight matrices that a library's random init leaves at about zero (transformers' SAM: |w| < 1e-9)
+    a random normal init (std 1/sqrt(fan-in)); the names of those changed.
+
+    A trained model never has them, and on them every quantizer's amax collapses (<= 2**-24) and the INT8
+    output is zero: the sweep's SQNR and parity would say nothing about the architecture."""
+    import torch
+
+    changed = []
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() >= 2 and parameter.is_floating_point() and float(parameter.abs().max()) < 1e-6:
+                fan_in = max(parameter[0].numel(), 1)
+                parameter.normal_(0.0, fan_in ** -0.5)
+                changed.append(name)
+    return changed
+
+
+def build_source(entry, folder: Path, root: Path, row: dict[str, Any] | None = None):
+    """The ModelSpec a user would give for ``entry`` (an hf: folder saved here from the tiny config); ``row``
+    gets the number of weights :func:`revive_degenerate_weights` changed."""
     import torch
 
     from workbench.sources.model_source import ModelSpec
@@ -82,6 +101,9 @@ def build_source(entry, folder: Path, root: Path):
         transformers.utils.logging.set_verbosity_error()
         config = transformers.AutoConfig.for_model(entry.model_type, **entry.kwargs)
         model = getattr(transformers, entry.target).from_config(config)
+        revived = revive_degenerate_weights(model)
+        if row is not None:
+            row["revived_weights"] = len(revived)
         target = folder / "model"
         model.save_pretrained(target, safe_serialization=True)
         return ModelSpec("hf", str(target))
@@ -131,7 +153,7 @@ def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch) -> None:
 
     data = folder / "calibration.npz"
     np.savez(data, **entry.inputs())
-    spec = build_source(entry, folder, root)
+    spec = build_source(entry, folder, root, row)
     row["stage"] = "new"
     session = Session.create(spec, DataSpec("tensors", str(data), batch_size=2), trust_code=True, base_dir=folder)
     with torch.no_grad():

@@ -104,3 +104,22 @@ def test_tensor_leaves_count_what_a_model_returns():
     logits, boxes = torch.zeros(1, 2), torch.zeros(1, 4)
     assert tensor_leaves({"logits": logits, "pred_boxes": boxes}) == 2
     assert tensor_leaves((logits, [boxes, {"masks": boxes}], None, "text")) == 3
+
+
+def test_weights_a_library_leaves_at_zero_get_a_random_init_and_the_others_are_kept():
+    """transformers' SAM vision encoder comes from its config with weights of about 1e-10: on it every amax
+    collapses and the INT8 output is zero, so the sweep gives such weight matrices a random init."""
+    import torch
+    from torch import nn
+
+    from zoo_checks import revive_degenerate_weights
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+    with torch.no_grad():
+        model[0].weight.mul_(1e-10)
+        model[0].bias.zero_()
+    kept = model[2].weight.clone()
+    assert revive_degenerate_weights(model) == ["0.weight"]
+    assert 0.05 < float(model[0].weight.std()) < 1.0
+    assert float(model[0].bias.abs().max()) == 0.0  # vectors (biases, norms) stay as the library made them
+    assert torch.equal(model[2].weight, kept)
