@@ -11,7 +11,6 @@ with the reason, so that they pass, and must be un-marked, when those fixes land
 from pathlib import Path
 
 import pytest
-
 import zoo_catalog
 from zoo_checks import run_entry
 
@@ -29,24 +28,21 @@ def xfail(reason: str):
     return pytest.mark.xfail(strict=True, reason=reason)
 
 
-CASES = [
-    pytest.param("hf/llama"),
-    pytest.param("hf/gpt2"),
-    pytest.param("hf/whisper"),
-    pytest.param("hf/t5"),
-    pytest.param("hf/bert"),
-    pytest.param("hf/vit"),
-    pytest.param("hf/mixtral"),
-    pytest.param("hf/wav2vec2"),
-    pytest.param("hf/swin"),
-    pytest.param("hf/mamba"),
-    pytest.param("hf/detr"),
-    pytest.param("hf/sam_vision_model"),
-    pytest.param("diffusers/unet2d_condition"),
-    pytest.param("timm/resnet18"),
-    pytest.param("torchvision/efficientnet_b0"),
-    pytest.param("ultralytics/yolov8n"),
-]
+# what fails today, and in whose area (issue 34's points); a fix that lands turns its case into an XPASS, which
+# fails (strict): remove the entry then
+FAILING = {
+    "hf/bert": f"{EXPORT}: pooler_output is not an ONNX output (1 of 2)",
+    "hf/vit": f"{EXPORT}: pooler_output is not an ONNX output (1 of 2)",
+    "hf/mamba": f"{EXPORT}: the scan is unrolled at the sample's length ('does not run at sequence length 9')",
+    "hf/detr": f"{EXPORT}: 1 of 4 outputs kept (logits; pred_boxes and the hidden states dropped)",
+    "hf/sam_vision_model": f"{PLACEMENT}: 0 of 4 attention products quantized (attention not traceable by torch.fx)",
+    "diffusers/unet2d_condition": f"{EXPORT}: onnx.checker: 'sample' is an input and an output name (not SSA)",
+    "ultralytics/yolov8n": f"{PLACEMENT}: calibrate crashes in the Concat rule ('Node' object is not iterable)",
+}
+NAMES = ["hf/llama", "hf/gpt2", "hf/whisper", "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin",
+         "hf/mamba", "hf/detr", "hf/sam_vision_model", "diffusers/unet2d_condition", "timm/resnet18",
+         "torchvision/efficientnet_b0", "ultralytics/yolov8n"]
+CASES = [pytest.param(name, marks=xfail(FAILING[name])) if name in FAILING else name for name in NAMES]
 
 
 @pytest.mark.slow
@@ -72,7 +68,6 @@ def test_attention_products_count_matmuls_between_activations_and_see_dq_through
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-
     from zoo_checks import attention_products
 
     scale = numpy_helper.from_array(np.array(0.1, dtype=np.float32), "s")
@@ -98,7 +93,6 @@ def test_attention_products_count_matmuls_between_activations_and_see_dq_through
 
 def test_tensor_leaves_count_what_a_model_returns():
     import torch
-
     from zoo_checks import tensor_leaves
 
     logits, boxes = torch.zeros(1, 2), torch.zeros(1, 4)
@@ -111,7 +105,6 @@ def test_weights_a_library_leaves_at_zero_get_a_random_init_and_the_others_are_k
     collapses and the INT8 output is zero, so the sweep gives such weight matrices a random init."""
     import torch
     from torch import nn
-
     from zoo_checks import revive_degenerate_weights
 
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4))
