@@ -2,6 +2,7 @@
 of torchvision, diffusers and ultralytics, built small with random weights, nothing downloaded."""
 from __future__ import annotations
 
+import inspect
 import os
 
 from torch import nn
@@ -16,7 +17,9 @@ def torchvision_model(name: str, **kwargs) -> nn.Module:
     import torchvision
 
     kwargs.setdefault("weights", None)
-    if "weights_backbone" in torchvision.models.get_model_builder(name).__code__.co_varnames:
+    # the builders are wrapped (legacy-argument handling): their own signature is behind __wrapped__, and a
+    # detection or segmentation builder left with its default weights_backbone downloads ImageNet weights
+    if "weights_backbone" in inspect.signature(torchvision.models.get_model_builder(name)).parameters:
         kwargs.setdefault("weights_backbone", None)
     return torchvision.models.get_model(name, **kwargs).eval()
 

@@ -14,7 +14,7 @@ PIP=("$VENV/bin/pip" install --isolated --progress-bar off ${PIP_CERT:+--cert "$
 "${PIP[@]}" "torch==$TORCH" "torchvision==$TORCHVISION"
 CONSTRAINTS=$(mktemp)
 printf 'torch==%s\ntorchvision==%s\n' "$TORCH" "$TORCHVISION" > "$CONSTRAINTS"
-"${PIP[@]}" -c "$CONSTRAINTS" timm transformers diffusers ultralytics
+"${PIP[@]}" -c "$CONSTRAINTS" timm transformers diffusers ultralytics pytest pytest-timeout
 "${PIP[@]}" -c "$CONSTRAINTS" -e "$ROOT"
 rm -f "$CONSTRAINTS"
 "$VENV/bin/python" -c "import torch, torchvision, timm, transformers, diffusers, ultralytics; print('sweep env:', \

@@ -122,3 +122,19 @@ def test_weights_a_library_leaves_at_zero_get_a_random_init_and_the_others_are_k
     assert 0.05 < float(model[0].weight.std()) < 1.0
     assert float(model[0].bias.abs().max()) == 0.0  # vectors (biases, norms) stay as the library made them
     assert torch.equal(model[2].weight, kept)
+
+
+def test_torchvision_dense_models_build_without_downloading_a_backbone(monkeypatch):
+    """torchvision's detection and segmentation builders default to ImageNet backbone weights: the sweep's
+    factory must ask for none (a download fails offline, and the sweep builds random weights)."""
+    pytest.importorskip("torchvision")
+    import torch.hub
+
+    import zoo_factories
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the factory tried to download weights")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
+    model = zoo_factories.torchvision_model("deeplabv3_mobilenet_v3_large", num_classes=3, aux_loss=False)
+    assert not model.training
