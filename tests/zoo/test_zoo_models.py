@@ -129,7 +129,6 @@ def test_torchvision_dense_models_build_without_downloading_a_backbone(monkeypat
     factory must ask for none (a download fails offline, and the sweep builds random weights)."""
     pytest.importorskip("torchvision")
     import torch.hub
-
     import zoo_factories
 
     def no_network(*args, **kwargs):
