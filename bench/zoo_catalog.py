@@ -6,8 +6,8 @@ in :mod:`zoo_factories` for torchvision, diffusers and ultralytics), and the cal
 (arrays by argument name, written to an ``.npz`` file as a user would). Nothing is downloaded: every model
 is built from its library's code and a small config.
 """
-from __future__ import annotations
-
+# no "from __future__ import annotations": the Entry dataclass then needs no sys.modules entry of its own module,
+# so the file also loads by path (tests/test_bench_scripts.py)
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -359,3 +359,17 @@ def all_entries() -> list[Entry]:
     while any(by_family.values()):
         ordered += [members.pop(0) for members in by_family.values() if members]
     return ordered
+
+
+def main() -> None:
+    """``python bench/zoo_catalog.py``: the architectures by family."""
+    counts: dict[str, int] = {}
+    for entry in all_entries():
+        counts[entry.family] = counts.get(entry.family, 0) + 1
+    for family, count in counts.items():
+        print(f"{family:26s} {count}")
+    print(f"{'all':26s} {sum(counts.values())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -179,3 +179,20 @@ def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch) -> None:
     row["warnings"] = [w.splitlines()[0][:200] for w in report.warnings][:5]
     if row["sqnr_db"] is None and report.int8_vs_fp32:
         row["sqnr_db"] = report.int8_vs_fp32.get("output_sqnr_db")
+
+
+def main() -> None:
+    """``python bench/zoo_checks.py NAME``: one architecture in this process (a debugger can follow it), its row
+    as JSON."""
+    import json
+    import sys
+
+    import zoo_catalog
+
+    root = Path(__file__).resolve().parents[1]
+    entry = next(e for e in zoo_catalog.all_entries() if e.name == sys.argv[1])
+    print(json.dumps(run_entry(entry, root), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -70,3 +70,16 @@ def yolo(config: str = "yolov8n.yaml") -> nn.Module:
                        DetectionModel)
     model = model_class(config, nc=10 if model_class is not PoseModel else 1, verbose=False)
     return model.eval()
+
+
+def main() -> None:
+    """``python bench/zoo_factories.py FACTORY [key=value ...]``: build one model, print its size."""
+    import sys
+
+    factory = globals()[sys.argv[1]]
+    model = factory(**dict(arg.split("=", 1) for arg in sys.argv[2:]))
+    print(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters")
+
+
+if __name__ == "__main__":
+    main()
