@@ -1,0 +1,198 @@
+"""One architecture of the conformance sweep, end to end through the Session, and the checks of its row.
+
+:func:`run_entry` does what ``quant-workbench new -> calibrate -> export`` does with the defaults and reads the
+row's checks off the exported graph: weight GEMMs (Conv/Gemm/MatMul with a constant weight) with Q/DQ on the
+weight, attention products (MatMuls between two activations) with Q/DQ on both inputs, and the ONNX outputs
+against the tensors the model returns. :func:`attention_products` and :func:`tensor_leaves` are shared with the
+tests (tests/zoo/).
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# ops TensorRT moves a DequantizeLinear across (they only move data): a DQ -> Transpose -> MatMul is quantized
+SHAPE_OPS = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Flatten", "Identity", "Cast"}
+
+
+def attention_products(path: str | Path) -> tuple[int, int]:
+    """(MatMuls between two activations with DequantizeLinear on both inputs, all MatMuls between two activations)
+    in the ONNX file at ``path``. A MatMul input counts as quantized when a DequantizeLinear produces it, directly
+    or through ops that only move data (``SHAPE_OPS``)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    constants = {i.name for i in graph.initializer}
+    memo: dict[str, bool] = {}
+
+    def constant(name: str) -> bool:
+        if name in constants:
+            return True
+        if name in memo:
+            return memo[name]
+        memo[name] = False  # a cycle cannot happen in ONNX, but guard the recursion
+        node = producer.get(name)
+        memo[name] = node is not None and (node.op_type in ("Constant", "ConstantOfShape", "Shape") or all(
+            constant(i) for i in node.input if i))
+        return memo[name]
+
+    def dequantized(name: str) -> bool:
+        node = producer.get(name)
+        while node is not None and node.op_type in SHAPE_OPS:
+            node = producer.get(node.input[0])
+        return node is not None and node.op_type == "DequantizeLinear"
+
+    products = quantized = 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or any(constant(i) for i in node.input[:2]):
+            continue
+        products += 1
+        quantized += all(dequantized(i) for i in node.input[:2])
+    return quantized, products
+
+
+def tensor_leaves(output: Any) -> int:
+    """Tensors a model returned (ModelOutput fields, tuples, lists, dicts, nested); None fields do not count."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return 1
+    if isinstance(output, dict):  # ModelOutput is an OrderedDict of its non-None fields
+        return sum(tensor_leaves(value) for value in output.values())
+    if isinstance(output, (tuple, list)):
+        return sum(tensor_leaves(value) for value in output)
+    return 0
+
+
+def revive_degenerate_weights(model) -> list[str]:
+    """Give weight matrices that a library's random init leaves at about zero (transformers' SAM: |w| < 1e-9)
+    a random normal init (std 1/sqrt(fan-in)); the names of those changed.
+
+    A trained model never has them, and on them every quantizer's amax collapses (<= 2**-24) and the INT8
+    output is zero: the sweep's SQNR and parity would say nothing about the architecture."""
+    import torch
+
+    changed = []
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() >= 2 and parameter.is_floating_point() and float(parameter.abs().max()) < 1e-6:
+                fan_in = max(parameter[0].numel(), 1)
+                parameter.normal_(0.0, fan_in ** -0.5)
+                changed.append(name)
+    return changed
+
+
+def build_source(entry, folder: Path, root: Path, row: dict[str, Any] | None = None):
+    """The ModelSpec a user would give for ``entry`` (an hf: folder saved here from the tiny config); ``row``
+    gets the number of weights :func:`revive_degenerate_weights` changed."""
+    import torch
+
+    from workbench.sources.model_source import ModelSpec
+
+    torch.manual_seed(0)
+    if entry.source == "hf":
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        config = transformers.AutoConfig.for_model(entry.model_type, **entry.kwargs)
+        model = getattr(transformers, entry.target).from_config(config)
+        revived = revive_degenerate_weights(model)
+        if row is not None:
+            row["revived_weights"] = len(revived)
+        target = folder / "model"
+        model.save_pretrained(target, safe_serialization=True)
+        return ModelSpec("hf", str(target))
+    if entry.source == "timm":
+        return ModelSpec("timm", entry.target, dict(entry.kwargs))
+    file, factory = entry.target.rsplit(":", 1)
+    return ModelSpec("entrypoint", f"{root / file}:{factory}", dict(entry.kwargs))
+
+
+def run_entry(entry, root: Path) -> dict[str, Any]:
+    """``new -> calibrate -> export`` for one architecture; the row (plain data) with what failed where."""
+    import tempfile
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    row: dict[str, Any] = {"model": entry.name, "family": entry.family, "stage": "build"}
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="zoo-model-") as name:
+            folder = Path(name)
+            _run(entry, root, folder, row, torch)
+    except BaseException as error:  # the row says what failed; the sweep goes on
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        row["failure"] = f"{row['stage']}: {type(error).__name__}: {lines[0] if lines else ''}"[:400]
+        row["traceback"] = "".join(traceback.format_exception(error)[-3:])[-1500:]
+    row["seconds"] = time.perf_counter() - start
+    shortfalls = []
+    for key, what in (("gemms", "weight GEMMs quantized"), ("attention", "attention products quantized"),
+                      ("outputs", "outputs kept")):
+        pair = row.get(key)
+        if isinstance(pair, list) and pair[0] != pair[1]:
+            shortfalls.append(f"{what} {pair[0]}/{pair[1]}")
+    row["shortfalls"] = shortfalls
+    if not row.get("failure") and shortfalls:
+        row["failure"] = "; ".join(shortfalls)
+        if row.get("float_gemms"):
+            row["failure"] += f" (float: {', '.join(row['float_gemms'][:3])})"
+    return row
+
+
+def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch) -> None:
+    from workbench.quant.algorithms.batches import run_model
+    from workbench.session import Session
+    from workbench.sources.data_source import DataSpec
+
+    data = folder / "calibration.npz"
+    np.savez(data, **entry.inputs())
+    spec = build_source(entry, folder, root, row)
+    row["stage"] = "new"
+    session = Session.create(spec, DataSpec("tensors", str(data), batch_size=2), trust_code=True, base_dir=folder)
+    with torch.no_grad():
+        returned = tensor_leaves(run_model(session.float_model, session.sample_inputs(batch=1), session.device))
+    row["stage"] = "calibrate"
+    result = session.calibrate()
+    row["sqnr_db"] = result.output_sqnr_db
+    row["quantizers"] = len(result.quantizers)
+    row["unreached"] = len(result.unused)
+    row["stage"] = "export"
+    path = folder / "model.qdq.onnx"
+    report = session.export(path)
+    row["stage"] = "done"
+    row["export_ok"] = path.is_file()
+    row["exporter"] = report.exporter
+    row["opset"] = report.opset
+    row["cosine"] = float(report.cosine)
+    row["gemms"] = [report.weight_gemms - len(report.float_weight_gemms), report.weight_gemms]
+    row["float_gemms"] = list(report.float_weight_gemms)
+    row["attention"] = list(attention_products(path))
+    row["outputs"] = [len(report.output_names), returned]
+    row["qdq_pairs"] = report.qdq_pairs
+    row["warnings"] = [w.splitlines()[0][:200] for w in report.warnings][:5]
+    if row["sqnr_db"] is None and report.int8_vs_fp32:
+        row["sqnr_db"] = report.int8_vs_fp32.get("output_sqnr_db")
+
+
+def main() -> None:
+    """``python bench/zoo_checks.py NAME``: one architecture in this process (a debugger can follow it), its row
+    as JSON."""
+    import json
+    import sys
+
+    import zoo_catalog
+
+    root = Path(__file__).resolve().parents[1]
+    entry = next(e for e in zoo_catalog.all_entries() if e.name == sys.argv[1])
+    print(json.dumps(run_entry(entry, root), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Entry points the conformance sweep names as a user would (``bench/zoo_factories.py:torchvision_model``): models
+of torchvision, diffusers and ultralytics, built small with random weights, nothing downloaded."""
+from __future__ import annotations
+
+import inspect
+import os
+
+from torch import nn
+
+# ultralytics checks for updates and writes settings on import: keep it offline and quiet
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("YOLO_VERBOSE", "False")
+
+
+def torchvision_model(name: str, **kwargs) -> nn.Module:
+    """``torchvision.models.get_model(name)`` with random weights (no download)."""
+    import torchvision
+
+    kwargs.setdefault("weights", None)
+    # the builders are wrapped (legacy-argument handling): their own signature is behind __wrapped__, and a
+    # detection or segmentation builder left with its default weights_backbone downloads ImageNet weights
+    if "weights_backbone" in inspect.signature(torchvision.models.get_model_builder(name)).parameters:
+        kwargs.setdefault("weights_backbone", None)
+    return torchvision.models.get_model(name, **kwargs).eval()
+
+
+def unet2d_condition() -> nn.Module:
+    """diffusers' UNet2DConditionModel: cross-attention down and up blocks, a mid block, time embedding."""
+    from diffusers import UNet2DConditionModel
+
+    return UNet2DConditionModel(sample_size=16, in_channels=4, out_channels=4, block_out_channels=(32, 64),
+                                layers_per_block=1, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
+                                attention_head_dim=8, norm_num_groups=8).eval()
+
+
+def autoencoder_kl() -> nn.Module:
+    """diffusers' AutoencoderKL (the Stable Diffusion VAE's layout), decoding the posterior's mode."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(16, 32), latent_channels=4,
+                         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                         norm_num_groups=8, sample_size=32).eval()
+
+
+def dit_transformer() -> nn.Module:
+    """diffusers' DiTTransformer2DModel: patchified latents, adaLN-zero blocks conditioned on timestep and class."""
+    from diffusers import DiTTransformer2DModel
+
+    return DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                                 num_layers=2, sample_size=8, patch_size=2, num_embeds_ada_norm=10,
+                                 norm_num_groups=8).eval()
+
+
+def sd3_transformer() -> nn.Module:
+    """diffusers' SD3Transformer2DModel (MMDiT: joint attention over image and text tokens)."""
+    from diffusers import SD3Transformer2DModel
+
+    return SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+                                 num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+                                 pooled_projection_dim=16, out_channels=4, pos_embed_max_size=8).eval()
+
+
+def yolo(config: str = "yolov8n.yaml") -> nn.Module:
+    """An ultralytics model from its yaml (no weights), as ``YOLO("yolov8n.yaml").model`` builds it."""
+    from ultralytics.nn.tasks import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
+
+    task = {"-seg": SegmentationModel, "-pose": PoseModel, "-cls": ClassificationModel}
+    model_class = next((cls for suffix, cls in task.items() if config.removesuffix(".yaml").endswith(suffix)),
+                       DetectionModel)
+    model = model_class(config, nc=10 if model_class is not PoseModel else 1, verbose=False)
+    return model.eval()
+
+
+def main() -> None:
+    """``python bench/zoo_factories.py FACTORY [key=value ...]``: build one model, print its size."""
+    import sys
+
+    factory = globals()[sys.argv[1]]
+    model = factory(**dict(arg.split("=", 1) for arg in sys.argv[2:]))
+    print(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters")
+
+
+if __name__ == "__main__":
+    main()
