@@ -79,7 +79,8 @@ def test_session_feeds_token_ids_by_keyword_to_every_job(tmp_path):
 
     (tmp_path / "tagger.py").write_text(TOKEN_MODEL)
     write_tokens(tmp_path / "tokens.npz")
-    session = Session.create(ModelSpec("entrypoint", "tagger.py:build"), DataSpec("tensors", "tokens.npz", batch_size=4),
+    session = Session.create(ModelSpec("entrypoint", "tagger.py:build"),
+                             DataSpec("tensors", "tokens.npz", batch_size=4),
                              trust_code=True, base_dir=tmp_path, settings={"output": "hidden"})
     sample = session.sample_inputs(batch=2)
     assert list(sample) == ["input_ids", "attention_mask"] and sample["input_ids"].dtype == torch.int64

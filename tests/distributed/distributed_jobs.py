@@ -46,7 +46,8 @@ def calibration_amax(method: str, num_batches: int | None, scale_last: float = 1
         result = calibrate(model, tiny_batches(scale_last=scale_last), num_batches=num_batches, method=method,
                            context=context, progress=lambda d, t, m: progress.append((d, t)))
         histograms = {name: q._calibrator for name, q in model.named_modules()
-                      if isinstance(q, quant.TensorQuantizer) and isinstance(q._calibrator, quant.calib.HistogramCalibrator)}
+                      if isinstance(q, quant.TensorQuantizer)
+                      and isinstance(q._calibrator, quant.calib.HistogramCalibrator)}
         # every method's amax from the merged histograms, as the layer panel shows them
         by_method = {name: {m: float(c.compute_amax(m)) for m in ("entropy", "mse", "percentile", "max")}
                      for name, c in histograms.items()}

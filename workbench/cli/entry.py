@@ -297,7 +297,8 @@ def _error_kinds() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExce
 
             user_errors.append(CalibrationError)
             cancelled.append(CalibrationCancelled)
-        if "workbench.quant.algorithms.distributed" in loaded:  # a rank that hung or died: the job's fault, not a bug here
+        # a rank that hung or died: the job's fault, not a bug here
+        if "workbench.quant.algorithms.distributed" in loaded:
             from workbench.quant.algorithms.distributed import DistributedError
 
             user_errors.append(DistributedError)

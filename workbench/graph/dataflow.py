@@ -6,7 +6,8 @@
   x = self.conv1(x); ...; x += shortcut`` (timm's and torchvision's BasicBlock) is safe: ``x`` was
   rebound before the in-place add.
 * :func:`activation_nodes` marks the graph nodes that carry floating activations: those computed
-  from a floating forward input, and the floating outputs of layers (an Embedding's lookup too). Integer and boolean tensors, masks, position ids and what is
+  from a floating forward input, and the floating outputs of layers (an Embedding's lookup too). Integer and
+  boolean tensors, masks, position ids and what is
   computed from them alone (rotary angles, ``arange`` grids, parameters) are not activations: an
   operation on them never gets a quantizer (TensorRT runs no INT8 kernel on them).
 * :func:`pointwise_formula` says whether an add is a step of an elementwise formula (GELU's tanh

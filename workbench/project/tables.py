@@ -409,7 +409,8 @@ def read_project(db: sqlite_utils.Database, path: Path) -> Project:
         for row in db[table].rows_where(order_by="id"):
             with _row(path, table, f"{kind} run {row.get('id')}"):
                 if kind == "sensitivity":
-                    project.sensitivity.append(SensitivityRecord(int(row["id"]), str(row["created"]), _json(row, "data")))
+                    project.sensitivity.append(SensitivityRecord(int(row["id"]), str(row["created"]),
+                                                                 _json(row, "data")))
                 elif kind == "fallback":
                     project.fallbacks.append(FallbackRecord(int(row["id"]), str(row["created"]), _json(row, "data"),
                                                             bool(row["applied"])))

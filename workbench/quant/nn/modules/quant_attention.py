@@ -195,7 +195,8 @@ class QuantSDPA(nn.Module):
         return output
 
     def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  mask: torch.Tensor | None = None, *, scale: float | None = None, dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                  mask: torch.Tensor | None = None, *, scale: float | None = None,
+                  dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
         """``(softmax(q k^T * scale + mask) v, probabilities)`` with the four tensors quantized.
 
         ``mask`` is boolean (True: attend) or additive. The key is transposed before its quantizer, so

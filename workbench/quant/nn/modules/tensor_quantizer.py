@@ -174,7 +174,8 @@ class TensorQuantizer(nn.Module):
 
     @property
     def rounding(self) -> Rounding:
-        """Rounding convention: ``"pytorch_quantization"`` or ``"onnx"`` (see :mod:`workbench.quant.kernels.fake_quant`)."""
+        """Rounding convention: ``"pytorch_quantization"`` or ``"onnx"`` (see
+        :mod:`workbench.quant.kernels.fake_quant`)."""
         return self._rounding
 
     @rounding.setter
