@@ -340,7 +340,8 @@ class DescriptorDialog(QDialog):
         session = self.controller.session
         if session is None:
             return
-        descriptors = {n: d for n, d in self.controller.descriptors(self.names, self.current_role()).items() if d is not None}
+        descriptors = {n: d for n, d in self.controller.descriptors(self.names, self.current_role()).items()
+                       if d is not None}
         first = next(iter(descriptors.values()), None)
         mixed = {key for key in DESCRIPTOR_FIELDS
                  if len({repr(d.get(key)) for d in descriptors.values()}) > 1}
