@@ -68,3 +68,14 @@ def test_the_ladder_search_plots_metric_against_bytes_and_applies_the_mix(contro
         panel.run_fallback()
     assert blocker.args[0].budget_bytes == 8000 and blocker.args[0].weight_bytes <= 8000
     assert panel.ladder_budget.isVisible() and panel.ladder_budget.value() == pytest.approx(8000)
+
+
+def test_a_reopened_ladder_result_names_its_own_ladder(controller, qtbot, project):
+    assert cli.main(["sensitivity", str(project), "--ladder", "int8,fp8,float", "--target", "25"]) == 0
+    with qtbot.waitSignal(controller.session_changed, timeout=60000):
+        controller.open_project(project, trust_code=True)
+    tab = shown(SensitivityTab(controller), qtbot, 1100, 800)
+    panel = tab.fallback_panel
+    qtbot.waitUntil(lambda: panel.ladder_result is not None, timeout=10000)
+    assert panel.ladder_box.currentText() == "int8,fp8,float"  # not the first preset, int8,float
+    assert panel.ladder() == ",".join(panel.ladder_result.ladder)

@@ -476,6 +476,8 @@ class FallbackPanel(QGroupBox):
             return
         self.fallback_plot.hide()
         self.ladder_plot.show()
+        # the box names the ladder this result searched (after a reopen it showed the first preset instead)
+        self.ladder_box.setCurrentText(ladder_text(result.ladder))
         xs, ys = result.plot_data()
         shown = [y if math.isfinite(y) else np.nan for y in ys]
         self.ladder_curve.setData(xs, shown, connect="finite")
