@@ -35,3 +35,26 @@ def _seed():
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def device(request):
     return torch.device(request.param)
+
+
+@pytest.fixture(scope="session")
+def outlier_block_template(tmp_path_factory):
+    """A project of the outlier-channel block (workbench.sources.outliers), made once by ``workbench new``."""
+    import workbench.cli as cli
+    from workbench.sources import outliers
+
+    path = tmp_path_factory.mktemp("outlier-template") / "block.qwb"
+    code = cli.main([str(a) for a in ("new", path, "--model", "workbench.sources.outliers:outlier_block", "--data",
+                                      f"{outliers.__file__}:calibration_batches", "--trust-code")])
+    assert code == 0
+    return path
+
+
+@pytest.fixture
+def outlier_block(outlier_block_template, tmp_path):
+    """A fresh copy of the outlier block's project, for a test to edit."""
+    import shutil
+
+    path = tmp_path / "block.qwb"
+    shutil.copy(outlier_block_template, path)
+    return path

@@ -1,38 +1,19 @@
 """Precision per layer from the command line: ``set --precision``, ``show`` with each layer's precision,
 calibration per format, export, and the project round trip, on the outlier-channel block of issue 22."""
 import json
-import shutil
 
 import numpy as np
 import onnx
 import pytest
 
-from tests.cli_run import run
-from workbench import cli
+from tests.cli_run import layer_rows, run
 from workbench.session import Session
-from workbench.sources import outliers
-
-
-@pytest.fixture(scope="module")
-def _template(tmp_path_factory):
-    path = tmp_path_factory.mktemp("template") / "block.qwb"
-    code = cli.main([str(a) for a in ("new", path, "--model", "workbench.sources.outliers:outlier_block", "--data",
-                                      f"{outliers.__file__}:calibration_batches", "--trust-code")])
-    assert code == 0
-    return path
 
 
 @pytest.fixture
-def project(_template, tmp_path):
-    path = tmp_path / "block.qwb"
-    shutil.copy(_template, path)
-    return path
+def project(outlier_block):
+    return outlier_block
 
-
-def layer_rows(capsys, project):
-    code, out, err = run(capsys, "show", project, "--json", "--trust-code")
-    assert code == 0, err
-    return {row["name"]: row for row in json.loads(out)["layer_table"]}
 
 
 def test_set_precision_and_show_it(project, capsys):

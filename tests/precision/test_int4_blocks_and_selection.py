@@ -2,35 +2,16 @@
 ``set``, linted in older projects) and the selection parts of point 7 (``--layer '.*'`` points to ``--pattern``;
 ``--pattern X --type Y`` is the layers matching X that are of type Y, and ``--help`` says so)."""
 import json
-import shutil
 
 import pytest
 
-from tests.cli_run import run
-from workbench import cli
-from workbench.sources import outliers
-
-
-@pytest.fixture(scope="module")
-def _template(tmp_path_factory):
-    path = tmp_path_factory.mktemp("template") / "block.qwb"
-    code = cli.main([str(a) for a in ("new", path, "--model", "workbench.sources.outliers:outlier_block", "--data",
-                                      f"{outliers.__file__}:calibration_batches", "--trust-code")])
-    assert code == 0
-    return path
+from tests.cli_run import layer_rows, run
 
 
 @pytest.fixture
-def project(_template, tmp_path):
-    path = tmp_path / "block.qwb"
-    shutil.copy(_template, path)
-    return path
+def project(outlier_block):
+    return outlier_block
 
-
-def _rows(capsys, project):
-    code, out, err = run(capsys, "show", project, "--json", "--trust-code")
-    assert code == 0, err
-    return {row["name"]: row for row in json.loads(out)["layer_table"]}
 
 
 def test_int4_blocks_are_the_ones_tensorrt_builds(project, capsys):
@@ -43,11 +24,11 @@ def test_int4_blocks_are_the_ones_tensorrt_builds(project, capsys):
                        "--trust-code")
     assert code == 2 and "fc1: a block of 128 does not divide the layer's 64 input features" in err
     assert "use a block of 64" in err
-    assert {r["precision"] for r in _rows(capsys, project).values()} == {"int8"}  # nothing changed
+    assert {r["precision"] for r in layer_rows(capsys, project).values()} == {"int8"}  # nothing changed
     # without --block-size each layer gets the largest that fits: 64 on fc1 (64 in), 128 on fc2 (128 in)
     code, _, err = run(capsys, "set", project, "--pattern", "fc", "--precision", "int4w", "--trust-code")
     assert code == 0, err
-    rows = _rows(capsys, project)
+    rows = layer_rows(capsys, project)
     assert rows["fc1"]["weight_summary"] == "int4 block 64 max"
     assert rows["fc2"]["weight_summary"] == "int4 block 128 max"
     # a hand edit of the block is held to the same rule
@@ -86,7 +67,7 @@ def test_pattern_and_type_choose_the_layers_matching_both(project, capsys):
     code, out, err = run(capsys, "set", project, "--pattern", "fc1", "--type", "Linear", "--precision", "float",
                          "--trust-code")
     assert code == 0, err
-    assert {n: r["precision"] for n, r in _rows(capsys, project).items()} == {"fc1": "float", "fc2": "fp8"}
+    assert {n: r["precision"] for n, r in layer_rows(capsys, project).items()} == {"fc1": "float", "fc2": "fp8"}
     code, _, err = run(capsys, "set", project, "--pattern", "fc1", "--type", "Conv2d", "--precision", "int8",
                        "--trust-code")
     assert code == 2 and "Conv2d" in err

@@ -1,15 +1,12 @@
 """Issue 35, points 1-3: a precision means what it says from every state a layer can be in (float, int8, fp8, int4w,
 custom), in the Session and so in the CLI and the GUI; and a precision of an attention covers its four quantizers."""
 import json
-import shutil
 
 import pytest
 
 from tests.cli_run import run
-from workbench import cli
 from workbench.quant.algorithms.precision import E4M3_BITS
 from workbench.session import Session
-from workbench.sources import outliers
 
 STATES = ("float", "int8", "fp8", "int4w", "custom")
 TARGETS = ("int8", "fp8", "int4w", "float")
@@ -17,20 +14,9 @@ TARGETS = ("int8", "fp8", "int4w", "float")
 HELD = {"int8": (8, True, 8, None), "fp8": (E4M3_BITS, True, E4M3_BITS, None), "int4w": (8, False, 4, 64)}
 
 
-@pytest.fixture(scope="module")
-def _template(tmp_path_factory):
-    path = tmp_path_factory.mktemp("template") / "block.qwb"
-    code = cli.main([str(a) for a in ("new", path, "--model", "workbench.sources.outliers:outlier_block", "--data",
-                                      f"{outliers.__file__}:calibration_batches", "--trust-code")])
-    assert code == 0
-    return path
-
-
 @pytest.fixture
-def project(_template, tmp_path):
-    path = tmp_path / "block.qwb"
-    shutil.copy(_template, path)
-    return path
+def project(outlier_block):
+    return outlier_block
 
 
 def _put_in(session: Session, state: str) -> None:
