@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.ort_run import value_session
 from workbench import quant
 from workbench.export import ExportError, export_qdq_onnx
 from workbench.quant.algorithms.calibrate import calibrate
@@ -69,7 +70,7 @@ def test_keyword_token_inputs_are_named_after_the_forward_with_batch_and_sequenc
     assert report.sequence_check is not None and report.sequence_check.shape == (3, 8, 5)  # one token longer
     # another batch size and sequence length run and match the fake-quant model
     longer = token_batches(1, batch=2, length=11)[0]
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    session = value_session(str(tmp_path / "m.onnx"))
     logits = session.run(None, {k: v.numpy() for k, v in longer.items()})[0]
     for q in (m for m in model.modules() if isinstance(m, quant.TensorQuantizer)):
         q.rounding = "onnx"
@@ -200,7 +201,7 @@ def test_a_large_graph_is_written_with_external_data_and_validated(tmp_path):
                if t.data_location == onnx.TensorProto.EXTERNAL]
     assert weights and all(e.value == "m.onnx.data" for t in weights for e in t.external_data if e.key == "location")
     onnx.checker.check_model(str(tmp_path / "m.onnx"), full_check=True)
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    session = value_session(str(tmp_path / "m.onnx"))
     logits = session.run(None, {k: v.numpy() for k, v in sample.items()})[0]
     assert logits.shape == (3, 7, 5)
     # a small graph stays one file
@@ -250,7 +251,7 @@ def test_a_graph_over_the_protobuf_limit_is_exported_without_serialising_its_wei
     graph = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False).graph
     assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
     assert any(n.name == "fc._input_quantizer/QuantizeLinear" for n in graph.node)  # the naming passes ran
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    session = value_session(str(tmp_path / "m.onnx"))
     logits = session.run(None, {k: v.numpy() for k, v in sample.items()})[0]
     with torch.no_grad():
         expected = model(**sample)["logits"].numpy()

@@ -2,12 +2,12 @@
 scales, axes, zero points, dynamic batch, rule reports."""
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import numpy_helper
 from zoo import ZOO
 
+from tests.ort_run import value_session
 from workbench import quant
 from workbench.export import export_qdq_onnx
 from workbench.export.exporters import FAST_PATH_NOTE
@@ -130,7 +130,7 @@ def test_scales_zero_points_and_axes(exported):
 def test_dynamic_batch_in_onnxruntime(exported, batch):
     name, model, batches, _, _, path, report = exported
     assert report.dynamic_batch and report.dynamic_batch_check is not None
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = value_session(str(path))
     x = torch.randn(batch, *batches[2].shape[1:])
     (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     expected = fake_quant_outputs(model, x)

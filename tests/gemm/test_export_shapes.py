@@ -9,6 +9,7 @@ import pytest
 import torch
 from shapes import EncoderDecoder, UNetish
 
+from tests.ort_run import value_session
 from workbench import cli
 from workbench.export import export_qdq_onnx
 from workbench.graph.prepare import prepare_for_tensorrt
@@ -31,7 +32,7 @@ def test_encoder_and_decoder_lengths_are_independent_axes(tmp_path, exporter):
                                                         ("decoder_input_ids", ["batch", "decoder_sequence"])]
     assert report.sequence_check is not None and report.sequence_check.cosine > 0.999
     # lengths the sample never had, and unequal: onnxruntime runs them and matches the model
-    session = ort.InferenceSession(str(tmp_path / "ed.onnx"))
+    session = value_session(tmp_path / "ed.onnx")
     ids, target = torch.randint(0, 32, (3, 11)), torch.randint(0, 32, (3, 2))
     out = session.run(None, {"input_ids": ids.numpy(), "decoder_input_ids": target.numpy()})[0]
     with torch.no_grad():

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.ort_run import value_session
 from workbench import quant
 from workbench.export import export_qdq_onnx
 from workbench.graph import describe_model, insert_functional_quantizers, prepare_for_tensorrt
@@ -35,9 +36,8 @@ def attention_matmuls_fed_by_dq(path) -> tuple[int, int]:
 
 
 def _cosine_vs_fp32(path, inputs: tuple, fp32: torch.Tensor) -> float:
-    import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = value_session(str(path))
     feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
     out = session.run(None, feeds)[0].astype(np.float64).ravel()
     ref = fp32.detach().double().numpy().ravel()

@@ -211,7 +211,8 @@ def post_process_graph(job: ExportJob) -> None:
     job.counts = {op: sum(1 for n in proto.graph.node if n.op_type == op)
                   for op in ("QuantizeLinear", "DequantizeLinear", "Clip")}
     job.by_format = format_counts(proto)
-    job.without_qdq = account_qdq(proto, swapped.values(), job.calls, job.log)
+    # a streamed graph's initializers (scales too) lie in its temporary data file beside the target
+    job.without_qdq = account_qdq(proto, swapped.values(), job.calls, job.log, str(job.path.parent))
     blocked = sum(1 for s in swapped.values() if s.params.format == "int4")
     if job.by_format["int4"] != blocked:  # each INT4 weight is one DequantizeLinear on an INT4 initializer
         raise ExportValidationError("checker", f"the graph has {job.by_format['int4']} INT4 weight DequantizeLinear "

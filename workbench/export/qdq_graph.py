@@ -203,14 +203,15 @@ def pin_propagated_qdq(proto: onnx.ModelProto) -> int:
 
 
 def quantizers_without_qdq(proto: onnx.ModelProto, scales: dict[str, np.ndarray],
-                           called: Iterable[str]) -> list[str]:
+                           called: Iterable[str], base_dir: str = "") -> list[str]:
     """The quantizers in ``called`` (those that ran in the reference pass) with no Q/DQ node in the graph: no node
-    reads their scale, nor a scale of the same value (equal scales may be merged into one initializer)."""
+    reads their scale, nor a scale of the same value (equal scales may be merged into one initializer).
+    ``base_dir``: where a streamed graph's external data lies (its scales may be there too)."""
     graph = proto.graph
     read = {node.input[1] for node in graph.node
             if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 1}
     initializers = {init.name: init for init in graph.initializer if init.name in read}
-    values = [numpy_helper.to_array(init).astype(np.float32) for init in initializers.values()]
+    values = [numpy_helper.to_array(init, base_dir).astype(np.float32) for init in initializers.values()]
     missing: list[str] = []
     for name in called:
         if f"{name}.scale" in read:
@@ -233,11 +234,12 @@ def prepare_qdq(proto: onnx.ModelProto, scale_to_quantizer: dict[str, str], log:
                 "zero point, and cannot open the file")
 
 
-def account_qdq(proto: onnx.ModelProto, stand_ins: Iterable, calls: Mapping[str, int], log: ReportLog) -> list[str]:
+def account_qdq(proto: onnx.ModelProto, stand_ins: Iterable, calls: Mapping[str, int], log: ReportLog,
+                base_dir: str = "") -> list[str]:
     """The quantizers that ran (``calls``) and have no Q/DQ in the file (:func:`quantizers_without_qdq`); a warning
     names those whose absence no note explains (a constant's is)."""
     scales = {s.quantizer_name: s.params.scale.detach().cpu().numpy().astype(np.float32) for s in stand_ins}
-    missing = quantizers_without_qdq(proto, scales, [name for name, count in calls.items() if count])
+    missing = quantizers_without_qdq(proto, scales, [name for name, count in calls.items() if count], base_dir)
     explained = {entry.split(":", 1)[0] for entry in log.notes if log.kinds.get(entry) == "constant_qdq"}
     unexplained = [name for name in missing if name not in explained]
     if unexplained:
