@@ -14,7 +14,9 @@ from PySide6.QtWidgets import QMessageBox  # noqa: E402
 from workbench.app.main_window import MainWindow  # noqa: E402
 from workbench.app.tree_model import WEIGHT  # noqa: E402
 
-INTERMEDIATE = "bert.encoder.layer.0.intermediate.dense"
+# the FFN's output GEMM: 64 input features, a size TensorRT builds INT4 blocks for (the intermediate dense
+# has 32, under the smallest block)
+INT4_LAYER = "bert.encoder.layer.0.output.dense"
 
 
 @pytest.fixture
@@ -70,9 +72,9 @@ def test_an_int4_weight_only_layer_shows_its_input_off_and_its_weight_in_blocks(
     with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
         assert window.controller.new_project(model, data, base_dir=tmp_path)
     settle(window, qtbot)
-    assert window.controller.set_precision([INTERMEDIATE], "int4w")
+    assert window.controller.set_precision([INT4_LAYER], "int4w")
     settle(window, qtbot)
-    window.controller.select([INTERMEDIATE])
+    window.controller.select([INT4_LAYER])
     settle(window, qtbot)
     panel, editor = window.layer_panel, window.layer_panel.editor
     panel.role_tabs.setCurrentIndex(0)
@@ -83,8 +85,8 @@ def test_an_int4_weight_only_layer_shows_its_input_off_and_its_weight_in_blocks(
     panel.role_tabs.setCurrentIndex(1)
     settle(window, qtbot)
     assert not editor.state_note.isVisibleTo(editor) and editor.num_bits.isEnabled()
-    assert editor.num_bits.value() == 4 and "blocks of 128" in editor.axis.currentText()
-    assert "128" in window.tree.model.text(INTERMEDIATE, WEIGHT)  # the tree and the editor agree
+    assert editor.num_bits.value() == 4 and "blocks of 64" in editor.axis.currentText()
+    assert "64" in window.tree.model.text(INT4_LAYER, WEIGHT)  # the tree and the editor agree
     assert not editor.export_note.isVisibleTo(editor)  # INT4 in blocks: export writes it
 
 
@@ -99,7 +101,7 @@ def test_a_full_calibration_with_an_int4_layer_leaves_nothing_to_recalibrate(win
     with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
         window.controller.calibrate(method="max")
     settle(window, qtbot)
-    assert window.controller.set_precision([INTERMEDIATE], "int4w")
+    assert window.controller.set_precision([INT4_LAYER], "int4w")
     settle(window, qtbot)
     with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
         window.calibrate_action.trigger()

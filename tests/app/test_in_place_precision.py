@@ -9,7 +9,8 @@ import pytest
 from bert_project import bert_specs
 from test_in_place_edit import _same_as_rebuild
 
-import workbench.session.core as session_core
+import workbench.session.edits as session_edits
+import workbench.session.reading as session_reading
 from workbench.session import Session, jsonable
 from workbench.sources.data_source import DataSpec
 from workbench.sources.model_source import ModelSpec
@@ -33,13 +34,15 @@ def _equals_rebuild(session: Session, batch) -> None:
 def builds(monkeypatch):
     """How many times the session builds a quantized model from the project."""
     calls = []
-    real = session_core.build_quantized
+    real = session_reading.build_quantized
 
     def counting(*args, **kwargs):
         calls.append(kwargs.get("with_decisions", True))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(session_core, "build_quantized", counting)
+    # the live model is built on reading it (reading.py); new layers are synced by an edit (edits.py)
+    for module in (session_reading, session_edits):
+        monkeypatch.setattr(module, "build_quantized", counting)
     return calls
 
 
