@@ -92,15 +92,15 @@ def test_a_fine_tune_that_kept_the_starting_model_leaves_the_calibration_current
     assert "stale" not in out, out
 
 
-def test_int4_blocks_that_do_not_divide_the_inputs_are_noted(tmp_path, capsys):
+def test_int4_blocks_that_do_not_divide_the_inputs_are_refused(tmp_path, capsys):
+    """A partial last block is settled by refusal: an INT4 block must be one TensorRT builds (64, 128) and divide the
+    layer's input features, so no block is ever partial (issue 35 point 6)."""
     project = new_project(tmp_path, capsys)  # fc: 4 inputs
+    before = project.read_bytes()
     code, out, err = run(capsys, "set", project, "--layer", "fc", "--precision", "int4w", "--block-size", "3",
                          "--trust-code")
-    assert code == 0, err
-    assert "note: fc: 4 inputs in blocks of 3: 1 full blocks and a last one of 1" in out
-    code, out, err = run(capsys, "set", project, "--layer", "fc", "--precision", "int4w", "--block-size", "2",
-                         "--trust-code")
-    assert code == 0 and "last one" not in out
+    assert code == 2 and "fc" in err and "64" in err and "128" in err
+    assert "last one" not in out and project.read_bytes() == before
 
 
 def exported(folder):

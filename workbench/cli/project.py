@@ -231,8 +231,6 @@ def _cmd_set(args: argparse.Namespace) -> int:
             targets, args.precision, **({} if args.block_size is None else {"block_size": args.block_size}),
             fp8_weight_per_channel=args.fp8_weights != "per-tensor")
     notes: list[str] = []  # accepted, but the user should know (4-bit: simulation only)
-    if args.precision == "int4w" and args.block_size is not None:
-        notes += _partial_blocks(session, changed[f"precision {args.precision}"], args.block_size)
     if args.input_desc:
         changed["input_descriptor"] = session.set_descriptor(targets, "input", **_parse_fields(args.input_desc))
         notes += session.notes
@@ -310,20 +308,6 @@ def _cmd_set(args: argparse.Namespace) -> int:
                      + [f"note: {note}" for note in notes])
     emit(args, {**changed, "notes": notes} if notes else changed, text)
     return EXIT_OK
-
-
-def _partial_blocks(session: Any, layers: list[str], block_size: int) -> list[str]:
-    """A note per layer whose input dimension is not a multiple of ``block_size``: its last block is shorter
-    (it gets a scale of its own, over fewer values)."""
-    notes = []
-    for name in layers:
-        weight = getattr(session.float_model.get_submodule(name), "weight", None) if name else None
-        if weight is None or weight.ndim != 2 or weight.shape[1] % block_size == 0:
-            continue
-        inputs = int(weight.shape[1])
-        notes.append(f"{name}: {inputs} inputs in blocks of {block_size}: {inputs // block_size} full blocks and a "
-                     f"last one of {inputs % block_size}")
-    return notes
 
 
 def _data_options(command: argparse.ArgumentParser, default_batches: int, *, required: bool) -> None:
