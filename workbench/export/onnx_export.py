@@ -59,6 +59,7 @@ from torch import nn
 from workbench import __version__
 from workbench.export.errors import ExportValidationError, SampleInputError
 from workbench.export.fp4 import needs_reference_evaluator, reference_session
+from workbench.export.network_dtype import bf16_opset, needs_bfloat16_evaluator
 from workbench.export.exporters import FAST_PATH_NOTE, Exporter, first_line, quiet, run_exporter, token_inputs
 from workbench.export.formats import (
     FORMAT_NAMES,
@@ -370,6 +371,7 @@ def _plan(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset: in
         opset_notes.append(f"opset {needed} instead of the requested {opset}: " + " and ".join(
             f"{FORMAT_NAMES[f]} needs {FORMAT_OPSET[f]}" for f in sorted(formats) if FORMAT_OPSET[f] > opset))
         opset = needed
+    opset = bf16_opset(model, opset, opset_notes)
     if fp8_ops == "trt":
         per_channel_fp8 = [names[key] for key, p in params.items() if key in active and p.format == "fp8"
                            and p.per_channel]
@@ -527,7 +529,7 @@ def _validate(job: _Export) -> _Checks:
     try:
         # onnxruntime reads the weights the file holds from the model's own tensors (compared with the file)
         # NVFP4 (FP4 types, TensorRT's dynamic FP4 quantizer) has no onnxruntime CPU kernel: onnx's reference evaluator
-        why_reference = needs_reference_evaluator(proto)
+        why_reference = needs_reference_evaluator(proto) or needs_bfloat16_evaluator(proto)
         session = reference_session(tmp_path) if why_reference else ort_session(tmp_path, model_weights(job.model))
         ort_outputs = session.run(None, feeds(session, inputs))
     except ExportValidationError:

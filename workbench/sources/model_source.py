@@ -252,7 +252,7 @@ def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
             hf_logging.enable_progress_bar()
     if not isinstance(model, nn.Module):
         raise SourceError(f"{folder}: {model_class.__name__} gave a {type(model).__name__}, not a torch.nn.Module.")
-    return model.float()  # calibrate in float32 whatever dtype the folder was saved in
+    return model  # in the dtype the folder was saved in (bf16 stays bf16: no float32 copy beside it)
 
 
 def _from_timm(spec: ModelSpec) -> nn.Module:
