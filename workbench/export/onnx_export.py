@@ -58,8 +58,6 @@ from torch import nn
 
 from workbench import __version__
 from workbench.export.errors import ExportValidationError, SampleInputError
-from workbench.export.fp4 import needs_reference_evaluator, reference_session
-from workbench.export.network_dtype import bf16_opset, needs_bfloat16_evaluator
 from workbench.export.exporters import FAST_PATH_NOTE, Exporter, first_line, quiet, run_exporter, token_inputs
 from workbench.export.formats import (
     FORMAT_NAMES,
@@ -69,8 +67,10 @@ from workbench.export.formats import (
     name_int4_weights,
     to_trt_fp8_ops,
 )
+from workbench.export.fp4 import needs_reference_evaluator, reference_session
 from workbench.export.gemms import WeightGemms, weight_gemms
 from workbench.export.memory import release_freed_memory
+from workbench.export.network_dtype import bf16_opset, graph_float_type, needs_bfloat16_evaluator
 from workbench.export.notes import ReportLog
 from workbench.export.onnx_file import (
     EXTERNAL_DATA_THRESHOLD,
@@ -613,6 +613,7 @@ def _build_report(job: _Export, checks: _Checks) -> ExportReport:
     return ExportReport(
         path=str(job.path), exporter=job.used_exporter, exporter_note=job.exporter_note, opset=default_opset(proto),
         requested_opset=job.requested_opset, input_names=job.input_names, output_names=job.output_names,
+        network_dtype=graph_float_type(proto),
         dynamic_batch=job.dynamic_batch,
         quantize_nodes=job.counts["QuantizeLinear"], dequantize_nodes=job.counts["DequantizeLinear"],
         clip_nodes=qdq_clips(proto),

@@ -98,6 +98,8 @@ class ExportReport:
     # what the user cares about beside parity: the INT8 model against FP32 on the project's data (the metric's
     # values, the output SQNR, the batches and which data: Evaluation.to_dict() plus "data"); None when not measured
     int8_vs_fp32: dict[str, Any] | None = None
+    # the float type the network computes in and its float layers keep in the file (float32, bfloat16, float16)
+    network_dtype: str = "float32"
 
     @property
     def qdq_pairs(self) -> int:
@@ -124,6 +126,7 @@ class ExportReport:
                 + ("".join(f", {count} {name}" for name, count in self.formats.items())
                    if set(self.formats) - {"int8"} else "") + "), "
                 f"opset {self.opset}{' (FP8 written as TensorRT custom ops)' if self.fp8_ops == 'trt' else ''}, "
+                f"{self.network_dtype} network, "
                 f"{self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
                 f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
         if self.weight_gemms:
