@@ -57,3 +57,26 @@ def test_half_precision_llama_new_calibrate_export(tmp_path, capsys, dtype, prec
     assert scales and all(s.data_type == onnx.TensorProto.FLOAT for s in scales)  # float32 scales, Casts around
     if precision == "int4w":
         assert any(i.data_type == onnx.TensorProto.INT4 for i in initializers.values())  # packed INT4 weights
+
+
+def test_bf16_factory_model_reads_float32_data_without_upcast(tmp_path, capsys):
+    """A bf16 model fed float32 .npy data: the inputs are cast on the way in, the weights stay bf16."""
+    (tmp_path / "net.py").write_text(
+        "import torch\nfrom torch import nn\n\ndef make():\n    torch.manual_seed(0)\n"
+        "    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(torch.bfloat16)\n")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32))
+    project = tmp_path / "m.qwb"
+    code, _, err = run(capsys, "new", project, "--model", f"{tmp_path}/net.py:make", "--data", tmp_path / "x.npy",
+                       "--batch-size", "4", "--trust-code")
+    assert code == 0, err
+    code, _, err = run(capsys, "calibrate", project, "--trust-code", "--method", "max")
+    assert code == 0, err
+    from workbench.session import Session
+
+    model = Session.open(project, trust_code=True).quantized_model()
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    code, out, err = run(capsys, "export", project, "--trust-code", "-o", tmp_path / "m.onnx")
+    assert code == 0, err
+    assert "bfloat16 network" in out and "opset 19" in out
+    proto = onnx.load(tmp_path / "m.onnx")
+    assert proto.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16

@@ -13,7 +13,9 @@ import onnx
 import torch
 from onnx import TensorProto
 
-__all__ = ["graph_float_type", "needs_bfloat16_evaluator", "dtype_name", "model_float_dtype", "bf16_opset",
+from workbench.sources.input_dtype import float_dtype_of
+
+__all__ = ["graph_float_type", "needs_bfloat16_evaluator", "dtype_name", "bf16_opset",
            "BF16_OPSET"]
 
 # TensorRT reads bfloat16 from TensorRT 9 (8.6, the opset-17 target, has none), and onnx's reference evaluator,
@@ -47,18 +49,9 @@ def needs_bfloat16_evaluator(proto: onnx.ModelProto) -> str | None:
     return None
 
 
-def model_float_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype of the model's floating-point parameters (the most common one; float32 when it has none)."""
-    counts: dict[torch.dtype, int] = {}
-    for parameter in model.parameters():
-        if parameter.is_floating_point():
-            counts[parameter.dtype] = counts.get(parameter.dtype, 0) + parameter.numel()
-    return max(counts, key=counts.get) if counts else torch.float32
-
-
 def bf16_opset(model: torch.nn.Module, opset: int, notes: list[str]) -> int:
     """``opset``, raised to :data:`BF16_OPSET` for a bfloat16 model (with a note saying why)."""
-    if opset < BF16_OPSET and model_float_dtype(model) == torch.bfloat16:
+    if opset < BF16_OPSET and float_dtype_of(model) == torch.bfloat16:
         notes.append(f"opset {BF16_OPSET} instead of the requested {opset}: a bfloat16 network (TensorRT 8.6, "
                      f"which stops at opset 17, has no bfloat16; QuantizeLinear takes bfloat16 from opset 19)")
         return BF16_OPSET
