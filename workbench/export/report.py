@@ -126,7 +126,7 @@ class ExportReport:
                 + ("".join(f", {count} {name}" for name, count in self.formats.items())
                    if set(self.formats) - {"int8"} else "") + "), "
                 f"opset {self.opset}{' (FP8 written as TensorRT custom ops)' if self.fp8_ops == 'trt' else ''}, "
-                f"{self.network_dtype} network, "
+                + (f"{self.network_dtype} network, " if self.network_dtype != "float32" else "") +
                 f"{self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
                 f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
         if self.weight_gemms:
