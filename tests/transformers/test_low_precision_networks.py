@@ -46,6 +46,7 @@ def test_half_precision_llama_new_calibrate_export(tmp_path, capsys, dtype, prec
     code, out, err = run(capsys, "export", project, "-o", output)
     assert code == 0, err
     assert f"{dtype} network" in out
+    assert f"INT8 vs {'BF16' if dtype == 'bfloat16' else 'FP16'} on" in out  # measured against the model's dtype
     proto = onnx.load(output)
     onnx.checker.check_model(proto, full_check=True)
     assert proto.graph.output[0].type.tensor_type.elem_type == _TYPES[dtype]

@@ -114,10 +114,14 @@ class ExportReport:
         if not item:
             return ""
         metric = dict(item.get("metric") or {})
-        text = (f"INT8 vs FP32 on {item.get('num_batches')} {item.get('data', 'evaluation')} batches: output SQNR "
+        # the float reference is the model in its own dtype (a bf16 model is not upcast to measure it)
+        float_name = {"bfloat16": "BF16", "float16": "FP16"}.get(self.network_dtype, "FP32")
+        text = (f"INT8 vs {float_name} on {item.get('num_batches')} {item.get('data', 'evaluation')} batches: "
+                "output SQNR "
                 f"{_number(item.get('output_sqnr_db'))} dB")
         if metric.get("kind") != "sqnr" and metric.get("name") not in (None, "sqnr"):
-            text += f", {metric.get('name')} FP32 {_number(item.get('fp32'))} / INT8 {_number(item.get('int8'))}"
+            text += (f", {metric.get('name')} {float_name} {_number(item.get('fp32'))} / INT8 "
+                     f"{_number(item.get('int8'))}")
         return text
 
     def summary(self) -> str:
