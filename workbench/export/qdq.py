@@ -442,7 +442,8 @@ class QDQStandIn(nn.Module):
         else:
             out = torch.ops.workbench.qdq(inputs, self.scale, self.zero_point, axis, self.params.qmin,
                                           self.params.qmax)
-        return out.to(network_dtype)
+        # only where it changes the type: the TorchScript tracer records even a no-op .to() as a Cast node
+        return out.to(network_dtype) if out.dtype != network_dtype else out
 
     def extra_repr(self) -> str:
         if self.params.format == "int4":
