@@ -30,6 +30,7 @@ from workbench.export.formats import (
 )
 from workbench.export.gemms import weight_gemms
 from workbench.export.memory import release_freed_memory
+from workbench.export.network_dtype import bf16_opset
 from workbench.export.notes import ReportLog
 from workbench.export.onnx_file import external_data_file
 from workbench.export.opset import FORMAT_OPSET, check_opset
@@ -94,6 +95,7 @@ def plan_job(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset:
         opset_notes.append(f"opset {needed} instead of the requested {opset}: " + " and ".join(
             f"{FORMAT_NAMES[f]} needs {FORMAT_OPSET[f]}" for f in sorted(formats) if FORMAT_OPSET[f] > opset))
         opset = needed
+    opset = bf16_opset(model, opset, opset_notes)
     if fp8_ops == "trt":
         per_channel_fp8 = [names[key] for key, p in params.items() if key in active and p.format == "fp8"
                            and p.per_channel]

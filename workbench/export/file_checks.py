@@ -19,6 +19,7 @@ from workbench.export.exporters import (
 )
 from workbench.export.fp4 import needs_reference_evaluator, reference_session
 from workbench.export.memory import release_freed_memory
+from workbench.export.network_dtype import graph_float_type, needs_bfloat16_evaluator
 from workbench.export.notes import ReportLog
 from workbench.export.onnx_file import stage
 from workbench.export.opset import default_opset
@@ -69,7 +70,7 @@ def validate(job: ExportJob) -> ValidationChecks:
     try:
         # onnxruntime reads the weights the file holds from the model's own tensors (compared with the file)
         # NVFP4 (FP4 types, TensorRT's dynamic FP4 quantizer) has no onnxruntime CPU kernel: onnx's reference evaluator
-        why_reference = needs_reference_evaluator(proto)
+        why_reference = needs_reference_evaluator(proto) or needs_bfloat16_evaluator(proto)
         session = reference_session(tmp_path) if why_reference else ort_session(tmp_path, model_weights(job.model))
         ort_outputs = session.run(None, feeds(session, inputs))
     except ExportValidationError:
@@ -159,6 +160,7 @@ def build_report(job: ExportJob, checks: ValidationChecks) -> ExportReport:
     return ExportReport(
         path=str(job.path), exporter=job.used_exporter, exporter_note=job.exporter_note, opset=default_opset(proto),
         requested_opset=job.requested_opset, input_names=job.input_names, output_names=job.output_names,
+        network_dtype=graph_float_type(proto),
         dynamic_batch=job.dynamic_batch,
         quantize_nodes=job.counts["QuantizeLinear"], dequantize_nodes=job.counts["DequantizeLinear"],
         clip_nodes=qdq_clips(proto),

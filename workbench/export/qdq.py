@@ -429,12 +429,21 @@ class QDQStandIn(nn.Module):
             inputs = inputs * self.pre_quant_scale
         if self.clip_range is not None:
             inputs = torch.clamp(inputs, self.clip_range[0], self.clip_range[1])
+        # a bf16/fp16 network: Cast -> Q/DQ with float32 scales -> Cast back, as TensorRT reads them (and as
+        # Model Optimizer writes them); onnx's QuantizeLinear takes no bf16 input before opset 19 and wants the
+        # scale in the input's type. The fake quant computes in float32 the same way, so the bits agree.
+        network_dtype = inputs.dtype
+        if network_dtype in (torch.bfloat16, torch.float16):
+            inputs = inputs.to(torch.float32)
         axis = self.params.axis_for(inputs.dim())
         if self.params.format == "fp8":
             channels = self.scale.numel() if self.scale.dim() == 1 else 0
-            return torch.ops.workbench.qdq_fp8(inputs, self.scale, axis, channels)
-        return torch.ops.workbench.qdq(inputs, self.scale, self.zero_point, axis, self.params.qmin,
-                                       self.params.qmax)
+            out = torch.ops.workbench.qdq_fp8(inputs, self.scale, axis, channels)
+        else:
+            out = torch.ops.workbench.qdq(inputs, self.scale, self.zero_point, axis, self.params.qmin,
+                                          self.params.qmax)
+        # only where it changes the type: the TorchScript tracer records even a no-op .to() as a Cast node
+        return out.to(network_dtype) if out.dtype != network_dtype else out
 
     def extra_repr(self) -> str:
         if self.params.format == "int4":

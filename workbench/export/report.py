@@ -106,6 +106,8 @@ class ExportReport:
     # parity_diagnosis then says where and why (workbench.export.parity.ParityDiagnosis.to_dict())
     validated: bool = True
     parity_diagnosis: dict[str, Any] | None = None
+    # the float type the network computes in and its float layers keep in the file (float32, bfloat16, float16)
+    network_dtype: str = "float32"
 
     @property
     def qdq_pairs(self) -> int:
@@ -121,10 +123,13 @@ class ExportReport:
             return ""
         metric = dict(item.get("metric") or {})
         label = item.get("quantized_as") or "INT8"  # the project's mix (FP8, FP8+INT4 W); older reports: INT8
-        text = (f"{label} vs FP32 on {item.get('num_batches')} {item.get('data', 'evaluation')} batches: output SQNR "
-                f"{_number(item.get('output_sqnr_db'))} dB")
+        # the float reference is the model in its own dtype (a bf16 model is not upcast to measure it)
+        float_name = {"bfloat16": "BF16", "float16": "FP16"}.get(self.network_dtype, "FP32")
+        text = (f"{label} vs {float_name} on {item.get('num_batches')} {item.get('data', 'evaluation')} batches: "
+                f"output SQNR {_number(item.get('output_sqnr_db'))} dB")
         if metric.get("kind") != "sqnr" and metric.get("name") not in (None, "sqnr"):
-            text += f", {metric.get('name')} FP32 {_number(item.get('fp32'))} / {label} {_number(item.get('int8'))}"
+            text += (f", {metric.get('name')} {float_name} {_number(item.get('fp32'))} / {label} "
+                     f"{_number(item.get('int8'))}")
         return text
 
     def verdict(self) -> str:
@@ -146,6 +151,7 @@ class ExportReport:
                 + ("".join(f", {count} {name}" for name, count in self.formats.items())
                    if set(self.formats) - {"int8"} else "") + "), "
                 f"opset {self.opset}{' (FP8 written as TensorRT custom ops)' if self.fp8_ops == 'trt' else ''}, "
+                + (f"{self.network_dtype} network, " if self.network_dtype != "float32" else "") +
                 f"{self.file_size / 1024:.1f} KiB, exporter {self.exporter}; onnxruntime vs "
                 f"PyTorch: max abs diff {self.max_abs_diff:.3g}, cosine {self.cosine:.6f}")
         if self.weight_gemms:

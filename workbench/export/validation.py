@@ -126,7 +126,10 @@ def compare(names: list[str], reference: list[torch.Tensor], actual: list[np.nda
         raise ExportValidationError("parity", f"onnxruntime returned {len(actual)} outputs, PyTorch {len(reference)}.")
     results = []
     for name, ref, out in zip(names, reference, actual):
-        ref_np = ref.detach().cpu().numpy()
+        # numpy has no bfloat16: a bf16 network's outputs compare as float32 (exact: every bf16 is a float32)
+        ref_np = ref.detach().cpu().float().numpy() if ref.dtype == torch.bfloat16 else ref.detach().cpu().numpy()
+        if getattr(out, "dtype", None) is not None and out.dtype.kind == "V":  # bfloat16 (reference evaluator)
+            out = np.asarray(out, dtype=np.float32)
         if tuple(ref_np.shape) != tuple(out.shape):
             raise ExportValidationError("parity", f"output {name!r}: onnxruntime shape {tuple(out.shape)}, PyTorch "
                                                   f"{tuple(ref_np.shape)}.")

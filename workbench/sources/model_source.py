@@ -29,6 +29,7 @@ from workbench import bounded_json
 from workbench.sources import demo
 from workbench.sources.entrypoints import extra_import_path, is_file_target, load_entrypoint, split_entrypoint
 from workbench.sources.errors import SourceError, TrustRequired
+from workbench.sources.input_dtype import cast_float_inputs
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 from workbench.sources.weights_file import load_weights
 
@@ -199,6 +200,7 @@ def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | No
     if spec.weights:
         load_weights(model, _resolve(spec.weights, base_dir))
     model.eval()
+    cast_float_inputs(model)  # a bf16/fp16 model stays in its dtype and takes float32 data
     digests = [sha256_of(path) for path in spec.files(base_dir) if path.is_file()]
     return LoadedModel(model, spec, digests, sum(p.numel() for p in model.parameters()))
 
@@ -253,7 +255,7 @@ def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
             hf_logging.enable_progress_bar()
     if not isinstance(model, nn.Module):
         raise SourceError(f"{folder}: {model_class.__name__} gave a {type(model).__name__}, not a torch.nn.Module.")
-    return model.float()  # calibrate in float32 whatever dtype the folder was saved in
+    return model  # in the dtype the folder was saved in (bf16 stays bf16: no float32 copy beside it)
 
 
 def _from_timm(spec: ModelSpec) -> nn.Module:
@@ -326,4 +328,4 @@ def _from_pickle(spec: ModelSpec, base_dir: Path | None, trust_code: bool) -> nn
         keys = f" (keys: {sorted(map(str, loaded))[:8]})" if isinstance(loaded, dict) else ""
         raise SourceError(f"{path}: holds a {type(loaded).__name__}{keys}, not a torch.nn.Module. A state_dict needs "
                           "the model's code: use an entry point with these weights.")
-    return loaded.float()
+    return loaded  # in its own dtype: a bf16/fp16 model is not silently upcast

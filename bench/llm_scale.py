@@ -1,0 +1,136 @@
+"""LLaMA-shaped bf16 decoders through the command line, as a deployment engineer runs them: per step the
+wall time, the peak resident memory, the peak over the bf16 weights, and the time over a plain bf16 forward of
+the same calibration batches.
+
+Checkpoints (random weights, ``save_pretrained`` in bf16 safetensors) are written once under ``--root`` and
+reused. Each step runs in its own fresh process (``python -m workbench STEP ...``), whose peak RSS comes from
+``resource.getrusage(RUSAGE_SELF)`` at its exit; the plain forward runs in a fresh process too (transformers'
+``from_pretrained`` in bf16, then the model on the same token batches). Run one size at a time on a shared
+machine: the 1.1B row peaks at several GiB.
+
+    python bench/llm_scale.py [--sizes 0.1B,0.5B,1.1B] [--precision int4w] [--root /tmp/llm_scale]
+                              [--steps new,set,calibrate,export] [--batches 2] [--batch-size 4] [--seq 128]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# name -> LlamaConfig sizes (hidden, intermediate, layers, heads, kv heads); vocab 32000 as LLaMA 2
+SIZES = {"0.1B": (768, 2048, 12, 12, 12), "0.5B": (1280, 3456, 22, 20, 20), "1.1B": (2048, 5632, 22, 32, 4),
+         "7B": (4096, 11008, 32, 32, 32)}
+VOCAB = 32000
+
+_STEP = """
+import resource, sys, time
+from workbench.cli import main
+started = time.perf_counter()
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "wall_s": time.perf_counter() - started,
+                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), file=sys.stderr)
+sys.exit(code)
+"""
+
+_FORWARD = """
+import json, resource, sys, time
+import numpy as np, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).eval()
+ids = torch.from_numpy(np.load(sys.argv[2]))
+size = int(sys.argv[3]); count = int(sys.argv[4])
+started = time.perf_counter()
+with torch.no_grad():
+    for i in range(count):
+        model(input_ids=ids[i * size:(i + 1) * size])
+print(json.dumps({"wall_s": time.perf_counter() - started,
+                  "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def write_checkpoint(root: Path, name: str, seq: int, rows: int) -> tuple[Path, Path, int]:
+    """The bf16 checkpoint folder of ``name`` (written once) and its token ids; returns them and the bytes of the
+    bf16 weights."""
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = root / f"llama-{name}"
+    ids = root / f"ids-{seq}.npy"
+    if not ids.exists():
+        np.save(ids, np.random.default_rng(0).integers(0, VOCAB, (rows, seq)).astype(np.int64))
+    if not (folder / "config.json").exists():
+        hidden, inter, layers, heads, kv = SIZES[name]
+        config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                             num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048,
+                             tie_word_embeddings=False)
+        torch.manual_seed(0)
+        with torch.device("cpu"):
+            model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
+        model.save_pretrained(folder, safe_serialization=True, max_shard_size="2GB")
+        del model
+    weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    return folder, ids, weights
+
+
+def run_step(args: list[str]) -> dict:
+    """One ``workbench`` command in a fresh process: its exit code, wall time and peak RSS (KiB)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done = subprocess.run([sys.executable, "-c", "import json\n" + _STEP, *args], capture_output=True, text=True,
+                          env=env)
+    last = [line for line in done.stderr.splitlines() if line.startswith("{")]
+    result = json.loads(last[-1]) if last else {"code": done.returncode, "wall_s": float("nan"), "peak_kib": 0}
+    if result["code"] != 0:
+        result["error"] = (done.stderr.strip().splitlines() or ["killed"])[-2 if last else -1][:200]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="0.1B")
+    parser.add_argument("--precision", default="int4w")
+    parser.add_argument("--root", default="/tmp/llm_scale")
+    parser.add_argument("--steps", default="new,set,calibrate,export")
+    parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    args = parser.parse_args()
+    root = Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    steps = args.steps.split(",")
+    print("| size | step | wall s | peak RSS GiB | peak / bf16 weights | time / bf16 forward |")
+    print("|---|---|---|---|---|---|")
+    for name in args.sizes.split(","):
+        folder, ids, weights = write_checkpoint(root, name, args.seq, args.batches * args.batch_size)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        forward = json.loads(subprocess.run([sys.executable, "-c", _FORWARD, str(folder), str(ids),
+                                             str(args.batch_size), str(args.batches)], capture_output=True,
+                                            text=True, env=env, check=True).stdout.strip().splitlines()[-1])
+        gib = 1024 ** 3
+        print(f"| {name} | plain bf16 forward ({args.batches} x {args.batch_size} x {args.seq}) | "
+              f"{forward['wall_s']:.1f} | {forward['peak_kib'] * 1024 / gib:.2f} | "
+              f"{forward['peak_kib'] * 1024 / weights:.2f} | 1.00 |", flush=True)
+        project = root / f"llama-{name}.qwb"
+        output = root / f"llama-{name}-{args.precision}.onnx"
+        commands = {"new": ["new", project, "--model", f"hf:{folder}", "--data", ids, "--batch-size",
+                            args.batch_size, "--num-batches", args.batches, "--output-key", "logits", "--force"],
+                    "set": ["set", project, "--type", "Linear", "--precision", args.precision],
+                    "calibrate": ["calibrate", project, "--method", "max"],
+                    "export": ["export", project, "-o", output, "--force"]}
+        for step in steps:
+            started = time.perf_counter()
+            result = run_step([str(a) for a in commands[step]])
+            wall = result.get("wall_s") or time.perf_counter() - started
+            peak = result["peak_kib"] * 1024
+            tail = f" (failed: {result['error']})" if result["code"] else ""
+            print(f"| {name} | {step}{tail} | {wall:.1f} | {peak / gib:.2f} | {peak / weights:.2f} | "
+                  f"{wall / forward['wall_s']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
