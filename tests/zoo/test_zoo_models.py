@@ -31,18 +31,10 @@ def xfail(reason: str):
 # what fails today, and in whose area (issue 34's points); a fix that lands turns its case into an XPASS, which
 # fails (strict): remove the entry then
 FAILING = {
-    "hf/whisper": f"{EXPORT}: encoder_last_hidden_state is not an ONNX output (1 of 2)",
-    "hf/t5": f"{EXPORT}: encoder_last_hidden_state is not an ONNX output (1 of 2)",
     "hf/mixtral": f"{EXPORT}: both exporters fail on the experts' routing (UnsupportedOperationError)",
     "hf/wav2vec2": f"{PLACEMENT}: the weight-normed pos_conv_embed.conv stays float (15 of 16 GEMMs); "
                    f"{EXPORT}: extract_features is not an ONNX output",
-    "hf/bert": f"{EXPORT}: pooler_output is not an ONNX output (1 of 2)",
-    "hf/vit": f"{EXPORT}: pooler_output is not an ONNX output (1 of 2)",
-    "hf/swin": f"{EXPORT}: pooler_output is not an ONNX output (1 of 2)",
     "hf/mamba": f"{EXPORT}: the scan is unrolled at the sample's length ('does not run at sequence length 9')",
-    "hf/detr": f"{EXPORT}: 1 of 4 outputs kept (logits; pred_boxes and the hidden states dropped)",
-    "hf/sam_vision_model": f"{PLACEMENT}: 0 of 4 attention products quantized (attention not traceable by torch.fx)",
-    "diffusers/unet2d_condition": f"{EXPORT}: onnx.checker: 'sample' is an input and an output name (not SSA)",
     "ultralytics/yolov8n": f"{PLACEMENT}: calibrate crashes in the Concat rule ('Node' object is not iterable)",
 }
 NAMES = ["hf/llama", "hf/gpt2", "hf/whisper", "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin",
