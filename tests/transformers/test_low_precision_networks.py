@@ -39,7 +39,7 @@ def test_half_precision_llama_new_calibrate_export(tmp_path, capsys, dtype, prec
     weights = {p.dtype for p in model.parameters()}
     assert weights == {getattr(torch, dtype)}  # loaded as saved: no silent float32 upcast
     # int4w: the MLP's down projection, whose 64 input features TensorRT's INT4 blocks divide (the others have 32)
-    chosen = ["--pattern", "down_proj"] if precision == "int4w" else ["--type", "Linear"]
+    chosen = ["--pattern", r".*mlp\.down_proj"] if precision == "int4w" else ["--type", "Linear"]
     code, _, err = run(capsys, "set", project, *chosen, "--precision", precision)
     assert code == 0, err
     code, out, err = run(capsys, "calibrate", project, "--method", "max")
