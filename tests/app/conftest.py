@@ -36,3 +36,24 @@ def no_graph_preload(monkeypatch):
     except ImportError:  # no Qt: those tests skip
         return
     monkeypatch.setattr(graph_tab, "PRELOAD", False)
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    """A shown main window at a desktop size, with settings of its own, no Chromium, and no dialog that can block
+    a test: closing with unsaved changes discards, a warning's question is answered No. Modules that need other
+    answers (test_main_window.py) define their own."""
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QMessageBox
+
+    from workbench.app.main_window import MainWindow
+
+    monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: QMessageBox.StandardButton.Discard))
+    monkeypatch.setattr(QMessageBox, "warning", staticmethod(lambda *a, **k: QMessageBox.StandardButton.No))
+    window = MainWindow(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(window)
+    window.resize(1400, 900)
+    window.show()
+    yield window
+    window.shutdown()

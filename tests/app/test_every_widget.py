@@ -14,11 +14,10 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6.QtCore import QObject, QSettings, SignalInstance  # noqa: E402
+from PySide6.QtCore import QObject, SignalInstance  # noqa: E402
 from PySide6.QtWidgets import QApplication, QMessageBox, QTabWidget, QWidget  # noqa: E402
 
 import workbench.app  # noqa: E402
-from workbench.app.main_window import MainWindow  # noqa: E402
 
 Buttons = QMessageBox.StandardButton
 
@@ -104,24 +103,6 @@ def instance_shadowing(widget: QObject) -> list[str]:
 
 
 # ----- open and paint everything on a real project -------------------------------------------------------------
-
-@pytest.fixture(autouse=True)
-def _no_webengine(monkeypatch):
-    monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: Buttons.Discard))
-    monkeypatch.setattr(QMessageBox, "warning", staticmethod(lambda *a, **k: Buttons.No))
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(settings=settings)
-    qtbot.addWidget(window)
-    window.resize(1400, 900)
-    window.show()
-    yield window
-    window.shutdown()
-
 
 def idle(window, qtbot, timeout=60000):
     qtbot.waitUntil(lambda: not window.controller.busy, timeout=timeout)

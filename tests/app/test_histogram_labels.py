@@ -8,28 +8,8 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6.QtCore import QSettings  # noqa: E402
-from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from workbench.app.main_window import MainWindow  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: QMessageBox.StandardButton.Discard))
-    window = MainWindow(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
-    qtbot.addWidget(window)
-    window.resize(1400, 900)
-    window.show()
-    yield window
-    window.shutdown()
-
-
-def settle(window, qtbot):
-    qtbot.waitUntil(lambda: not window.controller.busy and not window.tree._refresh.scheduled()
-                    and not window.layer_panel._refresh.scheduled()
-                    and not window.layer_panel._plot_timer.isActive(), timeout=60000)
+from window_waits import settle  # noqa: E402
 
 
 def test_title_and_legend_follow_the_histogram(window, qtbot):

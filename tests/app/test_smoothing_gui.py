@@ -8,23 +8,6 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
 import torch  # noqa: E402
-from PySide6.QtCore import QSettings  # noqa: E402
-
-from workbench.app.main_window import MainWindow  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    from PySide6.QtWidgets import QMessageBox
-
-    # closing with unsaved changes asks: discard (no dialog may block the test)
-    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Discard)
-    monkeypatch.setattr(QMessageBox, "warning", lambda *a, **k: QMessageBox.StandardButton.No)
-    window = MainWindow(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
-    qtbot.addWidget(window)
-    window.show()
-    yield window
-    window.shutdown()
 
 
 def calibrate_with(window, qtbot, checked: bool, alpha: float = 0.5):

@@ -13,40 +13,16 @@ pytest.importorskip("pyqtgraph")
 pytest.importorskip("transformers")
 
 from bert_project import bert_specs  # noqa: E402
-from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
+from window_waits import settle  # noqa: E402
 
-from workbench.app.main_window import MainWindow  # noqa: E402
 from workbench.app.tree_model import INPUT, PRECISION, WEIGHT  # noqa: E402
 
 Buttons = QMessageBox.StandardButton
 QUERY = "bert.encoder.layer.0.attention.self.query"
 KEY = "bert.encoder.layer.0.attention.self.key"
 VALUE = "bert.encoder.layer.0.attention.self.value"
-
-
-@pytest.fixture(autouse=True)
-def _no_webengine(monkeypatch):
-    monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: Buttons.Discard))
-    monkeypatch.setattr(QMessageBox, "warning", staticmethod(lambda *a, **k: Buttons.No))
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(settings=settings)
-    qtbot.addWidget(window)
-    window.resize(1400, 900)
-    window.show()
-    yield window
-    window.shutdown()
-
-
-def settle(window, qtbot, timeout=20000):
-    qtbot.waitUntil(lambda: not window.controller.busy and not window.tree._refresh.scheduled()
-                    and not window.layer_panel._refresh.scheduled()
-                    and not window.layer_panel._plot_timer.isActive(), timeout=timeout)
 
 
 def open_bert(window, qtbot, tmp_path, calibrate=True):

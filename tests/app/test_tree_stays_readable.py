@@ -10,34 +10,15 @@ pytest.importorskip("pyqtgraph")
 pytest.importorskip("transformers")
 
 from bert_project import bert_specs  # noqa: E402
-from PySide6.QtCore import QSettings, Qt  # noqa: E402
-from PySide6.QtWidgets import QMessageBox  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
+from window_waits import settle  # noqa: E402
 
-from workbench.app.main_window import MainWindow  # noqa: E402
 from workbench.app.tree_model import NAME, PRECISION, QUANT  # noqa: E402
 
 # the FFN's output GEMM: 64 input features, a size TensorRT builds INT4 blocks for (the intermediate dense
 # has 32, under the smallest block)
 INT4_LAYER = "bert.encoder.layer.0.output.dense"
 QUERY = "bert.encoder.layer.1.attention.self.query"
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: QMessageBox.StandardButton.Discard))
-    window = MainWindow(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
-    qtbot.addWidget(window)
-    window.resize(1400, 900)
-    window.show()
-    yield window
-    window.shutdown()
-
-
-def settle(window, qtbot):
-    qtbot.waitUntil(lambda: not window.controller.busy and not window.tree._refresh.scheduled()
-                    and not window.layer_panel._refresh.scheduled()
-                    and not window.layer_panel._plot_timer.isActive(), timeout=60000)
 
 
 def open_bert(window, qtbot, tmp_path):

@@ -7,22 +7,8 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6.QtCore import QSettings  # noqa: E402
-from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from workbench.app.main_window import MainWindow  # noqa: E402
 from workbench.project.settings import DEFAULTS  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_NO_WEBENGINE", "1")
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: QMessageBox.StandardButton.Discard))
-    window = MainWindow(settings=QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
-    qtbot.addWidget(window)
-    window.show()
-    yield window
-    window.shutdown()
 
 
 def test_the_wizards_batches_are_what_calibration_runs_and_the_dialogs_show(window, qtbot):
