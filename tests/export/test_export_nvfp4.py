@@ -106,6 +106,10 @@ def test_int4_weights_are_packed_in_raw_data_and_move_to_the_external_data(tmp_p
     assert int4.data_type == TensorProto.INT4
     assert {e.key: e.value for e in int4.external_data}["length"] == str(40 * 288 // 2)
     assert report.cosine > 0.99999  # validated from the data file
+    # the data file holds the tensors that point to it and nothing else (the first, unpacked INT4 bytes the
+    # exporter streamed are dropped), so its size is the sum of their lengths
+    lengths = [int({e.key: e.value for e in i.external_data}["length"]) for i in moved.values()]
+    assert (tmp_path / "big.onnx.data").stat().st_size == sum(lengths)
     loaded = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(big)).graph.initializer}
     small = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
     assert np.array_equal(loaded["fc1._weight_quantizer.int4_weight"], small["fc1._weight_quantizer.int4_weight"])

@@ -24,6 +24,7 @@ __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
     "SMALL_TENSOR",
     "STREAM_THRESHOLD",
+    "compact_external_data",
     "fold_external_data",
     "StagedFile",
     "stage",
@@ -115,6 +116,7 @@ def stage(proto: onnx.ModelProto, target: Path, threshold: int = EXTERNAL_DATA_T
         adopted = external_data_file(proto, target.parent)
         if adopted is not None:
             staged.data_path = adopted
+            compact_external_data(proto, adopted)
             staged.fold = adopted.stat().st_size <= threshold
             onnx.save_model(proto, name)
         elif _weight_bytes(proto) > threshold:
@@ -163,6 +165,54 @@ def _weight_bytes(proto: onnx.ModelProto) -> int:
     tensors = _tensors(proto)
     return sum(len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (len(t.int64_data)
                + len(t.double_data) + len(t.uint64_data)) + sum(len(v) for v in t.string_data) for t in tensors)
+
+
+def compact_external_data(proto: onnx.ModelProto, data_path: Path) -> int:
+    """Drop the bytes of ``data_path`` that no tensor of ``proto`` points to; returns how many were dropped.
+
+    The exporter streams the weights into the data file before the graph is post-processed; tensors the passes
+    then replace (an INT4 weight packed again, a folded cast) leave their first bytes behind, unreferenced. The
+    referenced spans are copied, in chunks and in the tensors' order, to a new file that replaces the old one,
+    and each tensor's offset in ``proto`` is updated.
+    """
+    tensors = _external_tensors(proto)
+    spans = []
+    for tensor in tensors:
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else data_path.stat().st_size - offset
+        spans.append((offset, length))
+    size = data_path.stat().st_size
+    if sum(length for _, length in spans) >= size:
+        return 0
+    compacted = temporary_name(data_path, ".compact")
+    try:
+        with open(data_path, "rb") as source, open(compacted, "wb") as target:
+            for tensor, (offset, length) in zip(tensors, spans):
+                _set_external(tensor, "offset", str(target.tell()))
+                _set_external(tensor, "length", str(length))
+                source.seek(offset)
+                left = length
+                while left:
+                    chunk = source.read(min(left, _COPY_CHUNK))
+                    if not chunk:
+                        raise ValueError(f"{data_path.name} ends before the {length} bytes of {tensor.name!r}")
+                    target.write(chunk)
+                    left -= len(chunk)
+        dropped = size - compacted.stat().st_size
+        os.replace(compacted, data_path)
+    except BaseException:
+        compacted.unlink(missing_ok=True)
+        raise
+    return dropped
+
+
+def _set_external(tensor: onnx.TensorProto, key: str, value: str) -> None:
+    for entry in tensor.external_data:
+        if entry.key == key:
+            entry.value = value
+            return
+    tensor.external_data.add(key=key, value=value)
 
 
 def fold_external_data(graph_path: Path, data_path: Path, out_path: Path) -> None:
