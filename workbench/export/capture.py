@@ -126,6 +126,7 @@ def run_references(job: ExportJob) -> None:
     range check use (a model that fails on them keeps those axes static, or skips that check)."""
     job.reference, job.calls, job.distinct = run_reference(job.call, job.inputs, job.input_names, job.active,
                                                            job.names, job.params)
+    labels, notes = list(job.call.labels), list(job.call.output_notes)
     inputs = job.inputs
     if job.dynamic_batch and inputs[0].dim() > 0:
         job.grown = grow_batch(inputs)
@@ -144,6 +145,14 @@ def run_references(job: ExportJob) -> None:
                 job.log.add("dynamic_batch_off", f"dynamic batch turned off: the model fails at batch size "
                                                      f"{job.grown[0].shape[0]} ({error.original})")
                 job.dynamic_batch, job.grown = False, None
+        if job.grown_reference is not None and len(job.grown_reference) != len(job.reference):
+            # a detector returning one result per image (torchvision's list of dicts): the graph's outputs are
+            # those of the sample's batch size, which the file must then keep
+            job.log.add("dynamic_batch_off", f"dynamic batch turned off: the model returns "
+                        f"{len(job.reference)} tensors at batch size {inputs[0].shape[0]} and "
+                        f"{len(job.grown_reference)} at {job.grown[0].shape[0]} (outputs per sample)")
+            job.dynamic_batch, job.grown, job.grown_reference = False, None, None
+            job.ranged, job.ranged_reference = None, None
     if job.static_sequence:
         job.log.add("static_sequence", f"sequence length fixed at the sample's "
                     f"({', '.join(str(inputs[i].shape[1]) for i in sorted(token_inputs(inputs)))}), as asked")
@@ -155,6 +164,8 @@ def run_references(job: ExportJob) -> None:
             job.longer = None  # the model takes only this length: the exporter keeps it static
     if job.ranged_reference is None:
         range_check_at_sample_batch(job)
+    # the names are the sample's outputs' (another batch size's run named its own)
+    job.call.labels, job.call.output_notes = labels, notes
 
 
 def range_check_at_sample_batch(job: ExportJob) -> None:

@@ -407,15 +407,41 @@ def clean_torchscript_graph(proto: onnx.ModelProto, base_dir: Path | None = None
     RemoveUnusedNodesPass()(model)
     # torch.export's graph holds no Constant nodes: their values are initializers (a ReLU6's Clip bounds)
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
-    return onnx_ir.to_proto(model)
+    proto = onnx_ir.to_proto(model)
+    _produce_subgraph_outputs(proto.graph)
+    return proto
+
+
+def _produce_subgraph_outputs(graph: onnx.GraphProto) -> None:
+    """Give back the Identity of each If/Loop branch output that onnx_ir's IdentityEliminationPass (1.1) took away.
+
+    A scripted branch that returns a value of the outer graph (``return boxes``) is an Identity in TorchScript's
+    graph; without it the branch's output names a value it does not produce, which onnx.checker refuses
+    (torchvision's detectors). Each such output is produced again by an Identity of its own name.
+    """
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
+                _produce_subgraph_outputs(sub)
+                local = {o for n in sub.node for o in n.output} | {i.name for i in sub.input} | \
+                    {i.name for i in sub.initializer}
+                for index, output in enumerate(sub.output):
+                    if output.name in local:
+                        continue
+                    name = f"{node.name or node.op_type}/{attribute.name}/output_{index}"
+                    sub.node.append(onnx.helper.make_node("Identity", [output.name], [name], name=name + "/Identity"))
+                    output.name = name
 
 
 def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
     """Drop the ExportCall's attribute from the graph's names (``model.fc.weight`` -> ``fc.weight``,
     ``/model/fc/Gemm`` -> ``/fc/Gemm``), so the file names tensors and nodes as the user's model does."""
     dotted, scoped = prefix + ".", f"/{prefix}/"
-    graph = proto.graph
-    used = {v for n in graph.node for v in list(n.input) + list(n.output)} | {i.name for i in graph.initializer}
+    # subgraphs (an If's branches, a Loop's body) read the outer graph's values by name: renamed with it
+    graphs = list(_graphs(proto.graph))
+    nodes = [node for graph in graphs for node in graph.node]
+    used = {v for n in nodes for v in list(n.input) + list(n.output)} | \
+        {i.name for graph in graphs for i in graph.initializer}
     renamed = {name: name[len(dotted):] for name in used
                if name.startswith(dotted) and name[len(dotted):] not in used}
     # TorchScript's value names carry the wrapper's scope too (/model/conv1/Conv_output_0)
@@ -427,7 +453,7 @@ def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
             if value in renamed:
                 values[index] = renamed[value]
 
-    for node in graph.node:
+    for node in nodes:
         fix(node.input)
         fix(node.output)
         _unwrap_scopes(node, prefix)
@@ -435,10 +461,20 @@ def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
             # only the wrapper's own scope goes: the scopes after it are the user's module paths, which may
             # start with "model." themselves (YOLOv5's self.model: /model/model.0/conv/Conv -> /model.0/conv/Conv)
             node.name = "/" + node.name[len(scoped):]
-    for collection in (graph.initializer, graph.value_info, graph.input, graph.output):
-        for item in collection:
-            if item.name in renamed:
-                item.name = renamed[item.name]
+    for graph in graphs:
+        for collection in (graph.initializer, graph.value_info, graph.input, graph.output):
+            for item in collection:
+                if item.name in renamed:
+                    item.name = renamed[item.name]
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph in its nodes' attributes, at any depth."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
+                yield from _graphs(sub)
 
 
 def _unwrap_scopes(node: onnx.NodeProto, prefix: str) -> None:
