@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from workbench.quant.algorithms.activation_store import ACTIVATION_BUDGET, ActivationStore, SpillFolder
-from workbench.quant.algorithms.batches import model_device, run_model
+from workbench.quant.algorithms.batches import run_model
 from workbench.quant.algorithms.blocks import DEFAULT_BLOCK_METHOD, refine_block_amax
 from workbench.quant.algorithms.calibrate import calibrate, checked_arguments
 from workbench.quant.algorithms.calibration_amax import (
@@ -259,7 +259,7 @@ class _SequentialRun:
                  residency: BlockResidency, device: torch.device | str | None, progress: ProgressCallback | None,
                  cancel: CancelToken | None, spill: SpillFolder) -> None:
         self.model, self.blocks, self.quantizers, self.residency = model, blocks, quantizers, residency
-        self.home = model_device(model)
+        self.home = _home_device(model)
         self.device = torch.device(device) if device is not None else self.home
         self.progress, self.cancel, self.spill = progress, cancel, spill
         self.done = 0
@@ -482,6 +482,15 @@ class _SequentialRun:
                             amaxes.results[prefix + name].amax = amax.cpu().clone()
                             amaxes.results[prefix + name].method = f"block {block_method}"
         self.amax_time_s += time.perf_counter() - started
+
+
+def _home_device(model: nn.Module) -> torch.device:
+    """Where the model's weights live when loaded: its first tensor not on the meta device (a lazily opened model
+    has everything there until a block is loaded: the CPU then)."""
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.device.type != "meta":
+            return tensor.device
+    return torch.device("cpu")
 
 
 def _split_hidden(block: str, args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple[tuple, dict], bool]:
