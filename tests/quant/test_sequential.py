@@ -210,12 +210,19 @@ def test_a_model_without_blocks_is_calibrated_whole_and_says_so():
     assert_same_calibration(whole, model)
 
 
-def test_auto_is_refused_before_anything_changes():
+def test_auto_picks_the_same_methods_as_the_whole_model_run():
     model = quantized(models.hf_llama)
-    before = quantizer_state(model)
-    with pytest.raises(ValueError, match="does not support the method 'auto'"):
-        calibrate_sequential(model, token_batches(), num_batches=None, method="auto")
-    assert quantizer_state(model) == before
+    whole, sequential = copy.deepcopy(model), copy.deepcopy(model)
+    data = [{"input_ids": models.tokens(4, 16, 50, seed=i)} for i in range(6)]  # enough values for every search
+    expected = calibrate(whole, data, num_batches=None, method="auto", report_sqnr=False)
+    result = calibrate_sequential(sequential, data, num_batches=None, method="auto")
+    assert_same_calibration(whole, sequential)
+    picked = {name: (item.method, item.choice.owner, item.choice.sqnr_db, item.choice.batches)
+              for name, item in result.quantizers.items() if item.choice is not None}
+    assert picked == {name: (item.method, item.choice.owner, item.choice.sqnr_db, item.choice.batches)
+                      for name, item in expected.quantizers.items() if item.choice is not None}
+    assert "lm_head._input_quantizer" in picked and "model.layers.1.mlp.down_proj._input_quantizer" in picked
+    assert picked["model.layers.1.mlp.down_proj._input_quantizer"][1] == "model.layers.1.mlp.down_proj"
 
 
 def test_activation_store_keeps_within_budget_and_spills_beyond(tmp_path):

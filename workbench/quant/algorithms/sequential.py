@@ -28,6 +28,7 @@ before and after them is refused (its statistics would come in another order).
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -43,9 +44,11 @@ from workbench.quant.algorithms.batches import run_model
 from workbench.quant.algorithms.blocks import DEFAULT_BLOCK_METHOD, refine_block_amax
 from workbench.quant.algorithms.calibrate import calibrate, checked_arguments
 from workbench.quant.algorithms.calibration_amax import (
+    AUTO_BATCHES,
     Amaxes,
     check_histograms,
     compute_amax,
+    pick_auto_methods,
     suspicious,
     zero_warnings,
 )
@@ -64,6 +67,7 @@ from workbench.quant.algorithms.calibration_results import (
     NothingReachedError,
     ProgressCallback,
 )
+from workbench.quant.algorithms.distributed import SINGLE
 from workbench.quant.algorithms.residency import AllResident, BlockResidency
 from workbench.quant.algorithms.snapshot import ModelSnapshot
 from workbench.quant.calib import PERCENTILE, AmaxMethod
@@ -178,8 +182,9 @@ def calibrate_sequential(model: nn.Module, batches: Iterable, *, num_batches: in
     resident. A model without repeated blocks is calibrated whole, with a warning saying so.
 
     Args:
-        model, batches, num_batches, method, percentile, block_method: as ``calibrate`` takes them; ``method``
-            "auto" is refused (it measures its candidates on the whole model).
+        model, batches, num_batches, method, percentile, block_method: as ``calibrate`` takes them; "auto"
+            measures each block's candidates on that block's inputs (the modules outside the blocks on the model
+            with the blocks replaying their outputs), as the whole-model run's FP32 pass gives them.
         device: where each block runs (moved there after loading, back before release); default: the model's.
         progress: ``progress(done, total, message)`` after the capture pass, each block and the tail pass.
         cancel: checked before each batch of each pass; when set, :class:`CalibrationCancelled` is raised.
@@ -193,7 +198,8 @@ def calibrate_sequential(model: nn.Module, batches: Iterable, *, num_batches: in
         A :class:`CalibrationResult` (no output SQNR: that needs the whole model twice).
 
     Raises:
-        ValueError: bad arguments, no quantizers, no batches, or the method "auto".
+        ValueError: bad arguments, no quantizers, or no batches.
+        SequentialUnsupported: the blocks cannot be walked one at a time (see the module's assumptions).
         CalibrationCancelled, CalibrationError (:class:`BlockCalibrationError` naming the block), AmaxError,
         NonFiniteCalibrationError, NothingReachedError: as ``calibrate``; the model is unchanged.
     """
@@ -206,10 +212,6 @@ def calibrate_sequential(model: nn.Module, batches: Iterable, *, num_batches: in
         result.warnings.insert(0, f"sequential calibration: {reason}; the whole model was calibrated at once.")
         return result
     method, percentile, quantizers = checked_arguments(model, method, percentile, num_batches)
-    if method == AmaxMethod.AUTO.value:
-        raise ValueError("Sequential calibration does not support the method 'auto' (it measures every candidate "
-                         "on the whole model): pick entropy, mse, percentile or max, or calibrate without "
-                         "sequential.")
     run = _SequentialRun(model, blocks, quantizers, residency or AllResident(), device, progress, cancel,
                          SpillFolder(budget_bytes, spill_dir))
     snapshot = ModelSnapshot(model, calibrators=True)
@@ -288,6 +290,7 @@ class _SequentialRun:
         """The three passes; returns every reached quantizer's amax (the model's calibrators hold the statistics)."""
         amaxes = Amaxes(results={}, candidates={}, unused=[], thin=[])
         blind: list[str] = []
+        auto = method == AmaxMethod.AUTO.value
         inside = {name for name in calibrating if any(name.startswith(block + ".") for block, _ in self.blocks.items)}
         outside = {name: q for name, q in calibrating.items() if name not in inside}
         with self._outside_loaded():
@@ -296,21 +299,47 @@ class _SequentialRun:
                 mine = {name: q for name, q in calibrating.items() if name.startswith(block_name + ".")}
                 last = step == len(self.blocks.items)
                 with self._loaded(block_name, block):
-                    self._run_block(block_name, block, last)
-                    self._amax(mine, block, block_name, method, percentile, block_method, amaxes, blind)
+                    inputs = self._run_block(block_name, block, last, keep=AUTO_BATCHES if auto else 0)
+                    try:
+                        candidates = self._amax(mine, block, block_name, method, percentile, block_method, amaxes,
+                                                blind)
+                        if candidates:
+                            self._pick_in_block(block_name, block, mine, candidates, amaxes, inputs)
+                    finally:
+                        inputs.close()
                 self._report(step + 1, f"calibrated block {block_name} ({step} of {len(self.blocks.items)})")
             self._tail(head)
-            tail = {name: q for name, q in outside.items()}
+            tail = dict(outside)
+            candidates = {}
             for module_name, module in self.blocks.outside:
                 mine = {name: tail.pop(name) for name in list(tail) if name.startswith(module_name + ".")}
-                self._amax(mine, module, module_name, method, percentile, block_method, amaxes, blind)
-            self._amax(tail, None, "", method, percentile, block_method, amaxes, blind)  # on the path's modules
+                candidates |= self._amax(mine, module, module_name, method, percentile, block_method, amaxes, blind)
+            candidates |= self._amax(tail, None, "", method, percentile, block_method, amaxes, blind)
+            if candidates:
+                kept = [(index, self.contexts.get(index)[0]) for index in range(min(AUTO_BATCHES, self.done))]
+                with self._replaying():
+                    pick_auto_methods(self.model, outside, candidates, amaxes.results, kept, self.device, SINGLE,
+                                      self.cancel)
         self._report(self.steps, "calibrated the modules after the blocks")
         if blind:
             raise NonFiniteCalibrationError(blind)
         if calibrating and not amaxes.results:
             raise NothingReachedError(list(calibrating), self.done)
         return amaxes
+
+    def _pick_in_block(self, block_name: str, block: nn.Module, mine: dict[str, TensorQuantizer],
+                       candidates: dict[str, dict[str, float]], amaxes: Amaxes, inputs: ActivationStore) -> None:
+        """"auto" for a block's quantizers: each candidate measured on the block's own inputs of the first
+        :data:`AUTO_BATCHES` batches (what the whole-model run's FP32 pass gives the block)."""
+        kept = []
+        for index in range(min(AUTO_BATCHES, self.done)):
+            _, rest, positional = self.contexts.get(index)
+            kept.append((index, _as_keywords(block_name, block, inputs.get(index), rest, positional)))
+        pick_auto_methods(block, mine, candidates, amaxes.results, kept, self.device, SINGLE, self.cancel)
+        for name in candidates:  # the owners were found under the block: name them in the model
+            choice = amaxes.results[name].choice
+            if choice is not None and choice.owner:
+                choice.owner = f"{block_name}.{choice.owner}"
 
     # ----- residency ----------------------------------------------------------------------------------
 
@@ -392,9 +421,13 @@ class _SequentialRun:
         self._report(1, f"captured the inputs of {first_name} for {self.done} batches")
         return reached
 
-    def _run_block(self, name: str, block: nn.Module, last: bool) -> None:
-        """Every batch through ``block`` (its quantizers collect); its outputs replace its inputs in the store.
-        The last block keeps its whole output, which the tail pass replays."""
+    def _run_block(self, name: str, block: nn.Module, last: bool, keep: int) -> ActivationStore:
+        """Every batch through ``block`` (its quantizers collect); its outputs become the current hidden states.
+        The last block keeps its whole output, which the tail pass replays.
+
+        Returns:
+            The block's inputs of the first ``keep`` batches (the others are dropped as they are used).
+        """
         outputs = ActivationStore(self.spill)
         try:
             with torch.no_grad():
@@ -402,7 +435,8 @@ class _SequentialRun:
                     self._check_cancel(f"in block {name} before batch {index}")
                     _, rest, positional = self.contexts.get(index)
                     hidden = self.hidden.get(index)
-                    self.hidden.drop(index)
+                    if index >= keep:
+                        self.hidden.drop(index)
                     args, kwargs = rest
                     try:
                         output = block(hidden, *args, **kwargs) if positional else block(
@@ -413,36 +447,56 @@ class _SequentialRun:
         except BaseException:
             outputs.close()
             raise
-        self.hidden.close()
-        self.hidden = outputs
+        inputs, self.hidden = self.hidden, outputs
+        return inputs
 
-    def _tail(self, head: set[int]) -> None:
-        """The model once more per batch, each block replaying the last block's output: the modules after the
-        blocks collect; the quantizers that collected in the capture pass are bypassed."""
-        bypassed = [q for q in self.quantizers.values() if id(q) in head]
-        current = [0]
+    @contextmanager
+    def _replaying(self) -> Iterator[list[bool]]:
+        """Every block returns the last block's kept output of the batch the model runs (counted by a pre-hook
+        on the model: the batches run in order from 0). Yields a flag set once a block has replayed in the
+        current batch."""
+        current = [-1]
         after = [False]
 
         def replay(*args: Any, **kwargs: Any) -> Any:
             after[0] = True
             return self.hidden.get(current[0])
 
+        def next_batch(module: nn.Module, args: tuple) -> None:
+            current[0] += 1
+            after[0] = False
+
+        handle = self.model.register_forward_pre_hook(next_batch)
+        for _, block in self.blocks.items:
+            block.forward = replay  # an instance attribute: nn.Module.__call__ finds it before the class's
+        try:
+            yield after
+        finally:
+            for _, block in self.blocks.items:
+                del block.forward
+            handle.remove()
+
+    def _tail(self, head: set[int]) -> None:
+        """The model once more per batch, each block replaying the last block's output: the modules after the
+        blocks collect; the quantizers that collected in the capture pass are bypassed."""
+        bypassed = [q for q in self.quantizers.values() if id(q) in head]
+        after = [False]
+
         def twice(quantizer: nn.Module, args: tuple) -> None:
             if after[0]:
                 name = next(n for n, q in self.quantizers.items() if q is quantizer)
-                raise SequentialUnsupported(f"{name} runs both before and after {self.blocks.name}: sequential calibration "
-                                 "cannot give it its inputs in the whole-model order; calibrate without sequential.")
+                raise SequentialUnsupported(f"{name} runs both before and after {self.blocks.name}: sequential "
+                                            "calibration cannot give it its inputs in the whole-model order; "
+                                            "calibrate without sequential.")
 
         for q in bypassed:
             q.disable_calib()
         handles = [q.register_forward_pre_hook(twice) for q in bypassed]
-        for _, block in self.blocks.items:
-            block.forward = replay  # an instance attribute: nn.Module.__call__ finds it before the class's
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self._replaying() as replayed:
+                after = replayed
                 for index in range(self.done):
                     self._check_cancel(f"in the modules after {self.blocks.name} before batch {index}")
-                    current[0], after[0] = index, False
                     batch = self.contexts.get(index)[0]
                     try:
                         run_model(self.model, batch, self.device)
@@ -451,19 +505,22 @@ class _SequentialRun:
                     except Exception as error:
                         raise CalibrationError(index, error) from error
         finally:
-            for _, block in self.blocks.items:
-                del block.forward
             for handle in handles:
                 handle.remove()
             for q in bypassed:
                 q.enable_calib()
 
     def _amax(self, mine: dict[str, TensorQuantizer], module: nn.Module | None, module_name: str, method: str,
-              percentile: float, block_method: str, amaxes: Amaxes, blind: list[str]) -> None:
+              percentile: float, block_method: str, amaxes: Amaxes, blind: list[str]) -> dict[str, dict[str, float]]:
         """The amax of ``mine`` (the quantizers of ``module``, resident now), added to ``amaxes``; the names of
-        those that saw only NaN/Inf go to ``blind`` (raised at the end, as the whole-model run does)."""
+        those that saw only NaN/Inf go to ``blind`` (raised at the end, as the whole-model run does).
+
+        Returns:
+            "auto"'s candidates for these quantizers (each loaded with its max until measured).
+        """
+        candidates: dict[str, dict[str, float]] = {}
         if not mine:
-            return
+            return candidates
         started = time.perf_counter()
         reached = {name: q for name, q in mine.items() if q.calibrator.batches_seen > 0}
         amaxes.unused += [name for name in mine if name not in reached]
@@ -475,6 +532,7 @@ class _SequentialRun:
             else:
                 amaxes.results.update(part.results)
                 amaxes.thin += part.thin
+                candidates = part.candidates
                 if module is not None:
                     prefix = module_name + "."
                     for name, amax in refine_block_amax(module, block_method).items():
@@ -482,6 +540,7 @@ class _SequentialRun:
                             amaxes.results[prefix + name].amax = amax.cpu().clone()
                             amaxes.results[prefix + name].method = f"block {block_method}"
         self.amax_time_s += time.perf_counter() - started
+        return candidates
 
 
 def _home_device(model: nn.Module) -> torch.device:
@@ -503,6 +562,30 @@ def _split_hidden(block: str, args: tuple, kwargs: dict) -> tuple[torch.Tensor, 
         return kwargs["hidden_states"], (tuple(args), rest), False
     raise SequentialUnsupported(f"{block} is called without a tensor as its first argument or hidden_states=: sequential "
                      "calibration cannot tell which input flows from block to block; calibrate without sequential.")
+
+
+def _as_keywords(name: str, block: nn.Module, hidden: torch.Tensor, rest: tuple[tuple, dict],
+                 positional: bool) -> dict[str, Any]:
+    """A block's inputs as one mapping of keyword arguments (a batch :func:`run_model` can give the block)."""
+    signature = inspect.signature(block.forward)
+    args, kwargs = rest
+    try:
+        bound = (signature.bind_partial(hidden, *args, **kwargs) if positional
+                 else signature.bind_partial(*args, hidden_states=hidden, **kwargs))
+    except TypeError as error:
+        raise SequentialUnsupported(f"{name}'s inputs do not fit its forward's signature ({error}): 'auto' cannot "
+                                    "measure its candidates; pick a method.") from error
+    keywords: dict[str, Any] = {}
+    for key, value in bound.arguments.items():
+        kind = signature.parameters[key].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            keywords.update(value)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                raise SequentialUnsupported(f"{name} takes *args: 'auto' cannot name its inputs; pick a method.")
+        else:
+            keywords[key] = value
+    return keywords
 
 
 def _hidden_of(block: str, output: Any) -> torch.Tensor:
