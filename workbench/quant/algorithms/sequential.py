@@ -75,8 +75,8 @@ from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Blocks", "BlockCalibrationError", "SequentialUnsupported", "find_blocks", "calibrate_sequential", "MIN_BLOCK_SHARE",
-           "ACTIVATION_BUDGET"]
+__all__ = ["Blocks", "BlockCalibrationError", "SequentialUnsupported", "find_blocks", "calibrate_sequential",
+           "MIN_BLOCK_SHARE", "ACTIVATION_BUDGET"]
 
 # A list of identical blocks is "the model's blocks" when it holds at least this share of the parameters.
 MIN_BLOCK_SHARE = 0.5
@@ -560,8 +560,9 @@ def _split_hidden(block: str, args: tuple, kwargs: dict) -> tuple[torch.Tensor, 
     if isinstance(kwargs.get("hidden_states"), torch.Tensor):
         rest = {key: value for key, value in kwargs.items() if key != "hidden_states"}
         return kwargs["hidden_states"], (tuple(args), rest), False
-    raise SequentialUnsupported(f"{block} is called without a tensor as its first argument or hidden_states=: sequential "
-                     "calibration cannot tell which input flows from block to block; calibrate without sequential.")
+    raise SequentialUnsupported(f"{block} is called without a tensor as its first argument or hidden_states=: "
+                                "sequential calibration cannot tell which input flows from block to block; calibrate "
+                                "without sequential.")
 
 
 def _as_keywords(name: str, block: nn.Module, hidden: torch.Tensor, rest: tuple[tuple, dict],
