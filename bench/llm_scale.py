@@ -12,8 +12,8 @@ machine: the 1.1B row peaks at several GiB.
                               [--steps new,set,calibrate,calibrate-sequential,export] [--batches 2]
                               [--batch-size 4] [--seq 128]
 
-``calibrate-sequential`` is ``calibrate --sequential`` (one block at a time, the same amax; no output SQNR, which
-the whole-model ``calibrate`` measures with two more passes).
+``calibrate-sequential`` is ``calibrate --sequential`` (one block at a time, the same amax; its output SQNR takes
+one more walk over the blocks where the whole-model ``calibrate`` takes two more passes).
 """
 from __future__ import annotations
 

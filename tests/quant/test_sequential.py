@@ -56,9 +56,12 @@ def assert_same_calibration(whole, sequential):
 def test_amax_and_histograms_equal_the_whole_model_run(build, method, histogram):
     model = quantized(build, histogram)
     whole, sequential = copy.deepcopy(model), copy.deepcopy(model)
-    expected = calibrate(whole, token_batches(), num_batches=None, method=method, report_sqnr=False)
+    expected = calibrate(whole, token_batches(), num_batches=None, method=method)
     result = calibrate_sequential(sequential, token_batches(), num_batches=None, method=method)
     assert_same_calibration(whole, sequential)
+    # the output SQNR: the same sums, pooled over the same batches, from one more walk over the blocks
+    assert (result.output_sqnr_db, result.sqnr_batches) == (expected.output_sqnr_db, expected.sqnr_batches)
+    assert result.sqnr_batches == 3 and 0 < result.output_sqnr_db < 80
     assert result.quantizers.keys() == expected.quantizers.keys()
     assert any(name.startswith("lm_head") for name in result.quantizers)  # the modules after the blocks too
     assert result.unused == expected.unused
@@ -128,7 +131,8 @@ def test_one_block_resident_at_a_time_gives_the_same_amax():
         block.register_forward_pre_hook(only_this_block(name))
     calibrate_sequential(lazy, token_batches(), num_batches=None, method="entropy", residency=residency)
 
-    assert seen == ["model.layers.0"] * 3 + ["model.layers.1"] * 3  # each block ran each batch once
+    # each block ran each batch once to collect, once more quantized for the output SQNR
+    assert seen == (["model.layers.0"] * 3 + ["model.layers.1"] * 3) * 2
     assert residency.loads[-2:] == ["model.layers.0", "model.layers.1"]
     assert residency.resident == set()  # everything released again
     residency.blocks = set()  # the test itself loads them all back to compare
@@ -192,10 +196,17 @@ def test_progress_names_each_block():
     messages = []
     calibrate_sequential(model, token_batches(), num_batches=2, method="max",
                          progress=lambda done, total, message: messages.append((done, total, message)))
-    assert messages == [(1, 4, "captured the inputs of model.layers.0 for 2 batches"),
-                        (2, 4, "calibrated block model.layers.0 (1 of 2)"),
-                        (3, 4, "calibrated block model.layers.1 (2 of 2)"),
-                        (4, 4, "calibrated the modules after the blocks")]
+    assert messages == [(1, 7, "captured the inputs of model.layers.0 for 2 batches"),
+                        (2, 7, "calibrated block model.layers.0 (1 of 2)"),
+                        (3, 7, "calibrated block model.layers.1 (2 of 2)"),
+                        (4, 7, "calibrated the modules after the blocks"),
+                        (5, 7, "output SQNR: quantized block model.layers.0 (1 of 2)"),
+                        (6, 7, "output SQNR: quantized block model.layers.1 (2 of 2)"),
+                        (7, 7, "measured the output SQNR on 2 batches")]
+    messages.clear()
+    calibrate_sequential(quantized(models.hf_llama), token_batches(), num_batches=2, method="max", report_sqnr=False,
+                         progress=lambda done, total, message: messages.append((done, total, message)))
+    assert [done for done, _, _ in messages] == [1, 2, 3, 4] and messages[-1][1] == 4
 
 
 def test_a_model_without_blocks_is_calibrated_whole_and_says_so():

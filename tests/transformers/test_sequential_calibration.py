@@ -39,11 +39,12 @@ def _calibration(project: Path):
 def test_cli_sequential_equals_the_whole_model_run(llama_project, tmp_path, capsys):
     other = tmp_path / "whole.qwb"
     shutil.copy(llama_project, other)
-    code, out, err = run(capsys, "calibrate", other)  # the project's default method ("auto")
+    code, out, err = run(capsys, "calibrate", other, "--json")  # the project's default method ("auto")
     assert code == 0, err
+    whole_sqnr = json.loads(out)["output_sqnr_db"]
     code, out, err = run(capsys, "calibrate", llama_project, "--sequential", "--json")
     assert code == 0, err
-    assert json.loads(out)["output_sqnr_db"] is None  # no whole-model pass to measure it on
+    sequential_sqnr = json.loads(out)["output_sqnr_db"]
     whole, whole_quantizers = _calibration(other)
     sequential, sequential_quantizers = _calibration(llama_project)
     assert sequential_quantizers.keys() == whole_quantizers.keys()
@@ -55,6 +56,10 @@ def test_cli_sequential_equals_the_whole_model_run(llama_project, tmp_path, caps
         if record.calibrator_state is not None and "calib_hist" in record.calibrator_state:
             assert np.array_equal(np.asarray(record.calibrator_state["calib_hist"]),
                                   np.asarray(sequential_quantizers[name].calibrator_state["calib_hist"])), name
+    # measured by one more walk over the blocks; the float reference is the collecting pass's output, where
+    # quantized attention computes its products one by one (the whole-model run's reference, all quantizers off,
+    # takes the fused SDPA): the same up to float rounding
+    assert sequential_sqnr == pytest.approx(whole_sqnr, abs=1e-4)
 
 
 def test_the_project_setting_turns_it_on_and_progress_names_the_blocks(llama_project, capsys):
@@ -69,7 +74,7 @@ def test_the_project_setting_turns_it_on_and_progress_names_the_blocks(llama_pro
     assert Session.open(llama_project).settings.calibration.sequential is True
     code, out, err = run(capsys, "calibrate", llama_project, "--sequential", "off", "--method", "max")
     assert code == 0, err
-    assert "output SQNR" in out  # the whole-model run measures it
+    assert "sequential" not in err
 
 
 def test_help_names_the_flag(capsys):

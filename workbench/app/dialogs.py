@@ -80,7 +80,7 @@ class CalibrationOptions(QWidget):
         self.sequential = QCheckBox("One block at a time")
         self.sequential.setChecked(settings.sequential)
         self.sequential.setToolTip("Sequential calibration: only one decoder block's weights in memory at a time, "
-                                   "activations kept on disk beyond a budget; the same amax, no output SQNR. Models "
+                                   "activations kept on disk beyond a budget; the same amax. Models "
                                    "without repeated blocks are calibrated whole.")
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)

@@ -48,7 +48,7 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
 
     ``sequential`` (default: the project's ``calibration.sequential``) calibrates one block at a time
     (:func:`workbench.quant.algorithms.sequential.calibrate_sequential`: the same amax, one block's weights
-    resident, loaded and released by ``residency``; no output SQNR); progress then counts the blocks.
+    resident, loaded and released by ``residency``); progress then counts the blocks.
 
     Raises:
         SessionError: sequential calibration with several processes.
