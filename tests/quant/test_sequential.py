@@ -12,7 +12,12 @@ from torch import nn
 from workbench.quant import QuantDescriptor, TensorQuantizer, quantizer_state, replace_to_quantization_module
 from workbench.quant.algorithms.activation_store import ActivationStore, SpillFolder
 from workbench.quant.algorithms.calibrate import CalibrationCancelled, calibrate
-from workbench.quant.algorithms.sequential import BlockCalibrationError, calibrate_sequential, find_blocks
+from workbench.quant.algorithms.sequential import (
+    BlockCalibrationError,
+    SequentialUnsupported,
+    calibrate_sequential,
+    find_blocks,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transformers"))
 import models  # noqa: E402  (tests/transformers/models.py: the tiny HF builders)
@@ -253,3 +258,57 @@ def test_activation_store_keeps_within_budget_and_spills_beyond(tmp_path):
     assert not folder.exists()
     with pytest.raises(KeyError, match="batch 1"):
         store.get(1)
+
+
+class SharedProjection(nn.Module):
+    """A projection used both before and after the blocks (weights shared, as a tied embedding can be)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 4)) for _ in range(3))
+
+    def forward(self, x):
+        x = self.proj(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.proj(x)
+
+
+def test_a_quantizer_used_before_and_after_the_blocks_is_refused_by_name():
+    torch.manual_seed(0)
+    model = SharedProjection()
+    replace_to_quantization_module(model, quant_desc_input=QuantDescriptor(calib_method="histogram"))
+    before = quantizer_state(model)
+    data = [torch.randn(2, 4, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    with pytest.raises(SequentialUnsupported, match=r"proj\._input_quantizer runs both before and after blocks"):
+        calibrate_sequential(model, data, num_batches=None, method="max")
+    assert quantizer_state(model) == before
+    assert all(q.amax is None for q in quantizers(model).values())
+
+
+def test_a_block_that_is_not_called_on_a_tensor_is_refused():
+    class NoTensor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Wrapped() for _ in range(2))
+
+        def forward(self, x):
+            state = {"x": x}
+            for block in self.blocks:
+                state = block(state)
+            return state["x"]
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, state):
+            return {"x": self.fc(state["x"])}
+
+    model = NoTensor()
+    replace_to_quantization_module(model)
+    with pytest.raises(SequentialUnsupported, match=r"blocks\.0 is called without a tensor"):
+        calibrate_sequential(model, [torch.randn(2, 4)], num_batches=None, method="max")
+    assert all(q.amax is None for q in quantizers(model).values())
