@@ -261,7 +261,8 @@ def _commit(snapshot: ModelSnapshot, quantizers: dict[str, TensorQuantizer], ama
                                warnings=nonfinite_warnings(results, run.mostly_nonfinite, done)
                                + zero_warnings(results) + amaxes.thin + suspicious(results, quantizers)
                                + [str(w) for item in results.values() for w in item.warnings],
-                               collect_time_s=collected - started - run.amax_time_s, amax_time_s=run.amax_time_s)
+                               collect_time_s=collected - started - run.amax_time_s - run.auto_time_s,
+                               amax_time_s=run.amax_time_s, auto_time_s=run.auto_time_s)
     for warning in result.warnings:
         logger.warning(warning)
     logger.info("%s (sequential: %s, %d activation files spilled)", result.summary(), run.blocks.describe(),
@@ -282,6 +283,7 @@ class _SequentialRun:
         self.done = 0
         self.mostly_nonfinite: list[int] = []
         self.amax_time_s = 0.0
+        self.auto_time_s = 0.0  # measuring "auto"'s candidates
         # per batch: (the batch, the first block's inputs but the hidden states, whether those were positional)
         self.contexts = ActivationStore(spill)
         self.hidden = ActivationStore(spill)  # the hidden states going into the current block
@@ -323,7 +325,9 @@ class _SequentialRun:
                         candidates = self._amax(mine, block, block_name, method, percentile, block_method, amaxes,
                                                 blind)
                         if candidates:
+                            started = time.perf_counter()
                             self._pick_in_block(block_name, block, mine, candidates, amaxes, inputs)
+                            self.auto_time_s += time.perf_counter() - started
                     finally:
                         inputs.close()
                 self._report(step + 1, f"calibrated block {block_name} ({step} of {len(self.blocks.items)})")
@@ -335,10 +339,12 @@ class _SequentialRun:
                 candidates |= self._amax(mine, module, module_name, method, percentile, block_method, amaxes, blind)
             candidates |= self._amax(tail, None, "", method, percentile, block_method, amaxes, blind)
             if candidates:
+                started = time.perf_counter()
                 kept = [(index, self.contexts.get(index)[0]) for index in range(min(AUTO_BATCHES, self.done))]
                 with self._replaying():
                     pick_auto_methods(self.model, outside, candidates, amaxes.results, kept, self.device, SINGLE,
                                       self.cancel)
+                self.auto_time_s += time.perf_counter() - started
         self._report(len(self.blocks.items) + 2, "calibrated the modules after the blocks")
         if blind:
             raise NonFiniteCalibrationError(blind)
