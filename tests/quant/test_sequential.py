@@ -73,6 +73,18 @@ def test_amax_and_histograms_equal_the_whole_model_run(build, method, histogram)
     assert result.num_batches == 3
 
 
+def test_a_decoder_run_with_its_cache_on_gives_the_same_amax_and_sqnr():
+    """use_cache=True (the default of real checkpoints): every block gets the model's DynamicCache; the sequential
+    walks must neither keep every block's keys for every batch nor attend to an earlier walk's keys."""
+    model = quantized(models.hf_llama)
+    model.config.use_cache = True
+    whole, sequential = copy.deepcopy(model), copy.deepcopy(model)
+    expected = calibrate(whole, token_batches(), num_batches=None, method="entropy")
+    result = calibrate_sequential(sequential, token_batches(), num_batches=None, method="entropy")
+    assert_same_calibration(whole, sequential)
+    assert result.output_sqnr_db == expected.output_sqnr_db
+
+
 def test_blocks_found_in_decoders_and_encoders():
     assert find_blocks(models.hf_llama()).name == "model.layers"
     assert find_blocks(models.hf_gpt2()).name == "transformer.h"

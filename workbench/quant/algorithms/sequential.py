@@ -21,6 +21,7 @@ values in the same order: the amax and histograms are bit-identical to the whole
 test_sequential.py). Activations between blocks stay in memory within a budget and go to a temporary folder
 beyond it (:mod:`workbench.quant.algorithms.activation_store`).
 
+A Hugging Face key/value cache among the blocks' inputs is dropped (a first forward computes the same without it).
 Assumptions, said where they could matter: every block gets the same extra inputs (mask, position embeddings) as
 the first one, and its hidden-state input is its first positional argument (or ``hidden_states=``); a block
 returns its hidden states, or a tuple whose first item they are. A quantizer outside the blocks that runs both
@@ -31,6 +32,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -631,11 +633,23 @@ def _home_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _is_cache(value: Any) -> bool:
+    """Whether ``value`` is a Hugging Face key/value cache (a model run with ``use_cache`` passes one to every
+    block). Sequential runs drop it: kept per batch it would hold every block's keys and values of every batch at
+    once, and a second walk would attend to the first walk's keys too. On a first forward the cache only echoes
+    the block's own keys and values, so without it a block computes the same."""
+    cache_utils = sys.modules.get("transformers.cache_utils")  # loaded whenever a transformers model runs
+    cache = getattr(cache_utils, "Cache", None)
+    return cache is not None and isinstance(value, cache)
+
+
 def _split_hidden(block: str, args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple[tuple, dict], bool]:
     """The first block's hidden-state input, the rest of its inputs, and whether the hidden states came first
     among the positional arguments (else as ``hidden_states=``)."""
+    args = tuple(None if _is_cache(value) else value for value in args)
+    kwargs = {key: None if _is_cache(value) else value for key, value in kwargs.items()}
     if args and isinstance(args[0], torch.Tensor):
-        return args[0], (tuple(args[1:]), dict(kwargs)), True
+        return args[0], (tuple(args[1:]), kwargs), True
     if isinstance(kwargs.get("hidden_states"), torch.Tensor):
         rest = {key: value for key, value in kwargs.items() if key != "hidden_states"}
         return kwargs["hidden_states"], (tuple(args), rest), False
