@@ -16,11 +16,21 @@ def test_calibration_form_lists_every_method_and_enables_the_percentile_only_for
     assert form.method.currentText() == "mse" and not form.percentile.isEnabled()
     form.method.setCurrentText("percentile")
     assert form.percentile.isEnabled()
-    assert form.options() == {"method": "percentile", "num_batches": 4, "percentile": 99.9}
+    assert form.options() == {"method": "percentile", "num_batches": 4, "percentile": 99.9, "sequential": False}
 
     editor = DescriptorEditor()
     qtbot.addWidget(editor)
     assert [editor.method.itemText(i) for i in range(editor.method.count())] == list(AMAX_METHODS)
+
+
+def test_calibration_form_shows_and_sets_the_sequential_setting(qtbot):
+    form = CalibrationOptions(CalibrationSettings.from_stored({"sequential": True}))
+    qtbot.addWidget(form)
+    assert form.sequential.isChecked()
+    form.sequential.setChecked(False)
+    assert form.options()["sequential"] is False
+    # what the dialog gives back is a valid calibration setting (the project keeps it)
+    assert CalibrationSettings.from_stored({**form.options(), "sequential": True}).sequential is True
 
 
 def test_percentile_box_stays_inside_the_valid_range(qtbot):

@@ -77,18 +77,24 @@ class CalibrationOptions(QWidget):
         self.num_batches.setSpecialValueText("all")
         self.num_batches.setValue(settings.num_batches or 0)
         self.percentile = percentile_spin_box(settings.percentile)
+        self.sequential = QCheckBox("One block at a time")
+        self.sequential.setChecked(settings.sequential)
+        self.sequential.setToolTip("Sequential calibration: only one decoder block's weights in memory at a time, "
+                                   "activations kept on disk beyond a budget; the same amax. Models "
+                                   "without repeated blocks are calibrated whole.")
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
         form.addRow("amax method", self.method)
         form.addRow("Batches", self.num_batches)
         form.addRow("Percentile", self.percentile)
+        form.addRow("Sequential", self.sequential)
         self.method.currentTextChanged.connect(lambda m: self.percentile.setEnabled(_takes_percentile(m)))
         self.percentile.setEnabled(_takes_percentile(self.method.currentText()))
 
     def options(self) -> dict[str, Any]:
         """``session.calibrate`` keyword arguments (and the project's calibration setting)."""
         return {"method": self.method.currentText(), "num_batches": self.num_batches.value() or None,
-                "percentile": float(self.percentile.value())}
+                "percentile": float(self.percentile.value()), "sequential": self.sequential.isChecked()}
 
 
 class ErrorDialog(QMessageBox):

@@ -74,7 +74,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                                        percentile=args.percentile, progress=progress, cancel=progress.cancel,
                                        context=context, block_method=args.block_method,
                                        smoothquant=args.smoothquant,
-                                       awq=None if args.awq is None else args.awq == "on")
+                                       awq=None if args.awq is None else args.awq == "on",
+                                       sequential=None if args.sequential is None else args.sequential == "on")
     if not context.is_main:  # rank 0 writes the project and reports for the job
         return EXIT_OK
     result.warnings = list(dict.fromkeys(result.warnings + held.messages))  # each once
@@ -400,6 +401,11 @@ def _calibrate_options(cal: argparse.ArgumentParser) -> None:
                           "(0.5 is the paper's default); off restores the original weights")
     cal.add_argument("--awq", choices=("on", "off"),
                      help="first search AWQ scales for the 4-bit weight-only layers (off: drop them)")
+    cal.add_argument("--sequential", nargs="?", const="on", choices=("on", "off"),
+                     help="one decoder block at a time (only that block's weights resident, activations spilled to "
+                          "disk beyond a budget): the same amax as a whole-model run; models without "
+                          "repeated blocks are calibrated whole (default: the project's; new projects: "
+                          f"{'on' if calib_defaults.sequential else 'off'})")
     _workers_option(cal)
     cal.set_defaults(func=_cmd_calibrate)
 

@@ -197,10 +197,13 @@ class CalibrationSettings(_Section):
     percentile: float = PERCENTILE.default
     # INT4 blockwise weights: each block's amax is its max, or the least-squared-error shrink of it
     block_method: str = DEFAULT_BLOCK_METHOD
-    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("block_method",)
+    # one block's weights resident at a time (workbench.quant.algorithms.sequential): same amax, less memory
+    sequential: bool = False
+    STORED_WHEN_SET: ClassVar[tuple[str, ...]] = ("block_method", "sequential")
 
     def __post_init__(self) -> None:
         self._require("block_method", self.block_method in BLOCK_METHODS, f"one of {', '.join(BLOCK_METHODS)}")
+        self._require("sequential", isinstance(self.sequential, bool), "true or false")
         if self.method is None:  # stored none: the default method
             self._set("method", DEFAULT_AMAX_METHOD)
         self._require("method", self.method in AMAX_METHODS, f"one of {', '.join(AMAX_METHODS)}")

@@ -21,6 +21,8 @@ from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken,
 from workbench.quant.algorithms.calibrate import calibrate as run_calibration
 from workbench.quant.algorithms.distributed import DistContext
 from workbench.quant.algorithms.precision_registry import BLOCK_METHODS
+from workbench.quant.algorithms.residency import BlockResidency
+from workbench.quant.algorithms.sequential import calibrate_sequential
 from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.quant.calib import PERCENTILE, AmaxMethod, HistogramCalibrator
 from workbench.session.build import descriptor_of, layer_of
@@ -34,15 +36,24 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
               device: torch.device, folded: Iterable[str], method: str | None = None,
               num_batches: int | None = None, percentile: float | None = None,
               progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-              context: DistContext | None = None,
-              block_method: str | None = None) -> tuple[CalibrationResult, CalibrationRecord]:
+              context: DistContext | None = None, block_method: str | None = None,
+              sequential: bool | None = None,
+              residency: BlockResidency | None = None) -> tuple[CalibrationResult, CalibrationRecord]:
     """Calibrate ``model`` on ``data`` (the calibration data); returns the result and its record (amax,
     histograms) for the project's calibrations. Options not given are ``options``' (the project's
     ``calibration`` setting); ``folded``: the layers a BatchNorm is folded into.
 
     ``block_method`` (default: the project's ``calibration.block_method``) chooses the amax of INT4 weight
     blocks: their max, or an mse search per block (:func:`workbench.quant.algorithms.blocks.refine_block_amax`).
+
+    ``sequential`` (default: the project's ``calibration.sequential``) calibrates one block at a time
+    (:func:`workbench.quant.algorithms.sequential.calibrate_sequential`: the same amax, one block's weights
+    resident, loaded and released by ``residency``); progress then counts the blocks.
+
+    Raises:
+        SessionError: sequential calibration with several processes.
     """
+    sequential = options.sequential if sequential is None else sequential
     block_method = checked_block_method(block_method or options.block_method)
     method = method or options.method.value
     # a count the user chose (here, or in the project's settings), not the default "up to 16"
@@ -57,9 +68,17 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
             short = (f"{asked} calibration batches asked for, the data has {available}: calibrated on "
                      f"{available}.")
         num_batches = available if num_batches is None else min(num_batches, available)
-    result = run_calibration(model, data.batches(), num_batches=num_batches, method=method,
-                             percentile=percentile, device=device, progress=progress, cancel=cancel,
-                             context=context, block_method=block_method)
+    if sequential:
+        if context is not None and context.distributed:
+            raise SessionError("Sequential calibration runs in one process (it walks the blocks in order): "
+                               "calibrate without --workers, or without --sequential.")
+        result = calibrate_sequential(model, data.batches(), num_batches=num_batches, method=method,
+                                      percentile=percentile, device=device, progress=progress, cancel=cancel,
+                                      block_method=block_method, residency=residency)
+    else:
+        result = run_calibration(model, data.batches(), num_batches=num_batches, method=method,
+                                 percentile=percentile, device=device, progress=progress, cancel=cancel,
+                                 context=context, block_method=block_method)
     if short is not None:
         result.warnings.insert(0, short)
     from workbench.quant.algorithms.precision import mix_label

@@ -206,7 +206,7 @@ class Session(SessionEdits):
                   percentile: float | None = None, progress: ProgressCallback | None = None,
                   cancel: CancelToken | None = None, context: DistContext | None = None,
                   block_method: str | None = None, smoothquant: float | str | None = None,
-                  awq: bool | None = None) -> CalibrationResult:
+                  awq: bool | None = None, sequential: bool | None = None) -> CalibrationResult:
         """Calibrate on the calibration data and store the result (amax and histograms) in the project.
 
         Args:
@@ -220,6 +220,8 @@ class Session(SessionEdits):
                 should save the project (the session never saves on its own).
             smoothquant, awq: ``smoothquant`` (an alpha in [0, 1], or ``"off"``) and ``awq`` (True/False) first
                 compute (or clear) that smoothing (see :meth:`smooth`); None leaves it as it is.
+            sequential: one block at a time (None: the project's ``calibration.sequential``); see
+                :func:`workbench.session.calibration.calibrate`.
         Returns:
             The :class:`~workbench.quant.algorithms.calibrate.CalibrationResult`, also stored as the project's current
             calibration.
@@ -239,7 +241,7 @@ class Session(SessionEdits):
         result, record = calibration.calibrate(
             model, self.data("calibration"), self.project, options, device=self.device, folded=self.folded_layers(),
             method=method, num_batches=num_batches, percentile=percentile, progress=progress, cancel=cancel,
-            context=context, block_method=block_method)
+            context=context, block_method=block_method, sequential=sequential)
         self.project.calibrations.append(record)
         record.state_digest = state_digest(self.project)  # what the run's output SQNR was measured on
         record.weights_digest = self.weights_digest

@@ -108,7 +108,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         NonFiniteCalibrationError: some quantizers saw only NaN/Inf; the model is unchanged.
         NothingReachedError: the batches reached no calibrating quantizer; the model is unchanged.
     """
-    method, percentile, quantizers = _checked_arguments(model, method, percentile, num_batches)
+    method, percentile, quantizers = checked_arguments(model, method, percentile, num_batches)
     context = context or SINGLE
     original_device = model_device(model)
     run_device = torch.device(device) if device is not None else original_device
@@ -157,7 +157,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
                    report_sqnr, timings=(started, collected, amax_done, auto_done))
 
 
-def _checked_arguments(model: nn.Module, method: str, percentile: float,
+def checked_arguments(model: nn.Module, method: str, percentile: float,
                        num_batches: int | None) -> tuple[str, float, dict[str, TensorQuantizer]]:
     """Step 0, before anything changes: the method's and percentile's canonical values and the model's quantizers.
 
