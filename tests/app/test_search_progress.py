@@ -117,3 +117,22 @@ def test_the_ladders_apply_says_at_once_that_it_works_until_its_calibration_is_d
     assert ("Calibrating", True) in shown_jobs  # the calibration's progress showed in the tab
     assert QApplication.overrideCursor() is None
     assert "Applying" not in panel.fallback_label.text() and "Applied" in panel.fallback_label.text()
+
+
+def test_apply_stays_in_view_under_a_long_ladder_result(controller, qtbot, project):
+    """Seen with real input under Xvfb: a ladder's notes pushed Apply below the scrolled pane's view, and the click
+    on it missed; Apply sits under Search now, above the text."""
+    tab = _tab(controller, qtbot, project)
+    tab.resize(680, 700)  # the tab's size in a 1500x950 window beside the model tree
+    panel = tab.fallback_panel
+    _goal(panel, "int8,fp8,float", 25)
+    with qtbot.waitSignal(controller.ladder_changed, timeout=120000) as blocker:
+        qtbot.mouseClick(panel.fallback_button, Qt.MouseButton.LeftButton)
+    result = blocker.args[0]
+    result.notes = [f"note {i}: " + "a long explanation of a fusion move " * 4 for i in range(4)]
+    panel.show_ladder(result)
+    qtbot.wait(50)
+    assert panel.apply_button.isEnabled()
+    assert not panel.apply_button.visibleRegion().isEmpty()
+    with qtbot.waitSignal(controller.calibration_changed, timeout=60000):
+        qtbot.mouseClick(panel.apply_button, Qt.MouseButton.LeftButton)

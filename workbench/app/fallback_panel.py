@@ -126,9 +126,13 @@ class FallbackPanel(QGroupBox):
         self.undo_apply_button.clicked.connect(self.undo_apply)
         # asked before an Apply overrides layers the user set by hand: "all", "keep" (their edits) or None (cancel)
         self.ask_override: Callable[[list[Any], list[Any]], str | None] = self._ask_override
+        # Apply right under Search, above the result's text: a long text (a ladder's notes) pushed it out of the
+        # scrolled pane's view, and a click there missed it (seen with real input under Xvfb)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.apply_button, 1)
+        buttons.addWidget(self.undo_apply_button)
+        form.addRow(buttons)
         form.addRow(self.fallback_label)
-        form.addRow(self.apply_button)
-        form.addRow(self.undo_apply_button)
         left = QWidget()
         left.setLayout(form)
         left.setMaximumWidth(340)
