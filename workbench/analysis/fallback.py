@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -76,7 +76,8 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                     layer_order: Sequence[str] | None = None,
                     precisions: Mapping[str, str] | None = None,
                     neighbours: Mapping[str, tuple[set[str], set[str]]] | None = None,
-                    gemms: Collection[str] = ()) -> FallbackResult:
+                    gemms: Collection[str] = (),
+                    on_partial: Callable[[FallbackResult], None] | None = None) -> FallbackResult:
     """Find the most sensitive units to leave in float until the metric is within ``tolerance`` of FP32.
 
     Starting from the model as configured (all quantized), the units are left in float one at a time
@@ -111,6 +112,9 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
             (:func:`workbench.analysis.layer_flow.record_layer_flow`); None: its neighbours in ``layer_order``.
         gemms: the layers that are GEMMs: a quantized GEMM among float layers is TensorRT's normal W8A8 pattern,
             never moved to float by the fusion check.
+        on_partial: called with the search so far (an incomplete :class:`FallbackResult`: its curve up to the
+            last measurement) after the baselines and after each measurement, so a chart can fill as it runs
+            (rank 0 only).
 
     A search whose only mix meeting the goal leaves nothing quantized does not count as reached: it says so and
     keeps the best mix that still quantizes something.
@@ -127,6 +131,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
     chosen_metric = get_metric(metric, direction)
     context = context or SINGLE
     progress = context.main_only(progress)
+    on_partial = on_partial if context.is_main else None
     if (tolerance is None) == (target is None):
         raise ValueError("Give either tolerance= (the largest acceptable gap to the FP32 metric) or target= "
                          "(the value to reach), not both or neither.")
@@ -168,6 +173,10 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                               ranking=[u.name for u in order or []], sensitivity=profile,
                               wall_time_s=time.perf_counter() - started, complete=complete)
 
+    def publish() -> None:  # the curve so far, for a chart that fills as the search runs
+        if on_partial is not None:
+            on_partial(result(complete=False))
+
     with ModelSnapshot(model), torch.no_grad():
         evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         try:
@@ -184,12 +193,16 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                 by_name = {u.name: u for u in profile_units}
                 order = [by_name[u.name] for u in profile.ranked()]
             curve.append(FallbackPoint(0, None, quantized))
+            publish()
             while not within(curve[-1].value) and len(chosen) < limit:
                 # one round: rank r measures the next r + 1 units in float (one process: the next one)
                 sizes = list(range(len(chosen) + 1, min(len(chosen) + context.world_size, limit) + 1))
                 mine = sizes[context.rank] if context.rank < len(sizes) else None
                 value = None
                 if mine is not None:
+                    # the candidate being measured, before its pass (one pass is seconds on a large model)
+                    report_progress(progress, done, total, f"measuring {order[mine - 1].name} in float "
+                                                           f"({mine} in float)")
                     evaluator.configure("quantized", off=[q for unit in order[:mine]
                                                           for q in evaluator.quantizer_objects(unit)])
                     value = evaluator.measure("fallback", order[mine - 1].name)
@@ -198,6 +211,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
                     curve.append(FallbackPoint(size, order[size - 1].name, measured))
                     done += 1
                     report_progress(progress, done, total, f"fallback: {size} in float, last {order[size - 1].name}")
+                    publish()
                     if within(measured):  # the sets measured past this one are not needed
                         break
             if (layer_order is not None or neighbours is not None) and within(curve[-1].value):

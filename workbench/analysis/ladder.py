@@ -257,7 +257,8 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
                   output: str | None = None, block_sizes: Mapping[str, int] | None = None,
                   layer_order: Sequence[str] | None = None,
                   neighbours: Mapping[str, tuple[set[str], set[str]]] | None = None,
-                  gemms: Collection[str] = (), pins: Collection[str] = ()) -> LadderResult:
+                  gemms: Collection[str] = (), pins: Collection[str] = (),
+                  on_partial: Callable[[LadderResult], None] | None = None) -> LadderResult:
     """Choose a precision per unit from ``ladder`` (cheapest first) for a goal: ``target``/``tolerance``
     (the cheapest mix that reaches it) or ``budget_bytes`` (the best metric whose weights fit; with a
     ``target`` too, the search stops once it is reached). A tolerance where FP32 is infinite (SQNR) counts
@@ -278,6 +279,8 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
         gemms: the layers that are GEMMs (weights, activation products): a quantized one alone among float
             layers is the normal W8A8 pattern, not moved to float.
         pins: layers set by hand: the units holding them are not searched, they keep their precision.
+        on_partial: called with the search so far (an incomplete :class:`LadderResult`: the steps measured) after
+            each measurement, so a chart can fill as it runs.
 
     Returns:
         A :class:`LadderResult`: the mix chosen, its value and weight bytes, and every step tried.
@@ -369,6 +372,15 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
 
     total = 2 + len(candidates) + 1
     done = 0
+
+    published = [0]  # steps already given to on_partial
+
+    def climbing(done_now: int, total_now: int, message: str) -> None:
+        """A step's report, and the steps so far (when there is a new one) for a chart that fills as it runs."""
+        report_progress(progress, done_now, total_now, message)
+        if on_partial is not None and len(steps) > published[0]:
+            published[0] = len(steps)
+            on_partial(result(complete=False))
     with ModelSnapshot(model), torch.no_grad():
         evaluator = Evaluator(model, batch_list, chosen_metric, cancel, output)
         try:
@@ -402,13 +414,14 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
                     continue
                 state.set(unit, level)
             order = [u for u in order if u.name not in skipped and u.name not in held]
+            report_progress(progress, done, total, f"measuring every unit on the first rung ({rungs[0].value})")
             start = evaluator.measure("ladder", None)
             steps.append(LadderStep(None, None, start, mix_bytes(current_mix())))
             seen(start)
             total = done + 1 + sum(len(rungs) - 1 - state.level[u.name] for u in order)
             done += 1
-            report_progress(progress, done, total, f"all on the first rung: {start:.4g}")
-            _climb(state, order, evaluator, steps, within, better, current_mix, mix_bytes, budget_bytes, progress,
+            climbing(done, total, f"all on the first rung: {start:.4g}")
+            _climb(state, order, evaluator, steps, within, better, current_mix, mix_bytes, budget_bytes, climbing,
                    done, total, stop=budget_bytes is None or target is not None or tolerance is not None, seen=seen)
             if layer_order is not None or neighbours is not None:
                 kept = [s for s in steps if s.kept]
@@ -533,6 +546,8 @@ def _climb(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: list[Lad
             if budget is not None and size > budget:
                 state.set(unit, previous)
                 continue
+            # the candidate being measured, before its pass (one pass is seconds on a large model)
+            progress(done, total, f"measuring {unit.name} in {state.ladder[level].value}")
             value = evaluator.measure("ladder", unit.name)
             kept = better(value, best)
             steps.append(LadderStep(unit.name, state.ladder[level].value, value, size, kept))

@@ -119,8 +119,11 @@ def measure_baselines(evaluator: Evaluator, progress: ProgressCallback | None, t
     the model itself is measured by every rank.
     """
     if not (context.distributed and isinstance(evaluator.metric, OutputMetric)):
+        # what is being measured, before each pass: the count is known from the start (no busy bar)
+        report_progress(progress, 0, total, "measuring the FP32 reference")
         fp32 = evaluator.measure_fp32()
         report_progress(progress, 1, total, "FP32 reference")
+        report_progress(progress, 1, total, "measuring the all-quantized model")
         quantized = evaluator.measure_quantized()
         report_progress(progress, 2, total, "all quantized")
         return fp32, quantized

@@ -77,6 +77,8 @@ class Controller(QObject, JobsMixin, EditsMixin):
         project_saved(path): the project file was written.
         fallback_changed(result): a fallback search finished.
         ladder_changed(result): a mixed-precision ladder search finished (a LadderResult).
+        search_partial(result): a fallback or ladder search running measured another point (an incomplete
+            FallbackResult or LadderResult: the curve so far; from the worker, queued).
         export_finished(report): a QDQ ONNX file was written and validated.
         selection_changed(names): layers selected in any view.
         dirty_changed(bool): unsaved changes appeared or were saved.
@@ -97,6 +99,7 @@ class Controller(QObject, JobsMixin, EditsMixin):
     sensitivity_changed = Signal()
     fallback_changed = Signal(object)
     ladder_changed = Signal(object)
+    search_partial = Signal(object)
     export_finished = Signal(object)
     selection_changed = Signal(list)
     dirty_changed = Signal(bool)

@@ -20,7 +20,13 @@ from workbench.session import Session
 from workbench.session.workers import WORKER_JOBS, WorkersResult, run_in_workers
 from workbench.sources.errors import TrustRequired
 
-__all__ = ["JobsMixin"]
+__all__ = ["JobsMixin", "SENSITIVITY_JOB", "FALLBACK_JOB", "LADDER_JOB", "CALIBRATION_JOB"]
+
+# the jobs' names (the status bar and the tabs that show a job's progress read them from here)
+SENSITIVITY_JOB = "Sensitivity analysis"
+FALLBACK_JOB = "Fallback search"
+LADDER_JOB = "Ladder search"
+CALIBRATION_JOB = "Calibrating"
 
 
 class JobsMixin:
@@ -35,36 +41,39 @@ class JobsMixin:
         session = self._require_session()
         smoothing = {"smoothquant", "awq"} & options.keys()  # computed in one process (the same scales everywhere)
         if session is not None and self.workers > 1 and not smoothing:
-            return self._workers_job("Calibrating", "calibrate", options)
+            return self._workers_job(CALIBRATION_JOB, "calibrate", options)
         if smoothing and session is not None and self.workers > 1:
             self.log.emit("info", f"Calibrating with {' and '.join(sorted(smoothing))} in one process on "
                                   f"{session.device}: every process must use the same scales")
         return session is not None and self._session_job(
-            "Calibrating", lambda progress, cancel: session.calibrate(progress=progress, cancel=cancel, **options))
+            CALIBRATION_JOB, lambda progress, cancel: session.calibrate(progress=progress, cancel=cancel, **options))
 
     def sensitivity(self, **options: Any) -> bool:
         session = self._require_session()
         if session is not None and self.workers > 1:
-            return self._workers_job("Sensitivity analysis", "sensitivity", options)
+            return self._workers_job(SENSITIVITY_JOB, "sensitivity", options)
         return session is not None and self._session_job(
-            "Sensitivity analysis",
+            SENSITIVITY_JOB,
             lambda progress, cancel: session.sensitivity(progress=progress, cancel=cancel, **options))
 
     def fallback(self, **options: Any) -> bool:
         session = self._require_session()
         if session is not None and self.workers > 1:
-            return self._workers_job("Fallback search", "fallback", options, with_result=self.fallback_changed)
+            return self._workers_job(FALLBACK_JOB, "fallback", options, with_result=self.fallback_changed)
+        # each measurement's point goes to the chart as it arrives (search_partial, queued to the GUI thread)
         return session is not None and self._session_job(
-            "Fallback search", lambda progress, cancel: session.fallback(progress=progress, cancel=cancel, **options),
+            FALLBACK_JOB, lambda progress, cancel: session.fallback(progress=progress, cancel=cancel,
+                                                                    on_partial=self.search_partial.emit, **options),
             with_result=self.fallback_changed)
 
     def ladder(self, **options: Any) -> bool:
         """The mixed-precision ladder search (one process: it calibrates a model per rung first)."""
         session = self._require_session()
         if session is not None:
-            self._one_process("Ladder search")
+            self._one_process(LADDER_JOB)
         return session is not None and self._session_job(
-            "Ladder search", lambda progress, cancel: session.ladder(progress=progress, cancel=cancel, **options),
+            LADDER_JOB, lambda progress, cancel: session.ladder(progress=progress, cancel=cancel,
+                                                                on_partial=self.search_partial.emit, **options),
             with_result=self.ladder_changed)
 
     def _workers_job(self, name: str, job: str, options: dict[str, Any],

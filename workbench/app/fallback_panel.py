@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Slot
+from PySide6.QtCore import Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import (
+    QApplication,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
@@ -36,6 +37,7 @@ from workbench.analysis.ladder import DEFAULT_LADDER, LADDER_PRESETS, LadderResu
 from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_name
 from workbench.analysis.results import FallbackResult, SensitivityResult
 from workbench.app.controller import Controller
+from workbench.app.controller_jobs import CALIBRATION_JOB
 from workbench.app.formatting import format_number
 from workbench.app.plot_style import style_plot
 
@@ -64,10 +66,13 @@ class FallbackPanel(QGroupBox):
         self.result: FallbackResult | None = None
         self.ladder_result: LadderResult | None = None
         self._curve_labels: list[pg.TextItem] = []
+        # an Apply is under way: its edit, then the model update and calibration it starts (busy cursor meanwhile)
+        self.applying = False
         self._build()
         controller.session_changed.connect(self._on_session_changed)
         controller.fallback_changed.connect(self.show_fallback)
         controller.ladder_changed.connect(self.show_ladder)
+        controller.search_partial.connect(self._show_partial)
         controller.busy_changed.connect(self._busy_changed)
         self._on_session_changed()
 
@@ -121,9 +126,13 @@ class FallbackPanel(QGroupBox):
         self.undo_apply_button.clicked.connect(self.undo_apply)
         # asked before an Apply overrides layers the user set by hand: "all", "keep" (their edits) or None (cancel)
         self.ask_override: Callable[[list[Any], list[Any]], str | None] = self._ask_override
+        # Apply right under Search, above the result's text: a long text (a ladder's notes) pushed it out of the
+        # scrolled pane's view, and a click there missed it (seen with real input under Xvfb)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.apply_button, 1)
+        buttons.addWidget(self.undo_apply_button)
+        form.addRow(buttons)
         form.addRow(self.fallback_label)
-        form.addRow(self.apply_button)
-        form.addRow(self.undo_apply_button)
         left = QWidget()
         left.setLayout(form)
         left.setMaximumWidth(340)
@@ -182,6 +191,9 @@ class FallbackPanel(QGroupBox):
     @Slot()
     def _on_session_changed(self) -> None:
         self.undo_apply_button.setEnabled(False)  # another project: the undo belonged to the one before
+        if self.applying:  # another project: the Apply under way belonged to the one before
+            self.applying = False
+            QApplication.restoreOverrideCursor()
         latest = ladder = None
         session = self.controller.session
         if session is not None:
@@ -200,6 +212,9 @@ class FallbackPanel(QGroupBox):
     @Slot(bool)
     def _busy_changed(self, busy: bool) -> None:
         self.fallback_button.setEnabled(self.controller.session is not None and not busy)
+        if self.applying and not busy:
+            # the calibration an Apply asked for starts right after the model update ends: look once it had its turn
+            QTimer.singleShot(0, self._end_applying)
         if self.ladder_result is not None and not self.ladder_plot.isHidden():
             self._update_ladder_text()
         elif self.result is not None:
@@ -241,10 +256,11 @@ class FallbackPanel(QGroupBox):
             return self.apply_ladder()
         if self.result is None or not self.result.chosen:
             return None
+        self._start_applying()
         changed = self.controller.apply_fallback(self.result)
         if changed is not None:
             self.result.applied = True
-            self._update_fallback_text()
+        self._end_applying()  # at once, unless the edit's model update runs in the background
         return changed
 
     def apply_ladder(self) -> list[str] | None:
@@ -261,15 +277,58 @@ class FallbackPanel(QGroupBox):
             if answer is None:
                 return None
             keep = answer == "keep"
+        self._start_applying()
         applied = self.controller.apply_ladder(result, keep_hand_edits=keep)
         if applied is None:
+            self._end_applying()
             return None
         result.applied = True
         self.undo_apply_button.setEnabled(True)
         if applied and any(c.then not in ("float", "custom") for c in applied):
             self.controller.calibrate()  # the new precisions' ranges
-        self._update_ladder_text()
+        self._end_applying()  # at once, unless the model update or the calibration runs in the background
         return [c.layer for c in applied]
+
+    def _start_applying(self) -> None:
+        """Say at once that Apply works: a busy cursor, and the text says so, until its edit, the model update
+        and the calibration it starts are done (they took seconds with nothing shown)."""
+        if not self.applying:
+            QApplication.setOverrideCursor(Qt.CursorShape.BusyCursor)
+        self.applying = True
+        self._update_text()
+        self.fallback_label.repaint()  # the edit itself runs before the event loop draws again
+
+    @Slot()
+    def _end_applying(self) -> None:
+        """Apply is done once no job it started is running (the model update, then the calibration)."""
+        if not self.applying or self.controller.busy:
+            self._update_text()
+            return
+        self.applying = False
+        QApplication.restoreOverrideCursor()
+        self._update_text()
+
+    def _update_text(self) -> None:
+        if self.ladder_result is not None and not self.ladder_plot.isHidden():
+            self._update_ladder_text()
+        else:
+            self._update_fallback_text()
+
+    def _applying_text(self) -> str:
+        if not self.applying:
+            return ""
+        job = self.controller.jobs.job_name if self.controller.busy else ""
+        doing = {"": "setting the layers", CALIBRATION_JOB: "calibrating the new precisions"}.get(
+            job, "updating the quantized model")
+        return f"<b>Applying…</b> {doing} (the progress shows below).<br>"
+
+    @Slot(object)
+    def _show_partial(self, result: Any) -> None:
+        """A running search's points so far: the chart fills as each measurement arrives."""
+        if isinstance(result, LadderResult):
+            self.show_ladder(result)
+        else:
+            self.show_fallback(result)
 
     def undo_apply(self) -> list[str] | None:
         """Undo the ladder's last Apply: the layers' decisions come back, and the search can be applied again."""
@@ -454,11 +513,16 @@ class FallbackPanel(QGroupBox):
         units = f"{len(names)} unit{'' if len(names) == 1 else 's'} in float"
         text = (f"{state} {goal}: {name} {format_number(result.final_value)} with {units}"
                 f"{': ' + ', '.join(names) if names else ''} (all quantized: {format_number(result.quantized)}).")
-        if not result.complete:
+        running = not result.complete and self.controller.busy
+        if running:  # a point of the search under way (search_partial)
+            text = (f"<b>Searching…</b> {len(result.curve)} point{'s' if len(result.curve) != 1 else ''} measured: "
+                    f"{name} {format_number(result.final_value)} with {units}"
+                    f"{': ' + ', '.join(names) if names else ''} (all quantized: {format_number(result.quantized)}).")
+        elif not result.complete:
             text += " The search was cancelled: partial result."
         if result.applied:
             text += " <i>Applied: these layers are left in float.</i>"
-        self.fallback_label.setText(text)
+        self.fallback_label.setText(self._applying_text() + text)
         can_apply = bool(names) and not result.applied and not self.controller.busy
         self.apply_button.setEnabled(can_apply)
         self.apply_button.setText(f"Apply: leave {units}" if names else "Apply")
@@ -509,6 +573,14 @@ class FallbackPanel(QGroupBox):
                 f"{result.ladder[0]}: {format_number(result.start)}); weights {result.weight_bytes:,} bytes, "
                 f"{ratio:.0%} of float. Off the first rung: {moved or 'none'}"
                 f"{'...' if len(promoted) > 8 else ''}.")
+        running = not result.complete and self.controller.busy
+        if running:  # a step of the search under way (search_partial): the session belongs to the job
+            self.fallback_label.setText(
+                f"<b>Searching…</b> {len(result.steps)} mix{'es' if len(result.steps) != 1 else ''} measured, the best "
+                f"{result.metric.get('name', 'metric')} so far {format_number(result.value)} (all {result.ladder[0]}: "
+                f"{format_number(result.start)}).")
+            self.apply_button.setEnabled(False)
+            return
         if result.notes:
             text += "<br>" + "<br>".join(f"<i>{note}</i>" for note in result.notes[:4])
         if result.applied:
@@ -520,7 +592,7 @@ class FallbackPanel(QGroupBox):
                      f"{f' ({hand} set by hand: it asks first)' if hand else ''}: "
                      + html.escape(", ".join(c.text() for c in changes[:6])) + ("..." if len(changes) > 6 else "")
                      + ".")
-        self.fallback_label.setText(text)
+        self.fallback_label.setText(self._applying_text() + text)
         self.apply_button.setEnabled(bool(changes) and not result.applied and not self.controller.busy)
         self.apply_button.setText(f"Apply: set {len(changes)} layer{'s' if len(changes) != 1 else ''}" if changes
                                   else "Apply")

@@ -40,6 +40,8 @@ from PySide6.QtWidgets import (
 from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_labels
 from workbench.analysis.results import SensitivityResult, UnitResult
 from workbench.app.controller import Controller
+from workbench.app.controller_edits import UPDATE_JOB
+from workbench.app.controller_jobs import CALIBRATION_JOB, FALLBACK_JOB, LADDER_JOB, SENSITIVITY_JOB
 from workbench.app.fallback_panel import FallbackPanel
 from workbench.app.formatting import elide_name, format_delta, format_number, job_count_text, job_times_text
 from workbench.app.plot_style import style_plot
@@ -62,7 +64,8 @@ SCHEME_LABELS = {
     "one-off": "one-off: all quantized, one unit at a time in float",
     "one-on": "one-on: all float, one unit at a time quantized",
 }
-JOB_NAMES = ("Sensitivity analysis", "Fallback search")
+JOB_NAMES = (SENSITIVITY_JOB, FALLBACK_JOB, LADDER_JOB)  # the tab's own jobs: their progress shows in the tab
+APPLY_JOBS = (UPDATE_JOB, CALIBRATION_JOB)  # what an Apply of the tab starts: shown in the tab while it applies
 VISIBLE_BARS = 30          # rows the chart shows at once; the wheel scrolls through the rest
 VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay readable
 LABEL_WIDTH_PX = 220       # unit names longer than this are elided at the front, keeping the block index
@@ -567,7 +570,7 @@ class SensitivityTab(QWidget):
     @Slot(bool)
     def _busy_changed(self, busy: bool) -> None:
         has_session = self.session is not None
-        ours = busy and self.controller.jobs.job_name in JOB_NAMES
+        ours = busy and self._ours(self.controller.jobs.job_name)
         self.run_button.setEnabled(has_session and not busy)
         self.ignore_button.setEnabled(has_session and not busy and self.result is not None)
         self.cancel_button.setEnabled(ours)
@@ -576,8 +579,13 @@ class SensitivityTab(QWidget):
             self._job_clock.stop()
             self.progress.reset()
 
+    def _ours(self, name: str) -> bool:
+        """Whether the job ``name``'s progress shows in the tab: its own jobs, and the model update and calibration
+        an Apply of its search started (the Apply said nothing for seconds while they ran)."""
+        return name in JOB_NAMES or (self.fallback_panel.applying and name in APPLY_JOBS)
+
     def _job_started(self, name: str) -> None:
-        if name not in JOB_NAMES:
+        if not self._ours(name):
             return
         self._job_started_at = time.monotonic()
         self._last_progress = None
@@ -586,7 +594,7 @@ class SensitivityTab(QWidget):
         self._show_job_progress()
 
     def _job_progress(self, progress: Any) -> None:
-        if progress.name not in JOB_NAMES:
+        if not self._ours(progress.name):
             return
         self._last_progress = progress
         self.progress.setVisible(True)
@@ -600,7 +608,7 @@ class SensitivityTab(QWidget):
 
     def _show_job_progress(self) -> None:
         """The count of the last report and the moving clock, in the words of the status bar."""
-        if not self.controller.busy or self.controller.jobs.job_name not in JOB_NAMES:
+        if not self.controller.busy or not self._ours(self.controller.jobs.job_name):
             self._job_clock.stop()
             return
         progress = self._last_progress

@@ -67,9 +67,10 @@ def _device_of(model: nn.Module) -> torch.device:
 def fallback(model: nn.Module, batches: list, metric: Any, project: Project, *, tolerance: float | None = None,
              target: float | None = None, max_units: int | None = None, ranking: Any = None, output: Any = None,
              progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-             context: DistContext | None = None) -> tuple[Any, FallbackRecord]:
+             context: DistContext | None = None, on_partial: Any = None) -> tuple[Any, FallbackRecord]:
     """Search the layers to leave in float; returns the search and the record to append to ``project``'s
-    fallback searches (the caller applies it when asked)."""
+    fallback searches (the caller applies it when asked). ``on_partial(result)``: the search so far, after each
+    measurement."""
     from workbench.analysis import fallback_search
     from workbench.session.decisions import precisions
 
@@ -83,7 +84,7 @@ def fallback(model: nn.Module, batches: list, metric: Any, project: Project, *, 
     result = fallback_search(model, batches, metric, tolerance=tolerance, target=target, max_units=max_units,
                              ranking=ranking, apply=False, progress=progress, cancel=cancel, output=output,
                              context=context, layer_order=list(project.layers), precisions=mix, neighbours=flow,
-                             gemms=gemm_layers(model, project.layers))
+                             gemms=gemm_layers(model, project.layers), on_partial=on_partial)
     return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
 
 

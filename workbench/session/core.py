@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -312,7 +312,7 @@ class Session(SessionEdits):
     def fallback(self, *, tolerance: float | None = None, target: float | None = None, max_units: int | None = None,
                  metric: Any = None, apply: bool = False, use_ranking: bool = True,
                  progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-                 context: DistContext | None = None):
+                 context: DistContext | None = None, on_partial: Callable[[Any], None] | None = None):
         """Search which layers to leave in float to get within ``tolerance`` of FP32 (or reach ``target``).
 
         Args:
@@ -323,6 +323,7 @@ class Session(SessionEdits):
             apply: leave the chosen layers in float in the project.
             use_ranking: follow the latest sensitivity ranking (else one is computed first).
             progress, cancel, context: as for :meth:`sensitivity`.
+            on_partial: called (in the job's thread) with the search so far after each measurement, for a chart.
         Returns:
             The :class:`~workbench.analysis.FallbackResult`, appended to the project's fallback searches.
         """
@@ -333,7 +334,7 @@ class Session(SessionEdits):
         result, record = analysis.fallback(model, batches, metric if metric is not None else self.metric(),
                                            self.project, tolerance=tolerance, target=target, max_units=max_units,
                                            ranking=ranking, output=self.settings.output, progress=progress,
-                                           cancel=cancel, context=context)
+                                           cancel=cancel, context=context, on_partial=on_partial)
         self.project.fallbacks.append(record)
         if apply:
             self.apply_fallback(result)
@@ -344,7 +345,7 @@ class Session(SessionEdits):
     def ladder(self, ladder: Any, *, target: float | None = None, tolerance: float | None = None,
                budget_bytes: int | None = None, metric: Any = None, apply: bool = False, use_ranking: bool = True,
                revisit_pins: bool = False, progress: ProgressCallback | None = None,
-               cancel: CancelToken | None = None):
+               cancel: CancelToken | None = None, on_partial: Callable[[Any], None] | None = None):
         """Search a precision per layer from ``ladder`` (``"int8,fp8,float"``, cheapest first) for a goal:
         ``target``/``tolerance`` (the cheapest mix that reaches it) or ``budget_bytes`` (the best metric whose
         weights fit). The result (a :class:`~workbench.analysis.ladder.LadderResult`) is appended to the
@@ -352,7 +353,8 @@ class Session(SessionEdits):
 
         Layers set by hand (:func:`~workbench.session.ladder.hand_set_layers`) are pins the search keeps as they
         are, unless ``revisit_pins``. Each rung the layers do not run in yet gets a model calibrated in it (one
-        calibration pass per rung); the fusion clean-up reads the layers' data flow on one sample.
+        calibration pass per rung, counted by ``progress``); the fusion clean-up reads the layers' data flow on one
+        sample. ``on_partial`` is called with the search so far after each measurement (for a chart).
         """
         rungs = ladder_job.parse_rungs(ladder)
         model = self._require_calibrated()
@@ -360,19 +362,18 @@ class Session(SessionEdits):
         pins = set() if revisit_pins else ladder_job.hand_set_layers(self.project, own)
         searched = {name: precision for name, precision in own.items() if name not in pins}
         plans = ladder_job.rung_plans(self.project, model, self.settings.defaults, searched, rungs)
-        if progress is not None:
-            progress(0, 1, f"calibrating a model per rung ({', '.join(p.value for p in plans if plans[p])})")
         count = self.settings.calibration.num_batches
         base, folding = self._fold_base()
         models = ladder_job.rung_models(self.project, base, folding, self.device, self.settings, plans,
-                                        self.data("calibration").batches(count), example_inputs=self._example_inputs())
+                                        self.data("calibration").batches(count), example_inputs=self._example_inputs(),
+                                        progress=progress, cancel=cancel)
         flow = ladder_job.data_flow(model, self.project.layers, self._example_inputs(), self.device)
         result, record = ladder_job.search(
             model, self._analysis_batches(), metric if metric is not None else self.metric(), self.project,
             rungs=rungs, own=own, plans=plans, models=models,
             ranking=self.latest_sensitivity() if use_ranking else None, target=target, tolerance=tolerance,
             budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel, pins=pins,
-            flow=flow)
+            flow=flow, on_partial=on_partial)
         self.project.fallbacks.append(record)
         if apply:
             self.apply_ladder(result)

@@ -7,7 +7,7 @@ stores what they return.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,15 +130,25 @@ __all__ = ["rung_models", "rung_source", "LayerPlan", "parse_rungs", "rung_plans
 
 def rung_models(project: Project, base: nn.Module, folding: FoldReport | None, device, settings: ProjectSettings,
                 plans: Mapping[Precision, Mapping[str, LayerPlan]], batches: Iterable, *,
-                example_inputs: Any = None) -> dict[Precision, nn.Module]:
+                example_inputs: Any = None, progress: ProgressCallback | None = None,
+                cancel: CancelToken | None = None) -> dict[Precision, nn.Module]:
     """For each precision, the project's model with the ``plans`` layers in it, calibrated on ``batches``
-    with the project's calibration settings (the project itself is not changed)."""
+    with the project's calibration settings (the project itself is not changed). ``progress(done, total, message)``
+    counts the calibrations' steps over all the rungs (which rung, which step); ``cancel`` stops them."""
     batches = list(batches)
     options = settings.calibration
     models: dict[Precision, nn.Module] = {}
-    for precision, plan in plans.items():
-        if not plan:
-            continue
+    rungs = [precision for precision, plan in plans.items() if plan]
+    for index, precision in enumerate(rungs):
+        plan = plans[precision]
+
+        def report(done: int, total: int, message: str, index: int = index, precision: Precision = precision) -> None:
+            # one bar over every rung's calibration: rung k's steps come after the k rungs before it
+            if progress is not None and total:
+                progress(index * total + done, len(rungs) * total,
+                         f"calibrating the {precision.value} rung ({index + 1}/{len(rungs)}): {message}")
+
+        report(0, len(batches), "building its model")
         layers = {name: dataclasses.replace(decision) for name, decision in project.layers.items()}
         for name, (quantize, input_desc, weight_desc) in plan.items():
             layers[name] = LayerDecision(name, layers[name].type, quantize, input_desc, weight_desc)
@@ -146,7 +156,8 @@ def rung_models(project: Project, base: nn.Module, folding: FoldReport | None, d
         model = build_quantized(base, variant, device, folding=folding, settings=settings,
                                 example_inputs=example_inputs).model
         run_calibration(model, batches, num_batches=None, method=options.method.value, percentile=options.percentile,
-                        device=device, report_sqnr=False, block_method=options.block_method)
+                        device=device, report_sqnr=False, block_method=options.block_method, progress=report,
+                        cancel=cancel)
         models[precision] = model
     return models
 
@@ -202,8 +213,8 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
            models: Mapping[Precision, nn.Module], ranking: Any = None, target: float | None = None,
            tolerance: float | None = None, budget_bytes: int | None = None, output: Any = None,
            progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-           pins: Collection[str] = (), flow: Mapping[str, tuple[set[str], set[str]]] | None = None
-           ) -> tuple[Any, FallbackRecord]:
+           pins: Collection[str] = (), flow: Mapping[str, tuple[set[str], set[str]]] | None = None,
+           on_partial: Callable[[Any], None] | None = None) -> tuple[Any, FallbackRecord]:
     """The ladder search (:func:`workbench.analysis.ladder.ladder_search`) from the calibrated ``model`` over the
     rung ``models`` (:func:`rung_models` of ``plans``); the result and the record to append to the project's
     fallback searches. ``pins``: layers it keeps as they are (:func:`hand_set_layers`); ``flow``: the layers'
@@ -221,7 +232,7 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
                            precisions=dict(own), target=target, tolerance=tolerance, budget_bytes=budget_bytes,
                            ranking=ranking, progress=progress, cancel=cancel, output=output, block_sizes=blocks,
                            layer_order=list(project.layers), neighbours=flow,  # fusion-aware, in the data flow
-                           gemms=gemm_layers(model, project.layers), pins=pins)
+                           gemms=gemm_layers(model, project.layers), pins=pins, on_partial=on_partial)
     # the mix's hazards in the data flow when it was recorded (module order calls siblings neighbours)
     result.notes += flow_notes(flow, result.precisions, gemm_layers(model, project.layers)) if flow is not None \
         else mix_notes(list(project.layers), result.precisions)
