@@ -536,6 +536,7 @@ def test_settings_dialog_and_calibrate_dialog(window, qtbot):
     dialog.metric_box.setCurrentText("top1")  # back to a built-in: its own direction
     assert dialog.changes()["metric"] == {"name": "top1", "direction": None}
     dialog.reject()
+    session.update_setting("calibration", block_method="mse")  # a field the Calibrate dialog does not show
     calibrate_dialog.method.setCurrentText("mse")
     calibrate_dialog.num_batches.setValue(2)
     with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
@@ -544,6 +545,7 @@ def test_settings_dialog_and_calibrate_dialog(window, qtbot):
     run = session.project.current_calibration
     assert run.method == "mse" and run.num_batches == 2
     assert session.project.settings["calibration"]["method"] == "mse"  # the toolbar repeats it
+    assert session.project.settings["calibration"]["block_method"] == "mse"  # kept, not reset to its default
 
 
 def test_device_selector_and_unexpected_errors(window, qtbot):

@@ -97,6 +97,11 @@ class EditsMixin:
     def set_setting(self, key: str, value: Any) -> None:
         self._edit("Settings", lambda: self.session.set_setting(key, value))
 
+    def update_setting(self, key: str, fields: dict[str, Any]) -> None:
+        """Change some fields of the setting ``key`` and keep the others (a dialog that shows only some)."""
+        fields = dict(fields)
+        self._edit("Settings", lambda: self.session.update_setting(key, **fields))
+
     def set_settings(self, changes: dict[str, Any]) -> None:
         """Change several settings as one edit (one rebuild): a second edit would be refused while the
         first one's background rebuild runs, so a dialog's changes go together or not at all."""

@@ -46,8 +46,9 @@ class JobCommandsMixin:
 
     def _calibrate_with(self, options: dict[str, Any], smoothing: dict[str, Any] | None = None) -> None:
         # the options become the project's: the toolbar's Calibrate repeats them (the smoothing is per layer,
-        # recorded in the project by the calibration itself)
-        self.controller.set_setting("calibration", dict(options))
+        # recorded in the project by the calibration itself); the fields the dialog does not show (the INT4
+        # blocks' method, ...) stay as they were
+        self.controller.update_setting("calibration", options)
         self.controller.calibrate(**options, **(smoothing or {}))
 
     def export(self) -> bool:
