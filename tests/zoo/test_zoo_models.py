@@ -35,7 +35,6 @@ FAILING = {
     "hf/wav2vec2": f"{PLACEMENT}: the weight-normed pos_conv_embed.conv stays float (15 of 16 GEMMs); "
                    f"{EXPORT}: extract_features is not an ONNX output",
     "hf/mamba": f"{EXPORT}: the scan is unrolled at the sample's length ('does not run at sequence length 9')",
-    "ultralytics/yolov8n": f"{PLACEMENT}: calibrate crashes in the Concat rule ('Node' object is not iterable)",
 }
 NAMES = ["hf/llama", "hf/gpt2", "hf/whisper", "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin",
          "hf/mamba", "hf/detr", "hf/sam_vision_model", "diffusers/unet2d_condition", "timm/resnet18",

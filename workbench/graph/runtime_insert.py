@@ -90,7 +90,7 @@ def insert_runtime_quantizers(model: nn.Module, record: RuntimeRecord, owners: l
     for owner in owners:
         module = model.get_submodule(owner) if owner else model
         taken: set[str] = set()
-        children: dict[tuple[str, int], tuple[str, nn.Module]] = {}
+        children: dict[tuple, tuple[str, nn.Module]] = {}
         for op in record.by_owner(owner):
             reason = op.reason(residual_adds_in_transformer_blocks)
             if reason is None and not enabled(op.kind):
@@ -106,7 +106,7 @@ def insert_runtime_quantizers(model: nn.Module, record: RuntimeRecord, owners: l
             if reason is not None:
                 results.append(RuntimeInsertion(owner, op, None, reason))
                 continue
-            children[(op.kind, op.index)] = (name, _module_for(op, descriptor(qualified), chosen(qualified)))
+            children[op.key] = (name, _module_for(op, descriptor(qualified), chosen(qualified)))
             results.append(RuntimeInsertion(owner, op, qualified, None))
         if children:
             attach_runtime_quantizers(module, children)

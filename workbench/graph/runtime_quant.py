@@ -3,9 +3,10 @@
 :func:`attach_runtime_quantizers` gives a module (the *owner*) one quantizer module per recorded
 operation of its own forward, registered as its child under the name the fx route would give it
 (``<owner>.matmul``, ``<owner>.matmul_1``, ``<owner>.add``, ``<owner>.cat``, ``<owner>.sdpa``), and a
-plan ``(kind, index) -> child``. While the owner's forward runs, a ``TorchFunctionMode`` counts the
-owner's own candidate calls with the recorder's test (:func:`workbench.graph.runtime_ops.candidate`)
-and hands the planned ones to their child (QuantAdd, QuantConcat, QuantMatMul, QuantSDPA: the same
+plan ``(kind, call site, occurrence) -> child``. While the owner's forward runs, a ``TorchFunctionMode``
+finds the owner's own candidate calls with the recorder's test (:func:`workbench.graph.runtime_ops.candidate`),
+counts the calls from each site (:func:`workbench.graph.runtime_ops.call_site`: the instruction of model code,
+so a branch taken in one call and not another shifts nothing) and hands the planned ones to their child (QuantAdd, QuantConcat, QuantMatMul, QuantSDPA: the same
 modules the fx route inserts), so the computation, the calibration and the exported Q/DQ are theirs.
 With every quantizer off, each child computes exactly the call it replaces.
 
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from workbench.graph.runtime_ops import candidate
+from workbench.graph.runtime_ops import call_site, candidate
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ _PLAN_ATTR = "_workbench_runtime_plan"
 class _Frame:
     module: nn.Module
     plan: RuntimePlan | None
-    counts: dict[str, int]
+    counts: dict[tuple[str, int, int], int]  # call site -> calls from it so far, in this call of the module
 
 
 class _State:
@@ -85,8 +86,21 @@ class _State:
         mode, self.mode = self.mode, None
         self.stack.clear()
         self.activator = None
-        if mode is not None:
+        if mode is not None and _on_torch_stack(mode):  # exiting pops the top mode, whichever it is
             mode.__exit__(None, None, None)
+
+    def stale(self) -> bool:
+        """The mode is set but torch no longer runs it: an exporter that failed inside an owner's forward
+        (torch.export on ultralytics' Detect) dropped it from torch's mode stack without the owner's post
+        hook, and every later call would go unquantized (the TorchScript file then had no Q/DQ there)."""
+        return self.mode is not None and not _on_torch_stack(self.mode)
+
+
+def _on_torch_stack(mode: TorchFunctionMode) -> bool:
+    # torch has no public reader of its function-mode stack; this one is in every torch 2 release
+    from torch.overrides import _get_current_function_mode_stack
+
+    return any(m is mode for m in _get_current_function_mode_stack())
 
 
 class _PerThread(threading.local):
@@ -118,9 +132,10 @@ class _QuantizingMode(TorchFunctionMode):
         if found is None:
             return func(*args, **kwargs)
         kind, layout, tensors, options = found
-        index = frame.counts.get(kind, 0)
-        frame.counts[kind] = index + 1
-        child_name = frame.plan.children.get((kind, index))
+        site = call_site()
+        occurrence = frame.counts.get(site, 0)
+        frame.counts[site] = occurrence + 1
+        child_name = frame.plan.children.get((kind, site, occurrence))
         if child_name is None:
             return func(*args, **kwargs)
         child = frame.module._modules.get(child_name)
@@ -147,13 +162,16 @@ def _run(child: nn.Module, kind: str, layout: str, tensors: list[torch.Tensor], 
 
 
 class RuntimePlan:
-    """``(kind, index) -> child name`` for one owner; its bound methods are the owner's hooks."""
+    """``(kind, call site, occurrence) -> child name`` for one owner (:attr:`RecordedOp.key
+    <workbench.graph.runtime_ops.RecordedOp.key>`); its bound methods are the owner's hooks."""
 
-    def __init__(self, children: dict[tuple[str, int], str]) -> None:
+    def __init__(self, children: dict[tuple, str]) -> None:
         self.children = dict(children)
 
     def pre_hook(self, module: nn.Module, args: tuple) -> None:
         state = _LOCAL.state
+        if state.stale():
+            state.deactivate()
         if state.mode is None:
             state.activate(module)
 
@@ -172,13 +190,13 @@ def runtime_plan(module: nn.Module) -> RuntimePlan | None:
     return plan if isinstance(plan, RuntimePlan) else None
 
 
-def attach_runtime_quantizers(owner: nn.Module, children: dict[tuple[str, int], tuple[str, nn.Module]]) -> None:
+def attach_runtime_quantizers(owner: nn.Module, children: dict[tuple, tuple[str, nn.Module]]) -> None:
     """Give ``owner`` the quantizer modules of its own functional operations, applied at run time.
 
     Args:
         owner: the module whose own forward calls the operations.
-        children: ``(kind, index) -> (child name, quantizer module)``; kind and index as
-            :class:`workbench.graph.runtime_ops.RecordedOp` has them.
+        children: ``(kind, call site, occurrence) -> (child name, quantizer module)``, the key of
+            :class:`workbench.graph.runtime_ops.RecordedOp`.
     """
     plan = RuntimePlan({key: name for key, (name, _module) in children.items()})
     for name, module in children.values():
