@@ -6,8 +6,9 @@ operation of its own forward, registered as its child under the name the fx rout
 plan ``(kind, call site, occurrence) -> child``. While the owner's forward runs, a ``TorchFunctionMode``
 finds the owner's own candidate calls with the recorder's test (:func:`workbench.graph.runtime_ops.candidate`),
 counts the calls from each site (:func:`workbench.graph.runtime_ops.call_site`: the instruction of model code,
-so a branch taken in one call and not another shifts nothing) and hands the planned ones to their child (QuantAdd, QuantConcat, QuantMatMul, QuantSDPA: the same
-modules the fx route inserts), so the computation, the calibration and the exported Q/DQ are theirs.
+so a branch taken in one call and not another shifts nothing) and hands the planned ones to their child
+(QuantAdd, QuantConcat, QuantMatMul, QuantSDPA: the same modules the fx route inserts), so the computation, the
+calibration and the exported Q/DQ are theirs.
 With every quantizer off, each child computes exactly the call it replaces.
 
 Which module is running: forward pre/post hooks on the owner switch the mode on, and while it is on,
