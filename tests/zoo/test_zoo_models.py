@@ -32,8 +32,6 @@ def xfail(reason: str):
 # fails (strict): remove the entry then
 FAILING = {
     "hf/mixtral": f"{EXPORT}: both exporters fail on the experts' routing (UnsupportedOperationError)",
-    "hf/wav2vec2": f"{PLACEMENT}: the weight-normed pos_conv_embed.conv stays float (15 of 16 GEMMs); "
-                   f"{EXPORT}: extract_features is not an ONNX output",
     "hf/mamba": f"{EXPORT}: the scan is unrolled at the sample's length ('does not run at sequence length 9')",
 }
 NAMES = ["hf/llama", "hf/gpt2", "hf/whisper", "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin",
