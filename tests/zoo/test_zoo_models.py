@@ -32,9 +32,6 @@ def xfail(reason: str):
 # fails (strict): remove the entry then
 FAILING = {
     "hf/mixtral": f"{EXPORT}: both exporters fail on the experts' routing (UnsupportedOperationError)",
-    "hf/mamba": f"{PLACEMENT}: conv1d and dt_proj, whose weights the mixer uses without calling the layers "
-                f"(causal_conv1d_fn, dt_proj.weight @ x), stay float (7 of 11 GEMMs; the export itself now fixes the "
-                f"sequence length at the sample's, the scan being unrolled)",
 }
 NAMES = ["hf/llama", "hf/gpt2", "hf/whisper", "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin",
          "hf/mamba", "hf/detr", "hf/sam_vision_model", "diffusers/unet2d_condition", "timm/resnet18",

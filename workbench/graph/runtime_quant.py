@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from workbench.graph.runtime_ops import call_site, candidate
 
@@ -45,6 +47,8 @@ class _Frame:
     module: nn.Module
     plan: RuntimePlan | None
     counts: dict[tuple[str, int, int], int]  # call site -> calls from it so far, in this call of the module
+    # tensors computed from a quantized weight this call (the weight quantizer's output, views of it): their layer
+    weights: dict[int, tuple[torch.Tensor, nn.Module]] = field(default_factory=dict)
 
 
 class _State:
@@ -129,6 +133,10 @@ class _QuantizingMode(TorchFunctionMode):
         frame = stack[-1] if stack else None
         if frame is None or frame.plan is None or self.busy:
             return func(*args, **kwargs)
+        if frame.plan.weights:  # layers whose weight the owner uses without calling them (Mamba's dt_proj)
+            args, kwargs, result = self._quantize_weights(frame, func, args, kwargs)
+            if result is not None:
+                return result
         found = candidate(func, args, kwargs)
         if found is None:
             return func(*args, **kwargs)
@@ -149,6 +157,54 @@ class _QuantizingMode(TorchFunctionMode):
             self.busy -= 1
 
 
+    def _quantize_weights(self, frame: _Frame, func, args: tuple, kwargs: dict) -> tuple[tuple, dict, Any]:
+        """``args`` and ``kwargs`` with a planned layer's weight fake-quantized by the layer's weight quantizer
+        (where the owner's code first touches it: before a squeeze or a transpose, so per-channel amax fits),
+        and, in the GEMM that takes it (or a view of it), the activation operand by the layer's input quantizer.
+        The third item is the call's result when this computed it (a view of a quantized weight), else None."""
+        leaves, spec = tree_flatten((args, kwargs))
+        owners = {id(getattr(layer, name)): layer for layer, name in frame.plan.weights}
+        used: nn.Module | None = None
+        self.busy += 1
+        try:
+            for i, leaf in enumerate(leaves):
+                if not isinstance(leaf, torch.Tensor):
+                    continue
+                layer = owners.get(id(leaf))
+                if layer is not None:
+                    leaves[i] = layer._weight_quantizer(leaf)
+                    frame.weights[id(leaves[i])] = (leaves[i], layer)
+                    used = layer
+                elif id(leaf) in frame.weights and frame.weights[id(leaf)][0] is leaf:
+                    used = frame.weights[id(leaf)][1]
+            if used is None:
+                return args, kwargs, None
+            activation = _GEMM_INPUTS.get(func)
+            if activation is not None:
+                for i, leaf in enumerate(leaves):
+                    if (isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and id(leaf) not in frame.weights
+                            and not isinstance(leaf, nn.Parameter) and activation(i)):
+                        leaves[i] = used._input_quantizer(leaf)
+                        break
+            args, kwargs = tree_unflatten(leaves, spec)
+            if activation is None and getattr(func, "__name__", "") in _VIEWS:
+                result = func(*args, **kwargs)
+                frame.weights[id(result)] = (result, used)
+                return args, kwargs, result
+            return args, kwargs, None
+        finally:
+            self.busy -= 1
+
+
+# the GEMMs a layer's weight reaches without its layer, and which flattened argument may be the activation
+_GEMM_INPUTS = {F.linear: lambda i: i == 0, F.conv1d: lambda i: i == 0, F.conv2d: lambda i: i == 0,
+                F.conv3d: lambda i: i == 0, torch.matmul: lambda i: i < 2, torch.Tensor.matmul: lambda i: i < 2,
+                torch.Tensor.__matmul__: lambda i: i < 2, torch.Tensor.__rmatmul__: lambda i: i < 2}
+# what only moves a weight's values (a view of a quantized weight is still that weight, for the GEMM after it)
+_VIEWS = {"squeeze", "unsqueeze", "view", "reshape", "t", "transpose", "permute", "contiguous", "to", "float",
+          "__getitem__", "flatten", "mT", "T", "type_as"}
+
+
 def _run(child: nn.Module, kind: str, layout: str, tensors: list[torch.Tensor], options: dict[str, Any]) -> Any:
     if kind == "add":
         return child(tensors[0], tensors[1])
@@ -166,8 +222,10 @@ class RuntimePlan:
     """``(kind, call site, occurrence) -> child name`` for one owner (:attr:`RecordedOp.key
     <workbench.graph.runtime_ops.RecordedOp.key>`); its bound methods are the owner's hooks."""
 
-    def __init__(self, children: dict[tuple, str]) -> None:
+    def __init__(self, children: dict[tuple, str], weights: list[tuple[nn.Module, str]] | None = None) -> None:
         self.children = dict(children)
+        # (layer, parameter name): a quantized layer whose weight this owner's code uses without calling the layer
+        self.weights = list(weights or [])
 
     def pre_hook(self, module: nn.Module, args: tuple) -> None:
         state = _LOCAL.state
@@ -191,7 +249,8 @@ def runtime_plan(module: nn.Module) -> RuntimePlan | None:
     return plan if isinstance(plan, RuntimePlan) else None
 
 
-def attach_runtime_quantizers(owner: nn.Module, children: dict[tuple, tuple[str, nn.Module]]) -> None:
+def attach_runtime_quantizers(owner: nn.Module, children: dict[tuple, tuple[str, nn.Module]],
+                              weights: list[tuple[nn.Module, str]] | None = None) -> None:
     """Give ``owner`` the quantizer modules of its own functional operations, applied at run time.
 
     Args:
@@ -199,12 +258,13 @@ def attach_runtime_quantizers(owner: nn.Module, children: dict[tuple, tuple[str,
         children: ``(kind, call site, occurrence) -> (child name, quantizer module)``, the key of
             :class:`workbench.graph.runtime_ops.RecordedOp`.
     """
-    plan = RuntimePlan({key: name for key, (name, _module) in children.items()})
+    plan = RuntimePlan({key: name for key, (name, _module) in children.items()}, weights)
     for name, module in children.values():
         owner.add_module(name, module)
     existing = runtime_plan(owner)
     if existing is not None:
         existing.children.update(plan.children)
+        existing.weights.extend(w for w in plan.weights if w not in existing.weights)
         return
     setattr(owner, _PLAN_ATTR, plan)
     owner.register_forward_pre_hook(plan.pre_hook)
