@@ -220,17 +220,19 @@ class Scan(nn.Module):
         return torch.stack(steps, 1)
 
 
-def test_a_loop_over_the_sequence_is_refused_with_the_option_named_and_exports_at_a_static_length(tmp_path):
-    from workbench.export.errors import ExportValidationError
-
+def test_a_loop_over_the_sequence_is_exported_at_the_sample_s_length_and_the_report_says_why(tmp_path):
+    """A graph declaring the sequence dynamic that does not run at another length (the scan unrolled when traced:
+    HF Mamba) is exported again at the sample's length, with a warning saying so, instead of refused."""
     torch.manual_seed(0)
     batches = [torch.randint(0, 20, (2, 6)) for _ in range(2)]
     model = calibrated(Scan(), batches)
-    with pytest.raises(ExportValidationError, match=r"does not run at sequence length 7 .*static_sequence=True, "
-                                                    r"--static-sequence"):
-        export_qdq_onnx(model, batches[0], tmp_path / "scan.onnx", exporter="dynamo")
-    assert not (tmp_path / "scan.onnx").exists()
-    report = export_qdq_onnx(model, batches[0], tmp_path / "scan.onnx", exporter="dynamo", static_sequence=True)
+    report = export_qdq_onnx(model, batches[0], tmp_path / "scan.onnx", exporter="dynamo")
     dims = onnx.load(str(tmp_path / "scan.onnx")).graph.input[0].type.tensor_type.shape.dim
-    assert dims[1].dim_value == 6 and report.sequence_check is None
-    assert any("sequence length fixed at the sample's (6)" in note for note in report.notes)
+    assert dims[1].dim_value == 6 and report.sequence_check is None and report.validated
+    fixed = [w for w in report.warnings if "sequence length fixed at the sample's (6)" in w]
+    assert fixed and "does not run at sequence length 7" in fixed[0] and "runs at this length only" in fixed[0]
+    session = ort.InferenceSession(str(tmp_path / "scan.onnx"), providers=["CPUExecutionProvider"])
+    assert session.run(None, {session.get_inputs()[0].name: batches[1].numpy()})[0].shape == (2, 6, 8)
+    asked = export_qdq_onnx(model, batches[0], tmp_path / "asked.onnx", exporter="dynamo", static_sequence=True)
+    assert any("sequence length fixed at the sample's (6), as asked" in note for note in asked.notes)
+    assert not any("sequence length fixed" in w for w in asked.warnings)

@@ -70,6 +70,62 @@ def test_operations_of_an_untraceable_forward_are_found_with_their_owner_index_a
     assert "not a floating activation" in own[("add", 4)].reason()
 
 
+class AnchorDecode(nn.Module):
+    """ultralytics' Detect head: grids built with ``torch.arange(w).type_as(feature)`` and
+    ``feature.new_full(...)`` take only a dtype from the activation; they are constants, and so is their
+    concatenation (the exporter folds them: a Q/DQ in PyTorch alone parted YOLOv8's file from its model). And
+    as Detect, it builds them only when the input's shape changes (a branch torch.fx cannot trace)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dist = nn.Conv2d(8, 2, 1)
+        self.shape = None
+
+    def forward(self, feature):
+        h, w = feature.shape[2:]
+        if self.shape != feature.shape:
+            grid = torch.arange(w).type_as(feature) + 0.5          # a float grid (x + 0.5: no candidate)
+            strides = feature.new_full((h * w, 1), 8.0)
+            self.anchors = torch.cat([grid, grid])                 # concat 0: constants: float
+            self.strides = torch.cat([strides, strides])           # concat 1: constants: float
+            self.shape = feature.shape
+        dist = self.dist(feature).flatten(2)[:, 0, : 2 * w]
+        boxes = self.anchors + dist                                # add 0: a constant operand: float
+        scale = self.strides.squeeze(-1)[: 2 * w]
+        return torch.cat([boxes * scale, dist], dim=-1)            # concat 2: activations: quantized
+
+
+def test_grids_that_take_only_a_dtype_from_an_activation_are_constants_not_activations():
+    record = record_functional_ops(AnchorDecode().eval(), (torch.randn(1, 8, 4, 4),))
+    own = {(op.kind, op.index): op for op in record.by_owner("")}
+    assert [o.describe() for o in own[("concat", 0)].operands] == ["a constant or mask"] * 2
+    for key in (("concat", 0), ("concat", 1), ("add", 0)):
+        assert "not a floating activation" in own[key].reason(), key
+    assert own[("concat", 2)].reason() is None
+
+
+def test_a_branch_taken_in_one_call_only_does_not_move_the_quantizers_of_the_others():
+    """Recorded on the call that builds the anchors (three concatenations), run on calls that reuse them (one):
+    the quantizer of the boxes' concatenation is found by its call site in both, never shifted to another."""
+    model = AnchorDecode().eval()
+    x = torch.randn(2, 8, 4, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = model(x)
+    model.shape = None
+    result, report = insert_functional_quantizers(model, example_inputs=(x[:1],))
+    assert report.runtime == [""] and report.inserted_names == ["cat"]
+    with torch.no_grad():
+        result(x)  # a new shape: the anchors are built again, and stay float
+    calibrate(result, [x], num_batches=None, method="max", report_sqnr=False)  # the shape seen: anchors reused
+    assert result.cat._input_quantizer.amax is not None  # reached on the call without the anchors' branch
+    with quant.disable_quantization(result), torch.no_grad():
+        assert torch.equal(result(x), reference)
+    with torch.no_grad():
+        result.shape = None  # the anchors' branch again: its concatenations stay float, the boxes' is quantized
+        rebuilt = result(x)
+        assert torch.equal(result(x), rebuilt) and not torch.equal(rebuilt, reference)
+
+
 def test_untraceable_forward_is_quantized_at_run_time_and_computes_the_same_with_quantizers_off():
     model = Untraceable().eval()
     x = _x()
@@ -171,3 +227,39 @@ def test_one_rule_table_whichever_route_found_the_operations(guarded):
     assert sorted(report.inserted_names) == ["matmul", "matmul_1", "matmul_2"]
     (skipped,) = report.skipped
     assert "attention's own forward" in skipped.reason  # the scores' bias: TensorRT's fused attention takes it
+
+
+class CountsPositives(nn.Module):
+    """Converts a value to a Python int (torch.export cannot capture it: the export falls back to TorchScript)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        positives = int((h > 0).sum())
+        r = torch.cat([h, self.b(x)], -1)                   # concat 0: quantized at run time
+        return r[..., :8] if positives < 0 else r
+
+
+def test_run_time_quantizers_are_in_the_file_after_torch_export_failed_inside_their_owner(tmp_path):
+    """torch.export fails inside the owner's forward and leaves the quantizing mode off torch's stack without
+    the owner's post hook: the TorchScript fallback's trace must still go through the quantizers (YOLOv8's
+    Detect: its concatenations had Q/DQ in PyTorch and none in the file)."""
+    import onnx
+
+    from workbench.export import export_qdq_onnx
+
+    model = CountsPositives().eval()
+    x = _x()
+    result, report = insert_functional_quantizers(model, example_inputs=(x,))
+    assert report.runtime == [""] and report.inserted_names == ["cat"]
+    calibrate(result, [x], num_batches=None, method="max", report_sqnr=False)
+    path = tmp_path / "model.onnx"
+    exported = export_qdq_onnx(result, (x,), path, min_cosine=0.99, dynamic_batch=False)
+    assert exported.exporter == "torchscript"
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("DequantizeLinear") == 2 and ops[-1] == "Concat"
+    assert not any("no Q/DQ in the file" in w for w in exported.warnings)

@@ -158,6 +158,37 @@ def test_subclasses_that_compute_the_same_are_quantized_and_the_others_listed_wi
             assert torch.equal(model[k](x), y)
 
 
+def test_weight_normed_layers_are_quantized_on_their_computed_weight_and_keep_their_keys(tmp_path):
+    """torch's weight_norm (HF wav2vec2's, HuBERT's and WavLM's pos_conv_embed.conv) makes a ParametrizedConv1d
+    whose weight is a property; it was left float ("custom __getstate__"): the last of wav2vec2's 16 GEMMs."""
+    import copy
+
+    from torch.nn.utils.parametrizations import weight_norm
+
+    from workbench.quant.algorithms.calibrate import calibrate
+
+    torch.manual_seed(0)
+    model = nn.Sequential(weight_norm(nn.Conv1d(8, 8, 5, padding=2, groups=2), name="weight", dim=2)).eval()
+    x = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        reference = model(x)
+    keys = list(model.state_dict())
+    report = quant.replace_to_quantization_module(model)
+    assert report.replaced_names == ["0"] and report.not_quantizable == []
+    layer = model[0]
+    assert isinstance(layer, quant_nn.QuantConv1d) and list(model.state_dict())[:len(keys)] == keys
+    with quant.disable_quantization(model), torch.no_grad():
+        assert torch.equal(model(x), reference)
+    calibrate(model, [x], num_batches=None, method="max", report_sqnr=False)
+    # the weight quantizer saw the computed weight (g * v / |v|), per output channel
+    computed = layer.weight.detach().abs().amax(dim=(1, 2))
+    assert torch.allclose(layer._weight_quantizer.amax.flatten(), computed)
+    with torch.no_grad():
+        quantized = model(x)
+        assert not torch.equal(quantized, reference)
+        assert torch.equal(copy.deepcopy(model)(x), quantized)
+
+
 def test_tree_marks_subclasses_quantizable_or_says_why_not():
     from workbench.graph.tree import describe_model
 

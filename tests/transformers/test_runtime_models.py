@@ -36,7 +36,9 @@ def test_diffusers_unet_attention_products_and_every_skip_concat_are_quantized()
     assert not any("sdpa" in name or ".cat" in name for name in result.unused)
 
 
-def test_mamba_layers_used_through_their_weight_are_float_with_the_reason_and_the_scan_stays_float():
+def test_mamba_layers_used_through_their_weight_are_quantized_where_used_and_the_scan_stays_float():
+    """The mixer uses conv1d's and dt_proj's weights without calling the layers (causal_conv1d_fn,
+    ``dt_proj.weight @ x``): their weight and input quantizers run where the weights are used."""
     pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = zoo.hf_mamba()
@@ -44,12 +46,10 @@ def test_mamba_layers_used_through_their_weight_are_float_with_the_reason_and_th
     with torch.no_grad():
         reference = model(ids).last_hidden_state
     model, report = prepare_for_tensorrt(model, example_inputs=(ids,))
-    direct = {item.name: item.reason for item in report.replacement.not_quantizable}
-    for layer in ("layers.0.mixer.conv1d", "layers.0.mixer.dt_proj", "layers.1.mixer.dt_proj"):
-        assert "used directly by" in direct[layer] and "never runs" in direct[layer]
+    assert report.replacement.not_quantizable == []
     layers = [name for name, _type, _kind in quantizable(model)]
-    assert "layers.0.mixer.in_proj" in layers and "layers.0.mixer.dt_proj" not in layers  # never "quantized"
-    assert type(model.layers[0].mixer.dt_proj) is torch.nn.Linear
+    direct = ("layers.0.mixer.conv1d", "layers.0.mixer.dt_proj", "layers.1.mixer.conv1d", "layers.1.mixer.dt_proj")
+    assert all(name in layers for name in direct)
     scan = [s for s in report.functional.skipped if "loop of tensor operations" in s.reason]
     assert scan and {s.owner for s in scan} == {"layers.0.mixer", "layers.1.mixer"}
     assert not any(i.kind == "matmul" for i in report.functional.inserted)  # no Q/DQ in the scan
@@ -57,7 +57,21 @@ def test_mamba_layers_used_through_their_weight_are_float_with_the_reason_and_th
         assert torch.equal(model(ids).last_hidden_state, reference)
     result = calibrate(model, [zoo.tokens(2, 7, vocab=64, seed=1)], num_batches=None, method="max",
                        report_sqnr=False)
-    assert result.unused == []  # every quantizer left is reached
+    assert result.unused == []  # every quantizer is reached, those of the layers used through their weight too
+    for name in direct:
+        layer = model.get_submodule(name)
+        assert layer._weight_quantizer.amax is not None and layer._input_quantizer.amax is not None
+    with torch.no_grad():
+        assert not torch.equal(model(ids).last_hidden_state, reference)
+    calls = []  # each forward goes through the weight and input quantizers of the layers used through their weight
+    for name in direct:
+        for role in ("_weight_quantizer", "_input_quantizer"):
+            model.get_submodule(f"{name}.{role}").register_forward_hook(
+                lambda module, args, out, key=(name, role): calls.append(key))
+    with torch.no_grad():
+        model(ids)
+    roles = ("_weight_quantizer", "_input_quantizer")
+    assert sorted(calls) == sorted((name, role) for name in direct for role in roles)
 
 
 def test_mixture_of_experts_decoder_routes_the_same_and_quantizes_its_attention():

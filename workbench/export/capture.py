@@ -168,6 +168,21 @@ def run_references(job: ExportJob) -> None:
     job.call.labels, job.call.output_notes = labels, notes
 
 
+def fix_sequence_length(job: ExportJob) -> None:
+    """After a graph declaring the sequence length dynamic failed at a longer one: capture again with
+    the sample's length fixed, and say so (a file that runs where it says it runs, as Mamba's unrolled scan
+    needs; a graph that computes every length would need the loop as an ONNX Loop/Scan)."""
+    lengths = ", ".join(str(job.inputs[i].shape[1]) for i in sorted(token_inputs(job.inputs)))
+    longer = max(t.shape[1] for i, t in enumerate(job.longer or job.inputs) if i in token_inputs(job.inputs))
+    job.log.add("static_sequence_unrolled", f"sequence length fixed at the sample's ({lengths}): with the length "
+                f"dynamic the graph does not run at sequence length {longer} in onnxruntime; the model loops over "
+                "the sequence (a scan, as Mamba's), "
+                "which the exporter unrolls at the sample's length. The file runs at this length only: export "
+                "with a sample of the length you deploy")
+    job.static_sequence = True
+    job.longer = job.longer_reference = None
+
+
 def range_check_at_sample_batch(job: ExportJob) -> None:
     """Random inputs in the sample's range at the sample's own shapes, and their reference."""
     job.ranged, job.ranged_reference = range_inputs(job.inputs), None

@@ -68,3 +68,12 @@ class ExportValidationError(ExportError):
         self.stage = stage
         self.report = report
         super().__init__(message)
+
+
+class UnrolledSequenceError(ExportValidationError):
+    """A graph that declares the sequence length dynamic does not run at a longer sequence: it holds the sample's
+    length (a loop over the sequence, Mamba's scan, unrolled when traced). The export fixes the length and says
+    so (see :func:`workbench.export.capture.fix_sequence_length`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("onnxruntime", message)

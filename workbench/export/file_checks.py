@@ -10,7 +10,7 @@ import onnx
 import torch
 
 from workbench.export.capture import reference_outputs
-from workbench.export.errors import ExportValidationError, SampleInputError
+from workbench.export.errors import ExportValidationError, SampleInputError, UnrolledSequenceError
 from workbench.export.export_job import ExportJob, ValidationChecks
 from workbench.export.exporters import (
     CAPTURED_LINES,
@@ -48,9 +48,10 @@ def run_ort(session, inputs: tuple[torch.Tensor, ...], what: str) -> list:
     try:
         return session.run(None, feeds(session, inputs))
     except Exception as error:
-        # a loop over the sequence, unrolled at the sample's length
-        hint = STATIC_SEQUENCE_HINT if what.startswith("sequence length") else ""
-        raise ExportValidationError("onnxruntime", f"the graph does not run at {what}{hint}: "
+        if what.startswith("sequence length"):  # a loop over the sequence, unrolled at the sample's length
+            raise UnrolledSequenceError(f"the graph does not run at {what}{STATIC_SEQUENCE_HINT}: "
+                                        f"{first_line(error)}") from error
+        raise ExportValidationError("onnxruntime", f"the graph does not run at {what}: "
                                                    f"{first_line(error)}") from error
 
 
@@ -132,8 +133,8 @@ def sequence_checks(job: ExportJob, session) -> list[tuple[str, OutputParity]]:
     try:
         found = [(what, min(compare(output_names, job.longer_reference, longer_outputs), key=lambda p: p.cosine))]
     except ExportValidationError as error:  # an output of the sample's length: a loop unrolled when traced
-        raise ExportValidationError(error.stage, f"the graph does not run at {what}{STATIC_SEQUENCE_HINT}: "
-                                                 f"{error.args[0] if error.args else error}") from error
+        raise UnrolledSequenceError(f"the graph does not run at {what}{STATIC_SEQUENCE_HINT}: "
+                                    f"{error.args[0] if error.args else error}") from error
     groups = sequence_groups(job.proto)
     if len(groups) > 1:  # lengths the graph keeps independent (encoder, decoder) checked at unequal values
         apart = grow_sequence_apart(inputs, list(groups.values()))

@@ -62,6 +62,8 @@ REPORT_KINDS: dict[str, EntryKind] = {kind.key: kind for kind in (
     EntryKind("constant_qdq", _N, "a quantizer on a constant: its Q/DQ left out (it gives the constant back)"),
     EntryKind("pinned_qdq", _N, "Q/DQ repeated after data movement so onnxruntime's optimizer can open the file"),
     EntryKind("static_sequence", _N, "the sequence length fixed at the sample's, as asked"),
+    EntryKind("static_sequence_unrolled", _W, "the sequence length fixed at the sample's: the graph declaring it "
+              "dynamic did not run at another length (a loop over the sequence unrolled when traced)"),
     EntryKind("fast_path_failed", _N, "the TorchScript fast path's graph failed validation: torch.export took over"),
 )}
 

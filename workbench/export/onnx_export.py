@@ -60,8 +60,15 @@ import torch
 from torch import nn
 
 from workbench import __version__
-from workbench.export.capture import capture, name_outputs, plan_job, post_process_graph, run_references
-from workbench.export.errors import ExportValidationError
+from workbench.export.capture import (
+    capture,
+    fix_sequence_length,
+    name_outputs,
+    plan_job,
+    post_process_graph,
+    run_references,
+)
+from workbench.export.errors import ExportValidationError, UnrolledSequenceError
 from workbench.export.export_job import ExportJob, ValidationChecks
 from workbench.export.exporters import (
     FAST_PATH_NOTE,
@@ -220,7 +227,14 @@ def export_qdq_onnx(model: nn.Module,
             capture(job)
         try:
             try:
-                report, checks = _check(job, min_cosine, max_abs_diff)
+                try:
+                    report, checks = _check(job, min_cosine, max_abs_diff)
+                except UnrolledSequenceError:  # a scan unrolled at the sample's length: fix the length
+                    _discard_staged(job)
+                    fix_sequence_length(job)
+                    with without_cache(model):
+                        capture(job)
+                    report, checks = _check(job, min_cosine, max_abs_diff)
             except ExportValidationError as error:
                 if job.exporter_note != FAST_PATH_NOTE:
                     raise

@@ -32,7 +32,7 @@ from workbench.graph.trace import scalar_nodes
 from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 
 __all__ = ["inplace_alias_risk", "activation_nodes", "in_transformer_block", "NON_ACTIVATION_INPUT",
-           "pointwise_formula", "POINTWISE_FUNCTIONS"]
+           "pointwise_formula", "POINTWISE_FUNCTIONS", "LIKE_OTHER", "FACTORIES", "value_inputs"]
 
 _AUGMENTED = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
               ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
@@ -138,6 +138,28 @@ def inplace_alias_risk(module: nn.Module) -> str | None:
             "would record as a copy")
 
 
+# functions whose other tensor arguments give the result only a dtype, shape or device, the first one its values
+# (ultralytics' anchors: ``torch.arange(w).type_as(feats[0])`` is a grid, not an activation)
+LIKE_OTHER = frozenset({"type_as", "view_as", "reshape_as", "expand_as", "to"})
+# functions whose tensor arguments give the result no values at all (a constant of their shape or dtype: Detect's
+# ``feats[0].new_full((h * w, 1), stride)``); not the empty ones, which a kernel torch does not see can fill (the
+# fake-quant C extension writes its output into ``empty_like(x)``)
+FACTORIES = frozenset({"new_full", "new_zeros", "new_ones", "new_tensor", "zeros_like", "ones_like", "full_like",
+                       "rand_like", "randn_like", "randint_like"})
+
+
+def value_inputs(name: str, inputs: list) -> list:
+    """Those of a function's tensor ``inputs`` (in call order) whose values reach its result, by its ``name``."""
+    if name in FACTORIES:
+        return []
+    return inputs[:1] if name in LIKE_OTHER else inputs
+
+
+def _function_name(node: fx.Node) -> str:
+    target = node.target
+    return (target if isinstance(target, str) else getattr(target, "__name__", "")).strip("_")
+
+
 def activation_nodes(graph: fx.Graph, dtypes: dict[fx.Node, torch.dtype | None] | None = None) -> set[fx.Node]:
     """The nodes of ``graph`` that carry floating activations (see the module docstring).
 
@@ -158,7 +180,15 @@ def activation_nodes(graph: fx.Graph, dtypes: dict[fx.Node, torch.dtype | None] 
                 active.add(node)
             continue
         # a layer's floating output is a feature (an Embedding's too); elsewhere activations flow from inputs
-        if node.op == "call_module" or any(i in active for i in node.all_input_nodes):
+        if node.op == "call_module":
+            active.add(node)
+            continue
+        if node.op in ("call_function", "call_method"):
+            first = [a for a in node.args if isinstance(a, fx.Node)]
+            sources = value_inputs(_function_name(node), first + [i for i in node.all_input_nodes if i not in first])
+        else:
+            sources = node.all_input_nodes
+        if any(i in active for i in sources):
             active.add(node)
     return active
 

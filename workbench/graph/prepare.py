@@ -9,7 +9,7 @@ from torch import nn
 
 from workbench.graph.functional import FunctionalQuantReport, insert_functional_quantizers
 from workbench.graph.rules import PlacementReport, PlacementRules, apply_placement_rules
-from workbench.graph.runtime_insert import direct_weight_reason, float_layer
+from workbench.graph.runtime_quant import attach_runtime_quantizers
 from workbench.quant.algorithms.snapshot import holds_quantizers, owned_quantizers
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.replace import (
@@ -65,20 +65,16 @@ def _disable_ignored_inner(model: nn.Module, ignore_policy: IgnorePolicy, report
         report.ignored.append(IgnoredLayer(name, type(module).__name__, reason))
 
 
-def _float_direct_weight_layers(model: nn.Module, functional: FunctionalQuantReport,
-                                report: ReplacementReport) -> None:
+def _quantize_direct_weights(model: nn.Module, functional: FunctionalQuantReport) -> None:
     """Quantized layers whose weight another module's code uses without calling the layer (Hugging Face
-    Mamba's ``conv1d.weight`` and ``dt_proj.weight`` in its torch path) go back to float and are listed as
-    not quantizable with that reason, rather than shown quantized while their quantizers never run."""
-    done: set[str] = set()
+    Mamba's ``conv1d.weight`` in ``causal_conv1d_fn`` and ``dt_proj.weight @ x`` in its torch path) are quantized
+    where the weight is used: the owner's run-time plan fake-quantizes the weight with the layer's weight quantizer
+    and the GEMM's activation with its input quantizer (see :mod:`workbench.graph.runtime_quant`)."""
     for use in functional.record.direct_weights:
-        if use.layer in done:
-            continue
-        done.add(use.layer)
-        float_type = float_layer(model, use.layer)
-        report.replaced = [layer for layer in report.replaced if layer.name != use.layer]
-        report.not_quantizable.append(IgnoredLayer(use.layer, float_type, direct_weight_reason(use)))
-        logger.info("%s left in floating point: %s", use.layer, direct_weight_reason(use))
+        owner = model.get_submodule(use.owner) if use.owner else model
+        attach_runtime_quantizers(owner, {}, [(model.get_submodule(use.layer), use.parameter)])
+        logger.info("%s: quantized where %s's forward uses its weight (%s)", use.layer, use.owner or "the model",
+                    use.operation)
 
 
 def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None,
@@ -115,7 +111,7 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
             descriptor_for=functional_choice, matmul=matmul, attention=attention,
             residual_adds_in_transformer_blocks=residual_adds_in_transformer_blocks, example_inputs=example_inputs)
     if functional_report is not None and functional_report.record is not None:
-        _float_direct_weight_layers(model, functional_report, replacement)
+        _quantize_direct_weights(model, functional_report)
     _disable_ignored_inner(model, ignore_policy, replacement)
     rules_report = apply_placement_rules(model, rules, runtime=functional_report) if apply_rules else None
     report = PreparationReport(replacement, functional_report, rules_report)

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from torch import nn
 
 from workbench.graph.placement import RESIDUAL_IN_BLOCK
-from workbench.graph.runtime_ops import NAME_BASES, DirectWeightUse, RecordedOp, RuntimeRecord
+from workbench.graph.runtime_ops import NAME_BASES, RecordedOp, RuntimeRecord
 from workbench.graph.runtime_quant import attach_runtime_quantizers
 from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
-from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.tensor_quant import QuantDescriptor
 
-__all__ = ["RuntimeInsertion", "insert_runtime_quantizers", "float_layer", "direct_weight_reason"]
+__all__ = ["RuntimeInsertion", "insert_runtime_quantizers"]
 
 _MATMUL_OPS = {"matmul": "matmul", "rmatmul": "matmul", "bmm": "bmm", "baddbmm": "baddbmm"}
 
@@ -90,7 +89,7 @@ def insert_runtime_quantizers(model: nn.Module, record: RuntimeRecord, owners: l
     for owner in owners:
         module = model.get_submodule(owner) if owner else model
         taken: set[str] = set()
-        children: dict[tuple[str, int], tuple[str, nn.Module]] = {}
+        children: dict[tuple, tuple[str, nn.Module]] = {}
         for op in record.by_owner(owner):
             reason = op.reason(residual_adds_in_transformer_blocks)
             if reason is None and not enabled(op.kind):
@@ -106,28 +105,8 @@ def insert_runtime_quantizers(model: nn.Module, record: RuntimeRecord, owners: l
             if reason is not None:
                 results.append(RuntimeInsertion(owner, op, None, reason))
                 continue
-            children[(op.kind, op.index)] = (name, _module_for(op, descriptor(qualified), chosen(qualified)))
+            children[op.key] = (name, _module_for(op, descriptor(qualified), chosen(qualified)))
             results.append(RuntimeInsertion(owner, op, qualified, None))
         if children:
             attach_runtime_quantizers(module, children)
     return results
-
-
-def direct_weight_reason(use: DirectWeightUse) -> str:
-    """Why a layer used only through its weight stays in floating point, in words."""
-    return (f"its weight is used directly by {use.owner or 'the model'}'s forward ({use.operation}) and the layer "
-            "itself never runs, so its quantizers would never see data: left in floating point")
-
-
-def float_layer(model: nn.Module, name: str) -> str:
-    """Put the float class back in place of the quantized layer ``name`` (same parameters, no quantizers);
-    return the float class's name."""
-    module = model.get_submodule(name)
-    float_class = next(c for c in type(module).__mro__ if c.__module__.startswith("torch.nn."))
-    plain = float_class.__new__(float_class)
-    plain.__dict__.update({k: v for k, v in module.__dict__.items() if k != "_modules"})
-    plain._modules = {k: v for k, v in module._modules.items() if not isinstance(v, TensorQuantizer)}
-    parent_name, _, attr = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    parent._modules[attr] = plain
-    return float_class.__name__

@@ -40,13 +40,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from workbench.graph.dataflow import POINTWISE_FUNCTIONS, in_transformer_block
+from workbench.graph.dataflow import FACTORIES, LIKE_OTHER, POINTWISE_FUNCTIONS, in_transformer_block
 from workbench.graph.placement import OperationFacts, skip_reason
 from workbench.graph.tree import is_quantized_module
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["Operand", "RecordedOp", "DirectWeightUse", "RuntimeRecord", "record_functional_ops", "classify",
-           "NAME_BASES"]
+           "NAME_BASES", "call_site", "Site"]
 
 # functions (and Tensor methods/operators) per kind; the second item says how the operands are laid out
 _ADDS = {torch.add: "add", torch.Tensor.add: "add", torch.Tensor.__add__: "add", torch.Tensor.__radd__: "radd",
@@ -151,6 +151,15 @@ class RecordedOp:
     roles: tuple[str, ...] = ()      # ("probabilities", "value") for P @ V
     blocked: str | None = None       # a reason of this route to leave it float (an in-place add)
     mask: int | None = None          # an attention's attn_mask: the value it comes from (its root)
+    site: Site = ("", 0, 0)          # the instruction of model code that called it (see :func:`call_site`)
+    occurrence: int = 0              # its index among the calls from that site, in one call of the owner
+
+    @property
+    def key(self) -> tuple[str, Site, int]:
+        """What identifies it in every call of its owner, whichever branches the owner takes: (kind, call site,
+        occurrence). Its ``index`` does not: a branch taken in one call only (ultralytics' Detect builds its
+        anchors with two concatenations when the input's shape changes) shifts the indices after it."""
+        return self.kind, self.site, self.occurrence
 
     def reason(self, residual_adds_in_transformer_blocks: bool = False) -> str | None:
         """Why it stays in floating point (None: it gets a quantizer), by the one rule table."""
@@ -190,11 +199,11 @@ class RuntimeRecord:
     called: set[str] = field(default_factory=set)
 
     def by_owner(self, owner: str) -> list[RecordedOp]:
-        """The owner's operations, each (kind, index) once (a module called twice records it twice)."""
-        seen: dict[tuple[str, int, int], RecordedOp] = {}
+        """The owner's operations, each :attr:`RecordedOp.key` once (a module called twice records it twice)."""
+        seen: dict[tuple[str, Site, int], RecordedOp] = {}
         for op in self.ops:
             if op.owner == owner:
-                seen.setdefault((op.kind, op.index), op)
+                seen.setdefault(op.key, op)
         return list(seen.values())
 
     @property
@@ -222,17 +231,22 @@ class _Frame:
     counts: dict[str, int] = field(default_factory=dict)
     children: int = 0           # layers called so far by this call of the module
     sites: dict[tuple[str, int, int], int] = field(default_factory=dict)  # call site -> ``children`` when last seen
+    occurrences: dict[tuple[str, int, int], int] = field(default_factory=dict)  # call site -> calls from it so far
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
-def _call_site() -> tuple[str, int, int]:
-    """The instruction of model code that made the current torch call (torch's own frames and this file
-    skipped): file, line and bytecode offset, so ``a + b + c`` on one line is two sites and a loop's step one."""
-    frame = sys._getframe(2)
-    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
-                                 or frame.f_code.co_filename == __file__):
+_GRAPH_DIR = os.path.dirname(__file__)
+Site = tuple[str, int, int]
+
+
+def call_site() -> Site:
+    """The instruction of model code that made the current torch call (torch's own frames and this package's
+    skipped): file, line and bytecode offset, so ``a + b + c`` on one line is two sites and a loop's step one.
+    The recorder and the run-time quantizers (:mod:`workbench.graph.runtime_quant`) key operations by it."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _GRAPH_DIR)):
         frame = frame.f_back
     return (frame.f_code.co_filename, frame.f_lineno, frame.f_lasti) if frame is not None else ("", 0, 0)
 
@@ -244,7 +258,6 @@ _IN_SCAN = ("inside a loop of tensor operations with no layer in it (a scan over
 _SHAPE_ONLY = {"view", "reshape", "squeeze", "unsqueeze", "transpose", "permute", "t", "contiguous", "flatten",
                "expand", "__getitem__", "narrow", "unflatten", "mT", "T", "detach", "clone", "to", "float", "type_as",
                "reshape_as", "view_as", "expand_as", "movedim", "swapaxes", "select", "repeat", "dropout"}
-
 
 class _Recorder(TorchFunctionMode):
     def __init__(self, model: nn.Module) -> None:
@@ -321,16 +334,21 @@ class _Recorder(TorchFunctionMode):
 
     def propagate(self, func: Callable, inputs: list[torch.Tensor], tags: list[_Tag],
                   outputs: list[torch.Tensor]) -> None:
+        name = getattr(func, "__name__", "").strip("_")
+        if name in LIKE_OTHER:  # x.type_as(y): y gives only its dtype, shape or device, x the values
+            inputs, tags = inputs[:1], tags[:1]
+        # a factory follows its inputs' shapes (an embedding looked up with ones_like(ids) is per input), not values
+        from_input = any(g.from_input for g in tags)
+        if name in FACTORIES:  # y.new_full(...), zeros_like(y): no value of y reaches the result
+            inputs, tags = [], []
         floating = [(t, g) for t, g in zip(inputs, tags) if t.is_floating_point()]
         activation = any(g.activation for _, g in floating) or (
-            any(g.from_input for g in tags) and any(g.parameter for _, g in floating))
-        from_input = any(g.from_input for g in tags)
-        name = getattr(func, "__name__", "").strip("_")
+            from_input and any(g.parameter for _, g in floating))
         active = [g for _, g in floating if g.activation]
         softmax = func in _SOFTMAX or (func in _PASS_SOFTMAX and bool(tags) and tags[0].softmax)
         for out in outputs:
-            if out in self.tags and any(out is t for t in inputs):
-                continue  # an in-place function returns its input: it keeps its tag
+            if out in self.tags and any(out is t for t in inputs) and (self.tags[out].activation or not activation):
+                continue  # an in-place function returns its input: it keeps its tag, unless it writes an activation
             value = next(self.counter)
             if name in _SHAPE_ONLY and tags and tags[0].activation:  # x.reshape_as(y) is x's
                 root = tags[0].root
@@ -343,6 +361,8 @@ class _Recorder(TorchFunctionMode):
             origin, source = (first.origin, first.name) if first is not None else ("constant", "")
             if not out.is_floating_point():
                 origin = "integer"
+            elif origin == "integer":  # a float computed from integers only (an arange grid)
+                origin = "constant"
             elif not activation and origin in ("input", "module", "op"):
                 origin = "constant"
             self.tags[out] = _Tag(value, origin, source, activation and out.is_floating_point(), from_input,
@@ -355,9 +375,11 @@ class _Recorder(TorchFunctionMode):
         frame.counts[kind] = index + 1
         # the same line again with no layer called since: a loop of tensor operations (a scan over the sequence),
         # whose number of steps follows the input's length
-        site = _call_site()
+        site = call_site()
         scan = frame.sites.get(site) == frame.children
         frame.sites[site] = frame.children
+        occurrence = frame.occurrences.get(site, 0)
+        frame.occurrences[site] = occurrence + 1
         if scan:
             self.scans.add((frame.first_value, site))
         sources = tuple(self.operand(t) for t in tensors)
@@ -383,7 +405,7 @@ class _Recorder(TorchFunctionMode):
         mask = options.get("attn_mask")
         mask_root = self.tag(mask).root if isinstance(mask, torch.Tensor) else None
         self.record.ops.append(RecordedOp(frame.name or "", kind, layout, index, _func_name(func), sources, value,
-                                          facts, kept, roles, blocked, mask_root))
+                                          facts, kept, roles, blocked, mask_root, site, occurrence))
         self.sites.append((frame.first_value, site))
 
     def note_direct_weights(self, frame: _Frame, func: Callable, inputs: list[torch.Tensor],
@@ -429,12 +451,18 @@ class _Recorder(TorchFunctionMode):
         name = self.names.get(id(module), "")
         self.busy = True
         try:
+            # a quantized layer or quantizer (its steps are not recorded) passes an activation on, whatever its
+            # kernel's steps looked like (an all-zero output of a collapsed amax is still the layer's output)
+            opaque = frame.name is None and any(
+                isinstance(a, torch.Tensor) and a.is_floating_point() and self.tag(a).activation
+                for a in tree_flatten(args)[0])
             for out in tree_flatten(output)[0]:
                 if not isinstance(out, torch.Tensor):
                     continue
                 tag = self.tags.get(out)
                 if tag is not None and tag.value >= frame.first_value and tag.origin != "parameter":
                     tag.origin, tag.name, tag.root = "module", name, tag.value  # computed by this module
+                    tag.activation = tag.activation or (opaque and out.is_floating_point())
         finally:
             self.busy = False
 

@@ -3,10 +3,12 @@
 :func:`attach_runtime_quantizers` gives a module (the *owner*) one quantizer module per recorded
 operation of its own forward, registered as its child under the name the fx route would give it
 (``<owner>.matmul``, ``<owner>.matmul_1``, ``<owner>.add``, ``<owner>.cat``, ``<owner>.sdpa``), and a
-plan ``(kind, index) -> child``. While the owner's forward runs, a ``TorchFunctionMode`` counts the
-owner's own candidate calls with the recorder's test (:func:`workbench.graph.runtime_ops.candidate`)
-and hands the planned ones to their child (QuantAdd, QuantConcat, QuantMatMul, QuantSDPA: the same
-modules the fx route inserts), so the computation, the calibration and the exported Q/DQ are theirs.
+plan ``(kind, call site, occurrence) -> child``. While the owner's forward runs, a ``TorchFunctionMode``
+finds the owner's own candidate calls with the recorder's test (:func:`workbench.graph.runtime_ops.candidate`),
+counts the calls from each site (:func:`workbench.graph.runtime_ops.call_site`: the instruction of model code,
+so a branch taken in one call and not another shifts nothing) and hands the planned ones to their child
+(QuantAdd, QuantConcat, QuantMatMul, QuantSDPA: the same modules the fx route inserts), so the computation, the
+calibration and the exported Q/DQ are theirs.
 With every quantizer off, each child computes exactly the call it replaces.
 
 Which module is running: forward pre/post hooks on the owner switch the mode on, and while it is on,
@@ -22,14 +24,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from workbench.graph.runtime_ops import candidate
+from workbench.graph.runtime_ops import call_site, candidate
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +46,9 @@ _PLAN_ATTR = "_workbench_runtime_plan"
 class _Frame:
     module: nn.Module
     plan: RuntimePlan | None
-    counts: dict[str, int]
+    counts: dict[tuple[str, int, int], int]  # call site -> calls from it so far, in this call of the module
+    # tensors computed from a quantized weight this call (the weight quantizer's output, views of it): their layer
+    weights: dict[int, tuple[torch.Tensor, nn.Module]] = field(default_factory=dict)
 
 
 class _State:
@@ -85,8 +91,21 @@ class _State:
         mode, self.mode = self.mode, None
         self.stack.clear()
         self.activator = None
-        if mode is not None:
+        if mode is not None and _on_torch_stack(mode):  # exiting pops the top mode, whichever it is
             mode.__exit__(None, None, None)
+
+    def stale(self) -> bool:
+        """The mode is set but torch no longer runs it: an exporter that failed inside an owner's forward
+        (torch.export on ultralytics' Detect) dropped it from torch's mode stack without the owner's post
+        hook, and every later call would go unquantized (the TorchScript file then had no Q/DQ there)."""
+        return self.mode is not None and not _on_torch_stack(self.mode)
+
+
+def _on_torch_stack(mode: TorchFunctionMode) -> bool:
+    # torch has no public reader of its function-mode stack; this one is in every torch 2 release
+    from torch.overrides import _get_current_function_mode_stack
+
+    return any(m is mode for m in _get_current_function_mode_stack())
 
 
 class _PerThread(threading.local):
@@ -114,13 +133,18 @@ class _QuantizingMode(TorchFunctionMode):
         frame = stack[-1] if stack else None
         if frame is None or frame.plan is None or self.busy:
             return func(*args, **kwargs)
+        if frame.plan.weights:  # layers whose weight the owner uses without calling them (Mamba's dt_proj)
+            args, kwargs, result = self._quantize_weights(frame, func, args, kwargs)
+            if result is not None:
+                return result
         found = candidate(func, args, kwargs)
         if found is None:
             return func(*args, **kwargs)
         kind, layout, tensors, options = found
-        index = frame.counts.get(kind, 0)
-        frame.counts[kind] = index + 1
-        child_name = frame.plan.children.get((kind, index))
+        site = call_site()
+        occurrence = frame.counts.get(site, 0)
+        frame.counts[site] = occurrence + 1
+        child_name = frame.plan.children.get((kind, site, occurrence))
         if child_name is None:
             return func(*args, **kwargs)
         child = frame.module._modules.get(child_name)
@@ -131,6 +155,54 @@ class _QuantizingMode(TorchFunctionMode):
             return _run(child, kind, layout, tensors, options)
         finally:
             self.busy -= 1
+
+
+    def _quantize_weights(self, frame: _Frame, func, args: tuple, kwargs: dict) -> tuple[tuple, dict, Any]:
+        """``args`` and ``kwargs`` with a planned layer's weight fake-quantized by the layer's weight quantizer
+        (where the owner's code first touches it: before a squeeze or a transpose, so per-channel amax fits),
+        and, in the GEMM that takes it (or a view of it), the activation operand by the layer's input quantizer.
+        The third item is the call's result when this computed it (a view of a quantized weight), else None."""
+        leaves, spec = tree_flatten((args, kwargs))
+        owners = {id(getattr(layer, name)): layer for layer, name in frame.plan.weights}
+        used: nn.Module | None = None
+        self.busy += 1
+        try:
+            for i, leaf in enumerate(leaves):
+                if not isinstance(leaf, torch.Tensor):
+                    continue
+                layer = owners.get(id(leaf))
+                if layer is not None:
+                    leaves[i] = layer._weight_quantizer(leaf)
+                    frame.weights[id(leaves[i])] = (leaves[i], layer)
+                    used = layer
+                elif id(leaf) in frame.weights and frame.weights[id(leaf)][0] is leaf:
+                    used = frame.weights[id(leaf)][1]
+            if used is None:
+                return args, kwargs, None
+            activation = _GEMM_INPUTS.get(func)
+            if activation is not None:
+                for i, leaf in enumerate(leaves):
+                    if (isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and id(leaf) not in frame.weights
+                            and not isinstance(leaf, nn.Parameter) and activation(i)):
+                        leaves[i] = used._input_quantizer(leaf)
+                        break
+            args, kwargs = tree_unflatten(leaves, spec)
+            if activation is None and getattr(func, "__name__", "") in _VIEWS:
+                result = func(*args, **kwargs)
+                frame.weights[id(result)] = (result, used)
+                return args, kwargs, result
+            return args, kwargs, None
+        finally:
+            self.busy -= 1
+
+
+# the GEMMs a layer's weight reaches without its layer, and which flattened argument may be the activation
+_GEMM_INPUTS = {F.linear: lambda i: i == 0, F.conv1d: lambda i: i == 0, F.conv2d: lambda i: i == 0,
+                F.conv3d: lambda i: i == 0, torch.matmul: lambda i: i < 2, torch.Tensor.matmul: lambda i: i < 2,
+                torch.Tensor.__matmul__: lambda i: i < 2, torch.Tensor.__rmatmul__: lambda i: i < 2}
+# what only moves a weight's values (a view of a quantized weight is still that weight, for the GEMM after it)
+_VIEWS = {"squeeze", "unsqueeze", "view", "reshape", "t", "transpose", "permute", "contiguous", "to", "float",
+          "__getitem__", "flatten", "mT", "T", "type_as"}
 
 
 def _run(child: nn.Module, kind: str, layout: str, tensors: list[torch.Tensor], options: dict[str, Any]) -> Any:
@@ -147,13 +219,18 @@ def _run(child: nn.Module, kind: str, layout: str, tensors: list[torch.Tensor], 
 
 
 class RuntimePlan:
-    """``(kind, index) -> child name`` for one owner; its bound methods are the owner's hooks."""
+    """``(kind, call site, occurrence) -> child name`` for one owner (:attr:`RecordedOp.key
+    <workbench.graph.runtime_ops.RecordedOp.key>`); its bound methods are the owner's hooks."""
 
-    def __init__(self, children: dict[tuple[str, int], str]) -> None:
+    def __init__(self, children: dict[tuple, str], weights: list[tuple[nn.Module, str]] | None = None) -> None:
         self.children = dict(children)
+        # (layer, parameter name): a quantized layer whose weight this owner's code uses without calling the layer
+        self.weights = list(weights or [])
 
     def pre_hook(self, module: nn.Module, args: tuple) -> None:
         state = _LOCAL.state
+        if state.stale():
+            state.deactivate()
         if state.mode is None:
             state.activate(module)
 
@@ -172,20 +249,22 @@ def runtime_plan(module: nn.Module) -> RuntimePlan | None:
     return plan if isinstance(plan, RuntimePlan) else None
 
 
-def attach_runtime_quantizers(owner: nn.Module, children: dict[tuple[str, int], tuple[str, nn.Module]]) -> None:
+def attach_runtime_quantizers(owner: nn.Module, children: dict[tuple, tuple[str, nn.Module]],
+                              weights: list[tuple[nn.Module, str]] | None = None) -> None:
     """Give ``owner`` the quantizer modules of its own functional operations, applied at run time.
 
     Args:
         owner: the module whose own forward calls the operations.
-        children: ``(kind, index) -> (child name, quantizer module)``; kind and index as
-            :class:`workbench.graph.runtime_ops.RecordedOp` has them.
+        children: ``(kind, call site, occurrence) -> (child name, quantizer module)``, the key of
+            :class:`workbench.graph.runtime_ops.RecordedOp`.
     """
-    plan = RuntimePlan({key: name for key, (name, _module) in children.items()})
+    plan = RuntimePlan({key: name for key, (name, _module) in children.items()}, weights)
     for name, module in children.values():
         owner.add_module(name, module)
     existing = runtime_plan(owner)
     if existing is not None:
         existing.children.update(plan.children)
+        existing.weights.extend(w for w in plan.weights if w not in existing.weights)
         return
     setattr(owner, _PLAN_ATTR, plan)
     owner.register_forward_pre_hook(plan.pre_hook)

@@ -13,6 +13,7 @@ from torch import nn
 import workbench.quant.quant_modules as quant_modules
 from workbench.quant.gemm import known_linear_like, unknown_weight_gemm
 from workbench.quant.nn.modules.quant_linear import QuantLinear
+from workbench.quant.parametrized import parametrized_base, parametrized_quant_class
 from workbench.quant.tensor_quant import QuantDescriptor
 
 __all__ = ["IgnorePolicy", "ReplacedLayer", "IgnoredLayer", "ReplacementReport", "replace_to_quantization_module",
@@ -85,6 +86,9 @@ def quantized_class_for(module: nn.Module, mapping: dict[type, type]) -> tuple[t
     cls = type(module)
     if cls in mapping:
         return mapping[cls], None
+    base = parametrized_base(cls)
+    if base in mapping:  # a weight-normed Conv1d (torch.nn.utils.parametrize): its base's class, reading its weight
+        return parametrized_quant_class(cls, mapping[base]), None
     quantized = tuple(mapping.values())
     if quantized and isinstance(module, quantized):
         return None, None
