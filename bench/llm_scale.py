@@ -9,7 +9,7 @@ reused. Each step runs in its own fresh process (``python -m workbench STEP ...`
 machine: the 1.1B row peaks at several GiB.
 
     python bench/llm_scale.py [--sizes 0.1B,0.5B,1.1B] [--precision int4w] [--root /tmp/llm_scale]
-                              [--steps new,set,calibrate,export] [--batches 2] [--batch-size 4] [--seq 128]
+                              [--steps new,show,set,calibrate,export] [--batches 2] [--batch-size 4] [--seq 128]
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="0.1B")
     parser.add_argument("--precision", default="int4w")
     parser.add_argument("--root", default="/tmp/llm_scale")
-    parser.add_argument("--steps", default="new,set,calibrate,export")
+    parser.add_argument("--steps", default="new,show,set,calibrate,export")
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
@@ -119,6 +119,7 @@ def main() -> None:
         output = root / f"llama-{name}-{args.precision}.onnx"
         commands = {"new": ["new", project, "--model", f"hf:{folder}", "--data", ids, "--batch-size",
                             args.batch_size, "--num-batches", args.batches, "--output-key", "logits", "--force"],
+                    "show": ["show", project],
                     "set": ["set", project, "--type", "Linear", "--precision", args.precision],
                     "calibrate": ["calibrate", project, "--method", "max"],
                     "export": ["export", project, "-o", output, "--force"]}

@@ -87,9 +87,11 @@ def test_show_prints_the_eager_tree_and_digest(folder, tmp_path, capsys, eager):
 
 def test_load_and_release_give_the_eager_weights(folder, eager):
     spec = ModelSpec("hf", str(folder))
-    lazy = load_model(spec)
+    lazy = load_model(spec, lazy=True)
+    read_all = dict(load_model(spec).model.named_parameters())  # lazy=False: built on meta, then all read
     eager()
     reference = dict(load_model(spec).model.named_parameters())
+    assert all(torch.equal(read_all[name].view(torch.int16), p.view(torch.int16)) for name, p in reference.items())
     checkpoint = lazy.checkpoint
     layers = lazy.model.model.layers
     for index, block in enumerate(layers):

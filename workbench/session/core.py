@@ -90,7 +90,8 @@ class Session(SessionEdits):
             project.settings.setdefault(key, copy.deepcopy(value))
         self._settings: tuple[dict[str, Any], ProjectSettings] | None = None  # (stored, typed), see settings
         try:
-            self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
+            self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir,
+                                                   lazy=True)
         except EntryPointError as error:
             raise EntryPointError(f"{error}{paths.moved_hint(project, self.base_dir)}") from error
         self.float_model: nn.Module = self._loaded.model

@@ -200,8 +200,12 @@ def _resolve(value: str, base_dir: Path | None) -> Path:
     return path
 
 
-def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | None = None) -> LoadedModel:
+def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | None = None,
+               lazy: bool = False) -> LoadedModel:
     """Build the float model described by ``spec``, in eval mode, with its weights loaded.
+
+    With ``lazy`` an ``hf:`` safetensors folder keeps its weights on meta (``LoadedModel.checkpoint`` reads them
+    when they are needed); without, they are all read before it returns (still never held twice).
 
     Raises:
         TrustRequired: the source runs code and ``trust_code`` is False.
@@ -223,6 +227,9 @@ def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | No
         model = _from_timm(spec)
     else:  # never unpickle by default: a kind this code does not know is refused
         raise SourceError(f"model kind must be one of {MODEL_KINDS}, got {spec.kind!r}.")
+    if checkpoint is not None and not lazy:
+        checkpoint.materialise(model)
+        checkpoint = None
     if spec.weights:
         load_weights(model, _resolve(spec.weights, base_dir))
     model.eval()
