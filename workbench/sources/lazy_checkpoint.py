@@ -8,7 +8,8 @@ per-architecture re-initialisation; torch's bare ``torch.device("meta")`` would 
 buffers are small and are read from the checkpoint at once; parameters stay on meta.
 
 :class:`LazyCheckpoint` is the :class:`~workbench.quant.algorithms.residency.BlockResidency` of such a model:
-``load`` reads a submodule's parameters (safetensors memory-maps the shards and reads only the tensors asked for)
+``load`` reads a submodule's parameters (safetensors checks each shard's header; the tensors asked for are
+read from the files)
 and swaps them *into the same Parameter objects* (``torch.utils.swap_tensors``), so the float model, the quantized
 model (a structural copy sharing them) and tied weights all see them; ``release`` swaps them back to meta, leaving
 quantizers' amax alone. :meth:`LazyCheckpoint.streamed` runs a forward leaf by leaf, one module's weights in memory
@@ -16,8 +17,11 @@ at a time; :meth:`LazyCheckpoint.materialise` loads everything (what a job that 
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import logging
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,6 +63,41 @@ def _shards(folder: Path) -> tuple[Path | None, dict[str, Path]]:
     return None, {"": files[0]}  # keys come from the file's header
 
 
+# safetensors' dtype names (its format's documentation) -> torch
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+_MMAP_THRESHOLD = 1 << 20
+
+
+@functools.cache
+def _return_freed_weights_to_the_system() -> bool:
+    """Fix glibc's mmap threshold at 1 MiB (once per process); True where it applies.
+
+    glibc raises the threshold to the size of each large block freed (up to 32 MiB), after which weights of a few
+    MiB come from the heap, whose freed memory stays with the process: opening a 0.5B bf16 checkpoint block by block
+    then peaked at 1.24 GiB with every weight back on meta, 0.67 GiB with the threshold fixed.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator decides
+        return False
+
+
+def _header(path: Path) -> tuple[int, dict[str, Any]]:
+    """Where a safetensors file's data starts and its header (name -> dtype, shape, data_offsets): the format is an
+    8-byte little-endian length, then that many bytes of JSON."""
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    header.pop("__metadata__", None)
+    return 8 + length, header
+
+
 class LazyCheckpoint:
     """The tensors of a safetensors checkpoint folder, read one at a time, and the residency of the model built
     on meta from it (see the module's docstring).
@@ -73,25 +112,28 @@ class LazyCheckpoint:
 
         self.folder = folder
         self.index, where = _shards(folder)
-        self._handles: dict[Path, Any] = {}
+        self._headers: dict[Path, tuple[int, dict[str, Any]]] = {}  # shard -> (where its data starts, its header)
         for path in sorted(set(where.values())):
             if not path.is_file():
                 named = next(key for key, file in where.items() if file == path)
                 raise SourceError(f"{path}: shard missing (the index {self.index} places {named} in it).")
-            try:  # reads the header only; the data stays memory-mapped until a tensor is asked for
-                self._handles[path] = safe_open(str(path), framework="pt", device="cpu")
+            try:  # safetensors checks the header against the file (offsets inside it, no overlaps)
+                with safe_open(str(path), framework="pt", device="cpu"):
+                    pass
+                self._headers[path] = _header(path)
             except Exception as error:
                 raise SourceError(f"{path}: not a readable safetensors file ({type(error).__name__}: {error}).") \
                     from error
         if self.index is None:
-            (path,) = self._handles
-            where = {key: path for key in self._handles[path].keys()}
+            (path,) = self._headers
+            where = {key: path for key in self._headers[path][1]}
         for key, path in where.items():
-            if key not in self._handles[path].keys():
+            if key not in self._headers[path][1]:
                 raise SourceError(f"{path}: holds no tensor {key}, which the index {self.index} places there.")
         self._where = where
         self._owners: dict[int, str] = {}  # id(parameter) -> its checkpoint key
         self.device = torch.device("cpu")
+        _return_freed_weights_to_the_system()
 
     # ----- reading tensors ---------------------------------------------------------------------------------------
 
@@ -102,24 +144,35 @@ class LazyCheckpoint:
     @property
     def nbytes(self) -> int:
         """The size of the shard files (what an eager load reads)."""
-        return sum(path.stat().st_size for path in self._handles)
+        return sum(path.stat().st_size for path in self._headers)
 
     def float_dtype(self) -> torch.dtype:
         """The dtype of the checkpoint's first floating-point tensor (float32 when it has none)."""
-        names = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
         for key, path in self._where.items():
-            dtype = names.get(self._handles[path].get_slice(key).get_dtype())
-            if dtype is not None:
+            dtype = _DTYPES.get(self._headers[path][1][key]["dtype"])
+            if dtype is not None and dtype.is_floating_point:
                 return dtype
         return torch.float32
 
     def read(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The tensor ``key`` from its shard, in ``dtype`` (the model's) on :attr:`device`."""
+        """The tensor ``key`` from its shard, in ``dtype`` (the model's) on :attr:`device`.
+
+        Read with plain file reads, not through a memory map: mapped pages once touched count in the process's
+        resident memory until it exits (a 0.5B open that read each weight once through safetensors' map showed
+        the whole checkpoint as resident), while read pages stay in the page cache only."""
         path = self._where.get(key)
         if path is None:
             raise SourceError(f"{self.index or self.folder}: has no tensor {key}.")
+        start, header = self._headers[path]
+        entry = header[key]
         try:
-            tensor = self._handles[path].get_tensor(key)
+            begin, end = (int(offset) for offset in entry["data_offsets"])
+            tensor = torch.empty(end - begin, dtype=torch.uint8)
+            with open(path, "rb") as handle:
+                handle.seek(start + begin)
+                if handle.readinto(memoryview(tensor.numpy())) != end - begin:
+                    raise ValueError("the file ends before the tensor")
+            tensor = tensor.view(_DTYPES[entry["dtype"]]).reshape(entry["shape"])
         except Exception as error:  # a shard truncated or changed after the folder was opened
             raise SourceError(f"{path}: tensor {key} cannot be read ({type(error).__name__}: {error}).") from error
         return tensor.to(device=self.device, dtype=dtype or tensor.dtype)
@@ -164,7 +217,7 @@ class LazyCheckpoint:
                     continue
                 buffer.copy_(self.read(name, buffer.dtype).to(buffer.device))
         if missing:
-            raise SourceError(f"{self.index or next(iter(self._handles))}: has no tensor {missing[0]}"
+            raise SourceError(f"{self.index or next(iter(self._headers))}: has no tensor {missing[0]}"
                               + (f" (nor {len(missing) - 1} more: {', '.join(missing[1:4])}...)" if len(missing) > 1
                                  else "") + f", a weight of {type(model).__name__}.")
 
