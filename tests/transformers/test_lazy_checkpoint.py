@@ -185,3 +185,26 @@ def test_index_placing_a_tensor_in_the_wrong_shard_is_named(tmp_path):
     index.write_text(json.dumps(data))
     with pytest.raises(SourceError, match=f"{other}: holds no tensor {key}, which the index"):
         load_model(ModelSpec("hf", str(folder)))
+
+
+def test_streamed_forward_holds_about_one_block(folder, eager, monkeypatch):
+    spec = ModelSpec("hf", str(folder))
+    lazy = load_model(spec, lazy=True)
+    checkpoint, model = lazy.checkpoint, lazy.model
+    ids = torch.from_numpy(np.load(folder.parent / "ids.npy"))[:2]
+    resident = []
+    load = checkpoint._load
+
+    def counting(parameters):
+        load(parameters)
+        resident.append(sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta))
+    monkeypatch.setattr(checkpoint, "_load", counting)
+    with torch.no_grad(), checkpoint.streamed(model):
+        logits = model(input_ids=ids).logits
+    assert all(p.is_meta for p in model.parameters())  # all back on meta afterwards
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert resident and max(resident) <= checkpoint.budget(model) < total
+    eager()
+    with torch.no_grad():
+        expected = load_model(spec).model(input_ids=ids).logits
+    assert torch.equal(logits, expected)  # the same numbers as the model held whole

@@ -8,12 +8,13 @@ per-architecture re-initialisation; torch's bare ``torch.device("meta")`` would 
 buffers are small and are read from the checkpoint at once; parameters stay on meta.
 
 :class:`LazyCheckpoint` is the :class:`~workbench.quant.algorithms.residency.BlockResidency` of such a model:
-``load`` reads a submodule's parameters (safetensors checks each shard's header; the tensors asked for are
-read from the files)
-and swaps them *into the same Parameter objects* (``torch.utils.swap_tensors``), so the float model, the quantized
-model (a structural copy sharing them) and tied weights all see them; ``release`` swaps them back to meta, leaving
-quantizers' amax alone. :meth:`LazyCheckpoint.streamed` runs a forward leaf by leaf, one module's weights in memory
-at a time; :meth:`LazyCheckpoint.materialise` loads everything (what a job that needs the whole model does first).
+``load`` reads a submodule's parameters from the shards (plain file reads of the tensors asked for; safetensors
+checks each shard's header when the folder opens) and swaps them *into the same Parameter objects*
+(``torch.utils.swap_tensors``), so the float model, the quantized model (a structural copy sharing them) and tied
+weights all see them; ``release`` swaps them back to meta, leaving quantizers' amax alone.
+:meth:`LazyCheckpoint.streamed` pages weights in as operations use them and out past a budget of about one block
+(the sample forwards of ``new``, ``open`` and ``show``); :meth:`LazyCheckpoint.materialise` loads everything (what
+a job that needs the whole model does first).
 """
 from __future__ import annotations
 
