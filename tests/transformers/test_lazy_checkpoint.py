@@ -19,14 +19,14 @@ pytest.importorskip("accelerate")
 HERE = Path(__file__).resolve().parent
 
 
-def _llama(tmp_path: Path, sharded: bool) -> Path:
+def _llama(tmp_path: Path, sharded: bool, dtype: torch.dtype = torch.bfloat16) -> Path:
     sys.path.insert(0, str(HERE))
     import models
 
     torch.manual_seed(0)
     folder = tmp_path / ("llama-shards" if sharded else "llama")
     extra = {"max_shard_size": "20KB"} if sharded else {}
-    models.hf_llama().to(torch.bfloat16).save_pretrained(folder, safe_serialization=True, **extra)
+    models.hf_llama().to(dtype).save_pretrained(folder, safe_serialization=True, **extra)
     np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 8)).astype(np.int64))
     return folder
 
@@ -208,3 +208,22 @@ def test_streamed_forward_holds_about_one_block(folder, eager, monkeypatch):
     with torch.no_grad():
         expected = load_model(spec).model(input_ids=ids).logits
     assert torch.equal(logits, expected)  # the same numbers as the model held whole
+
+
+def test_smoothed_project_opens_with_the_eager_weights(tmp_path, capsys, eager):
+    """SmoothQuant folds its scales into new weights at build time: a lazily opened model reads its weights first.
+    (float32: SmoothQuant on a bf16 model fails eagerly too, its float32 scales meet bf16 weights.)"""
+    folder = _llama(tmp_path, sharded=False, dtype=torch.float32)
+    from workbench.session import Session
+
+    weights = {}
+    for mode in ("lazy", "eager"):
+        if mode == "eager":
+            eager()
+        project = _new(capsys, tmp_path, folder, f"{mode}.qwb")
+        code, _, err = run(capsys, "calibrate", project, "--method", "max", "--smoothquant", "0.5")
+        assert code == 0, err
+        model = Session.open(project).quantized_model()
+        weights[mode] = {n: p for n, p in model.named_parameters()}
+    assert weights["lazy"].keys() == weights["eager"].keys()
+    assert all(not p.is_meta and torch.equal(p, weights["eager"][n]) for n, p in weights["lazy"].items())

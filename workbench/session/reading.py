@@ -175,6 +175,8 @@ class SessionReading:
         """The quantized model for the current decisions, calibrated as far as the project knows."""
         if self._quant_model is None:
             started = time.perf_counter()
+            if self.project.smoothing:
+                self._loaded.materialise()  # smoothing folds its scales into real weights
             base, folding = self._fold_base()
             example = self._example_inputs()
             built = self._streamed(lambda: build_quantized(base, self.project, self.device, folding=folding,
