@@ -272,6 +272,7 @@ class _Recorder(TorchFunctionMode):
                                                 module.named_buffers(recurse=False)):
                 self.owner_of_parameter.setdefault(id(param), (name, module, pname))
         self.tags = WeakTensorKeyDictionary()
+        self.parameter_tags: dict[int, _Tag] = {}
         self.counter = itertools.count(1)
         self.stack: list[_Frame] = []
         self.record = RuntimeRecord()
@@ -283,16 +284,28 @@ class _Recorder(TorchFunctionMode):
     # ----- tags -----------------------------------------------------------------------------
 
     def tag(self, tensor: torch.Tensor) -> _Tag:
+        pname = self.parameters.get(id(tensor))
+        if pname is not None:
+            # the model's own tensors are tagged by id, never weakly referenced: a lazily opened checkpoint swaps
+            # their data in place while this forward runs (torch.utils.swap_tensors refuses a weakly held tensor)
+            tag = self.parameter_tags.get(id(tensor))
+            if tag is None:
+                value = next(self.counter)
+                tag = self.parameter_tags[id(tensor)] = _Tag(value, "parameter", pname, False, False, value,
+                                                             parameter=pname)
+            return tag
         tag = self.tags.get(tensor)
         if tag is None:
             value = next(self.counter)
-            pname = self.parameters.get(id(tensor))
-            if pname is not None:
-                tag = _Tag(value, "parameter", pname, False, False, value, parameter=pname)
-            else:
-                tag = _Tag(value, "constant" if tensor.is_floating_point() else "integer", "", False, False, value)
+            tag = _Tag(value, "constant" if tensor.is_floating_point() else "integer", "", False, False, value)
             self.tags[tensor] = tag
         return tag
+
+    def set_tag(self, tensor: torch.Tensor, tag: _Tag) -> None:
+        if id(tensor) in self.parameters:  # an op that returned a parameter itself (``w.to(w.dtype)``)
+            self.parameter_tags[id(tensor)] = tag
+        else:
+            self.tags[tensor] = tag
 
     def tag_input(self, tensor: torch.Tensor) -> None:
         value = next(self.counter)
@@ -365,8 +378,8 @@ class _Recorder(TorchFunctionMode):
                 origin = "constant"
             elif not activation and origin in ("input", "module", "op"):
                 origin = "constant"
-            self.tags[out] = _Tag(value, origin, source, activation and out.is_floating_point(), from_input,
-                                  root, parameter=parameter, softmax=softmax)
+            self.set_tag(out, _Tag(value, origin, source, activation and out.is_floating_point(), from_input,
+                                   root, parameter=parameter, softmax=softmax))
 
     def note_op(self, frame: _Frame, func: Callable, found: tuple[str, str, list[Any], dict[str, Any]],
                 args: tuple, kwargs: dict, outputs: list[torch.Tensor]) -> None:
@@ -400,7 +413,7 @@ class _Recorder(TorchFunctionMode):
         value = next(self.counter)
         activation = any(s.activation for s in sources)
         for out in outputs:
-            self.tags[out] = _Tag(value, "op", qualified, activation and out.is_floating_point(), True, value)
+            self.set_tag(out, _Tag(value, "op", qualified, activation and out.is_floating_point(), True, value))
         kept = tuple((k, v) for k, v in options.items() if k not in ("out",) and not isinstance(v, torch.Tensor))
         mask = options.get("attn_mask")
         mask_root = self.tag(mask).root if isinstance(mask, torch.Tensor) else None

@@ -33,6 +33,7 @@ from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
 from workbench.quant.nn import QuantAdd, QuantConcat, QuantMatMul, QuantSDPA
 from workbench.quant.replace import ReplacementReport
 from workbench.sources.data_source import InputSpec
+from workbench.sources.lazy_checkpoint import move_keeping_meta
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ def build_quantized(base: nn.Module, project: Project, device: torch.device, *, 
             logger.warning("smoothing not applied: %s", error)
     for quantizer in quantizer_names(model).values():
         quantizer.rounding = "onnx"  # the numbers the exported QDQ graph computes
-    model = model.to(device)
+    model = move_keeping_meta(model, device)  # a lazily opened model's weights stay on meta until loaded
     if with_decisions:
         restore_calibration(model, project.current_calibration, report, device)
         restore_finetune(model, project.current_finetune, project.current_calibration, report)

@@ -90,7 +90,8 @@ class Session(SessionEdits):
             project.settings.setdefault(key, copy.deepcopy(value))
         self._settings: tuple[dict[str, Any], ProjectSettings] | None = None  # (stored, typed), see settings
         try:
-            self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir)
+            self._loaded: LoadedModel = load_model(project.model, trust_code=trust_code, base_dir=self.base_dir,
+                                                   lazy=True)
         except EntryPointError as error:
             raise EntryPointError(f"{error}{paths.moved_hint(project, self.base_dir)}") from error
         self.float_model: nn.Module = self._loaded.model
@@ -102,10 +103,13 @@ class Session(SessionEdits):
         self._layer_shapes: dict[str, dict[str, Any]] | None = None
         self._ladder_undo: dict[str, Any] | None = None  # the layers' decisions before the last ladder Apply
         self.file_changes += paths.changed_files(project, self._loaded.digests)
-        self.weights_digest = weights.weights_digest(self.float_model)  # kept with each calibration run
+        # kept with each calibration run; a lazily opened model's weights are read for it one at a time
+        checkpoint = self._loaded.checkpoint
+        self.weights_digest = weights.weights_digest(
+            self.float_model, checkpoint.read_state(self.float_model) if checkpoint is not None else None)
         self.file_changes += weights.other_weights_note(project, self.weights_digest)
         self.device = torch.device(self.settings.device)
-        self.float_model.to(self.device)
+        self._loaded.to(self.device)
 
     # ----- construction -----------------------------------------------------------------------
 
@@ -226,6 +230,7 @@ class Session(SessionEdits):
             The :class:`~workbench.quant.algorithms.calibrate.CalibrationResult`, also stored as the project's current
             calibration.
         """
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         if (smoothquant is not None or awq is not None) and context is not None and context.distributed:
             raise SessionError("SmoothQuant and AWQ scales are computed in one process (every rank must use the same "
                                "ones): calibrate with --smoothquant/--awq without --workers, then with workers.")
@@ -258,6 +263,7 @@ class Session(SessionEdits):
         The quantized model's weights change: calibrate afterwards (:meth:`calibrate` with ``smoothquant=``
         does both).
         """
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         self.project.smoothing = {name: record for name, record in self.project.smoothing.items()
                                   if record.method != method}
         self._invalidate()
@@ -280,6 +286,7 @@ class Session(SessionEdits):
         ``names`` are quantizer names (``layer._input_quantizer``) or layer names (their histogram
         quantizers). Returns the new amax per quantizer; the current calibration record is updated.
         """
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         updated = calibration.recompute_amax(self.quantized_model(), self.project, names, method, percentile,
                                              device=self.device)
         self._changed(SessionEvent.CALIBRATION, quantizers=list(updated))
@@ -297,6 +304,7 @@ class Session(SessionEdits):
         Returns:
             The :class:`~workbench.analysis.SensitivityResult`, appended to the project's sensitivity runs.
         """
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         context = self._join(context)
         decisions.require_quantized(self.project, "rank")
         model = self._require_calibrated()
@@ -327,6 +335,7 @@ class Session(SessionEdits):
         Returns:
             The :class:`~workbench.analysis.FallbackResult`, appended to the project's fallback searches.
         """
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         context = self._join(context)
         model = self._require_calibrated()
         ranking = self.latest_sensitivity() if use_ranking else None
@@ -356,6 +365,7 @@ class Session(SessionEdits):
         calibration pass per rung, counted by ``progress``); the fusion clean-up reads the layers' data flow on one
         sample. ``on_partial`` is called with the search so far after each measurement (for a chart).
         """
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         rungs = ladder_job.parse_rungs(ladder)
         model = self._require_calibrated()
         own = self.precisions()
@@ -391,6 +401,7 @@ class Session(SessionEdits):
         is found next to the project); default the project's. FP32 is the float model as loaded, INT8 the
         calibrated quantized model. Returns a :class:`workbench.analysis.Evaluation`; the project is not changed.
         """
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         model = self._require_calibrated()
         chosen = self.metric() if metric is None else self._resolve_metric(metric)
         evaluation = analysis.evaluate(self.float_model, model, self._analysis_batches(), chosen,
@@ -417,6 +428,7 @@ class Session(SessionEdits):
         leaves the project as it was: the export settings, the export history and the unsaved-changes
         flag are not touched.
         """
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
         plan = exports.plan_export(self.project, self.settings.export, target, typed=path is not None,
                                    project_path=self.path, base_dir=self.base_dir, project_dir=self.project_dir,
@@ -480,6 +492,7 @@ class Session(SessionEdits):
         copies. The result (history and the resulting weights) is stored in the project, and export uses
         the fine-tuned weights; a run cancelled before its first epoch changes nothing and is not stored.
         """
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         given = {"epochs": epochs, "lr": lr, "optimizer": optimizer, "schedule": schedule, "loss": loss,
                  "momentum": momentum, "weight_decay": weight_decay, "steps_per_epoch": steps_per_epoch, "amp": amp,
                  "learn_amax": learn_amax}

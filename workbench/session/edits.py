@@ -23,6 +23,7 @@ from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
 from workbench.session.reading import SessionReading
 from workbench.sources.data_source import DataSpec
+from workbench.sources.lazy_checkpoint import move_keeping_meta
 
 __all__ = ["SessionEdits"]
 
@@ -44,7 +45,8 @@ class SessionEdits(SessionReading):
 
     def check_forward(self) -> None:
         """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
-        data_sources.check_forward(self.float_model, self.sample_inputs(batch=2), self.device, self.project)
+        sample = self.sample_inputs(batch=2)
+        self._streamed(lambda: data_sources.check_forward(self.float_model, sample, self.device, self.project))
 
     def _init_layers(self) -> None:
         self._quant_model = None
@@ -54,8 +56,10 @@ class SessionEdits(SessionReading):
     def _sync_layers(self) -> None:
         """Make sure every quantizable layer of the model has a decision (new ones: quantize)."""
         base, folding = self._fold_base()
-        model = build_quantized(base, self.project, self.device, folding=folding, with_decisions=False,
-                                example_inputs=self._example_inputs(), settings=self.settings).model
+        example = self._example_inputs()
+        model = self._streamed(lambda: build_quantized(base, self.project, self.device, folding=folding,
+                                                       with_decisions=False, example_inputs=example,
+                                                       settings=self.settings).model)
         self.project.layers = decisions.synced_layers(self.project.layers, model)
         self._quant_model = None
 
@@ -189,10 +193,10 @@ class SessionEdits(SessionReading):
         target = torch.device(configure.checked_value("device", device))
         self.device = target
         self.project.settings["device"] = str(target)
-        self.float_model.to(target)
+        self._loaded.to(target)
         self._folded = None  # its folded weights are its own tensors, on the old device
         if self._quant_model is not None:
-            self._quant_model.to(target)
+            move_keeping_meta(self._quant_model, target)
 
     def _invalidate(self) -> None:
         self._quant_model = None

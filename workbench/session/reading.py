@@ -9,9 +9,9 @@ Reading may build or cache (the quantized model, the layer shapes) but never cha
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +44,8 @@ from workbench.sources.data_source import DataSource
 from workbench.sources.model_source import LoadedModel
 from workbench.sources.paths import absolute_path
 from workbench.sources.trust import TRUSTED, CodeReference, trust_status
+
+T = TypeVar("T")
 
 __all__ = ["SessionReading"]
 
@@ -98,6 +100,12 @@ class SessionReading:
         of keyword inputs (``input_ids``, ``attention_mask``...)."""
         return data_sources.sample_inputs(self.data("calibration"), self.device, batch)
 
+    def _streamed(self, job: Callable[[], T]) -> T:
+        """``job()`` (a forward of the model, or a build that runs one), with a lazily opened model's weights read
+        module by module as the forward reaches them (every weight is loaded when it cannot be: as eagerly)."""
+        checkpoint = self._loaded.checkpoint
+        return job() if checkpoint is None else checkpoint.run_streamed(self.float_model, job)
+
     def _example_inputs(self):
         """One sample, for the functional rewrite's check of traced modules; None without usable data."""
         return data_sources.example_inputs(self.sample_inputs)
@@ -149,7 +157,8 @@ class SessionReading:
         Functional layers (an fx-inserted add) are not modules of the float model and have no entry.
         """
         if self._layer_shapes is None:
-            self._layer_shapes = views.layer_shapes(self.float_model, self.sample_inputs(batch=1))
+            sample = self.sample_inputs(batch=1)
+            self._layer_shapes = self._streamed(lambda: views.layer_shapes(self.float_model, sample))
         return self._layer_shapes
 
     @property
@@ -166,9 +175,12 @@ class SessionReading:
         """The quantized model for the current decisions, calibrated as far as the project knows."""
         if self._quant_model is None:
             started = time.perf_counter()
+            if self.project.smoothing:
+                self._loaded.materialise()  # smoothing folds its scales into real weights
             base, folding = self._fold_base()
-            built = build_quantized(base, self.project, self.device, folding=folding,
-                                    example_inputs=self._example_inputs(), settings=self.settings)
+            example = self._example_inputs()
+            built = self._streamed(lambda: build_quantized(base, self.project, self.device, folding=folding,
+                                                           example_inputs=example, settings=self.settings))
             self._quant_model, self.build_report = built.model, built.report
             self.last_build_s = time.perf_counter() - started
         return self._quant_model
@@ -185,6 +197,8 @@ class SessionReading:
         if not self.settings.fold_bn:
             return self.float_model, None
         if self._folded is None:
+            if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.float_model.modules()):
+                self._loaded.materialise()  # folding computes new weights from the real ones
             self._folded = fold_base(self.float_model, self.project.input_spec, self.device)
         return self._folded
 
@@ -204,7 +218,15 @@ class SessionReading:
 
     def weight_ranges(self, layer: str) -> np.ndarray | None:
         """Per-output-channel max |w| of a layer's weight (for the bar plot), or None without weights."""
-        return views.weight_ranges(dict(self.quantized_model().named_modules()).get(layer))
+        module = dict(self.quantized_model().named_modules()).get(layer)
+        checkpoint = self._loaded.checkpoint
+        if module is None or checkpoint is None or checkpoint.resident(module):
+            return views.weight_ranges(module)
+        checkpoint.load(layer, module)  # this layer's weights only, for as long as the plot needs them
+        try:
+            return views.weight_ranges(module)
+        finally:
+            checkpoint.release(layer, module)
 
     def metric(self):
         """The project's metric as a workbench.analysis Metric (entry points need trust)."""

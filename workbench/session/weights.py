@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -24,11 +25,18 @@ logger = logging.getLogger(__name__)
 SAMPLED_VALUES = 4096
 
 
-def weights_digest(model: nn.Module) -> str:
-    """A short hex digest of ``model``'s parameters and buffers: names, shapes, dtypes and a strided sample."""
+def weights_digest(model: nn.Module,
+                   read: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> str:
+    """A short hex digest of ``model``'s parameters and buffers: names, shapes, dtypes and a strided sample.
+
+    ``read(name, tensor)`` gives the real value of a state_dict entry whose weights are not in memory (a lazily
+    opened checkpoint's, on meta): the digest is the one the eagerly loaded model has.
+    """
     digest = hashlib.blake2b(digest_size=10)
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
+            if read is not None and tensor.is_meta:
+                tensor = read(name, tensor)
             flat = tensor.detach().reshape(-1)
             step = max(1, flat.numel() // SAMPLED_VALUES)
             sample = flat[::step][:SAMPLED_VALUES].to("cpu", copy=True).contiguous()

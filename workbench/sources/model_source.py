@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,14 +27,18 @@ import torch
 from torch import nn
 
 from workbench import bounded_json
+from workbench.quant.algorithms.residency import AllResident, BlockResidency
 from workbench.sources import demo
 from workbench.sources.entrypoints import extra_import_path, is_file_target, load_entrypoint, split_entrypoint
 from workbench.sources.errors import SourceError, TrustRequired
 from workbench.sources.input_dtype import cast_float_inputs
+from workbench.sources.lazy_checkpoint import LazyCheckpoint, build_on_meta, move_keeping_meta
 from workbench.sources.paths import absolute_entrypoint, absolute_path, relative_entrypoint, relative_path
 from workbench.sources.weights_file import load_weights
 
 __all__ = ["ModelSpec", "LoadedModel", "FileDigest", "load_model", "sha256_of", "DEMO_MODELS", "MODEL_KINDS"]
+
+logger = logging.getLogger(__name__)
 
 MODEL_KINDS = ("entrypoint", "pickle", "demo", "hf", "timm")
 # kinds named on the command line by a prefix: "demo:digits", "hf:models/bert", "timm:resnet18"
@@ -155,9 +160,29 @@ class LoadedModel:
     spec: ModelSpec
     digests: list[FileDigest]
     parameters: int
+    # an hf: checkpoint opened without reading its weights (they are on meta until loaded); None: all in memory
+    checkpoint: LazyCheckpoint | None = None
 
     def describe(self) -> str:
         return f"{type(self.model).__name__} from {self.spec.label} ({self.parameters:,} parameters)"
+
+    @property
+    def residency(self) -> BlockResidency:
+        """Loads and releases the model's weights block by block (does nothing when they are all in memory)."""
+        return self.checkpoint if self.checkpoint is not None else AllResident()
+
+    def materialise(self) -> None:
+        """Every weight in memory (a job that needs the whole model calls this first; nothing to do when eager)."""
+        if self.checkpoint is not None:
+            self.checkpoint.materialise(self.model)
+
+    def to(self, device: torch.device) -> None:
+        """Move the model to ``device``; weights still on meta are read straight onto it when loaded."""
+        if self.checkpoint is None:
+            self.model.to(device)
+            return
+        self.checkpoint.device = torch.device(device)
+        move_keeping_meta(self.model, self.checkpoint.device)
 
 
 def sha256_of(path: Path) -> FileDigest:
@@ -175,8 +200,12 @@ def _resolve(value: str, base_dir: Path | None) -> Path:
     return path
 
 
-def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | None = None) -> LoadedModel:
+def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | None = None,
+               lazy: bool = False) -> LoadedModel:
     """Build the float model described by ``spec``, in eval mode, with its weights loaded.
+
+    With ``lazy`` an ``hf:`` safetensors folder keeps its weights on meta (``LoadedModel.checkpoint`` reads them
+    when they are needed); without, they are all read before it returns (still never held twice).
 
     Raises:
         TrustRequired: the source runs code and ``trust_code`` is False.
@@ -185,6 +214,7 @@ def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | No
     """
     if spec.requires_trust:  # fail closed: a kind this code does not know is refused untrusted too
         _require_trust(spec, trust_code)
+    checkpoint = None
     if spec.kind == "demo":
         model = _demo_model(spec.target)
     elif spec.kind == "entrypoint":
@@ -192,17 +222,20 @@ def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | No
     elif spec.kind == "pickle":
         model = _from_pickle(spec, base_dir, trust_code)
     elif spec.kind == "hf":
-        model = _from_hugging_face(spec, base_dir)
+        model, checkpoint = _from_hugging_face(spec, base_dir)
     elif spec.kind == "timm":
         model = _from_timm(spec)
     else:  # never unpickle by default: a kind this code does not know is refused
         raise SourceError(f"model kind must be one of {MODEL_KINDS}, got {spec.kind!r}.")
+    if checkpoint is not None and not lazy:
+        checkpoint.materialise(model)
+        checkpoint = None
     if spec.weights:
         load_weights(model, _resolve(spec.weights, base_dir))
     model.eval()
     cast_float_inputs(model)  # a bf16/fp16 model stays in its dtype and takes float32 data
     digests = [sha256_of(path) for path in spec.files(base_dir) if path.is_file()]
-    return LoadedModel(model, spec, digests, sum(p.numel() for p in model.parameters()))
+    return LoadedModel(model, spec, digests, sum(p.numel() for p in model.parameters()), checkpoint)
 
 
 def _demo_model(name: str) -> nn.Module:
@@ -215,9 +248,13 @@ def _demo_model(name: str) -> nn.Module:
     return demo.resnet18_like(num_classes=10, width=8)
 
 
-def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
+def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> tuple[nn.Module, LazyCheckpoint | None]:
     """A local Hugging Face folder, built by transformers from the architecture its config names, weights
-    from safetensors only, never with remote code."""
+    from safetensors only, never with remote code.
+
+    Opened lazily (:mod:`workbench.sources.lazy_checkpoint`: the tree on meta, the checkpoint returned to read the
+    weights from) when it can be: accelerate is installed, no separate weights file, and the checkpoint names
+    the model's weights as the model does; otherwise transformers' ``from_pretrained`` loads it all (None)."""
     folder = _resolve(spec.target, base_dir)
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -241,6 +278,10 @@ def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None:
         model_class = transformers.AutoModel
+    if _lazy_possible(spec):
+        lazy = _lazy_hugging_face(spec, folder, transformers, model_class)
+        if lazy is not None:
+            return lazy
     hf_logging = transformers.utils.logging
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # its "Loading weights" bar would interleave with our own progress
@@ -255,7 +296,46 @@ def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> nn.Module:
             hf_logging.enable_progress_bar()
     if not isinstance(model, nn.Module):
         raise SourceError(f"{folder}: {model_class.__name__} gave a {type(model).__name__}, not a torch.nn.Module.")
-    return model  # in the dtype the folder was saved in (bf16 stays bf16: no float32 copy beside it)
+    return model, None  # in the dtype the folder was saved in (bf16 stays bf16: no float32 copy beside it)
+
+
+# from_pretrained keyword arguments that building from the config takes the same way
+_LAZY_KWARGS = {"attn_implementation", "dtype", "torch_dtype"}
+
+
+def _lazy_possible(spec: ModelSpec) -> bool:
+    import importlib.util
+
+    return (not spec.weights and set(spec.kwargs) <= _LAZY_KWARGS
+            and importlib.util.find_spec("accelerate") is not None)
+
+
+def _lazy_hugging_face(spec: ModelSpec, folder: Path, transformers: Any,
+                       model_class: Any) -> tuple[nn.Module, LazyCheckpoint] | None:
+    """The model on meta and its checkpoint, or None when the checkpoint names its weights otherwise (transformers'
+    renaming is needed: the eager load does it)."""
+    checkpoint = LazyCheckpoint(folder)  # a missing or corrupt shard is an error here, as it is eagerly
+    kwargs = dict(spec.kwargs)
+    dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+        dtype = _dtype_named(dtype) or _dtype_named(getattr(config, "dtype", None)) or checkpoint.float_dtype()
+        model = build_on_meta(model_class, config, dtype, **kwargs)
+    except Exception as error:
+        raise SourceError(f"{folder}: transformers could not build {model_class.__name__} from its config "
+                          f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}).") from error
+    if not checkpoint.covers(model):
+        logger.info("%s: the checkpoint names its weights otherwise than %s; loading them all with transformers",
+                    folder, type(model).__name__)
+        return None
+    checkpoint.attach(model)
+    return model, checkpoint
+
+
+def _dtype_named(value: Any) -> torch.dtype | None:
+    if isinstance(value, torch.dtype):
+        return value
+    return getattr(torch, value, None) if isinstance(value, str) and value != "auto" else None
 
 
 def _from_timm(spec: ModelSpec) -> nn.Module:

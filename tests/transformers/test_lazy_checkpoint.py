@@ -1,0 +1,229 @@
+"""``hf:DIR`` opened without reading its weights (issue 37 point 2): the module tree on meta, each weight read from
+the safetensors checkpoint (one file or shards with an index) when a job needs it, with the same tree, weights,
+amax and exported file as transformers' eager load."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from tests.cli_run import run
+from workbench.sources import model_source
+from workbench.sources.errors import SourceError
+from workbench.sources.model_source import ModelSpec, load_model
+
+pytest.importorskip("accelerate")
+HERE = Path(__file__).resolve().parent
+
+
+def _llama(tmp_path: Path, sharded: bool, dtype: torch.dtype = torch.bfloat16) -> Path:
+    sys.path.insert(0, str(HERE))
+    import models
+
+    torch.manual_seed(0)
+    folder = tmp_path / ("llama-shards" if sharded else "llama")
+    extra = {"max_shard_size": "20KB"} if sharded else {}
+    models.hf_llama().to(dtype).save_pretrained(folder, safe_serialization=True, **extra)
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 8)).astype(np.int64))
+    return folder
+
+
+@pytest.fixture(params=[False, True], ids=["single-file", "sharded"])
+def folder(request, tmp_path):
+    folder = _llama(tmp_path, request.param)
+    assert (folder / "model.safetensors.index.json").is_file() == request.param
+    return folder
+
+
+@pytest.fixture
+def eager(monkeypatch):
+    """Opens hf: folders as before: transformers' from_pretrained reads every weight."""
+    def use_eager():
+        monkeypatch.setattr(model_source, "_lazy_possible", lambda spec: False)
+    return use_eager
+
+
+def _new(capsys, tmp_path, folder, name="p.qwb") -> Path:
+    project = tmp_path / name
+    code, _, err = run(capsys, "new", project, "--model", f"hf:{folder}", "--data", tmp_path / "ids.npy",
+                       "--batch-size", "4", "--output-key", "logits", "--force")
+    assert code == 0, err
+    return project
+
+
+def test_new_and_open_leave_every_weight_on_meta(folder, tmp_path, capsys):
+    project = _new(capsys, tmp_path, folder)
+    from workbench.session import Session
+
+    session = Session.open(project)
+    assert session._loaded.checkpoint is not None
+    float_params = list(session.float_model.parameters())
+    assert float_params and all(p.is_meta for p in float_params)  # none read by new, open or the build
+    assert all(p.is_meta for p in session.quantized_model().parameters())
+    rotary = session.float_model.model.rotary_emb.inv_freq
+    assert not rotary.is_meta and torch.isfinite(rotary).all()  # buffers computed by __init__ stay real
+
+
+def test_show_prints_the_eager_tree_and_digest(folder, tmp_path, capsys, eager):
+    from workbench.session import Session
+
+    lazy = _new(capsys, tmp_path, folder, "lazy.qwb")
+    lazy_show = run(capsys, "show", lazy, "--json")
+    lazy_digest = Session.open(lazy).weights_digest
+    eager()
+    eager_project = _new(capsys, tmp_path, folder, "eager.qwb")
+    eager_show = run(capsys, "show", eager_project, "--json")
+    assert lazy_show[0] == eager_show[0] == 0
+    lazy_data, eager_data = json.loads(lazy_show[1]), json.loads(eager_show[1])
+    for key in ("name", "path", "file_revision"):
+        lazy_data.pop(key, None)
+        eager_data.pop(key, None)
+    assert lazy_data == eager_data  # same tree, layers, functional report and placement
+    assert Session.open(eager_project).weights_digest == lazy_digest  # a calibration is not flagged "other weights"
+
+
+def test_load_and_release_give_the_eager_weights(folder, eager):
+    spec = ModelSpec("hf", str(folder))
+    lazy = load_model(spec, lazy=True)
+    read_all = dict(load_model(spec).model.named_parameters())  # lazy=False: built on meta, then all read
+    eager()
+    reference = dict(load_model(spec).model.named_parameters())
+    assert all(torch.equal(read_all[name].view(torch.int16), p.view(torch.int16)) for name, p in reference.items())
+    checkpoint = lazy.checkpoint
+    layers = lazy.model.model.layers
+    for index, block in enumerate(layers):
+        name = f"model.layers.{index}"
+        checkpoint.load(name, block)
+        for key, parameter in block.named_parameters():
+            expected = reference[f"{name}.{key}"]
+            assert parameter.dtype == expected.dtype == torch.bfloat16
+            assert torch.equal(parameter.view(torch.int16), expected.view(torch.int16))  # bit-identical
+        assert all(p.is_meta for p in layers[1 - index].parameters())  # only the block asked for
+        checkpoint.release(name, block)
+        assert all(p.is_meta for p in block.parameters())
+
+
+def test_release_keeps_quantizer_amax(folder, tmp_path, capsys):
+    project = _new(capsys, tmp_path, folder)
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
+    from workbench.session import Session
+
+    session = Session.open(project)
+    model = session.quantized_model()
+    block = model.model.layers[0]
+    amax = {n: b.clone() for n, b in block.named_buffers() if n.endswith("_amax")}
+    assert amax
+    session._loaded.checkpoint.load("model.layers.0", block)
+    session._loaded.checkpoint.release("model.layers.0", block)
+    assert all(p.is_meta for p in block.parameters())
+    after = dict(block.named_buffers())
+    assert all(torch.equal(after[n], value) for n, value in amax.items())
+
+
+def test_new_calibrate_export_as_the_eager_load(folder, tmp_path, capsys, eager):
+    results = {}
+    for mode in ("lazy", "eager"):
+        if mode == "eager":
+            eager()
+        project = _new(capsys, tmp_path, folder, f"{mode}.qwb")
+        assert run(capsys, "set", project, "--type", "Linear", "--precision", "int8")[0] == 0
+        code, _, err = run(capsys, "calibrate", project, "--method", "max")
+        assert code == 0, err
+        output = tmp_path / f"{mode}.onnx"
+        code, out, err = run(capsys, "export", project, "-o", output)
+        assert code == 0, err
+        from workbench.project import load_project
+
+        quantizers = load_project(project).current_calibration.quantizers
+        results[mode] = ({name: np.asarray(q.amax) for name, q in quantizers.items()}, onnx.load(output))
+    (lazy_amax, lazy_file), (eager_amax, eager_file) = results["lazy"], results["eager"]
+    assert lazy_amax.keys() == eager_amax.keys() and lazy_amax
+    assert all(np.array_equal(lazy_amax[n], eager_amax[n]) for n in lazy_amax)  # bit-identical amax
+    assert lazy_file.graph == eager_file.graph  # the same nodes and initializers, byte for byte
+
+
+def test_missing_shard_names_the_file(tmp_path, capsys):
+    folder = _llama(tmp_path, sharded=True)
+    shard = sorted(folder.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    code, _, err = run(capsys, "new", tmp_path / "p.qwb", "--model", f"hf:{folder}", "--data", tmp_path / "ids.npy",
+                       "--batch-size", "4", "--output-key", "logits")
+    assert code != 0
+    assert f"{shard}: shard missing" in err and "Traceback" not in err
+    assert not (tmp_path / "p.qwb").exists()
+
+
+def test_corrupt_shard_names_the_file(tmp_path):
+    folder = _llama(tmp_path, sharded=True)
+    shard = sorted(folder.glob("model-*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated: its header claims more than is there
+    with pytest.raises(SourceError, match=f"{shard}: not a readable safetensors file"):
+        load_model(ModelSpec("hf", str(folder)))
+
+
+def test_tensor_missing_from_the_index_is_named(tmp_path):
+    folder = _llama(tmp_path, sharded=True)
+    index = folder / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    del data["weight_map"]["model.layers.1.mlp.up_proj.weight"]
+    index.write_text(json.dumps(data))
+    with pytest.raises(SourceError, match=r"index.json: has no tensor model.layers.1.mlp.up_proj.weight, a weight "
+                                          r"of LlamaForCausalLM"):
+        load_model(ModelSpec("hf", str(folder)))
+
+
+def test_index_placing_a_tensor_in_the_wrong_shard_is_named(tmp_path):
+    folder = _llama(tmp_path, sharded=True)
+    index = folder / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    key = "model.embed_tokens.weight"
+    other = next(name for name in sorted(set(data["weight_map"].values())) if name != data["weight_map"][key])
+    data["weight_map"][key] = other
+    index.write_text(json.dumps(data))
+    with pytest.raises(SourceError, match=f"{other}: holds no tensor {key}, which the index"):
+        load_model(ModelSpec("hf", str(folder)))
+
+
+def test_streamed_forward_holds_about_one_block(folder, eager, monkeypatch):
+    spec = ModelSpec("hf", str(folder))
+    lazy = load_model(spec, lazy=True)
+    checkpoint, model = lazy.checkpoint, lazy.model
+    ids = torch.from_numpy(np.load(folder.parent / "ids.npy"))[:2]
+    resident = []
+    load = checkpoint._load
+
+    def counting(parameters):
+        load(parameters)
+        resident.append(sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta))
+    monkeypatch.setattr(checkpoint, "_load", counting)
+    with torch.no_grad(), checkpoint.streamed(model):
+        logits = model(input_ids=ids).logits
+    assert all(p.is_meta for p in model.parameters())  # all back on meta afterwards
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert resident and max(resident) <= checkpoint.budget(model) < total
+    eager()
+    with torch.no_grad():
+        expected = load_model(spec).model(input_ids=ids).logits
+    assert torch.equal(logits, expected)  # the same numbers as the model held whole
+
+
+def test_smoothed_project_opens_with_the_eager_weights(tmp_path, capsys, eager):
+    """SmoothQuant folds its scales into new weights at build time: a lazily opened model reads its weights first.
+    (float32: SmoothQuant on a bf16 model fails eagerly too, its float32 scales meet bf16 weights.)"""
+    folder = _llama(tmp_path, sharded=False, dtype=torch.float32)
+    from workbench.session import Session
+
+    weights = {}
+    for mode in ("lazy", "eager"):
+        if mode == "eager":
+            eager()
+        project = _new(capsys, tmp_path, folder, f"{mode}.qwb")
+        code, _, err = run(capsys, "calibrate", project, "--method", "max", "--smoothquant", "0.5")
+        assert code == 0, err
+        model = Session.open(project).quantized_model()
+        weights[mode] = {n: p for n, p in model.named_parameters()}
+    assert weights["lazy"].keys() == weights["eager"].keys()
+    assert all(not p.is_meta and torch.equal(p, weights["eager"][n]) for n, p in weights["lazy"].items())
