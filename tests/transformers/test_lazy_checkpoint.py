@@ -227,3 +227,46 @@ def test_smoothed_project_opens_with_the_eager_weights(tmp_path, capsys, eager):
         weights[mode] = {n: p for n, p in model.named_parameters()}
     assert weights["lazy"].keys() == weights["eager"].keys()
     assert all(not p.is_meta and torch.equal(p, weights["eager"][n]) for n, p in weights["lazy"].items())
+
+
+def test_sequential_calibration_reads_one_block_at_a_time_with_the_eager_amax(folder, tmp_path, capsys, eager,
+                                                                               monkeypatch):
+    """``calibrate --sequential`` on a lazily opened checkpoint (issue 37 points 2 + 3): each decoder block's weights
+    are read when it runs and released after it, never two blocks at once, and every amax equals the eager
+    whole-model run's."""
+    from workbench.project import load_project
+    from workbench.sources.lazy_checkpoint import LazyCheckpoint
+
+    lazy = _new(capsys, tmp_path, folder, "lazy.qwb")
+    assert run(capsys, "set", lazy, "--type", "Linear", "--precision", "int8")[0] == 0
+    resident: set[str] = set()  # the decoder blocks whose weights are in memory
+    most = []
+    load, release = LazyCheckpoint.load, LazyCheckpoint.release
+
+    def watched_load(self, name, module):
+        load(self, name, module)
+        if name.startswith("model.layers."):
+            resident.add(name)
+            most.append(len(resident))
+        assert not any(p.is_meta for p in module.parameters())
+
+    def watched_release(self, name, module):
+        release(self, name, module)
+        resident.discard(name)
+        assert all(p.is_meta for p in module.parameters())  # let go of, not held by a calibrator
+
+    monkeypatch.setattr(LazyCheckpoint, "load", watched_load)
+    monkeypatch.setattr(LazyCheckpoint, "release", watched_release)
+    code, _, err = run(capsys, "calibrate", lazy, "--method", "max", "--sequential")
+    assert code == 0, err
+    # two blocks, each read for the collecting walk and again for the output SQNR's, alone, and released after
+    assert len(most) == 4 and max(most) == 1 and not resident
+    lazy_amax = load_project(lazy).current_calibration.quantizers
+    monkeypatch.undo()
+    eager()
+    whole = _new(capsys, tmp_path, folder, "eager.qwb")
+    assert run(capsys, "set", whole, "--type", "Linear", "--precision", "int8")[0] == 0
+    assert run(capsys, "calibrate", whole, "--method", "max")[0] == 0
+    eager_amax = load_project(whole).current_calibration.quantizers
+    assert lazy_amax.keys() == eager_amax.keys() and lazy_amax
+    assert all(np.array_equal(np.asarray(lazy_amax[n].amax), np.asarray(eager_amax[n].amax)) for n in lazy_amax)

@@ -230,7 +230,10 @@ class Session(SessionEdits):
             The :class:`~workbench.quant.algorithms.calibrate.CalibrationResult`, also stored as the project's current
             calibration.
         """
-        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
+        in_blocks = (self.settings.calibration.sequential if sequential is None else sequential) and \
+            smoothquant is None and awq is None and not self.project.smoothing
+        if not in_blocks:  # one block at a time reads each block's weights when it runs, and lets them go after
+            self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         if (smoothquant is not None or awq is not None) and context is not None and context.distributed:
             raise SessionError("SmoothQuant and AWQ scales are computed in one process (every rank must use the same "
                                "ones): calibrate with --smoothquant/--awq without --workers, then with workers.")
@@ -246,7 +249,8 @@ class Session(SessionEdits):
         result, record = calibration.calibrate(
             model, self.data("calibration"), self.project, options, device=self.device, folded=self.folded_layers(),
             method=method, num_batches=num_batches, percentile=percentile, progress=progress, cancel=cancel,
-            context=context, block_method=block_method, sequential=sequential)
+            context=context, block_method=block_method, sequential=sequential,
+            residency=self._loaded.residency if in_blocks else None)
         self.project.calibrations.append(record)
         record.state_digest = state_digest(self.project)  # what the run's output SQNR was measured on
         record.weights_digest = self.weights_digest

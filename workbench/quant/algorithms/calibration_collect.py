@@ -189,3 +189,11 @@ def weights_digest(model: nn.Module) -> str:
     """The model's parameters (not the quantizers' buffers, which calibration is about to set)."""
     return Digest().update({name: p for name, p in model.named_parameters()}).hexdigest()
 
+
+def forget_collected_weights(module: nn.Module) -> None:
+    """The calibrators under ``module`` let go of the last weight they saw (a max calibrator remembers it to skip
+    the next batch's identical pass), so that a block's weights can be released (sequential calibration)."""
+    for quantizer in module.modules():
+        calibrator = quantizer.calibrator if isinstance(quantizer, TensorQuantizer) else None
+        if calibrator is not None and hasattr(calibrator, "forget_last_input"):
+            calibrator.forget_last_input()

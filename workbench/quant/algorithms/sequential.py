@@ -57,6 +57,7 @@ from workbench.quant.algorithms.calibration_amax import (
 )
 from workbench.quant.algorithms.calibration_collect import (
     MOSTLY_NONFINITE,
+    forget_collected_weights,
     nonfinite_share,
     nonfinite_warnings,
     start_collecting,
@@ -432,6 +433,7 @@ class _SequentialRun:
         finally:
             if self.device != self.home:
                 module.to(self.home)
+            forget_collected_weights(module)
             self.residency.release(name, module)
 
     @contextmanager
@@ -448,6 +450,7 @@ class _SequentialRun:
             for name, module in reversed(loaded):
                 if self.device != self.home:
                     module.to(self.home)
+                forget_collected_weights(module)
                 self.residency.release(name, module)
 
     # ----- the passes -----------------------------------------------------------------------------------

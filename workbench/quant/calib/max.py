@@ -208,6 +208,11 @@ class MaxCalibrator(Calibrator):
         # the same live object, at the same place and version: its values cannot have changed
         return last[1] == self._identity(x)
 
+    def forget_last_input(self) -> None:
+        """Drop the reference to the last tensor collected, keeping the max: a weight about to be released
+        (sequential calibration sends a block's weights back to the checkpoint) must not be held by it."""
+        self._last_input = None
+
     def reset(self) -> None:
         """Forget the collected max."""
         self._calib_amax = None
