@@ -305,7 +305,12 @@ class ProjectSettingsDialog(QDialog):
         new["functional"] = {name: box.isChecked() for name, box in self.functional.items()}
         new["rules"] = {"concat": self.rule_concat.isChecked(), "maxpool": self.rule_maxpool.isChecked(),
                         "residual": self.rule_residual.isChecked()}
-        new["calibration"] = self.calibration.options()
+        # the fields the form shows over the stored ones (the INT4 blocks' method stays); "sequential" off is the
+        # default a file that never set it does not store
+        stored = dict(original.get("calibration") or {})
+        new["calibration"] = {**stored, **self.calibration.options()}
+        if not new["calibration"].get("sequential") and "sequential" not in stored:
+            del new["calibration"]["sequential"]
         new["metric"] = {"name": self.metric_box.currentText().strip() or DEFAULT_METRIC,
                          "direction": self.direction.currentData()}
         export = dict(original.get("export") or {})
