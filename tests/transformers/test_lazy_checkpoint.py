@@ -31,6 +31,12 @@ def _llama(tmp_path: Path, sharded: bool, dtype: torch.dtype = torch.bfloat16) -
     return folder
 
 
+@pytest.fixture(autouse=True)
+def lazy_always(monkeypatch):
+    """These checkpoints are tiny: by default (``auto``) only large ones open lazily."""
+    monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "always")
+
+
 @pytest.fixture(params=[False, True], ids=["single-file", "sharded"])
 def folder(request, tmp_path):
     folder = _llama(tmp_path, request.param)
@@ -42,7 +48,7 @@ def folder(request, tmp_path):
 def eager(monkeypatch):
     """Opens hf: folders as before: transformers' from_pretrained reads every weight."""
     def use_eager():
-        monkeypatch.setattr(model_source, "_lazy_possible", lambda spec: False)
+        monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "never")
     return use_eager
 
 
@@ -270,3 +276,30 @@ def test_sequential_calibration_reads_one_block_at_a_time_with_the_eager_amax(fo
     eager_amax = load_project(whole).current_calibration.quantizers
     assert lazy_amax.keys() == eager_amax.keys() and lazy_amax
     assert all(np.array_equal(np.asarray(lazy_amax[n].amax), np.asarray(eager_amax[n].amax)) for n in lazy_amax)
+
+
+def test_small_checkpoints_open_eagerly_by_default_and_a_bad_mode_is_named(tmp_path, monkeypatch):
+    folder = _llama(tmp_path, sharded=False)
+    monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "auto")
+    loaded = load_model(ModelSpec("hf", str(folder)), lazy=True)
+    assert loaded.checkpoint is None and not any(p.is_meta for p in loaded.model.parameters())
+    monkeypatch.setattr(model_source, "LAZY_OPEN_BYTES", 1)  # as a checkpoint over the size would
+    assert load_model(ModelSpec("hf", str(folder)), lazy=True).checkpoint is not None
+    monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "sometimes")
+    with pytest.raises(SourceError, match="WORKBENCH_LAZY_OPEN='sometimes': expected one of auto, always, never"):
+        load_model(ModelSpec("hf", str(folder)), lazy=True)
+
+
+def test_tied_output_weights_open_lazily(tmp_path, capsys):
+    """GPT-2 ties lm_head to the token embeddings; its checkpoint holds the embeddings only."""
+    sys.path.insert(0, str(HERE))
+    import models
+
+    torch.manual_seed(0)
+    folder = tmp_path / "gpt2"
+    models.hf_gpt2().save_pretrained(folder, safe_serialization=True)
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 8)).astype(np.int64))
+    loaded = load_model(ModelSpec("hf", str(folder)), lazy=True)
+    assert loaded.checkpoint is not None and loaded.model.lm_head.weight is loaded.model.transformer.wte.weight
+    project = _new(capsys, tmp_path, folder)
+    assert run(capsys, "calibrate", project, "--method", "max")[0] == 0

@@ -364,7 +364,10 @@ def build_on_meta(model_class: Any, config: Any, dtype: torch.dtype | None, **kw
     # the Auto classes build from a config with from_config, a model class with _from_config (what both call)
     build = model_class.from_config if hasattr(model_class, "from_config") else model_class._from_config
     with init_empty_weights(include_buffers=False):
-        return build(config, dtype=dtype, **kwargs)
+        model = build(config, dtype=dtype, **kwargs)
+    if hasattr(model, "tie_weights"):  # from_pretrained ties them (lm_head to the embeddings) after loading
+        model.tie_weights()
+    return model
 
 
 def move_keeping_meta(model: nn.Module, device: torch.device) -> nn.Module:

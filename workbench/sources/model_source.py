@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,7 +279,7 @@ def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> tuple[nn.Modul
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None:
         model_class = transformers.AutoModel
-    if _lazy_possible(spec):
+    if _lazy_possible(spec, folder):
         lazy = _lazy_hugging_face(spec, folder, transformers, model_class)
         if lazy is not None:
             return lazy
@@ -301,13 +302,26 @@ def _from_hugging_face(spec: ModelSpec, base_dir: Path | None) -> tuple[nn.Modul
 
 # from_pretrained keyword arguments that building from the config takes the same way
 _LAZY_KWARGS = {"attn_implementation", "dtype", "torch_dtype"}
+# checkpoints from this size open lazily by default: below it a model's weights cost less than the open itself, and
+# transformers' own load covers every architecture's quirks (key renaming, ties made at load time)
+LAZY_OPEN_BYTES = 512 * 1024 ** 2
+# "auto" (by size), "always" or "never"
+LAZY_OPEN_VARIABLE = "WORKBENCH_LAZY_OPEN"
+LAZY_OPEN_MODES = ("auto", "always", "never")
 
 
-def _lazy_possible(spec: ModelSpec) -> bool:
+def _lazy_possible(spec: ModelSpec, folder: Path | None = None) -> bool:
     import importlib.util
 
-    return (not spec.weights and set(spec.kwargs) <= _LAZY_KWARGS
-            and importlib.util.find_spec("accelerate") is not None)
+    if spec.weights or not set(spec.kwargs) <= _LAZY_KWARGS or importlib.util.find_spec("accelerate") is None:
+        return False
+    mode = os.environ.get(LAZY_OPEN_VARIABLE, "auto").strip().lower() or "auto"
+    if mode not in LAZY_OPEN_MODES:
+        raise SourceError(f"{LAZY_OPEN_VARIABLE}={os.environ[LAZY_OPEN_VARIABLE]!r}: expected one of "
+                          f"{', '.join(LAZY_OPEN_MODES)}.")
+    if mode != "auto" or folder is None:
+        return mode != "never"
+    return sum(path.stat().st_size for path in folder.glob("*.safetensors")) >= LAZY_OPEN_BYTES
 
 
 def _lazy_hugging_face(spec: ModelSpec, folder: Path, transformers: Any,
