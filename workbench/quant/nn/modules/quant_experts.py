@@ -8,8 +8,11 @@ recognised by structure (:func:`is_experts_module`), never by importing transfor
 
 :class:`QuantExperts` has one input quantizer and one weight quantizer per projection (``_input_quantizers`` and
 ``_weight_quantizers``, index 0: ``gate_up_proj``, 1: ``down_proj``, the ModuleList convention of multi-layer
-RNNs). A weight quantizer keeps one amax per output channel *per expert* (axis ``(0, 1)``: amax ``[E, out, 1]``),
-what TensorRT's per-channel INT8 does on each expert's GEMM.
+RNNs). A weight quantizer keeps one amax per output channel *per expert*, what TensorRT's per-channel INT8 does
+on each expert's GEMM: it quantizes the weight viewed as ``[E * out, in]`` on axis 0 (amax ``[E * out, 1]``, row
+``e * out + o`` is expert ``e``'s channel ``o``), so the exported file holds an ordinary per-axis
+DequantizeLinear on a 2-D constant followed by a Reshape to ``[E, out, in]`` (ONNX Q/DQ takes one axis only;
+an amax ``[E, out, 1]`` on the 3-D weight would need two).
 
 Two routings compute the same thing:
 
@@ -32,8 +35,8 @@ from workbench.quant.nn.modules import _utils
 
 __all__ = ["QuantExperts", "QUANT_DESC_8BIT_EXPERTS_WEIGHT_PER_CHANNEL", "is_experts_module", "PROJECTIONS"]
 
-# a weight [E, out, in]: one amax per expert and output channel
-QUANT_DESC_8BIT_EXPERTS_WEIGHT_PER_CHANNEL = tensor_quant.QuantDescriptor(num_bits=8, axis=(0, 1))
+# a weight viewed as [E * out, in]: one amax per expert and output channel
+QUANT_DESC_8BIT_EXPERTS_WEIGHT_PER_CHANNEL = tensor_quant.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 # the quantizer index of each projection, in the order the forward uses them
 PROJECTIONS = ("gate_up_proj", "down_proj")
 
@@ -42,6 +45,8 @@ def is_experts_module(module: nn.Module) -> bool:
     """Whether ``module`` holds experts the way transformers 5 does: 3-D ``gate_up_proj`` ``[E, 2I, H]`` and
     ``down_proj`` ``[E, H, I]`` parameters, an ``act_fn``, and no other parameter (no biases: a class with
     biases computes something else and is not recognised)."""
+    if isinstance(module, QuantExperts):
+        return False
     params = dict(module.named_parameters(recurse=False))
     gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
     if set(params) != set(PROJECTIONS) or gate_up is None or down is None or not callable(
@@ -73,8 +78,8 @@ class QuantExperts(_utils.QuantMixin, nn.Module):
                    quant_desc_weight: tensor_quant.QuantDescriptor | None = None) -> QuantExperts:
         """A quantized copy of ``module`` sharing its ``gate_up_proj`` and ``down_proj`` (no copy).
 
-        A per-output-channel weight descriptor for 2-D GEMMs (``axis=0``) becomes per expert and output channel
-        (``axis=(0, 1)``): one scale for all of an expert's channels would not be per-channel at all.
+        A per-output-channel weight descriptor for 2-D GEMMs (``axis=0``) is per expert and output channel here
+        (the weight is quantized as ``[E * out, in]``).
 
         Raises:
             TypeError: ``module`` is not an experts module (see :func:`is_experts_module`).
@@ -82,8 +87,6 @@ class QuantExperts(_utils.QuantMixin, nn.Module):
         if not is_experts_module(module):
             raise TypeError(f"QuantExperts.from_float expects a transformers experts module (3-D gate_up_proj "
                             f"[E, 2I, H] and down_proj [E, H, I] and an act_fn), got {type(module).__name__}.")
-        if quant_desc_weight is not None and quant_desc_weight.axis == 0:
-            quant_desc_weight = quant_desc_weight.replace(axis=(0, 1))
         quant = cls.__new__(cls)
         quant.__dict__.update({k: (type(v)(v) if isinstance(v, (dict, list, set)) else v)
                                for k, v in vars(module).items()})
@@ -97,11 +100,16 @@ class QuantExperts(_utils.QuantMixin, nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        gate_up = self._weight_quantizers[0](self.gate_up_proj)
-        down = self._weight_quantizers[1](self.down_proj)
+        gate_up = self._quantized_weight(0, self.gate_up_proj)
+        down = self._quantized_weight(1, self.down_proj)
         if _tracing():
             return self._dense(hidden_states, top_k_index, top_k_weights, gate_up, down)
         return self._sparse(hidden_states, top_k_index, top_k_weights, gate_up, down)
+
+    def _quantized_weight(self, index: int, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` [E, out, in] through ``_weight_quantizers[index]``, as ``[E * out, in]`` (see the module doc)."""
+        experts, out, inputs = weight.shape
+        return self._weight_quantizers[index](weight.reshape(experts * out, inputs)).reshape(experts, out, inputs)
 
     def _dense(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
