@@ -72,6 +72,9 @@ class QuantExperts(_utils.QuantMixin, nn.Module):
 
     default_quant_desc_input = tensor_quant.QUANT_DESC_8BIT_PER_TENSOR
     default_quant_desc_weight = QUANT_DESC_8BIT_EXPERTS_WEIGHT_PER_CHANNEL
+    # tokens routed to each expert since :meth:`count_routing` started (None: not counting); calibration uses it
+    # to name the experts no calibration token reached (their down_proj input statistics miss them)
+    routed_tokens: torch.Tensor | None = None
 
     @classmethod
     def from_float(cls, module: nn.Module, quant_desc_input: tensor_quant.QuantDescriptor | None = None,
@@ -106,6 +109,12 @@ class QuantExperts(_utils.QuantMixin, nn.Module):
             return self._dense(hidden_states, top_k_index, top_k_weights, gate_up, down)
         return self._sparse(hidden_states, top_k_index, top_k_weights, gate_up, down)
 
+    def count_routing(self, start: bool) -> torch.Tensor | None:
+        """Start counting the tokens routed to each expert (``start=True``), or stop and return the counts [E]."""
+        counts = self.routed_tokens
+        self.routed_tokens = torch.zeros(self.gate_up_proj.shape[0], dtype=torch.long) if start else None
+        return counts
+
     def _quantized_weight(self, index: int, weight: torch.Tensor) -> torch.Tensor:
         """``weight`` [E, out, in] through ``_weight_quantizers[index]``, as ``[E * out, in]`` (see the module doc)."""
         experts, out, inputs = weight.shape
@@ -127,6 +136,8 @@ class QuantExperts(_utils.QuantMixin, nn.Module):
     def _sparse(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                 gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
         experts = gate_up.shape[0]
+        if self.routed_tokens is not None:
+            self.routed_tokens += torch.bincount(top_k_index.flatten().cpu(), minlength=experts)[:experts]
         x = self._input_quantizers[0](hidden_states)
         final = torch.zeros_like(hidden_states)
         for expert in range(experts):
