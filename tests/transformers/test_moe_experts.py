@@ -161,3 +161,39 @@ def test_show_lists_the_experts_and_routers(tmp_path, capsys):
     assert code == 0, err
     table = {row["name"]: row for row in json.loads(out)["layer_table"]}
     assert "model.layers.0.mlp.experts" in table and "model.layers.1.mlp.gate" in table
+
+
+ROUTERS = [("mixtral", "MixtralConfig", "MixtralTopKRouter"), ("qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeTopKRouter"),
+           ("granitemoe", "GraniteMoeConfig", "GraniteMoeTopKRouter"), ("jamba", "JambaConfig", "JambaTopKRouter"),
+           ("phimoe", "PhimoeConfig", "PhimoeTopKRouter")]
+
+
+@pytest.mark.parametrize("family,config_name,router_name", ROUTERS, ids=[r[0] for r in ROUTERS])
+def test_every_family_router_is_quantized_and_routes_as_before_with_quantization_off(family, config_name,
+                                                                                     router_name):
+    import importlib
+
+    import transformers
+
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    config = getattr(transformers, config_name)(hidden_size=HIDDEN, num_local_experts=EXPERTS, num_experts=EXPERTS,
+                                                num_experts_per_tok=2)
+    torch.manual_seed(0)
+    holder = nn.Sequential(getattr(modeling, router_name)(config).eval())
+    nn.init.normal_(holder[0].weight)
+    hidden = torch.randn(10, HIDDEN)
+    with torch.no_grad():
+        reference = holder(hidden)
+    report = replace_to_quantization_module(holder)
+    assert [layer.quant_type for layer in report.replaced] == [f"Quant{router_name}"] and not report.not_quantizable
+    router = holder[0]
+    with quant.disable_quantization(holder), torch.no_grad():
+        for got, expected in zip(router(hidden), reference):
+            assert torch.equal(got, expected)
+    calibrate(holder, [hidden], num_batches=None, method="max", report_sqnr=False)
+    assert tuple(router._weight_quantizer.amax.shape) == (EXPERTS, 1) and router._input_quantizer.amax is not None
+    with torch.no_grad():
+        logits = router(hidden)[0].float()
+    assert not torch.equal(logits, reference[0].float())  # the gate GEMM runs on quantized operands
+    assert torch.allclose(logits, reference[0].float(), atol=0.2)
+    assert set(holder.state_dict()) >= {"0.weight"}

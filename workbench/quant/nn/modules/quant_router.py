@@ -25,9 +25,11 @@ _CLASSES: dict[type, type] = {}
 
 
 def is_router_module(module: nn.Module) -> bool:
-    """Whether ``module`` is a transformers top-k router: a module (not a Linear) with no submodules, one 2-D
-    ``weight`` ``[num_experts, hidden]`` and integer ``top_k`` and ``num_experts`` attributes."""
-    if isinstance(module, (nn.Linear, QuantRouter)) or module._modules:
+    """Whether ``module`` is a transformers top-k router: a module with no submodules, one 2-D ``weight``
+    ``[num_experts, hidden]`` (no bias) and integer ``top_k`` and ``num_experts`` attributes. PhiMoE's router is an
+    ``nn.Linear`` subclass whose forward calls ``super().forward`` (``F.linear`` on ``self.weight``) and then its
+    own sparse mixer: recognised too (a plain Linear has no ``top_k``)."""
+    if isinstance(module, QuantRouter) or module._modules:
         return False
     params = dict(module.named_parameters(recurse=False))
     weight = params.get("weight")
