@@ -8,7 +8,7 @@ class that quantizes the GEMM's two operands where the original reads them: the 
 uses ``hidden_states`` only for that GEMM, its shape and its dtype) and ``self.weight`` through a property (per
 output channel, one scale per expert's logit), the way :mod:`workbench.quant.parametrized` gives a layer a
 computed weight. The softmax and top-k run on the logits of the quantized GEMM, as TensorRT runs them after an
-INT8 gate. Ignore the routers (``--ignore '.*mlp\\.gate$'``) to keep their logits float, as Model Optimizer's
+INT8 gate. Ignore the routers (``--ignore '.*\\.(gate|router)$'``) to keep their logits float, as Model Optimizer's
 default configurations do.
 """
 from __future__ import annotations
