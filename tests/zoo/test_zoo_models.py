@@ -31,7 +31,6 @@ def xfail(reason: str):
 # what fails today, and in whose area (issue 34's points); a fix that lands turns its case into an XPASS, which
 # fails (strict): remove the entry then
 FAILING = {
-    "hf/mixtral": f"{EXPORT}: both exporters fail on the experts' routing (UnsupportedOperationError)",
     "hf/mamba": f"{PLACEMENT}: the selective scan's 16 products between activations stay float by the rule "
                 f"(a loop over the sequence: no fused INT8 kernel), and the attention column counts them; "
                 f"11 of 11 GEMMs quantized, the export fixes the sequence length",

@@ -12,7 +12,9 @@ from torch import nn
 
 import workbench.quant.quant_modules as quant_modules
 from workbench.quant.gemm import known_linear_like, unknown_weight_gemm
+from workbench.quant.nn.modules.quant_experts import QuantExperts, is_experts_module
 from workbench.quant.nn.modules.quant_linear import QuantLinear
+from workbench.quant.nn.modules.quant_router import is_router_module, router_quant_class
 from workbench.quant.parametrized import parametrized_base, parametrized_quant_class
 from workbench.quant.tensor_quant import QuantDescriptor
 
@@ -100,6 +102,11 @@ def quantized_class_for(module: nn.Module, mapping: dict[type, type]) -> tuple[t
         if changed is not None:
             return None, f"not quantizable: custom {changed} (a subclass of {klass.__name__})"
         return quant_cls, None
+    # transformers' mixture-of-experts experts (3-D gate_up_proj/down_proj), whatever the family names the class
+    if QuantLinear in quantized and is_experts_module(module):
+        return QuantExperts, None
+    if QuantLinear in quantized and is_router_module(module):  # their [E, H] gate GEMM
+        return router_quant_class(cls), None
     for base in cls.__mro__[1:]:
         if base in mapping:
             changed = _overridden_computation(cls, base)

@@ -47,6 +47,7 @@ from workbench.quant.algorithms.calibration_results import (
     QuantizerCalibration,
 )
 from workbench.quant.algorithms.distributed import SINGLE, Digest, DistContext
+from workbench.quant.algorithms.experts_routing import start_routing_counts, unrouted_experts_warnings
 from workbench.quant.algorithms.snapshot import ModelSnapshot
 from workbench.quant.calib import PERCENTILE, AmaxMethod
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
@@ -129,6 +130,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
             model.to(run_device)
         model.eval()
         calibrating = start_collecting(quantizers)
+        start_routing_counts(model)
         collection = collect(model, batches, num_batches, run_device, context, total, cancel, local_progress,
                               keep=report_sqnr or method == AmaxMethod.AUTO.value)
         if context.distributed:
@@ -137,6 +139,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         if collection.done == 0:
             raise ValueError("No calibration batches: the data source yielded nothing.")
         collected = time.perf_counter()
+        routing = unrouted_experts_warnings(model)
 
         amaxes = compute_amax(calibrating, method, percentile, run_device, collection.done)
         results = amaxes.results
@@ -148,13 +151,18 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         auto_done = time.perf_counter()
         check_histograms(calibrating, results)
     except BaseException:
+        unrouted_experts_warnings(model)  # stops the counting
         if run_device != original_device:
             model.to(original_device)
         snapshot.restore()
         raise
 
-    return _commit(model, snapshot, quantizers, amaxes, collection, method, percentile, run_device, context,
-                   report_sqnr, timings=(started, collected, amax_done, auto_done))
+    result = _commit(model, snapshot, quantizers, amaxes, collection, method, percentile, run_device, context,
+                     report_sqnr, timings=(started, collected, amax_done, auto_done))
+    for warning in routing:  # mixture-of-experts layers: experts no calibration token was routed to
+        logger.warning(warning)
+    result.warnings.extend(routing)
+    return result
 
 
 def checked_arguments(model: nn.Module, method: str, percentile: float,
