@@ -172,7 +172,7 @@ class _QuantizingMode(TorchFunctionMode):
                     continue
                 layer = owners.get(id(leaf))
                 if layer is not None:
-                    leaves[i] = layer._weight_quantizer(leaf)
+                    leaves[i] = layer.weight_quantizer(leaf)
                     frame.weights[id(leaves[i])] = (leaves[i], layer)
                     used = layer
                 elif id(leaf) in frame.weights and frame.weights[id(leaf)][0] is leaf:
@@ -184,7 +184,7 @@ class _QuantizingMode(TorchFunctionMode):
                 for i, leaf in enumerate(leaves):
                     if (isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and id(leaf) not in frame.weights
                             and not isinstance(leaf, nn.Parameter) and activation(i)):
-                        leaves[i] = used._input_quantizer(leaf)
+                        leaves[i] = used.input_quantizer(leaf)
                         break
             args, kwargs = tree_unflatten(leaves, spec)
             if activation is None and getattr(func, "__name__", "") in _VIEWS:

@@ -322,7 +322,7 @@ class _SequentialRun:
             for step, (block_name, block) in enumerate(self.blocks.items, start=1):
                 mine = {name: q for name, q in calibrating.items() if name.startswith(block_name + ".")}
                 last = step == len(self.blocks.items)
-                with self._loaded(block_name, block):
+                with self._block_in_memory(block_name, block):
                     inputs = self._run_block(block_name, block, last, keep=AUTO_BATCHES if auto else 0)
                     try:
                         candidates = self._amax(mine, block, block_name, method, percentile, block_method, amaxes,
@@ -385,7 +385,7 @@ class _SequentialRun:
             finally:
                 handle.remove()
             for number, (name, block) in enumerate(self.blocks.items, start=1):
-                with self._loaded(name, block):
+                with self._block_in_memory(name, block):
                     self._run_block(name, block, number == len(self.blocks.items), keep=0).close()
                 self._report(step + number, f"output SQNR: quantized block {name} ({number} of "
                                             f"{len(self.blocks.items)})")
@@ -424,7 +424,7 @@ class _SequentialRun:
     # ----- residency ----------------------------------------------------------------------------------
 
     @contextmanager
-    def _loaded(self, name: str, module: nn.Module) -> Iterator[None]:
+    def _block_in_memory(self, name: str, module: nn.Module) -> Iterator[None]:
         self.residency.load(name, module)
         try:
             if self.device != self.home:
