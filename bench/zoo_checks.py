@@ -113,6 +113,11 @@ def build_source(entry, folder: Path, root: Path, row: dict[str, Any] | None = N
     return ModelSpec("entrypoint", f"{root / file}:{factory}", dict(entry.kwargs))
 
 
+def validated(row: dict[str, Any]) -> bool:
+    """The file passed the parity check (rows from before the flag was recorded: cosine at the default 0.999)."""
+    return bool(row.get("validated", (row.get("cosine") or 0.0) >= 0.999))
+
+
 def run_entry(entry, root: Path) -> dict[str, Any]:
     """``new -> calibrate -> export`` for one architecture; the row (plain data) with what failed where."""
     import tempfile
@@ -133,6 +138,8 @@ def run_entry(entry, root: Path) -> dict[str, Any]:
         row["traceback"] = "".join(traceback.format_exception(error)[-3:])[-1500:]
     row["seconds"] = time.perf_counter() - start
     shortfalls = []
+    if row.get("export_ok") and not validated(row):
+        shortfalls.append(f"file not validated (cosine {row.get('cosine', float('nan')):.6f})")
     for key, what in (("gemms", "weight GEMMs quantized"), ("attention", "attention products quantized"),
                       ("outputs", "outputs kept")):
         pair = row.get(key)
@@ -168,6 +175,7 @@ def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch) -> None:
     report = session.export(path)
     row["stage"] = "done"
     row["export_ok"] = path.is_file()
+    row["validated"] = bool(report.validated)  # a file whose parity check failed is written "not validated"
     row["exporter"] = report.exporter
     row["opset"] = report.opset
     row["cosine"] = float(report.cosine)

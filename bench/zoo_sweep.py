@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]  # this checkout's workbench, whatever the environment installed
 import zoo_catalog  # noqa: E402
-from zoo_checks import run_entry  # noqa: E402
+from zoo_checks import run_entry, validated  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "zoo_sweep.jsonl"
 COLUMNS = ("model", "family", "GEMMs", "attention", "outputs", "export", "parity", "SQNR dB", "s", "failure")
@@ -61,7 +61,7 @@ def accepted(row: dict) -> bool:
     """The sweep's bar: the file written and validated, every weight GEMM, attention product and output kept."""
     def full(pair) -> bool:
         return isinstance(pair, list) and pair[0] == pair[1]
-    return bool(row.get("export_ok")) and full(row.get("gemms")) and full(row.get("attention")) \
+    return bool(row.get("export_ok")) and validated(row) and full(row.get("gemms")) and full(row.get("attention")) \
         and full(row.get("outputs"))
 
 
