@@ -231,7 +231,8 @@ def markdown(rows: list[dict]) -> str:
     if failed:
         lines += ["", "Not accepted:", ""]
         for row in failed:
-            why = row.get("failure") or "; ".join(row.get("shortfalls") or []) or "?"
+            why = row.get("failure") or "; ".join(row.get("shortfalls") or []) or \
+                f"file not validated (cosine {row.get('cosine') or float('nan'):.6f})"
             lines.append(f"- `{row['model']}`: {why[:160]}")
     return "\n".join(lines)
 
