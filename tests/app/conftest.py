@@ -57,3 +57,21 @@ def window(qtbot, tmp_path, monkeypatch):
     window.show()
     yield window
     window.shutdown()
+
+
+@pytest.fixture
+def calibrated_block_project(tmp_path):
+    """A project on the outlier block of tests/test_cli_smoothing.py (trusted code), calibrated with max: what the
+    sensitivity, fallback and ladder tests search on."""
+    import numpy as np
+
+    from tests.test_cli_smoothing import MODEL
+    from workbench import cli
+
+    (tmp_path / "block.py").write_text(MODEL)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((16, 16, 64), dtype=np.float32))
+    path = tmp_path / "block.qwb"
+    assert cli.main(["new", str(path), "--model", f"{tmp_path}/block.py:make", "--data", str(tmp_path / "x.npy"),
+                     "--batch-size", "8", "--trust-code"]) == 0
+    assert cli.main(["calibrate", str(path), "--method", "max"]) == 0
+    return path

@@ -2,7 +2,6 @@
 bytes, and Apply (the GUI twin of `sensitivity --ladder ... --apply`)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("PySide6")
@@ -16,16 +15,8 @@ from workbench.app.sensitivity_tab import SensitivityTab  # noqa: E402
 
 
 @pytest.fixture
-def project(tmp_path):
-    from tests.test_cli_smoothing import MODEL
-
-    (tmp_path / "block.py").write_text(MODEL)
-    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((16, 16, 64), dtype=np.float32))
-    path = tmp_path / "block.qwb"
-    assert cli.main(["new", str(path), "--model", f"{tmp_path}/block.py:make", "--data", str(tmp_path / "x.npy"),
-                     "--batch-size", "8", "--trust-code"]) == 0
-    assert cli.main(["calibrate", str(path), "--method", "max"]) == 0
-    return path
+def project(calibrated_block_project):
+    return calibrated_block_project
 
 
 def test_the_ladder_search_plots_metric_against_bytes_and_applies_the_mix(controller, qtbot, project):

@@ -4,7 +4,6 @@ each measurement arrives, and the ladder's Apply says at once that it works (bus
 until the model update and calibration it starts are done."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("PySide6")
@@ -14,21 +13,12 @@ from demo_project import shown  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from workbench import cli  # noqa: E402
 from workbench.app.sensitivity_tab import SensitivityTab  # noqa: E402
 
 
 @pytest.fixture
-def project(tmp_path):
-    from tests.test_cli_smoothing import MODEL
-
-    (tmp_path / "block.py").write_text(MODEL)
-    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((16, 16, 64), dtype=np.float32))
-    path = tmp_path / "block.qwb"
-    assert cli.main(["new", str(path), "--model", f"{tmp_path}/block.py:make", "--data", str(tmp_path / "x.npy"),
-                     "--batch-size", "8", "--trust-code"]) == 0
-    assert cli.main(["calibrate", str(path), "--method", "max"]) == 0
-    return path
+def project(calibrated_block_project):
+    return calibrated_block_project
 
 
 def _tab(controller, qtbot, project):
