@@ -419,18 +419,15 @@ def _produce_subgraph_outputs(graph: onnx.GraphProto) -> None:
     graph; without it the branch's output names a value it does not produce, which onnx.checker refuses
     (torchvision's detectors). Each such output is produced again by an Identity of its own name.
     """
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
-                _produce_subgraph_outputs(sub)
-                local = {o for n in sub.node for o in n.output} | {i.name for i in sub.input} | \
-                    {i.name for i in sub.initializer}
-                for index, output in enumerate(sub.output):
-                    if output.name in local:
-                        continue
-                    name = f"{node.name or node.op_type}/{attribute.name}/output_{index}"
-                    sub.node.append(onnx.helper.make_node("Identity", [output.name], [name], name=name + "/Identity"))
-                    output.name = name
+    for node, attribute, sub in _subgraphs(graph):
+        _produce_subgraph_outputs(sub)
+        local = {o for n in sub.node for o in n.output} | {i.name for i in sub.input} | \
+            {i.name for i in sub.initializer}
+        for index, output in enumerate(sub.output):
+            if output.name not in local:
+                name = f"{node.name or node.op_type}/{attribute.name}/output_{index}"
+                sub.node.append(onnx.helper.make_node("Identity", [output.name], [name], name=name + "/Identity"))
+                output.name = name
 
 
 def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
@@ -471,10 +468,17 @@ def unwrap_names(proto: onnx.ModelProto, prefix: str = "model") -> None:
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """``graph`` and every subgraph in its nodes' attributes, at any depth."""
     yield graph
+    for _, _, sub in _subgraphs(graph):
+        yield from _graphs(sub)
+
+
+def _subgraphs(graph: onnx.GraphProto) -> Iterator[tuple[onnx.NodeProto, onnx.AttributeProto, onnx.GraphProto]]:
+    """The subgraphs held by ``graph``'s own nodes (an If's branches, a Loop's body), with their node and
+    attribute."""
     for node in graph.node:
         for attribute in node.attribute:
             for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
-                yield from _graphs(sub)
+                yield node, attribute, sub
 
 
 def _unwrap_scopes(node: onnx.NodeProto, prefix: str) -> None:

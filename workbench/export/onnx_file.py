@@ -176,12 +176,7 @@ def compact_external_data(proto: onnx.ModelProto, data_path: Path) -> int:
     and each tensor's offset in ``proto`` is updated.
     """
     tensors = _external_tensors(proto)
-    spans = []
-    for tensor in tensors:
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else data_path.stat().st_size - offset
-        spans.append((offset, length))
+    spans = [_place(tensor, data_path) for tensor in tensors]
     size = data_path.stat().st_size
     if sum(length for _, length in spans) >= size:
         return 0
@@ -205,6 +200,13 @@ def compact_external_data(proto: onnx.ModelProto, data_path: Path) -> int:
         compacted.unlink(missing_ok=True)
         raise
     return dropped
+
+
+def _place(tensor: onnx.TensorProto, data_path: Path) -> tuple[int, int]:
+    """(offset, length) of an external tensor's bytes in ``data_path`` (no length: to the end of the file)."""
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    offset = int(info.get("offset", 0))
+    return offset, int(info["length"]) if "length" in info else data_path.stat().st_size - offset
 
 
 def _set_external(tensor: onnx.TensorProto, key: str, value: str) -> None:
@@ -239,12 +241,10 @@ def fold_external_data(graph_path: Path, data_path: Path, out_path: Path) -> Non
     model.graph.initializer.extend(kept)
     places = []  # (offset, length) of each tensor's bytes in the data file
     for meta in external_inits:
-        info = {entry.key: entry.value for entry in meta.external_data}
-        if info.get("location") != data_path.name:
-            raise ValueError(f"weight {meta.name!r} is in {info.get('location')!r}, expected {data_path.name!r}")
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else data_path.stat().st_size - offset
-        places.append((offset, length))
+        location = next((entry.value for entry in meta.external_data if entry.key == "location"), None)
+        if location != data_path.name:
+            raise ValueError(f"weight {meta.name!r} is in {location!r}, expected {data_path.name!r}")
+        places.append(_place(meta, data_path))
     # each tensor as protobuf would write it: its fields numbered below raw_data, raw_data (copied from the
     # data file in chunks, never held whole: a small model's largest layer is half its weights), the rest
     parts = [_split_fields(_inline_meta(meta), _RAW_DATA) for meta in external_inits]

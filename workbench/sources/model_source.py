@@ -310,7 +310,7 @@ LAZY_OPEN_VARIABLE = "WORKBENCH_LAZY_OPEN"
 LAZY_OPEN_MODES = ("auto", "always", "never")
 
 
-def _lazy_possible(spec: ModelSpec, folder: Path | None = None) -> bool:
+def _lazy_possible(spec: ModelSpec, folder: Path) -> bool:
     import importlib.util
 
     if spec.weights or not set(spec.kwargs) <= _LAZY_KWARGS or importlib.util.find_spec("accelerate") is None:
@@ -319,8 +319,8 @@ def _lazy_possible(spec: ModelSpec, folder: Path | None = None) -> bool:
     if mode not in LAZY_OPEN_MODES:
         raise SourceError(f"{LAZY_OPEN_VARIABLE}={os.environ[LAZY_OPEN_VARIABLE]!r}: expected one of "
                           f"{', '.join(LAZY_OPEN_MODES)}.")
-    if mode != "auto" or folder is None:
-        return mode != "never"
+    if mode != "auto":
+        return mode == "always"
     return sum(path.stat().st_size for path in folder.glob("*.safetensors")) >= LAZY_OPEN_BYTES
 
 
