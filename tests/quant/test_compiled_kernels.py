@@ -3,6 +3,7 @@ strict enough to refuse an inexact kernel, and a compiler failure falls back ins
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import torch
@@ -138,13 +139,19 @@ def test_compiled_formula_divides_by_graph_inputs_not_constants():
         graphs.append(graph_module)
         return graph_module.forward
 
-    formula = torch.compile(kernels._fused_formula, backend=capture, dynamic=True, fullgraph=True)
+    # a copy with its own code object: Dynamo keeps compiled graphs per code object, and in a whole-suite run the
+    # product's kernels already compiled this formula: the call ran one of theirs and never reached ``capture``
+    original = kernels._fused_formula
+    copy = types.FunctionType(original.__code__.replace(co_name="_fused_formula_copy"), original.__globals__,
+                              "_fused_formula_copy", original.__defaults__, original.__closure__)
+    formula = torch.compile(copy, backend=capture, dynamic=True, fullgraph=True)
     x = torch.randn(4, 3, 8)
     amax = x.abs().amax(dim=(0, 2), keepdim=True)
     for divide in (True, False):
         out = formula(x, amax, -127.0, 127.0, kernels.bound_tensor(127.0, x.device), divide, True, torch.float32)
         assert torch.equal(out, kernels.quantize_reference(x, amax, 127.0, -127.0,
                                                            "onnx" if divide else "pytorch_quantization", True))
+    assert graphs, "the formula was not compiled by this test's backend"
     divisors = [node.args[1] for graph in graphs for node in graph.graph.nodes
                 if node.op == "call_function" and "div" in str(node.target)]
     assert len(divisors) >= 4 and all(isinstance(d, torch.fx.Node) for d in divisors), divisors

@@ -84,5 +84,7 @@ def test_mixture_of_experts_decoder_routes_the_same_and_quantizes_its_attention(
     model, report = prepare_for_tensorrt(model, example_inputs=(ids,))
     assert len(report.functional.attentions) == 2 and report.functional.unquantized_attention == []
     assert "lm_head" in report.replacement.replaced_names
+    # transformers runs its experts with grouped_mm by default and the quantized experts with one linear per expert:
+    # equal up to the kernels' summation order (bit-equal on AVX-512, not on an AVX2 machine)
     with quant.disable_quantization(model), torch.no_grad():
-        assert torch.equal(model(ids).logits, reference)
+        assert torch.allclose(model(ids).logits, reference, atol=1e-6, rtol=0)

@@ -141,7 +141,8 @@ class QuantExperts(_utils.QuantMixin, nn.Module):
         x = self._input_quantizers[0](hidden_states)
         final = torch.zeros_like(hidden_states)
         for expert in range(experts):
-            token_idx, top_k_pos = torch.where(top_k_index == expert)
+            # slot-major, as transformers' eager experts order the rows (same rows, same GEMM, same sums)
+            top_k_pos, token_idx = torch.where(top_k_index.transpose(0, 1) == expert)
             if token_idx.numel() == 0:
                 continue
             gate, up = nn.functional.linear(x[token_idx], gate_up[expert]).chunk(2, dim=-1)
