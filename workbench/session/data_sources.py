@@ -77,9 +77,9 @@ class DataSources:
             raise
 
 
-def check_forward(model: nn.Module, sample: Any, device: torch.device, project: Project) -> None:
-    """Run the float ``model`` on ``sample`` (a batch of the project's calibration data); its error names the
-    inputs' shapes and dtypes."""
+def check_forward(model: nn.Module, sample: Any, device: torch.device | None, project: Project) -> None:
+    """Run the float ``model`` on ``sample`` (a batch of the project's calibration data) on ``device`` (None: where
+    the sample is, meta for a run on shapes only); its error names the inputs' shapes and dtypes."""
     try:
         with torch.no_grad():
             run_model(model, (sample, None), device)

@@ -46,7 +46,10 @@ class SessionEdits(SessionReading):
     def check_forward(self) -> None:
         """Run the float model on one sample batch; its error names the inputs' shapes and dtypes."""
         sample = self.sample_inputs(batch=2)
-        self._streamed(lambda: data_sources.check_forward(self.float_model, sample, self.device, self.project))
+        # on shapes only the inputs are on meta already (None: left where they are)
+        self._sample_run(lambda inputs: data_sources.check_forward(
+            self.float_model, inputs, self.device if inputs is sample else None, self.project),
+            sample, "the check of the sample input")
 
     def _init_layers(self) -> None:
         self._quant_model = None
@@ -57,9 +60,10 @@ class SessionEdits(SessionReading):
         """Make sure every quantizable layer of the model has a decision (new ones: quantize)."""
         base, folding = self._fold_base()
         example = self._example_inputs()
-        model = self._streamed(lambda: build_quantized(base, self.project, self.device, folding=folding,
-                                                       with_decisions=False, example_inputs=example,
-                                                       settings=self.settings).model)
+        model = self._sample_run(lambda inputs: build_quantized(base, self.project, self.device, folding=folding,
+                                                                with_decisions=False, example_inputs=inputs,
+                                                                settings=self.settings).model,
+                                 example, "finding the quantizable layers")
         self.project.layers = decisions.synced_layers(self.project.layers, model)
         self._quant_model = None
 

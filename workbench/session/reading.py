@@ -43,6 +43,7 @@ from workbench.session.views import LayerView
 from workbench.sources.data_source import DataSource
 from workbench.sources.model_source import LoadedModel
 from workbench.sources.paths import absolute_path
+from workbench.sources.shapes_only import on_meta, run_on_shapes_first
 from workbench.sources.trust import TRUSTED, CodeReference, trust_status
 
 T = TypeVar("T")
@@ -106,6 +107,19 @@ class SessionReading:
         checkpoint = self._loaded.checkpoint
         return job() if checkpoint is None else checkpoint.run_streamed(self.float_model, job)
 
+    def _on_shapes(self) -> bool:
+        """Whether sample forwards run on shapes only (:mod:`workbench.sources.shapes_only`): a lazily opened model
+        whose weights are not all in memory, where a real forward would read the whole checkpoint."""
+        checkpoint = self._loaded.checkpoint
+        return checkpoint is not None and not checkpoint.resident(self.float_model)
+
+    def _sample_run(self, job: Callable[[Any], T], sample: Any, what: str) -> T:
+        """``job(sample)``: a build or check that runs the model on one sample, on meta (``sample`` moved there, no
+        weight read) where :meth:`_on_shapes`, else, or when that fails, on the weights, streamed."""
+        if sample is None or not self._on_shapes():
+            return self._streamed(lambda: job(sample))
+        return run_on_shapes_first(lambda: job(on_meta(sample)), lambda: self._streamed(lambda: job(sample)), what)
+
     def _example_inputs(self):
         """One sample, for the functional rewrite's check of traced modules; None without usable data."""
         return data_sources.example_inputs(self.sample_inputs)
@@ -158,7 +172,8 @@ class SessionReading:
         """
         if self._layer_shapes is None:
             sample = self.sample_inputs(batch=1)
-            self._layer_shapes = self._streamed(lambda: views.layer_shapes(self.float_model, sample))
+            self._layer_shapes = self._sample_run(lambda inputs: views.layer_shapes(self.float_model, inputs), sample,
+                                                  "the layer shapes")
         return self._layer_shapes
 
     @property
@@ -179,8 +194,9 @@ class SessionReading:
                 self._loaded.materialise()  # smoothing folds its scales into real weights
             base, folding = self._fold_base()
             example = self._example_inputs()
-            built = self._streamed(lambda: build_quantized(base, self.project, self.device, folding=folding,
-                                                           example_inputs=example, settings=self.settings))
+            built = self._sample_run(lambda inputs: build_quantized(base, self.project, self.device, folding=folding,
+                                                                    example_inputs=inputs, settings=self.settings),
+                                     example, "building the quantized model")
             self._quant_model, self.build_report = built.model, built.report
             self.last_build_s = time.perf_counter() - started
         return self._quant_model

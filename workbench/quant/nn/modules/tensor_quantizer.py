@@ -526,6 +526,8 @@ class TensorQuantizer(nn.Module):
             inputs = inputs * pre_quant_scale
         if self._disabled:
             return inputs
+        if inputs.is_meta:  # a run on shapes only (a lazily opened model's placement): a new tensor, no values
+            return torch.empty_like(inputs)
 
         outputs = inputs
         if self._if_calib:
