@@ -24,6 +24,7 @@ def pytest_collection_modifyitems(config, items):
 def _own_config_dir(tmp_path_factory, monkeypatch):
     """Trust remembered by one test (workbench.sources.trust) reaches neither another test nor the user's config."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))  # remembered file digests too
 
 
 @pytest.fixture(autouse=True)

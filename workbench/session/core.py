@@ -106,7 +106,7 @@ class Session(SessionEdits):
         # kept with each calibration run; a lazily opened model's weights are read for it one at a time
         checkpoint = self._loaded.checkpoint
         self.weights_digest = weights.weights_digest(
-            self.float_model, checkpoint.read_state(self.float_model) if checkpoint is not None else None)
+            self.float_model, checkpoint.sampled_state(self.float_model) if checkpoint is not None else None)
         self.file_changes += weights.other_weights_note(project, self.weights_digest)
         self.device = torch.device(self.settings.device)
         self._loaded.to(self.device)

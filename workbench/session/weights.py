@@ -26,22 +26,24 @@ SAMPLED_VALUES = 4096
 
 
 def weights_digest(model: nn.Module,
-                   read: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> str:
+                   sample: Callable[[str, torch.Tensor, int, int], torch.Tensor] | None = None) -> str:
     """A short hex digest of ``model``'s parameters and buffers: names, shapes, dtypes and a strided sample.
 
-    ``read(name, tensor)`` gives the real value of a state_dict entry whose weights are not in memory (a lazily
-    opened checkpoint's, on meta): the digest is the one the eagerly loaded model has.
+    ``sample(name, tensor, step, count)`` gives the values ``tensor.reshape(-1)[::step][:count]`` of a state_dict
+    entry whose weights are not in memory (a lazily opened checkpoint's, on meta, reading only those values): the
+    digest is the one the eagerly loaded model has.
     """
     digest = hashlib.blake2b(digest_size=10)
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
-            if read is not None and tensor.is_meta:
-                tensor = read(name, tensor)
-            flat = tensor.detach().reshape(-1)
-            step = max(1, flat.numel() // SAMPLED_VALUES)
-            sample = flat[::step][:SAMPLED_VALUES].to("cpu", copy=True).contiguous()
+            step = max(1, tensor.numel() // SAMPLED_VALUES)
+            if sample is not None and tensor.is_meta:
+                values = sample(name, tensor, step, SAMPLED_VALUES)
+            else:
+                values = tensor.detach().reshape(-1)[::step][:SAMPLED_VALUES]
+            values = values.to("cpu", copy=True).contiguous()
             digest.update(f"{name} {tuple(tensor.shape)} {tensor.dtype};".encode())
-            digest.update(sample.view(torch.uint8).numpy().tobytes() if sample.numel() else b"")
+            digest.update(values.view(torch.uint8).numpy().tobytes() if values.numel() else b"")
     return digest.hexdigest()
 
 

@@ -178,6 +178,31 @@ class LazyCheckpoint:
             raise SourceError(f"{path}: tensor {key} cannot be read ({type(error).__name__}: {error}).") from error
         return tensor.to(device=self.device, dtype=dtype or tensor.dtype)
 
+    def read_strided(self, key: str, dtype: torch.dtype, step: int, count: int) -> torch.Tensor:
+        """``read(key, dtype).reshape(-1)[::step][:count]``, reading only those values: a few pages of the shard
+        through a memory map that is closed before it returns (no resident memory stays), where :meth:`read`
+        reads the whole tensor (a weights digest of a 7B checkpoint sampled 4096 values of each tensor by reading
+        13.5 GB)."""
+        import numpy as np
+
+        path = self._where.get(key)
+        if path is None:
+            raise SourceError(f"{self.index or self.folder}: has no tensor {key}.")
+        start, header = self._headers[path]
+        entry = header[key]
+        stored = _DTYPES[entry["dtype"]]
+        size = torch.empty((), dtype=stored).element_size()
+        try:
+            begin, end = (int(offset) for offset in entry["data_offsets"])
+            if end <= begin:
+                return torch.empty(0, dtype=dtype)
+            mapped = np.memmap(path, dtype=np.uint8, mode="r", offset=start + begin, shape=(end - begin,))
+            picked = np.array(mapped.reshape(-1, size)[::step][:count])  # a copy: the map closes with its last view
+            del mapped
+        except Exception as error:  # a shard truncated or changed after the folder was opened
+            raise SourceError(f"{path}: tensor {key} cannot be read ({type(error).__name__}: {error}).") from error
+        return torch.from_numpy(picked).reshape(-1).view(stored).to(dtype)
+
     def read_state(self, model: nn.Module) -> Callable[[str, torch.Tensor], torch.Tensor]:
         """A reader for :func:`workbench.session.weights.weights_digest`: a state_dict entry's real value (read
         from the checkpoint when it is on meta)."""
@@ -186,6 +211,18 @@ class LazyCheckpoint:
         def value(name: str, tensor: torch.Tensor) -> torch.Tensor:
             return self.read(keys.get(name, name), tensor.dtype) if tensor.is_meta else tensor
         return value
+
+    def sampled_state(self, model: nn.Module) -> Callable[[str, torch.Tensor, int, int], torch.Tensor]:
+        """A sampler for :func:`workbench.session.weights.weights_digest`: ``(name, tensor, step, count)`` -> the
+        values ``tensor.reshape(-1)[::step][:count]`` of a state_dict entry, read from the checkpoint (only those)
+        when it is on meta."""
+        keys = {name: self._owners.get(id(p), name) for name, p in model.named_parameters(remove_duplicate=False)}
+
+        def sample(name: str, tensor: torch.Tensor, step: int, count: int) -> torch.Tensor:
+            if tensor.is_meta:
+                return self.read_strided(keys.get(name, name), tensor.dtype, step, count)
+            return tensor.detach().reshape(-1)[::step][:count]
+        return sample
 
     # ----- the model built from it -------------------------------------------------------------------------------
 

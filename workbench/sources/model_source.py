@@ -30,6 +30,7 @@ from torch import nn
 from workbench import bounded_json
 from workbench.quant.algorithms.residency import AllResident, BlockResidency
 from workbench.sources import demo
+from workbench.sources.digest_cache import cached_sha256
 from workbench.sources.entrypoints import extra_import_path, is_file_target, load_entrypoint, split_entrypoint
 from workbench.sources.errors import SourceError, TrustRequired
 from workbench.sources.input_dtype import cast_float_inputs
@@ -235,7 +236,9 @@ def load_model(spec: ModelSpec, *, trust_code: bool = False, base_dir: Path | No
         load_weights(model, _resolve(spec.weights, base_dir))
     model.eval()
     cast_float_inputs(model)  # a bf16/fp16 model stays in its dtype and takes float32 data
-    digests = [sha256_of(path) for path in spec.files(base_dir) if path.is_file()]
+    # remembered per version of each file: a 7B checkpoint is not hashed again at every open
+    digests = [FileDigest(str(path), cached_sha256(path, lambda p: sha256_of(p).sha256), path.stat().st_size)
+               for path in spec.files(base_dir) if path.is_file()]
     return LoadedModel(model, spec, digests, sum(p.numel() for p in model.parameters()), checkpoint)
 
 
