@@ -44,6 +44,7 @@ from workbench.graph.dataflow import FACTORIES, LIKE_OTHER, POINTWISE_FUNCTIONS,
 from workbench.graph.placement import OperationFacts, skip_reason
 from workbench.graph.tree import is_quantized_module
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.sources.shapes_only import shapes_mode
 
 __all__ = ["Operand", "RecordedOp", "DirectWeightUse", "RuntimeRecord", "record_functional_ops", "classify",
            "NAME_BASES", "call_site", "Site"]
@@ -518,7 +519,7 @@ def record_functional_ops(model: nn.Module, example_inputs: Any) -> RuntimeRecor
     pre = nn.modules.module.register_module_forward_pre_hook(recorder.pre_hook)
     post = nn.modules.module.register_module_forward_hook(recorder.post_hook, always_call=True)
     try:
-        with torch.no_grad(), recorder:
+        with torch.no_grad(), recorder, shapes_mode(example_inputs):
             _call(model, example_inputs)
     finally:
         pre.remove()

@@ -6,7 +6,8 @@ GraphModule keeps that branch for every later call (HF ``BertEmbeddings`` with `
 call (positional and keyword arguments, cloned); :func:`traced_differs` runs the traced module and
 the original on that call, with the newly inserted quantizers bypassed, and says how they differ.
 :func:`value_dtypes` runs the traced graph node by node on the same call and records each node's
-dtype, so that integer and boolean tensors are never given quantizers.
+dtype, so that integer and boolean tensors are never given quantizers. On a run on shapes only (a lazily opened
+model, :mod:`workbench.sources.shapes_only`) the calls are meta tensors and the check compares shapes and dtypes.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch.fx as fx
 from torch import nn
 
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
+from workbench.sources.shapes_only import plain_meta, shapes_mode
 
 __all__ = ["ModuleCall", "capture_calls", "traced_differs", "value_dtypes"]
 
@@ -35,7 +37,8 @@ class ModuleCall:
 
 def _clone(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        # a run on shapes only: a plain meta tensor, never a fake one that would outlive its mode
+        return plain_meta(value) if value.is_meta else value.detach().clone()
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(_clone(v) for v in value)
     if isinstance(value, list):
@@ -63,7 +66,8 @@ def capture_calls(model: nn.Module, example_inputs: Any) -> dict[int, ModuleCall
             if not isinstance(module, TensorQuantizer):
                 handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
         quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
-        with torch.no_grad(), _bypassed(quantizers):  # a float forward: quantizers may not be calibrated yet
+        with torch.no_grad(), _bypassed(quantizers), shapes_mode(example_inputs):  # a float forward: quantizers
+            # may not be calibrated yet
             if isinstance(example_inputs, dict):
                 model(**example_inputs)
             elif isinstance(example_inputs, (tuple, list)):
@@ -132,7 +136,8 @@ def traced_differs(traced: nn.Module, original: nn.Module, call: ModuleCall,
     """Why ``traced`` (its new quantizers bypassed) does not compute exactly what ``original`` does on
     ``call``, or None when the outputs are equal."""
     try:  # the same random numbers for both runs, without touching the caller's generator
-        with torch.no_grad(), _bypassed(new_quantizers), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), _bypassed(new_quantizers), torch.random.fork_rng(devices=[]), \
+                shapes_mode((call.args, call.kwargs)):
             torch.manual_seed(0)
             expected = original(*_clone(call.args), **_clone(call.kwargs))
             torch.manual_seed(0)
@@ -171,7 +176,7 @@ def value_dtypes(gm: fx.GraphModule, call: ModuleCall) -> dict[fx.Node, torch.dt
             name = str(node.target).lstrip("*")
             values.append(bound.arguments.get(name, node.args[0] if node.args else None))
         recorder = _DtypeRecorder(gm)
-        with torch.no_grad():
+        with torch.no_grad(), shapes_mode(values):
             recorder.run(*_clone(tuple(values)))
     except Exception:  # best effort: without dtypes the name rules still apply
         return {}

@@ -19,6 +19,7 @@ from workbench.quant.algorithms.batches import first_samples, input_shapes, mode
 from workbench.session.errors import SessionError
 from workbench.sources.data_source import DataSource, DataSpec, InputSpec, check_input, open_data
 from workbench.sources.errors import SourceError
+from workbench.sources.shapes_only import shapes_mode
 
 __all__ = ["DataSources", "check_forward", "checked_input_spec", "sample_inputs", "example_inputs"]
 
@@ -81,7 +82,7 @@ def check_forward(model: nn.Module, sample: Any, device: torch.device | None, pr
     """Run the float ``model`` on ``sample`` (a batch of the project's calibration data) on ``device`` (None: where
     the sample is, meta for a run on shapes only); its error names the inputs' shapes and dtypes."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), shapes_mode(sample):
             run_model(model, (sample, None), device)
     except Exception as error:
         raise SourceError(f"The model ({project.model.label}) failed on a sample input of shape "

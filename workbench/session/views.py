@@ -24,6 +24,7 @@ from workbench.quant.algorithms.tensorrt_rules import SIM_ONLY
 from workbench.quant.calib import HistogramCalibrator
 from workbench.quant.gemm import float_by_default_reason
 from workbench.session.build import BuildReport, descriptor_of, layer_of, quantizable, role_quantizer
+from workbench.sources.shapes_only import shapes_mode
 
 __all__ = ["LayerView", "layer_views", "summary", "descriptor_summary", "jsonable", "sensitivity_ranks",
            "layer_shapes", "histogram_of", "weight_ranges"]
@@ -304,7 +305,7 @@ def layer_shapes(model: nn.Module, sample: Any) -> dict[str, dict[str, Any]]:
 
     handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules() if name]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), shapes_mode(sample):
             args, kwargs = model_inputs((sample, None))
             model(*args, **kwargs)
     finally:

@@ -7,20 +7,27 @@ a weight's values, only shapes and dtypes: with the weights of a lazily opened c
 moved to meta, the same forward runs in milliseconds per block and reads nothing from the checkpoint, where a real
 one reads the whole checkpoint and computes a full forward (a 7B decoder: minutes, 13.5 GB read).
 
+The forwards run under torch's ``FakeTensorMode`` (:func:`shapes_mode`), as ``torch.onnx.enable_fake_mode`` and
+``torch.export`` do: tensors made inside the forward (``arange`` position ids) are fake too, and transformers
+recognises fake tensors as tracing and skips its checks of values (packed-sequence detection calls ``.all()`` on
+the position ids, which plain meta tensors refuse). What the runs keep (a module's arguments) is turned back into
+plain meta tensors (:func:`plain_meta`), so that no fake tensor outlives its mode.
+
 What is given up: a traced module is checked against its original on shapes and dtypes only (values cannot be
 compared on meta). A model whose forward needs values (``.item()``, a branch on a tensor) fails on meta; the caller
 then runs it on the real weights, as before (:func:`run_on_shapes_first`).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["on_meta", "run_on_shapes_first"]
+__all__ = ["on_meta", "on_shapes", "plain_meta", "run_on_shapes_first", "shapes_mode"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -30,6 +37,47 @@ def on_meta(value: Any) -> Any:
     """``value`` (a tensor, or tuples, lists and dicts of them) with every tensor on meta: same shapes and dtypes,
     no data."""
     return tree_map(lambda item: item.to("meta") if isinstance(item, torch.Tensor) else item, value)
+
+
+def on_shapes(value: Any) -> bool:
+    """Whether ``value`` (a sample input, a module's arguments) holds a meta tensor: a run on shapes only."""
+    return any(isinstance(item, torch.Tensor) and item.is_meta for item in tree_flatten(value)[0])
+
+
+@contextlib.contextmanager
+def shapes_mode(value: Any) -> Iterator[None]:
+    """Around a forward on ``value``: torch's ``FakeTensorMode`` when it is a run on shapes only (see the module's
+    docstring; meta weights and real buffers are taken as they are), nothing otherwise."""
+    if not on_shapes(value):
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode:
+            yield
+    finally:
+        _forget_weights(mode)
+
+
+def _forget_weights(mode: Any) -> None:
+    """Drop what ``mode`` remembers of the real tensors it met (weak references to the model's parameters): a
+    lazily opened checkpoint swaps weights into those parameters later, which ``torch.utils.swap_tensors`` refuses
+    while a weak reference to them lives (and the mode lives on in a traceback when the forward failed)."""
+    converter = getattr(mode, "fake_tensor_converter", None)
+    meta = getattr(converter, "meta_converter", None)
+    describer = getattr(meta, "describer", None)
+    for owner, name in ((converter, "tensor_memo"), (meta, "storage_memo"), (meta, "tensor_memo"),
+                        (describer, "lookup_tensor"), (describer, "lookup_storage")):
+        table = getattr(owner, name, None)
+        if hasattr(table, "clear"):
+            table.clear()
+
+
+def plain_meta(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain meta tensor with ``tensor``'s shape, strides and dtype (a fake tensor's, kept past its mode)."""
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
 
 
 def run_on_shapes_first(on_shapes: Callable[[], T], on_values: Callable[[], T], what: str) -> T:
