@@ -10,7 +10,7 @@ machine: the 1.1B row peaks at several GiB.
 
     python bench/llm_scale.py [--sizes 0.1B,0.5B,1.1B] [--precision int4w] [--root /tmp/llm_scale]
                               [--steps new,show,set,calibrate,calibrate-sequential,export] [--batches 2]
-                              [--batch-size 4] [--seq 128]
+                              [--batch-size 4] [--seq 128] [--no-forward] [--repo CHECKOUT]
 
 ``calibrate-sequential`` is ``calibrate --sequential`` (one block at a time, the same amax; its output SQNR takes
 one more walk over the blocks where the whole-model ``calibrate`` takes two more passes).
@@ -69,9 +69,15 @@ print(json.dumps({"wall_s": time.perf_counter() - started, "peak_kib": peak_kib(
 
 def write_checkpoint(root: Path, name: str, seq: int, rows: int) -> tuple[Path, Path, int]:
     """The bf16 checkpoint folder of ``name`` (written once) and its token ids; returns them and the bytes of the
-    bf16 weights."""
+    bf16 weights.
+
+    Written shard by shard (2 GiB each, with the index ``save_pretrained`` writes): the model is built on meta for
+    its tensor names and shapes, and each shard's random weights (normal, std 0.02, as LLaMA's init; norms 1) are
+    made, saved and dropped before the next, so a 7B checkpoint (13.5 GB) is never whole in memory."""
     import numpy as np
     import torch
+    from accelerate import init_empty_weights
+    from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder = root / f"llama-{name}"
@@ -82,23 +88,56 @@ def write_checkpoint(root: Path, name: str, seq: int, rows: int) -> tuple[Path, 
         hidden, inter, layers, heads, kv = SIZES[name]
         config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                              num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048,
-                             tie_word_embeddings=False)
-        torch.manual_seed(0)
-        with torch.device("cpu"):
-            model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
-        model.save_pretrained(folder, safe_serialization=True, max_shard_size="2GB")
-        del model
+                             tie_word_embeddings=False, architectures=["LlamaForCausalLM"], dtype="bfloat16")
+        with init_empty_weights():
+            shapes = {key: tuple(t.shape) for key, t in LlamaForCausalLM._from_config(config).state_dict().items()}
+        folder.mkdir(parents=True, exist_ok=True)
+        generator = torch.Generator().manual_seed(0)
+        shard_bytes, shards, shard, size, weight_map, total = 2 * 1024 ** 3, [], {}, 0, {}, 0
+
+        def flush() -> None:
+            nonlocal shard, size
+            if shard:
+                file = f"model-{len(shards) + 1:05d}.safetensors"
+                save_file(shard, str(folder / file), metadata={"format": "pt"})
+                shards.append(file)
+                weight_map.update(dict.fromkeys(shard, file))
+                shard, size = {}, 0
+
+        for key, shape in shapes.items():
+            if key.endswith("norm.weight"):
+                tensor = torch.ones(shape, dtype=torch.bfloat16)
+            else:
+                tensor = (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16)
+            if size + tensor.numel() * 2 > shard_bytes:
+                flush()
+            shard[key] = tensor
+            size += tensor.numel() * 2
+            total += tensor.numel() * 2
+        flush()
+        count = len(shards)  # rename to save_pretrained's "-of-N" names now that N is known
+        for index, file in enumerate(shards, 1):
+            final = f"model-{index:05d}-of-{count:05d}.safetensors"
+            (folder / file).rename(folder / final)
+            weight_map = {key: final if value == file else value for key, value in weight_map.items()}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        config.save_pretrained(folder)  # last: its config.json marks the folder complete
     weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     return folder, ids, weights
 
 
-def run_step(args: list[str]) -> dict:
-    """One ``workbench`` command in a fresh process: its exit code, wall time and peak RSS (KiB)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+def run_step(args: list[str], repo: Path = REPO) -> dict:
+    """One ``workbench`` command of the checkout ``repo`` in a fresh process: its exit code, wall time (of the
+    command, and of the whole process with its imports) and peak RSS (KiB)."""
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", "import json\n" + _STEP, *args], capture_output=True, text=True,
-                          env=env)
+                          env=env, cwd=repo)
+    process = time.perf_counter() - started
     last = [line for line in done.stderr.splitlines() if line.startswith("{")]
     result = json.loads(last[-1]) if last else {"code": done.returncode, "wall_s": float("nan"), "peak_kib": 0}
+    result["process_s"] = process
     if result["code"] != 0:
         result["error"] = (done.stderr.strip().splitlines() or ["killed"])[-2 if last else -1][:200]
     return result
@@ -113,22 +152,28 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--no-forward", action="store_true",
+                        help="skip the plain bf16 forward (it loads the whole model: a 7B one needs 14+ GiB)")
+    parser.add_argument("--repo", type=Path, default=REPO,
+                        help="the checkout whose workbench runs the steps (another one's: a before/after row)")
     args = parser.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     steps = args.steps.split(",")
-    print("| size | step | wall s | peak RSS GiB | peak / bf16 weights | time / bf16 forward |")
-    print("|---|---|---|---|---|---|")
+    print("| size | step | wall s | process s | peak RSS GiB | peak / bf16 weights | time / bf16 forward |")
+    print("|---|---|---|---|---|---|---|")
     for name in args.sizes.split(","):
         folder, ids, weights = write_checkpoint(root, name, args.seq, args.batches * args.batch_size)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        forward = json.loads(subprocess.run([sys.executable, "-c", _FORWARD, str(folder), str(ids),
-                                             str(args.batch_size), str(args.batches)], capture_output=True,
-                                            text=True, env=env, check=True).stdout.strip().splitlines()[-1])
         gib = 1024 ** 3
-        print(f"| {name} | plain bf16 forward ({args.batches} x {args.batch_size} x {args.seq}) | "
-              f"{forward['wall_s']:.1f} | {forward['peak_kib'] * 1024 / gib:.2f} | "
-              f"{forward['peak_kib'] * 1024 / weights:.2f} | 1.00 |", flush=True)
+        forward = {"wall_s": float("nan")}
+        if not args.no_forward:
+            forward = json.loads(subprocess.run([sys.executable, "-c", _FORWARD, str(folder), str(ids),
+                                                 str(args.batch_size), str(args.batches)], capture_output=True,
+                                                text=True, env=env, check=True).stdout.strip().splitlines()[-1])
+            print(f"| {name} | plain bf16 forward ({args.batches} x {args.batch_size} x {args.seq}) | "
+                  f"{forward['wall_s']:.1f} | | {forward['peak_kib'] * 1024 / gib:.2f} | "
+                  f"{forward['peak_kib'] * 1024 / weights:.2f} | 1.00 |", flush=True)
         project = root / f"llama-{name}.qwb"
         output = root / f"llama-{name}-{args.precision}.onnx"
         commands = {"new": ["new", project, "--model", f"hf:{folder}", "--data", ids, "--batch-size",
@@ -140,12 +185,12 @@ def main() -> None:
                     "export": ["export", project, "-o", output, "--force"]}
         for step in steps:
             started = time.perf_counter()
-            result = run_step([str(a) for a in commands[step]])
+            result = run_step([str(a) for a in commands[step]], args.repo)
             wall = result.get("wall_s") or time.perf_counter() - started
             peak = result["peak_kib"] * 1024
             tail = f" (failed: {result['error']})" if result["code"] else ""
-            print(f"| {name} | {step}{tail} | {wall:.1f} | {peak / gib:.2f} | {peak / weights:.2f} | "
-                  f"{wall / forward['wall_s']:.2f} |", flush=True)
+            print(f"| {name} | {step}{tail} | {wall:.1f} | {result['process_s']:.1f} | {peak / gib:.2f} | "
+                  f"{peak / weights:.2f} | {wall / forward['wall_s']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -340,4 +340,5 @@ def weight_ranges(module: nn.Module | None) -> np.ndarray | None:
     quantizer = getattr(module, "weight_quantizer", None)
     axis = quantizer.axis if quantizer is not None and isinstance(quantizer.axis, int) else 0
     dims = [d for d in range(weight.dim()) if d != axis]
-    return weight.detach().abs().amax(dim=dims).cpu().numpy() if dims else weight.detach().abs().cpu().numpy()
+    ranges = weight.detach().abs().amax(dim=dims) if dims else weight.detach().abs()
+    return ranges.float().cpu().numpy()  # a bf16 model's too (NumPy has no bfloat16; float32 holds it exactly)

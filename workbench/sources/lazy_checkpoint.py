@@ -13,7 +13,8 @@ checks each shard's header when the folder opens) and swaps them *into the same 
 (``torch.utils.swap_tensors``), so the float model, the quantized model (a structural copy sharing them) and tied
 weights all see them; ``release`` swaps them back to meta, leaving quantizers' amax alone.
 :meth:`LazyCheckpoint.streamed` pages weights in as operations use them and out past a budget of about one block
-(the sample forwards of ``new``, ``open`` and ``show``); :meth:`LazyCheckpoint.materialise` loads everything (what
+(the sample forwards of ``new``, ``open`` and ``show`` when they cannot run on shapes only, see
+:mod:`workbench.sources.shapes_only`); :meth:`LazyCheckpoint.materialise` loads everything (what
 a job that needs the whole model does first).
 """
 from __future__ import annotations
