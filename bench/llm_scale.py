@@ -48,7 +48,9 @@ import sys, time
 from workbench.cli import main
 started = time.perf_counter()
 code = main(sys.argv[1:])
-print(json.dumps({"code": code, "wall_s": time.perf_counter() - started, "peak_kib": peak_kib()}), file=sys.stderr)
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"code": code, "wall_s": time.perf_counter() - started, "peak_kib": peak_kib(),
+                  "cpu_s": usage.ru_utime + usage.ru_stime}), file=sys.stderr)
 sys.exit(code)
 """
 
@@ -160,8 +162,10 @@ def main() -> None:
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     steps = args.steps.split(",")
-    print("| size | step | wall s | process s | peak RSS GiB | peak / bf16 weights | time / bf16 forward |")
-    print("|---|---|---|---|---|---|---|")
+    # "cpu s": the step's process's CPU time, imports included (one thread: what its wall time is on a quiet
+    # machine; on the shared one the wall time is several times that)
+    print("| size | step | wall s | process s | cpu s | peak RSS GiB | peak / bf16 weights | time / bf16 forward |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.sizes.split(","):
         folder, ids, weights = write_checkpoint(root, name, args.seq, args.batches * args.batch_size)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -172,7 +176,7 @@ def main() -> None:
                                                  str(args.batch_size), str(args.batches)], capture_output=True,
                                                 text=True, env=env, check=True).stdout.strip().splitlines()[-1])
             print(f"| {name} | plain bf16 forward ({args.batches} x {args.batch_size} x {args.seq}) | "
-                  f"{forward['wall_s']:.1f} | | {forward['peak_kib'] * 1024 / gib:.2f} | "
+                  f"{forward['wall_s']:.1f} | | | {forward['peak_kib'] * 1024 / gib:.2f} | "
                   f"{forward['peak_kib'] * 1024 / weights:.2f} | 1.00 |", flush=True)
         project = root / f"llama-{name}.qwb"
         output = root / f"llama-{name}-{args.precision}.onnx"
@@ -189,7 +193,8 @@ def main() -> None:
             wall = result.get("wall_s") or time.perf_counter() - started
             peak = result["peak_kib"] * 1024
             tail = f" (failed: {result['error']})" if result["code"] else ""
-            print(f"| {name} | {step}{tail} | {wall:.1f} | {result['process_s']:.1f} | {peak / gib:.2f} | "
+            print(f"| {name} | {step}{tail} | {wall:.1f} | {result['process_s']:.1f} | "
+                  f"{result.get('cpu_s', float('nan')):.1f} | {peak / gib:.2f} | "
                   f"{peak / weights:.2f} | {wall / forward['wall_s']:.2f} |", flush=True)
 
 
