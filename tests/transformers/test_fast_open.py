@@ -159,3 +159,28 @@ def test_an_unreadable_digest_table_is_rewritten(tmp_path, monkeypatch):
     assert digest == "d1" and calls == [target]
     assert digest_cache.cached_sha256(target, lambda p: calls.append(p) or "d2") == "d1" and len(calls) == 1
     assert json.loads(table.read_text())[str(target.resolve())]["sha256"] == "d1"
+
+
+def test_a_decoder_with_its_cache_runs_on_plain_meta_tensors(tmp_path, capsys, monkeypatch):
+    """With a cache (transformers' default) the forward needs no fake tensors, whose per-operation dispatch costs
+    tens of seconds on a real-sized model: the plain meta run is taken, and still no weight is read."""
+    sys.path.insert(0, str(HERE))
+    import models
+    from torch._subclasses import fake_tensor
+
+    monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "always")
+    model = models.hf_llama()
+    model.config.use_cache = True
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "llama", safe_serialization=True)
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 8)).astype(np.int64))
+    fakes, loads = [], []
+    real_init = fake_tensor.FakeTensorMode.__init__
+    monkeypatch.setattr(fake_tensor.FakeTensorMode, "__init__", lambda self, *a, **k: fakes.append(1) or
+                        real_init(self, *a, **k))
+    real_load = LazyCheckpoint._load
+    monkeypatch.setattr(LazyCheckpoint, "_load", lambda self, ps: loads.extend(p for p in ps if p.is_meta)
+                        or real_load(self, ps))
+    project = _new(capsys, tmp_path, tmp_path / "llama")
+    shown = _show(capsys, project)
+    assert fakes == [] and loads == []
+    assert shown["layer_table"] and shown["functional"]
