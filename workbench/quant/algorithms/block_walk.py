@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -257,9 +257,11 @@ class BlockWalk:
         self.report(1, f"captured the inputs of {first_name} for {self.done} batches")
         return reached
 
-    def run_block(self, name: str, block: nn.Module, last: bool, keep: int) -> ActivationStore:
+    def run_block(self, name: str, block: nn.Module, last: bool, keep: int,
+                  after_batch: Callable[[], None] | None = None) -> ActivationStore:
         """Every batch through ``block`` (its quantizers collect); its outputs become the current hidden states.
-        The last block keeps its whole output, which the tail pass replays.
+        The last block keeps its whole output, which the tail pass replays. ``after_batch()`` runs after each
+        batch (a collector that reads the first batch's data flow).
 
         Returns:
             The block's inputs of the first ``keep`` batches (the others are dropped as they are used).
@@ -269,28 +271,35 @@ class BlockWalk:
             with torch.no_grad():
                 for index in range(self.done):
                     self.check_cancel(f"in block {name} before batch {index}")
-                    _, rest, positional = self.contexts.get(index)
                     hidden = self.hidden.get(index)
                     if index >= keep:
                         self.hidden.drop(index)
-                    args, kwargs = rest
                     try:
-                        output = block(hidden, *args, **kwargs) if positional else block(
-                            *args, hidden_states=hidden, **kwargs)
+                        output = self.call_block(block, index, hidden)
                     except Exception as error:  # the user's block: say which, and on which batch
                         raise BlockCalibrationError(name, index, error) from error
                     outputs.put(index, output if last else hidden_of(name, output))
+                    if after_batch is not None:
+                        after_batch()
         except BaseException:
             outputs.close()
             raise
         inputs, self.hidden = self.hidden, outputs
         return inputs
 
+    def call_block(self, block: nn.Module, index: int, hidden: torch.Tensor) -> Any:
+        """``block`` (a block, or a copy of one) on batch ``index``'s inputs with ``hidden`` as its hidden states."""
+        _, (args, kwargs), positional = self.contexts.get(index)
+        return block(hidden, *args, **kwargs) if positional else block(*args, hidden_states=hidden, **kwargs)
+
     @contextmanager
-    def replaying(self) -> Iterator[list[bool]]:
+    def replaying(self, model: nn.Module | None = None) -> Iterator[list[bool]]:
         """Every block returns the last block's kept output of the batch the model runs (counted by a pre-hook
         on the model: the batches run in order from 0). Yields a flag set once a block has replayed in the
-        current batch."""
+        current batch. ``model``: a structural copy of the walk's model to replay in instead (its blocks by the
+        same names)."""
+        model = model if model is not None else self.model
+        blocks = [model.get_submodule(name) for name, _ in self.blocks.items]
         current = [-1]
         after = [False]
 
@@ -302,13 +311,13 @@ class BlockWalk:
             current[0] += 1
             after[0] = False
 
-        handle = self.model.register_forward_pre_hook(next_batch)
-        for _, block in self.blocks.items:
+        handle = model.register_forward_pre_hook(next_batch)
+        for block in blocks:
             block.forward = replay  # an instance attribute: nn.Module.__call__ finds it before the class's
         try:
             yield after
         finally:
-            for _, block in self.blocks.items:
+            for block in blocks:
                 del block.forward
             handle.remove()
 

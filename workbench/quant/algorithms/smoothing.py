@@ -18,8 +18,10 @@ so dropping the record and rebuilding restores the original weights exactly.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,74 +154,92 @@ def _linear_layers(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Linea
     return layers
 
 
-def _collect(model: nn.Module, layers: dict[str, nn.Linear], batches: Iterable, device: torch.device,
-             keep_rows: int) -> tuple[dict[str, _Stats], dict[str, list[str]], dict[str, str | None]]:
-    """Per-channel input statistics of ``layers``, which of them read the same tensor, and its producer.
+class InputStatistics:
+    """Per-channel input statistics of the layers to smooth, collected by hooks on the modules of a model or of one
+    of its blocks, and which of those layers read one tensor (and that tensor's producer), read from the first
+    batch's data flow.
 
-    Returns (stats per layer, groups: first layer -> the layers reading its input, producer of each group).
+    Args:
+        layers: the layers by their names in the model.
+        keep_rows: input rows kept per layer (AWQ's search runs on them).
     """
-    stats = {name: _Stats() for name in layers}
-    first_batch = True
-    inputs_seen: dict[int, list[str]] = {}  # id of an input tensor -> modules that read it (first batch)
-    outputs_of: dict[int, str] = {}  # id of an output tensor -> the LayerNorm/Linear that produced it
-    alive: list[torch.Tensor] = []  # keeps ids unique during the first batch
-    handles = []
 
-    def pre_hook(name: str):
+    def __init__(self, layers: dict[str, nn.Module], keep_rows: int) -> None:
+        self.layers = layers
+        self.keep_rows = keep_rows
+        self.stats = {name: _Stats() for name in layers}
+        self.groups: dict[str, list[str]] = {}  # first layer -> the layers reading its input
+        self.producers: dict[str, str | None] = {}  # first layer -> the LayerNorm/Linear that produced that input
+        self.batches = 0
+        self._inputs_seen: dict[int, list[str]] = {}  # id of an input tensor -> modules that read it (first batch)
+        self._outputs_of: dict[int, str] = {}  # id of an output tensor -> the LayerNorm/Linear that produced it
+        self._alive: list[torch.Tensor] = []  # keeps ids unique during the first batch
+
+    def _pre_hook(self, name: str) -> Callable[[nn.Module, tuple], None]:
         def record(module: nn.Module, args: tuple) -> None:
             if not args or not isinstance(args[0], torch.Tensor):
                 return
             x = args[0]
-            if first_batch:
-                alive.append(x)
-                inputs_seen.setdefault(id(x), []).append(name)
-            if name not in stats:
+            if self.batches == 0:
+                self._alive.append(x)
+                self._inputs_seen.setdefault(id(x), []).append(name)
+            item = self.stats.get(name)
+            if item is None:
                 return
-            item = stats[name]
             flat = x.detach().float().reshape(-1, x.shape[-1])
             amax = flat.abs().amax(dim=0).cpu()
             total = flat.abs().sum(dim=0).cpu()
             item.amax = amax if item.amax is None else torch.maximum(item.amax, amax)
             item.abs_sum = total if item.abs_sum is None else item.abs_sum + total
             item.rows += flat.shape[0]
-            if item.kept < keep_rows:
-                take = flat[: keep_rows - item.kept].cpu()
+            if item.kept < self.keep_rows:
+                take = flat[: self.keep_rows - item.kept].cpu()
                 item.samples.append(take)
                 item.kept += take.shape[0]
         return record
 
-    def out_hook(name: str):
+    def _out_hook(self, name: str) -> Callable[[nn.Module, tuple, Any], None]:
         def record(module: nn.Module, args: tuple, output: Any) -> None:
-            if first_batch and isinstance(output, torch.Tensor):
-                alive.append(output)
-                outputs_of[id(output)] = name
+            if self.batches == 0 and isinstance(output, torch.Tensor):
+                self._alive.append(output)
+                self._outputs_of[id(output)] = name
         return record
 
-    for name, module in model.named_modules():
-        if len(module._modules) == 0 or name in layers:  # leaves: every module that may read a tensor
-            handles.append(module.register_forward_pre_hook(pre_hook(name)))
-        if isinstance(module, nn.LayerNorm) or is_linear_like(module):
-            handles.append(module.register_forward_hook(out_hook(name)))
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                args, kwargs = model_inputs(to_device(batch, device))
-                model(*args, **kwargs)
-                if first_batch:
-                    first_batch = False
-                    groups, producers = _groups(layers, inputs_seen, outputs_of)
-                    alive.clear()
-    finally:
-        for handle in handles:
-            handle.remove()
-    if first_batch:
-        raise SmoothingError("No calibration batch reached the model: nothing to compute smoothing scales from.")
-    missing = [name for name, item in stats.items() if item.amax is None]
-    if missing:
-        raise SmoothingError(f"No calibration batch reached {', '.join(missing[:5])}: no input statistics for "
-                             f"{'it' if len(missing) == 1 else 'them'}; leave {'it' if len(missing) == 1 else 'them'} "
-                             "out of the smoothing.")
-    return stats, groups, producers
+    @contextmanager
+    def hooks(self, root: nn.Module, prefix: str = "") -> Iterator[None]:
+        """Within it, the modules of ``root`` (the model, or its submodule named ``prefix`` without its final dot)
+        record what they read; call :meth:`batch_done` after each batch."""
+        handles = []
+        for relative, module in root.named_modules():
+            name = prefix + relative if relative else prefix.rstrip(".")
+            if len(module._modules) == 0 or name in self.layers:  # leaves: every module that may read a tensor
+                handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
+            if isinstance(module, nn.LayerNorm) or is_linear_like(module):
+                handles.append(module.register_forward_hook(self._out_hook(name)))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def batch_done(self) -> None:
+        """One batch went through: after the first, the groups and producers are read from its data flow."""
+        if self.batches == 0:
+            self.groups, self.producers = _groups(self.layers, self._inputs_seen, self._outputs_of)
+            self._alive.clear()
+            self._inputs_seen.clear()
+            self._outputs_of.clear()
+        self.batches += 1
+
+    def check_reached(self) -> None:
+        """SmoothingError when no batch ran, or when one of the layers saw none."""
+        if self.batches == 0:
+            raise SmoothingError("No calibration batch reached the model: nothing to compute smoothing scales from.")
+        missing = [name for name, item in self.stats.items() if item.amax is None]
+        if missing:
+            one = len(missing) == 1
+            raise SmoothingError(f"No calibration batch reached {', '.join(missing[:5])}: no input statistics for "
+                                 f"{'it' if one else 'them'}; leave {'it' if one else 'them'} out of the smoothing.")
 
 
 def _groups(layers: dict[str, nn.Linear], inputs_seen: dict[int, list[str]],
@@ -275,13 +295,25 @@ def _structural_copy(model: nn.Module) -> nn.Module:
 
 
 def _fold_keeps_output(model: nn.Module, items: list[LayerSmoothing], batch: Any, device: torch.device) -> bool:
-    """Whether folding ``items`` (one producer) into a copy of the float model keeps its output."""
-    trial = _structural_copy(model)
-    _scale_weights(trial, items, fold=True)
-    args, kwargs = model_inputs(to_device(batch, device))
+    """Whether folding ``items`` (one producer) into a copy of the float model keeps its output on ``batch``."""
+    def run(module: nn.Module) -> Any:
+        args, kwargs = model_inputs(to_device(batch, device))
+        return module(*args, **kwargs)
+    return fold_keeps_output(model, items, run)
+
+
+def fold_keeps_output(module: nn.Module, items: list[LayerSmoothing], run: Callable[[nn.Module], Any],
+                      prefix: str = "") -> bool:
+    """Whether folding ``items`` (one producer) into a structural copy of ``module`` (the float model, or its block
+    named ``prefix``) keeps what ``run(copy)`` returns to :data:`_FOLD_RTOL` of its largest value."""
+    trial = _structural_copy(module)
+    relative = [dataclasses.replace(item, layer=item.layer[len(prefix):],
+                                    folded_into=item.folded_into[len(prefix):] if item.folded_into else None)
+                for item in items]
+    _scale_weights(trial, relative, fold=True)
     with torch.no_grad():
-        reference = flat_tensors(model(*args, **kwargs))
-        output = flat_tensors(trial(*args, **kwargs))
+        reference = flat_tensors(run(module))
+        output = flat_tensors(run(trial))
     for a, b in zip(reference, output):
         if a.shape != b.shape:
             return False
@@ -305,41 +337,66 @@ def plan_smoothing(model: nn.Module, layers: Sequence[str], batches: Iterable, *
         SmoothingError: an unknown method, alpha outside [0, 1], a layer that is not a Linear or that no
             batch reached.
     """
-    if method not in SMOOTHING_METHODS:
-        raise SmoothingError(f"Unknown smoothing method {method!r}; choose one of {', '.join(SMOOTHING_METHODS)}.")
-    if method == "smoothquant" and not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
-        raise SmoothingError(f"SmoothQuant's alpha must be a number in [0, 1], got {alpha!r}.")
+    checked_method(method, alpha)
     device = torch.device(device)
     found = _linear_layers(model, layers)
     if not found:
         return []
     batches = list(batches)
-    stats, groups, producers = _collect(model, found, batches, device, AWQ_ROWS if method == "awq" else 0)
+    collected = InputStatistics(found, AWQ_ROWS if method == "awq" else 0)
+    with collected.hooks(model), torch.no_grad():
+        for batch in batches:
+            args, kwargs = model_inputs(to_device(batch, device))
+            model(*args, **kwargs)
+            collected.batch_done()
+    collected.check_reached()
     quantize = weight_quant or (lambda w: int4_blockwise_fake_quant(w, block_size))
+    return plan_groups(model, collected, method, alpha, quantize,
+                       lambda items: _fold_keeps_output(model, items, batches[0], device))
+
+
+def checked_method(method: str, alpha: float) -> None:
+    """SmoothingError for an unknown method, or SmoothQuant's alpha outside [0, 1]."""
+    if method not in SMOOTHING_METHODS:
+        raise SmoothingError(f"Unknown smoothing method {method!r}; choose one of {', '.join(SMOOTHING_METHODS)}.")
+    if method == "smoothquant" and not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
+        raise SmoothingError(f"SmoothQuant's alpha must be a number in [0, 1], got {alpha!r}.")
+
+
+def plan_groups(model: nn.Module, collected: InputStatistics, method: str, alpha: float,
+                quantize: Callable[[torch.Tensor], torch.Tensor],
+                keeps_output: Callable[[list[LayerSmoothing]], bool], prefix: str = "") -> list[LayerSmoothing]:
+    """The smoothing of each group of ``collected``'s layers (their weights in memory now), from its statistics:
+    one set of scales per group, folded into the group's producer where that fits and ``keeps_output(items)``
+    says a trial fold keeps the output. ``model`` is the model, or its block named ``prefix`` (its modules are
+    found without that prefix)."""
+    def module(name: str) -> nn.Module:
+        return model.get_submodule(name[len(prefix):])
+
     planned: list[LayerSmoothing] = []
-    for head, members in groups.items():
-        modules = [found[m] for m in members]
+    for head, members in collected.groups.items():
+        modules = [module(m) for m in members]
+        stats = [collected.stats[m] for m in members]
         if method == "smoothquant":
-            act = torch.stack([stats[m].amax for m in members]).amax(dim=0)
+            act = torch.stack([item.amax for item in stats]).amax(dim=0)
             weight_amax = torch.stack([_out_in(mod).detach().abs().amax(dim=0).float().cpu() for mod in modules])
             scales = smoothquant_scales(act, weight_amax.amax(dim=0), float(alpha))
             chosen, before, after = float(alpha), None, None
         else:
-            chosen, scales, before, after = _awq_scales(modules, [stats[m] for m in members], quantize)
+            chosen, scales, before, after = _awq_scales(modules, stats, quantize)
         items = [LayerSmoothing(m, method, chosen, scales.clone(), None, before, after) for m in members]
-        producer = producers.get(head)
-        if producer is not None and _foldable(model, producer, scales.numel()):
+        producer = collected.producers.get(head)
+        if producer is not None and _foldable(module(producer), scales.numel()):
             for item in items:
                 item.folded_into = producer
-            if not _fold_keeps_output(model, items, batches[0], device):
+            if not keeps_output(items):
                 for item in items:
                     item.folded_into = None
         planned.extend(items)
     return planned
 
 
-def _foldable(model: nn.Module, producer: str, channels: int) -> bool:
-    module = model.get_submodule(producer)
+def _foldable(module: nn.Module, channels: int) -> bool:
     if isinstance(module, nn.LayerNorm):
         return module.weight is not None and module.weight.numel() == channels
     return is_linear_like(module) and _out_in(module).shape[0] == channels
