@@ -30,6 +30,7 @@ from torch import nn
 
 from workbench.quant.algorithms.batches import flat_tensors, model_inputs, to_device
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE
+from workbench.quant.algorithms.residency import DerivedWeight
 from workbench.quant.gemm import known_linear_like
 from workbench.quant.kernels.blocks import block_view, unblock
 from workbench.quant.nn.modules.quant_gemm import QuantConv1D
@@ -37,7 +38,8 @@ from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["transposed_weight", "is_linear_like",
            "SMOOTHING_METHODS", "LayerSmoothing", "SmoothingError", "smoothquant_scales", "plan_smoothing",
-           "apply_smoothing", "int4_blockwise_fake_quant", "smoothing_summary", "describe_smoothing"]
+           "apply_smoothing", "int4_blockwise_fake_quant", "smoothing_summary", "describe_smoothing", "InputStatistics",
+           "plan_groups", "fold_keeps_output", "checked_method", "linear_layers", "AWQ_ROWS"]
 
 SMOOTHING_METHODS = ("smoothquant", "awq")
 AWQ_GRID = 20  # a in 0, 0.05, ..., 0.95 (AWQ's own grid)
@@ -140,7 +142,8 @@ def _out_in(module: nn.Module) -> torch.Tensor:
     return module.weight.t() if transposed_weight(module) else module.weight
 
 
-def _linear_layers(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Linear]:
+def linear_layers(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Linear]:
+    """The modules named ``names``; SmoothingError for a name the model lacks or a module that is not a Linear."""
     modules = dict(model.named_modules())
     layers = {}
     for name in names:
@@ -339,7 +342,7 @@ def plan_smoothing(model: nn.Module, layers: Sequence[str], batches: Iterable, *
     """
     checked_method(method, alpha)
     device = torch.device(device)
-    found = _linear_layers(model, layers)
+    found = linear_layers(model, layers)
     if not found:
         return []
     batches = list(batches)
@@ -405,21 +408,28 @@ def _foldable(module: nn.Module, channels: int) -> bool:
 # ----- applying ---------------------------------------------------------------------------------
 
 
-def _replace(module: nn.Module, attr: str, value: torch.Tensor) -> None:
+def _replace(module: nn.Module, attr: str, factor: torch.Tensor, derived: list[DerivedWeight] | None) -> None:
+    """A new parameter ``attr`` of ``module``: the old one times ``factor`` (see :class:`DerivedWeight`); one on meta
+    (a lazily opened model) is added to ``derived``, to be computed when its block is loaded."""
     old = module._parameters[attr]
-    module._parameters[attr] = nn.Parameter(value.to(dtype=old.dtype, device=old.device),
-                                            requires_grad=old.requires_grad)
+    new = nn.Parameter(DerivedWeight.compute(old, (factor,)), requires_grad=old.requires_grad)
+    module._parameters[attr] = new
+    if derived is not None and new.is_meta:
+        earlier = next((item for item in derived if item.target is old), None)  # a producer smoothed itself too
+        if earlier is not None:
+            derived.remove(earlier)
+        derived.append(earlier.then(new, factor) if earlier is not None else DerivedWeight(new, old, (factor,)))
 
 
-def _scale_weights(model: nn.Module, items: Sequence[LayerSmoothing], *, fold: bool) -> set[str]:
+def _scale_weights(model: nn.Module, items: Sequence[LayerSmoothing], *, fold: bool,
+                   derived: list[DerivedWeight] | None = None) -> set[str]:
     """W * s on every item's layer and, with ``fold``, 1/s on the producers; returns the producers folded."""
     folded: dict[str, torch.Tensor] = {}
     for item in items:
         layer = model.get_submodule(item.layer)
-        scales = item.scales.to(layer.weight.device, torch.float32)
+        scales = item.scales.to(torch.float32)
         # the input channels are the weight's columns ([out, in]), or its rows for a Conv1D ([in, out])
-        _replace(layer, "weight", layer.weight.detach().float() * (scales[:, None] if transposed_weight(layer)
-                                                                   else scales))
+        _replace(layer, "weight", scales[:, None] if transposed_weight(layer) else scales, derived)
         if fold and item.folded_into:
             previous = folded.setdefault(item.folded_into, item.scales)
             if previous is not item.scales and not torch.equal(previous, item.scales):
@@ -427,24 +437,27 @@ def _scale_weights(model: nn.Module, items: Sequence[LayerSmoothing], *, fold: b
                                      f"{item.folded_into}; smooth the layers reading one tensor together.")
     for name, scales in folded.items():
         producer = model.get_submodule(name)
-        inverse = 1.0 / scales.to(producer.weight.device, torch.float32)
+        inverse = 1.0 / scales.to(torch.float32)
         if transposed_weight(producer):  # a Conv1D's output channels are its weight's columns
-            _replace(producer, "weight", producer.weight.detach().float() * inverse[None, :])
+            _replace(producer, "weight", inverse[None, :], derived)
         elif isinstance(producer, nn.Linear):
-            _replace(producer, "weight", producer.weight.detach().float() * inverse[:, None])
+            _replace(producer, "weight", inverse[:, None], derived)
         else:
-            _replace(producer, "weight", producer.weight.detach().float() * inverse)
+            _replace(producer, "weight", inverse, derived)
         if producer.bias is not None:
-            _replace(producer, "bias", producer.bias.detach().float() * inverse)
+            _replace(producer, "bias", inverse, derived)
     return set(folded)
 
 
-def apply_smoothing(model: nn.Module, items: Sequence[LayerSmoothing]) -> list[str]:
+def apply_smoothing(model: nn.Module, items: Sequence[LayerSmoothing],
+                    derived: list[DerivedWeight] | None = None) -> list[str]:
     """Give the quantized ``model`` the smoothing ``items``: new weight tensors ``W * s`` for each layer and
     ``1 / s`` folded into the producer or set as the input quantizer's ``pre_quant_scale``.
 
     Parameters are replaced, never written to, so a model sharing its tensors with the float model leaves
-    that one unchanged. Returns the names of the producers folded into.
+    that one unchanged. Returns the names of the producers folded into. A weight still on meta (a lazily opened
+    model) gets a new parameter on meta, added to ``derived``: :class:`~workbench.quant.algorithms.residency.
+    WithDerivedWeights` computes it from the checkpoint's weight each time its block is loaded.
 
     Raises:
         SmoothingError: a layer missing from the model, a weight whose input size differs from the scales,
@@ -473,9 +486,10 @@ def apply_smoothing(model: nn.Module, items: Sequence[LayerSmoothing]) -> list[s
     # a float layer (no input quantizer) whose 1/s is not folded is simply not smoothed
     items = [item for item in items if item.folded_into
              or isinstance(getattr(modules[item.layer], "_input_quantizer", None), TensorQuantizer)]
-    folded = _scale_weights(model, items, fold=True)
+    folded = _scale_weights(model, items, fold=True, derived=derived)
     for item in items:
         if not item.folded_into:
             quantizer = modules[item.layer]._input_quantizer
-            quantizer.pre_quant_scale = (1.0 / item.scales.float()).to(modules[item.layer].weight.device)
+            weight = modules[item.layer].weight  # on meta while lazily opened: the scale is made in memory
+            quantizer.pre_quant_scale = (1.0 / item.scales.float()).to("cpu" if weight.is_meta else weight.device)
     return sorted(folded)
