@@ -230,8 +230,7 @@ class Session(SessionEdits):
             The :class:`~workbench.quant.algorithms.calibrate.CalibrationResult`, also stored as the project's current
             calibration.
         """
-        in_blocks = (self.settings.calibration.sequential if sequential is None else sequential) and \
-            smoothquant is None and awq is None and not self.project.smoothing
+        in_blocks = self.settings.calibration.sequential if sequential is None else sequential
         if not in_blocks:  # one block at a time reads each block's weights when it runs, and lets them go after
             self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         if (smoothquant is not None or awq is not None) and context is not None and context.distributed:
@@ -239,9 +238,11 @@ class Session(SessionEdits):
                                "ones): calibrate with --smoothquant/--awq without --workers, then with workers.")
         decisions.require_quantized(self.project, "calibrate or smooth")
         if smoothquant is not None:
-            self.smooth("smoothquant", smoothing.parse_alpha(smoothquant), num_batches=num_batches)
+            self.smooth("smoothquant", smoothing.parse_alpha(smoothquant), num_batches=num_batches,
+                        sequential=in_blocks, progress=progress, cancel=cancel)
         if awq is not None:
-            self.smooth("awq", 1.0 if awq else None, num_batches=num_batches)
+            self.smooth("awq", 1.0 if awq else None, num_batches=num_batches, sequential=in_blocks,
+                        progress=progress, cancel=cancel)
         context = self._join(context)
         options = self.settings.calibration
         block_method = calibration.checked_block_method(block_method or options.block_method)
@@ -250,7 +251,7 @@ class Session(SessionEdits):
             model, self.data("calibration"), self.project, options, device=self.device, folded=self.folded_layers(),
             method=method, num_batches=num_batches, percentile=percentile, progress=progress, cancel=cancel,
             context=context, block_method=block_method, sequential=sequential,
-            residency=self._loaded.residency if in_blocks else None)
+            residency=self._block_residency() if in_blocks else None)
         self.project.calibrations.append(record)
         record.state_digest = state_digest(self.project)  # what the run's output SQNR was measured on
         record.weights_digest = self.weights_digest
@@ -259,15 +260,21 @@ class Session(SessionEdits):
         self._changed(SessionEvent.CALIBRATION)
         return result
 
-    def smooth(self, method: str, alpha: float | None, *, num_batches: int | None = None) -> list[str]:
+    def smooth(self, method: str, alpha: float | None, *, num_batches: int | None = None,
+               sequential: bool | None = None, progress: ProgressCallback | None = None,
+               cancel: CancelToken | None = None) -> list[str]:
         """Compute ``method``'s smoothing ("smoothquant" with strength ``alpha``, or "awq", which searches its
         own exponent) for every layer it applies to, replacing that method's earlier records; ``alpha`` None
         clears them, so the layers get their original weights back exactly. Returns the layers smoothed.
 
-        The quantized model's weights change: calibrate afterwards (:meth:`calibrate` with ``smoothquant=``
-        does both).
+        ``sequential`` (None: the project's ``calibration.sequential``) computes it one block at a time, each
+        block's weights read when it runs (the same records; ``progress`` and ``cancel`` per block, as sequential
+        calibration takes them). The quantized model's weights change: calibrate afterwards (:meth:`calibrate` with
+        ``smoothquant=`` does both).
         """
-        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
+        sequential = self.settings.calibration.sequential if sequential is None else sequential
+        if not sequential:
+            self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         self.project.smoothing = {name: record for name, record in self.project.smoothing.items()
                                   if record.method != method}
         self._invalidate()
@@ -278,7 +285,9 @@ class Session(SessionEdits):
         count = num_batches if num_batches is not None else self.settings.calibration.num_batches
         base, _ = self._fold_base()
         records = smoothing.compute_smoothing(base, layers, list(self.data("calibration").batches(count)),
-                                              method=method, alpha=alpha, device=self.device, block_sizes=blocks)
+                                              method=method, alpha=alpha, device=self.device, block_sizes=blocks,
+                                              sequential=sequential, residency=self._loaded.residency,
+                                              progress=progress, cancel=cancel)
         self.project.smoothing.update(records)
         self._invalidate()
         self._changed(SessionEvent.LAYERS)

@@ -412,7 +412,10 @@ def _replace(module: nn.Module, attr: str, factor: torch.Tensor, derived: list[D
     """A new parameter ``attr`` of ``module``: the old one times ``factor`` (see :class:`DerivedWeight`); one on meta
     (a lazily opened model) is added to ``derived``, to be computed when its block is loaded."""
     old = module._parameters[attr]
-    new = nn.Parameter(DerivedWeight.compute(old, (factor,)), requires_grad=old.requires_grad)
+    # on meta: made without touching the old one's data, which a streamed build would read from the checkpoint
+    value = torch.empty(old.shape, dtype=old.dtype, device="meta") if old.is_meta else \
+        DerivedWeight.compute(old, (factor,))
+    new = nn.Parameter(value, requires_grad=old.requires_grad)
     module._parameters[attr] = new
     if derived is not None and new.is_meta:
         earlier = next((item for item in derived if item.target is old), None)  # a producer smoothed itself too
