@@ -72,3 +72,37 @@ def test_awq_calibrates_a_bf16_llama(tmp_path, capsys):
     assert {item["method"] for item in result["smoothing"].values()} == {"awq"}
     assert result["output_sqnr_db"] > 5
     _bf16_weights_and_output(project)
+
+
+def test_a_bf16_gpt2_folds_into_its_layernorms_as_in_float32():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transformers"))
+    import models
+
+    from workbench.quant.algorithms.sequential_smoothing import plan_smoothing_sequential
+    from workbench.quant.algorithms.smoothing import apply_smoothing, is_linear_like, plan_smoothing
+
+    batches = [{"input_ids": models.tokens(2, 8, 50, seed=i)} for i in range(3)]
+    folds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        model = models.hf_gpt2().to(dtype)
+        layers = [name for name, module in model.named_modules() if is_linear_like(module)]
+        items = plan_smoothing(model, layers, batches, method="smoothquant", alpha=0.5)
+        folds[dtype] = {item.layer: item.folded_into for item in items}
+        walked = plan_smoothing_sequential(model, layers, batches, method="smoothquant", alpha=0.5)
+        assert {item.layer: item.folded_into for item in walked} == folds[dtype]
+    # the rounding of bf16 weights no longer reads as a wrong fold: ln_1 and ln_2 of both blocks carry 1/s
+    assert folds[torch.bfloat16] == folds[torch.float32]
+    assert sum(1 for producer in folds[torch.bfloat16].values() if producer) == 4
+
+    smoothed = models.hf_gpt2().to(torch.bfloat16)
+    smoothed.load_state_dict(model.state_dict())
+    apply_smoothing(smoothed, items)
+    assert smoothed.transformer.h[0].ln_1.weight.dtype == torch.bfloat16  # folded in the model's dtype
+    with torch.no_grad():
+        reference = model(**batches[0]).logits.float()
+        folded = smoothed(**batches[0]).logits.float()
+    assert float((folded - reference).abs().max()) < 0.05 * float(reference.abs().max())
