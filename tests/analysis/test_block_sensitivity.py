@@ -59,3 +59,40 @@ def test_a_model_without_blocks_is_refused_by_name():
     replace_to_quantization_module(model)
     with pytest.raises(ValueError, match="no nn.ModuleList of identical blocks.*without --sequential"):
         block_sensitivity(model, [torch.randn(2, 4)])
+
+
+def test_cli_sensitivity_sequential_on_a_lazily_opened_checkpoint(tmp_path, capsys, monkeypatch):
+    import json
+
+    import numpy as np
+
+    from tests.cli_run import run
+    from workbench.sources import model_source
+    from workbench.sources.lazy_checkpoint import LazyCheckpoint
+
+    pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    model = models.hf_llama()
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[:4] *= 60.0
+        model.model.layers[1].mlp.gate_proj.weight[:4] *= 8.0
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "llama", safe_serialization=True)
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 8)).astype(np.int64))
+    monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "always")
+    project = tmp_path / "p.qwb"
+    code, _, err = run(capsys, "new", project, "--model", f"hf:{tmp_path / 'llama'}", "--data",
+                       tmp_path / "ids.npy", "--batch-size", "4", "--output-key", "logits")
+    assert code == 0, err
+    for command in (["set", project, "--type", "Linear", "--precision", "int8"],
+                    ["calibrate", project, "--method", "max", "--sequential"]):
+        code, _, err = run(capsys, *command)
+        assert code == 0, err
+    monkeypatch.setattr(LazyCheckpoint, "materialise", lambda self, model: pytest.fail("every weight was read"))
+    code, out, err = run(capsys, "sensitivity", project, "--sequential", "--json")
+    assert code == 0, err
+    ranking = json.loads(out)["sensitivity"]
+    assert ranking["scheme"] == "one-on" and ranking["metric"]["name"] == "block output SQNR"
+    top = min(ranking["units"], key=lambda unit: unit["rank"])
+    assert top["name"] == "model.layers.1.mlp.down_proj"
+    code, _, err = run(capsys, "sensitivity", project, "--sequential", "--metric", "cosine")
+    assert code != 0 and "takes no metric" in err

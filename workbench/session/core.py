@@ -307,16 +307,22 @@ class Session(SessionEdits):
 
     def sensitivity(self, *, scheme: str = "one-off", metric: Any = None, units: Any = None,
                     num_batches: int | None = None, progress: ProgressCallback | None = None,
-                    cancel: CancelToken | None = None, context: DistContext | None = None):
+                    cancel: CancelToken | None = None, context: DistContext | None = None,
+                    sequential: bool = False):
         """Rank layers by how much quantizing them costs; the result is stored in the project.
 
         Args:
             scheme, units, num_batches, progress, cancel: as :func:`workbench.analysis.sensitivity` takes them.
             metric: a metric or its name; None: the project's metric.
             context: with a distributed ``context`` the units are shared among the ranks (see :meth:`calibrate`).
+            sequential: one block at a time, each block's weights read when it runs: every unit's SQNR at its
+                block's output, alone quantized ("one-on"; :mod:`workbench.analysis.block_sensitivity`); takes
+                no metric and no ``context``.
         Returns:
             The :class:`~workbench.analysis.SensitivityResult`, appended to the project's sensitivity runs.
         """
+        if sequential:
+            return self._block_sensitivity(metric, units, num_batches, progress, cancel, context)
         self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         context = self._join(context)
         decisions.require_quantized(self.project, "rank")
@@ -326,6 +332,27 @@ class Session(SessionEdits):
                                               self.project, scheme=scheme, units=units, num_batches=num_batches,
                                               output=self.settings.output, progress=progress, cancel=cancel,
                                               context=context)
+        self.project.sensitivity.append(record)
+        self._changed(SessionEvent.SENSITIVITY)
+        return result
+
+    def _block_sensitivity(self, metric: Any, units: Any, num_batches: int | None,
+                           progress: ProgressCallback | None, cancel: CancelToken | None,
+                           context: DistContext | None):
+        if metric is not None:
+            raise SessionError("Sensitivity one block at a time measures each layer's SQNR at its block's output; "
+                               "it takes no metric: rank without --sequential to use one.")
+        if context is not None and context.distributed:
+            raise SessionError("Sensitivity one block at a time runs in one process (it walks the blocks in order): "
+                               "rank without --workers, or without --sequential.")
+        decisions.require_quantized(self.project, "rank")
+        model = self._require_calibrated()
+        try:
+            result, record = analysis.block_sensitivity(
+                model, self._analysis_batches(), self.project, units=units, num_batches=num_batches,
+                residency=self._block_residency(), device=self.device, progress=progress, cancel=cancel)
+        except ValueError as error:  # a model without repeated blocks
+            raise SessionError(str(error)) from None
         self.project.sensitivity.append(record)
         self._changed(SessionEvent.SENSITIVITY)
         return result
