@@ -11,9 +11,15 @@ machine: the 1.1B row peaks at several GiB.
     python bench/llm_scale.py [--sizes 0.1B,0.5B,1.1B] [--precision int4w] [--root /tmp/llm_scale]
                               [--steps new,show,set,calibrate,calibrate-sequential,export] [--batches 2]
                               [--batch-size 4] [--seq 128] [--no-forward] [--repo CHECKOUT]
+                              [--lazy-open auto|always|never]
 
 ``calibrate-sequential`` is ``calibrate --sequential`` (one block at a time, the same amax; its output SQNR takes
 one more walk over the blocks where the whole-model ``calibrate`` takes two more passes).
+``calibrate-smoothquant`` and ``calibrate-smoothquant-sequential`` are the same with ``--smoothquant 0.5`` (use
+``--precision int8``): the smoothing planned on the whole model, or one block at a time (the same scales) before
+the calibration walks the blocks; ``calibrate-awq`` and ``calibrate-awq-sequential`` likewise with ``--awq on``
+(``--precision int4w``). ``--lazy-open always`` opens checkpoints under 512 MiB (the 0.1B one) lazily too, as
+larger ones open by default, so that a sequential step reads each block's weights when it runs.
 """
 from __future__ import annotations
 
@@ -158,7 +164,10 @@ def main() -> None:
                         help="skip the plain bf16 forward (it loads the whole model: a 7B one needs 14+ GiB)")
     parser.add_argument("--repo", type=Path, default=REPO,
                         help="the checkout whose workbench runs the steps (another one's: a before/after row)")
+    parser.add_argument("--lazy-open", choices=("auto", "always", "never"), default="auto",
+                        help="WORKBENCH_LAZY_OPEN for the workbench steps")
     args = parser.parse_args()
+    os.environ["WORKBENCH_LAZY_OPEN"] = args.lazy_open
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     steps = args.steps.split(",")
@@ -186,6 +195,12 @@ def main() -> None:
                     "set": ["set", project, "--type", "Linear", "--precision", args.precision],
                     "calibrate": ["calibrate", project, "--method", "max"],
                     "calibrate-sequential": ["calibrate", project, "--method", "max", "--sequential"],
+                    "calibrate-smoothquant": ["calibrate", project, "--method", "max", "--smoothquant", "0.5"],
+                    "calibrate-smoothquant-sequential": ["calibrate", project, "--method", "max", "--smoothquant",
+                                                         "0.5", "--sequential"],
+                    "calibrate-awq": ["calibrate", project, "--method", "max", "--awq", "on"],
+                    "calibrate-awq-sequential": ["calibrate", project, "--method", "max", "--awq", "on",
+                                                 "--sequential"],
                     "export": ["export", project, "-o", output, "--force"]}
         for step in steps:
             started = time.perf_counter()

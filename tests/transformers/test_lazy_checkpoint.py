@@ -217,9 +217,9 @@ def test_streamed_forward_holds_about_one_block(folder, eager, monkeypatch):
 
 
 def test_smoothed_project_opens_with_the_eager_weights(tmp_path, capsys, eager):
-    """SmoothQuant folds its scales into new weights at build time: a lazily opened model reads its weights first.
-    (float32: SmoothQuant on a bf16 model fails eagerly too, its float32 scales meet bf16 weights.)"""
-    folder = _llama(tmp_path, sharded=False, dtype=torch.float32)
+    """SmoothQuant folds its scales into new weights at build time: a lazily opened model keeps them on meta (each
+    computed from the checkpoint when its block is loaded) and computes them all once a job reads every weight."""
+    folder = _llama(tmp_path, sharded=False)
     from workbench.session import Session
 
     weights = {}
@@ -229,7 +229,11 @@ def test_smoothed_project_opens_with_the_eager_weights(tmp_path, capsys, eager):
         project = _new(capsys, tmp_path, folder, f"{mode}.qwb")
         code, _, err = run(capsys, "calibrate", project, "--method", "max", "--smoothquant", "0.5")
         assert code == 0, err
-        model = Session.open(project).quantized_model()
+        session = Session.open(project)
+        if mode == "lazy":
+            assert session.quantized_model().model.layers[0].self_attn.q_proj.weight.is_meta
+            session.evaluate()  # a job that reads every weight
+        model = session.quantized_model()
         weights[mode] = {n: p for n, p in model.named_parameters()}
     assert weights["lazy"].keys() == weights["eager"].keys()
     assert all(not p.is_meta and torch.equal(p, weights["eager"][n]) for n, p in weights["lazy"].items())

@@ -157,7 +157,8 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
         with Progress(args, "sensitivity", context.is_main) as progress:
             result = session.sensitivity(scheme=args.scheme, metric=metric, num_batches=args.num_batches,
                                          units=None if args.units == "layers" else args.units,
-                                         progress=progress, cancel=progress.cancel, context=context)
+                                         progress=progress, cancel=progress.cancel, context=context,
+                                         sequential=args.sequential)
             fallback = None
             applied: list[Any] = []
             from workbench.analysis.goals import resolve_goal  # the rule the GUI's searches follow too
@@ -434,6 +435,9 @@ def _sensitivity_options(sens: argparse.ArgumentParser) -> None:
     sens.add_argument("--metric", help=f"override the project's metric (new projects: {DEFAULTS.metric.name})")
     sens.add_argument("--metric-direction", choices=DIRECTIONS)
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
+    sens.add_argument("--sequential", action="store_true",
+                      help="one decoder block at a time (only that block's weights resident): each layer's SQNR at "
+                           "its block's output with it alone quantized, instead of whole-model passes; no --metric")
     sens.add_argument("--top", type=int, default=10, help="how many layers to print")
     sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32 (for SQNR, whose "
                                                       "FP32 value is infinite: this many dB above all-INT8)")

@@ -425,16 +425,17 @@ class QDQStandIn(nn.Module):
             channels = self.scale.numel() if self.scale.dim() == 1 else 0
             return torch.ops.workbench.dq_fp8_weight(self.values, self.scale, self.params.axis_for(inputs.dim()),
                                                      channels).to(inputs.dtype)
+        # a bf16/fp16 network: Cast -> Q/DQ with float32 scales -> Cast back, as TensorRT reads them (and as
+        # Model Optimizer writes them); onnx's QuantizeLinear takes no bf16 input before opset 19 and wants the
+        # scale in the input's type. The fake quant computes in float32 the same way (a smoothing's float32 Mul
+        # included, after the Cast), so the bits agree.
+        network_dtype = inputs.dtype
+        if network_dtype in (torch.bfloat16, torch.float16):
+            inputs = inputs.to(torch.float32)
         if self.pre_quant_scale is not None:
             inputs = inputs * self.pre_quant_scale
         if self.clip_range is not None:
             inputs = torch.clamp(inputs, self.clip_range[0], self.clip_range[1])
-        # a bf16/fp16 network: Cast -> Q/DQ with float32 scales -> Cast back, as TensorRT reads them (and as
-        # Model Optimizer writes them); onnx's QuantizeLinear takes no bf16 input before opset 19 and wants the
-        # scale in the input's type. The fake quant computes in float32 the same way, so the bits agree.
-        network_dtype = inputs.dtype
-        if network_dtype in (torch.bfloat16, torch.float16):
-            inputs = inputs.to(torch.float32)
         axis = self.params.axis_for(inputs.dim())
         if self.params.format == "fp8":
             channels = self.scale.numel() if self.scale.dim() == 1 else 0

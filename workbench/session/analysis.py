@@ -20,7 +20,7 @@ from workbench.quant.algorithms.distributed import DistContext
 from workbench.session.build import layer_of
 from workbench.sources.data_source import DataSource
 
-__all__ = ["resolve_metric", "analysis_batches", "sensitivity", "latest_sensitivity", "fallback",
+__all__ = ["resolve_metric", "analysis_batches", "sensitivity", "block_sensitivity", "latest_sensitivity", "fallback",
            "fallback_layers", "is_latest_fallback", "layers_of", "latest_fallback", "latest_ladder", "evaluate"]
 
 
@@ -47,6 +47,19 @@ def sensitivity(model: nn.Module, batches: list, metric: Any, project: Project, 
 
     result = run_sensitivity(model, batches, metric, scheme=scheme, units=units, num_batches=num_batches,
                              progress=progress, cancel=cancel, output=output, context=context)
+    return result, SensitivityRecord(project.next_id(project.sensitivity), now_iso(), result.to_dict())
+
+
+def block_sensitivity(model: nn.Module, batches: list, project: Project, *, units: Any = None,
+                      num_batches: int | None = None, residency: Any = None, device: torch.device | None = None,
+                      progress: ProgressCallback | None = None,
+                      cancel: CancelToken | None = None) -> tuple[Any, SensitivityRecord]:
+    """Rank ``model``'s units one block at a time by their block's output SQNR (see
+    :func:`workbench.analysis.block_sensitivity.block_sensitivity`); returns the ranking and its record."""
+    from workbench.analysis.block_sensitivity import block_sensitivity as run_block_sensitivity
+
+    result = run_block_sensitivity(model, batches, units=units, num_batches=num_batches, residency=residency,
+                                   device=device, progress=progress, cancel=cancel)
     return result, SensitivityRecord(project.next_id(project.sensitivity), now_iso(), result.to_dict())
 
 

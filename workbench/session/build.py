@@ -27,6 +27,7 @@ from workbench.graph.tree import add_note
 from workbench.project import CalibrationRecord, FinetuneRecord, Project, QuantizerRecord
 from workbench.project.settings import ProjectSettings, jsonable, make_descriptor
 from workbench.quant import TensorQuantizer
+from workbench.quant.algorithms.residency import DerivedWeight
 from workbench.quant.algorithms.smoothing import LayerSmoothing, SmoothingError, apply_smoothing
 from workbench.quant.algorithms.snapshot import holds_quantizers, quantizer_names
 from workbench.quant.calib import HistogramCalibrator, MaxCalibrator
@@ -55,6 +56,8 @@ class BuildReport:
     finetune: str | None = None                         # whether the fine-tuned weights apply, and why not
     smoothed: list[str] = field(default_factory=list)  # producers that carry a smoothing's 1/s (folded)
     smoothing_problem: str | None = None                # why the project's smoothing was not applied
+    # smoothed weights of a lazily opened model: on meta, computed from the checkpoint's when their block loads
+    derived_weights: list[DerivedWeight] = field(default_factory=list)
 
 
 @dataclass
@@ -200,7 +203,7 @@ def build_quantized(base: nn.Module, project: Project, device: torch.device, *, 
     if with_decisions and project.smoothing:
         try:
             items = smoothing_items(project)
-            report.smoothed = apply_smoothing(model, items)
+            report.smoothed = apply_smoothing(model, items, report.derived_weights)
             modules = dict(model.named_modules())
             for item in items:  # the tree and the layer list show it beside the layer
                 add_note(modules[item.layer], item.describe())

@@ -230,8 +230,7 @@ class Session(SessionEdits):
             The :class:`~workbench.quant.algorithms.calibrate.CalibrationResult`, also stored as the project's current
             calibration.
         """
-        in_blocks = (self.settings.calibration.sequential if sequential is None else sequential) and \
-            smoothquant is None and awq is None and not self.project.smoothing
+        in_blocks = self.settings.calibration.sequential if sequential is None else sequential
         if not in_blocks:  # one block at a time reads each block's weights when it runs, and lets them go after
             self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         if (smoothquant is not None or awq is not None) and context is not None and context.distributed:
@@ -239,9 +238,11 @@ class Session(SessionEdits):
                                "ones): calibrate with --smoothquant/--awq without --workers, then with workers.")
         decisions.require_quantized(self.project, "calibrate or smooth")
         if smoothquant is not None:
-            self.smooth("smoothquant", smoothing.parse_alpha(smoothquant), num_batches=num_batches)
+            self.smooth("smoothquant", smoothing.parse_alpha(smoothquant), num_batches=num_batches,
+                        sequential=in_blocks, progress=progress, cancel=cancel)
         if awq is not None:
-            self.smooth("awq", 1.0 if awq else None, num_batches=num_batches)
+            self.smooth("awq", 1.0 if awq else None, num_batches=num_batches, sequential=in_blocks,
+                        progress=progress, cancel=cancel)
         context = self._join(context)
         options = self.settings.calibration
         block_method = calibration.checked_block_method(block_method or options.block_method)
@@ -250,7 +251,7 @@ class Session(SessionEdits):
             model, self.data("calibration"), self.project, options, device=self.device, folded=self.folded_layers(),
             method=method, num_batches=num_batches, percentile=percentile, progress=progress, cancel=cancel,
             context=context, block_method=block_method, sequential=sequential,
-            residency=self._loaded.residency if in_blocks else None)
+            residency=self._block_residency() if in_blocks else None)
         self.project.calibrations.append(record)
         record.state_digest = state_digest(self.project)  # what the run's output SQNR was measured on
         record.weights_digest = self.weights_digest
@@ -259,15 +260,21 @@ class Session(SessionEdits):
         self._changed(SessionEvent.CALIBRATION)
         return result
 
-    def smooth(self, method: str, alpha: float | None, *, num_batches: int | None = None) -> list[str]:
+    def smooth(self, method: str, alpha: float | None, *, num_batches: int | None = None,
+               sequential: bool | None = None, progress: ProgressCallback | None = None,
+               cancel: CancelToken | None = None) -> list[str]:
         """Compute ``method``'s smoothing ("smoothquant" with strength ``alpha``, or "awq", which searches its
         own exponent) for every layer it applies to, replacing that method's earlier records; ``alpha`` None
         clears them, so the layers get their original weights back exactly. Returns the layers smoothed.
 
-        The quantized model's weights change: calibrate afterwards (:meth:`calibrate` with ``smoothquant=``
-        does both).
+        ``sequential`` (None: the project's ``calibration.sequential``) computes it one block at a time, each
+        block's weights read when it runs (the same records; ``progress`` and ``cancel`` per block, as sequential
+        calibration takes them). The quantized model's weights change: calibrate afterwards (:meth:`calibrate` with
+        ``smoothquant=`` does both).
         """
-        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
+        sequential = self.settings.calibration.sequential if sequential is None else sequential
+        if not sequential:
+            self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         self.project.smoothing = {name: record for name, record in self.project.smoothing.items()
                                   if record.method != method}
         self._invalidate()
@@ -278,7 +285,9 @@ class Session(SessionEdits):
         count = num_batches if num_batches is not None else self.settings.calibration.num_batches
         base, _ = self._fold_base()
         records = smoothing.compute_smoothing(base, layers, list(self.data("calibration").batches(count)),
-                                              method=method, alpha=alpha, device=self.device, block_sizes=blocks)
+                                              method=method, alpha=alpha, device=self.device, block_sizes=blocks,
+                                              sequential=sequential, residency=self._loaded.residency,
+                                              progress=progress, cancel=cancel)
         self.project.smoothing.update(records)
         self._invalidate()
         self._changed(SessionEvent.LAYERS)
@@ -298,16 +307,22 @@ class Session(SessionEdits):
 
     def sensitivity(self, *, scheme: str = "one-off", metric: Any = None, units: Any = None,
                     num_batches: int | None = None, progress: ProgressCallback | None = None,
-                    cancel: CancelToken | None = None, context: DistContext | None = None):
+                    cancel: CancelToken | None = None, context: DistContext | None = None,
+                    sequential: bool = False):
         """Rank layers by how much quantizing them costs; the result is stored in the project.
 
         Args:
             scheme, units, num_batches, progress, cancel: as :func:`workbench.analysis.sensitivity` takes them.
             metric: a metric or its name; None: the project's metric.
             context: with a distributed ``context`` the units are shared among the ranks (see :meth:`calibrate`).
+            sequential: one block at a time, each block's weights read when it runs: every unit's SQNR at its
+                block's output, alone quantized ("one-on"; :mod:`workbench.analysis.block_sensitivity`); takes
+                no metric and no ``context``.
         Returns:
             The :class:`~workbench.analysis.SensitivityResult`, appended to the project's sensitivity runs.
         """
+        if sequential:
+            return self._block_sensitivity(metric, units, num_batches, progress, cancel, context)
         self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         context = self._join(context)
         decisions.require_quantized(self.project, "rank")
@@ -317,6 +332,27 @@ class Session(SessionEdits):
                                               self.project, scheme=scheme, units=units, num_batches=num_batches,
                                               output=self.settings.output, progress=progress, cancel=cancel,
                                               context=context)
+        self.project.sensitivity.append(record)
+        self._changed(SessionEvent.SENSITIVITY)
+        return result
+
+    def _block_sensitivity(self, metric: Any, units: Any, num_batches: int | None,
+                           progress: ProgressCallback | None, cancel: CancelToken | None,
+                           context: DistContext | None):
+        if metric is not None:
+            raise SessionError("Sensitivity one block at a time measures each layer's SQNR at its block's output; "
+                               "it takes no metric: rank without --sequential to use one.")
+        if context is not None and context.distributed:
+            raise SessionError("Sensitivity one block at a time runs in one process (it walks the blocks in order): "
+                               "rank without --workers, or without --sequential.")
+        decisions.require_quantized(self.project, "rank")
+        model = self._require_calibrated()
+        try:
+            result, record = analysis.block_sensitivity(
+                model, self._analysis_batches(), self.project, units=units, num_batches=num_batches,
+                residency=self._block_residency(), device=self.device, progress=progress, cancel=cancel)
+        except ValueError as error:  # a model without repeated blocks
+            raise SessionError(str(error)) from None
         self.project.sensitivity.append(record)
         self._changed(SessionEvent.SENSITIVITY)
         return result

@@ -22,6 +22,7 @@ from workbench.graph.fold import FoldReport
 from workbench.project import ExportRecord, Project, file_revision, load_project
 from workbench.project.settings import ProjectSettings
 from workbench.quant.algorithms.precision import Precision
+from workbench.quant.algorithms.residency import WithDerivedWeights
 from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.session import (
     analysis,
@@ -190,8 +191,6 @@ class SessionReading:
         """The quantized model for the current decisions, calibrated as far as the project knows."""
         if self._quant_model is None:
             started = time.perf_counter()
-            if self.project.smoothing:
-                self._loaded.materialise()  # smoothing folds its scales into real weights
             base, folding = self._fold_base()
             example = self._example_inputs()
             built = self._sample_run(lambda inputs: build_quantized(base, self.project, self.device, folding=folding,
@@ -199,7 +198,16 @@ class SessionReading:
                                      example, "building the quantized model")
             self._quant_model, self.build_report = built.model, built.report
             self.last_build_s = time.perf_counter() - started
+        derived = self._block_residency()
+        checkpoint = self._loaded.checkpoint
+        if derived.pending() and checkpoint is not None and checkpoint.resident(self.float_model):
+            derived.load("", self._quant_model)  # every weight was read since (a job that needs them all)
         return self._quant_model
+
+    def _block_residency(self) -> WithDerivedWeights:
+        """What a job walking the quantized model block by block loads and releases each block with: the lazily
+        opened checkpoint's weights, and the smoothed weights computed from them (:class:`WithDerivedWeights`)."""
+        return WithDerivedWeights(self._loaded.residency, self.build_report.derived_weights)
 
     @property
     def needs_rebuild(self) -> bool:

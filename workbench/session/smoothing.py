@@ -13,7 +13,10 @@ from torch import nn
 
 from workbench.project import Project
 from workbench.project.model import SmoothingRecord
+from workbench.quant.algorithms.calibration_results import CancelToken, ProgressCallback
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
+from workbench.quant.algorithms.residency import BlockResidency
+from workbench.quant.algorithms.sequential_smoothing import plan_smoothing_sequential
 from workbench.quant.algorithms.smoothing import SMOOTHING_METHODS, SmoothingError, is_linear_like, plan_smoothing
 
 __all__ = ["smoothing_layers", "layers_to_smooth", "compute_smoothing", "parse_alpha", "OFF"]
@@ -55,15 +58,27 @@ def layers_to_smooth(project: Project, quantized: nn.Module, precisions: Mapping
 
 
 def compute_smoothing(base: nn.Module, layers: list[str], batches: Iterable, *, method: str, alpha: float,
-                      device, block_sizes: Mapping[str, int] | None = None) -> dict[str, SmoothingRecord]:
+                      device, block_sizes: Mapping[str, int] | None = None, sequential: bool = False,
+                      residency: BlockResidency | None = None, progress: ProgressCallback | None = None,
+                      cancel: CancelToken | None = None) -> dict[str, SmoothingRecord]:
     """Smoothing records for ``layers`` of the float model ``base`` (see :func:`plan_smoothing`); AWQ quantizes
-    each layer's weight in its own INT4 block size (``block_sizes``, default 128)."""
+    each layer's weight in its own INT4 block size (``block_sizes``, default 128).
+
+    ``sequential`` plans one block at a time (:func:`~workbench.quant.algorithms.sequential_smoothing.
+    plan_smoothing_sequential`: the same records, each block's weights loaded and released by ``residency``)."""
     sizes = dict(block_sizes or {})
+    batches = list(batches)
     planned = []
     # layers sharing one INT4 block size are planned together (those reading one tensor must share scales)
     for size in sorted(set(sizes.get(name, DEFAULT_BLOCK_SIZE) for name in layers)):
         group = [name for name in layers if sizes.get(name, DEFAULT_BLOCK_SIZE) == size]
-        planned += plan_smoothing(base, group, batches, method=method, alpha=alpha, device=device, block_size=size)
+        if sequential:
+            planned += plan_smoothing_sequential(base, group, batches, method=method, alpha=alpha, device=device,
+                                                 block_size=size, residency=residency, progress=progress,
+                                                 cancel=cancel)
+        else:
+            planned += plan_smoothing(base, group, batches, method=method, alpha=alpha, device=device,
+                                      block_size=size)
     return {item.layer: SmoothingRecord(item.layer, item.method, float(item.alpha),
                                         item.scales.detach().cpu().numpy().astype(np.float32), item.folded_into,
                                         item.error_before, item.error_after) for item in planned}

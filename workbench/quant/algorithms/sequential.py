@@ -29,21 +29,26 @@ before and after them is refused (its statistics would come in another order).
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import math
-import sys
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from workbench.quant.algorithms.activation_store import ACTIVATION_BUDGET, ActivationStore, SpillFolder
 from workbench.quant.algorithms.batches import run_model, sqnr_powers
+from workbench.quant.algorithms.block_walk import (
+    MIN_BLOCK_SHARE,
+    BlockCalibrationError,
+    Blocks,
+    BlockWalk,
+    SequentialUnsupported,
+    as_keywords,
+    find_blocks,
+    no_blocks_reason,
+)
 from workbench.quant.algorithms.blocks import DEFAULT_BLOCK_METHOD, refine_block_amax
 from workbench.quant.algorithms.calibrate import calibrate, checked_arguments
 from workbench.quant.algorithms.calibration_amax import (
@@ -55,15 +60,8 @@ from workbench.quant.algorithms.calibration_amax import (
     suspicious,
     zero_warnings,
 )
-from workbench.quant.algorithms.calibration_collect import (
-    MOSTLY_NONFINITE,
-    forget_collected_weights,
-    nonfinite_share,
-    nonfinite_warnings,
-    start_collecting,
-)
+from workbench.quant.algorithms.calibration_collect import nonfinite_warnings, start_collecting
 from workbench.quant.algorithms.calibration_results import (
-    CalibrationCancelled,
     CalibrationError,
     CalibrationResult,
     CancelToken,
@@ -81,98 +79,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Blocks", "BlockCalibrationError", "SequentialUnsupported", "find_blocks", "calibrate_sequential",
            "MIN_BLOCK_SHARE", "ACTIVATION_BUDGET"]
-
-# A list of identical blocks is "the model's blocks" when it holds at least this share of the parameters.
-MIN_BLOCK_SHARE = 0.5
-
-
-@dataclass
-class Blocks:
-    """A model's repeated blocks: the list's qualified name, its items by qualified name, and the modules
-    outside it (embeddings, final norm, head) by qualified name."""
-
-    name: str
-    items: list[tuple[str, nn.Module]]
-    outside: list[tuple[str, nn.Module]]
-    share: float  # of the model's parameters in the blocks
-
-    def describe(self) -> str:
-        kind = type(self.items[0][1]).__name__
-        return f"{len(self.items)} {kind} blocks in {self.name} ({self.share:.0%} of the parameters)"
-
-
-class BlockCalibrationError(CalibrationError):
-    """A block failed on a batch's inputs during sequential calibration; the model is as it was.
-
-    Attributes:
-        block: the block's qualified name (``model.layers.3``).
-    """
-
-    def __init__(self, block: str, batch_index: int, original: BaseException) -> None:
-        super().__init__(batch_index, original)
-        self.block = block
-        self.args = (f"Block {block} failed on calibration batch {batch_index} (sequential calibration): "
-                     f"{type(original).__name__}: {original}",)
-
-
-class SequentialUnsupported(ValueError):
-    """The model's blocks cannot be walked one at a time (see the module's assumptions); the model is unchanged."""
-
-
-class _Reached(BaseException):  # noqa: N818 - a control-flow signal, not an error
-    """Raised by the first block's pre-hook to stop the capture pass there (a BaseException, so that a model's
-    own ``except Exception`` around its layers does not swallow it)."""
-
-    def __init__(self, args: tuple, kwargs: dict) -> None:
-        super().__init__()
-        self.inputs = (args, kwargs)
-
-
-def _parameter_count(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())  # meta parameters count too
-
-
-def find_blocks(model: nn.Module) -> Blocks | None:
-    """The ``nn.ModuleList`` of at least two modules of one class holding the most parameters, if that is at least
-    :data:`MIN_BLOCK_SHARE` of the model's; None when the model has no such list."""
-    total = _parameter_count(model)
-    if total == 0:
-        return None
-    best: tuple[int, str, nn.ModuleList] | None = None
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or len(module) < 2:
-            continue
-        if len({type(item) for item in module}) != 1:
-            continue
-        count = _parameter_count(module)
-        if best is None or count > best[0]:
-            best = (count, name, module)
-    if best is None or best[0] < MIN_BLOCK_SHARE * total:
-        return None
-    count, name, blocks = best
-    items = [(f"{name}.{key}", item) for key, item in blocks.named_children()]
-    return Blocks(name=name, items=items, outside=_outside(model, name), share=count / total)
-
-
-def no_blocks_reason(model: nn.Module) -> str:
-    """Why :func:`find_blocks` found nothing, for the fallback's warning."""
-    return (f"{type(model).__name__} has no nn.ModuleList of identical blocks holding at least "
-            f"{MIN_BLOCK_SHARE:.0%} of its parameters (a decoder's model.layers, GPT-2's transformer.h, BERT's "
-            "encoder.layer)")
-
-
-def _outside(model: nn.Module, list_name: str) -> list[tuple[str, nn.Module]]:
-    """The modules beside the path from the root to the block list: everything that is not a block."""
-    outside: list[tuple[str, nn.Module]] = []
-    parts = list_name.split(".")
-    parent, prefix = model, ""
-    for part in parts:
-        for child_name, child in parent.named_children():
-            if child_name != part:
-                outside.append((prefix + child_name, child))
-        parent = getattr(parent, part)
-        prefix += part + "."
-    return outside
 
 
 def calibrate_sequential(model: nn.Module, batches: Iterable, *, num_batches: int | None, method: str,
@@ -273,41 +179,24 @@ def _commit(snapshot: ModelSnapshot, quantizers: dict[str, TensorQuantizer], ama
     return result
 
 
-class _SequentialRun:
-    """The state of one sequential calibration: the stores, the batches kept for the tail pass, the counts."""
+class _SequentialRun(BlockWalk):
+    """One sequential calibration: the walk (:class:`BlockWalk`), the float outputs kept for the SQNR, the times."""
 
     def __init__(self, model: nn.Module, blocks: Blocks, quantizers: dict[str, TensorQuantizer],
                  residency: BlockResidency, device: torch.device | str | None, progress: ProgressCallback | None,
                  cancel: CancelToken | None, spill: SpillFolder, report_sqnr: bool = False) -> None:
-        self.model, self.blocks, self.quantizers, self.residency = model, blocks, quantizers, residency
-        self.home = _home_device(model)
-        self.device = torch.device(device) if device is not None else self.home
-        self.progress, self.cancel, self.spill = progress, cancel, spill
-        self.done = 0
-        self.mostly_nonfinite: list[int] = []
+        super().__init__(model, blocks, residency, device, progress, cancel, spill,
+                         steps=len(blocks.items) + 2 + (len(blocks.items) + 1 if report_sqnr else 0))
+        self.quantizers = quantizers
         self.amax_time_s = 0.0
         self.auto_time_s = 0.0  # measuring "auto"'s candidates
-        # per batch: (the batch, the first block's inputs but the hidden states, whether those were positional)
-        self.contexts = ActivationStore(spill)
-        self.hidden = ActivationStore(spill)  # the hidden states going into the current block
         # the float model's outputs of the tail pass, for the output SQNR
         self.reference = ActivationStore(spill) if report_sqnr else None
-        self.steps = len(blocks.items) + 2 + (len(blocks.items) + 1 if report_sqnr else 0)
 
     def close(self) -> None:
-        self.contexts.close()
-        self.hidden.close()
         if self.reference is not None:
             self.reference.close()
-        self.spill.close()
-
-    def _check_cancel(self, where: str) -> None:
-        if self.cancel is not None and self.cancel.is_set():
-            raise CalibrationCancelled(f"Calibration cancelled {where}.")
-
-    def _report(self, step: int, message: str) -> None:
-        if self.progress is not None:
-            self.progress(step, self.steps, message)
+        super().close()
 
     def calibrate(self, batches: Iterable, num_batches: int | None, calibrating: dict[str, TensorQuantizer],
                   method: str, percentile: float, block_method: str) -> Amaxes:
@@ -317,13 +206,13 @@ class _SequentialRun:
         auto = method == AmaxMethod.AUTO.value
         inside = {name for name in calibrating if any(name.startswith(block + ".") for block, _ in self.blocks.items)}
         outside = {name: q for name, q in calibrating.items() if name not in inside}
-        with self._outside_loaded():
-            head = self._capture(batches, num_batches, outside)
+        with self.outside_loaded():
+            head = self.capture(batches, num_batches, outside.values())
             for step, (block_name, block) in enumerate(self.blocks.items, start=1):
                 mine = {name: q for name, q in calibrating.items() if name.startswith(block_name + ".")}
                 last = step == len(self.blocks.items)
-                with self._block_in_memory(block_name, block):
-                    inputs = self._run_block(block_name, block, last, keep=AUTO_BATCHES if auto else 0)
+                with self.block_in_memory(block_name, block):
+                    inputs = self.run_block(block_name, block, last, keep=AUTO_BATCHES if auto else 0)
                     try:
                         candidates = self._amax(mine, block, block_name, method, percentile, block_method, amaxes,
                                                 blind)
@@ -333,7 +222,7 @@ class _SequentialRun:
                             self.auto_time_s += time.perf_counter() - started
                     finally:
                         inputs.close()
-                self._report(step + 1, f"calibrated block {block_name} ({step} of {len(self.blocks.items)})")
+                self.report(step + 1, f"calibrated block {block_name} ({step} of {len(self.blocks.items)})")
             self._tail(head)
             tail = dict(outside)
             candidates = {}
@@ -344,11 +233,11 @@ class _SequentialRun:
             if candidates:
                 started = time.perf_counter()
                 kept = [(index, self.contexts.get(index)[0]) for index in range(min(AUTO_BATCHES, self.done))]
-                with self._replaying():
+                with self.replaying():
                     pick_auto_methods(self.model, outside, candidates, amaxes.results, kept, self.device, SINGLE,
                                       self.cancel)
                 self.auto_time_s += time.perf_counter() - started
-        self._report(len(self.blocks.items) + 2, "calibrated the modules after the blocks")
+        self.report(len(self.blocks.items) + 2, "calibrated the modules after the blocks")
         if blind:
             raise NonFiniteCalibrationError(blind)
         if calibrating and not amaxes.results:
@@ -362,43 +251,26 @@ class _SequentialRun:
         The float reference is the collecting pass's output: equal to the whole-model run's (every quantizer off)
         but where a quantized attention takes its decomposed path while collecting and the fused one when off
         (the two differ by float rounding: ~1e-6 dB on the tests' LLaMA)."""
-        first_name, first = self.blocks.items[0]
-
-        def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            raise _Reached(args, kwargs)
-
         signal = noise = 0.0
         counted = 0
         step = len(self.blocks.items) + 2
-        with self._outside_loaded(), torch.no_grad():
-            self.hidden.close()
-            self.hidden = ActivationStore(self.spill)
-            handle = first.register_forward_pre_hook(stop, with_kwargs=True)
-            try:
-                for index in range(self.done):
-                    try:
-                        run_model(self.model, self.contexts.get(index)[0], self.device)
-                    except _Reached as reached:
-                        self.hidden.put(index, _split_hidden(first_name, *reached.inputs)[0])
-                    except Exception as error:
-                        raise CalibrationError(index, error) from error
-            finally:
-                handle.remove()
+        with self.outside_loaded(), torch.no_grad():
+            self.capture_again()
             for number, (name, block) in enumerate(self.blocks.items, start=1):
-                with self._block_in_memory(name, block):
-                    self._run_block(name, block, number == len(self.blocks.items), keep=0).close()
-                self._report(step + number, f"output SQNR: quantized block {name} ({number} of "
+                with self.block_in_memory(name, block):
+                    self.run_block(name, block, number == len(self.blocks.items), keep=0).close()
+                self.report(step + number, f"output SQNR: quantized block {name} ({number} of "
                                             f"{len(self.blocks.items)})")
-            with self._replaying():
+            with self.replaying():
                 for index in range(self.done):
-                    self._check_cancel(f"while measuring the output SQNR, before batch {index}")
+                    self.check_cancel(f"while measuring the output SQNR, before batch {index}")
                     quantized = run_model(self.model, self.contexts.get(index)[0], self.device)
                     powers = sqnr_powers(self.reference.get(index), quantized)
                     if powers is not None:
                         signal += powers[0]
                         noise += powers[1]
                         counted += 1
-        self._report(self.steps, f"measured the output SQNR on {counted} batches")
+        self.report(self.steps, f"measured the output SQNR on {counted} batches")
         if counted == 0:
             return None, 0
         if noise == 0:
@@ -414,7 +286,7 @@ class _SequentialRun:
         kept = []
         for index in range(min(AUTO_BATCHES, self.done)):
             _, rest, positional = self.contexts.get(index)
-            kept.append((index, _as_keywords(block_name, block, inputs.get(index), rest, positional)))
+            kept.append((index, as_keywords(block_name, block, inputs.get(index), rest, positional)))
         pick_auto_methods(block, mine, candidates, amaxes.results, kept, self.device, SINGLE, self.cancel)
         for name in candidates:  # the owners were found under the block: name them in the model
             choice = amaxes.results[name].choice
@@ -422,141 +294,6 @@ class _SequentialRun:
                 choice.owner = f"{block_name}.{choice.owner}"
 
     # ----- residency ----------------------------------------------------------------------------------
-
-    @contextmanager
-    def _block_in_memory(self, name: str, module: nn.Module) -> Iterator[None]:
-        self.residency.load(name, module)
-        try:
-            if self.device != self.home:
-                module.to(self.device)
-            yield
-        finally:
-            if self.device != self.home:
-                module.to(self.home)
-            forget_collected_weights(module)
-            self.residency.release(name, module)
-
-    @contextmanager
-    def _outside_loaded(self) -> Iterator[None]:
-        loaded: list[tuple[str, nn.Module]] = []
-        try:
-            for name, module in self.blocks.outside:
-                self.residency.load(name, module)
-                loaded.append((name, module))
-                if self.device != self.home:
-                    module.to(self.device)
-            yield
-        finally:
-            for name, module in reversed(loaded):
-                if self.device != self.home:
-                    module.to(self.home)
-                forget_collected_weights(module)
-                self.residency.release(name, module)
-
-    # ----- the passes -----------------------------------------------------------------------------------
-
-    def _capture(self, batches: Iterable, num_batches: int | None,
-                 outside: dict[str, TensorQuantizer]) -> set[int]:
-        """Run each batch up to the first block (the modules before it collect); keep that block's inputs.
-
-        Returns:
-            The ids of the quantizers outside the blocks that collected here (to bypass in the tail pass).
-        """
-        first_name, first = self.blocks.items[0]
-        reached: set[int] = set()
-
-        def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            raise _Reached(args, kwargs)
-
-        def seen(quantizer: nn.Module, args: tuple) -> None:
-            reached.add(id(quantizer))
-
-        handles = [first.register_forward_pre_hook(stop, with_kwargs=True)]
-        handles += [q.register_forward_pre_hook(seen) for q in outside.values()]
-        try:
-            with torch.no_grad():
-                for index, batch in enumerate(batches):
-                    if num_batches is not None and index >= num_batches:
-                        break
-                    self._check_cancel(f"after {self.done} batches (capturing the inputs of {first_name})")
-                    try:
-                        run_model(self.model, batch, self.device)
-                    except _Reached as inputs:
-                        args, kwargs = inputs.inputs
-                    except Exception as error:  # the user's model: report which batch, keep the cause
-                        raise CalibrationError(index, error) from error
-                    else:
-                        raise CalibrationError(index, ValueError(
-                            f"the model returned without calling {first_name}: sequential calibration needs every "
-                            f"batch to go through {self.blocks.name}; calibrate without sequential"))
-                    hidden, rest, positional = _split_hidden(first_name, args, kwargs)
-                    self.contexts.put(index, (batch, rest, positional))
-                    self.hidden.put(index, hidden)
-                    if nonfinite_share(batch) > MOSTLY_NONFINITE:
-                        self.mostly_nonfinite.append(index)
-                    self.done += 1
-        finally:
-            for handle in handles:
-                handle.remove()
-        if self.done == 0:
-            raise ValueError("No calibration batches: the data source yielded nothing.")
-        self._report(1, f"captured the inputs of {first_name} for {self.done} batches")
-        return reached
-
-    def _run_block(self, name: str, block: nn.Module, last: bool, keep: int) -> ActivationStore:
-        """Every batch through ``block`` (its quantizers collect); its outputs become the current hidden states.
-        The last block keeps its whole output, which the tail pass replays.
-
-        Returns:
-            The block's inputs of the first ``keep`` batches (the others are dropped as they are used).
-        """
-        outputs = ActivationStore(self.spill)
-        try:
-            with torch.no_grad():
-                for index in range(self.done):
-                    self._check_cancel(f"in block {name} before batch {index}")
-                    _, rest, positional = self.contexts.get(index)
-                    hidden = self.hidden.get(index)
-                    if index >= keep:
-                        self.hidden.drop(index)
-                    args, kwargs = rest
-                    try:
-                        output = block(hidden, *args, **kwargs) if positional else block(
-                            *args, hidden_states=hidden, **kwargs)
-                    except Exception as error:  # the user's block: say which, and on which batch
-                        raise BlockCalibrationError(name, index, error) from error
-                    outputs.put(index, output if last else _hidden_of(name, output))
-        except BaseException:
-            outputs.close()
-            raise
-        inputs, self.hidden = self.hidden, outputs
-        return inputs
-
-    @contextmanager
-    def _replaying(self) -> Iterator[list[bool]]:
-        """Every block returns the last block's kept output of the batch the model runs (counted by a pre-hook
-        on the model: the batches run in order from 0). Yields a flag set once a block has replayed in the
-        current batch."""
-        current = [-1]
-        after = [False]
-
-        def replay(*args: Any, **kwargs: Any) -> Any:
-            after[0] = True
-            return self.hidden.get(current[0])
-
-        def next_batch(module: nn.Module, args: tuple) -> None:
-            current[0] += 1
-            after[0] = False
-
-        handle = self.model.register_forward_pre_hook(next_batch)
-        for _, block in self.blocks.items:
-            block.forward = replay  # an instance attribute: nn.Module.__call__ finds it before the class's
-        try:
-            yield after
-        finally:
-            for _, block in self.blocks.items:
-                del block.forward
-            handle.remove()
 
     def _tail(self, head: set[int]) -> None:
         """The model once more per batch, each block replaying the last block's output: the modules after the
@@ -575,10 +312,10 @@ class _SequentialRun:
             q.disable_calib()
         handles = [q.register_forward_pre_hook(twice) for q in bypassed]
         try:
-            with torch.no_grad(), self._replaying() as replayed:
+            with torch.no_grad(), self.replaying() as replayed:
                 after = replayed
                 for index in range(self.done):
-                    self._check_cancel(f"in the modules after {self.blocks.name} before batch {index}")
+                    self.check_cancel(f"in the modules after {self.blocks.name} before batch {index}")
                     batch = self.contexts.get(index)[0]
                     try:
                         output = run_model(self.model, batch, self.device)
@@ -625,71 +362,3 @@ class _SequentialRun:
                             amaxes.results[prefix + name].method = f"block {block_method}"
         self.amax_time_s += time.perf_counter() - started
         return candidates
-
-
-def _home_device(model: nn.Module) -> torch.device:
-    """Where the model's weights live when loaded: its first tensor not on the meta device (a lazily opened model
-    has everything there until a block is loaded: the CPU then)."""
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        if tensor.device.type != "meta":
-            return tensor.device
-    return torch.device("cpu")
-
-
-def _is_cache(value: Any) -> bool:
-    """Whether ``value`` is a Hugging Face key/value cache (a model run with ``use_cache`` passes one to every
-    block). Sequential runs drop it: kept per batch it would hold every block's keys and values of every batch at
-    once, and a second walk would attend to the first walk's keys too. On a first forward the cache only echoes
-    the block's own keys and values, so without it a block computes the same."""
-    cache_utils = sys.modules.get("transformers.cache_utils")  # loaded whenever a transformers model runs
-    cache = getattr(cache_utils, "Cache", None)
-    return cache is not None and isinstance(value, cache)
-
-
-def _split_hidden(block: str, args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple[tuple, dict], bool]:
-    """The first block's hidden-state input, the rest of its inputs, and whether the hidden states came first
-    among the positional arguments (else as ``hidden_states=``)."""
-    args = tuple(None if _is_cache(value) else value for value in args)
-    kwargs = {key: None if _is_cache(value) else value for key, value in kwargs.items()}
-    if args and isinstance(args[0], torch.Tensor):
-        return args[0], (tuple(args[1:]), kwargs), True
-    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
-        rest = {key: value for key, value in kwargs.items() if key != "hidden_states"}
-        return kwargs["hidden_states"], (tuple(args), rest), False
-    raise SequentialUnsupported(f"{block} is called without a tensor as its first argument or hidden_states=: "
-                                "sequential calibration cannot tell which input flows from block to block; calibrate "
-                                "without sequential.")
-
-
-def _as_keywords(name: str, block: nn.Module, hidden: torch.Tensor, rest: tuple[tuple, dict],
-                 positional: bool) -> dict[str, Any]:
-    """A block's inputs as one mapping of keyword arguments (a batch :func:`run_model` can give the block)."""
-    signature = inspect.signature(block.forward)
-    args, kwargs = rest
-    try:
-        bound = (signature.bind_partial(hidden, *args, **kwargs) if positional
-                 else signature.bind_partial(*args, hidden_states=hidden, **kwargs))
-    except TypeError as error:
-        raise SequentialUnsupported(f"{name}'s inputs do not fit its forward's signature ({error}): 'auto' cannot "
-                                    "measure its candidates; pick a method.") from error
-    keywords: dict[str, Any] = {}
-    for key, value in bound.arguments.items():
-        kind = signature.parameters[key].kind
-        if kind is inspect.Parameter.VAR_KEYWORD:
-            keywords.update(value)
-        elif kind is inspect.Parameter.VAR_POSITIONAL:
-            if value:
-                raise SequentialUnsupported(f"{name} takes *args: 'auto' cannot name its inputs; pick a method.")
-        else:
-            keywords[key] = value
-    return keywords
-
-
-def _hidden_of(block: str, output: Any) -> torch.Tensor:
-    """A block's hidden-state output: the tensor it returns, or the first item of its tuple."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise SequentialUnsupported(f"{block} returned {type(output).__name__}, not a tensor or a tuple starting with one: "
-                     "sequential calibration cannot pass it to the next block; calibrate without sequential.")

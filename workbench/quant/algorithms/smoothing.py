@@ -18,8 +18,10 @@ so dropping the record and rebuilding restores the original weights exactly.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,7 @@ from torch import nn
 
 from workbench.quant.algorithms.batches import flat_tensors, model_inputs, to_device
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE
+from workbench.quant.algorithms.residency import DerivedWeight
 from workbench.quant.gemm import known_linear_like
 from workbench.quant.kernels.blocks import block_view, unblock
 from workbench.quant.nn.modules.quant_gemm import QuantConv1D
@@ -35,12 +38,14 @@ from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["transposed_weight", "is_linear_like",
            "SMOOTHING_METHODS", "LayerSmoothing", "SmoothingError", "smoothquant_scales", "plan_smoothing",
-           "apply_smoothing", "int4_blockwise_fake_quant", "smoothing_summary", "describe_smoothing"]
+           "apply_smoothing", "int4_blockwise_fake_quant", "smoothing_summary", "describe_smoothing", "InputStatistics",
+           "plan_groups", "fold_keeps_output", "checked_method", "linear_layers", "AWQ_ROWS"]
 
 SMOOTHING_METHODS = ("smoothquant", "awq")
 AWQ_GRID = 20  # a in 0, 0.05, ..., 0.95 (AWQ's own grid)
 AWQ_ROWS = 2048  # input rows kept per layer for the AWQ error (enough for a stable mean squared error)
 _FOLD_RTOL = 1e-4  # a fold must keep the float model's output to this relative error
+_FOLD_EPS = 8  # ... or to this many epsilons of the output's dtype (bf16, fp16), whichever is more
 _MIN_SCALE = 1e-5
 
 
@@ -138,7 +143,8 @@ def _out_in(module: nn.Module) -> torch.Tensor:
     return module.weight.t() if transposed_weight(module) else module.weight
 
 
-def _linear_layers(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Linear]:
+def linear_layers(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Linear]:
+    """The modules named ``names``; SmoothingError for a name the model lacks or a module that is not a Linear."""
     modules = dict(model.named_modules())
     layers = {}
     for name in names:
@@ -152,74 +158,92 @@ def _linear_layers(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Linea
     return layers
 
 
-def _collect(model: nn.Module, layers: dict[str, nn.Linear], batches: Iterable, device: torch.device,
-             keep_rows: int) -> tuple[dict[str, _Stats], dict[str, list[str]], dict[str, str | None]]:
-    """Per-channel input statistics of ``layers``, which of them read the same tensor, and its producer.
+class InputStatistics:
+    """Per-channel input statistics of the layers to smooth, collected by hooks on the modules of a model or of one
+    of its blocks, and which of those layers read one tensor (and that tensor's producer), read from the first
+    batch's data flow.
 
-    Returns (stats per layer, groups: first layer -> the layers reading its input, producer of each group).
+    Args:
+        layers: the layers by their names in the model.
+        keep_rows: input rows kept per layer (AWQ's search runs on them).
     """
-    stats = {name: _Stats() for name in layers}
-    first_batch = True
-    inputs_seen: dict[int, list[str]] = {}  # id of an input tensor -> modules that read it (first batch)
-    outputs_of: dict[int, str] = {}  # id of an output tensor -> the LayerNorm/Linear that produced it
-    alive: list[torch.Tensor] = []  # keeps ids unique during the first batch
-    handles = []
 
-    def pre_hook(name: str):
+    def __init__(self, layers: dict[str, nn.Module], keep_rows: int) -> None:
+        self.layers = layers
+        self.keep_rows = keep_rows
+        self.stats = {name: _Stats() for name in layers}
+        self.groups: dict[str, list[str]] = {}  # first layer -> the layers reading its input
+        self.producers: dict[str, str | None] = {}  # first layer -> the LayerNorm/Linear that produced that input
+        self.batches = 0
+        self._inputs_seen: dict[int, list[str]] = {}  # id of an input tensor -> modules that read it (first batch)
+        self._outputs_of: dict[int, str] = {}  # id of an output tensor -> the LayerNorm/Linear that produced it
+        self._alive: list[torch.Tensor] = []  # keeps ids unique during the first batch
+
+    def _pre_hook(self, name: str) -> Callable[[nn.Module, tuple], None]:
         def record(module: nn.Module, args: tuple) -> None:
             if not args or not isinstance(args[0], torch.Tensor):
                 return
             x = args[0]
-            if first_batch:
-                alive.append(x)
-                inputs_seen.setdefault(id(x), []).append(name)
-            if name not in stats:
+            if self.batches == 0:
+                self._alive.append(x)
+                self._inputs_seen.setdefault(id(x), []).append(name)
+            item = self.stats.get(name)
+            if item is None:
                 return
-            item = stats[name]
             flat = x.detach().float().reshape(-1, x.shape[-1])
             amax = flat.abs().amax(dim=0).cpu()
             total = flat.abs().sum(dim=0).cpu()
             item.amax = amax if item.amax is None else torch.maximum(item.amax, amax)
             item.abs_sum = total if item.abs_sum is None else item.abs_sum + total
             item.rows += flat.shape[0]
-            if item.kept < keep_rows:
-                take = flat[: keep_rows - item.kept].cpu()
+            if item.kept < self.keep_rows:
+                take = flat[: self.keep_rows - item.kept].cpu()
                 item.samples.append(take)
                 item.kept += take.shape[0]
         return record
 
-    def out_hook(name: str):
+    def _out_hook(self, name: str) -> Callable[[nn.Module, tuple, Any], None]:
         def record(module: nn.Module, args: tuple, output: Any) -> None:
-            if first_batch and isinstance(output, torch.Tensor):
-                alive.append(output)
-                outputs_of[id(output)] = name
+            if self.batches == 0 and isinstance(output, torch.Tensor):
+                self._alive.append(output)
+                self._outputs_of[id(output)] = name
         return record
 
-    for name, module in model.named_modules():
-        if len(module._modules) == 0 or name in layers:  # leaves: every module that may read a tensor
-            handles.append(module.register_forward_pre_hook(pre_hook(name)))
-        if isinstance(module, nn.LayerNorm) or is_linear_like(module):
-            handles.append(module.register_forward_hook(out_hook(name)))
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                args, kwargs = model_inputs(to_device(batch, device))
-                model(*args, **kwargs)
-                if first_batch:
-                    first_batch = False
-                    groups, producers = _groups(layers, inputs_seen, outputs_of)
-                    alive.clear()
-    finally:
-        for handle in handles:
-            handle.remove()
-    if first_batch:
-        raise SmoothingError("No calibration batch reached the model: nothing to compute smoothing scales from.")
-    missing = [name for name, item in stats.items() if item.amax is None]
-    if missing:
-        raise SmoothingError(f"No calibration batch reached {', '.join(missing[:5])}: no input statistics for "
-                             f"{'it' if len(missing) == 1 else 'them'}; leave {'it' if len(missing) == 1 else 'them'} "
-                             "out of the smoothing.")
-    return stats, groups, producers
+    @contextmanager
+    def hooks(self, root: nn.Module, prefix: str = "") -> Iterator[None]:
+        """Within it, the modules of ``root`` (the model, or its submodule named ``prefix`` without its final dot)
+        record what they read; call :meth:`batch_done` after each batch."""
+        handles = []
+        for relative, module in root.named_modules():
+            name = prefix + relative if relative else prefix.rstrip(".")
+            if len(module._modules) == 0 or name in self.layers:  # leaves: every module that may read a tensor
+                handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
+            if isinstance(module, nn.LayerNorm) or is_linear_like(module):
+                handles.append(module.register_forward_hook(self._out_hook(name)))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def batch_done(self) -> None:
+        """One batch went through: after the first, the groups and producers are read from its data flow."""
+        if self.batches == 0:
+            self.groups, self.producers = _groups(self.layers, self._inputs_seen, self._outputs_of)
+            self._alive.clear()
+            self._inputs_seen.clear()
+            self._outputs_of.clear()
+        self.batches += 1
+
+    def check_reached(self) -> None:
+        """SmoothingError when no batch ran, or when one of the layers saw none."""
+        if self.batches == 0:
+            raise SmoothingError("No calibration batch reached the model: nothing to compute smoothing scales from.")
+        missing = [name for name, item in self.stats.items() if item.amax is None]
+        if missing:
+            one = len(missing) == 1
+            raise SmoothingError(f"No calibration batch reached {', '.join(missing[:5])}: no input statistics for "
+                                 f"{'it' if one else 'them'}; leave {'it' if one else 'them'} out of the smoothing.")
 
 
 def _groups(layers: dict[str, nn.Linear], inputs_seen: dict[int, list[str]],
@@ -275,18 +299,33 @@ def _structural_copy(model: nn.Module) -> nn.Module:
 
 
 def _fold_keeps_output(model: nn.Module, items: list[LayerSmoothing], batch: Any, device: torch.device) -> bool:
-    """Whether folding ``items`` (one producer) into a copy of the float model keeps its output."""
-    trial = _structural_copy(model)
-    _scale_weights(trial, items, fold=True)
-    args, kwargs = model_inputs(to_device(batch, device))
+    """Whether folding ``items`` (one producer) into a copy of the float model keeps its output on ``batch``."""
+    def run(module: nn.Module) -> Any:
+        args, kwargs = model_inputs(to_device(batch, device))
+        return module(*args, **kwargs)
+    return fold_keeps_output(model, items, run)
+
+
+def fold_keeps_output(module: nn.Module, items: list[LayerSmoothing], run: Callable[[nn.Module], Any],
+                      prefix: str = "") -> bool:
+    """Whether folding ``items`` (one producer) into a structural copy of ``module`` (the float model, or its block
+    named ``prefix``) keeps what ``run(copy)`` returns to :data:`_FOLD_RTOL` of its largest value."""
+    trial = _structural_copy(module)
+    relative = [dataclasses.replace(item, layer=item.layer[len(prefix):],
+                                    folded_into=item.folded_into[len(prefix):] if item.folded_into else None)
+                for item in items]
+    _scale_weights(trial, relative, fold=True)
     with torch.no_grad():
-        reference = flat_tensors(model(*args, **kwargs))
-        output = flat_tensors(trial(*args, **kwargs))
+        reference = flat_tensors(run(module))
+        output = flat_tensors(run(trial))
     for a, b in zip(reference, output):
         if a.shape != b.shape:
             return False
+        # a bf16/fp16 model's folded weights are rounded to its dtype: an exact fold then parts by about half its
+        # epsilon (3.8e-3 on a bf16 GPT-2, 4.7e-4 in fp16, 1.2e-7 in fp32); a wrong one by the order of the values
+        tolerance = max(_FOLD_RTOL, _FOLD_EPS * torch.finfo(a.dtype).eps) if a.is_floating_point() else _FOLD_RTOL
         a, b = a.float(), b.float()
-        if float((a - b).abs().max()) > _FOLD_RTOL * max(float(a.abs().max()), 1e-6):
+        if float((a - b).abs().max()) > tolerance * max(float(a.abs().max()), 1e-6):
             return False
     return len(reference) == len(output)
 
@@ -305,41 +344,66 @@ def plan_smoothing(model: nn.Module, layers: Sequence[str], batches: Iterable, *
         SmoothingError: an unknown method, alpha outside [0, 1], a layer that is not a Linear or that no
             batch reached.
     """
+    checked_method(method, alpha)
+    device = torch.device(device)
+    found = linear_layers(model, layers)
+    if not found:
+        return []
+    batches = list(batches)
+    collected = InputStatistics(found, AWQ_ROWS if method == "awq" else 0)
+    with collected.hooks(model), torch.no_grad():
+        for batch in batches:
+            args, kwargs = model_inputs(to_device(batch, device))
+            model(*args, **kwargs)
+            collected.batch_done()
+    collected.check_reached()
+    quantize = weight_quant or (lambda w: int4_blockwise_fake_quant(w, block_size))
+    return plan_groups(model, collected, method, alpha, quantize,
+                       lambda items: _fold_keeps_output(model, items, batches[0], device))
+
+
+def checked_method(method: str, alpha: float) -> None:
+    """SmoothingError for an unknown method, or SmoothQuant's alpha outside [0, 1]."""
     if method not in SMOOTHING_METHODS:
         raise SmoothingError(f"Unknown smoothing method {method!r}; choose one of {', '.join(SMOOTHING_METHODS)}.")
     if method == "smoothquant" and not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
         raise SmoothingError(f"SmoothQuant's alpha must be a number in [0, 1], got {alpha!r}.")
-    device = torch.device(device)
-    found = _linear_layers(model, layers)
-    if not found:
-        return []
-    batches = list(batches)
-    stats, groups, producers = _collect(model, found, batches, device, AWQ_ROWS if method == "awq" else 0)
-    quantize = weight_quant or (lambda w: int4_blockwise_fake_quant(w, block_size))
+
+
+def plan_groups(model: nn.Module, collected: InputStatistics, method: str, alpha: float,
+                quantize: Callable[[torch.Tensor], torch.Tensor],
+                keeps_output: Callable[[list[LayerSmoothing]], bool], prefix: str = "") -> list[LayerSmoothing]:
+    """The smoothing of each group of ``collected``'s layers (their weights in memory now), from its statistics:
+    one set of scales per group, folded into the group's producer where that fits and ``keeps_output(items)``
+    says a trial fold keeps the output. ``model`` is the model, or its block named ``prefix`` (its modules are
+    found without that prefix)."""
+    def module(name: str) -> nn.Module:
+        return model.get_submodule(name[len(prefix):])
+
     planned: list[LayerSmoothing] = []
-    for head, members in groups.items():
-        modules = [found[m] for m in members]
+    for head, members in collected.groups.items():
+        modules = [module(m) for m in members]
+        stats = [collected.stats[m] for m in members]
         if method == "smoothquant":
-            act = torch.stack([stats[m].amax for m in members]).amax(dim=0)
+            act = torch.stack([item.amax for item in stats]).amax(dim=0)
             weight_amax = torch.stack([_out_in(mod).detach().abs().amax(dim=0).float().cpu() for mod in modules])
             scales = smoothquant_scales(act, weight_amax.amax(dim=0), float(alpha))
             chosen, before, after = float(alpha), None, None
         else:
-            chosen, scales, before, after = _awq_scales(modules, [stats[m] for m in members], quantize)
+            chosen, scales, before, after = _awq_scales(modules, stats, quantize)
         items = [LayerSmoothing(m, method, chosen, scales.clone(), None, before, after) for m in members]
-        producer = producers.get(head)
-        if producer is not None and _foldable(model, producer, scales.numel()):
+        producer = collected.producers.get(head)
+        if producer is not None and _foldable(module(producer), scales.numel()):
             for item in items:
                 item.folded_into = producer
-            if not _fold_keeps_output(model, items, batches[0], device):
+            if not keeps_output(items):
                 for item in items:
                     item.folded_into = None
         planned.extend(items)
     return planned
 
 
-def _foldable(model: nn.Module, producer: str, channels: int) -> bool:
-    module = model.get_submodule(producer)
+def _foldable(module: nn.Module, channels: int) -> bool:
     if isinstance(module, nn.LayerNorm):
         return module.weight is not None and module.weight.numel() == channels
     return is_linear_like(module) and _out_in(module).shape[0] == channels
@@ -348,21 +412,31 @@ def _foldable(model: nn.Module, producer: str, channels: int) -> bool:
 # ----- applying ---------------------------------------------------------------------------------
 
 
-def _replace(module: nn.Module, attr: str, value: torch.Tensor) -> None:
+def _replace(module: nn.Module, attr: str, factor: torch.Tensor, derived: list[DerivedWeight] | None) -> None:
+    """A new parameter ``attr`` of ``module``: the old one times ``factor`` (see :class:`DerivedWeight`); one on meta
+    (a lazily opened model) is added to ``derived``, to be computed when its block is loaded."""
     old = module._parameters[attr]
-    module._parameters[attr] = nn.Parameter(value.to(dtype=old.dtype, device=old.device),
-                                            requires_grad=old.requires_grad)
+    # on meta: made without touching the old one's data, which a streamed build would read from the checkpoint
+    value = torch.empty(old.shape, dtype=old.dtype, device="meta") if old.is_meta else \
+        DerivedWeight.compute(old, (factor,))
+    new = nn.Parameter(value, requires_grad=old.requires_grad)
+    module._parameters[attr] = new
+    if derived is not None and new.is_meta:
+        earlier = next((item for item in derived if item.target is old), None)  # a producer smoothed itself too
+        if earlier is not None:
+            derived.remove(earlier)
+        derived.append(earlier.then(new, factor) if earlier is not None else DerivedWeight(new, old, (factor,)))
 
 
-def _scale_weights(model: nn.Module, items: Sequence[LayerSmoothing], *, fold: bool) -> set[str]:
+def _scale_weights(model: nn.Module, items: Sequence[LayerSmoothing], *, fold: bool,
+                   derived: list[DerivedWeight] | None = None) -> set[str]:
     """W * s on every item's layer and, with ``fold``, 1/s on the producers; returns the producers folded."""
     folded: dict[str, torch.Tensor] = {}
     for item in items:
         layer = model.get_submodule(item.layer)
-        scales = item.scales.to(layer.weight.device, torch.float32)
+        scales = item.scales.to(torch.float32)
         # the input channels are the weight's columns ([out, in]), or its rows for a Conv1D ([in, out])
-        _replace(layer, "weight", layer.weight.detach().float() * (scales[:, None] if transposed_weight(layer)
-                                                                   else scales))
+        _replace(layer, "weight", scales[:, None] if transposed_weight(layer) else scales, derived)
         if fold and item.folded_into:
             previous = folded.setdefault(item.folded_into, item.scales)
             if previous is not item.scales and not torch.equal(previous, item.scales):
@@ -370,24 +444,27 @@ def _scale_weights(model: nn.Module, items: Sequence[LayerSmoothing], *, fold: b
                                      f"{item.folded_into}; smooth the layers reading one tensor together.")
     for name, scales in folded.items():
         producer = model.get_submodule(name)
-        inverse = 1.0 / scales.to(producer.weight.device, torch.float32)
+        inverse = 1.0 / scales.to(torch.float32)
         if transposed_weight(producer):  # a Conv1D's output channels are its weight's columns
-            _replace(producer, "weight", producer.weight.detach().float() * inverse[None, :])
+            _replace(producer, "weight", inverse[None, :], derived)
         elif isinstance(producer, nn.Linear):
-            _replace(producer, "weight", producer.weight.detach().float() * inverse[:, None])
+            _replace(producer, "weight", inverse[:, None], derived)
         else:
-            _replace(producer, "weight", producer.weight.detach().float() * inverse)
+            _replace(producer, "weight", inverse, derived)
         if producer.bias is not None:
-            _replace(producer, "bias", producer.bias.detach().float() * inverse)
+            _replace(producer, "bias", inverse, derived)
     return set(folded)
 
 
-def apply_smoothing(model: nn.Module, items: Sequence[LayerSmoothing]) -> list[str]:
+def apply_smoothing(model: nn.Module, items: Sequence[LayerSmoothing],
+                    derived: list[DerivedWeight] | None = None) -> list[str]:
     """Give the quantized ``model`` the smoothing ``items``: new weight tensors ``W * s`` for each layer and
     ``1 / s`` folded into the producer or set as the input quantizer's ``pre_quant_scale``.
 
     Parameters are replaced, never written to, so a model sharing its tensors with the float model leaves
-    that one unchanged. Returns the names of the producers folded into.
+    that one unchanged. Returns the names of the producers folded into. A weight still on meta (a lazily opened
+    model) gets a new parameter on meta, added to ``derived``: :class:`~workbench.quant.algorithms.residency.
+    WithDerivedWeights` computes it from the checkpoint's weight each time its block is loaded.
 
     Raises:
         SmoothingError: a layer missing from the model, a weight whose input size differs from the scales,
@@ -416,9 +493,10 @@ def apply_smoothing(model: nn.Module, items: Sequence[LayerSmoothing]) -> list[s
     # a float layer (no input quantizer) whose 1/s is not folded is simply not smoothed
     items = [item for item in items if item.folded_into
              or isinstance(getattr(modules[item.layer], "_input_quantizer", None), TensorQuantizer)]
-    folded = _scale_weights(model, items, fold=True)
+    folded = _scale_weights(model, items, fold=True, derived=derived)
     for item in items:
         if not item.folded_into:
             quantizer = modules[item.layer]._input_quantizer
-            quantizer.pre_quant_scale = (1.0 / item.scales.float()).to(modules[item.layer].weight.device)
+            weight = modules[item.layer].weight  # on meta while lazily opened: the scale is made in memory
+            quantizer.pre_quant_scale = (1.0 / item.scales.float()).to("cpu" if weight.is_meta else weight.device)
     return sorted(folded)

@@ -522,8 +522,15 @@ class TensorQuantizer(nn.Module):
             self._check_onnx_readiness(inputs)
         # the buffer itself, not the property: its hasattr() raises and catches an AttributeError per call
         pre_quant_scale = self._buffers.get("_pre_quant_scale")
-        if pre_quant_scale is not None:
-            inputs = inputs * pre_quant_scale
+        if pre_quant_scale is None:
+            return self._quantize(inputs)
+        # x / s in float32 (the scale's type), quantized there, and handed on in the network's own dtype: a bf16
+        # layer gets bf16 back (its GEMM takes no float32 input), as the exported Cast -> Mul -> Q/DQ -> Cast does
+        outputs = self._quantize(inputs * pre_quant_scale)
+        return outputs if outputs.dtype == inputs.dtype else outputs.to(inputs.dtype)
+
+    def _quantize(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Collect and fake-quantize ``inputs`` as the switches say (the pre-quantization scale already applied)."""
         if self._disabled:
             return inputs
         if inputs.is_meta:  # a run on shapes only (a lazily opened model's placement): a new tensor, no values
