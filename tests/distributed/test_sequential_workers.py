@@ -264,3 +264,54 @@ def test_two_workers_sequential_equal_one_process_and_hold_their_share(lazy_proj
         held = json.loads((counts / f"rank-{rank}.json").read_text())
         assert held["blocks"][:2] == ["model.layers.0", "model.layers.1"]  # each rank walked every block
         assert 0 < held["most"] <= share < whole, (rank, held, share, whole)  # never the whole model
+
+
+# ----- without --sequential: the weights mapped once for all the ranks of a machine ---------------------------------
+
+def _mapped_regions(path: Path) -> list[tuple[int, int]]:
+    """The address ranges of this process's mappings of ``path`` (Linux's /proc/self/maps)."""
+    regions = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path):
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            regions.append((low, high))
+    return regions
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's mappings from /proc")
+def test_a_rank_materialises_views_of_the_mapped_checkpoint_with_the_eager_weights(tmp_path, monkeypatch):
+    """A rank of a multi-process job that needs the whole model (calibrate --workers N without --sequential) maps the
+    checkpoint instead of copying it: its weights are views of the file mapped copy-on-write, which the ranks of one
+    machine share in the page cache; the values are the eager load's, and a write stays in the process."""
+    pytest.importorskip("accelerate")
+    from workbench.sources import model_source
+    from workbench.sources.model_source import ModelSpec, load_model
+
+    monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "always")
+    torch.manual_seed(0)
+    folder = tmp_path / "llama"
+    models.hf_llama().to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    file = (folder / "model.safetensors").resolve()
+    before = file.read_bytes()
+    spec = ModelSpec("hf", str(folder))
+    reference = dict(load_model(spec).model.named_parameters())  # every weight read into memory
+
+    single = load_model(spec, lazy=True)
+    single.materialise()  # one process: read into its own memory, as before
+    assert not _mapped_regions(file)
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun and --workers set it in each rank
+    loaded = load_model(spec, lazy=True)
+    loaded.materialise()
+    regions = _mapped_regions(file)
+    assert regions
+    parameters = dict(loaded.model.named_parameters())
+    assert parameters.keys() == reference.keys()
+    for name, parameter in parameters.items():
+        assert not parameter.is_meta and parameter.dtype == torch.bfloat16
+        assert torch.equal(parameter.view(torch.int16), reference[name].view(torch.int16)), name
+        assert any(low <= parameter.data_ptr() < high for low, high in regions), name  # in the mapping, not a copy
+    with torch.no_grad():
+        parameters["model.layers.0.mlp.up_proj.weight"].mul_(2)  # copy-on-write: the file is unchanged
+    assert file.read_bytes() == before
