@@ -234,11 +234,15 @@ def lazy_project(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_two_workers_sequential_equal_one_process_and_hold_their_share(lazy_project, capsys, tmp_path):
+@pytest.mark.parametrize("sequential", [True, False], ids=["sequential", "whole-model-mapped"])
+def test_two_workers_equal_one_process_and_hold_their_share(lazy_project, capsys, tmp_path, sequential):
+    """``calibrate --workers 2`` on a lazily opened checkpoint: with ``--sequential`` each rank holds the modules
+    outside the blocks and one block at most; without, each maps the checkpoint (the whole model, shared)."""
     project, (share, whole) = lazy_project
     single = project.with_name("single.qwb")
     single.write_bytes(project.read_bytes())
-    code, out, err = run_cli(capsys, "calibrate", single, "--sequential", "--method", "entropy", "--json")
+    flags = ["--sequential"] if sequential else []
+    code, out, err = run_cli(capsys, "calibrate", single, *flags, "--method", "entropy", "--json")
     assert code == 0, err
     expected = json.loads(out)
 
@@ -249,9 +253,8 @@ def test_two_workers_sequential_equal_one_process_and_hold_their_share(lazy_proj
     counts.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", WORKBENCH_DIST_TIMEOUT="60", RESIDENCY_DIR=str(counts))
-    done = subprocess.run([sys.executable, "-m", "workbench", "calibrate", str(project), "--workers", "2",
-                           "--sequential", "--method", "entropy", "--json"], capture_output=True, text=True,
-                          timeout=300, env=env)
+    done = subprocess.run([sys.executable, "-m", "workbench", "calibrate", str(project), "--workers", "2", *flags,
+                           "--method", "entropy", "--json"], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["world_size"] == 2 and result["batches"] == expected["batches"] == 2
@@ -262,8 +265,11 @@ def test_two_workers_sequential_equal_one_process_and_hold_their_share(lazy_proj
 
     for rank in (0, 1):
         held = json.loads((counts / f"rank-{rank}.json").read_text())
-        assert held["blocks"][:2] == ["model.layers.0", "model.layers.1"]  # each rank walked every block
-        assert 0 < held["most"] <= share < whole, (rank, held, share, whole)  # never the whole model
+        if sequential:
+            assert held["blocks"][:2] == ["model.layers.0", "model.layers.1"]  # each rank walked every block
+            assert 0 < held["most"] <= share < whole, (rank, held, share, whole)  # never the whole model
+        else:  # the whole model, as views of the file mapped once for both ranks (see the test below)
+            assert held["most"] == whole
 
 
 # ----- without --sequential: the weights mapped once for all the ranks of a machine ---------------------------------
