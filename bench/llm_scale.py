@@ -11,7 +11,7 @@ machine: the 1.1B row peaks at several GiB.
     python bench/llm_scale.py [--sizes 0.1B,0.5B,1.1B] [--precision int4w] [--root /tmp/llm_scale]
                               [--steps new,show,set,calibrate,calibrate-sequential,export] [--batches 2]
                               [--batch-size 4] [--seq 128] [--no-forward] [--repo CHECKOUT]
-                              [--lazy-open auto|always|never]
+                              [--lazy-open auto|always|never] [--workers 2]
 
 ``calibrate-sequential`` is ``calibrate --sequential`` (one block at a time, the same amax; its output SQNR takes
 one more walk over the blocks where the whole-model ``calibrate`` takes two more passes).
@@ -20,6 +20,11 @@ one more walk over the blocks where the whole-model ``calibrate`` takes two more
 the calibration walks the blocks; ``calibrate-awq`` and ``calibrate-awq-sequential`` likewise with ``--awq on``
 (``--precision int4w``). ``--lazy-open always`` opens checkpoints under 512 MiB (the 0.1B one) lazily too, as
 larger ones open by default, so that a sequential step reads each block's weights when it runs.
+``calibrate-workers`` and ``calibrate-sequential-workers`` are ``calibrate`` and ``calibrate-sequential`` with
+``--workers N`` (issue 37 point 5). Every ``calibrate*`` step is also sampled from outside (psutil, every 0.1 s): per
+process (the command, and each worker it starts) the peak RSS, USS (memory only that process holds) and PSS (its
+share of the pages it shares): a second table shows them against the one-process step's. Pages of the page cache a
+process maps count in its RSS whoever else maps them; USS is what a rank really adds.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -135,6 +141,64 @@ def write_checkpoint(root: Path, name: str, seq: int, rows: int) -> tuple[Path, 
     return folder, ids, weights
 
 
+_SAMPLE_S = 0.1
+
+
+def _vmhwm_bytes(pid: int) -> int:
+    """A process's peak RSS so far (VmHWM), 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return 1024 * int(next(line for line in status if line.startswith("VmHWM:")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def run_sampled(args: list[str], repo: Path = REPO) -> tuple[dict, list[dict]]:
+    """:func:`run_step`, with the command's process and the worker processes it starts (the launcher spawns them:
+    ``spawn_main`` in their command line) sampled every :data:`_SAMPLE_S`: per process, in the order they started,
+    the most RSS (VmHWM), USS and PSS seen, in bytes."""
+    import psutil
+
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen([sys.executable, "-c", "import json\n" + _STEP, *args], stdout=subprocess.DEVNULL,
+                                   stderr=err, text=True, env=env, cwd=repo)
+        peaks: dict[int, dict] = {}
+        workers: dict[int, bool] = {}  # pid -> whether it is a worker (its command line, read once)
+        root = psutil.Process(process.pid)
+        while process.poll() is None:
+            try:
+                children = root.children(recursive=True)
+            except psutil.Error:
+                children = []
+            for child in children:
+                if child.pid not in workers:
+                    try:
+                        workers[child.pid] = "spawn_main" in " ".join(child.cmdline())
+                    except psutil.Error:
+                        continue
+            for sampled in [root] + [c for c in children if workers.get(c.pid)]:
+                try:
+                    info = sampled.memory_full_info()
+                except psutil.Error:
+                    continue
+                peak = peaks.setdefault(sampled.pid, {"rss": 0, "uss": 0, "pss": 0})
+                peak["rss"] = max(peak["rss"], _vmhwm_bytes(sampled.pid), info.rss)
+                peak["uss"] = max(peak["uss"], info.uss)
+                peak["pss"] = max(peak["pss"], info.pss)
+            time.sleep(_SAMPLE_S)
+        err.seek(0)
+        stderr = err.read()
+    last = [line for line in stderr.splitlines() if line.startswith("{")]
+    result = json.loads(last[-1]) if last else {"code": process.returncode, "wall_s": float("nan"), "peak_kib": 0}
+    if result["code"] != 0:
+        result["error"] = (stderr.strip().splitlines() or ["killed"])[-2 if last else -1][:200]
+    main_peak = peaks.pop(process.pid, {"rss": 0, "uss": 0, "pss": 0})
+    main_peak["rss"] = max(main_peak["rss"], result["peak_kib"] * 1024)  # its own last word on its peak
+    return result, [dict(main_peak, role="command")] + [dict(peaks[pid], role=f"rank {rank}")
+                                                       for rank, pid in enumerate(sorted(peaks))]
+
+
 def run_step(args: list[str], repo: Path = REPO) -> dict:
     """One ``workbench`` command of the checkout ``repo`` in a fresh process: its exit code, wall time (of the
     command, and of the whole process with its imports) and peak RSS (KiB)."""
@@ -166,11 +230,13 @@ def main() -> None:
                         help="the checkout whose workbench runs the steps (another one's: a before/after row)")
     parser.add_argument("--lazy-open", choices=("auto", "always", "never"), default="auto",
                         help="WORKBENCH_LAZY_OPEN for the workbench steps")
+    parser.add_argument("--workers", type=int, default=2, help="processes of the calibrate-*workers steps")
     args = parser.parse_args()
     os.environ["WORKBENCH_LAZY_OPEN"] = args.lazy_open
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     steps = args.steps.split(",")
+    sampled: list[tuple[str, str, dict, list[dict]]] = []
     # "cpu s": the step's process's CPU time, imports included (one thread: what its wall time is on a quiet
     # machine; on the shared one the wall time is several times that)
     print("| size | step | wall s | process s | cpu s | peak RSS GiB | peak / bf16 weights | time / bf16 forward |")
@@ -201,16 +267,51 @@ def main() -> None:
                     "calibrate-awq": ["calibrate", project, "--method", "max", "--awq", "on"],
                     "calibrate-awq-sequential": ["calibrate", project, "--method", "max", "--awq", "on",
                                                  "--sequential"],
+                    "calibrate-workers": ["calibrate", project, "--method", "max", "--workers", args.workers],
+                    "calibrate-sequential-workers": ["calibrate", project, "--method", "max", "--sequential",
+                                                     "--workers", args.workers],
                     "export": ["export", project, "-o", output, "--force"]}
         for step in steps:
             started = time.perf_counter()
-            result = run_step([str(a) for a in commands[step]], args.repo)
+            if step.startswith("calibrate"):
+                result, processes = run_sampled([str(a) for a in commands[step]], args.repo)
+                result["process_s"] = time.perf_counter() - started
+                sampled.append((name, step, result, processes))
+            else:
+                result = run_step([str(a) for a in commands[step]], args.repo)
             wall = result.get("wall_s") or time.perf_counter() - started
             peak = result["peak_kib"] * 1024
+            if step.endswith("-workers"):  # its largest rank (the command itself only launches them)
+                peak = max([process["rss"] for process in processes[1:]], default=peak)
             tail = f" (failed: {result['error']})" if result["code"] else ""
             print(f"| {name} | {step}{tail} | {wall:.1f} | {result['process_s']:.1f} | "
                   f"{result.get('cpu_s', float('nan')):.1f} | {peak / gib:.2f} | "
                   f"{peak / weights:.2f} | {wall / forward['wall_s']:.2f} |", flush=True)
+    if sampled:
+        print_processes(sampled)
+
+
+def print_processes(sampled: list[tuple[str, str, dict, list[dict]]]) -> None:
+    """Per process of each calibrate step: peak RSS, USS and PSS, and each against the one-process step's (the
+    same step without ``-workers``)."""
+    gib = 1024 ** 3
+    single = {(name, step): processes[0] for name, step, _, processes in sampled if not step.endswith("-workers")}
+    walls = {(name, step): result.get("wall_s") for name, step, result, _ in sampled}
+    print()
+    print("| size | step | process | wall / one process | peak RSS GiB | peak USS GiB | peak PSS GiB | "
+          "RSS / one process | USS / one process | PSS / one process |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, step, result, processes in sampled:
+        reference = single.get((name, step.removesuffix("-workers")))
+        one_wall = walls.get((name, step.removesuffix("-workers")))
+        wall = f"{result['wall_s'] / one_wall:.2f}" if one_wall and result.get("wall_s") else "-"
+        for process in processes:
+            if step.endswith("-workers") and process["role"] == "command":
+                continue  # the launcher: it holds no model
+            ratios = [f"{process[k] / reference[k]:.2f}" if reference and reference[k] else "-"
+                      for k in ("rss", "uss", "pss")]
+            print(f"| {name} | {step} | {process['role']} | {wall} | {process['rss'] / gib:.2f} | "
+                  f"{process['uss'] / gib:.2f} | {process['pss'] / gib:.2f} | {' | '.join(ratios)} |", flush=True)
 
 
 if __name__ == "__main__":

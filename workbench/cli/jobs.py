@@ -404,7 +404,8 @@ def _calibrate_options(cal: argparse.ArgumentParser) -> None:
                      help="first search AWQ scales for the 4-bit weight-only layers (off: drop them)")
     cal.add_argument("--sequential", nargs="?", const="on", choices=("on", "off"),
                      help="one decoder block at a time (only that block's weights resident, activations spilled to "
-                          "disk beyond a budget): the same amax as a whole-model run; models without "
+                          "disk beyond a budget): the same amax as a whole-model run; with --workers each process "
+                          "walks the blocks on its share of the batches; models without "
                           "repeated blocks are calibrated whole (default: the project's; new projects: "
                           f"{'on' if calib_defaults.sequential else 'off'})")
     _workers_option(cal)

@@ -48,10 +48,8 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
 
     ``sequential`` (default: the project's ``calibration.sequential``) calibrates one block at a time
     (:func:`workbench.quant.algorithms.sequential.calibrate_sequential`: the same amax, one block's weights
-    resident, loaded and released by ``residency``); progress then counts the blocks.
-
-    Raises:
-        SessionError: sequential calibration with several processes.
+    resident, loaded and released by ``residency``); progress then counts the blocks. With a distributed
+    ``context`` each rank walks the blocks on its share of the batches, the same amax as one process.
     """
     sequential = options.sequential if sequential is None else sequential
     block_method = checked_block_method(block_method or options.block_method)
@@ -68,13 +66,10 @@ def calibrate(model: nn.Module, data: DataSource, project: Project, options: Cal
             short = (f"{asked} calibration batches asked for, the data has {available}: calibrated on "
                      f"{available}.")
         num_batches = available if num_batches is None else min(num_batches, available)
-    if sequential:
-        if context is not None and context.distributed:
-            raise SessionError("Sequential calibration runs in one process (it walks the blocks in order): "
-                               "calibrate without --workers, or without --sequential.")
+    if sequential:  # with several processes, each walks the blocks on its share of the batches
         result = calibrate_sequential(model, data.batches(), num_batches=num_batches, method=method,
                                       percentile=percentile, device=device, progress=progress, cancel=cancel,
-                                      block_method=block_method, residency=residency)
+                                      block_method=block_method, residency=residency, context=context)
     else:
         result = run_calibration(model, data.batches(), num_batches=num_batches, method=method,
                                  percentile=percentile, device=device, progress=progress, cancel=cancel,

@@ -15,7 +15,9 @@ weights all see them; ``release`` swaps them back to meta, leaving quantizers' a
 :meth:`LazyCheckpoint.streamed` pages weights in as operations use them and out past a budget of about one block
 (the sample forwards of ``new``, ``open`` and ``show`` when they cannot run on shapes only, see
 :mod:`workbench.sources.shapes_only`); :meth:`LazyCheckpoint.materialise` loads everything (what
-a job that needs the whole model does first).
+a job that needs the whole model does first). The processes of one job on one machine (``--workers N``, torchrun
+ranks) materialise with ``mapped=True``: the weights are views of the shard files mapped copy-on-write, so the ranks
+share one copy in the page cache instead of each holding the whole model in its own memory (issue 37 point 5).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import ctypes
 import functools
 import json
 import logging
+import mmap
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -135,6 +138,8 @@ class LazyCheckpoint:
         self._where = where
         self._owners: dict[int, str] = {}  # id(parameter) -> its checkpoint key
         self.device = torch.device("cpu")
+        self._mapped = False  # read() gives views of the mapped shards (materialise(mapped=True))
+        self._maps: dict[Path, mmap.mmap] = {}
         _return_freed_weights_to_the_system()
 
     # ----- reading tensors ---------------------------------------------------------------------------------------
@@ -167,6 +172,10 @@ class LazyCheckpoint:
             raise SourceError(f"{self.index or self.folder}: has no tensor {key}.")
         start, header = self._headers[path]
         entry = header[key]
+        if self._mapped and self.device.type == "cpu" and _DTYPES[entry["dtype"]] == (dtype or _DTYPES[entry["dtype"]]):
+            mapped = self._mapped_view(path, start, entry)
+            if mapped is not None:
+                return mapped
         try:
             begin, end = (int(offset) for offset in entry["data_offsets"])
             tensor = torch.empty(end - begin, dtype=torch.uint8)
@@ -203,6 +212,27 @@ class LazyCheckpoint:
         except Exception as error:  # a shard truncated or changed after the folder was opened
             raise SourceError(f"{path}: tensor {key} cannot be read ({type(error).__name__}: {error}).") from error
         return torch.from_numpy(picked).reshape(-1).view(stored).to(dtype)
+
+    def _mapped_view(self, path: Path, start: int, entry: dict[str, Any]) -> torch.Tensor | None:
+        """The tensor as a view of its shard mapped copy-on-write (writes stay private to this process; reads share
+        the page cache with every process mapping the file); None where it cannot be (misaligned for its dtype)."""
+        dtype = _DTYPES[entry["dtype"]]
+        begin, end = (int(offset) for offset in entry["data_offsets"])
+        if (start + begin) % dtype.itemsize:
+            return None
+        mapping = self._maps.get(path)
+        if mapping is None:
+            try:
+                with open(path, "rb") as handle:
+                    mapping = self._maps[path] = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            except (OSError, ValueError) as error:
+                raise SourceError(f"{path}: cannot be mapped ({type(error).__name__}: {error}).") from error
+        if start + end > len(mapping):
+            raise SourceError(f"{path}: tensor {entry} ends past the file (changed after it was opened?).")
+        if end == begin:
+            return torch.empty(entry["shape"], dtype=dtype)
+        count = (end - begin) // dtype.itemsize
+        return torch.frombuffer(mapping, dtype=dtype, count=count, offset=start + begin).reshape(entry["shape"])
 
     def read_state(self, model: nn.Module) -> Callable[[str, torch.Tensor], torch.Tensor]:
         """A reader for :func:`workbench.session.weights.weights_digest`: a state_dict entry's real value (read
@@ -304,11 +334,20 @@ class LazyCheckpoint:
         """True when every weight of ``module`` is in memory."""
         return not any(p.is_meta for p in self._held(module))
 
-    def materialise(self, model: nn.Module) -> None:
-        """Load every weight of ``model`` (a job that needs the whole model, as an eager load would have)."""
+    def materialise(self, model: nn.Module, mapped: bool = False) -> None:
+        """Load every weight of ``model`` (a job that needs the whole model, as an eager load would have).
+
+        ``mapped``: weights in the checkpoint's dtype become views of the shard files mapped copy-on-write (on the
+        CPU), so that the processes of one job share one copy of them in the page cache; each process's RSS still
+        counts the pages it touched, its USS does not."""
         if not self.resident(model):
-            logger.info("reading every weight of %s from %s", type(model).__name__, self.folder)
-            self.load("", model)
+            logger.info("%s every weight of %s from %s", "mapping" if mapped else "reading", type(model).__name__,
+                        self.folder)
+            self._mapped = mapped
+            try:
+                self.load("", model)
+            finally:
+                self._mapped = False
 
     def budget(self, model: nn.Module) -> int:
         """Bytes of weights a streamed run keeps in memory at most: the largest block (an item of a ModuleList, a

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from workbench import bounded_json
+from workbench.quant.algorithms.distributed import launched_by_torchrun
 from workbench.quant.algorithms.residency import AllResident, BlockResidency
 from workbench.sources import demo
 from workbench.sources.digest_cache import cached_sha256
@@ -174,9 +175,11 @@ class LoadedModel:
         return self.checkpoint if self.checkpoint is not None else AllResident()
 
     def materialise(self) -> None:
-        """Every weight in memory (a job that needs the whole model calls this first; nothing to do when eager)."""
+        """Every weight in memory (a job that needs the whole model calls this first; nothing to do when eager). In a
+        process of a multi-process job the weights are mapped from the checkpoint, one copy for all the ranks of a
+        machine (:meth:`LazyCheckpoint.materialise`)."""
         if self.checkpoint is not None:
-            self.checkpoint.materialise(self.model)
+            self.checkpoint.materialise(self.model, mapped=launched_by_torchrun())
 
     def to(self, device: torch.device) -> None:
         """Move the model to ``device``; weights still on meta are read straight onto it when loaded."""

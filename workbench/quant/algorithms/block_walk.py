@@ -40,8 +40,10 @@ from workbench.quant.algorithms.calibration_results import (
 )
 from workbench.quant.algorithms.residency import BlockResidency
 
-__all__ = ["Blocks", "BlockWalk", "BlockCalibrationError", "SequentialUnsupported", "find_blocks", "no_blocks_reason",
-           "MIN_BLOCK_SHARE", "as_keywords", "home_device"]
+__all__ = ["NO_BATCHES", "Blocks", "BlockWalk", "BlockCalibrationError", "SequentialUnsupported", "find_blocks",
+           "no_blocks_reason", "MIN_BLOCK_SHARE", "as_keywords", "home_device"]
+
+NO_BATCHES = "No calibration batches: the data source yielded nothing."
 
 # A list of identical blocks is "the model's blocks" when it holds at least this share of the parameters.
 MIN_BLOCK_SHARE = 0.5
@@ -158,6 +160,7 @@ class BlockWalk:
         self.progress, self.cancel, self.spill = progress, cancel, spill
         self.steps = steps
         self.done = 0
+        self.require_batches_at_capture = True
         self.mostly_nonfinite: list[int] = []
         # per batch: (the batch, the first block's inputs but the hidden states, whether those were positional)
         self.contexts = ActivationStore(spill)
@@ -176,6 +179,17 @@ class BlockWalk:
     def report(self, step: int, message: str) -> None:
         if self.progress is not None:
             self.progress(step, self.steps, message)
+
+    def batch_index(self, local: int) -> int:
+        """The number a user knows batch ``local`` of this walk by (a distributed rank walks its share of the
+        batches: errors and warnings name the batch's place among all of them)."""
+        return local
+
+    def require_batches(self) -> None:
+        """Refuse a walk over no batches (a distributed rank may have none of its own: the caller checks the
+        ranks' total instead)."""
+        if self.done == 0:
+            raise ValueError(NO_BATCHES)
 
     @contextmanager
     def block_in_memory(self, name: str, module: nn.Module) -> Iterator[None]:
@@ -238,22 +252,22 @@ class BlockWalk:
                     except _Reached as inputs:
                         args, kwargs = inputs.inputs
                     except Exception as error:  # the user's model: report which batch, keep the cause
-                        raise CalibrationError(index, error) from error
+                        raise CalibrationError(self.batch_index(index), error) from error
                     else:
-                        raise CalibrationError(index, ValueError(
+                        raise CalibrationError(self.batch_index(index), ValueError(
                             f"the model returned without calling {first_name}: sequential calibration needs every "
                             f"batch to go through {self.blocks.name}; calibrate without sequential"))
                     hidden, rest, positional = split_hidden(first_name, args, kwargs)
                     self.contexts.put(index, (batch, rest, positional))
                     self.hidden.put(index, hidden)
                     if nonfinite_share(batch) > MOSTLY_NONFINITE:
-                        self.mostly_nonfinite.append(index)
+                        self.mostly_nonfinite.append(self.batch_index(index))
                     self.done += 1
         finally:
             for handle in handles:
                 handle.remove()
-        if self.done == 0:
-            raise ValueError("No calibration batches: the data source yielded nothing.")
+        if self.require_batches_at_capture:
+            self.require_batches()
         self.report(1, f"captured the inputs of {first_name} for {self.done} batches")
         return reached
 
@@ -277,7 +291,7 @@ class BlockWalk:
                     try:
                         output = self.call_block(block, index, hidden)
                     except Exception as error:  # the user's block: say which, and on which batch
-                        raise BlockCalibrationError(name, index, error) from error
+                        raise BlockCalibrationError(name, self.batch_index(index), error) from error
                     outputs.put(index, output if last else hidden_of(name, output))
                     if after_batch is not None:
                         after_batch()

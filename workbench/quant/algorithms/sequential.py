@@ -69,8 +69,9 @@ from workbench.quant.algorithms.calibration_results import (
     NothingReachedError,
     ProgressCallback,
 )
-from workbench.quant.algorithms.distributed import SINGLE
+from workbench.quant.algorithms.distributed import DistContext
 from workbench.quant.algorithms.residency import AllResident, BlockResidency
+from workbench.quant.algorithms.sequential_ranks import RankShare
 from workbench.quant.algorithms.snapshot import ModelSnapshot
 from workbench.quant.calib import PERCENTILE, AmaxMethod
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
@@ -87,7 +88,7 @@ def calibrate_sequential(model: nn.Module, batches: Iterable, *, num_batches: in
                          block_method: str = DEFAULT_BLOCK_METHOD, report_sqnr: bool = True,
                          residency: BlockResidency | None = None,
                          budget_bytes: int = ACTIVATION_BUDGET, spill_dir: str | None = None,
-                         blocks: Blocks | None = None) -> CalibrationResult:
+                         blocks: Blocks | None = None, context: DistContext | None = None) -> CalibrationResult:
     """Calibrate every enabled quantizer of ``model`` one block at a time (see the module's docstring): the
     same amax and statistics as :func:`~workbench.quant.algorithms.calibrate.calibrate` with one block's weights
     resident. A model without repeated blocks is calibrated whole, with a warning saying so.
@@ -108,6 +109,7 @@ def calibrate_sequential(model: nn.Module, batches: Iterable, *, num_batches: in
             outputs are kept from the tail pass, the quantized ones come from one more walk over the blocks with
             every quantizer on (the whole-model run pools the same sums).
         blocks: the blocks to walk (default: :func:`find_blocks`).
+        context: a distributed job's; each rank walks the blocks on its share of the batches (see sequential_ranks).
 
     Returns:
         A :class:`CalibrationResult`.
@@ -124,12 +126,12 @@ def calibrate_sequential(model: nn.Module, batches: Iterable, *, num_batches: in
         logger.warning("Sequential calibration: %s; calibrating the whole model at once.", reason)
         result = calibrate(model, batches, num_batches=num_batches, method=method, percentile=percentile,
                            device=device, progress=progress, cancel=cancel, block_method=block_method,
-                           report_sqnr=report_sqnr)
+                           report_sqnr=report_sqnr, context=context)
         result.warnings.insert(0, f"sequential calibration: {reason}; the whole model was calibrated at once.")
         return result
     method, percentile, quantizers = checked_arguments(model, method, percentile, num_batches)
     run = _SequentialRun(model, blocks, quantizers, residency or AllResident(), device, progress, cancel,
-                         SpillFolder(budget_bytes, spill_dir), report_sqnr)
+                         SpillFolder(budget_bytes, spill_dir), report_sqnr, RankShare(context))
     snapshot = ModelSnapshot(model, calibrators=True)
     started = time.perf_counter()
     sqnr: tuple[float | None, int] = (None, 0)
@@ -162,7 +164,7 @@ def _commit(snapshot: ModelSnapshot, quantizers: dict[str, TensorQuantizer], ama
         snapshot.restore(quantizers[name])
         logger.warning("Quantizer %s saw no data during calibration; left unchanged.", name)
     snapshot.restore_modes()
-    done = run.done
+    done = run.total
     started, collected = timings
     result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
                                wall_time_s=time.perf_counter() - started, device=str(run.device),
@@ -184,14 +186,20 @@ class _SequentialRun(BlockWalk):
 
     def __init__(self, model: nn.Module, blocks: Blocks, quantizers: dict[str, TensorQuantizer],
                  residency: BlockResidency, device: torch.device | str | None, progress: ProgressCallback | None,
-                 cancel: CancelToken | None, spill: SpillFolder, report_sqnr: bool = False) -> None:
-        super().__init__(model, blocks, residency, device, progress, cancel, spill,
+                 cancel: CancelToken | None, spill: SpillFolder, report_sqnr: bool, share: RankShare) -> None:
+        # a distributed job's share (this rank's batches, the merges); only rank 0 reports progress
+        super().__init__(model, blocks, residency, device, share.context.main_only(progress), cancel, spill,
                          steps=len(blocks.items) + 2 + (len(blocks.items) + 1 if report_sqnr else 0))
-        self.quantizers = quantizers
+        self.quantizers, self.share = quantizers, share
+        self.total = 0  # batches run by all ranks (self.done: by this one)
+        self.require_batches_at_capture = not share.distributed  # a rank may have none: the ranks' total counts
         self.amax_time_s = 0.0
         self.auto_time_s = 0.0  # measuring "auto"'s candidates
         # the float model's outputs of the tail pass, for the output SQNR
         self.reference = ActivationStore(spill) if report_sqnr else None
+
+    def batch_index(self, local: int) -> int:
+        return self.share.index(local)
 
     def close(self) -> None:
         if self.reference is not None:
@@ -207,7 +215,9 @@ class _SequentialRun(BlockWalk):
         inside = {name for name in calibrating if any(name.startswith(block + ".") for block, _ in self.blocks.items)}
         outside = {name: q for name, q in calibrating.items() if name not in inside}
         with self.outside_loaded():
-            head = self.capture(batches, num_batches, outside.values())
+            head = self.capture(*self.share.deal(batches, num_batches), outside.values())
+            self.total, self.mostly_nonfinite = self.share.joined(self.done, self.mostly_nonfinite, calibrating,
+                                                                  method, percentile)
             for step, (block_name, block) in enumerate(self.blocks.items, start=1):
                 mine = {name: q for name, q in calibrating.items() if name.startswith(block_name + ".")}
                 last = step == len(self.blocks.items)
@@ -232,16 +242,16 @@ class _SequentialRun(BlockWalk):
             candidates |= self._amax(tail, None, "", method, percentile, block_method, amaxes, blind)
             if candidates:
                 started = time.perf_counter()
-                kept = [(index, self.contexts.get(index)[0]) for index in range(min(AUTO_BATCHES, self.done))]
+                kept = [(at, self.contexts.get(i)[0]) for i, at in self.share.first(AUTO_BATCHES, self.done)]
                 with self.replaying():
-                    pick_auto_methods(self.model, outside, candidates, amaxes.results, kept, self.device, SINGLE,
-                                      self.cancel)
+                    pick_auto_methods(self.model, outside, candidates, amaxes.results, kept, self.device,
+                                      self.share.context, self.cancel)
                 self.auto_time_s += time.perf_counter() - started
         self.report(len(self.blocks.items) + 2, "calibrated the modules after the blocks")
         if blind:
             raise NonFiniteCalibrationError(blind)
         if calibrating and not amaxes.results:
-            raise NothingReachedError(list(calibrating), self.done)
+            raise NothingReachedError(list(calibrating), self.total)
         return amaxes
 
     def output_sqnr(self) -> tuple[float | None, int]:
@@ -270,6 +280,7 @@ class _SequentialRun(BlockWalk):
                         signal += powers[0]
                         noise += powers[1]
                         counted += 1
+        signal, noise, counted = self.share.summed(signal, noise, counted)
         self.report(self.steps, f"measured the output SQNR on {counted} batches")
         if counted == 0:
             return None, 0
@@ -284,10 +295,10 @@ class _SequentialRun(BlockWalk):
         """"auto" for a block's quantizers: each candidate measured on the block's own inputs of the first
         :data:`AUTO_BATCHES` batches (what the whole-model run's FP32 pass gives the block)."""
         kept = []
-        for index in range(min(AUTO_BATCHES, self.done)):
+        for index, place in self.share.first(AUTO_BATCHES, self.done):
             _, rest, positional = self.contexts.get(index)
-            kept.append((index, as_keywords(block_name, block, inputs.get(index), rest, positional)))
-        pick_auto_methods(block, mine, candidates, amaxes.results, kept, self.device, SINGLE, self.cancel)
+            kept.append((place, as_keywords(block_name, block, inputs.get(index), rest, positional)))
+        pick_auto_methods(block, mine, candidates, amaxes.results, kept, self.device, self.share.context, self.cancel)
         for name in candidates:  # the owners were found under the block: name them in the model
             choice = amaxes.results[name].choice
             if choice is not None and choice.owner:
@@ -322,7 +333,7 @@ class _SequentialRun(BlockWalk):
                     except SequentialUnsupported:
                         raise
                     except Exception as error:
-                        raise CalibrationError(index, error) from error
+                        raise CalibrationError(self.batch_index(index), error) from error
                     if self.reference is not None:
                         self.reference.put(index, output)
         finally:
@@ -343,11 +354,12 @@ class _SequentialRun(BlockWalk):
         if not mine:
             return candidates
         started = time.perf_counter()
+        self.share.merge(mine, module)  # a distributed job's ranks: each rank's statistics are every rank's now
         reached = {name: q for name, q in mine.items() if q.calibrator.batches_seen > 0}
         amaxes.unused += [name for name in mine if name not in reached]
         if reached:
             try:
-                part = compute_amax(reached, method, percentile, self.device, self.done)
+                part = compute_amax(reached, method, percentile, self.device, self.total)
             except NonFiniteCalibrationError as error:
                 blind += error.names
             else:
