@@ -36,3 +36,29 @@ def test_an_int4_layers_switched_off_input_says_why_in_the_histogram_within_the_
     assert text.startswith("Off: this layer's precision") and "calibrator" not in text
     wrapped = panel.histogram_message.textItem.boundingRect().width()
     assert 0 < wrapped <= panel.histogram_plot.getViewBox().width()  # all of it inside the plot
+
+
+def test_the_export_report_stays_in_front_when_the_main_window_is_made_again(window, qtbot, tmp_path):
+    """Under Xvfb the report opened in front, then went behind the main window a second later: QtWebEngine's view
+    joining the window (the graph's preload after an export) makes its native window again, which maps on top."""
+    from PySide6.QtWidgets import QApplication
+
+    with qtbot.waitSignal(window.controller.session_changed, timeout=60000):
+        assert window.open_demo()
+    settle(window, qtbot)
+    with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
+        window.controller.calibrate(method="max")
+    window.controller.session.project.settings["export"]["path"] = str(tmp_path / "digits.qdq.onnx")
+    with qtbot.waitSignal(window.controller.export_finished, timeout=120000):
+        window.export_action.trigger()
+    qtbot.waitUntil(lambda: window.export_report_dialog is not None and window.export_report_dialog.isVisible())
+    report = window.export_report_dialog
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is report)
+    # what parking the web view does to the window: a new native window, shown again (mapped over the dialog)
+    window.setWindowFlags(window.windowFlags())
+    window.show()
+    window.activateWindow()
+    assert QApplication.activeWindow() is window or QApplication.activeWindow() is report
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is report, timeout=5000)
+    assert report.isVisible()
+    report.close()
