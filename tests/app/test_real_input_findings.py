@@ -62,3 +62,23 @@ def test_the_export_report_stays_in_front_when_the_main_window_is_made_again(win
     qtbot.waitUntil(lambda: QApplication.activeWindow() is report, timeout=5000)
     assert report.isVisible()
     report.close()
+
+
+def test_the_export_report_names_the_projects_mix_not_int8(qtbot):
+    """A BERT exported with FP8, INT4 W and INT8 layers: the log said "INT8+FP8+INT4 W vs FP32 ... 51.33 dB", the
+    report's section "INT8 vs FP32" and its row "FP32 inf, INT8 51.33"."""
+    from workbench.app.export_dialog import ExportReportDialog
+
+    gap = {"output_sqnr_db": 51.33, "num_batches": 6, "data": "calibration", "quantized_as": "INT8+FP8+INT4 W",
+           "metric": {"name": "top1", "kind": "accuracy"}, "fp32": 0.91, "int8": 0.9}
+    dialog = ExportReportDialog({"path": "/tmp/bert.qdq.onnx", "validated": True, "cosine": 1.0, "max_abs_diff": 0.0,
+                                 "int8_vs_fp32": gap})
+    qtbot.addWidget(dialog)
+    text = dialog.plain_text()
+    assert "INT8+FP8+INT4 W vs FP32" in text and "INT8 vs FP32" not in text
+    assert "FP32 0.91, INT8+FP8+INT4 W 0.9" in text
+    # a bf16 network is compared with itself in bf16
+    dialog = ExportReportDialog({"path": "/tmp/m.onnx", "validated": True, "network_dtype": "bfloat16",
+                                 "int8_vs_fp32": {**gap, "quantized_as": "FP8"}})
+    qtbot.addWidget(dialog)
+    assert "FP8 vs BF16" in dialog.plain_text()
