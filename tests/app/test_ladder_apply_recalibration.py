@@ -48,9 +48,12 @@ def test_apply_calibrates_only_changed_layers_with_a_whole_calibrations_amax(tmp
     assert {c.layer for c in session.apply_ladder(_Mix(mix))} == {value, ffn, out}
 
     result = session.calibrate_applied()
-    # the two layers now in FP8 were calibrated (input and weight each), nothing else
-    assert sorted(result.quantizers) == sorted(f"{layer}.{role}" for layer in (value, ffn)
-                                               for role in ("_input_quantizer", "_weight_quantizer"))
+    # the two layers now in FP8 were calibrated (input and weight each), and the attention products (their fused
+    # path while paused would round differently downstream); no other Linear
+    changed = {f"{layer}.{role}" for layer in (value, ffn) for role in ("_input_quantizer", "_weight_quantizer")}
+    assert changed <= set(result.quantizers)
+    assert all(".sdpa." in name for name in set(result.quantizers) - changed)
+    assert len(result.quantizers) < len(session.project.current_calibration.quantizers) / 2
     partial, partial_sqnr = _amax(session), session.project.current_calibration.output_sqnr_db
     assert not any(name.startswith(out + ".") for name in partial)  # the float layer has no quantizers left
     untouched = [name for name in partial if name not in result.quantizers]

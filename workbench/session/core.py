@@ -269,7 +269,8 @@ class Session(SessionEdits):
         why = "no ladder mix applied" if not before else recalibration.partial_allowed(
             self.project, before, self.settings.calibration, self.data("calibration"),
             weights_digest=self.weights_digest)
-        layers = recalibration.stale_layers(self.quantized_model(), self.build_report.restored) if why is None else []
+        run = self.project.current_calibration
+        layers = recalibration.stale_layers(self.quantized_model(), run) if why is None and run is not None else []
         if not layers:
             if why is not None:
                 logger.info("calibrating the whole model: %s", why)

@@ -28,7 +28,7 @@ from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken,
 from workbench.quant.algorithms.calibrate import calibrate as run_calibration
 from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.session.build import descriptor_of, layer_of
+from workbench.session.build import FUNCTIONAL_MODULES, descriptor_of, layer_of
 from workbench.session.in_place import LayerState
 from workbench.session.state import state_digest
 from workbench.sources.data_source import DataSource
@@ -65,13 +65,15 @@ def partial_allowed(project: Project, before: Mapping[str, LayerState], options:
     return None
 
 
-def stale_layers(model: nn.Module, restored: list[str]) -> list[str]:
-    """The layers of ``model`` with an enabled calibrating quantizer that the build did not restore from the current
-    calibration (``restored``: the build report's list): new quantizers, or ones whose descriptor changed."""
-    kept = set(restored)
+def stale_layers(model: nn.Module, run: CalibrationRecord) -> list[str]:
+    """The layers of ``model`` with an enabled calibrating quantizer that ``run`` (the current calibration) does not
+    describe: no record, a record taken with another descriptor, or no amax on the quantizer (new ones)."""
     layers: list[str] = []
     for name, quantizer in quantizer_names(model).items():
-        if _calibrates(quantizer) and name not in kept:
+        record = run.quantizers.get(name)
+        stale = record is None or not quantizer.has_amax or (
+            record.descriptor is not None and record.descriptor != descriptor_of(quantizer))
+        if _calibrates(quantizer) and stale:
             layer = layer_of(name)[0]
             if layer not in layers:
                 layers.append(layer)
@@ -82,16 +84,20 @@ def calibrate_layers(model: nn.Module, data: DataSource, project: Project, optio
                      layers: list[str], *, device: torch.device, folded: list[str],
                      progress: ProgressCallback | None = None,
                      cancel: CancelToken | None = None) -> tuple[CalibrationResult, CalibrationRecord]:
-    """Calibrate the quantizers of ``layers`` only (every other one keeps the amax it has), on the calibration batches
-    and settings the current calibration used; then measure the whole model's output SQNR on those batches. Returns
-    the result (the quantizers calibrated now) and the new current record: the current one with these layers'
-    quantizers calibrated again (quantizers the model no longer has are left out, as a whole calibration leaves
-    them). On cancel or error the model is as it was."""
+    """Calibrate the quantizers of ``layers`` and of the attention products only (every other one keeps its amax),
+    on the calibration batches and settings the current calibration used; then measure the whole model's output SQNR
+    on those batches. Returns the result (the quantizers calibrated now) and the new current record: the current one
+    with these quantizers calibrated again (quantizers the model no longer has are left out, as a whole calibration
+    leaves them). On cancel or error the model is as it was."""
     run = project.current_calibration
     assert run is not None, "partial_allowed() first"
     started = time.perf_counter()
     quantizers = quantizer_names(model)
-    wanted = set(layers)
+    modules = dict(model.named_modules())
+    # attention products compute another way (torch's fused attention) while their quantizers are off: pausing
+    # them would change every activation after them by a rounding, so they are calibrated again too
+    wanted = set(layers) | {layer_of(name)[0] for name in quantizers
+                            if isinstance(modules.get(layer_of(name)[0]), FUNCTIONAL_MODULES)}
     targets = {id(q) for name, q in quantizers.items() if layer_of(name)[0] in wanted}
     # the others are switched off while the targets collect (quantization is off for all of them then anyway)
     paused = [q for q in dict.fromkeys(quantizers.values()) if id(q) not in targets and q.is_enabled]
