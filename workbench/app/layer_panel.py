@@ -524,9 +524,9 @@ class LayerPanel(QWidget):
         layer, role = info.owner, "input" if "input" in info.attr else "weight"
         descriptor = self.controller.descriptors([layer], role).get(layer) if layer else None
         if descriptor is not None and descriptor.get("enabled", True) is False:
-            return ("Off: this layer's precision leaves its input in float\n(INT4 weight-only layers quantize only "
-                    "their weight):\nnothing to plot.")
-        return "This quantizer is bypassed (a TensorRT placement rule):\nnothing to plot."
+            return ("Off: this layer's precision leaves its input in float (INT4 weight-only layers quantize only "
+                    "their weight): nothing to plot.")
+        return "This quantizer is bypassed (a TensorRT placement rule): nothing to plot."
 
     def _message(self, text: str) -> None:
         self.histogram_title.setText("Calibration histogram")  # no histogram: its title names no method
