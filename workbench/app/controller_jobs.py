@@ -48,6 +48,15 @@ class JobsMixin:
         return session is not None and self._session_job(
             CALIBRATION_JOB, lambda progress, cancel: session.calibrate(progress=progress, cancel=cancel, **options))
 
+    def calibrate_applied(self) -> bool:
+        """Calibrate after a ladder's Apply: only the layers it changed where that gives a whole calibration's amax
+        (:meth:`workbench.session.core.Session.calibrate_applied`), the whole model otherwise (and with workers)."""
+        session = self._require_session()
+        if session is not None and self.workers > 1:
+            return self.calibrate()
+        return session is not None and self._session_job(
+            CALIBRATION_JOB, lambda progress, cancel: session.calibrate_applied(progress=progress, cancel=cancel))
+
     def sensitivity(self, **options: Any) -> bool:
         session = self._require_session()
         if session is not None and self.workers > 1:

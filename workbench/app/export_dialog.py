@@ -223,13 +223,16 @@ class ExportReportDialog(QDialog):
 
         gap = r.get("int8_vs_fp32")
         if isinstance(gap, dict):  # what quantizing costs, before the file's parity with the fake-quant model
-            section("INT8 vs FP32")
+            # the project's mix (INT8+FP8+INT4 W), as the log's headline names it; reports before it knew: INT8
+            label = str(gap.get("quantized_as") or "INT8")
+            float_name = {"bfloat16": "BF16", "float16": "FP16"}.get(str(r.get("network_dtype")), "FP32")
+            section(f"{label} vs {float_name}")
             metric = dict(gap.get("metric") or {})
             row("", "output SQNR", f"<b>{format_number(gap.get('output_sqnr_db'))} dB</b> on "
                                    f"{esc(str(gap.get('num_batches')))} {esc(str(gap.get('data', 'evaluation')))} "
                                    "batches")
             if metric.get("name") not in (None, "sqnr"):
-                row("", str(metric.get("name")), f"FP32 {format_number(gap.get('fp32'))}, INT8 "
+                row("", str(metric.get("name")), f"{float_name} {format_number(gap.get('fp32'))}, {esc(label)} "
                                                       f"<b>{format_number(gap.get('int8'))}</b>")
 
         section("Validation")

@@ -285,7 +285,7 @@ class FallbackPanel(QGroupBox):
         result.applied = True
         self.undo_apply_button.setEnabled(True)
         if applied and any(c.then not in ("float", "custom") for c in applied):
-            self.controller.calibrate()  # the new precisions' ranges
+            self.controller.calibrate_applied()  # the new precisions' ranges (only the layers that changed)
         self._end_applying()  # at once, unless the model update or the calibration runs in the background
         return [c.layer for c in applied]
 

@@ -409,11 +409,13 @@ class LayerPanel(QWidget):
         if data is None:
             info = next((q for q in layer_quantizers(self.tree(), self.names[0]) if q.name == self.quantizer_name),
                         None)
-            if info is not None and info.calibrator != "HistogramCalibrator":
+            # switched off first: an INT4 weight-only layer's input has a max calibrator it never uses, and
+            # "set its calibrator to histogram" sent the user to an editor that is off for it
+            if info is not None and not info.enabled:
+                self._message(self._off_reason(info))
+            elif info is not None and info.calibrator != "HistogramCalibrator":
                 self._message(f"No histogram: this quantizer uses the max calibrator (amax {info.amax}).\n"
                               "Set its calibrator to 'histogram' and calibrate to see one.")
-            elif info is not None and not info.enabled:
-                self._message("This quantizer is bypassed (a TensorRT placement rule): nothing to plot.")
             else:
                 self._message("Not calibrated yet: run Calibrate to collect a histogram.")
             return
@@ -516,6 +518,16 @@ class LayerPanel(QWidget):
             plot.getAxis(axis).setTicks(None)
         plot.showGrid(x=True, y=True, alpha=0.15)
 
+    def _off_reason(self, info: Any) -> str:
+        """Why a bypassed quantizer has nothing to plot: its layer's precision (an INT4 weight-only layer's input) or
+        a TensorRT placement rule."""
+        layer, role = info.owner, "input" if "input" in info.attr else "weight"
+        descriptor = self.controller.descriptors([layer], role).get(layer) if layer else None
+        if descriptor is not None and descriptor.get("enabled", True) is False:
+            return ("Off: this layer's precision leaves its input in float (INT4 weight-only layers quantize only "
+                    "their weight): nothing to plot.")
+        return "This quantizer is bypassed (a TensorRT placement rule): nothing to plot."
+
     def _message(self, text: str) -> None:
         self.histogram_title.setText("Calibration histogram")  # no histogram: its title names no method
         # axes stay (ticks hidden): showing them again after calibrating would cost a first, slow paint
@@ -527,6 +539,9 @@ class LayerPanel(QWidget):
         self.histogram_plot.setXRange(0, 1, padding=0)
         self.histogram_plot.setYRange(0, 1, padding=0)
         self.histogram_message.setText(text)
+        # wrapped to the plot's width: a long line ran past both edges of the narrow plot, cut on either side
+        width = self.histogram_plot.getViewBox().width()
+        self.histogram_message.setTextWidth(max(160.0, width - 16) if width > 0 else 240.0)
         self.histogram_message.setPos(0.5, 0.5)
         self.histogram_plot.addItem(self.histogram_message)
         self.amax_legend.setText("")

@@ -18,7 +18,17 @@ from typing import Any
 
 from PySide6.QtCore import QEvent, QSettings, Qt, QTimer
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QTabWidget, QWidget
+from PySide6.QtWidgets import (
+    QApplication,
+    QDialog,
+    QDockWidget,
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QTabWidget,
+    QWidget,
+)
 
 from workbench.app.controller import Controller
 from workbench.app.device_selector import DeviceSelector
@@ -402,6 +412,21 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         if answer != QMessageBox.StandardButton.Yes:
             return False
         return self.open_project(path, trust_code=session.trust_code, confirmed=True)
+
+    def event(self, event: QEvent) -> bool:
+        """Qt's event handler; a new native window brings the open dialogs back on top."""
+        if event.type() == QEvent.Type.WinIdChange:
+            # the native window is made again when QtWebEngine's view first joins it (the graph tab's preload,
+            # a second after an export): without a window manager the new window maps over every open dialog,
+            # and the export report sat behind the main window. Once the new window is up, they come back on top.
+            QTimer.singleShot(0, self._dialogs_to_front)
+        return super().event(event)
+
+    def _dialogs_to_front(self) -> None:
+        """Raise and activate this window's visible dialogs (the export report, a question)."""
+        for widget in QApplication.topLevelWidgets():
+            if isinstance(widget, QDialog) and widget.isVisible() and widget.parentWidget() is self:
+                self._bring_to_front(widget)
 
     def changeEvent(self, event: Any) -> None:
         super().changeEvent(event)

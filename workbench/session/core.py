@@ -42,6 +42,7 @@ from workbench.session import (
     exports,
     finetuning,
     paths,
+    recalibration,
     smoothing,
     tensorrt,
     weights,
@@ -256,6 +257,32 @@ class Session(SessionEdits):
         record.state_digest = state_digest(self.project)  # what the run's output SQNR was measured on
         record.weights_digest = self.weights_digest
         # what was stale (calibrated with another descriptor) is calibrated with its own now
+        self.build_report.stale = [name for name in self.build_report.stale if name not in record.quantizers]
+        self._changed(SessionEvent.CALIBRATION)
+        return result
+
+    def calibrate_applied(self, *, progress: ProgressCallback | None = None,
+                          cancel: CancelToken | None = None) -> CalibrationResult:
+        """Calibrate after a ladder's Apply: only the layers whose quantizers it changed, when nothing else changed
+        since the current calibration (the amax a whole calibration gives, see
+        :mod:`workbench.session.recalibration`); else the whole model (:meth:`calibrate`)."""
+        before = self._ladder_undo
+        why = "no ladder mix applied" if not before else recalibration.partial_allowed(
+            self.project, before, self.settings.calibration, self.data("calibration"),
+            weights_digest=self.weights_digest)
+        run = self.project.current_calibration
+        layers = recalibration.stale_layers(self.quantized_model(), run) if why is None and run is not None else []
+        if not layers:
+            if why is not None:
+                logger.info("calibrating the whole model: %s", why)
+            return self.calibrate(progress=progress, cancel=cancel)
+        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
+        result, record = recalibration.calibrate_layers(
+            self.quantized_model(), self.data("calibration"), self.project, self.settings.calibration, layers,
+            device=self.device, folded=list(self.folded_layers()), progress=progress, cancel=cancel)
+        self.project.calibrations.append(record)
+        record.state_digest = state_digest(self.project)
+        record.weights_digest = self.weights_digest
         self.build_report.stale = [name for name in self.build_report.stale if name not in record.quantizers]
         self._changed(SessionEvent.CALIBRATION)
         return result
