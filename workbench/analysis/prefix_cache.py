@@ -37,6 +37,7 @@ import torch.fx as fx
 from torch import nn
 from torch.fx.node import map_arg
 
+from workbench.graph.fx_guard import GuardedTracer
 from workbench.quant.algorithms.snapshot import holds_quantizers
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
@@ -49,7 +50,7 @@ def _has_hooks(module: nn.Module) -> bool:
                 or getattr(module, "_forward_pre_hooks_with_kwargs", None))
 
 
-class _LayerTracer(fx.Tracer):
+class _LayerTracer(GuardedTracer):
     """Opaque: quantized layers (their forward reads the quantizers' flags), quantizers, hooked modules."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -57,7 +58,7 @@ class _LayerTracer(fx.Tracer):
                 or super().is_leaf_module(m, module_qualified_name))
 
 
-class _CoarseTracer(fx.Tracer):
+class _CoarseTracer(GuardedTracer):
     """Opaque: every child except plain nn.Sequential containers."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:

@@ -34,6 +34,7 @@ import torch.fx as fx
 from torch import nn
 
 from workbench.graph.dataflow import activation_nodes, in_transformer_block, inplace_alias_risk, pointwise_formula
+from workbench.graph.fx_guard import GuardedTracer
 from workbench.graph.hf_attention import quantize_hf_attention
 from workbench.graph.operations import (
     SDPA_FUNCTIONS,
@@ -458,7 +459,7 @@ def _reaches(node: fx.Node, scores: set[fx.Node], depth: int = 0) -> bool:
         _reaches(node.args[0], scores, depth + 1)
 
 
-class _OwnForwardTracer(fx.Tracer):
+class _OwnForwardTracer(GuardedTracer):
     """Traces one module's own forward: every submodule call stays a call."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.graph.batchnorm import is_frozen_batchnorm
+from workbench.graph.fx_guard import GuardedTracer
 from workbench.graph.tree import is_quantized_module
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
@@ -46,7 +47,7 @@ def is_leaf(module: nn.Module) -> bool:
     return module_name.startswith("torch.nn") or module_name.startswith("torch.ao.nn")
 
 
-class QuantTracer(fx.Tracer):
+class QuantTracer(GuardedTracer):
     """An fx tracer whose leaves are :func:`is_leaf` modules."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:

@@ -1,0 +1,66 @@
+"""Traces in two threads at once (the GUI's job thread rebuilding while another job traces) must not leave torch.fx's
+wrapper on nn.Module: before the guard, every later forward in the process failed with "module is not installed as a
+submodule" until the app restarted (found driving the GUI: Apply, Export, Undo apply, then Calibrate)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from torch import fx, nn
+
+from workbench.graph import fx_guard
+from workbench.graph.trace import QuantTracer
+
+
+class _Slow(nn.Module):
+    """A forward that holds its trace open long enough for the other thread's to start."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.linear(x)
+
+
+def _trace_in_two_threads(tracer_class: type) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def trace(seconds: float) -> None:
+        try:
+            tracer_class().trace(_Slow(seconds))
+        except BaseException as error:  # noqa: BLE001 - collected for the assertion
+            errors.append(error)
+
+    first = threading.Thread(target=trace, args=(0.4,))
+    second = threading.Thread(target=trace, args=(0.8,))
+    first.start()
+    time.sleep(0.1)
+    second.start()
+    first.join()
+    second.join()
+    return errors
+
+
+def test_overlapping_traces_run_one_after_the_other_and_leave_modules_callable():
+    original = nn.Module.__call__
+    assert _trace_in_two_threads(QuantTracer) == []
+    assert nn.Module.__call__ is original
+    model = nn.Sequential(nn.Linear(4, 4))
+    assert model(torch.ones(1, 4)).shape == (1, 4)
+
+
+def test_a_wrapper_left_by_someone_elses_traces_is_put_back_after_the_next_guarded_one(caplog):
+    original = nn.Module.__call__
+    try:
+        _trace_in_two_threads(fx.Tracer)  # plain fx, as a library's own tracing would run: leaves its wrapper
+        assert nn.Module.__call__ is not original
+        QuantTracer().trace(nn.Sequential(nn.Linear(2, 2)))
+        assert nn.Module.__call__ is original
+        assert "left nn.Module.__call__" in caplog.text
+        assert nn.Sequential(nn.Linear(4, 4))(torch.ones(1, 4)).shape == (1, 4)
+    finally:
+        fx_guard.restore_module_methods()
