@@ -254,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=[], help="model names (or substrings of them)")
     parser.add_argument("--family", nargs="*", default=[], help="families (decoder, timm, vision, ...)")
     parser.add_argument("--resume", action="store_true", help="skip the models the output file already has")
+    parser.add_argument("--skip", nargs="*", type=Path, default=[],
+                        help="also skip the models these JSONL files have rows for (sweep the rest of a run)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per model (default: per entry)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSONL file rows are appended to")
     parser.add_argument("--markdown", action="store_true", help="print the README's table from the rows and exit")
@@ -286,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{entry.name:44s} {entry.family}")
         return 0
     done = read_rows(args.out) if args.resume else {}
-    todo = [e for e in chosen if e.name not in done]
+    elsewhere = {name for path in args.skip for name in read_rows(path)}
+    todo = [e for e in chosen if e.name not in done and e.name not in elsewhere]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(f"{len(chosen)} architectures, {len(todo)} to run; rows -> {args.out}")
     print(", ".join(f"{k} {v}" for k, v in versions().items()))
