@@ -19,11 +19,17 @@ import numpy as np
 SHAPE_OPS = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Flatten", "Identity", "Cast"}
 
 
-def attention_products(path: str | Path) -> tuple[int, int]:
+def attention_products(path: str | Path, not_attention: dict[str, int] | None = None) -> tuple[int, int]:
     """(MatMuls between two activations with DequantizeLinear on both inputs, all MatMuls between two activations)
     in the ONNX file at ``path``. A MatMul input counts as quantized when a DequantizeLinear produces it, directly
-    or through ops that only move data (``SHAPE_OPS``)."""
+    or through ops that only move data (``SHAPE_OPS``).
+
+    ``not_attention``: module -> how many of its products the placement rules left in float as no attention (a
+    state-space model's scan steps: ``workbench.graph.placement.is_attention``, as ``show`` lists them); that many
+    float MatMuls of the module (the node's module, ``workbench.export.naming.node_module``) are not counted."""
     import onnx
+
+    from workbench.export.naming import node_module
 
     graph = onnx.load(str(path), load_external_data=False).graph
     producer = {out: node for node in graph.node for out in node.output}
@@ -47,13 +53,30 @@ def attention_products(path: str | Path) -> tuple[int, int]:
             node = producer.get(node.input[0])
         return node is not None and node.op_type == "DequantizeLinear"
 
+    excused = dict(not_attention or {})
     products = quantized = 0
     for node in graph.node:
         if node.op_type != "MatMul" or any(constant(i) for i in node.input[:2]):
             continue
+        both = all(dequantized(i) for i in node.input[:2])
+        owner = node_module(node) or ""
+        if not both and excused.get(owner, 0) > 0:  # left float by a rule that says it is no attention
+            excused[owner] -= 1
+            continue
         products += 1
-        quantized += all(dequantized(i) for i in node.input[:2])
+        quantized += both
     return quantized, products
+
+
+def not_attention_products(summary: dict[str, Any]) -> dict[str, int]:
+    """module -> products of two activations the placement rules left in float as no attention, read off the
+    project's summary (``Session.summary()``, what ``workbench show`` prints)."""
+    out: dict[str, int] = {}
+    for item in summary.get("functional", {}).get("left_float_operations", []):
+        if item.get("kind") == "matmul" and not item.get("attention", True):
+            module = "" if item["module"] == "<model>" else item["module"]
+            out[module] = out.get(module, 0) + item["count"]
+    return out
 
 
 def tensor_leaves(output: Any) -> int:
@@ -181,7 +204,7 @@ def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch) -> None:
     row["cosine"] = float(report.cosine)
     row["gemms"] = [report.weight_gemms - len(report.float_weight_gemms), report.weight_gemms]
     row["float_gemms"] = list(report.float_weight_gemms)
-    row["attention"] = list(attention_products(path))
+    row["attention"] = list(attention_products(path, not_attention_products(session.summary())))
     row["outputs"] = [len(report.output_names), returned]
     row["qdq_pairs"] = report.qdq_pairs
     row["warnings"] = [w.splitlines()[0][:200] for w in report.warnings][:5]
