@@ -51,6 +51,7 @@ from workbench.graph.runtime_ops import RuntimeRecord, record_functional_ops
 from workbench.graph.trace import (
     CAT_FUNCTIONS,
     TraceFailure,
+    attributes_kept,
     explain_trace_error,
     flag_constants,
     is_leaf,
@@ -230,6 +231,15 @@ class _Inserter:
             logger.info("Not tracing %s (%s): %s", path or "<model>", type(module).__name__, risk)
             return module
         call = self.calls.get(id(module)) if self.calls is not None else None
+        with attributes_kept(module):
+            traced = self._trace(module, path, call)
+        if traced is None:
+            return module
+        tracer, graph = traced
+        return self._rewrite(module, path, call, tracer, graph)
+
+    def _trace(self, module: nn.Module, path: str, call: ModuleCall | None) -> tuple[fx.Tracer, fx.Graph] | None:
+        """The traced graph of ``module``'s own forward (and its tracer), or None with the failure reported."""
         try:
             tracer = _OwnForwardTracer()
             graph = tracer.trace(module)
@@ -252,7 +262,12 @@ class _Inserter:
                 reason = explain_trace_error(error)
                 self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
                 logger.info("Could not trace %s (%s): %s", path or "<model>", type(module).__name__, reason)
-                return module
+                return None
+        return tracer, graph
+
+    def _rewrite(self, module: nn.Module, path: str, call: ModuleCall | None, tracer: fx.Tracer,
+                 graph: fx.Graph) -> nn.Module:
+        """``module`` with the candidate operations of its traced ``graph`` quantized (or itself, unchanged)."""
         composite = next((n.target for n in graph.nodes if n.op == "call_function"
                           and any(n.target is f for f in COMPOSITE_FUNCTIONS)), None)
         if composite is not None:  # its GEMMs and products are inside one call: the run-time route finds them
