@@ -208,6 +208,9 @@ def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch) -> None:
     row["outputs"] = [len(report.output_names), returned]
     row["qdq_pairs"] = report.qdq_pairs
     row["warnings"] = [w.splitlines()[0][:200] for w in report.warnings][:5]
+    diagnosis = getattr(report, "parity_diagnosis", None)
+    if diagnosis:  # where and why onnxruntime and the model part (or "selection": validated before NMS / top-k)
+        row["parity_verdict"], row["parity_diagnosis"] = diagnosis.get("verdict"), diagnosis.get("text", "")[:1500]
     if row["sqnr_db"] is None and report.int8_vs_fp32:
         row["sqnr_db"] = report.int8_vs_fp32.get("output_sqnr_db")
 

@@ -250,7 +250,7 @@ def export_qdq_onnx(model: nn.Module,
         except ExportValidationError as error:
             if error.stage != "parity" or error.report is None or job.staged is None:
                 raise
-            report = not_validated(job, error, strict)
+            report = not_validated(job, error, strict, min_cosine)
         _commit(job, report)
         _write_side_files(job, report, amax_json_path=amax_json_path, calibration_cache_path=calibration_cache_path,
                           float_onnx_path=float_onnx_path, trt_version=trt_version)
