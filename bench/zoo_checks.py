@@ -141,8 +141,10 @@ def validated(row: dict[str, Any]) -> bool:
     return bool(row.get("validated", (row.get("cosine") or 0.0) >= 0.999))
 
 
-def run_entry(entry, root: Path) -> dict[str, Any]:
-    """``new -> calibrate -> export`` for one architecture; the row (plain data) with what failed where."""
+def run_entry(entry, root: Path, progress=None) -> dict[str, Any]:
+    """``new -> calibrate -> export`` for one architecture; the row (plain data) with what failed where.
+    ``progress(row)`` is called as each stage begins (the row then holds ``stage_seconds`` so far): a sweep that
+    kills a model at its time limit still knows where the time went."""
     import tempfile
     import warnings
 
@@ -154,12 +156,14 @@ def run_entry(entry, root: Path) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="zoo-model-") as name:
             folder = Path(name)
-            _run(entry, root, folder, row, torch)
+            _run(entry, root, folder, row, torch, progress)
     except BaseException as error:  # the row says what failed; the sweep goes on
         lines = [line for line in str(error).splitlines() if line.strip()]
         row["failure"] = f"{row['stage']}: {type(error).__name__}: {lines[0] if lines else ''}"[:400]
         row["traceback"] = "".join(traceback.format_exception(error)[-3:])[-1500:]
     row["seconds"] = time.perf_counter() - start
+    if "_stage_start" in row:
+        row.setdefault("stage_seconds", {})[row["stage"]] = round(time.perf_counter() - row.pop("_stage_start"), 1)
     shortfalls = []
     if row.get("export_ok") and not validated(row):
         shortfalls.append(f"file not validated (cosine {row.get('cosine', float('nan')):.6f})")
@@ -176,27 +180,40 @@ def run_entry(entry, root: Path) -> dict[str, Any]:
     return row
 
 
-def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch) -> None:
+def _stage(row: dict[str, Any], stage: str, progress) -> None:
+    """Begin ``stage``: the time of the one before goes into ``row["stage_seconds"]``."""
+    now = time.perf_counter()
+    times = row.setdefault("stage_seconds", {})
+    previous = row.get("stage")
+    if previous is not None and "_stage_start" in row:
+        times[previous] = round(now - row["_stage_start"], 1)
+    row["stage"], row["_stage_start"] = stage, now
+    if progress is not None:
+        progress({k: v for k, v in row.items() if k != "_stage_start"})
+
+
+def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch, progress=None) -> None:
     from workbench.quant.algorithms.batches import run_model
     from workbench.session import Session
     from workbench.sources.data_source import DataSpec
 
+    _stage(row, "build", progress)
     data = folder / "calibration.npz"
     np.savez(data, **entry.inputs())
     spec = build_source(entry, folder, root, row)
-    row["stage"] = "new"
+    _stage(row, "new", progress)
     session = Session.create(spec, DataSpec("tensors", str(data), batch_size=2), trust_code=True, base_dir=folder)
     with torch.no_grad():
         returned = tensor_leaves(run_model(session.float_model, session.sample_inputs(batch=1), session.device))
-    row["stage"] = "calibrate"
+    _stage(row, "calibrate", progress)
     result = session.calibrate()
     row["sqnr_db"] = result.output_sqnr_db
     row["quantizers"] = len(result.quantizers)
     row["unreached"] = len(result.unused)
-    row["stage"] = "export"
+    _stage(row, "export", progress)
     path = folder / "model.qdq.onnx"
     report = session.export(path)
-    row["stage"] = "done"
+    _stage(row, "done", progress)
     row["export_ok"] = path.is_file()
     row["validated"] = bool(report.validated)  # a file whose parity check failed is written "not validated"
     row["exporter"] = report.exporter

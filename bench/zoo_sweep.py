@@ -116,7 +116,8 @@ def _worker(name: str, path: str) -> None:
     import datetime as _datetime
 
     entry = next(e for e in zoo_catalog.all_entries() if e.name == name)
-    row = run_entry(entry, ROOT)
+    progress = Path(path).with_suffix(".progress")
+    row = run_entry(entry, ROOT, lambda partial: progress.write_text(json.dumps(partial)))
     row["versions"] = versions()
     row["date"] = _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds")
     Path(path).write_text(json.dumps(row))
@@ -135,8 +136,15 @@ def run_isolated(entry: zoo_catalog.Entry, timeout: float) -> dict:
         if process.is_alive():
             process.kill()
             process.join()
+            progress = result.with_suffix(".progress")
+            partial = json.loads(progress.read_text()) if progress.is_file() else {}
+            spent = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in partial.get("stage_seconds", {}).items())
+            where = f" (killed in {partial['stage']}" + (f", after {spent}" if spent else "") + ")" \
+                if partial.get("stage") else ""
             return {"model": entry.name, "family": entry.family, "stage": "timeout",
-                    "failure": f"timeout: no result after {timeout:.0f} s", "seconds": time.perf_counter() - start}
+                    "failure": f"timeout: no result after {timeout:.0f} s{where}",
+                    "seconds": time.perf_counter() - start, "stage_seconds": partial.get("stage_seconds", {}),
+                    "killed_in": partial.get("stage")}
         if result.is_file():
             return json.loads(result.read_text())
         return {"model": entry.name, "family": entry.family, "stage": "crash",

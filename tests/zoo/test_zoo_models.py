@@ -153,3 +153,20 @@ def test_torchvision_dense_models_build_without_downloading_a_backbone(monkeypat
     monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
     model = zoo_factories.torchvision_model("deeplabv3_mobilenet_v3_large", num_classes=3, aux_loss=False)
     assert not model.training
+
+
+def test_each_stage_reports_its_start_and_the_time_of_the_one_before():
+    """A model killed at the sweep's time limit still says where its time went: the worker writes the row so far
+    as each stage begins (bench/zoo_sweep.py puts it in the timeout row)."""
+    import time
+
+    from zoo_checks import _stage
+
+    seen, row = [], {"model": "m", "stage": "build"}
+    _stage(row, "build", seen.append)
+    time.sleep(0.01)
+    _stage(row, "new", seen.append)
+    _stage(row, "calibrate", seen.append)
+    assert [s["stage"] for s in seen] == ["build", "new", "calibrate"]
+    assert "_stage_start" not in seen[-1] and set(seen[-1]["stage_seconds"]) == {"build", "new"}
+    assert seen[-1]["stage_seconds"]["build"] >= 0.0
