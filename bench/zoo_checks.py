@@ -80,16 +80,22 @@ def not_attention_products(summary: dict[str, Any]) -> dict[str, int]:
 
 
 def tensor_leaves(output: Any) -> int:
-    """Tensors a model returned (ModelOutput fields, tuples, lists, dicts, nested); None fields do not count."""
+    """Distinct tensors a model returned (ModelOutput fields, tuples, lists, dicts, nested); None fields do not
+    count, and a tensor returned twice (ultralytics' segmentation head returns its mask prototypes in both of its
+    results) is one ONNX output, so it counts once."""
     import torch
 
-    if isinstance(output, torch.Tensor):
-        return 1
-    if isinstance(output, dict):  # ModelOutput is an OrderedDict of its non-None fields
-        return sum(tensor_leaves(value) for value in output.values())
-    if isinstance(output, (tuple, list)):
-        return sum(tensor_leaves(value) for value in output)
-    return 0
+    def leaves(value: Any):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):  # ModelOutput is an OrderedDict of its non-None fields
+            for item in value.values():
+                yield from leaves(item)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                yield from leaves(item)
+
+    return len({id(t) for t in leaves(output)})
 
 
 def revive_degenerate_weights(model) -> list[str]:

@@ -119,7 +119,9 @@ def test_tensor_leaves_count_what_a_model_returns():
 
     logits, boxes = torch.zeros(1, 2), torch.zeros(1, 4)
     assert tensor_leaves({"logits": logits, "pred_boxes": boxes}) == 2
-    assert tensor_leaves((logits, [boxes, {"masks": boxes}], None, "text")) == 3
+    assert tensor_leaves((logits, [boxes, {"masks": boxes.clone()}], None, "text")) == 3
+    # one tensor returned twice (ultralytics' segmentation: the mask prototypes) is one ONNX output
+    assert tensor_leaves(((logits, boxes), {"boxes": logits + 1, "proto": boxes})) == 3
 
 
 def test_weights_a_library_leaves_at_zero_get_a_random_init_and_the_others_are_kept():
