@@ -124,13 +124,13 @@ def attributes_kept(module: nn.Module) -> Iterator[None]:
     saved = [(m, dict(m.__dict__)) for m in module.modules()]
     try:
         yield
-    finally:
+    finally:  # only proxies are undone: the tracer's own additions (``_tensor_constant0`` on the root) are kept
         for m, attributes in saved:
-            for key in [k for k in m.__dict__ if k not in attributes]:
-                del m.__dict__[key]
-            for key, value in attributes.items():
-                if m.__dict__.get(key, value) is not value:
-                    m.__dict__[key] = value
+            for key in [k for k, v in m.__dict__.items() if isinstance(v, fx.Proxy)]:
+                if key in attributes:
+                    m.__dict__[key] = attributes[key]
+                else:
+                    del m.__dict__[key]
 
 
 def trace_module(module: nn.Module) -> fx.GraphModule:
