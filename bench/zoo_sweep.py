@@ -264,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="skip the models the output file already has")
     parser.add_argument("--skip", nargs="*", type=Path, default=[],
                         help="also skip the models these JSONL files have rows for (sweep the rest of a run)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per model (default: per entry)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per model (default: per entry; an entry the catalogue gives more, with a "
+                             "reason, keeps its own)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSONL file rows are appended to")
     parser.add_argument("--markdown", action="store_true", help="print the README's table from the rows and exit")
     parser.add_argument("--readme", type=Path, help="write the table into this README, between its zoo-sweep markers")
@@ -305,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [done[e.name] for e in chosen if e.name in done]
     preload()
     for entry in todo:
-        row = run_isolated(entry, args.timeout or entry.timeout_s)
+        # an entry the catalogue gives a bigger budget, with its reason, keeps it whatever --timeout says
+        limit = args.timeout or entry.timeout_s
+        row = run_isolated(entry, max(limit, entry.timeout_s) if entry.timeout_reason else limit)
         rows.append(row)
         with args.out.open("a") as stream:
             stream.write(json.dumps(row) + "\n")

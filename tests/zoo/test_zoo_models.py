@@ -172,3 +172,9 @@ def test_each_stage_reports_its_start_and_the_time_of_the_one_before():
     assert [s["stage"] for s in seen] == ["build", "new", "calibrate"]
     assert "_stage_start" not in seen[-1] and set(seen[-1]["stage_seconds"]) == {"build", "new"}
     assert seen[-1]["stage_seconds"]["build"] >= 0.0
+
+
+def test_architectures_given_a_bigger_time_budget_say_why():
+    slow = [e for e in zoo_catalog.all_entries() if e.timeout_reason]
+    assert {e.name for e in slow} == set(zoo_catalog.SLOW)
+    assert all(e.timeout_s > 240 and len(e.timeout_reason) > 20 for e in slow)
