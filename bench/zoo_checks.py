@@ -19,11 +19,17 @@ import numpy as np
 SHAPE_OPS = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Flatten", "Identity", "Cast"}
 
 
-def attention_products(path: str | Path) -> tuple[int, int]:
+def attention_products(path: str | Path, not_attention: dict[str, int] | None = None) -> tuple[int, int]:
     """(MatMuls between two activations with DequantizeLinear on both inputs, all MatMuls between two activations)
     in the ONNX file at ``path``. A MatMul input counts as quantized when a DequantizeLinear produces it, directly
-    or through ops that only move data (``SHAPE_OPS``)."""
+    or through ops that only move data (``SHAPE_OPS``).
+
+    ``not_attention``: module -> how many of its products the placement rules left in float as no attention (a
+    state-space model's scan steps: ``workbench.graph.placement.is_attention``, as ``show`` lists them); that many
+    float MatMuls of the module (the node's module, ``workbench.export.naming.node_module``) are not counted."""
     import onnx
+
+    from workbench.export.naming import node_module
 
     graph = onnx.load(str(path), load_external_data=False).graph
     producer = {out: node for node in graph.node for out in node.output}
@@ -47,26 +53,49 @@ def attention_products(path: str | Path) -> tuple[int, int]:
             node = producer.get(node.input[0])
         return node is not None and node.op_type == "DequantizeLinear"
 
+    excused = dict(not_attention or {})
     products = quantized = 0
     for node in graph.node:
         if node.op_type != "MatMul" or any(constant(i) for i in node.input[:2]):
             continue
+        both = all(dequantized(i) for i in node.input[:2])
+        owner = node_module(node) or ""
+        if not both and excused.get(owner, 0) > 0:  # left float by a rule that says it is no attention
+            excused[owner] -= 1
+            continue
         products += 1
-        quantized += all(dequantized(i) for i in node.input[:2])
+        quantized += both
     return quantized, products
 
 
+def not_attention_products(summary: dict[str, Any]) -> dict[str, int]:
+    """module -> products of two activations the placement rules left in float as no attention, read off the
+    project's summary (``Session.summary()``, what ``workbench show`` prints)."""
+    out: dict[str, int] = {}
+    for item in summary.get("functional", {}).get("left_float_operations", []):
+        if item.get("kind") == "matmul" and not item.get("attention", True):
+            module = "" if item["module"] == "<model>" else item["module"]
+            out[module] = out.get(module, 0) + item["count"]
+    return out
+
+
 def tensor_leaves(output: Any) -> int:
-    """Tensors a model returned (ModelOutput fields, tuples, lists, dicts, nested); None fields do not count."""
+    """Distinct tensors a model returned (ModelOutput fields, tuples, lists, dicts, nested); None fields do not
+    count, and a tensor returned twice (ultralytics' segmentation head returns its mask prototypes in both of its
+    results) is one ONNX output, so it counts once."""
     import torch
 
-    if isinstance(output, torch.Tensor):
-        return 1
-    if isinstance(output, dict):  # ModelOutput is an OrderedDict of its non-None fields
-        return sum(tensor_leaves(value) for value in output.values())
-    if isinstance(output, (tuple, list)):
-        return sum(tensor_leaves(value) for value in output)
-    return 0
+    def leaves(value: Any):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):  # ModelOutput is an OrderedDict of its non-None fields
+            for item in value.values():
+                yield from leaves(item)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                yield from leaves(item)
+
+    return len({id(t) for t in leaves(output)})
 
 
 def revive_degenerate_weights(model) -> list[str]:
@@ -118,8 +147,10 @@ def validated(row: dict[str, Any]) -> bool:
     return bool(row.get("validated", (row.get("cosine") or 0.0) >= 0.999))
 
 
-def run_entry(entry, root: Path) -> dict[str, Any]:
-    """``new -> calibrate -> export`` for one architecture; the row (plain data) with what failed where."""
+def run_entry(entry, root: Path, progress=None) -> dict[str, Any]:
+    """``new -> calibrate -> export`` for one architecture; the row (plain data) with what failed where.
+    ``progress(row)`` is called as each stage begins (the row then holds ``stage_seconds`` so far): a sweep that
+    kills a model at its time limit still knows where the time went."""
     import tempfile
     import warnings
 
@@ -131,12 +162,14 @@ def run_entry(entry, root: Path) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="zoo-model-") as name:
             folder = Path(name)
-            _run(entry, root, folder, row, torch)
+            _run(entry, root, folder, row, torch, progress)
     except BaseException as error:  # the row says what failed; the sweep goes on
         lines = [line for line in str(error).splitlines() if line.strip()]
         row["failure"] = f"{row['stage']}: {type(error).__name__}: {lines[0] if lines else ''}"[:400]
         row["traceback"] = "".join(traceback.format_exception(error)[-3:])[-1500:]
     row["seconds"] = time.perf_counter() - start
+    if "_stage_start" in row:
+        row.setdefault("stage_seconds", {})[row["stage"]] = round(time.perf_counter() - row.pop("_stage_start"), 1)
     shortfalls = []
     if row.get("export_ok") and not validated(row):
         shortfalls.append(f"file not validated (cosine {row.get('cosine', float('nan')):.6f})")
@@ -153,27 +186,40 @@ def run_entry(entry, root: Path) -> dict[str, Any]:
     return row
 
 
-def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch) -> None:
+def _stage(row: dict[str, Any], stage: str, progress) -> None:
+    """Begin ``stage``: the time of the one before goes into ``row["stage_seconds"]``."""
+    now = time.perf_counter()
+    times = row.setdefault("stage_seconds", {})
+    previous = row.get("stage")
+    if previous is not None and "_stage_start" in row:
+        times[previous] = round(now - row["_stage_start"], 1)
+    row["stage"], row["_stage_start"] = stage, now
+    if progress is not None:
+        progress({k: v for k, v in row.items() if k != "_stage_start"})
+
+
+def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch, progress=None) -> None:
     from workbench.quant.algorithms.batches import run_model
     from workbench.session import Session
     from workbench.sources.data_source import DataSpec
 
+    _stage(row, "build", progress)
     data = folder / "calibration.npz"
     np.savez(data, **entry.inputs())
     spec = build_source(entry, folder, root, row)
-    row["stage"] = "new"
+    _stage(row, "new", progress)
     session = Session.create(spec, DataSpec("tensors", str(data), batch_size=2), trust_code=True, base_dir=folder)
     with torch.no_grad():
         returned = tensor_leaves(run_model(session.float_model, session.sample_inputs(batch=1), session.device))
-    row["stage"] = "calibrate"
+    _stage(row, "calibrate", progress)
     result = session.calibrate()
     row["sqnr_db"] = result.output_sqnr_db
     row["quantizers"] = len(result.quantizers)
     row["unreached"] = len(result.unused)
-    row["stage"] = "export"
+    _stage(row, "export", progress)
     path = folder / "model.qdq.onnx"
     report = session.export(path)
-    row["stage"] = "done"
+    _stage(row, "done", progress)
     row["export_ok"] = path.is_file()
     row["validated"] = bool(report.validated)  # a file whose parity check failed is written "not validated"
     row["exporter"] = report.exporter
@@ -181,10 +227,13 @@ def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch) -> None:
     row["cosine"] = float(report.cosine)
     row["gemms"] = [report.weight_gemms - len(report.float_weight_gemms), report.weight_gemms]
     row["float_gemms"] = list(report.float_weight_gemms)
-    row["attention"] = list(attention_products(path))
+    row["attention"] = list(attention_products(path, not_attention_products(session.summary())))
     row["outputs"] = [len(report.output_names), returned]
     row["qdq_pairs"] = report.qdq_pairs
     row["warnings"] = [w.splitlines()[0][:200] for w in report.warnings][:5]
+    diagnosis = getattr(report, "parity_diagnosis", None)
+    if diagnosis:  # where and why onnxruntime and the model part (or "selection": validated before NMS / top-k)
+        row["parity_verdict"], row["parity_diagnosis"] = diagnosis.get("verdict"), diagnosis.get("text", "")[:1500]
     if row["sqnr_db"] is None and report.int8_vs_fp32:
         row["sqnr_db"] = report.int8_vs_fp32.get("output_sqnr_db")
 

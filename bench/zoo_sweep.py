@@ -116,7 +116,8 @@ def _worker(name: str, path: str) -> None:
     import datetime as _datetime
 
     entry = next(e for e in zoo_catalog.all_entries() if e.name == name)
-    row = run_entry(entry, ROOT)
+    progress = Path(path).with_suffix(".progress")
+    row = run_entry(entry, ROOT, lambda partial: progress.write_text(json.dumps(partial)))
     row["versions"] = versions()
     row["date"] = _datetime.datetime.now(_datetime.timezone.utc).isoformat(timespec="seconds")
     Path(path).write_text(json.dumps(row))
@@ -135,8 +136,15 @@ def run_isolated(entry: zoo_catalog.Entry, timeout: float) -> dict:
         if process.is_alive():
             process.kill()
             process.join()
+            progress = result.with_suffix(".progress")
+            partial = json.loads(progress.read_text()) if progress.is_file() else {}
+            spent = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in partial.get("stage_seconds", {}).items())
+            where = f" (killed in {partial['stage']}" + (f", after {spent}" if spent else "") + ")" \
+                if partial.get("stage") else ""
             return {"model": entry.name, "family": entry.family, "stage": "timeout",
-                    "failure": f"timeout: no result after {timeout:.0f} s", "seconds": time.perf_counter() - start}
+                    "failure": f"timeout: no result after {timeout:.0f} s{where}",
+                    "seconds": time.perf_counter() - start, "stage_seconds": partial.get("stage_seconds", {}),
+                    "killed_in": partial.get("stage")}
         if result.is_file():
             return json.loads(result.read_text())
         return {"model": entry.name, "family": entry.family, "stage": "crash",
@@ -254,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=[], help="model names (or substrings of them)")
     parser.add_argument("--family", nargs="*", default=[], help="families (decoder, timm, vision, ...)")
     parser.add_argument("--resume", action="store_true", help="skip the models the output file already has")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per model (default: per entry)")
+    parser.add_argument("--skip", nargs="*", type=Path, default=[],
+                        help="also skip the models these JSONL files have rows for (sweep the rest of a run)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per model (default: per entry; an entry the catalogue gives more, with a "
+                             "reason, keeps its own)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSONL file rows are appended to")
     parser.add_argument("--markdown", action="store_true", help="print the README's table from the rows and exit")
     parser.add_argument("--readme", type=Path, help="write the table into this README, between its zoo-sweep markers")
@@ -286,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{entry.name:44s} {entry.family}")
         return 0
     done = read_rows(args.out) if args.resume else {}
-    todo = [e for e in chosen if e.name not in done]
+    elsewhere = {name for path in args.skip for name in read_rows(path)}
+    todo = [e for e in chosen if e.name not in done and e.name not in elsewhere]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(f"{len(chosen)} architectures, {len(todo)} to run; rows -> {args.out}")
     print(", ".join(f"{k} {v}" for k, v in versions().items()))
@@ -294,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [done[e.name] for e in chosen if e.name in done]
     preload()
     for entry in todo:
-        row = run_isolated(entry, args.timeout or entry.timeout_s)
+        # an entry the catalogue gives a bigger budget, with its reason, keeps it whatever --timeout says
+        limit = args.timeout or entry.timeout_s
+        row = run_isolated(entry, max(limit, entry.timeout_s) if entry.timeout_reason else limit)
         rows.append(row)
         with args.out.open("a") as stream:
             stream.write(json.dumps(row) + "\n")

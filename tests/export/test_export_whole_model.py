@@ -220,6 +220,30 @@ class Scan(nn.Module):
         return torch.stack(steps, 1)
 
 
+class Recurrence(Scan):
+    """RWKV's way in small: a loop over the sequence whose state is added to every position; unrolled at the
+    sample's length, the graph still runs at a longer sequence, and computes it wrongly (the state of 6 steps)."""
+
+    def forward(self, input_ids):
+        x = self.fc(self.embed(input_ids))
+        state = torch.zeros_like(x[:, 0])
+        for t in range(x.shape[1]):
+            state = 0.5 * state + x[:, t]
+        return x + state.unsqueeze(1)
+
+
+def test_a_loop_that_runs_at_a_longer_sequence_but_computes_it_wrongly_is_exported_at_the_sample_s_length(tmp_path):
+    """RWKV was written "not validated" (cosine 0.945 at sequence length 9): the sample agrees, the longer sequence
+    runs and parts. That is the unrolled loop too: the file is exported at the sample's length, validated."""
+    torch.manual_seed(0)
+    batches = [torch.randint(0, 20, (2, 6)) for _ in range(2)]
+    model = calibrated(Recurrence(), batches)
+    report = export_qdq_onnx(model, batches[0], tmp_path / "recurrence.onnx", exporter="dynamo")
+    dims = onnx.load(str(tmp_path / "recurrence.onnx")).graph.input[0].type.tensor_type.shape.dim
+    assert report.validated and dims[1].dim_value == 6 and report.sequence_check is None
+    assert any("sequence length fixed at the sample's (6)" in w and "computes it wrongly" in w for w in report.warnings)
+
+
 def test_a_loop_over_the_sequence_is_exported_at_the_sample_s_length_and_the_report_says_why(tmp_path):
     """A graph declaring the sequence dynamic that does not run at another length (the scan unrolled when traced:
     HF Mamba) is exported again at the sample's length, with a warning saying so, instead of refused."""

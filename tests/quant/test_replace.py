@@ -274,3 +274,33 @@ class TestSwitches:
         assert not model.stem.input_quantizer._disabled
         quant.disable_quantization(model.stem).apply(False)
         assert not model.stem.input_quantizer._disabled
+
+
+class WrittenOutLinear(nn.Linear):
+    """Hugging Face FalconLinear's shape: nn.Linear's formula written out in a forward of its own."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        hidden_states = input @ self.weight.T
+        if self.bias is None:
+            return hidden_states
+        return hidden_states + self.bias
+
+
+class TransposedLinear(nn.Linear):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # looks alike, computes something else
+        square = self.weight.shape[0] == self.weight.shape[1]
+        return (input @ self.weight if square else input @ self.weight.T) + self.bias
+
+
+def test_a_forward_that_writes_the_linear_formula_out_is_quantized_and_one_that_differs_is_not():
+    model = nn.ModuleDict({"falcon": WrittenOutLinear(8, 8), "no_bias": WrittenOutLinear(8, 4, bias=False),
+                           "other": TransposedLinear(8, 8)})
+    x = torch.randn(3, 8)
+    before = {k: model[k](x) for k in ("falcon", "no_bias")}
+    report = quant.replace_to_quantization_module(model)
+    assert report.replaced_names == ["falcon", "no_bias"]
+    assert [(n.name, n.reason.split(" (")[0]) for n in report.not_quantizable] == [
+        ("other", "not quantizable: custom forward")]
+    with quant.disable_quantization(model):
+        for k, y in before.items():
+            assert torch.allclose(model[k](x), y, atol=1e-6)

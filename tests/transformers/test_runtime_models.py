@@ -7,6 +7,7 @@ import torch
 
 from workbench import quant
 from workbench.graph import prepare_for_tensorrt
+from workbench.graph.placement import is_attention
 from workbench.quant.algorithms.calibrate import calibrate
 from workbench.session.build import quantizable
 
@@ -52,6 +53,9 @@ def test_mamba_layers_used_through_their_weight_are_quantized_where_used_and_the
     assert all(name in layers for name in direct)
     scan = [s for s in report.functional.skipped if "loop of tensor operations" in s.reason]
     assert scan and {s.owner for s in scan} == {"layers.0.mixer", "layers.1.mixer"}
+    # the scan's products are no attention (TensorRT fuses none there): show and the sweep's check do not count them
+    products = [s for s in scan if s.kind == "matmul"]
+    assert products and not any(is_attention(s.kind, s.reason) for s in products)
     assert not any(i.kind == "matmul" for i in report.functional.inserted)  # no Q/DQ in the scan
     with quant.disable_quantization(model), torch.no_grad():
         assert torch.equal(model(ids).last_hidden_state, reference)
@@ -88,3 +92,48 @@ def test_mixture_of_experts_decoder_routes_the_same_and_quantizes_its_attention(
     # equal up to the kernels' summation order (bit-equal on AVX-512, not on an AVX2 machine)
     with quant.disable_quantization(model), torch.no_grad():
         assert torch.allclose(model(ids).logits, reference, atol=1e-6, rtol=0)
+
+
+class _FunctionalAttention(torch.nn.Module):
+    """WavLM's way: four Linears whose weights go to F.multi_head_attention_forward, the layers never called."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj = torch.nn.Linear(dim, dim), torch.nn.Linear(dim, dim)
+        self.v_proj, self.out_proj = torch.nn.Linear(dim, dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x, bias):
+        x = x.transpose(0, 1)
+        out, _ = torch.nn.functional.multi_head_attention_forward(
+            x, x, x, x.shape[-1], self.heads, torch.empty([0]),
+            torch.cat((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)), None, None, False, 0.0,
+            self.out_proj.weight, self.out_proj.bias, self.training, None, need_weights=True, attn_mask=bias,
+            use_separate_proj_weight=True, q_proj_weight=self.q_proj.weight, k_proj_weight=self.k_proj.weight,
+            v_proj_weight=self.v_proj.weight)
+        return out.transpose(0, 1)
+
+
+def test_layers_and_products_inside_multi_head_attention_forward_are_quantized_where_used():
+    """F.multi_head_attention_forward hides four weight GEMMs and both attention products in one call (torch.fx
+    keeps it whole; a torch-function mode does not see inside it): they were left float and the four layers'
+    quantizers never reached. torch's own body of the function is run with its calls visible."""
+    torch.manual_seed(0)
+    model = _FunctionalAttention().eval()
+    x, bias = torch.randn(2, 5, 16), torch.randn(4, 5, 5)
+    with torch.no_grad():
+        reference = model(x, bias)
+    model, report = prepare_for_tensorrt(model, example_inputs=(x, bias))
+    products = [i.name for i in report.functional.matmuls]
+    assert products == ["matmul", "matmul_1"]  # the scores (with the bias: baddbmm) and probabilities @ V
+    assert report.functional.failures == []
+    with quant.disable_quantization(model), torch.no_grad():
+        assert torch.equal(model(x, bias), reference)  # torch's own code: bit for bit
+    result = calibrate(model, [{"x": torch.randn(2, 5, 16), "bias": bias}], num_batches=None, method="max",
+                       report_sqnr=False)
+    assert result.unused == []
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        layer = model.get_submodule(name)
+        assert layer._weight_quantizer.amax is not None and layer._input_quantizer.amax is not None
+    with torch.no_grad():
+        assert not torch.equal(model(x, bias), reference)

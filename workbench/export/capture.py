@@ -175,7 +175,8 @@ def fix_sequence_length(job: ExportJob) -> None:
     lengths = ", ".join(str(job.inputs[i].shape[1]) for i in sorted(token_inputs(job.inputs)))
     longer = max(t.shape[1] for i, t in enumerate(job.longer or job.inputs) if i in token_inputs(job.inputs))
     job.log.add("static_sequence_unrolled", f"sequence length fixed at the sample's ({lengths}): with the length "
-                f"dynamic the graph does not run at sequence length {longer} in onnxruntime; the model loops over "
+                f"dynamic the graph does not run at sequence length {longer} in onnxruntime (or computes it "
+                "wrongly); the model loops over "
                 "the sequence (a scan, as Mamba's), "
                 "which the exporter unrolls at the sample's length. The file runs at this length only: export "
                 "with a sample of the length you deploy")

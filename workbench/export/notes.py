@@ -47,6 +47,8 @@ REPORT_KINDS: dict[str, EntryKind] = {kind.key: kind for kind in (
     EntryKind("int8_vs_fp32", _W, "the INT8-vs-FP32 comparison on the project's data could not be made"),
     EntryKind("not_validated", _W, "onnxruntime and the model disagree beyond the threshold: written not validated, "
                                     "with the diagnosis"),
+    EntryKind("validated_before_selection", _N, "a detector's outputs after its NMS / top-k part on near-equal "
+                                                 "scores; everything before the selection agrees: validated there"),
     EntryKind("parity_not_diagnosed", _W, "the parity failure's diagnosis itself failed"),
     EntryKind("parity_batch_skipped", _N, "an extra parity batch the graph or the model cannot take, not checked"),
     EntryKind("use_cache_off", _N, "a Hugging Face model exported with use_cache=False (no cache output)"),

@@ -36,6 +36,7 @@ from onnx import numpy_helper
 from torch import nn
 
 from workbench.export.naming import node_module
+from workbench.export.parity_selection import after_selection, selection_verdict
 
 __all__ = ["VERDICTS", "Boundary", "ParityDiagnosis", "diagnose", "one_ulp_spread"]
 
@@ -45,6 +46,7 @@ VERDICTS = {
     "shape": "a shape fixed in the graph at the sample's size",
     "rounding": "rounding flips accumulating in a sensitive network",
     "unexplained": "rounding flips only, yet far more than the model's own 1-ulp sensitivity",
+    "selection": "the outputs after a selection by value (NMS, top-k) part; everything before it agrees",
 }
 # A segment between two Q/DQ boundaries computed by onnxruntime from PyTorch's own inputs differs by float
 # error only (float32 sums in another order: ~1e-6 of the values' scale); beyond this it computes something else.
@@ -343,7 +345,7 @@ def _segment(proto: onnx.ModelProto, tensor: str, stops: set[str]) -> list[onnx.
 
 def diagnose(model: nn.Module, proto: onnx.ModelProto, folder: Path, inputs: tuple[torch.Tensor, ...],
              input_names: Sequence[str], output_names: Sequence[str], quantizers: dict[str, nn.Module],
-             check: str, shape_check: bool = False) -> ParityDiagnosis:
+             check: str, shape_check: bool = False, min_cosine: float = 0.999) -> ParityDiagnosis:
     """Find where onnxruntime running ``proto`` and the fake-quant ``model`` part on ``inputs`` (see the module's
     docstring).
 
@@ -354,6 +356,7 @@ def diagnose(model: nn.Module, proto: onnx.ModelProto, folder: Path, inputs: tup
         quantizers: the exported (active) quantizers by name.
         check: what was checked ("sample inputs", "batch size 2", ...), for the text.
         shape_check: the check runs the graph at another shape than the sample's, which passed.
+        min_cosine: the parity threshold (a detector's boundaries before its selections must meet it).
     """
     calls, _ = _capture(model, inputs, quantizers)
     with torch.no_grad(), _onnx_rounding(list(quantizers.values())):
@@ -389,6 +392,16 @@ def diagnose(model: nn.Module, proto: onnx.ModelProto, folder: Path, inputs: tup
     diagnosis = ParityDiagnosis(check, "rounding", None, None, disagreement_cosine=disagreement[0],
                                 disagreement_max_abs_diff=disagreement[1])
     parting = next((b for b in boundaries if b.local_diff is not None and b.local_diff > LOCAL_TOLERANCE), None)
+    tensors = {_boundary_name(p, pairs): p.q_input for i, p in enumerate(pairs) if i in matched}
+    tensors.update({name: name for name in output_names})
+    downstream, selections = after_selection(proto)
+    selected = selection_verdict(boundaries, tensors, None if parting is None else tensors.get(parting.name),
+                                 downstream, selections, min_cosine)
+    if selected is not None:  # a detector: compared before its NMS / top-k (workbench.export.parity_selection)
+        diagnosis.verdict, diagnosis.reason = "selection", selected
+        diagnosis.boundaries = [b for b in boundaries if tensors.get(b.name) not in downstream][-3:] + \
+            [b for b in boundaries if b.kind == "output"]
+        return diagnosis
     if parting is not None:
         tensor = next((p.q_input for i, p in enumerate(pairs) if i in matched and _boundary_name(p, pairs) ==
                        parting.name), parting.name)

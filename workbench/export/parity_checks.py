@@ -86,10 +86,12 @@ def inputs_of_row(job: Any, label: str) -> tuple[torch.Tensor, ...] | None:
     return None
 
 
-def not_validated(job: Any, error: ExportValidationError, strict: bool) -> ExportReport:
+def not_validated(job: Any, error: ExportValidationError, strict: bool, min_cosine: float = 0.999) -> ExportReport:
     """The parity check failed: find where and why on the worst row's inputs (:func:`~workbench.export.parity.
     diagnose`). ``strict``: raise the error again with the diagnosis in its message; else the report, marked not
-    validated, with the diagnosis (``report.parity_diagnosis``) and a warning that says both."""
+    validated, with the diagnosis (``report.parity_diagnosis``) and a warning that says both. A detector whose
+    outputs part only after its NMS / top-k while every boundary before agrees to ``min_cosine`` is validated
+    there (:mod:`workbench.export.parity_selection`), strict or not."""
     report: ExportReport = error.report
     counted = [row for row in report.checks if row.in_headline]
     worst = min(counted, key=lambda row: row.cosine) if counted else None
@@ -104,12 +106,19 @@ def not_validated(job: Any, error: ExportValidationError, strict: bool) -> Expor
             with without_cache(job.model):
                 diagnosis = diagnose(job.call, job.proto, job.staged.path.parent, inputs, job.input_names,
                                      job.output_names, {job.names[k]: q for k, q in job.active.items()},
-                                     worst.check, shape_check=sample_fine and other_shape)
+                                     worst.check, shape_check=sample_fine and other_shape,
+                                     min_cosine=min_cosine)
         except Exception as failure:  # noqa: BLE001 - the diagnosis explains; it never hides the parity error
             logger.debug("parity diagnosis failed", exc_info=True)
             job.log.add("parity_not_diagnosed", f"the parity failure could not be diagnosed: "
                         f"{type(failure).__name__}: {first_line(failure)}")
     explained = f"{error} {diagnosis.text()}" if diagnosis is not None else str(error)
+    if diagnosis is not None and diagnosis.verdict == "selection":  # a detector, right before its NMS / top-k
+        report.validated = True
+        report.parity_diagnosis = diagnosis.to_dict()
+        job.log.add("validated_before_selection", f"validated before the selection: {explained}")
+        report.warnings, report.notes, report.entry_kinds = job.log.warnings, job.log.notes, job.log.kinds
+        return report
     if strict:
         raise ExportValidationError("parity", f"{explained} (strict: no file was written)", report) from error
     report.validated = False

@@ -33,6 +33,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from workbench.graph.composites import COMPOSITE_FUNCTIONS, composite_reason
 from workbench.graph.dataflow import activation_nodes, in_transformer_block, inplace_alias_risk, pointwise_formula
 from workbench.graph.fx_guard import GuardedTracer
 from workbench.graph.hf_attention import quantize_hf_attention
@@ -51,6 +52,7 @@ from workbench.graph.runtime_ops import RuntimeRecord, record_functional_ops
 from workbench.graph.trace import (
     CAT_FUNCTIONS,
     TraceFailure,
+    attributes_kept,
     explain_trace_error,
     flag_constants,
     is_leaf,
@@ -89,6 +91,7 @@ class SkippedOp:
     owner: str
     operation: str
     reason: str
+    kind: str = ""  # one of placement.KINDS ("" where the route did not say)
 
 
 @dataclass
@@ -229,6 +232,15 @@ class _Inserter:
             logger.info("Not tracing %s (%s): %s", path or "<model>", type(module).__name__, risk)
             return module
         call = self.calls.get(id(module)) if self.calls is not None else None
+        with attributes_kept(module):
+            traced = self._trace(module, path, call)
+        if traced is None:
+            return module
+        tracer, graph = traced
+        return self._rewrite(module, path, call, tracer, graph)
+
+    def _trace(self, module: nn.Module, path: str, call: ModuleCall | None) -> tuple[fx.Tracer, fx.Graph] | None:
+        """The traced graph of ``module``'s own forward (and its tracer), or None with the failure reported."""
         try:
             tracer = _OwnForwardTracer()
             graph = tracer.trace(module)
@@ -251,7 +263,17 @@ class _Inserter:
                 reason = explain_trace_error(error)
                 self.report.failures.append(TraceFailure(path, type(module).__name__, reason))
                 logger.info("Could not trace %s (%s): %s", path or "<model>", type(module).__name__, reason)
-                return module
+                return None
+        return tracer, graph
+
+    def _rewrite(self, module: nn.Module, path: str, call: ModuleCall | None, tracer: fx.Tracer,
+                 graph: fx.Graph) -> nn.Module:
+        """``module`` with the candidate operations of its traced ``graph`` quantized (or itself, unchanged)."""
+        composite = next((n.target for n in graph.nodes if n.op == "call_function"
+                          and any(n.target is f for f in COMPOSITE_FUNCTIONS)), None)
+        if composite is not None:  # its GEMMs and products are inside one call: the run-time route finds them
+            self.report.failures.append(TraceFailure(path, type(module).__name__, composite_reason(composite)))
+            return module
         self.report.traced.append(path)
         gm = fx.GraphModule(tracer.root, graph, type(module).__name__)
         dtypes = value_dtypes(gm, call) if call is not None else {}
@@ -399,7 +421,7 @@ class _Inserter:
                         activations=a in activations and b in activations, has_out=has_out))
                     name, qualified, reason = claim("matmul", reason) if reason is None else (None, None, reason)
                     if reason is not None:
-                        self.report.skipped.append(SkippedOp(path, description, reason))
+                        self.report.skipped.append(SkippedOp(path, description, reason, "matmul"))
                         continue
                     kwargs = {} if op != "baddbmm" else {"bias": bias, "beta": beta, "alpha": alpha}
                     # the probabilities of P @ V get the attention-probabilities default, as QuantSDPA's do,
@@ -420,7 +442,7 @@ class _Inserter:
                     "attention", activations=all(is_tensor_operand(t) and t in activations for t in (q, k, v))))
                 name, qualified, reason = claim("sdpa", reason) if reason is None else (None, None, reason)
                 if reason is not None:
-                    self.report.skipped.append(SkippedOp(path, description, reason))
+                    self.report.skipped.append(SkippedOp(path, description, reason, "attention"))
                     continue
                 kwargs = {key: bound[key] for key in SDPA_KEYWORDS if key in bound}
                 replace(node, name, QuantSDPA(self.descriptor(qualified)), (q, k, v), kwargs)
@@ -516,7 +538,7 @@ def _insert_at_run_time(model: nn.Module, record: RuntimeRecord, report: Functio
             inputs = len(item.op.operands) + (1 if item.op.kind == "attention" else 0)
             report.inserted.append(InsertedQuantizer(item.name, item.op.kind, item.owner, operation, inputs))
         else:
-            report.skipped.append(SkippedOp(item.owner, operation, item.reason or ""))
+            report.skipped.append(SkippedOp(item.owner, operation, item.reason or "", item.op.kind))
     # their operations were found and judged: they are no longer "not traced, left in float"
     for owner in owners:
         module = model.get_submodule(owner) if owner else model

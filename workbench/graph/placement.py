@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["OperationFacts", "skip_reason", "KINDS", "RESIDUAL_IN_BLOCK", "IN_FORMULA", "NOT_ACTIVATION",
-           "PARAMETER_OPERAND", "NOT_A_PRODUCT", "IN_ATTENTION"]
+           "PARAMETER_OPERAND", "NOT_A_PRODUCT", "IN_ATTENTION", "IN_SCAN", "NOT_ATTENTION", "is_attention"]
 
 # the kinds of functional operation, as InsertedQuantizer.kind names them
 KINDS = ("add", "concat", "matmul", "attention")
@@ -30,6 +30,11 @@ NOT_A_PRODUCT = ("not a product of two activations (an operand is a parameter, a
                  "tensor): a Linear-like or index computation")
 IN_ATTENTION = ("an add inside an attention's own forward (a relative-position bias or a mask added to the scores): "
                 "TensorRT's fused attention takes it in floating point, a Q/DQ there would break the fusion")
+IN_SCAN = ("inside a loop of tensor operations with no layer in it (a scan over the sequence, as a state-space "
+           "model's): the number of steps follows the input's length, and TensorRT runs no fused INT8 kernel there")
+# reasons that say a product of two activations is not an attention: TensorRT fuses no multi-head attention there,
+# so neither `show` nor a check of the exported file (bench/zoo_checks.py) counts it among the attention products
+NOT_ATTENTION = (IN_SCAN,)
 _OUT = "writes into an out= tensor"
 _DIM = "the concatenation dimension is computed at run time"
 _INPLACE = "in-place add whose first operand is read again afterwards"
@@ -81,3 +86,10 @@ def skip_reason(facts: OperationFacts, *, residual_adds_in_transformer_blocks: b
     if facts.in_block and not residual_adds_in_transformer_blocks:
         return RESIDUAL_IN_BLOCK
     return None
+
+
+def is_attention(kind: str, reason: str | None) -> bool:
+    """Whether an operation of ``kind`` left in floating point for ``reason`` (None: quantized) is an attention
+    product: a product of two activations (``matmul``) or a fused attention, unless the rule that left it in
+    float says TensorRT fuses no attention there (a scan step of a state-space model)."""
+    return kind in ("matmul", "attention") and reason not in NOT_ATTENTION

@@ -40,8 +40,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from workbench.graph.composites import expanded
 from workbench.graph.dataflow import FACTORIES, LIKE_OTHER, POINTWISE_FUNCTIONS, in_transformer_block
-from workbench.graph.placement import OperationFacts, skip_reason
+from workbench.graph.placement import IN_SCAN, OperationFacts, skip_reason
 from workbench.graph.tree import is_quantized_module
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.sources.shapes_only import shapes_mode
@@ -254,8 +255,6 @@ def call_site() -> Site:
 
 _IN_PLACE = ("an in-place add (x += y, x.add_(y)) found at run time: a quantized add returns a new tensor and cannot "
              "write into its first operand")
-_IN_SCAN = ("inside a loop of tensor operations with no layer in it (a scan over the sequence, as a state-space "
-            "model's): the number of steps follows the input's length, and TensorRT runs no fused INT8 kernel there")
 _SHAPE_ONLY = {"view", "reshape", "squeeze", "unsqueeze", "transpose", "permute", "t", "contiguous", "flatten",
                "expand", "__getitem__", "narrow", "unflatten", "mT", "T", "detach", "clone", "to", "float", "type_as",
                "reshape_as", "view_as", "expand_as", "movedim", "swapaxes", "select", "repeat", "dropout"}
@@ -325,6 +324,10 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.busy:
             return func(*args, **kwargs)
+        body = expanded(func)
+        if body is not None and self.stack and self.stack[-1].name is not None:
+            with self:  # torch's body of F.multi_head_attention_forward, its GEMMs and products seen one by one
+                return body(*args, **kwargs)
         self.busy = True
         try:
             frame = self.stack[-1] if self.stack else None
@@ -527,7 +530,7 @@ def record_functional_ops(model: nn.Module, example_inputs: Any) -> RuntimeRecor
     record = recorder.record
     # a layer that also ran as a layer is quantized there; one that never ran is only used through its weight
     record.direct_weights = [use for use in record.direct_weights if use.layer not in record.called]
-    record.ops = [dataclasses.replace(op, blocked=op.blocked or _IN_SCAN) if site in recorder.scans else op
+    record.ops = [dataclasses.replace(op, blocked=op.blocked or IN_SCAN) if site in recorder.scans else op
                   for op, site in zip(record.ops, recorder.sites)]
     inside = _attention_adds(record.ops)
     record.ops = [dataclasses.replace(op, facts=dataclasses.replace(op.facts, in_attention=True))

@@ -33,6 +33,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from workbench.graph.composites import expanded
 from workbench.graph.runtime_ops import call_site, candidate
 
 logger = logging.getLogger(__name__)
@@ -133,6 +134,10 @@ class _QuantizingMode(TorchFunctionMode):
         frame = stack[-1] if stack else None
         if frame is None or frame.plan is None or self.busy:
             return func(*args, **kwargs)
+        body = expanded(func)
+        if body is not None:  # the recorder saw the calls inside (workbench.graph.composites): so must the plan
+            with self:
+                return body(*args, **kwargs)
         if frame.plan.weights:  # layers whose weight the owner uses without calling them (Mamba's dt_proj)
             args, kwargs, result = self._quantize_weights(frame, func, args, kwargs)
             if result is not None:

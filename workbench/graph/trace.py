@@ -8,8 +8,10 @@ failures. Nothing here modifies the model.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -115,12 +117,34 @@ def _reason(error: BaseException) -> str:
     return explain_trace_error(error)
 
 
+@contextlib.contextmanager
+def attributes_kept(module: nn.Module) -> Iterator[None]:
+    """Undo what tracing writes onto ``module`` and its submodules: a forward that stores a value on ``self``
+    (transformers' Switch router: ``self.input_dtype = hidden_states.dtype``) stores an fx Proxy while traced, and
+    the model then cannot be copied ("'node' not in new_dict during proxy unpickling")."""
+    saved = [(m, dict(m.__dict__)) for m in module.modules()]
+    try:
+        yield
+    finally:  # only proxies are undone: the tracer's own additions (``_tensor_constant0`` on the root) are kept
+        for m, attributes in saved:
+            for key in [k for k, v in m.__dict__.items() if isinstance(v, fx.Proxy)]:
+                if key in attributes:
+                    m.__dict__[key] = attributes[key]
+                else:
+                    del m.__dict__[key]
+
+
 def trace_module(module: nn.Module) -> fx.GraphModule:
     """Trace ``module`` with :class:`QuantTracer` into a GraphModule that shares its submodules.
 
     Raises:
         Exception: whatever symbolic tracing raises (``TraceError``, ``TypeError`` on ``bool(proxy)``...).
     """
+    with attributes_kept(module):
+        return _trace_module(module)
+
+
+def _trace_module(module: nn.Module) -> fx.GraphModule:
     tracer = QuantTracer()
     try:
         graph = tracer.trace(module)

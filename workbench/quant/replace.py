@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 import workbench.quant.quant_modules as quant_modules
+from workbench.quant.equivalence import forward_matches_base
 from workbench.quant.gemm import known_linear_like, unknown_weight_gemm
 from workbench.quant.nn.modules.quant_experts import QuantExperts, is_experts_module
 from workbench.quant.nn.modules.quant_linear import QuantLinear
@@ -126,8 +127,8 @@ def _overridden_computation(cls: type, base: type) -> str | None:
         for attr, value in vars(klass).items():
             if attr in _HARMLESS_OVERRIDES or not inspect.isfunction(value) or not hasattr(base, attr):
                 continue
-            if attr == "forward" and _only_calls_super(value):
-                continue
+            if attr == "forward" and (_only_calls_super(value) or forward_matches_base(cls, base)):
+                continue  # hands on to the base's forward, or writes its formula out (HF FalconLinear)
             return attr
     return None
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.graph.placement import is_attention
 from workbench.graph.tree import module_notes, module_role
 from workbench.project import Project, QuantizerRecord
 from workbench.project.settings import ProjectSettings, jsonable
@@ -215,12 +216,14 @@ def _functional_summary(report: Any) -> dict[str, Any]:
 
 
 def _left_float(skipped: list[Any]) -> list[dict[str, Any]]:
-    """Every operation left in float as (module, operation, reason, count): the steps of one loop (a scan
-    over the sequence) are one line with their count."""
+    """Every operation left in float as (module, operation, reason, kind, count, and whether it is an attention
+    product by the placement rules: a scan step is not): the steps of one loop (a scan over the sequence) are one
+    line with their count."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for item in skipped:
         key = (item.owner or "<model>", item.operation.split("(")[0], item.reason)
         row = rows.setdefault(key, {"module": key[0], "operation": item.operation, "reason": item.reason,
+                                    "kind": item.kind, "attention": is_attention(item.kind, item.reason),
                                     "count": 0})
         row["count"] += 1
     return list(rows.values())
