@@ -61,7 +61,8 @@ def export_streamed(model: nn.Module, checkpoint: LazyCheckpoint, float_model: n
     if options.get("exporter", "auto") == "torchscript":
         raise StreamingUnsupported("the TorchScript exporter traces real weights")
     options["exporter"] = "dynamo"
-    checkpoint.release("", float_model)  # whatever an earlier job read goes back: the export reads what it needs
+    # weights an earlier job left in memory stay there and are exported from it: a job may have changed them
+    # (smoothing folds its scales into them, fine-tuning trains them), the checkpoint would give them back unchanged
     weights = StreamedWeights(checkpoint, float_model)
     try:
         with streaming(weights), paged():
@@ -96,9 +97,9 @@ def export_lazily_opened(model: nn.Module, checkpoint: LazyCheckpoint | None, fl
         _note(report, f"exported with every weight in memory: the streamed route cannot write this model ({why})")
         return report
     read = len(set(weights.written))
-    _note(report, f"streamed from the checkpoint: traced without weights, {read} initializers read, quantized and "
-                  f"written one at a time; the forwards held at most {weights.peak_paged / 1024 ** 2:.1f} MiB of "
-                  "weights at once")
+    _note(report, f"streamed from the checkpoint {checkpoint.folder}: traced without weights, {read} initializers "
+                  f"read (quantized where they are) and written one at a time; the forwards held at most "
+                  f"{weights.peak_paged / 1024 ** 2:.1f} MiB of weights at once")
     return report
 
 

@@ -97,7 +97,11 @@ def weights_on_meta() -> Iterator[None]:
         yield
         return
     with weights.paging.paused():
-        yield
+        try:
+            yield
+        except RuntimeError as error:  # an operation that takes no meta tensor (NVFP4's block scales, say)
+            raise StreamingUnsupported(f"the export parameters cannot be computed from the weights' shapes "
+                                       f"({str(error).splitlines()[0]})") from error
 
 
 def _fake(mode: Any, tensor: torch.Tensor) -> torch.Tensor:

@@ -338,6 +338,25 @@ class _Paging(TorchFunctionMode):
         self.peak = 0  # the most bytes of weights paged in at once
         self.is_paused = False
 
+    def __enter__(self) -> _Paging:
+        # a weight handed to a module (a weight quantizer's forward) is read before the module runs: an autograd
+        # Function's apply holds its inputs, and a tensor held there cannot be swapped when an operation inside
+        # asks for it
+        self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._module_inputs)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        self._hook.remove()
+        return super().__exit__(*exc)
+
+    def _module_inputs(self, module: nn.Module, args: Any) -> None:
+        if self.is_paused:
+            return
+        owners = self.checkpoint._owners
+        used = [t for t in args if isinstance(t, nn.Parameter) and id(t) in owners]
+        for parameter in used:
+            self.page_in(parameter, {id(p) for p in used})
+
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Within it no weight is paged in (and none is in memory on entry): operations see them on meta."""
