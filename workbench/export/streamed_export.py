@@ -1,6 +1,7 @@
 """Export without the whole model (issue 37 point 4): a model whose weights are in a lazily opened checkpoint
 (``hf:`` safetensors, :class:`~workbench.sources.lazy_checkpoint.LazyCheckpoint`) is exported by the ordinary
-:func:`~workbench.export.onnx_export.export_qdq_onnx` with its weights streamed (:mod:`workbench.export.streamed_weights`):
+:func:`~workbench.export.onnx_export.export_qdq_onnx` with its weights streamed
+(:mod:`workbench.export.streamed_weights`):
 
 * traced with FakeTensors in place of the weights (torch.export-based exporter only: the TorchScript tracer needs
   real tensors), the graph is the one an eager export writes;
