@@ -3,7 +3,6 @@ traced on FakeTensors and each initializer read from the checkpoint (and quantiz
 the one the eager export writes, no step held every weight at once, and a shard that goes bad mid-export is named
 with no file left behind."""
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import torch
 from tests.cli_run import run
 from workbench.export import exporters
 from workbench.export.errors import ExportError
-from workbench.export.streamed_export import ROUTE_KIND, export_streamed
+from workbench.export.streamed_export import ROUTE_KIND, export_lazily_opened, export_streamed
 from workbench.session import Session
 from workbench.sources import lazy_checkpoint, model_source
 
@@ -97,8 +96,10 @@ def test_streamed_export_writes_the_eager_file(precision, tmp_path, capsys, monk
     model = session.float_model
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     residency = Residency(monkeypatch, model)
-    streamed = tmp_path / "streamed.onnx"
-    report = session.export(streamed)
+    files = {"streamed": tmp_path / "streamed" / "m.onnx", "eager": tmp_path / "eager" / "m.onnx"}
+    for path in files.values():
+        path.parent.mkdir()
+    report = session.export(files["streamed"])
     assert residency.peak < 0.6 * total  # never every weight at once: about one block (of three) and one tensor
     assert all(p.is_meta for p in model.parameters())  # and none left in memory
     checkpoint = session._loaded.checkpoint
@@ -106,69 +107,76 @@ def test_streamed_export_writes_the_eager_file(precision, tmp_path, capsys, monk
     route = [note for note in report.notes if report.entry_kinds.get(note) == ROUTE_KIND]
     assert len(route) == 1 and route[0].startswith("streamed from the checkpoint"), report.notes
     assert report.validated
+    # over the external-data threshold: the data file beside the graph
+    external = {"streamed": tmp_path / "streamed" / "x.onnx", "eager": tmp_path / "eager" / "x.onnx"}
+    report, weights = export_streamed(session.quantized_model(), checkpoint, model, session.sample_inputs(),
+                                      external["streamed"], external_data_threshold=1000)
+    assert report.validated and residency.peak < 0.6 * total
 
     monkeypatch.undo()  # read as before, and every weight read at once by transformers' eager load
     monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "never")
     monkeypatch.setattr(exporters, "STREAM_THRESHOLD", 1000)
     eager_session = Session.open(project)
     assert eager_session._loaded.checkpoint is None
-    eager = tmp_path / "eager.onnx"
-    eager_report = eager_session.export(eager)
+    eager_report = eager_session.export(files["eager"])
     assert not [note for note in eager_report.notes if eager_report.entry_kinds.get(note) == ROUTE_KIND]
-    assert streamed.read_bytes() == eager.read_bytes()  # graph and initializers, byte for byte
-    written = onnx.load(str(streamed))
+    assert files["streamed"].read_bytes() == files["eager"].read_bytes()  # graph and initializers, byte for byte
+    written = onnx.load(str(files["streamed"]))
     if precision == "int4w":  # the quantized weights are INT4 initializers, two values a byte
         int4 = [t for t in written.graph.initializer if t.data_type == onnx.TensorProto.INT4]
         assert len(int4) == 22 and all(len(t.raw_data) * 2 == int(np.prod(t.dims)) for t in int4)
 
+    from workbench.export import export_qdq_onnx
 
-@pytest.mark.parametrize("precision", ["int8", "int4w"])
-def test_external_data_holds_each_streamed_tensor_once(precision, tmp_path, capsys, lazily):
-    project = _project(tmp_path, capsys, precision)
-    session = Session.open(project)
-    paths = {}
-    for route in ("streamed", "eager"):
-        path = paths[route] = tmp_path / route / "m.onnx"
-        path.parent.mkdir()
-        if route == "streamed":
-            report, weights = export_streamed(session.quantized_model(), session._loaded.checkpoint,
-                                              session.float_model, session.sample_inputs(), path,
-                                              external_data_threshold=1000)
-            assert weights.written and report.validated
-        else:
-            from workbench.export import export_qdq_onnx
-
-            session._loaded.materialise()
-            export_qdq_onnx(session.quantized_model(), session.sample_inputs(), path, external_data_threshold=1000)
-    data = {route: path.with_name("m.onnx.data") for route, path in paths.items()}
+    export_qdq_onnx(eager_session.quantized_model(), eager_session.sample_inputs(), external["eager"],
+                    external_data_threshold=1000)
+    data = {route: path.with_name("x.onnx.data") for route, path in external.items()}
     assert data["streamed"].read_bytes() == data["eager"].read_bytes()
-    assert onnx.load(str(paths["streamed"]), load_external_data=False) == \
-        onnx.load(str(paths["eager"]), load_external_data=False)
-    spans = _external_spans(paths["streamed"])
+    assert onnx.load(str(external["streamed"]), load_external_data=False) == \
+        onnx.load(str(external["eager"]), load_external_data=False)
+    spans = _external_spans(external["streamed"])
     assert sum(length for _, length in spans) == data["streamed"].stat().st_size  # no byte unreferenced
-    assert all(end <= start for (_, end), (start, _) in zip(((o, o + n) for o, n in spans), spans[1:]))
-    assert not [p for p in paths["streamed"].parent.iterdir() if p.name.startswith(".")]  # no temporary left
+    assert all(offset + length <= after for (offset, length), (after, _) in zip(spans, spans[1:]))
+    assert sorted(p.name for p in external["streamed"].parent.iterdir()) == ["m.onnx", "x.onnx", "x.onnx.data"]
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated"])
-def test_a_shard_gone_bad_while_exporting_is_named(damage, tmp_path, capsys, lazily):
+def test_a_shard_gone_bad_while_exporting_is_named(tmp_path, capsys, lazily):
     project = _project(tmp_path, capsys, "int8", sharded=True)
     session = Session.open(project)
     model = session.quantized_model()
     shards = sorted((tmp_path / "llama").glob("model-*.safetensors"))
     assert len(shards) > 2
     shard = shards[-1]  # the last blocks' weights: read after the first ones were
-    if damage == "missing":
-        shutil.move(shard, tmp_path / "away.safetensors")
-    else:
-        shard.write_bytes(shard.read_bytes()[:200])
-    output = tmp_path / "out"
-    output.mkdir()
-    with pytest.raises(ExportError) as raised:
-        export_streamed(model, session._loaded.checkpoint, session.float_model, session.sample_inputs(),
-                        output / "m.onnx", external_data_threshold=1000)
-    message = str(raised.value)
-    named = re.search(r"tensor (\S+) cannot be read", message)
-    assert str(shard) in message and named and named.group(1) in session._loaded.checkpoint.keys(), message
-    assert "Nothing was written" in message
-    assert list(output.iterdir()) == []  # no .onnx, no .data, no temporary
+    kept = shard.read_bytes()
+    for damage in ("missing", "truncated"):
+        if damage == "missing":
+            shard.unlink()
+        else:
+            shard.write_bytes(kept[:200])
+        output = tmp_path / damage
+        output.mkdir()
+        with pytest.raises(ExportError) as raised:
+            export_streamed(model, session._loaded.checkpoint, session.float_model, session.sample_inputs(),
+                            output / "m.onnx", external_data_threshold=1000)
+        message = str(raised.value)
+        named = re.search(r"tensor (\S+) cannot be read", message)
+        assert str(shard) in message and named and named.group(1) in session._loaded.checkpoint.keys(), message
+        assert "Nothing was written" in message
+        assert list(output.iterdir()) == []  # no .onnx, no .data, no temporary
+
+
+def test_where_streaming_cannot_write_the_file_every_weight_is_read_and_the_report_says_so(tmp_path, capsys,
+                                                                                           lazily):
+    project = _project(tmp_path, capsys, "int8")
+    session = Session.open(project)
+    loaded = session._loaded
+    assert all(p.is_meta for p in session.float_model.parameters())
+    # the TorchScript exporter traces real tensors: the streamed route cannot take it
+    report = export_lazily_opened(session.quantized_model(), loaded.checkpoint, session.float_model,
+                                  session.sample_inputs(), tmp_path / "m.onnx", materialise=loaded.materialise,
+                                  exporter="torchscript")
+    route = [note for note in report.notes if report.entry_kinds.get(note) == ROUTE_KIND]
+    assert route == ["exported with every weight in memory: the streamed route cannot write this model (the "
+                     "TorchScript exporter traces real weights)"]
+    assert report.exporter == "torchscript" and report.validated
+    assert not any(p.is_meta for p in session.float_model.parameters())  # read first, as before

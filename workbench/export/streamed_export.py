@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from workbench.export.errors import ExportError
+from workbench.export.errors import ExportError, ExportValidationError, QuantizerStateError
 from workbench.export.onnx_export import export_qdq_onnx
 from workbench.export.report import ExportReport
 from workbench.export.streamed_weights import StreamedWeights, StreamingUnsupported, paged, streaming
@@ -89,7 +89,9 @@ def export_lazily_opened(model: nn.Module, checkpoint: LazyCheckpoint | None, fl
     try:
         report, weights = export_streamed(model, checkpoint, float_model, sample_inputs, path, **dict(options))
     except (StreamingUnsupported, ExportError) as error:
-        if isinstance(error, ExportError) and _source_error(error) is not None:
+        # the same graph and quantizers without streaming: a file that fails its checks, or a quantizer that
+        # cannot be exported, would fail the same way; a checkpoint that cannot be read cannot be loaded either
+        if isinstance(error, QuantizerStateError | ExportValidationError) or _source_error(error) is not None:
             raise
         logger.info("the streamed export failed (%s); exporting with every weight in memory", error)
         why = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.export.errors import ExportError
 from workbench.export.qdq import QDQStandIn, export_params
 from workbench.sources.lazy_checkpoint import LazyCheckpoint
 
@@ -99,7 +100,9 @@ def weights_on_meta() -> Iterator[None]:
     with weights.paging.paused():
         try:
             yield
-        except RuntimeError as error:  # an operation that takes no meta tensor (NVFP4's block scales, say)
+        except ExportError:  # the quantizers' own problems: the same without streaming
+            raise
+        except RuntimeError as error:  # an operation that takes no meta tensor
             raise StreamingUnsupported(f"the export parameters cannot be computed from the weights' shapes "
                                        f"({str(error).splitlines()[0]})") from error
 
