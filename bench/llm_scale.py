@@ -115,13 +115,17 @@ def write_checkpoint(root: Path, name: str, seq: int, rows: int) -> tuple[Path, 
 
 def run_step(args: list[str]) -> dict:
     """One ``workbench`` command in a fresh process: its exit code, wall time and peak RSS (KiB)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # the checkpoints open lazily whatever their size (by default only those over 512 MiB do): the export rows
+    # measure the streamed route (workbench/export/streamed_export.py)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "WORKBENCH_LAZY_OPEN": os.environ.get("WORKBENCH_LAZY_OPEN", "always")}
     done = subprocess.run([sys.executable, "-c", "import json\n" + _STEP, *args], capture_output=True, text=True,
                           env=env)
     last = [line for line in done.stderr.splitlines() if line.startswith("{")]
     result = json.loads(last[-1]) if last else {"code": done.returncode, "wall_s": float("nan"), "peak_kib": 0}
-    if result["code"] != 0:
-        result["error"] = (done.stderr.strip().splitlines() or ["killed"])[-2 if last else -1][:200]
+    if result["code"] != 0:  # the command's own last words (not the bench's JSON line), on either stream
+        said = [line for line in (done.stderr + "\n" + done.stdout).strip().splitlines() if not line.startswith("{")]
+        result["error"] = (said or ["killed"])[-1][:200]
     return result
 
 

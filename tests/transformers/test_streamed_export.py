@@ -165,6 +165,7 @@ def test_a_shard_gone_bad_while_exporting_is_named(tmp_path, capsys, lazily):
         assert list(output.iterdir()) == []  # no .onnx, no .data, no temporary
 
 
+@pytest.mark.timeout(1200)  # an eager TorchScript export after the refusal: minutes on a loaded machine
 def test_where_streaming_cannot_write_the_file_every_weight_is_read_and_the_report_says_so(tmp_path, capsys,
                                                                                            lazily):
     project = _project(tmp_path, capsys, "int8")
