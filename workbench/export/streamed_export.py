@@ -100,9 +100,11 @@ def export_lazily_opened(model: nn.Module, checkpoint: LazyCheckpoint | None, fl
         _note(report, f"exported with every weight in memory: the streamed route cannot write this model ({why})")
         return report
     read = len(set(weights.written))
-    _note(report, f"streamed from the checkpoint {checkpoint.folder}: traced without weights, {read} initializers "
-                  f"read (quantized where they are) and written one at a time; the forwards held at most "
-                  f"{weights.peak_paged / 1024 ** 2:.1f} MiB of weights at once")
+    held = weights.peak_paged
+    amount = f"{held / 1024 ** 2:.1f} MiB" if held >= 1024 ** 2 else f"{held / 1024:.1f} KiB"
+    _note(report, f"streamed from the checkpoint: traced without weights, {read} initializers read (quantized where "
+                  f"they are) and written one at a time; the forwards held at most {amount} of weights at once (of "
+                  f"{checkpoint.nbytes / 1024 ** 2:.1f} MiB)")
     return report
 
 
