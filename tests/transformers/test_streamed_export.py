@@ -13,7 +13,7 @@ import torch
 from tests.cli_run import run
 from workbench.export import exporters
 from workbench.export.errors import ExportError
-from workbench.export.streamed_export import ROUTE_KIND, export_lazily_opened, export_streamed
+from workbench.export.streamed_export import ROUTE_KIND, export_streamed
 from workbench.session import Session
 from workbench.sources import lazy_checkpoint, model_source
 
@@ -164,20 +164,3 @@ def test_a_shard_gone_bad_while_exporting_is_named(tmp_path, capsys, lazily):
         assert "Nothing was written" in message
         assert list(output.iterdir()) == []  # no .onnx, no .data, no temporary
 
-
-@pytest.mark.timeout(1200)  # an eager TorchScript export after the refusal: minutes on a loaded machine
-def test_where_streaming_cannot_write_the_file_every_weight_is_read_and_the_report_says_so(tmp_path, capsys,
-                                                                                           lazily):
-    project = _project(tmp_path, capsys, "int8")
-    session = Session.open(project)
-    loaded = session._loaded
-    assert all(p.is_meta for p in session.float_model.parameters())
-    # the TorchScript exporter traces real tensors: the streamed route cannot take it
-    report = export_lazily_opened(session.quantized_model(), loaded.checkpoint, session.float_model,
-                                  session.sample_inputs(), tmp_path / "m.onnx", materialise=loaded.materialise,
-                                  exporter="torchscript")
-    route = [note for note in report.notes if report.entry_kinds.get(note) == ROUTE_KIND]
-    assert route == ["exported with every weight in memory: the streamed route cannot write this model (the "
-                     "TorchScript exporter traces real weights)"]
-    assert report.exporter == "torchscript" and report.validated
-    assert not any(p.is_meta for p in session.float_model.parameters())  # read first, as before
