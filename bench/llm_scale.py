@@ -13,6 +13,11 @@ machine: the 1.1B row peaks at several GiB.
                               [--batch-size 4] [--seq 128] [--no-forward] [--repo CHECKOUT]
                               [--lazy-open auto|always|never] [--workers 2]
 
+``plain-export`` is a plain ``torch.onnx.export`` of the float bf16 model (no Q/DQ, weights as external data);
+``export-int8`` and ``export-int4w`` set that precision and calibrate ``--sequential`` (not measured), then export
+(a lazily opened checkpoint's weights streamed from it, :mod:`workbench.export.streamed_export`); their last column
+also gives the time over the plain export.
+
 ``calibrate-sequential`` is ``calibrate --sequential`` (one block at a time, the same amax; its output SQNR takes
 one more walk over the blocks where the whole-model ``calibrate`` takes two more passes).
 ``calibrate-smoothquant`` and ``calibrate-smoothquant-sequential`` are the same with ``--smoothquant 0.5`` (use
@@ -77,6 +82,22 @@ started = time.perf_counter()
 with torch.no_grad():
     for i in range(count):
         model(input_ids=ids[i * size:(i + 1) * size])
+print(json.dumps({"wall_s": time.perf_counter() - started, "peak_kib": peak_kib()}))
+"""
+
+
+# a plain torch.onnx.export of the same float bf16 model (torch.export-based, weights as external data): what the
+# export rows' time is measured against (issue 37: within 1.5x)
+_PLAIN_EXPORT = _PEAK + """
+import json, sys, time
+import numpy as np, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).eval()
+model.config.use_cache = False
+ids = torch.from_numpy(np.load(sys.argv[2]))[:1]
+started = time.perf_counter()
+torch.onnx.export(model, (), sys.argv[3], kwargs={"input_ids": ids}, dynamo=True, external_data=True,
+                  optimize=True)
 print(json.dumps({"wall_s": time.perf_counter() - started, "peak_kib": peak_kib()}))
 """
 
@@ -210,8 +231,9 @@ def run_step(args: list[str], repo: Path = REPO) -> dict:
     last = [line for line in done.stderr.splitlines() if line.startswith("{")]
     result = json.loads(last[-1]) if last else {"code": done.returncode, "wall_s": float("nan"), "peak_kib": 0}
     result["process_s"] = process
-    if result["code"] != 0:
-        result["error"] = (done.stderr.strip().splitlines() or ["killed"])[-2 if last else -1][:200]
+    if result["code"] != 0:  # the command's own last words (not the bench's JSON line), on either stream
+        said = [line for line in (done.stderr + "\n" + done.stdout).strip().splitlines() if not line.startswith("{")]
+        result["error"] = (said or ["killed"])[-1][:200]
     return result
 
 
@@ -220,7 +242,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="0.1B")
     parser.add_argument("--precision", default="int4w")
     parser.add_argument("--root", default="/tmp/llm_scale")
-    parser.add_argument("--steps", default="new,show,set,calibrate,calibrate-sequential,export")
+    parser.add_argument("--steps", default="new,show,set,calibrate,calibrate-sequential,export",
+                        help="also: plain-export (torch.onnx.export of the float model), export-int8 and "
+                             "export-int4w (set that precision and calibrate --sequential first, unmeasured; then "
+                             "the export, measured against plain-export)")
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
@@ -271,7 +296,25 @@ def main() -> None:
                     "calibrate-sequential-workers": ["calibrate", project, "--method", "max", "--sequential",
                                                      "--workers", args.workers],
                     "export": ["export", project, "-o", output, "--force"]}
+        plain = None
         for step in steps:
+            if step == "plain-export":
+                plain = json.loads(subprocess.run(
+                    [sys.executable, "-c", _PLAIN_EXPORT, str(folder), str(ids), str(root / f"plain-{name}.onnx")],
+                    capture_output=True, text=True, env=env, check=True).stdout.strip().splitlines()[-1])
+                print(f"| {name} | plain torch.onnx.export (bf16, no Q/DQ) | {plain['wall_s']:.1f} | | | "
+                      f"{plain['peak_kib'] * 1024 / gib:.2f} | {plain['peak_kib'] * 1024 / weights:.2f} | "
+                      f"{plain['wall_s'] / forward['wall_s']:.2f} (1.00 of plain export) |", flush=True)
+                continue
+            if step.startswith("export-"):
+                precision = step.split("-", 1)[1]
+                for prepare in (["set", project, "--type", "Linear", "--precision", precision],
+                                ["calibrate", project, "--method", "max", "--sequential"]):
+                    prepared = run_step([str(a) for a in prepare], args.repo)
+                    if prepared["code"]:
+                        print(f"| {name} | {step} (failed to {prepare[0]}: {prepared.get('error')}) | | | | | | |")
+                        break
+                commands[step] = ["export", project, "-o", root / f"llama-{name}-{precision}.onnx", "--force"]
             started = time.perf_counter()
             if step.startswith("calibrate"):
                 result, processes = run_sampled([str(a) for a in commands[step]], args.repo)
@@ -284,9 +327,10 @@ def main() -> None:
             if step.endswith("-workers"):  # its largest rank (the command itself only launches them)
                 peak = max([process["rss"] for process in processes[1:]], default=peak)
             tail = f" (failed: {result['error']})" if result["code"] else ""
+            versus = f" ({wall / plain['wall_s']:.2f} of plain export)" if plain and "export" in step else ""
             print(f"| {name} | {step}{tail} | {wall:.1f} | {result['process_s']:.1f} | "
                   f"{result.get('cpu_s', float('nan')):.1f} | {peak / gib:.2f} | "
-                  f"{peak / weights:.2f} | {wall / forward['wall_s']:.2f} |", flush=True)
+                  f"{peak / weights:.2f} | {wall / forward['wall_s']:.2f}{versus} |", flush=True)
     if sampled:
         print_processes(sampled)
 

@@ -313,8 +313,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise
     written = [report.path] + [path for path in (report.amax_json_path, report.calibration_cache_path,
                                                  report.float_onnx_path) if path]
+    from workbench.export.streamed_export import ROUTE_KIND  # loaded by the export already
+
+    route = [note for note in report.notes if report.entry_kinds.get(note) == ROUTE_KIND]  # a lazily opened model's
     emit(args, {**report.to_dict(), "files": written},
-         report.summary() + f"\nexporter: {report.exporter_note}"
+         report.summary() + f"\nexporter: {report.exporter_note}" + "".join(f"\nroute: {note}" for note in route)
          + "".join(f"\nwarning: {warning}" for warning in report.warnings)
          + "".join(f"\nnote: {note}" for note in report.format_notes)
          + "\nwrote: " + ", ".join(written) + ("" if report.validated else " (NOT VALIDATED)"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from workbench.export import streamed_weights
 from workbench.export.errors import ExportValidationError, SampleInputError
 from workbench.export.export_job import ExportJob
 from workbench.export.exporters import (
@@ -85,7 +86,8 @@ def plan_job(model: nn.Module, sample_inputs, path: str | os.PathLike, *, opset:
     if fp8_ops not in FP8_OPS:
         raise ValueError(f"fp8_ops must be one of {', '.join(FP8_OPS)}, got {fp8_ops!r}.")
     names = first_quantizer_names(model)
-    active, params, unreached = check_quantizers(model, names)
+    with streamed_weights.weights_on_meta():  # a streamed export quantizes each weight as it is written
+        active, params, unreached = check_quantizers(model, names)
     # the lowest opset that carries every format in use: an INT8-only model keeps the one asked for
     formats = {p.format for key, p in params.items() if key in active}
     needed = max((FORMAT_OPSET[f] for f in formats), default=opset)
@@ -212,7 +214,8 @@ def capture(job: ExportJob) -> None:
     """Run the ONNX exporter with the quantizers standing in as Q/DQ (see :mod:`workbench.export.exporters`)."""
     export_started = time.perf_counter()
     with stand_ins(job.model, job.active, job.names, job.params) as swapped, traced_module_scopes(job.call), \
-            quiet(job.captured) as quiet_warnings:
+            quiet(job.captured) as quiet_warnings, \
+            streamed_weights.traced_without_weights(job.call, {job.names[k]: q for k, q in job.active.items()}):
         job.swapped = swapped
         job.proto, job.used_exporter, job.exporter_note, job.dynamic_batch = run_exporter(
             job.call, job.inputs, job.input_names, job.output_names, job.opset, job.dynamic_batch, job.exporter,

@@ -16,6 +16,7 @@ import onnx
 import torch
 from torch import nn
 
+from workbench.export import streamed_weights
 from workbench.export.errors import ExportError, UnsupportedOperationError
 from workbench.export.naming import tag_torchscript_modules
 from workbench.export.notes import ReportLog
@@ -214,7 +215,7 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
         onnx_program = torch.onnx.export(
             program, (), None, dynamo=True, opset_version=target, input_names=input_names,
             output_names=output_names, custom_translation_table=translation_table(),
-            optimize=True, verbose=False, external_data=False)
+            optimize=streamed_weights.active() is None, verbose=False, external_data=False)
     except Exception as error:
         ops = [op for op in _unsupported_ops(error) if not op.startswith("workbench")]
         layers = _layers_calling(program, ops)
@@ -223,6 +224,8 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
         raise UnsupportedOperationError(
             f"The ONNX exporter cannot translate {what}{where}: {first_line(error)}. Replace that operation, "
             "or leave that part of the model out of the export.", ops, layers) from error
+    if streamed_weights.fill_initializers(onnx_program.model):  # weights read when written (a streamed export)
+        onnx_program.optimize()
     weights = sum(v.const_value.nbytes for v in onnx_program.model.graph.initializers.values()
                   if v.const_value is not None)
     # over the threshold the weights must stay external; over STREAM_THRESHOLD they go through a temporary

@@ -9,6 +9,7 @@ import time
 import onnx
 import torch
 
+from workbench.export import streamed_weights
 from workbench.export.capture import reference_outputs
 from workbench.export.errors import ExportValidationError, SampleInputError, UnrolledSequenceError
 from workbench.export.export_job import ExportJob, ValidationChecks
@@ -72,7 +73,9 @@ def validate(job: ExportJob) -> ValidationChecks:
         # onnxruntime reads the weights the file holds from the model's own tensors (compared with the file)
         # NVFP4 (FP4 types, TensorRT's dynamic FP4 quantizer) has no onnxruntime CPU kernel: onnx's reference evaluator
         why_reference = needs_reference_evaluator(proto) or needs_bfloat16_evaluator(proto)
-        session = reference_session(tmp_path) if why_reference else ort_session(tmp_path, model_weights(job.model))
+        # (a streamed export's weights are on meta: onnxruntime reads the data file)
+        weights = {} if streamed_weights.active() else model_weights(job.model)
+        session = reference_session(tmp_path) if why_reference else ort_session(tmp_path, weights)
         ort_outputs = session.run(None, feeds(session, inputs))
     except ExportValidationError:
         raise

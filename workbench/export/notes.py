@@ -66,6 +66,7 @@ REPORT_KINDS: dict[str, EntryKind] = {kind.key: kind for kind in (
     EntryKind("static_sequence", _N, "the sequence length fixed at the sample's, as asked"),
     EntryKind("static_sequence_unrolled", _W, "the sequence length fixed at the sample's: the graph declaring it "
               "dynamic did not run at another length (a loop over the sequence unrolled when traced)"),
+    EntryKind("export_route", _N, "a lazily opened model: streamed from its checkpoint, or every weight read first"),
     EntryKind("fast_path_failed", _N, "the TorchScript fast path's graph failed validation: torch.export took over"),
 )}
 

@@ -316,7 +316,7 @@ def _scaled(q: TensorQuantizer, weight: torch.Tensor) -> torch.Tensor:
 def fp8_reference_values(weight: torch.Tensor, scale: torch.Tensor, amax_shape: tuple[int, ...]) -> torch.Tensor:
     """A weight's E4M3 values (float32 held) as QuantizeLinear to float8e4m3fn computes them with ``scale``."""
     s = scale.reshape(amax_shape) if scale.dim() == 1 else scale
-    x = weight.detach().to(torch.float32) / s
+    x = weight.detach().to(torch.float32) / s.to(weight.device)
     # held as float8: the exporter writes a FLOAT8E4M3FN initializer itself (into the data file of a large graph)
     return torch.clamp(x, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).contiguous()
 
@@ -375,7 +375,10 @@ def _blocked_params(q: TensorQuantizer, weight: torch.Tensor) -> ExportParams:
     step = amax / max_bound
     tiny = amax <= TINY_AMAX
     safe = torch.where(tiny, torch.ones_like(step), step)
-    values = torch.where(tiny, torch.zeros_like(blocked), torch.clamp(torch.round(blocked / safe), low, max_bound))
+    # on the weight's device: a streamed export computes the scales now and the values (on meta) when written
+    on = blocked.device
+    values = torch.where(tiny.to(on), torch.zeros_like(blocked),
+                         torch.clamp(torch.round(blocked / safe.to(on)), low, max_bound))
     values = unblock(values, tuple(weight.shape), q.axis).to(torch.int8).contiguous()
     along = 1 - q.axis % 2
     scale = block_amax_to_scales(torch.where(tiny, torch.ones_like(step), step), q.axis).contiguous()

@@ -495,7 +495,7 @@ class Session(SessionEdits):
         leaves the project as it was: the export settings, the export history and the unsaved-changes
         flag are not touched.
         """
-        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
+        # lazily opened: the weights are streamed from the checkpoint as the file is written (streamed_export)
         target = Path(path).expanduser().resolve() if path is not None else self.default_export_path()
         plan = exports.plan_export(self.project, self.settings.export, target, typed=path is not None,
                                    project_path=self.path, base_dir=self.base_dir, project_dir=self.project_dir,
@@ -507,9 +507,12 @@ class Session(SessionEdits):
         batches = data_sources.parity_batches(self.data("calibration"), self.device, plan.parity_batches)
         new = exports.planned_new_files(plan)
         try:  # interrupted (its validation, its headline), an export leaves no file the project does not know
-            report = exports.write_export(plan, model, self.sample_inputs(batch=1), parity_batches=batches)
+            report = exports.write_export(plan, model, self.sample_inputs(batch=1), parity_batches=batches,
+                                          loaded=self._loaded)
             if remember:
                 measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
+                if self._loaded.checkpoint is not None:  # the headline's forwards page the weights in as well
+                    measure = functools.partial(self._loaded.checkpoint.run_streamed, self.float_model, measure)
                 record = exports.remember(plan, self.project, report, measure, project_path=self.path,
                                           project_dir=self.project_dir)
                 self.project.exports.append(record)

@@ -32,7 +32,7 @@ from workbench.session.errors import SessionError
 from workbench.session.paths import project_code
 from workbench.session.state import state_digest
 from workbench.sources.demo import DIGITS_DATA
-from workbench.sources.model_source import sha256_of
+from workbench.sources.model_source import LoadedModel, sha256_of
 from workbench.sources.paths import absolute_path, relative_path
 
 __all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest",
@@ -291,28 +291,39 @@ def discard(files: list[Path]) -> None:
         file.unlink(missing_ok=True)
 
 
-def write_export(plan: ExportPlan, model: nn.Module, sample: Any, parity_batches: list[Any] | None = None):
+def write_export(plan: ExportPlan, model: nn.Module, sample: Any, parity_batches: list[Any] | None = None, *,
+                 loaded: LoadedModel | None = None):
     """Write validated QDQ ONNX of the calibrated ``model`` (traced on ``sample``; parity also checked on
     ``parity_batches``) as ``plan`` says; the export's report (``validated`` False: written below the parity
     threshold, with the diagnosis). The graph returns every output of the model, or those ``plan.outputs``
     names (the project's output key picks what metrics compare, not what the file holds).
 
+    A lazily opened model (``loaded.checkpoint``) is exported with its weights streamed from the checkpoint, or,
+    where that route cannot write it, with every weight read first (:mod:`workbench.export.streamed_export`).
+
     Raises:
         SessionError: a file cannot be written (nothing is left half-written).
     """
-    from workbench.export import export_qdq_onnx
+    from workbench.export.streamed_export import export_lazily_opened
 
     sides = {kind: file for file, kind in plan.files.items()}
+    checkpoint = loaded.checkpoint if loaded is not None else None
     try:
-        return export_qdq_onnx(model, sample, plan.target, opset=plan.opset, dynamic_batch=plan.dynamic_batch,
-                               outputs=plan.outputs, static_sequence=plan.static_sequence,
-                               amax_json_path=sides.get("amax_json"),
-                               calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops,
-                               min_cosine=plan.min_cosine, strict=plan.strict, parity_batches=parity_batches)
+        return export_lazily_opened(model, checkpoint, loaded.model if loaded is not None else model, sample,
+                                    plan.target, materialise=loaded.materialise if loaded is not None else _nothing,
+                                    opset=plan.opset, dynamic_batch=plan.dynamic_batch,
+                                    outputs=plan.outputs, static_sequence=plan.static_sequence,
+                                    amax_json_path=sides.get("amax_json"),
+                                    calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops,
+                                    min_cosine=plan.min_cosine, strict=plan.strict, parity_batches=parity_batches)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
         where = error.filename or plan.target
         raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
                            f"to {plan.target}.") from error
+
+
+def _nothing() -> None:
+    """Every weight is in memory already."""
 
 
 def remember(plan: ExportPlan, project: Project, report: Any, evaluate: Callable[[], Any], *,

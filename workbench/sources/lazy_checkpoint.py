@@ -140,6 +140,7 @@ class LazyCheckpoint:
         self.device = torch.device("cpu")
         self._mapped = False  # read() gives views of the mapped shards (materialise(mapped=True))
         self._maps: dict[Path, mmap.mmap] = {}
+        self._paging: _Paging | None = None  # the paging of the streamed run in progress
         _return_freed_weights_to_the_system()
 
     # ----- reading tensors ---------------------------------------------------------------------------------------
@@ -290,6 +291,10 @@ class LazyCheckpoint:
                               + (f" (nor {len(missing) - 1} more: {', '.join(missing[1:4])}...)" if len(missing) > 1
                                  else "") + f", a weight of {type(model).__name__}.")
 
+    def key_of(self, parameter: torch.Tensor) -> str | None:
+        """The checkpoint's name of an attached model's parameter (None: not one of them)."""
+        return self._owners.get(id(parameter))
+
     def covers(self, model: nn.Module) -> bool:
         """Whether the checkpoint names any of ``model``'s parameters as they are named (False when the weights
         need transformers' renaming, e.g. a checkpoint saved from the base model under another prefix)."""
@@ -335,11 +340,14 @@ class LazyCheckpoint:
         return not any(p.is_meta for p in self._held(module))
 
     def materialise(self, model: nn.Module, mapped: bool = False) -> None:
-        """Load every weight of ``model`` (a job that needs the whole model, as an eager load would have).
+        """Load every weight of ``model`` (a job that needs the whole model, as an eager load would have). Within
+        :meth:`streamed` it does nothing: the paging reads each weight as the job uses it.
 
         ``mapped``: weights in the checkpoint's dtype become views of the shard files mapped copy-on-write (on the
         CPU), so that the processes of one job share one copy of them in the page cache; each process's RSS still
         counts the pages it touched, its USS does not."""
+        if self._paging is not None:
+            return
         if not self.resident(model):
             logger.info("%s every weight of %s from %s", "mapping" if mapped else "reading", type(model).__name__,
                         self.folder)
@@ -360,14 +368,17 @@ class LazyCheckpoint:
         return max(blocks + [2 * largest])
 
     @contextmanager
-    def streamed(self, model: nn.Module) -> Iterator[None]:
+    def streamed(self, model: nn.Module) -> Iterator[_Paging]:
         """Within it, a weight of ``model`` still on meta is read when an operation uses it, and the weights read
         longest ago go back to meta once more than :meth:`budget` bytes are in memory: a forward of the whole model
-        (or of any copy sharing its parameters, or an fx interpreter reading them) holds about one block."""
+        (or of any copy sharing its parameters, or an fx interpreter reading them) holds about one block. Yields
+        the paging (its ``paused()`` lets a step see the weights on meta)."""
         with _Paging(self, self.budget(model)) as paging:
+            outer, self._paging = self._paging, paging
             try:
-                yield
+                yield paging
             finally:
+                self._paging = outer
                 paging.release_all()
 
     def run_streamed(self, model: nn.Module, job: Callable[[], T]) -> T:
@@ -401,10 +412,41 @@ class _Paging(TorchFunctionMode):
         self.budget = budget
         self.loaded: OrderedDict[int, nn.Parameter] = OrderedDict()
         self.bytes = 0
+        self.peak = 0  # the most bytes of weights paged in at once
+        self.is_paused = False
+
+    def __enter__(self) -> _Paging:
+        # a weight handed to a module (a weight quantizer's forward) is read before the module runs: an autograd
+        # Function's apply holds its inputs, and a tensor held there cannot be swapped when an operation inside
+        # asks for it
+        self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._module_inputs)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        self._hook.remove()
+        return super().__exit__(*exc)
+
+    def _module_inputs(self, module: nn.Module, args: Any) -> None:
+        if self.is_paused:
+            return
+        owners = self.checkpoint._owners
+        used = [t for t in args if isinstance(t, nn.Parameter) and id(t) in owners]
+        for parameter in used:
+            self.page_in(parameter, {id(p) for p in used})
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Within it no weight is paged in (and none is in memory on entry): operations see them on meta."""
+        self.release_all()
+        self.is_paused, was = True, self.is_paused
+        try:
+            yield
+        finally:
+            self.is_paused = was
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func not in _METADATA:
+        if func not in _METADATA and not self.is_paused:
             owners = self.checkpoint._owners
             used = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, nn.Parameter) and id(t) in owners]
             for parameter in used:
@@ -427,6 +469,7 @@ class _Paging(TorchFunctionMode):
         self.checkpoint._load([parameter])
         self.loaded[id(parameter)] = parameter
         self.bytes += size
+        self.peak = max(self.peak, self.bytes)
 
     def release_all(self) -> None:
         self.checkpoint._release(list(self.loaded.values()))
