@@ -9,21 +9,14 @@ import pytest
 import torch
 
 from tests.cli_run import run
+from tests.transformers.checkpoints import save_bf16_llama
 from workbench.session import Session
 
 pytest.importorskip("transformers")
 
 
 def _llama_project(tmp_path, capsys, hidden: int, precision: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, use_cache=False,
-                         attn_implementation="eager")
-    folder = tmp_path / "llama"
-    LlamaForCausalLM(config).eval().to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
-    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (12, 16)).astype(np.int64))
+    folder = save_bf16_llama(tmp_path, hidden)
     project = tmp_path / "p.qwb"
     code, _, err = run(capsys, "new", project, "--model", f"hf:{folder}", "--data", tmp_path / "ids.npy",
                        "--batch-size", "4", "--output-key", "logits")

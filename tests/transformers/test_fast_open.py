@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.cli_run import run
+from tests.transformers.checkpoints import new_project
 from workbench.sources import digest_cache, model_source
 from workbench.sources.lazy_checkpoint import LazyCheckpoint
 
@@ -32,13 +33,6 @@ def folder(request, tmp_path, monkeypatch):
     return folder
 
 
-def _new(capsys, tmp_path, folder, name="p.qwb") -> Path:
-    project = tmp_path / name
-    code, _, err = run(capsys, "new", project, "--model", f"hf:{folder}", "--data", tmp_path / "ids.npy",
-                       "--batch-size", "4", "--output-key", "logits", "--force")
-    assert code == 0, err
-    return project
-
 
 def _show(capsys, project) -> dict:
     code, out, err = run(capsys, "show", project, "--json")
@@ -55,7 +49,7 @@ def test_new_and_show_read_no_weight_and_give_the_run_on_the_weights(folder, tmp
 
     with monkeypatch.context() as patch:  # as before: the sample forwards page the real weights through
         patch.setattr(reading.SessionReading, "_on_shapes", lambda self: False)
-        weights_run = _new(capsys, tmp_path, folder, "weights.qwb")
+        weights_run = new_project(capsys, tmp_path, folder, "weights.qwb")
         weights_shown = _show(capsys, weights_run)
         reference = Session.open(weights_run)
         weights_shapes = reference.layer_shapes()
@@ -69,7 +63,7 @@ def test_new_and_show_read_no_weight_and_give_the_run_on_the_weights(folder, tmp
         assert not any(p.is_meta for p in parameters), "a weight was read into memory"
         return real_load(self, parameters)
     monkeypatch.setattr(LazyCheckpoint, "_load", load)
-    shapes_run = _new(capsys, tmp_path, folder, "shapes.qwb")
+    shapes_run = new_project(capsys, tmp_path, folder, "shapes.qwb")
     assert _show(capsys, shapes_run) == weights_shown  # the same tree, layers, functional report and placement
     session = Session.open(shapes_run)
     assert all(p.is_meta for p in session.float_model.parameters())
@@ -86,7 +80,7 @@ def test_new_and_show_read_no_weight_and_give_the_run_on_the_weights(folder, tmp
 def test_a_forward_that_fails_on_meta_runs_on_the_weights(folder, tmp_path, capsys, monkeypatch, caplog):
     import workbench.session.reading as reading
 
-    reference = _show(capsys, _new(capsys, tmp_path, folder, "reference.qwb"))
+    reference = _show(capsys, new_project(capsys, tmp_path, folder, "reference.qwb"))
 
     def needs_values(inputs):
         raise RuntimeError("Tensor.item() cannot be called on meta tensors")
@@ -95,7 +89,7 @@ def test_a_forward_that_fails_on_meta_runs_on_the_weights(folder, tmp_path, caps
     real_load = LazyCheckpoint._load
     monkeypatch.setattr(LazyCheckpoint, "_load", lambda self, ps: loaded.extend(ps) or real_load(self, ps))
     with caplog.at_level("INFO", logger="workbench.sources.shapes_only"):
-        project = _new(capsys, tmp_path, folder, "fallback.qwb")
+        project = new_project(capsys, tmp_path, folder, "fallback.qwb")
     assert loaded  # streamed through the weights instead
     assert "on shapes only (fake tensors) failed (RuntimeError: Tensor.item()" in caplog.text
     assert "running it on the weights" in caplog.text
@@ -126,7 +120,7 @@ def test_a_large_checkpoint_is_hashed_once_per_version(folder, tmp_path, capsys,
     hashed: list[str] = []
     real = model_source.sha256_of
     monkeypatch.setattr(model_source, "sha256_of", lambda path: hashed.append(Path(path).name) or real(path))
-    project = _new(capsys, tmp_path, folder)
+    project = new_project(capsys, tmp_path, folder)
     files = sorted(hashed)
     assert any(name.endswith(".safetensors") for name in files)
     hashed.clear()
@@ -180,7 +174,7 @@ def test_a_decoder_with_its_cache_runs_on_plain_meta_tensors(tmp_path, capsys, m
     real_load = LazyCheckpoint._load
     monkeypatch.setattr(LazyCheckpoint, "_load", lambda self, ps: loads.extend(p for p in ps if p.is_meta)
                         or real_load(self, ps))
-    project = _new(capsys, tmp_path, tmp_path / "llama")
+    project = new_project(capsys, tmp_path, tmp_path / "llama")
     shown = _show(capsys, project)
     assert fakes == [] and loads == []
     assert shown["layer_table"] and shown["functional"]

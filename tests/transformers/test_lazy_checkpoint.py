@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.cli_run import run
+from tests.transformers.checkpoints import new_project
 from workbench.sources import model_source
 from workbench.sources.errors import SourceError
 from workbench.sources.model_source import ModelSpec, load_model
@@ -52,16 +53,9 @@ def eager(monkeypatch):
     return use_eager
 
 
-def _new(capsys, tmp_path, folder, name="p.qwb") -> Path:
-    project = tmp_path / name
-    code, _, err = run(capsys, "new", project, "--model", f"hf:{folder}", "--data", tmp_path / "ids.npy",
-                       "--batch-size", "4", "--output-key", "logits", "--force")
-    assert code == 0, err
-    return project
-
 
 def test_new_and_open_leave_every_weight_on_meta(folder, tmp_path, capsys):
-    project = _new(capsys, tmp_path, folder)
+    project = new_project(capsys, tmp_path, folder)
     from workbench.session import Session
 
     session = Session.open(project)
@@ -76,11 +70,11 @@ def test_new_and_open_leave_every_weight_on_meta(folder, tmp_path, capsys):
 def test_show_prints_the_eager_tree_and_digest(folder, tmp_path, capsys, eager):
     from workbench.session import Session
 
-    lazy = _new(capsys, tmp_path, folder, "lazy.qwb")
+    lazy = new_project(capsys, tmp_path, folder, "lazy.qwb")
     lazy_show = run(capsys, "show", lazy, "--json")
     lazy_digest = Session.open(lazy).weights_digest
     eager()
-    eager_project = _new(capsys, tmp_path, folder, "eager.qwb")
+    eager_project = new_project(capsys, tmp_path, folder, "eager.qwb")
     eager_show = run(capsys, "show", eager_project, "--json")
     assert lazy_show[0] == eager_show[0] == 0
     lazy_data, eager_data = json.loads(lazy_show[1]), json.loads(eager_show[1])
@@ -113,7 +107,7 @@ def test_load_and_release_give_the_eager_weights(folder, eager):
 
 
 def test_release_keeps_quantizer_amax(folder, tmp_path, capsys):
-    project = _new(capsys, tmp_path, folder)
+    project = new_project(capsys, tmp_path, folder)
     assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
     from workbench.session import Session
 
@@ -134,7 +128,7 @@ def test_new_calibrate_export_as_the_eager_load(folder, tmp_path, capsys, eager)
     for mode in ("lazy", "eager"):
         if mode == "eager":
             eager()
-        project = _new(capsys, tmp_path, folder, f"{mode}.qwb")
+        project = new_project(capsys, tmp_path, folder, f"{mode}.qwb")
         assert run(capsys, "set", project, "--type", "Linear", "--precision", "int8")[0] == 0
         code, _, err = run(capsys, "calibrate", project, "--method", "max")
         assert code == 0, err
@@ -226,7 +220,7 @@ def test_smoothed_project_opens_with_the_eager_weights(tmp_path, capsys, eager):
     for mode in ("lazy", "eager"):
         if mode == "eager":
             eager()
-        project = _new(capsys, tmp_path, folder, f"{mode}.qwb")
+        project = new_project(capsys, tmp_path, folder, f"{mode}.qwb")
         code, _, err = run(capsys, "calibrate", project, "--method", "max", "--smoothquant", "0.5")
         assert code == 0, err
         session = Session.open(project)
@@ -247,7 +241,7 @@ def test_sequential_calibration_reads_one_block_at_a_time_with_the_eager_amax(fo
     from workbench.project import load_project
     from workbench.sources.lazy_checkpoint import LazyCheckpoint
 
-    lazy = _new(capsys, tmp_path, folder, "lazy.qwb")
+    lazy = new_project(capsys, tmp_path, folder, "lazy.qwb")
     assert run(capsys, "set", lazy, "--type", "Linear", "--precision", "int8")[0] == 0
     resident: set[str] = set()  # the decoder blocks whose weights are in memory
     most = []
@@ -274,7 +268,7 @@ def test_sequential_calibration_reads_one_block_at_a_time_with_the_eager_amax(fo
     lazy_amax = load_project(lazy).current_calibration.quantizers
     monkeypatch.undo()
     eager()
-    whole = _new(capsys, tmp_path, folder, "eager.qwb")
+    whole = new_project(capsys, tmp_path, folder, "eager.qwb")
     assert run(capsys, "set", whole, "--type", "Linear", "--precision", "int8")[0] == 0
     assert run(capsys, "calibrate", whole, "--method", "max")[0] == 0
     eager_amax = load_project(whole).current_calibration.quantizers
@@ -305,5 +299,5 @@ def test_tied_output_weights_open_lazily(tmp_path, capsys):
     np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 8)).astype(np.int64))
     loaded = load_model(ModelSpec("hf", str(folder)), lazy=True)
     assert loaded.checkpoint is not None and loaded.model.lm_head.weight is loaded.model.transformer.wte.weight
-    project = _new(capsys, tmp_path, folder)
+    project = new_project(capsys, tmp_path, folder)
     assert run(capsys, "calibrate", project, "--method", "max")[0] == 0

@@ -9,24 +9,13 @@ import pytest
 import torch
 
 from tests.cli_run import run
+from tests.transformers.checkpoints import save_bf16_llama
 from workbench.session import Session
 from workbench.sources import model_source
 from workbench.sources.lazy_checkpoint import LazyCheckpoint
 
 pytest.importorskip("accelerate")
 
-
-def _folder(tmp_path, hidden):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, use_cache=False,
-                         attn_implementation="eager")
-    folder = tmp_path / "llama"
-    LlamaForCausalLM(config).eval().to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
-    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (12, 16)).astype(np.int64))
-    return folder
 
 
 def _project(capsys, tmp_path, folder, name, precision):
@@ -49,7 +38,7 @@ def lazy_variable(monkeypatch):
                                                       ("int4w", {"awq": True}, 128)], ids=["smoothquant", "awq"])
 def test_lazily_opened_bf16_model_smoothed_and_calibrated_block_by_block(tmp_path, capsys, monkeypatch, precision,
                                                                          option, hidden):
-    folder = _folder(tmp_path, hidden)
+    folder = save_bf16_llama(tmp_path, hidden)
     eager_path = _project(capsys, tmp_path, folder, "eager.qwb", precision)
     lazy_path = _project(capsys, tmp_path, folder, "lazy.qwb", precision)
 
@@ -86,7 +75,7 @@ def test_lazily_opened_bf16_model_smoothed_and_calibrated_block_by_block(tmp_pat
 
 
 def test_cli_smoothquant_with_sequential_on_a_lazy_checkpoint(tmp_path, capsys, monkeypatch):
-    folder = _folder(tmp_path, 32)
+    folder = save_bf16_llama(tmp_path, 32)
     project = _project(capsys, tmp_path, folder, "p.qwb", "int8")
     monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "always")
     monkeypatch.setattr(LazyCheckpoint, "materialise", lambda self, model: pytest.fail("every weight was read"))
