@@ -9,7 +9,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
 
-from window_waits import settle  # noqa: E402
+from window_waits import open_calibrated_bert, settle  # noqa: E402
 
 from workbench.app.tree_model import WEIGHT  # noqa: E402
 
@@ -74,15 +74,7 @@ def test_an_int4_weight_only_layer_shows_its_input_off_and_its_weight_in_blocks(
 
 def test_a_full_calibration_with_an_int4_layer_leaves_nothing_to_recalibrate(window, qtbot, tmp_path):
     pytest.importorskip("transformers")
-    from bert_project import bert_specs
-
-    model, data = bert_specs(tmp_path)
-    with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
-        assert window.controller.new_project(model, data, base_dir=tmp_path)
-    settle(window, qtbot)
-    with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
-        window.controller.calibrate(method="max")
-    settle(window, qtbot)
+    open_calibrated_bert(window, qtbot, tmp_path)
     assert window.controller.set_precision([INT4_LAYER], "int4w")
     settle(window, qtbot)
     with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from window_waits import settle  # noqa: E402
+from window_waits import open_calibrated_bert, settle  # noqa: E402
 
 INT4_LAYER = "bert.encoder.layer.0.output.dense"  # 64 input features: INT4 blocks of 64
 
@@ -16,15 +16,7 @@ def test_an_int4_layers_switched_off_input_says_why_in_the_histogram_within_the_
     """The histogram of an INT4 weight-only layer's input said "this quantizer uses the max calibrator... set its
     calibrator to 'histogram'" (the editor beside it is off for that input), cut off on both sides of the plot."""
     pytest.importorskip("transformers")
-    from bert_project import bert_specs
-
-    model, data = bert_specs(tmp_path)
-    with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
-        assert window.controller.new_project(model, data, base_dir=tmp_path)
-    settle(window, qtbot)
-    with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
-        window.controller.calibrate(method="max")
-    settle(window, qtbot)
+    open_calibrated_bert(window, qtbot, tmp_path)
     assert window.controller.set_precision([INT4_LAYER], "int4w")
     window.controller.select([INT4_LAYER])
     settle(window, qtbot)

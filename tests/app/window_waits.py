@@ -8,3 +8,16 @@ def settle(window, qtbot, timeout: int = 60000) -> None:
     qtbot.waitUntil(lambda: not window.controller.busy and not window.tree._refresh.scheduled()
                     and not window.layer_panel._refresh.scheduled()
                     and not window.layer_panel._plot_timer.isActive(), timeout=timeout)
+
+
+def open_calibrated_bert(window, qtbot, tmp_path) -> None:
+    """A new project on the tests' tiny BERT in ``window``, calibrated with max, views settled."""
+    from bert_project import bert_specs
+
+    model, data = bert_specs(tmp_path)
+    with qtbot.waitSignal(window.controller.session_changed, timeout=120000):
+        assert window.controller.new_project(model, data, base_dir=tmp_path)
+    settle(window, qtbot)
+    with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
+        window.controller.calibrate(method="max")
+    settle(window, qtbot)

@@ -9,21 +9,14 @@ import pytest
 import torch
 
 from tests.cli_run import run
-from tests.transformers.checkpoints import save_bf16_llama
+from tests.transformers.checkpoints import new_project, save_bf16_llama
 from workbench.session import Session
 
 pytest.importorskip("transformers")
 
 
 def _llama_project(tmp_path, capsys, hidden: int, precision: str):
-    folder = save_bf16_llama(tmp_path, hidden)
-    project = tmp_path / "p.qwb"
-    code, _, err = run(capsys, "new", project, "--model", f"hf:{folder}", "--data", tmp_path / "ids.npy",
-                       "--batch-size", "4", "--output-key", "logits")
-    assert code == 0, err
-    code, _, err = run(capsys, "set", project, "--type", "Linear", "--precision", precision)
-    assert code == 0, err
-    return project
+    return new_project(capsys, tmp_path, save_bf16_llama(tmp_path, hidden), precision=precision)
 
 
 def _bf16_weights_and_output(project):

@@ -25,10 +25,14 @@ def save_bf16_llama(tmp_path: Path, hidden: int) -> Path:
     return folder
 
 
-def new_project(capsys, tmp_path: Path, folder: Path, name: str = "p.qwb") -> Path:
-    """``workbench new`` on ``hf:folder`` with ``tmp_path/ids.npy`` (batches of 4, the logits compared)."""
+def new_project(capsys, tmp_path: Path, folder: Path, name: str = "p.qwb", precision: str | None = None) -> Path:
+    """``workbench new`` on ``hf:folder`` with ``tmp_path/ids.npy`` (batches of 4, the logits compared), then every
+    Linear set to ``precision`` when one is given."""
     project = tmp_path / name
     code, _, err = run(capsys, "new", project, "--model", f"hf:{folder}", "--data", tmp_path / "ids.npy",
                        "--batch-size", "4", "--output-key", "logits", "--force")
     assert code == 0, err
+    if precision is not None:
+        code, _, err = run(capsys, "set", project, "--type", "Linear", "--precision", precision)
+        assert code == 0, err
     return project

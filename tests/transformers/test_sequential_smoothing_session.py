@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.cli_run import run
-from tests.transformers.checkpoints import save_bf16_llama
+from tests.transformers.checkpoints import new_project, save_bf16_llama
 from workbench.session import Session
 from workbench.sources import model_source
 from workbench.sources.lazy_checkpoint import LazyCheckpoint
@@ -19,13 +19,7 @@ pytest.importorskip("accelerate")
 
 
 def _project(capsys, tmp_path, folder, name, precision):
-    project = tmp_path / name
-    code, _, err = run(capsys, "new", project, "--model", f"hf:{folder}", "--data", tmp_path / "ids.npy",
-                       "--batch-size", "4", "--output-key", "logits")
-    assert code == 0, err
-    code, _, err = run(capsys, "set", project, "--type", "Linear", "--precision", precision)
-    assert code == 0, err
-    return project
+    return new_project(capsys, tmp_path, folder, name, precision=precision)
 
 
 @pytest.fixture(autouse=True)
