@@ -160,6 +160,7 @@ class BlockWalk:
         self.progress, self.cancel, self.spill = progress, cancel, spill
         self.steps = steps
         self.done = 0
+        # refuse a walk over no batches (a distributed rank may have none of its own: its caller checks the total)
         self.require_batches_at_capture = True
         self.mostly_nonfinite: list[int] = []
         # per batch: (the batch, the first block's inputs but the hidden states, whether those were positional)
@@ -184,12 +185,6 @@ class BlockWalk:
         """The number a user knows batch ``local`` of this walk by (a distributed rank walks its share of the
         batches: errors and warnings name the batch's place among all of them)."""
         return local
-
-    def require_batches(self) -> None:
-        """Refuse a walk over no batches (a distributed rank may have none of its own: the caller checks the
-        ranks' total instead)."""
-        if self.done == 0:
-            raise ValueError(NO_BATCHES)
 
     @contextmanager
     def block_in_memory(self, name: str, module: nn.Module) -> Iterator[None]:
@@ -266,8 +261,8 @@ class BlockWalk:
         finally:
             for handle in handles:
                 handle.remove()
-        if self.require_batches_at_capture:
-            self.require_batches()
+        if self.done == 0 and self.require_batches_at_capture:
+            raise ValueError(NO_BATCHES)
         self.report(1, f"captured the inputs of {first_name} for {self.done} batches")
         return reached
 
