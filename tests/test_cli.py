@@ -111,6 +111,20 @@ def test_demo_command(tmp_path, capsys):
     assert report["export"]["cosine"] > 0.999 and len(report["sensitivity"]) == 7
 
 
+def test_the_demo_runs_again_into_its_own_folder_but_never_over_a_file_it_did_not_write(tmp_path, capsys):
+    """README's main command run twice: the second run replaces the first's file (before: refused, nothing
+    exported); a folder holding someone else's file of that name, and no demo project, is still refused."""
+    for _ in range(2):
+        code, _, err = run(capsys, "demo", "--out", tmp_path / "demo", "--calib-batches", "1", "--json")
+        assert code == 0, err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "digits-demo.qdq.onnx").write_bytes(b"someone else's")
+    code, _, err = run(capsys, "demo", "--out", other, "--calib-batches", "1", "--json")
+    assert code != 0 and "--force" in err
+    assert (other / "digits-demo.qdq.onnx").read_bytes() == b"someone else's"
+
+
 def test_python_dash_m_entry_point():
     result = subprocess.run([sys.executable, "-m", "workbench", "version"], capture_output=True, text=True,
                             timeout=120)

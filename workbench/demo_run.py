@@ -47,13 +47,16 @@ def run_demo(out: Path, *, calib_batches: int = DEMO_CALIB_BATCHES, method: str 
     if calib_batches < 1:
         raise ValueError(f"calibration batches must be positive, got {calib_batches}.")
     out.mkdir(parents=True, exist_ok=True)
+    # a folder a previous demo run wrote (its project is there): this run replaces that run's exported file,
+    # which the new project did not write and would otherwise refuse to overwrite
+    rerun = (out / DEMO_PROJECT).is_file()
     session = create_demo_session(calib_batches)
     session.save(out / DEMO_PROJECT)
     calibration = session.calibrate(method=method, progress=_stage(progress, "calibrate"), cancel=cancel)
     evaluation = session.evaluate("top1")
     profile = session.sensitivity(scheme="one-off", metric="sqnr", progress=_stage(progress, "sensitivity"),
                                   cancel=cancel)
-    export = session.export(out / "digits-demo.qdq.onnx")
+    export = session.export(out / "digits-demo.qdq.onnx", force=rerun)
     path = session.save()
 
     worst = profile.ranked()[:3]
