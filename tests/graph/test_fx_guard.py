@@ -50,7 +50,7 @@ def _trace_in_two_threads(tracer_class: type) -> list[BaseException]:
 def test_overlapping_traces_run_one_after_the_other_and_leave_modules_callable():
     original = nn.Module.__call__
     assert _trace_in_two_threads(QuantTracer) == []
-    assert nn.Module.__call__ is original
+    assert nn.Module.__call__ is original and not fx._symbolic_trace.is_fx_symbolic_tracing()
     model = nn.Sequential(nn.Linear(4, 4))
     assert model(torch.ones(1, 4)).shape == (1, 4)
 
@@ -63,6 +63,8 @@ def test_a_wrapper_left_by_someone_elses_traces_is_put_back_after_the_next_guard
         QuantTracer().trace(nn.Sequential(nn.Linear(2, 2)))
         assert nn.Module.__call__ is original
         assert math.ceil is builtin_ceil and inspect.isbuiltin(math.sqrt)  # what torch.export's verifier requires
+        assert not fx._symbolic_trace.is_fx_symbolic_tracing()  # set, torch.compile'd functions refuse to run
+        assert torch.compile(torch.sin, backend="eager")(torch.zeros(1)).item() == 0.0
         assert "left nn.Module.__call__" in caplog.text
         assert nn.Sequential(nn.Linear(4, 4))(torch.ones(1, 4)).shape == (1, 4)
     finally:

@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from torch import fx, nn
+from torch.fx import _symbolic_trace
 
 __all__ = ["GuardedTracer", "restore_module_methods"]
 
@@ -30,14 +31,20 @@ _MATH = {name: value for name, value in vars(math).items() if inspect.isbuiltin(
 
 def restore_module_methods() -> list[str]:
     """Put torch's own ``nn.Module.__call__``/``__getattr__`` and Python's ``math`` functions back where a trace
-    left its wrappers; returns what was patched (empty when nothing was). Only call it when no trace is running."""
+    left its wrappers, and clear fx's tracing flag; returns what was left (empty when nothing was). Only call it when
+    no trace is running."""
     methods = [name for name, method in _ORIGINAL.items() if nn.Module.__dict__.get(name) is not method]
     for name in methods:
         setattr(nn.Module, name, _ORIGINAL[name])
     changed = [name for name, value in _MATH.items() if vars(math).get(name) is not value]
     for name in changed:
         setattr(math, name, _MATH[name])
-    return [f"nn.Module.{name}" for name in methods] + [f"math.{name}" for name in changed]
+    left = [f"nn.Module.{name}" for name in methods] + [f"math.{name}" for name in changed]
+    # a private module flag (torch 2.x: torch.fx._symbolic_trace); is_fx_tracing() is the public reading of it
+    if getattr(_symbolic_trace, "_is_fx_tracing_flag", False):
+        _symbolic_trace._is_fx_tracing_flag = False
+        left.append("torch.fx's tracing flag")
+    return left
 
 
 class GuardedTracer(fx.Tracer):
