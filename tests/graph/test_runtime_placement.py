@@ -249,6 +249,7 @@ def test_run_time_quantizers_are_in_the_file_after_torch_export_failed_inside_th
     the owner's post hook: the TorchScript fallback's trace must still go through the quantizers (YOLOv8's
     Detect: its concatenations had Q/DQ in PyTorch and none in the file)."""
     import onnx
+    from torch.overrides import _get_current_function_mode_stack
 
     from workbench.export import export_qdq_onnx
 
@@ -260,6 +261,9 @@ def test_run_time_quantizers_are_in_the_file_after_torch_export_failed_inside_th
     path = tmp_path / "model.onnx"
     exported = export_qdq_onnx(result, (x,), path, min_cosine=0.99, dynamic_batch=False)
     assert exported.exporter == "torchscript"
+    # torch.export's failed attempt leaves no mode of its own behind (it did: every later torch call of the thread
+    # went through its handler, and torch.compile'd kernels traced that)
+    assert _get_current_function_mode_stack() == []
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]
     assert ops.count("DequantizeLinear") == 2 and ops[-1] == "Concat"
     assert not any("no Q/DQ in the file" in w for w in exported.warnings)

@@ -31,6 +31,7 @@ from workbench.export.opset import MIN_OPSET, convert_opset, default_opset
 from workbench.export.qdq import register_torchscript_symbolic, translation_table
 from workbench.export.reference import ExportCall, grow_batch
 from workbench.export.torchscript_weights import WEIGHT_PREFIX, attach_weights, weight_inputs
+from workbench.graph.runtime_quant import function_modes_kept
 
 logger = logging.getLogger(__name__)
 
@@ -199,13 +200,15 @@ def _export_dynamo(model: nn.Module, inputs: tuple, input_names: list[str], outp
                           else None for i, t in enumerate(trace_inputs))
         dynamic_shapes = (per_input,)  # the ExportCall's forward takes *tensors: one entry holding them all
     try:
-        program = torch.export.export(model, trace_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+        with function_modes_kept():
+            program = torch.export.export(model, trace_inputs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as error:
         if dynamic_shapes is None:
             raise _CaptureError(_capture_reason(error)) from error
         # a model that fixes its batch size (view(2, -1), say) still exports with a static batch
         try:
-            program = torch.export.export(model, inputs, strict=False)
+            with function_modes_kept():
+                program = torch.export.export(model, inputs, strict=False)
         except Exception as static_error:
             raise _CaptureError(_capture_reason(static_error)) from static_error
         dynamic_batch = False
