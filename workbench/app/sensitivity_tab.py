@@ -43,7 +43,7 @@ from workbench.app.controller import Controller
 from workbench.app.controller_edits import UPDATE_JOB
 from workbench.app.controller_jobs import CALIBRATION_JOB, FALLBACK_JOB, LADDER_JOB, SENSITIVITY_JOB
 from workbench.app.fallback_panel import FallbackPanel
-from workbench.app.formatting import elide_name, format_delta, format_number, job_count_text, job_times_text
+from workbench.app.formatting import count_text, elide_name, format_delta, format_number, job_count_text, job_times_text
 from workbench.app.plot_style import style_plot
 from workbench.app.sensitivity_bars import (
     FLOAT,
@@ -321,8 +321,9 @@ class SensitivityTab(QWidget):
         self.summary_label.setText(
             f"<b>{result.scheme}</b> by <b>{result.metric_name}</b> "
             f"({'higher' if result.higher_is_better else 'lower'} is better): FP32 {format_number(result.fp32)}, "
-            f"all quantized {format_number(result.quantized)} &middot; {len(result.units)} units &middot; "
-            f"{result.num_batches} batch(es) &middot; {result.wall_time_s:.2f} s{partial}")
+            f"all quantized {format_number(result.quantized)} &middot; {count_text(len(result.units), 'unit')} "
+            "&middot; "
+            f"{count_text(result.num_batches, 'batch', 'batches')} &middot; {result.wall_time_s:.2f} s{partial}")
 
     def _is_float(self, unit: UnitResult) -> bool:
         """Whether every layer of the unit is now left in float (drawn apart: it is already dealt with)."""
