@@ -69,6 +69,8 @@ APPLY_JOBS = (UPDATE_JOB, CALIBRATION_JOB)  # what an Apply of the tab starts: s
 VISIBLE_BARS = 30          # rows the chart shows at once; the wheel scrolls through the rest
 VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay readable
 LABEL_WIDTH_PX = 220       # unit names longer than this are elided at the front, keeping the block index
+LABEL_SHARE_MAX = 0.4      # ... and than this share of the chart's width: the bars keep the rest (a GPT-2's names
+                           # took 150 of the chart's 266 px beside the table, its bars were 70 px and their values cut)
 UNIT_COLUMN_MAX_PX = 460   # the table's Unit column: sized to its names up to this, then elided at the front
 UNIT_COLUMN_MIN_PX = 120   # ... and never narrower than this in a narrow tab
 CHART_MIN_HEIGHT = 240   # px: the bar chart (and its worst-units row) keeps room for a readable few bars
@@ -92,6 +94,7 @@ class SensitivityTab(QWidget):
         self._scores: dict[str, float] = {}
         self._layers: dict[str, list[str]] = {}      # unit name -> layers it switches
         self._value_labels: list[pg.TextItem] = []
+        self._bar_span = (0.0, 1.0)  # the bars' value range (their numbers' room is added on the right)
         self._syncing = False                        # True while the view follows the controller
         self._build()
         controller.session_changed.connect(self._on_session_changed)
@@ -351,13 +354,6 @@ class SensitivityTab(QWidget):
                           width=np.asarray(widths, dtype=float), brushes=brushes or None, pens=pens or None,
                           pen=None, brush=NEUTRAL)
         self._bar_pens = pens
-        font_metrics = QFontMetrics(self.chart.getAxis("left").font())
-        labels = [(float(i), elide_name(u.name, lambda text: font_metrics.horizontalAdvance(text) <= LABEL_WIDTH_PX))
-                  for i, u in enumerate(units)]
-        left = self.chart.getAxis("left")
-        left.setTicks([labels, []])
-        widest = max((font_metrics.horizontalAdvance(text) for _, text in labels), default=40)
-        left.setWidth(min(widest, LABEL_WIDTH_PX) + 14)
         self.chart.setLabel("bottom", title)
         low = min([0.0] + widths)
         span = (high if positive else 1.0) - low
@@ -368,9 +364,9 @@ class SensitivityTab(QWidget):
                 text.setPos(max(width, 0.0) + 0.01 * span, index)
                 self.chart.addItem(text)
                 self._value_labels.append(text)
-        # room on the right for the numbers; the rows scroll when there are many
+        self._bar_span = (low, high if positive else 1.0)
+        self._fit_chart_labels()
         self.chart.setLimits(xMin=None, xMax=None, yMin=-0.6, yMax=max(len(units), 1) - 0.4)
-        self.chart.setXRange(low - 0.02 * span, high + 0.22 * span if units else 1.0, padding=0)
         if not keep_view:
             self.chart.setYRange(-0.6, min(len(units), VISIBLE_BARS) - 0.4, padding=0)
 
@@ -402,6 +398,29 @@ class SensitivityTab(QWidget):
         least = self.table.horizontalHeader().fontMetrics().horizontalAdvance("Unit") + 24
         return min(UNIT_COLUMN_MAX_PX, max(least, widest + padding))
 
+    def _fit_chart_labels(self) -> None:
+        """Name the bars within :data:`LABEL_SHARE_MAX` of the chart's width (elided at the front), and leave room on
+        the right for the longest value, in pixels: at any width the bars and their numbers stay readable."""
+        units = self.chart_units
+        axis = self.chart.getAxis("left")
+        metrics = QFontMetrics(axis.font())
+        limit = max(60, min(LABEL_WIDTH_PX, int(self.chart.width() * LABEL_SHARE_MAX)))
+        labels = [(float(i), elide_name(u.name, lambda text: metrics.horizontalAdvance(text) <= limit))
+                  for i, u in enumerate(units)]
+        axis.setTicks([labels, []])
+        widest = max((metrics.horizontalAdvance(text) for _, text in labels), default=40)
+        axis.setWidth(min(widest, limit) + 14)
+        low, high = self._bar_span
+        span = high - low
+        if not units:
+            self.chart.setXRange(0.0, 1.0, padding=0)
+            return
+        # the numbers' room as a share of the plot's own width (22% of a narrow plot cut "+7.75" to "+")
+        value_px = max((item.textItem.boundingRect().width() for item in self._value_labels), default=0) + 16
+        plot_px = max(self.chart.width() - axis.width() - 36, 40)  # less the plot's margins and frame
+        share = min(value_px / max(plot_px - value_px, 1), 3.0)
+        self.chart.setXRange(low - 0.02 * span, high + max(0.05, share) * span, padding=0)
+
     def _fit_table(self) -> None:
         """Give the table the room its columns need beside the chart (up to :data:`TABLE_SHARE_MAX` of the tab),
         and the Unit column its names' width, or what is left in a narrow tab (never a horizontal scroll that
@@ -426,14 +445,17 @@ class SensitivityTab(QWidget):
     def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(event)
         self._fit_table()  # a dock widened or narrowed beside the tab
+        self._fit_chart_labels()
 
     def _table_resized_by_user(self, *_args: Any) -> None:
         self._table_sized_by_user = True
         self._fit_table()
+        self._fit_chart_labels()
 
     def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)
         self._fit_table()  # the splitter has its real width only now
+        self._fit_chart_labels()
 
     # ----- selection ----------------------------------------------------------------------------
 
