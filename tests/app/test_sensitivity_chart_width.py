@@ -34,6 +34,9 @@ def test_chart_is_tall_before_a_result_and_its_bars_and_values_fit_after(window,
     assert tab.chart.height() >= 200
     # every value at the end of a bar shown in the chart is inside the plot, not cut at its right edge
     right = view.sceneBoundingRect().right()
+    low, high = view.viewRange()[0]
+    largest = max(label.pos().x() for label in tab._value_labels)
+    assert largest >= 0.5 * high  # the longest bar takes at least half the plot (not a strip left of empty room)
     shown = [label for label in tab._value_labels if label.isVisible()]
     assert shown and all(label.sceneBoundingRect().right() <= right + 1 for label in shown), \
         [(label.textItem.toPlainText(), label.sceneBoundingRect().right(), right) for label in shown]

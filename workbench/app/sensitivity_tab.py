@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QItemSelection, QItemSelectionModel, QPointF, Qt, QTimer, Slot
+from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QObject, QPointF, Qt, QTimer, Slot
 from PySide6.QtGui import QCursor, QFontMetrics, QPalette, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -176,6 +176,7 @@ class SensitivityTab(QWidget):
         self.chart.addItem(self.bars)
         self.chart.scene().sigMouseClicked.connect(self._chart_clicked)
         self.chart.scene().sigMouseMoved.connect(self._chart_hovered)
+        self.chart.installEventFilter(self)  # its names and values are fitted to its width whenever that changes
         top.addWidget(self.chart)
 
         self.table_model = QStandardItemModel(0, len(self.COLUMNS), self)
@@ -415,11 +416,16 @@ class SensitivityTab(QWidget):
         if not units:
             self.chart.setXRange(0.0, 1.0, padding=0)
             return
-        # the numbers' room as a share of the plot's own width (22% of a narrow plot cut "+7.75" to "+")
-        value_px = max((item.textItem.boundingRect().width() for item in self._value_labels), default=0) + 16
+        # each number sits right of its bar: the range ends where the one reaching furthest ends, in the plot's own
+        # pixels (a fixed 22% cut "+7.75" to "+" in a narrow plot, and a share for the widest number wasted room)
         plot_px = max(self.chart.width() - axis.width() - 36, 40)  # less the plot's margins and frame
-        share = min(value_px / max(plot_px - value_px, 1), 3.0)
-        self.chart.setXRange(low - 0.02 * span, high + max(0.05, share) * span, padding=0)
+        start = low - 0.02 * span
+        end = high + 0.05 * span
+        for item in self._value_labels:
+            text_px = item.textItem.boundingRect().width() + 16
+            reach = item.pos().x() - start
+            end = max(end, start + reach / max(1.0 - text_px / plot_px, 0.25))
+        self.chart.setXRange(start, end, padding=0)
 
     def _fit_table(self) -> None:
         """Give the table the room its columns need beside the chart (up to :data:`TABLE_SHARE_MAX` of the tab),
@@ -445,17 +451,19 @@ class SensitivityTab(QWidget):
     def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(event)
         self._fit_table()  # a dock widened or narrowed beside the tab
-        self._fit_chart_labels()
 
     def _table_resized_by_user(self, *_args: Any) -> None:
         self._table_sized_by_user = True
         self._fit_table()
-        self._fit_chart_labels()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if watched is self.chart and event.type() == QEvent.Type.Resize:
+            self._fit_chart_labels()  # the splitter gave the chart another width (after the tab's own resize)
+        return super().eventFilter(watched, event)
 
     def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)
         self._fit_table()  # the splitter has its real width only now
-        self._fit_chart_labels()
 
     # ----- selection ----------------------------------------------------------------------------
 
