@@ -145,6 +145,8 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         c.log.connect(self.log_panel.append)
         c.trust_needed.connect(self._trust_needed)
         c.busy_changed.connect(lambda _busy: self._update_actions())
+        # the hover text of the button that started the job (Export) would stay beside the job's label
+        c.busy_changed.connect(lambda busy: self.statusBar().clearMessage() if busy else None)
         c.dirty_changed.connect(lambda _dirty: self._update_title())
         c.session_changed.connect(self._session_changed)
         for signal in (c.layers_changed, c.calibration_changed, c.sensitivity_changed, c.settings_changed):
@@ -431,6 +433,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             # a hovered action's status tip would take the status bar's message area, squeezed beside the job's
             # label and progress ("Write and valid|Exporting: ..."): while a job runs the bar tells the job only
             # (the action's tooltip still names what it does)
+            self.statusBar().clearMessage()
             event.accept()
             return True
         return super().event(event)
