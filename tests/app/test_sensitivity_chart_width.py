@@ -1,7 +1,7 @@
 """Issue 36 round 3: the sensitivity bar chart at the default window size (1480x920), on a transformer. Point 2: the
 chart has a usable height before any result. The GPT-2 run: beside the table the chart was 266 px wide, the unit
-names took 150 of them, the bars 70, and the top bar's value was cut to "+"; the names now take at most
-LABEL_SHARE_MAX of the chart and the values are inside the plot."""
+names took 150 of them, the bars 70, and the top bar's value was cut to "+"; the names now take LABEL_SHARE_MAX of
+the chart (more only where units would read alike), and the values are inside the plot."""
 from __future__ import annotations
 
 import pytest
@@ -28,9 +28,11 @@ def test_chart_is_tall_before_a_result_and_its_bars_and_values_fit_after(window,
     qtbot.wait(100)
     chart, axis = tab.chart, tab.chart.getAxis("left")
     assert any(len(unit.name) > 30 for unit in tab.chart_units)  # BERT's long names ("bert.encoder.layer.0...")
-    assert axis.width() <= LABEL_SHARE_MAX * chart.width() + 14
+    labels = [text for _, text in axis._tickLevels[0]]
+    assert len(set(labels)) == len(labels)  # short, but every unit still tells itself apart
+    # the names take their share of the chart, more only as far as telling BERT's units apart needs, never half
+    assert LABEL_SHARE_MAX * chart.width() <= axis.width() - 14 <= 0.5 * chart.width()
     view = chart.getPlotItem().getViewBox()
-    assert view.width() >= 0.5 * chart.width()
     assert tab.chart.height() >= 200
     # every value at the end of a bar shown in the chart is inside the plot, not cut at its right edge
     right = view.sceneBoundingRect().right()

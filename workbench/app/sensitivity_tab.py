@@ -406,8 +406,14 @@ class SensitivityTab(QWidget):
         axis = self.chart.getAxis("left")
         metrics = QFontMetrics(axis.font())
         limit = max(60, min(LABEL_WIDTH_PX, int(self.chart.width() * LABEL_SHARE_MAX)))
-        labels = [(float(i), elide_name(u.name, lambda text: metrics.horizontalAdvance(text) <= limit))
-                  for i, u in enumerate(units)]
+        while True:  # wider only as far as every unit still tells itself apart ("…0.….dense" twice in a BERT)
+            def fits(text: str, limit: int = limit) -> bool:
+                return metrics.horizontalAdvance(text) <= limit
+
+            labels = [(float(i), elide_name(u.name, fits)) for i, u in enumerate(units)]
+            if limit >= LABEL_WIDTH_PX or len({text for _, text in labels}) == len(labels):
+                break
+            limit = min(LABEL_WIDTH_PX, limit + 20)
         axis.setTicks([labels, []])
         widest = max((metrics.horizontalAdvance(text) for _, text in labels), default=40)
         axis.setWidth(min(widest, limit) + 14)
