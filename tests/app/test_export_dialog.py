@@ -129,7 +129,7 @@ def test_the_report_names_the_quantizers_without_q_dq_and_counts_the_file_s_node
     text = dialog.plain_text()
     assert "48 QuantizeLinear, 48 DequantizeLinear in the file; 51 quantized tensors in the PyTorch pass" in text
     assert "see the JSON" not in text
-    assert "3 quantizer(s): a._input_quantizer, b._input_quantizer, c._input_quantizer" in text
+    assert "3 quantizers: a._input_quantizer, b._input_quantizer, c._input_quantizer" in text
     assert "logits, pred_boxes" in text and "TorchScript exporter: because" in text
     assert "with 1 warning" in text
 

@@ -14,8 +14,9 @@ from workbench.sources.model_source import ModelSpec
 
 
 def _state(model):
+    # a quantizer switched off (its layer went to float in place) computes nothing: a rebuild has none there
     return {name: (descriptor_of(q), None if getattr(q, "_amax", None) is None else q._amax.clone())
-            for name, q in quantizer_names(model).items()}
+            for name, q in quantizer_names(model).items() if q.is_enabled or not q.enabled_by_descriptor}
 
 
 def _same_as_rebuild(session: Session, inputs) -> None:

@@ -1,6 +1,6 @@
 """reset_descriptor and set_precision change the live quantized model in place (no rebuild) where that gives the
 model a rebuild would, on a tiny BERT and on the demo CNN (folded BatchNorm): the same descriptors, amax, stale
-quantizers, outputs on a batch and ``workbench show --json``; a change to or from float is rebuilt."""
+quantizers, outputs on a batch and ``workbench show --json``; a plain layer to or from float too."""
 from __future__ import annotations
 
 import json
@@ -105,17 +105,25 @@ def test_bert_set_precision_in_place_through_the_formats(bert, builds):
     assert session.build_report.stale == []
 
 
-def test_precision_to_or_from_float_rebuilds(bert):
+def test_precision_to_or_from_float_in_place(bert):
+    """Issue 36 round 3, point 5: a plain layer to float and back switches its quantizers off and on in place (the
+    model's modules kept), with the outputs, amax and ``workbench show --json`` of a rebuild."""
     session = bert
     layer = _linears(session)[0]
     batch = session.sample_inputs(batch=2)
     model = session.quantized_model()
+    module = model.get_submodule(layer)
     assert session.set_precision([layer], "float") == [layer]
-    assert session.needs_rebuild  # a float layer is the original module, and rules may follow the flag
-    assert type(session.quantized_model().get_submodule(layer)).__name__ == "Linear"
+    assert not session.needs_rebuild and session.quantized_model() is model
+    assert model.get_submodule(layer) is module and not module._input_quantizer.is_enabled
+    _equals_rebuild(session, batch)  # (the session then holds the rebuilt model, the layer an nn.Linear)
     model = session.quantized_model()
     assert session.set_precision([layer], "int8") == [layer]
-    assert session.needs_rebuild and session.quantized_model() is not model
+    assert session.needs_rebuild and session.quantized_model() is not model  # an original module: rebuilt
+    _equals_rebuild(session, batch)
+    model = session.quantized_model()
+    assert session.set_precision([layer], "float") == [layer] and session.set_precision([layer], "int8") == [layer]
+    assert not session.needs_rebuild and session.quantized_model() is model  # off and on again, in place
     _equals_rebuild(session, batch)
 
 

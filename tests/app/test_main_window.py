@@ -237,7 +237,7 @@ def test_descriptor_edit_for_several_layers(window, qtbot):
     assert not panel.apply_button.isEnabled()  # applied: nothing touched any more
     # the weight role: head_pool has no weight quantizer and is skipped
     panel.role_tabs.setCurrentIndex(1)
-    assert "1 selected layer(s) have no weight quantizer" in panel.editor_note.text()
+    assert "1 selected layer has no weight quantizer" in panel.editor_note.text()
     panel.editor.axis.setCurrentIndex(0)  # per-tensor weights
     assert panel.apply()
     assert session.project.layers["stem.0"].weight_desc["axis"] is None

@@ -12,6 +12,7 @@ from typing import Any
 
 from PySide6.QtCore import QTimer
 
+from workbench.app.formatting import count_text
 from workbench.session.errors import EngineNotThisModel
 
 __all__ = ["EditsMixin", "SLOW_REBUILD_S", "UPDATE_JOB"]
@@ -173,7 +174,7 @@ class EditsMixin:
         report = self._edit("Import TensorRT report", run)
         if report is not None:
             self.log.emit("info", f"TensorRT report {Path(layer_info).name}: {report.mapping_text()} "
-                                  f"{len(report.hazards)} hazards")
+                                  f"{count_text(len(report.hazards), 'hazard')}")
             self.engine_changed.emit()
         return report
 

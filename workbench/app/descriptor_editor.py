@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from workbench.app.controller import Controller
 from workbench.app.dialogs import percentile_spin_box
+from workbench.app.formatting import count_text
 from workbench.graph import ModelTree, QuantizerInfo
 from workbench.quant.algorithms.tensorrt_rules import tensorrt_check
 from workbench.quant.calib.methods import AMAX_METHODS, DEFAULT_AMAX_METHOD, PERCENTILE, AmaxMethod
@@ -307,7 +308,7 @@ class DescriptorDialog(QDialog):
         super().__init__(parent)
         self.controller = controller
         self.names = list(names)
-        self.setWindowTitle(f"Set descriptor for {len(self.names)} layer{'s' if len(self.names) != 1 else ''}")
+        self.setWindowTitle(f"Set descriptor for {count_text(len(self.names), 'layer')}")
         self.setMinimumWidth(420)
         self.role = QComboBox()
         self.role.addItem("Input quantizer", "input")
@@ -350,7 +351,9 @@ class DescriptorDialog(QDialog):
                                                       if n in session.project.layers])
         self.editor.load(first, mixed, method_available=calibrated)
         skipped = len(self.names) - len(descriptors)
-        self.note.setText(f"{skipped} selected layer(s) have no {self.current_role()} quantizer and are skipped."
+        verb, pronoun = ("has", "is") if skipped == 1 else ("have", "are")
+        self.note.setText(f"{count_text(skipped, 'selected layer')} {verb} no {self.current_role()} quantizer and "
+                          f"{pronoun} skipped."
                           if skipped else "Only the fields you change are applied; the others keep each layer's value.")
 
     def apply(self) -> bool:

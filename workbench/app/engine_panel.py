@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
+from workbench.app.formatting import count_text
 from workbench.app.lint_view import LintPanel
 from workbench.engine import HAZARD_KINDS
 
@@ -107,8 +108,8 @@ class EnginePanel(QWidget):
                         for line in report.cost_lines())
         self.summary.setText(f"{report.source}: {report.engine_layers} engine layers{time}. "
                              f"{report.mapping_text()} Layers: {counts}.{costs}\n"
-                             f"{len(report.hazards)} hazards" + (": click one to select its layers." if report.hazards
-                                                                 else "."))
+                             + count_text(len(report.hazards), 'hazard')
+                             + (": click one to select its layers." if report.hazards else "."))
         self.summary.setToolTip("\n".join(f"{name}: {why}" for name, why in report.unmapped_why.items()))
         for hazard in report.hazards:
             item = QListWidgetItem(f"{HAZARD_KINDS.get(hazard.kind, hazard.kind)}: {', '.join(hazard.modules)}\n"

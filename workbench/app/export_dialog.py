@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from workbench.app.controller import Controller
-from workbench.app.formatting import format_number, format_size
+from workbench.app.formatting import count_text, format_number, format_size
 from workbench.opsets import DEFAULT_OPSET, MIN_OPSET, TENSORRT_8_MAX_OPSET, newest_opset, opset_bounds_text
 from workbench.project.settings import ExportSettings
 from workbench.session import jsonable
@@ -293,7 +293,8 @@ class ExportReportDialog(QDialog):
             + (" (one pair per quantized tensor)" if matches else ""))
         if missing:
             row(_WARN if unexplained else "", "without Q/DQ",
-                f"{len(missing)} quantizer(s): " + esc(", ".join(missing[:12])) + (" ..." if len(missing) > 12 else "")
+                f"{count_text(len(missing), 'quantizer')}: " + esc(", ".join(missing[:12]))
+                + (" ..." if len(missing) > 12 else "")
                 + " (why: under Warnings or Notes)")
         elif not matches:
             row("", "", f"{esc(str(expected))} tensors quantized in PyTorch, the file's {q} Q / {dq} DQ: every "
@@ -345,12 +346,12 @@ class ExportReportDialog(QDialog):
         if not r.get("validated", True):
             verdict = f"{_WARN} {esc(path.name)} written, NOT VALIDATED: onnxruntime and the model disagree"
         elif warnings:
-            verdict = (f"{_WARN} {esc(path.name)} written and validated, with {len(warnings)} warning"
-                       f"{'s' if len(warnings) != 1 else ''} (below)")
+            verdict = (f"{_WARN} {esc(path.name)} written and validated, with {count_text(len(warnings), 'warning')}"
+                       " (below)")
         else:
             verdict = f"{_OK} {esc(path.name)} written and validated"
         head = (f"<h3 style='margin-bottom:2px'>{verdict}</h3>"
-                f"<div style='color:#555'>{min(q or 0, dq or 0)} Q/DQ pairs · opset {opset} · "
+                f"<div style='color:#555'>{q or 0} Q / {dq or 0} DQ · opset {opset} · "
                 f"{format_size(r.get('file_size'))} · "
                 f"onnxruntime matches PyTorch to {format_number(max_diff, 3)}</div>")
         return f"{head}<table cellspacing='0' cellpadding='2'>{''.join(rows)}</table>"

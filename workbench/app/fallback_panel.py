@@ -38,7 +38,7 @@ from workbench.analysis.metrics import DEFAULT_METRIC, builtin_metric_name
 from workbench.analysis.results import FallbackResult, SensitivityResult
 from workbench.app.controller import Controller
 from workbench.app.controller_jobs import CALIBRATION_JOB
-from workbench.app.formatting import format_number
+from workbench.app.formatting import count_text, format_number
 from workbench.app.plot_style import style_plot
 
 __all__ = ["FallbackPanel", "CURVE_LABELS_UP_TO"]
@@ -347,7 +347,7 @@ class FallbackPanel(QGroupBox):
         box.setIcon(QMessageBox.Icon.Question)
         box.setWindowTitle("Apply the ladder's precisions")
         shown = "\n".join(c.text() for c in hand[:12]) + (f"\n... and {len(hand) - 12} more" if len(hand) > 12 else "")
-        box.setText(f"Apply changes {len(changes)} layer{'s' if len(changes) != 1 else ''}; {len(hand)} of them "
+        box.setText(f"Apply changes {count_text(len(changes), 'layer')}; {len(hand)} of them "
                     f"{'were' if len(hand) != 1 else 'was'} set by hand:\n{shown}")
         box.setInformativeText("Override the hand edits too, or keep them and apply the rest? (Undo apply puts "
                                "everything back.)")
@@ -515,7 +515,7 @@ class FallbackPanel(QGroupBox):
                 f"{': ' + ', '.join(names) if names else ''} (all quantized: {format_number(result.quantized)}).")
         running = not result.complete and self.controller.busy
         if running:  # a point of the search under way (search_partial)
-            text = (f"<b>Searching…</b> {len(result.curve)} point{'s' if len(result.curve) != 1 else ''} measured: "
+            text = (f"<b>Searching…</b> {count_text(len(result.curve), 'point')} measured: "
                     f"{name} {format_number(result.final_value)} with {units}"
                     f"{': ' + ', '.join(names) if names else ''} (all quantized: {format_number(result.quantized)}).")
         elif not result.complete:
@@ -576,7 +576,7 @@ class FallbackPanel(QGroupBox):
         running = not result.complete and self.controller.busy
         if running:  # a step of the search under way (search_partial): the session belongs to the job
             self.fallback_label.setText(
-                f"<b>Searching…</b> {len(result.steps)} mix{'es' if len(result.steps) != 1 else ''} measured, the best "
+                f"<b>Searching…</b> {count_text(len(result.steps), 'mix', 'mixes')} measured, the best "
                 f"{result.metric.get('name', 'metric')} so far {format_number(result.value)} (all {result.ladder[0]}: "
                 f"{format_number(result.start)}).")
             self.apply_button.setEnabled(False)
@@ -588,13 +588,13 @@ class FallbackPanel(QGroupBox):
         changes = [] if result.applied else self.controller.ladder_changes(result)
         if changes:  # what Apply does, before it is clicked
             hand = sum(c.hand_set for c in changes)
-            text += (f"<br>Apply changes {len(changes)} layer{'s' if len(changes) != 1 else ''}"
+            text += (f"<br>Apply changes {count_text(len(changes), 'layer')}"
                      f"{f' ({hand} set by hand: it asks first)' if hand else ''}: "
                      + html.escape(", ".join(c.text() for c in changes[:6])) + ("..." if len(changes) > 6 else "")
                      + ".")
         self.fallback_label.setText(self._applying_text() + text)
         self.apply_button.setEnabled(bool(changes) and not result.applied and not self.controller.busy)
-        self.apply_button.setText(f"Apply: set {len(changes)} layer{'s' if len(changes) != 1 else ''}" if changes
+        self.apply_button.setText(f"Apply: set {count_text(len(changes), 'layer')}" if changes
                                   else "Apply")
         self.apply_button.setToolTip("\n".join(c.text() for c in changes) if changes
                                      else "nothing to change: every layer runs in the chosen precision")

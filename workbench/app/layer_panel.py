@@ -41,7 +41,7 @@ from workbench.app.descriptor_editor import (
     layer_quantizers,
     role_of,
 )
-from workbench.app.formatting import format_number, format_shape
+from workbench.app.formatting import count_text, format_number, format_shape
 from workbench.graph import ModelTree
 from workbench.graph.tree import ModuleInfo
 from workbench.quant.calib.methods import SINGLE_METHODS, AmaxMethod
@@ -282,7 +282,8 @@ class LayerPanel(QWidget):
             quantized = sum(1 for n in names if session.project.layers[n].quantize)
             params = sum(tree[n].num_params for n in names if tree is not None and n in tree)
             shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-            self.title.setText(f"{len(names)} layers selected  <span style='color:#707070'>{quantized} quantized · "
+            self.title.setText(f"{count_text(len(names), 'layer')} selected  "
+                               f"<span style='color:#707070'>{quantized} quantized · "
                                f"{params:,} parameters</span>")
             self.details.setText(f"{shown}. Edits apply to all of them; the plots show {first}.")
         self.title.setTextFormat(Qt.TextFormat.RichText)
@@ -311,7 +312,9 @@ class LayerPanel(QWidget):
         self.editor.load(descriptors[first_name], mixed, method, percentile, available)
         notes = []
         if len(descriptors) < len(names):
-            notes.append(f"{len(names) - len(descriptors)} selected layer(s) have no {role} quantizer.")
+            missing = len(names) - len(descriptors)
+            verb = "has" if missing == 1 else "have"
+            notes.append(f"{count_text(missing, 'selected layer')} {verb} no {role} quantizer.")
         if not session.project.layers[first_name].quantize:
             notes.append("Left in float: the descriptor applies once the layer is quantized again.")
         if mixed:
@@ -595,7 +598,8 @@ class LayerPanel(QWidget):
         plot.addItem(self.weight_item)
         plot.setXRange(-0.6, len(ranges) - 0.4, padding=0)
         spread = float(ranges.max() / ranges.min()) if ranges.min() > 0 else float("inf")
-        self.weight_title.setText(f"Weight max |w| per output channel ({len(ranges)} channels, largest/smallest "
+        self.weight_title.setText(f"Weight max |w| per output channel ({count_text(len(ranges), 'channel')}, "
+                                  "largest/smallest "
                                   f"{spread:.1f}×)")
         self.weight_title.setToolTip("A large spread between channels is why weights get per-channel scales")
 

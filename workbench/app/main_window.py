@@ -35,6 +35,7 @@ from workbench.app.device_selector import DeviceSelector
 from workbench.app.dialogs import ErrorDialog
 from workbench.app.engine_panel import EnginePanel
 from workbench.app.finetune_tab import FinetuneTab
+from workbench.app.formatting import count_text
 from workbench.app.graph_selection import tree_row_of_node
 from workbench.app.graph_tab import GraphTab
 from workbench.app.layer_panel import LayerPanel
@@ -43,6 +44,7 @@ from workbench.app.sensitivity_tab import SensitivityTab
 from workbench.app.status import JobStatus, LogPanel, install_excepthook
 from workbench.app.tree_model import COLUMN_WIDTHS
 from workbench.app.tree_widget import ModelTreeWidget
+from workbench.app.view_memory import ViewMemory, ViewState
 from workbench.app.window_jobs import JobCommandsMixin
 from workbench.app.wizard import NewProjectWizard
 
@@ -66,6 +68,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         self.controller = controller or Controller(self)
         self.controller.confirm_save = self.confirm_save_for_workers
         self.settings = settings if settings is not None else QSettings()
+        self.view_memory = ViewMemory(self.settings)
         self.error_dialogs: list[ErrorDialog] = []
         self.dialog: QWidget | None = None  # the last dialog opened (tests and screenshots reach it here)
         self.wizard: NewProjectWizard | None = None
@@ -142,6 +145,8 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         c.log.connect(self.log_panel.append)
         c.trust_needed.connect(self._trust_needed)
         c.busy_changed.connect(lambda _busy: self._update_actions())
+        # the hover text of the button that started the job (Export) would stay beside the job's label
+        c.busy_changed.connect(lambda busy: self.statusBar().clearMessage() if busy else None)
         c.dirty_changed.connect(lambda _dirty: self._update_title())
         c.session_changed.connect(self._session_changed)
         for signal in (c.layers_changed, c.calibration_changed, c.sensitivity_changed, c.settings_changed):
@@ -236,9 +241,10 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             if sqnr and run.state_digest is not None and run.state_digest != session.state_digest():
                 # measured on the calibrated state: an edit, another amax method or a fallback changed it since
                 sqnr += " as calibrated, changed since"
-            calibration = f"calibrated ({run.method}, {run.num_batches} batches{sqnr})"
+            calibration = f"calibrated ({run.method}, {count_text(run.num_batches, 'batch', 'batches')}{sqnr})"
         stale = len(session.build_report.stale)
-        stale_text = f" · {stale} quantizers need recalibrating" if stale else ""
+        verb = "needs" if stale == 1 else "need"
+        stale_text = f" · {count_text(stale, 'quantizer')} {verb} recalibrating" if stale else ""
         workers = self.controller.workers
         device = f"{workers} processes ({session.device} for the other jobs)" if workers > 1 else str(session.device)
         self.summary_label.setText(f"{quantized}/{len(layers)} layers quantized · {calibration}{stale_text}"
@@ -385,11 +391,14 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             self.recent_menu.remove(path)
             return False
 
+        self.remember_view()  # the project shown now reopens as it is left
+
         def done(session: Any) -> None:
             self.recent_menu.add(path)
-            layers = session.project.layers
-            if layers:
-                self.controller.select([next(iter(layers))])
+            if not self.restore_view(session):
+                layers = session.project.layers
+                if layers:
+                    self.controller.select([next(iter(layers))])
 
         def request(trust: bool) -> bool:
             return self.controller.open_project(path, trust_code=trust, on_done=done)
@@ -420,6 +429,13 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             # a second after an export): without a window manager the new window maps over every open dialog,
             # and the export report sat behind the main window. Once the new window is up, they come back on top.
             QTimer.singleShot(0, self._dialogs_to_front)
+        if event.type() == QEvent.Type.StatusTip and self.controller.busy:
+            # a hovered action's status tip would take the status bar's message area, squeezed beside the job's
+            # label and progress ("Write and valid|Exporting: ..."): while a job runs the bar tells the job only
+            # (the action's tooltip still names what it does)
+            self.statusBar().clearMessage()
+            event.accept()
+            return True
         return super().event(event)
 
     def _dialogs_to_front(self) -> None:
@@ -442,6 +458,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         saved = self.controller.save()
         if saved is None:
             return False
+        self.remember_view()
         self.recent_menu.add(saved)
         self._update_title()
         return True
@@ -458,8 +475,35 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         saved = self.controller.save(path)
         if saved is None:
             return False
+        self.remember_view()
         self.recent_menu.add(saved)
         self._update_title()
+        return True
+
+    # ----- the view of a project, as it was left -------------------------------------------------------------
+
+    def view_state(self) -> ViewState:
+        """What the window shows of the project now: the tab, the tree's filter and the selected layers."""
+        text, regex, type_name = self.tree.filter_state()
+        return ViewState(tab=self.tabs.tabText(self.tabs.currentIndex()), filter_text=text, regex=regex,
+                         type_name=type_name, selection=list(self.controller.selection))
+
+    def remember_view(self) -> None:
+        """Keep :meth:`view_state` for the project's file (a project never saved has none to keep)."""
+        session = self.controller.session
+        if session is not None and session.path is not None:
+            self.view_memory.remember(session.path, self.view_state())
+
+    def restore_view(self, session: Any) -> bool:
+        """Show ``session``'s project as it was left here (tab, filter, selection); False for one never left here."""
+        state = self.view_memory.recall(session.path)
+        if state is None:
+            return False
+        for index in range(self.tabs.count()):
+            if self.tabs.tabText(index) == state.tab:
+                self.tabs.setCurrentIndex(index)
+        self.tree.set_filter(state.filter_text, state.regex, state.type_name)
+        self.controller.select([name for name in state.selection if name in session.project.layers])
         return True
 
     # ----- closing ------------------------------------------------------------------------------------------
@@ -476,6 +520,7 @@ class MainWindow(QMainWindow, JobCommandsMixin):
             if answer != QMessageBox.StandardButton.Yes:
                 event.ignore()
                 return
+        self.remember_view()
         self.settings.setValue("window/geometry", self.saveGeometry())
         self.settings.setValue("window/state", self.saveState())
         self.shutdown()

@@ -13,6 +13,7 @@ from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPersistentModelInde
 from PySide6.QtWidgets import QComboBox, QMenu, QStyledItemDelegate, QStyleOptionViewItem, QWidget
 
 from workbench.app.controller import Controller
+from workbench.app.formatting import count_text
 from workbench.quant.algorithms.precision import PRECISIONS, Precision, applies_to
 
 __all__ = ["precision_choices", "PrecisionDelegate", "precision_menu", "split_by_precision", "busy_free"]
@@ -73,7 +74,8 @@ def precision_menu(parent: QWidget, controller: Controller, layers: Sequence[tup
         problems = controller.precision_problems(fits, precision.value) if fits and busy_free(controller) else {}
         fits = [name for name in fits if name not in problems]
         skipped += list(problems)
-        action = menu.addAction(info.label + (f" ({len(fits)} of {len(layers)} layers)" if skipped and fits else ""))
+        share = f" ({len(fits)} of {count_text(len(layers), 'layer')})" if skipped and fits else ""
+        action = menu.addAction(info.label + share)
         action.setToolTip(info.description)
         action.setEnabled(enabled and bool(fits))
         action.setData(precision.value)

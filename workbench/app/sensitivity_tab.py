@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QItemSelection, QItemSelectionModel, QPointF, Qt, QTimer, Slot
+from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QObject, QPointF, Qt, QTimer, Slot
 from PySide6.QtGui import QCursor, QFontMetrics, QPalette, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -43,7 +43,7 @@ from workbench.app.controller import Controller
 from workbench.app.controller_edits import UPDATE_JOB
 from workbench.app.controller_jobs import CALIBRATION_JOB, FALLBACK_JOB, LADDER_JOB, SENSITIVITY_JOB
 from workbench.app.fallback_panel import FallbackPanel
-from workbench.app.formatting import elide_name, format_delta, format_number, job_count_text, job_times_text
+from workbench.app.formatting import count_text, elide_name, format_delta, format_number, job_count_text, job_times_text
 from workbench.app.plot_style import style_plot
 from workbench.app.sensitivity_bars import (
     FLOAT,
@@ -69,6 +69,8 @@ APPLY_JOBS = (UPDATE_JOB, CALIBRATION_JOB)  # what an Apply of the tab starts: s
 VISIBLE_BARS = 30          # rows the chart shows at once; the wheel scrolls through the rest
 VALUE_LABELS_UP_TO = 40    # numbers at the end of the bars only while they stay readable
 LABEL_WIDTH_PX = 220       # unit names longer than this are elided at the front, keeping the block index
+LABEL_SHARE_MAX = 0.4      # ... and than this share of the chart's width: the bars keep the rest (a GPT-2's names
+                           # took 150 of the chart's 266 px beside the table, its bars were 70 px and their values cut)
 UNIT_COLUMN_MAX_PX = 460   # the table's Unit column: sized to its names up to this, then elided at the front
 UNIT_COLUMN_MIN_PX = 120   # ... and never narrower than this in a narrow tab
 CHART_MIN_HEIGHT = 240   # px: the bar chart (and its worst-units row) keeps room for a readable few bars
@@ -92,6 +94,7 @@ class SensitivityTab(QWidget):
         self._scores: dict[str, float] = {}
         self._layers: dict[str, list[str]] = {}      # unit name -> layers it switches
         self._value_labels: list[pg.TextItem] = []
+        self._bar_span = (0.0, 1.0)  # the bars' value range (their numbers' room is added on the right)
         self._syncing = False                        # True while the view follows the controller
         self._build()
         controller.session_changed.connect(self._on_session_changed)
@@ -173,6 +176,7 @@ class SensitivityTab(QWidget):
         self.chart.addItem(self.bars)
         self.chart.scene().sigMouseClicked.connect(self._chart_clicked)
         self.chart.scene().sigMouseMoved.connect(self._chart_hovered)
+        self.chart.installEventFilter(self)  # its names and values are fitted to its width whenever that changes
         top.addWidget(self.chart)
 
         self.table_model = QStandardItemModel(0, len(self.COLUMNS), self)
@@ -321,8 +325,9 @@ class SensitivityTab(QWidget):
         self.summary_label.setText(
             f"<b>{result.scheme}</b> by <b>{result.metric_name}</b> "
             f"({'higher' if result.higher_is_better else 'lower'} is better): FP32 {format_number(result.fp32)}, "
-            f"all quantized {format_number(result.quantized)} &middot; {len(result.units)} units &middot; "
-            f"{result.num_batches} batch(es) &middot; {result.wall_time_s:.2f} s{partial}")
+            f"all quantized {format_number(result.quantized)} &middot; {count_text(len(result.units), 'unit')} "
+            "&middot; "
+            f"{count_text(result.num_batches, 'batch', 'batches')} &middot; {result.wall_time_s:.2f} s{partial}")
 
     def _is_float(self, unit: UnitResult) -> bool:
         """Whether every layer of the unit is now left in float (drawn apart: it is already dealt with)."""
@@ -350,13 +355,6 @@ class SensitivityTab(QWidget):
                           width=np.asarray(widths, dtype=float), brushes=brushes or None, pens=pens or None,
                           pen=None, brush=NEUTRAL)
         self._bar_pens = pens
-        font_metrics = QFontMetrics(self.chart.getAxis("left").font())
-        labels = [(float(i), elide_name(u.name, lambda text: font_metrics.horizontalAdvance(text) <= LABEL_WIDTH_PX))
-                  for i, u in enumerate(units)]
-        left = self.chart.getAxis("left")
-        left.setTicks([labels, []])
-        widest = max((font_metrics.horizontalAdvance(text) for _, text in labels), default=40)
-        left.setWidth(min(widest, LABEL_WIDTH_PX) + 14)
         self.chart.setLabel("bottom", title)
         low = min([0.0] + widths)
         span = (high if positive else 1.0) - low
@@ -367,9 +365,9 @@ class SensitivityTab(QWidget):
                 text.setPos(max(width, 0.0) + 0.01 * span, index)
                 self.chart.addItem(text)
                 self._value_labels.append(text)
-        # room on the right for the numbers; the rows scroll when there are many
+        self._bar_span = (low, high if positive else 1.0)
+        self._fit_chart_labels()
         self.chart.setLimits(xMin=None, xMax=None, yMin=-0.6, yMax=max(len(units), 1) - 0.4)
-        self.chart.setXRange(low - 0.02 * span, high + 0.22 * span if units else 1.0, padding=0)
         if not keep_view:
             self.chart.setYRange(-0.6, min(len(units), VISIBLE_BARS) - 0.4, padding=0)
 
@@ -401,6 +399,40 @@ class SensitivityTab(QWidget):
         least = self.table.horizontalHeader().fontMetrics().horizontalAdvance("Unit") + 24
         return min(UNIT_COLUMN_MAX_PX, max(least, widest + padding))
 
+    def _fit_chart_labels(self) -> None:
+        """Name the bars within :data:`LABEL_SHARE_MAX` of the chart's width (elided at the front), and leave room on
+        the right for the longest value, in pixels: at any width the bars and their numbers stay readable."""
+        units = self.chart_units
+        axis = self.chart.getAxis("left")
+        metrics = QFontMetrics(axis.font())
+        limit = max(60, min(LABEL_WIDTH_PX, int(self.chart.width() * LABEL_SHARE_MAX)))
+        while True:  # wider only as far as every unit still tells itself apart ("…0.….dense" twice in a BERT)
+            def fits(text: str, limit: int = limit) -> bool:
+                return metrics.horizontalAdvance(text) <= limit
+
+            labels = [(float(i), elide_name(u.name, fits)) for i, u in enumerate(units)]
+            if limit >= LABEL_WIDTH_PX or len({text for _, text in labels}) == len(labels):
+                break
+            limit = min(LABEL_WIDTH_PX, limit + 20)
+        axis.setTicks([labels, []])
+        widest = max((metrics.horizontalAdvance(text) for _, text in labels), default=40)
+        axis.setWidth(min(widest, limit) + 14)
+        low, high = self._bar_span
+        span = high - low
+        if not units:
+            self.chart.setXRange(0.0, 1.0, padding=0)
+            return
+        # each number sits right of its bar: the range ends where the one reaching furthest ends, in the plot's own
+        # pixels (a fixed 22% cut "+7.75" to "+" in a narrow plot, and a share for the widest number wasted room)
+        plot_px = max(self.chart.width() - axis.width() - 36, 40)  # less the plot's margins and frame
+        start = low - 0.02 * span
+        end = high + 0.05 * span
+        for item in self._value_labels:
+            text_px = item.textItem.boundingRect().width() + 16
+            reach = item.pos().x() - start
+            end = max(end, start + reach / max(1.0 - text_px / plot_px, 0.25))
+        self.chart.setXRange(start, end, padding=0)
+
     def _fit_table(self) -> None:
         """Give the table the room its columns need beside the chart (up to :data:`TABLE_SHARE_MAX` of the tab),
         and the Unit column its names' width, or what is left in a narrow tab (never a horizontal scroll that
@@ -429,6 +461,11 @@ class SensitivityTab(QWidget):
     def _table_resized_by_user(self, *_args: Any) -> None:
         self._table_sized_by_user = True
         self._fit_table()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if watched is self.chart and event.type() == QEvent.Type.Resize:
+            self._fit_chart_labels()  # the splitter gave the chart another width (after the tab's own resize)
+        return super().eventFilter(watched, event)
 
     def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
         super().showEvent(event)

@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 from workbench.app.controller import Controller
 from workbench.app.deferred_refresh import DeferredRefresh
 from workbench.app.engine_panel import TimeBarDelegate
+from workbench.app.formatting import count_text
 from workbench.app.pinned_tree import PinnedNameTreeView
 from workbench.app.precision_menu import PrecisionDelegate, precision_menu
 from workbench.app.tree_layout import TreeLayoutMemory, default_widths, fit_columns
@@ -126,6 +127,7 @@ class ModelTreeWidget(QWidget):
 
         self._syncing = False
         self._emitted: list[str] | None = None
+        self._wanted_type = ""  # a type filter to pick once the next project's types are listed (reopening)
         self.view.selectionModel().selectionChanged.connect(self._selection_from_view)
         self.view.customContextMenuRequested.connect(self._context_menu)
         self._make_actions()
@@ -196,8 +198,9 @@ class ModelTreeWidget(QWidget):
         self.type_combo.clear()
         self.type_combo.addItem("All types")
         self.type_combo.addItems(types)
-        if current in types:
-            self.type_combo.setCurrentText(current)
+        wanted, self._wanted_type = self._wanted_type or current, ""
+        if wanted in types:
+            self.type_combo.setCurrentText(wanted)
         self.type_combo.blockSignals(False)
         session = self.controller.session
         self._layout_path = str(session.path) if session is not None and session.path is not None else None
@@ -208,6 +211,11 @@ class ModelTreeWidget(QWidget):
         # they need (a narrow dock left by the last project does not carry over)
         widths = fit_columns(self.view, self.model, keep_wider=restored)
         self.columns_fitted.emit(sum(widths) + 2 * self.view.frameWidth() + 24)
+        if self.proxy.active or self.filter_edit.text() or self.type_combo.currentIndex() > 0:
+            self.apply_filter()  # the filter set for this project (reopened as it was left) or kept from the last
+        # the layers selected while the tree was being read (the first layer of a new project, the remembered
+        # ones of a reopened one) show as selected rows, not only in the layer panel
+        self.select_layers(self.controller.selection)
 
     def default_expansion(self) -> None:
         """The model open; a small model entirely, a big one at its top level (deeper levels on demand)."""
@@ -217,7 +225,7 @@ class ModelTreeWidget(QWidget):
         total = self.model.node_count()
         layers = int(self.model._is_layer.sum()) if total else 0
         quantized = int(self.model._quantized.sum()) if total else 0
-        text = f"{total:,} modules · {layers:,} quantizable · {quantized:,} quantized"
+        text = f"{count_text(total, 'module', grouped=True)} · {layers:,} quantizable · {quantized:,} quantized"
         if self.proxy.active:
             text = f"{self.proxy.matches:,} matching · " + text
         if self.proxy.error:
@@ -228,6 +236,24 @@ class ModelTreeWidget(QWidget):
         self.filter_edit.style().polish(self.filter_edit)
 
     # ----- filter -----------------------------------------------------------------------------------
+
+    def set_filter(self, text: str, regex: bool, type_name: str) -> None:
+        """Show the rows matching ``text`` (a regex with ``regex``) of type ``type_name`` ("": all types), as typed
+        in the boxes; a type the tree does not list yet (a project being opened) is picked once it does."""
+        self._wanted_type = type_name
+        self.regex_box.blockSignals(True)
+        self.regex_box.setChecked(regex)
+        self.regex_box.blockSignals(False)
+        self.filter_edit.setText(text)
+        position = self.type_combo.findText(type_name) if type_name else 0
+        if position >= 0:
+            self.type_combo.setCurrentIndex(position)
+        self.apply_filter()
+
+    def filter_state(self) -> tuple[str, bool, str]:
+        """The filter as :meth:`set_filter` takes it."""
+        type_name = self.type_combo.currentText() if self.type_combo.currentIndex() > 0 else ""
+        return self.filter_edit.text(), self.regex_box.isChecked(), type_name
 
     def apply_filter(self) -> None:
         self._filter_timer.stop()

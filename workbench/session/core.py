@@ -25,6 +25,7 @@ from torch import nn
 from workbench import __version__
 from workbench.graph.fold import FoldReport
 from workbench.project import (
+    CalibrationRecord,
     Project,
     load_project,
     save_project,
@@ -103,6 +104,7 @@ class Session(SessionEdits):
         self.build_report = BuildReport()
         self._layer_shapes: dict[str, dict[str, Any]] | None = None
         self._ladder_undo: dict[str, Any] | None = None  # the layers' decisions before the last ladder Apply
+        self._ladder_undo_run: CalibrationRecord | None = None  # and the calibration current then
         self.file_changes += paths.changed_files(project, self._loaded.digests)
         # kept with each calibration run; a lazily opened model's weights are read for it one at a time
         checkpoint = self._loaded.checkpoint

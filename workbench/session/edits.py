@@ -16,9 +16,9 @@ import torch
 
 from workbench.project.settings import REBUILD_SETTINGS
 from workbench.quant.algorithms.precision import Precision
-from workbench.session import analysis, configure, data_sources, decisions, layer_edits, tensorrt
+from workbench.session import analysis, configure, data_sources, decisions, layer_edits, recalibration, tensorrt
 from workbench.session import ladder as ladder_job
-from workbench.session.build import build_quantized
+from workbench.session.build import build_quantized, restore_calibration
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
 from workbench.session.reading import SessionReading
@@ -35,6 +35,7 @@ class SessionEdits(SessionReading):
     events: EventEmitter
     notes: list[str]
     _ladder_undo: dict[str, Any] | None
+    _ladder_undo_run: Any
 
     def set_data(self, role: str, spec: DataSpec) -> None:
         """Replace a data source; the new inputs must fit the model (new calibration data is run through it
@@ -229,10 +230,12 @@ class SessionEdits(SessionReading):
             raise SessionError("no ladder search to apply: run one first (workbench sensitivity --ladder).")
         changes, edit = ladder_job.apply_mix(self.project, self.quantized_model(), self.settings.defaults,
                                              result.precisions, self.precisions(), keep_hand_edits=keep_hand_edits)
+        run = self.project.current_calibration
         self._edited(edit)
         ladder_job.mark_applied(self.project, result.precisions, True)
         result.applied = True
         self._ladder_undo = edit.before
+        self._ladder_undo_run = run
         self._changed(SessionEvent.FALLBACK, applied=True)
         return changes
 
@@ -246,11 +249,29 @@ class SessionEdits(SessionReading):
         if not self._ladder_undo:
             raise SessionError("nothing to undo: no ladder mix was applied since the project was opened.")
         edit = ladder_job.restore_layers(self.project, self._ladder_undo)
-        self._ladder_undo = None
+        before_run, self._ladder_undo, self._ladder_undo_run = self._ladder_undo_run, None, None
         ladder_job.mark_applied(self.project, None, False)
+        # the calibration from before the Apply comes back with its layers (the Apply's own recalibration
+        # described the mix, and left the restored layers to recalibrate)
+        restored = recalibration.restored_run(self.project, before_run)
+        if restored is not None:
+            self.project.calibrations.append(restored)
         self._edited(edit)
+        if restored is not None:
+            self._load_calibration(restored)
+            self._changed(SessionEvent.CALIBRATION)
         self._changed(SessionEvent.FALLBACK, applied=False)
         return edit.changed
+
+    def _load_calibration(self, run: Any) -> None:
+        """Give the live quantized model the amax of ``run`` (the current calibration), as a rebuild would; a model
+        with a fine-tune's learned ranges is rebuilt instead (they are laid over the calibration)."""
+        if self._quant_model is None:
+            return
+        if self.project.current_finetune is not None:
+            self._invalidate()
+            return
+        restore_calibration(self._quant_model, run, self.build_report, self.device)
 
     def apply_fallback(self, result: Any) -> list[str]:
         """Leave the layers a fallback search chose in float (a layer decision, saved with the project).

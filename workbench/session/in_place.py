@@ -10,16 +10,20 @@ products, shared scales, learned ranges of a fine-tune) is left to the rebuild, 
 
 The same holds for a reset to the default descriptor (the default is what a rebuild would give the layer:
 the project's default descriptor for the role, else the module class's own) and for a change of precision
-that keeps the layer quantized (new descriptors for both roles at once). A change of the quantize flag
-(a layer to or from float) is always rebuilt: a float layer is the original module, not a quantized one with
-its quantizers off, and the placement rules (residual, concat) decide other layers' quantizers from which
-layers are quantized, so one layer's flag can change quantizers elsewhere.
+that keeps the layer quantized (new descriptors for both roles at once). A change of the quantize flag (a layer
+to or from float) switches the layer's own quantizers off (or gives it new ones, on) where nothing else depends on
+that flag: a plain quantized module with every quantizer off computes what the original module does, and without
+placement rules at work (nothing shared or switched off by them, no functional add or concatenation whose placement
+follows the layers around it) no other quantizer changes with it. Otherwise (and for a functional layer, whose
+float form computes another way) the model is rebuilt. A layer switched off in place stays a quantized module with
+its quantizers off until the next rebuild; it is back on in place too.
 
 Pure functions: they get the model and what they need, and return what they did.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,9 +33,11 @@ from workbench.project import CalibrationRecord, FinetuneRecord
 from workbench.project.settings import DefaultDescriptors, jsonable, make_descriptor
 from workbench.quant import QuantDescriptor, TensorQuantizer
 from workbench.quant.algorithms.snapshot import holds_quantizers, quantizer_names
+from workbench.quant.nn import QuantAdd, QuantConcat
 from workbench.session.build import FUNCTIONAL_MODULES, BuildReport, descriptor_of, layer_of, load_record
 
-__all__ = ["ROLE_ATTRIBUTES", "LayerState", "swap_descriptors", "default_fields", "layer_changes", "swap_layers"]
+__all__ = ["ROLE_ATTRIBUTES", "LayerState", "swap_descriptors", "default_fields", "layer_changes", "swap_layers",
+           "LayerChanges", "switches_in_place"]
 
 # the quantizer a plain quantized module uses for each role (functional layers have others: not swapped here)
 ROLE_ATTRIBUTES = {"input": "_input_quantizer", "weight": "_weight_quantizer"}
@@ -57,20 +63,30 @@ def swap_descriptors(model: nn.Module, descriptors: Mapping[str, dict[str, Any]]
 
 def swap_layers(model: nn.Module, changes: Mapping[str, Mapping[str, dict[str, Any]]], *,
                 calibration: CalibrationRecord | None, finetune: FinetuneRecord | None, report: BuildReport,
-                device: torch.device) -> list[str] | None:
+                device: torch.device, off: Collection[str] = (), on: Collection[str] = ()) -> list[str] | None:
     """:func:`swap_descriptors` for several roles at once (``changes``: layer -> role -> descriptor fields), all
-    or nothing across the roles: returns the swapped quantizer names, or None with ``model`` untouched."""
+    or nothing across the roles: returns the swapped quantizer names, or None with ``model`` untouched. The layers
+    ``off`` (to float) get their quantizers switched off; the layers ``on`` (back from float, switched off in place)
+    are in ``changes`` with both roles and get new quantizers although theirs are off."""
     by_role: dict[str, dict[str, dict[str, Any]]] = {}
     for layer, roles in changes.items():
         for role, fields in roles.items():
             by_role.setdefault(role, {})[layer] = fields
     planned: list[_Swap] = []
     for role, descriptors in by_role.items():
-        part = _plan(model, descriptors, role, finetune=finetune, device=device)
+        part = _plan(model, descriptors, role, finetune=finetune, device=device, reviving=on)
         if part is None:
             return None
         planned += part
-    return _apply(model, planned, calibration, report, device)
+    switched = _plan_off(model, off, finetune=finetune)
+    if switched is None:
+        return None
+    swapped = _apply(model, planned, calibration, report, device)
+    for name, quantizer in switched:
+        quantizer.disable()  # in float: the module computes what the original does (its input and weight as they are)
+        report.restored = [n for n in report.restored if n != name]
+        report.stale = [n for n in report.stale if n != name]
+    return swapped + [name for name, _ in switched]
 
 
 def default_fields(module: nn.Module | None, role: str, default: QuantDescriptor | None) -> dict[str, Any] | None:
@@ -82,40 +98,97 @@ def default_fields(module: nn.Module | None, role: str, default: QuantDescriptor
     return None if default is None else jsonable(default.dict())
 
 
+@dataclass
+class LayerChanges:
+    """What going from one set of layer decisions to another does to the model in place: the new descriptor
+    fields per layer and role (``roles``), the layers switched to float (``off``) and back from it (``on``, also in
+    ``roles`` with both of their roles)."""
+
+    roles: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    off: list[str] = field(default_factory=list)
+    on: list[str] = field(default_factory=list)
+
+
+def switches_in_place(model: nn.Module, report: BuildReport) -> bool:
+    """Whether a layer of ``model`` can go to or from float in place: no placement rule shared or switched off a
+    quantizer, and no functional add or concatenation (their placement follows which layers around them are
+    quantized), so one layer's flag changes no other quantizer."""
+    placement = report.placement
+    if placement is not None and (placement.applications or placement.groups):
+        return False
+    return not any(isinstance(module, (QuantAdd, QuantConcat)) for module in model.modules())
+
+
 def layer_changes(model: nn.Module, before: Mapping[str, LayerState], after: Mapping[str, LayerState],
-                  defaults: DefaultDescriptors) -> dict[str, dict[str, dict[str, Any]]] | None:
+                  defaults: DefaultDescriptors, *, switches: bool = False) -> LayerChanges | None:
     """What going from the decisions ``before`` to ``after`` (layer -> :data:`LayerState`) changes in ``model``
     built from ``before``: layer -> role -> the descriptor fields its quantizer must get (a reset role gets
     its default, :func:`default_fields` with the project's ``defaults``), for :func:`swap_layers`.
 
-    None when only a rebuild gives the right model: a layer's quantize flag changed (see the module's
-    docstring), or a float layer is still a module with quantizers (a functional one). A layer float before
-    and after, built as the original float module, changes nothing: its stored descriptors wait for it to be
-    quantized again.
+    None when only a rebuild gives the right model: a layer's quantize flag changed and ``switches`` (see
+    :func:`switches_in_place`) is False or the layer is not a plain quantized module, or a float layer is still a
+    module with quantizers (a functional one, or one switched off in place) whose descriptors changed. A layer
+    float before and after, built as the original float module, changes nothing: its stored descriptors wait for it
+    to be quantized again.
     """
     modules = dict(model.named_modules())
-    changes: dict[str, dict[str, dict[str, Any]]] = {}
+    changes = LayerChanges()
     for layer, (quantize, *descriptors) in after.items():
         was_quantized, *old_descriptors = before[layer]
         module = modules.get(layer)
+        plain = module is not None and not isinstance(module, FUNCTIONAL_MODULES) and holds_quantizers(module)
         if quantize != was_quantized:
-            return None
+            if not (switches and plain):
+                return None
+            if not quantize:
+                changes.off.append(layer)
+                continue
+            changes.on.append(layer)  # back on: new quantizers for both roles, from the decision
+            old_descriptors = [None, None]
+            descriptors = [d if d is not None else {} for d in descriptors]
         if not quantize:
-            if module is not None and holds_quantizers(module):
+            if module is not None and holds_quantizers(module) and old_descriptors != descriptors:
                 return None
             continue
         for role, old, new in zip(("input", "weight"), old_descriptors, descriptors):
             if old == new:
                 continue
-            fields = new if new is not None else default_fields(module, role, defaults.descriptor(role))
+            fields = new or default_fields(module, role, defaults.descriptor(role))
             if fields is None:
                 return None
-            changes.setdefault(layer, {})[role] = fields
+            changes.roles.setdefault(layer, {})[role] = fields
     return changes
 
 
+def _plan_off(model: nn.Module, layers: Collection[str], *,
+              finetune: FinetuneRecord | None) -> list[tuple[str, TensorQuantizer]] | None:
+    """The quantizers to switch off for ``layers`` going to float (name, quantizer); None when one of them is not
+    its layer's own (shared), scaled by a smoothing pass or learned in a fine-tune."""
+    if not layers:
+        return []
+    modules = dict(model.named_modules())
+    names = quantizer_names(model)
+    uses: dict[int, int] = {}
+    for quantizer in names.values():
+        uses[id(quantizer)] = uses.get(id(quantizer), 0) + 1
+    learned = finetune.amax if finetune is not None and finetune.amax else {}
+    found: list[tuple[str, TensorQuantizer]] = []
+    for layer in layers:
+        module = modules.get(layer)
+        for attribute in ROLE_ATTRIBUTES.values():
+            quantizer = module._modules.get(attribute) if module is not None else None
+            name = f"{layer}.{attribute}"
+            if quantizer is None:
+                continue
+            if not isinstance(quantizer, TensorQuantizer) or uses.get(id(quantizer)) != 1 or names.get(name) is not \
+                    quantizer or quantizer.pre_quant_scale is not None or name in learned:
+                return None
+            found.append((name, quantizer))
+    return found
+
+
 def _plan(model: nn.Module, descriptors: Mapping[str, dict[str, Any]], role: str, *,
-          finetune: FinetuneRecord | None, device: torch.device) -> list[_Swap] | None:
+          finetune: FinetuneRecord | None, device: torch.device, reviving: Collection[str] = ()) -> list[_Swap] | None:
     """(module, attribute, quantizer name, new quantizer) for each layer of ``descriptors``; None when one of them
     cannot be swapped in place (nothing is changed either way)."""
     attribute = ROLE_ATTRIBUTES.get(role)
@@ -136,7 +209,8 @@ def _plan(model: nn.Module, descriptors: Mapping[str, dict[str, Any]], role: str
         name = f"{layer}.{attribute}"
         if not isinstance(old, TensorQuantizer) or uses.get(id(old)) != 1 or names.get(name) is not old:
             return None  # not this module's own quantizer: shared by a placement rule, or none
-        if (not old.is_enabled and old.enabled_by_descriptor) or old.pre_quant_scale is not None or name in learned:
+        off_by_rule = not old.is_enabled and old.enabled_by_descriptor and layer not in reviving
+        if off_by_rule or old.pre_quant_scale is not None or name in learned:
             return None  # switched off by a rule, scaled by a smoothing pass, or a range learned in fine-tuning
         try:
             descriptor = make_descriptor(fields)

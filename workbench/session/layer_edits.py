@@ -96,7 +96,8 @@ def apply_in_place(model: nn.Module | None, project: Project, edit: LayerEdit, *
     if model is None:
         return False
     after = {name: layer_state(project, name) for name in edit.before}
-    changes = in_place.layer_changes(model, edit.before, after, defaults)
+    changes = in_place.layer_changes(model, edit.before, after, defaults,
+                                     switches=in_place.switches_in_place(model, report))
     return changes is not None and in_place.swap_layers(
-        model, changes, calibration=project.current_calibration, finetune=project.current_finetune, report=report,
-        device=device) is not None
+        model, changes.roles, calibration=project.current_calibration, finetune=project.current_finetune,
+        report=report, device=device, off=changes.off, on=changes.on) is not None

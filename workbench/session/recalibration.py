@@ -33,7 +33,7 @@ from workbench.session.in_place import LayerState
 from workbench.session.state import state_digest
 from workbench.sources.data_source import DataSource
 
-__all__ = ["partial_allowed", "stale_layers", "calibrate_layers"]
+__all__ = ["partial_allowed", "stale_layers", "calibrate_layers", "restored_run"]
 
 
 def partial_allowed(project: Project, before: Mapping[str, LayerState], options: CalibrationSettings,
@@ -134,6 +134,22 @@ def calibrate_layers(model: nn.Module, data: DataSource, project: Project, optio
         warnings=list(dict.fromkeys(result.warnings)), unused=unused + list(result.unused), folded=sorted(folded),
         state_digest=None)
     return result, record
+
+
+def restored_run(project: Project, run: CalibrationRecord | None) -> CalibrationRecord | None:
+    """The calibration ``run`` (the current one before an edit that was then undone) as a new current record: its
+    amax, statistics and output SQNR, under a new id. Only when it describes the project exactly as it is now (its
+    state digest: the same decisions, settings and fine-tune) and is not the current one already; else None (the
+    project's calibration stays as it is, and what it does not describe shows as stale)."""
+    if run is None or run.state_digest is None or project.current_calibration is run:
+        return None
+    if state_digest(dataclasses.replace(project, calibrations=[run])) != run.state_digest:
+        return None
+    copy = dataclasses.replace(run, id=project.next_id(project.calibrations), created=now_iso(),
+                               quantizers={name: dataclasses.replace(r) for name, r in run.quantizers.items()},
+                               warnings=list(run.warnings), unused=list(run.unused))
+    copy.state_digest = state_digest(dataclasses.replace(project, calibrations=[copy]))
+    return copy
 
 
 def _calibrates(quantizer: TensorQuantizer) -> bool:
