@@ -377,12 +377,13 @@ def piecewise_session(job: Any, why_reference: str | None) -> PiecewiseSession |
     staged = job.staged
     streamed = streamed_weights.active() is not None
     too_large = _too_large(staged.path, staged.data_path, why_reference is not None)
+    engine = "onnx's reference evaluator" if why_reference else "onnxruntime"
     if not too_large and not (streamed and STREAMED_BLOCK_BY_BLOCK):
+        job.log.add(BLOCKWISE_NOTE, f"validated as a whole graph on {engine} (its weights fit in memory)")
         return None
     blocks = block_names(job.model)
     evaluator = "reference" if why_reference else "onnxruntime"
     session = PiecewiseSession.open(staged.path, blocks, evaluator) if blocks else None
-    engine = "onnx's reference evaluator" if why_reference else "onnxruntime"
     if session is None:
         why = ("it has no blocks to cut at" if not blocks else
                f"its graph cannot be cut at {blocks[0].rsplit('.', 1)[0]}'s blocks")
