@@ -379,7 +379,8 @@ def piecewise_session(job: Any, why_reference: str | None) -> PiecewiseSession |
     too_large = _too_large(staged.path, staged.data_path, why_reference is not None)
     engine = "onnx's reference evaluator" if why_reference else "onnxruntime"
     if not too_large and not (streamed and STREAMED_BLOCK_BY_BLOCK):
-        job.log.add(BLOCKWISE_NOTE, f"validated as a whole graph on {engine} (its weights fit in memory)")
+        if streamed:  # (an ordinary export's report is as it was: the whole graph, the weights in memory)
+            job.log.add(BLOCKWISE_NOTE, f"validated as a whole graph on {engine} (its weights fit in memory)")
         return None
     blocks = block_names(job.model)
     evaluator = "reference" if why_reference else "onnxruntime"
