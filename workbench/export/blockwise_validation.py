@@ -46,7 +46,7 @@ from workbench.quant.algorithms.block_walk import find_blocks, hidden_of
 
 __all__ = ["Piece", "plan_pieces", "PiecewiseSession", "BlockRow", "block_parity", "block_names", "BEFORE", "AFTER",
            "STREAMED_BLOCK_BY_BLOCK", "BLOCKWISE_NOTE", "BlockwiseValidation", "piecewise_session", "block_rows",
-           "block_diagnosis"]
+           "block_diagnosis", "blocks_kept", "sample_blocks_kept"]
 
 BEFORE = "before the blocks"
 AFTER = "after the blocks"
@@ -306,13 +306,10 @@ class BlockRow:
     parity: OutputParity
 
 
-def block_parity(model: nn.Module, call: Any, inputs: tuple[torch.Tensor, ...], session: PiecewiseSession,
-                 ) -> tuple[list[BlockRow], dict[str, torch.Tensor]]:
-    """Each block's output in PyTorch (``call`` run on ``inputs``, the caller's rounding and paging in force)
-    against the file's for the same inputs (``session.hidden``, from its last run: run it on ``inputs`` first);
-    and PyTorch's outputs by block."""
+@contextlib.contextmanager
+def blocks_kept(model: nn.Module, names: Sequence[str]) -> Iterator[dict[str, torch.Tensor]]:
+    """Within it, each forward of ``model`` keeps the output (hidden state) of each block named in ``names``."""
     modules = dict(model.named_modules())
-    names = [piece.name for piece in session.pieces if piece.name in session.hidden]
     captured: dict[str, torch.Tensor] = {}
     handles = []
     for name in names:
@@ -324,11 +321,34 @@ def block_parity(model: nn.Module, call: Any, inputs: tuple[torch.Tensor, ...], 
             captured[name] = hidden_of(name, output).detach()
         handles.append(module.register_forward_hook(keep))
     try:
-        with torch.no_grad():
-            call(*(t.clone() for t in inputs))
+        yield captured
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextlib.contextmanager
+def sample_blocks_kept(job: Any) -> Iterator[None]:
+    """Around the sample's reference run of a streamed export (the one validated block by block): its blocks'
+    outputs kept in ``job.block_outputs``, so that the per-block rows need no forward of their own."""
+    names = block_names(job.model) if streamed_weights.active() is not None else []
+    if not names:
+        yield
+        return
+    with blocks_kept(job.model, names) as captured:
+        yield
+    job.block_outputs = captured
+
+
+def block_parity(model: nn.Module, call: Any, inputs: tuple[torch.Tensor, ...], session: PiecewiseSession,
+                 captured: dict[str, torch.Tensor] | None = None) -> tuple[list[BlockRow], dict[str, torch.Tensor]]:
+    """Each block's output in PyTorch (``call`` run on ``inputs``, the caller's rounding and paging in force; or
+    ``captured``, the blocks' outputs kept from such a run) against the file's for the same inputs
+    (``session.hidden``, from its last run: run it on ``inputs`` first); and PyTorch's outputs by block."""
+    names = [piece.name for piece in session.pieces if piece.name in session.hidden]
+    if captured is None:
+        with blocks_kept(model, names) as captured, torch.no_grad():
+            call(*(t.clone() for t in inputs))
     rows = []
     for name in names:
         torch_value = captured.get(name)
@@ -402,8 +422,9 @@ def block_rows(job: Any, session: Any, inputs: tuple[torch.Tensor, ...]) -> list
     ``session``), as the report's rows (not in the headline); none for a whole-graph validation."""
     if not isinstance(session, PiecewiseSession) or job.blockwise is None:
         return []
+    kept = job.block_outputs if inputs is job.inputs else None  # the sample's reference run kept them
     with without_cache(job.model), rounding(list(job.active.values()), "onnx"):
-        rows, captured = block_parity(job.model, job.call, inputs, session)
+        rows, captured = block_parity(job.model, job.call, inputs, session, kept)
     job.blockwise.rows, job.blockwise.torch_hidden = rows, captured
     return [ParityCheck.of(f"block {row.block} output (sample inputs)", row.parity, in_headline=False)
             for row in rows]

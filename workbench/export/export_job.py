@@ -77,6 +77,7 @@ class ExportJob:
     checked_inputs: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict)
     # the block-by-block validation's session and findings (workbench.export.blockwise_validation), when it ran
     blockwise: Any = None
+    block_outputs: dict[str, torch.Tensor] | None = None  # the sample's blocks' outputs in PyTorch (the same)
 
 
 @dataclass
