@@ -10,13 +10,18 @@ machine: the 1.1B row peaks at several GiB.
 
     python bench/llm_scale.py [--sizes 0.1B,0.5B,1.1B] [--precision int4w] [--root /tmp/llm_scale]
                               [--steps new,show,set,calibrate,calibrate-sequential,export] [--batches 2]
-                              [--batch-size 4] [--seq 128] [--no-forward] [--repo CHECKOUT]
+                              [--batch-size 4] [--seq|--tokens 128] [--no-forward] [--repo CHECKOUT]
                               [--lazy-open auto|always|never] [--workers 2]
 
 ``plain-export`` is a plain ``torch.onnx.export`` of the float bf16 model (no Q/DQ, weights as external data);
 ``export-int8`` and ``export-int4w`` set that precision and calibrate ``--sequential`` (not measured), then export
 (a lazily opened checkpoint's weights streamed from it, :mod:`workbench.export.streamed_export`); their last column
 also gives the time over the plain export.
+
+The 7B row (13.5 GB of bf16 weights, written once, shard by shard) on a 24 GB machine: a small calibration and no
+whole-model step, ``python bench/llm_scale.py --sizes 7B --batches 1 --batch-size 1 --tokens 32 --no-forward
+--lazy-open auto --steps new,set,calibrate-sequential,export`` (``plain-export`` is skipped with a line saying why
+where the weights exceed half the memory available: ``from_pretrained`` alone holds them all).
 
 ``calibrate-sequential`` is ``calibrate --sequential`` (one block at a time, the same amax; its output SQNR takes
 one more walk over the blocks where the whole-model ``calibrate`` takes two more passes).
@@ -165,6 +170,12 @@ def write_checkpoint(root: Path, name: str, seq: int, rows: int) -> tuple[Path, 
 _SAMPLE_S = 0.1
 
 
+def _available() -> int:
+    """Bytes of memory available now (MemAvailable), for the steps that must hold every weight."""
+    with open("/proc/meminfo") as meminfo:
+        return 1024 * int(next(line for line in meminfo if line.startswith("MemAvailable:")).split()[1])
+
+
 def _vmhwm_bytes(pid: int) -> int:
     """A process's peak RSS so far (VmHWM), 0 when it is gone."""
     try:
@@ -248,7 +259,9 @@ def main() -> None:
                              "the export, measured against plain-export)")
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--seq", "--tokens", dest="seq", type=int, default=128,
+                        help="tokens per sample (--tokens 32 with --batches 1 --batch-size 1: the 7B row's small "
+                             "calibration)")
     parser.add_argument("--no-forward", action="store_true",
                         help="skip the plain bf16 forward (it loads the whole model: a 7B one needs 14+ GiB)")
     parser.add_argument("--repo", type=Path, default=REPO,
@@ -299,6 +312,10 @@ def main() -> None:
         plain = None
         for step in steps:
             if step == "plain-export":
+                if weights > _available() / 2:  # from_pretrained holds the weights, the exporter more than as much
+                    print(f"| {name} | plain torch.onnx.export (skipped: {weights / gib:.1f} GiB of bf16 weights, "
+                          f"{_available() / gib:.1f} GiB available) | | | | | | |", flush=True)
+                    continue
                 plain = json.loads(subprocess.run(
                     [sys.executable, "-c", _PLAIN_EXPORT, str(folder), str(ids), str(root / f"plain-{name}.onnx")],
                     capture_output=True, text=True, env=env, check=True).stdout.strip().splitlines()[-1])

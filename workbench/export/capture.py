@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from workbench.export import streamed_weights
+from workbench.export.blockwise_validation import sample_blocks_kept
 from workbench.export.errors import ExportValidationError, SampleInputError
 from workbench.export.export_job import ExportJob
 from workbench.export.exporters import (
@@ -126,8 +127,9 @@ def reference_outputs(job: ExportJob, inputs: tuple[torch.Tensor, ...]) -> list[
 def run_references(job: ExportJob) -> None:
     """The outputs onnxruntime must match: the sample's, and those of the inputs the dynamic axes and the
     range check use (a model that fails on them keeps those axes static, or skips that check)."""
-    job.reference, job.calls, job.distinct = run_reference(job.call, job.inputs, job.input_names, job.active,
-                                                           job.names, job.params)
+    with sample_blocks_kept(job):  # (a streamed export: its blocks' outputs, for the block-by-block validation)
+        job.reference, job.calls, job.distinct = run_reference(job.call, job.inputs, job.input_names, job.active,
+                                                               job.names, job.params)
     labels, notes = list(job.call.labels), list(job.call.output_notes)
     inputs = job.inputs
     if job.dynamic_batch and inputs[0].dim() > 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -74,6 +75,9 @@ class ExportJob:
     # more inputs parity is checked on (positional, keyword), and their rows' inputs by label (for the diagnosis)
     extra: list[tuple[tuple, dict]] = field(default_factory=list)
     checked_inputs: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    # the block-by-block validation's session and findings (workbench.export.blockwise_validation), when it ran
+    blockwise: Any = None
+    block_outputs: dict[str, torch.Tensor] | None = None  # the sample's blocks' outputs in PyTorch (the same)
 
 
 @dataclass

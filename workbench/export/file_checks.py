@@ -10,6 +10,7 @@ import onnx
 import torch
 
 from workbench.export import streamed_weights
+from workbench.export.blockwise_validation import block_rows, piecewise_session
 from workbench.export.capture import reference_outputs
 from workbench.export.errors import ExportValidationError, SampleInputError, UnrolledSequenceError
 from workbench.export.export_job import ExportJob, ValidationChecks
@@ -73,9 +74,12 @@ def validate(job: ExportJob) -> ValidationChecks:
         # onnxruntime reads the weights the file holds from the model's own tensors (compared with the file)
         # NVFP4 (FP4 types, TensorRT's dynamic FP4 quantizer) has no onnxruntime CPU kernel: onnx's reference evaluator
         why_reference = needs_reference_evaluator(proto) or needs_bfloat16_evaluator(proto)
-        # (a streamed export's weights are on meta: onnxruntime reads the data file)
-        weights = {} if streamed_weights.active() else model_weights(job.model)
-        session = reference_session(tmp_path) if why_reference else ort_session(tmp_path, weights)
+        # a streamed export's (or one too large for memory): piece by piece, each block's weights read in turn
+        session = piecewise_session(job, why_reference)
+        if session is None:
+            # (a streamed export's weights are on meta: onnxruntime reads the data file)
+            weights = {} if streamed_weights.active() else model_weights(job.model)
+            session = reference_session(tmp_path) if why_reference else ort_session(tmp_path, weights)
         ort_outputs = session.run(None, feeds(session, inputs))
     except ExportValidationError:
         raise
@@ -84,6 +88,7 @@ def validate(job: ExportJob) -> ValidationChecks:
                                                    f"{first_line(error)}") from error
     parity = compare(output_names, job.reference, ort_outputs, dict(zip(job.input_names, inputs)))
     rows = [ParityCheck.of("sample inputs", p) for p in parity]
+    rows += block_rows(job, session, inputs)  # each block's output (block-by-block validation only)
     dynamic_check = None
     if job.grown is not None:
         what = f"batch size {job.grown[0].shape[0]}"

@@ -28,6 +28,7 @@ import onnx
 import torch
 from onnx import TensorProto, numpy_helper
 
+from workbench.export.network_dtype import bfloat16_matmul_op
 from workbench.quant.nvfp4 import NVFP4_BLOCK_SIZE, block_axis_of, nvfp4_blocks, nvfp4_global_scale
 
 __all__ = ["NVFP4_WEIGHT_OP", "NVFP4_ACTIVATION_OP", "TRT_DOMAIN", "FP4_DYNAMIC_QUANTIZE", "LOW_PRECISION_TYPES",
@@ -362,7 +363,8 @@ class ReferenceSession:
         model = onnx.load(path)  # external data loads with it
         initializers = {init.name for init in model.graph.initializer}
         self._inputs = [_Input(i.name) for i in model.graph.input if i.name not in initializers]
-        self._evaluator = ReferenceEvaluator(model, new_ops=[fp4_dynamic_quantize_op()])
+        # bf16 GEMMs on float32 BLAS, rounded once (as the block-by-block validation runs them: the same outputs)
+        self._evaluator = ReferenceEvaluator(model, new_ops=[fp4_dynamic_quantize_op(), bfloat16_matmul_op()])
 
     def get_inputs(self) -> list[_Input]:
         return list(self._inputs)

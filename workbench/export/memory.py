@@ -13,9 +13,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import sys
 
-__all__ = ["release_freed_memory"]
+__all__ = ["release_freed_memory", "available_memory"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,3 +40,19 @@ def release_freed_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can give without swapping (``MemAvailable`` of ``/proc/meminfo``; the free
+    pages elsewhere), or None where neither is known."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None

@@ -67,6 +67,7 @@ REPORT_KINDS: dict[str, EntryKind] = {kind.key: kind for kind in (
     EntryKind("static_sequence_unrolled", _W, "the sequence length fixed at the sample's: the graph declaring it "
               "dynamic did not run at another length (a loop over the sequence unrolled when traced)"),
     EntryKind("export_route", _N, "a lazily opened model: streamed from its checkpoint, or every weight read first"),
+    EntryKind("validation_route", _N, "whether the whole graph or its blocks one at a time were validated, and why"),
     EntryKind("fast_path_failed", _N, "the TorchScript fast path's graph failed validation: torch.export took over"),
 )}
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from workbench.export.blockwise_validation import block_diagnosis
 from workbench.export.errors import ExportValidationError, SampleInputError
 from workbench.export.exporters import first_line
 from workbench.export.parity import diagnose
@@ -103,11 +104,14 @@ def not_validated(job: Any, error: ExportValidationError, strict: bool, min_cosi
                                                         if row.check == SAMPLE_ROW)
         other_shape = worst.check.startswith(("batch size", "sequence length"))
         try:
-            with without_cache(job.model):
-                diagnosis = diagnose(job.call, job.proto, job.staged.path.parent, inputs, job.input_names,
-                                     job.output_names, {job.names[k]: q for k, q in job.active.items()},
-                                     worst.check, shape_check=sample_fine and other_shape,
-                                     min_cosine=min_cosine)
+            if job.blockwise is not None:  # validated block by block: the whole graph is not loaded to diagnose
+                diagnosis = block_diagnosis(job, worst.check, inputs, min_cosine, worst)
+            else:
+                with without_cache(job.model):
+                    diagnosis = diagnose(job.call, job.proto, job.staged.path.parent, inputs, job.input_names,
+                                         job.output_names, {job.names[k]: q for k, q in job.active.items()},
+                                         worst.check, shape_check=sample_fine and other_shape,
+                                         min_cosine=min_cosine)
         except Exception as failure:  # noqa: BLE001 - the diagnosis explains; it never hides the parity error
             logger.debug("parity diagnosis failed", exc_info=True)
             job.log.add("parity_not_diagnosed", f"the parity failure could not be diagnosed: "

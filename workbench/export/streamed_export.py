@@ -7,9 +7,9 @@
   real tensors), the graph is the one an eager export writes;
 * every initializer is read from the checkpoint, quantized (an INT4 weight's values, two a byte once packed; an
   FP8 weight's E4M3 values) and written to the external data file one tensor at a time;
-* the fake-quant forwards (references, parity) page the weights in about one block at a time; onnxruntime validates
-  the whole graph reading the data file (a model whose file does not fit in memory cannot be validated so: see the
-  README's note on large models).
+* the fake-quant forwards (references, parity) page the weights in about one block at a time; the file is validated
+  block by block (:mod:`workbench.export.blockwise_validation`: one piece of the graph at a time, each reading only
+  its own weights from the data file), with the whole graph's outputs.
 
 :func:`export_lazily_opened` is what the Session's export job calls: the streamed route where it applies, today's
 (every weight read first) where it does not, and the report says which was taken and why.

@@ -16,7 +16,8 @@ export's steps ask this module where weights come from:
   The optimizer therefore folds exactly what it folds in an eager export (small weights' casts, read and folded in
   memory; weights over its 8192-element limit stay initializers), and ``onnx_ir.save`` writes the initializers to
   the external data file one at a time: each weight is read, quantized and packed as it is written.
-* Validation gives onnxruntime no weights from the model's tensors (they are on meta): it reads the data file.
+* Validation takes no weights from the model's tensors (they are on meta): it runs the file block by block, each
+  piece's weights read from the data file (:mod:`workbench.export.blockwise_validation`).
 """
 from __future__ import annotations
 
