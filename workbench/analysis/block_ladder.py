@@ -37,24 +37,32 @@ from workbench.quant.algorithms.snapshot import ModelSnapshot
 __all__ = ["block_ladder_search", "RungLevels"]
 
 
+AS_SET = -1  # the level of a unit the ladder does not search (a pin, custom descriptors): as the model has it
+
+
 class RungLevels:
     """A ladder's rungs as the block search's levels: ``level`` indexes the ladder; a unit takes the rungs from its
-    first available one up that it has quantizers for."""
+    first available one up that it has quantizers for. A unit not searched has the one level :data:`AS_SET`: its
+    noise is costed (it is part of every mix's) but it is never moved."""
 
     def __init__(self, mix: RungMix, first: Mapping[str, int]) -> None:
         self.mix, self.first = mix, first
 
     def rungs(self, unit: Unit) -> list[int]:
-        return [level for level in range(self.first[unit.name], len(self.mix.ladder)) if self.mix.available(unit, level)]
+        if unit.name not in self.first:
+            return [AS_SET]
+        return [level for level in range(self.first[unit.name], len(self.mix.ladder))
+                if self.mix.available(unit, level)]
 
     def set(self, unit: Unit, level: int) -> None:
-        self.mix.set(unit, level)
+        if level != AS_SET:
+            self.mix.set(unit, level)
 
     def is_float(self, level: int) -> bool:
-        return self.mix.ladder[level] is Precision.FLOAT
+        return level != AS_SET and self.mix.ladder[level] is Precision.FLOAT
 
     def label(self, level: int) -> str:
-        return self.mix.ladder[level].value
+        return "as set" if level == AS_SET else self.mix.ladder[level].value
 
 
 def _layers(unit: Unit) -> set[str]:
@@ -128,17 +136,24 @@ def block_ladder_search(model: nn.Module, batches: Iterable, *, ladder: Sequence
                   for unit in searched for level in range(len(rungs))
                   if level >= first[unit.name] and state.available(unit, level)}
     levels = RungLevels(state, first)
+    # the units not searched are walked too: their noise is in every mix's, so the predictions count it
+    fixed = [unit for unit in everyone if unit.name not in first]
+    walked = searched + fixed
+    start_levels = {**first, **{unit.name: AS_SET for unit in fixed}}
+
+    def size(unit: Unit, level: int) -> float:
+        return 0.0 if level == AS_SET else float(unit_bytes[(unit.name, level)])
+
     try:
         with ModelSnapshot(model):
-            costs = cost_walk(model, blocks, batch_list, searched, levels, first, options)
+            costs = cost_walk(model, blocks, batch_list, walked, levels, start_levels, options)
             start = ratio_db(costs.start_ratio)
             goal = resolve_goal(tolerance=tolerance, target=target, fp32=math.inf, quantized=start,
                                 higher_is_better=True, metric_name="output SQNR")
             goal_db = goal.target
             choice, measured, notes = choose_and_check(
-                model, blocks, batch_list, searched, levels, first, costs, options,
-                target_ratio=None if goal_db is None else db_ratio(goal_db),
-                size=lambda unit, level: float(unit_bytes[(unit.name, level)]),
+                model, blocks, batch_list, walked, levels, start_levels, costs, options,
+                target_ratio=None if goal_db is None else db_ratio(goal_db), size=size,
                 budget_size=None if budget_bytes is None else float(budget_bytes - start_bytes))
     except AnalysisCancelled as cancelled:
         cancelled.partial = None

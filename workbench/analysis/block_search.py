@@ -36,7 +36,6 @@ The curve's first and last points are measured end to end; the points between ar
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field

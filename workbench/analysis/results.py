@@ -260,7 +260,8 @@ class FallbackResult:
         state = "reached" if self.reached else "not reached"
         return (f"fallback search ({goal}) {state} with {len(self.chosen)} unit(s) in float "
                 f"[{', '.join(self.chosen_names)}]: {self.final_value:.4g} (FP32 {self.fp32:.4g}, "
-                f"all quantized {self.quantized:.4g})" + (f"; measured block by block ({self.walk})" if self.walk else ""))
+                f"all quantized {self.quantized:.4g})"
+                + (f"; measured block by block ({self.walk})" if self.walk else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data."""
