@@ -284,6 +284,7 @@ def main() -> None:
                   f"{forward['peak_kib'] * 1024 / weights:.2f} | 1.00 |", flush=True)
         project = root / f"llama-{name}.qwb"
         output = root / f"llama-{name}-{args.precision}.onnx"
+        ladder = args.ladder or f"{args.precision},float"
         commands = {"new": ["new", project, "--model", f"hf:{folder}", "--data", ids, "--batch-size",
                             args.batch_size, "--num-batches", args.batches, "--output-key", "logits", "--force"],
                     "show": ["show", project],
@@ -309,7 +310,6 @@ def main() -> None:
                     "ladder-sequential": ["sensitivity", project, "--sequential", "--ladder", ladder, "--tolerance",
                                           "3", "--revisit-pins"]}
         plain = None
-        ladder = args.ladder or f"{args.precision},float"
         for step in steps:
             if step == "plain-export":
                 plain = json.loads(subprocess.run(

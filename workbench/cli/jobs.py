@@ -178,7 +178,7 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
                 if args.apply:
                     applied = session.apply_ladder(fallback)
                     if any(p not in ("float", "custom") for p in fallback.precisions.values()):
-                        session.calibrate()  # the new precisions' ranges
+                        session.calibrate(sequential=args.sequential or None)  # the new precisions' ranges
             elif tolerance is not None or target is not None:
                 fallback = session.fallback(tolerance=tolerance, target=target, max_units=args.max_units,
                                             metric=metric, apply=args.apply, progress=progress,

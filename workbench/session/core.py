@@ -497,7 +497,8 @@ class Session(SessionEdits):
         if apply:
             self.apply_ladder(result)
             if any(p not in ("float", "custom") for p in result.precisions.values()):
-                self.calibrate()  # the new precisions' ranges (an all-float mix has none to calibrate)
+                # the new precisions' ranges (an all-float mix has none to calibrate), block by block when searched so
+                self.calibrate(sequential=sequential or None)
             result.applied = True
         self._changed(SessionEvent.FALLBACK, applied=apply)
         return result
