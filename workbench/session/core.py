@@ -487,12 +487,16 @@ class Session(SessionEdits):
                                         progress=progress, cancel=cancel, **self._rung_building(sequential))
         flow = None if sequential else ladder_job.data_flow(model, self.project.layers, self._example_inputs(),
                                                             self.device)
-        result, record = analysis.blocks_refused(lambda: ladder_job.search(
-            model, self._analysis_batches(), metric if metric is not None else self.metric(), self.project,
-            rungs=rungs, own=own, plans=plans, models=models,
-            ranking=self.latest_sensitivity() if use_ranking else None, target=target, tolerance=tolerance,
-            budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel, pins=pins,
-            flow=flow, on_partial=on_partial, walk=self._walk_options(progress, cancel) if sequential else None))
+        def search() -> Any:
+            return ladder_job.search(
+                model, self._analysis_batches(), metric if metric is not None else self.metric(), self.project,
+                rungs=rungs, own=own, plans=plans, models=models,
+                ranking=self.latest_sensitivity() if use_ranking else None, target=target, tolerance=tolerance,
+                budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel, pins=pins,
+                flow=flow, on_partial=on_partial, walk=self._walk_options(progress, cancel) if sequential else None)
+
+        # a model without repeated blocks is refused by name; the whole-model search's errors stay as they were
+        result, record = analysis.blocks_refused(search) if sequential else search()
         self.project.fallbacks.append(record)
         if apply:
             self.apply_ladder(result)
