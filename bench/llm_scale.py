@@ -25,7 +25,7 @@ one more walk over the blocks where the whole-model ``calibrate`` takes two more
 the calibration walks the blocks; ``calibrate-awq`` and ``calibrate-awq-sequential`` likewise with ``--awq on``
 (``--precision int4w``). ``--lazy-open always`` opens checkpoints under 512 MiB (the 0.1B one) lazily too, as
 larger ones open by default, so that a sequential step reads each block's weights when it runs.
-``fallback``/``fallback-sequential`` and ``ladder``/``ladder-sequential`` (``--ladder``, default PRECISION,float)
+``fallback``/``fallback-sequential`` and ``ladder``/``ladder-sequential`` (``--ladder``, default int8,fp8,float)
 search the calibrated project for the output SQNR 3 dB above the start, by whole-model passes (after a one-off
 ranking) or one block at a time (:mod:`workbench.analysis.block_search`); run them after a ``calibrate*`` step.
 ``calibrate-workers`` and ``calibrate-sequential-workers`` are ``calibrate`` and ``calibrate-sequential`` with
@@ -259,7 +259,8 @@ def main() -> None:
     parser.add_argument("--lazy-open", choices=("auto", "always", "never"), default="auto",
                         help="WORKBENCH_LAZY_OPEN for the workbench steps")
     parser.add_argument("--workers", type=int, default=2, help="processes of the calibrate-*workers steps")
-    parser.add_argument("--ladder", help="the ladder of the ladder steps (default: PRECISION,float)")
+    parser.add_argument("--ladder", help="the ladder of the ladder steps (default: int8,fp8,float for --precision "
+                                         "int8, else PRECISION,int8,float)")
     args = parser.parse_args()
     os.environ["WORKBENCH_LAZY_OPEN"] = args.lazy_open
     root = Path(args.root)
@@ -284,7 +285,8 @@ def main() -> None:
                   f"{forward['peak_kib'] * 1024 / weights:.2f} | 1.00 |", flush=True)
         project = root / f"llama-{name}.qwb"
         output = root / f"llama-{name}-{args.precision}.onnx"
-        ladder = args.ladder or f"{args.precision},float"
+        # a ladder of two rungs, PRECISION,float, would be the fallback search again
+        ladder = args.ladder or ("int8,fp8,float" if args.precision == "int8" else f"{args.precision},int8,float")
         commands = {"new": ["new", project, "--model", f"hf:{folder}", "--data", ids, "--batch-size",
                             args.batch_size, "--num-batches", args.batches, "--output-key", "logits", "--force"],
                     "show": ["show", project],
