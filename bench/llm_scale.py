@@ -30,6 +30,9 @@ one more walk over the blocks where the whole-model ``calibrate`` takes two more
 the calibration walks the blocks; ``calibrate-awq`` and ``calibrate-awq-sequential`` likewise with ``--awq on``
 (``--precision int4w``). ``--lazy-open always`` opens checkpoints under 512 MiB (the 0.1B one) lazily too, as
 larger ones open by default, so that a sequential step reads each block's weights when it runs.
+``fallback``/``fallback-sequential`` and ``ladder``/``ladder-sequential`` (``--ladder``, default int8,fp8,float)
+search the calibrated project for the output SQNR 3 dB above the start, by whole-model passes (after a one-off
+ranking) or one block at a time (:mod:`workbench.analysis.block_search`); run them after a ``calibrate*`` step.
 ``calibrate-workers`` and ``calibrate-sequential-workers`` are ``calibrate`` and ``calibrate-sequential`` with
 ``--workers N`` (issue 37 point 5). Every ``calibrate*`` step is also sampled from outside (psutil, every 0.1 s): per
 process (the command, and each worker it starts) the peak RSS, USS (memory only that process holds) and PSS (its
@@ -269,6 +272,8 @@ def main() -> None:
     parser.add_argument("--lazy-open", choices=("auto", "always", "never"), default="auto",
                         help="WORKBENCH_LAZY_OPEN for the workbench steps")
     parser.add_argument("--workers", type=int, default=2, help="processes of the calibrate-*workers steps")
+    parser.add_argument("--ladder", help="the ladder of the ladder steps (default: int8,fp8,float for --precision "
+                                         "int8, else PRECISION,int8,float)")
     args = parser.parse_args()
     os.environ["WORKBENCH_LAZY_OPEN"] = args.lazy_open
     root = Path(args.root)
@@ -293,6 +298,8 @@ def main() -> None:
                   f"{forward['peak_kib'] * 1024 / weights:.2f} | 1.00 |", flush=True)
         project = root / f"llama-{name}.qwb"
         output = root / f"llama-{name}-{args.precision}.onnx"
+        # a ladder of two rungs, PRECISION,float, would be the fallback search again
+        ladder = args.ladder or ("int8,fp8,float" if args.precision == "int8" else f"{args.precision},int8,float")
         commands = {"new": ["new", project, "--model", f"hf:{folder}", "--data", ids, "--batch-size",
                             args.batch_size, "--num-batches", args.batches, "--output-key", "logits", "--force"],
                     "show": ["show", project],
@@ -308,7 +315,15 @@ def main() -> None:
                     "calibrate-workers": ["calibrate", project, "--method", "max", "--workers", args.workers],
                     "calibrate-sequential-workers": ["calibrate", project, "--method", "max", "--sequential",
                                                      "--workers", args.workers],
-                    "export": ["export", project, "-o", output, "--force"]}
+                    "export": ["export", project, "-o", output, "--force"],
+                    # the searches (issue 37 point 3), from the calibrated project, for the output SQNR 3 dB above
+                    # the start: whole-model passes (a one-off ranking first), or one block at a time
+                    "fallback": ["sensitivity", project, "--metric", "sqnr", "--tolerance", "3"],
+                    "fallback-sequential": ["sensitivity", project, "--sequential", "--tolerance", "3"],
+                    "ladder": ["sensitivity", project, "--metric", "sqnr", "--ladder", ladder, "--tolerance", "3",
+                               "--revisit-pins"],
+                    "ladder-sequential": ["sensitivity", project, "--sequential", "--ladder", ladder, "--tolerance",
+                                          "3", "--revisit-pins"]}
         plain = None
         for step in steps:
             if step == "plain-export":
@@ -343,7 +358,9 @@ def main() -> None:
             peak = result["peak_kib"] * 1024
             if step.endswith("-workers"):  # its largest rank (the command itself only launches them)
                 peak = max([process["rss"] for process in processes[1:]], default=peak)
-            tail = f" (failed: {result['error']})" if result["code"] else ""
+            # a search that misses its goal exits 3 with its result saved: a measured row
+            missed = result["code"] == 3 and step.startswith(("fallback", "ladder"))
+            tail = " (goal not reached)" if missed else f" (failed: {result['error']})" if result["code"] else ""
             versus = f" ({wall / plain['wall_s']:.2f} of plain export)" if plain and "export" in step else ""
             print(f"| {name} | {step}{tail} | {wall:.1f} | {result['process_s']:.1f} | "
                   f"{result.get('cpu_s', float('nan')):.1f} | {peak / gib:.2f} | "

@@ -53,7 +53,7 @@ from workbench.quant.algorithms.snapshot import ModelSnapshot
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
 __all__ = ["LadderStep", "LadderResult", "ladder_search", "parse_ladder", "DEFAULT_LADDER", "LADDER_FORMAT",
-           "RungSource", "LADDER_PRESETS", "ladder_text"]
+           "RungSource", "LADDER_PRESETS", "ladder_text", "RungMix"]
 
 LADDER_FORMAT = "workbench.ladder/1"
 DEFAULT_LADDER = (Precision.INT8, Precision.FLOAT)  # today's fallback search
@@ -134,6 +134,7 @@ class LadderResult:
     applied: bool = False
     wall_time_s: float = 0.0
     complete: bool = True
+    walk: str = ""  # how it measured when not by whole-model passes (block_search: "blocks: ..."); "": whole model
 
     @property
     def promoted(self) -> dict[str, str]:
@@ -159,7 +160,8 @@ class LadderResult:
         ratio = self.weight_bytes / self.float_bytes if self.float_bytes else math.nan
         return (f"ladder {'/'.join(self.ladder)} ({goal}) {'reached' if self.reached else 'not reached'}: "
                 f"{self.value:.4g} (FP32 {self.fp32:.4g}, all {self.ladder[0]} {self.start:.4g}); layers: {mix}; "
-                f"weights {self.weight_bytes} bytes = {ratio:.1%} of float")
+                f"weights {self.weight_bytes} bytes = {ratio:.1%} of float"
+                + (f"; measured block by block ({self.walk})" if self.walk else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": LADDER_FORMAT, "metric": dict(self.metric), "ladder": list(self.ladder),
@@ -170,7 +172,7 @@ class LadderResult:
                 "tolerance": self.tolerance, "budget_bytes": self.budget_bytes,
                 "sensitivity": None if self.sensitivity is None else self.sensitivity.to_dict(),
                 "notes": list(self.notes), "applied": self.applied, "wall_time_s": self.wall_time_s,
-                "complete": self.complete}
+                "complete": self.complete, **({"walk": self.walk} if self.walk else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LadderResult:
@@ -191,10 +193,11 @@ class LadderResult:
                    tolerance=data.get("tolerance"), budget_bytes=data.get("budget_bytes"),
                    sensitivity=None if sensitivity is None else SensitivityResult.from_dict(sensitivity),
                    notes=list(data.get("notes") or []), applied=bool(data.get("applied")),
-                   wall_time_s=float(data.get("wall_time_s", 0.0)), complete=bool(data.get("complete", True)))
+                   wall_time_s=float(data.get("wall_time_s", 0.0)), complete=bool(data.get("complete", True)),
+                   walk=str(data.get("walk") or ""))
 
 
-class _Mix:
+class RungMix:
     """Which quantizer objects run each unit on each rung; switching a unit swaps them into the model."""
 
     def __init__(self, model: nn.Module, units: list[Unit], ladder: list[Precision], rung_of: RungSource,
@@ -314,7 +317,7 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
     profile: SensitivityResult | None = None
     fp32 = start = math.nan
     order: list[Unit] = []
-    state: _Mix | None = None
+    state: RungMix | None = None
     skipped: list[str] = []
     held: list[str] = []  # units of pinned layers
     pinned = set(pins)
@@ -400,7 +403,7 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
 
                 order = units_from_names(model, [Unit(u.name, tuple(u.quantizers)) for u in ranking.ranked()])
             evaluator.configure("quantized")
-            state = _Mix(model, order, rungs, rung_of, precisions)
+            state = RungMix(model, order, rungs, rung_of, precisions)
             for unit in order:  # every unit on its cheapest available rung
                 layers = {layer_of_quantizer(q)[0] for q in unit.quantizers}
                 level = state.first_level(unit)
@@ -471,7 +474,7 @@ def ladder_search(model: nn.Module, batches: Iterable, metric: Metric | str, *, 
     return outcome
 
 
-def _fusion_moves(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: list[LadderStep],
+def _fusion_moves(state: RungMix, order: list[Unit], evaluator: Evaluator, steps: list[LadderStep],
                   holds: Callable[[float], bool], current_mix, mix_bytes, budget: int | None,
                   neighbours: Mapping[str, tuple[set[str], set[str]]], gemms: set[str],
                   seen: Callable[[float], None]) -> list[str]:
@@ -527,7 +530,7 @@ def _fusion_moves(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: l
             notes.append(f"{why}: in {precision.value} the goal is missed ({value:.4g}), so it stays")
 
 
-def _climb(state: _Mix, order: list[Unit], evaluator: Evaluator, steps: list[LadderStep], within, better,
+def _climb(state: RungMix, order: list[Unit], evaluator: Evaluator, steps: list[LadderStep], within, better,
            current_mix, mix_bytes, budget: int | None, progress, done: int, total: int, *, stop: bool,
            seen: Callable[[float], None]) -> None:
     """One pass per rung above the first, cheapest first: in each, the units in ranking order (most sensitive

@@ -223,6 +223,8 @@ class FallbackResult:
         applied: whether the chosen units were switched to float on the model.
         wall_time_s: how long the search took (ranking included).
         complete: False for the partial result of a cancelled search.
+        walk: how the search measured when not by whole-model passes (``"blocks: 2 LlamaDecoderLayer blocks in
+            model.layers"``: block by block, :mod:`workbench.analysis.block_search`); "" for whole-model passes.
     """
 
     metric: dict[str, Any]
@@ -239,6 +241,7 @@ class FallbackResult:
     wall_time_s: float = 0.0
     complete: bool = True
     notes: list[str] = field(default_factory=list)
+    walk: str = ""
 
     @property
     def chosen_names(self) -> list[str]:
@@ -257,7 +260,8 @@ class FallbackResult:
         state = "reached" if self.reached else "not reached"
         return (f"fallback search ({goal}) {state} with {len(self.chosen)} unit(s) in float "
                 f"[{', '.join(self.chosen_names)}]: {self.final_value:.4g} (FP32 {self.fp32:.4g}, "
-                f"all quantized {self.quantized:.4g})")
+                f"all quantized {self.quantized:.4g})"
+                + (f"; measured block by block ({self.walk})" if self.walk else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data."""
@@ -267,7 +271,7 @@ class FallbackResult:
                 "reached": self.reached, "ranking": list(self.ranking),
                 "sensitivity": None if self.sensitivity is None else self.sensitivity.to_dict(),
                 "applied": self.applied, "wall_time_s": self.wall_time_s, "complete": self.complete,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), **({"walk": self.walk} if self.walk else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FallbackResult:
@@ -285,4 +289,5 @@ class FallbackResult:
                    ranking=[str(n) for n in data["ranking"]],
                    sensitivity=None if sensitivity is None else SensitivityResult.from_dict(sensitivity),
                    applied=bool(data.get("applied", False)), wall_time_s=float(data.get("wall_time_s", 0.0)),
-                   complete=bool(data.get("complete", True)), notes=[str(n) for n in data.get("notes", [])])
+                   complete=bool(data.get("complete", True)), notes=[str(n) for n in data.get("notes", [])],
+                   walk=str(data.get("walk") or ""))

@@ -167,19 +167,22 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
                                 quantized=result.quantized, higher_is_better=result.higher_is_better,
                                 metric_name=result.metric_name)
             tolerance, target, goal_note = goal.tolerance, goal.target, goal.note or None
+            if args.sequential:  # the block searches count a tolerance from the output SQNR they measure (a note)
+                tolerance, target, goal_note = args.tolerance, args.target, None
             budget = _budget_option(args, session)
             if ladder is not None or budget is not None:
                 fallback = session.ladder(ladder or "int8,float", target=target, tolerance=tolerance,
                                           budget_bytes=budget, metric=metric, progress=progress,
-                                          cancel=progress.cancel, revisit_pins=args.revisit_pins)
+                                          cancel=progress.cancel, revisit_pins=args.revisit_pins,
+                                          sequential=args.sequential)
                 if args.apply:
                     applied = session.apply_ladder(fallback)
                     if any(p not in ("float", "custom") for p in fallback.precisions.values()):
-                        session.calibrate()  # the new precisions' ranges
+                        session.calibrate(sequential=args.sequential or None)  # the new precisions' ranges
             elif tolerance is not None or target is not None:
                 fallback = session.fallback(tolerance=tolerance, target=target, max_units=args.max_units,
                                             metric=metric, apply=args.apply, progress=progress,
-                                            cancel=progress.cancel, context=context)
+                                            cancel=progress.cancel, context=context, sequential=args.sequential)
     if not context.is_main:  # rank 0 writes the project and reports for the job
         return EXIT_OK
     session.save()
@@ -214,6 +217,8 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
             data["fallback"]["goal_note"] = goal_note
             lines.append(goal_note)
         lines.append(fallback.summary())
+        if fallback.walk:  # block by block: which points were measured, and the checking walks
+            lines += [f"note: {note}" for note in fallback.notes]
         if args.apply:
             lines.append("applied: the chosen layers are left in float in the project")
     emit(args, data, "\n".join(lines))
@@ -441,7 +446,10 @@ def _sensitivity_options(sens: argparse.ArgumentParser) -> None:
     sens.add_argument("--num-batches", type=int, help="evaluation batches to use")
     sens.add_argument("--sequential", action="store_true",
                       help="one decoder block at a time (only that block's weights resident): each layer's SQNR at "
-                           "its block's output with it alone quantized, instead of whole-model passes; no --metric")
+                           "its block's output with it alone quantized, instead of whole-model passes; no --metric. "
+                           "With a goal (--tolerance, --target, --ladder, --budget-*), the fallback or ladder search "
+                           "is block by block too: each layer's noise on each rung costed at its block's output, one "
+                           "global choice for the model output's SQNR, checked end to end")
     sens.add_argument("--top", type=int, default=10, help="how many layers to print")
     sens.add_argument("--tolerance", type=float, help="fallback search: get within this of FP32 (for SQNR, whose "
                                                       "FP32 value is infinite: this many dB above all-INT8)")

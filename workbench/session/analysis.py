@@ -7,8 +7,9 @@ front ends). :mod:`workbench.analysis` is imported when a job runs.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -18,9 +19,13 @@ from workbench.project.model import now_iso
 from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import DistContext
 from workbench.session.build import layer_of
+from workbench.session.errors import SessionError
 from workbench.sources.data_source import DataSource
 
+T = TypeVar("T")
+
 __all__ = ["resolve_metric", "analysis_batches", "sensitivity", "block_sensitivity", "latest_sensitivity", "fallback",
+           "block_fallback", "walk_options", "refuse_for_blocks", "blocks_refused",
            "fallback_layers", "is_latest_fallback", "layers_of", "latest_fallback", "latest_ladder", "evaluate"]
 
 
@@ -98,6 +103,49 @@ def fallback(model: nn.Module, batches: list, metric: Any, project: Project, *, 
                              ranking=ranking, apply=False, progress=progress, cancel=cancel, output=output,
                              context=context, layer_order=list(project.layers), precisions=mix, neighbours=flow,
                              gemms=gemm_layers(model, project.layers), on_partial=on_partial)
+    return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
+
+
+def refuse_for_blocks(what: str, metric: Any, context: DistContext | None) -> None:
+    """Refuse what a search one block at a time cannot take: a metric (it measures the output SQNR), ranks."""
+    if metric is not None:
+        raise SessionError(f"{what} one block at a time measures the model output's SQNR, block by block; it takes "
+                           "no metric: search without --sequential to use one.")
+    if context is not None and context.distributed:
+        raise SessionError(f"{what} one block at a time runs in one process (it walks the blocks in order): search "
+                           "without --workers, or without --sequential.")
+
+
+def blocks_refused(job: Callable[[], T]) -> T:
+    """``job()``, with a model without repeated blocks (a ValueError naming why) refused as a SessionError."""
+    try:
+        return job()
+    except ValueError as error:
+        raise SessionError(str(error)) from None
+
+
+def walk_options(*, residency: Any, device: torch.device | None, output: Any,
+                 progress: ProgressCallback | None, cancel: CancelToken | None):
+    """What a search one block at a time walks with (:class:`~workbench.analysis.block_search.WalkOptions`)."""
+    from workbench.analysis.block_search import WalkOptions
+
+    return WalkOptions(residency=residency, device=device, output=output, progress=progress, cancel=cancel)
+
+
+def block_fallback(model: nn.Module, batches: list, project: Project, *, tolerance: float | None = None,
+                   target: float | None = None, max_units: int | None = None, ranking: Any = None,
+                   walk: Any = None) -> tuple[Any, FallbackRecord]:
+    """The fallback search one block at a time (:func:`workbench.analysis.block_fallback.block_fallback_search`:
+    the model output's SQNR, each unit's cost at its block's output, ``walk`` its residency and device); over the
+    units of ``ranking`` when given. Returns the search and its record."""
+    from workbench.analysis.block_fallback import block_fallback_search
+    from workbench.analysis.fallback import units_from_names
+    from workbench.analysis.units import Unit
+
+    candidates = None if ranking is None else units_from_names(
+        model, [Unit(u.name, tuple(u.quantizers)) for u in ranking.units])
+    result = block_fallback_search(model, batches, tolerance=tolerance, target=target, max_units=max_units,
+                                   candidates=candidates, options=walk)
     return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
 
 

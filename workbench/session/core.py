@@ -34,6 +34,7 @@ from workbench.project.settings import DEFAULT_SETTINGS, ProjectSettings
 from workbench.quant.algorithms.calibrate import CalibrationResult, CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import DistContext
 from workbench.quant.algorithms.precision import mix_label
+from workbench.quant.algorithms.residency import WithDerivedWeights
 from workbench.session import (
     analysis,
     calibration,
@@ -49,7 +50,7 @@ from workbench.session import (
     weights,
 )
 from workbench.session import ladder as ladder_job
-from workbench.session.build import BuildReport, quantizable
+from workbench.session.build import BuildReport, build_quantized, quantizable
 from workbench.session.edits import SessionEdits
 from workbench.session.errors import SessionError
 from workbench.session.events import EventEmitter, SessionEvent
@@ -386,10 +387,30 @@ class Session(SessionEdits):
         self._changed(SessionEvent.SENSITIVITY)
         return result
 
+    def _walk_options(self, progress: ProgressCallback | None, cancel: CancelToken | None) -> Any:
+        return analysis.walk_options(residency=self._block_residency(), device=self.device,
+                                     output=self.settings.output, progress=progress, cancel=cancel)
+
+    def _rung_building(self, sequential: bool) -> dict[str, Any]:
+        """How the ladder's rung models are built and calibrated: as the quantized model is (a lazily opened model
+        on shapes), and one block at a time when ``sequential``."""
+        if not sequential:
+            return {}
+        base, folding = self._fold_base()
+
+        def build(variant: Project) -> Any:
+            return self._sample_run(lambda inputs: build_quantized(base, variant, self.device, folding=folding,
+                                                                   example_inputs=inputs, settings=self.settings),
+                                    self._example_inputs(), "building a rung's model")
+
+        return {"build": build,
+                "residency_of": lambda built: WithDerivedWeights(self._loaded.residency, built.report.derived_weights)}
+
     def fallback(self, *, tolerance: float | None = None, target: float | None = None, max_units: int | None = None,
                  metric: Any = None, apply: bool = False, use_ranking: bool = True,
                  progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-                 context: DistContext | None = None, on_partial: Callable[[Any], None] | None = None):
+                 context: DistContext | None = None, on_partial: Callable[[Any], None] | None = None,
+                 sequential: bool = False):
         """Search which layers to leave in float to get within ``tolerance`` of FP32 (or reach ``target``).
 
         Args:
@@ -401,18 +422,30 @@ class Session(SessionEdits):
             use_ranking: follow the latest sensitivity ranking (else one is computed first).
             progress, cancel, context: as for :meth:`sensitivity`.
             on_partial: called (in the job's thread) with the search so far after each measurement, for a chart.
+            sequential: one block at a time, each block's weights read when it runs: the model output's SQNR as
+                the metric, each layer's cost at its block's output, one global choice checked end to end
+                (:mod:`workbench.analysis.block_fallback`); takes no metric and no ``context``.
         Returns:
             The :class:`~workbench.analysis.FallbackResult`, appended to the project's fallback searches.
         """
-        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
+        if sequential:
+            analysis.refuse_for_blocks("The fallback search", metric, context)
+        else:
+            self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         context = self._join(context)
         model = self._require_calibrated()
         ranking = self.latest_sensitivity() if use_ranking else None
         batches = self._analysis_batches()
-        result, record = analysis.fallback(model, batches, metric if metric is not None else self.metric(),
-                                           self.project, tolerance=tolerance, target=target, max_units=max_units,
-                                           ranking=ranking, output=self.settings.output, progress=progress,
-                                           cancel=cancel, context=context, on_partial=on_partial)
+        if sequential:
+            result, record = analysis.blocks_refused(lambda: analysis.block_fallback(
+                model, batches, self.project, tolerance=tolerance, target=target, max_units=max_units,
+                ranking=ranking, walk=self._walk_options(progress, cancel)))
+        else:
+            result, record = analysis.fallback(model, batches, metric if metric is not None else self.metric(),
+                                               self.project, tolerance=tolerance, target=target,
+                                               max_units=max_units, ranking=ranking, output=self.settings.output,
+                                               progress=progress, cancel=cancel, context=context,
+                                               on_partial=on_partial)
         self.project.fallbacks.append(record)
         if apply:
             self.apply_fallback(result)
@@ -423,7 +456,8 @@ class Session(SessionEdits):
     def ladder(self, ladder: Any, *, target: float | None = None, tolerance: float | None = None,
                budget_bytes: int | None = None, metric: Any = None, apply: bool = False, use_ranking: bool = True,
                revisit_pins: bool = False, progress: ProgressCallback | None = None,
-               cancel: CancelToken | None = None, on_partial: Callable[[Any], None] | None = None):
+               cancel: CancelToken | None = None, on_partial: Callable[[Any], None] | None = None,
+               sequential: bool = False):
         """Search a precision per layer from ``ladder`` (``"int8,fp8,float"``, cheapest first) for a goal:
         ``target``/``tolerance`` (the cheapest mix that reaches it) or ``budget_bytes`` (the best metric whose
         weights fit). The result (a :class:`~workbench.analysis.ladder.LadderResult`) is appended to the
@@ -433,8 +467,15 @@ class Session(SessionEdits):
         are, unless ``revisit_pins``. Each rung the layers do not run in yet gets a model calibrated in it (one
         calibration pass per rung, counted by ``progress``); the fusion clean-up reads the layers' data flow on one
         sample. ``on_partial`` is called with the search so far after each measurement (for a chart).
+
+        ``sequential``: one block at a time, each block's weights read when it runs (the rungs' models calibrated
+        so too): the model output's SQNR as the metric, each layer's cost on each rung at its block's output, one
+        global choice checked end to end (:mod:`workbench.analysis.block_ladder`); takes no metric.
         """
-        self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
+        if sequential:
+            analysis.refuse_for_blocks("The ladder search", metric, None)
+        else:
+            self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         rungs = ladder_job.parse_rungs(ladder)
         model = self._require_calibrated()
         own = self.precisions()
@@ -445,19 +486,25 @@ class Session(SessionEdits):
         base, folding = self._fold_base()
         models = ladder_job.rung_models(self.project, base, folding, self.device, self.settings, plans,
                                         self.data("calibration").batches(count), example_inputs=self._example_inputs(),
-                                        progress=progress, cancel=cancel)
-        flow = ladder_job.data_flow(model, self.project.layers, self._example_inputs(), self.device)
-        result, record = ladder_job.search(
-            model, self._analysis_batches(), metric if metric is not None else self.metric(), self.project,
-            rungs=rungs, own=own, plans=plans, models=models,
-            ranking=self.latest_sensitivity() if use_ranking else None, target=target, tolerance=tolerance,
-            budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel, pins=pins,
-            flow=flow, on_partial=on_partial)
+                                        progress=progress, cancel=cancel, **self._rung_building(sequential))
+        flow = None if sequential else ladder_job.data_flow(model, self.project.layers, self._example_inputs(),
+                                                            self.device)
+        def search() -> Any:
+            return ladder_job.search(
+                model, self._analysis_batches(), metric if metric is not None else self.metric(), self.project,
+                rungs=rungs, own=own, plans=plans, models=models,
+                ranking=self.latest_sensitivity() if use_ranking else None, target=target, tolerance=tolerance,
+                budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel, pins=pins,
+                flow=flow, on_partial=on_partial, walk=self._walk_options(progress, cancel) if sequential else None)
+
+        # a model without repeated blocks is refused by name; the whole-model search's errors stay as they were
+        result, record = analysis.blocks_refused(search) if sequential else search()
         self.project.fallbacks.append(record)
         if apply:
             self.apply_ladder(result)
             if any(p not in ("float", "custom") for p in result.precisions.values()):
-                self.calibrate()  # the new precisions' ranges (an all-float mix has none to calibrate)
+                # the new precisions' ranges (an all-float mix has none to calibrate), block by block when searched so
+                self.calibrate(sequential=sequential or None)
             result.applied = True
         self._changed(SessionEvent.FALLBACK, applied=apply)
         return result

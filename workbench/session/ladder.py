@@ -23,12 +23,14 @@ from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.calibrate import calibrate as run_calibration
 from workbench.quant.algorithms.format_rules import flow_notes, mix_notes
 from workbench.quant.algorithms.precision import DEFAULT_BLOCK_SIZE, Precision
+from workbench.quant.algorithms.residency import BlockResidency
+from workbench.quant.algorithms.sequential import calibrate_sequential
 from workbench.quant.algorithms.snapshot import quantizer_names
 from workbench.quant.gemm import float_by_default_reason
 from workbench.quant.nn import QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.session import layer_edits
-from workbench.session.build import build_quantized
+from workbench.session.build import Built, build_quantized
 from workbench.session.decisions import LayerPlan, plan_precision
 from workbench.session.errors import SessionError
 
@@ -131,10 +133,16 @@ __all__ = ["rung_models", "rung_source", "LayerPlan", "parse_rungs", "rung_plans
 def rung_models(project: Project, base: nn.Module, folding: FoldReport | None, device, settings: ProjectSettings,
                 plans: Mapping[Precision, Mapping[str, LayerPlan]], batches: Iterable, *,
                 example_inputs: Any = None, progress: ProgressCallback | None = None,
-                cancel: CancelToken | None = None) -> dict[Precision, nn.Module]:
+                cancel: CancelToken | None = None, build: Callable[[Project], Built] | None = None,
+                residency_of: Callable[[Built], BlockResidency] | None = None) -> dict[Precision, nn.Module]:
     """For each precision, the project's model with the ``plans`` layers in it, calibrated on ``batches``
     with the project's calibration settings (the project itself is not changed). ``progress(done, total, message)``
-    counts the calibrations' steps over all the rungs (which rung, which step); ``cancel`` stops them."""
+    counts the calibrations' steps over all the rungs (which rung, which step); ``cancel`` stops them.
+
+    ``build`` builds a variant of the project (default: :func:`build_quantized` of ``base`` with ``example_inputs``);
+    with ``residency_of`` (the residency of a built variant's weights) each rung is calibrated one block at a time
+    (:func:`~workbench.quant.algorithms.sequential.calibrate_sequential`: the same amax, one block's weights
+    resident), as a lazily opened model needs."""
     batches = list(batches)
     options = settings.calibration
     models: dict[Precision, nn.Module] = {}
@@ -153,11 +161,18 @@ def rung_models(project: Project, base: nn.Module, folding: FoldReport | None, d
         for name, (quantize, input_desc, weight_desc) in plan.items():
             layers[name] = LayerDecision(name, layers[name].type, quantize, input_desc, weight_desc)
         variant = dataclasses.replace(project, layers=layers, calibrations=[], smoothing=dict(project.smoothing))
-        model = build_quantized(base, variant, device, folding=folding, settings=settings,
-                                example_inputs=example_inputs).model
-        run_calibration(model, batches, num_batches=None, method=options.method.value, percentile=options.percentile,
-                        device=device, report_sqnr=False, block_method=options.block_method, progress=report,
-                        cancel=cancel)
+        built = build(variant) if build is not None else build_quantized(
+            base, variant, device, folding=folding, settings=settings, example_inputs=example_inputs)
+        model = built.model
+        if residency_of is not None:
+            calibrate_sequential(model, batches, num_batches=None, method=options.method.value,
+                                 percentile=options.percentile, device=device, report_sqnr=False,
+                                 block_method=options.block_method, progress=report, cancel=cancel,
+                                 residency=residency_of(built))
+        else:
+            run_calibration(model, batches, num_batches=None, method=options.method.value,
+                            percentile=options.percentile, device=device, report_sqnr=False,
+                            block_method=options.block_method, progress=report, cancel=cancel)
         models[precision] = model
     return models
 
@@ -214,11 +229,13 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
            tolerance: float | None = None, budget_bytes: int | None = None, output: Any = None,
            progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
            pins: Collection[str] = (), flow: Mapping[str, tuple[set[str], set[str]]] | None = None,
-           on_partial: Callable[[Any], None] | None = None) -> tuple[Any, FallbackRecord]:
+           on_partial: Callable[[Any], None] | None = None, walk: Any = None) -> tuple[Any, FallbackRecord]:
     """The ladder search (:func:`workbench.analysis.ladder.ladder_search`) from the calibrated ``model`` over the
     rung ``models`` (:func:`rung_models` of ``plans``); the result and the record to append to the project's
     fallback searches. ``pins``: layers it keeps as they are (:func:`hand_set_layers`); ``flow``: the layers'
-    producers and consumers (:func:`data_flow`; None: model order) for the fusion clean-up."""
+    producers and consumers (:func:`data_flow`; None: model order) for the fusion clean-up. With ``walk`` (the
+    :class:`~workbench.analysis.block_search.WalkOptions`) the search runs one block at a time
+    (:func:`workbench.analysis.block_ladder.block_ladder_search`: output SQNR, no metric, no fusion clean-up)."""
     from workbench.analysis.ladder import ladder_search
 
     in_rung = {precision: {name: precision for name in plan} | {n: p for n, p in own.items() if p is precision}
@@ -228,6 +245,19 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
         for name, (_, _, weight_desc) in plan.items():
             if precision is Precision.INT4W and weight_desc:
                 blocks[name] = weight_desc.get("block_size", DEFAULT_BLOCK_SIZE)
+    if walk is not None:
+        from workbench.analysis.block_ladder import block_ladder_search
+        from workbench.analysis.fallback import units_from_names
+        from workbench.analysis.units import Unit
+
+        candidates = None if ranking is None else units_from_names(
+            model, [Unit(u.name, tuple(u.quantizers)) for u in ranking.units])
+        result = block_ladder_search(model, batches, ladder=rungs, rung_of=rung_source(models, in_rung),
+                                     precisions=dict(own), target=target, tolerance=tolerance,
+                                     budget_bytes=budget_bytes, candidates=candidates, block_sizes=blocks, pins=pins,
+                                     options=walk)
+        result.notes += mix_notes(list(project.layers), result.precisions)
+        return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
     result = ladder_search(model, batches, metric, ladder=rungs, rung_of=rung_source(models, in_rung),
                            precisions=dict(own), target=target, tolerance=tolerance, budget_bytes=budget_bytes,
                            ranking=ranking, progress=progress, cancel=cancel, output=output, block_sizes=blocks,
