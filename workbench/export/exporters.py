@@ -30,8 +30,8 @@ from workbench.export.onnx_file import (
 from workbench.export.opset import MIN_OPSET, convert_opset, default_opset
 from workbench.export.qdq import register_torchscript_symbolic, translation_table
 from workbench.export.reference import ExportCall, grow_batch
+from workbench.export.torch_modes import function_modes_kept
 from workbench.export.torchscript_weights import WEIGHT_PREFIX, attach_weights, weight_inputs
-from workbench.graph.runtime_quant import function_modes_kept
 
 logger = logging.getLogger(__name__)
 

@@ -22,10 +22,8 @@ object held by the module, so ``copy.deepcopy`` and ``state_dict`` carry the qua
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +38,7 @@ from workbench.graph.runtime_ops import call_site, candidate
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RuntimePlan", "attach_runtime_quantizers", "function_modes_kept", "runtime_plan"]
+__all__ = ["RuntimePlan", "attach_runtime_quantizers", "runtime_plan"]
 
 _PLAN_ATTR = "_workbench_runtime_plan"
 
@@ -109,28 +107,6 @@ def _on_torch_stack(mode: TorchFunctionMode) -> bool:
     from torch.overrides import _get_current_function_mode_stack
 
     return any(m is mode for m in _get_current_function_mode_stack())
-
-
-@contextlib.contextmanager
-def function_modes_kept() -> Iterator[None]:
-    """Leave torch's function-mode stack (per thread) as it was, whatever the block does.
-
-    A mode exits by popping the top of that stack, whichever mode it is. When torch.export fails inside a module
-    whose hooks pushed a mode of ours (the run-time quantizers), its own handler's exit pops ours, and its handler
-    stays on the stack for good: every later torch call of the thread went through torch.export's handler, and
-    every ``torch.compile``d kernel traced it (the fused fake-quant kernels lost their divisions)."""
-    from torch.overrides import _get_current_function_mode_stack  # no public reader; in every torch 2 release
-
-    before = _get_current_function_mode_stack()
-    try:
-        yield
-    finally:
-        now = _get_current_function_mode_stack()
-        if len(now) != len(before) or any(a is not b for a, b in zip(now, before)):
-            while torch._C._len_torch_function_stack():
-                torch._C._pop_torch_function_stack()
-            for mode in before:
-                torch._C._push_on_torch_function_stack(mode)
 
 
 class _PerThread(threading.local):
