@@ -187,3 +187,35 @@ def test_an_output_of_another_shape_is_a_parity_failure_diagnosed_not_an_error_w
         export_qdq_onnx(model, sample, tmp_path / "strict.onnx", exporter="torchscript", parity_batches=[other],
                         strict=True)
     assert "at shape (" in str(info.value) and not (tmp_path / "strict.onnx").exists()
+
+
+class RoutedSplit(nn.Module):
+    """Keeps the rows the data routes here and splits them by a count read into Python (as switch_transformers'
+    experts split their tokens): the traced graph holds the sample's count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.conv(x).flatten(1)  # [batch, 8 * 64]
+        positive = x.flatten(1).mean(1) > 0
+        kept = rows[positive]  # as many rows as the data routes here (NonZero: computed in the graph)
+        first, second = torch.split(kept, [1, int(positive.sum()) - 1])  # the sample's count, read into Python
+        return torch.cat([first * 2.0, second])
+
+
+def test_a_graph_that_holds_the_samples_routing_is_refused_with_the_module_named_not_an_onnxruntime_error(tmp_path):
+    """switch_transformers: "the graph does not run on parity batch 1: [ONNXRuntimeError] ... Split" and nothing
+    else. The refusal says the graph holds a size the sample's data fixed, where, and what to do."""
+    model, batches = calibrated(RoutedSplit())
+    signs = torch.tensor([1.0, 1.0, -1.0, -1.0]).view(4, 1, 1, 1)
+    sample = batches[0].abs() * signs  # two rows routed each way
+    other = batches[1].abs() * signs.abs()  # all four routed the first way: a batch of the sample's shape
+    with pytest.raises(ExportValidationError) as info:
+        export_qdq_onnx(model, sample, tmp_path / "m.onnx", exporter="torchscript", parity_batches=[other],
+                        dynamic_batch=False)  # the batch fixed, as switch_transformers' was: only the data differs
+    text = str(info.value)
+    assert "runs on the sample but not on parity batch 1" in text and "a size the sample's data fixed" in text, text
+    assert "Split" in text and "not written" in text
+    assert not (tmp_path / "m.onnx").exists()
