@@ -1,0 +1,29 @@
+"""The sweep's results from several runs become one file, one row per architecture, the newest winning
+(bench/zoo_sweep.py --merge): the README's table is made from it."""
+import json
+
+import zoo_sweep
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_merge_keeps_the_newest_row_of_each_model_in_catalogue_order_and_says_where_it_came_from(tmp_path):
+    merged, rerun = tmp_path / "merged.jsonl", tmp_path / "rerun.jsonl"
+    _write(merged, [{"model": "hf/sew", "family": "speech", "failure": "weight GEMMs quantized 16/17",
+                     "date": "2026-11-29T12:09:33+00:00"},
+                    {"model": "hf/llama", "family": "decoder", "date": "2026-11-29T11:00:00+00:00"},
+                    {"model": "hf/bert", "family": "encoder"}])  # an old row without a date
+    _write(rerun, [{"model": "hf/sew", "family": "speech", "date": "2026-11-29T17:14:06+00:00"},
+                   {"model": "hf/llama", "family": "decoder", "failure": "older", "date": "2026-11-29T10:00:00+00:00"},
+                   {"model": "hf/bert", "family": "encoder", "date": "2026-11-29T17:00:00+00:00"}])
+    zoo_sweep.main(["--merge", str(rerun), "--out", str(merged)])
+    rows = [json.loads(line) for line in merged.read_text().splitlines()]
+    by_model = {row["model"]: row for row in rows}
+    assert len(rows) == 3  # one row per model
+    assert "failure" not in by_model["hf/sew"] and by_model["hf/sew"]["source_file"] == "rerun.jsonl"
+    assert "failure" not in by_model["hf/llama"] and by_model["hf/llama"]["source_file"] == "merged.jsonl"
+    assert by_model["hf/bert"]["source_file"] == "rerun.jsonl"  # a dated row beats one without a date
+    order = [entry.name for entry in zoo_sweep.zoo_catalog.all_entries()]
+    assert [row["model"] for row in rows] == sorted(by_model, key=order.index)
