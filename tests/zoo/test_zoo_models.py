@@ -34,7 +34,8 @@ FAILING: dict[str, str] = {}
 NAMES = ["hf/llama", "hf/gpt2", "hf/whisper", "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin",
          "hf/mamba", "hf/detr", "hf/sam_vision_model", "diffusers/unet2d_condition", "timm/resnet18",
          "torchvision/efficientnet_b0", "ultralytics/yolov8n",
-         "torchvision/ssdlite320_mobilenet_v3_large"]  # its NMS keeps 128 boxes in onnxruntime, 136 in PyTorch
+         "torchvision/ssdlite320_mobilenet_v3_large",  # its NMS keeps 128 boxes in onnxruntime, 136 in PyTorch
+         "torchvision/efficientnet_v2_s"]  # random init: logits of ~1e-5 (see the catalogue)
 CASES = [pytest.param(name, marks=xfail(FAILING[name])) if name in FAILING else name for name in NAMES]
 
 

@@ -27,3 +27,24 @@ def test_merge_keeps_the_newest_row_of_each_model_in_catalogue_order_and_says_wh
     assert by_model["hf/bert"]["source_file"] == "rerun.jsonl"  # a dated row beats one without a date
     order = [entry.name for entry in zoo_sweep.zoo_catalog.all_entries()]
     assert [row["model"] for row in rows] == sorted(by_model, key=order.index)
+
+
+def test_batchnorm_statistics_set_on_data_normalise_what_a_random_init_lets_vanish():
+    """torchvision's random EfficientNetV2 returns logits of ~1e-5 (its activations vanish with depth); the sweep
+    builds it with BatchNorm statistics set on images, as training leaves them: each BatchNorm's output then has
+    about zero mean and unit variance on such images, whatever the layer before it scaled them by."""
+    import torch
+    import zoo_factories
+    from torch import nn
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3)
+    with torch.no_grad():
+        conv.weight.mul_(1e-4)  # a layer that shrinks its input 10,000 times, as a bad init does
+    model = nn.Sequential(conv, nn.BatchNorm2d(4))
+    zoo_factories.set_batchnorm_statistics(model, size=16)
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.randn(8, 3, 16, 16))
+    assert abs(float(out.mean())) < 0.1 and 0.8 < float(out.std()) < 1.2
+    assert model[1].momentum == 0.1  # the module as built, but for its statistics
