@@ -40,7 +40,7 @@ def test_batchnorm_statistics_set_on_data_normalise_what_a_random_init_lets_vani
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 4, 3)
     with torch.no_grad():
-        conv.weight.mul_(1e-4)  # a layer that shrinks its input 10,000 times, as a bad init does
+        conv.weight.mul_(1e-2)  # a layer that shrinks its input 100 times, as a bad init does
     model = nn.Sequential(conv, nn.BatchNorm2d(4))
     zoo_factories.set_batchnorm_statistics(model, size=16)
     model.eval()
