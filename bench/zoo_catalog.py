@@ -135,6 +135,13 @@ ENCODERS = {
         "global_attn_every_n_layers": 2, "local_attention": 8}, "rembert": {"input_embedding_size": 16,
                                                                             "output_embedding_size": 16},
 }
+# encoders given no attention_mask, and why
+NO_MASK = {
+    # transformers' Nystromformer with landmarks (num_landmarks < segment_means_seq_len) adds a [B, 1, L, L] mask
+    # to [B, H, landmarks, L] scores: any padded mask fails in eager ("The size of tensor a (4) must match the
+    # size of tensor b (8)"); eager drops an all-ones mask, the export materialises it and fails the same way
+    "nystromformer": "its landmark attention takes no mask",
+}
 ENCODER_DECODERS = {
     "t5": {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
            "decoder_start_token_id": 0},
@@ -226,7 +233,7 @@ def hf_entries() -> list[Entry]:
         add(model_type, "state-space", "AutoModelForCausalLM", dict(TEXT, **extra), text(mask=False))
     for model_type, extra in ENCODERS.items():
         add(model_type, "encoder", "AutoModel", dict(TEXT, num_key_value_heads=None, **extra),
-            text(vocab=extra.get("vocab_size", VOCAB)))
+            text(vocab=extra.get("vocab_size", VOCAB), mask=model_type not in NO_MASK))
     for model_type, extra in ENCODER_DECODERS.items():
         add(model_type, "encoder-decoder", "AutoModelForSeq2SeqLM", dict(TEXT, **extra), seq2seq())
     for model_type, extra in VISION_MODELS.items():
