@@ -128,19 +128,15 @@ ENCODERS = {
     "xlm-roberta": {}, "camembert": {}, "mpnet": {}, "convbert": {"embedding_size": 32}, "layoutlm": {},
     "megatron-bert": {}, "squeezebert": {"embedding_size": 32}, "mobilebert": {
         "embedding_size": 16, "intra_bottleneck_size": 16, "true_hidden_size": 16, "num_feedforward_networks": 1},
+    # nystromformer with landmarks (num_landmarks < segment_means_seq_len) does not export: transformers adds a
+    # [B, 1, L, L] mask to [B, H, landmarks, L] scores; eager skips an all-ones mask, a trace keeps it (given no
+    # mask too), and any padded mask fails in eager as well: transformers' bug, the row says so
     "ernie": {}, "roformer": {"embedding_size": 32}, "nystromformer": {"segment_means_seq_len": 8, "num_landmarks": 4},
     "big_bird": {"attention_type": "original_full"}, "canine": {"downsampling_rate": 2, "local_transformer_stride": 4},
     "xlm": {"emb_dim": 32, "n_layers": 2, "n_heads": 4}, "flaubert": {"emb_dim": 32, "n_layers": 2, "n_heads": 4},
     "data2vec-text": {}, "esm": {"vocab_size": 33, "position_embedding_type": "rotary"}, "modernbert": {
         "global_attn_every_n_layers": 2, "local_attention": 8}, "rembert": {"input_embedding_size": 16,
                                                                             "output_embedding_size": 16},
-}
-# encoders given no attention_mask, and why
-NO_MASK = {
-    # transformers' Nystromformer with landmarks (num_landmarks < segment_means_seq_len) adds a [B, 1, L, L] mask
-    # to [B, H, landmarks, L] scores: any padded mask fails in eager ("The size of tensor a (4) must match the
-    # size of tensor b (8)"); eager drops an all-ones mask, the export materialises it and fails the same way
-    "nystromformer": "its landmark attention takes no mask",
 }
 ENCODER_DECODERS = {
     "t5": {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
@@ -233,7 +229,7 @@ def hf_entries() -> list[Entry]:
         add(model_type, "state-space", "AutoModelForCausalLM", dict(TEXT, **extra), text(mask=False))
     for model_type, extra in ENCODERS.items():
         add(model_type, "encoder", "AutoModel", dict(TEXT, num_key_value_heads=None, **extra),
-            text(vocab=extra.get("vocab_size", VOCAB), mask=model_type not in NO_MASK))
+            text(vocab=extra.get("vocab_size", VOCAB)))
     for model_type, extra in ENCODER_DECODERS.items():
         add(model_type, "encoder-decoder", "AutoModelForSeq2SeqLM", dict(TEXT, **extra), seq2seq())
     for model_type, extra in VISION_MODELS.items():
