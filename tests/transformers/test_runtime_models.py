@@ -179,3 +179,20 @@ def test_attention_products_inside_a_function_torch_fx_keeps_whole_are_quantized
     assert result.unused == []
     for name in ("qkv", "proj"):
         assert model.get_submodule(name)._weight_quantizer.amax is not None
+
+
+def test_model_code_in_a_directory_named_like_torchs_keeps_its_own_call_sites(monkeypatch):
+    """torchvision's files lie in site-packages/torchvision, whose path starts with site-packages/torch: the
+    run-time recorder skipped them as torch's own, every call inside shifted_window_attention took its caller's
+    line, and two products on one line with no layer between read as a loop (a scan): left float. Here this test
+    file stands for torchvision, torch's directory for a prefix of its path."""
+    from pathlib import Path
+
+    from workbench.graph import runtime_ops
+
+    monkeypatch.setattr(runtime_ops, "_TORCH_DIR", str(Path(__file__).with_name("test_runtime")))
+    torch.manual_seed(0)
+    model = _WrappedWindowAttention().eval()
+    x = torch.randn(2, 5, 16)
+    model, report = prepare_for_tensorrt(model, example_inputs=(x,))
+    assert len(report.functional.matmuls) == 2, report.functional.skipped
