@@ -48,3 +48,25 @@ def test_batchnorm_statistics_set_on_data_normalise_what_a_random_init_lets_vani
         out = model(torch.randn(8, 3, 16, 16))
     assert abs(float(out.mean())) < 0.1 and 0.8 < float(out.std()) < 1.2
     assert model[1].momentum == 0.1  # the module as built, but for its statistics
+
+
+def test_an_einsum_of_two_activations_counts_as_an_attention_product(tmp_path):
+    """torchvision's MaxViT writes q @ k^T and probabilities @ v as einsums: the sweep counted MatMuls only, found
+    0 products in its file and accepted it with 44 float ones."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from zoo_checks import attention_products
+
+    scale = numpy_helper.from_array(np.array(0.1, dtype=np.float32), "s")
+    zero = numpy_helper.from_array(np.array(0, dtype=np.int8), "z")
+    nodes = [helper.make_node("QuantizeLinear", ["q", "s", "z"], ["q_q"]),
+             helper.make_node("DequantizeLinear", ["q_q", "s", "z"], ["q_dq"]),
+             helper.make_node("Einsum", ["q_dq", "k"], ["scores"], equation="ij,kj->ik"),  # k is float
+             helper.make_node("Einsum", ["scores", "v"], ["out"], equation="ik,kj->ij")]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 4]) for n in ("q", "k", "v")]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 4])],
+                              initializer=[scale, zero])
+    path = tmp_path / "einsum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert attention_products(path) == (0, 2)
