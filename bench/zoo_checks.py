@@ -56,7 +56,8 @@ def attention_products(path: str | Path, not_attention: dict[str, int] | None = 
     excused = dict(not_attention or {})
     products = quantized = 0
     for node in graph.node:
-        if node.op_type != "MatMul" or any(constant(i) for i in node.input[:2]):
+        # an Einsum of two activations is a product too (torchvision's MaxViT writes its attention so)
+        if node.op_type not in ("MatMul", "Einsum") or len(node.input) < 2 or any(constant(i) for i in node.input[:2]):
             continue
         both = all(dequantized(i) for i in node.input[:2])
         owner = node_module(node) or ""

@@ -12,8 +12,12 @@ os.environ.setdefault("YOLO_OFFLINE", "1")
 os.environ.setdefault("YOLO_VERBOSE", "False")
 
 
-def torchvision_model(name: str, **kwargs) -> nn.Module:
-    """``torchvision.models.get_model(name)`` with random weights (no download)."""
+def torchvision_model(name: str, batchnorm_statistics_size: int | None = None, **kwargs) -> nn.Module:
+    """``torchvision.models.get_model(name)`` with random weights (no download).
+
+    ``batchnorm_statistics_size``: set every BatchNorm's running statistics on random images of that size (the
+    sweep's own input distribution), as training leaves them; for a network whose random init lets the
+    activations vanish with depth (see the catalogue), which no trained model does."""
     import torchvision
 
     kwargs.setdefault("weights", None)
@@ -21,7 +25,28 @@ def torchvision_model(name: str, **kwargs) -> nn.Module:
     # detection or segmentation builder left with its default weights_backbone downloads ImageNet weights
     if "weights_backbone" in inspect.signature(torchvision.models.get_model_builder(name)).parameters:
         kwargs.setdefault("weights_backbone", None)
-    return torchvision.models.get_model(name, **kwargs).eval()
+    model = torchvision.models.get_model(name, **kwargs)
+    if batchnorm_statistics_size:
+        set_batchnorm_statistics(model, batchnorm_statistics_size)
+    return model.eval()
+
+
+def set_batchnorm_statistics(model: nn.Module, size: int, batches: int = 4) -> None:
+    """Running mean and variance of every BatchNorm from ``batches`` forward passes on standard-normal images
+    ``[8, 3, size, size]`` (a cumulative average, momentum None); the weights are not touched."""
+    import torch
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None
+    generator = torch.Generator().manual_seed(1)
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(8, 3, size, size, generator=generator))
+    for norm in norms:
+        norm.momentum = 0.1
 
 
 def unet2d_condition() -> nn.Module:

@@ -17,6 +17,7 @@ is quantized, and every tensor output is kept. Rows are appended to a JSONL file
 
     python bench/zoo_sweep.py [--only NAME ...] [--family F ...] [--resume] [--timeout 300] [--out FILE]
     python bench/zoo_sweep.py --markdown [--out FILE]    # the README's table from the rows
+    python bench/zoo_sweep.py --merge NEW.jsonl ... --out MERGED.jsonl   # newest row per model wins
     python bench/zoo_sweep.py --list
 
 Run it in its own environment (bench/zoo_sweep_env.sh: torch's CUDA build, which torchvision's wheels need,
@@ -245,6 +246,22 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def merge(sources: list[Path], out: Path) -> dict[str, dict]:
+    """Rows of ``out`` and of each of ``sources`` (JSONL), one per model: the newest by its date wins (a row
+    without a date is older than any with one). Each row keeps the file it came from (``source_file``); ``out``
+    is rewritten in catalogue order, each model once."""
+    rows: dict[str, dict] = {}
+    for path in [out, *sources]:
+        for model, row in read_rows(path).items():
+            row.setdefault("source_file", path.name)
+            if model not in rows or row.get("date", "") >= rows[model].get("date", ""):
+                rows[model] = row
+    order = {entry.name: index for index, entry in enumerate(zoo_catalog.all_entries())}
+    merged = dict(sorted(rows.items(), key=lambda item: order.get(item[0], len(order))))
+    out.write_text("".join(json.dumps(row) + "\n" for row in merged.values()))
+    return merged
+
+
 START, END = "<!-- zoo-sweep:start -->", "<!-- zoo-sweep:end -->"
 
 
@@ -272,12 +289,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, help="write the table into this README, between its zoo-sweep markers")
     parser.add_argument("--list", action="store_true", help="list the architectures and exit")
     parser.add_argument("--categories", action="store_true", help="print the failures grouped by cause and exit")
+    parser.add_argument("--merge", nargs="*", type=Path, default=[],
+                        help="merge these JSONL files' rows into --out (newest row per model wins) and exit")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--row", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     entries = zoo_catalog.all_entries()
     if args.worker:  # one model in this process (debugging a row: python bench/zoo_sweep.py --worker NAME --row F)
         _worker(args.worker, str(args.row))
+        return 0
+    if args.merge:
+        merged = merge(args.merge, args.out)
+        print(f"{args.out}: {len(merged)} architectures, {header(list(merged.values()))}")
         return 0
     if args.markdown or args.readme:
         table = markdown(list(read_rows(args.out).values()))

@@ -150,3 +150,72 @@ def test_batchnorm_keeps_its_statistics_through_the_export_and_every_batch_agree
     assert all(row.cosine > 0.9999 for row in report.checks if row.check.startswith("parity batch"))
     assert torch.equal(model.bn.running_var, running)  # the model's statistics are what they were
     assert not model.training and not model.bn.training
+
+
+class FirstRows(nn.Module):
+    """Keeps as many positions as the sample had positive means: read into Python, the count is the sample's in
+    the traced graph, while PyTorch keeps another count on other data (an output of another shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x).flatten(2)
+        kept = int((y.mean((0, 1)) > 0).sum())
+        return y[:, :, :kept]
+
+
+def test_an_output_of_another_shape_is_a_parity_failure_diagnosed_not_an_error_without_a_file(tmp_path):
+    """SSD kept 128 boxes in onnxruntime and 136 in PyTorch: the export stopped with "onnxruntime shape (128, 4),
+    PyTorch (136, 4)" and no file. An output of another shape parts entirely (cosine 0): the file is written
+    "not validated" and the diagnosis names the output and both shapes (a size the trace fixed: "shape"); strict
+    refuses it with the same words."""
+    model, batches = calibrated(FirstRows())
+    sample, other = batches[0][:1], -batches[1][:1]  # the sign flips which means are positive
+    with torch.no_grad():
+        assert model(sample).shape != model(other).shape
+    target = tmp_path / "m.onnx"
+    report = export_qdq_onnx(model, sample, target, exporter="torchscript", parity_batches=[other])
+    assert target.is_file() and report.validated is False
+    row = next(row for row in report.checks if row.check.startswith("parity batch 1"))
+    assert row.cosine == 0.0
+    assert report.parity_diagnosis["verdict"] == "shape"
+    text = report.parity_diagnosis["text"]
+    assert "computes output 'output' at shape (" in text and "where PyTorch's is (" in text, text
+    with pytest.raises(ExportValidationError) as info:
+        export_qdq_onnx(model, sample, tmp_path / "strict.onnx", exporter="torchscript", parity_batches=[other],
+                        strict=True)
+    assert "at shape (" in str(info.value) and not (tmp_path / "strict.onnx").exists()
+
+
+class RoutedSplit(nn.Module):
+    """Keeps the rows the data routes here and splits them by a count read into Python (as switch_transformers'
+    experts split their tokens): the traced graph holds the sample's count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.conv(x).flatten(1)  # [batch, 8 * 64]
+        positive = x.flatten(1).mean(1) > 0
+        kept = rows[positive]  # as many rows as the data routes here (NonZero: computed in the graph)
+        first, second = torch.split(kept, [1, int(positive.sum()) - 1])  # the sample's count, read into Python
+        return torch.cat([first * 2.0, second])
+
+
+def test_a_graph_that_holds_the_samples_routing_is_refused_with_the_module_named_not_an_onnxruntime_error(tmp_path):
+    """switch_transformers: "the graph does not run on parity batch 1: [ONNXRuntimeError] ... Split" and nothing
+    else. The refusal says the graph holds a size the sample's data fixed, where, and what to do."""
+    model, batches = calibrated(RoutedSplit())
+    signs = torch.tensor([1.0, 1.0, -1.0, -1.0]).view(4, 1, 1, 1)
+    sample = batches[0].abs() * signs  # two rows routed each way
+    other = batches[1].abs() * signs.abs()  # all four routed the first way: a batch of the sample's shape
+    with pytest.raises(ExportValidationError) as info:
+        export_qdq_onnx(model, sample, tmp_path / "m.onnx", exporter="torchscript", parity_batches=[other],
+                        dynamic_batch=False)  # the batch fixed, as switch_transformers' was: only the data differs
+    text = str(info.value)
+    assert "runs on the sample but not on parity batch 1" in text and "a size the sample's data fixed" in text, text
+    assert "Split" in text and "not written" in text
+    assert not (tmp_path / "m.onnx").exists()

@@ -137,3 +137,62 @@ def test_layers_and_products_inside_multi_head_attention_forward_are_quantized_w
         assert layer._weight_quantizer.amax is not None and layer._input_quantizer.amax is not None
     with torch.no_grad():
         assert not torch.equal(model(x, bias), reference)
+
+
+def _window_attention(x, qkv_weight, proj_weight, heads: int):
+    """torchvision's Swin in small: the GEMMs and both products inside one function that torch.fx keeps whole."""
+    batch, tokens, dim = x.shape
+    q, k, v = torch.nn.functional.linear(x, qkv_weight).reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4)
+    attn = (q * (q.shape[-1] ** -0.5)).matmul(k.transpose(-2, -1)).softmax(dim=-1)
+    return torch.nn.functional.linear(attn.matmul(v).transpose(1, 2).reshape(batch, tokens, dim), proj_weight)
+
+
+torch.fx.wrap("_window_attention")
+
+
+class _WrappedWindowAttention(torch.nn.Module):
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim, bias=False), torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        return _window_attention(x, self.qkv.weight, self.proj.weight, self.heads)
+
+
+def test_attention_products_inside_a_function_torch_fx_keeps_whole_are_quantized():
+    """torchvision's swin_t: 0 of its 24 attention products quantized, every GEMM quantized. Its attention runs
+    inside ``shifted_window_attention``, which torchvision hands to torch.fx.wrap: traced, the module shows one
+    call, and the products inside it stayed float. Such a module goes to the run-time route, which sees them."""
+    torch.manual_seed(0)
+    model = _WrappedWindowAttention().eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        reference = model(x)
+    model, report = prepare_for_tensorrt(model, example_inputs=(x,))
+    products = [item.name for item in report.functional.matmuls]
+    assert len(products) == 2, products  # the scores and probabilities @ V
+    assert report.functional.unquantized_attention == []
+    with quant.disable_quantization(model), torch.no_grad():
+        assert torch.equal(model(x), reference)
+    result = calibrate(model, [x], num_batches=None, method="max", report_sqnr=False)
+    assert result.unused == []
+    for name in ("qkv", "proj"):
+        assert model.get_submodule(name)._weight_quantizer.amax is not None
+
+
+def test_model_code_in_a_directory_named_like_torchs_keeps_its_own_call_sites(monkeypatch):
+    """torchvision's files lie in site-packages/torchvision, whose path starts with site-packages/torch: the
+    run-time recorder skipped them as torch's own, every call inside shifted_window_attention took its caller's
+    line, and two products on one line with no layer between read as a loop (a scan): left float. Here this test
+    file stands for torchvision, torch's directory for a prefix of its path."""
+    from pathlib import Path
+
+    from workbench.graph import runtime_ops
+
+    monkeypatch.setattr(runtime_ops, "_TORCH_DIR", str(Path(__file__).with_name("test_runtime")))
+    torch.manual_seed(0)
+    model = _WrappedWindowAttention().eval()
+    x = torch.randn(2, 5, 16)
+    model, report = prepare_for_tensorrt(model, example_inputs=(x,))
+    assert len(report.functional.matmuls) == 2, report.functional.skipped

@@ -30,10 +30,15 @@ def xfail(reason: str):
 
 # what fails today, and in whose area (issue 34's points); a fix that lands turns its case into an XPASS, which
 # fails (strict): remove the entry then
-FAILING: dict[str, str] = {}
+FAILING: dict[str, str] = {
+    "torchvision/efficientnet_v2_s": PARITY + ": rounding ties at its first blocks, amplified through 40 blocks of "
+                                     "squeeze-excite (file cosine 0.985, its own 1-ulp spread 0.987): explained, "
+                                     "written not validated"}
 NAMES = ["hf/llama", "hf/gpt2", "hf/whisper", "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin",
          "hf/mamba", "hf/detr", "hf/sam_vision_model", "diffusers/unet2d_condition", "timm/resnet18",
-         "torchvision/efficientnet_b0", "ultralytics/yolov8n"]
+         "torchvision/efficientnet_b0", "ultralytics/yolov8n",
+         "torchvision/ssdlite320_mobilenet_v3_large",  # its NMS keeps 128 boxes in onnxruntime, 136 in PyTorch
+         "torchvision/efficientnet_v2_s"]
 CASES = [pytest.param(name, marks=xfail(FAILING[name])) if name in FAILING else name for name in NAMES]
 
 

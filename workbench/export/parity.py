@@ -77,6 +77,7 @@ class Boundary:
     flipped: int = 0
     ties: int = 0
     size: int = 0
+    ort_shape: tuple[int, ...] | None = None  # an output onnxruntime returns at another shape than PyTorch's
 
 
 @dataclass
@@ -203,7 +204,8 @@ def one_ulp_spread(model: nn.Module, inputs: tuple[torch.Tensor, ...], reference
             for ref, got in zip(reference, out if isinstance(out, (tuple, list)) else (out,)):
                 if not (isinstance(got, torch.Tensor) and got.is_floating_point()):
                     continue
-                cosine, diff = _compare(_numpy(ref), _numpy(got))
+                # a detector keeps another number of boxes when a score moves by an ulp: that output parts entirely
+                cosine, diff = _compare(_numpy(ref), _numpy(got)) if got.shape == ref.shape else (0.0, math.inf)
                 worst_cosine, worst_diff = min(worst_cosine, cosine), max(worst_diff, diff)
     finally:
         for handle in handles:
@@ -394,15 +396,24 @@ def diagnose(model: nn.Module, proto: onnx.ModelProto, folder: Path, inputs: tup
     parting = next((b for b in boundaries if b.local_diff is not None and b.local_diff > LOCAL_TOLERANCE), None)
     tensors = {_boundary_name(p, pairs): p.q_input for i, p in enumerate(pairs) if i in matched}
     tensors.update({name: name for name in output_names})
+    reshaped = [f"output {b.name!r}: onnxruntime shape {b.ort_shape}, PyTorch {b.shape}" for b in boundaries
+                if b.ort_shape is not None]
     downstream, selections = after_selection(proto)
     selected = selection_verdict(boundaries, tensors, None if parting is None else tensors.get(parting.name),
                                  downstream, selections, min_cosine)
     if selected is not None:  # a detector: compared before its NMS / top-k (workbench.export.parity_selection)
-        diagnosis.verdict, diagnosis.reason = "selection", selected
+        diagnosis.verdict, diagnosis.reason = "selection", selected + "".join(f" ({r})" for r in reshaped[:3])
         diagnosis.boundaries = [b for b in boundaries if tensors.get(b.name) not in downstream][-3:] + \
             [b for b in boundaries if b.kind == "output"]
         return diagnosis
-    if parting is not None:
+    if parting is not None and parting.ort_shape is not None:
+        diagnosis.verdict, diagnosis.first, diagnosis.module = "shape", parting.name, parting.module or None
+        diagnosis.reason = (f"From PyTorch's own values up to it, onnxruntime still computes output {parting.name!r} "
+                            f"at shape {parting.ort_shape} where PyTorch's is {parting.shape}: the graph holds a size "
+                            "the sample fixed when it was traced (a value read into Python, a loop unrolled), "
+                            f"computed in module '{parting.module or '<model>'}'.")
+        reshaped = [r for r in reshaped if f"{parting.name!r}" not in r]
+    elif parting is not None:
         tensor = next((p.q_input for i, p in enumerate(pairs) if i in matched and _boundary_name(p, pairs) ==
                        parting.name), parting.name)
         segment = _segment(_cut(proto, cut, []), tensor, set(cut))
@@ -410,6 +421,8 @@ def diagnose(model: nn.Module, proto: onnx.ModelProto, folder: Path, inputs: tup
                            shape_check)
     else:
         _explain_rounding(diagnosis, boundaries, model, inputs, quantizers, reference)
+    if reshaped:  # whatever the verdict, the shapes that differ are said
+        diagnosis.reason += " " + "; ".join(reshaped[:3]) + "."
     diagnosis.boundaries = _around(boundaries, diagnosis.first)
     return diagnosis
 
@@ -450,7 +463,13 @@ def _boundaries(pairs: list[_QDQ], matched: dict[int, tuple[np.ndarray, np.ndarr
                               flipped or 0, ties or 0, int(pt_in.size)))
     for name, ref in zip(output_names, reference):
         got = full.get(name)
-        if got is None or got.shape != ref.shape or ref.dtype.kind not in "fc":
+        if got is not None and got.shape != ref.shape:  # another number of boxes after a selection, or worse
+            local_value = local.get(name)  # from PyTorch's own upstream values, still another shape: the segment's
+            local_diff = None if local_value is None else 0.0 if local_value.shape == ref.shape else math.inf
+            found.append(Boundary(name, "output", _module(nodes_by_output.get(name)), tuple(ref.shape), math.inf,
+                                  0.0, local_diff, size=int(ref.size), ort_shape=tuple(got.shape)))
+            continue
+        if got is None or ref.dtype.kind not in "fc":
             continue
         cosine, diff = _compare(ref, got)
         local_value = local.get(name)

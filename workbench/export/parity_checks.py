@@ -62,14 +62,29 @@ def batch_checks(job: Any, session) -> list[ParityCheck]:
         try:
             outputs = session.run(None, feeds(session, inputs))
         except Exception as error:
-            raise ExportValidationError("onnxruntime", f"the graph does not run on {what}: "
-                                                       f"{first_line(error)}") from error
+            raise ExportValidationError("onnxruntime", f"the graph runs on the sample but not on {what}"
+                                                       f"{_baked(error)}: {first_line(error)}") from error
         worst = min(compare(job.output_names, reference, outputs, dict(zip(job.input_names, inputs))),
                     key=lambda p: p.cosine)
         job.checked_inputs[what] = inputs
         rows.append(ParityCheck.of(what, worst))
         del reference, outputs  # a batch's outputs at a time: an LLM's logits are large
     return rows
+
+
+def _baked(error: Exception) -> str:
+    """Why a graph that ran on the sample fails on another batch of the sample's shape: a size the sample fixed
+    when it was traced (switch_transformers' tokens per expert, split by counts read off the sample's routing)."""
+    import re
+
+    found = re.search(r"Name:'([^']+)'", str(error))
+    node = found.group(1) if found else None
+    module = node.rsplit("/", 1)[0] if node and "/" in node else None
+    where = f" in {node}" + (f" (module '{module}')" if module else "") if node else ""
+    return (f": a size the sample's data fixed when the graph was traced is held{where}, a count computed from the "
+            "data (tokens routed to each expert, values kept by a mask) read into Python; the file would only run "
+            "on inputs that route as the sample does, so it is not written. Export with a graph that computes "
+            "the routing (a dense form), or leave the module in float")
 
 
 def inputs_of_row(job: Any, label: str) -> tuple[torch.Tensor, ...] | None:

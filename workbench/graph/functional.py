@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from workbench.graph.composites import COMPOSITE_FUNCTIONS, composite_reason
+from workbench.graph.composites import hides_calls, leaf_reason
 from workbench.graph.dataflow import activation_nodes, in_transformer_block, inplace_alias_risk, pointwise_formula
 from workbench.graph.fx_guard import GuardedTracer
 from workbench.graph.hf_attention import quantize_hf_attention
@@ -269,10 +269,10 @@ class _Inserter:
     def _rewrite(self, module: nn.Module, path: str, call: ModuleCall | None, tracer: fx.Tracer,
                  graph: fx.Graph) -> nn.Module:
         """``module`` with the candidate operations of its traced ``graph`` quantized (or itself, unchanged)."""
-        composite = next((n.target for n in graph.nodes if n.op == "call_function"
-                          and any(n.target is f for f in COMPOSITE_FUNCTIONS)), None)
+        composite = next((n.target for n in graph.nodes if n.op == "call_function" and hides_calls(n.target)),
+                         None)
         if composite is not None:  # its GEMMs and products are inside one call: the run-time route finds them
-            self.report.failures.append(TraceFailure(path, type(module).__name__, composite_reason(composite)))
+            self.report.failures.append(TraceFailure(path, type(module).__name__, leaf_reason(composite)))
             return module
         self.report.traced.append(path)
         gm = fx.GraphModule(tracer.root, graph, type(module).__name__)

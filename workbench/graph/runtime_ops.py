@@ -248,7 +248,10 @@ def call_site() -> Site:
     skipped): file, line and bytecode offset, so ``a + b + c`` on one line is two sites and a loop's step one.
     The recorder and the run-time quantizers (:mod:`workbench.graph.runtime_quant`) key operations by it."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _GRAPH_DIR)):
+    # directories end with a separator: torchvision's files (Swin's shifted_window_attention) are model code, not
+    # torch's, though their path starts with torch's directory's; skipped, every call inside took its caller's line
+    skipped = (os.path.join(_TORCH_DIR, ""), os.path.join(_GRAPH_DIR, ""))
+    while frame is not None and frame.f_code.co_filename.startswith(skipped):
         frame = frame.f_back
     return (frame.f_code.co_filename, frame.f_lineno, frame.f_lasti) if frame is not None else ("", 0, 0)
 

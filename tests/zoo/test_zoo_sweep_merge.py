@@ -1,0 +1,72 @@
+"""The sweep's results from several runs become one file, one row per architecture, the newest winning
+(bench/zoo_sweep.py --merge): the README's table is made from it."""
+import json
+
+import zoo_sweep
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_merge_keeps_the_newest_row_of_each_model_in_catalogue_order_and_says_where_it_came_from(tmp_path):
+    merged, rerun = tmp_path / "merged.jsonl", tmp_path / "rerun.jsonl"
+    _write(merged, [{"model": "hf/sew", "family": "speech", "failure": "weight GEMMs quantized 16/17",
+                     "date": "2026-11-29T12:09:33+00:00"},
+                    {"model": "hf/llama", "family": "decoder", "date": "2026-11-29T11:00:00+00:00"},
+                    {"model": "hf/bert", "family": "encoder"}])  # an old row without a date
+    _write(rerun, [{"model": "hf/sew", "family": "speech", "date": "2026-11-29T17:14:06+00:00"},
+                   {"model": "hf/llama", "family": "decoder", "failure": "older", "date": "2026-11-29T10:00:00+00:00"},
+                   {"model": "hf/bert", "family": "encoder", "date": "2026-11-29T17:00:00+00:00"}])
+    zoo_sweep.main(["--merge", str(rerun), "--out", str(merged)])
+    rows = [json.loads(line) for line in merged.read_text().splitlines()]
+    by_model = {row["model"]: row for row in rows}
+    assert len(rows) == 3  # one row per model
+    assert "failure" not in by_model["hf/sew"] and by_model["hf/sew"]["source_file"] == "rerun.jsonl"
+    assert "failure" not in by_model["hf/llama"] and by_model["hf/llama"]["source_file"] == "merged.jsonl"
+    assert by_model["hf/bert"]["source_file"] == "rerun.jsonl"  # a dated row beats one without a date
+    order = [entry.name for entry in zoo_sweep.zoo_catalog.all_entries()]
+    assert [row["model"] for row in rows] == sorted(by_model, key=order.index)
+
+
+def test_batchnorm_statistics_set_on_data_normalise_what_a_random_init_lets_vanish():
+    """torchvision's random EfficientNetV2 returns logits of ~1e-5 (its activations vanish with depth); the sweep
+    builds it with BatchNorm statistics set on images, as training leaves them: each BatchNorm's output then has
+    about zero mean and unit variance on such images, whatever the layer before it scaled them by."""
+    import torch
+    import zoo_factories
+    from torch import nn
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3)
+    with torch.no_grad():
+        conv.weight.mul_(1e-2)  # a layer that shrinks its input 100 times, as a bad init does
+    model = nn.Sequential(conv, nn.BatchNorm2d(4))
+    zoo_factories.set_batchnorm_statistics(model, size=16)
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.randn(8, 3, 16, 16))
+    assert abs(float(out.mean())) < 0.1 and 0.8 < float(out.std()) < 1.2
+    assert model[1].momentum == 0.1  # the module as built, but for its statistics
+
+
+def test_an_einsum_of_two_activations_counts_as_an_attention_product(tmp_path):
+    """torchvision's MaxViT writes q @ k^T and probabilities @ v as einsums: the sweep counted MatMuls only, found
+    0 products in its file and accepted it with 44 float ones."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from zoo_checks import attention_products
+
+    scale = numpy_helper.from_array(np.array(0.1, dtype=np.float32), "s")
+    zero = numpy_helper.from_array(np.array(0, dtype=np.int8), "z")
+    nodes = [helper.make_node("QuantizeLinear", ["q", "s", "z"], ["q_q"]),
+             helper.make_node("DequantizeLinear", ["q_q", "s", "z"], ["q_dq"]),
+             helper.make_node("Einsum", ["q_dq", "k"], ["scores"], equation="ij,kj->ik"),  # k is float
+             helper.make_node("Einsum", ["scores", "v"], ["out"], equation="ik,kj->ij")]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 4]) for n in ("q", "k", "v")]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 4])],
+                              initializer=[scale, zero])
+    path = tmp_path / "einsum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert attention_products(path) == (0, 2)
