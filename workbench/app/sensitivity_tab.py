@@ -463,7 +463,9 @@ class SensitivityTab(QWidget):
         self._fit_table()
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
-        if watched is self.chart and event.type() == QEvent.Type.Resize:
+        # getattr: Qt delivers events to the filter while the tab is still being built (PySide6 6.11), before
+        # ``chart`` exists
+        if watched is getattr(self, "chart", None) and event.type() == QEvent.Type.Resize:
             self._fit_chart_labels()  # the splitter gave the chart another width (after the tab's own resize)
         return super().eventFilter(watched, event)
 
