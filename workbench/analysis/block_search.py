@@ -165,6 +165,23 @@ def _only(module: nn.Module, keep: Iterable[TensorQuantizer] = ()) -> Iterator[N
             quantizer.enable() if enabled else quantizer.disable()
 
 
+
+def _on_each_level(unit: Unit, levels: Levels, stream: Mapping[str, int],
+                   measure: Callable[[], float]) -> dict[int, float]:
+    """``measure()`` (an ``N/S``) with ``unit`` on each of its levels, 0 on float; the unit back on its stream level
+    after."""
+    found: dict[int, float] = {}
+    try:
+        for level in levels.rungs(unit):
+            if levels.is_float(level):
+                found[level] = 0.0
+                continue
+            levels.set(unit, level)
+            found[level] = measure()
+    finally:
+        levels.set(unit, stream[unit.name])
+    return found
+
 def _running(model: nn.Module, unit: Unit) -> list[TensorQuantizer]:
     """The quantizer objects that run ``unit``'s places now (a ladder swaps its rungs' into the model)."""
     return [model.get_submodule(name) for name in unit.quantizers]
@@ -279,23 +296,16 @@ class _Walk(BlockWalk):
     def _unit_costs(self, name: str, block: nn.Module, unit: Unit, levels: Levels, stream: Mapping[str, int],
                     inputs: ActivationStore) -> dict[int, float]:
         """``unit``'s ``N/S`` at the block's output on each of its levels, alone quantized in the block."""
-        found: dict[int, float] = {}
-        try:
-            for level in levels.rungs(unit):
-                if levels.is_float(level):
-                    found[level] = 0.0
-                    continue
-                levels.set(unit, level)
-                pooled = _Pooled()
-                with _only(block, _running(self.model, unit)), torch.no_grad():
-                    for index in range(self.done):
-                        self.check_cancel(f"in block {name} before batch {index}")
-                        output = self.call_block(block, index, inputs.get(index))
-                        pooled.add(hidden_of(name, self.hidden.get(index)), hidden_of(name, output))
-                found[level] = pooled.ratio
-        finally:
-            levels.set(unit, stream[unit.name])
-        return found
+        def measure() -> float:
+            pooled = _Pooled()
+            with _only(block, _running(self.model, unit)), torch.no_grad():
+                for index in range(self.done):
+                    self.check_cancel(f"in block {name} before batch {index}")
+                    output = self.call_block(block, index, inputs.get(index))
+                    pooled.add(hidden_of(name, self.hidden.get(index)), hidden_of(name, output))
+            return pooled.ratio
+
+        return _on_each_level(unit, levels, stream, measure)
 
     def _tail(self, tail: Sequence[Unit], levels: Levels, stream: Mapping[str, int],
               costs: dict[str, dict[int, float]] | None, quantized: ActivationStore | None) -> float:
@@ -315,21 +325,14 @@ class _Walk(BlockWalk):
             finally:
                 self.hidden = floats
             for unit in tail if costs is not None else ():
-                found: dict[int, float] = {}
-                try:
-                    for level in levels.rungs(unit):
-                        if levels.is_float(level):
-                            found[level] = 0.0
-                            continue
-                        levels.set(unit, level)
-                        alone = _Pooled()
-                        with _only(self.model, _running(self.model, unit)), self.replaying(), torch.no_grad():
-                            for index in range(self.done):
-                                alone.add(references.get(index), self._output(index))
-                        found[level] = alone.ratio
-                finally:
-                    levels.set(unit, stream[unit.name])
-                costs[unit.name] = found
+                def measure(unit: Unit = unit) -> float:
+                    alone = _Pooled()
+                    with _only(self.model, _running(self.model, unit)), self.replaying(), torch.no_grad():
+                        for index in range(self.done):
+                            alone.add(references.get(index), self._output(index))
+                    return alone.ratio
+
+                costs[unit.name] = _on_each_level(unit, levels, stream, measure)
         finally:
             references.close()
         return pooled.ratio

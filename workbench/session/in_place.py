@@ -160,6 +160,14 @@ def layer_changes(model: nn.Module, before: Mapping[str, LayerState], after: Map
     return changes
 
 
+def _use_counts(names: Mapping[str, nn.Module]) -> dict[int, int]:
+    """How many names each quantizer object has (more than one: shared by a placement rule)."""
+    uses: dict[int, int] = {}
+    for quantizer in names.values():
+        uses[id(quantizer)] = uses.get(id(quantizer), 0) + 1
+    return uses
+
+
 def _plan_off(model: nn.Module, layers: Collection[str], *,
               finetune: FinetuneRecord | None) -> list[tuple[str, TensorQuantizer]] | None:
     """The quantizers to switch off for ``layers`` going to float (name, quantizer); None when one of them is not
@@ -168,9 +176,7 @@ def _plan_off(model: nn.Module, layers: Collection[str], *,
         return []
     modules = dict(model.named_modules())
     names = quantizer_names(model)
-    uses: dict[int, int] = {}
-    for quantizer in names.values():
-        uses[id(quantizer)] = uses.get(id(quantizer), 0) + 1
+    uses = _use_counts(names)
     learned = finetune.amax if finetune is not None and finetune.amax else {}
     found: list[tuple[str, TensorQuantizer]] = []
     for layer in layers:
@@ -196,9 +202,7 @@ def _plan(model: nn.Module, descriptors: Mapping[str, dict[str, Any]], role: str
         return None
     modules = dict(model.named_modules())
     names = quantizer_names(model)
-    uses: dict[int, int] = {}
-    for quantizer in names.values():
-        uses[id(quantizer)] = uses.get(id(quantizer), 0) + 1
+    uses = _use_counts(names)
     learned = finetune.amax if finetune is not None and finetune.amax else {}
     planned: list[_Swap] = []
     for layer, fields in descriptors.items():
