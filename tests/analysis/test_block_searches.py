@@ -163,7 +163,7 @@ def test_a_model_without_repeated_blocks_is_refused_by_name():
 
 
 def test_cli_fallback_and_ladder_sequential_on_a_lazily_opened_checkpoint(tmp_path, capsys, monkeypatch):
-    from checkpoints import new_project
+    from checkpoints import new_project, save_outlier_llama
 
     from tests.cli_run import run
     from workbench.session import Session
@@ -171,15 +171,7 @@ def test_cli_fallback_and_ladder_sequential_on_a_lazily_opened_checkpoint(tmp_pa
     from workbench.sources.lazy_checkpoint import LazyCheckpoint
 
     pytest.importorskip("accelerate")
-    torch.manual_seed(0)
-    model = models.hf_llama()
-    with torch.no_grad():
-        model.model.layers[1].mlp.up_proj.weight[:4] *= 60.0
-        model.model.layers[1].mlp.gate_proj.weight[:4] *= 8.0
-    model.to(torch.bfloat16).save_pretrained(tmp_path / "llama", safe_serialization=True)
-    import numpy as np
-
-    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 8)).astype(np.int64))
+    save_outlier_llama(tmp_path)
     monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "always")
     project = new_project(capsys, tmp_path, tmp_path / "llama", precision="int8")
     code, _, err = run(capsys, "calibrate", project, "--method", "max", "--sequential")

@@ -64,20 +64,14 @@ def test_a_model_without_blocks_is_refused_by_name():
 def test_cli_sensitivity_sequential_on_a_lazily_opened_checkpoint(tmp_path, capsys, monkeypatch):
     import json
 
-    import numpy as np
+    from checkpoints import save_outlier_llama
 
     from tests.cli_run import run
     from workbench.sources import model_source
     from workbench.sources.lazy_checkpoint import LazyCheckpoint
 
     pytest.importorskip("accelerate")
-    torch.manual_seed(0)
-    model = models.hf_llama()
-    with torch.no_grad():
-        model.model.layers[1].mlp.up_proj.weight[:4] *= 60.0
-        model.model.layers[1].mlp.gate_proj.weight[:4] *= 8.0
-    model.to(torch.bfloat16).save_pretrained(tmp_path / "llama", safe_serialization=True)
-    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 8)).astype(np.int64))
+    save_outlier_llama(tmp_path)
     monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "always")
     project = tmp_path / "p.qwb"
     code, _, err = run(capsys, "new", project, "--model", f"hf:{tmp_path / 'llama'}", "--data",

@@ -25,6 +25,20 @@ def save_bf16_llama(tmp_path: Path, hidden: int) -> Path:
     return folder
 
 
+def save_outlier_llama(tmp_path: Path) -> None:
+    """The tiny LLaMA with outlier rows in block 1's MLP, saved in bf16 as ``tmp_path/llama`` (safetensors), and 8x8
+    token ids as ``tmp_path/ids.npy``: the model whose block-by-block searches have one clear layer to pick."""
+    import models  # tests/transformers/models.py
+
+    torch.manual_seed(0)
+    model = models.hf_llama()
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[:4] *= 60.0
+        model.model.layers[1].mlp.gate_proj.weight[:4] *= 8.0
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "llama", safe_serialization=True)
+    np.save(tmp_path / "ids.npy", np.random.default_rng(0).integers(0, 64, (8, 8)).astype(np.int64))
+
+
 def new_project(capsys, tmp_path: Path, folder: Path, name: str = "p.qwb", precision: str | None = None) -> Path:
     """``workbench new`` on ``hf:folder`` with ``tmp_path/ids.npy`` (batches of 4, the logits compared), then every
     Linear set to ``precision`` when one is given."""
