@@ -10,7 +10,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
 from PySide6.QtCore import Qt  # noqa: E402
-from window_waits import settle  # noqa: E402
+from window_waits import run_ladder, settle  # noqa: E402
 
 ROUNDS = 4
 
@@ -26,13 +26,7 @@ def test_apply_undo_calibrate_rounds_in_the_window(window, qtbot, calibrated_blo
     settle(window, qtbot)
     controller.session.update_setting("calibration", method="max")
     panel = window.extra_tabs["Sensitivity"].fallback_panel
-    panel._metric = lambda: "sqnr"
-    panel.metric_changed()
-    panel.ladder_box.setCurrentText("int8,fp8,float")
-    panel.goal_box.setCurrentIndex(panel.goal_box.findData("target"))
-    panel.goal_spin.setValue(25)
-    with qtbot.waitSignal(controller.ladder_changed, timeout=120000):
-        qtbot.mouseClick(panel.fallback_button, Qt.MouseButton.LeftButton)
+    run_ladder(panel, controller, qtbot)
     start = {name: p.value for name, p in controller.session.precisions().items()}
     amax = _amax(controller.session)
     for _ in range(ROUNDS):

@@ -12,6 +12,7 @@ pytest.importorskip("pyqtgraph")
 from bert_project import bert_specs  # noqa: E402
 from demo_project import shown  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
+from window_waits import run_ladder  # noqa: E402
 
 from workbench.app.sensitivity_tab import SensitivityTab  # noqa: E402
 
@@ -84,13 +85,7 @@ def test_gui_apply_calibrates_the_changed_layer_only(controller, qtbot, calibrat
         controller.open_project(calibrated_block_project, trust_code=True)
     controller.session.update_setting("calibration", method="max")  # as it was calibrated (``calibrate --method``)
     panel = shown(SensitivityTab(controller), qtbot, 1100, 800).fallback_panel
-    panel._metric = lambda: "sqnr"
-    panel.metric_changed()
-    panel.ladder_box.setCurrentText("int8,fp8,float")
-    panel.goal_box.setCurrentIndex(panel.goal_box.findData("target"))
-    panel.goal_spin.setValue(25)
-    with qtbot.waitSignal(controller.ladder_changed, timeout=120000):
-        qtbot.mouseClick(panel.fallback_button, Qt.MouseButton.LeftButton)
+    run_ladder(panel, controller, qtbot)
     assert panel.ladder_result.precisions == {"fc": "fp8", "head": "int8"}
     head = _amax(controller.session)["head._input_quantizer"]
     logged = []

@@ -10,7 +10,7 @@ pytest.importorskip("PySide6")
 
 from bert_project import bert_specs  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
-from window_waits import settle  # noqa: E402
+from window_waits import run_ladder, settle  # noqa: E402
 
 from workbench.quant.algorithms.snapshot import quantizer_names  # noqa: E402
 
@@ -87,13 +87,7 @@ def test_gui_undo_apply_leaves_nothing_to_recalibrate(window, qtbot, calibrated_
     session.update_setting("calibration", method="max")  # as it was calibrated (``calibrate --method``)
     recorded = _recorded(session)
     panel = window.extra_tabs["Sensitivity"].fallback_panel
-    panel._metric = lambda: "sqnr"
-    panel.metric_changed()
-    panel.ladder_box.setCurrentText("int8,fp8,float")
-    panel.goal_box.setCurrentIndex(panel.goal_box.findData("target"))
-    panel.goal_spin.setValue(25)
-    with qtbot.waitSignal(window.controller.ladder_changed, timeout=120000):
-        qtbot.mouseClick(panel.fallback_button, Qt.MouseButton.LeftButton)
+    run_ladder(panel, window.controller, qtbot)
     with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
         qtbot.mouseClick(panel.apply_button, Qt.MouseButton.LeftButton)  # fc in FP8, calibrated
     qtbot.waitUntil(lambda: not window.controller.busy and not panel.applying, timeout=60000)

@@ -21,3 +21,17 @@ def open_calibrated_bert(window, qtbot, tmp_path) -> None:
     with qtbot.waitSignal(window.controller.calibration_changed, timeout=60000):
         window.controller.calibrate(method="max")
     settle(window, qtbot)
+
+
+def run_ladder(panel, controller, qtbot, ladder: str = "int8,fp8,float", target_db: float = 25) -> None:
+    """Run the precision ladder from the sensitivity tab's fallback panel as a user does: the SQNR metric, a ladder,
+    a target in dB, the button; returns once the controller has the result."""
+    from PySide6.QtCore import Qt
+
+    panel._metric = lambda: "sqnr"
+    panel.metric_changed()
+    panel.ladder_box.setCurrentText(ladder)
+    panel.goal_box.setCurrentIndex(panel.goal_box.findData("target"))
+    panel.goal_spin.setValue(target_db)
+    with qtbot.waitSignal(controller.ladder_changed, timeout=120000):
+        qtbot.mouseClick(panel.fallback_button, Qt.MouseButton.LeftButton)
