@@ -29,19 +29,21 @@ def _own_config_dir(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _torch_left_as_found():
-    """A test that leaves a torch function mode on the stack or fx's tracing flag set fails here, by name, and
-    the state is cleared: left, they broke tests far away (every torch.compile'd kernel refused or mis-traced)."""
-    from torch.fx import _symbolic_trace
+    """A test that leaves a torch function mode on the stack, fx's tracing flag set or fx's wrappers installed
+    (on nn.Module, math, or a function given to torch.fx.wrap) fails here, by name, and the state is cleared: left,
+    they broke tests far away (every torch.compile'd kernel refused or mis-traced; a wrapped function's attention
+    products stayed float)."""
     from torch.overrides import _get_current_function_mode_stack
+
+    from workbench.graph.fx_guard import restore_module_methods
 
     yield
     modes = _get_current_function_mode_stack()
-    tracing = _symbolic_trace._is_fx_tracing_flag
     while torch._C._len_torch_function_stack():
         torch._C._pop_torch_function_stack()
-    _symbolic_trace._is_fx_tracing_flag = False
-    if modes or tracing:
-        pytest.fail(f"the test left torch in another state: function modes {modes}, fx tracing flag {tracing}")
+    left = restore_module_methods()
+    if modes or left:
+        pytest.fail(f"the test left torch in another state: function modes {modes}, fx left {left}")
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,13 @@ from workbench.graph import fx_guard
 from workbench.graph.trace import QuantTracer
 
 
+def _wrapped_scale(x: torch.Tensor) -> torch.Tensor:
+    return x.matmul(x.transpose(-2, -1))
+
+
+fx.wrap("_wrapped_scale")
+
+
 class _Slow(nn.Module):
     """A forward that holds its trace open long enough for the other thread's to start."""
 
@@ -25,7 +32,7 @@ class _Slow(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(self.seconds)
-        return self.linear(x)
+        return _wrapped_scale(self.linear(x))
 
 
 def _trace_in_two_threads(tracer_class: type) -> list[BaseException]:
@@ -56,12 +63,16 @@ def test_overlapping_traces_run_one_after_the_other_and_leave_modules_callable()
 
 
 def test_a_wrapper_left_by_someone_elses_traces_is_put_back_after_the_next_guarded_one(caplog):
-    original, builtin_ceil = nn.Module.__call__, math.ceil
+    original, builtin_ceil, wrapped = nn.Module.__call__, math.ceil, _wrapped_scale
     try:
         _trace_in_two_threads(fx.Tracer)  # plain fx, as a library's own tracing would run: leaves its wrapper
         assert nn.Module.__call__ is not original
-        QuantTracer().trace(nn.Sequential(nn.Linear(2, 2)))
-        assert nn.Module.__call__ is original
+        assert globals()["_wrapped_scale"] is not wrapped  # so is the function given to torch.fx.wrap
+        graph = QuantTracer().trace(_Slow(0.0))
+        assert nn.Module.__call__ is original and globals()["_wrapped_scale"] is wrapped
+        # the trace itself recorded the function, not the wrapper left behind (whose code computes nothing: the
+        # products inside stayed float, torchvision's Swin in CI's order)
+        assert [n.target for n in graph.nodes if n.op == "call_function"] == [wrapped]
         assert math.ceil is builtin_ceil and inspect.isbuiltin(math.sqrt)  # what torch.export's verifier requires
         assert not fx._symbolic_trace.is_fx_symbolic_tracing()  # set, torch.compile'd functions refuse to run
         assert torch.compile(torch.sin, backend="eager")(torch.zeros(1)).item() == 0.0
