@@ -51,8 +51,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# name -> LlamaConfig sizes (hidden, intermediate, layers, heads, kv heads); vocab 32000 as LLaMA 2
-SIZES = {"0.1B": (768, 2048, 12, 12, 12), "0.5B": (1280, 3456, 22, 20, 20), "1.1B": (2048, 5632, 22, 32, 4),
+# name -> LlamaConfig sizes (hidden, intermediate, layers, heads, kv heads); vocab 32000 as LLaMA 2; 40M: for
+# profiling (the 0.1B's ratios, faster)
+SIZES = {"40M": (512, 1408, 6, 8, 8), "0.1B": (768, 2048, 12, 12, 12), "0.5B": (1280, 3456, 22, 20, 20),
+         "1.1B": (2048, 5632, 22, 32, 4),
          "7B": (4096, 11008, 32, 32, 32)}
 VOCAB = 32000
 

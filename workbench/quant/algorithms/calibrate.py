@@ -132,7 +132,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         calibrating = start_collecting(quantizers)
         start_routing_counts(model)
         collection = collect(model, batches, num_batches, run_device, context, total, cancel, local_progress,
-                              keep=report_sqnr or method == AmaxMethod.AUTO.value)
+                              keep=report_sqnr or method == AmaxMethod.AUTO.value, keep_outputs=report_sqnr)
         if context.distributed:
             merge_ranks(model, calibrating, collection, context, local_progress, data_digest, method, percentile,
                          total)
@@ -207,7 +207,7 @@ def _commit(model: nn.Module, snapshot: ModelSnapshot, quantizers: dict[str, Ten
     output_sqnr, sqnr_batches = None, 0
     if report_sqnr:
         output_sqnr, sqnr_batches = _output_sqnr(model, quantizers, [batch for _, batch in collection.kept],
-                                                 run_device, context)
+                                                 collection.references, run_device, context)
     snapshot.restore_modes()
     done = collection.done
     result = CalibrationResult(quantizers=results, method=method, percentile=percentile, num_batches=done,
@@ -225,22 +225,29 @@ def _commit(model: nn.Module, snapshot: ModelSnapshot, quantizers: dict[str, Ten
 
 
 
-def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batches: list, device: torch.device,
-                 context: DistContext) -> tuple[float | None, int]:
+def _output_sqnr(model: nn.Module, quantizers: dict[str, TensorQuantizer], batches: list, references: list,
+                 device: torch.device, context: DistContext) -> tuple[float | None, int]:
     """The model output's SQNR, INT8 vs FP32, with signal and noise summed over ``batches`` (and the ranks),
-    and how many batches that was."""
+    and how many batches that was.
+
+    ``references``: per batch, its float output kept from the collect pass (quantization off), or None: that batch
+    runs again with every quantizer off. The collect pass's output is the float model's, bit for bit, but where a
+    quantized attention takes its decomposed path while collecting and the fused one when off (float rounding:
+    ~1e-6 dB, as the sequential run's tail-pass reference)."""
     enabled = {name: q.is_enabled for name, q in quantizers.items()}
     signal = noise = 0.0
     counted = 0
     try:
         with torch.no_grad():
-            for batch in batches:
+            for number, batch in enumerate(batches):
                 quantized = run_model(model, batch, device)
-                for q in quantizers.values():
-                    q.disable()
-                reference = run_model(model, batch, device)
-                for name, q in quantizers.items():
-                    q.set_enabled(enabled[name])
+                reference = references[number] if number < len(references) else None
+                if reference is None:
+                    for q in quantizers.values():
+                        q.disable()
+                    reference = run_model(model, batch, device)
+                    for name, q in quantizers.items():
+                        q.set_enabled(enabled[name])
                 powers = sqnr_powers(reference, quantized)
                 if powers is not None:
                     signal += powers[0]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.quant.algorithms.batches import flat_tensors, model_inputs, run_model
+from workbench.quant.algorithms.batches import flat_tensors, model_inputs, run_model, select_output
 from workbench.quant.algorithms.calibration_results import (
     CalibrationCancelled,
     CalibrationError,
@@ -31,6 +31,9 @@ from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 # The batches a run keeps to run again (auto's measurement, the output SQNR) take at most this many bytes;
 # beyond, the SQNR covers the batches kept and says so.
 REPLAY_BYTES = 1 << 30
+# The float outputs kept from the collect pass as the output SQNR's reference take at most this many bytes; a kept
+# batch whose output does not fit is run again with every quantizer off (the pass this saves: a third of the job).
+REFERENCE_BYTES = 512 << 20
 
 
 def start_collecting(quantizers: dict[str, TensorQuantizer]) -> dict[str, TensorQuantizer]:
@@ -60,16 +63,22 @@ class Collection:
     done: int = 0
     # the batches to run again (auto, output SQNR), within REPLAY_BYTES, with their index among all batches
     kept: list[tuple[int, Any]] = field(default_factory=list)
+    # per kept batch, the compared part of its float output (collecting runs with quantization off), or None where
+    # it was not kept (not asked for, over REFERENCE_BYTES, or no tensor to compare)
+    references: list[Any] = field(default_factory=list)
     mostly_nonfinite: list[int] = field(default_factory=list)  # batches whose inputs are more NaN/Inf than finite
 
 
 def collect(model: nn.Module, batches: Iterable, num_batches: int | None, run_device: torch.device,
              context: DistContext, total: int, cancel: CancelToken | None, progress: ProgressCallback | None,
-             keep: bool) -> Collection:
+             keep: bool, keep_outputs: bool = False) -> Collection:
     """Step 2: run the batches (this rank's share) so that the calibrators collect their statistics.
 
     Args:
         keep: keep the batches (within :data:`REPLAY_BYTES`) for auto's measurement and the output SQNR.
+        keep_outputs: also keep each kept batch's output (the part the SQNR compares, within
+            :data:`REFERENCE_BYTES`): every quantizer collects with quantization off, so it is the float model's
+            output, the output SQNR's reference without another forward.
 
     Returns:
         The batches run on this rank, those kept, and those mostly NaN/Inf.
@@ -79,7 +88,7 @@ def collect(model: nn.Module, batches: Iterable, num_batches: int | None, run_de
         CalibrationError: the model raised on a batch.
     """
     collection = Collection()
-    kept_bytes = 0
+    kept_bytes = reference_bytes = 0
     with torch.no_grad():
         for local_index, batch in enumerate(batches):
             if num_batches is not None and local_index >= num_batches:
@@ -90,14 +99,21 @@ def collect(model: nn.Module, batches: Iterable, num_batches: int | None, run_de
                 raise CalibrationCancelled(f"Calibration cancelled after {collection.done} of {total or '?'} "
                                            "batches.")
             try:
-                run_model(model, batch, run_device)
+                output = run_model(model, batch, run_device)
             except Exception as error:  # the user's model: report which batch, keep the cause
                 raise CalibrationError(index, error) from error
             if keep and kept_bytes <= REPLAY_BYTES:
                 size = batch_bytes(batch)
                 if kept_bytes + size <= REPLAY_BYTES:
                     collection.kept.append((index, batch))
+                    reference = compared_part(output) if keep_outputs else None
+                    reference_size = 0 if reference is None else value_size(reference)
+                    if reference_bytes + reference_size > REFERENCE_BYTES:
+                        reference = None
+                    reference_bytes += reference_size if reference is not None else 0
+                    collection.references.append(reference)
                 kept_bytes += size
+            del output  # a model's output (logits, a cache) is not held into the next batch's forward
             if nonfinite_share(batch) > MOSTLY_NONFINITE:
                 collection.mostly_nonfinite.append(index)
             collection.done += 1
@@ -122,6 +138,19 @@ def merge_ranks(model: nn.Module, calibrating: dict[str, TensorQuantizer], colle
     counts_and_flags = context.all_gather((collection.done, collection.mostly_nonfinite))
     collection.done = sum(count for count, _ in counts_and_flags)
     collection.mostly_nonfinite = sorted(index for _, flagged in counts_and_flags for index in flagged)
+
+
+def compared_part(output: Any) -> Any:
+    """The part of a model output the output SQNR compares (:func:`select_output`), None where it has no tensor."""
+    try:
+        return select_output(output)
+    except ValueError:
+        return None
+
+
+def value_size(value: Any) -> int:
+    """The bytes of the tensors in ``value``."""
+    return sum(t.numel() * t.element_size() for t in flat_tensors(value))
 
 
 def batch_bytes(batch: Any) -> int:
