@@ -78,8 +78,64 @@ started = time.perf_counter()
 code = main(sys.argv[1:])
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"code": code, "wall_s": time.perf_counter() - started, "peak_kib": peak_kib(),
-                  "cpu_s": usage.ru_utime + usage.ru_stime}), file=sys.stderr)
+                  "cpu_s": usage.ru_utime + usage.ru_stime, "parts": globals().get("_TIMES", {})}), file=sys.stderr)
 sys.exit(code)
+"""
+
+# An export step's time per part (the export's functions wrapped with timers, by the names their callers look them
+# up by): inclusive times, so nested parts (the parity batches' forwards inside validation) are also in their
+# parent's; calls counted. Printed by the bench as a second table under the export rows.
+_BREAKDOWN = """
+import importlib, time
+_PARTS = [
+    ("workbench.cli.jobs", "open_project", "open the project (build the model, quantizers, calibration)"),
+    ("workbench.export.onnx_export", "run_references", "reference outputs: fake-quant forwards (sample, batch 2, "
+     "sequence +1)"),
+    ("torch.export", "export", "trace: torch.export"),
+    ("torch.onnx", "export", "translate: torch.onnx.export of the program"),
+    ("torch.onnx._internal.exporter._onnx_program.ONNXProgram", "optimize", "optimizer (onnxscript)"),
+    ("workbench.export.exporters", "_graph_only", "graph and initializers written (onnx_ir.save)"),
+    ("workbench.export.capture", "fold_int4_casts", "INT4 casts folded and packed"),
+    ("workbench.export.onnx_export", "capture", "capture in all"),
+    ("workbench.export.onnx_export", "post_process_graph", "Q/DQ named and counted"),
+    ("workbench.export.file_checks", "stage", "file staged (written beside the target)"),
+    ("onnx.checker", "check_model", "onnx.checker"),
+    ("workbench.export.file_checks", "piecewise_session", "validation: block pieces planned"),
+    ("workbench.export.blockwise_validation.PiecewiseSession", "run", "validation: ONNX runs, block by block"),
+    ("workbench.export.file_checks", "block_rows", "validation: block rows (their fake-quant inputs and outputs)"),
+    ("workbench.export.parity_checks", "run_reference", "validation: parity batch fake-quant forward"),
+    ("workbench.export.file_checks", "batch_checks", "validation: parity batches (forward and ONNX run)"),
+    ("workbench.export.onnx_export", "validate", "validation in all"),
+    ("workbench.export.onnx_export", "_commit", "file committed"),
+    ("workbench.export.onnx_export", "_write_side_files", "side files"),
+    ("workbench.session.exports", "headline", "headline: quantized vs float evaluation"),
+]
+_TIMES = {}
+
+
+def _timed(owner, attr, label):
+    original = getattr(owner, attr)
+
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent, calls = _TIMES.get(label, (0.0, 0))
+            _TIMES[label] = (spent + time.perf_counter() - started, calls + 1)
+    setattr(owner, attr, wrapper)
+
+
+for where, attr, label in _PARTS:
+    try:
+        if where.endswith((".ONNXProgram", ".PiecewiseSession")):
+            path, name = where.rsplit(".", 1)
+            owner = getattr(importlib.import_module(path), name)
+        else:
+            owner = importlib.import_module(where)
+        _timed(owner, attr, label)
+    except (ImportError, AttributeError):
+        pass
 """
 
 _FORWARD = _PEAK + """
@@ -243,12 +299,14 @@ def run_sampled(args: list[str], repo: Path = REPO) -> tuple[dict, list[dict]]:
                                                        for rank, pid in enumerate(sorted(peaks))]
 
 
-def run_step(args: list[str], repo: Path = REPO) -> dict:
+def run_step(args: list[str], repo: Path = REPO, breakdown: bool = False) -> dict:
     """One ``workbench`` command of the checkout ``repo`` in a fresh process: its exit code, wall time (of the
-    command, and of the whole process with its imports) and peak RSS (KiB)."""
+    command, and of the whole process with its imports) and peak RSS (KiB); with ``breakdown``, also the time of
+    each part of an export (``parts``: label -> [seconds, calls], see :data:`_BREAKDOWN`)."""
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", "import json\n" + _STEP, *args], capture_output=True, text=True,
+    script = "import json\n" + (_BREAKDOWN if breakdown else "") + _STEP
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
                           env=env, cwd=repo)
     process = time.perf_counter() - started
     last = [line for line in done.stderr.splitlines() if line.startswith("{")]
@@ -289,6 +347,7 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     steps = args.steps.split(",")
     sampled: list[tuple[str, str, dict, list[dict]]] = []
+    breakdowns: list[tuple[str, str, dict]] = []
     # "cpu s": the step's process's CPU time, imports included (one thread: what its wall time is on a quiet
     # machine; on the shared one the wall time is several times that)
     # "job / bf16 forward": a calibrate step's own job time (its summary's), without the imports, opening and saving
@@ -364,7 +423,9 @@ def main() -> None:
                 result["process_s"] = time.perf_counter() - started
                 sampled.append((name, step, result, processes))
             else:
-                result = run_step([str(a) for a in commands[step]], args.repo)
+                result = run_step([str(a) for a in commands[step]], args.repo, breakdown="export" in step)
+                if result.get("parts"):
+                    breakdowns.append((name, step, result))
             wall = result.get("wall_s") or time.perf_counter() - started
             peak = result["peak_kib"] * 1024
             if step.endswith("-workers"):  # its largest rank (the command itself only launches them)
@@ -379,6 +440,20 @@ def main() -> None:
                   f"{peak / weights:.2f} | {wall / forward['wall_s']:.2f}{versus} | {job} |", flush=True)
     if sampled:
         print_processes(sampled)
+    if breakdowns:
+        print_breakdowns(breakdowns)
+
+
+def print_breakdowns(breakdowns: list[tuple[str, str, dict]]) -> None:
+    """Per export step, where its time went (inclusive: a part's children are in it too) and each part's share
+    of the command's wall time."""
+    print()
+    print("| size | step | part | calls | s | share of the command |")
+    print("|---|---|---|---|---|---|")
+    for name, step, result in breakdowns:
+        for label, (spent, calls) in result["parts"].items():
+            print(f"| {name} | {step} | {label} | {calls} | {spent:.1f} | {spent / result['wall_s']:.0%} |")
+        print(f"| {name} | {step} | the command | 1 | {result['wall_s']:.1f} | 100% |", flush=True)
 
 
 def print_processes(sampled: list[tuple[str, str, dict, list[dict]]]) -> None:
