@@ -24,7 +24,12 @@ whole-model step, ``python bench/llm_scale.py --sizes 7B --batches 1 --batch-siz
 where the weights exceed half the memory available: ``from_pretrained`` alone holds them all).
 
 ``calibrate-sequential`` is ``calibrate --sequential`` (one block at a time, the same amax; its output SQNR takes
-one more walk over the blocks where the whole-model ``calibrate`` takes two more passes).
+one more walk over the blocks, as the whole-model ``calibrate`` takes one more pass: the float outputs are the
+collecting pass's). A ``calibrate*`` row's last column is the calibration job's own time (its summary's) over the
+plain forward: the wall time also holds the imports, opening the project and saving it, which the plain forward's
+time (the forwards alone) does not. Every export step also prints where its time went (a second table: the
+reference forwards, torch.export, the translation, the optimizer, writing, INT4 folding, the checker, the ONNX
+runs, the parity batches, the headline), from timers around the export's functions (inclusive times).
 ``calibrate-smoothquant`` and ``calibrate-smoothquant-sequential`` are the same with ``--smoothquant 0.5`` (use
 ``--precision int8``): the smoothing planned on the whole model, or one block at a time (the same scales) before
 the calibration walks the blocks; ``calibrate-awq`` and ``calibrate-awq-sequential`` likewise with ``--awq on``
