@@ -87,9 +87,9 @@ def calibrate(model: nn.Module, batches: Iterable, *, num_batches: int | None, m
         progress: called as ``progress(done, total, message)`` after each batch (total is 0 when
             unknown).
         cancel: checked before each batch; when set, :class:`CalibrationCancelled` is raised.
-        report_sqnr: also run the calibration batches with and without quantization and report the output
-            SQNR pooled over all of them (two extra forward passes per batch), so that a collapsed amax is
-            visible.
+        report_sqnr: also run the calibration batches quantized and report the output SQNR against the
+            collecting pass's (float) outputs, pooled over all of them (one extra forward pass per batch; two
+            for a batch whose output is over ``REFERENCE_BYTES``), so that a collapsed amax is visible.
         context: the process's place in a distributed job (None: one process). Rank ``r`` of ``N``
             runs batches ``r, r + N, ...`` of the same first ``num_batches``, the statistics are
             merged across ranks (:func:`~workbench.quant.algorithms.merge.merge_calibrators`), and every
