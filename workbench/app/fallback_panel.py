@@ -326,7 +326,7 @@ class FallbackPanel(QGroupBox):
     def _show_partial(self, result: Any) -> None:
         """A running search's points so far: the chart fills as each measurement arrives."""
         if isinstance(result, LadderResult):
-            self.show_ladder(result)
+            self.show_ladder(result, partial=True)
         else:
             self.show_fallback(result)
 
@@ -531,9 +531,9 @@ class FallbackPanel(QGroupBox):
     # ----- a ladder search shown -------------------------------------------------------------------
 
     @Slot(object)
-    def show_ladder(self, result: LadderResult | None) -> None:
+    def show_ladder(self, result: LadderResult | None, partial: bool = False) -> None:
         """Plot a ladder search: the metric against the weight bytes of every mix measured (undone steps grey),
-        the target or budget, and the mix chosen."""
+        the target or budget, and the mix chosen (``partial``: the points so far of a search under way)."""
         self.ladder_result = result
         if result is None:
             self.show_fallback(self.result)
@@ -542,6 +542,8 @@ class FallbackPanel(QGroupBox):
         self.ladder_plot.show()
         # the box names the ladder this result searched (after a reopen it showed the first preset instead)
         self.ladder_box.setCurrentText(ladder_text(result.ladder))
+        if not partial:  # and whether it searched the hand-set layers too (a running search's points do not say)
+            self.revisit_box.setChecked(result.revisit_pins)
         xs, ys = result.plot_data()
         shown = [y if math.isfinite(y) else np.nan for y in ys]
         self.ladder_curve.setData(xs, shown, connect="finite")
