@@ -171,13 +171,17 @@ class FallbackPanel(QGroupBox):
                                              label="target", labelOpts={"position": 0.05, "color": (40, 140, 70)})
         self.ladder_budget = pg.InfiniteLine(angle=90, pen=pg.mkPen(QColor(200, 120, 30), width=1.5,
                                                                     style=Qt.PenStyle.DotLine),
-                                             label="budget", labelOpts={"position": 0.9})
+                                             label="budget", labelOpts={"position": 0.9, "color": (200, 120, 30)})
         self.ladder_marker = pg.ScatterPlotItem(size=16, symbol="star", pen=pg.mkPen(None))
         for item in (self.ladder_curve, self.ladder_undone, self.ladder_target, self.ladder_budget,
                      self.ladder_marker):
             self.ladder_plot.addItem(item)
-        # what each kind of point is: a legend, not a guess (pyqtgraph lists the items given a name)
-        self.ladder_legend = self.ladder_plot.addLegend(offset=(-8, 8), labelTextSize="8pt")
+        # what each kind of point is: a legend, not a guess (pyqtgraph lists the items given a name). Under the
+        # plot, in the plot item's own layout, one row: inside the plot it sat in a corner over a point
+        self.ladder_legend = pg.LegendItem(labelTextSize="8pt", colCount=3,
+                                           labelTextColor=self.palette().color(QPalette.ColorRole.Text))
+        plot_item = self.ladder_plot.getPlotItem()
+        plot_item.layout.addItem(self.ladder_legend, 4, 1)
         # (the target and budget lines carry their own labels: a legend sample of an InfiniteLine crashes)
         for item, name in ((self.ladder_curve, "mixes kept"), (self.ladder_undone, "steps undone (worse)"),
                            (self.ladder_marker, "mix chosen")):
