@@ -41,9 +41,11 @@ def _point_rects(panel) -> list[QRectF]:
     return rects
 
 
-@pytest.mark.parametrize("corner", ["top right", "top left", "bottom right", "bottom left"])
-def test_the_ladder_legend_covers_no_point(controller, qtbot, corner):
-    panel = shown(FallbackPanel(controller, lambda: "sqnr", lambda: None), qtbot, 1000, 380)
+@pytest.mark.parametrize("corner,width", [("top right", 1000), ("top left", 1000), ("bottom right", 1000),
+                                          ("bottom left", 1000), ("top right", 640)])
+def test_the_ladder_legend_covers_no_point(controller, qtbot, corner, width):
+    """Also in a narrow chart (the window's sensitivity tab beside a wide tree), where one row was cut off."""
+    panel = shown(FallbackPanel(controller, lambda: "sqnr", lambda: None), qtbot, width, 420)
     panel.show_ladder(_result(corner))
     QApplication.processEvents()
     panel.ladder_plot.grab()  # laid out and painted, as on screen
@@ -54,3 +56,7 @@ def test_the_ladder_legend_covers_no_point(controller, qtbot, corner):
     points = _point_rects(panel)
     assert len(points) == 7
     assert not [p for p in points if p.intersects(box)], f"the legend {box} covers a point"
+    # and all of it is in view: not cut off at the chart's right edge
+    view = panel.ladder_plot
+    chart = view.mapToScene(view.viewport().rect()).boundingRect()
+    assert chart.contains(box), f"the legend {box} does not fit the chart {chart}"

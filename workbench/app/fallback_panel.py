@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer, Slot
+from PySide6.QtCore import QEvent, Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import (
     QApplication,
@@ -186,9 +186,26 @@ class FallbackPanel(QGroupBox):
         for item, name in ((self.ladder_curve, "mixes kept"), (self.ladder_undone, "steps undone (worse)"),
                            (self.ladder_marker, "mix chosen")):
             self.ladder_legend.addItem(item, name)
+        # one row where the chart is wide enough, else as many columns as fit (one row was cut off at the right:
+        # the legend's width held the plot item wider than the chart showed)
+        self.ladder_plot.installEventFilter(self)
         group_layout.addWidget(self.ladder_plot, 1)
         self.ladder_plot.hide()
         self._clear_fallback_plot()
+
+    def eventFilter(self, watched: Any, event: QEvent) -> bool:
+        if watched is self.ladder_plot and event.type() == QEvent.Type.Resize:
+            self._fit_legend(event.size().width())  # (delivered before the chart and its viewport take the size)
+        return super().eventFilter(watched, event)
+
+    def _fit_legend(self, width: int) -> None:
+        """The most columns whose rows fit a chart ``width`` wide beside the left axis (each entry: its sample, its
+        label and a gap)."""
+        entries = [sample.width() + label.width() + 8 for sample, label in self.ladder_legend.items]
+        room = width - 2 * self.ladder_plot.frameWidth() - self.ladder_plot.getPlotItem().getAxis("left").width() - 8
+        columns = next((n for n in range(len(entries), 1, -1)
+                        if max(sum(entries[i:i + n]) for i in range(0, len(entries), n)) <= room), 1)
+        self.ladder_legend.setColumnCount(columns)
 
     # ----- session and state --------------------------------------------------------------------
 
