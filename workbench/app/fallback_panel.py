@@ -40,6 +40,7 @@ from workbench.app.controller import Controller
 from workbench.app.controller_jobs import CALIBRATION_JOB
 from workbench.app.formatting import count_text, format_number
 from workbench.app.plot_style import style_plot
+from workbench.app.wheel_guard import guard_wheel
 
 __all__ = ["FallbackPanel", "CURVE_LABELS_UP_TO"]
 
@@ -109,6 +110,8 @@ class FallbackPanel(QGroupBox):
         self.revisit_box.setToolTip("A ladder keeps the layers whose precision or descriptors you set by hand "
                                     "(pins); tick to let it search them too")
         form.addRow(self.revisit_box)
+        # the panel sits in the tab's scrolled pane: a wheel turn on the way down must not change the goal
+        guard_wheel(self.ladder_box, self.goal_box, self.goal_spin, self.max_units_spin)
         form.addRow(self.fallback_button)
         self.fallback_label = QLabel(NO_SEARCH_TEXT)
         self.fallback_label.setWordWrap(True)
