@@ -197,7 +197,8 @@ class FallbackPanel(QGroupBox):
         self._clear_fallback_plot()
 
     def eventFilter(self, watched: Any, event: QEvent) -> bool:
-        if watched is self.ladder_plot and event.type() == QEvent.Type.Resize:
+        # (Qt may call it before the chart is made: the group box filters some of its children's events itself)
+        if event.type() == QEvent.Type.Resize and watched is getattr(self, "ladder_plot", None):
             self._fit_legend(event.size().width())  # (delivered before the chart and its viewport take the size)
         return super().eventFilter(watched, event)
 
