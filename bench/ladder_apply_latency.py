@@ -1,7 +1,8 @@
 """Time of the ladder's Apply, from the click to a calibrated model: on a 3.5M BERT classifier and a GPT-2 of the
 same width.
 
-Run: ``python bench/ladder_apply_latency.py [--repeat N] [--hidden 128 --layers 2 --vocab 24000] [--method auto]``.
+Run: ``python bench/ladder_apply_latency.py [--repeat N] [--hidden 128 --layers 2 --vocab 24000] [--method auto]
+[--mix '1 attention float']``.
 Needs ``transformers``.
 
 What the sensitivity tab's Apply runs, through the Session as its controller calls it: the edit
@@ -9,7 +10,8 @@ What the sensitivity tab's Apply runs, through the Session as its controller cal
 when a layer goes to or from float) and then the calibration of the new precisions. Two ways to calibrate are
 measured in the same run, alternating: the whole model (``Session.calibrate``, what Apply did before) and only the
 layers whose quantizers changed (``Session.calibrate_applied``, what it does now; the same amax). Two mixes: every
-fourth INT8 GEMM to FP8 (no rebuild), and the same plus one layer to float (a rebuild). Between runs the Apply is
+fourth INT8 GEMM to FP8 (no rebuild), the same plus one layer to float (in place since issue 36 round 3), and one
+attention layer to float (its product quantizers off in place; a rebuild before). Between runs the Apply is
 undone and the whole model calibrated again, untimed. The projects calibrate with their own method (``auto``, as
 a new project's) on 4 batches of 8 sequences of 64 tokens. Prints medians and ratios; nothing is asserted.
 (The GUI's event loop is left out: a bench driving the window crashed in PySide6 after a few Apply/Undo rounds,
@@ -54,12 +56,17 @@ def gpt2_folder(folder: Path, hidden: int, layers: int, vocab: int) -> tuple[Pat
 
 
 def mixes(session) -> dict[str, dict[str, str]]:
-    """The two mixes: every fourth GEMM to FP8; and that plus the last of them to float."""
+    """The three mixes: every fourth GEMM to FP8; that plus the last of them to float; and one attention (its
+    query, key, value and probabilities quantizers) to float."""
+    from workbench.quant.nn.modules.quant_attention import QuantSDPA
+
     own = {name: (p.value if p is not None else "custom") for name, p in session.precisions().items()}
-    gemms = [name for name, word in own.items() if word == "int8"]
+    attention = [name for name, module in session.quantized_model().named_modules()
+                 if isinstance(module, QuantSDPA) and name in own]
+    gemms = [name for name, word in own.items() if word == "int8" and name not in attention]
     fp8 = dict(own) | {name: "fp8" for name in gemms[1::4]}
     with_float = dict(fp8) | {gemms[-1]: "float"}
-    return {"to FP8": fp8, "to FP8 + 1 float": with_float}
+    return {"to FP8": fp8, "to FP8 + 1 float": with_float, "1 attention float": dict(own) | {attention[0]: "float"}}
 
 
 def timed_apply(session, mix: dict[str, str], partial: bool) -> tuple[float, float]:
@@ -82,6 +89,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=24000)
     parser.add_argument("--method", default=None, help="the projects' calibration method (default: a new project's)")
+    parser.add_argument("--mix", action="append", default=None,
+                        help="only this mix (repeatable): 'to FP8', 'to FP8 + 1 float' or '1 attention float'")
     args = parser.parse_args()
 
     import numpy as np
@@ -101,6 +110,8 @@ def main() -> None:
             method = session.settings.calibration.method.value
             session.calibrate()
             for mix_label, mix in mixes(session).items():
+                if args.mix and mix_label not in args.mix:
+                    continue
                 times: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
                 whole: dict[str, np.ndarray] = {}
                 for _ in range(args.repeat):

@@ -259,13 +259,13 @@ def test_show_marks_the_output_sqnr_stale_after_descriptor_changes_and_fallbacks
     assert "output SQNR" in out and "stale" not in out
     assert run(capsys, "set", project, "--layer", "stem.0", "--weight-desc", "axis=none")[0] == 0
     code, out, _ = run(capsys, "show", project)
-    assert "(stale: 1 quantizer(s) have other descriptors than they were calibrated with; recalibrate" in out
+    assert "(stale: 1 quantizer has other descriptors than at calibration; recalibrate" in out
     assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
     # an applied fallback leaves the most sensitive layer in float (the goal is out of reach: exit 3)
     assert run(capsys, "sensitivity", project, "--target", "500", "--max-units", "1", "--apply")[0] == 3
     code, out, _ = run(capsys, "show", project, "--json")
     stale = json.loads(out)["calibration"]["output_sqnr_stale"]
-    assert len(stale) == 1 and "calibrated quantizer(s) are off now (layers left in float since)" in stale[0]
+    assert len(stale) == 1 and "calibrated quantizers are off now (layers left in float since)" in stale[0]
     assert run(capsys, "calibrate", project, "--method", "max")[0] == 0
     code, out, _ = run(capsys, "show", project, "--json")
     assert json.loads(out)["calibration"]["output_sqnr_stale"] == []

@@ -68,13 +68,18 @@ def test_apply_to_float_and_back_keeps_the_model_and_gives_a_rebuilds_outputs(tm
     assert all(torch.equal(live_amax[n], fresh[n].amax) for n in live_amax)
 
 
-def test_a_functional_layer_to_float_is_still_rebuilt(tmp_path):
+def test_an_attention_to_float_by_the_ladder_is_in_place_until_a_descriptor_changes(tmp_path):
+    """An attention layer goes to float in place as well (its product quantizers off: test_attention_float_in_place);
+    a descriptor edit while it is float, whose quantizers it still holds, rebuilds."""
     from workbench.session import Session
 
     model, data = bert_specs(tmp_path)
     session = Session.create(model, data)
     live = session.quantized_model()
-    attention = next(name for name in session.project.layers if "sdpa" in name or "matmul" in name)
+    attention = next(name for name in session.project.layers if name.endswith(".sdpa"))
     int8 = {name: precision.value for name, precision in session.precisions().items()}
     session.apply_ladder(_Mix({**int8, attention: "float"}))
+    assert session.quantized_model() is live
+    assert torch.equal(_outputs(session, live), _outputs(session, _rebuilt(session)))
+    session.set_descriptor([attention], "input", num_bits=6)
     assert session.quantized_model() is not live

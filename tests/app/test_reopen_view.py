@@ -83,3 +83,24 @@ def test_a_project_never_left_here_opens_with_its_first_layer_selected_in_the_tr
     assert other.controller.selection == [first]
     assert other.tree.selected_layers() == [first]
     other.shutdown()
+
+
+def test_a_project_opened_by_a_relative_path_comes_back_as_left(window, qtbot, tmp_path, monkeypatch):
+    """The GPT-2 run: ``workbench gui proj.qwb`` (a path relative to the shell's folder) reopened the project on the
+    Layer tab with no filter and the first layer: what was kept for it was looked up under the path as typed."""
+    path = tmp_path / "digits.qwb"
+    _saved_demo(window, qtbot, path, monkeypatch)
+    window.tabs.setCurrentWidget(window.extra_tabs["Sensitivity"])
+    window.tree.filter_edit.setText("conv")
+    window.tree.apply_filter()
+    assert window.tree.select_row("block.conv2")
+    settle(window, qtbot)
+    window.close()  # File > Quit
+
+    monkeypatch.chdir(tmp_path)
+    other = _reopened(qtbot, window.settings, "digits.qwb")
+    assert other.controller.session.path == path  # absolute: the title and later saves do not depend on the folder
+    assert other.tabs.tabText(other.tabs.currentIndex()) == "Sensitivity"
+    assert other.tree.filter_edit.text() == "conv"
+    assert other.tree.selected_layers() == ["block.conv2"]
+    other.shutdown()

@@ -27,6 +27,7 @@ from workbench.analysis.goals import resolve_goal
 from workbench.analysis.metrics import get_metric
 from workbench.analysis.results import FallbackPoint, FallbackResult
 from workbench.analysis.units import Unit, UnitsSpec, resolve_units
+from workbench.plurals import count_text
 from workbench.quant.algorithms.snapshot import ModelSnapshot
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 
@@ -127,7 +128,7 @@ def block_fallback_search(model: nn.Module, batches: Iterable, *, tolerance: flo
         result.reached = False
         result.notes.append("not reached: only leaving every unit in float met the goal, which quantizes nothing")
     elif not result.reached:
-        result.notes.append(f"stopped after {len(chosen)} of {len(searched)} units"
+        result.notes.append(f"stopped after {len(chosen)} of {count_text(len(searched), 'unit')}"
                             + (f" (max_units={max_units})" if max_units is not None else "")
                             + " without reaching the goal")
     report_progress(options.progress, 1, 1, result.summary())

@@ -46,6 +46,7 @@ from torch import nn
 
 from workbench.analysis.errors import AnalysisCancelled
 from workbench.analysis.units import Unit
+from workbench.plurals import count_text
 from workbench.quant.algorithms.activation_store import ACTIVATION_BUDGET, ActivationStore, SpillFolder
 from workbench.quant.algorithms.batches import run_model, select_output, sqnr_powers
 from workbench.quant.algorithms.block_walk import (
@@ -437,7 +438,7 @@ def choose_and_check(model: nn.Module, blocks: Blocks, batches: list, units: Seq
             break
         measured = check_walk(model, blocks, batches, units, levels, choice.levels, options)
         tried.append((choice, measured))
-        notes.append(f"checking walk {len(tried)}: {len(choice.moves)} promotion(s), predicted "
+        notes.append(f"checking walk {len(tried)}: {count_text(len(choice.moves), 'promotion')}, predicted "
                      f"{ratio_db(choice.predicted):.4g} dB, measured {ratio_db(measured):.4g} dB")
         raw = costs.predicted(choice.levels)
         if target_ratio is None or raw <= 0 or not 0 < measured < math.inf:

@@ -28,6 +28,7 @@ from workbench.analysis.results import SCHEMES, FallbackPoint, FallbackResult, S
 from workbench.analysis.sensitivity import measure_baselines, run_profile
 from workbench.analysis.units import Unit, UnitsSpec, find_units, quantizers_of, resolve_units
 from workbench.export.naming import layer_of_quantizer
+from workbench.plurals import count_text
 from workbench.quant.algorithms.calibrate import CancelToken, ProgressCallback
 from workbench.quant.algorithms.distributed import SINGLE, DistContext
 from workbench.quant.algorithms.format_rules import isolated_in_flow, order_neighbours
@@ -230,7 +231,7 @@ def fallback_search(model: nn.Module, batches: Iterable, metric: Metric | str, *
     if outcome.reached and precisions is not None:
         _keep_something_quantized(outcome, chosen, curve, precisions)
     if not outcome.reached:
-        outcome.notes.append(f"stopped after {len(chosen)} of {candidates} units"
+        outcome.notes.append(f"stopped after {len(chosen)} of {count_text(candidates, 'unit')}"
                              + (f" (max_units={max_units})" if max_units is not None and limit < candidates else "")
                              + " without reaching the goal")
     if apply:
@@ -266,8 +267,8 @@ def _keep_something_quantized(outcome: FallbackResult, chosen: list[Unit], curve
     outcome.chosen = list(chosen)
     outcome.curve.append(FallbackPoint(best.num_float, None, best.value))
     outcome.notes.append(f"not reached: only leaving every quantized layer in float met the goal, which quantizes "
-                         f"nothing; kept the best mix that still quantizes: {best.num_float} unit"
-                         f"{'s' if best.num_float != 1 else ''} in float ({best.value:.4g})")
+                         f"nothing; kept the best mix that still quantizes: {count_text(best.num_float, 'unit')} "
+                         f"in float ({best.value:.4g})")
 
 
 def _float_isolated(evaluator: Evaluator, order: list[Unit], chosen: list[Unit], curve: list[FallbackPoint],

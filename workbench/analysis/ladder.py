@@ -135,6 +135,8 @@ class LadderResult:
     wall_time_s: float = 0.0
     complete: bool = True
     walk: str = ""  # how it measured when not by whole-model passes (block_search: "blocks: ..."); "": whole model
+    # the search also searched the layers set by hand (the user's choice, shown again when the project reopens)
+    revisit_pins: bool = False
 
     @property
     def promoted(self) -> dict[str, str]:
@@ -172,7 +174,8 @@ class LadderResult:
                 "tolerance": self.tolerance, "budget_bytes": self.budget_bytes,
                 "sensitivity": None if self.sensitivity is None else self.sensitivity.to_dict(),
                 "notes": list(self.notes), "applied": self.applied, "wall_time_s": self.wall_time_s,
-                "complete": self.complete, **({"walk": self.walk} if self.walk else {})}
+                "complete": self.complete, **({"walk": self.walk} if self.walk else {}),
+                **({"revisit_pins": True} if self.revisit_pins else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LadderResult:
@@ -194,7 +197,7 @@ class LadderResult:
                    sensitivity=None if sensitivity is None else SensitivityResult.from_dict(sensitivity),
                    notes=list(data.get("notes") or []), applied=bool(data.get("applied")),
                    wall_time_s=float(data.get("wall_time_s", 0.0)), complete=bool(data.get("complete", True)),
-                   walk=str(data.get("walk") or ""))
+                   walk=str(data.get("walk") or ""), revisit_pins=bool(data.get("revisit_pins", False)))
 
 
 class RungMix:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.analysis.units import Unit
+from workbench.plurals import count_text
 
 __all__ = ["SCHEMES", "UnitResult", "SensitivityResult", "FallbackPoint", "FallbackResult", "rank_units",
            "encode_number", "decode_number"]
@@ -159,7 +160,8 @@ class SensitivityResult:
         raise KeyError(name)
 
     def summary(self) -> str:
-        head = (f"{self.scheme} sensitivity of {len(self.units)} units by {self.metric_name}: FP32 {self.fp32:.4g}, "
+        head = (f"{self.scheme} sensitivity of {count_text(len(self.units), 'unit')} by {self.metric_name}: "
+                f"FP32 {self.fp32:.4g}, "
                 f"all quantized {self.quantized:.4g}")
         if self.units:
             top = self.ranked()[0]
@@ -258,7 +260,7 @@ class FallbackResult:
     def summary(self) -> str:
         goal = f"within {self.tolerance:g} of FP32" if self.tolerance is not None else f"target {self.target:g}"
         state = "reached" if self.reached else "not reached"
-        return (f"fallback search ({goal}) {state} with {len(self.chosen)} unit(s) in float "
+        return (f"fallback search ({goal}) {state} with {count_text(len(self.chosen), 'unit')} in float "
                 f"[{', '.join(self.chosen_names)}]: {self.final_value:.4g} (FP32 {self.fp32:.4g}, "
                 f"all quantized {self.quantized:.4g})"
                 + (f"; measured block by block ({self.walk})" if self.walk else ""))

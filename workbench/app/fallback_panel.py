@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer, Slot
+from PySide6.QtCore import QEvent, Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import (
     QApplication,
@@ -40,6 +40,7 @@ from workbench.app.controller import Controller
 from workbench.app.controller_jobs import CALIBRATION_JOB
 from workbench.app.formatting import count_text, format_number
 from workbench.app.plot_style import style_plot
+from workbench.app.wheel_guard import guard_wheel
 
 __all__ = ["FallbackPanel", "CURVE_LABELS_UP_TO"]
 
@@ -109,6 +110,8 @@ class FallbackPanel(QGroupBox):
         self.revisit_box.setToolTip("A ladder keeps the layers whose precision or descriptors you set by hand "
                                     "(pins); tick to let it search them too")
         form.addRow(self.revisit_box)
+        # the panel sits in the tab's scrolled pane: a wheel turn on the way down must not change the goal
+        guard_wheel(self.ladder_box, self.goal_box, self.goal_spin, self.max_units_spin)
         form.addRow(self.fallback_button)
         self.fallback_label = QLabel(NO_SEARCH_TEXT)
         self.fallback_label.setWordWrap(True)
@@ -171,20 +174,42 @@ class FallbackPanel(QGroupBox):
                                              label="target", labelOpts={"position": 0.05, "color": (40, 140, 70)})
         self.ladder_budget = pg.InfiniteLine(angle=90, pen=pg.mkPen(QColor(200, 120, 30), width=1.5,
                                                                     style=Qt.PenStyle.DotLine),
-                                             label="budget", labelOpts={"position": 0.9})
+                                             label="budget", labelOpts={"position": 0.9, "color": (200, 120, 30)})
         self.ladder_marker = pg.ScatterPlotItem(size=16, symbol="star", pen=pg.mkPen(None))
         for item in (self.ladder_curve, self.ladder_undone, self.ladder_target, self.ladder_budget,
                      self.ladder_marker):
             self.ladder_plot.addItem(item)
-        # what each kind of point is: a legend, not a guess (pyqtgraph lists the items given a name)
-        self.ladder_legend = self.ladder_plot.addLegend(offset=(-8, 8), labelTextSize="8pt")
+        # what each kind of point is: a legend, not a guess (pyqtgraph lists the items given a name). Under the
+        # plot, in the plot item's own layout, one row: inside the plot it sat in a corner over a point
+        self.ladder_legend = pg.LegendItem(labelTextSize="8pt", colCount=3,
+                                           labelTextColor=self.palette().color(QPalette.ColorRole.Text))
+        plot_item = self.ladder_plot.getPlotItem()
+        plot_item.layout.addItem(self.ladder_legend, 4, 1)
         # (the target and budget lines carry their own labels: a legend sample of an InfiniteLine crashes)
         for item, name in ((self.ladder_curve, "mixes kept"), (self.ladder_undone, "steps undone (worse)"),
                            (self.ladder_marker, "mix chosen")):
             self.ladder_legend.addItem(item, name)
+        # one row where the chart is wide enough, else as many columns as fit (one row was cut off at the right:
+        # the legend's width held the plot item wider than the chart showed)
+        self.ladder_plot.installEventFilter(self)
         group_layout.addWidget(self.ladder_plot, 1)
         self.ladder_plot.hide()
         self._clear_fallback_plot()
+
+    def eventFilter(self, watched: Any, event: QEvent) -> bool:
+        # (Qt may call it before the chart is made: the group box filters some of its children's events itself)
+        if event.type() == QEvent.Type.Resize and watched is getattr(self, "ladder_plot", None):
+            self._fit_legend(event.size().width())  # (delivered before the chart and its viewport take the size)
+        return super().eventFilter(watched, event)
+
+    def _fit_legend(self, width: int) -> None:
+        """The most columns whose rows fit a chart ``width`` wide beside the left axis (each entry: its sample, its
+        label and a gap)."""
+        entries = [sample.width() + label.width() + 8 for sample, label in self.ladder_legend.items]
+        room = width - 2 * self.ladder_plot.frameWidth() - self.ladder_plot.getPlotItem().getAxis("left").width() - 8
+        columns = next((n for n in range(len(entries), 1, -1)
+                        if max(sum(entries[i:i + n]) for i in range(0, len(entries), n)) <= room), 1)
+        self.ladder_legend.setColumnCount(columns)
 
     # ----- session and state --------------------------------------------------------------------
 
@@ -326,7 +351,7 @@ class FallbackPanel(QGroupBox):
     def _show_partial(self, result: Any) -> None:
         """A running search's points so far: the chart fills as each measurement arrives."""
         if isinstance(result, LadderResult):
-            self.show_ladder(result)
+            self.show_ladder(result, partial=True)
         else:
             self.show_fallback(result)
 
@@ -531,9 +556,9 @@ class FallbackPanel(QGroupBox):
     # ----- a ladder search shown -------------------------------------------------------------------
 
     @Slot(object)
-    def show_ladder(self, result: LadderResult | None) -> None:
+    def show_ladder(self, result: LadderResult | None, partial: bool = False) -> None:
         """Plot a ladder search: the metric against the weight bytes of every mix measured (undone steps grey),
-        the target or budget, and the mix chosen."""
+        the target or budget, and the mix chosen (``partial``: the points so far of a search under way)."""
         self.ladder_result = result
         if result is None:
             self.show_fallback(self.result)
@@ -542,6 +567,8 @@ class FallbackPanel(QGroupBox):
         self.ladder_plot.show()
         # the box names the ladder this result searched (after a reopen it showed the first preset instead)
         self.ladder_box.setCurrentText(ladder_text(result.ladder))
+        if not partial:  # and whether it searched the hand-set layers too (a running search's points do not say)
+            self.revisit_box.setChecked(result.revisit_pins)
         xs, ys = result.plot_data()
         shown = [y if math.isfinite(y) else np.nan for y in ys]
         self.ladder_curve.setData(xs, shown, connect="finite")

@@ -8,16 +8,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from workbench.plurals import count_text  # the one plural rule: the core's messages read it too
+
 __all__ = ["count_text", "format_number", "format_delta", "format_size", "format_seconds", "job_count_text",
            "job_times_text", "WIDEST_JOB_TIMES", "format_shape", "elide_name"]
-
-
-def count_text(count: int, noun: str, plural: str | None = None, *, grouped: bool = False) -> str:
-    """A count with its noun in the right number: ``1 quantizer``, ``16 quantizers``, ``0 layers``; ``plural`` for a
-    noun that does not take an s (``mix``/``mixes``); ``grouped``: thousands separated (``10,000 modules``). Every
-    count label of the app says it this way (it read "1 quantizers need recalibrating")."""
-    number = f"{count:,}" if grouped else str(count)
-    return f"{number} {noun if count == 1 else (plural or noun + 's')}"
 
 
 def format_number(value: Any, digits: int = 4, *, spec: str | None = None, missing: str = "n/a") -> str:

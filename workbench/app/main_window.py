@@ -385,7 +385,8 @@ class MainWindow(QMainWindow, JobCommandsMixin):
         """Open ``path`` in the background; asks about unsaved changes unless ``confirmed``."""
         if not confirmed and not self.confirm_discard("opening another project"):
             return False
-        path = Path(path).expanduser()
+        # absolute: the view kept for the file, its title and later saves do not depend on where the app started
+        path = Path(path).expanduser().resolve()
         if not path.exists():
             self.show_error("Could not open the project", f"{path} does not exist.")
             self.recent_menu.remove(path)

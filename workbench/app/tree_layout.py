@@ -6,7 +6,6 @@ would measure every row of a 10,000-module tree on each layout pass.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -16,6 +15,7 @@ from PySide6.QtWidgets import QStyledItemDelegate, QStyleOptionViewItem, QTreeVi
 
 from workbench.app.formatting import elide_name
 from workbench.app.tree_model import COLUMN_WIDTHS, COLUMNS, NAME, LayerFilterProxy, ModuleTreeModel
+from workbench.app.view_memory import project_key
 
 __all__ = ["fit_columns", "TreeLayoutMemory", "FrontElidedDelegate", "default_widths", "MAX_NAME_WIDTH",
            "MAX_COLUMN_WIDTH"]
@@ -72,10 +72,6 @@ def fit_columns(view: QTreeView, model: ModuleTreeModel, *, keep_wider: bool = F
     return widths
 
 
-def _key(path: Any) -> str:
-    """A settings key for a project file (its absolute path, hashed: keys cannot hold every character)."""
-    return hashlib.sha1(str(path).encode()).hexdigest()[:16]
-
 
 class TreeLayoutMemory:
     """Column widths and expanded rows of the tree, per project file, in the application's settings.
@@ -97,7 +93,7 @@ class TreeLayoutMemory:
             if index.isValid() and self.model.rowCount(self.model.index_of(self.model.name_of(node))) > 0 \
                     and self.view.isExpanded(index):
                 expanded.append(self.model.name_of(node))
-        group = f"tree_layout/{_key(path)}"
+        group = f"tree_layout/{project_key(path)}"
         self.settings.setValue(f"{group}/header", self.view.header().saveState())
         self.settings.setValue(f"{group}/expanded", json.dumps(expanded))
         self.settings.setValue(f"{group}/saved", True)
@@ -105,7 +101,7 @@ class TreeLayoutMemory:
     def restore(self, path: Any) -> bool:
         if self.settings is None or path is None:
             return False
-        group = f"tree_layout/{_key(path)}"
+        group = f"tree_layout/{project_key(path)}"
         if not self.settings.value(f"{group}/saved", False, type=bool):
             return False
         state = self.settings.value(f"{group}/header")

@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSettings
 
-__all__ = ["ViewState", "ViewMemory"]
+__all__ = ["ViewState", "ViewMemory", "project_key"]
 
 
 @dataclass
@@ -28,9 +29,15 @@ class ViewState:
     selection: list[str] = field(default_factory=list)
 
 
+def project_key(path: Any) -> str:
+    """The settings key of a project file: its absolute path, hashed (settings keys cannot hold every character a
+    path can). Resolved, so that ``workbench gui proj.qwb`` finds what was kept for ``/home/me/proj.qwb`` (a
+    project opened by a relative path came back as never seen: first tab, no filter, first layer)."""
+    return hashlib.sha1(str(Path(path).expanduser().resolve()).encode()).hexdigest()[:16]
+
+
 def _group(path: Any) -> str:
-    # the absolute path, hashed: settings keys cannot hold every character a path can
-    return "view_state/" + hashlib.sha1(str(path).encode()).hexdigest()[:16]
+    return "view_state/" + project_key(path)
 
 
 class ViewMemory:

@@ -35,6 +35,7 @@ from torch.nn.utils import parametrize
 from workbench.graph.batchnorm import batchnorm_eps, batchnorm_features, is_batchnorm
 from workbench.graph.trace import TraceFailure, trace_pieces
 from workbench.graph.tree import add_note
+from workbench.plurals import count_text
 from workbench.quant.algorithms.snapshot import ModelSnapshot, holds_quantizers, owned_quantizers
 from workbench.quant.switches import disable_quantization
 
@@ -89,7 +90,7 @@ class FoldReport:
         return {pair.layer: pair.bn for pair in self.folded}
 
     def summary(self) -> str:
-        text = f"folded {len(self.folded)} BatchNorm{'s' if len(self.folded) != 1 else ''}"
+        text = f"folded {count_text(len(self.folded), 'BatchNorm')}"
         if self.skipped:
             text += f", left {len(self.skipped)} ({'; '.join(f'{s.bn}: {s.reason}' for s in self.skipped[:3])}"
             text += "...)" if len(self.skipped) > 3 else ")"

@@ -61,6 +61,7 @@ from workbench.graph.trace import (
 )
 from workbench.graph.tree import NOTES_ATTR, add_note, is_quantized_module, module_notes
 from workbench.graph.verify import ModuleCall, capture_calls, traced_differs, value_dtypes
+from workbench.plurals import count_text
 from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.quant_transformer import QuantTransformerEncoder
@@ -146,18 +147,22 @@ class FunctionalQuantReport:
 
     def failures_text(self) -> str:
         """The modules that could not be traced, in words (the tracer's own errors are logged at debug level)."""
-        return (f"{len(self.failures)} modules could not be traced (torch.fx cannot follow their Python code), so "
+        return (f"{count_text(len(self.failures), 'module')} could not be traced (torch.fx cannot follow their Python "
+                "code), so "
                 "functional operations in their own forward are not quantized, their sublayers are: "
                 + ", ".join(f"{f.name or '<model>'} ({f.type_name})" for f in self.failures[:5]))
 
     def attention_text(self) -> str:
-        return (f"{len(self.unquantized_attention)} attention modules left in floating point: "
+        return (f"{count_text(len(self.unquantized_attention), 'attention module')} left in floating point: "
                 + "; ".join(f"{s.owner}: {s.reason}" for s in self.unquantized_attention[:5]))
 
     def summary(self) -> str:
-        parts = [f"{len(self.adds)} adds, {len(self.concats)} concatenations, {len(self.matmuls)} matrix products "
-                 f"and {len(self.attentions)} attentions quantized in {len(self.converted)} traced modules and "
-                 f"{len(self.attention_modules)} attention modules ({len(self.traced)} modules traced)"]
+        parts = [f"{count_text(len(self.adds), 'add')}, {count_text(len(self.concats), 'concatenation')}, "
+                 f"{count_text(len(self.matmuls), 'matrix product')} and "
+                 f"{count_text(len(self.attentions), 'attention')} quantized in "
+                 f"{count_text(len(self.converted), 'traced module')} and "
+                 f"{count_text(len(self.attention_modules), 'attention module')} "
+                 f"({count_text(len(self.traced), 'module')} traced)"]
         if self.unquantized_attention:
             parts.append(self.attention_text())
         if self.skipped:
@@ -166,8 +171,8 @@ class FunctionalQuantReport:
         if self.failures:
             parts.append(self.failures_text())
         if self.opaque:
-            parts.append(f"{len(self.opaque)} torch.nn layers with sublayers kept whole (their internal adds are "
-                         f"not quantized): {', '.join(self.opaque[:5])}")
+            parts.append(f"{count_text(len(self.opaque), 'torch.nn layer')} with sublayers kept whole (their internal "
+                         f"adds are not quantized): {', '.join(self.opaque[:5])}")
         return "; ".join(parts)
 
 

@@ -10,6 +10,7 @@ from torch import nn
 from workbench.graph.functional import FunctionalQuantReport, insert_functional_quantizers
 from workbench.graph.rules import PlacementReport, PlacementRules, apply_placement_rules
 from workbench.graph.runtime_quant import attach_runtime_quantizers
+from workbench.plurals import count_text
 from workbench.quant.algorithms.snapshot import holds_quantizers, owned_quantizers
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.replace import (
@@ -122,7 +123,8 @@ def prepare_for_tensorrt(model: nn.Module, *, ignore_policy: IgnorePolicy = None
             "nothing was quantized: the model has no layer with a quantized counterpart and no functional add or "
             "concatenation that could be traced")
     if functional_report is not None and functional_report.failures:
-        report.warnings.append(f"{len(functional_report.failures)} modules could not be traced; functional "
+        failed = count_text(len(functional_report.failures), 'module')
+        report.warnings.append(f"{failed} could not be traced; functional "
                                "operations in their own forward stay in floating point")
     for warning in report.warnings:
         if functional_report is None or not functional_report.failures or "could not be traced" not in warning:

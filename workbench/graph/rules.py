@@ -39,6 +39,7 @@ from torch import nn
 from workbench.graph.functional import FunctionalQuantReport
 from workbench.graph.runtime_ops import RecordedOp
 from workbench.graph.trace import MAXPOOL_FUNCTIONS, TracedPiece, TraceFailure, trace_pieces
+from workbench.plurals import agree, count_text
 from workbench.quant.algorithms.snapshot import is_quantizing, quantizer_names
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.quant_rnn import QuantLSTM, QuantLSTMCell
@@ -113,13 +114,15 @@ class PlacementReport:
 
     def summary(self) -> str:
         counts = {rule: len(self.by_rule(rule)) for rule in ("concat", "maxpool", "residual", "pin")}
+        placements = sum(counts.values())
         text = (f"{counts['concat']} concat, {counts['maxpool']} maxpool, {counts['residual']} residual and "
-                f"{counts['pin']} pinned placements; {len(self.groups)} shared quantizer groups; "
-                f"{len(self.disabled)} quantizers disabled for fusion")
+                f"{counts['pin']} pinned {agree(placements, 'placement', 'placements')}; "
+                f"{count_text(len(self.groups), 'shared quantizer group')}; "
+                f"{count_text(len(self.disabled), 'quantizer')} disabled for fusion")
         if self.conflicts:
-            text += f"; {len(self.conflicts)} groups not shared: " + "; ".join(self.conflicts[:3])
+            text += f"; {count_text(len(self.conflicts), 'group')} not shared: " + "; ".join(self.conflicts[:3])
         if self.failures:
-            text += (f"; {len(self.failures)} modules could not be traced, rules do not see across them: "
+            text += (f"; {count_text(len(self.failures), 'module')} could not be traced, rules do not see across them: "
                      + "; ".join(str(f) for f in self.failures[:3]))
         return text
 

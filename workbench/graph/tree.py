@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 from torch import nn
 
+from workbench.plurals import count_text
 from workbench.quant.algorithms.snapshot import holds_quantizers, owned_quantizers
 from workbench.quant.gemm import unknown_weight_gemm
 from workbench.quant.nn.modules._utils import QuantInputMixin, QuantMixin
@@ -136,8 +137,9 @@ class ModelTree:
     def summary(self) -> str:
         quantized = sum(1 for m in self.modules if m.quantized)
         quantizable = sum(1 for m in self.modules if m.quantizable and not m.quantized)
-        return (f"{len(self.modules)} modules, {self.root.total_params:,} parameters, {quantized} quantized, "
-                f"{quantizable} more quantizable, {len(self.quantizers())} quantizers")
+        return (f"{count_text(len(self.modules), 'module')}, "
+                f"{count_text(self.root.total_params, 'parameter', grouped=True)}, {quantized} quantized, "
+                f"{quantizable} more quantizable, {count_text(len(self.quantizers()), 'quantizer')}")
 
 
 def is_quantized_module(module: nn.Module) -> bool:

@@ -24,6 +24,7 @@ from workbench.graph.fold import FoldReport, fold_batchnorm
 from workbench.graph.hf_attention import QuantHFAttention
 from workbench.graph.prepare import prepare_for_tensorrt
 from workbench.graph.tree import add_note
+from workbench.plurals import count_text
 from workbench.project import CalibrationRecord, FinetuneRecord, Project, QuantizerRecord
 from workbench.project.settings import ProjectSettings, jsonable, make_descriptor
 from workbench.quant import TensorQuantizer
@@ -270,7 +271,8 @@ def restore_finetune(model: nn.Module, record: FinetuneRecord | None, run: Calib
     folded = sorted(report.folding.folded_into) if report.folding is not None else []
     if sorted(record.folded) != folded:
         report.finetune = (f"fine-tuned weights (run {record.id}) not used: they were trained with "
-                           f"{len(record.folded)} BatchNorms folded, the model now has {len(folded)}; switch "
+                           f"{count_text(len(record.folded), 'BatchNorm')} folded, the model now has "
+                           f"{len(folded)}; switch "
                            "fold_bn back or fine-tune again")
         logger.warning("%s", report.finetune)
         return

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.plurals import agree, count_text
 from workbench.project import CalibrationRecord, Project, QuantizerRecord
 from workbench.project.model import now_iso
 from workbench.project.settings import CalibrationSettings
@@ -108,7 +109,8 @@ def check_calibrated(model: nn.Module, run: CalibrationRecord | None) -> None:
                if q.is_enabled and q.is_quant_enabled and not q.learn_amax and not q.has_amax
                and name not in unreached]  # stale after a descriptor change, or never calibrated
     if missing:
-        raise SessionError(f"{len(missing)} quantizers are not calibrated ({', '.join(missing[:5])}"
+        raise SessionError(f"{count_text(len(missing), 'quantizer')} {agree(len(missing), 'is', 'are')} not calibrated "
+                           f"({', '.join(missing[:5])}"
                            f"{'...' if len(missing) > 5 else ''}): calibrate first.")
 
 

@@ -495,7 +495,8 @@ class Session(SessionEdits):
                 rungs=rungs, own=own, plans=plans, models=models,
                 ranking=self.latest_sensitivity() if use_ranking else None, target=target, tolerance=tolerance,
                 budget_bytes=budget_bytes, output=self.settings.output, progress=progress, cancel=cancel, pins=pins,
-                flow=flow, on_partial=on_partial, walk=self._walk_options(progress, cancel) if sequential else None)
+                flow=flow, on_partial=on_partial, walk=self._walk_options(progress, cancel) if sequential else None,
+                revisit_pins=revisit_pins)
 
         # a model without repeated blocks is refused by name; the whole-model search's errors stay as they were
         result, record = analysis.blocks_refused(search) if sequential else search()

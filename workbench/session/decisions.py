@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from workbench.plurals import count_text
 from workbench.project import LayerDecision, Project
 from workbench.project.settings import DefaultDescriptors, jsonable, make_descriptor
 from workbench.quant.algorithms.precision import (
@@ -132,7 +133,8 @@ def require_quantized(project: Project, what: str) -> None:
     """SessionError when every layer of ``project`` is in float: there is nothing to ``what`` (calibrate, rank,
     smooth), and the message says how to quantize layers again (rather than a library's "no TensorQuantizer")."""
     if project.layers and not any(decision.quantize for decision in project.layers.values()):
-        raise SessionError(f"every layer of this project is in float ({len(project.layers)} layers), so there is "
+        raise SessionError(f"every layer of this project is in float ({count_text(len(project.layers), 'layer')}), "
+                           f"so there is "
                            f"nothing to {what}. Quantize layers first: workbench set --pattern '.*' --precision int8 "
                            "(or fp8, int4w), or choose a precision in the model tree.")
 

@@ -14,9 +14,13 @@ that keeps the layer quantized (new descriptors for both roles at once). A chang
 to or from float) switches the layer's own quantizers off (or gives it new ones, on) where nothing else depends on
 that flag: a plain quantized module with every quantizer off computes what the original module does, and without
 placement rules at work (nothing shared or switched off by them, no functional add or concatenation whose placement
-follows the layers around it) no other quantizer changes with it. Otherwise (and for a functional layer, whose
-float form computes another way) the model is rebuilt. A layer switched off in place stays a quantized module with
-its quantizers off until the next rebuild; it is back on in place too.
+follows the layers around it) no other quantizer changes with it. An attention layer (a QuantSDPA, or the
+QuantHFAttention of a Hugging Face attention module) does too: with its query, key, value and probabilities
+quantizers off it calls the attention function it stands for, which is what its rebuilt float form calls. It comes
+back on in place with the same quantizers where its descriptors did not change and the project's calibration holds
+each one's range (what a rebuild restores onto it); otherwise, and for the other functional layers (whose float form
+computes another way), the model is rebuilt. A layer switched off in place stays a quantized module with its
+quantizers off until the next rebuild; it is back on in place too.
 
 Pure functions: they get the model and what they need, and return what they did.
 """
@@ -34,6 +38,7 @@ from workbench.project.settings import DefaultDescriptors, jsonable, make_descri
 from workbench.quant import QuantDescriptor, TensorQuantizer
 from workbench.quant.algorithms.snapshot import holds_quantizers, quantizer_names
 from workbench.quant.nn import QuantAdd, QuantConcat
+from workbench.quant.nn.modules.quant_attention import QuantSDPA
 from workbench.session.build import FUNCTIONAL_MODULES, BuildReport, descriptor_of, layer_of, load_record
 
 __all__ = ["ROLE_ATTRIBUTES", "LayerState", "swap_descriptors", "default_fields", "layer_changes", "swap_layers",
@@ -67,7 +72,8 @@ def swap_layers(model: nn.Module, changes: Mapping[str, Mapping[str, dict[str, A
     """:func:`swap_descriptors` for several roles at once (``changes``: layer -> role -> descriptor fields), all
     or nothing across the roles: returns the swapped quantizer names, or None with ``model`` untouched. The layers
     ``off`` (to float) get their quantizers switched off; the layers ``on`` (back from float, switched off in place)
-    are in ``changes`` with both roles and get new quantizers although theirs are off."""
+    are in ``changes`` with both roles and get new quantizers although theirs are off, but for an attention, which
+    gets its own quantizers back on, their ranges restored from ``calibration``."""
     by_role: dict[str, dict[str, dict[str, Any]]] = {}
     for layer, roles in changes.items():
         for role, fields in roles.items():
@@ -79,14 +85,19 @@ def swap_layers(model: nn.Module, changes: Mapping[str, Mapping[str, dict[str, A
             return None
         planned += part
     switched = _plan_off(model, off, finetune=finetune)
-    if switched is None:
+    revived = _plan_attention_on(model, on, calibration=calibration, finetune=finetune)
+    if switched is None or revived is None:
         return None
     swapped = _apply(model, planned, calibration, report, device)
+    for name, quantizer in revived:
+        quantizer.enable()  # the quantizers it had: a rebuild gives the same descriptors, and the range restored here
+        _restore(quantizer, name, calibration, report, device)
+    _in_model_order(model, report)
     for name, quantizer in switched:
         quantizer.disable()  # in float: the module computes what the original does (its input and weight as they are)
         report.restored = [n for n in report.restored if n != name]
         report.stale = [n for n in report.stale if n != name]
-    return swapped + [name for name, _ in switched]
+    return swapped + [name for name, _ in switched] + [name for name, _ in revived]
 
 
 def default_fields(module: nn.Module | None, role: str, default: QuantDescriptor | None) -> dict[str, Any] | None:
@@ -137,6 +148,14 @@ def layer_changes(model: nn.Module, before: Mapping[str, LayerState], after: Map
         was_quantized, *old_descriptors = before[layer]
         module = modules.get(layer)
         plain = module is not None and not isinstance(module, FUNCTIONAL_MODULES) and holds_quantizers(module)
+        if quantize != was_quantized and isinstance(module, QuantSDPA):
+            # an attention: its own quantizers off, or the same ones back on where the decision gives them the
+            # descriptor they have (query, key and value take the layer's input descriptor; probabilities follow it)
+            fields = descriptors[0] or default_fields(module, "input", defaults.descriptor("input"))
+            if not switches or (quantize and not _attention_has(module, fields)):
+                return None
+            (changes.on if quantize else changes.off).append(layer)
+            continue
         if quantize != was_quantized:
             if not (switches and plain):
                 return None
@@ -160,6 +179,17 @@ def layer_changes(model: nn.Module, before: Mapping[str, LayerState], after: Map
     return changes
 
 
+def _attention_has(module: QuantSDPA, fields: dict[str, Any] | None) -> bool:
+    """Whether the query, key and value quantizers of ``module`` have the descriptor ``fields`` make."""
+    if fields is None:
+        return False
+    try:
+        wanted = descriptor_of(TensorQuantizer(make_descriptor(fields)))
+    except (TypeError, ValueError):
+        return False  # the caller validated the fields; a rebuild reports anything left
+    return all(isinstance(q, TensorQuantizer) and descriptor_of(q) == wanted for q in module.quantizers()[:3])
+
+
 def _use_counts(names: Mapping[str, nn.Module]) -> dict[int, int]:
     """How many names each quantizer object has (more than one: shared by a placement rule)."""
     uses: dict[int, int] = {}
@@ -181,13 +211,49 @@ def _plan_off(model: nn.Module, layers: Collection[str], *,
     found: list[tuple[str, TensorQuantizer]] = []
     for layer in layers:
         module = modules.get(layer)
-        for attribute in ROLE_ATTRIBUTES.values():
+        for attribute in _own_attributes(module):
             quantizer = module._modules.get(attribute) if module is not None else None
             name = f"{layer}.{attribute}"
             if quantizer is None:
                 continue
             if not isinstance(quantizer, TensorQuantizer) or uses.get(id(quantizer)) != 1 or names.get(name) is not \
                     quantizer or quantizer.pre_quant_scale is not None or name in learned:
+                return None
+            found.append((name, quantizer))
+    return found
+
+
+def _own_attributes(module: nn.Module | None) -> list[str]:
+    """The attributes of ``module``'s own quantizers: an attention's query, key, value and probabilities, a plain
+    quantized module's input and weight."""
+    if isinstance(module, QuantSDPA):
+        return [name for name, child in module.named_children() if any(child is q for q in module.quantizers())]
+    return list(ROLE_ATTRIBUTES.values())
+
+
+def _plan_attention_on(model: nn.Module, layers: Collection[str], *, calibration: CalibrationRecord | None,
+                       finetune: FinetuneRecord | None) -> list[tuple[str, TensorQuantizer]] | None:
+    """The quantizers to switch back on for the attention layers among ``layers`` (switched off in place); None
+    when one of them is not its own, or the project's calibration does not hold its range for its descriptor
+    (a rebuild gives it none, or marks it stale: only a rebuild gives that model)."""
+    modules = dict(model.named_modules())
+    attention = [layer for layer in layers if isinstance(modules.get(layer), QuantSDPA)]
+    if not attention:
+        return []
+    names = quantizer_names(model)
+    uses = _use_counts(names)
+    learned = finetune.amax if finetune is not None and finetune.amax else {}
+    found: list[tuple[str, TensorQuantizer]] = []
+    for layer in attention:
+        module = modules[layer]
+        for attribute in _own_attributes(module):
+            quantizer = module._modules[attribute]
+            name = f"{layer}.{attribute}"
+            record = calibration.quantizers.get(name) if calibration is not None else None
+            if not isinstance(quantizer, TensorQuantizer) or uses.get(id(quantizer)) != 1 or names.get(name) is not \
+                    quantizer or quantizer.pre_quant_scale is not None or name in learned or not \
+                    quantizer.enabled_by_descriptor or record is None or \
+                    record.descriptor not in (None, descriptor_of(quantizer)):
                 return None
             found.append((name, quantizer))
     return found
@@ -234,11 +300,15 @@ def _apply(model: nn.Module, planned: list[_Swap], calibration: CalibrationRecor
         module._modules[attribute] = new
         _restore(new, name, calibration, report, device)
         swapped.append(name)
-    # in model order, as a rebuild lists them (``workbench show`` prints the stale ones in this order)
+    _in_model_order(model, report)
+    return swapped
+
+
+def _in_model_order(model: nn.Module, report: BuildReport) -> None:
+    # as a rebuild lists them (``workbench show`` prints the stale ones in this order)
     order = {name: index for index, name in enumerate(quantizer_names(model))}
     report.restored.sort(key=lambda name: order.get(name, len(order)))
     report.stale.sort(key=lambda name: order.get(name, len(order)))
-    return swapped
 
 
 def _restore(quantizer: TensorQuantizer, name: str, calibration: CalibrationRecord | None, report: BuildReport,

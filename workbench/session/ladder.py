@@ -229,13 +229,16 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
            tolerance: float | None = None, budget_bytes: int | None = None, output: Any = None,
            progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
            pins: Collection[str] = (), flow: Mapping[str, tuple[set[str], set[str]]] | None = None,
-           on_partial: Callable[[Any], None] | None = None, walk: Any = None) -> tuple[Any, FallbackRecord]:
+           on_partial: Callable[[Any], None] | None = None, walk: Any = None,
+           revisit_pins: bool = False) -> tuple[Any, FallbackRecord]:
     """The ladder search (:func:`workbench.analysis.ladder.ladder_search`) from the calibrated ``model`` over the
     rung ``models`` (:func:`rung_models` of ``plans``); the result and the record to append to the project's
     fallback searches. ``pins``: layers it keeps as they are (:func:`hand_set_layers`); ``flow``: the layers'
     producers and consumers (:func:`data_flow`; None: model order) for the fusion clean-up. With ``walk`` (the
     :class:`~workbench.analysis.block_search.WalkOptions`) the search runs one block at a time
-    (:func:`workbench.analysis.block_ladder.block_ladder_search`: output SQNR, no metric, no fusion clean-up)."""
+    (:func:`workbench.analysis.block_ladder.block_ladder_search`: output SQNR, no metric, no fusion clean-up).
+    ``revisit_pins``: the user asked to search the layers set by hand too (kept in the record, so that a reopened
+    project shows the choice the search was run with)."""
     from workbench.analysis.ladder import ladder_search
 
     in_rung = {precision: {name: precision for name in plan} | {n: p for n, p in own.items() if p is precision}
@@ -257,6 +260,7 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
                                      budget_bytes=budget_bytes, candidates=candidates, block_sizes=blocks, pins=pins,
                                      options=walk)
         result.notes += mix_notes(list(project.layers), result.precisions)
+        result.revisit_pins = revisit_pins
         return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
     result = ladder_search(model, batches, metric, ladder=rungs, rung_of=rung_source(models, in_rung),
                            precisions=dict(own), target=target, tolerance=tolerance, budget_bytes=budget_bytes,
@@ -266,6 +270,7 @@ def search(model: nn.Module, batches: list, metric: Any, project: Project, *, ru
     # the mix's hazards in the data flow when it was recorded (module order calls siblings neighbours)
     result.notes += flow_notes(flow, result.precisions, gemm_layers(model, project.layers)) if flow is not None \
         else mix_notes(list(project.layers), result.precisions)
+    result.revisit_pins = revisit_pins
     return result, FallbackRecord(project.next_id(project.fallbacks), now_iso(), result.to_dict())
 
 

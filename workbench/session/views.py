@@ -14,6 +14,7 @@ from torch import nn
 
 from workbench.graph.placement import is_attention
 from workbench.graph.tree import module_notes, module_role
+from workbench.plurals import agree, count_text
 from workbench.project import Project, QuantizerRecord
 from workbench.project.settings import ProjectSettings, jsonable
 from workbench.quant import TensorQuantizer
@@ -253,13 +254,15 @@ def _stale_reasons(project: Project, model: nn.Module, report: BuildReport, run:
     live = quantizer_names(model)
     active = {name for name, quantizer in live.items() if quantizer.is_enabled and quantizer.is_quant_enabled}
     if report.stale:
-        reasons.append(f"{len(report.stale)} quantizer(s) have other descriptors than they were calibrated with")
+        reasons.append(f"{count_text(len(report.stale), 'quantizer')} {agree(len(report.stale), 'has', 'have')} other "
+                       "descriptors than at calibration")
     off = sorted(name for name in run.quantizers if name not in active)
     if off:
-        reasons.append(f"{len(off)} calibrated quantizer(s) are off now (layers left in float since)")
+        reasons.append(f"{count_text(len(off), 'calibrated quantizer')} {agree(len(off), 'is', 'are')} off now (layers "
+                       "left in float since)")
     new = sorted(name for name in active if name not in run.quantizers)
     if new:
-        reasons.append(f"{len(new)} quantizer(s) are new since (not calibrated)")
+        reasons.append(f"{count_text(len(new), 'quantizer')} {agree(len(new), 'is', 'are')} new since (not calibrated)")
     if project.current_finetune is not None and _finetune_changed(project.current_finetune):
         reasons.append("the weights were fine-tuned since")
     return reasons

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from workbench import bounded_json
 from workbench.analysis import AnalysisCancelled
 from workbench.launcher import WorkerFailed, job_context, launch
+from workbench.plurals import count_text
 from workbench.quant.algorithms.calibrate import CalibrationCancelled, CancelToken, ProgressCallback
 from workbench.session.errors import SessionError
 
@@ -183,7 +184,7 @@ def run_in_workers(session: SavedSession, job: str, nprocs: int, options: dict[s
                 outcome["error"] = error
 
         if progress is not None:
-            progress(0, 0, f"starting {nprocs} worker processes")
+            progress(0, 0, f"starting {count_text(nprocs, 'worker process', 'worker processes')}")
         launcher = threading.Thread(target=run, name="workbench-launcher", daemon=True)
         launcher.start()
         shown = None
