@@ -31,17 +31,6 @@ def torchvision_model(name: str, batchnorm_statistics_size: int | None = None, *
     return model.eval()
 
 
-def timm_model(name: str, batchnorm_statistics_size: int, **kwargs) -> nn.Module:
-    """``timm.create_model(name)`` with random weights and every BatchNorm's running statistics set on random
-    images of ``batchnorm_statistics_size`` (see :func:`torchvision_model`): the catalogue's ``timm:NAME`` entries
-    that need the statistics a trained network has come through here."""
-    import timm
-
-    model = timm.create_model(name, pretrained=False, **kwargs)
-    set_batchnorm_statistics(model, batchnorm_statistics_size)
-    return model.eval()
-
-
 def set_batchnorm_statistics(model: nn.Module, size: int, batches: int = 4) -> None:
     """Running mean and variance of every BatchNorm from ``batches`` forward passes on standard-normal images
     ``[8, 3, size, size]`` (a cumulative average, momentum None); the weights are not touched."""
