@@ -235,6 +235,7 @@ def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch, progress=N
     diagnosis = getattr(report, "parity_diagnosis", None)
     if diagnosis:  # where and why onnxruntime and the model part (or "selection": validated before NMS / top-k)
         row["parity_verdict"], row["parity_diagnosis"] = diagnosis.get("verdict"), diagnosis.get("text", "")[:1500]
+        row["parity_sensitivity_cosine"] = diagnosis.get("sensitivity_cosine")  # the model's own 1-ulp spread
     if row["sqnr_db"] is None and report.int8_vs_fp32:
         row["sqnr_db"] = report.int8_vs_fp32.get("output_sqnr_db")
 

@@ -179,11 +179,26 @@ AREAS = (
 )
 
 
+def failure_text(row: dict) -> str:
+    """The row's failure; a file written "not validated" says what the parity diagnosis found (rounding that
+    accumulates in a sensitive network, against the model's own 1-ulp spread, is not a wrong graph)."""
+    failure = row.get("failure") or "; ".join(row.get("shortfalls") or []) or ""
+    verdict = row.get("parity_verdict")
+    if verdict and failure.startswith("file not validated") and "diagnosis:" not in failure:
+        from workbench.export.parity import VERDICTS
+
+        spread = row.get("parity_sensitivity_cosine")
+        own = f", its own 1-ulp spread: cosine {spread:.6f}" if isinstance(spread, float) else ""
+        head, _, rest = failure.partition(";")
+        failure = f"{head} (diagnosis: {VERDICTS.get(verdict, verdict)}{own})" + (f";{rest}" if rest else "")
+    return failure
+
+
 def category(row: dict) -> tuple[str, str]:
     """(the failure with its numbers and names taken out, the area it belongs to) for a row not accepted."""
     import re
 
-    failure = row.get("failure") or "; ".join(row.get("shortfalls") or []) or "not accepted"
+    failure = failure_text(row) or "not accepted"
     key = failure.split(" (float:")[0]
     key = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", key)  # counts and values
     key = re.sub(r"'[^']*'", "'X'", key)  # names of nodes, tensors, modules
@@ -240,9 +255,8 @@ def markdown(rows: list[dict]) -> str:
     if failed:
         lines += ["", "Not accepted:", ""]
         for row in failed:
-            why = row.get("failure") or "; ".join(row.get("shortfalls") or []) or \
-                f"file not validated (cosine {row.get('cosine') or float('nan'):.6f})"
-            lines.append(f"- `{row['model']}`: {why[:160]}")
+            why = failure_text(row) or f"file not validated (cosine {row.get('cosine') or float('nan'):.6f})"
+            lines.append(f"- `{row['model']}`: {why[:220]}")
     return "\n".join(lines)
 
 

@@ -47,7 +47,20 @@ def test_quant_matmul_ops_and_descriptor_checks():
     module._input1_quantizer.disable()
     assert torch.equal(module(a, b, bias=bias, beta=0.5, alpha=2.0), torch.baddbmm(bias, a, b, beta=0.5, alpha=2.0))
     with pytest.raises(ValueError, match="op must be one of"):
-        QuantMatMul(op="einsum")
+        QuantMatMul(op="conv2d")
+    # an einsum that is a batched matrix product (MaxViT's q k^T): exactly torch.einsum with the quantizers off,
+    # a quantized matmul of the operands laid out for it with them on
+    equation = "b i d, b j d -> b i j"
+    module = QuantMatMul(op="einsum", equation=equation)
+    k = torch.randn(3, 6, 5)
+    assert not torch.equal(module(a, k), torch.einsum(equation, a, k))
+    assert torch.allclose(module(a, k), torch.einsum(equation, a, k), atol=0.1)
+    module._input0_quantizer.disable()
+    module._input1_quantizer.disable()
+    assert torch.equal(module(a, k), torch.einsum(equation, a, k))
+    for refused in (None, "bij,bjk,bkl->bil", "bii->bi"):
+        with pytest.raises(ValueError, match="not a batched matrix product"):
+            QuantMatMul(op="einsum", equation=refused)
     with pytest.raises(ValueError, match="per tensor"):
         QuantMatMul(quant.QuantDescriptor(axis=0))
     quantized = QuantMatMul()(a, b)  # dynamic range: close to, not equal to, the float product

@@ -70,3 +70,26 @@ def test_an_einsum_of_two_activations_counts_as_an_attention_product(tmp_path):
     path = tmp_path / "einsum.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     assert attention_products(path) == (0, 2)
+
+
+def test_a_file_not_validated_says_what_the_parity_diagnosis_found_in_the_table_and_its_category():
+    """A file written "not validated" fails the sweep either way, but rounding that accumulates within the model's
+    own 1-ulp spread is not a wrong graph: the README's list and the failure categories say which it is."""
+    rounding = {"model": "timm/coat_lite_tiny", "family": "timm", "export_ok": True, "validated": False,
+                "failure": "file not validated (cosine 0.974043)", "parity_verdict": "rounding",
+                "parity_sensitivity_cosine": 0.976047}
+    operation = {"model": "hf/bert", "family": "encoder", "export_ok": True, "validated": False,
+                 "failure": "file not validated (cosine 0.5); attention products quantized 2/4",
+                 "parity_verdict": "operation"}
+    old = {"model": "hf/gpt2", "family": "decoder", "export_ok": True, "validated": False,
+           "failure": "file not validated (cosine 0.9)"}  # a row from before the diagnosis
+    assert zoo_sweep.failure_text(rounding) == ("file not validated (cosine 0.974043) (diagnosis: rounding flips "
+                                                "accumulating in a sensitive network, its own 1-ulp spread: cosine "
+                                                "0.976047)")
+    assert zoo_sweep.failure_text(operation) == ("file not validated (cosine 0.5) (diagnosis: an operation computed "
+                                                 "differently (a wrong graph)); attention products quantized 2/4")
+    assert zoo_sweep.failure_text(old) == old["failure"]
+    keys = {zoo_sweep.category(row)[0] for row in (rounding, operation, old)}
+    assert len(keys) == 3  # three causes, three categories
+    table = zoo_sweep.markdown([rounding, operation, old])
+    assert "- `timm/coat_lite_tiny`: file not validated (cosine 0.974043) (diagnosis: rounding flips" in table

@@ -2,7 +2,7 @@
 
 For every module whose own ``forward`` adds two activations (``a + b``, ``torch.add``, ``a += b``,
 ``a.add_(b)``), concatenates them (``torch.cat``), multiplies two of them (``torch.matmul``, ``@``,
-``torch.bmm``, ``torch.baddbmm``) or calls ``F.scaled_dot_product_attention``,
+``torch.bmm``, ``torch.baddbmm``, a batched-product ``torch.einsum``) or calls ``F.scaled_dot_product_attention``,
 :func:`insert_functional_quantizers` traces that forward with torch.fx (children stay opaque calls),
 replaces each such operation by a QuantAdd / QuantConcat / QuantMatMul / QuantSDPA call, and puts the
 resulting ``GraphModule`` where the module was. Hugging Face attention modules, which fx cannot trace,
@@ -42,6 +42,7 @@ from workbench.graph.operations import (
     SDPA_KEYWORDS,
     add_operands,
     describe_node,
+    einsum_equation,
     matmul_operands,
     product_roles,
     takes_var_keyword,
@@ -62,6 +63,7 @@ from workbench.graph.trace import (
 from workbench.graph.tree import NOTES_ATTR, add_note, is_quantized_module, module_notes
 from workbench.graph.verify import ModuleCall, capture_calls, traced_differs, value_dtypes
 from workbench.plurals import count_text
+from workbench.quant.nn.modules.einsum_product import einsum_product
 from workbench.quant.nn.modules.quant_attention import QuantMatMul, QuantSDPA
 from workbench.quant.nn.modules.quant_ops import QuantAdd, QuantConcat
 from workbench.quant.nn.modules.quant_transformer import QuantTransformerEncoder
@@ -432,8 +434,10 @@ class _Inserter:
                     # the probabilities of P @ V get the attention-probabilities default, as QuantSDPA's do,
                     # unless a descriptor was chosen for this product
                     chosen = self.descriptor_for(qualified) if self.descriptor_for is not None else None
-                    product_module = QuantMatMul(self.descriptor(qualified), op=op, roles=product_roles(a, b),
-                                                 quant_desc_probs=chosen)
+                    equation = einsum_equation(node) if op == "einsum" else None
+                    transposed = equation is not None and einsum_product(equation).right_transposed
+                    product_module = QuantMatMul(self.descriptor(qualified), op=op, quant_desc_probs=chosen,
+                                                 roles=product_roles(a, b, transposed), equation=equation)
                     replace(node, name, product_module, (a, b), kwargs)
                     self.report.inserted.append(InsertedQuantizer(qualified, "matmul", path, description, 2))
                     continue

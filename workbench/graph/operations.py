@@ -1,7 +1,8 @@
 """Recognising the functional operations the rewrite quantizes, in an fx graph.
 
 Adds (``a + b``, ``torch.add``, ``a += b``, ``a.add_(b)``), matrix products (``torch.matmul``, ``@``,
-``torch.bmm``, ``torch.baddbmm``, their Tensor methods), ``F.scaled_dot_product_attention``, and
+``torch.bmm``, ``torch.baddbmm``, their Tensor methods, and a two-operand ``torch.einsum`` whose equation is a
+batched matrix product), ``F.scaled_dot_product_attention``, and
 what the operands of a product are in an attention (query/key or probabilities/value).
 """
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.graph.trace import ADD_FUNCTIONS, ADD_METHODS
+from workbench.quant.nn.modules.einsum_product import einsum_product
 
-__all__ = ["describe_node", "add_operands", "matmul_operands", "product_roles", "takes_var_keyword",
+__all__ = ["describe_node", "add_operands", "matmul_operands", "einsum_equation", "product_roles", "takes_var_keyword",
            "SDPA_FUNCTIONS", "SDPA_KEYWORDS"]
 
 def describe_node(node: fx.Node) -> str:
@@ -68,9 +70,10 @@ _SOFTMAX = (torch.softmax, F.softmax, torch.nn.functional.softmax)
 _PASS_THROUGH = (F.dropout, torch.dropout)
 
 
-def product_roles(a: fx.Node, b: fx.Node) -> tuple[str, ...]:
+def product_roles(a: fx.Node, b: fx.Node, b_transposed: bool = False) -> tuple[str, ...]:
     """("probabilities", "value") when ``a`` is a softmax (maybe through dropout or a module such as
-    nn.Softmax/nn.Dropout), ("query", "key") when ``b`` is a transposed tensor, else ()."""
+    nn.Softmax/nn.Dropout), ("query", "key") when ``b`` is a transposed tensor (or ``b_transposed``: an einsum
+    that contracts ``b``'s last index), else ()."""
     def is_softmax(node: fx.Node, depth: int = 0) -> bool:
         if (node.op == "call_function" and node.target in _SOFTMAX
                 or node.op == "call_method" and node.target == "softmax"):
@@ -84,7 +87,7 @@ def product_roles(a: fx.Node, b: fx.Node) -> tuple[str, ...]:
 
     if is_softmax(a):
         return ("probabilities", "value")
-    transposed = (b.op == "call_method" and b.target in ("transpose", "permute", "mT")) or (
+    transposed = b_transposed or (b.op == "call_method" and b.target in ("transpose", "permute", "mT")) or (
         b.op == "call_function" and b.target in (torch.transpose,))
     return ("query", "key") if transposed else ()
 
@@ -97,8 +100,21 @@ def takes_var_keyword(module: nn.Module) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
+def einsum_equation(node: fx.Node) -> str | None:
+    """The equation of a ``torch.einsum`` node of two operands that is a batched matrix product, else None."""
+    if node.op != "call_function" or node.target is not torch.einsum or node.kwargs or len(node.args) < 2:
+        return None
+    tensors = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else node.args[1:]
+    equation = node.args[0]
+    return equation if len(tensors) == 2 and einsum_product(equation) is not None else None
+
+
 def matmul_operands(node: fx.Node):
-    """``(op, a, b, bias, beta, alpha, has_out)`` for a matrix product node, else None."""
+    """``(op, a, b, bias, beta, alpha, has_out)`` for a matrix product node, else None; ``op`` is ``"einsum"``
+    for a batched-product einsum (its equation: :func:`einsum_equation`)."""
+    if einsum_equation(node) is not None:
+        tensors = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else node.args[1:]
+        return "einsum", tensors[0], tensors[1], None, 1, 1, False
     if node.op == "call_function" and node.target in MATMUL_FUNCTIONS:
         op = MATMUL_FUNCTIONS[node.target]
         names = ("input", "batch1", "batch2") if op == "baddbmm" else ("input", "other") if op == "matmul" \

@@ -25,7 +25,7 @@ from workbench.quant.tensor_quant import QuantDescriptor
 
 __all__ = ["RuntimeInsertion", "insert_runtime_quantizers"]
 
-_MATMUL_OPS = {"matmul": "matmul", "rmatmul": "matmul", "bmm": "bmm", "baddbmm": "baddbmm"}
+_MATMUL_OPS = {"matmul": "matmul", "rmatmul": "matmul", "bmm": "bmm", "baddbmm": "baddbmm", "einsum": "einsum"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ def _module_for(op: RecordedOp, descriptor: QuantDescriptor | None, chosen: Quan
     if op.kind == "concat":
         return QuantConcat(options.get("dim", 0), descriptor)
     if op.kind == "matmul":
-        return QuantMatMul(descriptor, op=_MATMUL_OPS[op.layout], roles=op.roles, quant_desc_probs=chosen)
+        return QuantMatMul(descriptor, op=_MATMUL_OPS[op.layout], roles=op.roles, quant_desc_probs=chosen,
+                           equation=options.get("equation"))
     return QuantSDPA(descriptor)
 
 

@@ -44,6 +44,7 @@ from workbench.graph.composites import expanded
 from workbench.graph.dataflow import FACTORIES, LIKE_OTHER, POINTWISE_FUNCTIONS, in_transformer_block
 from workbench.graph.placement import IN_SCAN, OperationFacts, skip_reason
 from workbench.graph.tree import is_quantized_module
+from workbench.quant.nn.modules.einsum_product import einsum_product
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.sources.shapes_only import shapes_mode
 
@@ -56,7 +57,8 @@ _ADDS = {torch.add: "add", torch.Tensor.add: "add", torch.Tensor.__add__: "add",
 _CATS = {torch.cat: "cat", torch.concat: "cat", torch.concatenate: "cat"}
 _PRODUCTS = {torch.matmul: "matmul", torch.Tensor.matmul: "matmul", torch.Tensor.__matmul__: "matmul",
              torch.Tensor.__rmatmul__: "rmatmul", torch.bmm: "bmm", torch.Tensor.bmm: "bmm",
-             torch.baddbmm: "baddbmm", torch.Tensor.baddbmm: "baddbmm"}
+             torch.baddbmm: "baddbmm", torch.Tensor.baddbmm: "baddbmm",
+             torch.einsum: "einsum"}  # a batched-product einsum only (see :func:`candidate`)
 _SDPA = {F.scaled_dot_product_attention: "sdpa"}
 # layers' own functions: a parameter of a quantized layer that reaches one of these without its layer
 _WEIGHT_USERS = {F.linear, F.conv1d, F.conv2d, F.conv3d}
@@ -92,6 +94,9 @@ def operands(layout: str, args: tuple, kwargs: dict) -> tuple[list[Any], dict[st
         return [args[0], other], {"out": kwargs.get("out")}
     if layout == "rmatmul":
         return [args[1], args[0]], {"out": None}
+    if layout == "einsum":  # einsum(equation, a, b) or einsum(equation, [a, b])
+        tensors = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else list(args[1:])
+        return tensors, {"equation": args[0] if args else None, "out": None}
     if layout == "baddbmm":
         names = ("input", "batch1", "batch2")
         bound = dict(zip(names, args))
@@ -118,6 +123,8 @@ def candidate(func: Callable, args: tuple, kwargs: dict) -> tuple[str, str, list
     tensors, options = operands(layout, args, kwargs)
     if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
         return None
+    if layout == "einsum" and (len(tensors) != 2 or einsum_product(options["equation"]) is None):
+        return None  # a trace, an outer product, three operands: no matrix product TensorRT runs as a GEMM
     return kind, layout, tensors, options
 
 

@@ -6,7 +6,8 @@ the query and key before ``Q @ K^T``, the softmax probabilities and the value be
 in floating point). Two modules give these tensors quantizers:
 
 * :class:`QuantMatMul` replaces one product between two activations (``torch.matmul``, ``@``,
-  ``torch.bmm``, ``torch.baddbmm``), with ``_input0_quantizer`` and ``_input1_quantizer``.
+  ``torch.bmm``, ``torch.baddbmm``, or a ``torch.einsum`` that is a batched matrix product:
+  :mod:`workbench.quant.nn.modules.einsum_product`), with ``_input0_quantizer`` and ``_input1_quantizer``.
 * :class:`QuantSDPA` replaces ``F.scaled_dot_product_attention``, with ``_q_quantizer``,
   ``_k_quantizer``, ``_v_quantizer`` and ``_probs_quantizer``. While any of them quantizes or
   calibrates it computes attention explicitly (``softmax(q k^T * scale + mask) v``), so the exported
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.quant.nn.modules.einsum_product import einsum_product
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.quant.tensor_quant import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
 
@@ -43,7 +45,7 @@ ATTENTION_QUANTIZER_ROLES = {
     "_probs_quantizer": "probabilities",
 }
 
-_MATMUL_OPS = ("matmul", "bmm", "baddbmm")
+_MATMUL_OPS = ("matmul", "bmm", "baddbmm", "einsum")
 
 
 def _activation_descriptor(value: QuantDescriptor | None, default: QuantDescriptor) -> QuantDescriptor:
@@ -89,8 +91,12 @@ class QuantMatMul(nn.Module):
 
     Args:
         quant_desc_input: descriptor of both input quantizers (per tensor); default 8-bit per tensor.
-        op: ``"matmul"`` (``torch.matmul`` / ``@``), ``"bmm"`` or ``"baddbmm"``; the product computed,
-            so that with the quantizers off the module computes exactly what the replaced call did.
+        op: ``"matmul"`` (``torch.matmul`` / ``@``), ``"bmm"``, ``"baddbmm"`` or ``"einsum"``; the product
+            computed, so that with the quantizers off the module computes exactly what the replaced call did.
+        equation: with ``op="einsum"``, the einsum's equation; it must be a batched matrix product
+            (:func:`workbench.quant.nn.modules.einsum_product.einsum_product`). While a quantizer is active the
+            product is computed as ``permute -> quantize -> matmul -> permute`` (an exported graph holds a MatMul
+            with DequantizeLinear, through Transposes, on both inputs); otherwise ``torch.einsum`` itself runs.
         roles: what the operands are, when the caller could tell: ``("query", "key")`` or
             ``("probabilities", "value")``.
         quant_desc_probs: with roles ``("probabilities", "value")``, the descriptor of the probabilities'
@@ -101,11 +107,17 @@ class QuantMatMul(nn.Module):
     default_quant_desc_probs = QUANT_DESC_8BIT_ATTENTION_PROBS
 
     def __init__(self, quant_desc_input: QuantDescriptor | None = None, op: str = "matmul",
-                 roles: tuple[str, ...] = (), quant_desc_probs: QuantDescriptor | None = None) -> None:
+                 roles: tuple[str, ...] = (), quant_desc_probs: QuantDescriptor | None = None,
+                 equation: str | None = None) -> None:
         super().__init__()
         if op not in _MATMUL_OPS:
             raise ValueError(f"op must be one of {_MATMUL_OPS}, got {op!r}.")
         self.op = op
+        self.equation = equation
+        self._einsum = einsum_product(equation) if op == "einsum" else None
+        if op == "einsum" and self._einsum is None:
+            raise ValueError(f"einsum equation {equation!r} is not a batched matrix product of two operands (one "
+                             "contracted index, one free index per operand, the others batch indices of both).")
         self.roles: tuple[str, ...] = tuple(roles)
         desc = _activation_descriptor(quant_desc_input, type(self).default_quant_desc_input)
         first = desc
@@ -122,6 +134,13 @@ class QuantMatMul(nn.Module):
 
     def forward(self, input0: torch.Tensor, input1: torch.Tensor, bias: torch.Tensor | None = None,
                 beta: float = 1, alpha: float = 1) -> torch.Tensor:
+        if self._einsum is not None:
+            if not attention_quantizers_active([self._input0_quantizer, self._input1_quantizer]):
+                return torch.einsum(self._einsum.equation, input0, input1)  # exactly the replaced call
+            # laid out for matmul first: per-tensor quantization commutes with the permutation, and the exported
+            # MatMul then reads DequantizeLinear outputs through Transposes only
+            a, b = self._einsum.operands(input0, input1)
+            return self._einsum.product(self._input0_quantizer(a), self._input1_quantizer(b))
         a = self._input0_quantizer(input0)
         b = self._input1_quantizer(input1)
         if self.op == "bmm":
@@ -131,7 +150,7 @@ class QuantMatMul(nn.Module):
         return torch.matmul(a, b)
 
     def extra_repr(self) -> str:
-        return f"op={self.op}"
+        return f"op={self.op}" + (f", equation={self.equation!r}" if self.op == "einsum" else "")
 
 
 class QuantSDPA(nn.Module):
