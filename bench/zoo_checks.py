@@ -148,6 +148,16 @@ def validated(row: dict[str, Any]) -> bool:
     return bool(row.get("validated", (row.get("cosine") or 0.0) >= 0.999))
 
 
+def parity_explained(row: dict[str, Any]) -> bool:
+    """The file passed the parity check, or was written "not validated" with the diagnosis that explains it as
+    rounding (issue 34's "parity explained"): every operation of the file computes what PyTorch does from the same
+    inputs, the first codes that differ are rounding ties, and the file's difference is within the fake-quant model's
+    own movement under a 1-ulp change of its input (workbench/export/parity.py; a difference far beyond it is
+    "unexplained"). A random-weight network that amplifies one flipped code that much is chaotic, not exported
+    wrongly; the README lists these rows apart, with both cosines."""
+    return validated(row) or (bool(row.get("export_ok")) and row.get("parity_verdict") == "rounding")
+
+
 def run_entry(entry, root: Path, progress=None) -> dict[str, Any]:
     """``new -> calibrate -> export`` for one architecture; the row (plain data) with what failed where.
     ``progress(row)`` is called as each stage begins (the row then holds ``stage_seconds`` so far): a sweep that
@@ -172,7 +182,7 @@ def run_entry(entry, root: Path, progress=None) -> dict[str, Any]:
     if "_stage_start" in row:
         row.setdefault("stage_seconds", {})[row["stage"]] = round(time.perf_counter() - row.pop("_stage_start"), 1)
     shortfalls = []
-    if row.get("export_ok") and not validated(row):
+    if row.get("export_ok") and not parity_explained(row):
         shortfalls.append(f"file not validated (cosine {row.get('cosine', float('nan')):.6f})")
     for key, what in (("gemms", "weight GEMMs quantized"), ("attention", "attention products quantized"),
                       ("outputs", "outputs kept")):
