@@ -50,7 +50,8 @@ def _shown_rows(window):
     return names
 
 
-def test_quit_and_reopen_shows_the_tab_filter_and_selection_left(window, qtbot, tmp_path, monkeypatch):
+def _leave_on_sensitivity_filtered(window, qtbot, tmp_path, monkeypatch):
+    """The demo saved, left on the Sensitivity tab with the filter "conv" and block.conv2 selected; its path."""
     path = tmp_path / "digits.qwb"
     _saved_demo(window, qtbot, path, monkeypatch)
     window.tabs.setCurrentWidget(window.extra_tabs["Sensitivity"])
@@ -58,6 +59,11 @@ def test_quit_and_reopen_shows_the_tab_filter_and_selection_left(window, qtbot, 
     window.tree.apply_filter()
     assert window.tree.select_row("block.conv2")
     settle(window, qtbot)
+    return path
+
+
+def test_quit_and_reopen_shows_the_tab_filter_and_selection_left(window, qtbot, tmp_path, monkeypatch):
+    path = _leave_on_sensitivity_filtered(window, qtbot, tmp_path, monkeypatch)
     filtered = _shown_rows(window)
     assert "fc" not in filtered and "block.conv2" in filtered
     window.close()  # File > Quit
@@ -88,13 +94,7 @@ def test_a_project_never_left_here_opens_with_its_first_layer_selected_in_the_tr
 def test_a_project_opened_by_a_relative_path_comes_back_as_left(window, qtbot, tmp_path, monkeypatch):
     """The GPT-2 run: ``workbench gui proj.qwb`` (a path relative to the shell's folder) reopened the project on the
     Layer tab with no filter and the first layer: what was kept for it was looked up under the path as typed."""
-    path = tmp_path / "digits.qwb"
-    _saved_demo(window, qtbot, path, monkeypatch)
-    window.tabs.setCurrentWidget(window.extra_tabs["Sensitivity"])
-    window.tree.filter_edit.setText("conv")
-    window.tree.apply_filter()
-    assert window.tree.select_row("block.conv2")
-    settle(window, qtbot)
+    path = _leave_on_sensitivity_filtered(window, qtbot, tmp_path, monkeypatch)
     window.close()  # File > Quit
 
     monkeypatch.chdir(tmp_path)
