@@ -66,6 +66,7 @@ def set_batchnorm_statistics(model: nn.Module, size: int, batches: int = 4, key:
     import torch
 
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [norm.momentum for norm in norms]
     for norm in norms:
         norm.reset_running_stats()
         norm.momentum = None
@@ -80,8 +81,8 @@ def set_batchnorm_statistics(model: nn.Module, size: int, batches: int = 4, key:
         for _ in range(batches):
             images = torch.randn(8, 3, size, size, generator=generator)
             model(**{key: images}) if key else model(images)
-    for norm in norms:
-        norm.momentum = 0.1
+    for norm, momentum in zip(norms, momenta):
+        norm.momentum = momentum  # the module as built, but for its statistics
     model.eval()
 
 
