@@ -148,7 +148,8 @@ def constant_output(output: Any) -> str | None:
     returns its bias whatever the input), or None."""
     import torch
 
-    floats = [t.detach() for t in _leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1]
+    floats = [t.detach() for t in _leaves(output)
+              if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1]
     if not floats or any(float(t.max()) != float(t.min()) for t in floats):
         return None
     values = {float(t.flatten()[0]) for t in floats}

@@ -15,8 +15,8 @@ hang does not end the sweep. Each row:
 A model is *accepted* when the file was written with its parity explained (validated, or written "not
 validated" with the parity diagnosis' verdict "rounding": see zoo_checks.parity_explained), every weight GEMM and
 every attention product is quantized, every tensor output is kept, and the output is not constant (parity and
-INT8 SQNR say nothing about a model whose output is: zoo_checks.degenerate_output). The header and the README say how many of
-the accepted files were validated outright. Rows are appended to a JSONL file, so a run can be resumed.
+INT8 SQNR say nothing about a model whose output is: zoo_checks.degenerate_output). The header and the README say
+how many of the accepted files were validated outright. Rows are appended to a JSONL file, so a run can be resumed.
 
     python bench/zoo_sweep.py [--only NAME ...] [--family F ...] [--resume] [--timeout 300] [--out FILE]
     python bench/zoo_sweep.py --markdown [--out FILE]    # the README's table from the rows

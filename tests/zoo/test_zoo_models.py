@@ -37,11 +37,16 @@ FAILING: dict[str, str] = {
     "torchvision/efficientnet_b0": PARITY + ": with its BatchNorm statistics set on data (at the initial ones its "
                                    "output was all zero, so the cosine of 1.0 said nothing) one rounding flip at "
                                    "features.1 travels through the squeeze-excite blocks (file cosine 0.988, its own "
-                                   "1-ulp spread 0.975): explained, written not validated"}
+                                   "1-ulp spread 0.975): explained, written not validated",
+    "torchvision/ssdlite320_mobilenet_v3_large": EXPORT + ": with its BatchNorm statistics set on data (at the "
+                                                 "initial ones its INT8 output equalled the float one, SQNR inf) the "
+                                                 "parity diagnosis finds an operation computed differently before "
+                                                 "the head's cat (0.743 relative, TorchScript export): a wrong graph "
+                                                 "the vanishing activations hid"}
 NAMES = ["hf/llama", "hf/gpt2", "hf/whisper", "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin",
          "hf/mamba", "hf/detr", "hf/sam_vision_model", "diffusers/unet2d_condition", "timm/resnet18",
          "torchvision/efficientnet_b0", "ultralytics/yolov8n",
-         "torchvision/ssdlite320_mobilenet_v3_large",  # its NMS keeps 128 boxes in onnxruntime, 136 in PyTorch
+         "torchvision/ssdlite320_mobilenet_v3_large",
          "torchvision/efficientnet_v2_s"]
 CASES = [pytest.param(name, marks=xfail(FAILING[name])) if name in FAILING else name for name in NAMES]
 

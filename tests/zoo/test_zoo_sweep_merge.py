@@ -156,7 +156,6 @@ def test_constant_output_is_found_in_what_the_model_returns_and_a_revived_head_v
 def test_batchnorm_statistics_of_a_detector_are_set_without_training_mode_elsewhere():
     """torchvision's detectors want targets in training mode: the SSDLite and DeepLab MobileNetV3 builds set their
     BatchNorm statistics with only the BatchNorms in training mode."""
-    import torch
     import zoo_factories
     from torch import nn
 
