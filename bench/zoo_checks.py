@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from zoo_factories import revive_degenerate_weights, set_batchnorm_statistics
 
 # ops TensorRT moves a DequantizeLinear across (they only move data): a DQ -> Transpose -> MatMul is quantized
 SHAPE_OPS = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Flatten", "Identity", "Cast"}
@@ -80,46 +81,32 @@ def not_attention_products(summary: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+def _leaves(value: Any):
+    """The tensors in a model's output (ModelOutput fields, tuples, lists, dicts, nested), in order."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):  # ModelOutput is an OrderedDict of its non-None fields
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _leaves(item)
+
+
 def tensor_leaves(output: Any) -> int:
     """Distinct tensors a model returned (ModelOutput fields, tuples, lists, dicts, nested); None fields do not
     count, and a tensor returned twice (ultralytics' segmentation head returns its mask prototypes in both of its
     results) is one ONNX output, so it counts once."""
-    import torch
-
-    def leaves(value: Any):
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, dict):  # ModelOutput is an OrderedDict of its non-None fields
-            for item in value.values():
-                yield from leaves(item)
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                yield from leaves(item)
-
-    return len({id(t) for t in leaves(output)})
-
-
-def revive_degenerate_weights(model) -> list[str]:
-    """Give weight matrices that a library's random init leaves at about zero (transformers' SAM: |w| < 1e-9)
-    a random normal init (std 1/sqrt(fan-in)); the names of those changed.
-
-    A trained model never has them, and on them every quantizer's amax collapses (<= 2**-24) and the INT8
-    output is zero: the sweep's SQNR and parity would say nothing about the architecture."""
-    import torch
-
-    changed = []
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if parameter.dim() >= 2 and parameter.is_floating_point() and float(parameter.abs().max()) < 1e-6:
-                fan_in = max(parameter[0].numel(), 1)
-                parameter.normal_(0.0, fan_in ** -0.5)
-                changed.append(name)
-    return changed
+    return len({id(t) for t in _leaves(output)})
 
 
 def build_source(entry, folder: Path, root: Path, row: dict[str, Any] | None = None):
-    """The ModelSpec a user would give for ``entry`` (an hf: folder saved here from the tiny config); ``row``
-    gets the number of weights :func:`revive_degenerate_weights` changed."""
+    """The ModelSpec a user would give for ``entry``: an hf: folder saved here from the tiny config, or a timm
+    name with the weights file a trained model comes with where the library's init leaves a weight matrix at zero
+    (timm's zero-initialised heads). ``row`` gets the number of weights :func:`revive_degenerate_weights`
+    changed."""
     import torch
 
     from workbench.sources.model_source import ModelSpec
@@ -134,13 +121,77 @@ def build_source(entry, folder: Path, root: Path, row: dict[str, Any] | None = N
         revived = revive_degenerate_weights(model)
         if row is not None:
             row["revived_weights"] = len(revived)
+        if entry.batchnorm_statistics_size:  # the catalogue says why (BATCHNORM_STATISTICS)
+            set_batchnorm_statistics(model, entry.batchnorm_statistics_size, key="pixel_values")
         target = folder / "model"
         model.save_pretrained(target, safe_serialization=True)
         return ModelSpec("hf", str(target))
     if entry.source == "timm":
-        return ModelSpec("timm", entry.target, dict(entry.kwargs))
+        import timm
+        from safetensors.torch import save_file
+
+        model = timm.create_model(entry.target, pretrained=False, **entry.kwargs)
+        revived = revive_degenerate_weights(model)
+        if row is not None:
+            row["revived_weights"] = len(revived)
+        if not revived:  # the model exactly as timm builds it
+            return ModelSpec("timm", entry.target, dict(entry.kwargs))
+        weights = folder / "weights.safetensors"  # timm:NAME@weights.safetensors, as a trained model is given
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+        return ModelSpec("timm", entry.target, dict(entry.kwargs), str(weights))
     file, factory = entry.target.rsplit(":", 1)
     return ModelSpec("entrypoint", f"{root / file}:{factory}", dict(entry.kwargs))
+
+
+def constant_output(output: Any) -> str | None:
+    """Why the float model's output says nothing (every floating tensor it returns holds one value: a zero head
+    returns its bias whatever the input), or None."""
+    import torch
+
+    floats = [t.detach() for t in _leaves(output)
+              if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1]
+    if not floats or any(float(t.max()) != float(t.min()) for t in floats):
+        return None
+    values = {float(t.flatten()[0]) for t in floats}
+    if values == {0.0}:
+        return "float output all zero"
+    return f"float output constant ({', '.join(f'{v:g}' for v in sorted(values)[:3])} in every element)"
+
+
+def degenerate_output(row: dict[str, Any]) -> str | None:
+    """Why the row's parity and INT8 SQNR say nothing about the architecture, or None: the float output is
+    constant (recorded by :func:`run_entry` as ``degenerate_output``), or the INT8 SQNR is inf (INT8 output
+    equal to the float output: on a random network, a constant one), NaN, or 0 dB (INT8 output all zero: every
+    amax collapsed). Rows written before the flag existed are judged on their SQNR."""
+    if row.get("degenerate_output"):
+        return row["degenerate_output"]
+    sqnr = row.get("sqnr_db")
+    if not isinstance(sqnr, (int, float)):
+        return None
+    if sqnr != sqnr:
+        return "INT8 SQNR NaN"
+    if sqnr == float("inf"):
+        return "INT8 SQNR inf: the INT8 output equals the float output"
+    if sqnr == 0.0:
+        return "INT8 SQNR 0 dB: the INT8 output is zero"
+    return None
+
+
+def shortfalls(row: dict[str, Any]) -> list[str]:
+    """What keeps a finished row from being accepted: the parity not explained, a count short, or an output that
+    makes the parity say nothing."""
+    out = []
+    if row.get("export_ok") and not parity_explained(row):
+        out.append(f"file not validated (cosine {row.get('cosine', float('nan')):.6f})")
+    for key, what in (("gemms", "weight GEMMs quantized"), ("attention", "attention products quantized"),
+                      ("outputs", "outputs kept")):
+        pair = row.get(key)
+        if isinstance(pair, list) and pair[0] != pair[1]:
+            out.append(f"{what} {pair[0]}/{pair[1]}")
+    reason = degenerate_output(row)
+    if reason:
+        out.append(f"output constant: parity says nothing ({reason})")
+    return out
 
 
 def validated(row: dict[str, Any]) -> bool:
@@ -181,17 +232,9 @@ def run_entry(entry, root: Path, progress=None) -> dict[str, Any]:
     row["seconds"] = time.perf_counter() - start
     if "_stage_start" in row:
         row.setdefault("stage_seconds", {})[row["stage"]] = round(time.perf_counter() - row.pop("_stage_start"), 1)
-    shortfalls = []
-    if row.get("export_ok") and not parity_explained(row):
-        shortfalls.append(f"file not validated (cosine {row.get('cosine', float('nan')):.6f})")
-    for key, what in (("gemms", "weight GEMMs quantized"), ("attention", "attention products quantized"),
-                      ("outputs", "outputs kept")):
-        pair = row.get(key)
-        if isinstance(pair, list) and pair[0] != pair[1]:
-            shortfalls.append(f"{what} {pair[0]}/{pair[1]}")
-    row["shortfalls"] = shortfalls
-    if not row.get("failure") and shortfalls:
-        row["failure"] = "; ".join(shortfalls)
+    row["shortfalls"] = found = shortfalls(row)
+    if not row.get("failure") and found:
+        row["failure"] = "; ".join(found)
         if row.get("float_gemms"):
             row["failure"] += f" (float: {', '.join(row['float_gemms'][:3])})"
     return row
@@ -221,7 +264,11 @@ def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch, progress=N
     _stage(row, "new", progress)
     session = Session.create(spec, DataSpec("tensors", str(data), batch_size=2), trust_code=True, base_dir=folder)
     with torch.no_grad():
+        output = run_model(session.float_model, session.sample_inputs(batch=2), session.device)
         returned = tensor_leaves(run_model(session.float_model, session.sample_inputs(batch=1), session.device))
+    constant = constant_output(output)  # two samples: a tensor holding one value holds it for any input
+    if constant:
+        row["degenerate_output"] = constant
     _stage(row, "calibrate", progress)
     result = session.calibrate()
     row["sqnr_db"] = result.output_sqnr_db
@@ -248,6 +295,9 @@ def _run(entry, root: Path, folder: Path, row: dict[str, Any], torch, progress=N
         row["parity_sensitivity_cosine"] = diagnosis.get("sensitivity_cosine")  # the model's own 1-ulp spread
     if row["sqnr_db"] is None and report.int8_vs_fp32:
         row["sqnr_db"] = report.int8_vs_fp32.get("output_sqnr_db")
+    reason = degenerate_output(row)
+    if reason:
+        row["degenerate_output"] = reason
 
 
 def main() -> None:

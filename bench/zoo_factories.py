@@ -13,7 +13,8 @@ os.environ.setdefault("YOLO_VERBOSE", "False")
 
 
 def torchvision_model(name: str, batchnorm_statistics_size: int | None = None, **kwargs) -> nn.Module:
-    """``torchvision.models.get_model(name)`` with random weights (no download).
+    """``torchvision.models.get_model(name)`` with random weights (no download), weight matrices left at zero by
+    the init given a random one (:func:`revive_degenerate_weights`: torchvision's ViT zero-initialises its head).
 
     ``batchnorm_statistics_size``: set every BatchNorm's running statistics on random images of that size (the
     sweep's own input distribution), as training leaves them; for a network whose random init lets the
@@ -26,27 +27,63 @@ def torchvision_model(name: str, batchnorm_statistics_size: int | None = None, *
     if "weights_backbone" in inspect.signature(torchvision.models.get_model_builder(name)).parameters:
         kwargs.setdefault("weights_backbone", None)
     model = torchvision.models.get_model(name, **kwargs)
+    revive_degenerate_weights(model)
     if batchnorm_statistics_size:
-        set_batchnorm_statistics(model, batchnorm_statistics_size)
+        # a detector in training mode wants targets: only its BatchNorms are put in training mode
+        detector = name in torchvision.models.list_models(module=torchvision.models.detection)
+        set_batchnorm_statistics(model, batchnorm_statistics_size, norms_only=detector)
     return model.eval()
 
 
-def set_batchnorm_statistics(model: nn.Module, size: int, batches: int = 4) -> None:
+def revive_degenerate_weights(model: nn.Module) -> list[str]:
+    """Give weight matrices that a library's init leaves at about zero (transformers' SAM: |w| < 1e-9; the zero
+    heads of torchvision's ViT and of timm's MLP-Mixer, Sequencer and Hiera) a random normal init (std
+    1/sqrt(fan-in)); the names of those changed.
+
+    A trained model never has them, and on them every quantizer's amax collapses (<= 2**-24) and the output is
+    constant (a zero head returns its bias whatever the input): the sweep's SQNR and parity would say nothing
+    about the architecture."""
+    import torch
+
+    changed = []
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() >= 2 and parameter.is_floating_point() and float(parameter.abs().max()) < 1e-6:
+                fan_in = max(parameter[0].numel(), 1)
+                parameter.normal_(0.0, fan_in ** -0.5)
+                changed.append(name)
+    return changed
+
+
+def set_batchnorm_statistics(model: nn.Module, size: int, batches: int = 4, key: str | None = None,
+                             norms_only: bool = False) -> None:
     """Running mean and variance of every BatchNorm from ``batches`` forward passes on standard-normal images
-    ``[8, 3, size, size]`` (a cumulative average, momentum None); the weights are not touched."""
+    ``[8, 3, size, size]`` (a cumulative average, momentum None); the weights are not touched.
+
+    ``key``: pass the images by that keyword (``pixel_values`` for a transformers model); ``norms_only``: only
+    the BatchNorms run in training mode (a torchvision detector in training mode computes its losses and wants
+    targets; its dropout-free layers are the same either way)."""
     import torch
 
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [norm.momentum for norm in norms]
     for norm in norms:
         norm.reset_running_stats()
         norm.momentum = None
     generator = torch.Generator().manual_seed(1)
-    model.train()
+    if norms_only:
+        model.eval()
+        for norm in norms:
+            norm.train()
+    else:
+        model.train()
     with torch.no_grad():
         for _ in range(batches):
-            model(torch.randn(8, 3, size, size, generator=generator))
-    for norm in norms:
-        norm.momentum = 0.1
+            images = torch.randn(8, 3, size, size, generator=generator)
+            model(**{key: images}) if key else model(images)
+    for norm, momentum in zip(norms, momenta):
+        norm.momentum = momentum  # the module as built, but for its statistics
+    model.eval()
 
 
 def unet2d_condition() -> nn.Module:

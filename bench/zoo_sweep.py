@@ -14,8 +14,9 @@ hang does not end the sweep. Each row:
 
 A model is *accepted* when the file was written with its parity explained (validated, or written "not
 validated" with the parity diagnosis' verdict "rounding": see zoo_checks.parity_explained), every weight GEMM and
-every attention product is quantized, and every tensor output is kept. The header and the README say how many of
-the accepted files were validated outright. Rows are appended to a JSONL file, so a run can be resumed.
+every attention product is quantized, every tensor output is kept, and the output is not constant (parity and
+INT8 SQNR say nothing about a model whose output is: zoo_checks.degenerate_output). The header and the README say
+how many of the accepted files were validated outright. Rows are appended to a JSONL file, so a run can be resumed.
 
     python bench/zoo_sweep.py [--only NAME ...] [--family F ...] [--resume] [--timeout 300] [--out FILE]
     python bench/zoo_sweep.py --markdown [--out FILE]    # the README's table from the rows
@@ -40,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]  # this checkout's workbench, whatever the environment installed
 import zoo_catalog  # noqa: E402
-from zoo_checks import parity_explained, run_entry, validated  # noqa: E402
+from zoo_checks import degenerate_output, parity_explained, run_entry, validated  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "zoo_sweep.jsonl"
 COLUMNS = ("model", "family", "GEMMs", "attention", "outputs", "export", "parity", "SQNR dB", "s", "failure")
@@ -62,11 +63,11 @@ def versions() -> dict[str, str]:
 
 def accepted(row: dict) -> bool:
     """The sweep's bar: the file written with its parity explained, every weight GEMM, attention product and output
-    kept."""
+    kept, and an output that varies (a constant one makes parity and SQNR say nothing: zoo_checks.degenerate_output)."""
     def full(pair) -> bool:
         return isinstance(pair, list) and pair[0] == pair[1]
     return bool(row.get("export_ok")) and parity_explained(row) and full(row.get("gemms")) \
-        and full(row.get("attention")) and full(row.get("outputs"))
+        and full(row.get("attention")) and full(row.get("outputs")) and not degenerate_output(row)
 
 
 def explained_by_rounding(row: dict) -> bool:
@@ -192,6 +193,8 @@ def failure_text(row: dict) -> str:
     """The row's failure; a file written "not validated" says what the parity diagnosis found (rounding that
     accumulates in a sensitive network, against the model's own 1-ulp spread, is not a wrong graph)."""
     failure = row.get("failure") or "; ".join(row.get("shortfalls") or []) or ""
+    if not failure and degenerate_output(row):  # a row from before the check: its SQNR says so
+        failure = f"output constant: parity says nothing ({degenerate_output(row)})"
     if not failure and row.get("export_ok") and not validated(row):  # accepted, parity explained
         failure = f"file not validated (cosine {row.get('cosine') or float('nan'):.6f})"
     verdict = row.get("parity_verdict")

@@ -33,11 +33,21 @@ def xfail(reason: str):
 FAILING: dict[str, str] = {
     "torchvision/efficientnet_v2_s": PARITY + ": rounding ties at its first blocks, amplified through 40 blocks of "
                                      "squeeze-excite (file cosine 0.985, its own 1-ulp spread 0.987): explained, "
-                                     "written not validated"}
+                                     "written not validated",
+    "torchvision/efficientnet_b0": PARITY + ": with its BatchNorm statistics set on data (at the initial ones its "
+                                   "output was all zero, so the cosine of 1.0 said nothing) one rounding flip at "
+                                   "features.1 travels through the squeeze-excite blocks (file cosine 0.988, its own "
+                                   "1-ulp spread 0.975): explained, written not validated",
+    "torchvision/ssdlite320_mobilenet_v3_large": PARITY + ": with its BatchNorm statistics set on data (at the "
+                                                 "initial ones its INT8 output equalled the float one, SQNR inf) the "
+                                                 "parity diagnosis finds an operation computed differently at the "
+                                                 "root cat (postprocess_detections' cat of scores after the top-k, "
+                                                 "0.743 relative): a selection not recognised, or a quantizer after "
+                                                 "one, that the vanishing activations hid"}
 NAMES = ["hf/llama", "hf/gpt2", "hf/whisper", "hf/t5", "hf/bert", "hf/vit", "hf/mixtral", "hf/wav2vec2", "hf/swin",
          "hf/mamba", "hf/detr", "hf/sam_vision_model", "diffusers/unet2d_condition", "timm/resnet18",
          "torchvision/efficientnet_b0", "ultralytics/yolov8n",
-         "torchvision/ssdlite320_mobilenet_v3_large",  # its NMS keeps 128 boxes in onnxruntime, 136 in PyTorch
+         "torchvision/ssdlite320_mobilenet_v3_large",
          "torchvision/efficientnet_v2_s"]
 CASES = [pytest.param(name, marks=xfail(FAILING[name])) if name in FAILING else name for name in NAMES]
 
@@ -56,6 +66,7 @@ def test_architecture_is_accepted_with_the_defaults(name):
     assert gemms[1] > 0 and gemms[0] == gemms[1], f"weight GEMMs quantized {gemms}, float: {row['float_gemms']}"
     assert attention[0] == attention[1], f"attention products with Q/DQ on both inputs {attention}"
     assert outputs[0] == outputs[1], f"ONNX outputs {outputs[0]} of the {outputs[1]} tensors the model returns"
+    assert not row.get("degenerate_output"), f"{row['degenerate_output']}: parity says nothing"
     assert row["cosine"] >= 0.999
 
 

@@ -103,3 +103,91 @@ def test_a_file_not_validated_says_what_the_parity_diagnosis_found_in_the_table_
     assert "- `timm/coat_lite_tiny`: file not validated (cosine 0.974043) (diagnosis: rounding flips" in accepted_part
     assert "hf/bert" in failed_part and "hf/gpt2" in failed_part and "coat_lite" not in failed_part
     assert "coat_lite" not in str(zoo_sweep.categories([rounding, operation, old]))
+
+
+def _accepted_row(**changes):
+    row = {"model": "torchvision/vit_b_16", "family": "torchvision", "export_ok": True, "validated": True,
+           "cosine": 1.0, "gemms": [38, 38], "attention": [24, 24], "outputs": [1, 1], "sqnr_db": 17.5}
+    row.update(changes)
+    return row
+
+
+def test_a_row_whose_output_is_constant_is_never_accepted_parity_says_nothing():
+    """torchvision's ViT (zero head), timm's MLP-Mixer and MobileNets at their initial BatchNorm statistics
+    returned one value whatever the input: cosine 1.0 and INT8 SQNR inf (or 0 dB, the INT8 output all zero) were
+    accepted although they say nothing. Such a row is a shortfall now, old rows judged on their SQNR."""
+    from zoo_checks import shortfalls
+
+    assert zoo_sweep.accepted(_accepted_row())
+    assert shortfalls(_accepted_row()) == []
+    for changes, reason in (({"sqnr_db": float("inf")}, "INT8 SQNR inf"),
+                            ({"sqnr_db": 0.0}, "INT8 SQNR 0 dB: the INT8 output is zero"),
+                            ({"sqnr_db": float("nan")}, "INT8 SQNR NaN"),
+                            ({"degenerate_output": "float output all zero"}, "float output all zero")):
+        row = _accepted_row(**changes)
+        assert not zoo_sweep.accepted(row), changes
+        assert any(s.startswith("output constant: parity says nothing") and reason in s for s in shortfalls(row))
+        # a merged row from before the check has no failure of its own: the table says why it is not accepted
+        assert zoo_sweep.failure_text(row).startswith("output constant: parity says nothing")
+        assert zoo_sweep.category(row)[0]
+
+
+def test_constant_output_is_found_in_what_the_model_returns_and_a_revived_head_varies():
+    """A zero-initialised head returns its bias for every input; given a random init (as the sweep builds
+    torchvision's and timm's models now) it computes something."""
+    import torch
+    from torch import nn
+    from zoo_checks import constant_output
+    from zoo_factories import revive_degenerate_weights
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 5))
+    with torch.no_grad():
+        model[1].weight.zero_()
+        model[1].bias.fill_(0.25)
+    images = torch.randn(2, 3, 2, 2)
+    assert constant_output(model(images)) == "float output constant (0.25 in every element)"
+    assert constant_output({"logits": torch.zeros(2, 5), "ids": torch.arange(4)}) == "float output all zero"
+    assert constant_output((torch.zeros(2, 5), torch.randn(2, 3))) is None  # one varying tensor is enough
+    assert revive_degenerate_weights(model) == ["1.weight"]
+    assert constant_output(model(images)) is None
+
+
+def test_batchnorm_statistics_of_a_detector_are_set_without_training_mode_elsewhere():
+    """torchvision's detectors want targets in training mode: the SSDLite and DeepLab MobileNetV3 builds set their
+    BatchNorm statistics with only the BatchNorms in training mode."""
+    import zoo_factories
+    from torch import nn
+
+    class Detector(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            if self.training:
+                raise ValueError("In training mode, targets should be passed")
+            return self.norm(self.conv(x) * 1e-2)
+
+    model = Detector()
+    zoo_factories.set_batchnorm_statistics(model, size=16, norms_only=True)
+    assert not model.training and not model.norm.training
+    assert float(model.norm.running_var.max()) < 1e-2  # statistics of the shrunk activations, not the initial 1
+
+
+def test_a_timm_model_with_a_zero_head_is_given_as_a_trained_model_with_its_weights_file(tmp_path):
+    """timm zero-initialises MLP-Mixer's head: the sweep hands it over as timm:NAME@weights.safetensors with the
+    head revived, and a model timm builds without such weights by name alone."""
+    pytest = __import__("pytest")
+    pytest.importorskip("timm")
+    from safetensors.torch import load_file
+    from zoo_checks import build_source
+
+    entries = {entry.name: entry for entry in zoo_sweep.zoo_catalog.all_entries()}
+    row = {}
+    spec = build_source(entries["timm/mixer_s16_224"], tmp_path, tmp_path, row)
+    assert row["revived_weights"] == 1 and spec.kind == "timm" and spec.target == "mixer_s16_224"
+    assert float(load_file(spec.weights)["head.weight"].abs().max()) > 0
+    row = {}
+    spec = build_source(entries["timm/resnet18"], tmp_path / "other", tmp_path, row)
+    assert row["revived_weights"] == 0 and spec.weights is None
