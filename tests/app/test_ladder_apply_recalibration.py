@@ -65,7 +65,9 @@ def test_apply_calibrates_only_changed_layers_with_a_whole_calibrations_amax(tmp
     full = _amax(session)
     assert partial.keys() == full.keys()
     assert all(np.array_equal(partial[name], full[name]) for name in full)
-    assert partial_sqnr == pytest.approx(session.project.current_calibration.output_sqnr_db, rel=1e-6)
+    # the output SQNR's float reference is each run's collect pass, where a collecting attention takes its decomposed
+    # path and a paused one torch's fused kernel: float rounding (~1e-6 relative), not a different calibration
+    assert partial_sqnr == pytest.approx(session.project.current_calibration.output_sqnr_db, abs=5e-4)
 
 
 def test_apply_calibrates_the_whole_model_when_more_changed_since_the_calibration(tmp_path):
