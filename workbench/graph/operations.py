@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.graph.trace import ADD_FUNCTIONS, ADD_METHODS
-from workbench.quant.nn.modules.einsum_product import einsum_product
+from workbench.quant.nn.modules.einsum_product import einsum_operands, einsum_product
 
 __all__ = ["describe_node", "add_operands", "matmul_operands", "einsum_equation", "product_roles", "takes_var_keyword",
            "SDPA_FUNCTIONS", "SDPA_KEYWORDS"]
@@ -102,10 +102,9 @@ def takes_var_keyword(module: nn.Module) -> bool:
 
 def einsum_equation(node: fx.Node) -> str | None:
     """The equation of a ``torch.einsum`` node of two operands that is a batched matrix product, else None."""
-    if node.op != "call_function" or node.target is not torch.einsum or node.kwargs or len(node.args) < 2:
+    if node.op != "call_function" or node.target is not torch.einsum or node.kwargs:
         return None
-    tensors = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else node.args[1:]
-    equation = node.args[0]
+    equation, tensors = einsum_operands(node.args)
     return equation if len(tensors) == 2 and einsum_product(equation) is not None else None
 
 
@@ -113,8 +112,8 @@ def matmul_operands(node: fx.Node):
     """``(op, a, b, bias, beta, alpha, has_out)`` for a matrix product node, else None; ``op`` is ``"einsum"``
     for a batched-product einsum (its equation: :func:`einsum_equation`)."""
     if einsum_equation(node) is not None:
-        tensors = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else node.args[1:]
-        return "einsum", tensors[0], tensors[1], None, 1, 1, False
+        _, (a, b) = einsum_operands(node.args)
+        return "einsum", a, b, None, 1, 1, False
     if node.op == "call_function" and node.target in MATMUL_FUNCTIONS:
         op = MATMUL_FUNCTIONS[node.target]
         names = ("input", "batch1", "batch2") if op == "baddbmm" else ("input", "other") if op == "matmul" \

@@ -44,7 +44,7 @@ from workbench.graph.composites import expanded
 from workbench.graph.dataflow import FACTORIES, LIKE_OTHER, POINTWISE_FUNCTIONS, in_transformer_block
 from workbench.graph.placement import IN_SCAN, OperationFacts, skip_reason
 from workbench.graph.tree import is_quantized_module
-from workbench.quant.nn.modules.einsum_product import einsum_product
+from workbench.quant.nn.modules.einsum_product import einsum_operands, einsum_product
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
 from workbench.sources.shapes_only import shapes_mode
 
@@ -94,9 +94,9 @@ def operands(layout: str, args: tuple, kwargs: dict) -> tuple[list[Any], dict[st
         return [args[0], other], {"out": kwargs.get("out")}
     if layout == "rmatmul":
         return [args[1], args[0]], {"out": None}
-    if layout == "einsum":  # einsum(equation, a, b) or einsum(equation, [a, b])
-        tensors = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else list(args[1:])
-        return tensors, {"equation": args[0] if args else None, "out": None}
+    if layout == "einsum":
+        equation, tensors = einsum_operands(args)
+        return tensors, {"equation": equation, "out": None}
     if layout == "baddbmm":
         names = ("input", "batch1", "batch2")
         bound = dict(zip(names, args))

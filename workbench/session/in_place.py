@@ -190,12 +190,22 @@ def _attention_has(module: QuantSDPA, fields: dict[str, Any] | None) -> bool:
     return all(isinstance(q, TensorQuantizer) and descriptor_of(q) == wanted for q in module.quantizers()[:3])
 
 
-def _use_counts(names: Mapping[str, nn.Module]) -> dict[int, int]:
-    """How many names each quantizer object has (more than one: shared by a placement rule)."""
-    uses: dict[int, int] = {}
-    for quantizer in names.values():
-        uses[id(quantizer)] = uses.get(id(quantizer), 0) + 1
-    return uses
+class _Ownership:
+    """Which quantizers of ``model`` a layer may change in place: its own (one name, the one it is found under),
+    neither scaled by a smoothing pass nor holding a range learned in a fine-tune."""
+
+    def __init__(self, model: nn.Module, finetune: FinetuneRecord | None) -> None:
+        self.modules = dict(model.named_modules())
+        self.names = quantizer_names(model)
+        self.uses: dict[int, int] = {}  # how many names each quantizer has (more than one: shared by a rule)
+        for quantizer in self.names.values():
+            self.uses[id(quantizer)] = self.uses.get(id(quantizer), 0) + 1
+        self.learned = finetune.amax if finetune is not None and finetune.amax else {}
+
+    def owned(self, name: str, quantizer: object) -> bool:
+        """Whether ``quantizer``, found under ``name``, is its layer's own and has no smoothing or learned range."""
+        return isinstance(quantizer, TensorQuantizer) and self.uses.get(id(quantizer)) == 1 \
+            and self.names.get(name) is quantizer and quantizer.pre_quant_scale is None and name not in self.learned
 
 
 def _plan_off(model: nn.Module, layers: Collection[str], *,
@@ -204,20 +214,16 @@ def _plan_off(model: nn.Module, layers: Collection[str], *,
     its layer's own (shared), scaled by a smoothing pass or learned in a fine-tune."""
     if not layers:
         return []
-    modules = dict(model.named_modules())
-    names = quantizer_names(model)
-    uses = _use_counts(names)
-    learned = finetune.amax if finetune is not None and finetune.amax else {}
+    owners = _Ownership(model, finetune)
     found: list[tuple[str, TensorQuantizer]] = []
     for layer in layers:
-        module = modules.get(layer)
+        module = owners.modules.get(layer)
         for attribute in _own_attributes(module):
             quantizer = module._modules.get(attribute) if module is not None else None
             name = f"{layer}.{attribute}"
             if quantizer is None:
                 continue
-            if not isinstance(quantizer, TensorQuantizer) or uses.get(id(quantizer)) != 1 or names.get(name) is not \
-                    quantizer or quantizer.pre_quant_scale is not None or name in learned:
+            if not owners.owned(name, quantizer):
                 return None
             found.append((name, quantizer))
     return found
@@ -236,23 +242,18 @@ def _plan_attention_on(model: nn.Module, layers: Collection[str], *, calibration
     """The quantizers to switch back on for the attention layers among ``layers`` (switched off in place); None
     when one of them is not its own, or the project's calibration does not hold its range for its descriptor
     (a rebuild gives it none, or marks it stale: only a rebuild gives that model)."""
-    modules = dict(model.named_modules())
-    attention = [layer for layer in layers if isinstance(modules.get(layer), QuantSDPA)]
-    if not attention:
-        return []
-    names = quantizer_names(model)
-    uses = _use_counts(names)
-    learned = finetune.amax if finetune is not None and finetune.amax else {}
+    if not layers:
+        return []  # (the common edit: no walk over the model's quantizers)
+    owners = _Ownership(model, finetune)
+    attention = [layer for layer in layers if isinstance(owners.modules.get(layer), QuantSDPA)]
     found: list[tuple[str, TensorQuantizer]] = []
     for layer in attention:
-        module = modules[layer]
+        module = owners.modules[layer]
         for attribute in _own_attributes(module):
             quantizer = module._modules[attribute]
             name = f"{layer}.{attribute}"
             record = calibration.quantizers.get(name) if calibration is not None else None
-            if not isinstance(quantizer, TensorQuantizer) or uses.get(id(quantizer)) != 1 or names.get(name) is not \
-                    quantizer or quantizer.pre_quant_scale is not None or name in learned or not \
-                    quantizer.enabled_by_descriptor or record is None or \
+            if not owners.owned(name, quantizer) or not quantizer.enabled_by_descriptor or record is None or \
                     record.descriptor not in (None, descriptor_of(quantizer)):
                 return None
             found.append((name, quantizer))
@@ -266,22 +267,18 @@ def _plan(model: nn.Module, descriptors: Mapping[str, dict[str, Any]], role: str
     attribute = ROLE_ATTRIBUTES.get(role)
     if attribute is None:
         return None
-    modules = dict(model.named_modules())
-    names = quantizer_names(model)
-    uses = _use_counts(names)
-    learned = finetune.amax if finetune is not None and finetune.amax else {}
+    owners = _Ownership(model, finetune)
     planned: list[_Swap] = []
     for layer, fields in descriptors.items():
-        module = modules.get(layer)
+        module = owners.modules.get(layer)
         if module is None or isinstance(module, FUNCTIONAL_MODULES):
             return None
         old = module._modules.get(attribute)
         name = f"{layer}.{attribute}"
-        if not isinstance(old, TensorQuantizer) or uses.get(id(old)) != 1 or names.get(name) is not old:
-            return None  # not this module's own quantizer: shared by a placement rule, or none
-        off_by_rule = not old.is_enabled and old.enabled_by_descriptor and layer not in reviving
-        if off_by_rule or old.pre_quant_scale is not None or name in learned:
-            return None  # switched off by a rule, scaled by a smoothing pass, or a range learned in fine-tuning
+        if not owners.owned(name, old):
+            return None  # not this module's own quantizer (shared by a rule, or none), smoothed, or learned
+        if not old.is_enabled and old.enabled_by_descriptor and layer not in reviving:
+            return None  # switched off by a placement rule
         try:
             descriptor = make_descriptor(fields)
         except (TypeError, ValueError):

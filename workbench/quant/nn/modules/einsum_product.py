@@ -10,11 +10,13 @@ then computes it as ``permute -> matmul -> permute``, so an exported graph holds
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["EinsumProduct", "einsum_product"]
+__all__ = ["EinsumProduct", "einsum_product", "einsum_operands"]
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,25 @@ class EinsumProduct:
         return self._moved(torch.matmul(a, b), self.output)
 
 
+def einsum_operands(args: Sequence) -> tuple[object, list]:
+    """The equation and the operands of a ``torch.einsum`` call's positional ``args``: ``einsum(eq, a, b)`` or
+    ``einsum(eq, [a, b])`` (tensors, or the fx nodes standing for them)."""
+    if not args:
+        return None, []
+    operands = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
+    return args[0], list(operands)
+
+
 def einsum_product(equation: object) -> EinsumProduct | None:
     """The :class:`EinsumProduct` of ``equation`` when it is a batched matrix product of two operands, else None
     (three operands, an implicit output, an ellipsis, a trace or diagonal, two contracted indices, an outer
     product, an index summed out of one operand only)."""
-    if not isinstance(equation, str) or "->" not in equation or "." in equation:
+    return _parse(equation) if isinstance(equation, str) else None
+
+
+@functools.lru_cache(maxsize=256)  # read at every einsum call a run-time recording sees; the result is immutable
+def _parse(equation: str) -> EinsumProduct | None:
+    if "->" not in equation or "." in equation:
         return None
     inputs, _, output = equation.replace(" ", "").partition("->")
     parts = inputs.split(",")
