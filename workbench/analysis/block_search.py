@@ -166,7 +166,6 @@ def _only(module: nn.Module, keep: Iterable[TensorQuantizer] = ()) -> Iterator[N
             quantizer.enable() if enabled else quantizer.disable()
 
 
-
 def _on_each_level(unit: Unit, levels: Levels, stream: Mapping[str, int],
                    measure: Callable[[], float]) -> dict[int, float]:
     """``measure()`` (an ``N/S``) with ``unit`` on each of its levels, 0 on float; the unit back on its stream level
@@ -182,6 +181,7 @@ def _on_each_level(unit: Unit, levels: Levels, stream: Mapping[str, int],
     finally:
         levels.set(unit, stream[unit.name])
     return found
+
 
 def _running(model: nn.Module, unit: Unit) -> list[TensorQuantizer]:
     """The quantizer objects that run ``unit``'s places now (a ladder swaps its rungs' into the model)."""
