@@ -162,3 +162,20 @@ def test_a_corrupted_block_is_named_and_nothing_is_left(project, tmp_path, monke
                         session.sample_inputs(), strict / "m.onnx", strict=True, external_data_threshold=1000)
     assert "block model.layers.1" in str(raised.value) and "no file was written" in str(raised.value)
     assert list(strict.iterdir()) == []  # neither the graph, nor its data file, nor a piece's temporary file
+
+
+def test_a_block_parting_by_rounding_alone_is_called_rounding(project, tmp_path):
+    """With a threshold no bf16 rounding can meet, the first block parts on PyTorch's own input too; its
+    difference is within what the fake-quant block moves when its inputs change by 1 ulp (the reference
+    evaluator's bf16 products round otherwise than torch's and flip INT8 codes at ties), so the diagnosis says
+    rounding, not a wrong block; the corrupted block above stays "operation"."""
+    session = Session.open(project)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    report = session.export(folder / "m.onnx", min_cosine=0.9999999)
+    cosines = {row.check: row.cosine for row in report.checks if row.check.startswith("block ")}
+    assert not report.validated
+    assert cosines["block model.layers.0 output (sample inputs)"] < 0.9999999, cosines
+    diagnosis = report.parity_diagnosis
+    assert diagnosis["module"] == "model.layers.0" and diagnosis["verdict"] == "rounding", diagnosis
+    assert "rounding flipping quantization codes in that block" in diagnosis["text"], diagnosis["text"]

@@ -87,7 +87,7 @@ def _external_spans(path: Path) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
-@pytest.mark.parametrize("precision", ["int8", "int4w"])
+@pytest.mark.parametrize("precision", ["int8", "int4w", "fp8"])
 def test_streamed_export_writes_the_eager_file(precision, tmp_path, capsys, monkeypatch, lazily):
     project = _project(tmp_path, capsys, precision)
     # the weights go through the exporter's data file as a large model's do (then folded into one file)

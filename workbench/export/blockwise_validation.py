@@ -38,7 +38,7 @@ from workbench.export.memory import available_memory
 from workbench.export.naming import node_module
 from workbench.export.network_dtype import bfloat16_matmul_op
 from workbench.export.onnx_file import temporary_name
-from workbench.export.parity import ParityDiagnosis
+from workbench.export.parity import ParityDiagnosis, nudged_by_one_ulp, within_sensitivity
 from workbench.export.reference import rounding, without_cache
 from workbench.export.report import OutputParity, ParityCheck
 from workbench.export.validation import compare
@@ -46,7 +46,7 @@ from workbench.quant.algorithms.block_walk import find_blocks, hidden_of
 
 __all__ = ["Piece", "plan_pieces", "PiecewiseSession", "BlockRow", "block_parity", "block_names", "BEFORE", "AFTER",
            "STREAMED_BLOCK_BY_BLOCK", "BLOCKWISE_NOTE", "BlockwiseValidation", "piecewise_session", "block_rows",
-           "block_diagnosis", "blocks_kept", "sample_blocks_kept"]
+           "block_diagnosis", "block_sensitivity", "blocks_kept", "sample_blocks_kept"]
 
 BEFORE = "before the blocks"
 AFTER = "after the blocks"
@@ -430,6 +430,59 @@ def block_rows(job: Any, session: Any, inputs: tuple[torch.Tensor, ...]) -> list
             for row in rows]
 
 
+class _BlockDone(Exception):
+    """Raised after the block under study ran: the layers after it need not run."""
+
+
+def block_sensitivity(job: Any, block: str, inputs: tuple[torch.Tensor, ...], expected: torch.Tensor,
+                      tries: int = 2) -> tuple[float, float]:
+    """The fake-quant ``block``'s own sensitivity, :func:`~workbench.export.parity.one_ulp_spread` for one block:
+    the worst (cosine, max abs diff) of its output against ``expected`` (its output on ``inputs``) when its
+    hidden-state input and the input of each of its activation quantizers move by one ulp, up or down at random.
+    Another kernel's float rounding reaches every quantizer the same way. The blocks before it run as they did;
+    the layers after it do not run."""
+    module = job.model.get_submodule(block)
+    quantizers = [q for key, q in job.active.items()
+                  if job.names.get(key, "").startswith(f"{block}.") and "weight_quantizer" not in job.names[key]]
+    generator = torch.Generator().manual_seed(0)
+    kept: dict[str, torch.Tensor] = {}
+
+    def nudge_block(_module, args, kwargs):
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            return (nudged_by_one_ulp(args[0], generator), *args[1:]), kwargs
+        hidden = kwargs.get("hidden_states")
+        if isinstance(hidden, torch.Tensor) and hidden.is_floating_point():
+            return args, {**kwargs, "hidden_states": nudged_by_one_ulp(hidden, generator)}
+        return None
+
+    def nudge_quantizer(_module, args):
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() \
+                and not isinstance(args[0], nn.Parameter):
+            return (nudged_by_one_ulp(args[0], generator), *args[1:])
+        return None
+
+    def stop(_module, _args, output):
+        kept["output"] = hidden_of(block, output).detach()
+        raise _BlockDone
+
+    handles = [module.register_forward_pre_hook(nudge_block, with_kwargs=True), module.register_forward_hook(stop)]
+    handles += [quantizer.register_forward_pre_hook(nudge_quantizer) for quantizer in quantizers]
+    worst = (1.0, 0.0)
+    try:
+        for _ in range(tries):
+            kept.clear()
+            with contextlib.suppress(_BlockDone), torch.no_grad(), streamed_weights.paged(), \
+                    without_cache(job.model), rounding(list(job.active.values()), "onnx"):
+                job.call(*(t.clone() for t in inputs))
+            if "output" in kept:
+                parity = compare(["block"], [expected], [kept["output"].float().numpy()])[0]
+                worst = (min(worst[0], parity.cosine), max(worst[1], parity.max_abs_diff))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return worst
+
+
 def block_diagnosis(job: Any, check: str, inputs: tuple[torch.Tensor, ...], min_cosine: float,
                     worst: Any = None) -> ParityDiagnosis:
     """Where the file parts from the model on ``inputs`` (the failing check's), block by block: the first block
@@ -466,10 +519,21 @@ def block_diagnosis(job: Any, check: str, inputs: tuple[torch.Tensor, ...], min_
             local = compare([row.tensor], [blockwise.torch_hidden[row.block]], [onnx_value])[0]
     alone = f"fed PyTorch's own input, it gives cosine {local.cosine:.6f} (max abs diff {local.max_abs_diff:.4g})"
     if not local.cosine >= min_cosine:
+        # below the threshold on PyTorch's own input: another computation, or rounding flips in a sensitive block
+        spread = block_sensitivity(job, row.block, inputs, blockwise.torch_hidden[row.block])
+        own = (f"the fake-quant block itself moves by up to {spread[1]:.4g} (cosine {spread[0]:.6f}) when its input "
+               f"and each of its quantizers' inputs change by 1 ulp")
+        if within_sensitivity((local.cosine, local.max_abs_diff), spread):
+            diagnosis.reason = (f"Validated block by block: block {row.block} is the first whose output "
+                                f"({row.tensor!r}) parts from PyTorch's (cosine {row.parity.cosine:.6f}); {alone}, "
+                                f"but {own}: that is rounding flipping quantization codes in that block, not another "
+                                f"computation; lower the parity threshold (export.min_cosine) or compare on more "
+                                f"data. Per block: {listed}.")
+            return diagnosis
         diagnosis.verdict = "operation"
         diagnosis.reason = (f"Validated block by block: block {row.block} is the first whose output ({row.tensor!r}) "
-                            f"parts from PyTorch's (cosine {row.parity.cosine:.6f}); {alone}: that block computes "
-                            f"differently. Per block: {listed}.")
+                            f"parts from PyTorch's (cosine {row.parity.cosine:.6f}); {alone}, far beyond its own "
+                            f"rounding ({own}): that block computes differently. Per block: {listed}.")
     else:
         diagnosis.reason = (f"Validated block by block: block {row.block} is the first whose output ({row.tensor!r}) "
                             f"falls below cosine {min_cosine} ({row.parity.cosine:.6f}), but {alone}: each block "

@@ -38,7 +38,8 @@ from torch import nn
 from workbench.export.naming import node_module
 from workbench.export.parity_selection import after_selection, selection_verdict
 
-__all__ = ["VERDICTS", "Boundary", "ParityDiagnosis", "diagnose", "one_ulp_spread"]
+__all__ = ["VERDICTS", "Boundary", "ParityDiagnosis", "diagnose", "one_ulp_spread", "nudged_by_one_ulp",
+           "within_sensitivity", "SENSITIVITY_FACTOR"]
 
 # what a diagnosis concludes, one definition for the report, the CLI and the GUI
 VERDICTS = {
@@ -169,7 +170,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy().copy()
 
 
-def _nudged(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def nudged_by_one_ulp(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """``tensor`` with every value moved by one ulp, up or down at random."""
     up = (torch.rand(tensor.shape, generator=generator) < 0.5).to(tensor.device)
     target = torch.where(up, torch.full_like(tensor, math.inf), torch.full_like(tensor, -math.inf))
@@ -191,14 +192,14 @@ def one_ulp_spread(model: nn.Module, inputs: tuple[torch.Tensor, ...], reference
     def nudge(module, args):
         if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() \
                 and not isinstance(args[0], nn.Parameter):
-            return (_nudged(args[0], generator),) + tuple(args[1:])
+            return (nudged_by_one_ulp(args[0], generator),) + tuple(args[1:])
         return None
 
     worst_cosine, worst_diff = 1.0, 0.0
     handles = [q.register_forward_pre_hook(nudge) for q in quantizers]
     try:
         for _ in range(tries):
-            moved = tuple(_nudged(t, generator) if t.is_floating_point() else t for t in inputs)
+            moved = tuple(nudged_by_one_ulp(t, generator) if t.is_floating_point() else t for t in inputs)
             with torch.no_grad(), _onnx_rounding(quantizers):
                 out = model(*moved)
             for ref, got in zip(reference, out if isinstance(out, (tuple, list)) else (out,)):
@@ -211,6 +212,14 @@ def one_ulp_spread(model: nn.Module, inputs: tuple[torch.Tensor, ...], reference
         for handle in handles:
             handle.remove()
     return worst_cosine, worst_diff
+
+
+def within_sensitivity(disagreement: tuple[float, float], spread: tuple[float, float]) -> bool:
+    """Whether a (cosine, max abs diff) disagreement is within :data:`SENSITIVITY_FACTOR` times a 1-ulp ``spread``
+    (:func:`one_ulp_spread`'s (cosine, max abs diff)) by either measure: rounding, not another computation."""
+    gap, own = 1.0 - disagreement[0], 1.0 - spread[0]
+    return not (gap > SENSITIVITY_FACTOR * max(own, 1e-7)
+                and disagreement[1] > SENSITIVITY_FACTOR * max(spread[1], 1e-7))
 
 
 def _compare(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -612,10 +621,7 @@ def _explain_rounding(diagnosis: ParityDiagnosis, boundaries: list[Boundary], mo
     else:
         text = "Every operation computes what PyTorch does from the same inputs and no quantization code differs."
     if spread is not None:
-        own = 1.0 - spread[0]
-        gap = 1.0 - diagnosis.disagreement_cosine
-        if gap > SENSITIVITY_FACTOR * max(own, 1e-7) and diagnosis.disagreement_max_abs_diff > \
-                SENSITIVITY_FACTOR * max(spread[1], 1e-7):
+        if not within_sensitivity((diagnosis.disagreement_cosine, diagnosis.disagreement_max_abs_diff), spread):
             diagnosis.verdict = "unexplained"
             text += (" But the file's disagreement is far larger than the model's own 1-ulp sensitivity: check the "
                      "boundaries listed in the JSON report.")
