@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +21,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.sources.shapes_only import plain_meta, shapes_mode
+from workbench.sources.shapes_only import on_meta, on_shapes, plain_meta, shapes_mode
 
 __all__ = ["ModuleCall", "capture_calls", "traced_differs", "value_dtypes"]
 
@@ -166,7 +168,11 @@ class _DtypeRecorder(fx.Interpreter):
 
 
 def value_dtypes(gm: fx.GraphModule, call: ModuleCall) -> dict[fx.Node, torch.dtype | None]:
-    """Each node's result dtype (None for non-tensors) when ``gm`` runs on ``call``; {} if it cannot run."""
+    """Each node's result dtype (None for non-tensors) when ``gm`` runs on ``call``; {} if it cannot run.
+
+    A call on real tensors runs on meta first (:func:`_meta_dtypes`: the same dtypes without computing a value,
+    where the real run is a forward of the module's whole subtree: a decoder's every block, again per module);
+    the real run is the fallback, and the only route when the forward reads a value."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     try:
         bound = inspect.signature(gm.forward).bind(*call.args, **call.kwargs)
@@ -175,9 +181,85 @@ def value_dtypes(gm: fx.GraphModule, call: ModuleCall) -> dict[fx.Node, torch.dt
         for node in placeholders:
             name = str(node.target).lstrip("*")
             values.append(bound.arguments.get(name, node.args[0] if node.args else None))
+    except Exception:  # best effort: without dtypes the name rules still apply
+        return {}
+    found = _meta_dtypes(gm, tuple(values))
+    if found is not None:
+        return found
+    try:
         recorder = _DtypeRecorder(gm)
         with torch.no_grad(), shapes_mode(values):
             recorder.run(*_clone(tuple(values)))
     except Exception:  # best effort: without dtypes the name rules still apply
         return {}
     return recorder.dtypes
+
+
+class _Run(nn.Module):
+    """Holds ``gm`` as its only child so that :func:`torch.func.functional_call` swaps the weights of ``gm``'s
+    whole subtree while the recorder interprets it node by node."""
+
+    def __init__(self, gm: fx.GraphModule, recorder: _DtypeRecorder) -> None:
+        super().__init__()
+        self.gm = gm
+        self.recorder = recorder
+
+    def forward(self, *values: Any) -> Any:
+        return self.recorder.run(*values)
+
+
+def _meta_dtypes(gm: fx.GraphModule, values: tuple) -> dict[fx.Node, torch.dtype | None] | None:
+    """``gm``'s node dtypes from a run on plain meta tensors (its inputs, weights and buffers), or None where that
+    run is not the real run's twin and the caller runs it on the values.
+
+    Plain meta tensors, not fake ones: code that reads a value (``.item()``, ``if mask.all()``) raises on them
+    instead of taking another branch, as it does on fake tensors, which transformers takes for tracing (it then
+    builds masks it skips on real inputs). So a run that ends went the real run's way and computed the same
+    dtypes (the quantizers return their input's dtype, on meta as on values). Not tried on a run on shapes
+    only (inputs already on meta: the caller's route), nor under a torch function mode (a lazily opened
+    checkpoint paging weights in as operations read them: the real run's business)."""
+    if on_shapes(values) or not _plain(values) or torch.overrides._get_current_function_mode_stack():
+        return None
+    # torch.empty from shape and dtype only: those read no lazily held weight (strides would)
+    state = {name: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+             for name, tensor in itertools.chain(gm.named_parameters(remove_duplicate=False),
+                                                 gm.named_buffers(remove_duplicate=False))}
+    recorder = _DtypeRecorder(gm)
+    run = _Run(gm, recorder)
+    # a forward that keeps something on its modules (a cache of cos/sin) or updates a buffer in place must not
+    # keep meta tensors, and does on the real run what it did before: compared after the run
+    attributes = {module: dict(vars(module)) for module in gm.modules()}
+    try:
+        with torch.no_grad():
+            torch.func.functional_call(run, {f"gm.{name}": tensor for name, tensor in state.items()},
+                                       on_meta(tuple(values)), tie_weights=True, strict=False)
+    except Exception:  # a forward that needs values (or a real tensor made inside it): run it on them
+        return None
+    finally:
+        changed = _restore_attributes(attributes)
+    if changed or any(tensor._version for tensor in state.values()):
+        return None
+    return recorder.dtypes
+
+
+# what a call's arguments may hold, besides tensors, for the run on meta: an object holding tensors of its own (a
+# transformers cache) would get meta tensors added to its real ones, which the real run then finds there
+_PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size, slice, type(Ellipsis))
+
+
+def _plain(values: Any) -> bool:
+    """Whether ``values`` (tuples, lists and dicts of them) holds only tensors and plain Python values."""
+    return all(isinstance(leaf, (torch.Tensor, *_PLAIN)) for leaf in tree_flatten(values)[0])
+
+
+def _restore_attributes(attributes: dict[nn.Module, dict[str, Any]]) -> bool:
+    """Give each module the plain attributes it had before a run (``attributes``, by module); whether any
+    differed."""
+    changed = False
+    for module, before in attributes.items():
+        now = vars(module)
+        if now.keys() != before.keys() or any(now[key] is not value for key, value in before.items()):
+            changed = True
+            now.clear()
+            now.update(before)
+    return changed
