@@ -12,6 +12,7 @@ model, :mod:`workbench.sources.shapes_only`) the calls are meta tensors and the 
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import itertools
 from collections.abc import Iterable
@@ -21,10 +22,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from workbench.quant.nn.modules.tensor_quantizer import TensorQuantizer
-from workbench.sources.shapes_only import on_meta, on_shapes, plain_meta, shapes_mode
+from workbench.sources.shapes_only import on_shapes, plain_meta, shapes_mode
 
 __all__ = ["ModuleCall", "capture_calls", "traced_differs", "value_dtypes"]
 
@@ -218,7 +218,10 @@ def _meta_dtypes(gm: fx.GraphModule, values: tuple) -> dict[fx.Node, torch.dtype
     dtypes (the quantizers return their input's dtype, on meta as on values). Not tried on a run on shapes
     only (inputs already on meta: the caller's route), nor under a torch function mode (a lazily opened
     checkpoint paging weights in as operations read them: the real run's business)."""
-    if on_shapes(values) or not _plain(values) or torch.overrides._get_current_function_mode_stack():
+    if on_shapes(values) or torch.overrides._get_current_function_mode_stack():
+        return None
+    twins = _meta_twins(values)
+    if twins is None:
         return None
     # torch.empty from shape and dtype only: those read no lazily held weight (strides would)
     state = {name: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
@@ -232,7 +235,7 @@ def _meta_dtypes(gm: fx.GraphModule, values: tuple) -> dict[fx.Node, torch.dtype
     try:
         with torch.no_grad():
             torch.func.functional_call(run, {f"gm.{name}": tensor for name, tensor in state.items()},
-                                       on_meta(tuple(values)), tie_weights=True, strict=False)
+                                       twins, tie_weights=True, strict=False)
     except Exception:  # a forward that needs values (or a real tensor made inside it): run it on them
         return None
     finally:
@@ -242,14 +245,33 @@ def _meta_dtypes(gm: fx.GraphModule, values: tuple) -> dict[fx.Node, torch.dtype
     return recorder.dtypes
 
 
-# what a call's arguments may hold, besides tensors, for the run on meta: an object holding tensors of its own (a
-# transformers cache) would get meta tensors added to its real ones, which the real run then finds there
-_PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size, slice, type(Ellipsis))
-
-
-def _plain(values: Any) -> bool:
-    """Whether ``values`` (tuples, lists and dicts of them) holds only tensors and plain Python values."""
-    return all(isinstance(leaf, (torch.Tensor, *_PLAIN)) for leaf in tree_flatten(values)[0])
+def _meta_twins(values: tuple) -> tuple | None:
+    """A deep copy of ``values`` with every tensor on meta, objects that hold tensors (a transformers cache, which
+    the forward extends) copied with meta ones: the run on meta leaves the caller's objects as they were. None
+    where the copy cannot be made (or would copy a module)."""
+    twins: dict[int, Any] = {}
+    seen: set[int] = set()
+    pending: list[Any] = [values]
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            twins[id(item)] = item.detach().to("meta")
+        elif isinstance(item, nn.Module):
+            return None
+        elif isinstance(item, (tuple, list, set, frozenset)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif hasattr(item, "__dict__") and not isinstance(item, type) and not callable(item):
+            pending.extend(vars(item).values())
+    try:  # the memo hands deepcopy each tensor's twin; a tensor it finds that the walk did not stays real, and
+        # the run, mixing devices, fails and falls back to the values
+        return copy.deepcopy(values, dict(twins))
+    except Exception:
+        return None
 
 
 def _restore_attributes(attributes: dict[nn.Module, dict[str, Any]]) -> bool:
