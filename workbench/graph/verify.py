@@ -223,10 +223,10 @@ def _meta_dtypes(gm: fx.GraphModule, values: tuple) -> dict[fx.Node, torch.dtype
     twins = _meta_twins(values)
     if twins is None:
         return None
-    # torch.empty from shape and dtype only: those read no lazily held weight (strides would)
+    # torch.empty from shape and dtype only: those read no lazily held weight (strides would); a weight held under
+    # two names (tied embeddings) is named once, and functional_call gives the other name the same twin
     state = {name: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
-             for name, tensor in itertools.chain(gm.named_parameters(remove_duplicate=False),
-                                                 gm.named_buffers(remove_duplicate=False))}
+             for name, tensor in itertools.chain(gm.named_parameters(), gm.named_buffers())}
     recorder = _DtypeRecorder(gm)
     run = _Run(gm, recorder)
     # a forward that keeps something on its modules (a cache of cos/sin) or updates a buffer in place must not
