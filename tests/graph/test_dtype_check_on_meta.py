@@ -168,3 +168,26 @@ def test_the_check_leaves_a_cache_argument_as_the_sample_run_left_it():
     assert len(cache.items) == length  # before: the check's run appended to the caller's cache
     assert all(not t.is_meta for t in cache.items)
     assert dtypes and all(d == torch.float32 for n, d in dtypes.items() if n.name != "cache")
+
+
+class TiedBlock(nn.Module):
+    """Two layers holding one weight (tied embeddings)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = Counted(8, 8)
+        self.b = Counted(8, 8)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+def test_a_weight_held_under_two_names_is_checked_on_meta_too():
+    block = TiedBlock()
+    gm, call = _traced(block, torch.randn(2, 8))
+    before = block.a.real_calls, block.b.real_calls
+    dtypes = value_dtypes(gm, call)
+    assert (block.a.real_calls, block.b.real_calls) == before
+    assert dtypes and all(d == torch.float32 for d in dtypes.values())
+    assert block.b.weight is block.a.weight and not block.a.weight.is_meta
