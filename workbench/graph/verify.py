@@ -6,8 +6,10 @@ GraphModule keeps that branch for every later call (HF ``BertEmbeddings`` with `
 call (positional and keyword arguments, cloned); :func:`traced_differs` runs the traced module and
 the original on that call, with the newly inserted quantizers bypassed, and says how they differ.
 :func:`value_dtypes` runs the traced graph node by node on the same call and records each node's
-dtype, so that integer and boolean tensors are never given quantizers. On a run on shapes only (a lazily opened
-model, :mod:`workbench.sources.shapes_only`) the calls are meta tensors and the check compares shapes and dtypes.
+dtype, so that integer and boolean tensors are never given quantizers: on meta tensors (the call, the weights and
+the buffers of the module's subtree), on the values only where meta cannot follow the forward. On a run on shapes
+only (a lazily opened model, :mod:`workbench.sources.shapes_only`) the calls are meta tensors and the check compares
+shapes and dtypes.
 """
 from __future__ import annotations
 
