@@ -134,3 +134,21 @@ def test_a_rounding_evaluate_does_not_know_is_refused(tmp_path, capsys, monkeypa
 
     with pytest.raises(SessionError, match="rounding is one of pytorch_quantization, onnx, got 'banker'"):
         Session.open(project).evaluate(rounding="banker")
+
+
+def test_parity_outputs_keep_only_what_the_headline_takes():
+    from workbench.session.exports import ParityOutputs
+
+    ids = [torch.arange(8).reshape(2, 4) + 10 * i for i in range(3)]
+    logits = {"logits": torch.ones(2, 4, 5), "hidden": torch.zeros(2, 4, 3)}
+    same = ParityOutputs(ids, "logits", [(ids[0], None), (ids[1] + 1, None)])  # batch 1 differs
+    for index in range(3):
+        same(index, logits)
+    assert set(same.outputs) == {0} and torch.equal(same.outputs[0], logits["logits"])  # the compared entry only
+    assert set(same.known([(ids[0], None), (ids[1] + 1, None)])) == {0} and same.outputs == {}
+    other = ParityOutputs(ids, "logits", [(ids[2], None)])  # evaluation data of its own: nothing held
+    other(0, logits)
+    assert other.outputs == {} and other.known([(ids[2], None)]) == {}
+    shuffled = ParityOutputs(ids, "logits", [(ids[0], None)])
+    shuffled(0, logits)
+    assert shuffled.known([(ids[1], None)]) == {}  # drawn again in another order: not taken

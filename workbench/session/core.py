@@ -561,14 +561,16 @@ class Session(SessionEdits):
         model = self._require_calibrated()
         batches = data_sources.parity_batches(self.data("calibration"), self.device, plan.parity_batches)
         # the parity check's forwards of the quantized model are the headline's where the batches are the same
-        kept = exports.ParityOutputs(batches, self.settings.output) if remember else None
+        kept = exports.ParityOutputs(batches, self.settings.output, list(self.data("evaluation").batches(
+            limit=exports.HEADLINE_BATCHES))) if remember and batches else None
         new = exports.planned_new_files(plan)
         try:  # interrupted (its validation, its headline), an export leaves no file the project does not know
             report = exports.write_export(plan, model, self.sample_inputs(batch=1), parity_batches=batches,
                                           loaded=self._loaded, parity_outputs=kept)
             if remember:
                 measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES,
-                                            rounding=exports.HEADLINE_ROUNDING, known=kept.known)
+                                            rounding=exports.HEADLINE_ROUNDING,
+                                            known=kept.known if kept is not None else None)
                 if self._loaded.checkpoint is not None:  # the headline's forwards page the weights in as well
                     measure = functools.partial(self._loaded.checkpoint.run_streamed, self.float_model, measure)
                 record = exports.remember(plan, self.project, report, measure, project_path=self.path,

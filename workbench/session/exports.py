@@ -382,36 +382,40 @@ HEADLINE_ROUNDING = "onnx"
 class ParityOutputs:
     """The quantized model's outputs on an export's parity batches (the entry the metrics compare, ``output``), as
     the parity check computed them (:data:`HEADLINE_ROUNDING`), so that the headline does not run those batches
-    again: called by the export with each batch's index and output, then asked (:meth:`known`) for those of the
-    headline's batches that are the same inputs as a parity batch at the same position.
+    again: called by the export with each batch's index and output, it keeps those of the parity batches that are
+    the same inputs as the headline's batch at the same position (``headline_batches``: the first evaluation
+    batches, ``(inputs, targets)`` as the data gives them), and hands them to the headline (:meth:`known`).
 
-    What it keeps is at most the compared entry of each parity batch (an LLM's logits), as the headline's own
-    quantized pass would have kept it."""
+    What it keeps is the compared entry of those batches only (an LLM's logits), as the headline's own quantized
+    pass would have kept it; nothing when the headline measures other data."""
 
-    def __init__(self, parity_batches: list[Any], output: str | None) -> None:
-        self.parity_batches = parity_batches
+    def __init__(self, parity_batches: list[Any], output: str | None, headline_batches: list[Any]) -> None:
+        from workbench.quant.algorithms.batches import model_inputs
+
         self.output = output
+        self.parity_batches = parity_batches
+        self.wanted = {i for i, (parity, batch) in enumerate(zip(parity_batches, headline_batches))
+                       if _same_inputs(model_inputs((parity,)), model_inputs(batch))}
         self.outputs: dict[int, Any] = {}
 
     def __call__(self, index: int, output: Any) -> None:
         from workbench.quant.algorithms.batches import select_output
 
+        if index not in self.wanted:
+            return
         try:
             self.outputs[index] = _detached(select_output(output, self.output))
         except ValueError:  # an output key the model lacks: the headline's own pass says so
             self.outputs.pop(index, None)
 
     def known(self, batches: list[Any]) -> dict[int, Any]:
-        """The kept outputs of ``batches`` (evaluation batches, ``(inputs, targets)`` as the data gives them) by
-        index: batch ``i``'s where the parity check ran the same inputs as its batch ``i``. Handed out once."""
+        """The kept outputs of ``batches`` (the headline's) by index, each where its inputs are still the parity
+        batch's (data drawn afresh could come in another order); handed out once."""
         from workbench.quant.algorithms.batches import model_inputs
 
-        found = {}
-        for i, batch in enumerate(batches):
-            if i in self.outputs and i < len(self.parity_batches) and _same_inputs(
-                    model_inputs(batch), model_inputs((self.parity_batches[i],))):
-                found[i] = self.outputs.pop(i)
-        self.outputs.clear()  # the rest was for batches the headline does not take
+        found = {i: self.outputs[i] for i, batch in enumerate(batches) if i in self.outputs
+                 and _same_inputs(model_inputs((self.parity_batches[i],)), model_inputs(batch))}
+        self.outputs.clear()
         return found
 
 
