@@ -7,7 +7,7 @@ takes a pass of its own per model).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,18 +55,26 @@ class Evaluation:
                 f"is better); output SQNR {_number(self.output_sqnr_db)} dB on {self.num_batches} batches")
 
 
+def _as_selected(selected: Any, output: str | None) -> Any:
+    """An output whose ``select_output(..., output)`` is ``selected`` (the entry picked already)."""
+    return {output: selected} if output is not None and output != "" else selected
+
+
 def _number(value: float) -> str:
     return "inf" if value == math.inf else f"{value:.4g}"
 
 
 def evaluate_models(fp32_model: nn.Module, int8_model: nn.Module, batches: Sequence[Any], metric: Metric | str, *,
                     progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
-                    output: str | None = None) -> Evaluation:
+                    output: str | None = None, quantized_outputs: Mapping[int, Any] | None = None) -> Evaluation:
     """``metric`` on ``fp32_model`` and ``int8_model`` over ``batches``, and the output SQNR between them.
 
     Both models are left as they were (mode, quantizer states). ``metric`` is a :class:`Metric` or a
     built-in name; a user metric is resolved (and trusted) by the caller. ``output`` names the output entry
     compared (see :func:`~workbench.quant.algorithms.batches.select_output`).
+    ``quantized_outputs``: ``int8_model``'s outputs on some of ``batches`` by index (the compared entry, as
+    ``select_output`` picks it), computed already (an export's parity check ran them): those batches are not run
+    again. A built-in output metric only; a user function runs the model itself.
 
     Raises:
         ValueError: no batches. AnalysisError, MetricError, AnalysisCancelled: as the analysis raises them.
@@ -85,8 +93,10 @@ def evaluate_models(fp32_model: nn.Module, int8_model: nn.Module, batches: Seque
             quantized.reference = reference.reference
             outputs: list[Any] = []
 
+            given = dict(quantized_outputs or {})
+
             def run_and_keep(i: int) -> Any:
-                outputs.append(quantized._call_model(i))
+                outputs.append(_as_selected(given.pop(i), output) if i in given else quantized._call_model(i))
                 return outputs[-1]
 
             report_progress(progress, 1, total, f"{chosen.name}: INT8")

@@ -133,8 +133,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     session = open_project(args)
     metric = _metric_option(args)
     with Progress(args, "evaluating") as progress:
-        evaluation = session.evaluate(metric, num_batches=args.num_batches, progress=progress,
-                                      cancel=progress.cancel)
+        evaluation = session.evaluate(metric, num_batches=args.num_batches, rounding=args.rounding,
+                                      progress=progress, cancel=progress.cancel)
     label = evaluation.quantized_as
     lines = [f"  {'':<22} {'FP32':>10} {label:>10} {'delta':>10}",
              f"  {evaluation.name:<22} {fmt(evaluation.fp32):>10} {fmt(evaluation.int8):>10} "
@@ -422,10 +422,15 @@ def _calibrate_options(cal: argparse.ArgumentParser) -> None:
 
 def _evaluate_options(evaluate: argparse.ArgumentParser) -> None:
     from workbench.analysis.metrics import DIRECTIONS, metric_choices_text
+    from workbench.quant.kernels.fake_quant import ROUNDINGS
 
     evaluate.add_argument("--metric", help=f"{metric_choices_text()} (default: the project's metric)")
     evaluate.add_argument("--metric-direction", choices=DIRECTIONS, help="for a user metric")
     evaluate.add_argument("--num-batches", type=int, help="evaluation batches to use (default: all)")
+    evaluate.add_argument("--rounding", choices=ROUNDINGS,
+                          help="how the quantizers round: onnx is what the exported graph computes (an export's "
+                               "INT8-vs-FP32 headline is measured so); default: the quantizers' own "
+                               "(pytorch_quantization's formula). They differ only at rounding ties")
     evaluate.set_defaults(func=_cmd_evaluate)
 
 

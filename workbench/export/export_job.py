@@ -5,6 +5,7 @@ the captured graph and its figures) and the validation's checks. Filled in as th
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,9 @@ class ExportJob:
     # more inputs parity is checked on (positional, keyword), and their rows' inputs by label (for the diagnosis)
     extra: list[tuple[tuple, dict]] = field(default_factory=list)
     checked_inputs: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    # given each parity batch's index (in ``extra``) and the model's own output on it, as the parity check computed
+    # it (ONNX's rounding): the caller's headline reuses those forwards (export_qdq_onnx's ``parity_outputs``)
+    parity_outputs: Callable[[int, Any], None] | None = None
     # the block-by-block validation's session and findings (workbench.export.blockwise_validation), when it ran
     blockwise: Any = None
     block_outputs: dict[str, torch.Tensor] | None = None  # the sample's blocks' outputs in PyTorch (the same)

@@ -52,8 +52,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -132,7 +133,7 @@ def export_qdq_onnx(model: nn.Module,
                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
                     fp8_ops: str = "standard", static_sequence: bool = False, strict: bool = False,
                     parity_batches: Sequence[torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]]
-                    | None = None) -> ExportReport:
+                    | None = None, parity_outputs: Callable[[int, Any], None] | None = None) -> ExportReport:
     """Export a fake-quant model to a QDQ ONNX file and validate it before it appears at ``path``.
 
     The steps, each a function of this module: :func:`plan_job` (arguments, quantizers, opset),
@@ -183,6 +184,10 @@ def export_qdq_onnx(model: nn.Module,
             model part (:mod:`workbench.export.parity`) in ``report.parity_diagnosis`` and the warnings.
         parity_batches: more inputs (each shaped like ``sample_inputs``, other batch sizes where the batch
             is dynamic) whose outputs onnxruntime must match too, one parity row each ("batch 2", ...).
+        parity_outputs: called with each parity batch's index and the model's own output on it (as it returns it,
+            computed with ONNX's rounding as the parity check compares it), so that a caller measuring the model on
+            the same batches need not run them again; not called for a batch the check skips, nor when quantizers
+            without amax are exported in float (the model as exported then differs from the model as called).
 
     Returns:
         An :class:`ExportReport` with the exporter used, Q/DQ counts, opset, file size, times and the
@@ -207,6 +212,7 @@ def export_qdq_onnx(model: nn.Module,
                 external_data_threshold=external_data_threshold, fp8_ops=fp8_ops)
     job.static_sequence = static_sequence
     job.extra = [sample_call(batch) for batch in parity_batches or ()]
+    job.parity_outputs = parity_outputs
     # train/eval modes (one by one: some layers may be frozen) and quantizer state go back afterwards
     entry_state = ModelSnapshot(model)
     model.eval()

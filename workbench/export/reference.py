@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -79,6 +79,9 @@ class ExportCall(nn.Module):
         # set while the TorchScript exporter traces: the tensors after the model's inputs are the model's
         # parameters and buffers of these names, passed in (see workbench.export.torchscript_weights)
         self.weight_names: list[str] = []
+        # while set (never while a graph is captured), given the model's own output of each call, before the
+        # tensors the graph returns are picked from it: the parity batches' outputs, for the caller's headline
+        self.on_result: Callable[[Any], None] | None = None
         # A new module is in training mode, and torch.onnx.export puts the module it exports back into the mode
         # it found it in, recursively: a wrapper left in training mode switched the whole model to training after
         # the first capture, and every later reference (another batch, the range check, a second exporter's
@@ -96,6 +99,8 @@ class ExportCall(nn.Module):
         kwargs = dict(zip(self.keywords, tensors[self.num_positional:]))
         with _tensors_in_place_of(self.model, weights):
             result = self.model(*args, **kwargs)
+        if self.on_result is not None:
+            self.on_result(result)
         if self.output is not None and self.output != "":
             try:
                 picked = select_output(result, self.output)

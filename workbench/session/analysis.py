@@ -198,11 +198,23 @@ def latest_ladder(project: Project):
 
 def evaluate(float_model: nn.Module, model: nn.Module, batches: list, metric: Any, *,
              num_batches: int | None = None, output: Any = None, progress: ProgressCallback | None = None,
-             cancel: CancelToken | None = None):
+             cancel: CancelToken | None = None, rounding: str | None = None,
+             known: Callable[[list], dict[int, Any]] | None = None):
     """FP32 (``float_model``) and INT8 (``model``) values of ``metric`` on the first ``num_batches`` of
-    ``batches``; nothing is changed."""
+    ``batches``; nothing is changed. ``rounding`` ("onnx" or "pytorch_quantization"; default: each quantizer's
+    own) is how ``model``'s quantizers round meanwhile; ``known(batches)`` gives ``model``'s outputs on some of
+    those batches by index, computed already in that rounding (an export's parity check), which are not run
+    again."""
     from workbench.analysis import evaluate_models
+    from workbench.export.reference import rounding as rounding_as
+    from workbench.quant.algorithms.snapshot import all_quantizers
+    from workbench.quant.kernels.fake_quant import ROUNDINGS
 
+    if rounding is not None and rounding not in ROUNDINGS:
+        raise SessionError(f"rounding is one of {', '.join(ROUNDINGS)}, got {rounding!r}.")
     if num_batches:
         batches = batches[:num_batches]
-    return evaluate_models(float_model, model, batches, metric, progress=progress, cancel=cancel, output=output)
+    quantizers = all_quantizers(model) if rounding is not None else []
+    with rounding_as(quantizers, rounding):
+        return evaluate_models(float_model, model, batches, metric, progress=progress, cancel=cancel, output=output,
+                               quantized_outputs=known(batches) if known is not None else None)

@@ -510,20 +510,25 @@ class Session(SessionEdits):
         self._changed(SessionEvent.FALLBACK, applied=apply)
         return result
 
-    def evaluate(self, metric: Any = None, num_batches: int | None = None, *,
-                 progress: ProgressCallback | None = None, cancel: CancelToken | None = None):
+    def evaluate(self, metric: Any = None, num_batches: int | None = None, *, rounding: str | None = None,
+                 progress: ProgressCallback | None = None, cancel: CancelToken | None = None,
+                 known: Callable[[list], dict[int, Any]] | None = None):
         """The metric's FP32 and INT8 values (and the output SQNR) on the evaluation data.
 
         ``metric``: a Metric, a built-in name or an entry point (user code needs trust; a relative file
         is found next to the project); default the project's. FP32 is the float model as loaded, INT8 the
-        calibrated quantized model. Returns a :class:`workbench.analysis.Evaluation`; the project is not changed.
+        calibrated quantized model. ``rounding="onnx"`` makes its quantizers round as ONNX's QuantizeLinear (what
+        the exported graph computes, and how an export's headline is measured); default, their own
+        (pytorch-quantization's formula). ``known``: outputs of the quantized model computed already (an export's
+        :class:`~workbench.session.exports.ParityOutputs`). Returns a :class:`workbench.analysis.Evaluation`; the
+        project is not changed.
         """
         self._loaded.materialise()  # lazily opened: every weight in memory first, as an eager load gives
         model = self._require_calibrated()
         chosen = self.metric() if metric is None else self._resolve_metric(metric)
         evaluation = analysis.evaluate(self.float_model, model, self._analysis_batches(), chosen,
                                        num_batches=num_batches, output=self.settings.output, progress=progress,
-                                       cancel=cancel)
+                                       cancel=cancel, rounding=rounding, known=known)
         evaluation.quantized_as = mix_label(self.precisions().values())  # "FP8 vs FP32", not always "INT8"
         return evaluation
 
@@ -555,12 +560,17 @@ class Session(SessionEdits):
                                    min_cosine=min_cosine, strict=strict)
         model = self._require_calibrated()
         batches = data_sources.parity_batches(self.data("calibration"), self.device, plan.parity_batches)
+        # the parity check's forwards of the quantized model are the headline's where the batches are the same
+        kept = exports.ParityOutputs(batches, self.settings.output, list(self.data("evaluation").batches(
+            limit=exports.HEADLINE_BATCHES))) if remember and batches else None
         new = exports.planned_new_files(plan)
         try:  # interrupted (its validation, its headline), an export leaves no file the project does not know
             report = exports.write_export(plan, model, self.sample_inputs(batch=1), parity_batches=batches,
-                                          loaded=self._loaded)
+                                          loaded=self._loaded, parity_outputs=kept)
             if remember:
-                measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES)
+                measure = functools.partial(self.evaluate, num_batches=exports.HEADLINE_BATCHES,
+                                            rounding=exports.HEADLINE_ROUNDING,
+                                            known=kept.known if kept is not None else None)
                 if self._loaded.checkpoint is not None:  # the headline's forwards page the weights in as well
                     measure = functools.partial(self._loaded.checkpoint.run_streamed, self.float_model, measure)
                 record = exports.remember(plan, self.project, report, measure, project_path=self.path,

@@ -38,7 +38,8 @@ from workbench.sources.paths import absolute_path, relative_path
 __all__ = ["resolve_export_path", "stored_export_path", "check_overwrite", "export_digest",
            "overwrite_refusal", "default_export_path", "planned_files", "protected_files", "check_not_protected",
            "check_confined", "suspicious_exports", "SIDE_FILES", "ExportPlan", "plan_export", "write_export",
-           "remember", "remembered_settings", "export_record", "headline", "HEADLINE_BATCHES"]
+           "remember", "remembered_settings", "export_record", "headline", "HEADLINE_BATCHES", "HEADLINE_ROUNDING",
+           "ParityOutputs"]
 
 
 def resolve_export_path(typed: str | Path | None, configured: str | None, project_dir: Path, default_name: str) -> Path:
@@ -292,7 +293,7 @@ def discard(files: list[Path]) -> None:
 
 
 def write_export(plan: ExportPlan, model: nn.Module, sample: Any, parity_batches: list[Any] | None = None, *,
-                 loaded: LoadedModel | None = None):
+                 loaded: LoadedModel | None = None, parity_outputs: Callable[[int, Any], None] | None = None):
     """Write validated QDQ ONNX of the calibrated ``model`` (traced on ``sample``; parity also checked on
     ``parity_batches``) as ``plan`` says; the export's report (``validated`` False: written below the parity
     threshold, with the diagnosis). The graph returns every output of the model, or those ``plan.outputs``
@@ -300,6 +301,7 @@ def write_export(plan: ExportPlan, model: nn.Module, sample: Any, parity_batches
 
     A lazily opened model (``loaded.checkpoint``) is exported with its weights streamed from the checkpoint, or,
     where that route cannot write it, with every weight read first (:mod:`workbench.export.streamed_export`).
+    ``parity_outputs`` is given each parity batch's output (a :class:`ParityOutputs` keeps them for the headline).
 
     Raises:
         SessionError: a file cannot be written (nothing is left half-written).
@@ -315,7 +317,8 @@ def write_export(plan: ExportPlan, model: nn.Module, sample: Any, parity_batches
                                     outputs=plan.outputs, static_sequence=plan.static_sequence,
                                     amax_json_path=sides.get("amax_json"),
                                     calibration_cache_path=sides.get("calibration_cache"), fp8_ops=plan.fp8_ops,
-                                    min_cosine=plan.min_cosine, strict=plan.strict, parity_batches=parity_batches)
+                                    min_cosine=plan.min_cosine, strict=plan.strict, parity_batches=parity_batches,
+                                    parity_outputs=parity_outputs)
     except OSError as error:  # a full disk, a read-only folder: name the file, not "internal error"
         where = error.filename or plan.target
         raise SessionError(f"{where}: cannot be written ({error.strerror or error}); nothing was exported "
@@ -371,6 +374,74 @@ def export_record(plan: ExportPlan, project: Project, report: Any, project_dir: 
 
 # The INT8-vs-FP32 headline of an export is measured on at most this many evaluation batches.
 HEADLINE_BATCHES = 8
+# How the headline's quantized model rounds: as the exported graph computes (ONNX's QuantizeLinear), so that the
+# parity check's forwards, which round so to match onnxruntime, are the headline's where the batches coincide
+HEADLINE_ROUNDING = "onnx"
+
+
+class ParityOutputs:
+    """The quantized model's outputs on an export's parity batches (the entry the metrics compare, ``output``), as
+    the parity check computed them (:data:`HEADLINE_ROUNDING`), so that the headline does not run those batches
+    again: called by the export with each batch's index and output, it keeps those of the parity batches that are
+    the same inputs as the headline's batch at the same position (``headline_batches``: the first evaluation
+    batches, ``(inputs, targets)`` as the data gives them), and hands them to the headline (:meth:`known`).
+
+    What it keeps is the compared entry of those batches only (an LLM's logits), as the headline's own quantized
+    pass would have kept it; nothing when the headline measures other data."""
+
+    def __init__(self, parity_batches: list[Any], output: str | None, headline_batches: list[Any]) -> None:
+        from workbench.quant.algorithms.batches import model_inputs
+
+        self.output = output
+        self.parity_batches = parity_batches
+        self.wanted = {i for i, (parity, batch) in enumerate(zip(parity_batches, headline_batches))
+                       if _same_inputs(model_inputs((parity,)), model_inputs(batch))}
+        self.outputs: dict[int, Any] = {}
+
+    def __call__(self, index: int, output: Any) -> None:
+        from workbench.quant.algorithms.batches import select_output
+
+        if index not in self.wanted:
+            return
+        try:
+            self.outputs[index] = _detached(select_output(output, self.output))
+        except ValueError:  # an output key the model lacks: the headline's own pass says so
+            self.outputs.pop(index, None)
+
+    def known(self, batches: list[Any]) -> dict[int, Any]:
+        """The kept outputs of ``batches`` (the headline's) by index, each where its inputs are still the parity
+        batch's (data drawn afresh could come in another order); handed out once."""
+        from workbench.quant.algorithms.batches import model_inputs
+
+        found = {i: self.outputs[i] for i, batch in enumerate(batches) if i in self.outputs
+                 and _same_inputs(model_inputs((self.parity_batches[i],)), model_inputs(batch))}
+        self.outputs.clear()
+        return found
+
+
+def _detached(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(v) for v in value)
+    return value
+
+
+def _same_inputs(a: tuple[tuple, dict], b: tuple[tuple, dict]) -> bool:
+    """Whether two calls' (positional, keyword) inputs are the same tensors in value, dtype and shape."""
+    import torch
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            return x.dtype == y.dtype and x.shape == y.shape and bool(torch.equal(x.cpu(), y.cpu()))
+        return not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y
+
+    (args_a, kwargs_a), (args_b, kwargs_b) = a, b
+    return (len(args_a) == len(args_b) and kwargs_a.keys() == kwargs_b.keys()
+            and all(same(x, y) for x, y in zip(args_a, args_b))
+            and all(same(kwargs_a[k], kwargs_b[k]) for k in kwargs_a))
 
 
 def headline(evaluate: Callable[[], Any], project: Project) -> tuple[dict[str, Any] | None, str]:
