@@ -13,7 +13,9 @@ machine: the 1.1B row peaks at several GiB.
                               [--batch-size 4] [--seq|--tokens 128] [--no-forward] [--repo CHECKOUT]
                               [--lazy-open auto|always|never] [--workers 2]
 
-``plain-export`` is a plain ``torch.onnx.export`` of the float bf16 model (no Q/DQ, weights as external data);
+``plain-export`` is a plain ``torch.onnx.export`` of the float bf16 model (no Q/DQ, weights as external data, static
+shapes); ``plain-export-dynamic`` the same with batch and sequence axes free, as the product's files have them
+(torch.export's symbolic shapes alone double its time: 19.5 -> 37.7 CPU s on the 70M);
 ``export-int8`` and ``export-int4w`` set that precision and calibrate ``--sequential`` (not measured), then export
 (a lazily opened checkpoint's weights streamed from it, :mod:`workbench.export.streamed_export`); their last column
 also gives the time over the plain export.
@@ -173,10 +175,13 @@ from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).eval()
 model.config.use_cache = False
 ids = torch.from_numpy(np.load(sys.argv[2]))[:1]
+# "dynamic": batch and sequence axes free, as the product's files have them (torch.export then reasons on symbols)
+dynamic = {"dynamic_shapes": {"input_ids": {0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")}}} \
+    if sys.argv[4] == "dynamic" else {}
 before = resource.getrusage(resource.RUSAGE_SELF)
 started = time.perf_counter()
 torch.onnx.export(model, (), sys.argv[3], kwargs={"input_ids": ids}, dynamo=True, external_data=True,
-                  optimize=True)
+                  optimize=True, **dynamic)
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"wall_s": time.perf_counter() - started, "peak_kib": peak_kib(),
                   "cpu_s": usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime}))
@@ -338,7 +343,8 @@ def main() -> None:
     parser.add_argument("--precision", default="int4w")
     parser.add_argument("--root", default="/tmp/llm_scale")
     parser.add_argument("--steps", default="new,show,set,calibrate,calibrate-sequential,export",
-                        help="also: plain-export (torch.onnx.export of the float model), export-int8 and "
+                        help="also: plain-export and plain-export-dynamic (torch.onnx.export of the float model, "
+                             "static or dynamic batch and sequence), export-int8 and "
                              "export-int4w (set that precision and calibrate --sequential first, unmeasured; then "
                              "the export, measured against plain-export)")
     parser.add_argument("--batches", type=int, default=2)
@@ -409,20 +415,26 @@ def main() -> None:
                                "--revisit-pins"],
                     "ladder-sequential": ["sensitivity", project, "--sequential", "--ladder", ladder, "--tolerance",
                                           "3", "--revisit-pins"]}
-        plain = None
+        plain = plain_dynamic = None
         for step in steps:
-            if step == "plain-export":
+            if step in ("plain-export", "plain-export-dynamic"):
                 if weights > _available() / 2:  # from_pretrained holds the weights, the exporter more than as much
                     print(f"| {name} | plain torch.onnx.export (skipped: {weights / gib:.1f} GiB of bf16 weights, "
                           f"{_available() / gib:.1f} GiB available) | | | | | | | |", flush=True)
                     continue
-                plain = json.loads(subprocess.run(
-                    [sys.executable, "-c", _PLAIN_EXPORT, str(folder), str(ids), str(root / f"plain-{name}.onnx")],
-                    capture_output=True, text=True, env=env, check=True).stdout.strip().splitlines()[-1])
-                print(f"| {name} | plain torch.onnx.export (bf16, no Q/DQ) | {plain['wall_s']:.1f} | | "
-                      f"{plain['cpu_s']:.1f} | "
-                      f"{plain['peak_kib'] * 1024 / gib:.2f} | {plain['peak_kib'] * 1024 / weights:.2f} | "
-                      f"{plain['wall_s'] / forward['wall_s']:.2f} (1.00 of plain export) | |", flush=True)
+                shapes = "dynamic" if step.endswith("dynamic") else "static"
+                measured = json.loads(subprocess.run(
+                    [sys.executable, "-c", _PLAIN_EXPORT, str(folder), str(ids), str(root / f"plain-{name}.onnx"),
+                     shapes], capture_output=True, text=True, env=env, check=True).stdout.strip().splitlines()[-1])
+                if shapes == "dynamic":
+                    plain_dynamic = measured
+                else:
+                    plain = measured
+                print(f"| {name} | plain torch.onnx.export (bf16, no Q/DQ, {shapes} shapes) | "
+                      f"{measured['wall_s']:.1f} | | "
+                      f"{measured['cpu_s']:.1f} | "
+                      f"{measured['peak_kib'] * 1024 / gib:.2f} | {measured['peak_kib'] * 1024 / weights:.2f} | "
+                      f"{measured['wall_s'] / forward['wall_s']:.2f} | |", flush=True)
                 continue
             if step.startswith("export-"):
                 precision = step.split("-", 1)[1]
@@ -453,6 +465,8 @@ def main() -> None:
             if plain and "export" in step:  # wall over wall; CPU over CPU (the machine is shared: CPU holds better)
                 versus = (f" ({wall / plain['wall_s']:.2f} of plain export; cpu "
                           f"{result.get('cpu_s', float('nan')) / plain['cpu_s']:.2f})")
+            if plain_dynamic and "export" in step:
+                versus += f" (cpu {result.get('cpu_s', float('nan')) / plain_dynamic['cpu_s']:.2f} of dynamic plain)"
             job = f"{result['job_s'] / forward['wall_s']:.2f} ({result['job_s']:.1f} s)" if "job_s" in result else ""
             print(f"| {name} | {step}{tail} | {wall:.1f} | {result['process_s']:.1f} | "
                   f"{result.get('cpu_s', float('nan')):.1f} | {peak / gib:.2f} | "
