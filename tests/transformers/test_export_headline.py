@@ -79,14 +79,20 @@ def _calibrated(tmp_path: Path, capsys, *extra: str) -> Path:
     return project
 
 
-def test_each_batch_runs_each_model_once_and_the_headline_is_evaluate_as_exported(tmp_path, capsys, opened):
-    project = _calibrated(tmp_path, capsys)
+def _export_counting(project: Path, tmp_path: Path) -> tuple[Session, object, Forwards]:
+    """The project exported to ``p.onnx`` with its whole-model forwards counted."""
     session = Session.open(project)
     forwards = Forwards(session)
     try:
         report = session.export(tmp_path / "p.onnx")
     finally:
         forwards.remove()
+    return session, report, forwards
+
+
+def test_each_batch_runs_each_model_once_and_the_headline_is_evaluate_as_exported(tmp_path, capsys, opened):
+    project = _calibrated(tmp_path, capsys)
+    session, report, forwards = _export_counting(project, tmp_path)
     batches = _batches(tmp_path / "ids.npy")
     assert len(batches) == 3  # every batch is a parity batch (4 by default) and a headline batch (8)
     checked = [row.check for row in report.checks]
@@ -111,12 +117,7 @@ def test_evaluation_data_of_its_own_takes_its_own_quantized_forwards(tmp_path, c
     monkeypatch.setenv(model_source.LAZY_OPEN_VARIABLE, "never")
     np.save(tmp_path / "eval.npy", np.random.default_rng(1).integers(0, 64, (8, 16)).astype(np.int64))
     project = _calibrated(tmp_path, capsys, "--eval-data", str(tmp_path / "eval.npy"))
-    session = Session.open(project)
-    forwards = Forwards(session)
-    try:
-        report = session.export(tmp_path / "p.onnx")
-    finally:
-        forwards.remove()
+    session, report, forwards = _export_counting(project, tmp_path)
     calibration, evaluation = _batches(tmp_path / "ids.npy"), _batches(tmp_path / "eval.npy")
     # parity on the calibration batches; the headline on the evaluation ones, both models
     assert dict(forwards.counts["quantized"]) == dict.fromkeys(calibration + evaluation, 1)
