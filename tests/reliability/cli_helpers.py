@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -108,6 +109,13 @@ HELD = textwrap.dedent("""
     from workbench import cli
     sys.exit(cli.main(sys.argv[1:]))
 """)
+
+
+def as_in_a_terminal() -> None:
+    """For ``Popen(preexec_fn=)``: Ctrl-C's default action in the child, as a terminal's foreground command has
+    it. A test run started as a script's background job (``pytest ... &``) ignores SIGINT, exec keeps an ignored
+    signal ignored, and a command started so leaves it ignored (``workbench.cli.common.Progress``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def start_held(folder: Path, tag: str, *args) -> tuple[subprocess.Popen, Path, Path]:

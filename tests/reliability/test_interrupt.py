@@ -9,7 +9,7 @@ import textwrap
 import time
 
 import pytest
-from cli_helpers import ROOT, run, write_data
+from cli_helpers import ROOT, as_in_a_terminal, run, write_data
 
 pytestmark = pytest.mark.slow  # real processes: see the README's note on the test suite's length
 
@@ -54,7 +54,8 @@ def test_ctrl_c_exits_130_with_one_line(slow_project, tmp_path, workers):
     before = slow_project.read_bytes()
     process = subprocess.Popen([sys.executable, "-m", "workbench", "calibrate", slow_project, "--workers",
                                 str(workers), "--num-batches", "400"], cwd=tmp_path, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                               preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 240
         while not started.exists():
@@ -74,3 +75,26 @@ def test_ctrl_c_exits_130_with_one_line(slow_project, tmp_path, workers):
     assert lines[0].startswith("workbench: ") and ("interrupted" in lines[0] or "cancelled" in lines[0]), err
     assert out == ""
     assert slow_project.read_bytes() == before
+
+
+def test_a_job_started_with_ctrl_c_ignored_keeps_ignoring_it(monkeypatch):
+    """A command started as a script's background job (SIGINT ignored, which exec keeps) does not take Ctrl-C
+    back for its job: its parent asked for it to run on; a foreground command's Ctrl-C still cancels."""
+    import argparse
+
+    from workbench.cli.common import Progress
+
+    args = argparse.Namespace(json=True)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with Progress(args, "calibrating"):
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with Progress(args, "calibrating") as progress:
+            assert signal.getsignal(signal.SIGINT) == progress._interrupt
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # the handler runs in this thread between bytecodes
+            assert progress.cancel.is_set()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -11,7 +11,7 @@ import textwrap
 import time
 
 import pytest
-from cli_helpers import ROOT, run, write_data
+from cli_helpers import ROOT, as_in_a_terminal, run, write_data
 
 from workbench.project.store import file_revision
 
@@ -61,7 +61,8 @@ def test_ctrl_c_after_the_save_says_the_result_was_saved(tmp_path, capsys, monke
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WB_SAVED": str(saved)}
     process = subprocess.Popen([sys.executable, "-m", "workbench", "calibrate", project, "--workers", "2",
                                 "--method", "max"], cwd=tmp_path, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                               preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 240
         while not saved.exists():

@@ -56,8 +56,10 @@ class Progress:
     def __enter__(self) -> Progress:
         from workbench.launcher import in_launched_worker
 
-        # in a --workers process Ctrl-C belongs to the launcher (it stops every worker and says so once)
-        if threading.current_thread() is threading.main_thread() and not in_launched_worker():
+        # in a --workers process Ctrl-C belongs to the launcher (it stops every worker and says so once); a process
+        # started with SIGINT ignored (a background job of a script, nohup) keeps ignoring it, as its parent asked
+        if threading.current_thread() is threading.main_thread() and not in_launched_worker() \
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self._previous_handler = signal.signal(signal.SIGINT, self._interrupt)
         return self
 
