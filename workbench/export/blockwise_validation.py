@@ -38,7 +38,7 @@ from workbench.export.memory import available_memory
 from workbench.export.naming import node_module
 from workbench.export.network_dtype import bfloat16_matmul_op
 from workbench.export.onnx_file import temporary_name
-from workbench.export.parity import ParityDiagnosis, nudged_by_one_ulp, within_sensitivity
+from workbench.export.parity import ParityDiagnosis, input_nudge, nudged_by_one_ulp, within_sensitivity
 from workbench.export.reference import rounding, without_cache
 from workbench.export.report import OutputParity, ParityCheck
 from workbench.export.validation import compare
@@ -455,18 +455,13 @@ def block_sensitivity(job: Any, block: str, inputs: tuple[torch.Tensor, ...], ex
             return args, {**kwargs, "hidden_states": nudged_by_one_ulp(hidden, generator)}
         return None
 
-    def nudge_quantizer(_module, args):
-        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() \
-                and not isinstance(args[0], nn.Parameter):
-            return (nudged_by_one_ulp(args[0], generator), *args[1:])
-        return None
-
     def stop(_module, _args, output):
         kept["output"] = hidden_of(block, output).detach()
         raise _BlockDone
 
     handles = [module.register_forward_pre_hook(nudge_block, with_kwargs=True), module.register_forward_hook(stop)]
-    handles += [quantizer.register_forward_pre_hook(nudge_quantizer) for quantizer in quantizers]
+    nudge = input_nudge(generator)
+    handles += [quantizer.register_forward_pre_hook(nudge) for quantizer in quantizers]
     worst = (1.0, 0.0)
     try:
         for _ in range(tries):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from torch import nn
 from workbench.export.naming import node_module
 from workbench.export.parity_selection import after_selection, selection_verdict
 
-__all__ = ["VERDICTS", "Boundary", "ParityDiagnosis", "diagnose", "one_ulp_spread", "nudged_by_one_ulp",
+__all__ = ["VERDICTS", "Boundary", "ParityDiagnosis", "diagnose", "one_ulp_spread", "nudged_by_one_ulp", "input_nudge",
            "within_sensitivity", "SENSITIVITY_FACTOR"]
 
 # what a diagnosis concludes, one definition for the report, the CLI and the GUI
@@ -177,6 +177,16 @@ def nudged_by_one_ulp(tensor: torch.Tensor, generator: torch.Generator) -> torch
     return torch.nextafter(tensor, target)
 
 
+def input_nudge(generator: torch.Generator) -> Callable[[nn.Module, tuple], tuple | None]:
+    """A forward pre-hook for a quantizer: its floating-point input (not a weight) moved by one ulp."""
+    def nudge(_module: nn.Module, args: tuple) -> tuple | None:
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() \
+                and not isinstance(args[0], nn.Parameter):
+            return (nudged_by_one_ulp(args[0], generator), *args[1:])
+        return None
+    return nudge
+
+
 def one_ulp_spread(model: nn.Module, inputs: tuple[torch.Tensor, ...], reference: Sequence[torch.Tensor],
                    quantizers: Sequence[nn.Module], tries: int = 2) -> tuple[float, float] | None:
     """The fake-quant model's own sensitivity: its outputs' worst (cosine, max abs diff) against ``reference`` when
@@ -188,13 +198,7 @@ def one_ulp_spread(model: nn.Module, inputs: tuple[torch.Tensor, ...], reference
     if not any(t.is_floating_point() for t in inputs):
         return None
     generator = torch.Generator().manual_seed(0)
-
-    def nudge(module, args):
-        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() \
-                and not isinstance(args[0], nn.Parameter):
-            return (nudged_by_one_ulp(args[0], generator),) + tuple(args[1:])
-        return None
-
+    nudge = input_nudge(generator)
     worst_cosine, worst_diff = 1.0, 0.0
     handles = [q.register_forward_pre_hook(nudge) for q in quantizers]
     try:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from workbench.export.provenance import written_here
@@ -390,12 +391,10 @@ class ParityOutputs:
     pass would have kept it; nothing when the headline measures other data."""
 
     def __init__(self, parity_batches: list[Any], output: str | None, headline_batches: list[Any]) -> None:
-        from workbench.quant.algorithms.batches import model_inputs
-
         self.output = output
         self.parity_batches = parity_batches
         self.wanted = {i for i, (parity, batch) in enumerate(zip(parity_batches, headline_batches))
-                       if _same_inputs(model_inputs((parity,)), model_inputs(batch))}
+                       if _same_inputs((parity,), batch)}
         self.outputs: dict[int, Any] = {}
 
     def __call__(self, index: int, output: Any) -> None:
@@ -411,17 +410,13 @@ class ParityOutputs:
     def known(self, batches: list[Any]) -> dict[int, Any]:
         """The kept outputs of ``batches`` (the headline's) by index, each where its inputs are still the parity
         batch's (data drawn afresh could come in another order); handed out once."""
-        from workbench.quant.algorithms.batches import model_inputs
-
         found = {i: self.outputs[i] for i, batch in enumerate(batches) if i in self.outputs
-                 and _same_inputs(model_inputs((self.parity_batches[i],)), model_inputs(batch))}
+                 and _same_inputs((self.parity_batches[i],), batch)}
         self.outputs.clear()
         return found
 
 
 def _detached(value: Any) -> Any:
-    import torch
-
     if isinstance(value, torch.Tensor):
         return value.detach()
     if isinstance(value, (tuple, list)):
@@ -429,19 +424,14 @@ def _detached(value: Any) -> Any:
     return value
 
 
-def _same_inputs(a: tuple[tuple, dict], b: tuple[tuple, dict]) -> bool:
-    """Whether two calls' (positional, keyword) inputs are the same tensors in value, dtype and shape."""
-    import torch
+def _same_inputs(a: Any, b: Any) -> bool:
+    """Whether two batches call the model with the same inputs, bit for bit, wherever their tensors are (the parity
+    batches are on the session's device, the data's as it gives them)."""
+    from workbench.analysis.evaluator import same_output
+    from workbench.quant.algorithms.batches import model_inputs, to_device
 
-    def same(x: Any, y: Any) -> bool:
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            return x.dtype == y.dtype and x.shape == y.shape and bool(torch.equal(x.cpu(), y.cpu()))
-        return not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y
-
-    (args_a, kwargs_a), (args_b, kwargs_b) = a, b
-    return (len(args_a) == len(args_b) and kwargs_a.keys() == kwargs_b.keys()
-            and all(same(x, y) for x, y in zip(args_a, args_b))
-            and all(same(kwargs_a[k], kwargs_b[k]) for k in kwargs_a))
+    cpu = torch.device("cpu")
+    return same_output(to_device(model_inputs(a), cpu), to_device(model_inputs(b), cpu))
 
 
 def headline(evaluate: Callable[[], Any], project: Project) -> tuple[dict[str, Any] | None, str]:
